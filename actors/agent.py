@@ -1,0 +1,76 @@
+"""One node agent: connect, build the node's actors, supervise them, shut down in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from actors.bus import NatsBus
+from actors.config import AgentConfig
+from actors.heartbeat import HeartbeatActor
+from actors.inventory import Inventory
+from actors.metrics import AgentMetrics
+from actors.sequence import SequenceStore
+from actors.supervisor import Actor, Supervisor
+from schemas.signing import load_key_file
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    """The node's actors around one NATS connection."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.key = load_key_file(config.key_path)
+        self.sequence = SequenceStore(Path(config.state_dir))
+        self.metrics = AgentMetrics()
+        self.bus: NatsBus | None = None
+        self.supervisor: Supervisor | None = None
+
+    def build_actors(self, bus: NatsBus) -> list[Actor]:
+        return [
+            Inventory(self.config, bus),
+            HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
+        ]
+
+    async def start(self) -> None:
+        self.bus = await NatsBus.connect(
+            self.config.server,
+            name=f"node-agent:{self.config.node_id}",
+            nkey_seed=self.key.seed if self.config.nkey_auth else None,
+            connect_timeout=self.config.connect_timeout,
+            retry_forever=True,
+        )
+        self.supervisor = Supervisor(self.build_actors(self.bus))
+        self.supervisor.start()
+        log.info(
+            "node agent started",
+            extra={
+                "node": self.config.node_id,
+                "cluster": self.config.cluster,
+                "public_key": self.key.public_key,
+            },
+        )
+
+    async def stop(self) -> None:
+        """Stop actors, then drain the connection, each bounded by the shutdown timeout."""
+        timeout = self.config.shutdown_timeout
+        if self.supervisor is not None:
+            await self.supervisor.stop(timeout)
+        if self.bus is not None:
+            await self.bus.close(timeout)
+        log.info("node agent stopped", extra={"node": self.config.node_id})
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        await self.start()
+        assert self.supervisor is not None
+        finished = asyncio.create_task(self.supervisor.finished.wait())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({finished, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            stopping.cancel()
+            await self.stop()

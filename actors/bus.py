@@ -1,0 +1,207 @@
+"""The bus every actor talks through: a small Protocol, implemented over nats-py.
+
+Actors see only :class:`Bus`; tests run them against a real nats-server. The NATS
+connection reconnects forever with backoff; callers get timeouts, never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from schemas.errors import FleetError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+# Bounded buffers: a subscriber that falls this far behind drops messages (counted by
+# nats-py as slow-consumer errors, logged by our error callback) instead of growing memory.
+PENDING_MSGS_LIMIT = 4096
+PENDING_BYTES_LIMIT = 16 * 1024 * 1024
+
+
+class BusError(FleetError):
+    """The NATS server could not be reached or refused us."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        self.server = server
+        self.reason = reason
+        super().__init__(f"cannot reach NATS at {server}: {reason}")
+
+
+class Bus(Protocol):
+    """What actors need from the messaging layer."""
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    async def publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> None: ...
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription: ...
+
+    async def request(
+        self, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+    ) -> Msg: ...
+
+    async def flush(self, timeout: float = 2.0) -> None: ...
+
+    async def rtt(self, timeout: float = 2.0) -> float: ...
+
+    async def kv(self, bucket: str) -> KeyValue: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+
+class NatsBus:
+    """:class:`Bus` over one nats-py connection."""
+
+    def __init__(self, nc: Client, server: str) -> None:
+        self.nc = nc
+        self.server = server
+        self._js = nc.jetstream(timeout=5.0)
+        self._buckets: dict[str, KeyValue] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        server: str,
+        name: str,
+        *,
+        nkey_seed: str | None = None,
+        connect_timeout: float = 5.0,
+        retry_forever: bool = False,
+    ) -> NatsBus:
+        """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
+        delay = 0.5
+        while True:
+            try:
+                nc = await nats.connect(
+                    servers=[server],
+                    name=name,
+                    connect_timeout=max(1, round(connect_timeout)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=2,
+                    nkeys_seed_str=nkey_seed,
+                    error_cb=_on_error,
+                    disconnected_cb=_on_disconnect(server),
+                    reconnected_cb=_on_reconnect(server),
+                )
+                return cls(nc, server)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = _reason(exc)
+                if not retry_forever:
+                    raise BusError(server, reason) from None
+                log.warning(
+                    "nats connect failed; retrying",
+                    extra={"server": server, "reason": reason, "retry_in_s": round(delay, 1)},
+                )
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 15.0)
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self._js
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> None:
+        await self.nc.publish(subject, data, headers=headers)
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
+        return await self.nc.subscribe(
+            subject,
+            queue=queue,
+            cb=handler,
+            pending_msgs_limit=PENDING_MSGS_LIMIT,
+            pending_bytes_limit=PENDING_BYTES_LIMIT,
+        )
+
+    async def request(
+        self, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+    ) -> Msg:
+        return await self.nc.request(subject, data, timeout=timeout, headers=headers)
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        await self.nc.flush(timeout=max(1, round(timeout)))
+
+    async def rtt(self, timeout: float = 2.0) -> float:
+        """Round trip to the server in seconds (a PING/PONG flush)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.wait_for(self.nc.flush(timeout=max(1, round(timeout))), timeout)
+        return loop.time() - start
+
+    async def kv(self, bucket: str) -> KeyValue:
+        cached = self._buckets.get(bucket)
+        if cached is None:
+            cached = self._buckets[bucket] = await self._js.key_value(bucket)
+        return cached
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        if self.nc.is_closed:
+            return
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
+            await self.nc.close()
+
+
+async def unsubscribe_quietly(
+    subscription: Subscription | JetStreamContext.PullSubscription,
+) -> None:
+    """Unsubscribe on the way out; a connection already closed has nothing to undo."""
+    try:
+        await subscription.unsubscribe()
+    except nats.errors.Error:
+        pass
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, nats.errors.NoServersError) or not text:
+        return "no server answered (is nats-server running and the URL right?)"
+    return text
+
+
+async def _on_error(exc: Exception) -> None:
+    if isinstance(exc, nats.errors.SlowConsumerError):
+        log.warning("slow consumer: messages dropped", extra={"subject": exc.subject})
+    else:
+        log.debug("nats error", extra={"reason": _reason(exc)})
+
+
+def _on_disconnect(server: str) -> Callable[[], Awaitable[None]]:
+    async def callback() -> None:
+        log.warning("disconnected from nats; reconnecting", extra={"server": server})
+
+    return callback
+
+
+def _on_reconnect(server: str) -> Callable[[], Awaitable[None]]:
+    async def callback() -> None:
+        log.info("reconnected to nats", extra={"server": server})
+
+    return callback

@@ -1,0 +1,96 @@
+"""Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from actors.bus import Bus
+from actors.config import AgentConfig
+from actors.fake_gpus import FakeGpus
+from schemas import codec
+from schemas.events import Capacity, Gpu, Sample
+from schemas.subjects import EVENT_SAMPLE, Subjects
+
+log = logging.getLogger(__name__)
+
+
+class GpuSource(Protocol):
+    source: str
+
+    def read(self) -> list[Gpu]: ...
+
+
+def choose_gpus(config: AgentConfig) -> GpuSource | None:
+    if config.fake_gpus == 0:
+        return None
+    if config.fake_gpus is not None:
+        return FakeGpus(config.fake_gpus, config.node_id)
+    count = config.expected_gpus or 8
+    log.warning("NVML not available; simulating %d fake GPUs (--fake-gpus 0 for none)", count)
+    return FakeGpus(count, config.node_id)
+
+
+def fingerprint(gpus: list[Gpu]) -> str:
+    """SHA-256 of identifiers that survive reboots: machine id, CPU count, GPU UUIDs."""
+    try:
+        machine_id = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine_id = socket.gethostname()
+    parts = [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
+    parts += sorted(gpu.uuid for gpu in gpus)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+class Inventory:
+    name = "inventory"
+
+    def __init__(self, config: AgentConfig, bus: Bus, gpus: GpuSource | None = None) -> None:
+        self.config = config
+        self.bus = bus
+        self.gpus = gpus if gpus is not None else choose_gpus(config)
+        self.subject = Subjects(config.prefix).event(config.node_id, EVENT_SAMPLE)
+        self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
+
+    def sample(self) -> Sample:
+        gpus = self.gpus.read() if self.gpus else []
+        memory = psutil.virtual_memory()
+        disk = psutil.disk_usage(self.disk_path)
+        busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
+        capacity = Capacity(
+            cpu_cores=psutil.cpu_count() or 0,
+            # interval=None: the delta since the previous call, i.e. over one sample period.
+            cpu_percent=min(100.0, psutil.cpu_percent(interval=None)),
+            load_avg_1m=round(psutil.getloadavg()[0], 2),
+            memory_total=memory.total,
+            memory_available=memory.available,
+            gpus_total=len(gpus),
+            gpus_available=len(gpus) - busy,
+            storage_total=disk.total,
+            storage_available=disk.free,
+        )
+        return Sample(
+            ts=time.time(),
+            capacity=capacity,
+            gpus=gpus,
+            gpu_source=self.gpus.source if self.gpus else "none",  # type: ignore[arg-type]
+            fingerprint=fingerprint(gpus),
+            hostname=socket.gethostname(),
+        )
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        psutil.cpu_percent(interval=None)  # prime the CPU delta
+        ready()
+        while True:
+            sample = await asyncio.to_thread(self.sample)
+            await self.bus.publish(self.subject, codec.encode(sample))
+            await asyncio.sleep(self.config.sample_interval * random.uniform(0.9, 1.1))

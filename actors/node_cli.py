@@ -1,0 +1,141 @@
+"""``node-agent``: the node-side command line (init, start, register, status, inject)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors import logs
+from actors.agent import NodeAgent
+from actors.bus import NatsBus
+from actors.cli_common import fail, run_main, stop_event
+from actors.config import AgentConfig, build
+from schemas import codec, signing
+from schemas.messages import Registration, RegistrationReply
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+# Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
+LIST_FLAGS = {
+    "engines": "engine",
+    "peers": "peer",
+    "trust_operators": "trust-operator",
+    "required_binaries": "require-binary",
+    "required_modules": "require-module",
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per AgentConfig field, so flags, env and TOML can never drift apart."""
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    for field in msgspec.structs.fields(AgentConfig):
+        doc = f"(env NODE_AGENT_{field.name.upper()})"
+        if field.name in LIST_FLAGS:
+            parser.add_argument(
+                f"--{LIST_FLAGS[field.name]}",
+                dest=field.name,
+                action="append",
+                help=f"repeatable {doc}",
+            )
+        elif field.type is bool:
+            parser.add_argument(
+                f"--{field.name.replace('_', '-')}",
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=doc,
+            )
+        else:
+            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, help=doc)
+
+
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    names = {field.name for field in msgspec.structs.fields(AgentConfig)}
+    flags: dict[str, Any] = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return build(AgentConfig, file=args.config, flags=flags)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
+    commands = root.add_subparsers(dest="command", required=True)
+
+    init = commands.add_parser("init", help="create the node's nkey seed and print its public key")
+    init.add_argument("--key-file", type=Path, help="default: <state dir>/node.nk")
+    init.add_argument("--config", type=Path, help="TOML config file")
+
+    start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
+    add_config_flags(start)
+
+    register = commands.add_parser("register", help="ask the aggregators to admit this node")
+    add_config_flags(register)
+    return root
+
+
+async def cmd_init(args: argparse.Namespace) -> int:
+    if args.key_file is not None:
+        path = args.key_file
+    else:
+        path = build(AgentConfig, file=args.config).key_path
+    pair = signing.create_key_file(path)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(
+        f"seed written to {path} (mode 0600); approve the node with:\n"
+        f"  fleetctl approve <node-id> {pair.public_key}\n"
+    )
+    return 0
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    logs.setup(config.log_level)
+    agent = NodeAgent(config)
+    await agent.run_until(stop_event())
+    return 0
+
+
+async def cmd_register(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    key = signing.load_key_file(config.key_path)
+    registration = Registration(
+        node_id=config.node_id,
+        cluster=config.cluster,
+        public_key=key.public_key,
+        ts=time.time(),
+        hostname=socket.gethostname(),
+    )
+    body = codec.encode(registration)
+    bus = await NatsBus.connect(
+        config.server, "node-agent-register", connect_timeout=config.connect_timeout
+    )
+    try:
+        try:
+            msg = await bus.request(
+                Subjects(config.prefix).register(), body, timeout=5.0, headers=key.headers(body)
+            )
+        except TimeoutError:
+            return fail("no aggregator answered on the register subject within 5s")
+        reply = codec.decode(msg.data, RegistrationReply, msg.subject)
+    finally:
+        await bus.close()
+    sys.stdout.write(
+        f"{reply.node_id}: {reply.status}{' - ' + reply.reason if reply.reason else ''}\n"
+    )
+    return 0 if reply.status != "rejected" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    handlers = {"init": cmd_init, "start": cmd_start, "register": cmd_register}
+    return run_main(lambda: handlers[args.command](args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

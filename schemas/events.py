@@ -1,0 +1,218 @@
+"""Node events on ``fleet.evt.<node>.<event>``; each one is also a part of the Heartbeat.
+
+Actors publish these on core NATS; the heartbeat actor folds the latest of each into the
+next heartbeat, so the heartbeat says exactly what the node's actors last observed.
+Every part carries ``ts``, the time it was observed, so a reader can tell fresh from stale.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import (
+    Bytes,
+    CheckStatus,
+    Count,
+    HealthStatus,
+    NodeId,
+    Percent,
+    Schedulability,
+    UnixTime,
+    Wire,
+)
+
+
+class Capacity(Wire, frozen=True, kw_only=True):
+    """What the node has and what is free right now."""
+
+    cpu_cores: Count
+    cpu_percent: Percent
+    """CPU use over the last sample period (a delta, never since boot)."""
+    load_avg_1m: float
+    memory_total: Bytes
+    memory_available: Bytes
+    gpus_total: Count
+    gpus_available: Count
+    storage_total: Bytes
+    storage_available: Bytes
+
+
+class XidCount(Wire, frozen=True, kw_only=True):
+    """How often one NVIDIA XID code was seen on one GPU since the agent started."""
+
+    code: Count
+    count: Count
+    last_at: UnixTime
+
+
+class Gpu(Wire, frozen=True, kw_only=True):
+    """One GPU's identity and readings. Readings are None when the device cannot say."""
+
+    index: Count
+    uuid: str
+    name: str
+    pci_bus_id: str
+    memory_total: Bytes
+    memory_used: Bytes
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: Percent | None = None
+    ecc_corrected: Count | None = None
+    ecc_uncorrected: Count | None = None
+    xids: list[XidCount] = []
+    lost: bool = False
+    """True once the device stopped answering (NVML GpuIsLost, or injected)."""
+
+
+class Sample(Wire, frozen=True, kw_only=True):
+    """Inventory sample, published by the inventory actor every sample period."""
+
+    ts: UnixTime
+    capacity: Capacity
+    gpus: list[Gpu] = []
+    gpu_source: Literal["nvml", "fake", "none"] = "none"
+    fingerprint: str = ""
+    """SHA-256 (hex) of stable hardware identifiers; changes when hardware changes."""
+    hostname: str = ""
+
+
+class HealthComponent(Wire, frozen=True, kw_only=True):
+    """One scored component: its points out of ``max_points`` and why."""
+
+    name: str
+    points: Count
+    max_points: Count
+    reason: str
+
+
+class HealthCheck(Wire, frozen=True, kw_only=True):
+    """One hard check (boot, nvml, xid, dependencies, probe freshness)."""
+
+    name: str
+    status: CheckStatus
+    reason: str
+    action: str = ""
+    """Recommended operator action, when the check knows one (e.g. from the XID table)."""
+
+
+class Health(Wire, frozen=True, kw_only=True):
+    """Health score 0-100 with every component explained, plus the hard checks."""
+
+    ts: UnixTime
+    status: HealthStatus
+    score: Count
+    components: list[HealthComponent] = []
+    checks: list[HealthCheck] = []
+
+
+class PeerLatency(Wire, frozen=True, kw_only=True):
+    """Round trip to one peer agent over ``fleet.probe.<node>``."""
+
+    target_node_id: NodeId
+    rtt_us: Count | None
+    """Latest round trip in microseconds; None when the latest probe got no answer."""
+    loss_pct: Percent
+    measured_at: UnixTime
+
+
+class Latency(Wire, frozen=True, kw_only=True):
+    """Latency to peers and to the NATS server, with loss over a sliding window."""
+
+    ts: UnixTime
+    peers: list[PeerLatency] = []
+    gateway_rtt_us: Count | None = None
+    """Round trip to the NATS server (a flush) in microseconds."""
+    avg_peer_rtt_us: Count | None = None
+    loss_pct: Percent = 0.0
+
+
+class EngineStatus(Wire, frozen=True, kw_only=True):
+    """One inference engine's health and load."""
+
+    kind: Literal["vllm", "sglang", "llamacpp"]
+    url: str
+    healthy: bool
+    in_flight: Count | None = None
+    waiting: Count | None = None
+    reason: str = ""
+    checked_at: UnixTime = 0.0
+
+
+class Engine(Wire, frozen=True, kw_only=True):
+    """All configured inference engines; ``engines`` is empty when none is configured."""
+
+    ts: UnixTime
+    engines: list[EngineStatus] = []
+    in_flight: Count | None = None
+    """Sum of in-flight requests over engines that reported one."""
+
+
+class Interruption(Wire, frozen=True, kw_only=True):
+    """A cloud notice that this instance will be reclaimed or should be moved."""
+
+    ts: UnixTime
+    provider: Literal["aws", "gcp", "azure"]
+    kind: Literal["terminate", "stop", "hibernate", "preempt", "rebalance", "maintenance"]
+    deadline: UnixTime | None = None
+    """When the provider will act; None when the provider gives no time."""
+    event_id: str = ""
+    detail: str = ""
+
+
+class NodeState(Wire, frozen=True, kw_only=True):
+    """The node's schedulability, published at once whenever it changes."""
+
+    ts: UnixTime
+    schedulability: Schedulability
+    reason: str = ""
+    command_id: str = ""
+    until: UnixTime | None = None
+    """When a cordon with a TTL lifts by itself."""
+    deregistering: bool = False
+
+
+class Inject(Wire, frozen=True, kw_only=True):
+    """A fault to inject into a fake-GPU agent (tests and demos); real GPUs ignore it."""
+
+    ts: UnixTime
+    node_id: NodeId
+    fault: Literal["temp", "util", "xid", "gpu-lost", "clear"]
+    gpu: Count | None = None
+    """GPU index, or None for every GPU."""
+    value: float | None = None
+    """Temperature in C, utilization in %, or the XID code."""
+
+
+class Jobs(Wire, frozen=True, kw_only=True):
+    """Work running on the node, as far as the agent can see it."""
+
+    running: Count = 0
+    waiting: Count = 0
+
+
+class SpotStatus(Wire, frozen=True, kw_only=True):
+    """Which cloud the spot watcher watches, and the notice if there is one."""
+
+    provider: Literal["aws", "gcp", "azure", "none"] = "none"
+    notice: Interruption | None = None
+
+
+__all__ = [
+    "Capacity",
+    "Engine",
+    "EngineStatus",
+    "Gpu",
+    "Health",
+    "HealthCheck",
+    "HealthComponent",
+    "Inject",
+    "Interruption",
+    "Jobs",
+    "Latency",
+    "NodeState",
+    "PeerLatency",
+    "Sample",
+    "SpotStatus",
+    "XidCount",
+]

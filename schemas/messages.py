@@ -1,0 +1,198 @@
+"""Heartbeat, commands, alerts, registration, probes and the KV records.
+
+The events a heartbeat is built from live in :mod:`schemas.events`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import (
+    Cluster,
+    Count,
+    HealthStatus,
+    NodeId,
+    PublicKey,
+    RecordState,
+    Schedulability,
+    Seconds,
+    UnixTime,
+    Wire,
+)
+from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus
+
+AGENT_VERSION = "0.1.0"
+
+
+class Heartbeat(Wire, frozen=True, kw_only=True):
+    """A node's signed liveness report on ``fleet.hb.<cluster>.<node>``."""
+
+    node_id: NodeId
+    cluster: Cluster
+    seq: Count
+    """Strictly increasing per node, across restarts."""
+    boot_id: str
+    """Random per agent start; with seq it forms the ``Nats-Msg-Id``."""
+    ts: UnixTime
+    agent_version: str
+    interval: Seconds
+    """The heartbeat period the sender uses, so readers can judge lateness."""
+    stale_after: Seconds
+    schedulability: Schedulability = "schedulable"
+    sample: Sample | None = None
+    health: Health | None = None
+    latency: Latency | None = None
+    engine: Engine | None = None
+    jobs: Jobs | None = None
+    spot: SpotStatus | None = None
+    schedulability_reason: str = ""
+
+
+class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
+    """Stop being schedulable; with ``ttl`` the node uncordons itself afterwards."""
+
+    ttl: Seconds | None = None
+
+
+class Drain(Wire, frozen=True, kw_only=True, tag="drain", tag_field="kind"):
+    """Cordon, then wait until in-flight work is zero or ``deadline`` seconds pass."""
+
+    deadline: Seconds = 300.0
+
+
+class Uncordon(Wire, frozen=True, kw_only=True, tag="uncordon", tag_field="kind"):
+    """Become schedulable again."""
+
+
+class Deregister(Wire, frozen=True, kw_only=True, tag="deregister", tag_field="kind"):
+    """Drain, tell the aggregators, and stop the agent."""
+
+    deadline: Seconds = 300.0
+
+
+Action = Cordon | Drain | Uncordon | Deregister
+CommandStatus = Literal["accepted", "rejected", "in_progress", "done", "failed"]
+
+
+class Command(Wire, frozen=True, kw_only=True):
+    """An operator's signed order to one node, on ``fleet.cmd.<cluster>.<node>``."""
+
+    id: str
+    node_id: NodeId
+    cluster: Cluster
+    action: Action
+    issued_at: UnixTime
+    expires_at: UnixTime
+    reason: str = ""
+
+
+class CommandResult(Wire, frozen=True, kw_only=True):
+    """The node's signed answer to a command, on ``fleet.result.<cluster>.<node>``."""
+
+    command_id: str
+    node_id: NodeId
+    cluster: Cluster
+    status: CommandStatus
+    ts: UnixTime
+    detail: str = ""
+    schedulability: Schedulability | None = None
+    in_flight: Count | None = None
+
+
+AlertKind = Literal[
+    "stale",
+    "offline",
+    "recovered",
+    "anomaly",
+    "sequence_gap",
+    "replay",
+    "bad_signature",
+    "unknown_node",
+    "clock_skew",
+    "health",
+    "interruption",
+    "deregistered",
+]
+
+
+class Alert(Wire, frozen=True, kw_only=True):
+    """Raised by aggregators on ``fleet.alert.<kind>.<cluster>.<node>``."""
+
+    id: str
+    """Deterministic: the same event yields the same id (and ``Nats-Msg-Id``) everywhere."""
+    kind: AlertKind
+    node_id: NodeId
+    cluster: Cluster
+    severity: Literal["info", "warning", "critical"]
+    message: str
+    ts: UnixTime
+    details: dict[str, str] = {}
+
+
+class Registration(Wire, frozen=True, kw_only=True):
+    """A node asking the aggregators to admit it (request on ``fleet.register``)."""
+
+    node_id: NodeId
+    cluster: Cluster
+    public_key: PublicKey
+    ts: UnixTime
+    hostname: str = ""
+    agent_version: str = AGENT_VERSION
+    fingerprint: str = ""
+
+
+class RegistrationReply(Wire, frozen=True, kw_only=True):
+    node_id: NodeId
+    status: Literal["pending", "active", "rejected"]
+    reason: str = ""
+
+
+class Probe(Wire, frozen=True, kw_only=True):
+    """Latency probe request on ``fleet.probe.<node>``."""
+
+    from_node: NodeId
+    nonce: str
+    sent_at: UnixTime
+
+
+class ProbeReply(Wire, frozen=True, kw_only=True):
+    node_id: NodeId
+    nonce: str
+    sent_at: UnixTime
+    replied_at: UnixTime
+
+
+class NodeRecord(Wire, frozen=True, kw_only=True):
+    """An aggregator's view of one node: KV bucket ``fleet_nodes``, key ``<node>``.
+
+    ``state`` is derived from the other facts by the precedence
+    deregistered > offline > stale > drained > draining > cordoned > degraded > active > pending.
+    """
+
+    node_id: NodeId
+    cluster: Cluster
+    state: RecordState
+    last_seq: Count
+    last_seen: UnixTime
+    boot_id: str = ""
+    public_key: str = ""
+    schedulability: Schedulability = "schedulable"
+    health_status: HealthStatus | None = None
+    health_score: Count | None = None
+    gpus_total: Count = 0
+    stale_since: UnixTime | None = None
+    deregistered: bool = False
+    agent_version: str = ""
+    heartbeat: Heartbeat | None = None
+    """The last accepted heartbeat, whole."""
+    offline_since: UnixTime | None = None
+
+
+class TrustEntry(Wire, frozen=True, kw_only=True):
+    """The approved public key of one node: KV bucket ``fleet_trust``, key ``<node>``."""
+
+    node_id: NodeId
+    public_key: PublicKey
+    approved_at: UnixTime
+    approved_by: str = ""
+    revoked: bool = False

@@ -1,0 +1,152 @@
+"""Ed25519 identities as NATS nkeys, and the ``Fleet-Key`` / ``Fleet-Sig`` signature headers.
+
+A signature covers the exact body bytes. Verifiers check the bytes they received and only
+then decode: nothing is ever re-encoded to be verified, so any JSON library can sign.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import nacl.exceptions
+import nacl.signing
+
+from schemas.errors import KeyFileError, SignatureError
+
+HEADER_KEY: Final = "Fleet-Key"
+HEADER_SIG: Final = "Fleet-Sig"
+
+_PREFIX_SEED: Final = 18 << 3  # base32 'S'
+_PREFIX_USER: Final = 20 << 3  # base32 'U'
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, the checksum nkeys append to every encoded key."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc
+
+
+def _b32decode(text: str) -> bytes:
+    padded = text + "=" * (-len(text) % 8)
+    return base64.b32decode(padded)
+
+
+def _encode(raw: bytes) -> str:
+    return base64.b32encode(raw + _crc16(raw).to_bytes(2, "little")).decode().rstrip("=")
+
+
+def _checked(text: str) -> bytes:
+    raw = _b32decode(text)
+    body, crc = raw[:-2], raw[-2:]
+    if _crc16(body).to_bytes(2, "little") != crc:
+        raise ValueError("checksum mismatch")
+    return body
+
+
+def public_key_bytes(public_key: str) -> bytes:
+    """The 32 raw Ed25519 bytes of a user nkey (``U...``); ValueError if it is not one."""
+    try:
+        body = _checked(public_key)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not an nkey: {exc}") from None
+    if len(body) != 33 or body[0] != _PREFIX_USER:
+        raise ValueError("not a user nkey (U...)")
+    return body[1:]
+
+
+class KeyPair:
+    """A node's or operator's Ed25519 key pair, stored as an nkey user seed (``SU...``)."""
+
+    def __init__(self, seed: str) -> None:
+        try:
+            body = _checked(seed.strip())
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"not an nkey seed: {exc}") from None
+        prefix = ((body[0] & 7) << 5) | ((body[1] & 248) >> 3)
+        if len(body) != 34 or body[0] & 248 != _PREFIX_SEED or prefix != _PREFIX_USER:
+            raise ValueError("not a user nkey seed (SU...)")
+        self._signing_key = nacl.signing.SigningKey(body[2:])
+        self.seed = seed.strip()
+        self.public_key = _encode(bytes([_PREFIX_USER]) + bytes(self._signing_key.verify_key))
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        raw = os.urandom(32)
+        header = bytes([_PREFIX_SEED | _PREFIX_USER >> 5, (_PREFIX_USER & 31) << 3])
+        return cls(_encode(header + raw))
+
+    def sign(self, body: bytes) -> bytes:
+        return self._signing_key.sign(body).signature
+
+    def headers(self, body: bytes) -> dict[str, str]:
+        """The two signature headers for ``body``."""
+        return {
+            HEADER_KEY: self.public_key,
+            HEADER_SIG: base64.b64encode(self.sign(body)).decode(),
+        }
+
+
+def verify(headers: Mapping[str, str] | None, body: bytes) -> str:
+    """Check the signature headers over ``body``; return the signer's public key."""
+    if not headers or HEADER_KEY not in headers or HEADER_SIG not in headers:
+        raise SignatureError("missing Fleet-Key or Fleet-Sig header")
+    public_key = headers[HEADER_KEY]
+    try:
+        key = nacl.signing.VerifyKey(public_key_bytes(public_key))
+    except ValueError as exc:
+        raise SignatureError(f"bad Fleet-Key: {exc}", public_key) from None
+    try:
+        signature = base64.b64decode(headers[HEADER_SIG], validate=True)
+    except binascii.Error:
+        raise SignatureError("Fleet-Sig is not base64", public_key) from None
+    if len(signature) != 64:
+        raise SignatureError("Fleet-Sig is not 64 bytes", public_key)
+    try:
+        key.verify(body, signature)
+    except nacl.exceptions.BadSignatureError:
+        raise SignatureError("signature does not match the body", public_key) from None
+    return public_key
+
+
+def create_key_file(path: Path) -> KeyPair:
+    """Write a new seed to ``path`` (mode 0600); refuses to overwrite an existing key."""
+    pair = KeyPair.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KeyFileError(str(path), "already exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise KeyFileError(str(path), exc.strerror or str(exc)) from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(pair.seed + "\n")
+    return pair
+
+
+def load_key_file(path: Path) -> KeyPair:
+    try:
+        seed = path.read_text().strip()
+    except FileNotFoundError:
+        raise KeyFileError(str(path), "not found (create it with 'init')") from None
+    except OSError as exc:
+        raise KeyFileError(str(path), exc.strerror or str(exc)) from None
+    try:
+        return KeyPair(seed)
+    except ValueError as exc:
+        raise KeyFileError(str(path), str(exc)) from None
+
+
+def load_or_create_key_file(path: Path) -> KeyPair:
+    if path.exists():
+        return load_key_file(path)
+    return create_key_file(path)

@@ -1,0 +1,45 @@
+"""Shared fixtures: a real nats-server per test module, a fresh subject prefix per test."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.bus import NatsBus
+from actors.embedded import NatsServer
+from actors.streams import provision
+from schemas.subjects import Subjects
+
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A JetStream-enabled nats-server on a free loopback port, stopped after the module."""
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A subject prefix of this test's own, so tests sharing a server never meet."""
+    return f"t{next(_prefixes)}"
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer, prefix: str) -> AsyncIterator[NatsBus]:
+    """A connected bus with this test's streams and buckets provisioned."""
+    connected = await NatsBus.connect(nats_server.url, "test")
+    await provision(connected.js, Subjects(prefix))
+    yield connected
+    await connected.close()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"

@@ -1,0 +1,89 @@
+"""Subjects refuse unsafe tokens; signatures bind a key to the exact body bytes."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import nkeys
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import signing
+from schemas.errors import InvalidToken, KeyFileError, SignatureError
+from schemas.subjects import Subjects, check_token
+
+
+@pytest.mark.parametrize("token", ["", "a.b", "a b", "*", ">", "x" * 65, "nöde", "a\nb"])
+def test_unsafe_tokens_are_refused(token: str) -> None:
+    """Dots, wildcards, spaces, non-ASCII and over-long ids never reach a subject."""
+    with pytest.raises(InvalidToken, match="invalid node id"):
+        Subjects().heartbeat("c1", token)
+
+
+def test_subjects_follow_the_contract() -> None:
+    """Each builder produces the subject the wire contract names."""
+    s = Subjects()
+    assert s.heartbeat("c1", "n1") == "fleet.hb.c1.n1"
+    assert s.event("n1", "sample") == "fleet.evt.n1.sample"
+    assert s.command("c1", "n1") == "fleet.cmd.c1.n1"
+    assert s.result("c1", "n1") == "fleet.result.c1.n1"
+    assert s.alert("stale", "c1", "n1") == "fleet.alert.stale.c1.n1"
+    assert s.register() == "fleet.register"
+    assert s.probe("n1") == "fleet.probe.n1"
+    assert s.split_heartbeat("fleet.hb.c1.n1") == ("c1", "n1")
+    with pytest.raises(InvalidToken):
+        s.split_heartbeat("fleet.cmd.c1.n1")
+
+
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True))
+def test_every_safe_token_is_accepted(token: str) -> None:
+    """The accepted alphabet is exactly [A-Za-z0-9_-]{1,64}."""
+    assert check_token("node id", token) == token
+
+
+def test_keys_are_nats_nkeys() -> None:
+    """Our seeds and public keys are the ones the nkeys library derives (NATS auth works)."""
+    pair = signing.KeyPair.generate()
+    assert pair.seed.startswith("SU") and pair.public_key.startswith("U")
+    assert nkeys.from_seed(pair.seed.encode()).public_key.decode() == pair.public_key
+
+
+def test_signature_verifies_over_exact_bytes() -> None:
+    """A signed body verifies and names its signer; one changed byte fails."""
+    pair = signing.KeyPair.generate()
+    body = b'{"node_id":"n1","seq":1}'
+    headers = pair.headers(body)
+    assert signing.verify(headers, body) == pair.public_key
+    with pytest.raises(SignatureError, match="does not match"):
+        signing.verify(headers, body.replace(b"1}", b"2}"))
+
+
+def test_wrong_key_or_missing_headers_fail() -> None:
+    """Another key's name on the signature, garbage, or no headers are all refused."""
+    pair, other = signing.KeyPair.generate(), signing.KeyPair.generate()
+    body = b"x"
+    forged = {**pair.headers(body), signing.HEADER_KEY: other.public_key}
+    with pytest.raises(SignatureError, match="does not match"):
+        signing.verify(forged, body)
+    with pytest.raises(SignatureError, match="missing"):
+        signing.verify(None, body)
+    with pytest.raises(SignatureError, match="bad Fleet-Key"):
+        signing.verify({**pair.headers(body), signing.HEADER_KEY: "UNOTAKEY"}, body)
+    short = base64.b64encode(b"short").decode()
+    with pytest.raises(SignatureError, match="64 bytes"):
+        signing.verify({**pair.headers(body), signing.HEADER_SIG: short}, body)
+
+
+def test_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
+    """init writes mode 0600 and refuses to replace an existing identity."""
+    path = tmp_path / "node.nk"
+    pair = signing.create_key_file(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert signing.load_key_file(path).public_key == pair.public_key
+    with pytest.raises(KeyFileError, match="already exists"):
+        signing.create_key_file(path)
+    path.write_text("not a seed")
+    with pytest.raises(KeyFileError, match="not an nkey seed"):
+        signing.load_key_file(path)
