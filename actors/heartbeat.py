@@ -32,6 +32,7 @@ from schemas.subjects import Subjects
 log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
+FIRST_SAMPLE_WAIT = 2.0
 
 
 class HeartbeatActor:
@@ -61,12 +62,14 @@ class HeartbeatActor:
         self.state = events.NodeState(ts=time.time(), schedulability="schedulable")
         self.spot = events.SpotStatus()
         self._beat_now = asyncio.Event()
+        self._first_sample = asyncio.Event()
 
     async def _on_event(self, msg: Msg) -> None:
         kind = msg.subject.rsplit(".", 1)[-1]
         try:
             if kind == names.EVENT_SAMPLE:
                 self.sample = codec.decode(msg.data, events.Sample, msg.subject)
+                self._first_sample.set()
             elif kind == names.EVENT_HEALTH:
                 self.health = codec.decode(msg.data, events.Health, msg.subject)
             elif kind == names.EVENT_LATENCY:
@@ -133,6 +136,11 @@ class HeartbeatActor:
         try:
             await self.bus.flush()
             ready()
+            # A first beat without inventory would show a node with no GPUs; wait briefly.
+            try:
+                await asyncio.wait_for(self._first_sample.wait(), FIRST_SAMPLE_WAIT)
+            except TimeoutError:
+                log.warning("no inventory sample yet; beating without one")
             while True:
                 self._beat_now.clear()
                 await self.beat()

@@ -1,0 +1,54 @@
+"""Human-readable renderings of the fleet for fleetctl (tables, one-record detail)."""
+
+from __future__ import annotations
+
+import time
+
+from schemas.messages import NodeRecord
+
+COLUMNS = ("NODE", "CLUSTER", "STATE", "SCHED", "HEALTH", "GPUS", "SEQ", "LAST SEEN")
+
+
+def age(seconds: float) -> str:
+    if seconds < 0:
+        return "now"
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def row(record: NodeRecord, now: float) -> tuple[str, ...]:
+    health = "-"
+    if record.health_status is not None:
+        health = f"{record.health_status} {record.health_score}"
+    return (
+        record.node_id,
+        record.cluster,
+        record.state,
+        record.schedulability,
+        health,
+        str(record.gpus_total),
+        str(record.last_seq),
+        age(now - record.last_seen) if record.last_seen else "never",
+    )
+
+
+def table(records: list[NodeRecord], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    rows = [COLUMNS, *(row(record, now) for record in records)]
+    widths = [max(len(line[i]) for line in rows) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        for line in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def summary(records: list[NodeRecord]) -> str:
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record.state] = counts.get(record.state, 0) + 1
+    parts = [f"{count} {state}" for state, count in sorted(counts.items())]
+    return f"{len(records)} nodes" + (f": {', '.join(parts)}" if parts else "")
