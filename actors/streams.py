@@ -29,7 +29,10 @@ DUPLICATE_WINDOW = 300.0
 """Five minutes: replays inside it are dropped by the server itself (Nats-Msg-Id)."""
 MARKER_TTL = 3600.0
 """How long a delete marker stays, so an aggregator down for an hour still sees it."""
-HEARTBEATS_PER_NODE = 16
+HEARTBEATS_PER_NODE = 1
+"""Only the latest heartbeat per node is kept. This is also what lets a heartbeat's short
+Nats-TTL stand beside the hour-long marker TTL: with more messages per subject the server
+raises every per-message TTL to the marker TTL (nats-server PRs 6741 and 6818)."""
 
 
 def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
