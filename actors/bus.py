@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import nats
+import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -38,6 +39,17 @@ class BusError(FleetError):
         self.server = server
         self.reason = reason
         super().__init__(f"cannot reach NATS at {server}: {reason}")
+
+
+class NotProvisioned(FleetError):
+    """A stream or bucket of the wire contract does not exist yet on this server."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"{name} does not exist on this server; start an aggregator "
+            "(fleetctl aggregator), which creates the fleet's streams and buckets"
+        )
 
 
 class Bus(Protocol):
@@ -69,9 +81,10 @@ class Bus(Protocol):
 class NatsBus:
     """:class:`Bus` over one nats-py connection."""
 
-    def __init__(self, nc: Client, server: str) -> None:
+    def __init__(self, nc: Client, server: str, events: _ConnectionEvents) -> None:
         self.nc = nc
         self.server = server
+        self._events = events
         self._js = nc.jetstream(timeout=5.0)
         self._buckets: dict[str, KeyValue] = {}
 
@@ -88,23 +101,33 @@ class NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
         delay = 0.5
         while True:
+            nc = Client()
+            events = _ConnectionEvents(server)
             try:
-                nc = await nats.connect(
-                    servers=[server],
-                    name=name,
-                    connect_timeout=max(1, round(connect_timeout)),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=2,
-                    nkeys_seed_str=nkey_seed,
-                    error_cb=_on_error,
-                    disconnected_cb=_on_disconnect(server),
-                    reconnected_cb=_on_reconnect(server),
+                # nats-py retries an unreachable server forever by itself (we ask it to,
+                # for reconnects); the deadline turns that into a clear answer.
+                await asyncio.wait_for(
+                    nc.connect(
+                        servers=[server],
+                        name=name,
+                        connect_timeout=max(1, round(connect_timeout)),
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=2,
+                        nkeys_seed_str=nkey_seed,
+                        error_cb=_on_error,
+                        disconnected_cb=events.disconnected,
+                        reconnected_cb=events.reconnected,
+                    ),
+                    connect_timeout,
                 )
-                return cls(nc, server)
+                events.up = True
+                return cls(nc, server, events)
             except asyncio.CancelledError:
+                await nc.close()
                 raise
             except Exception as exc:
+                await nc.close()
                 reason = _reason(exc)
                 if not retry_forever:
                     raise BusError(server, reason) from None
@@ -155,13 +178,17 @@ class NatsBus:
     async def kv(self, bucket: str) -> KeyValue:
         cached = self._buckets.get(bucket)
         if cached is None:
-            cached = self._buckets[bucket] = await self._js.key_value(bucket)
+            try:
+                cached = self._buckets[bucket] = await self._js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                raise NotProvisioned(bucket) from None
         return cached
 
     async def close(self, timeout: float = 5.0) -> None:
         """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
         if self.nc.is_closed:
             return
+        self._events.up = False
         try:
             await asyncio.wait_for(self.nc.drain(), timeout)
         except (TimeoutError, nats.errors.Error) as exc:
@@ -181,7 +208,7 @@ async def unsubscribe_quietly(
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip()
-    if isinstance(exc, nats.errors.NoServersError) or not text:
+    if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:
         return "no server answered (is nats-server running and the URL right?)"
     return text
 
@@ -193,15 +220,17 @@ async def _on_error(exc: Exception) -> None:
         log.debug("nats error", extra={"reason": _reason(exc)})
 
 
-def _on_disconnect(server: str) -> Callable[[], Awaitable[None]]:
-    async def callback() -> None:
-        log.warning("disconnected from nats; reconnecting", extra={"server": server})
+class _ConnectionEvents:
+    """Logs losing and regaining an established connection (not failed first attempts,
+    nor our own close)."""
 
-    return callback
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.up = False
 
+    async def disconnected(self) -> None:
+        if self.up:
+            log.warning("disconnected from nats; reconnecting", extra={"server": self.server})
 
-def _on_reconnect(server: str) -> Callable[[], Awaitable[None]]:
-    async def callback() -> None:
-        log.info("reconnected to nats", extra={"server": server})
-
-    return callback
+    async def reconnected(self) -> None:
+        log.info("reconnected to nats", extra={"server": self.server})

@@ -10,6 +10,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+
 from schemas.errors import FleetError
 
 
@@ -29,6 +31,8 @@ def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(entry())
     except FleetError as exc:
         return fail(str(exc))
+    except nats.errors.Error as exc:
+        return fail(f"NATS: {exc}")
     except KeyboardInterrupt:
         return 130
 

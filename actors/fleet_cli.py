@@ -20,7 +20,7 @@ from actors.config import DEFAULT_SERVER
 from actors.fleet_up import UpOptions, default_store, run_up
 from actors.supervisor import Supervisor
 from schemas import signing
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -82,6 +82,8 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_approve(args: argparse.Namespace) -> int:
+    fleet_ops.check_public_key(args.public_key)
+    check_token("node id", args.node)
     bus = await connect(args)
     try:
         await fleet_ops.approve(

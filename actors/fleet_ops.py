@@ -19,13 +19,17 @@ class NotFound(FleetError):
         super().__init__(f"{what} not found")
 
 
-async def approve(bus: Bus, subjects: Subjects, node: str, public_key: str, by: str = "") -> None:
-    """Record ``public_key`` as the approved key of ``node``."""
-    check_token("node id", node)
+def check_public_key(public_key: str) -> None:
     try:
         signing.public_key_bytes(public_key)
     except ValueError as exc:
         raise FleetError(f"public key {public_key!r}: {exc}") from None
+
+
+async def approve(bus: Bus, subjects: Subjects, node: str, public_key: str, by: str = "") -> None:
+    """Record ``public_key`` as the approved key of ``node``."""
+    check_token("node id", node)
+    check_public_key(public_key)
     entry = TrustEntry(node_id=node, public_key=public_key, approved_at=time.time(), approved_by=by)
     trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
     await trust.put(node, codec.encode(entry))

@@ -31,6 +31,9 @@ class AlertLog:
     async def on_alert(self, msg: Msg) -> None:
         self.alerts.append(codec.decode(msg.data, Alert, msg.subject))
 
+    async def wait_count(self, count: int) -> None:
+        await wait_for(lambda: len(self.alerts) >= count)
+
     def of(self, kind: str) -> list[Alert]:
         return [alert for alert in self.alerts if alert.kind == kind]
 
@@ -91,7 +94,7 @@ async def test_replayed_and_forged_heartbeats_change_nothing(bus: NatsBus, prefi
         ]
         for count, (payload, headers) in enumerate(attempts, start=1):
             await publish(bus, prefix, payload, headers)
-            await wait_for(lambda count=count: len(alerts.alerts) >= count)
+            await alerts.wait_count(count)
         assert len(alerts.of("replay")) == 1
         assert len(alerts.of("bad_signature")) == 2
         assert len(alerts.of("unknown_node")) == 1
@@ -131,7 +134,7 @@ async def test_unapproved_node_and_wrong_subject_are_refused(bus: NatsBus, prefi
         ]
         for count, (payload, headers, node) in enumerate(attempts, start=1):
             await publish(bus, prefix, payload, headers, node=node)
-            await wait_for(lambda count=count: len(alerts.alerts) >= count)
+            await alerts.wait_count(count)
         assert [a.node_id for a in alerts.of("unknown_node")] == ["n9"]
         assert "another node" in alerts.of("bad_signature")[0].message
         assert len(alerts.of("clock_skew")) == 1

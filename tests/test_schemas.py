@@ -1,0 +1,160 @@
+"""Every wire type round-trips, stays compatible, and its JSON Schema on disk is current."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgspec
+import pytest
+
+from schemas import codec, events, jsonschema, messages
+from schemas.errors import DecodeError
+
+NOW = time.time()
+GPU = events.Gpu(
+    index=0,
+    uuid="GPU-1",
+    name="H100",
+    pci_bus_id="00000000:18:00.0",
+    memory_total=80,
+    memory_used=10,
+    temperature_c=50.0,
+    xids=[events.XidCount(code=79, count=1, last_at=NOW)],
+)
+SAMPLE = events.Sample(
+    ts=NOW,
+    capacity=events.Capacity(
+        cpu_cores=8,
+        cpu_percent=12.5,
+        load_avg_1m=0.4,
+        memory_total=10,
+        memory_available=5,
+        gpus_total=1,
+        gpus_available=1,
+        storage_total=100,
+        storage_available=50,
+    ),
+    gpus=[GPU],
+    gpu_source="fake",
+    fingerprint="ab" * 32,
+)
+HEALTH = events.Health(
+    ts=NOW,
+    status="degraded",
+    score=75,
+    components=[
+        events.HealthComponent(
+            name="gpu_temperature", points=15, max_points=20, reason="hottest GPU 75 C"
+        )
+    ],
+    checks=[events.HealthCheck(name="xid", status="unhealthy", reason="XID 79", action="drain")],
+)
+LATENCY = events.Latency(
+    ts=NOW,
+    peers=[events.PeerLatency(target_node_id="n2", rtt_us=150, loss_pct=0.0, measured_at=NOW)],
+    gateway_rtt_us=800,
+)
+ENGINE = events.Engine(
+    ts=NOW,
+    engines=[events.EngineStatus(kind="vllm", url="http://x", healthy=True, in_flight=3)],
+    in_flight=3,
+)
+NOTICE = events.Interruption(ts=NOW, provider="aws", kind="terminate", deadline=NOW + 120)
+HEARTBEAT = messages.Heartbeat(
+    node_id="n1",
+    cluster="c1",
+    seq=7,
+    boot_id="b",
+    ts=NOW,
+    agent_version="0.1.0",
+    interval=10,
+    stale_after=30,
+    schedulability="cordoned",
+    sample=SAMPLE,
+    health=HEALTH,
+    latency=LATENCY,
+    engine=ENGINE,
+    jobs=events.Jobs(running=3),
+    spot=events.SpotStatus(provider="aws", notice=NOTICE),
+)
+KEY = "U" + "A" * 55
+
+EXAMPLES: list[msgspec.Struct] = [
+    HEARTBEAT,
+    SAMPLE,
+    HEALTH,
+    LATENCY,
+    ENGINE,
+    NOTICE,
+    events.NodeState(ts=NOW, schedulability="draining", reason="spot", until=NOW + 60),
+    events.Inject(ts=NOW, node_id="n1", fault="xid", gpu=0, value=79),
+    messages.Command(
+        id="c-1",
+        node_id="n1",
+        cluster="c1",
+        action=messages.Drain(deadline=60),
+        issued_at=NOW,
+        expires_at=NOW + 3600,
+        reason="maintenance",
+    ),
+    messages.CommandResult(command_id="c-1", node_id="n1", cluster="c1", status="done", ts=NOW),
+    messages.Alert(
+        id="stale:c1:n1:q7",
+        kind="stale",
+        node_id="n1",
+        cluster="c1",
+        severity="warning",
+        message="m",
+        ts=NOW,
+        details={"last_seq": "7"},
+    ),
+    messages.Registration(node_id="n1", cluster="c1", public_key=KEY, ts=NOW),
+    messages.RegistrationReply(node_id="n1", status="pending"),
+    messages.Probe(from_node="n1", nonce="x", sent_at=NOW),
+    messages.ProbeReply(node_id="n2", nonce="x", sent_at=NOW, replied_at=NOW),
+    messages.NodeRecord(
+        node_id="n1", cluster="c1", state="active", last_seq=7, last_seen=NOW, heartbeat=HEARTBEAT
+    ),
+    messages.TrustEntry(node_id="n1", public_key=KEY, approved_at=NOW),
+]
+
+
+def test_examples_cover_every_wire_type() -> None:
+    """The round-trip examples include one of each exported wire type."""
+    assert {type(example) for example in EXAMPLES} == set(jsonschema.WIRE_TYPES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_round_trip(example: msgspec.Struct) -> None:
+    """encode -> decode gives back an equal message."""
+    assert codec.decode(codec.encode(example), type(example)) == example
+
+
+def test_command_actions_use_stable_tags() -> None:
+    """Actions are tagged by explicit strings, never by class names."""
+    for action, tag in [
+        (messages.Cordon(ttl=5), "cordon"),
+        (messages.Drain(), "drain"),
+        (messages.Uncordon(), "uncordon"),
+        (messages.Deregister(), "deregister"),
+    ]:
+        assert json.loads(codec.encode(action))["kind"] == tag
+
+
+def test_unknown_fields_are_ignored_and_bad_values_named() -> None:
+    """Newer writers' extra fields pass; a bad value is a DecodeError naming the subject."""
+    raw = json.loads(codec.encode(HEARTBEAT))
+    raw["field_from_the_future"] = 1
+    assert codec.decode(json.dumps(raw).encode(), messages.Heartbeat) == HEARTBEAT
+    raw["node_id"] = "bad.node"
+    with pytest.raises(DecodeError, match=r"fleet\.hb\.c1\.n1"):
+        codec.decode(json.dumps(raw).encode(), messages.Heartbeat, "fleet.hb.c1.n1")
+    with pytest.raises(DecodeError):
+        codec.decode(b"not json", messages.Heartbeat)
+
+
+def test_json_schemas_on_disk_are_current() -> None:
+    """schemas/json/ matches the Structs; run `python -m schemas.jsonschema` if this fails."""
+    on_disk = {path.name: path.read_text() for path in jsonschema.JSON_DIR.glob("*.json")}
+    assert on_disk == jsonschema.render()
