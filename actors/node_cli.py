@@ -30,6 +30,7 @@ LIST_FLAGS = {
     "trust_operators": "trust-operator",
     "required_binaries": "require-binary",
     "required_modules": "require-module",
+    "xid_thresholds": "xid-threshold",
 }
 
 
