@@ -4,8 +4,9 @@ It listens to the node's ``sample``, ``engine`` and ``latency`` events and publi
 ``Health`` on ``fleet.evt.<node>.health`` every ``health_interval`` (jittered, so a fleet
 never reports in lock-step). Sample-driven checks (boot, nvml, xid) are judged on every
 sample and pass through a latch, so a condition clears only after
-``clear_after_samples`` good samples in a row. Freshness is judged on the agent's own
-monotonic clock, never on the senders' timestamps.
+``clear_after_samples`` good samples in a row; the score's status and the dependencies
+check go through the same latch once per published Health. Freshness is judged on the
+agent's own monotonic clock (time of receipt), never on the senders' timestamps.
 """
 
 from __future__ import annotations

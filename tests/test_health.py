@@ -255,3 +255,34 @@ async def test_actor_publishes_explained_health(
         assert health.status == "degraded"
     finally:
         await supervisor.stop()
+
+
+async def test_actor_condition_clears_after_n_good_samples(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """A lost GPU stays unhealthy through clear_after-1 good samples and clears on the Nth."""
+    config = agent_config(nats_server.url, prefix, state_dir, clear_after_samples=3)
+    actor = HealthActor(config, bus)
+    actor.observe_sample(make_sample([make_gpu(0, lost=True)]))
+    assert actor.sample_checks["nvml"].status == "unhealthy"
+    seen = []
+    for _ in range(3):
+        actor.observe_sample(make_sample([make_gpu(0)]))
+        seen.append(actor.sample_checks["nvml"].status)
+    assert seen == ["unhealthy", "unhealthy", "ok"]
+
+
+async def test_actor_never_scores_stale_samples(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """A sample older than 3 sample periods scores 0 and makes probe_freshness degraded."""
+    config = agent_config(nats_server.url, prefix, state_dir, sample_interval=1.0)
+    actor = HealthActor(config, bus)
+    actor.observe_sample(make_sample())
+    actor.received["sample"] = time.monotonic() - 10.0
+    health = actor.assess()
+    cpu = next(c for c in health.components if c.name == "cpu")
+    assert cpu.points == 0 and "sample stale" in cpu.reason
+    freshness = next(c for c in health.checks if c.name == "probe_freshness")
+    assert freshness.status == "degraded"
+    assert health.status == "degraded"
