@@ -86,7 +86,9 @@ def parser() -> argparse.ArgumentParser:
         "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
     )
     inject.add_argument("fault", choices=INJECT_FAULTS)
-    inject.add_argument("value", nargs="?", type=float, help="C for temp, % for util, XID code")
+    inject.add_argument(
+        "value", nargs="?", type=float, help="C for temp, %% for util, the code for xid"
+    )
     inject.add_argument("--gpu", type=int, help="GPU index (default: every GPU)")
     inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
     inject.add_argument("--node-id", default=default_node_id(), help="default: this host")

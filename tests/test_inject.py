@@ -174,3 +174,11 @@ async def test_cpu_percent_is_a_delta_over_the_sample_period(
     assert len(calls) >= 3, "one priming call, then one per sample"
     assert all(interval is None for interval in calls), "never blocking, never since boot"
     assert samples[0].capacity.cpu_percent == 42.0
+
+
+def test_inject_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """node-agent inject --help prints its usage and exits 0."""
+    with pytest.raises(SystemExit) as exit_info:
+        node_cli.main(["inject", "--help"])
+    assert exit_info.value.code == 0
+    assert "gpu-lost" in capsys.readouterr().out

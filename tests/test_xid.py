@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from actors.config import AgentConfig, ConfigError, build
 from actors.xid import XID_TABLE, XidTracker, parse_thresholds, rule_for
 from schemas.events import Gpu, XidCount
 
@@ -95,3 +96,11 @@ def test_unknown_code_is_degraded() -> None:
     check = tracker.check(NOW)
     assert check.status == "degraded"
     assert "catalog" in check.action
+
+
+def test_thresholds_from_config_layers() -> None:
+    """xid_thresholds comes from flags/env as CODE=COUNT/WINDOW_S; other shapes are refused."""
+    config = build(AgentConfig, env={"NODE_AGENT_XID_THRESHOLDS": "13=5/600,79=2/60"})
+    assert parse_thresholds(config.xid_thresholds) == {13: (5, 600.0), 79: (2, 60.0)}
+    with pytest.raises(ConfigError, match="xid_thresholds"):
+        build(AgentConfig, env={}, flags={"xid_thresholds": ["13:5"]})
