@@ -8,6 +8,7 @@ from pathlib import Path
 
 from actors.bus import NatsBus
 from actors.config import AgentConfig
+from actors.health import HealthActor
 from actors.heartbeat import HeartbeatActor
 from actors.inventory import Inventory
 from actors.metrics import AgentMetrics
@@ -33,6 +34,7 @@ class NodeAgent:
         return [
             Inventory(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
+            HealthActor(self.config, bus),
         ]
 
     async def start(self) -> None:

@@ -28,6 +28,9 @@ Positive = Annotated[float, Meta(gt=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 EngineSpec = Annotated[str, Meta(pattern=r"^(vllm|sglang|llamacpp)=https?://\S+$")]
 PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
+XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
+"""CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.xid)."""
+XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
 
 
 class ConfigError(FleetError):
@@ -101,6 +104,14 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     deregister_on_shutdown: bool = False
     shutdown_timeout: Positive = 10.0
+
+    clear_after_samples: Annotated[int, Meta(ge=1)] = 3
+    """Good samples in a row before a health condition clears (hysteresis)."""
+    xid_thresholds: list[XidThreshold] = []
+    """Per-code XID threshold overrides, CODE=COUNT/WINDOW_S: "13=5/600" makes XID 13 a
+    finding at 5 occurrences on one GPU within 600 s (defaults in actors/xid.py)."""
+    xid_log_path: str = "/dev/kmsg"
+    """Kernel log read for XIDs on GPUs whose NVML events are unavailable; "" disables."""
 
     def __post_init__(self) -> None:
         if self.stale_after <= self.heartbeat_interval:

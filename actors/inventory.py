@@ -1,4 +1,9 @@
-"""Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``."""
+"""Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``.
+
+GPUs come from NVML when it initialises, else from simulated GPUs. Simulated GPUs take
+faults injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so
+the fault reaches health and the heartbeat without waiting a whole sample period.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +18,16 @@ from pathlib import Path
 from typing import Protocol
 
 import psutil
+from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.fake_gpus import FakeGpus
+from actors.nvml_gpus import NvmlGpus, NvmlUnavailable
 from schemas import codec
-from schemas.events import Capacity, Gpu, Sample
-from schemas.subjects import EVENT_SAMPLE, Subjects
+from schemas.errors import DecodeError
+from schemas.events import Capacity, Gpu, Inject, Sample
+from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +43,12 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
         return None
     if config.fake_gpus is not None:
         return FakeGpus(config.fake_gpus, config.node_id)
-    count = config.expected_gpus or 8
-    log.warning("NVML not available; simulating %d fake GPUs (--fake-gpus 0 for none)", count)
-    return FakeGpus(count, config.node_id)
+    try:
+        return NvmlGpus(xid_log_path=config.xid_log_path)
+    except NvmlUnavailable as exc:
+        count = config.expected_gpus or 8
+        log.warning("%s; simulating %d fake GPUs (--fake-gpus 0 for none)", exc, count)
+        return FakeGpus(count, config.node_id)
 
 
 def fingerprint(gpus: list[Gpu]) -> str:
@@ -58,8 +69,35 @@ class Inventory:
         self.config = config
         self.bus = bus
         self.gpus = gpus if gpus is not None else choose_gpus(config)
-        self.subject = Subjects(config.prefix).event(config.node_id, EVENT_SAMPLE)
+        subjects = Subjects(config.prefix)
+        self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
+        self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
         self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
+        self._sample_now = asyncio.Event()
+
+    async def _on_inject(self, msg: Msg) -> None:
+        try:
+            inject = codec.decode(msg.data, Inject, msg.subject)
+        except DecodeError as exc:
+            log.warning("ignoring malformed inject", extra={"reason": str(exc)})
+            return
+        if not isinstance(self.gpus, FakeGpus):
+            log.warning(
+                "ignoring injected %s fault: GPUs are real (%s)",
+                inject.fault,
+                self.gpus.source if self.gpus else "none",
+            )
+            return
+        try:
+            self.gpus.apply(inject)
+        except ValueError as exc:
+            log.warning("ignoring inject: %s", exc)
+            return
+        log.info(
+            "injected fault",
+            extra={"fault": inject.fault, "gpu": inject.gpu, "value": inject.value},
+        )
+        self._sample_now.set()
 
     def sample(self) -> Sample:
         gpus = self.gpus.read() if self.gpus else []
@@ -89,8 +127,18 @@ class Inventory:
 
     async def run(self, ready: Callable[[], None]) -> None:
         psutil.cpu_percent(interval=None)  # prime the CPU delta
-        ready()
-        while True:
-            sample = await asyncio.to_thread(self.sample)
-            await self.bus.publish(self.subject, codec.encode(sample))
-            await asyncio.sleep(self.config.sample_interval * random.uniform(0.9, 1.1))
+        subscription = await self.bus.subscribe(self.inject_subject, self._on_inject)
+        try:
+            await self.bus.flush()
+            ready()
+            while True:
+                self._sample_now.clear()
+                sample = await asyncio.to_thread(self.sample)
+                await self.bus.publish(self.subject, codec.encode(sample))
+                period = self.config.sample_interval * random.uniform(0.9, 1.1)
+                try:
+                    await asyncio.wait_for(self._sample_now.wait(), period)
+                except TimeoutError:
+                    pass
+        finally:
+            await unsubscribe_quietly(subscription)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 import time
@@ -14,14 +15,17 @@ import msgspec
 
 from actors import logs
 from actors.agent import NodeAgent
-from actors.bus import NatsBus
+from actors.bus import Bus, NatsBus
 from actors.cli_common import fail, run_main, stop_event
-from actors.config import AgentConfig, build
+from actors.config import DEFAULT_SERVER, AgentConfig, build, default_node_id
 from schemas import codec, signing
+from schemas.events import Inject
 from schemas.messages import Registration, RegistrationReply
-from schemas.subjects import Subjects
+from schemas.subjects import EVENT_INJECT, Subjects
 
 log = logging.getLogger(__name__)
+
+INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
 
 # Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
 LIST_FLAGS = {
@@ -30,6 +34,7 @@ LIST_FLAGS = {
     "trust_operators": "trust-operator",
     "required_binaries": "require-binary",
     "required_modules": "require-module",
+    "xid_thresholds": "xid-threshold",
 }
 
 
@@ -76,6 +81,18 @@ def parser() -> argparse.ArgumentParser:
 
     register = commands.add_parser("register", help="ask the aggregators to admit this node")
     add_config_flags(register)
+
+    inject = commands.add_parser(
+        "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
+    )
+    inject.add_argument("fault", choices=INJECT_FAULTS)
+    inject.add_argument(
+        "value", nargs="?", type=float, help="C for temp, %% for util, the code for xid"
+    )
+    inject.add_argument("--gpu", type=int, help="GPU index (default: every GPU)")
+    inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
+    inject.add_argument("--node-id", default=default_node_id(), help="default: this host")
+    inject.add_argument("--prefix", default="fleet")
     return root
 
 
@@ -131,9 +148,43 @@ async def cmd_register(args: argparse.Namespace) -> int:
     return 0 if reply.status != "rejected" else 1
 
 
+async def publish_inject(bus: Bus, prefix: str, inject: Inject) -> None:
+    """Publish one fault to the node's inject subject and make sure the server has it."""
+    await bus.publish(Subjects(prefix).event(inject.node_id, EVENT_INJECT), codec.encode(inject))
+    await bus.flush()
+
+
+async def cmd_inject(args: argparse.Namespace) -> int:
+    needs_value = args.fault in ("temp", "util", "xid")
+    if needs_value and args.value is None:
+        return fail(f"inject {args.fault} needs a value")
+    if not needs_value and args.value is not None:
+        return fail(f"inject {args.fault} takes no value")
+    if args.gpu is not None and args.gpu < 0:
+        return fail("--gpu must be a GPU index (0 or more)")
+    inject = Inject(
+        ts=time.time(), node_id=args.node_id, fault=args.fault, gpu=args.gpu, value=args.value
+    )
+    subject = Subjects(args.prefix).event(args.node_id, EVENT_INJECT)  # refuses bad tokens
+    bus = await NatsBus.connect(args.server, "node-agent-inject")
+    try:
+        await publish_inject(bus, args.prefix, inject)
+    finally:
+        await bus.close()
+    value = "" if args.value is None else f" {args.value:g}"
+    target = "every GPU" if args.gpu is None else f"GPU {args.gpu}"
+    sys.stdout.write(f"injected {args.fault}{value} into {args.node_id} ({target}) on {subject}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    handlers = {"init": cmd_init, "start": cmd_start, "register": cmd_register}
+    handlers = {
+        "init": cmd_init,
+        "start": cmd_start,
+        "register": cmd_register,
+        "inject": cmd_inject,
+    }
     return run_main(lambda: handlers[args.command](args))
 
 

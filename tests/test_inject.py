@@ -1,0 +1,184 @@
+"""Fault injection end to end: node-agent inject -> fake GPUs -> health -> heartbeat record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from actors import node_cli
+from actors.bus import NatsBus
+from actors.embedded import NatsServer
+from actors.fake_gpus import FakeGpus
+from actors.inventory import Inventory
+from actors.nvml_gpus import NvmlGpus
+from actors.supervisor import Supervisor
+from schemas import codec
+from schemas.events import Inject, Sample
+from schemas.messages import NodeRecord
+from schemas.subjects import EVENT_SAMPLE, Subjects
+from tests.fleet import agent_config, approved_agent, start_aggregator, wait_for, wait_record
+from tests.test_nvml import two_gpus
+
+
+def check(record: NodeRecord, name: str) -> str:
+    """The status of one health check in the record's latest heartbeat ('' if none)."""
+    health = record.heartbeat.health if record.heartbeat else None
+    found = [c.status for c in (health.checks if health else []) if c.name == name]
+    return found[0] if found else ""
+
+
+def points(record: NodeRecord, name: str) -> int | None:
+    health = record.heartbeat.health if record.heartbeat else None
+    found = [c.points for c in (health.components if health else []) if c.name == name]
+    return found[0] if found else None
+
+
+async def inject_cli(server: str, prefix: str, *args: str) -> int:
+    argv = ["inject", *args, "--server", server, "--node-id", "n1", "--prefix", prefix]
+    # main() runs its own event loop, so it runs in a thread like a separate process would.
+    return await asyncio.to_thread(node_cli.main, argv)
+
+
+async def test_temperature_fault_shows_and_clears(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """inject temp 95 zeroes the temperature component and degrades nvml; clear heals."""
+    aggregator = await start_aggregator(bus, prefix)
+    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    try:
+        await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
+        assert await inject_cli(nats_server.url, prefix, "temp", "95", "--gpu", "1") == 0
+        hot = await wait_record(
+            bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0, timeout=15
+        )
+        assert check(hot, "nvml") == "degraded"
+        assert hot.state == "degraded"
+        assert hot.heartbeat and hot.heartbeat.health
+        assert "hottest GPU 95 C (GPU 1)" in [c.reason for c in hot.heartbeat.health.components]
+        assert await inject_cli(nats_server.url, prefix, "clear") == 0
+        healed = await wait_record(
+            bus, prefix, "n1", lambda r: r.health_status == "healthy", timeout=15
+        )
+        assert check(healed, "nvml") == "ok"
+    finally:
+        await agent.stop()
+        await aggregator.stop()
+
+
+async def test_xid_and_lost_gpu_make_node_unhealthy(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """An injected XID 79 makes the xid check unhealthy; a lost GPU the nvml check."""
+    aggregator = await start_aggregator(bus, prefix)
+    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    try:
+        await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
+        fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
+        await node_cli.publish_inject(bus, prefix, fault)
+        broken = await wait_record(
+            bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
+        )
+        assert broken.health_status == "unhealthy"
+        lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
+        await node_cli.publish_inject(bus, prefix, lost)
+        gone = await wait_record(
+            bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
+        )
+        assert gone.heartbeat and gone.heartbeat.sample
+        assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
+    finally:
+        await agent.stop()
+        await aggregator.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["temp"], "inject temp needs a value"),
+        (["clear", "3"], "inject clear takes no value"),
+        (["gpu-lost", "--gpu", "-1"], "--gpu must be a GPU index"),
+    ],
+)
+def test_inject_cli_refuses_bad_input(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad inject arguments are one clear error line and exit 1, before any connection."""
+    assert node_cli.main(["inject", *args, "--server", "nats://127.0.0.1:1"]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_fake_gpu_faults_per_gpu_and_all() -> None:
+    """Faults hit one GPU or all; clear restores readings and forgets XIDs."""
+    gpus = FakeGpus(3, "n1")
+    gpus.apply(Inject(ts=1.0, node_id="n1", fault="temp", value=91.0))
+    gpus.apply(Inject(ts=1.0, node_id="n1", fault="util", gpu=2, value=150.0))
+    gpus.apply(Inject(ts=1.0, node_id="n1", fault="xid", gpu=1, value=48))
+    gpus.apply(Inject(ts=1.0, node_id="n1", fault="xid", gpu=1, value=48))
+    read = gpus.read()
+    assert [gpu.temperature_c for gpu in read] == [91.0, 91.0, 91.0]
+    assert read[2].utilization_pct == 100.0
+    assert [(xid.code, xid.count) for xid in read[1].xids] == [(48, 2)]
+    gpus.apply(Inject(ts=1.0, node_id="n1", fault="clear"))
+    cleared = gpus.read()
+    assert all(gpu.temperature_c != 91.0 and gpu.xids == [] for gpu in cleared)
+    with pytest.raises(ValueError, match="no GPU 7"):
+        gpus.apply(Inject(ts=1.0, node_id="n1", fault="gpu-lost", gpu=7))
+
+
+async def test_real_gpus_ignore_injection(tmp_path: Path, bus: NatsBus) -> None:
+    """In NVML mode an inject is logged and ignored; the GPU source is untouched."""
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None)
+    nvml = NvmlGpus(nvml=two_gpus())
+    actor = Inventory(config, bus, gpus=nvml)
+    body = codec.encode(Inject(ts=1.0, node_id="n1", fault="gpu-lost"))
+    await actor._on_inject(SimpleNamespace(data=body, subject="t.evt.n1.inject"))  # type: ignore[arg-type]
+    assert not any(gpu.lost for gpu in nvml.read())
+    assert not actor._sample_now.is_set()
+
+
+async def test_cpu_percent_is_a_delta_over_the_sample_period(
+    nats_server: NatsServer,
+    bus: NatsBus,
+    prefix: str,
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPU% is psutil's non-blocking delta since the previous call, primed before sampling."""
+    calls: list[Any] = []
+
+    def cpu_percent(interval: float | None = 0.0) -> float:
+        calls.append(interval)
+        return 42.0
+
+    monkeypatch.setattr(psutil, "cpu_percent", cpu_percent)
+    config = agent_config(nats_server.url, prefix, state_dir, sample_interval=0.1, fake_gpus=0)
+    samples: list[Sample] = []
+
+    async def on_sample(msg: Any) -> None:
+        samples.append(codec.decode(msg.data, Sample))
+
+    await bus.subscribe(Subjects(prefix).event("n1", EVENT_SAMPLE), on_sample)
+    await bus.flush()
+    supervisor = Supervisor([Inventory(config, bus)])
+    supervisor.start()
+    try:
+        await wait_for(lambda: len(samples) >= 2)
+    finally:
+        await supervisor.stop()
+    assert len(calls) >= 3, "one priming call, then one per sample"
+    assert all(interval is None for interval in calls), "never blocking, never since boot"
+    assert samples[0].capacity.cpu_percent == 42.0
+
+
+def test_inject_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """node-agent inject --help prints its usage and exits 0."""
+    with pytest.raises(SystemExit) as exit_info:
+        node_cli.main(["inject", "--help"])
+    assert exit_info.value.code == 0
+    assert "gpu-lost" in capsys.readouterr().out
