@@ -128,7 +128,7 @@ class HttpActor:
         subscription = await self.bus.subscribe(
             self.subjects.events(self.config.node_id), self._on_event
         )
-        runner = web.AppRunner(self.app(), access_log=None)
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=CLEANUP_TIMEOUT / 2)
         try:
             await runner.setup()
             site = web.TCPSite(runner, self.config.http_host, self.config.http_port)
