@@ -129,6 +129,8 @@ class EngineActor:
             reason = str(exc)
         except TimeoutError:
             reason = f"no answer within {self.config.engine_timeout:g}s"
+        except aiohttp.ClientConnectorError as exc:
+            reason = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
         except aiohttp.ClientError as exc:
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         except ValueError as exc:  # e.g. a body that is not UTF-8

@@ -151,7 +151,8 @@ class LatencyActor:
             ready()
             rounds = 0
             while True:
-                if not self.config.peers and rounds % DISCOVER_EVERY == 0:
+                # Look again soon while alone: peers may simply not have registered yet.
+                if not self.config.peers and (not self.peers or rounds % DISCOVER_EVERY == 0):
                     self.peers = await self.discover()
                 rounds += 1
                 latency = await self.measure()
