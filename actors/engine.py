@@ -52,21 +52,30 @@ def parse_specs(specs: list[str]) -> list[tuple[EngineKind, str]]:
     return parsed
 
 
-def load_from_metrics(text: str, running: str, waiting: str) -> tuple[int | None, int | None]:
-    """Sum each gauge over its label sets (vLLM labels by model); None when absent."""
+def load_from_metrics(text: str, running: str, waiting: str) -> tuple[int, int | None]:
+    """Sum each gauge over its label sets (vLLM labels by model and engine).
+
+    A real /metrics page is hundreds of histogram lines; only the two gauges' lines are
+    parsed, so a probe costs the same however much else the engine exports. A page
+    without the running gauge is not the engine we were told about: that is a failure.
+    """
+    names = (running, waiting)
+    lines = [line for line in text.splitlines() if line.split("{", 1)[0].split(" ", 1)[0] in names]
     totals: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             for sample in family.samples:
-                if sample.name in (running, waiting):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     except ValueError as exc:
         raise ProbeFailed(f"/metrics is not Prometheus text: {exc}") from None
-    return _count(totals.get(running)), _count(totals.get(waiting))
+    if running not in totals:
+        raise ProbeFailed(f"/metrics has no {running}")
+    queued = totals.get(waiting)
+    return _count(totals[running]), None if queued is None else _count(queued)
 
 
-def _count(value: float | None) -> int | None:
-    return None if value is None else max(0, round(value))
+def _count(value: float) -> int:
+    return max(0, round(value))
 
 
 class EngineActor:
@@ -90,8 +99,7 @@ class EngineActor:
         status, body = await self._get(session, f"{url}/metrics")
         if status == 200:
             running, waiting = load_from_metrics(body, running_name, waiting_name)
-            note = "" if running is not None else f"/metrics has no {running_name}"
-            return running, waiting, note
+            return running, waiting, ""
         if kind == "llamacpp":
             # /slots is on by default while /metrics needs --metrics; it knows no queue.
             status, body = await self._get(session, f"{url}/slots")
