@@ -94,15 +94,20 @@ async def bench(seconds: float, work: Path) -> bool:
         await bus.close()
         server.stop()
 
-    log_text = (work / "agent.log").read_text()
-    troubles = log_text.count('"level": "error"') + log_text.count('"level": "warning"')
+    troubles = [
+        line
+        for line in (work / "agent.log").read_text().splitlines()
+        if '"level": "error"' in line or '"level": "warning"' in line
+    ]
     cpu_per_min = cpu / elapsed * 60
     rss_ok = rss_mb <= RSS_TARGET_MB
     cpu_ok = cpu_per_min <= CPU_TARGET_S_PER_MIN
     print(
         f"measured {elapsed:.0f}s after {WARM_UP_S:.0f}s warm-up; "
-        f"heartbeats {seq_start}->{seq_end}; agent log warnings/errors: {troubles}"
+        f"heartbeats {seq_start}->{seq_end}; agent log warnings/errors: {len(troubles)}"
     )
+    for line in troubles[:5]:
+        print(f"  {line}")
     print(
         f"RSS {rss_mb:.1f} MB (peak {peak_rss / 2**20:.1f} MB, target <= {RSS_TARGET_MB:g}): "
         f"{'PASS' if rss_ok else 'FAIL'}"
