@@ -8,12 +8,15 @@ from pathlib import Path
 
 from actors.bus import NatsBus
 from actors.config import AgentConfig
+from actors.engine import EngineActor
 from actors.health import HealthActor
 from actors.heartbeat import HeartbeatActor
+from actors.http import HttpActor
 from actors.inventory import Inventory
+from actors.latency import LatencyActor
 from actors.metrics import AgentMetrics
 from actors.sequence import SequenceStore
-from actors.supervisor import Actor, Supervisor
+from actors.supervisor import Actor, ActorStatus, Supervisor
 from schemas.signing import load_key_file
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,14 @@ class NodeAgent:
             Inventory(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
             HealthActor(self.config, bus),
+            EngineActor(self.config, bus),
+            LatencyActor(self.config, bus),
+            HttpActor(self.config, bus, self.metrics, self.actor_status),
         ]
+
+    def actor_status(self) -> dict[str, ActorStatus]:
+        """The supervisor's view of every actor (runtime state, handed to the http actor)."""
+        return self.supervisor.status if self.supervisor is not None else {}
 
     async def start(self) -> None:
         self.bus = await NatsBus.connect(

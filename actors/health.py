@@ -32,6 +32,9 @@ from schemas.subjects import EVENT_ENGINE, EVENT_HEALTH, EVENT_LATENCY, EVENT_SA
 log = logging.getLogger(__name__)
 
 
+FIRST_REPORT_DELAY = 1.0
+
+
 class HealthActor:
     name = "health"
 
@@ -154,10 +157,14 @@ class HealthActor:
         try:
             await self.bus.flush()
             ready()
+            # The first report comes early (once the first samples are in), not a whole
+            # interval after start.
+            delay = min(self.config.health_interval, FIRST_REPORT_DELAY)
             while True:
-                await asyncio.sleep(self.config.health_interval * random.uniform(0.9, 1.1))
+                await asyncio.sleep(delay * random.uniform(0.9, 1.1))
                 health = self.assess()
                 await self.bus.publish(self.subject, codec.encode(health))
+                delay = self.config.health_interval
         finally:
             for subscription in subscriptions:
                 await unsubscribe_quietly(subscription)

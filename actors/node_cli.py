@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from actors import logs
@@ -26,6 +27,7 @@ from schemas.subjects import EVENT_INJECT, Subjects
 log = logging.getLogger(__name__)
 
 INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
+DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
 
 # Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
 LIST_FLAGS = {
@@ -93,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
     inject.add_argument("--node-id", default=default_node_id(), help="default: this host")
     inject.add_argument("--prefix", default="fleet")
+
+    status = commands.add_parser("status", help="the local agent's /status, readable")
+    status.add_argument("--url", default=DEFAULT_STATUS_URL, help=f"default {DEFAULT_STATUS_URL}")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
     return root
 
 
@@ -177,6 +184,87 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_status(args: argparse.Namespace) -> int:
+    url = f"{args.url.rstrip('/')}/status"
+    try:
+        timeout = aiohttp.ClientTimeout(total=args.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    return fail(f"{url} answered HTTP {response.status}")
+                body = await response.read()
+    except TimeoutError:
+        return fail(f"the agent at {args.url} did not answer within {args.timeout:g}s")
+    except aiohttp.ClientError as exc:
+        return fail(f"cannot reach the agent at {args.url} ({type(exc).__name__}); is it running?")
+    try:
+        status = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return fail(f"{url} did not answer JSON")
+    sys.stdout.write(body.decode() + "\n" if args.json else render_status(status))
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The /status document as a few aligned lines for a terminal."""
+    lines = [
+        f"node      {status.get('node')} (cluster {status.get('cluster')}), "
+        f"agent {status.get('agent_version')}, up {status.get('uptime_s', 0):.0f}s",
+        f"state     {status.get('schedulability')}"
+        + (f" ({status['schedulability_reason']})" if status.get("schedulability_reason") else ""),
+        f"seq       {status.get('seq')}",
+    ]
+    health = status.get("health")
+    if health:
+        lines.append(f"health    {health['status']} {health['score']}/100")
+        for part in health.get("components", []):
+            lines.append(
+                f"  {part['name']:<12} {part['points']:>3}/{part['max_points']:<3} {part['reason']}"
+            )
+        for check in health.get("checks", []):
+            lines.append(f"  check {check['name']:<12} {check['status']:<9} {check['reason']}")
+    else:
+        lines.append("health    (not reported yet)")
+    engine = status.get("engine")
+    if engine and engine.get("engines"):
+        lines.append(f"engines   in flight {_n(engine.get('in_flight'))}")
+        for item in engine["engines"]:
+            state = "UNHEALTHY"
+            if item["healthy"]:
+                running, waiting = _n(item.get("in_flight")), _n(item.get("waiting"))
+                state = f"healthy, running {running} waiting {waiting}"
+            reason = f" - {item['reason']}" if item.get("reason") else ""
+            lines.append(f"  {item['kind']:<9} {item['url']} {state}{reason}")
+    else:
+        lines.append("engines   none")
+    latency = status.get("latency")
+    if latency:
+        lines.append(
+            f"latency   nats {_us(latency.get('gateway_rtt_us'))}, "
+            f"peers avg {_us(latency.get('avg_peer_rtt_us'))}, loss {latency.get('loss_pct')}%"
+        )
+        for peer in latency.get("peers", []):
+            lines.append(
+                f"  {peer['target_node_id']:<16} {_us(peer.get('rtt_us')):>9}"
+                f"  loss {peer['loss_pct']}%"
+            )
+    else:
+        lines.append("latency   (not measured yet)")
+    lines.append("actors")
+    for name, actor in status.get("actors", {}).items():
+        error = f"  last error: {actor['last_error']}" if actor.get("last_error") else ""
+        lines.append(f"  {name:<12} {actor['phase']:<9} restarts {actor['restarts']}{error}")
+    return "\n".join(lines) + "\n"
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _us(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1000:.2f}ms"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     handlers = {
@@ -184,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "start": cmd_start,
         "register": cmd_register,
         "inject": cmd_inject,
+        "status": cmd_status,
     }
     return run_main(lambda: handlers[args.command](args))
 
