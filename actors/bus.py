@@ -108,7 +108,7 @@ class NatsBus:
                 # for reconnects); the deadline turns that into a clear answer.
                 await asyncio.wait_for(
                     nc.connect(
-                        servers=[server],
+                        servers=server.split(","),
                         name=name,
                         connect_timeout=max(1, round(connect_timeout)),
                         allow_reconnect=True,

@@ -54,6 +54,7 @@ class NatsServer:
         name: str = "fleet",
         config_file: Path | None = None,
         extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.store_dir = store_dir
         self.host = host
@@ -61,6 +62,7 @@ class NatsServer:
         self.name = name
         self.config_file = config_file
         self.extra_args = extra_args or []
+        self.env = env
         self.log_file = store_dir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -94,6 +96,7 @@ class NatsServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
