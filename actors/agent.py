@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from actors.bus import NatsBus
+from actors.commands import CommandExecutor
 from actors.config import AgentConfig
 from actors.heartbeat import HeartbeatActor
 from actors.inventory import Inventory
@@ -28,11 +29,14 @@ class NodeAgent:
         self.metrics = AgentMetrics()
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
+        self.commands: CommandExecutor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
+        self.commands = CommandExecutor(self.config, bus, self.key)
         return [
             Inventory(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
+            self.commands,
         ]
 
     async def start(self) -> None:
@@ -55,8 +59,11 @@ class NodeAgent:
         )
 
     async def stop(self) -> None:
-        """Stop actors, then drain the connection, each bounded by the shutdown timeout."""
+        """Stop taking commands and finish (or deregister) within the shutdown timeout,
+        then stop actors, then drain the connection, each bounded by that timeout."""
         timeout = self.config.shutdown_timeout
+        if self.commands is not None:
+            await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
         if self.supervisor is not None:
             await self.supervisor.stop(timeout)
         if self.bus is not None:
