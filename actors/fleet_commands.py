@@ -146,7 +146,7 @@ class ResultFollower:
 
 
 def describe(result: CommandResult) -> str:
-    facts = [result.schedulability or ""]
+    facts: list[str] = [result.schedulability or ""]
     if result.in_flight is not None:
         facts.append(f"{result.in_flight} in flight")
     tail = ", ".join(fact for fact in facts if fact)
