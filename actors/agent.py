@@ -13,6 +13,7 @@ from actors.heartbeat import HeartbeatActor
 from actors.inventory import Inventory
 from actors.metrics import AgentMetrics
 from actors.sequence import SequenceStore
+from actors.spot import SpotWatcher
 from actors.supervisor import Actor, Supervisor
 from schemas.signing import load_key_file
 
@@ -37,6 +38,7 @@ class NodeAgent:
             Inventory(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
             self.commands,
+            SpotWatcher(self.config, bus),
         ]
 
     async def start(self) -> None:
