@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import itertools
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -37,7 +37,7 @@ class FakeServer:
         self.requests = 0
         self.url = ""
 
-    async def start(self) -> FakeServer:
+    async def start(self) -> Self:
         # Hanging gets must not hold up shutdown (aiohttp waits for handlers otherwise).
         self.runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=0.5)
         await self.runner.setup()
