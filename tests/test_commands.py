@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,6 +15,7 @@ import pytest
 from actors.agent import NodeAgent
 from actors.bus import NatsBus
 from actors.embedded import NatsServer
+from actors.fleet_ops import approve
 from actors.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.events import Interruption
@@ -317,5 +321,55 @@ async def test_rebalance_notice_cordons_with_ttl(
         final = await results.final("spot:aws:rebalance:r1")
         assert final.schedulability == "cordoned" and "uncordons at" in final.detail
         assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
+    finally:
+        await agent.stop()
+
+
+async def test_sigterm_deregisters_and_exits_zero(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, aggregator: Supervisor
+) -> None:
+    """SIGTERM to 'node-agent start --deregister-on-shutdown' deregisters the node and the
+    process exits 0."""
+    config = agent_config(nats_server.url, prefix, state_dir)
+    key = signing.load_or_create_key_file(config.key_path)
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "node-agent"),
+        "start",
+        *("--server", nats_server.url, "--prefix", prefix, "--node-id", "n1"),
+        *("--cluster", "c1", "--state-dir", config.state_dir, "--fake-gpus", "1"),
+        *("--heartbeat-interval", "0.5", "--stale-after", "2", "--deregister-on-shutdown"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+        assert process.returncode == 0, stderr.decode()
+        await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered")
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_trust_operators_file(
+    nats_server: NatsServer,
+    bus: NatsBus,
+    prefix: str,
+    state_dir: Path,
+    operator: signing.KeyPair,
+    results: Results,
+    tmp_path: Path,
+) -> None:
+    """Keys listed one per line in trust_operators_file (comments allowed) are trusted."""
+    trust_file = tmp_path / "operators"
+    trust_file.write_text(f"# fleet operators\n{operator.public_key}\n")
+    config = agent_config(nats_server.url, prefix, state_dir, trust_operators_file=str(trust_file))
+    agent = await approved_agent(bus, config)
+    try:
+        cordon = await send(bus, prefix, operator, Cordon())
+        assert (await results.final(cordon.id)).status == "done"
     finally:
         await agent.stop()
