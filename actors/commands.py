@@ -13,28 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.bus import Bus, unsubscribe_quietly
+from actors.command_checks import Rejection, check_command
 from actors.command_store import CommandStore
 from actors.config import AgentConfig
 from actors.hooks import run_hook
 from actors.records import notice_key
-from schemas import codec, events, signing
+from schemas import codec, events
 from schemas import subjects as names
 from schemas.base import Schedulability
-from schemas.errors import DecodeError, InvalidToken, SignatureError
+from schemas.errors import DecodeError
 from schemas.messages import (
-    Command,
     CommandResult,
     CommandStatus,
     Cordon,
@@ -54,18 +52,9 @@ PROGRESS_EVERY = 2.0
 """A drain reports progress at least this often, and whenever in-flight work changes."""
 REBALANCE_TTL = 600.0
 """A rebalance or maintenance notice cordons the node for this long."""
-SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-"""Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
 TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
 
 Work = Coroutine[Any, Any, None]
-
-
-class Rejection(Exception):
-    def __init__(self, command_id: str, reason: str) -> None:
-        self.command_id = command_id
-        self.reason = reason
-        super().__init__(reason)
 
 
 class CommandExecutor:
@@ -163,7 +152,7 @@ class CommandExecutor:
 
     async def _handle(self, msg: Msg) -> None:
         try:
-            command = self._check(msg)
+            command = check_command(msg, self.subjects, self.config, self.store.seen)
         except Rejection as refusal:
             log.warning(
                 "command refused", extra={"id": refusal.command_id, "reason": refusal.reason}
@@ -178,51 +167,6 @@ class CommandExecutor:
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
             await self._start(command.id, command.reason, command.action)
-
-    def _check(self, msg: Msg) -> Command:
-        """The command if it may run; Rejection (naming the id when it can) otherwise."""
-        command_id = _guess_id(msg)
-        try:
-            signer = signing.verify(msg.headers, msg.data)
-        except SignatureError as exc:
-            raise Rejection(command_id, f"unsigned or bad signature: {exc.reason}") from None
-        if signer not in self._trusted_keys():
-            raise Rejection(command_id, f"signed by an untrusted key {signer}")
-        try:
-            command = codec.decode(msg.data, Command, msg.subject)
-        except DecodeError as exc:
-            raise Rejection(command_id, f"malformed command: {exc.reason}") from None
-        if not SAFE_ID.fullmatch(command.id):
-            raise Rejection(command_id, "malformed command id")
-        try:
-            cluster, node = self.subjects.split_command(msg.subject)
-        except InvalidToken as exc:
-            raise Rejection(command.id, str(exc)) from None
-        if (command.cluster, command.node_id) != (cluster, node) or (cluster, node) != (
-            self.config.cluster,
-            self.config.node_id,
-        ):
-            raise Rejection(command.id, "command names another node or cluster than its subject")
-        if command.expires_at <= time.time():
-            raise Rejection(command.id, "command expired")
-        if self.store.seen(command.id):
-            raise Rejection(command.id, "duplicate command id (already executed)")
-        return command
-
-    def _trusted_keys(self) -> set[str]:
-        """Keys from the config plus the trust file, read at each command so an operator
-        key can be added or removed without a restart."""
-        keys = set(self.config.trust_operators)
-        if self.config.trust_operators_file:
-            try:
-                text = Path(self.config.trust_operators_file).read_text()
-            except OSError as exc:
-                log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
-                return keys
-            keys.update(
-                line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"
-            )
-        return keys
 
     async def _start(
         self, command_id: str, reason: str, action: Any, deadline: float | None = None
@@ -509,19 +453,3 @@ class CommandExecutor:
             log.warning(
                 "command result not published", extra={"id": command_id, "reason": str(exc)}
             )
-
-
-def _guess_id(msg: Msg) -> str:
-    """The id a refused command claims, if it names a usable one, so the operator can
-    match the refusal; else one made from the stream sequence."""
-    try:
-        body = msgspec.json.decode(msg.data)
-    except msgspec.DecodeError:
-        body = None
-    claimed = body.get("id") if isinstance(body, dict) else None
-    if isinstance(claimed, str) and SAFE_ID.fullmatch(claimed):
-        return claimed
-    try:
-        return f"unparsed-s{msg.metadata.sequence.stream}"
-    except (nats.errors.Error, AttributeError, ValueError):
-        return "unparsed"
