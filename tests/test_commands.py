@@ -373,3 +373,28 @@ async def test_trust_operators_file(
         assert (await results.final(cordon.id)).status == "done"
     finally:
         await agent.stop()
+
+
+async def test_drain_resumes_after_restart(
+    nats_server: NatsServer,
+    bus: NatsBus,
+    prefix: str,
+    state_dir: Path,
+    operator: signing.KeyPair,
+    results: Results,
+) -> None:
+    """A drain interrupted by a restart resumes under the same command id and finishes."""
+    agent = await start_agent(nats_server, bus, prefix, state_dir, operator, shutdown_timeout=0.5)
+    try:
+        await set_in_flight(bus, prefix, 4)
+        drain = await send(bus, prefix, operator, Drain(deadline=60))
+        await wait_for(lambda: any(r.in_flight == 4 for r in results.of(drain.id)))
+    finally:
+        await agent.stop()
+    assert "done" not in results.statuses(drain.id)
+    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
+    try:
+        final = await results.final(drain.id)
+        assert final.status == "done" and final.schedulability == "drained"
+    finally:
+        await agent.stop()
