@@ -49,6 +49,7 @@ GCP_PREEMPT_NOTICE = 30.0
 GCP_MAINTENANCE_NOTICE = 60.0
 """GCP gives at least 60 s before host maintenance (no time is given)."""
 AZURE_API = "api-version=2020-07-01"
+AZURE_NAME_API = "api-version=2021-02-01"
 AZURE_KINDS: dict[str, Kind] = {
     "Preempt": "preempt",
     "Terminate": "terminate",
@@ -82,6 +83,7 @@ class SpotWatcher:
         self._token = ""
         self._token_expires = 0.0
         self._azure_unacked: set[str] = set()
+        self._azure_vm = ""
         self._last_value: dict[str, str] = {}
         self._wake = asyncio.Event()
 
@@ -303,6 +305,16 @@ class SpotWatcher:
     async def _azure(self, session: aiohttp.ClientSession, base: str) -> None:
         url = f"{base}/metadata/scheduledevents?{AZURE_API}"
         headers = {"Metadata": "true"}
+        if not self._azure_vm:
+            # Events list every VM of an availability set; act only on those naming us.
+            async with session.get(
+                f"{base}/metadata/instance/compute/name?{AZURE_NAME_API}&format=text",
+                headers=headers,
+                timeout=self.timeout,
+            ) as response:
+                if response.status != 200:
+                    raise MetadataError(f"compute/name: HTTP {response.status}")
+                self._azure_vm = (await response.text()).strip()
         async with session.get(url, headers=headers, timeout=self.timeout) as response:
             if response.status != 200:
                 raise MetadataError(f"scheduledevents: HTTP {response.status}")
@@ -311,6 +323,8 @@ class SpotWatcher:
             kind = AZURE_KINDS.get(event.get("EventType", ""))
             if kind is None:
                 continue  # Freeze: a pause of seconds, nothing to drain for
+            if self._azure_vm not in event.get("Resources", [self._azure_vm]):
+                continue
             not_before = event.get("NotBefore") or ""
             deadline = parsedate_to_datetime(not_before).timestamp() if not_before else time.time()
             event_id = str(event["EventId"])

@@ -10,7 +10,9 @@
   TERMINATE_ON_HOST_MAINTENANCE / MIGRATE_ON_HOST_MAINTENANCE; Metadata-Flavor: Google
   required; ?wait_for_change=true&last_etag=E&timeout_sec=N hangs until the value's ETag
   differs from E or N seconds pass).
-- Azure: "Scheduled Events for Linux VMs" (GET /metadata/scheduledevents?api-version=
+- Azure: "Azure Instance Metadata Service" (GET /metadata/instance/compute/name?api-version=
+  2021-02-01&format=text with Metadata: true: the VM name) and "Scheduled Events for Linux
+  VMs" (GET /metadata/scheduledevents?api-version=
   2020-07-01 with Metadata: true; {"DocumentIncarnation", "Events": [{"EventId",
   "EventType", "ResourceType", "Resources", "EventStatus", "NotBefore" (RFC 1123),
   "Description", "EventSource", "DurationInSeconds"}]}; POST {"StartRequests": [...]}).
@@ -141,17 +143,24 @@ class FakeAzure(FakeServer):
         self.events: list[dict[str, Any]] = []
         self.incarnation = itertools.count(1)
         self.started: list[str] = []
+        self.vm = "vm1"
         self.app.router.add_get("/metadata/scheduledevents", self.get)
+        self.app.router.add_get("/metadata/instance/compute/name", self.name)
         self.app.router.add_post("/metadata/scheduledevents", self.post)
 
-    def schedule(self, event_type: str, event_id: str, not_before: float) -> None:
+    async def name(self, request: web.Request) -> web.Response:
+        if request.headers.get("Metadata") != "true":
+            return web.Response(status=400)
+        return web.Response(text=self.vm)
+
+    def schedule(self, event_type: str, event_id: str, not_before: float, vm: str = "vm1") -> None:
         self.events.append(
             {
                 "EventId": event_id,
                 "EventStatus": "Scheduled",
                 "EventType": event_type,
                 "ResourceType": "VirtualMachine",
-                "Resources": ["vm1"],
+                "Resources": [vm],
                 "NotBefore": formatdate(not_before, usegmt=True),
                 "Description": "Virtual machine is being preempted.",
                 "EventSource": "Platform",

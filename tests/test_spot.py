@@ -154,6 +154,8 @@ async def test_azure_preempt_deregisters_and_acknowledges(
     deadline = time.time() + 20
 
     async def trigger() -> None:
+        # Another VM's event in the same availability set must be left alone.
+        fake.schedule("Terminate", "c3d9f1a0-0000-4000-8000-000000000001", deadline, vm="vm2")
         fake.schedule("Preempt", "602d9444-d2cd-49c7-8624-8643e7171297", deadline)
 
     try:
@@ -180,7 +182,7 @@ async def test_aws_errors_never_crash_the_watcher(
     supervisor.start()
     try:
         assert await supervisor.wait_ready(10)
-        fake.failures = [503, 503, 503, 1.0, 500]
+        fake.failures = [503, 503, 503, 0.7, 500]
         await wait_for(lambda: not fake.failures, timeout=20)
         fake.expire_tokens()
         issued = fake.issued
