@@ -80,22 +80,28 @@ class CommandExecutor:
         self._counts: dict[tuple[str, str], int] = {}
 
     async def run(self, ready: Callable[[], None]) -> None:
-        consumer = await self.bus.js.pull_subscribe(
-            self.command_subject,
-            durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
-            stream=self.subjects.stream_name(names.STREAM_COMMANDS),
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
-            ),
-        )
-        node_events = await self.bus.subscribe(
-            self.subjects.events(self.config.node_id), self._on_event
-        )
-        beats = await self.bus.subscribe(
-            self.subjects.heartbeat(self.config.cluster, self.config.node_id), self._on_beat
-        )
+        # Subscribed first, before any await on the network: the agent starts this actor
+        # before the spot watcher, so on one connection our SUB precedes its first notice.
+        subscriptions: list[Any] = [
+            await self.bus.subscribe(self.subjects.events(self.config.node_id), self._on_event)
+        ]
         republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
         try:
+            subscriptions.append(
+                await self.bus.subscribe(
+                    self.subjects.heartbeat(self.config.cluster, self.config.node_id),
+                    self._on_beat,
+                )
+            )
+            consumer = await self.bus.js.pull_subscribe(
+                self.command_subject,
+                durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
+                stream=self.subjects.stream_name(names.STREAM_COMMANDS),
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
+                ),
+            )
+            subscriptions.append(consumer)
             await self.bus.flush()
             await self._publish_state()
             await self._resume()
@@ -111,9 +117,8 @@ class CommandExecutor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for subscription in (node_events, beats):
+            for subscription in subscriptions:
                 await unsubscribe_quietly(subscription)
-            await unsubscribe_quietly(consumer)
 
     async def shutdown(self, timeout: float, deregister: bool) -> None:
         """Stop taking commands, finish the work in progress (deregistering first when

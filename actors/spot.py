@@ -64,7 +64,8 @@ class MetadataError(Exception):
     """The metadata service answered, but not usefully; retried like a network error."""
 
 
-RETRYABLE = (aiohttp.ClientError, TimeoutError, MetadataError, ValueError)
+RETRYABLE = (aiohttp.ClientError, TimeoutError, MetadataError, ValueError, LookupError, TypeError)
+"""Network failures, and documents that are not what the documentation says."""
 
 
 class SpotWatcher:
