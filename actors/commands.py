@@ -246,11 +246,11 @@ class CommandExecutor:
         self.store.deregister = deregister
         if self.store.state.schedulability != "drained" or resumed:
             await self._set_state("draining", command_id, reason)
-        reported: tuple[int, float] | None = None
+        reported_count, reported_at = -1, 0.0
         while self.in_flight > 0 and time.time() < deadline:
             now = time.time()
-            if reported is None or reported[0] != self.in_flight or now - reported[1] > 2.0:
-                reported = (self.in_flight, now)
+            if reported_count != self.in_flight or now - reported_at >= PROGRESS_EVERY:
+                reported_count, reported_at = self.in_flight, now
                 left = deadline - now
                 await self._result(
                     command_id,
