@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from actors.bus import NatsBus
+from actors.commands import CommandExecutor
 from actors.config import AgentConfig
 from actors.engine import EngineActor
 from actors.health import HealthActor
@@ -16,6 +17,7 @@ from actors.inventory import Inventory
 from actors.latency import LatencyActor
 from actors.metrics import AgentMetrics
 from actors.sequence import SequenceStore
+from actors.spot import SpotWatcher
 from actors.supervisor import Actor, ActorStatus, Supervisor
 from schemas.signing import load_key_file
 
@@ -32,8 +34,10 @@ class NodeAgent:
         self.metrics = AgentMetrics()
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
+        self.commands: CommandExecutor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
+        self.commands = CommandExecutor(self.config, bus, self.key)
         return [
             Inventory(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
@@ -41,6 +45,8 @@ class NodeAgent:
             EngineActor(self.config, bus),
             LatencyActor(self.config, bus),
             HttpActor(self.config, bus, self.metrics, self.actor_status),
+            self.commands,
+            SpotWatcher(self.config, bus),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:
@@ -67,8 +73,11 @@ class NodeAgent:
         )
 
     async def stop(self) -> None:
-        """Stop actors, then drain the connection, each bounded by the shutdown timeout."""
+        """Stop taking commands and finish (or deregister) within the shutdown timeout,
+        then stop actors, then drain the connection, each bounded by that timeout."""
         timeout = self.config.shutdown_timeout
+        if self.commands is not None:
+            await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
         if self.supervisor is not None:
             await self.supervisor.stop(timeout)
         if self.bus is not None:

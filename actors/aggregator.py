@@ -246,6 +246,7 @@ class Aggregator:
                     )
                 )
             updated = records.accept(previous, heartbeat, public_key, now)
+            alerts.extend(records.lifecycle_alerts(previous, heartbeat))
             if (
                 previous.health_status is not None
                 and updated.health_status != previous.health_status
@@ -278,7 +279,9 @@ class Aggregator:
             return
         self.accepted += 1
         for kind, message, details in alerts:
-            await self.alert(kind, heartbeat.cluster, node, message, f"q{heartbeat.seq}", **details)
+            # Lifecycle alerts name their own event, so every aggregator derives one id.
+            event = details.pop("event", f"q{heartbeat.seq}")
+            await self.alert(kind, heartbeat.cluster, node, message, event, **details)
 
     async def _mark_stale(self, cluster: str, node: str, reason: str) -> None:
         now = time.time()

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from actors import fleet_ops, fleet_view, logs
+from actors import fleet_commands, fleet_ops, fleet_view, logs
 from actors.aggregator import Aggregator, AggregatorConfig
 from actors.bus import NatsBus
 from actors.cli_common import config_home, run_main, stop_event
@@ -219,6 +219,7 @@ def parser() -> argparse.ArgumentParser:
     watch.add_argument("--node")
     add_server(watch)
     watch.set_defaults(func=cmd_watch)
+    fleet_commands.add_command_parsers(commands)
     return root
 
 

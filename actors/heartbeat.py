@@ -82,7 +82,10 @@ class HeartbeatActor:
                 self._beat_now.set()
             elif kind == names.EVENT_STATE:
                 state = codec.decode(msg.data, events.NodeState, msg.subject)
-                changed = state.schedulability != self.state.schedulability
+                changed = (state.schedulability, state.deregistering) != (
+                    self.state.schedulability,
+                    self.state.deregistering,
+                )
                 self.state = state
                 if changed:
                     self._beat_now.set()
@@ -108,6 +111,7 @@ class HeartbeatActor:
             engine=self.engine,
             jobs=events.Jobs(running=running),
             spot=self.spot,
+            deregistering=self.state.deregistering,
         )
 
     async def beat(self) -> Heartbeat | None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import msgspec
 
 from schemas.base import RecordState
-from schemas.messages import Heartbeat, NodeRecord
+from schemas.events import Interruption
+from schemas.messages import AlertKind, Heartbeat, NodeRecord
 
 
 def derive_state(record: NodeRecord) -> RecordState:
@@ -62,7 +63,39 @@ def accept(record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float
         gpus_total=len(heartbeat.sample.gpus) if heartbeat.sample else 0,
         stale_since=None,
         offline_since=None,
-        deregistered=False,
+        deregistered=heartbeat.deregistering,
         agent_version=heartbeat.agent_version,
         heartbeat=heartbeat,
     )
+
+
+def notice_key(notice: Interruption) -> str:
+    """One spot notice's identity, the same in every heartbeat that carries it."""
+    mark = notice.event_id or (f"{notice.deadline:.0f}" if notice.deadline else "")
+    return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
+
+
+def lifecycle_alerts(
+    previous: NodeRecord, heartbeat: Heartbeat
+) -> list[tuple[AlertKind, str, dict[str, str]]]:
+    """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
+    when the node says it is leaving; each with a deterministic ``event`` for its id."""
+    alerts: list[tuple[AlertKind, str, dict[str, str]]] = []
+    notice = heartbeat.spot.notice if heartbeat.spot else None
+    spot_before = previous.heartbeat.spot if previous.heartbeat else None
+    before = spot_before.notice if spot_before else None
+    if notice is not None and (before is None or notice_key(before) != notice_key(notice)):
+        key = notice_key(notice)
+        details = {"event": key, "provider": notice.provider, "notice": notice.kind}
+        if notice.deadline is not None:
+            details["deadline"] = f"{notice.deadline:.0f}"
+        alerts.append(("interruption", f"{notice.provider} {notice.kind} notice", details))
+    if heartbeat.deregistering and not previous.deregistered:
+        alerts.append(
+            (
+                "deregistered",
+                f"node deregistered ({heartbeat.schedulability_reason or 'no reason given'})",
+                {"event": heartbeat.boot_id},
+            )
+        )
+    return alerts

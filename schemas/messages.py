@@ -46,6 +46,8 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     jobs: Jobs | None = None
     spot: SpotStatus | None = None
     schedulability_reason: str = ""
+    deregistering: bool = False
+    """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

@@ -116,7 +116,16 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
     phases = {name: actor["phase"] for name, actor in document["actors"].items()}
     assert phases == {
         name: "running"
-        for name in ["inventory", "heartbeat", "health", "engine", "latency", "http"]
+        for name in [
+            "inventory",
+            "heartbeat",
+            "health",
+            "engine",
+            "latency",
+            "http",
+            "commands",
+            "spot",
+        ]
     }
 
     assert await asyncio.to_thread(main, ["status", "--url", agent_url]) == 0
