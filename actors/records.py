@@ -11,6 +11,12 @@ from schemas.base import RecordState
 from schemas.events import Interruption
 from schemas.messages import AlertKind, Heartbeat, NodeRecord
 
+AlertSpec = tuple[AlertKind, str, dict[str, str]]
+"""An alert to raise: kind, message, details (``event`` in details names its id)."""
+
+ANOMALY_FACTOR = 2.5
+"""A heartbeat later than this many intervals after the previous one is an anomaly."""
+
 
 def derive_state(record: NodeRecord) -> RecordState:
     """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
@@ -47,7 +53,9 @@ def pending_record(node_id: str, cluster: str, public_key: str = "") -> NodeReco
     )
 
 
-def accept(record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float) -> NodeRecord:
+def accept(
+    record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float, stream_seq: int = 0
+) -> NodeRecord:
     """The record after a valid heartbeat: facts refreshed, stale/offline cleared."""
     health = heartbeat.health
     return with_state(
@@ -66,6 +74,7 @@ def accept(record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float
         deregistered=heartbeat.deregistering,
         agent_version=heartbeat.agent_version,
         heartbeat=heartbeat,
+        last_stream_seq=stream_seq,
     )
 
 
@@ -75,12 +84,10 @@ def notice_key(notice: Interruption) -> str:
     return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
 
 
-def lifecycle_alerts(
-    previous: NodeRecord, heartbeat: Heartbeat
-) -> list[tuple[AlertKind, str, dict[str, str]]]:
+def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSpec]:
     """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
     when the node says it is leaving; each with a deterministic ``event`` for its id."""
-    alerts: list[tuple[AlertKind, str, dict[str, str]]] = []
+    alerts: list[AlertSpec] = []
     notice = heartbeat.spot.notice if heartbeat.spot else None
     spot_before = previous.heartbeat.spot if previous.heartbeat else None
     before = spot_before.notice if spot_before else None
@@ -99,3 +106,41 @@ def lifecycle_alerts(
             )
         )
     return alerts
+
+
+def heartbeat_alerts(
+    previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbeat, now: float
+) -> list[AlertSpec]:
+    """What accepting ``heartbeat`` tells operators: recovered, sequence_gap, anomaly,
+    health changes, interruption and deregistered."""
+    alerts: list[AlertSpec] = []
+    if previous.state in ("stale", "offline"):
+        alerts.append(("recovered", f"heartbeats resumed after {previous.state}", {}))
+    same_boot = previous.boot_id == heartbeat.boot_id
+    if same_boot and heartbeat.seq > previous.last_seq + 1:
+        missed = heartbeat.seq - previous.last_seq - 1
+        alerts.append(
+            (
+                "sequence_gap",
+                f"{missed} heartbeat(s) missing",
+                {"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+            )
+        )
+    gap = now - previous.last_seen
+    if same_boot and previous.state == "active" and gap > ANOMALY_FACTOR * heartbeat.interval:
+        alerts.append(
+            (
+                "anomaly",
+                f"{gap:.1f}s since the previous heartbeat (interval {heartbeat.interval:g}s)",
+                {},
+            )
+        )
+    if previous.health_status is not None and updated.health_status != previous.health_status:
+        alerts.append(
+            (
+                "health",
+                f"health {previous.health_status} -> {updated.health_status}",
+                {"score": str(updated.health_score)},
+            )
+        )
+    return alerts + lifecycle_alerts(previous, heartbeat)

@@ -188,6 +188,9 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     heartbeat: Heartbeat | None = None
     """The last accepted heartbeat, whole."""
     offline_since: UnixTime | None = None
+    last_stream_seq: Count = 0
+    """FLEET_HB stream sequence of the last accepted heartbeat: an older heartbeat delivered
+    late (several aggregators) is told apart from a replay published again later."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

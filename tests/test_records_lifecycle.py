@@ -49,3 +49,48 @@ def test_deregistering_heartbeat_marks_record() -> None:
     record = records.accept(record, beat(2, deregistering=True), "U", 2.0)
     assert record.state == "deregistered"
     assert records.lifecycle_alerts(record, beat(3, deregistering=True)) == []
+
+
+def test_state_precedence() -> None:
+    """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
+    pending: each fact wins over every fact below it."""
+    base = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 1.0)
+    assert records.pending_record("n1", "c1").state == "pending"
+    assert base.state == "active"
+    layers: list[tuple[str, dict[str, object]]] = [
+        ("degraded", {"health_status": "unhealthy"}),
+        ("cordoned", {"schedulability": "cordoned"}),
+        ("draining", {"schedulability": "draining"}),
+        ("drained", {"schedulability": "drained"}),
+        ("stale", {"stale_since": 5.0}),
+        ("offline", {"offline_since": 9.0}),
+        ("deregistered", {"deregistered": True}),
+    ]
+    record = base
+    for expected, change in layers:
+        record = records.with_state(record, **change)
+        assert record.state == expected
+
+
+def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
+    """Accepting a beat after stale says recovered; skipped seqs in one boot are a gap; a
+    late beat is an anomaly; a health change is named; a new boot is no gap."""
+    active = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 100.0)
+    later = msgspec.structs.replace(beat(5), health=None)
+    after = records.accept(active, later, "U", 110.0)
+    kinds = [kind for kind, _, _ in records.heartbeat_alerts(active, after, later, 110.0)]
+    assert kinds == ["sequence_gap", "anomaly"]
+
+    stale = records.with_state(active, stale_since=105.0)
+    assert [k for k, _, _ in records.heartbeat_alerts(stale, after, beat(2), 106.0)] == [
+        "recovered"
+    ]
+
+    rebooted = msgspec.structs.replace(beat(900), boot_id="b2")
+    quiet = records.heartbeat_alerts(active, after, rebooted, 100.5)
+    assert quiet == []
+
+    healthy = records.with_state(active, health_status="healthy")
+    sick = records.with_state(active, health_status="unhealthy", health_score=40)
+    alerts = records.heartbeat_alerts(healthy, sick, beat(2), 100.5)
+    assert [(k, m) for k, m, _ in alerts] == [("health", "health healthy -> unhealthy")]
