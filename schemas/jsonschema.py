@@ -1,7 +1,8 @@
-"""Export a JSON Schema for every wire type into ``schemas/json/``.
+"""Export a JSON Schema for every wire type into ``schemas/json/``, and the field tables
+of the README's wire contract.
 
-Run ``python -m schemas.jsonschema`` after changing a wire type; a test fails while the
-files on disk differ from what this module would write.
+Run ``python -m schemas.jsonschema`` after changing a wire type; tests fail while the files
+on disk or the README's tables differ from what this module would write.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import msgspec
 from schemas import events, messages
 
 JSON_DIR = Path(__file__).parent / "json"
+README = Path(__file__).parent.parent / "README.md"
+TABLES_START = "<!-- wire-fields:start (python -m schemas.jsonschema) -->"
+TABLES_END = "<!-- wire-fields:end -->"
 
 WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.Heartbeat,
@@ -58,6 +62,82 @@ def write(directory: Path = JSON_DIR) -> list[Path]:
     return written
 
 
+def _type_of(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
+    if "anyOf" in prop:
+        return " or ".join(_type_of(option) for option in prop["anyOf"])
+    if "enum" in prop:
+        return " or ".join(f"`{value}`" for value in prop["enum"])
+    kind = prop.get("type", "any")
+    if kind == "array":
+        return f"list[{_type_of(prop.get('items', {}))}]"
+    if kind == "object" and "additionalProperties" in prop:
+        return f"map[string, {_type_of(prop['additionalProperties'])}]"
+    names = {
+        "string": "string",
+        "integer": "int",
+        "number": "number",
+        "boolean": "bool",
+        "null": "null",
+        "object": "object",
+    }
+    return names.get(str(kind), str(kind))
+
+
+def _notes(prop: dict[str, Any]) -> str:
+    if "anyOf" in prop:
+        options = [option for option in prop["anyOf"] if option.get("type") != "null"]
+        return _notes(options[0]) if len(options) == 1 else ""
+    notes = []
+    if "description" in prop:
+        notes.append(str(prop["description"]))
+    if "pattern" in prop:
+        notes.append(f"pattern `{prop['pattern']}`")
+    bounds = [
+        f"{word} {prop[key]}"
+        for key, word in (("minimum", "≥"), ("maximum", "≤"), ("exclusiveMinimum", ">"))
+        if key in prop
+    ]
+    notes.extend(bounds)
+    return "; ".join(notes)
+
+
+def render_tables() -> str:
+    """Markdown tables of every wire type and every type nested in one, in contract order."""
+    definitions: dict[str, dict[str, Any]] = {}
+    for wire_type in WIRE_TYPES:
+        schema: dict[str, Any] = msgspec.json.schema(wire_type)
+        definitions.setdefault(wire_type.__name__, schema["$defs"][wire_type.__name__])
+        for name, definition in sorted(schema["$defs"].items()):
+            definitions.setdefault(name, definition)
+    parts = []
+    for name, definition in definitions.items():
+        required = set(definition.get("required", []))
+        lines = [
+            f"#### {name}",
+            "",
+            str(definition.get("description", "")).replace("``", "`"),
+            "",
+            "| field | type | required / default | notes |",
+            "|---|---|---|---|",
+        ]
+        for field, prop in definition.get("properties", {}).items():
+            presence = "required" if field in required else f"`{json.dumps(prop.get('default'))}`"
+            lines.append(f"| `{field}` | {_type_of(prop)} | {presence} | {_notes(prop)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def readme_with_tables(text: str) -> str:
+    """``text`` (the README) with the generated tables between the markers."""
+    start = text.index(TABLES_START) + len(TABLES_START)
+    end = text.index(TABLES_END)
+    return text[:start] + "\n" + render_tables() + text[end:]
+
+
 if __name__ == "__main__":
     for path in write():
         sys.stdout.write(f"wrote {path}\n")
+    README.write_text(readme_with_tables(README.read_text()))
+    sys.stdout.write(f"wrote the wire-contract tables of {README}\n")

@@ -158,3 +158,9 @@ def test_json_schemas_on_disk_are_current() -> None:
     """schemas/json/ matches the Structs; run `python -m schemas.jsonschema` if this fails."""
     on_disk = {path.name: path.read_text() for path in jsonschema.JSON_DIR.glob("*.json")}
     assert on_disk == jsonschema.render()
+
+
+def test_readme_wire_tables_are_current() -> None:
+    """The README's field tables match the Structs; `python -m schemas.jsonschema` fixes."""
+    text = jsonschema.README.read_text()
+    assert jsonschema.readme_with_tables(text) == text
