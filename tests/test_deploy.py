@@ -1,0 +1,219 @@
+"""Every nats-server config in deploy/nats/, started for real on loopback and used by an
+aggregator and agents: one server, a 3-node JetStream cluster, hub + leaf, nkey auth.
+
+The config under test is always the repo file: it is read, its addresses, ports, store
+directory and key placeholders are replaced (each replaced string must be present, so a
+config that drifts fails here), and the result is written to the test's tmp directory.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import nats.errors
+import pytest
+
+from actors.agent import NodeAgent
+from actors.bus import NatsBus
+from actors.embedded import NatsServer
+from actors.fleet_ops import record
+from schemas import subjects as names
+from schemas.subjects import Subjects
+from tests.fleet import agent_config, approved_agent, start_aggregator, wait_for, wait_record
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "nats"
+STORE = "/var/lib/nats/jetstream"
+PREFIX = "fleet"
+"""The configs' permissions name the default prefix, so these tests use it too (each test
+has servers of its own, so nothing is shared)."""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def render(name: str, target: Path, replacements: Mapping[str, str]) -> Path:
+    """The repo's ``deploy/nats/<name>`` with each replacement applied, written to ``target``."""
+    text = (DEPLOY / name).read_text()
+    for old, new in replacements.items():
+        assert old in text, f"{name} no longer contains {old!r}"
+        text = text.replace(old, new)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+@pytest.fixture
+def servers() -> Iterator[list[NatsServer]]:
+    """Servers a test starts; each is stopped when the test ends."""
+    started: list[NatsServer] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def start(
+    servers: list[NatsServer],
+    config: Path,
+    store: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+) -> NatsServer:
+    server = NatsServer(store, name=name, config_file=config, env=env)
+    servers.append(server)
+    return server.start()
+
+
+async def admit(
+    bus: NatsBus, server: str, state_dir: Path, node: str = "n1", **settings: object
+) -> NodeAgent:
+    """An approved agent on ``server``, once the aggregator has it ``active``."""
+    agent = await approved_agent(bus, agent_config(server, PREFIX, state_dir, node, **settings))
+    try:
+        await wait_record(bus, PREFIX, node, lambda r: r.state == "active", timeout=20)
+    except BaseException:
+        await agent.stop()
+        raise
+    return agent
+
+
+async def test_single(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """single.conf runs JetStream, and an aggregator and an agent reach ``active`` on it."""
+    config = render(
+        "single.conf",
+        tmp_path / "single.conf",
+        {
+            "127.0.0.1:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            STORE: str(tmp_path / "js"),
+        },
+    )
+    server = start(servers, config, tmp_path / "server", "single")
+    bus = await NatsBus.connect(server.url, "test")
+    try:
+        info = await bus.js.account_info()
+        assert info.limits.max_storage != 0
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            agent = await admit(bus, server.url, state_dir)
+            await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await bus.close()
+
+
+async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """cluster/n1-3.conf form one JetStream cluster: R3 streams and buckets, an agent on a
+    server list reaches ``active``, and its heartbeats are still accepted once the server
+    it was connected to is stopped."""
+    routes = [free_port() for _ in range(3)]
+    for n in range(1, 4):
+        replacements = {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            "0.0.0.0:6222": f"127.0.0.1:{routes[n - 1]}",
+            STORE: str(tmp_path / f"js{n}"),
+        }
+        for peer in range(1, 4):
+            replacements[f"nats-route://fleet-n{peer}:6222"] = (
+                f"nats-route://127.0.0.1:{routes[peer - 1]}"
+            )
+        config = render(f"cluster/n{n}.conf", tmp_path / f"n{n}.conf", replacements)
+        start(servers, config, tmp_path / f"n{n}", f"n{n}")
+    urls = ",".join(server.url for server in servers)
+    bus = await NatsBus.connect(urls, "test")
+    try:
+        aggregator = await start_aggregator(bus, PREFIX, ready_timeout=30, replicas=3)
+        try:
+            subjects = Subjects(PREFIX)
+            streams = [
+                subjects.stream_name(base)
+                for base in (
+                    names.STREAM_HEARTBEATS,
+                    names.STREAM_COMMANDS,
+                    names.STREAM_EVENTS,
+                    names.STREAM_ALERTS,
+                )
+            ] + [
+                f"KV_{subjects.bucket_name(base)}"
+                for base in (names.BUCKET_NODES, names.BUCKET_TRUST)
+            ]
+            for stream in streams:
+                info = await bus.js.stream_info(stream)
+                assert info.config.num_replicas == 3, stream
+                assert info.cluster is not None and info.cluster.name == "fleet"
+
+            agent = await admit(bus, urls, state_dir, stale_after=10.0)
+            try:
+                assert agent.bus is not None
+                connected = agent.bus.nc.connected_url
+                assert connected is not None
+                victim = next(s for s in servers if s.port == connected.port)
+                before = (await record(bus, Subjects(PREFIX), "n1")).last_seq
+                victim.stop()
+
+                # Reads may time out while the clients fail over and leaders are re-elected.
+                async def risen() -> bool:
+                    try:
+                        current = await record(bus, Subjects(PREFIX), "n1")
+                    except (nats.errors.Error, TimeoutError):
+                        return False
+                    return current.last_seq > before + 3
+
+                await wait_for(risen, timeout=25)
+            finally:
+                await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await bus.close()
+
+
+async def test_hub_and_leaf(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """leaf.conf (HUB_URL and NODE_NAME from the environment) attaches to hub.conf, and an
+    agent connected only to the leaf reaches ``active`` in the hub's aggregator."""
+    leaf_port = free_port()
+    hub_config = render(
+        "hub.conf",
+        tmp_path / "hub.conf",
+        {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            "0.0.0.0:7422": f"127.0.0.1:{leaf_port}",
+            STORE: str(tmp_path / "hub-js"),
+        },
+    )
+    hub = start(servers, hub_config, tmp_path / "hub", "hub")
+    leaf_config = render(
+        "leaf.conf", tmp_path / "leaf.conf", {"127.0.0.1:4222": f"127.0.0.1:{free_port()}"}
+    )
+    env = {"HUB_URL": f"nats-leaf://127.0.0.1:{leaf_port}", "NODE_NAME": "gpu-node-1"}
+    leaf = start(servers, leaf_config, tmp_path / "leaf", "leaf", env=env)
+    bus = await NatsBus.connect(hub.url, "test")
+    local = await NatsBus.connect(leaf.url, "leaf-test")
+    try:
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            # JetStream answers through the leaf once the leaf connection is up.
+            async def through_leaf() -> bool:
+                try:
+                    await local.js.account_info()
+                except Exception:
+                    return False
+                return True
+
+            await wait_for(through_leaf, timeout=15)
+            agent = await admit(bus, leaf.url, state_dir)
+            await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await local.close()
+        await bus.close()
