@@ -9,18 +9,26 @@ config that drifts fails here), and the result is written to the test's tmp dire
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import msgspec
+import nats
 import nats.errors
+import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 
 from actors.agent import NodeAgent
-from actors.bus import NatsBus
+from actors.bus import BusError, NatsBus
 from actors.embedded import NatsServer
 from actors.fleet_ops import record
+from schemas import codec, signing
 from schemas import subjects as names
+from schemas.messages import Cordon, Probe, ProbeReply
 from schemas.subjects import Subjects
+from tests.commanding import Results, send
 from tests.fleet import agent_config, approved_agent, start_aggregator, wait_for, wait_record
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "nats"
@@ -217,3 +225,109 @@ async def test_hub_and_leaf(tmp_path: Path, state_dir: Path, servers: list[NatsS
     finally:
         await local.close()
         await bus.close()
+
+
+AUTH_CLUSTER = "gpu-a"
+AUTH_NODE = "node-1"
+
+
+async def test_auth(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """auth.conf: the aggregator logs in with its nkey, node-1 with its node key runs all its
+    real traffic (heartbeats, events, probes, KV reads, commands) without one permission
+    violation, and cannot beat for node-2 nor listen to node-2's probes."""
+    aggregator_key = signing.KeyPair.generate()
+    operator = signing.KeyPair.generate()
+    config = agent_config(
+        "",
+        PREFIX,
+        state_dir,
+        AUTH_NODE,
+        cluster=AUTH_CLUSTER,
+        nkey_auth=True,
+        trust_operators=[operator.public_key],
+        probe_interval=0.3,
+    )
+    node_key = signing.load_or_create_key_file(config.key_path)
+    text = (DEPLOY / "auth.conf").read_text()
+    assert f"fleet.hb.{AUTH_CLUSTER}.{AUTH_NODE}" in text
+    rendered = render(
+        "auth.conf",
+        tmp_path / "auth.conf",
+        {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            STORE: str(tmp_path / "js"),
+            "AGGREGATOR_PUBLIC_KEY": aggregator_key.public_key,
+            "NODE_1_PUBLIC_KEY": node_key.public_key,
+        },
+    )
+    server = start(servers, rendered, tmp_path / "server", "auth")
+    config = msgspec.structs.replace(config, server=server.url)
+
+    with pytest.raises(BusError):
+        await NatsBus.connect(server.url, "anonymous", connect_timeout=2)
+    bus = await NatsBus.connect(server.url, "aggregator", nkey_seed=aggregator_key.seed)
+    try:
+        results = await Results().start(bus, PREFIX)
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            agent = await approved_agent(bus, config)
+            try:
+                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "active")
+                cordon = await send(
+                    bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER
+                )
+                assert (await results.final(cordon.id)).status == "done"
+                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
+                probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
+                reply = await bus.request(
+                    Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5
+                )
+                assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
+                # Peer discovery has listed and read the bucket a few times by now.
+                assert agent.bus is not None
+                assert "Violation" not in server.log_file.read_text()
+            finally:
+                await agent.stop()
+        finally:
+            await aggregator.stop()
+        await refuses_another_nodes_subjects(bus, server, node_key)
+    finally:
+        await bus.close()
+
+
+async def refuses_another_nodes_subjects(
+    bus: NatsBus, server: NatsServer, node_key: signing.KeyPair
+) -> None:
+    """Logged in as node-1: a heartbeat on node-2's subject is not stored and node-2's
+    probe subject cannot be subscribed to."""
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        server.url, nkeys_seed_str=node_key.seed, error_cb=on_error, allow_reconnect=False
+    )
+    try:
+        subjects = Subjects(PREFIX)
+        forged = subjects.heartbeat(AUTH_CLUSTER, "node-2")
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await nc.jetstream().publish(forged, b"{}", timeout=2)
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await bus.js.get_last_msg(subjects.stream_name(names.STREAM_HEARTBEATS), forged)
+
+        heard: list[bytes] = []
+
+        async def listen(msg: Msg) -> None:
+            heard.append(msg.data)
+
+        await nc.subscribe(subjects.probe("node-2"), cb=listen)
+        await nc.flush(timeout=2)
+        await wait_for(
+            lambda: any("permissions violation for subscription" in str(e).lower() for e in errors)
+        )
+        with pytest.raises(nats.errors.NoRespondersError):
+            await bus.request(subjects.probe("node-2"), b"{}", timeout=2)
+        assert heard == []
+    finally:
+        await nc.close()
