@@ -8,8 +8,13 @@ config that drifts fails here), and the result is written to the test's tmp dire
 
 from __future__ import annotations
 
+import configparser
+import importlib
+import re
+import shlex
 import socket
 import time
+import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from nats.aio.msg import Msg
 
 from actors.agent import NodeAgent
 from actors.bus import BusError, NatsBus
+from actors.config import AgentConfig, build
 from actors.embedded import NatsServer
 from actors.fleet_ops import record
 from schemas import codec, signing
@@ -331,3 +337,58 @@ async def refuses_another_nodes_subjects(
         assert heard == []
     finally:
         await nc.close()
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    """A systemd unit from deploy/nats/systemd, read as INI (keys keep their case)."""
+    parsed = configparser.ConfigParser(interpolation=None, strict=True)
+    parsed.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
+    parsed.read(DEPLOY / "systemd" / name)
+    return parsed
+
+
+def test_agent_example_is_a_valid_config() -> None:
+    """agent.example.toml loads with the real config loader and mentions every AgentConfig
+    field, so it cannot drift from the code."""
+    path = DEPLOY / "agent.example.toml"
+    config = build(AgentConfig, file=path, env={})
+    assert config.nkey_auth and config.state_dir == "/var/lib/node-agent"
+    text = path.read_text()
+    missing = [
+        field.name
+        for field in msgspec.structs.fields(AgentConfig)
+        if not re.search(rf"^#? ?{field.name} = ", text, re.MULTILINE)
+    ]
+    assert missing == []
+
+
+def test_units_run_real_commands() -> None:
+    """Each unit's ExecStart runs nats-server or a console script of pyproject with
+    arguments that script's own parser accepts; the agent's unit restarts always, is
+    hardened, and gives a graceful stop more time than the agent's shutdown can take."""
+    scripts = tomllib.loads((DEPLOY.parent.parent / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert {path.name for path in units} == {
+        "nats-server.service",
+        "node-agent.service",
+        "fleetctl-aggregator.service",
+    }
+    for path in units:
+        command, *args = shlex.split(unit(path.name)["Service"]["ExecStart"])
+        program = Path(command).name
+        if program == "nats-server":
+            continue
+        assert program in scripts, f"{path.name}: {program} is not a console script"
+        module = importlib.import_module(scripts[program].split(":")[0])
+        module.parser().parse_args(args)
+
+    agent = unit("node-agent.service")["Service"]
+    assert agent["ExecStart"].endswith("node-agent start --config /etc/node-agent/agent.toml")
+    assert agent["Restart"] == "always" and agent["KillSignal"] == "SIGTERM"
+    assert agent["NoNewPrivileges"] == "true" and agent["ProtectSystem"] == "strict"
+    assert agent["StateDirectory"] == "node-agent"
+    example = build(AgentConfig, file=DEPLOY / "agent.example.toml", env={})
+    assert example.state_dir in agent["ReadWritePaths"].split()
+    assert float(agent["TimeoutStopSec"]) > 3 * example.shutdown_timeout
