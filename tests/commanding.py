@@ -53,9 +53,15 @@ class Results:
 
 
 async def send(
-    bus: NatsBus, prefix: str, key: signing.KeyPair, action: Action, node: str = "n1", **kw: Any
+    bus: NatsBus,
+    prefix: str,
+    key: signing.KeyPair,
+    action: Action,
+    node: str = "n1",
+    cluster: str = "c1",
+    **kw: Any,
 ) -> Command:
-    command = new_command(node, "c1", action, **kw)
+    command = new_command(node, cluster, action, **kw)
     await publish_command(bus, Subjects(prefix), key, command)
     return command
 

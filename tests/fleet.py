@@ -19,10 +19,15 @@ from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
 
-async def start_aggregator(bus: NatsBus, prefix: str, **settings: Any) -> Supervisor:
+async def start_aggregator(
+    bus: NatsBus, prefix: str, ready_timeout: float = 10.0, **settings: Any
+) -> Supervisor:
+    """An aggregator under a supervisor, which restarts it until provisioning succeeds."""
     supervisor = Supervisor([Aggregator(AggregatorConfig(prefix=prefix, **settings), bus)])
     supervisor.start()
-    assert await supervisor.wait_ready(10)
+    if not await supervisor.wait_ready(ready_timeout):
+        await supervisor.stop()
+        raise AssertionError(f"aggregator not ready within {ready_timeout:g}s")
     return supervisor
 
 
