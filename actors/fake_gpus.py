@@ -10,6 +10,7 @@ import hashlib
 import math
 import threading
 import time
+from typing import Final
 
 from schemas.events import Gpu, Inject, XidCount
 
@@ -20,7 +21,7 @@ NAME = "NVIDIA H100 80GB HBM3 (fake)"
 class FakeGpus:
     """N devices whose readings drift slowly and deterministically per device."""
 
-    source = "fake"
+    source: Final = "fake"
 
     def __init__(self, count: int, node_id: str) -> None:
         self.count = count

@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import psutil
 from nats.aio.msg import Msg
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class GpuSource(Protocol):
-    source: str
+    @property
+    def source(self) -> Literal["nvml", "fake"]: ...
 
     def read(self) -> list[Gpu]: ...
 
@@ -120,7 +121,7 @@ class Inventory:
             ts=time.time(),
             capacity=capacity,
             gpus=gpus,
-            gpu_source=self.gpus.source if self.gpus else "none",  # type: ignore[arg-type]
+            gpu_source=self.gpus.source if self.gpus else "none",
             fingerprint=fingerprint(gpus),
             hostname=socket.gethostname(),
         )

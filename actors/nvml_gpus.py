@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pynvml
@@ -51,7 +51,7 @@ def _text(value: Any) -> str:
 class NvmlGpus:
     """Every GPU NVML sees, read on demand; ``nvml`` replaces pynvml in tests."""
 
-    source = "nvml"
+    source: Final = "nvml"
 
     def __init__(self, nvml: Any = None, xid_log_path: str = "") -> None:
         self.nvml = nvml if nvml is not None else pynvml
