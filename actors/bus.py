@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -20,6 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from actors.schedule import jittered
 from schemas.errors import FleetError
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class NatsBus:
                     "nats connect failed; retrying",
                     extra={"server": server, "reason": reason, "retry_in_s": round(delay, 1)},
                 )
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                await asyncio.sleep(jittered(delay, spread=0.2))
                 delay = min(delay * 2, 15.0)
 
     @property

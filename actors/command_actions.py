@@ -24,6 +24,7 @@ from actors.bus import Bus
 from actors.command_store import CommandStore
 from actors.config import AgentConfig
 from actors.hooks import run_hook
+from actors.schedule import wait_or_timeout
 from schemas import codec, events
 from schemas import subjects as names
 from schemas.base import Schedulability
@@ -202,12 +203,7 @@ class ActionRunner:
                     self.in_flight,
                 )
             self._engine_changed.clear()
-            try:
-                await asyncio.wait_for(
-                    self._engine_changed.wait(), min(deadline - now, PROGRESS_EVERY)
-                )
-            except TimeoutError:
-                pass
+            await wait_or_timeout(self._engine_changed, min(deadline - now, PROGRESS_EVERY))
         left_over = self.in_flight
         notes += await self._hook("drained", command_id, reason, deadline)
         self.store.drain_deadline = None
@@ -231,10 +227,9 @@ class ActionRunner:
         )
         await self.publish_state(state)
         wait = 2 * self.config.heartbeat_interval + 5.0
-        try:
-            await asyncio.wait_for(self._deregistered_beat.wait(), wait)
+        if await wait_or_timeout(self._deregistered_beat, wait):
             detail = "deregistered"
-        except TimeoutError:
+        else:
             detail = f"deregistered, but no heartbeat carried it within {wait:g}s"
             log.warning("deregistration not seen in a heartbeat")
         # A restart after this starts drained (safe) and not deregistering.

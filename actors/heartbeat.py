@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from nats.aio.msg import Msg
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.metrics import AgentMetrics
+from actors.schedule import jittered, wait_or_timeout
 from actors.sequence import SequenceStore
 from schemas import codec, events
 from schemas import subjects as names
@@ -141,17 +141,11 @@ class HeartbeatActor:
             await self.bus.flush()
             ready()
             # A first beat without inventory would show a node with no GPUs; wait briefly.
-            try:
-                await asyncio.wait_for(self._first_sample.wait(), FIRST_SAMPLE_WAIT)
-            except TimeoutError:
+            if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):
                 log.warning("no inventory sample yet; beating without one")
             while True:
                 self._beat_now.clear()
                 await self.beat()
-                period = self.config.heartbeat_interval * random.uniform(0.9, 1.1)
-                try:
-                    await asyncio.wait_for(self._beat_now.wait(), period)
-                except TimeoutError:
-                    pass
+                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
         finally:
             await unsubscribe_quietly(subscription)

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
+from actors.schedule import wait_or_timeout
 from schemas import codec, events
 from schemas import subjects as names
 from schemas.errors import DecodeError
@@ -149,10 +150,7 @@ class SpotWatcher:
                     extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
                 )
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_or_timeout(self._wake, delay)
 
     async def _publish(self, notice: events.Interruption) -> None:
         key = f"{notice.provider}:{notice.kind}:{notice.event_id}"
