@@ -20,7 +20,7 @@ from typing import Any
 
 import nats.errors
 
-from actors.bus import Bus
+from actors.bus import Bus, publish_signed
 from actors.command_store import CommandStore
 from actors.config import AgentConfig
 from actors.hooks import run_hook
@@ -41,7 +41,6 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-PUBLISH_TIMEOUT = 5.0
 PROGRESS_EVERY = 2.0
 """A drain reports progress at least this often, and whenever in-flight work changes."""
 
@@ -318,12 +317,9 @@ class ActionRunner:
             schedulability=self.store.state.schedulability,
             in_flight=in_flight,
         )
-        body = codec.encode(result)
-        headers = self.key.headers(body)
-        headers["Nats-Msg-Id"] = f"{command_id}:{status}:{n}"
         try:
-            await self.bus.js.publish(
-                self.result_subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
+            await publish_signed(
+                self.bus, self.result_subject, result, self.key, f"{command_id}:{status}:{n}"
             )
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning(

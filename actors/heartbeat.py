@@ -17,7 +17,7 @@ from collections.abc import Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, unsubscribe_quietly
+from actors.bus import Bus, publish_signed, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.metrics import AgentMetrics
 from actors.schedule import jittered, wait_or_timeout
@@ -31,7 +31,6 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-PUBLISH_TIMEOUT = 5.0
 FIRST_SAMPLE_WAIT = 2.0
 
 
@@ -116,12 +115,15 @@ class HeartbeatActor:
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
-        body = codec.encode(heartbeat)
-        headers = self.key.headers(body)
-        headers["Nats-Msg-Id"] = f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}"
-        headers["Nats-TTL"] = self.ttl
         try:
-            await self.bus.js.publish(self.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers)
+            await publish_signed(
+                self.bus,
+                self.subject,
+                heartbeat,
+                self.key,
+                f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
+                headers={"Nats-TTL": self.ttl},
+            )
         except (nats.errors.Error, TimeoutError) as exc:
             self.metrics.heartbeat_failures.inc()
             log.warning(
