@@ -145,7 +145,7 @@ class CommandExecutor:
     # Events ----------------------------------------------------------------------------
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = names.event_kind(msg.subject)
         try:
             if kind == names.EVENT_ENGINE:
                 engine = codec.decode(msg.data, events.Engine, msg.subject)

@@ -26,7 +26,14 @@ from actors.xid import XidTracker, parse_thresholds
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Health, HealthCheck, Latency, Sample
-from schemas.subjects import EVENT_ENGINE, EVENT_HEALTH, EVENT_LATENCY, EVENT_SAMPLE, Subjects
+from schemas.subjects import (
+    EVENT_ENGINE,
+    EVENT_HEALTH,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    Subjects,
+    event_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +75,7 @@ class HealthActor:
         self.sample_checks: dict[str, HealthCheck] = {}
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = event_kind(msg.subject)
         try:
             if kind == EVENT_SAMPLE:
                 self.observe_sample(codec.decode(msg.data, Sample, msg.subject))

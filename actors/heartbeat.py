@@ -64,7 +64,7 @@ class HeartbeatActor:
         self._first_sample = asyncio.Event()
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = names.event_kind(msg.subject)
         try:
             if kind == names.EVENT_SAMPLE:
                 self.sample = codec.decode(msg.data, events.Sample, msg.subject)

@@ -168,7 +168,7 @@ class SpotWatcher:
         self.published.add(key)
 
     async def _on_event(self, msg: Msg) -> None:
-        if msg.subject.rsplit(".", 1)[-1] != names.EVENT_STATE:
+        if names.event_kind(msg.subject) != names.EVENT_STATE:
             return
         try:
             state = codec.decode(msg.data, events.NodeState, msg.subject)
