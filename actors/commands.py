@@ -84,7 +84,7 @@ class CommandExecutor:
             await self.actions.resume()
             self._fetcher = asyncio.create_task(self._fetch_forever(consumer), name="commands")
             ready()
-            await self.actions.finished.wait()
+            await self._until_finished(self._fetcher)
         finally:
             tasks = [
                 task
@@ -96,6 +96,20 @@ class CommandExecutor:
             await asyncio.gather(*tasks, return_exceptions=True)
             for subscription in subscriptions:
                 await unsubscribe_quietly(subscription)
+
+    async def _until_finished(self, fetcher: asyncio.Task[None]) -> None:
+        """Wait until the node has deregistered. A fetcher that fails (the connection
+        closed, the state file unwritable) raises here, so the supervisor restarts the
+        actor rather than it silently taking no more commands; one that ``shutdown``
+        cancelled does not end the wait."""
+        finished = asyncio.create_task(self.actions.finished.wait(), name="commands-finished")
+        try:
+            await asyncio.wait({finished, fetcher}, return_when=asyncio.FIRST_COMPLETED)
+            if fetcher.done() and not fetcher.cancelled():
+                fetcher.result()
+            await finished
+        finally:
+            finished.cancel()
 
     async def shutdown(self, timeout: float, deregister: bool) -> None:
         """Stop taking commands, finish the work in progress (deregistering first when
