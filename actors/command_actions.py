@@ -29,6 +29,7 @@ from schemas import codec, events
 from schemas import subjects as names
 from schemas.base import Schedulability
 from schemas.messages import (
+    Action,
     CommandResult,
     CommandStatus,
     Cordon,
@@ -79,7 +80,7 @@ class ActionRunner:
         self._deregistered_beat.set()
 
     async def start(
-        self, command_id: str, reason: str, action: Any, deadline: float | None = None
+        self, command_id: str, reason: str, action: Action, deadline: float | None = None
     ) -> None:
         """Begin an accepted action; called with the lock held. ``deadline`` (absolute)
         overrides the drain deadline the action carries."""
