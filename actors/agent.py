@@ -12,7 +12,7 @@ from actors.config import AgentConfig
 from actors.engine import EngineActor
 from actors.health import HealthActor
 from actors.heartbeat import HeartbeatActor
-from actors.http import HttpActor
+from actors.http_api import HttpActor
 from actors.inventory import Inventory
 from actors.latency import LatencyActor
 from actors.metrics import AgentMetrics

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import msgspec
 import nats
 import nats.js.errors
 from nats.aio.client import Client
@@ -20,7 +20,10 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from actors.schedule import jittered
+from schemas import codec
 from schemas.errors import FleetError
+from schemas.signing import KeyPair
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,8 @@ Handler = Callable[[Msg], Awaitable[None]]
 # nats-py as slow-consumer errors, logged by our error callback) instead of growing memory.
 PENDING_MSGS_LIMIT = 4096
 PENDING_BYTES_LIMIT = 16 * 1024 * 1024
+PUBLISH_TIMEOUT = 5.0
+"""How long a JetStream publish waits for the stream's acknowledgement."""
 
 
 class BusError(FleetError):
@@ -135,7 +140,7 @@ class NatsBus:
                     "nats connect failed; retrying",
                     extra={"server": server, "reason": reason, "retry_in_s": round(delay, 1)},
                 )
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                await asyncio.sleep(jittered(delay, spread=0.2))
                 delay = min(delay * 2, 15.0)
 
     @property
@@ -204,6 +209,25 @@ async def unsubscribe_quietly(
         await subscription.unsubscribe()
     except nats.errors.Error:
         pass
+
+
+async def publish_signed(
+    bus: Bus,
+    subject: str,
+    message: msgspec.Struct,
+    key: KeyPair,
+    msg_id: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = PUBLISH_TIMEOUT,
+) -> None:
+    """Store ``message`` in JetStream signed by ``key``, under ``Nats-Msg-Id: msg_id`` (the
+    stream drops a repeat), plus ``headers``; raises nats.errors.Error or TimeoutError."""
+    body = codec.encode(message)
+    signed = key.headers(body)
+    signed["Nats-Msg-Id"] = msg_id
+    signed.update(headers or {})
+    await bus.js.publish(subject, body, timeout=timeout, headers=signed)
 
 
 def _reason(exc: BaseException) -> str:

@@ -9,13 +9,13 @@ command never runs twice. The file is replaced atomically (write, fsync, rename)
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import msgspec
 
+from actors.atomic_file import write_atomically
 from schemas.errors import FleetError
 from schemas.events import NodeState
 
@@ -86,12 +86,7 @@ class CommandStore:
             seen=list(self._seen),
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_suffix(".tmp")
         try:
-            with scratch.open("wb") as handle:
-                handle.write(msgspec.json.encode(saved))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(scratch, self.path)
+            write_atomically(self.path, msgspec.json.encode(saved))
         except OSError as exc:
             raise StoreError(self.path, exc.strerror or str(exc)) from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import Literal, cast
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.bus import Bus
 from actors.config import AgentConfig
+from actors.schedule import sleep_jittered
 from schemas import codec
 from schemas.events import Engine, EngineStatus
 from schemas.subjects import EVENT_ENGINE, Subjects
@@ -180,7 +180,7 @@ class EngineActor:
             while True:
                 engine = await self.check(session)
                 await self.bus.publish(self.subject, codec.encode(engine))
-                await asyncio.sleep(self.config.engine_interval * random.uniform(0.9, 1.1))
+                await sleep_jittered(self.config.engine_interval)
         finally:
             if session is not None:
                 await session.close()

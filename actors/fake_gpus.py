@@ -10,7 +10,9 @@ import hashlib
 import math
 import threading
 import time
+from typing import Final
 
+from actors.xid import count_xid, in_code_order
 from schemas.events import Gpu, Inject, XidCount
 
 H100_MEMORY = 80 * 1024**3
@@ -20,7 +22,7 @@ NAME = "NVIDIA H100 80GB HBM3 (fake)"
 class FakeGpus:
     """N devices whose readings drift slowly and deterministically per device."""
 
-    source = "fake"
+    source: Final = "fake"
 
     def __init__(self, count: int, node_id: str) -> None:
         self.count = count
@@ -52,10 +54,7 @@ class FakeGpus:
                 elif inject.fault == "util":
                     self._utilization[index] = min(100.0, max(0.0, value))
                 elif inject.fault == "xid":
-                    codes = self._xids.setdefault(index, {})
-                    previous = codes.get(int(value))
-                    count = previous.count + 1 if previous else 1
-                    codes[int(value)] = XidCount(code=int(value), count=count, last_at=time.time())
+                    count_xid(self._xids.setdefault(index, {}), int(value), time.time())
                 elif inject.fault == "gpu-lost":
                     self._lost.add(index)
                 else:
@@ -73,7 +72,7 @@ class FakeGpus:
         return gpus
 
     def _read_one(self, index: int, elapsed: float) -> Gpu:
-        xids = sorted(self._xids.get(index, {}).values(), key=lambda xid: xid.code)
+        xids = in_code_order(self._xids.get(index, {}))
         uuid = self._uuid(index)
         pci_bus_id = f"00000000:{0x18 + index:02X}:00.0"
         if index in self._lost:

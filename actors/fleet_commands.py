@@ -23,7 +23,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors import fleet_ops
-from actors.bus import Bus, NatsBus, unsubscribe_quietly
+from actors.bus import Bus, NatsBus, publish_signed, unsubscribe_quietly
 from actors.cli_common import config_home, fail
 from actors.config import DEFAULT_SERVER
 from schemas import codec, signing
@@ -42,7 +42,6 @@ from schemas.messages import (
 from schemas.signing import KeyPair
 from schemas.subjects import Subjects
 
-PUBLISH_TIMEOUT = 5.0
 FINAL = ("done", "failed", "rejected")
 
 
@@ -63,15 +62,9 @@ def new_command(
 
 async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: Command) -> None:
     """Sign and publish ``command`` on its node's subject of FLEET_CMD."""
-    body = codec.encode(command)
-    headers = key.headers(body)
-    headers["Nats-Msg-Id"] = command.id
     try:
-        await bus.js.publish(
-            subjects.command(command.cluster, command.node_id),
-            body,
-            timeout=PUBLISH_TIMEOUT,
-            headers=headers,
+        await publish_signed(
+            bus, subjects.command(command.cluster, command.node_id), command, key, command.id
         )
     except (nats.errors.Error, TimeoutError) as exc:
         raise FleetError(f"command not stored by JetStream: {exc or type(exc).__name__}") from None

@@ -11,9 +11,7 @@ agent's own monotonic clock (time of receipt), never on the senders' timestamps.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +21,19 @@ from nats.aio.msg import Msg
 from actors import checks, scoring
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
+from actors.schedule import sleep_jittered
 from actors.xid import XidTracker, parse_thresholds
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Health, HealthCheck, Latency, Sample
-from schemas.subjects import EVENT_ENGINE, EVENT_HEALTH, EVENT_LATENCY, EVENT_SAMPLE, Subjects
+from schemas.subjects import (
+    EVENT_ENGINE,
+    EVENT_HEALTH,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    Subjects,
+    event_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ class HealthActor:
         self.sample_checks: dict[str, HealthCheck] = {}
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = event_kind(msg.subject)
         try:
             if kind == EVENT_SAMPLE:
                 self.observe_sample(codec.decode(msg.data, Sample, msg.subject))
@@ -161,7 +167,7 @@ class HealthActor:
             # interval after start.
             delay = min(self.config.health_interval, FIRST_REPORT_DELAY)
             while True:
-                await asyncio.sleep(delay * random.uniform(0.9, 1.1))
+                await sleep_jittered(delay)
                 health = self.assess()
                 await self.bus.publish(self.subject, codec.encode(health))
                 delay = self.config.health_interval

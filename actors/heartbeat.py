@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -18,9 +17,10 @@ from collections.abc import Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, unsubscribe_quietly
+from actors.bus import Bus, publish_signed, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.metrics import AgentMetrics
+from actors.schedule import jittered, wait_or_timeout
 from actors.sequence import SequenceStore
 from schemas import codec, events
 from schemas import subjects as names
@@ -31,7 +31,6 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-PUBLISH_TIMEOUT = 5.0
 FIRST_SAMPLE_WAIT = 2.0
 
 
@@ -65,7 +64,7 @@ class HeartbeatActor:
         self._first_sample = asyncio.Event()
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = names.event_kind(msg.subject)
         try:
             if kind == names.EVENT_SAMPLE:
                 self.sample = codec.decode(msg.data, events.Sample, msg.subject)
@@ -116,12 +115,15 @@ class HeartbeatActor:
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
-        body = codec.encode(heartbeat)
-        headers = self.key.headers(body)
-        headers["Nats-Msg-Id"] = f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}"
-        headers["Nats-TTL"] = self.ttl
         try:
-            await self.bus.js.publish(self.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers)
+            await publish_signed(
+                self.bus,
+                self.subject,
+                heartbeat,
+                self.key,
+                f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
+                headers={"Nats-TTL": self.ttl},
+            )
         except (nats.errors.Error, TimeoutError) as exc:
             self.metrics.heartbeat_failures.inc()
             log.warning(
@@ -141,17 +143,11 @@ class HeartbeatActor:
             await self.bus.flush()
             ready()
             # A first beat without inventory would show a node with no GPUs; wait briefly.
-            try:
-                await asyncio.wait_for(self._first_sample.wait(), FIRST_SAMPLE_WAIT)
-            except TimeoutError:
+            if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):
                 log.warning("no inventory sample yet; beating without one")
             while True:
                 self._beat_now.clear()
                 await self.beat()
-                period = self.config.heartbeat_interval * random.uniform(0.9, 1.1)
-                try:
-                    await asyncio.wait_for(self._beat_now.wait(), period)
-                except TimeoutError:
-                    pass
+                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
         finally:
             await unsubscribe_quietly(subscription)

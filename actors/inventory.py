@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import psutil
 from nats.aio.msg import Msg
@@ -24,6 +23,7 @@ from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.fake_gpus import FakeGpus
 from actors.nvml_gpus import NvmlGpus, NvmlUnavailable
+from actors.schedule import jittered, wait_or_timeout
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Capacity, Gpu, Inject, Sample
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class GpuSource(Protocol):
-    source: str
+    @property
+    def source(self) -> Literal["nvml", "fake"]: ...
 
     def read(self) -> list[Gpu]: ...
 
@@ -120,7 +121,7 @@ class Inventory:
             ts=time.time(),
             capacity=capacity,
             gpus=gpus,
-            gpu_source=self.gpus.source if self.gpus else "none",  # type: ignore[arg-type]
+            gpu_source=self.gpus.source if self.gpus else "none",
             fingerprint=fingerprint(gpus),
             hostname=socket.gethostname(),
         )
@@ -135,10 +136,6 @@ class Inventory:
                 self._sample_now.clear()
                 sample = await asyncio.to_thread(self.sample)
                 await self.bus.publish(self.subject, codec.encode(sample))
-                period = self.config.sample_interval * random.uniform(0.9, 1.1)
-                try:
-                    await asyncio.wait_for(self._sample_now.wait(), period)
-                except TimeoutError:
-                    pass
+                await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
         finally:
             await unsubscribe_quietly(subscription)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import time
 import uuid
 from collections import deque
@@ -24,6 +23,7 @@ from nats.aio.msg import Msg
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.fleet_ops import records
+from actors.schedule import sleep_jittered
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Latency, PeerLatency
@@ -157,7 +157,7 @@ class LatencyActor:
                 rounds += 1
                 latency = await self.measure()
                 await self.bus.publish(self.subject, codec.encode(latency))
-                await asyncio.sleep(self.config.probe_interval * random.uniform(0.9, 1.1))
+                await sleep_jittered(self.config.probe_interval)
         finally:
             await unsubscribe_quietly(subscription)
 

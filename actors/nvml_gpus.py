@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pynvml
 
 from actors.kmsg import KmsgXids, pci_key
+from actors.xid import count_xid, in_code_order
 from schemas.errors import FleetError
 from schemas.events import Gpu, XidCount
 
@@ -39,10 +40,6 @@ class _Lost(Exception):
     """Raised inside one device's read when NVML says the GPU is lost."""
 
 
-def _sorted(codes: dict[int, XidCount]) -> list[XidCount]:
-    return sorted(codes.values(), key=lambda xid: xid.code)
-
-
 def _text(value: Any) -> str:
     """pynvml returns bytes in old releases and str in new ones."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -51,7 +48,7 @@ def _text(value: Any) -> str:
 class NvmlGpus:
     """Every GPU NVML sees, read on demand; ``nvml`` replaces pynvml in tests."""
 
-    source = "nvml"
+    source: Final = "nvml"
 
     def __init__(self, nvml: Any = None, xid_log_path: str = "") -> None:
         self.nvml = nvml if nvml is not None else pynvml
@@ -108,10 +105,7 @@ class NvmlGpus:
             return None
 
     def _record_xid(self, index: int, code: int) -> None:
-        codes = self.xids.setdefault(index, {})
-        previous = codes.get(code)
-        count = previous.count + 1 if previous else 1
-        codes[code] = XidCount(code=code, count=count, last_at=time.time())
+        count_xid(self.xids.setdefault(index, {}), code, time.time())
 
     def _drain_events(self) -> None:
         if self.events is None:
@@ -152,7 +146,7 @@ class NvmlGpus:
         # XIDs drained after the readings belong in this sample, not the next one.
         for index, codes in self.xids.items():
             if index < len(gpus):
-                gpus[index] = msgspec.structs.replace(gpus[index], xids=_sorted(codes))
+                gpus[index] = msgspec.structs.replace(gpus[index], xids=in_code_order(codes))
         return gpus
 
     def _read_one(self, index: int, handle: Any) -> Gpu:

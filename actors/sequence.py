@@ -8,9 +8,9 @@ at most one block and a restart never reuses a number the aggregators have seen.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from actors.atomic_file import write_atomically
 from schemas.errors import FleetError
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,8 @@ class SequenceStore:
         """Persist ``upto_from + block - 1`` as reserved; raise SequenceError if we cannot."""
         target = upto_from + self.block - 1
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_suffix(".tmp")
         try:
-            with scratch.open("w") as handle:
-                handle.write(f"{target}\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(scratch, self.path)
+            write_atomically(self.path, f"{target}\n".encode())
         except OSError as exc:
             raise SequenceError(self.path, exc.strerror or str(exc)) from None
         self._reserved = target

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
+from actors.schedule import wait_or_timeout
 from schemas import codec, events
 from schemas import subjects as names
 from schemas.errors import DecodeError
@@ -66,6 +67,22 @@ class MetadataError(Exception):
 
 RETRYABLE = (aiohttp.ClientError, TimeoutError, MetadataError, ValueError, LookupError, TypeError)
 """Network failures, and documents that are not what the documentation says."""
+
+
+def _require_ok(response: aiohttp.ClientResponse, what: str) -> None:
+    """Anything but 200 from the metadata service is a MetadataError naming ``what``."""
+    if response.status != 200:
+        raise MetadataError(f"{what}: HTTP {response.status}")
+
+
+def _backoff(delay: float, exc: Exception) -> float:
+    """The delay before the next try after ``exc`` (doubled, capped), logged with why."""
+    delay = min(delay * 2, MAX_BACKOFF)
+    log.warning(
+        "metadata service failed; retrying",
+        extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
+    )
+    return delay
 
 
 class SpotWatcher:
@@ -135,7 +152,7 @@ class SpotWatcher:
         log.info("no cloud metadata service answered; spot watcher idle")
         return None
 
-    async def _poll(self, once: Callable[[], Any]) -> None:
+    async def _poll(self, once: Callable[[], Awaitable[None]]) -> None:
         """Call ``once`` every poll interval; failures back off (capped) and retry."""
         delay = self.config.spot_poll_interval
         while True:
@@ -143,16 +160,9 @@ class SpotWatcher:
                 await once()
                 delay = self.config.spot_poll_interval
             except RETRYABLE as exc:
-                delay = min(delay * 2, MAX_BACKOFF)
-                log.warning(
-                    "metadata service failed; retrying",
-                    extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
-                )
+                delay = _backoff(delay, exc)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_or_timeout(self._wake, delay)
 
     async def _publish(self, notice: events.Interruption) -> None:
         key = f"{notice.provider}:{notice.kind}:{notice.event_id}"
@@ -170,7 +180,7 @@ class SpotWatcher:
         self.published.add(key)
 
     async def _on_event(self, msg: Msg) -> None:
-        if msg.subject.rsplit(".", 1)[-1] != names.EVENT_STATE:
+        if names.event_kind(msg.subject) != names.EVENT_STATE:
             return
         try:
             state = codec.decode(msg.data, events.NodeState, msg.subject)
@@ -190,8 +200,7 @@ class SpotWatcher:
                 headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL)},
                 timeout=self.timeout,
             ) as response:
-                if response.status != 200:
-                    raise MetadataError(f"IMDSv2 token: HTTP {response.status}")
+                _require_ok(response, "IMDSv2 token")
                 self._token = (await response.text()).strip()
             self._token_expires = time.monotonic() + 0.8 * AWS_TOKEN_TTL
         return self._token
@@ -209,8 +218,7 @@ class SpotWatcher:
             if response.status == 401:
                 self._token = ""  # expired or revoked: fetch a new one next time
                 raise MetadataError(f"{path}: HTTP 401, token refreshed")
-            if response.status != 200:
-                raise MetadataError(f"{path}: HTTP {response.status}")
+            _require_ok(response, path)
             return json.loads(await response.text())
 
     async def _aws(self, session: aiohttp.ClientSession, base: str) -> None:
@@ -257,8 +265,7 @@ class SpotWatcher:
                     headers={"Metadata-Flavor": "Google"},
                     timeout=hanging if etag else self.timeout,
                 ) as response:
-                    if response.status != 200:
-                        raise MetadataError(f"{key}: HTTP {response.status}")
+                    _require_ok(response, key)
                     value = (await response.text()).strip()
                     etag = response.headers.get("ETag", "")
                 await self._gcp_value(key, value)
@@ -267,11 +274,7 @@ class SpotWatcher:
                     await asyncio.sleep(delay)  # no ETag: plain polling
             except RETRYABLE as exc:
                 etag = ""
-                delay = min(delay * 2, MAX_BACKOFF)
-                log.warning(
-                    "metadata service failed; retrying",
-                    extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
-                )
+                delay = _backoff(delay, exc)
                 await asyncio.sleep(delay)
 
     async def _gcp_value(self, key: str, value: str) -> None:
@@ -313,12 +316,10 @@ class SpotWatcher:
                 headers=headers,
                 timeout=self.timeout,
             ) as response:
-                if response.status != 200:
-                    raise MetadataError(f"compute/name: HTTP {response.status}")
+                _require_ok(response, "compute/name")
                 self._azure_vm = (await response.text()).strip()
         async with session.get(url, headers=headers, timeout=self.timeout) as response:
-            if response.status != 200:
-                raise MetadataError(f"scheduledevents: HTTP {response.status}")
+            _require_ok(response, "scheduledevents")
             document = json.loads(await response.text())
         for event in document.get("Events", []):
             kind = AZURE_KINDS.get(event.get("EventType", ""))
@@ -347,7 +348,6 @@ class SpotWatcher:
             async with session.post(
                 url, json=body, headers=headers, timeout=self.timeout
             ) as response:
-                if response.status != 200:
-                    raise MetadataError(f"scheduledevents ack: HTTP {response.status}")
+                _require_ok(response, "scheduledevents ack")
             log.info("scheduled events acknowledged", extra={"events": sorted(self._azure_unacked)})
             self._azure_unacked.clear()

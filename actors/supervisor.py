@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import Literal, Protocol
 
 import msgspec
+
+from actors.schedule import jittered
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Supervisor:
                         "retry_in_s": round(delay, 2),
                     },
                 )
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                await asyncio.sleep(jittered(delay, spread=0.2))
                 delay = min(delay * 2, self.backoff_max)
             else:
                 status.phase = "finished"

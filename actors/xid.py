@@ -1,4 +1,4 @@
-"""The one NVIDIA XID table, and the tracker that turns XID counts into the ``xid`` check.
+"""The one NVIDIA XID table, how GPU sources count XIDs, and the tracker for the ``xid`` check.
 
 Meanings and actions follow NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors).
 Every code has a count/window threshold: an XID is a finding only when it was seen at
@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 
 from actors.config import XID_THRESHOLD_PATTERN
-from schemas.events import Gpu, HealthCheck
+from schemas.events import Gpu, HealthCheck, XidCount
 
 Finding = Literal["degraded", "unhealthy"]
 
@@ -141,6 +141,18 @@ _RANK = {"ok": 0, "degraded": 1, "unhealthy": 2}
 # Occurrences kept per GPU and code: bounds memory under an XID storm. A threshold above
 # this can never be reached, which no sensible threshold is.
 MAX_REMEMBERED = 1024
+
+
+def count_xid(codes: dict[int, XidCount], code: int, at: float) -> None:
+    """One more ``code`` in a GPU's cumulative XID counts (what a GPU source reports)."""
+    previous = codes.get(code)
+    count = previous.count + 1 if previous else 1
+    codes[code] = XidCount(code=code, count=count, last_at=at)
+
+
+def in_code_order(codes: dict[int, XidCount]) -> list[XidCount]:
+    """A GPU's XID counts as a sample carries them, by code."""
+    return sorted(codes.values(), key=lambda xid: xid.code)
 
 
 def parse_thresholds(specs: Iterable[str]) -> dict[int, tuple[int, float]]:

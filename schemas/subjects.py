@@ -42,6 +42,11 @@ def is_token(value: str) -> bool:
     return bool(_TOKEN.fullmatch(value))
 
 
+def event_kind(subject: str) -> str:
+    """The kind of a node event (``sample``, ``state``, ...): the last token of its subject."""
+    return subject.rsplit(".", 1)[-1]
+
+
 class Subjects:
     """Subject builders for one subject prefix (``fleet`` unless configured)."""
 

@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from actors.agent import NodeAgent
 from actors.bus import NatsBus
+from actors.commands import CommandExecutor
 from actors.embedded import NatsServer
 from actors.fleet_ops import approve
 from actors.supervisor import Supervisor
@@ -398,3 +400,24 @@ async def test_drain_resumes_after_restart(
         assert final.status == "done" and final.schedulability == "drained"
     finally:
         await agent.stop()
+
+
+async def test_failed_command_fetch_ends_run(
+    nats_server: NatsServer, prefix: str, state_dir: Path, bus: NatsBus
+) -> None:
+    """A command fetch that fails for good (connection closed) ends run() with the error,
+    so the supervisor restarts the actor instead of it silently taking no commands."""
+    config = agent_config(nats_server.url, prefix, state_dir)
+    own = await NatsBus.connect(nats_server.url, "commands-test")
+    executor = CommandExecutor(config, own, signing.KeyPair.generate())
+    running = asyncio.Event()
+    task = asyncio.create_task(executor.run(running.set))
+    try:
+        await asyncio.wait_for(running.wait(), 10)
+        await own.nc.close()
+        with pytest.raises(nats.errors.ConnectionClosedError):
+            await asyncio.wait_for(task, 20)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await own.close()

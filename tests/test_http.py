@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.agent import NodeAgent
 from actors.bus import NatsBus
 from actors.embedded import NatsServer
-from actors.http import HttpActor
+from actors.http_api import HttpActor
 from actors.metrics import AgentMetrics
 from actors.node_cli import main
 from actors.supervisor import ActorStatus, Supervisor

@@ -61,7 +61,7 @@ class HttpActor:
         self.gpus_seen_at: float | None = None
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = names.event_kind(msg.subject)
         try:
             if kind == names.EVENT_SAMPLE:
                 sample = codec.decode(msg.data, events.Sample, msg.subject)

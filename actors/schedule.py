@@ -1,0 +1,29 @@
+"""Timing the actors share: jittered periods, and waiting for an event with a time limit.
+
+Periods are jittered (10 % unless said) so agents started together never report in
+lock-step; backoffs are jittered wider so reconnecting clients spread out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+
+def jittered(period: float, spread: float = 0.1) -> float:
+    """``period`` give or take ``spread`` (a fraction), drawn afresh at each call."""
+    return period * random.uniform(1 - spread, 1 + spread)
+
+
+async def sleep_jittered(period: float) -> None:
+    """Sleep about ``period`` seconds (give or take 10 %)."""
+    await asyncio.sleep(jittered(period))
+
+
+async def wait_or_timeout(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set, for at most ``timeout`` seconds; whether it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
