@@ -94,4 +94,5 @@ class NodeAgent:
         finally:
             finished.cancel()
             stopping.cancel()
+            await asyncio.gather(finished, stopping, return_exceptions=True)
             await self.stop()

@@ -23,7 +23,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors import records
 from actors.alerts import AlertPublisher
-from actors.bus import Bus, unsubscribe_quietly
+from actors.bus import Bus, consume_forever, unsubscribe_quietly
+from actors.metrics import AggregatorMetrics
 from actors.node_store import NodeStore
 from actors.streams import provision
 from schemas import codec, signing
@@ -64,13 +65,14 @@ class LateDelivery(Exception):
 class Aggregator:
     name = "aggregator"
 
-    def __init__(self, config: AggregatorConfig, bus: Bus) -> None:
+    def __init__(
+        self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics | None = None
+    ) -> None:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
         self.alerts = AlertPublisher(bus, self.subjects)
-        self.accepted = 0
-        self.refused = 0
+        self.metrics = metrics or AggregatorMetrics()
 
     async def run(self, ready: Callable[[], None]) -> None:
         await provision(self.bus.js, self.subjects, self.config.replicas)
@@ -89,29 +91,28 @@ class Aggregator:
         registrations = await self.bus.subscribe(
             self.subjects.register(), self._on_register, queue="aggregators"
         )
-        sweeper = asyncio.create_task(self._sweep_forever(), name="aggregator-sweep")
         try:
             await self.bus.flush()
             ready()
-            while True:
-                try:
-                    batch = await consumer.fetch(FETCH_BATCH, timeout=1.0)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    continue
-                except nats.errors.ConnectionClosedError:
-                    raise
-                except nats.errors.Error as exc:
-                    log.warning("fetch failed", extra={"reason": str(exc)})
-                    await asyncio.sleep(1.0)
-                    continue
-                for msg in batch:
-                    await self.handle(msg)
-                    await msg.ack()
+            # Either task failing ends both and the actor, so the supervisor restarts it.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(
+                    consume_forever(
+                        consumer,
+                        self._handle_and_ack,
+                        batch=FETCH_BATCH,
+                        wait=1.0,
+                        what="heartbeat",
+                    )
+                )
+                group.create_task(self._sweep_forever())
         finally:
-            sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
             await unsubscribe_quietly(registrations)
             await unsubscribe_quietly(consumer)
+
+    async def _handle_and_ack(self, msg: Msg) -> None:
+        await self.handle(msg)
+        await msg.ack()
 
     async def handle(self, msg: Msg) -> None:
         """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
@@ -128,7 +129,7 @@ class Aggregator:
             heartbeat, public_key = await self._verify(msg, cluster, node)
             await self._accept(heartbeat, public_key, stream_seq)
         except Refused as refusal:
-            self.refused += 1
+            self.metrics.refused.labels(refusal.kind).inc()
             log.warning(
                 "heartbeat refused",
                 extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
@@ -193,7 +194,7 @@ class Aggregator:
 
         before, after = await self.store.update(node, change)
         assert after is not None  # change() always writes or raises
-        self.accepted += 1
+        self.metrics.accepted.inc()
         previous = before or records.pending_record(node, heartbeat.cluster, public_key)
         for kind, message, details in records.heartbeat_alerts(previous, after, heartbeat, now):
             # Lifecycle alerts name their own event, so every aggregator derives one id.

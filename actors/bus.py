@@ -201,6 +201,32 @@ class NatsBus:
             await self.nc.close()
 
 
+async def consume_forever(
+    consumer: JetStreamContext.PullSubscription,
+    handle: Handler,
+    *,
+    batch: int,
+    wait: float,
+    what: str,
+) -> None:
+    """Fetch from a pull consumer and hand each message to ``handle``, until cancelled.
+    An empty fetch or a transient error is retried (the error logged); a closed
+    connection raises, so the owning actor is restarted by its supervisor."""
+    while True:
+        try:
+            messages = await consumer.fetch(batch, timeout=wait)
+        except (nats.errors.TimeoutError, TimeoutError):
+            continue
+        except nats.errors.ConnectionClosedError:
+            raise
+        except nats.errors.Error as exc:
+            log.warning("%s fetch failed; retrying", what, extra={"reason": str(exc)})
+            await asyncio.sleep(1.0)
+            continue
+        for msg in messages:
+            await handle(msg)
+
+
 async def unsubscribe_quietly(
     subscription: Subscription | JetStreamContext.PullSubscription,
 ) -> None:

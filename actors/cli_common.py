@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
@@ -12,7 +13,40 @@ from typing import Any
 
 import nats.errors
 
+from actors.bus import NatsBus
+from actors.config import DEFAULT_SERVER
+from schemas import signing
 from schemas.errors import FleetError
+
+
+def add_server(parser: argparse.ArgumentParser) -> None:
+    """--server, --prefix and --nkey-file, shared by every fleetctl command that connects."""
+    parser.add_argument(
+        "--server", default=None, help=f"NATS URL(s) (env NATS_URL; default {DEFAULT_SERVER})"
+    )
+    parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
+    parser.add_argument(
+        "--nkey-file",
+        type=Path,
+        default=None,
+        help="authenticate to NATS with this nkey seed (servers configured like auth.conf)",
+    )
+
+
+def server_of(args: argparse.Namespace) -> str:
+    return str(args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER)
+
+
+async def connect(args: argparse.Namespace, name: str, *, retry_forever: bool = False) -> NatsBus:
+    """Connect as the command line asks (server, optional nkey)."""
+    seed = signing.load_key_file(args.nkey_file).seed if args.nkey_file else None
+    return await NatsBus.connect(
+        server_of(args), name, nkey_seed=seed, connect_timeout=3.0, retry_forever=retry_forever
+    )
+
+
+def default_operator_key() -> Path:
+    return config_home() / "fleetctl" / "operator.nk"
 
 
 def config_home() -> Path:

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.bus import Bus, unsubscribe_quietly
+from actors.bus import Bus, consume_forever, unsubscribe_quietly
 from actors.command_actions import ActionRunner
 from actors.command_checks import Rejection, check_command
 from actors.command_store import CommandStore
@@ -82,7 +81,10 @@ class CommandExecutor:
             await self.bus.flush()
             await self.actions.publish_state()
             await self.actions.resume()
-            self._fetcher = asyncio.create_task(self._fetch_forever(consumer), name="commands")
+            self._fetcher = asyncio.create_task(
+                consume_forever(consumer, self._handle, batch=1, wait=FETCH_WAIT, what="command"),
+                name="commands",
+            )
             ready()
             await self._until_finished(self._fetcher)
         finally:
@@ -122,21 +124,6 @@ class CommandExecutor:
         await self.actions.wait_for_work(timeout)
 
     # Commands --------------------------------------------------------------------------
-
-    async def _fetch_forever(self, consumer: Any) -> None:
-        while True:
-            try:
-                batch = await consumer.fetch(1, timeout=FETCH_WAIT)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except nats.errors.ConnectionClosedError:
-                raise
-            except nats.errors.Error as exc:
-                log.warning("command fetch failed", extra={"reason": str(exc)})
-                await asyncio.sleep(1.0)
-                continue
-            for msg in batch:
-                await self._handle(msg)
 
     async def _handle(self, msg: Msg) -> None:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -14,34 +13,21 @@ from nats.aio.msg import Msg
 
 from actors import fleet_commands, fleet_ops, fleet_view, logs
 from actors.aggregator import Aggregator, AggregatorConfig
-from actors.bus import NatsBus
-from actors.cli_common import config_home, run_main, stop_event
-from actors.config import DEFAULT_SERVER
+from actors.cli_common import (
+    add_server,
+    connect,
+    default_operator_key,
+    run_main,
+    stop_event,
+)
+from actors.fleet_http import FleetHttp
 from actors.fleet_up import UpOptions, default_store, run_up
-from actors.supervisor import Supervisor
+from actors.metrics import AggregatorMetrics
+from actors.supervisor import Actor, Supervisor
 from schemas import signing
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
-
-
-def default_operator_key() -> Path:
-    return config_home() / "fleetctl" / "operator.nk"
-
-
-def add_server(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--server", default=None, help=f"NATS URL (env NATS_URL; default {DEFAULT_SERVER})"
-    )
-    parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
-
-
-def server_of(args: argparse.Namespace) -> str:
-    return str(args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER)
-
-
-async def connect(args: argparse.Namespace) -> NatsBus:
-    return await NatsBus.connect(server_of(args), "fleetctl", connect_timeout=3.0)
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
@@ -58,11 +44,15 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
 async def cmd_aggregator(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
-    bus = await NatsBus.connect(server_of(args), "fleetctl-aggregator", retry_forever=True)
+    bus = await connect(args, "fleetctl-aggregator", retry_forever=True)
     config = AggregatorConfig(
         prefix=args.prefix, offline_after=args.offline_after, replicas=args.replicas
     )
-    supervisor = Supervisor([Aggregator(config, bus)])
+    metrics = AggregatorMetrics()
+    actors: list[Actor] = [Aggregator(config, bus, metrics)]
+    if args.http_port >= 0:
+        actors.append(FleetHttp(bus, args.prefix, metrics, args.http_host, args.http_port))
+    supervisor = Supervisor(actors)
     supervisor.start()
     await stop_event().wait()
     await supervisor.stop()
@@ -84,7 +74,7 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 async def cmd_approve(args: argparse.Namespace) -> int:
     fleet_ops.check_public_key(args.public_key)
     check_token("node id", args.node)
-    bus = await connect(args)
+    bus = await connect(args, "fleetctl")
     try:
         await fleet_ops.approve(
             bus, Subjects(args.prefix), args.node, args.public_key, by="fleetctl"
@@ -96,7 +86,7 @@ async def cmd_approve(args: argparse.Namespace) -> int:
 
 
 async def cmd_revoke(args: argparse.Namespace) -> int:
-    bus = await connect(args)
+    bus = await connect(args, "fleetctl")
     try:
         await fleet_ops.revoke(bus, Subjects(args.prefix), args.node)
     finally:
@@ -106,7 +96,7 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
-    bus = await connect(args)
+    bus = await connect(args, "fleetctl")
     try:
         records = await fleet_ops.records(bus, Subjects(args.prefix))
     finally:
@@ -125,7 +115,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
-    bus = await connect(args)
+    bus = await connect(args, "fleetctl")
     try:
         record = await fleet_ops.record(bus, Subjects(args.prefix), args.node)
     finally:
@@ -140,7 +130,7 @@ async def cmd_node(args: argparse.Namespace) -> int:
 async def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts (and with --events, node events) as they arrive, one JSON line each."""
     subjects = Subjects(args.prefix)
-    bus = await connect(args)
+    bus = await connect(args, "fleetctl")
     wanted = [subjects.alerts()] if args.alerts or not args.events else []
     if args.events:
         wanted.append(subjects.events(args.node or "*"))
@@ -179,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, help="stream replicas (3 in a cluster)"
     )
     aggregator.add_argument("--log-level", default="info")
+    aggregator.add_argument("--http-host", default="127.0.0.1")
+    aggregator.add_argument(
+        "--http-port",
+        type=int,
+        default=9092,
+        help="/nodes and /metrics (default 9092; 0 picks a free port; -1 turns it off)",
+    )
     aggregator.set_defaults(func=cmd_aggregator)
 
     keys = commands.add_parser("keys", help="operator keys")

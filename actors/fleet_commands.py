@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 import uuid
@@ -23,9 +22,8 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors import fleet_ops
-from actors.bus import Bus, NatsBus, publish_signed, unsubscribe_quietly
-from actors.cli_common import config_home, fail
-from actors.config import DEFAULT_SERVER
+from actors.bus import Bus, publish_signed, unsubscribe_quietly
+from actors.cli_common import add_server, connect, default_operator_key, fail
 from schemas import codec, signing
 from schemas import subjects as names
 from schemas.errors import DecodeError, FleetError, SignatureError
@@ -158,10 +156,9 @@ def action_of(args: argparse.Namespace) -> Action:
 
 
 async def cmd_send(args: argparse.Namespace) -> int:
-    key = signing.load_key_file(args.key_file or default_key_file())
+    key = signing.load_key_file(args.key_file or default_operator_key())
     subjects = Subjects(args.prefix)
-    server = args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER
-    bus = await NatsBus.connect(server, "fleetctl", connect_timeout=3.0)
+    bus = await connect(args, "fleetctl")
     try:
         cluster = args.cluster or (await fleet_ops.record(bus, subjects, args.node)).cluster
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
@@ -182,10 +179,6 @@ async def cmd_send(args: argparse.Namespace) -> int:
     if final is None:
         return fail(f"no final result from {args.node} within {timeout:g}s", 2)
     return 0 if final.status == "done" else 1
-
-
-def default_key_file() -> Path:
-    return config_home() / "fleetctl" / "operator.nk"
 
 
 def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -215,10 +208,7 @@ def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPa
             "--expires", type=float, default=3600.0, help="seconds the command stays valid"
         )
         sub.add_argument(
-            "--key-file", type=Path, default=None, help=f"default {default_key_file()}"
+            "--key-file", type=Path, default=None, help=f"default {default_operator_key()}"
         )
-        sub.add_argument(
-            "--server", default=None, help=f"NATS URL (env NATS_URL; default {DEFAULT_SERVER})"
-        )
-        sub.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
+        add_server(sub)
         sub.set_defaults(func=cmd_send)

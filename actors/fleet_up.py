@@ -23,6 +23,8 @@ from actors.bus import NatsBus
 from actors.cli_common import stop_event
 from actors.config import AgentConfig
 from actors.embedded import NatsServer
+from actors.fleet_http import FleetHttp
+from actors.metrics import AggregatorMetrics
 from actors.streams import provision
 from actors.supervisor import Supervisor
 from schemas import signing
@@ -85,8 +87,11 @@ async def run_up(options: UpOptions) -> int:
         bus = await NatsBus.connect(server.url, "fleetctl-up")
         subjects = Subjects()
         await provision(bus.js, subjects)
-        aggregator = Supervisor([Aggregator(AggregatorConfig(), bus)])
+        metrics = AggregatorMetrics()
+        fleet_http = FleetHttp(bus, "fleet", metrics, "127.0.0.1", 0)
+        aggregator = Supervisor([Aggregator(AggregatorConfig(), bus, metrics), fleet_http])
         aggregator.start()
+        await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):
             config = agent_config(options, server.url, index, operator.public_key)
             key = signing.load_or_create_key_file(config.key_path)
@@ -95,7 +100,8 @@ async def run_up(options: UpOptions) -> int:
             await agent.start()
             agents.append(agent)
         sys.stdout.write(
-            f"NATS: {server.url}\nstore: {options.store}\noperator key: "
+            f"NATS: {server.url}\nfleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
+            f"store: {options.store}\noperator key: "
             f"{options.store / 'operator.nk'}\nlogs: {options.store / 'fleet.log'}\n"
             "Ctrl-C to stop.\n\n"
         )

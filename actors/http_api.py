@@ -18,12 +18,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from nats.aio.msg import Msg
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
 from actors.metrics import AgentMetrics
 from actors.supervisor import ActorStatus
+from actors.web import prometheus_page, serving
 from schemas import codec, events
 from schemas import subjects as names
 from schemas.errors import DecodeError
@@ -31,8 +31,6 @@ from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
-
-CLEANUP_TIMEOUT = 5.0
 
 StatusSource = Callable[[], Mapping[str, ActorStatus]]
 
@@ -81,10 +79,7 @@ class HttpActor:
             log.warning("ignoring malformed event", extra={"reason": str(exc)})
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(self.metrics.registry))
-        # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp's content_type refuses.
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
+        return prometheus_page(self.metrics.registry)
 
     async def healthz(self, request: web.Request) -> web.Response:
         statuses = self.actor_status()
@@ -128,20 +123,12 @@ class HttpActor:
         subscription = await self.bus.subscribe(
             self.subjects.events(self.config.node_id), self._on_event
         )
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=CLEANUP_TIMEOUT / 2)
         try:
-            await runner.setup()
-            site = web.TCPSite(runner, self.config.http_host, self.config.http_port)
-            await site.start()
-            self.port = int(runner.addresses[0][1])
-            log.info("http listening", extra={"host": self.config.http_host, "port": self.port})
-            await self.bus.flush()
-            ready()
-            await asyncio.Event().wait()  # serve until cancelled
+            async with serving(self.app(), self.config.http_host, self.config.http_port) as port:
+                self.port = port
+                await self.bus.flush()
+                ready()
+                await asyncio.Event().wait()  # serve until cancelled
         finally:
             self.port = None
-            try:
-                await asyncio.wait_for(runner.cleanup(), CLEANUP_TIMEOUT)
-            except TimeoutError:
-                log.warning("http server did not shut down in time")
             await unsubscribe_quietly(subscription)

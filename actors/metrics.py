@@ -1,4 +1,4 @@
-"""Per-agent Prometheus metrics; one registry per agent so several agents share a process."""
+"""Prometheus metrics, one registry per agent or aggregator so several share a process."""
 
 from __future__ import annotations
 
@@ -82,3 +82,22 @@ class AgentMetrics:
     def value(self, name: str) -> float | None:
         """The current value of an unlabelled sample, e.g. ``node_agent_sequence_number``."""
         return self.registry.get_sample_value(name)
+
+
+class AggregatorMetrics:
+    """Counters the aggregator keeps and the fleet HTTP actor serves."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.accepted = Counter(
+            "fleet_heartbeats_accepted", "Heartbeats accepted", registry=self.registry
+        )
+        self.refused = Counter(
+            "fleet_heartbeats_refused",
+            "Heartbeats refused, by alert kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
+        )

@@ -5,13 +5,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import aiohttp
 from nats.aio.msg import Msg
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.aggregator import Aggregator, AggregatorConfig
 from actors.bus import NatsBus
 from actors.embedded import NatsServer
+from actors.fleet_http import FleetHttp
 from actors.fleet_ops import approve, record
+from actors.metrics import AggregatorMetrics
 from actors.node_store import NodeStore
+from actors.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.messages import Heartbeat
 from schemas.subjects import Subjects
@@ -98,7 +103,9 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
         for supervisor in (first, second):
             actor = supervisor.actors[0]
             assert isinstance(actor, Aggregator)
-            accepted.append(actor.accepted)
+            accepted.append(
+                actor.metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") or 0
+            )
         assert all(count > 0 for count in accepted), accepted
     finally:
         for agent in agents[1:]:
@@ -130,3 +137,40 @@ async def test_stale_node_goes_offline_then_recovers(
     finally:
         await agent.stop()
         await aggregator.stop()
+
+
+async def test_fleet_http_serves_nodes_and_metrics(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """The aggregator's /nodes lists records (with filters), /nodes/<id> gives one, 404
+    otherwise, and /metrics counts nodes by state and accepted heartbeats."""
+    metrics = AggregatorMetrics()
+    fleet_http = FleetHttp(bus, prefix, metrics, "127.0.0.1", 0)
+    supervisor = Supervisor([Aggregator(AggregatorConfig(prefix=prefix), bus, metrics), fleet_http])
+    supervisor.start()
+    assert await supervisor.wait_ready(10)
+    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    base = f"http://127.0.0.1:{fleet_http.port}"
+    try:
+        await wait_for(lambda: fleet_http.records.get("n1") is not None)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(f"{base}/nodes?cluster=c1") as response:
+                assert [n["node_id"] for n in await response.json()] == ["n1"]
+            async with session.get(f"{base}/nodes?state=offline") as response:
+                assert await response.json() == []
+            async with session.get(f"{base}/nodes/n1") as response:
+                assert (await response.json())["cluster"] == "c1"
+            async with session.get(f"{base}/nodes/nope") as response:
+                assert response.status == 404
+            async with session.get(f"{base}/metrics") as response:
+                samples = {
+                    (s.name, tuple(sorted(s.labels.items()))): s.value
+                    for family in text_string_to_metric_families(await response.text())
+                    for s in family.samples
+                }
+        state = fleet_http.records["n1"].state
+        assert samples[("fleet_nodes", (("state", state),))] == 1
+        assert samples[("fleet_heartbeats_accepted_total", ())] >= 1
+    finally:
+        await agent.stop()
+        await supervisor.stop()
