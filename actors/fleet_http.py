@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable
+from typing import get_args
 
 import msgspec
 from aiohttp import web
@@ -28,17 +29,7 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-STATES: tuple[RecordState, ...] = (
-    "pending",
-    "active",
-    "degraded",
-    "cordoned",
-    "draining",
-    "drained",
-    "stale",
-    "offline",
-    "deregistered",
-)
+STATES: tuple[RecordState, ...] = get_args(RecordState)
 
 
 class FleetHttp:

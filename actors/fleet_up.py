@@ -22,7 +22,7 @@ from actors.aggregator import Aggregator, AggregatorConfig
 from actors.bus import NatsBus
 from actors.cli_common import stop_event
 from actors.config import AgentConfig
-from actors.embedded import NatsServer
+from actors.embedded import NatsServer, ServerError
 from actors.fleet_http import FleetHttp
 from actors.metrics import AggregatorMetrics
 from actors.streams import provision
@@ -77,7 +77,15 @@ async def run_up(options: UpOptions) -> int:
     options.store.mkdir(parents=True, exist_ok=True)
     _log_to_file(options.store / "fleet.log")
     server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
-    await asyncio.to_thread(server.start)
+    try:
+        await asyncio.to_thread(server.start)
+    except ServerError as exc:
+        if "address already in use" in str(exc):
+            raise ServerError(
+                f"port {options.port} is taken (another nats-server?); "
+                "use --port 0 for any free port"
+            ) from None
+        raise
     operator = signing.load_or_create_key_file(options.store / "operator.nk")
     agents: list[NodeAgent] = []
     bus: NatsBus | None = None

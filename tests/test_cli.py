@@ -130,3 +130,13 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     )
     for result in (unreachable, bad_id, bad_config):
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_up_on_a_taken_port_says_what_to_do(nats_server: NatsServer, tmp_path: Path) -> None:
+    """fleetctl up on a port in use fails with one line suggesting --port 0."""
+    result = run(
+        "actors.fleet_cli", "up", "--port", str(nats_server.port), "--store", str(tmp_path)
+    )
+    assert result.returncode == 1
+    assert "is taken" in result.stderr and "--port 0" in result.stderr
+    assert "Traceback" not in result.stderr
