@@ -60,6 +60,9 @@ class NodeAgent:
             nkey_seed=self.key.seed if self.config.nkey_auth else None,
             connect_timeout=self.config.connect_timeout,
             retry_forever=True,
+            # Replies to this node arrive under its own prefix, so a server can let each
+            # node read only its own replies (deploy/nats/auth.conf).
+            inbox_prefix=f"_INBOX.{self.config.node_id}",
         )
         self.supervisor = Supervisor(self.build_actors(self.bus))
         self.supervisor.start()

@@ -102,6 +102,7 @@ class NatsBus:
         nkey_seed: str | None = None,
         connect_timeout: float = 5.0,
         retry_forever: bool = False,
+        inbox_prefix: str = "_INBOX",
     ) -> NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
         delay = 0.5
@@ -120,6 +121,7 @@ class NatsBus:
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=2,
                         nkeys_seed_str=nkey_seed,
+                        inbox_prefix=inbox_prefix,
                         error_cb=_on_error,
                         disconnected_cb=events.disconnected,
                         reconnected_cb=events.reconnected,

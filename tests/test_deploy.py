@@ -304,8 +304,8 @@ async def test_auth(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) 
 async def refuses_another_nodes_subjects(
     bus: NatsBus, server: NatsServer, node_key: signing.KeyPair
 ) -> None:
-    """Logged in as node-1: a heartbeat on node-2's subject is not stored and node-2's
-    probe subject cannot be subscribed to."""
+    """Logged in as node-1: a heartbeat on node-2's subject is not stored, and neither
+    node-2's probe subject nor node-2's replies can be subscribed to."""
     errors: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
@@ -328,9 +328,12 @@ async def refuses_another_nodes_subjects(
             heard.append(msg.data)
 
         await nc.subscribe(subjects.probe("node-2"), cb=listen)
+        await nc.subscribe("_INBOX.node-2.>", cb=listen)
         await nc.flush(timeout=2)
         await wait_for(
-            lambda: any("permissions violation for subscription" in str(e).lower() for e in errors)
+            lambda: (
+                sum("permissions violation for subscription" in str(e).lower() for e in errors) >= 2
+            )
         )
         with pytest.raises(nats.errors.NoRespondersError):
             await bus.request(subjects.probe("node-2"), b"{}", timeout=2)
