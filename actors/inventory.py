@@ -52,6 +52,31 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
         return FakeGpus(count, config.node_id)
 
 
+class CpuMeter:
+    """CPU busy % over the time between two reads — a delta, never since boot. Unlike
+    ``psutil.cpu_percent(interval=None)`` it keeps its own previous reading, so several
+    agents in one process (``fleetctl up``) do not reset each other's period."""
+
+    def __init__(self) -> None:
+        self._busy, self._total = self._times()
+
+    @staticmethod
+    def _times() -> tuple[float, float]:
+        times = psutil.cpu_times()
+        # Linux counts guest time inside user/nice too; psutil leaves it out of the total.
+        total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+        idle = times.idle + getattr(times, "iowait", 0.0)
+        return total - idle, total
+
+    def read(self) -> float:
+        busy, total = self._times()
+        busy_delta, total_delta = busy - self._busy, total - self._total
+        self._busy, self._total = busy, total
+        if total_delta <= 0:
+            return 0.0
+        return round(min(100.0, max(0.0, 100.0 * busy_delta / total_delta)), 1)
+
+
 def fingerprint(gpus: list[Gpu]) -> str:
     """SHA-256 of identifiers that survive reboots: machine id, CPU count, GPU UUIDs."""
     try:
@@ -75,6 +100,7 @@ class Inventory:
         self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
         self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
         self._sample_now = asyncio.Event()
+        self.cpu = CpuMeter()
 
     async def _on_inject(self, msg: Msg) -> None:
         try:
@@ -107,8 +133,7 @@ class Inventory:
         busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
         capacity = Capacity(
             cpu_cores=psutil.cpu_count() or 0,
-            # interval=None: the delta since the previous call, i.e. over one sample period.
-            cpu_percent=min(100.0, psutil.cpu_percent(interval=None)),
+            cpu_percent=self.cpu.read(),
             load_avg_1m=round(psutil.getloadavg()[0], 2),
             memory_total=memory.total,
             memory_available=memory.available,
@@ -127,7 +152,6 @@ class Inventory:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        psutil.cpu_percent(interval=None)  # prime the CPU delta
         subscription = await self.bus.subscribe(self.inject_subject, self._on_inject)
         try:
             await self.bus.flush()
