@@ -59,15 +59,20 @@ async def revoke(bus: Bus, subjects: Subjects, node: str) -> None:
     )
 
 
+async def node_ids(bus: Bus, subjects: Subjects) -> list[str]:
+    """Every node id in fleet_nodes (a headers-only listing: no record is read)."""
+    bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
+    try:
+        return sorted(await bucket.keys())
+    except nats.js.errors.NoKeysError:
+        return []
+
+
 async def records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     """Every node record, sorted by node id; unreadable records are skipped."""
     bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
-    try:
-        keys = await bucket.keys()
-    except nats.js.errors.NoKeysError:
-        return []
     found = []
-    for key in sorted(keys):
+    for key in await node_ids(bus, subjects):
         try:
             entry = await bucket.get(key)
         except nats.js.errors.KeyNotFoundError:

@@ -22,10 +22,10 @@ from nats.aio.msg import Msg
 
 from actors.bus import Bus, unsubscribe_quietly
 from actors.config import AgentConfig
-from actors.fleet_ops import records
+from actors.fleet_ops import NotFound, node_ids, record
 from actors.schedule import sleep_jittered
 from schemas import codec
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, FleetError
 from schemas.events import Latency, PeerLatency
 from schemas.messages import Probe, ProbeReply
 from schemas.subjects import EVENT_LATENCY, Subjects
@@ -37,6 +37,8 @@ LOSS_WINDOW = 20
 DISCOVER_EVERY = 6
 """Re-read the peer list from fleet_nodes every 6 rounds: reading every record is not free."""
 KV_TIMEOUT = 5.0
+DISCOVER_READS = 4
+"""At most 4 x max_peers records are read per discovery (other clusters, dead nodes)."""
 GONE_STATES = {"offline", "deregistered"}
 
 
@@ -71,24 +73,32 @@ class LatencyActor:
     async def discover(self) -> list[str]:
         """Up to ``max_peers`` live nodes of our cluster; the same ones while they stay.
 
-        Ordered by a hash of (us, them) so every node picks a different subset of a large
-        cluster instead of all probing the alphabetically first few.
+        Ordered by a hash of (us, them), so every node picks a different subset of a large
+        cluster instead of all probing the alphabetically first few. Only the key list is
+        read whole (headers only); records are read in that order until enough peers are
+        found, so a fleet of thousands costs each node a handful of reads, not thousands.
         """
         try:
-            found = await asyncio.wait_for(records(self.bus, self.subjects), KV_TIMEOUT)
-        except (nats.errors.Error, TimeoutError) as exc:
+            return await asyncio.wait_for(self._discover(), KV_TIMEOUT)
+        except (nats.errors.Error, TimeoutError, FleetError) as exc:
             log.debug("peer discovery failed", extra={"reason": str(exc) or type(exc).__name__})
             return self.peers
+
+    async def _discover(self) -> list[str]:
         me = self.config.node_id
-        candidates = [
-            record.node_id
-            for record in found
-            if record.cluster == self.config.cluster
-            and record.node_id != me
-            and record.state not in GONE_STATES
-        ]
-        candidates.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
-        return candidates[: self.config.max_peers]
+        nodes = [node for node in await node_ids(self.bus, self.subjects) if node != me]
+        nodes.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
+        found: list[str] = []
+        for node in nodes[: DISCOVER_READS * max(1, self.config.max_peers)]:
+            if len(found) >= self.config.max_peers:
+                break
+            try:
+                peer = await record(self.bus, self.subjects, node)
+            except (NotFound, DecodeError):
+                continue
+            if peer.cluster == self.config.cluster and peer.state not in GONE_STATES:
+                found.append(node)
+        return found
 
     async def probe_peer(self, node: str) -> int | None:
         """Round trip in microseconds, or None when no (valid) answer came in time."""
