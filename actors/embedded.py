@@ -141,10 +141,14 @@ class NatsServer:
 
     def kill(self) -> None:
         """SIGKILL: a crash, for tests of what survives one."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.process = None
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
 
     def __enter__(self) -> NatsServer:
         return self.start()
