@@ -191,26 +191,23 @@ class Progress:
             self.caught_up.set()
 
 
-async def check_provisioned(bus: Bus, subjects: Subjects) -> None:
+async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
+    """Run the simulation and print its figures; 0 if every node's last beat was accepted."""
+    subjects = Subjects(options.prefix)
     stream = subjects.stream_name(names.STREAM_HEARTBEATS)
     try:
         await bus.js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         raise NotProvisioned(stream) from None
-
-
-async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
-    """Run the simulation and print its figures; 0 if every node's last beat was accepted."""
-    subjects = Subjects(options.prefix)
-    await check_provisioned(bus, subjects)
     nodes_bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
     boot = uuid.uuid4().hex[:16]
     nodes = [SimNode(f"sim-{i:05d}", subjects, options, boot) for i in range(options.nodes)]
-    by = "fleetctl simulate"
     for first in range(0, len(nodes), APPROVE_CHUNK):
-        chunk = nodes[first : first + APPROVE_CHUNK]
         await asyncio.gather(
-            *(fleet_ops.approve(bus, subjects, n.node_id, n.key.public_key, by) for n in chunk)
+            *(
+                fleet_ops.approve(bus, subjects, n.node_id, n.key.public_key, "fleetctl simulate")
+                for n in nodes[first : first + APPROVE_CHUNK]
+            )
         )
     progress = Progress([node.node_id for node in nodes], boot)
     follower = asyncio.create_task(progress.follow(nodes_bucket))
