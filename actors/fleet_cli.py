@@ -17,12 +17,14 @@ from actors.cli_common import (
     add_server,
     connect,
     default_operator_key,
+    fail,
     run_main,
     stop_event,
 )
 from actors.fleet_http import FleetHttp
 from actors.fleet_up import UpOptions, default_store, run_up
 from actors.metrics import AggregatorMetrics
+from actors.simulate import SimOptions, simulate
 from actors.supervisor import Actor, Supervisor
 from schemas import signing
 from schemas.subjects import Subjects, check_token
@@ -149,6 +151,26 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or (args.rate is not None and args.rate <= 0) or args.duration <= 0:
+        return fail("simulate: --nodes, --rate and --duration must be positive")
+    check_token("cluster", args.cluster)
+    options = SimOptions(
+        nodes=args.nodes,
+        rate=args.rate or args.nodes / 10.0,
+        duration=args.duration,
+        cluster=args.cluster,
+        gpus=args.gpus,
+        prefix=args.prefix,
+        wait=args.wait,
+    )
+    bus = await connect(args, "fleetctl-simulate")
+    try:
+        return await simulate(bus, options, sys.stdout)
+    finally:
+        await bus.close()
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="fleetctl", description="operate a nats-node-agent fleet")
     commands = root.add_subparsers(dest="command", required=True)
@@ -216,6 +238,18 @@ def parser() -> argparse.ArgumentParser:
     watch.add_argument("--node")
     add_server(watch)
     watch.set_defaults(func=cmd_watch)
+
+    sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
+    sim.add_argument("--nodes", type=int, required=True)
+    sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
+    sim.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    sim.add_argument("--cluster", default="sim")
+    sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
+    sim.add_argument(
+        "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
+    )
+    add_server(sim)
+    sim.set_defaults(func=cmd_simulate)
     fleet_commands.add_command_parsers(commands)
     return root
 
