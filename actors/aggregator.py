@@ -99,20 +99,30 @@ class Aggregator:
                 group.create_task(
                     consume_forever(
                         consumer,
-                        self._handle_and_ack,
+                        self._handle_batch,
                         batch=FETCH_BATCH,
                         wait=1.0,
                         what="heartbeat",
                     )
                 )
                 group.create_task(self._sweep_forever())
+                group.create_task(self.store.follow_trust())
         finally:
             await unsubscribe_quietly(registrations)
             await unsubscribe_quietly(consumer)
 
-    async def _handle_and_ack(self, msg: Msg) -> None:
-        await self.handle(msg)
-        await msg.ack()
+    async def _handle_batch(self, batch: list[Msg]) -> None:
+        """Nodes are independent, so their heartbeats are handled concurrently (the work
+        is mostly waiting on KV round trips); one node's messages stay in order."""
+        by_node: dict[str, list[Msg]] = {}
+        for msg in batch:
+            by_node.setdefault(msg.subject, []).append(msg)
+        await asyncio.gather(*(self._handle_in_order(msgs) for msgs in by_node.values()))
+
+    async def _handle_in_order(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            await self.handle(msg)
+            await msg.ack()
 
     async def handle(self, msg: Msg) -> None:
         """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
@@ -127,7 +137,10 @@ class Aggregator:
         stream_seq = msg.metadata.sequence.stream
         try:
             heartbeat, public_key = await self._verify(msg, cluster, node)
-            await self._accept(heartbeat, public_key, stream_seq)
+            # Behind the stream, a node's older heartbeats may have been replaced (one per
+            # subject) before we read them: a gap then says nothing about the node.
+            behind = msg.metadata.num_pending > 0
+            await self._accept(heartbeat, public_key, stream_seq, behind)
         except Refused as refusal:
             self.metrics.refused.labels(refusal.kind).inc()
             log.warning(
@@ -176,7 +189,9 @@ class Aggregator:
             )
         return heartbeat, public_key
 
-    async def _accept(self, heartbeat: Heartbeat, public_key: str, stream_seq: int) -> None:
+    async def _accept(
+        self, heartbeat: Heartbeat, public_key: str, stream_seq: int, behind: bool = False
+    ) -> None:
         now = time.time()
         node = heartbeat.node_id
 
@@ -196,7 +211,9 @@ class Aggregator:
         assert after is not None  # change() always writes or raises
         self.metrics.accepted.inc()
         previous = before or records.pending_record(node, heartbeat.cluster, public_key)
-        for kind, message, details in records.heartbeat_alerts(previous, after, heartbeat, now):
+        for kind, message, details in records.heartbeat_alerts(
+            previous, after, heartbeat, gaps_are_news=not behind
+        ):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
             event = details.pop("event", f"q{heartbeat.seq}")
             await self.alerts.publish(kind, heartbeat.cluster, node, message, event, **details)

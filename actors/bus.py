@@ -203,17 +203,20 @@ class NatsBus:
             await self.nc.close()
 
 
+BatchHandler = Callable[[list[Msg]], Awaitable[None]]
+
+
 async def consume_forever(
     consumer: JetStreamContext.PullSubscription,
-    handle: Handler,
+    handle: BatchHandler,
     *,
     batch: int,
     wait: float,
     what: str,
 ) -> None:
-    """Fetch from a pull consumer and hand each message to ``handle``, until cancelled.
-    An empty fetch or a transient error is retried (the error logged); a closed
-    connection raises, so the owning actor is restarted by its supervisor."""
+    """Fetch up to ``batch`` messages at a time from a pull consumer and hand them to
+    ``handle``, until cancelled. An empty fetch or a transient error is retried (the error
+    logged); a closed connection raises, so the owning actor is restarted."""
     while True:
         try:
             messages = await consumer.fetch(batch, timeout=wait)
@@ -225,8 +228,7 @@ async def consume_forever(
             log.warning("%s fetch failed; retrying", what, extra={"reason": str(exc)})
             await asyncio.sleep(1.0)
             continue
-        for msg in messages:
-            await handle(msg)
+        await handle(messages)
 
 
 async def unsubscribe_quietly(

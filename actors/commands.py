@@ -82,7 +82,9 @@ class CommandExecutor:
             await self.actions.publish_state()
             await self.actions.resume()
             self._fetcher = asyncio.create_task(
-                consume_forever(consumer, self._handle, batch=1, wait=FETCH_WAIT, what="command"),
+                consume_forever(
+                    consumer, self._handle_each, batch=1, wait=FETCH_WAIT, what="command"
+                ),
                 name="commands",
             )
             ready()
@@ -124,6 +126,10 @@ class CommandExecutor:
         await self.actions.wait_for_work(timeout)
 
     # Commands --------------------------------------------------------------------------
+
+    async def _handle_each(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            await self._handle(msg)
 
     async def _handle(self, msg: Msg) -> None:
         try:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 import nats.js.errors
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from actors.bus import Bus
 from schemas import codec
@@ -30,6 +30,8 @@ class NodeStore:
     def __init__(self, nodes: KeyValue, trust: KeyValue) -> None:
         self.nodes = nodes
         self.trust = trust
+        self._trusted: dict[str, str] | None = None
+        """Approved keys from the trust watch; None until it has caught up."""
 
     @classmethod
     async def open(cls, bus: Bus, subjects: Subjects) -> NodeStore:
@@ -40,18 +42,33 @@ class NodeStore:
 
     async def trusted_key(self, node: str) -> str | None:
         """The node's approved public key; None if unknown, revoked or unreadable."""
+        if self._trusted is not None:
+            return self._trusted.get(node)
         try:
             entry = await self.trust.get(node)
         except nats.js.errors.KeyNotFoundError:
             return None
-        if entry.value is None:
-            return None
+        return _approved_key(node, entry.value)
+
+    async def follow_trust(self) -> None:
+        """Keep the approved keys in memory from a KV watch, so verifying a heartbeat costs
+        no round trip. An approval or revocation applies as soon as the watch delivers it
+        (milliseconds); until the watch has caught up, keys are read one by one."""
+        watcher = await self.trust.watchall()
+        trusted: dict[str, str] = {}
         try:
-            trust = codec.decode(entry.value, TrustEntry, f"trust record {node}")
-        except DecodeError as exc:
-            log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
-            return None
-        return None if trust.revoked else trust.public_key
+            async for entry in watcher:
+                if entry is None:  # every current entry delivered: the copy is complete
+                    self._trusted = trusted
+                    continue
+                key = _approved_key(entry.key, entry.value)
+                if entry.operation in (KV_DEL, KV_PURGE) or key is None:
+                    trusted.pop(entry.key, None)
+                else:
+                    trusted[entry.key] = key
+        finally:
+            self._trusted = None
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
 
     async def node_ids(self) -> list[str]:
         try:
@@ -93,3 +110,14 @@ class NodeStore:
                     "record changed underneath; retrying", extra={"node": node, "reason": str(exc)}
                 )
         raise RuntimeError(f"could not update record of {node} after {CAS_ATTEMPTS} attempts")
+
+
+def _approved_key(node: str, value: bytes | None) -> str | None:
+    if not value:
+        return None
+    try:
+        trust = codec.decode(value, TrustEntry, f"trust record {node}")
+    except DecodeError as exc:
+        log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
+        return None
+    return None if trust.revoked else trust.public_key

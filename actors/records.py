@@ -109,15 +109,19 @@ def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSp
 
 
 def heartbeat_alerts(
-    previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbeat, now: float
+    previous: NodeRecord,
+    updated: NodeRecord,
+    heartbeat: Heartbeat,
+    gaps_are_news: bool = True,
 ) -> list[AlertSpec]:
     """What accepting ``heartbeat`` tells operators: recovered, sequence_gap, anomaly,
-    health changes, interruption and deregistered."""
+    health changes, interruption and deregistered. ``gaps_are_news`` is False while the
+    aggregator is behind the stream, where skipped heartbeats are its own doing."""
     alerts: list[AlertSpec] = []
     if previous.state in ("stale", "offline"):
         alerts.append(("recovered", f"heartbeats resumed after {previous.state}", {}))
     same_boot = previous.boot_id == heartbeat.boot_id
-    if same_boot and heartbeat.seq > previous.last_seq + 1:
+    if gaps_are_news and same_boot and heartbeat.seq > previous.last_seq + 1:
         missed = heartbeat.seq - previous.last_seq - 1
         alerts.append(
             (
@@ -126,12 +130,16 @@ def heartbeat_alerts(
                 {"from": str(previous.last_seq), "to": str(heartbeat.seq)},
             )
         )
-    gap = now - previous.last_seen
-    if same_boot and previous.state == "active" and gap > ANOMALY_FACTOR * heartbeat.interval:
+    # Spacing between two consecutive beats as the node sent them: the aggregator's own
+    # lag cannot make a node look irregular.
+    last = previous.heartbeat
+    consecutive = last is not None and same_boot and heartbeat.seq == last.seq + 1
+    spacing = heartbeat.ts - last.ts if last is not None else 0.0
+    if consecutive and spacing > ANOMALY_FACTOR * heartbeat.interval:
         alerts.append(
             (
                 "anomaly",
-                f"{gap:.1f}s since the previous heartbeat (interval {heartbeat.interval:g}s)",
+                f"{spacing:.1f}s between consecutive heartbeats (interval {heartbeat.interval:g}s)",
                 {},
             )
         )

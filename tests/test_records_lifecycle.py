@@ -73,24 +73,29 @@ def test_state_precedence() -> None:
 
 
 def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
-    """Accepting a beat after stale says recovered; skipped seqs in one boot are a gap; a
-    late beat is an anomaly; a health change is named; a new boot is no gap."""
+    """Accepting a beat after stale says recovered; skipped seqs in one boot are a gap
+    (unless the aggregator is behind the stream); consecutive beats sent too far apart are
+    an anomaly; a health change is named; a new boot is neither gap nor anomaly."""
     active = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 100.0)
-    later = msgspec.structs.replace(beat(5), health=None)
+    later = beat(5)
     after = records.accept(active, later, "U", 110.0)
-    kinds = [kind for kind, _, _ in records.heartbeat_alerts(active, after, later, 110.0)]
-    assert kinds == ["sequence_gap", "anomaly"]
+    assert [k for k, _, _ in records.heartbeat_alerts(active, after, later)] == ["sequence_gap"]
+    assert records.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
+
+    stalled = msgspec.structs.replace(beat(2), ts=beat(1).ts + 10.0)  # interval is 1 s
+    assert [(k, m) for k, m, _ in records.heartbeat_alerts(active, after, stalled)] == [
+        ("anomaly", "10.0s between consecutive heartbeats (interval 1s)")
+    ]
+    on_time = beat(2)
+    assert records.heartbeat_alerts(active, after, on_time) == []
 
     stale = records.with_state(active, stale_since=105.0)
-    assert [k for k, _, _ in records.heartbeat_alerts(stale, after, beat(2), 106.0)] == [
-        "recovered"
-    ]
+    assert [k for k, _, _ in records.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
 
-    rebooted = msgspec.structs.replace(beat(900), boot_id="b2")
-    quiet = records.heartbeat_alerts(active, after, rebooted, 100.5)
-    assert quiet == []
+    rebooted = msgspec.structs.replace(beat(900), boot_id="b2", ts=5000.0)
+    assert records.heartbeat_alerts(active, after, rebooted) == []
 
     healthy = records.with_state(active, health_status="healthy")
     sick = records.with_state(active, health_status="unhealthy", health_score=40)
-    alerts = records.heartbeat_alerts(healthy, sick, beat(2), 100.5)
+    alerts = records.heartbeat_alerts(healthy, sick, beat(2))
     assert [(k, m) for k, m, _ in alerts] == [("health", "health healthy -> unhealthy")]
