@@ -45,6 +45,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_skew: float = 300.0
     offline_after: float = 300.0
     sweep_interval: float = 5.0
+    full_sweep_interval: float = 120.0
+    """How often every record is read to find stale nodes another aggregator saw go stale."""
     replicas: int = 1
 
 
@@ -73,6 +75,8 @@ class Aggregator:
         self.subjects = Subjects(config.prefix)
         self.alerts = AlertPublisher(bus, self.subjects)
         self.metrics = metrics or AggregatorMetrics()
+        self.stale: set[str] = set()
+        """Nodes this aggregator saw go stale: the offline sweep checks these often."""
 
     async def run(self, ready: Callable[[], None]) -> None:
         await provision(self.bus.js, self.subjects, self.config.replicas)
@@ -228,6 +232,7 @@ class Aggregator:
 
         _, stale = await self.store.update(node, change)
         if stale is not None:
+            self.stale.add(node)
             stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
             await self.alerts.publish(
                 "stale",
@@ -238,8 +243,11 @@ class Aggregator:
                 last_seq=str(stale.last_seq),
             )
 
-    async def sweep(self) -> None:
-        """Stale records older than ``offline_after`` become offline."""
+    async def sweep(self, everything: bool = False) -> None:
+        """Stale records older than ``offline_after`` become offline. Only the nodes this
+        aggregator saw go stale are checked, unless ``everything``: then every record is
+        read, which also finds nodes that went stale while another aggregator (or none)
+        was watching."""
         now = time.time()
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
@@ -249,8 +257,19 @@ class Aggregator:
                 return None
             return records.with_state(record, offline_since=now)
 
-        for node in await self.store.node_ids():
-            _, offline = await self.store.update(node, change)
+        candidates = await self.store.node_ids() if everything else list(self.stale)
+        for node in candidates:
+            before, offline = await self.store.update(node, change)
+            waiting = (
+                offline is None
+                and before is not None
+                and before.stale_since is not None
+                and before.offline_since is None
+            )
+            if waiting:  # stale, not offline yet: check again at the next sweep
+                self.stale.add(node)
+            else:
+                self.stale.discard(node)
             if offline is not None:
                 await self.alerts.publish(
                     "offline",
@@ -261,12 +280,17 @@ class Aggregator:
                 )
 
     async def _sweep_forever(self) -> None:
+        last_full = 0.0
         while True:
             await asyncio.sleep(self.config.sweep_interval)
+            everything = time.monotonic() - last_full >= self.config.full_sweep_interval
             try:
-                await self.sweep()
+                await self.sweep(everything)
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
+                continue
+            if everything:
+                last_full = time.monotonic()
 
     async def _on_register(self, msg: Msg) -> None:
         """``node-agent register``: record a pending node, say whether it is approved."""

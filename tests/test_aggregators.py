@@ -9,6 +9,7 @@ import aiohttp
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors import records
 from actors.aggregator import Aggregator, AggregatorConfig
 from actors.bus import NatsBus
 from actors.embedded import NatsServer
@@ -174,3 +175,40 @@ async def test_fleet_http_serves_nodes_and_metrics(
     finally:
         await agent.stop()
         await supervisor.stop()
+
+
+async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A stale record this aggregator never saw go stale is found by the full sweep and
+    made offline; the frequent sweep alone only checks nodes it saw go stale."""
+    alerts = await watch_alerts(bus, prefix)
+    subjects = Subjects(prefix)
+    store = await NodeStore.open(bus, subjects)
+    stale_long_ago = records.with_state(
+        records.accept(records.pending_record("n1", "c1"), beat_for("n1"), "U", 1.0),
+        stale_since=time.time() - 60,
+    )
+    await store.update("n1", lambda _: stale_long_ago)
+    aggregator = Aggregator(AggregatorConfig(prefix=prefix, offline_after=30), bus)
+    aggregator.store = store
+
+    await aggregator.sweep()
+    assert (await record(bus, subjects, "n1")).state == "stale"
+    await aggregator.sweep(everything=True)
+    assert (await record(bus, subjects, "n1")).state == "offline"
+    await wait_for(lambda: alerts.of("offline"))
+    assert aggregator.stale == set()
+
+
+def beat_for(node: str) -> Heartbeat:
+    return Heartbeat(
+        node_id=node,
+        cluster="c1",
+        seq=1,
+        boot_id="b",
+        ts=time.time(),
+        agent_version="t",
+        interval=1,
+        stale_after=3,
+    )
