@@ -158,7 +158,12 @@ class Aggregator:
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
 
     async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:
+        signer = msg.headers.get(signing.HEADER_KEY) if msg.headers else None
         trusted = await self.store.trusted_key(node)
+        if trusted is None or trusted != signer:
+            # Refusing costs a fresh read: the node may have been approved (or given a
+            # new key) a moment ago, before the trust watch delivered it.
+            trusted = await self.store.trusted_key(node, fresh=True)
         if trusted is None:
             raise Refused("unknown_node", f"node {node} has no approved key")
         try:
@@ -308,7 +313,7 @@ class Aggregator:
                 reason="registration not signed by the key it names",
             )
         else:
-            trusted = await self.store.trusted_key(registration.node_id)
+            trusted = await self.store.trusted_key(registration.node_id, fresh=True)
             status: Literal["active", "pending"] = (
                 "active" if trusted == registration.public_key else "pending"
             )

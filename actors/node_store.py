@@ -40,9 +40,10 @@ class NodeStore:
             await bus.kv(subjects.bucket_name(names.BUCKET_TRUST)),
         )
 
-    async def trusted_key(self, node: str) -> str | None:
-        """The node's approved public key; None if unknown, revoked or unreadable."""
-        if self._trusted is not None:
+    async def trusted_key(self, node: str, fresh: bool = False) -> str | None:
+        """The node's approved public key; None if unknown, revoked or unreadable. From
+        the trust watch's copy unless ``fresh`` (or the copy is not complete yet)."""
+        if self._trusted is not None and not fresh:
             return self._trusted.get(node)
         try:
             entry = await self.trust.get(node)

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 
 from actors.bus import NatsBus
 from actors.embedded import NatsServer
-from actors.fleet_ops import approve, record, records
+from actors.fleet_ops import approve, record, records, revoke
 from schemas import codec, signing
 from schemas.messages import Alert, Heartbeat
 from schemas.subjects import Subjects
@@ -226,4 +226,24 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     finally:
         process.kill()
         process.wait()
+        await aggregator.stop()
+
+
+async def test_revoked_node_is_refused(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """fleetctl revoke takes effect on the node's next heartbeats (the aggregator's trust
+    watch delivers it), and the record stops advancing."""
+    alerts = await watch_alerts(bus, prefix)
+    aggregator = await start_aggregator(bus, prefix)
+    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    try:
+        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+        await revoke(bus, Subjects(prefix), "n1")
+        await wait_for(lambda: alerts.of("unknown_node"), timeout=10)
+        frozen = (await record(bus, Subjects(prefix), "n1")).last_seq
+        await wait_for(lambda: len(alerts.of("unknown_node")) >= 3, timeout=10)
+        assert (await record(bus, Subjects(prefix), "n1")).last_seq == frozen
+    finally:
+        await agent.stop()
         await aggregator.stop()
