@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from nats.aio.msg import Msg
 
 from actors import node_cli
 from actors.bus import NatsBus
@@ -19,8 +20,9 @@ from actors.inventory import CpuMeter, Inventory
 from actors.nvml_gpus import NvmlGpus
 from schemas import codec
 from schemas.events import Inject
-from schemas.messages import NodeRecord
-from tests.fleet import agent_config, approved_agent, start_aggregator, wait_record
+from schemas.messages import Heartbeat, NodeRecord
+from schemas.subjects import Subjects
+from tests.fleet import agent_config, approved_agent, start_aggregator, wait_for, wait_record
 from tests.test_nvml import two_gpus
 
 
@@ -37,6 +39,11 @@ def points(record: NodeRecord, name: str) -> int | None:
     return found[0] if found else None
 
 
+def hot_beat(beat: Heartbeat) -> bool:
+    components = beat.health.components if beat.health else []
+    return any(c.name == "gpu_temperature" and c.points == 0 for c in components)
+
+
 async def inject_cli(server: str, prefix: str, *args: str) -> int:
     argv = ["inject", *args, "--server", server, "--node-id", "n1", "--prefix", prefix]
     # main() runs its own event loop, so it runs in a thread like a separate process would.
@@ -46,12 +53,25 @@ async def inject_cli(server: str, prefix: str, *args: str) -> int:
 async def test_temperature_fault_shows_and_clears(
     nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
 ) -> None:
-    """inject temp 95 zeroes the temperature component and degrades nvml; clear heals."""
+    """inject temp 95 zeroes the temperature component and degrades nvml within two
+    heartbeat intervals (counted in heartbeats, not seconds); clear heals."""
+    beats: list[Heartbeat] = []
+
+    async def collect(msg: Msg) -> None:
+        beats.append(codec.decode(msg.data, Heartbeat))
+
+    await bus.subscribe(Subjects(prefix).heartbeats(), collect)
+    await bus.flush()
     aggregator = await start_aggregator(bus, prefix)
     agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
     try:
         await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
         assert await inject_cli(nats_server.url, prefix, "temp", "95", "--gpu", "1") == 0
+        injected_after = len(beats)
+        await wait_for(lambda: any(hot_beat(beat) for beat in beats[injected_after:]))
+        first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
+        # The beat in flight at injection, then one per interval: the third at the latest.
+        assert first_hot - injected_after <= 2, (injected_after, first_hot)
         hot = await wait_record(
             bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0, timeout=15
         )
