@@ -77,14 +77,19 @@ class CpuMeter:
         return round(min(100.0, max(0.0, 100.0 * busy_delta / total_delta)), 1)
 
 
-def fingerprint(gpus: list[Gpu]) -> str:
-    """SHA-256 of identifiers that survive reboots: machine id, CPU count, GPU UUIDs."""
+def host_identity() -> list[str]:
+    """Identifiers of the machine that survive reboots: machine id, CPU count, memory."""
     try:
         machine_id = Path("/etc/machine-id").read_text().strip()
     except OSError:
         machine_id = socket.gethostname()
-    parts = [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
-    parts += sorted(gpu.uuid for gpu in gpus)
+    return [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
+
+
+def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
+    """SHA-256 of the host's stable identifiers and the GPUs' UUIDs: it changes when the
+    hardware does."""
+    parts = (host if host is not None else host_identity()) + sorted(gpu.uuid for gpu in gpus)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -101,6 +106,8 @@ class Inventory:
         self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
         self._sample_now = asyncio.Event()
         self.cpu = CpuMeter()
+        self.host = host_identity()
+        self.hostname = socket.gethostname()
 
     async def _on_inject(self, msg: Msg) -> None:
         try:
@@ -147,8 +154,8 @@ class Inventory:
             capacity=capacity,
             gpus=gpus,
             gpu_source=self.gpus.source if self.gpus else "none",
-            fingerprint=fingerprint(gpus),
-            hostname=socket.gethostname(),
+            fingerprint=fingerprint(gpus, self.host),
+            hostname=self.hostname,
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
