@@ -59,7 +59,11 @@ class HeartbeatActor:
         self.latency: events.Latency | None = None
         self.engine: events.Engine | None = None
         self.state = events.NodeState(ts=time.time(), schedulability="schedulable")
-        self.spot = events.SpotStatus()
+        provider = config.spot_provider
+        # A configured cloud shows at once; `auto` shows once a notice names the cloud.
+        self.spot = events.SpotStatus(
+            provider=provider if provider in ("aws", "gcp", "azure") else "none"
+        )
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 

@@ -86,7 +86,9 @@ async def deregistered_before_deadline(
     )
     agent = await approved_agent(bus, config)
     try:
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+        active = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+        assert active.heartbeat and active.heartbeat.spot
+        assert active.heartbeat.spot.provider == provider, "the watched cloud shows at once"
         await trigger()
         await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered", timeout=15)
         assert time.time() < deadline
