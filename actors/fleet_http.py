@@ -17,7 +17,7 @@ import msgspec
 from aiohttp import web
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from actors.bus import Bus
+from actors.bus import Bus, stop_watcher
 from actors.metrics import AggregatorMetrics
 from actors.web import prometheus_page, serving
 from schemas import codec
@@ -62,7 +62,7 @@ class FleetHttp:
                 except DecodeError as exc:
                     log.warning("unreadable node record", extra={"reason": str(exc)})
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+            await stop_watcher(watcher)
 
     def listing(self, cluster: str | None, state: str | None) -> list[NodeRecord]:
         return [

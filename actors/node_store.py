@@ -12,7 +12,7 @@ from collections.abc import Callable
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from actors.bus import Bus
+from actors.bus import Bus, stop_watcher
 from schemas import codec
 from schemas import subjects as names
 from schemas.errors import DecodeError
@@ -69,7 +69,7 @@ class NodeStore:
                     trusted[entry.key] = key
         finally:
             self._trusted = None
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+            await stop_watcher(watcher)
 
     async def node_ids(self) -> list[str]:
         try:

@@ -22,7 +22,7 @@ from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from actors import checks, fleet_ops, scoring
-from actors.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
+from actors.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned, stop_watcher
 from actors.fake_gpus import FakeGpus
 from actors.inventory import fingerprint
 from schemas import signing
@@ -176,7 +176,7 @@ class Progress:
                 if entry.key in self.behind and found.last_seq >= self.targets[entry.key]:
                     self._done(entry.key)
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+            await stop_watcher(watcher)
 
     def expect(self, targets: dict[str, int]) -> None:
         self.targets = targets

@@ -131,10 +131,11 @@ async def test_stale_node_goes_offline_then_recovers(
         offline = await wait_record(bus, prefix, "n1", lambda r: r.state == "offline", timeout=15)
         assert offline.stale_since is not None and offline.offline_since is not None
         assert offline.offline_since - offline.stale_since >= 1.0
-        assert len(alerts.of("offline")) == 1
+        await wait_for(lambda: alerts.of("offline"))
         agent = await approved_agent(bus, config)
         await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
         await wait_for(lambda: alerts.of("recovered"))
+        assert len(alerts.of("offline")) == 1
     finally:
         await agent.stop()
         await aggregator.stop()
