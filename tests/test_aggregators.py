@@ -19,10 +19,9 @@ from actors.metrics import AggregatorMetrics
 from actors.node_store import NodeStore
 from actors.supervisor import Supervisor
 from schemas import codec, signing
-from schemas.messages import Heartbeat
 from schemas.subjects import Subjects
 from tests.fleet import agent_config, approved_agent, start_aggregator, wait_for, wait_record
-from tests.test_aggregator import watch_alerts
+from tests.test_aggregator import heartbeat, watch_alerts
 
 
 def delivered(
@@ -51,18 +50,7 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     aggregator.store = await NodeStore.open(bus, subjects)
 
     def beat(seq: int) -> tuple[bytes, dict[str, str]]:
-        body = codec.encode(
-            Heartbeat(
-                node_id="n1",
-                cluster="c1",
-                seq=seq,
-                boot_id="b",
-                ts=time.time(),
-                agent_version="t",
-                interval=1,
-                stale_after=3,
-            )
-        )
+        body = codec.encode(heartbeat(seq=seq))
         return body, key.headers(body)
 
     await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=20))
@@ -187,7 +175,7 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     subjects = Subjects(prefix)
     store = await NodeStore.open(bus, subjects)
     stale_long_ago = records.with_state(
-        records.accept(records.pending_record("n1", "c1"), beat_for("n1"), "U", 1.0),
+        records.accept(records.pending_record("n1", "c1"), heartbeat(), "U", 1.0),
         stale_since=time.time() - 60,
     )
     await store.update("n1", lambda _: stale_long_ago)
@@ -200,16 +188,3 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     assert (await record(bus, subjects, "n1")).state == "offline"
     await wait_for(lambda: alerts.of("offline"))
     assert aggregator.stale == set()
-
-
-def beat_for(node: str) -> Heartbeat:
-    return Heartbeat(
-        node_id=node,
-        cluster="c1",
-        seq=1,
-        boot_id="b",
-        ts=time.time(),
-        agent_version="t",
-        interval=1,
-        stale_after=3,
-    )
