@@ -160,6 +160,12 @@ class Interruption(Wire, frozen=True, kw_only=True):
     detail: str = ""
 
 
+def notice_key(notice: Interruption) -> str:
+    """One spot notice's identity, the same in every heartbeat that carries it."""
+    mark = notice.event_id or (f"{notice.deadline:.0f}" if notice.deadline else "")
+    return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
+
+
 class NodeState(Wire, frozen=True, kw_only=True):
     """The node's schedulability, published at once whenever it changes."""
 

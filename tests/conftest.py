@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import NatsBus
-from actors.embedded import NatsServer
-from actors.streams import provision
+from actors.fleet.streams import provision
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects
 
 _prefixes = itertools.count(1)

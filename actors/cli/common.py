@@ -1,0 +1,86 @@
+"""What both command-line tools share: error handling, signals, the operator's paths."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+
+from actors.runtime.bus import NatsBus
+from actors.runtime.config import DEFAULT_SERVER
+from schemas import signing
+from schemas.errors import FleetError
+
+
+def add_server(parser: argparse.ArgumentParser) -> None:
+    """--server, --prefix and --nkey-file, shared by every fleetctl command that connects."""
+    parser.add_argument(
+        "--server", default=None, help=f"NATS URL(s) (env NATS_URL; default {DEFAULT_SERVER})"
+    )
+    parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
+    parser.add_argument(
+        "--nkey-file",
+        type=Path,
+        default=None,
+        help="authenticate to NATS with this nkey seed (servers configured like auth.conf)",
+    )
+
+
+def server_of(args: argparse.Namespace) -> str:
+    return str(args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER)
+
+
+async def connect(args: argparse.Namespace, name: str, *, retry_forever: bool = False) -> NatsBus:
+    """Connect as the command line asks (server, optional nkey)."""
+    seed = signing.load_key_file(args.nkey_file).seed if args.nkey_file else None
+    return await NatsBus.connect(
+        server_of(args), name, nkey_seed=seed, connect_timeout=3.0, retry_forever=retry_forever
+    )
+
+
+def default_operator_key() -> Path:
+    return config_home() / "fleetctl" / "operator.nk"
+
+
+def config_home() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base)
+
+
+def fail(message: str, code: int = 1) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return code
+
+
+def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run an async command; known errors become one line on stderr and exit 1."""
+    try:
+        return asyncio.run(entry())
+    except FleetError as exc:
+        return fail(str(exc))
+    except nats.errors.Error as exc:
+        return fail(f"NATS: {exc}")
+    except KeyboardInterrupt:
+        return 130
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (the second one exits at once)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            os._exit(130)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return stop

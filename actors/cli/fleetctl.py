@@ -1,0 +1,267 @@
+"""``fleetctl``: the operator's command line (up, aggregator, keys, approve, nodes, watch)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from actors.cli import send as fleet_commands
+from actors.cli import views as fleet_view
+from actors.cli.common import (
+    add_server,
+    connect,
+    default_operator_key,
+    fail,
+    run_main,
+    stop_event,
+)
+from actors.cli.simulate import SimOptions, simulate
+from actors.cli.up import UpOptions, default_store, run_up
+from actors.fleet import registry as fleet_ops
+from actors.fleet.aggregator import Aggregator, AggregatorConfig
+from actors.fleet.fleet_api import FleetHttp
+from actors.fleet.metrics import AggregatorMetrics
+from actors.runtime import logs
+from actors.runtime.supervisor import Actor, Supervisor
+from schemas import signing
+from schemas.subjects import Subjects, check_token
+
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    options = UpOptions(
+        nodes=args.nodes,
+        port=args.port,
+        store=args.store or default_store(),
+        heartbeat_interval=args.heartbeat_interval,
+        stale_after=args.stale_after,
+        gpus_per_node=args.gpus_per_node,
+    )
+    return await run_up(options)
+
+
+async def cmd_aggregator(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    bus = await connect(args, "fleetctl-aggregator", retry_forever=True)
+    config = AggregatorConfig(
+        prefix=args.prefix, offline_after=args.offline_after, replicas=args.replicas
+    )
+    metrics = AggregatorMetrics()
+    actors: list[Actor] = [Aggregator(config, bus, metrics)]
+    if args.http_port >= 0:
+        actors.append(FleetHttp(bus, args.prefix, metrics, args.http_host, args.http_port))
+    supervisor = Supervisor(actors)
+    supervisor.start()
+    await stop_event().wait()
+    await supervisor.stop()
+    await bus.close()
+    return 0
+
+
+async def cmd_keys_init(args: argparse.Namespace) -> int:
+    path = args.key_file or default_operator_key()
+    pair = signing.create_key_file(path)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(
+        f"operator seed written to {path} (mode 0600); trust it on agents with\n"
+        f"  node-agent start --trust-operator {pair.public_key}\n"
+    )
+    return 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    fleet_ops.check_public_key(args.public_key)
+    check_token("node id", args.node)
+    bus = await connect(args, "fleetctl")
+    try:
+        await fleet_ops.approve(
+            bus, Subjects(args.prefix), args.node, args.public_key, by="fleetctl"
+        )
+    finally:
+        await bus.close()
+    sys.stdout.write(f"approved {args.node}\n")
+    return 0
+
+
+async def cmd_revoke(args: argparse.Namespace) -> int:
+    bus = await connect(args, "fleetctl")
+    try:
+        await fleet_ops.revoke(bus, Subjects(args.prefix), args.node)
+    finally:
+        await bus.close()
+    sys.stdout.write(f"revoked {args.node}\n")
+    return 0
+
+
+async def cmd_nodes(args: argparse.Namespace) -> int:
+    bus = await connect(args, "fleetctl")
+    try:
+        records = await fleet_ops.records(bus, Subjects(args.prefix))
+    finally:
+        await bus.close()
+    records = [
+        r
+        for r in records
+        if (not args.cluster or r.cluster == args.cluster)
+        and (not args.state or r.state == args.state)
+    ]
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(records).decode() + "\n")
+    else:
+        sys.stdout.write(fleet_view.table(records) + "\n" + fleet_view.summary(records) + "\n")
+    return 0
+
+
+async def cmd_node(args: argparse.Namespace) -> int:
+    bus = await connect(args, "fleetctl")
+    try:
+        record = await fleet_ops.record(bus, Subjects(args.prefix), args.node)
+    finally:
+        await bus.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
+    else:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(record), indent=2).decode() + "\n")
+    return 0
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    """Print alerts (and with --events, node events) as they arrive, one JSON line each."""
+    subjects = Subjects(args.prefix)
+    bus = await connect(args, "fleetctl")
+    wanted = [subjects.alerts()] if args.alerts or not args.events else []
+    if args.events:
+        wanted.append(subjects.events(args.node or "*"))
+
+    async def show(msg: Msg) -> None:
+        if args.node and f".{args.node}" not in msg.subject:
+            return
+        sys.stdout.write(f"{msg.subject} {msg.data.decode(errors='replace')}\n")
+        sys.stdout.flush()
+
+    for subject in wanted:
+        await bus.subscribe(subject, show)
+    await bus.flush()
+    await stop_event().wait()
+    await bus.close()
+    return 0
+
+
+async def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or (args.rate is not None and args.rate <= 0) or args.duration <= 0:
+        return fail("simulate: --nodes, --rate and --duration must be positive")
+    check_token("cluster", args.cluster)
+    options = SimOptions(
+        nodes=args.nodes,
+        rate=args.rate or args.nodes / 10.0,
+        duration=args.duration,
+        cluster=args.cluster,
+        gpus=args.gpus,
+        prefix=args.prefix,
+        wait=args.wait,
+    )
+    bus = await connect(args, "fleetctl-simulate")
+    try:
+        return await simulate(bus, options, sys.stdout)
+    finally:
+        await bus.close()
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="fleetctl", description="operate a nats-node-agent fleet")
+    commands = root.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="embedded nats-server + aggregator + N fake-GPU agents")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--port", type=int, default=4222, help="client port (0: any free port)")
+    up.add_argument("--store", type=Path, default=None, help=f"default {default_store()}")
+    up.add_argument("--heartbeat-interval", type=float, default=2.0)
+    up.add_argument("--stale-after", type=float, default=6.0)
+    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.set_defaults(func=cmd_up)
+
+    aggregator = commands.add_parser("aggregator", help="run an aggregator until SIGINT/SIGTERM")
+    add_server(aggregator)
+    aggregator.add_argument("--offline-after", type=float, default=300.0)
+    aggregator.add_argument(
+        "--replicas", type=int, default=1, help="stream replicas (3 in a cluster)"
+    )
+    aggregator.add_argument("--log-level", default="info")
+    aggregator.add_argument("--http-host", default="127.0.0.1")
+    aggregator.add_argument(
+        "--http-port",
+        type=int,
+        default=9092,
+        help="/nodes and /metrics (default 9092; 0 picks a free port; -1 turns it off)",
+    )
+    aggregator.set_defaults(func=cmd_aggregator)
+
+    keys = commands.add_parser("keys", help="operator keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    keys_init = keys_commands.add_parser("init", help="create the operator key")
+    keys_init.add_argument(
+        "--key-file", type=Path, default=None, help=f"default {default_operator_key()}"
+    )
+    keys_init.set_defaults(func=cmd_keys_init)
+
+    approve = commands.add_parser("approve", help="approve a node's public key")
+    approve.add_argument("node")
+    approve.add_argument("public_key")
+    add_server(approve)
+    approve.set_defaults(func=cmd_approve)
+
+    revoke = commands.add_parser("revoke", help="revoke a node's approved key")
+    revoke.add_argument("node")
+    add_server(revoke)
+    revoke.set_defaults(func=cmd_revoke)
+
+    nodes = commands.add_parser("nodes", help="list the fleet")
+    nodes.add_argument("--cluster")
+    nodes.add_argument("--state")
+    nodes.add_argument("--json", action="store_true")
+    add_server(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
+    node = commands.add_parser("node", help="one node's full record")
+    node.add_argument("node")
+    node.add_argument("--json", action="store_true")
+    add_server(node)
+    node.set_defaults(func=cmd_node)
+
+    watch = commands.add_parser("watch", help="follow alerts and events")
+    watch.add_argument("--alerts", action="store_true")
+    watch.add_argument("--events", action="store_true")
+    watch.add_argument("--node")
+    add_server(watch)
+    watch.set_defaults(func=cmd_watch)
+
+    sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
+    sim.add_argument("--nodes", type=int, required=True)
+    sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
+    sim.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    sim.add_argument("--cluster", default="sim")
+    sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
+    sim.add_argument(
+        "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
+    )
+    add_server(sim)
+    sim.set_defaults(func=cmd_simulate)
+    fleet_commands.add_command_parsers(commands)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    func: Command = args.func
+    return run_main(lambda: func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

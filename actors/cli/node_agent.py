@@ -1,0 +1,282 @@
+"""``node-agent``: the node-side command line (init, start, register, status, inject)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from actors.cli.common import fail, run_main, stop_event
+from actors.node.agent import NodeAgent
+from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
+from actors.runtime import logs
+from actors.runtime.bus import Bus, NatsBus
+from actors.runtime.config import DEFAULT_SERVER, build
+from schemas import codec, signing
+from schemas.events import Inject
+from schemas.messages import Registration, RegistrationReply
+from schemas.subjects import EVENT_INJECT, Subjects
+
+log = logging.getLogger(__name__)
+
+INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
+DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
+
+# Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
+LIST_FLAGS = {
+    "engines": "engine",
+    "peers": "peer",
+    "trust_operators": "trust-operator",
+    "required_binaries": "require-binary",
+    "required_modules": "require-module",
+    "xid_thresholds": "xid-threshold",
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per AgentConfig field, so flags, env and TOML can never drift apart."""
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    for field in msgspec.structs.fields(AgentConfig):
+        doc = f"(env NODE_AGENT_{field.name.upper()})"
+        if field.name in LIST_FLAGS:
+            parser.add_argument(
+                f"--{LIST_FLAGS[field.name]}",
+                dest=field.name,
+                action="append",
+                help=f"repeatable {doc}",
+            )
+        elif field.type is bool:
+            parser.add_argument(
+                f"--{field.name.replace('_', '-')}",
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=doc,
+            )
+        else:
+            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, help=doc)
+
+
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    names = {field.name for field in msgspec.structs.fields(AgentConfig)}
+    flags: dict[str, Any] = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
+    commands = root.add_subparsers(dest="command", required=True)
+
+    init = commands.add_parser("init", help="create the node's nkey seed and print its public key")
+    init.add_argument("--key-file", type=Path, help="default: <state dir>/node.nk")
+    init.add_argument("--config", type=Path, help="TOML config file")
+
+    start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
+    add_config_flags(start)
+
+    register = commands.add_parser("register", help="ask the aggregators to admit this node")
+    add_config_flags(register)
+
+    inject = commands.add_parser(
+        "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
+    )
+    inject.add_argument("fault", choices=INJECT_FAULTS)
+    inject.add_argument(
+        "value", nargs="?", type=float, help="C for temp, %% for util, the code for xid"
+    )
+    inject.add_argument("--gpu", type=int, help="GPU index (default: every GPU)")
+    inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
+    inject.add_argument("--node-id", default=default_node_id(), help="default: this host")
+    inject.add_argument("--prefix", default="fleet")
+
+    status = commands.add_parser("status", help="the local agent's /status, readable")
+    status.add_argument("--url", default=DEFAULT_STATUS_URL, help=f"default {DEFAULT_STATUS_URL}")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    return root
+
+
+async def cmd_init(args: argparse.Namespace) -> int:
+    if args.key_file is not None:
+        path = args.key_file
+    else:
+        path = build(AgentConfig, ENV_PREFIX, file=args.config).key_path
+    pair = signing.create_key_file(path)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(
+        f"seed written to {path} (mode 0600); approve the node with:\n"
+        f"  fleetctl approve <node-id> {pair.public_key}\n"
+    )
+    return 0
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    logs.setup(config.log_level)
+    agent = NodeAgent(config)
+    await agent.run_until(stop_event())
+    return 0
+
+
+async def cmd_register(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    key = signing.load_key_file(config.key_path)
+    registration = Registration(
+        node_id=config.node_id,
+        cluster=config.cluster,
+        public_key=key.public_key,
+        ts=time.time(),
+        hostname=socket.gethostname(),
+    )
+    body = codec.encode(registration)
+    bus = await NatsBus.connect(
+        config.server, "node-agent-register", connect_timeout=config.connect_timeout
+    )
+    try:
+        try:
+            msg = await bus.request(
+                Subjects(config.prefix).register(), body, timeout=5.0, headers=key.headers(body)
+            )
+        except TimeoutError:
+            return fail("no aggregator answered on the register subject within 5s")
+        reply = codec.decode(msg.data, RegistrationReply, msg.subject)
+    finally:
+        await bus.close()
+    sys.stdout.write(
+        f"{reply.node_id}: {reply.status}{' - ' + reply.reason if reply.reason else ''}\n"
+    )
+    return 0 if reply.status != "rejected" else 1
+
+
+async def publish_inject(bus: Bus, prefix: str, inject: Inject) -> None:
+    """Publish one fault to the node's inject subject and make sure the server has it."""
+    await bus.publish(Subjects(prefix).event(inject.node_id, EVENT_INJECT), codec.encode(inject))
+    await bus.flush()
+
+
+async def cmd_inject(args: argparse.Namespace) -> int:
+    needs_value = args.fault in ("temp", "util", "xid")
+    if needs_value and args.value is None:
+        return fail(f"inject {args.fault} needs a value")
+    if not needs_value and args.value is not None:
+        return fail(f"inject {args.fault} takes no value")
+    if args.gpu is not None and args.gpu < 0:
+        return fail("--gpu must be a GPU index (0 or more)")
+    inject = Inject(
+        ts=time.time(), node_id=args.node_id, fault=args.fault, gpu=args.gpu, value=args.value
+    )
+    subject = Subjects(args.prefix).event(args.node_id, EVENT_INJECT)  # refuses bad tokens
+    bus = await NatsBus.connect(args.server, "node-agent-inject")
+    try:
+        await publish_inject(bus, args.prefix, inject)
+    finally:
+        await bus.close()
+    value = "" if args.value is None else f" {args.value:g}"
+    target = "every GPU" if args.gpu is None else f"GPU {args.gpu}"
+    sys.stdout.write(f"injected {args.fault}{value} into {args.node_id} ({target}) on {subject}\n")
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    url = f"{args.url.rstrip('/')}/status"
+    try:
+        timeout = aiohttp.ClientTimeout(total=args.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    return fail(f"{url} answered HTTP {response.status}")
+                body = await response.read()
+    except TimeoutError:
+        return fail(f"the agent at {args.url} did not answer within {args.timeout:g}s")
+    except aiohttp.ClientError as exc:
+        return fail(f"cannot reach the agent at {args.url} ({type(exc).__name__}); is it running?")
+    try:
+        status = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return fail(f"{url} did not answer JSON")
+    sys.stdout.write(body.decode() + "\n" if args.json else render_status(status))
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The /status document as a few aligned lines for a terminal."""
+    lines = [
+        f"node      {status.get('node')} (cluster {status.get('cluster')}), "
+        f"agent {status.get('agent_version')}, up {status.get('uptime_s', 0):.0f}s",
+        f"state     {status.get('schedulability')}"
+        + (f" ({status['schedulability_reason']})" if status.get("schedulability_reason") else ""),
+        f"seq       {status.get('seq')}",
+    ]
+    health = status.get("health")
+    if health:
+        lines.append(f"health    {health['status']} {health['score']}/100")
+        for part in health.get("components", []):
+            lines.append(
+                f"  {part['name']:<12} {part['points']:>3}/{part['max_points']:<3} {part['reason']}"
+            )
+        for check in health.get("checks", []):
+            lines.append(f"  check {check['name']:<12} {check['status']:<9} {check['reason']}")
+    else:
+        lines.append("health    (not reported yet)")
+    engine = status.get("engine")
+    if engine and engine.get("engines"):
+        lines.append(f"engines   in flight {_n(engine.get('in_flight'))}")
+        for item in engine["engines"]:
+            state = "UNHEALTHY"
+            if item["healthy"]:
+                running, waiting = _n(item.get("in_flight")), _n(item.get("waiting"))
+                state = f"healthy, running {running} waiting {waiting}"
+            reason = f" - {item['reason']}" if item.get("reason") else ""
+            lines.append(f"  {item['kind']:<9} {item['url']} {state}{reason}")
+    else:
+        lines.append("engines   none")
+    latency = status.get("latency")
+    if latency:
+        lines.append(
+            f"latency   nats {_us(latency.get('gateway_rtt_us'))}, "
+            f"peers avg {_us(latency.get('avg_peer_rtt_us'))}, loss {latency.get('loss_pct')}%"
+        )
+        for peer in latency.get("peers", []):
+            lines.append(
+                f"  {peer['target_node_id']:<16} {_us(peer.get('rtt_us')):>9}"
+                f"  loss {peer['loss_pct']}%"
+            )
+    else:
+        lines.append("latency   (not measured yet)")
+    lines.append("actors")
+    for name, actor in status.get("actors", {}).items():
+        error = f"  last error: {actor['last_error']}" if actor.get("last_error") else ""
+        lines.append(f"  {name:<12} {actor['phase']:<9} restarts {actor['restarts']}{error}")
+    return "\n".join(lines) + "\n"
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _us(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1000:.2f}ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    handlers = {
+        "init": cmd_init,
+        "start": cmd_start,
+        "register": cmd_register,
+        "inject": cmd_inject,
+        "status": cmd_status,
+    }
+    return run_main(lambda: handlers[args.command](args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""``fleetctl cordon | drain | uncordon | deregister``: signed commands to one node.
+
+A command is signed with the operator key and published to the FLEET_CMD work queue with
+``Nats-Msg-Id`` = its id (the server drops an accidental double publish), so a node that is
+down gets it when it comes back. ``--wait`` follows the node's signed results: it subscribes
+before publishing (no result can slip past), keeps only results for this command id that
+verify against the node's approved key, and exits 0 on done, 1 on failed or rejected, 2
+when no final result comes in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from actors.cli.common import add_server, connect, default_operator_key, fail
+from actors.fleet import registry as fleet_ops
+from actors.runtime.bus import Bus, publish_signed, unsubscribe_quietly
+from schemas import codec, signing
+from schemas import subjects as names
+from schemas.errors import DecodeError, FleetError, SignatureError
+from schemas.messages import (
+    Action,
+    Command,
+    CommandResult,
+    Cordon,
+    Deregister,
+    Drain,
+    TrustEntry,
+    Uncordon,
+)
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+FINAL = ("done", "failed", "rejected")
+
+
+def new_command(
+    node: str, cluster: str, action: Action, reason: str = "", expires: float = 3600.0
+) -> Command:
+    now = time.time()
+    return Command(
+        id=uuid.uuid4().hex,
+        node_id=node,
+        cluster=cluster,
+        action=action,
+        issued_at=now,
+        expires_at=now + expires,
+        reason=reason,
+    )
+
+
+async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: Command) -> None:
+    """Sign and publish ``command`` on its node's subject of FLEET_CMD."""
+    try:
+        await publish_signed(
+            bus, subjects.command(command.cluster, command.node_id), command, key, command.id
+        )
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise FleetError(f"command not stored by JetStream: {exc or type(exc).__name__}") from None
+
+
+async def approved_key(bus: Bus, subjects: Subjects, node: str) -> str:
+    """The node's approved public key: only results signed by it are believed."""
+    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    try:
+        entry = await trust.get(node)
+    except nats.js.errors.KeyNotFoundError:
+        entry = None
+    if entry is None or not entry.value:
+        raise FleetError(f"node {node} has no approved key; cannot verify its results")
+    trusted = codec.decode(entry.value, TrustEntry, f"trust record {node}")
+    if trusted.revoked:
+        raise FleetError(f"node {node}'s key is revoked")
+    return trusted.public_key
+
+
+class ResultFollower:
+    """Verified results of one command, in arrival order."""
+
+    def __init__(self, bus: Bus, subjects: Subjects, cluster: str, node: str, node_key: str):
+        self.bus = bus
+        self.subject = subjects.result(cluster, node)
+        self.node = node
+        self.node_key = node_key
+        self.command_id = ""
+        self.results: asyncio.Queue[CommandResult] = asyncio.Queue(maxsize=1024)
+
+    async def __aenter__(self) -> ResultFollower:
+        self.subscription = await self.bus.subscribe(self.subject, self._on_result)
+        await self.bus.flush()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await unsubscribe_quietly(self.subscription)
+
+    async def _on_result(self, msg: Msg) -> None:
+        try:
+            if signing.verify(msg.headers, msg.data) != self.node_key:
+                return
+            result = codec.decode(msg.data, CommandResult, msg.subject)
+        except (SignatureError, DecodeError):
+            return
+        if result.command_id == self.command_id and result.node_id == self.node:
+            if not self.results.full():
+                self.results.put_nowait(result)
+
+    async def until_final(self, timeout: float, show: bool = True) -> CommandResult | None:
+        """Print each result as a progress line; the final one, or None at the timeout."""
+        deadline = time.monotonic() + timeout
+        interactive = show and sys.stdout.isatty()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                result = await asyncio.wait_for(self.results.get(), left)
+            except TimeoutError:
+                return None
+            if show:
+                line = describe(result)
+                if interactive and result.status not in FINAL:
+                    sys.stdout.write("\r\x1b[K" + line)
+                else:
+                    sys.stdout.write(("\r\x1b[K" if interactive else "") + line + "\n")
+                sys.stdout.flush()
+            if result.status in FINAL:
+                return result
+
+
+def describe(result: CommandResult) -> str:
+    facts: list[str] = [result.schedulability or ""]
+    if result.in_flight is not None:
+        facts.append(f"{result.in_flight} in flight")
+    tail = ", ".join(fact for fact in facts if fact)
+    detail = f": {result.detail}" if result.detail else ""
+    return f"{result.status}{detail}" + (f" [{tail}]" if tail else "")
+
+
+def action_of(args: argparse.Namespace) -> Action:
+    if args.command == "cordon":
+        return Cordon(ttl=args.ttl)
+    if args.command == "drain":
+        return Drain(deadline=args.deadline)
+    if args.command == "deregister":
+        return Deregister(deadline=args.deadline)
+    return Uncordon()
+
+
+async def cmd_send(args: argparse.Namespace) -> int:
+    key = signing.load_key_file(args.key_file or default_operator_key())
+    subjects = Subjects(args.prefix)
+    bus = await connect(args, "fleetctl")
+    try:
+        cluster = args.cluster or (await fleet_ops.record(bus, subjects, args.node)).cluster
+        command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
+        if not args.wait:
+            await publish_command(bus, subjects, key, command)
+            sys.stdout.write(f"{command.id}\n")
+            return 0
+        node_key = await approved_key(bus, subjects, args.node)
+        async with ResultFollower(bus, subjects, cluster, args.node, node_key) as follower:
+            follower.command_id = command.id
+            await publish_command(bus, subjects, key, command)
+            sys.stdout.write(f"{command.id}\n")
+            sys.stdout.flush()
+            timeout = args.timeout or getattr(args, "deadline", 0.0) + 60.0
+            final = await follower.until_final(timeout)
+    finally:
+        await bus.close()
+    if final is None:
+        return fail(f"no final result from {args.node} within {timeout:g}s", 2)
+    return 0 if final.status == "done" else 1
+
+
+def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add cordon, drain, uncordon and deregister to fleetctl's subcommands."""
+    helps = {
+        "cordon": "stop scheduling work on a node",
+        "drain": "cordon, then wait for in-flight work to finish",
+        "uncordon": "make a node schedulable again",
+        "deregister": "drain a node and remove it from the fleet; its agent exits",
+    }
+    for name, text in helps.items():
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("node")
+        sub.add_argument("--reason", default="", help="recorded with the node's state")
+        if name == "cordon":
+            sub.add_argument("--ttl", type=float, default=None, help="uncordon after S seconds")
+        if name in ("drain", "deregister"):
+            sub.add_argument(
+                "--deadline", type=float, default=300.0, help="seconds to wait (default 300)"
+            )
+        sub.add_argument("--wait", action="store_true", help="follow the node's results")
+        sub.add_argument(
+            "--timeout", type=float, default=None, help="--wait limit (default deadline + 60 s)"
+        )
+        sub.add_argument("--cluster", help="the node's cluster (default: from fleet_nodes)")
+        sub.add_argument(
+            "--expires", type=float, default=3600.0, help="seconds the command stays valid"
+        )
+        sub.add_argument(
+            "--key-file", type=Path, default=None, help=f"default {default_operator_key()}"
+        )
+        add_server(sub)
+        sub.set_defaults(func=cmd_send)

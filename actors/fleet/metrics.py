@@ -1,0 +1,25 @@
+"""The aggregator's Prometheus metrics, in a registry of its own so an aggregator can share a
+process with agents (``fleetctl up``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class AggregatorMetrics:
+    """Counters the aggregator keeps and the fleet HTTP actor serves."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.accepted = Counter(
+            "fleet_heartbeats_accepted", "Heartbeats accepted", registry=self.registry
+        )
+        self.refused = Counter(
+            "fleet_heartbeats_refused",
+            "Heartbeats refused, by alert kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
+        )

@@ -1,0 +1,148 @@
+"""Pure rules of the aggregator: a node's record state and what a heartbeat does to it.
+
+Kept apart from the actor so every rule is testable without a server.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.base import RecordState
+from schemas.events import notice_key
+from schemas.messages import AlertKind, Heartbeat, NodeRecord
+
+AlertSpec = tuple[AlertKind, str, dict[str, str]]
+"""An alert to raise: kind, message, details (``event`` in details names its id)."""
+
+ANOMALY_FACTOR = 2.5
+"""A heartbeat later than this many intervals after the previous one is an anomaly."""
+
+
+def derive_state(record: NodeRecord) -> RecordState:
+    """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
+    pending, each from its own fact in the record."""
+    if record.deregistered:
+        return "deregistered"
+    if record.offline_since is not None:
+        return "offline"
+    if record.stale_since is not None:
+        return "stale"
+    if record.schedulability in ("drained", "draining", "cordoned"):
+        return record.schedulability
+    if record.health_status in ("degraded", "unhealthy"):
+        return "degraded"
+    if record.last_seq > 0:
+        return "active"
+    return "pending"
+
+
+def with_state(record: NodeRecord, **changes: object) -> NodeRecord:
+    """``record`` with ``changes`` applied and ``state`` derived again."""
+    updated = msgspec.structs.replace(record, **changes)
+    return msgspec.structs.replace(updated, state=derive_state(updated))
+
+
+def pending_record(node_id: str, cluster: str, public_key: str = "") -> NodeRecord:
+    return NodeRecord(
+        node_id=node_id,
+        cluster=cluster,
+        state="pending",
+        last_seq=0,
+        last_seen=0.0,
+        public_key=public_key,
+    )
+
+
+def accept(
+    record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float, stream_seq: int = 0
+) -> NodeRecord:
+    """The record after a valid heartbeat: facts refreshed, stale/offline cleared."""
+    health = heartbeat.health
+    return with_state(
+        record,
+        cluster=heartbeat.cluster,
+        last_seq=heartbeat.seq,
+        last_seen=now,
+        boot_id=heartbeat.boot_id,
+        public_key=public_key,
+        schedulability=heartbeat.schedulability,
+        health_status=health.status if health else None,
+        health_score=health.score if health else None,
+        gpus_total=len(heartbeat.sample.gpus) if heartbeat.sample else 0,
+        stale_since=None,
+        offline_since=None,
+        deregistered=heartbeat.deregistering,
+        agent_version=heartbeat.agent_version,
+        heartbeat=heartbeat,
+        last_stream_seq=stream_seq,
+    )
+
+
+def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSpec]:
+    """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
+    when the node says it is leaving; each with a deterministic ``event`` for its id."""
+    alerts: list[AlertSpec] = []
+    notice = heartbeat.spot.notice if heartbeat.spot else None
+    spot_before = previous.heartbeat.spot if previous.heartbeat else None
+    before = spot_before.notice if spot_before else None
+    if notice is not None and (before is None or notice_key(before) != notice_key(notice)):
+        key = notice_key(notice)
+        details = {"event": key, "provider": notice.provider, "notice": notice.kind}
+        if notice.deadline is not None:
+            details["deadline"] = f"{notice.deadline:.0f}"
+        alerts.append(("interruption", f"{notice.provider} {notice.kind} notice", details))
+    if heartbeat.deregistering and not previous.deregistered:
+        alerts.append(
+            (
+                "deregistered",
+                f"node deregistered ({heartbeat.schedulability_reason or 'no reason given'})",
+                {"event": heartbeat.boot_id},
+            )
+        )
+    return alerts
+
+
+def heartbeat_alerts(
+    previous: NodeRecord,
+    updated: NodeRecord,
+    heartbeat: Heartbeat,
+    gaps_are_news: bool = True,
+) -> list[AlertSpec]:
+    """What accepting ``heartbeat`` tells operators: recovered, sequence_gap, anomaly,
+    health changes, interruption and deregistered. ``gaps_are_news`` is False while the
+    aggregator is behind the stream, where skipped heartbeats are its own doing."""
+    alerts: list[AlertSpec] = []
+    if previous.state in ("stale", "offline"):
+        alerts.append(("recovered", f"heartbeats resumed after {previous.state}", {}))
+    same_boot = previous.boot_id == heartbeat.boot_id
+    if gaps_are_news and same_boot and heartbeat.seq > previous.last_seq + 1:
+        missed = heartbeat.seq - previous.last_seq - 1
+        alerts.append(
+            (
+                "sequence_gap",
+                f"{missed} heartbeat(s) missing",
+                {"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+            )
+        )
+    # Spacing between two consecutive beats as the node sent them: the aggregator's own
+    # lag cannot make a node look irregular.
+    last = previous.heartbeat
+    consecutive = last is not None and same_boot and heartbeat.seq == last.seq + 1
+    spacing = heartbeat.ts - last.ts if last is not None else 0.0
+    if consecutive and spacing > ANOMALY_FACTOR * heartbeat.interval:
+        alerts.append(
+            (
+                "anomaly",
+                f"{spacing:.1f}s between consecutive heartbeats (interval {heartbeat.interval:g}s)",
+                {},
+            )
+        )
+    if previous.health_status is not None and updated.health_status != previous.health_status:
+        alerts.append(
+            (
+                "health",
+                f"health {previous.health_status} -> {updated.health_status}",
+                {"score": str(updated.health_score)},
+            )
+        )
+    return alerts + lifecycle_alerts(previous, heartbeat)

@@ -1,0 +1,101 @@
+"""One node agent: connect, build the node's actors, supervise them, shut down in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from actors.node.commands.actor import CommandExecutor
+from actors.node.config import AgentConfig
+from actors.node.engine import EngineActor
+from actors.node.health.actor import HealthActor
+from actors.node.heartbeat.actor import HeartbeatActor
+from actors.node.heartbeat.sequence import SequenceStore
+from actors.node.http_api import HttpActor
+from actors.node.inventory.actor import Inventory
+from actors.node.latency import LatencyActor
+from actors.node.metrics import AgentMetrics
+from actors.node.spot import SpotWatcher
+from actors.runtime.bus import NatsBus
+from actors.runtime.supervisor import Actor, ActorStatus, Supervisor
+from schemas.signing import load_key_file
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    """The node's actors around one NATS connection."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.key = load_key_file(config.key_path)
+        self.sequence = SequenceStore(Path(config.state_dir))
+        self.metrics = AgentMetrics()
+        self.bus: NatsBus | None = None
+        self.supervisor: Supervisor | None = None
+        self.commands: CommandExecutor | None = None
+
+    def build_actors(self, bus: NatsBus) -> list[Actor]:
+        self.commands = CommandExecutor(self.config, bus, self.key)
+        return [
+            Inventory(self.config, bus),
+            HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
+            HealthActor(self.config, bus),
+            EngineActor(self.config, bus),
+            LatencyActor(self.config, bus),
+            HttpActor(self.config, bus, self.metrics, self.actor_status),
+            self.commands,
+            SpotWatcher(self.config, bus),
+        ]
+
+    def actor_status(self) -> dict[str, ActorStatus]:
+        """The supervisor's view of every actor (runtime state, handed to the http actor)."""
+        return self.supervisor.status if self.supervisor is not None else {}
+
+    async def start(self) -> None:
+        self.bus = await NatsBus.connect(
+            self.config.server,
+            name=f"node-agent:{self.config.node_id}",
+            nkey_seed=self.key.seed if self.config.nkey_auth else None,
+            connect_timeout=self.config.connect_timeout,
+            retry_forever=True,
+            # Replies to this node arrive under its own prefix, so a server can let each
+            # node read only its own replies (deploy/nats/auth.conf).
+            inbox_prefix=f"_INBOX.{self.config.node_id}",
+        )
+        self.supervisor = Supervisor(self.build_actors(self.bus))
+        self.supervisor.start()
+        log.info(
+            "node agent started",
+            extra={
+                "node": self.config.node_id,
+                "cluster": self.config.cluster,
+                "public_key": self.key.public_key,
+            },
+        )
+
+    async def stop(self) -> None:
+        """Stop taking commands and finish (or deregister) within the shutdown timeout,
+        then stop actors, then drain the connection, each bounded by that timeout."""
+        timeout = self.config.shutdown_timeout
+        if self.commands is not None:
+            await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
+        if self.supervisor is not None:
+            await self.supervisor.stop(timeout)
+        if self.bus is not None:
+            await self.bus.close(timeout)
+        log.info("node agent stopped", extra={"node": self.config.node_id})
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        await self.start()
+        assert self.supervisor is not None
+        finished = asyncio.create_task(self.supervisor.finished.wait())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({finished, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            stopping.cancel()
+            await asyncio.gather(finished, stopping, return_exceptions=True)
+            await self.stop()

@@ -1,0 +1,328 @@
+"""What an accepted command does to the node, one action at a time, and how it is reported.
+
+Cordon (optionally lifted by a TTL), uncordon, drain (until in-flight work is done or the
+deadline passes, reporting progress) and deregister (a drain, then a heartbeat that says
+the node is leaving). The newest action wins: starting one cancels the one in progress,
+which is answered ``failed``. Every step is a node-signed CommandResult on FLEET_EVENTS and
+every change of schedulability a NodeState event; the command store keeps what a restart
+must not lose, so :meth:`ActionRunner.resume` picks up an interrupted drain or cordon TTL.
+Where commands come from, and when to act on a spot notice, is the command executor's
+business (:mod:`actors.node.commands.actor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import nats.errors
+
+from actors.node.commands.hooks import run_hook
+from actors.node.commands.store import CommandStore
+from actors.node.config import AgentConfig
+from actors.runtime.bus import Bus, publish_signed
+from actors.runtime.schedule import wait_or_timeout
+from schemas import codec, events
+from schemas import subjects as names
+from schemas.base import Schedulability
+from schemas.messages import (
+    Action,
+    CommandResult,
+    CommandStatus,
+    Cordon,
+    Deregister,
+    Drain,
+    Uncordon,
+)
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 2.0
+"""A drain reports progress at least this often, and whenever in-flight work changes."""
+
+Work = Coroutine[Any, Any, None]
+
+
+class ActionRunner:
+    """The node's schedulability: the action in progress, its TTL timer, its reports."""
+
+    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair, store: CommandStore) -> None:
+        self.config = config
+        self.bus = bus
+        self.key = key
+        self.store = store
+        self.subjects = Subjects(config.prefix)
+        self.result_subject = self.subjects.result(config.cluster, config.node_id)
+        self.lock = asyncio.Lock()
+        """Held from deciding on an action until it has started, so decisions never interleave."""
+        self.finished = asyncio.Event()
+        """Set once the node has deregistered: the agent's work is over."""
+        self.in_flight = 0
+        self._engine_changed = asyncio.Event()
+        self._deregistered_beat = asyncio.Event()
+        self._work: asyncio.Task[None] | None = None
+        self._work_id = ""
+        self._ttl: asyncio.Task[None] | None = None
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def observe_in_flight(self, in_flight: int) -> None:
+        """The engines' in-flight request count changed (a drain waits for it to reach 0)."""
+        self.in_flight = in_flight
+        self._engine_changed.set()
+
+    def observe_deregistering_beat(self) -> None:
+        """A heartbeat carrying ``deregistering`` went out: the aggregators are told."""
+        self._deregistered_beat.set()
+
+    async def start(
+        self, command_id: str, reason: str, action: Action, deadline: float | None = None
+    ) -> None:
+        """Begin an accepted action; called with the lock held. ``deadline`` (absolute)
+        overrides the drain deadline the action carries."""
+        current = self.store.state.schedulability
+        if self.store.deregister and not isinstance(action, Deregister):
+            await self.result(command_id, "failed", "node is deregistering")
+        elif isinstance(action, Cordon):
+            if current in ("draining", "drained"):
+                await self.result(command_id, "done", f"already {current}")
+                return
+            await self._supersede(command_id)
+            self._begin(command_id, self._cordon(command_id, reason, action.ttl))
+        elif isinstance(action, Uncordon):
+            await self._supersede(command_id)
+            self._begin(command_id, self._uncordon(command_id, reason))
+        elif isinstance(action, Drain | Deregister):
+            await self._supersede(command_id)
+            if deadline is None:
+                deadline = time.time() + action.deadline
+            deregister = isinstance(action, Deregister)
+            self._begin(command_id, self._drain(command_id, reason, deadline, deregister))
+
+    async def deregister_at_shutdown(self, within: float) -> None:
+        """The agent is stopping and must deregister first, draining for at most ``within``
+        seconds; called with the lock held."""
+        await self._supersede("shutdown")
+        await self.result("shutdown", "accepted", "agent shutting down: deregister")
+        self._begin(
+            "shutdown", self._drain("shutdown", "agent shutdown", time.time() + within, True)
+        )
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Let the action in progress finish, for at most ``timeout`` seconds."""
+        if self._work is not None and not self._work.done():
+            _, pending = await asyncio.wait({self._work}, timeout=timeout)
+            if pending:
+                log.warning("command work unfinished at shutdown", extra={"id": self._work_id})
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The action in progress and the TTL timer, for the actor to cancel on its way out."""
+        return [task for task in (self._ttl, self._work) if task is not None]
+
+    async def resume(self) -> None:
+        """Pick up what a restart interrupted: a drain, or a cordon's TTL."""
+        state = self.store.state
+        if state.schedulability == "draining" and self.store.drain_deadline is not None:
+            log.info("resuming drain after restart", extra={"id": state.command_id})
+            self._begin(
+                state.command_id,
+                self._drain(
+                    state.command_id,
+                    state.reason,
+                    self.store.drain_deadline,
+                    self.store.deregister,
+                    resumed=True,
+                ),
+            )
+        elif state.schedulability == "cordoned" and state.until is not None:
+            self._arm_ttl(state.until, state.command_id)
+
+    async def _supersede(self, command_id: str) -> None:
+        """Cancel the work in progress and its TTL timer: the newest command wins."""
+        if self._ttl is not None:
+            self._ttl.cancel()
+            self._ttl = None
+        work, old_id = self._work, self._work_id
+        if work is not None and not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            await self.result(old_id, "failed", f"superseded by {command_id}")
+
+    def _begin(self, command_id: str, work: Work) -> None:
+        self._work_id = command_id
+        self._work = asyncio.create_task(self._perform(command_id, work), name="command-work")
+
+    async def _perform(self, command_id: str, work: Work) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("command failed", exc_info=True, extra={"id": command_id})
+            await self.result(command_id, "failed", str(exc) or type(exc).__name__)
+
+    # Actions ---------------------------------------------------------------------------
+
+    async def _cordon(self, command_id: str, reason: str, ttl: float | None) -> None:
+        until = time.time() + ttl if ttl else None
+        notes = await self._hook("cordon", command_id, reason, until)
+        await self._set_state("cordoned", command_id, reason, until=until)
+        if until is not None:
+            self._arm_ttl(until, command_id)
+        lifted = f"; uncordons at {time.strftime('%H:%M:%S', time.localtime(until))}"
+        await self.result(command_id, "done", "cordoned" + (lifted if until else "") + notes)
+
+    async def _uncordon(self, command_id: str, reason: str) -> None:
+        self.store.drain_deadline = None
+        notes = await self._hook("uncordon", command_id, reason, None)
+        await self._set_state("schedulable", command_id, reason)
+        await self.result(command_id, "done", "schedulable" + notes)
+
+    async def _drain(
+        self, command_id: str, reason: str, deadline: float, deregister: bool, resumed: bool = False
+    ) -> None:
+        notes = "" if resumed else await self._hook("drain", command_id, reason, deadline)
+        self.store.drain_deadline = deadline
+        self.store.deregister = deregister
+        if self.store.state.schedulability != "drained" or resumed:
+            await self._set_state("draining", command_id, reason)
+        reported_count, reported_at = -1, 0.0
+        while self.in_flight > 0 and time.time() < deadline:
+            now = time.time()
+            if reported_count != self.in_flight or now - reported_at >= PROGRESS_EVERY:
+                reported_count, reported_at = self.in_flight, now
+                left = deadline - now
+                await self.result(
+                    command_id,
+                    "in_progress",
+                    f"draining: {self.in_flight} in flight, {left:.0f}s to deadline",
+                    self.in_flight,
+                )
+            self._engine_changed.clear()
+            await wait_or_timeout(self._engine_changed, min(deadline - now, PROGRESS_EVERY))
+        left_over = self.in_flight
+        notes += await self._hook("drained", command_id, reason, deadline)
+        self.store.drain_deadline = None
+        await self._set_state("drained", command_id, reason)
+        summary = "drained" if left_over == 0 else f"deadline passed with {left_over} in flight"
+        if not deregister:
+            await self.result(command_id, "done", summary + notes, left_over)
+            return
+        await self.result(command_id, "in_progress", summary + "; deregistering", left_over)
+        await self._deregister(command_id, reason)
+
+    async def _deregister(self, command_id: str, reason: str) -> None:
+        """Tell the aggregators through a heartbeat that says so, then end the agent."""
+        self._deregistered_beat.clear()
+        state = events.NodeState(
+            ts=time.time(),
+            schedulability="drained",
+            reason=reason,
+            command_id=command_id,
+            deregistering=True,
+        )
+        await self.publish_state(state)
+        wait = 2 * self.config.heartbeat_interval + 5.0
+        if await wait_or_timeout(self._deregistered_beat, wait):
+            detail = "deregistered"
+        else:
+            detail = f"deregistered, but no heartbeat carried it within {wait:g}s"
+            log.warning("deregistration not seen in a heartbeat")
+        # A restart after this starts drained (safe) and not deregistering.
+        self.store.deregister = False
+        self.store.save()
+        await self.result(command_id, "done", detail)
+        log.info("deregistered; the agent stops", extra={"id": command_id})
+        self.finished.set()
+
+    async def _hook(self, action: str, command_id: str, reason: str, deadline: float | None) -> str:
+        """Run the action's hook; report it as progress; a failure is noted, not fatal
+        (a load balancer that cannot be told must not keep a node from draining)."""
+        outcome = await run_hook(
+            f"on_{action}",
+            getattr(self.config, f"on_{action}"),
+            {
+                "FLEET_NODE_ID": self.config.node_id,
+                "FLEET_CLUSTER": self.config.cluster,
+                "FLEET_ACTION": action,
+                "FLEET_REASON": reason,
+                "FLEET_COMMAND_ID": command_id,
+                "FLEET_DEADLINE": "" if deadline is None else f"{deadline:.3f}",
+            },
+            self.config.hooks_timeout,
+        )
+        if outcome is None:
+            return ""
+        await self.result(command_id, "in_progress", outcome.detail)
+        return "" if outcome.ok else f"; {outcome.detail}"
+
+    def _arm_ttl(self, until: float, command_id: str) -> None:
+        self._ttl = asyncio.create_task(self._ttl_expiry(until, command_id), name="cordon-ttl")
+
+    async def _ttl_expiry(self, until: float, command_id: str) -> None:
+        await asyncio.sleep(max(0.0, until - time.time()))
+        async with self.lock:
+            self._ttl = None
+            expiry_id = f"{command_id}:ttl"
+            await self.result(expiry_id, "accepted", f"cordon TTL of {command_id} expired")
+            await self.start(expiry_id, "cordon TTL expired", Uncordon())
+
+    # Reporting -------------------------------------------------------------------------
+
+    async def _set_state(
+        self,
+        schedulability: Schedulability,
+        command_id: str,
+        reason: str,
+        until: float | None = None,
+    ) -> None:
+        self.store.state = events.NodeState(
+            ts=time.time(),
+            schedulability=schedulability,
+            reason=reason,
+            command_id=command_id,
+            until=until,
+        )
+        self.store.save()
+        await self.publish_state()
+        log.info("schedulability changed", extra={"state": schedulability, "id": command_id})
+
+    async def publish_state(self, state: events.NodeState | None = None) -> None:
+        """Publish ``state`` (default: the stored one) as the node's ``state`` event."""
+        body = codec.encode(state or self.store.state)
+        try:
+            subject = self.subjects.event(self.config.node_id, names.EVENT_STATE)
+            await self.bus.publish(subject, body)
+        except nats.errors.Error as exc:
+            log.warning("state not published", extra={"reason": str(exc)})
+
+    async def result(
+        self, command_id: str, status: CommandStatus, detail: str = "", in_flight: int | None = None
+    ) -> None:
+        """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised."""
+        n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
+        if status in ("rejected", "done", "failed"):
+            for other in ("accepted", "in_progress", status):
+                self._counts.pop((command_id, other), None)
+        result = CommandResult(
+            command_id=command_id,
+            node_id=self.config.node_id,
+            cluster=self.config.cluster,
+            status=status,
+            ts=time.time(),
+            detail=detail,
+            schedulability=self.store.state.schedulability,
+            in_flight=in_flight,
+        )
+        try:
+            await publish_signed(
+                self.bus, self.result_subject, result, self.key, f"{command_id}:{status}:{n}"
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning(
+                "command result not published", extra={"id": command_id, "reason": str(exc)}
+            )

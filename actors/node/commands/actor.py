@@ -1,0 +1,200 @@
+"""Command executor actor: runs operators' signed commands (cordon, drain, uncordon,
+deregister) and the node's own reaction to spot interruption notices.
+
+Commands come from a durable pull consumer on FLEET_CMD filtered to this node's subject,
+so a command sent while the agent was down runs when it comes back. A command runs only
+if it is signed by a trusted operator key, addressed to this node, unexpired and never seen
+before (seen ids persist in the state dir); anything else is answered ``rejected`` and
+changes nothing. Every answer is a node-signed CommandResult on FLEET_EVENTS. The node's
+schedulability persists too, so a restart keeps a cordon, its TTL and a drain's deadline.
+This module decides what to run; :mod:`actors.node.commands.actions` runs it and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from actors.node.commands.actions import ActionRunner
+from actors.node.commands.checks import Rejection, check_command
+from actors.node.commands.store import CommandStore
+from actors.node.config import AgentConfig
+from actors.runtime.bus import Bus, consume_forever, unsubscribe_quietly
+from schemas import codec, events
+from schemas import subjects as names
+from schemas.errors import DecodeError
+from schemas.events import notice_key
+from schemas.messages import Cordon, Deregister, Heartbeat
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT = 5.0
+REBALANCE_TTL = 600.0
+"""A rebalance or maintenance notice cordons the node for this long."""
+TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
+
+
+class CommandExecutor:
+    name = "commands"
+
+    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = Subjects(config.prefix)
+        self.command_subject = self.subjects.command(config.cluster, config.node_id)
+        self.store = CommandStore(Path(config.state_dir))
+        self.actions = ActionRunner(config, bus, key, self.store)
+        self._fetcher: asyncio.Task[None] | None = None
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        # Subscribed first, before any await on the network: the agent starts this actor
+        # before the spot watcher, so on one connection our SUB precedes its first notice.
+        subscriptions: list[Any] = [
+            await self.bus.subscribe(self.subjects.events(self.config.node_id), self._on_event)
+        ]
+        republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
+        try:
+            subscriptions.append(
+                await self.bus.subscribe(
+                    self.subjects.heartbeat(self.config.cluster, self.config.node_id),
+                    self._on_beat,
+                )
+            )
+            consumer = await self.bus.js.pull_subscribe(
+                self.command_subject,
+                durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
+                stream=self.subjects.stream_name(names.STREAM_COMMANDS),
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
+                ),
+            )
+            subscriptions.append(consumer)
+            await self.bus.flush()
+            await self.actions.publish_state()
+            await self.actions.resume()
+            self._fetcher = asyncio.create_task(
+                consume_forever(
+                    consumer, self._handle_each, batch=1, wait=FETCH_WAIT, what="command"
+                ),
+                name="commands",
+            )
+            ready()
+            await self._until_finished(self._fetcher)
+        finally:
+            tasks = [
+                task
+                for task in (republisher, self._fetcher, *self.actions.tasks())
+                if task is not None
+            ]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for subscription in subscriptions:
+                await unsubscribe_quietly(subscription)
+
+    async def _until_finished(self, fetcher: asyncio.Task[None]) -> None:
+        """Wait until the node has deregistered. A fetcher that fails (the connection
+        closed, the state file unwritable) raises here, so the supervisor restarts the
+        actor rather than it silently taking no more commands; one that ``shutdown``
+        cancelled does not end the wait."""
+        finished = asyncio.create_task(self.actions.finished.wait(), name="commands-finished")
+        try:
+            await asyncio.wait({finished, fetcher}, return_when=asyncio.FIRST_COMPLETED)
+            if fetcher.done() and not fetcher.cancelled():
+                fetcher.result()
+            await finished
+        finally:
+            finished.cancel()
+
+    async def shutdown(self, timeout: float, deregister: bool) -> None:
+        """Stop taking commands, finish the work in progress (deregistering first when
+        asked), all within ``timeout``."""
+        if self._fetcher is not None:
+            self._fetcher.cancel()
+        if deregister and not self.actions.finished.is_set() and not self.store.deregister:
+            async with self.actions.lock:
+                await self.actions.deregister_at_shutdown(timeout / 2)
+        await self.actions.wait_for_work(timeout)
+
+    # Commands --------------------------------------------------------------------------
+
+    async def _handle_each(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            await self._handle(msg)
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            command = check_command(msg, self.subjects, self.config, self.store.seen)
+        except Rejection as refusal:
+            log.warning(
+                "command refused", extra={"id": refusal.command_id, "reason": refusal.reason}
+            )
+            await self.actions.result(refusal.command_id, "rejected", refusal.reason)
+            await msg.ack()
+            return
+        async with self.actions.lock:
+            self.store.remember(command.id)
+            self.store.save()
+            await self.actions.result(command.id, "accepted", command.reason)
+            await msg.ack()
+            log.info("command accepted", extra={"id": command.id, "action": command.action})
+            await self.actions.start(command.id, command.reason, command.action)
+
+    # Events ----------------------------------------------------------------------------
+
+    async def _on_event(self, msg: Msg) -> None:
+        kind = names.event_kind(msg.subject)
+        try:
+            if kind == names.EVENT_ENGINE:
+                engine = codec.decode(msg.data, events.Engine, msg.subject)
+                self.actions.observe_in_flight(engine.in_flight or 0)
+            elif kind == names.EVENT_INTERRUPTION:
+                notice = codec.decode(msg.data, events.Interruption, msg.subject)
+                await self._on_interruption(notice)
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
+
+    async def _on_interruption(self, notice: events.Interruption) -> None:
+        """A termination notice drains before its deadline and deregisters; a rebalance
+        or maintenance notice cordons for a while. Each notice acts once, ever."""
+        command_id = f"spot:{notice_key(notice)}"
+        async with self.actions.lock:
+            if self.store.seen(command_id) or self.actions.finished.is_set():
+                return
+            self.store.remember(command_id)
+            self.store.save()
+            reason = f"{notice.provider} {notice.kind} notice"
+            if notice.kind in TERMINAL_NOTICES:
+                if self.store.deregister:
+                    return
+                deadline = (notice.deadline or time.time()) - self.config.spot_safety_margin
+                await self.actions.result(command_id, "accepted", f"{reason}: drain and deregister")
+                await self.actions.start(command_id, reason, Deregister(), deadline)
+            elif self.store.state.schedulability == "schedulable":
+                await self.actions.result(command_id, "accepted", f"{reason}: cordon")
+                await self.actions.start(command_id, reason, Cordon(ttl=REBALANCE_TTL))
+
+    async def _on_beat(self, msg: Msg) -> None:
+        try:
+            heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
+        except DecodeError:
+            return
+        if heartbeat.deregistering:
+            self.actions.observe_deregistering_beat()
+
+    async def _republish_forever(self) -> None:
+        """State is a level, not an edge: repeating it lets a heartbeat actor that started
+        (or restarted) after the last change learn it."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            if not self.actions.finished.is_set():
+                await self.actions.publish_state()

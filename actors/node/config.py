@@ -1,0 +1,116 @@
+"""The node agent's settings: every one a flag, a ``NODE_AGENT_*`` environment variable and a
+TOML key, merged and validated by the runtime's layered loader (:mod:`actors.runtime.config`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from actors.runtime.config import DEFAULT_SERVER, Port, Positive
+from schemas.base import Cluster, NodeId
+from schemas.subjects import TOKEN_PATTERN, is_token
+
+ENV_PREFIX = "NODE_AGENT_"
+
+EngineSpec = Annotated[str, Meta(pattern=r"^(vllm|sglang|llamacpp)=https?://\S+$")]
+PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
+XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
+"""CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
+XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
+
+
+
+def default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "node-agent")
+
+
+def default_node_id() -> str:
+    host = socket.gethostname().split(".")[0]
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", host)[:64]
+    return cleaned if is_token(cleaned) else "node"
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every setting of ``node-agent start``; each is a flag, an env var and a TOML key."""
+
+    server: str = DEFAULT_SERVER
+    node_id: NodeId = msgspec.field(default_factory=default_node_id)
+    cluster: Cluster = "default"
+    state_dir: str = msgspec.field(default_factory=default_state_dir)
+    key_file: str = ""
+    """Node nkey seed; empty means ``<state_dir>/node.nk``."""
+    nkey_auth: bool = False
+    """Authenticate to NATS with the node key (servers configured as in deploy/nats/auth)."""
+    prefix: str = "fleet"
+    connect_timeout: Positive = 5.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    heartbeat_interval: Positive = 10.0
+    stale_after: Positive = 30.0
+    sample_interval: Positive = 5.0
+    health_interval: Positive = 5.0
+
+    fake_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
+    """None: NVML when present, else simulated GPUs. 0: no GPUs."""
+    expected_gpus: Annotated[int, Meta(ge=0)] | None = None
+    required_binaries: list[str] = []
+    required_modules: list[str] = []
+
+    engines: list[EngineSpec] = []
+    engine_interval: Positive = 5.0
+    engine_timeout: Positive = 2.0
+
+    peers: list[PeerId] = []
+    max_peers: Annotated[int, Meta(ge=0)] = 8
+    probe_interval: Positive = 10.0
+    probe_timeout: Positive = 1.0
+
+    http_host: str = "127.0.0.1"
+    http_port: Port = 9091
+
+    trust_operators: list[str] = []
+    trust_operators_file: str = ""
+    hooks_timeout: Positive = 30.0
+    on_cordon: str = ""
+    on_drain: str = ""
+    on_drained: str = ""
+    on_uncordon: str = ""
+
+    spot_provider: Literal["aws", "gcp", "azure", "auto", "none"] = "none"
+    metadata_url: str = ""
+    spot_poll_interval: Positive = 1.0
+    spot_safety_margin: Annotated[float, Meta(ge=0)] = 15.0
+
+    deregister_on_shutdown: bool = False
+    shutdown_timeout: Positive = 10.0
+
+    clear_after_samples: Annotated[int, Meta(ge=1)] = 3
+    """Good samples in a row before a health condition clears (hysteresis)."""
+    xid_thresholds: list[XidThreshold] = []
+    """Per-code XID threshold overrides, CODE=COUNT/WINDOW_S: "13=5/600" makes XID 13 a
+    finding at 5 occurrences on one GPU within 600 s (defaults in actors/node/xid.py)."""
+    xid_log_path: str = "/dev/kmsg"
+    """Kernel log read for XIDs on GPUs whose NVML events are unavailable; "" disables."""
+
+    def __post_init__(self) -> None:
+        if self.stale_after <= self.heartbeat_interval:
+            raise ValueError(
+                f"stale_after ({self.stale_after:g}s) must be longer than "
+                f"heartbeat_interval ({self.heartbeat_interval:g}s)"
+            )
+        if self.stale_after < 1:
+            raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
+
+    @property
+    def key_path(self) -> Path:
+        return Path(self.key_file) if self.key_file else Path(self.state_dir) / "node.nk"
+
+

@@ -1,0 +1,176 @@
+"""Health actor: turns the node's own events into a scored, explained ``Health`` event.
+
+It listens to the node's ``sample``, ``engine`` and ``latency`` events and publishes
+``Health`` on ``fleet.evt.<node>.health`` every ``health_interval`` (jittered, so a fleet
+never reports in lock-step). Sample-driven checks (boot, nvml, xid) are judged on every
+sample and pass through a latch, so a condition clears only after
+``clear_after_samples`` good samples in a row; the score's status and the dependencies
+check go through the same latch once per published Health. Freshness is judged on the
+agent's own monotonic clock (time of receipt), never on the senders' timestamps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.node.health import checks, scoring
+from actors.node.xid import XidTracker, parse_thresholds
+from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.schedule import sleep_jittered
+from schemas import codec
+from schemas.errors import DecodeError
+from schemas.events import Engine, Health, HealthCheck, Latency, Sample
+from schemas.subjects import (
+    EVENT_ENGINE,
+    EVENT_HEALTH,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    Subjects,
+    event_kind,
+)
+
+log = logging.getLogger(__name__)
+
+
+FIRST_REPORT_DELAY = 1.0
+
+
+class HealthActor:
+    name = "health"
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        bus: Bus,
+        *,
+        search_path: str | None = None,
+        proc_modules: Path = Path("/proc/modules"),
+        sys_module: Path = Path("/sys/module"),
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.search_path = search_path
+        self.proc_modules = proc_modules
+        self.sys_module = sys_module
+        subjects = Subjects(config.prefix)
+        self.subject = subjects.event(config.node_id, EVENT_HEALTH)
+        self.sources = {
+            EVENT_SAMPLE: subjects.event(config.node_id, EVENT_SAMPLE),
+            EVENT_ENGINE: subjects.event(config.node_id, EVENT_ENGINE),
+            EVENT_LATENCY: subjects.event(config.node_id, EVENT_LATENCY),
+        }
+        self.latch = checks.Latch(config.clear_after_samples)
+        self.xids = XidTracker(parse_thresholds(config.xid_thresholds))
+        self.started = time.monotonic()
+        self.sample: Sample | None = None
+        self.engine: Engine | None = None
+        self.latency: Latency | None = None
+        self.received: dict[str, float] = {}
+        self.sample_checks: dict[str, HealthCheck] = {}
+
+    async def _on_event(self, msg: Msg) -> None:
+        kind = event_kind(msg.subject)
+        try:
+            if kind == EVENT_SAMPLE:
+                self.observe_sample(codec.decode(msg.data, Sample, msg.subject))
+            elif kind == EVENT_ENGINE:
+                self.engine = codec.decode(msg.data, Engine, msg.subject)
+            elif kind == EVENT_LATENCY:
+                self.latency = codec.decode(msg.data, Latency, msg.subject)
+            else:
+                return
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
+            return
+        self.received[kind] = time.monotonic()
+
+    def observe_sample(self, sample: Sample) -> None:
+        """Judge the sample-driven checks on this sample, through the latch."""
+        self.sample = sample
+        self.xids.observe(sample.gpus)
+        for check in (
+            checks.boot_check(sample, self.config.expected_gpus),
+            checks.nvml_check(sample),
+            self.xids.check(time.time()),
+        ):
+            self.sample_checks[check.name] = self.latch.update(check)
+
+    def probes(self) -> dict[str, checks.Probe]:
+        """The event streams the score depends on; engine only when engines are configured."""
+        periods = {
+            EVENT_SAMPLE: self.config.sample_interval,
+            EVENT_LATENCY: self.config.probe_interval,
+        }
+        if self.config.engines:
+            periods[EVENT_ENGINE] = self.config.engine_interval
+        return {
+            name: checks.Probe(name=name, period=period, received_at=self.received.get(name))
+            for name, period in periods.items()
+        }
+
+    def assess(self) -> Health:
+        now = time.monotonic()
+        probes = self.probes()
+
+        def fresh(name: str) -> bool:
+            return name in probes and probes[name].fresh(now)
+
+        def missing(name: str) -> str:
+            return checks.missing_reason(probes[name], now, self.started)
+
+        sample = self.sample if fresh(EVENT_SAMPLE) else None
+        engine = self.engine if fresh(EVENT_ENGINE) else None
+        latency = self.latency if fresh(EVENT_LATENCY) else None
+        engine_missing = missing(EVENT_ENGINE) if EVENT_ENGINE in probes else ""
+        components = [
+            scoring.engine_component(engine, len(self.config.engines), engine_missing),
+            scoring.temperature_component(sample, missing(EVENT_SAMPLE)),
+            scoring.vram_component(sample, missing(EVENT_SAMPLE)),
+            scoring.cpu_component(sample, missing(EVENT_SAMPLE)),
+            scoring.latency_component(latency, missing(EVENT_LATENCY)),
+        ]
+        score = sum(component.points for component in components)
+        score_check = self.latch.update(scoring.score_check(score))
+        dependencies = self.latch.update(
+            checks.dependencies_check(
+                self.config.required_binaries,
+                self.config.required_modules,
+                search_path=self.search_path,
+                proc_modules=self.proc_modules,
+                sys_module=self.sys_module,
+            )
+        )
+        found = [
+            *self.sample_checks.values(),
+            dependencies,
+            checks.freshness_check(probes.values(), now, self.started),
+        ]
+        status = checks.overall([score_check, *found])
+        return Health(
+            ts=time.time(), status=status, score=score, components=components, checks=found
+        )
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        subscriptions = [
+            await self.bus.subscribe(subject, self._on_event) for subject in self.sources.values()
+        ]
+        try:
+            await self.bus.flush()
+            ready()
+            # The first report comes early (once the first samples are in), not a whole
+            # interval after start.
+            delay = min(self.config.health_interval, FIRST_REPORT_DELAY)
+            while True:
+                await sleep_jittered(delay)
+                health = self.assess()
+                await self.bus.publish(self.subject, codec.encode(health))
+                delay = self.config.health_interval
+        finally:
+            for subscription in subscriptions:
+                await unsubscribe_quietly(subscription)

@@ -1,0 +1,157 @@
+"""Heartbeat actor: folds the node's latest events into a signed Heartbeat on JetStream.
+
+Each heartbeat carries ``Nats-TTL`` (the server deletes it, and drops a marker, if no
+newer one comes) and ``Nats-Msg-Id: <node>:<boot_id>:<seq>`` (the server drops replays).
+A change of schedulability is published at once, not at the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.node.heartbeat.sequence import SequenceStore
+from actors.node.metrics import AgentMetrics
+from actors.runtime.bus import Bus, publish_signed, unsubscribe_quietly
+from actors.runtime.schedule import jittered, wait_or_timeout
+from schemas import codec, events
+from schemas import subjects as names
+from schemas.errors import DecodeError
+from schemas.messages import AGENT_VERSION, Heartbeat
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+FIRST_SAMPLE_WAIT = 2.0
+
+
+class HeartbeatActor:
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        bus: Bus,
+        key: KeyPair,
+        sequence: SequenceStore,
+        metrics: AgentMetrics,
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.key = key
+        self.sequence = sequence
+        self.metrics = metrics
+        self.subjects = Subjects(config.prefix)
+        self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
+        self.boot_id = uuid.uuid4().hex[:16]
+        self.ttl = str(math.ceil(config.stale_after))
+        self.sample: events.Sample | None = None
+        self.health: events.Health | None = None
+        self.latency: events.Latency | None = None
+        self.engine: events.Engine | None = None
+        self.state = events.NodeState(ts=time.time(), schedulability="schedulable")
+        provider = config.spot_provider
+        # A configured cloud shows at once; `auto` shows once a notice names the cloud.
+        self.spot = events.SpotStatus(
+            provider=provider if provider in ("aws", "gcp", "azure") else "none"
+        )
+        self._beat_now = asyncio.Event()
+        self._first_sample = asyncio.Event()
+
+    async def _on_event(self, msg: Msg) -> None:
+        kind = names.event_kind(msg.subject)
+        try:
+            if kind == names.EVENT_SAMPLE:
+                self.sample = codec.decode(msg.data, events.Sample, msg.subject)
+                self._first_sample.set()
+            elif kind == names.EVENT_HEALTH:
+                self.health = codec.decode(msg.data, events.Health, msg.subject)
+            elif kind == names.EVENT_LATENCY:
+                self.latency = codec.decode(msg.data, events.Latency, msg.subject)
+            elif kind == names.EVENT_ENGINE:
+                self.engine = codec.decode(msg.data, events.Engine, msg.subject)
+            elif kind == names.EVENT_INTERRUPTION:
+                notice = codec.decode(msg.data, events.Interruption, msg.subject)
+                self.spot = events.SpotStatus(provider=notice.provider, notice=notice)
+                self._beat_now.set()
+            elif kind == names.EVENT_STATE:
+                state = codec.decode(msg.data, events.NodeState, msg.subject)
+                changed = (state.schedulability, state.deregistering) != (
+                    self.state.schedulability,
+                    self.state.deregistering,
+                )
+                self.state = state
+                if changed:
+                    self._beat_now.set()
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
+
+    def build(self) -> Heartbeat:
+        running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
+        return Heartbeat(
+            node_id=self.config.node_id,
+            cluster=self.config.cluster,
+            seq=self.sequence.next(),
+            boot_id=self.boot_id,
+            ts=time.time(),
+            agent_version=AGENT_VERSION,
+            interval=self.config.heartbeat_interval,
+            stale_after=self.config.stale_after,
+            schedulability=self.state.schedulability,
+            schedulability_reason=self.state.reason,
+            sample=self.sample,
+            health=self.health,
+            latency=self.latency,
+            engine=self.engine,
+            jobs=events.Jobs(running=running),
+            spot=self.spot,
+            deregistering=self.state.deregistering,
+        )
+
+    async def beat(self) -> Heartbeat | None:
+        heartbeat = self.build()
+        try:
+            await publish_signed(
+                self.bus,
+                self.subject,
+                heartbeat,
+                self.key,
+                f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
+                headers={"Nats-TTL": self.ttl},
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            self.metrics.heartbeat_failures.inc()
+            log.warning(
+                "heartbeat not acknowledged",
+                extra={"seq": heartbeat.seq, "reason": str(exc) or type(exc).__name__},
+            )
+            return None
+        self.metrics.heartbeats.inc()
+        self.metrics.sequence.set(heartbeat.seq)
+        return heartbeat
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        subscription = await self.bus.subscribe(
+            self.subjects.events(self.config.node_id), self._on_event
+        )
+        try:
+            await self.bus.flush()
+            ready()
+            # A first beat without inventory would show a node with no GPUs; wait briefly.
+            if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):
+                log.warning("no inventory sample yet; beating without one")
+            while True:
+                self._beat_now.clear()
+                await self.beat()
+                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
+        finally:
+            await unsubscribe_quietly(subscription)

@@ -1,0 +1,134 @@
+"""HTTP actor: the agent's local window for Prometheus, liveness probes and operators.
+
+``/metrics`` is the agent's own registry, ``/healthz`` is 200 only while every actor runs
+(what systemd watchdogs and Kubernetes probes want), ``/status`` is the node as its actors
+see it, in JSON. What it shows it learns like any other actor, from the node's own events
+on the bus; actor phases come from the runtime's supervisor through ``actor_status``.
+Bound to 127.0.0.1 by default: nothing here is meant for the network at large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.node.metrics import AgentMetrics
+from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.supervisor import ActorStatus
+from actors.runtime.web import prometheus_page, serving
+from schemas import codec, events
+from schemas import subjects as names
+from schemas.errors import DecodeError
+from schemas.messages import AGENT_VERSION
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+StatusSource = Callable[[], Mapping[str, ActorStatus]]
+
+
+class HttpActor:
+    name = "http"
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        bus: Bus,
+        metrics: AgentMetrics,
+        actor_status: StatusSource,
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.metrics = metrics
+        self.actor_status = actor_status
+        self.subjects = Subjects(config.prefix)
+        self.port: int | None = None
+        """The bound port once serving (``http_port = 0`` picks a free one)."""
+        self.health: events.Health | None = None
+        self.engine: events.Engine | None = None
+        self.latency: events.Latency | None = None
+        self.state: events.NodeState | None = None
+        self.gpus_seen_at: float | None = None
+
+    async def _on_event(self, msg: Msg) -> None:
+        kind = names.event_kind(msg.subject)
+        try:
+            if kind == names.EVENT_SAMPLE:
+                sample = codec.decode(msg.data, events.Sample, msg.subject)
+                self.metrics.observe_gpus(sample.gpus)
+                self.gpus_seen_at = sample.ts
+            elif kind == names.EVENT_HEALTH:
+                self.health = codec.decode(msg.data, events.Health, msg.subject)
+                self.metrics.observe_health(self.health)
+            elif kind == names.EVENT_ENGINE:
+                self.engine = codec.decode(msg.data, events.Engine, msg.subject)
+                self.metrics.observe_engine(self.engine)
+            elif kind == names.EVENT_LATENCY:
+                self.latency = codec.decode(msg.data, events.Latency, msg.subject)
+            elif kind == names.EVENT_STATE:
+                self.state = codec.decode(msg.data, events.NodeState, msg.subject)
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return prometheus_page(self.metrics.registry)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        statuses = self.actor_status()
+        down = {name: s.phase for name, s in statuses.items() if s.phase != "running"}
+        if not statuses or down:
+            return web.json_response({"ok": False, "not_running": down}, status=503)
+        return web.json_response({"ok": True})
+
+    def status(self) -> dict[str, Any]:
+        seq = self.metrics.value("node_agent_sequence_number")
+        return {
+            "node": self.config.node_id,
+            "cluster": self.config.cluster,
+            "agent_version": AGENT_VERSION,
+            "uptime_s": round(time.time() - self.metrics.started, 1),
+            "schedulability": self.state.schedulability if self.state else "schedulable",
+            "schedulability_reason": self.state.reason if self.state else "",
+            "seq": int(seq) if seq else None,
+            "health": self.health,
+            "engine": self.engine,
+            "latency": self.latency,
+            "actors": {
+                name: {"phase": s.phase, "restarts": s.restarts, "last_error": s.last_error}
+                for name, s in self.actor_status().items()
+            },
+        }
+
+    async def status_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=msgspec.json.encode(self.status()), content_type="application/json"
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/status", self.status_page)
+        return app
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        subscription = await self.bus.subscribe(
+            self.subjects.events(self.config.node_id), self._on_event
+        )
+        try:
+            async with serving(self.app(), self.config.http_host, self.config.http_port) as port:
+                self.port = port
+                await self.bus.flush()
+                ready()
+                await asyncio.Event().wait()  # serve until cancelled
+        finally:
+            self.port = None
+            await unsubscribe_quietly(subscription)

@@ -1,0 +1,172 @@
+"""Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``.
+
+GPUs come from NVML when it initialises, else from simulated GPUs. Simulated GPUs take
+faults injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so
+the fault reaches health and the heartbeat without waiting a whole sample period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, Protocol
+
+import psutil
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.node.inventory.fake_gpus import FakeGpus
+from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
+from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.schedule import jittered, wait_or_timeout
+from schemas import codec
+from schemas.errors import DecodeError
+from schemas.events import Capacity, Gpu, Inject, Sample
+from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
+
+log = logging.getLogger(__name__)
+
+
+class GpuSource(Protocol):
+    @property
+    def source(self) -> Literal["nvml", "fake"]: ...
+
+    def read(self) -> list[Gpu]: ...
+
+
+def choose_gpus(config: AgentConfig) -> GpuSource | None:
+    if config.fake_gpus == 0:
+        return None
+    if config.fake_gpus is not None:
+        return FakeGpus(config.fake_gpus, config.node_id)
+    try:
+        return NvmlGpus(xid_log_path=config.xid_log_path)
+    except NvmlUnavailable as exc:
+        count = config.expected_gpus or 8
+        log.warning("%s; simulating %d fake GPUs (--fake-gpus 0 for none)", exc, count)
+        return FakeGpus(count, config.node_id)
+
+
+class CpuMeter:
+    """CPU busy % over the time between two reads — a delta, never since boot. Unlike
+    ``psutil.cpu_percent(interval=None)`` it keeps its own previous reading, so several
+    agents in one process (``fleetctl up``) do not reset each other's period."""
+
+    def __init__(self) -> None:
+        self._busy, self._total = self._times()
+
+    @staticmethod
+    def _times() -> tuple[float, float]:
+        times = psutil.cpu_times()
+        # Linux counts guest time inside user/nice too; psutil leaves it out of the total.
+        total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+        idle = times.idle + getattr(times, "iowait", 0.0)
+        return total - idle, total
+
+    def read(self) -> float:
+        busy, total = self._times()
+        busy_delta, total_delta = busy - self._busy, total - self._total
+        self._busy, self._total = busy, total
+        if total_delta <= 0:
+            return 0.0
+        return round(min(100.0, max(0.0, 100.0 * busy_delta / total_delta)), 1)
+
+
+def host_identity() -> list[str]:
+    """Identifiers of the machine that survive reboots: machine id, CPU count, memory."""
+    try:
+        machine_id = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine_id = socket.gethostname()
+    return [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
+
+
+def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
+    """SHA-256 of the host's stable identifiers and the GPUs' UUIDs: it changes when the
+    hardware does."""
+    parts = (host if host is not None else host_identity()) + sorted(gpu.uuid for gpu in gpus)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+class Inventory:
+    name = "inventory"
+
+    def __init__(self, config: AgentConfig, bus: Bus, gpus: GpuSource | None = None) -> None:
+        self.config = config
+        self.bus = bus
+        self.gpus = gpus if gpus is not None else choose_gpus(config)
+        subjects = Subjects(config.prefix)
+        self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
+        self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
+        self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
+        self._sample_now = asyncio.Event()
+        self.cpu = CpuMeter()
+        self.host = host_identity()
+        self.hostname = socket.gethostname()
+
+    async def _on_inject(self, msg: Msg) -> None:
+        try:
+            inject = codec.decode(msg.data, Inject, msg.subject)
+        except DecodeError as exc:
+            log.warning("ignoring malformed inject", extra={"reason": str(exc)})
+            return
+        if not isinstance(self.gpus, FakeGpus):
+            log.warning(
+                "ignoring injected %s fault: GPUs are real (%s)",
+                inject.fault,
+                self.gpus.source if self.gpus else "none",
+            )
+            return
+        try:
+            self.gpus.apply(inject)
+        except ValueError as exc:
+            log.warning("ignoring inject: %s", exc)
+            return
+        log.info(
+            "injected fault",
+            extra={"fault": inject.fault, "gpu": inject.gpu, "value": inject.value},
+        )
+        self._sample_now.set()
+
+    def sample(self) -> Sample:
+        gpus = self.gpus.read() if self.gpus else []
+        memory = psutil.virtual_memory()
+        disk = psutil.disk_usage(self.disk_path)
+        busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
+        capacity = Capacity(
+            cpu_cores=psutil.cpu_count() or 0,
+            cpu_percent=self.cpu.read(),
+            load_avg_1m=round(psutil.getloadavg()[0], 2),
+            memory_total=memory.total,
+            memory_available=memory.available,
+            gpus_total=len(gpus),
+            gpus_available=len(gpus) - busy,
+            storage_total=disk.total,
+            storage_available=disk.free,
+        )
+        return Sample(
+            ts=time.time(),
+            capacity=capacity,
+            gpus=gpus,
+            gpu_source=self.gpus.source if self.gpus else "none",
+            fingerprint=fingerprint(gpus, self.host),
+            hostname=self.hostname,
+        )
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        subscription = await self.bus.subscribe(self.inject_subject, self._on_inject)
+        try:
+            await self.bus.flush()
+            ready()
+            while True:
+                self._sample_now.clear()
+                sample = await asyncio.to_thread(self.sample)
+                await self.bus.publish(self.subject, codec.encode(sample))
+                await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
+        finally:
+            await unsubscribe_quietly(subscription)

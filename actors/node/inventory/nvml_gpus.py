@@ -1,0 +1,218 @@
+"""Real GPUs through NVML (the ``pynvml`` module of nvidia-ml-py).
+
+``read()`` runs in a worker thread (the inventory calls it via ``asyncio.to_thread``), so
+NVML's blocking calls never stall the event loop. A field NVML cannot give (not
+supported, no permission, ...) is None for that field; ``GpuIsLost`` marks the device lost
+for good (only a reset or reboot brings it back, and the agent restarts with those).
+XIDs come from an NVML event set polled with timeout 0, and for GPUs whose registration
+failed, from the kernel log (:mod:`actors.node.inventory.kmsg`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Final
+
+import msgspec
+import pynvml
+
+from actors.node.inventory.kmsg import KmsgXids, pci_key
+from actors.node.xid import count_xid, in_code_order
+from schemas.errors import FleetError
+from schemas.events import Gpu, XidCount
+
+log = logging.getLogger(__name__)
+
+# Bounds one drain of the event set; more events wait for the next read.
+MAX_EVENTS_PER_READ = 1024
+
+
+class NvmlUnavailable(FleetError):
+    """NVML could not be initialised (no driver, no library, no permission)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"NVML not available: {reason}")
+
+
+class _Lost(Exception):
+    """Raised inside one device's read when NVML says the GPU is lost."""
+
+
+def _text(value: Any) -> str:
+    """pynvml returns bytes in old releases and str in new ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlGpus:
+    """Every GPU NVML sees, read on demand; ``nvml`` replaces pynvml in tests."""
+
+    source: Final = "nvml"
+
+    def __init__(self, nvml: Any = None, xid_log_path: str = "") -> None:
+        self.nvml = nvml if nvml is not None else pynvml
+        try:
+            self.nvml.nvmlInit()
+            count = self.nvml.nvmlDeviceGetCount()
+        except self.nvml.NVMLError as exc:
+            raise NvmlUnavailable(str(exc)) from None
+        self.handles: list[Any] = []
+        self.lost: set[int] = set()
+        for index in range(count):
+            try:
+                self.handles.append(self.nvml.nvmlDeviceGetHandleByIndex(index))
+            except self.nvml.NVMLError as exc:
+                log.warning("GPU %d has no NVML handle: %s", index, exc)
+                self.handles.append(None)
+                self.lost.add(index)
+        self.identity: dict[int, tuple[str, str, str]] = {}
+        self.memory_total: dict[int, int] = {}
+        self.xids: dict[int, dict[int, XidCount]] = {}
+        self.events, watched = self._register_events()
+        unwatched = [index for index in range(count) if index not in watched]
+        self.kmsg = KmsgXids(xid_log_path) if unwatched and xid_log_path else None
+        self.kmsg_indexes = set(unwatched)
+
+    def _register_events(self) -> tuple[Any, set[int]]:
+        """An event set with XID events of every GPU that supports them."""
+        try:
+            events = self.nvml.nvmlEventSetCreate()
+        except self.nvml.NVMLError as exc:
+            log.warning("NVML event set unavailable; XIDs from the kernel log: %s", exc)
+            return None, set()
+        watched: set[int] = set()
+        for index, handle in enumerate(self.handles):
+            if handle is None:
+                continue
+            try:
+                self.nvml.nvmlDeviceRegisterEvents(
+                    handle, self.nvml.nvmlEventTypeXidCriticalError, events
+                )
+                watched.add(index)
+            except self.nvml.NVMLError as exc:
+                log.warning("GPU %d: no NVML XID events (%s); using the kernel log", index, exc)
+        return events, watched
+
+    def _call(self, function: str, *args: Any) -> Any:
+        """One NVML query: its answer, or None when NVML cannot give it."""
+        try:
+            return getattr(self.nvml, function)(*args)
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == self.nvml.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost from None
+            log.debug("NVML %s failed: %s", function, exc)
+            return None
+
+    def _record_xid(self, index: int, code: int) -> None:
+        count_xid(self.xids.setdefault(index, {}), code, time.time())
+
+    def _drain_events(self) -> None:
+        if self.events is None:
+            return
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+            except self.nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != self.nvml.NVML_ERROR_TIMEOUT:
+                    log.warning("NVML event wait failed: %s", exc)
+                return
+            if not data.eventType & self.nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                index = self.nvml.nvmlDeviceGetIndex(data.device)
+            except self.nvml.NVMLError as exc:
+                log.warning("XID %d on a GPU NVML cannot name: %s", data.eventData, exc)
+                continue
+            self._record_xid(index, int(data.eventData))
+
+    def _drain_kmsg(self) -> None:
+        if self.kmsg is None:
+            return
+        by_pci = {
+            pci_key(pci): index
+            for index, (_, _, pci) in self.identity.items()
+            if index in self.kmsg_indexes
+        }
+        for pci, code in self.kmsg.poll():
+            index = by_pci.get(pci)
+            if index is not None:
+                self._record_xid(index, code)
+
+    def read(self) -> list[Gpu]:
+        gpus = [self._read_one(index, handle) for index, handle in enumerate(self.handles)]
+        self._drain_events()
+        self._drain_kmsg()
+        # XIDs drained after the readings belong in this sample, not the next one.
+        for index, codes in self.xids.items():
+            if index < len(gpus):
+                gpus[index] = msgspec.structs.replace(gpus[index], xids=in_code_order(codes))
+        return gpus
+
+    def _read_one(self, index: int, handle: Any) -> Gpu:
+        try:
+            if index not in self.lost:
+                return self._query(index, handle)
+        except _Lost:
+            log.error("GPU %d is lost (NVML GpuIsLost)", index)
+            self.lost.add(index)
+        uuid, name, pci = self.identity.get(index, ("", "", ""))
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=pci,
+            memory_total=self.memory_total.get(index, 0),
+            memory_used=0,
+            lost=True,
+        )
+
+    def _query(self, index: int, handle: Any) -> Gpu:
+        nvml = self.nvml
+        if index not in self.identity:
+            pci_info = self._call("nvmlDeviceGetPciInfo", handle)
+            self.identity[index] = (
+                _text(self._call("nvmlDeviceGetUUID", handle) or ""),
+                _text(self._call("nvmlDeviceGetName", handle) or ""),
+                _text(pci_info.busId) if pci_info is not None else "",
+            )
+        uuid, name, pci = self.identity[index]
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        if memory is not None:
+            self.memory_total[index] = int(memory.total)
+        temperature = self._call("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
+        power_mw = self._call("nvmlDeviceGetPowerUsage", handle)
+        limit_mw = self._call("nvmlDeviceGetEnforcedPowerLimit", handle)
+        utilization = self._call("nvmlDeviceGetUtilizationRates", handle)
+        corrected, uncorrected = (
+            self._call("nvmlDeviceGetTotalEccErrors", handle, error_type, nvml.NVML_VOLATILE_ECC)
+            for error_type in (
+                nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            )
+        )
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=pci,
+            memory_total=self.memory_total.get(index, 0),
+            memory_used=int(memory.used) if memory is not None else 0,
+            temperature_c=float(temperature) if temperature is not None else None,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
+            utilization_pct=float(utilization.gpu) if utilization is not None else None,
+            ecc_corrected=int(corrected) if corrected is not None else None,
+            ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
+        )
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down; errors on the way out are logged only."""
+        if self.kmsg is not None:
+            self.kmsg.close()
+        try:
+            if self.events is not None:
+                self.nvml.nvmlEventSetFree(self.events)
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.debug("NVML shutdown: %s", exc)

@@ -1,0 +1,183 @@
+"""Latency actor: answers peers' probes and measures round trips to peers and to NATS.
+
+Placement and routing want to know how far a node is from its neighbours and whether the
+path drops messages. Every agent answers ``fleet.probe.<node>``; this actor also probes its
+peers (configured, or up to ``max_peers`` nodes of its own cluster from ``fleet_nodes``)
+concurrently, each bounded by ``probe_timeout``, and keeps loss over a sliding window.
+It runs beside the heartbeat, never in its path: a silent peer costs one timeout here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.runtime import kv
+from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.schedule import sleep_jittered
+from schemas import codec
+from schemas.errors import DecodeError, FleetError
+from schemas.events import Latency, PeerLatency
+from schemas.messages import NodeRecord, Probe, ProbeReply
+from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
+
+log = logging.getLogger(__name__)
+
+LOSS_WINDOW = 20
+"""Loss is the share of the last 20 probes to a peer that got no answer."""
+DISCOVER_EVERY = 6
+"""Re-read the peer list from fleet_nodes every 6 rounds: reading every record is not free."""
+KV_TIMEOUT = 5.0
+DISCOVER_READS = 4
+"""At most 4 x max_peers records are read per discovery (other clusters, dead nodes)."""
+GONE_STATES = {"offline", "deregistered"}
+
+
+class LatencyActor:
+    name = "latency"
+
+    def __init__(self, config: AgentConfig, bus: Bus) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = Subjects(config.prefix)
+        self.subject = self.subjects.event(config.node_id, EVENT_LATENCY)
+        self.peers: list[str] = list(config.peers)
+        # Per peer: True for an answered probe, False for a lost one, newest last.
+        self.windows: dict[str, deque[bool]] = {}
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            probe = codec.decode(msg.data, Probe, msg.subject)
+        except DecodeError as exc:
+            log.debug("ignoring malformed probe", extra={"reason": str(exc)})
+            return
+        if not msg.reply:
+            return
+        reply = ProbeReply(
+            node_id=self.config.node_id,
+            nonce=probe.nonce,
+            sent_at=probe.sent_at,
+            replied_at=time.time(),
+        )
+        await msg.respond(codec.encode(reply))
+
+    async def discover(self) -> list[str]:
+        """Up to ``max_peers`` live nodes of our cluster; the same ones while they stay.
+
+        Ordered by a hash of (us, them), so every node picks a different subset of a large
+        cluster instead of all probing the alphabetically first few. Only the key list is
+        read whole (headers only); records are read in that order until enough peers are
+        found, so a fleet of thousands costs each node a handful of reads, not thousands.
+        """
+        try:
+            return await asyncio.wait_for(self._discover(), KV_TIMEOUT)
+        except (nats.errors.Error, TimeoutError, FleetError) as exc:
+            log.debug("peer discovery failed", extra={"reason": str(exc) or type(exc).__name__})
+            return self.peers
+
+    async def _discover(self) -> list[str]:
+        me = self.config.node_id
+        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
+        nodes = [node for node in await kv.keys(bucket) if node != me]
+        nodes.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
+        found: list[str] = []
+        for node in nodes[: DISCOVER_READS * max(1, self.config.max_peers)]:
+            if len(found) >= self.config.max_peers:
+                break
+            try:
+                peer = await kv.read(bucket, node, NodeRecord)
+            except DecodeError:
+                continue
+            if (
+                peer is not None
+                and peer.cluster == self.config.cluster
+                and peer.state not in GONE_STATES
+            ):
+                found.append(node)
+        return found
+
+    async def probe_peer(self, node: str) -> int | None:
+        """Round trip in microseconds, or None when no (valid) answer came in time."""
+        nonce = uuid.uuid4().hex
+        body = codec.encode(Probe(from_node=self.config.node_id, nonce=nonce, sent_at=time.time()))
+        start = time.perf_counter()
+        try:
+            msg = await self.bus.request(
+                self.subjects.probe(node), body, timeout=self.config.probe_timeout
+            )
+            reply = codec.decode(msg.data, ProbeReply, msg.subject)
+        except (nats.errors.Error, TimeoutError, DecodeError):
+            return None
+        if reply.nonce != nonce or reply.node_id != node:
+            return None
+        return round((time.perf_counter() - start) * 1e6)
+
+    async def gateway_rtt(self) -> int | None:
+        try:
+            return round(await self.bus.rtt(self.config.probe_timeout) * 1e6)
+        except (nats.errors.Error, TimeoutError):
+            return None
+
+    async def measure(self) -> Latency:
+        """One round: NATS and every peer at once, so the round lasts one timeout at most."""
+        peers = self.peers
+        gateway, *rtts = await asyncio.gather(
+            self.gateway_rtt(), *(self.probe_peer(peer) for peer in peers)
+        )
+        now = time.time()
+        self.windows = {peer: self.windows.get(peer, deque(maxlen=LOSS_WINDOW)) for peer in peers}
+        results = []
+        for peer, rtt in zip(peers, rtts, strict=True):
+            window = self.windows[peer]
+            window.append(rtt is not None)
+            results.append(
+                PeerLatency(
+                    target_node_id=peer,
+                    rtt_us=rtt,
+                    loss_pct=_loss(window),
+                    measured_at=now,
+                )
+            )
+        answered = [rtt for rtt in rtts if rtt is not None]
+        every_probe = [ok for window in self.windows.values() for ok in window]
+        return Latency(
+            ts=now,
+            peers=results,
+            gateway_rtt_us=gateway,
+            avg_peer_rtt_us=round(sum(answered) / len(answered)) if answered else None,
+            loss_pct=_loss(every_probe),
+        )
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        subscription = await self.bus.subscribe(
+            self.subjects.probe(self.config.node_id), self._answer
+        )
+        try:
+            await self.bus.flush()
+            ready()
+            rounds = 0
+            while True:
+                # Look again soon while alone: peers may simply not have registered yet.
+                if not self.config.peers and (not self.peers or rounds % DISCOVER_EVERY == 0):
+                    self.peers = await self.discover()
+                rounds += 1
+                latency = await self.measure()
+                await self.bus.publish(self.subject, codec.encode(latency))
+                await sleep_jittered(self.config.probe_interval)
+        finally:
+            await unsubscribe_quietly(subscription)
+
+
+def _loss(outcomes: deque[bool] | list[bool]) -> float:
+    if not outcomes:
+        return 0.0
+    return round(100.0 * sum(1 for ok in outcomes if not ok) / len(outcomes), 1)

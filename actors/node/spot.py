@@ -1,0 +1,353 @@
+"""Spot watcher actor: turns a cloud's interruption notice into an ``Interruption`` event.
+
+AWS (IMDSv2: token, spot instance-action, rebalance recommendation), GCP (``preempted`` and
+``maintenance-event``, as hanging gets so a notice arrives at once) and Azure (Scheduled
+Events: Preempt, Terminate; acknowledged once the node is drained, so Azure may proceed
+early). Each distinct notice is published once. The metadata service is not trusted to be
+well: 401, 404, 5xx, timeouts and refused connections are logged and retried with capped
+backoff, never fatal. The command executor reacts to the event; this actor only watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal
+
+import aiohttp
+import nats.errors
+from nats.aio.msg import Msg
+
+from actors.node.config import AgentConfig
+from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.schedule import wait_or_timeout
+from schemas import codec, events
+from schemas import subjects as names
+from schemas.errors import DecodeError
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+Provider = Literal["aws", "gcp", "azure"]
+Kind = Literal["terminate", "stop", "hibernate", "preempt", "rebalance", "maintenance"]
+
+DEFAULT_BASE = {
+    "aws": "http://169.254.169.254",
+    "gcp": "http://metadata.google.internal",
+    "azure": "http://169.254.169.254",
+}
+AWS_TOKEN_TTL = 21600
+"""Seconds an IMDSv2 token lives (the documented maximum); refreshed at 80 %."""
+GCP_WAIT = 60
+"""``timeout_sec`` of a GCP hanging get; the client waits a little longer."""
+GCP_PREEMPT_NOTICE = 30.0
+"""GCP stops a preempted VM about 30 s after the notice (no time is given)."""
+GCP_MAINTENANCE_NOTICE = 60.0
+"""GCP gives at least 60 s before host maintenance (no time is given)."""
+AZURE_API = "api-version=2020-07-01"
+AZURE_NAME_API = "api-version=2021-02-01"
+AZURE_KINDS: dict[str, Kind] = {
+    "Preempt": "preempt",
+    "Terminate": "terminate",
+    "Reboot": "maintenance",
+    "Redeploy": "maintenance",
+}
+DETECT_TIMEOUT = 1.0
+MAX_BACKOFF = 5.0
+
+
+class MetadataError(Exception):
+    """The metadata service answered, but not usefully; retried like a network error."""
+
+
+RETRYABLE = (aiohttp.ClientError, TimeoutError, MetadataError, ValueError, LookupError, TypeError)
+"""Network failures, and documents that are not what the documentation says."""
+
+
+def _require_ok(response: aiohttp.ClientResponse, what: str) -> None:
+    """Anything but 200 from the metadata service is a MetadataError naming ``what``."""
+    if response.status != 200:
+        raise MetadataError(f"{what}: HTTP {response.status}")
+
+
+def _backoff(delay: float, exc: Exception) -> float:
+    """The delay before the next try after ``exc`` (doubled, capped), logged with why."""
+    delay = min(delay * 2, MAX_BACKOFF)
+    log.warning(
+        "metadata service failed; retrying",
+        extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
+    )
+    return delay
+
+
+class SpotWatcher:
+    name = "spot"
+
+    def __init__(self, config: AgentConfig, bus: Bus) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = Subjects(config.prefix)
+        self.subject = self.subjects.event(config.node_id, names.EVENT_INTERRUPTION)
+        self.timeout = aiohttp.ClientTimeout(
+            total=max(0.5, min(2.0, 2 * config.spot_poll_interval))
+        )
+        self.published: set[str] = set()
+        self.drained = False
+        self._token = ""
+        self._token_expires = 0.0
+        self._azure_unacked: set[str] = set()
+        self._azure_vm = ""
+        self._last_value: dict[str, str] = {}
+        self._wake = asyncio.Event()
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        states = await self.bus.subscribe(self.subjects.events(self.config.node_id), self._on_event)
+        try:
+            await self.bus.flush()
+            ready()
+            async with aiohttp.ClientSession() as session:
+                provider = self.config.spot_provider
+                if provider == "auto":
+                    provider = await self.detect(session) or "none"
+                if provider == "none":
+                    await asyncio.Event().wait()  # nothing to watch; idle until stopped
+                base = (self.config.metadata_url or DEFAULT_BASE[provider]).rstrip("/")
+                log.info("watching spot notices", extra={"provider": provider, "base": base})
+                if provider == "aws":
+                    await self._poll(lambda: self._aws(session, base))
+                elif provider == "azure":
+                    await self._poll(lambda: self._azure(session, base))
+                else:
+                    await asyncio.gather(
+                        self._gcp_watch(session, base, "preempted"),
+                        self._gcp_watch(session, base, "maintenance-event"),
+                    )
+        finally:
+            await unsubscribe_quietly(states)
+
+    async def detect(self, session: aiohttp.ClientSession) -> Provider | None:
+        """Ask each provider's metadata endpoint once, briefly; the first to answer wins."""
+        timeout = aiohttp.ClientTimeout(total=DETECT_TIMEOUT)
+        probes: list[tuple[Provider, str, str, dict[str, str]]] = [
+            ("aws", "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}),
+            ("gcp", "GET", "/computeMetadata/v1/instance/id", {"Metadata-Flavor": "Google"}),
+            ("azure", "GET", f"/metadata/scheduledevents?{AZURE_API}", {"Metadata": "true"}),
+        ]
+        for provider, method, path, headers in probes:
+            base = (self.config.metadata_url or DEFAULT_BASE[provider]).rstrip("/")
+            try:
+                async with session.request(
+                    method, base + path, headers=headers, timeout=timeout
+                ) as response:
+                    if response.status == 200:
+                        log.info("spot provider detected", extra={"provider": provider})
+                        return provider
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+        log.info("no cloud metadata service answered; spot watcher idle")
+        return None
+
+    async def _poll(self, once: Callable[[], Awaitable[None]]) -> None:
+        """Call ``once`` every poll interval; failures back off (capped) and retry."""
+        delay = self.config.spot_poll_interval
+        while True:
+            try:
+                await once()
+                delay = self.config.spot_poll_interval
+            except RETRYABLE as exc:
+                delay = _backoff(delay, exc)
+            self._wake.clear()
+            await wait_or_timeout(self._wake, delay)
+
+    async def _publish(self, notice: events.Interruption) -> None:
+        key = f"{notice.provider}:{notice.kind}:{notice.event_id}"
+        if key in self.published:
+            return
+        log.warning(
+            "interruption notice",
+            extra={"provider": notice.provider, "kind": notice.kind, "deadline": notice.deadline},
+        )
+        try:
+            await self.bus.publish(self.subject, codec.encode(notice))
+        except nats.errors.Error as exc:
+            log.warning("interruption not published; will retry", extra={"reason": str(exc)})
+            return
+        self.published.add(key)
+
+    async def _on_event(self, msg: Msg) -> None:
+        if names.event_kind(msg.subject) != names.EVENT_STATE:
+            return
+        try:
+            state = codec.decode(msg.data, events.NodeState, msg.subject)
+        except DecodeError:
+            return
+        drained = state.schedulability == "drained"
+        if drained and not self.drained:
+            self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
+        self.drained = drained
+
+    # AWS -------------------------------------------------------------------------------
+
+    async def _aws_token(self, session: aiohttp.ClientSession, base: str) -> str:
+        if not self._token or time.monotonic() > self._token_expires:
+            async with session.put(
+                f"{base}/latest/api/token",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL)},
+                timeout=self.timeout,
+            ) as response:
+                _require_ok(response, "IMDSv2 token")
+                self._token = (await response.text()).strip()
+            self._token_expires = time.monotonic() + 0.8 * AWS_TOKEN_TTL
+        return self._token
+
+    async def _aws_get(self, session: aiohttp.ClientSession, base: str, path: str) -> Any:
+        """The JSON document at ``path``, or None on 404 (no notice)."""
+        token = await self._aws_token(session, base)
+        async with session.get(
+            f"{base}/latest/meta-data/{path}",
+            headers={"X-aws-ec2-metadata-token": token},
+            timeout=self.timeout,
+        ) as response:
+            if response.status == 404:
+                return None
+            if response.status == 401:
+                self._token = ""  # expired or revoked: fetch a new one next time
+                raise MetadataError(f"{path}: HTTP 401, token refreshed")
+            _require_ok(response, path)
+            return json.loads(await response.text())
+
+    async def _aws(self, session: aiohttp.ClientSession, base: str) -> None:
+        action = await self._aws_get(session, base, "spot/instance-action")
+        if action is not None:
+            kind = action["action"]
+            if kind not in ("terminate", "stop", "hibernate"):
+                raise MetadataError(f"unknown instance-action {kind!r}")
+            await self._publish(
+                events.Interruption(
+                    ts=time.time(),
+                    provider="aws",
+                    kind=kind,
+                    deadline=datetime.fromisoformat(action["time"]).timestamp(),
+                    event_id=f"{kind}-{action['time']}",
+                )
+            )
+        rebalance = await self._aws_get(session, base, "events/recommendations/rebalance")
+        if rebalance is not None:
+            await self._publish(
+                events.Interruption(
+                    ts=time.time(),
+                    provider="aws",
+                    kind="rebalance",
+                    event_id=f"rebalance-{rebalance['noticeTime']}",
+                )
+            )
+
+    # GCP -------------------------------------------------------------------------------
+
+    async def _gcp_watch(self, session: aiohttp.ClientSession, base: str, key: str) -> None:
+        """Read the value, then hang on it (``wait_for_change`` with ``last_etag``): the
+        server answers as soon as it changes, or after ``timeout_sec`` with the same value."""
+        url = f"{base}/computeMetadata/v1/instance/{key}"
+        etag = ""
+        delay = self.config.spot_poll_interval
+        hanging = aiohttp.ClientTimeout(total=GCP_WAIT + 5)
+        while True:
+            params = {"wait_for_change": "true", "timeout_sec": str(GCP_WAIT), "last_etag": etag}
+            try:
+                async with session.get(
+                    url,
+                    params=params if etag else None,
+                    headers={"Metadata-Flavor": "Google"},
+                    timeout=hanging if etag else self.timeout,
+                ) as response:
+                    _require_ok(response, key)
+                    value = (await response.text()).strip()
+                    etag = response.headers.get("ETag", "")
+                await self._gcp_value(key, value)
+                delay = self.config.spot_poll_interval
+                if not etag:
+                    await asyncio.sleep(delay)  # no ETag: plain polling
+            except RETRYABLE as exc:
+                etag = ""
+                delay = _backoff(delay, exc)
+                await asyncio.sleep(delay)
+
+    async def _gcp_value(self, key: str, value: str) -> None:
+        previous = self._last_value.get(key)
+        self._last_value[key] = value
+        if value == previous:
+            return
+        kind: Kind
+        if key == "preempted" and value == "TRUE":
+            kind, notice = "preempt", GCP_PREEMPT_NOTICE
+        elif key == "maintenance-event" and value.startswith("TERMINATE_ON_HOST_MAINTENANCE"):
+            kind, notice = "terminate", GCP_MAINTENANCE_NOTICE
+        elif key == "maintenance-event" and value.startswith("MIGRATE_ON_HOST_MAINTENANCE"):
+            kind, notice = "maintenance", GCP_MAINTENANCE_NOTICE
+        else:
+            return
+        now = time.time()
+        # GCP gives no event id: the moment the value changed names this notice.
+        await self._publish(
+            events.Interruption(
+                ts=now,
+                provider="gcp",
+                kind=kind,
+                deadline=now + notice,
+                event_id=f"{key}-{now:.0f}",
+                detail=value,
+            )
+        )
+
+    # Azure -----------------------------------------------------------------------------
+
+    async def _azure(self, session: aiohttp.ClientSession, base: str) -> None:
+        url = f"{base}/metadata/scheduledevents?{AZURE_API}"
+        headers = {"Metadata": "true"}
+        if not self._azure_vm:
+            # Events list every VM of an availability set; act only on those naming us.
+            async with session.get(
+                f"{base}/metadata/instance/compute/name?{AZURE_NAME_API}&format=text",
+                headers=headers,
+                timeout=self.timeout,
+            ) as response:
+                _require_ok(response, "compute/name")
+                self._azure_vm = (await response.text()).strip()
+        async with session.get(url, headers=headers, timeout=self.timeout) as response:
+            _require_ok(response, "scheduledevents")
+            document = json.loads(await response.text())
+        for event in document.get("Events", []):
+            kind = AZURE_KINDS.get(event.get("EventType", ""))
+            if kind is None:
+                continue  # Freeze: a pause of seconds, nothing to drain for
+            if self._azure_vm not in event.get("Resources", [self._azure_vm]):
+                continue
+            not_before = event.get("NotBefore") or ""
+            deadline = parsedate_to_datetime(not_before).timestamp() if not_before else time.time()
+            event_id = str(event["EventId"])
+            if kind != "maintenance" and f"azure:{kind}:{event_id}" not in self.published:
+                self._azure_unacked.add(event_id)
+            await self._publish(
+                events.Interruption(
+                    ts=time.time(),
+                    provider="azure",
+                    kind=kind,
+                    deadline=deadline,
+                    event_id=event_id,
+                    detail=str(event.get("Description", ""))[:200],
+                )
+            )
+        if self.drained and self._azure_unacked:
+            # Drained: tell Azure it may go ahead now rather than wait for NotBefore.
+            body = {"StartRequests": [{"EventId": e} for e in sorted(self._azure_unacked)]}
+            async with session.post(
+                url, json=body, headers=headers, timeout=self.timeout
+            ) as response:
+                _require_ok(response, "scheduledevents ack")
+            log.info("scheduled events acknowledged", extra={"events": sorted(self._azure_unacked)})
+            self._azure_unacked.clear()

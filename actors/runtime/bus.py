@@ -1,0 +1,302 @@
+"""The bus every actor talks through: a small Protocol, implemented over nats-py.
+
+Actors see only :class:`Bus`; tests run them against a real nats-server. The NATS
+connection reconnects forever with backoff; callers get timeouts, never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import msgspec
+import nats
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from actors.runtime.schedule import jittered
+from schemas import codec
+from schemas.errors import FleetError
+from schemas.signing import KeyPair
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+# Bounded buffers: a subscriber that falls this far behind drops messages (counted by
+# nats-py as slow-consumer errors, logged by our error callback) instead of growing memory.
+PENDING_MSGS_LIMIT = 4096
+PENDING_BYTES_LIMIT = 16 * 1024 * 1024
+PUBLISH_TIMEOUT = 5.0
+"""How long a JetStream publish waits for the stream's acknowledgement."""
+
+
+class BusError(FleetError):
+    """The NATS server could not be reached or refused us."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        self.server = server
+        self.reason = reason
+        super().__init__(f"cannot reach NATS at {server}: {reason}")
+
+
+class NotProvisioned(FleetError):
+    """A stream or bucket of the wire contract does not exist yet on this server."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"{name} does not exist on this server; start an aggregator "
+            "(fleetctl aggregator), which creates the fleet's streams and buckets"
+        )
+
+
+class Bus(Protocol):
+    """What actors need from the messaging layer."""
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    async def publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> None: ...
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription: ...
+
+    async def request(
+        self, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+    ) -> Msg: ...
+
+    async def flush(self, timeout: float = 2.0) -> None: ...
+
+    async def rtt(self, timeout: float = 2.0) -> float: ...
+
+    async def kv(self, bucket: str) -> KeyValue: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+
+class NatsBus:
+    """:class:`Bus` over one nats-py connection."""
+
+    def __init__(self, nc: Client, server: str, events: _ConnectionEvents) -> None:
+        self.nc = nc
+        self.server = server
+        self._events = events
+        self._js = nc.jetstream(timeout=5.0)
+        self._buckets: dict[str, KeyValue] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        server: str,
+        name: str,
+        *,
+        nkey_seed: str | None = None,
+        connect_timeout: float = 5.0,
+        retry_forever: bool = False,
+        inbox_prefix: str = "_INBOX",
+    ) -> NatsBus:
+        """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
+        delay = 0.5
+        while True:
+            nc = Client()
+            events = _ConnectionEvents(server)
+            try:
+                # nats-py retries an unreachable server forever by itself (we ask it to,
+                # for reconnects); the deadline turns that into a clear answer.
+                await asyncio.wait_for(
+                    nc.connect(
+                        servers=server.split(","),
+                        name=name,
+                        connect_timeout=max(1, round(connect_timeout)),
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=2,
+                        nkeys_seed_str=nkey_seed,
+                        inbox_prefix=inbox_prefix,
+                        error_cb=_on_error,
+                        disconnected_cb=events.disconnected,
+                        reconnected_cb=events.reconnected,
+                    ),
+                    connect_timeout,
+                )
+                events.up = True
+                return cls(nc, server, events)
+            except asyncio.CancelledError:
+                await nc.close()
+                raise
+            except Exception as exc:
+                await nc.close()
+                reason = _reason(exc)
+                if not retry_forever:
+                    raise BusError(server, reason) from None
+                log.warning(
+                    "nats connect failed; retrying",
+                    extra={"server": server, "reason": reason, "retry_in_s": round(delay, 1)},
+                )
+                await asyncio.sleep(jittered(delay, spread=0.2))
+                delay = min(delay * 2, 15.0)
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self._js
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> None:
+        await self.nc.publish(subject, data, headers=headers)
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
+        return await self.nc.subscribe(
+            subject,
+            queue=queue,
+            cb=handler,
+            pending_msgs_limit=PENDING_MSGS_LIMIT,
+            pending_bytes_limit=PENDING_BYTES_LIMIT,
+        )
+
+    async def request(
+        self, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+    ) -> Msg:
+        return await self.nc.request(subject, data, timeout=timeout, headers=headers)
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        await self.nc.flush(timeout=max(1, round(timeout)))
+
+    async def rtt(self, timeout: float = 2.0) -> float:
+        """Round trip to the server in seconds (a PING/PONG flush)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.wait_for(self.nc.flush(timeout=max(1, round(timeout))), timeout)
+        return loop.time() - start
+
+    async def kv(self, bucket: str) -> KeyValue:
+        cached = self._buckets.get(bucket)
+        if cached is None:
+            try:
+                cached = self._buckets[bucket] = await self._js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                raise NotProvisioned(bucket) from None
+        return cached
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        if self.nc.is_closed:
+            return
+        self._events.up = False
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
+            await self.nc.close()
+
+
+BatchHandler = Callable[[list[Msg]], Awaitable[None]]
+
+
+async def consume_forever(
+    consumer: JetStreamContext.PullSubscription,
+    handle: BatchHandler,
+    *,
+    batch: int,
+    wait: float,
+    what: str,
+) -> None:
+    """Fetch up to ``batch`` messages at a time from a pull consumer and hand them to
+    ``handle``, until cancelled. An empty fetch or a transient error is retried (the error
+    logged); a closed connection raises, so the owning actor is restarted."""
+    while True:
+        try:
+            messages = await consumer.fetch(batch, timeout=wait)
+        except (nats.errors.TimeoutError, TimeoutError):
+            continue
+        except nats.errors.ConnectionClosedError:
+            raise
+        except nats.errors.Error as exc:
+            log.warning("%s fetch failed; retrying", what, extra={"reason": str(exc)})
+            await asyncio.sleep(1.0)
+            continue
+        await handle(messages)
+
+
+WATCHER_STOP_TIMEOUT = 2.0
+
+
+async def stop_watcher(watcher: KeyValue.KeyWatcher) -> None:
+    """Stop a KV watcher on the way out, bounded: nats-py's stop can wait on a callback that
+    is itself waiting (for its set-up, or for room in a full queue)."""
+    try:
+        await asyncio.wait_for(watcher.stop(), WATCHER_STOP_TIMEOUT)  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+    except (TimeoutError, nats.errors.Error):
+        log.debug("kv watcher did not stop cleanly")
+
+
+async def unsubscribe_quietly(
+    subscription: Subscription | JetStreamContext.PullSubscription,
+) -> None:
+    """Unsubscribe on the way out; a connection already closed has nothing to undo."""
+    try:
+        await subscription.unsubscribe()
+    except nats.errors.Error:
+        pass
+
+
+async def publish_signed(
+    bus: Bus,
+    subject: str,
+    message: msgspec.Struct,
+    key: KeyPair,
+    msg_id: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = PUBLISH_TIMEOUT,
+) -> None:
+    """Store ``message`` in JetStream signed by ``key``, under ``Nats-Msg-Id: msg_id`` (the
+    stream drops a repeat), plus ``headers``; raises nats.errors.Error or TimeoutError."""
+    body = codec.encode(message)
+    signed = key.headers(body)
+    signed["Nats-Msg-Id"] = msg_id
+    signed.update(headers or {})
+    await bus.js.publish(subject, body, timeout=timeout, headers=signed)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:
+        return "no server answered (is nats-server running and the URL right?)"
+    return text
+
+
+async def _on_error(exc: Exception) -> None:
+    if isinstance(exc, nats.errors.SlowConsumerError):
+        log.warning("slow consumer: messages dropped", extra={"subject": exc.subject})
+    else:
+        log.debug("nats error", extra={"reason": _reason(exc)})
+
+
+class _ConnectionEvents:
+    """Logs losing and regaining an established connection (not failed first attempts,
+    nor our own close)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.up = False
+
+    async def disconnected(self) -> None:
+        if self.up:
+            log.warning("disconnected from nats; reconnecting", extra={"server": self.server})
+
+    async def reconnected(self) -> None:
+        log.info("reconnected to nats", extra={"server": self.server})

@@ -1,0 +1,124 @@
+"""The actor shape and the supervisor that keeps actors running.
+
+A crashing actor is logged, backed off (capped, jittered) and restarted while the others
+keep running. Cancellation always propagates: stopping the supervisor stops every actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import msgspec
+
+from actors.runtime.schedule import jittered
+
+log = logging.getLogger(__name__)
+
+ActorPhase = Literal["starting", "running", "backoff", "finished", "stopped"]
+
+
+class Actor(Protocol):
+    """Constructed with its config and the bus; ``run`` subscribes, flushes, calls
+    ``ready()``, then loops until cancelled. Returning means the actor's work is done."""
+
+    name: str
+
+    async def run(self, ready: Callable[[], None]) -> None: ...
+
+
+class ActorStatus(msgspec.Struct, kw_only=True):
+    name: str
+    phase: ActorPhase = "starting"
+    restarts: int = 0
+    last_error: str = ""
+    started_at: float = 0.0
+
+
+class Supervisor:
+    """Runs actors as tasks; restarts each on failure with exponential backoff."""
+
+    def __init__(
+        self,
+        actors: list[Actor],
+        *,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        healthy_after: float = 60.0,
+    ) -> None:
+        self.actors = actors
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.healthy_after = healthy_after
+        self.status = {actor.name: ActorStatus(name=actor.name) for actor in actors}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.finished = asyncio.Event()
+        """Set when an actor returns on its own (e.g. after deregistering)."""
+
+    def start(self) -> None:
+        for actor in self.actors:
+            self._tasks.append(asyncio.create_task(self._keep(actor), name=f"actor:{actor.name}"))
+
+    @property
+    def all_running(self) -> bool:
+        return all(status.phase == "running" for status in self.status.values())
+
+    async def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.all_running:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=timeout)
+            for task in pending:
+                log.warning("%s did not stop in time", task.get_name())
+        for status in self.status.values():
+            if status.phase != "finished":
+                status.phase = "stopped"
+
+    async def _keep(self, actor: Actor) -> None:
+        status = self.status[actor.name]
+        delay = self.backoff_initial
+        while True:
+            status.phase = "starting"
+            status.started_at = time.time()
+
+            def ready(status: ActorStatus = status) -> None:
+                status.phase = "running"
+
+            try:
+                await actor.run(ready)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ran_for = time.time() - status.started_at
+                if ran_for >= self.healthy_after:
+                    delay = self.backoff_initial
+                status.restarts += 1
+                status.last_error = f"{type(exc).__name__}: {exc}"
+                status.phase = "backoff"
+                log.error(
+                    "actor crashed; restarting",
+                    exc_info=True,
+                    extra={
+                        "actor": actor.name,
+                        "restarts": status.restarts,
+                        "retry_in_s": round(delay, 2),
+                    },
+                )
+                await asyncio.sleep(jittered(delay, spread=0.2))
+                delay = min(delay * 2, self.backoff_max)
+            else:
+                status.phase = "finished"
+                log.info("actor finished", extra={"actor": actor.name})
+                self.finished.set()
+                return

@@ -1,0 +1,153 @@
+"""The command lines: fleetctl up end to end, init/approve/nodes, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas import signing
+from tests.support.fleet import agent_config, approved_agent, start_aggregator, wait_record
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_fleetctl_up_reaches_three_active_nodes_and_stops_on_sigint(tmp_path: Path) -> None:
+    """`fleetctl up --nodes 3` shows three active nodes and exits 0 on Ctrl-C."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "actors.cli.fleetctl",
+            "up",
+            "--nodes",
+            "3",
+            "--port",
+            "0",
+            "--store",
+            str(tmp_path),
+            "--heartbeat-interval",
+            "0.5",
+            "--stale-after",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 30
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if "3 nodes: 3 active" in line or time.monotonic() > deadline:
+                break
+        assert any("3 nodes: 3 active" in line for line in seen), "".join(seen)
+        assert seen[0].startswith("NATS: nats://127.0.0.1:")
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0, rest
+    assert "stopped." in rest
+    assert (tmp_path / "operator.nk").exists()
+
+
+def test_init_approve_and_nodes(nats_server: NatsServer, tmp_path: Path) -> None:
+    """init prints a public key that approve accepts; nodes --json lists records."""
+    key_file = tmp_path / "node.nk"
+    init = run("actors.cli.node_agent", "init", "--key-file", str(key_file))
+    assert init.returncode == 0 and init.stdout.startswith("U")
+    again = run("actors.cli.node_agent", "init", "--key-file", str(key_file))
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+    public_key = init.stdout.strip()
+    approve = run(
+        "actors.cli.fleetctl",
+        "approve",
+        "n7",
+        public_key,
+        "--server",
+        nats_server.url,
+        "--prefix",
+        "cli1",
+    )
+    # The trust bucket does not exist until an aggregator provisions the prefix.
+    assert approve.returncode == 1 and "start an aggregator" in approve.stderr
+    assert "Traceback" not in approve.stderr
+
+
+async def test_nodes_lists_the_fleet(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """fleetctl nodes (table and --json) shows an active agent."""
+    aggregator = await start_aggregator(bus, prefix)
+    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    try:
+        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+        table = run("actors.cli.fleetctl", "nodes", "--server", nats_server.url, "--prefix", prefix)
+        assert table.returncode == 0 and "n1" in table.stdout and "active" in table.stdout
+        listed = run(
+            "actors.cli.fleetctl",
+            "nodes",
+            "--json",
+            "--server",
+            nats_server.url,
+            "--prefix",
+            prefix,
+        )
+        assert [node["node_id"] for node in json.loads(listed.stdout)] == ["n1"]
+    finally:
+        await agent.stop()
+        await aggregator.stop()
+
+
+def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    """Unreachable server, bad node id and bad config are one 'error:' line, exit 1."""
+    unreachable = run("actors.cli.fleetctl", "nodes", "--server", "nats://127.0.0.1:1")
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.startswith("error: cannot reach NATS at nats://127.0.0.1:1")
+    valid_key = signing.KeyPair.generate().public_key
+    bad_id = run(
+        "actors.cli.fleetctl", "approve", "bad.node", valid_key, "--server", "nats://127.0.0.1:1"
+    )
+    assert bad_id.returncode == 1 and "invalid node id 'bad.node'" in bad_id.stderr
+    bad_config = run(
+        "actors.cli.node_agent",
+        "start",
+        "--heartbeat-interval",
+        "fast",
+        "--state-dir",
+        str(tmp_path),
+    )
+    assert bad_config.returncode == 1
+    assert bad_config.stderr.strip() == (
+        "error: config: heartbeat_interval: expected `float`, got `str`"
+    )
+    for result in (unreachable, bad_id, bad_config):
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_up_on_a_taken_port_says_what_to_do(nats_server: NatsServer, tmp_path: Path) -> None:
+    """fleetctl up on a port in use fails with one line suggesting --port 0."""
+    result = run(
+        "actors.cli.fleetctl", "up", "--port", str(nats_server.port), "--store", str(tmp_path)
+    )
+    assert result.returncode == 1
+    assert "is taken" in result.stderr and "--port 0" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,147 @@
+"""``fleetctl cordon | drain | uncordon | deregister`` as an operator runs them: a real
+process against a real nats-server, with the node agent running in the test."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from actors.node.agent import NodeAgent
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from actors.runtime.supervisor import Supervisor
+from schemas import signing
+from tests.support.commanding import Results, set_in_flight
+from tests.support.fleet import (
+    agent_config,
+    approved_agent,
+    start_aggregator,
+    wait_for,
+    wait_record,
+)
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+
+
+@pytest.fixture
+def operator_file(tmp_path: Path) -> Path:
+    path = tmp_path / "operator.nk"
+    signing.create_key_file(path)
+    return path
+
+
+@pytest.fixture
+async def node(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, operator_file: Path
+) -> AsyncIterator[NodeAgent]:
+    """An aggregator and agent n1 (cluster c1) trusting the operator key."""
+    aggregator: Supervisor = await start_aggregator(bus, prefix)
+    operator = signing.load_key_file(operator_file)
+    config = agent_config(nats_server.url, prefix, state_dir, trust_operators=[operator.public_key])
+    agent = await approved_agent(bus, config)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    yield agent
+    await agent.stop()
+    await aggregator.stop()
+
+
+async def fleetctl(
+    server: NatsServer, prefix: str, key: Path, *args: str
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *args,
+        "--server",
+        server.url,
+        "--prefix",
+        prefix,
+        "--key-file",
+        str(key),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_drain_wait_shows_progress_and_exits_zero(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
+) -> None:
+    """drain --wait prints the command id, a progress line per result and exits 0 once the
+    node is drained; the cluster comes from fleet_nodes."""
+    results = await Results().start(bus, prefix)
+    await set_in_flight(bus, prefix, 2)
+    process = await fleetctl(
+        nats_server, prefix, operator_file, "drain", "n1", "--deadline", "30", "--wait"
+    )
+    await wait_for(lambda: any(r.in_flight == 2 for r in results.results), timeout=15)
+    await set_in_flight(bus, prefix, 0)
+    code, out, err = await finish(process)
+    lines = out.splitlines()
+    assert code == 0, err
+    assert len(lines[0]) == 32 and results.results[0].command_id == lines[0]
+    assert "accepted" in lines[1]
+    assert any(line.startswith("in_progress: draining: 2 in flight") for line in lines)
+    assert lines[-1].startswith("done: drained [drained")
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "drained")
+
+
+async def test_cordon_and_uncordon_without_wait(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
+) -> None:
+    """cordon and uncordon print the command id, exit 0, and the record follows."""
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, operator_file, "cordon", "n1", "--reason", "fw")
+    )
+    assert code == 0 and len(out.strip()) == 32, err
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    assert record.heartbeat is not None and record.heartbeat.schedulability_reason == "fw"
+    code, _, err = await finish(
+        await fleetctl(nats_server, prefix, operator_file, "uncordon", "n1", "--wait")
+    )
+    assert code == 0, err
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+
+
+async def test_rejected_command_exits_nonzero(
+    nats_server: NatsServer, prefix: str, tmp_path: Path, node: NodeAgent
+) -> None:
+    """A command signed by a key the node does not trust is reported rejected, exit 1."""
+    stranger = tmp_path / "stranger.nk"
+    signing.create_key_file(stranger)
+    code, out, _ = await finish(
+        await fleetctl(nats_server, prefix, stranger, "cordon", "n1", "--wait")
+    )
+    assert code == 1
+    assert out.splitlines()[-1].startswith("rejected: signed by an untrusted key")
+
+
+async def test_wait_times_out_when_node_is_down(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
+) -> None:
+    """--wait on a stopped node gives up at --timeout with one error line and exit 2."""
+    await node.stop()
+    code, _, err = await finish(
+        await fleetctl(
+            nats_server, prefix, operator_file, "cordon", "n1", "--wait", "--timeout", "1"
+        )
+    )
+    assert code == 2
+    assert err.splitlines()[-1] == "error: no final result from n1 within 1s"
+
+
+async def test_unknown_node_is_one_error_line(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path
+) -> None:
+    """A node that is not in fleet_nodes (and no --cluster) is one clear error, exit 1."""
+    code, _, err = await finish(await fleetctl(nats_server, prefix, operator_file, "drain", "nx"))
+    assert code == 1
+    assert err.splitlines()[-1] == "error: node nx not found"

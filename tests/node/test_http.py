@@ -1,0 +1,170 @@
+"""The agent's HTTP endpoints (/metrics, /healthz, /status) and ``node-agent status``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.cli.node_agent import main
+from actors.node.agent import NodeAgent
+from actors.node.http_api import HttpActor
+from actors.node.metrics import AgentMetrics
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from actors.runtime.supervisor import ActorStatus, Supervisor
+from schemas import codec
+from tests.support.fake_http import serve, text
+from tests.support.fleet import agent_config, approved_agent, wait_for
+
+VLLM_METRICS = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+TIMEOUT = aiohttp.ClientTimeout(total=5)
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.get(url) as response:
+            return response.status, await response.text()
+
+
+def http_actor(agent: NodeAgent) -> HttpActor:
+    assert agent.supervisor is not None
+    found = [actor for actor in agent.supervisor.actors if isinstance(actor, HttpActor)]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.fixture
+async def agent_url(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> AsyncIterator[str]:
+    """A running agent with 2 fake GPUs, one (fake) vLLM and its health report; its URL."""
+    async with serve({"/health": text(""), "/metrics": text(VLLM_METRICS)}) as vllm:
+        config = agent_config(
+            nats_server.url,
+            prefix,
+            state_dir,
+            engines=[f"vllm={vllm}"],
+            engine_interval=0.2,
+            # One health report at start and no other during the test, so pages agree.
+            health_interval=3600.0,
+        )
+        agent = await approved_agent(bus, config)
+        try:
+            assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+            http = http_actor(agent)
+            await wait_for(lambda: http.health is not None and http.engine is not None)
+            await wait_for(lambda: agent.metrics.value("node_agent_sequence_number"))
+            yield f"http://127.0.0.1:{http.port}"
+        finally:
+            await agent.stop()
+
+
+async def test_metrics_page_is_prometheus_text_with_agent_metrics(agent_url: str) -> None:
+    """/metrics parses as Prometheus text and carries the agent, engine and per-GPU series."""
+    status, body = await get(f"{agent_url}/metrics")
+    assert status == 200
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
+    names = {name for name, _ in samples}
+    for expected in [
+        "node_agent_heartbeat_total",
+        "node_agent_heartbeat_failures_total",
+        "node_agent_health_score",
+        "node_agent_engine_healthy",
+        "node_agent_uptime_seconds",
+        "node_agent_sequence_number",
+        "node_agent_gpu_temperature_celsius",
+        "node_agent_gpu_utilization_percent",
+        "node_agent_gpu_memory_used_bytes",
+    ]:
+        assert expected in names, expected
+    _, status_body = await get(f"{agent_url}/status")
+    health = codec.decode(status_body.encode(), dict[str, Any])["health"]
+    assert samples[("node_agent_health_score", ())] == health["score"]
+    assert samples[("node_agent_sequence_number", ())] >= 1
+    gpu_labels = {
+        labels for name, labels in samples if name == "node_agent_gpu_temperature_celsius"
+    }
+    assert len(gpu_labels) == 2 and all(
+        dict(labels).keys() == {"gpu", "uuid"} for labels in gpu_labels
+    )
+    engines = [value for (name, _), value in samples.items() if name == "node_agent_engine_healthy"]
+    assert engines == [1.0]
+
+
+async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """/status is JSON with node, seq, health, engine, latency and every actor; the
+    ``node-agent status`` command prints it readably."""
+    status, body = await get(f"{agent_url}/status")
+    assert status == 200
+    document: dict[str, Any] = codec.decode(body.encode(), dict[str, Any])
+    assert document["node"] == "n1" and document["cluster"] == "c1"
+    assert document["schedulability"] == "schedulable" and document["seq"] >= 1
+    health = document["health"]
+    assert 0 <= health["score"] <= 100 and health["components"]
+    assert document["engine"]["engines"][0]["kind"] == "vllm"
+    assert document["engine"]["in_flight"] == 1
+    phases = {name: actor["phase"] for name, actor in document["actors"].items()}
+    assert phases == {
+        name: "running"
+        for name in [
+            "inventory",
+            "heartbeat",
+            "health",
+            "engine",
+            "latency",
+            "http",
+            "commands",
+            "spot",
+        ]
+    }
+
+    assert await asyncio.to_thread(main, ["status", "--url", agent_url]) == 0
+    out = capsys.readouterr().out
+    assert "n1 (cluster c1)" in out and f"{health['status']} {health['score']}/100" in out
+    assert "vllm" in out and "healthy, running 1" in out and "heartbeat" in out
+
+
+async def test_status_cli_says_when_agent_is_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``node-agent status`` against nothing is one clear error line and exit 1."""
+    async with serve({}) as gone:
+        pass  # closed again: connections are refused
+    assert await asyncio.to_thread(main, ["status", "--url", gone, "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the agent") and err.count("\n") == 1
+
+
+async def test_healthz_follows_actor_phases(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """/healthz is 200 while every actor runs and 503, naming it, when one does not."""
+    phases = {
+        "heartbeat": ActorStatus(name="heartbeat", phase="running"),
+        "inventory": ActorStatus(name="inventory", phase="running"),
+    }
+    http = HttpActor(
+        agent_config(nats_server.url, prefix, tmp_path), bus, AgentMetrics(), lambda: phases
+    )
+    supervisor = Supervisor([http])
+    supervisor.start()
+    try:
+        assert await supervisor.wait_ready(5)
+        phases["http"] = supervisor.status["http"]
+        status, _ = await get(f"http://127.0.0.1:{http.port}/healthz")
+        assert status == 200
+        phases["inventory"].phase = "backoff"
+        status, body = await get(f"http://127.0.0.1:{http.port}/healthz")
+        assert status == 503 and "inventory" in body
+    finally:
+        await supervisor.stop()

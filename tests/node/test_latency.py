@@ -1,0 +1,167 @@
+"""Latency prober: probe answering, RTT and loss, peer discovery, and staying off the
+heartbeat path (a hung engine or a silent peer never delays a heartbeat)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from nats.aio.msg import Msg
+
+from actors.node.latency import LOSS_WINDOW, LatencyActor
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from actors.runtime.supervisor import Supervisor
+from schemas import codec
+from schemas.base import RecordState
+from schemas.events import Latency
+from schemas.messages import NodeRecord
+from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
+from tests.support.fake_http import serve
+from tests.support.fleet import (
+    agent_config,
+    approved_agent,
+    start_aggregator,
+    wait_for,
+    wait_record,
+)
+
+
+def prober(
+    server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path, node: str, **settings: Any
+) -> LatencyActor:
+    return LatencyActor(agent_config(server.url, prefix, tmp_path, node, **settings), bus)
+
+
+async def silent_peer(bus: NatsBus, prefix: str, node: str) -> None:
+    """Subscribe as ``node`` on the probe subject and never answer (a hung peer)."""
+
+    async def swallow(msg: Msg) -> None:
+        return None
+
+    await bus.subscribe(Subjects(prefix).probe(node), swallow)
+
+
+async def test_probes_are_answered_and_silent_peers_count_as_loss(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """A live peer yields an RTT and 0% loss; a silent one no RTT and 100% loss; the
+    NATS round trip is measured too, and overall loss averages both."""
+    got: list[Latency] = []
+
+    async def collect(msg: Msg) -> None:
+        got.append(codec.decode(msg.data, Latency, msg.subject))
+
+    await bus.subscribe(Subjects(prefix).event("n1", EVENT_LATENCY), collect)
+    await silent_peer(bus, prefix, "ghost")
+    await bus.flush()
+    settings: dict[str, Any] = dict(probe_interval=0.2, probe_timeout=0.3)
+    supervisor = Supervisor(
+        [
+            prober(nats_server, bus, prefix, tmp_path, "n1", peers=["n2", "ghost"], **settings),
+            prober(nats_server, bus, prefix, tmp_path, "n2", peers=[], max_peers=0, **settings),
+        ]
+    )
+    supervisor.start()
+    try:
+        await wait_for(lambda: len(got) >= 2)
+    finally:
+        await supervisor.stop()
+    latest = got[-1]
+    peers = {peer.target_node_id: peer for peer in latest.peers}
+    assert peers["n2"].rtt_us is not None and peers["n2"].loss_pct == 0.0
+    assert peers["ghost"].rtt_us is None and peers["ghost"].loss_pct == 100.0
+    assert latest.avg_peer_rtt_us == peers["n2"].rtt_us
+    assert latest.gateway_rtt_us is not None and latest.gateway_rtt_us > 0
+    assert latest.loss_pct == 50.0
+
+
+async def test_loss_is_over_a_sliding_window(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Loss counts only the last LOSS_WINDOW probes, so an old outage ages out."""
+    actor = prober(nats_server, bus, prefix, tmp_path, "n1", peers=["n2"], probe_timeout=0.3)
+    for _ in range(2):  # nobody answers as n2 yet
+        await actor.measure()
+    answering = prober(nats_server, bus, prefix, tmp_path, "n2")
+    supervisor = Supervisor([answering])
+    supervisor.start()
+    try:
+        assert await supervisor.wait_ready(5)
+        for _ in range(2):
+            latest = await actor.measure()
+        assert latest.peers[0].loss_pct == 50.0
+        for _ in range(LOSS_WINDOW):
+            latest = await actor.measure()
+        assert latest.peers[0].loss_pct == 0.0 and latest.loss_pct == 0.0
+    finally:
+        await supervisor.stop()
+
+
+async def test_discovers_live_peers_of_its_own_cluster(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Without configured peers, peers are nodes of the same cluster from fleet_nodes,
+    excluding itself, other clusters and offline nodes, at most max_peers of them."""
+    subjects = Subjects(prefix)
+    nodes = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    rows: list[tuple[str, str, RecordState]] = [
+        ("n1", "c1", "active"),
+        ("n2", "c1", "active"),
+        ("n3", "c1", "offline"),
+        ("n4", "c2", "active"),
+        ("n5", "c1", "degraded"),
+    ]
+    for node, cluster, state in rows:
+        record = NodeRecord(
+            node_id=node, cluster=cluster, state=state, last_seq=1, last_seen=time.time()
+        )
+        await nodes.put(node, codec.encode(record))
+    actor = prober(nats_server, bus, prefix, tmp_path, "n1")
+    assert sorted(await actor.discover()) == ["n2", "n5"]
+    limited = prober(nats_server, bus, prefix, tmp_path, "n1", max_peers=1)
+    assert len(await limited.discover()) == 1
+
+
+async def test_hung_engine_and_silent_peer_never_delay_heartbeats(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> None:
+    """With an engine that never answers and a peer that never answers (5 s timeouts),
+    heartbeats still arrive at the configured 0.5 s rate."""
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    await silent_peer(bus, prefix, "ghost")
+    aggregator = await start_aggregator(bus, prefix)
+    async with serve({"/health": hang}) as hung:
+        config = agent_config(
+            nats_server.url,
+            prefix,
+            state_dir,
+            engines=[f"vllm={hung}"],
+            engine_timeout=5.0,
+            engine_interval=0.5,
+            peers=["ghost"],
+            probe_timeout=5.0,
+            probe_interval=0.5,
+        )
+        agent = await approved_agent(bus, config)
+        try:
+            first = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 1)
+            started = time.monotonic()
+            beats = 6  # 3 s at the normal rate; a blocked heartbeat would need 30 s
+
+            def after(record: NodeRecord) -> bool:
+                return record.last_seq >= first.last_seq + beats
+
+            await wait_record(bus, prefix, "n1", after, timeout=20)
+            elapsed = time.monotonic() - started
+        finally:
+            await agent.stop()
+            await aggregator.stop()
+    assert elapsed < 8.0, f"{beats} heartbeats took {elapsed:.1f}s"

@@ -1,0 +1,247 @@
+"""NVML inventory against a replaced pynvml (recorded answers), and kernel-log XIDs."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from actors.node.inventory import actor as inventory
+from actors.node.inventory import nvml_gpus
+from actors.node.inventory.fake_gpus import FakeGpus
+from actors.node.inventory.kmsg import KmsgXids, parse_xid_line, pci_key
+from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
+from tests.support.fleet import agent_config
+
+GIB = 1024**3
+LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def recorded_device(index: int, bus: str) -> dict[str, Any]:
+    """What NVML answered for one H100, as recorded: function name -> answer."""
+    pci = pynvml.nvmlPciInfo_t()
+    pci.busId = bus.encode()
+    return {
+        "nvmlDeviceGetUUID": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
+        "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3",
+        "nvmlDeviceGetPciInfo": pci,
+        "nvmlDeviceGetMemoryInfo": pynvml.c_nvmlMemory_t(
+            total=80 * GIB, free=60 * GIB, used=20 * GIB
+        ),
+        "nvmlDeviceGetTemperature": 41,
+        "nvmlDeviceGetPowerUsage": 123_456,
+        "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+        "nvmlDeviceGetUtilizationRates": pynvml.c_nvmlUtilization_t(gpu=37, memory=12),
+        "nvmlDeviceGetTotalEccErrors": 2,
+        "nvmlDeviceRegisterEvents": None,
+    }
+
+
+class FakeNvml:
+    """Stands in for the pynvml module: real constants and error classes, recorded answers.
+
+    An answer that is an int in ``errors`` raises ``pynvml.NVMLError(code)`` instead.
+    """
+
+    def __init__(self, devices: list[dict[str, Any]], init_error: int | None = None) -> None:
+        self.devices = devices
+        self.init_error = init_error
+        self.errors: dict[tuple[int, str], int] = {}
+        self.events: deque[SimpleNamespace] = deque()
+        self.calls: list[tuple[int, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names not defined below land here: device queries answer from the recording.
+        if name.startswith("nvmlDevice"):
+            return lambda handle, *args: self._answer(handle, name)
+        return getattr(pynvml, name)
+
+    def _answer(self, handle: int, name: str) -> Any:
+        self.calls.append((handle, name))
+        if (handle, name) in self.errors:
+            raise pynvml.NVMLError(self.errors[(handle, name)])
+        if name == "nvmlDeviceGetIndex":
+            return handle
+        return self.devices[handle][name]
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0, "the event set must be polled, never waited on"
+        if not self.events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.events.popleft()
+
+    def xid(self, handle: int, code: int) -> None:
+        self.events.append(
+            SimpleNamespace(
+                device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=code
+            )
+        )
+
+
+def two_gpus() -> FakeNvml:
+    return FakeNvml(
+        [recorded_device(0, "00000000:3B:00.0"), recorded_device(1, "00000000:86:00.0")]
+    )
+
+
+def test_recorded_answers_become_gpus() -> None:
+    """Every NVML reading lands in its Gpu field, power in W, names decoded."""
+    gpus = NvmlGpus(nvml=two_gpus()).read()
+    assert [gpu.index for gpu in gpus] == [0, 1]
+    gpu = gpus[1]
+    assert gpu.uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
+    assert gpu.name == "NVIDIA H100 80GB HBM3"
+    assert gpu.pci_bus_id == "00000000:86:00.0"
+    assert (gpu.memory_total, gpu.memory_used) == (80 * GIB, 20 * GIB)
+    assert gpu.temperature_c == 41.0
+    assert gpu.power_w == pytest.approx(123.456)
+    assert gpu.power_limit_w == 700.0
+    assert gpu.utilization_pct == 37.0
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (2, 2)
+    assert not gpu.lost and gpu.xids == []
+
+
+def test_not_supported_fields_are_none() -> None:
+    """A field NVML does not support is None for that field only; the read goes on."""
+    nvml = two_gpus()
+    for name in ("nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage"):
+        nvml.errors[(0, name)] = NOT_SUPPORTED
+    nvml.errors[(0, "nvmlDeviceGetTotalEccErrors")] = pynvml.NVML_ERROR_NO_PERMISSION
+    gpu = NvmlGpus(nvml=nvml).read()[0]
+    assert gpu.temperature_c is None and gpu.power_w is None
+    assert gpu.ecc_corrected is None and gpu.ecc_uncorrected is None
+    assert gpu.utilization_pct == 37.0 and gpu.power_limit_w == 700.0
+
+
+def test_gpu_is_lost_marks_device_lost_for_good() -> None:
+    """GpuIsLost marks that GPU lost, keeps its identity, and stops querying it."""
+    nvml = two_gpus()
+    gpus = NvmlGpus(nvml=nvml)
+    gpus.read()
+    nvml.errors[(1, "nvmlDeviceGetMemoryInfo")] = LOST
+    first = gpus.read()
+    assert first[1].lost and not first[0].lost
+    assert first[1].uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
+    assert first[1].memory_total == 80 * GIB and first[1].temperature_c is None
+    nvml.calls.clear()
+    assert gpus.read()[1].lost
+    assert all(handle == 0 for handle, _ in nvml.calls)
+
+
+def test_xid_events_are_counted_per_gpu_and_code() -> None:
+    """XID events drained from the event set become XidCounts on their GPU."""
+    nvml = two_gpus()
+    gpus = NvmlGpus(nvml=nvml)
+    nvml.xid(1, 79)
+    nvml.xid(1, 79)
+    nvml.xid(0, 13)
+    result = gpus.read()
+    assert [(xid.code, xid.count) for xid in result[1].xids] == [(79, 2)]
+    assert [(xid.code, xid.count) for xid in result[0].xids] == [(13, 1)]
+    nvml.xid(1, 48)
+    assert [(xid.code, xid.count) for xid in gpus.read()[1].xids] == [(48, 1), (79, 2)]
+
+
+def test_kmsg_fallback_for_gpus_without_events(tmp_path: Path) -> None:
+    """A GPU whose event registration fails gets its XIDs from the kernel log, by PCI id."""
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,2,-;nvidia: loading\n")
+    nvml = two_gpus()
+    nvml.errors[(1, "nvmlDeviceRegisterEvents")] = NOT_SUPPORTED
+    gpus = NvmlGpus(nvml=nvml, xid_log_path=str(log))
+    try:
+        assert all(gpu.xids == [] for gpu in gpus.read())
+        with log.open("a") as handle:
+            handle.write("4,2,3,-;NVRM: Xid (PCI:0000:86:00): 79, pid=1, GPU has fallen off\n")
+            # GPU 0 has NVML events: a kernel line for it must not count twice.
+            handle.write("4,3,4,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE\n")
+        result = gpus.read()
+        assert [(xid.code, xid.count) for xid in result[1].xids] == [(79, 1)]
+        assert result[0].xids == []
+    finally:
+        gpus.close()
+
+
+def test_init_failure_is_unavailable() -> None:
+    """nvmlInit failing (no driver) raises NvmlUnavailable with NVML's reason."""
+    with pytest.raises(NvmlUnavailable, match="Driver Not Loaded"):
+        NvmlGpus(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+
+
+def test_choose_gpus_prefers_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With fake_gpus unset: NVML when nvmlInit works, else fake GPUs; fake_gpus=0: none."""
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None, expected_gpus=3)
+    monkeypatch.setattr(nvml_gpus, "pynvml", two_gpus())
+    assert isinstance(inventory.choose_gpus(config), NvmlGpus)
+    failing = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monkeypatch.setattr(nvml_gpus, "pynvml", failing)
+    fallback = inventory.choose_gpus(config)
+    assert isinstance(fallback, FakeGpus) and fallback.count == 3
+    assert inventory.choose_gpus(agent_config("nats://x:1", "t", tmp_path, fake_gpus=0)) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "parsed"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.",
+            ("0000:3b:00", 79),
+        ),
+        ("6,1234,5678,-;NVRM: Xid (PCI:0000:86:00): 48, pid=9, DBE", ("0000:86:00", 48)),
+        ("[ 12.3] NVRM: Xid (PCI:00000000:3B:00.0): 13, Graphics Exception", ("0000:3b:00", 13)),
+        ("NVRM: loading NVIDIA UNIX x86_64 Kernel Module", None),
+        ("NVRM: Xid (PCI:garbage): 79", None),
+    ],
+)
+def test_parse_xid_line(line: str, parsed: tuple[str, int] | None) -> None:
+    """Driver XID lines give (PCI key, code) in any kernel-log framing; others give None."""
+    assert parse_xid_line(line) == parsed
+
+
+def test_pci_key_matches_nvml_and_kernel_forms() -> None:
+    """NVML's bus id and the kernel's PCI tag normalise to the same key."""
+    assert pci_key("00000000:3B:00.0") == pci_key("0000:3b:00") == "0000:3b:00"
+
+
+def test_kmsg_reader_never_blocks_on_a_pipe(tmp_path: Path) -> None:
+    """Reading an empty FIFO returns at once; lines come whole, partial lines wait."""
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    reader = KmsgXids(str(fifo))
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        assert reader.poll() == []
+        os.write(writer, b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1\nNVRM: Xid (PCI:0000:3b:00)")
+        assert reader.poll() == [("0000:3b:00", 79)]
+        os.write(writer, b": 94, contained\n")
+        assert reader.poll() == [("0000:3b:00", 94)]
+        assert reader.poll() == []
+    finally:
+        os.close(writer)
+        reader.close()
+
+
+def test_unreadable_kernel_log_is_not_fatal(tmp_path: Path) -> None:
+    """A kernel log that cannot be opened yields no XIDs rather than an error."""
+    reader = KmsgXids(str(tmp_path / "missing"))
+    assert reader.poll() == []
+    reader.close()

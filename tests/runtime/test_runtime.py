@@ -1,0 +1,150 @@
+"""Runtime pieces: supervisor restarts, config layering and errors, sequence persistence."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from actors.node.config import ENV_PREFIX, AgentConfig
+from actors.node.heartbeat.sequence import SequenceError, SequenceStore
+from actors.runtime.config import ConfigError, build
+from actors.runtime.supervisor import Supervisor
+
+
+class Crasher:
+    name = "crasher"
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.starts += 1
+        ready()
+        await asyncio.sleep(0.01)
+        raise RuntimeError("boom")
+
+
+class Steady:
+    name = "steady"
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        ready()
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+
+async def test_supervisor_restarts_crasher_and_keeps_others_running() -> None:
+    """A crashing actor is restarted with backoff; its neighbour never stops."""
+    crasher, steady = Crasher(), Steady()
+    supervisor = Supervisor([crasher, steady], backoff_initial=0.01, backoff_max=0.05)
+    supervisor.start()
+    await asyncio.sleep(0.5)
+    ticks = steady.ticks
+    await asyncio.sleep(0.1)
+    assert crasher.starts >= 3
+    assert supervisor.status["crasher"].restarts >= 2
+    assert "boom" in supervisor.status["crasher"].last_error
+    assert steady.ticks > ticks and supervisor.status["steady"].phase == "running"
+    await supervisor.stop()
+    assert supervisor.status["steady"].phase == "stopped"  # type: ignore[comparison-overlap]
+
+
+async def test_supervisor_stop_cancels_everything() -> None:
+    """Stopping propagates cancellation into every actor."""
+    steady = Steady()
+    supervisor = Supervisor([steady])
+    supervisor.start()
+    assert await supervisor.wait_ready(1)
+    await supervisor.stop(timeout=1)
+    ticks = steady.ticks
+    await asyncio.sleep(0.05)
+    assert steady.ticks == ticks
+
+
+def test_config_layers_flags_over_env_over_file(tmp_path: Path) -> None:
+    """Flags beat NODE_AGENT_* which beats the TOML file which beats defaults."""
+    file = tmp_path / "agent.toml"
+    file.write_text('node_id = "from-file"\ncluster = "file"\nheartbeat_interval = 3\n')
+    config = build(
+        AgentConfig,
+        ENV_PREFIX,
+        file=file,
+        env={
+            "NODE_AGENT_CLUSTER": "env",
+            "NODE_AGENT_HEARTBEAT_INTERVAL": "4",
+            "NATS_URL": "nats://h:1",
+        },
+        flags={"heartbeat_interval": "5", "node_id": None},
+    )
+    assert (config.node_id, config.cluster, config.heartbeat_interval) == ("from-file", "env", 5)
+    assert config.server == "nats://h:1"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"node_id": "bad node"}, "config: node_id: expected `str` matching regex"),
+        ({"heartbeat_interval": "soon"}, "config: heartbeat_interval: expected `float`"),
+        ({"stale_after": "5"}, "stale_after (5s) must be longer than heartbeat_interval"),
+        ({"http_port": "70000"}, "config: http_port: expected `int` <= 65535"),
+        ({"engines": ["tgi=http://x"]}, "config: engines[0]"),
+    ],
+)
+def test_bad_values_are_one_line_naming_the_field(flags: dict[str, object], message: str) -> None:
+    """Each invalid value yields one ConfigError line that names the field."""
+    with pytest.raises(ConfigError) as caught:
+        build(AgentConfig, ENV_PREFIX, env={}, flags=flags)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_bad_file_and_unknown_keys(tmp_path: Path) -> None:
+    """A missing file, broken TOML, an unknown key and an unknown env var are named."""
+    with pytest.raises(ConfigError, match="not found"):
+        build(AgentConfig, ENV_PREFIX, file=tmp_path / "missing.toml", env={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("node_id = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        build(AgentConfig, ENV_PREFIX, file=broken, env={})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("hearbeat_interval = 3\n")
+    with pytest.raises(ConfigError, match="unknown setting `hearbeat_interval`"):
+        build(AgentConfig, ENV_PREFIX, file=unknown, env={})
+    with pytest.raises(ConfigError, match=r"NODE_AGENT_NODEID"):
+        build(AgentConfig, ENV_PREFIX, env={"NODE_AGENT_NODEID": "x"})
+
+
+def test_sequence_grows_across_restarts_and_crashes(tmp_path: Path) -> None:
+    """A new store never hands out a number an earlier one could have used."""
+    first = SequenceStore(tmp_path, block=10)
+    used = [first.next() for _ in range(25)]
+    second = SequenceStore(tmp_path, block=10)
+    assert second.next() > max(used)
+    assert used == sorted(set(used))
+
+
+def test_corrupt_sequence_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A sequence file that is not a number stops the agent with a named file."""
+    (tmp_path / "heartbeat.seq").write_text("garbage")
+    with pytest.raises(SequenceError, match=r"heartbeat\.seq"):
+        SequenceStore(tmp_path)
+
+
+def test_full_disk_keeps_numbers_increasing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a new block cannot be written, numbers still increase (and it is logged)."""
+    store = SequenceStore(tmp_path, block=2)
+
+    def no_space(*_args: object) -> None:
+        raise SequenceError(tmp_path, "No space left on device")
+
+    monkeypatch.setattr(store, "_reserve", no_space)
+    numbers = [store.next() for _ in range(5)]
+    assert numbers == sorted(set(numbers))

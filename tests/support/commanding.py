@@ -1,0 +1,80 @@
+"""Test helpers for commands: an operator key, signed commands, and the node's results."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from actors.cli.send import new_command, publish_command
+from actors.runtime.bus import NatsBus
+from schemas import codec, signing
+from schemas.events import Engine
+from schemas.messages import Action, Alert, Command, CommandResult
+from schemas.subjects import EVENT_ENGINE, Subjects
+from tests.support.fleet import wait_for
+
+
+class Results:
+    """Every CommandResult (signature checked) and Alert seen for one test's prefix."""
+
+    def __init__(self) -> None:
+        self.results: list[CommandResult] = []
+        self.alerts: list[Alert] = []
+
+    async def start(self, bus: NatsBus, prefix: str) -> Results:
+        subjects = Subjects(prefix)
+        await bus.subscribe(subjects.results(), self._on_result)
+        await bus.subscribe(subjects.alerts(), self._on_alert)
+        await bus.flush()
+        return self
+
+    async def _on_result(self, msg: Msg) -> None:
+        signing.verify(msg.headers, msg.data)
+        self.results.append(codec.decode(msg.data, CommandResult, msg.subject))
+
+    async def _on_alert(self, msg: Msg) -> None:
+        self.alerts.append(codec.decode(msg.data, Alert, msg.subject))
+
+    def of(self, command_id: str) -> list[CommandResult]:
+        return [r for r in self.results if r.command_id == command_id]
+
+    def statuses(self, command_id: str) -> list[str]:
+        return [r.status for r in self.of(command_id)]
+
+    async def final(self, command_id: str, timeout: float = 10.0) -> CommandResult:
+        def check() -> CommandResult | None:
+            done = [r for r in self.of(command_id) if r.status in ("done", "failed", "rejected")]
+            return done[-1] if done else None
+
+        found: CommandResult = await wait_for(check, timeout)
+        return found
+
+
+async def send(
+    bus: NatsBus,
+    prefix: str,
+    key: signing.KeyPair,
+    action: Action,
+    node: str = "n1",
+    cluster: str = "c1",
+    **kw: Any,
+) -> Command:
+    command = new_command(node, cluster, action, **kw)
+    await publish_command(bus, Subjects(prefix), key, command)
+    return command
+
+
+async def send_raw(
+    bus: NatsBus, prefix: str, body: bytes, headers: dict[str, str], node: str = "n1"
+) -> None:
+    """Publish exactly these bytes and headers (no Nats-Msg-Id unless given)."""
+    await bus.js.publish(Subjects(prefix).command("c1", node), body, headers=headers, timeout=5)
+
+
+async def set_in_flight(bus: NatsBus, prefix: str, count: int, node: str = "n1") -> None:
+    """Pretend to be the engine actor reporting ``count`` in-flight requests."""
+    engine = Engine(ts=time.time(), in_flight=count)
+    await bus.publish(Subjects(prefix).event(node, EVENT_ENGINE), codec.encode(engine))
+    await bus.flush()

@@ -1,0 +1,404 @@
+"""Every nats-server config in deploy/nats/, started for real on loopback and used by an
+aggregator and agents: one server, a 3-node JetStream cluster, hub + leaf, nkey auth.
+
+The config under test is always the repo file: it is read, its addresses, ports, store
+directory and key placeholders are replaced (each replaced string must be present, so a
+config that drifts fails here), and the result is written to the test's tmp directory.
+"""
+
+from __future__ import annotations
+
+import configparser
+import importlib
+import re
+import shlex
+import socket
+import time
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.msg import Msg
+
+from actors.fleet.registry import record
+from actors.node.agent import NodeAgent
+from actors.node.config import ENV_PREFIX, AgentConfig
+from actors.runtime.bus import BusError, NatsBus
+from actors.runtime.config import build
+from actors.runtime.embedded import NatsServer
+from schemas import codec, signing
+from schemas import subjects as names
+from schemas.messages import Cordon, Probe, ProbeReply
+from schemas.subjects import Subjects
+from tests.support.commanding import Results, send
+from tests.support.fleet import (
+    agent_config,
+    approved_agent,
+    start_aggregator,
+    wait_for,
+    wait_record,
+)
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+STORE = "/var/lib/nats/jetstream"
+PREFIX = "fleet"
+"""The configs' permissions name the default prefix, so these tests use it too (each test
+has servers of its own, so nothing is shared)."""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def render(name: str, target: Path, replacements: Mapping[str, str]) -> Path:
+    """The repo's ``deploy/nats/<name>`` with each replacement applied, written to ``target``."""
+    text = (DEPLOY / name).read_text()
+    for old, new in replacements.items():
+        assert old in text, f"{name} no longer contains {old!r}"
+        text = text.replace(old, new)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+@pytest.fixture
+def servers() -> Iterator[list[NatsServer]]:
+    """Servers a test starts; each is stopped when the test ends."""
+    started: list[NatsServer] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def start(
+    servers: list[NatsServer],
+    config: Path,
+    store: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+) -> NatsServer:
+    server = NatsServer(store, name=name, config_file=config, env=env)
+    servers.append(server)
+    return server.start()
+
+
+async def admit(
+    bus: NatsBus, server: str, state_dir: Path, node: str = "n1", **settings: object
+) -> NodeAgent:
+    """An approved agent on ``server``, once the aggregator has it ``active``."""
+    agent = await approved_agent(bus, agent_config(server, PREFIX, state_dir, node, **settings))
+    try:
+        await wait_record(bus, PREFIX, node, lambda r: r.state == "active", timeout=20)
+    except BaseException:
+        await agent.stop()
+        raise
+    return agent
+
+
+async def test_single(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """single.conf runs JetStream, and an aggregator and an agent reach ``active`` on it."""
+    config = render(
+        "single.conf",
+        tmp_path / "single.conf",
+        {
+            "127.0.0.1:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            STORE: str(tmp_path / "js"),
+        },
+    )
+    server = start(servers, config, tmp_path / "server", "single")
+    bus = await NatsBus.connect(server.url, "test")
+    try:
+        info = await bus.js.account_info()
+        assert info.limits.max_storage != 0
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            agent = await admit(bus, server.url, state_dir)
+            await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await bus.close()
+
+
+async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """cluster/n1-3.conf form one JetStream cluster: R3 streams and buckets, an agent on a
+    server list reaches ``active``, and its heartbeats are still accepted once the server
+    it was connected to is stopped."""
+    routes = [free_port() for _ in range(3)]
+    for n in range(1, 4):
+        replacements = {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            "0.0.0.0:6222": f"127.0.0.1:{routes[n - 1]}",
+            STORE: str(tmp_path / f"js{n}"),
+        }
+        for peer in range(1, 4):
+            replacements[f"nats-route://fleet-n{peer}:6222"] = (
+                f"nats-route://127.0.0.1:{routes[peer - 1]}"
+            )
+        config = render(f"cluster/n{n}.conf", tmp_path / f"n{n}.conf", replacements)
+        start(servers, config, tmp_path / f"n{n}", f"n{n}")
+    urls = ",".join(server.url for server in servers)
+    bus = await NatsBus.connect(urls, "test")
+    try:
+        aggregator = await start_aggregator(bus, PREFIX, ready_timeout=30, replicas=3)
+        try:
+            subjects = Subjects(PREFIX)
+            streams = [
+                subjects.stream_name(base)
+                for base in (
+                    names.STREAM_HEARTBEATS,
+                    names.STREAM_COMMANDS,
+                    names.STREAM_EVENTS,
+                    names.STREAM_ALERTS,
+                )
+            ] + [
+                f"KV_{subjects.bucket_name(base)}"
+                for base in (names.BUCKET_NODES, names.BUCKET_TRUST)
+            ]
+            for stream in streams:
+                info = await bus.js.stream_info(stream)
+                assert info.config.num_replicas == 3, stream
+                assert info.cluster is not None and info.cluster.name == "fleet"
+
+            agent = await admit(bus, urls, state_dir, stale_after=10.0)
+            try:
+                assert agent.bus is not None
+                connected = agent.bus.nc.connected_url
+                assert connected is not None
+                victim = next(s for s in servers if s.port == connected.port)
+                before = (await record(bus, Subjects(PREFIX), "n1")).last_seq
+                victim.stop()
+
+                # Reads may time out while the clients fail over and leaders are re-elected.
+                async def risen() -> bool:
+                    try:
+                        current = await record(bus, Subjects(PREFIX), "n1")
+                    except (nats.errors.Error, TimeoutError):
+                        return False
+                    return current.last_seq > before + 3
+
+                await wait_for(risen, timeout=25)
+            finally:
+                await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await bus.close()
+
+
+async def test_hub_and_leaf(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """leaf.conf (HUB_URL and NODE_NAME from the environment) attaches to hub.conf, and an
+    agent connected only to the leaf reaches ``active`` in the hub's aggregator."""
+    leaf_port = free_port()
+    hub_config = render(
+        "hub.conf",
+        tmp_path / "hub.conf",
+        {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+            "0.0.0.0:7422": f"127.0.0.1:{leaf_port}",
+            STORE: str(tmp_path / "hub-js"),
+        },
+    )
+    hub = start(servers, hub_config, tmp_path / "hub", "hub")
+    leaf_config = render(
+        "leaf.conf", tmp_path / "leaf.conf", {"127.0.0.1:4222": f"127.0.0.1:{free_port()}"}
+    )
+    env = {"HUB_URL": f"nats-leaf://127.0.0.1:{leaf_port}", "NODE_NAME": "gpu-node-1"}
+    leaf = start(servers, leaf_config, tmp_path / "leaf", "leaf", env=env)
+    bus = await NatsBus.connect(hub.url, "test")
+    local = await NatsBus.connect(leaf.url, "leaf-test")
+    try:
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            # JetStream answers through the leaf once the leaf connection is up.
+            async def through_leaf() -> bool:
+                try:
+                    await local.js.account_info()
+                except Exception:
+                    return False
+                return True
+
+            await wait_for(through_leaf, timeout=15)
+            agent = await admit(bus, leaf.url, state_dir)
+            await agent.stop()
+        finally:
+            await aggregator.stop()
+    finally:
+        await local.close()
+        await bus.close()
+
+
+AUTH_CLUSTER = "gpu-a"
+AUTH_NODE = "node-1"
+
+
+async def test_auth(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+    """auth.conf: the aggregator logs in with its nkey, node-1 with its node key runs all its
+    real traffic (heartbeats, events, probes, KV reads, commands) without one permission
+    violation, and cannot beat for node-2 nor listen to node-2's probes."""
+    aggregator_key = signing.KeyPair.generate()
+    operator = signing.KeyPair.generate()
+    config = agent_config(
+        "",
+        PREFIX,
+        state_dir,
+        AUTH_NODE,
+        cluster=AUTH_CLUSTER,
+        nkey_auth=True,
+        trust_operators=[operator.public_key],
+        probe_interval=0.3,
+    )
+    node_key = signing.load_or_create_key_file(config.key_path)
+    text = (DEPLOY / "auth.conf").read_text()
+    assert f"fleet.hb.{AUTH_CLUSTER}.{AUTH_NODE}" in text
+    rendered = render(
+        "auth.conf",
+        tmp_path / "auth.conf",
+        {
+            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
+            STORE: str(tmp_path / "js"),
+            "AGGREGATOR_PUBLIC_KEY": aggregator_key.public_key,
+            "NODE_1_PUBLIC_KEY": node_key.public_key,
+        },
+    )
+    server = start(servers, rendered, tmp_path / "server", "auth")
+    config = msgspec.structs.replace(config, server=server.url)
+
+    with pytest.raises(BusError):
+        await NatsBus.connect(server.url, "anonymous", connect_timeout=2)
+    bus = await NatsBus.connect(server.url, "aggregator", nkey_seed=aggregator_key.seed)
+    try:
+        results = await Results().start(bus, PREFIX)
+        aggregator = await start_aggregator(bus, PREFIX)
+        try:
+            agent = await approved_agent(bus, config)
+            try:
+                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "active")
+                cordon = await send(
+                    bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER
+                )
+                assert (await results.final(cordon.id)).status == "done"
+                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
+                probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
+                reply = await bus.request(
+                    Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5
+                )
+                assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
+                # Peer discovery has listed and read the bucket a few times by now.
+                assert agent.bus is not None
+                assert "Violation" not in server.log_file.read_text()
+            finally:
+                await agent.stop()
+        finally:
+            await aggregator.stop()
+        await refuses_another_nodes_subjects(bus, server, node_key)
+    finally:
+        await bus.close()
+
+
+async def refuses_another_nodes_subjects(
+    bus: NatsBus, server: NatsServer, node_key: signing.KeyPair
+) -> None:
+    """Logged in as node-1: a heartbeat on node-2's subject is not stored, and neither
+    node-2's probe subject nor node-2's replies can be subscribed to."""
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        server.url, nkeys_seed_str=node_key.seed, error_cb=on_error, allow_reconnect=False
+    )
+    try:
+        subjects = Subjects(PREFIX)
+        forged = subjects.heartbeat(AUTH_CLUSTER, "node-2")
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await nc.jetstream().publish(forged, b"{}", timeout=2)
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await bus.js.get_last_msg(subjects.stream_name(names.STREAM_HEARTBEATS), forged)
+
+        heard: list[bytes] = []
+
+        async def listen(msg: Msg) -> None:
+            heard.append(msg.data)
+
+        await nc.subscribe(subjects.probe("node-2"), cb=listen)
+        await nc.subscribe("_INBOX.node-2.>", cb=listen)
+        await nc.flush(timeout=2)
+        await wait_for(
+            lambda: (
+                sum("permissions violation for subscription" in str(e).lower() for e in errors) >= 2
+            )
+        )
+        with pytest.raises(nats.errors.NoRespondersError):
+            await bus.request(subjects.probe("node-2"), b"{}", timeout=2)
+        assert heard == []
+    finally:
+        await nc.close()
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    """A systemd unit from deploy/nats/systemd, read as INI (keys keep their case)."""
+    parsed = configparser.ConfigParser(interpolation=None, strict=True)
+    parsed.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
+    parsed.read(DEPLOY / "systemd" / name)
+    return parsed
+
+
+def test_agent_example_is_a_valid_config() -> None:
+    """agent.example.toml loads with the real config loader and mentions every AgentConfig
+    field, so it cannot drift from the code."""
+    path = DEPLOY / "agent.example.toml"
+    config = build(AgentConfig, ENV_PREFIX, file=path, env={})
+    assert config.nkey_auth and config.state_dir == "/var/lib/node-agent"
+    text = path.read_text()
+    missing = [
+        field.name
+        for field in msgspec.structs.fields(AgentConfig)
+        if not re.search(rf"^#? ?{field.name} = ", text, re.MULTILINE)
+    ]
+    assert missing == []
+
+
+def test_units_run_real_commands() -> None:
+    """Each unit's ExecStart runs nats-server or a console script of pyproject with
+    arguments that script's own parser accepts; the agent's unit restarts always, is
+    hardened, and gives a graceful stop more time than the agent's shutdown can take."""
+    scripts = tomllib.loads((DEPLOY.parent.parent / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert {path.name for path in units} == {
+        "nats-server.service",
+        "node-agent.service",
+        "fleetctl-aggregator.service",
+    }
+    for path in units:
+        command, *args = shlex.split(unit(path.name)["Service"]["ExecStart"])
+        program = Path(command).name
+        if program == "nats-server":
+            continue
+        assert program in scripts, f"{path.name}: {program} is not a console script"
+        module = importlib.import_module(scripts[program].split(":")[0])
+        module.parser().parse_args(args)
+
+    agent = unit("node-agent.service")["Service"]
+    assert agent["ExecStart"].endswith("node-agent start --config /etc/node-agent/agent.toml")
+    assert agent["Restart"] == "always" and agent["KillSignal"] == "SIGTERM"
+    assert agent["NoNewPrivileges"] == "true" and agent["ProtectSystem"] == "strict"
+    assert agent["StateDirectory"] == "node-agent"
+    example = build(AgentConfig, ENV_PREFIX, file=DEPLOY / "agent.example.toml", env={})
+    assert example.state_dir in agent["ReadWritePaths"].split()
+    assert float(agent["TimeoutStopSec"]) > 3 * example.shutdown_timeout
