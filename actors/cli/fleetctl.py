@@ -24,8 +24,8 @@ from actors.cli.common import (
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
 from actors.fleet import registry as fleet_ops
-from actors.fleet.aggregator import Aggregator, AggregatorConfig
-from actors.fleet.fleet_api import FleetHttp
+from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.supervisor import Actor, Supervisor
@@ -54,9 +54,9 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         prefix=args.prefix, offline_after=args.offline_after, replicas=args.replicas
     )
     metrics = AggregatorMetrics()
-    actors: list[Actor] = [Aggregator(config, bus, metrics)]
+    actors: list[Actor] = [AggregatorActor(config, bus, metrics)]
     if args.http_port >= 0:
-        actors.append(FleetHttp(bus, args.prefix, metrics, args.http_host, args.http_port))
+        actors.append(FleetApiActor(bus, args.prefix, metrics, args.http_host, args.http_port))
     supervisor = Supervisor(actors)
     supervisor.start()
     await stop_event().wait()

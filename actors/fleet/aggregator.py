@@ -64,7 +64,7 @@ class LateDelivery(Exception):
     """An older heartbeat delivered after a newer one (another aggregator was faster)."""
 
 
-class Aggregator:
+class AggregatorActor:
     name = "aggregator"
 
     def __init__(

@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 STATES: tuple[RecordState, ...] = get_args(RecordState)
 
 
-class FleetHttp:
-    name = "fleet-http"
+class FleetApiActor:
+    name = "fleet_api"
 
     def __init__(
         self, bus: Bus, prefix: str, metrics: AggregatorMetrics, host: str, port: int

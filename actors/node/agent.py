@@ -6,17 +6,17 @@ import asyncio
 import logging
 from pathlib import Path
 
-from actors.node.commands.actor import CommandExecutor
+from actors.node.commands.actor import CommandsActor
 from actors.node.config import AgentConfig
 from actors.node.engine import EngineActor
 from actors.node.health.actor import HealthActor
 from actors.node.heartbeat.actor import HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
-from actors.node.http_api import HttpActor
-from actors.node.inventory.actor import Inventory
+from actors.node.http_api import HttpApiActor
+from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
-from actors.node.spot import SpotWatcher
+from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor
 from schemas.signing import load_key_file
@@ -34,19 +34,19 @@ class NodeAgent:
         self.metrics = AgentMetrics()
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
-        self.commands: CommandExecutor | None = None
+        self.commands: CommandsActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
-        self.commands = CommandExecutor(self.config, bus, self.key)
+        self.commands = CommandsActor(self.config, bus, self.key)
         return [
-            Inventory(self.config, bus),
+            InventoryActor(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
             HealthActor(self.config, bus),
             EngineActor(self.config, bus),
             LatencyActor(self.config, bus),
-            HttpActor(self.config, bus, self.metrics, self.actor_status),
+            HttpApiActor(self.config, bus, self.metrics, self.actor_status),
             self.commands,
-            SpotWatcher(self.config, bus),
+            SpotActor(self.config, bus),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

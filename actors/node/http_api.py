@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 StatusSource = Callable[[], Mapping[str, ActorStatus]]
 
 
-class HttpActor:
-    name = "http"
+class HttpApiActor:
+    name = "http_api"
 
     def __init__(
         self,

@@ -85,7 +85,7 @@ def _backoff(delay: float, exc: Exception) -> float:
     return delay
 
 
-class SpotWatcher:
+class SpotActor:
     name = "spot"
 
     def __init__(self, config: AgentConfig, bus: Bus) -> None:

@@ -225,7 +225,7 @@ async def consume_forever(
         except nats.errors.ConnectionClosedError:
             raise
         except nats.errors.Error as exc:
-            log.warning("%s fetch failed; retrying", what, extra={"reason": str(exc)})
+            log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
             await asyncio.sleep(1.0)
             continue
         await handle(messages)

@@ -80,7 +80,7 @@ class Supervisor:
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=timeout)
             for task in pending:
-                log.warning("%s did not stop in time", task.get_name())
+                log.warning("actor did not stop in time", extra={"task": task.get_name()})
         for status in self.status.values():
             if status.phase != "finished":
                 status.phase = "stopped"

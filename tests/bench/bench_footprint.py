@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from actors.fleet.aggregator import Aggregator, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
 from actors.fleet.registry import NotFound, approve, record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -46,7 +46,7 @@ async def bench(seconds: float, work: Path) -> bool:
     server = NatsServer(work / "nats")
     server.start()
     bus = await NatsBus.connect(server.url, "bench")
-    aggregator = Supervisor([Aggregator(AggregatorConfig(), bus)])
+    aggregator = Supervisor([AggregatorActor(AggregatorConfig(), bus)])
     aggregator.start()
     child: asyncio.subprocess.Process | None = None
     try:

@@ -10,8 +10,8 @@ from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.fleet import record_rules as records
-from actors.fleet.aggregator import Aggregator, AggregatorConfig
-from actors.fleet.fleet_api import FleetHttp
+from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.registry import approve, record
@@ -52,7 +52,7 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     key = signing.KeyPair.generate()
     subjects = Subjects(prefix)
     await approve(bus, subjects, "n1", key.public_key)
-    aggregator = Aggregator(AggregatorConfig(prefix=prefix), bus)
+    aggregator = AggregatorActor(AggregatorConfig(prefix=prefix), bus)
     aggregator.store = await NodeStore.open(bus, subjects)
 
     def beat(seq: int) -> tuple[bytes, dict[str, str]]:
@@ -97,7 +97,7 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
         accepted = []
         for supervisor in (first, second):
             actor = supervisor.actors[0]
-            assert isinstance(actor, Aggregator)
+            assert isinstance(actor, AggregatorActor)
             accepted.append(
                 actor.metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") or 0
             )
@@ -141,8 +141,10 @@ async def test_fleet_http_serves_nodes_and_metrics(
     """The aggregator's /nodes lists records (with filters), /nodes/<id> gives one, 404
     otherwise, and /metrics counts nodes by state and accepted heartbeats."""
     metrics = AggregatorMetrics()
-    fleet_http = FleetHttp(bus, prefix, metrics, "127.0.0.1", 0)
-    supervisor = Supervisor([Aggregator(AggregatorConfig(prefix=prefix), bus, metrics), fleet_http])
+    fleet_http = FleetApiActor(bus, prefix, metrics, "127.0.0.1", 0)
+    supervisor = Supervisor(
+        [AggregatorActor(AggregatorConfig(prefix=prefix), bus, metrics), fleet_http]
+    )
     supervisor.start()
     assert await supervisor.wait_ready(10)
     agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
@@ -185,7 +187,7 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
         stale_since=time.time() - 60,
     )
     await store.update("n1", lambda _: stale_long_ago)
-    aggregator = Aggregator(AggregatorConfig(prefix=prefix, offline_after=30), bus)
+    aggregator = AggregatorActor(AggregatorConfig(prefix=prefix, offline_after=30), bus)
     aggregator.store = store
 
     await aggregator.sweep()

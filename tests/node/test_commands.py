@@ -15,7 +15,7 @@ import pytest
 
 from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
-from actors.node.commands.actor import CommandExecutor
+from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
@@ -415,7 +415,7 @@ async def test_failed_command_fetch_ends_run(
     so the supervisor restarts the actor instead of it silently taking no commands."""
     config = agent_config(nats_server.url, prefix, state_dir)
     own = await NatsBus.connect(nats_server.url, "commands-test")
-    executor = CommandExecutor(config, own, signing.KeyPair.generate())
+    executor = CommandsActor(config, own, signing.KeyPair.generate())
     running = asyncio.Event()
     task = asyncio.create_task(executor.run(running.set))
     try:

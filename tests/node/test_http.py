@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.cli.node_agent import main
 from actors.node.agent import NodeAgent
-from actors.node.http_api import HttpActor
+from actors.node.http_api import HttpApiActor
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -32,9 +32,9 @@ async def get(url: str) -> tuple[int, str]:
             return response.status, await response.text()
 
 
-def http_actor(agent: NodeAgent) -> HttpActor:
+def http_actor(agent: NodeAgent) -> HttpApiActor:
     assert agent.supervisor is not None
-    found = [actor for actor in agent.supervisor.actors if isinstance(actor, HttpActor)]
+    found = [actor for actor in agent.supervisor.actors if isinstance(actor, HttpApiActor)]
     assert len(found) == 1
     return found[0]
 
@@ -122,7 +122,7 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "health",
             "engine",
             "latency",
-            "http",
+            "http_api",
             "commands",
             "spot",
         ]
@@ -153,14 +153,14 @@ async def test_healthz_follows_actor_phases(
         "heartbeat": ActorStatus(name="heartbeat", phase="running"),
         "inventory": ActorStatus(name="inventory", phase="running"),
     }
-    http = HttpActor(
+    http = HttpApiActor(
         agent_config(nats_server.url, prefix, tmp_path), bus, AgentMetrics(), lambda: phases
     )
     supervisor = Supervisor([http])
     supervisor.start()
     try:
         assert await supervisor.wait_ready(5)
-        phases["http"] = supervisor.status["http"]
+        phases["http_api"] = supervisor.status["http_api"]
         status, _ = await get(f"http://127.0.0.1:{http.port}/healthz")
         assert status == 200
         phases["inventory"].phase = "backoff"

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.cli import node_agent as node_cli
-from actors.node.inventory.actor import CpuMeter, Inventory
+from actors.node.inventory.actor import CpuMeter, InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus
 from actors.runtime.bus import NatsBus
@@ -159,7 +159,7 @@ async def test_real_gpus_ignore_injection(tmp_path: Path, bus: NatsBus) -> None:
     """In NVML mode an inject is logged and ignored; the GPU source is untouched."""
     config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None)
     nvml = NvmlGpus(nvml=two_gpus())
-    actor = Inventory(config, bus, gpus=nvml)
+    actor = InventoryActor(config, bus, gpus=nvml)
     body = codec.encode(Inject(ts=1.0, node_id="n1", fault="gpu-lost"))
     await actor._on_inject(SimpleNamespace(data=body, subject="t.evt.n1.inject"))  # type: ignore[arg-type]
     assert not any(gpu.lost for gpu in nvml.read())

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from nats.aio.msg import Msg
 
-from actors.node.spot import SpotWatcher
+from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
@@ -186,7 +186,7 @@ async def test_aws_errors_never_crash_the_watcher(
         nats_server.url, prefix, state_dir, spot_provider="aws", metadata_url=fake.url
     )
     config = config.__class__(**{**_fields(config), "spot_poll_interval": 0.05})
-    supervisor = Supervisor([SpotWatcher(config, bus)])
+    supervisor = Supervisor([SpotActor(config, bus)])
     supervisor.start()
     try:
         assert await supervisor.wait_ready(10)
@@ -220,11 +220,11 @@ async def test_auto_detects_the_provider_that_answers(
             nats_server.url, prefix, state_dir, spot_provider="auto", metadata_url=fake.url
         )
         async with aiohttp.ClientSession() as session:
-            assert await SpotWatcher(config, bus).detect(session) == "gcp"
+            assert await SpotActor(config, bus).detect(session) == "gcp"
     finally:
         await fake.stop()
     nothing = agent_config(
         nats_server.url, prefix, state_dir, spot_provider="auto", metadata_url=fake.url
     )
     async with aiohttp.ClientSession() as session:
-        assert await SpotWatcher(nothing, bus).detect(session) is None
+        assert await SpotActor(nothing, bus).detect(session) is None

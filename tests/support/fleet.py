@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.fleet.aggregator import Aggregator, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
 from actors.fleet.registry import NotFound, approve, record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
@@ -23,7 +23,7 @@ async def start_aggregator(
     bus: NatsBus, prefix: str, ready_timeout: float = 10.0, **settings: Any
 ) -> Supervisor:
     """An aggregator under a supervisor, which restarts it until provisioning succeeds."""
-    supervisor = Supervisor([Aggregator(AggregatorConfig(prefix=prefix, **settings), bus)])
+    supervisor = Supervisor([AggregatorActor(AggregatorConfig(prefix=prefix, **settings), bus)])
     supervisor.start()
     if not await supervisor.wait_ready(ready_timeout):
         await supervisor.stop()

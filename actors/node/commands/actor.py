@@ -43,7 +43,7 @@ REBALANCE_TTL = 600.0
 TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
 
 
-class CommandExecutor:
+class CommandsActor:
     name = "commands"
 
     def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:

@@ -48,7 +48,10 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
         return NvmlGpus(xid_log_path=config.xid_log_path)
     except NvmlUnavailable as exc:
         count = config.expected_gpus or 8
-        log.warning("%s; simulating %d fake GPUs (--fake-gpus 0 for none)", exc, count)
+        log.warning(
+            "NVML not available; simulating fake GPUs (--fake-gpus 0 for none)",
+            extra={"reason": exc.reason, "gpus": count},
+        )
         return FakeGpus(count, config.node_id)
 
 
@@ -93,7 +96,7 @@ def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-class Inventory:
+class InventoryActor:
     name = "inventory"
 
     def __init__(self, config: AgentConfig, bus: Bus, gpus: GpuSource | None = None) -> None:
@@ -117,15 +120,17 @@ class Inventory:
             return
         if not isinstance(self.gpus, FakeGpus):
             log.warning(
-                "ignoring injected %s fault: GPUs are real (%s)",
-                inject.fault,
-                self.gpus.source if self.gpus else "none",
+                "ignoring injected fault: GPUs are real",
+                extra={
+                    "fault": inject.fault,
+                    "gpu_source": self.gpus.source if self.gpus else "none",
+                },
             )
             return
         try:
             self.gpus.apply(inject)
         except ValueError as exc:
-            log.warning("ignoring inject: %s", exc)
+            log.warning("ignoring inject", extra={"reason": str(exc)})
             return
         log.info(
             "injected fault",

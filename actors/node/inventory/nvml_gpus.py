@@ -63,7 +63,7 @@ class NvmlGpus:
             try:
                 self.handles.append(self.nvml.nvmlDeviceGetHandleByIndex(index))
             except self.nvml.NVMLError as exc:
-                log.warning("GPU %d has no NVML handle: %s", index, exc)
+                log.warning("GPU has no NVML handle", extra={"gpu": index, "reason": str(exc)})
                 self.handles.append(None)
                 self.lost.add(index)
         self.identity: dict[int, tuple[str, str, str]] = {}
@@ -79,7 +79,9 @@ class NvmlGpus:
         try:
             events = self.nvml.nvmlEventSetCreate()
         except self.nvml.NVMLError as exc:
-            log.warning("NVML event set unavailable; XIDs from the kernel log: %s", exc)
+            log.warning(
+                "NVML event set unavailable; XIDs from the kernel log", extra={"reason": str(exc)}
+            )
             return None, set()
         watched: set[int] = set()
         for index, handle in enumerate(self.handles):
@@ -91,7 +93,10 @@ class NvmlGpus:
                 )
                 watched.add(index)
             except self.nvml.NVMLError as exc:
-                log.warning("GPU %d: no NVML XID events (%s); using the kernel log", index, exc)
+                log.warning(
+                    "no NVML XID events; using the kernel log",
+                    extra={"gpu": index, "reason": str(exc)},
+                )
         return events, watched
 
     def _call(self, function: str, *args: Any) -> Any:
@@ -101,7 +106,7 @@ class NvmlGpus:
         except self.nvml.NVMLError as exc:
             if getattr(exc, "value", None) == self.nvml.NVML_ERROR_GPU_IS_LOST:
                 raise _Lost from None
-            log.debug("NVML %s failed: %s", function, exc)
+            log.debug("NVML query failed", extra={"function": function, "reason": str(exc)})
             return None
 
     def _record_xid(self, index: int, code: int) -> None:
@@ -115,14 +120,17 @@ class NvmlGpus:
                 data = self.nvml.nvmlEventSetWait_v2(self.events, 0)
             except self.nvml.NVMLError as exc:
                 if getattr(exc, "value", None) != self.nvml.NVML_ERROR_TIMEOUT:
-                    log.warning("NVML event wait failed: %s", exc)
+                    log.warning("NVML event wait failed", extra={"reason": str(exc)})
                 return
             if not data.eventType & self.nvml.nvmlEventTypeXidCriticalError:
                 continue
             try:
                 index = self.nvml.nvmlDeviceGetIndex(data.device)
             except self.nvml.NVMLError as exc:
-                log.warning("XID %d on a GPU NVML cannot name: %s", data.eventData, exc)
+                log.warning(
+                    "XID on a GPU NVML cannot name",
+                    extra={"xid": int(data.eventData), "reason": str(exc)},
+                )
                 continue
             self._record_xid(index, int(data.eventData))
 
@@ -154,7 +162,7 @@ class NvmlGpus:
             if index not in self.lost:
                 return self._query(index, handle)
         except _Lost:
-            log.error("GPU %d is lost (NVML GpuIsLost)", index)
+            log.error("GPU is lost (NVML GpuIsLost)", extra={"gpu": index})
             self.lost.add(index)
         uuid, name, pci = self.identity.get(index, ("", "", ""))
         return Gpu(
@@ -215,4 +223,4 @@ class NvmlGpus:
                 self.nvml.nvmlEventSetFree(self.events)
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as exc:
-            log.debug("NVML shutdown: %s", exc)
+            log.debug("NVML shutdown failed", extra={"reason": str(exc)})
