@@ -9,12 +9,13 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import nats.errors
 
 from actors.runtime.bus import NatsBus
-from actors.runtime.config import DEFAULT_SERVER
+from actors.runtime.config import DEFAULT_SERVER, build
 from schemas import signing
 from schemas.errors import FleetError
 
@@ -31,6 +32,49 @@ def add_server(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="authenticate to NATS with this nkey seed (servers configured like auth.conf)",
     )
+
+
+Settings = TypeVar("Settings", bound=msgspec.Struct)
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    config_type: type[msgspec.Struct],
+    env_prefix: str,
+    list_flags: dict[str, str] | None = None,
+) -> None:
+    """``--config FILE`` and one flag per field of ``config_type``, so flags, env and TOML
+    can never drift apart. ``list_flags`` names the repeatable flag of each list field."""
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    list_flags = list_flags or {}
+    for field in msgspec.structs.fields(config_type):
+        doc = f"(env {env_prefix}{field.name.upper()})"
+        if field.name in list_flags:
+            parser.add_argument(
+                f"--{list_flags[field.name]}",
+                dest=field.name,
+                action="append",
+                help=f"repeatable {doc}",
+            )
+        elif field.type is bool:
+            parser.add_argument(
+                f"--{field.name.replace('_', '-')}",
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=doc,
+            )
+        else:
+            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, help=doc)
+
+
+def settings_from(
+    args: argparse.Namespace, config_type: type[Settings], env_prefix: str
+) -> Settings:
+    """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``."""
+    names = {field.name for field in msgspec.structs.fields(config_type)}
+    flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return build(config_type, env_prefix, file=args.config, flags=flags)
 
 
 def server_of(args: argparse.Namespace) -> str:

@@ -14,20 +14,25 @@ from nats.aio.msg import Msg
 from actors.cli import send as fleet_commands
 from actors.cli import views as fleet_view
 from actors.cli.common import (
+    add_config_flags,
     add_server,
     connect,
     default_operator_key,
     fail,
     run_main,
+    settings_from,
     stop_event,
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
 from actors.fleet import registry as fleet_ops
-from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
+from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, Supervisor
 from schemas import signing
 from schemas.subjects import Subjects, check_token
@@ -48,15 +53,20 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def cmd_aggregator(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
-    bus = await connect(args, "fleetctl-aggregator", retry_forever=True)
-    config = AggregatorConfig(
-        prefix=args.prefix, offline_after=args.offline_after, replicas=args.replicas
+    config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
+    logs.setup(config.log_level)
+    seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
+    bus = await NatsBus.connect(
+        config.server,
+        "fleetctl-aggregator",
+        nkey_seed=seed,
+        connect_timeout=config.connect_timeout,
+        retry_forever=True,
     )
     metrics = AggregatorMetrics()
     actors: list[Actor] = [AggregatorActor(config, bus, metrics)]
-    if args.http_port >= 0:
-        actors.append(FleetApiActor(bus, args.prefix, metrics, args.http_host, args.http_port))
+    if config.http_port >= 0:
+        actors.append(FleetApiActor(config, bus, metrics))
     supervisor = Supervisor(actors)
     supervisor.start()
     await stop_event().wait()
@@ -187,20 +197,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus-per-node", type=int, default=8)
     up.set_defaults(func=cmd_up)
 
-    aggregator = commands.add_parser("aggregator", help="run an aggregator until SIGINT/SIGTERM")
-    add_server(aggregator)
-    aggregator.add_argument("--offline-after", type=float, default=300.0)
-    aggregator.add_argument(
-        "--replicas", type=int, default=1, help="stream replicas (3 in a cluster)"
+    aggregator = commands.add_parser(
+        "aggregator",
+        help="run an aggregator until SIGINT/SIGTERM",
+        description="Flags beat FLEET_AGGREGATOR_<SETTING> variables, which beat --config.",
     )
-    aggregator.add_argument("--log-level", default="info")
-    aggregator.add_argument("--http-host", default="127.0.0.1")
-    aggregator.add_argument(
-        "--http-port",
-        type=int,
-        default=9092,
-        help="/nodes and /metrics (default 9092; 0 picks a free port; -1 turns it off)",
-    )
+    add_config_flags(aggregator, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
     aggregator.set_defaults(func=cmd_aggregator)
 
     keys = commands.add_parser("keys", help="operator keys")

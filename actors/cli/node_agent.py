@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from actors.cli.common import fail, run_main, stop_event
+from actors.cli.common import add_config_flags, fail, run_main, settings_from, stop_event
 from actors.node.agent import NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
 from actors.runtime import logs
@@ -41,36 +41,6 @@ LIST_FLAGS = {
 }
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per AgentConfig field, so flags, env and TOML can never drift apart."""
-    parser.add_argument("--config", type=Path, help="TOML config file")
-    for field in msgspec.structs.fields(AgentConfig):
-        doc = f"(env NODE_AGENT_{field.name.upper()})"
-        if field.name in LIST_FLAGS:
-            parser.add_argument(
-                f"--{LIST_FLAGS[field.name]}",
-                dest=field.name,
-                action="append",
-                help=f"repeatable {doc}",
-            )
-        elif field.type is bool:
-            parser.add_argument(
-                f"--{field.name.replace('_', '-')}",
-                dest=field.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=doc,
-            )
-        else:
-            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, help=doc)
-
-
-def config_from(args: argparse.Namespace) -> AgentConfig:
-    names = {field.name for field in msgspec.structs.fields(AgentConfig)}
-    flags: dict[str, Any] = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags)
-
-
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
     commands = root.add_subparsers(dest="command", required=True)
@@ -80,10 +50,10 @@ def parser() -> argparse.ArgumentParser:
     init.add_argument("--config", type=Path, help="TOML config file")
 
     start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
-    add_config_flags(start)
+    add_config_flags(start, AgentConfig, ENV_PREFIX, LIST_FLAGS)
 
     register = commands.add_parser("register", help="ask the aggregators to admit this node")
-    add_config_flags(register)
+    add_config_flags(register, AgentConfig, ENV_PREFIX, LIST_FLAGS)
 
     inject = commands.add_parser(
         "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
@@ -119,7 +89,7 @@ async def cmd_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = settings_from(args, AgentConfig, ENV_PREFIX)
     logs.setup(config.log_level)
     agent = NodeAgent(config)
     await agent.run_until(stop_event())
@@ -127,7 +97,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 
 async def cmd_register(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = settings_from(args, AgentConfig, ENV_PREFIX)
     key = signing.load_key_file(config.key_path)
     registration = Registration(
         node_id=config.node_id,

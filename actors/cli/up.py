@@ -19,7 +19,8 @@ import msgspec
 from actors.cli import views as fleet_view
 from actors.cli.common import stop_event
 from actors.fleet import registry as fleet_ops
-from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
@@ -98,8 +99,9 @@ async def run_up(options: UpOptions) -> int:
         subjects = Subjects()
         await provision(bus.js, subjects)
         metrics = AggregatorMetrics()
-        fleet_http = FleetApiActor(bus, "fleet", metrics, "127.0.0.1", 0)
-        aggregator = Supervisor([AggregatorActor(AggregatorConfig(), bus, metrics), fleet_http])
+        aggregator_config = AggregatorConfig(http_port=0)
+        fleet_http = FleetApiActor(aggregator_config, bus, metrics)
+        aggregator = Supervisor([AggregatorActor(aggregator_config, bus, metrics), fleet_http])
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.fleet import record_rules as records
 from actors.fleet.alerts import AlertPublisher
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.streams import provision
@@ -37,17 +37,6 @@ log = logging.getLogger(__name__)
 
 MARKER_REASON = "Nats-Marker-Reason"
 FETCH_BATCH = 128
-
-
-class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True):
-    prefix: str = "fleet"
-    durable: str = "aggregator"
-    max_skew: float = 300.0
-    offline_after: float = 300.0
-    sweep_interval: float = 5.0
-    full_sweep_interval: float = 120.0
-    """How often every record is read to find stale nodes another aggregator saw go stale."""
-    replicas: int = 1
 
 
 class Refused(Exception):

@@ -2,7 +2,7 @@
 
 It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answered from
 memory and a scrape costs the NATS server nothing. Runs beside an aggregator
-(``fleetctl aggregator --http-port``).
+(``fleetctl aggregator``, unless ``--http-port -1``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import msgspec
 from aiohttp import web
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import Bus, stop_watcher
 from actors.runtime.web import prometheus_page, serving
@@ -35,15 +36,13 @@ STATES: tuple[RecordState, ...] = get_args(RecordState)
 class FleetApiActor:
     name = "fleet_api"
 
-    def __init__(
-        self, bus: Bus, prefix: str, metrics: AggregatorMetrics, host: str, port: int
-    ) -> None:
+    def __init__(self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics) -> None:
+        self.config = config
         self.bus = bus
-        self.subjects = Subjects(prefix)
+        self.subjects = Subjects(config.prefix)
         self.metrics = metrics
-        self.host = host
-        self.requested_port = port
         self.port: int | None = None
+        """The bound port once serving (``http_port = 0`` picks a free one)."""
         self.records: dict[str, NodeRecord] = {}
 
     async def _follow(self, bucket: KeyValue) -> None:
@@ -96,7 +95,7 @@ class FleetApiActor:
         app.router.add_get("/nodes/{node}", self.node_page)
         app.router.add_get("/metrics", self.metrics_page)
         try:
-            async with serving(app, self.host, self.requested_port) as port:
+            async with serving(app, self.config.http_host, self.config.http_port) as port:
                 self.port = port
                 ready()
                 await follower  # runs until cancelled; its failure restarts this actor

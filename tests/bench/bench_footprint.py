@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.registry import NotFound, approve, record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

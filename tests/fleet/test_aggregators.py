@@ -10,7 +10,8 @@ from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.fleet import record_rules as records
-from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
@@ -141,7 +142,8 @@ async def test_fleet_http_serves_nodes_and_metrics(
     """The aggregator's /nodes lists records (with filters), /nodes/<id> gives one, 404
     otherwise, and /metrics counts nodes by state and accepted heartbeats."""
     metrics = AggregatorMetrics()
-    fleet_http = FleetApiActor(bus, prefix, metrics, "127.0.0.1", 0)
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    fleet_http = FleetApiActor(config, bus, metrics)
     supervisor = Supervisor(
         [AggregatorActor(AggregatorConfig(prefix=prefix), bus, metrics), fleet_http]
     )

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.registry import NotFound, approve, record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
