@@ -1,1 +1,55 @@
-"""Behaviour of nats-node-agent: the runtime (bus, supervisor, config), the actors, the CLIs."""
+"""Behaviour of nats-node-agent, in four rooms. (``schemas/`` beside it is the wire contract.)
+
+General layout
+==============
+
+``runtime/``  knows nothing of nodes or fleets: the bus (a Protocol over nats-py, the actor
+              skeleton ``listening``), KV helpers, the layered config loader, the supervisor,
+              schedule and backoff, atomic files, JSON logs, serving aiohttp, and an
+              embedded nats-server.
+``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
+              ``config.py`` and ``metrics.py`` are the node's, ``xid.py`` is the XID table the
+              inventory counts with and health judges by.
+``fleet/``    the provider side: the aggregator and its record rules, node store, alerts and
+              stream provisioning; the fleet HTTP API; trust and registry operations; the
+              aggregator's config and metrics.
+``cli/``      the command lines: ``node-agent`` and ``fleetctl`` (``up``, ``simulate``,
+              signed commands, views), and what both share.
+
+Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
+never import each other, and no actor imports another: they share only ``schemas``, the
+runtime and their room's helpers. ``pyproject.toml`` states this as import-linter contracts,
+which the tests check.
+
+The actors and what they say to each other
+==========================================
+
+Subjects below use the default prefix ``fleet``; ``<node>`` and ``<cluster>`` are the
+node's own. Events (``fleet.evt.<node>.<kind>``) are core NATS, local to the node.
+
+Node (``actors/node``):
+
+- ``inventory/``  listens to ``evt.<node>.inject``; publishes ``Sample`` on ``evt.<node>.sample``.
+- ``health/``     listens to ``evt.<node>.{sample,engine,latency}``; publishes ``Health`` on
+                  ``evt.<node>.health``.
+- ``engine``      probes the configured inference engines over HTTP; publishes ``Engine`` on
+                  ``evt.<node>.engine``.
+- ``latency``     answers ``fleet.probe.<node>``, probes its peers' (found in KV ``fleet_nodes``);
+                  publishes ``Latency`` on ``evt.<node>.latency``.
+- ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.state``;
+                  publishes ``Interruption`` on ``evt.<node>.interruption``.
+- ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
+                  (stream ``FLEET_CMD``), listens to ``evt.<node>.{engine,interruption}`` and its
+                  own heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
+                  ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``).
+- ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
+                  ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
+- ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
+
+Fleet (``actors/fleet``):
+
+- ``aggregator``  consumes ``fleet.hb.>`` (one durable shared by every aggregator), answers
+                  ``fleet.register``, follows KV ``fleet_trust``; writes KV ``fleet_nodes`` and
+                  publishes ``Alert`` on ``fleet.alert.<kind>.<cluster>.<node>`` (``FLEET_ALERTS``).
+- ``fleet_api``   follows KV ``fleet_nodes``; serves ``/nodes``, ``/nodes/<id>``, ``/metrics``.
+"""

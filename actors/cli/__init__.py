@@ -1,0 +1,1 @@
+"""The command lines, ``node-agent`` and ``fleetctl``: parsers, views, ``up``, ``simulate``."""

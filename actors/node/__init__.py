@@ -1,0 +1,1 @@
+"""The ``node-agent`` process: its actors (one module or subpackage each), config and metrics."""

@@ -1,0 +1,1 @@
+"""The commands actor (``actor.py``): checks, the actions it runs, its store and hooks."""

@@ -1,0 +1,1 @@
+"""The health actor (``actor.py``), its hard checks and the explained score."""
