@@ -54,3 +54,10 @@ def test_fleetctl_aggregator_bad_setting_is_one_line_and_exit_1() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: config: offline_after:")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_example_aggregator_config_loads() -> None:
+    """deploy/nats/aggregator.example.toml is a valid AggregatorConfig for the R3 cluster."""
+    example = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "aggregator.example.toml"
+    config = build(AggregatorConfig, ENV_PREFIX, file=example, env={})
+    assert config.replicas == 3 and config.server.count("nats://") == 3
