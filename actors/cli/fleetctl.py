@@ -103,7 +103,7 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
 async def cmd_nodes(args: argparse.Namespace) -> int:
     bus = await connect(args, "fleetctl")
     try:
-        records = await fleet_ops.records(bus, Subjects(args.prefix))
+        records = await fleet_ops.read_records(bus, Subjects(args.prefix))
     finally:
         await bus.close()
     records = [
@@ -122,7 +122,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
 async def cmd_node(args: argparse.Namespace) -> int:
     bus = await connect(args, "fleetctl")
     try:
-        record = await fleet_ops.record(bus, Subjects(args.prefix), args.node)
+        record = await fleet_ops.read_record(bus, Subjects(args.prefix), args.node)
     finally:
         await bus.close()
     if args.json:

@@ -136,7 +136,7 @@ async def _show_fleet(
     interactive = sys.stdout.isatty()
     text = last_summary = ""
     while not stop.is_set():
-        records = await fleet_ops.records(bus, subjects)
+        records = await fleet_ops.read_records(bus, subjects)
         summary = fleet_view.summary(records)
         text = fleet_view.table(records) + "\n" + summary + "\n"
         if interactive:

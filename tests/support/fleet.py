@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.fleet.aggregator import AggregatorActor, AggregatorConfig
-from actors.fleet.registry import NotFound, approve, record
+from actors.fleet.registry import NotFound, approve, read_record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
@@ -83,7 +83,7 @@ async def wait_record(
 ) -> NodeRecord:
     async def check() -> NodeRecord | None:
         try:
-            current = await record(bus, Subjects(prefix), node)
+            current = await read_record(bus, Subjects(prefix), node)
         except NotFound:
             return None
         return current if predicate(current) else None
