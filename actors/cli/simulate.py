@@ -141,6 +141,8 @@ class SimNode:
 
 
 class _Progress(msgspec.Struct):
+    """The two NodeRecord fields progress needs: decoding only them keeps the watch cheap."""
+
     last_seq: int = 0
     boot_id: str = ""
 
