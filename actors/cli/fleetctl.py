@@ -11,8 +11,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from actors.cli import send as fleet_commands
-from actors.cli import views as fleet_view
+from actors.cli import send, views
 from actors.cli.common import (
     add_config_flags,
     add_server,
@@ -25,7 +24,7 @@ from actors.cli.common import (
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
-from actors.fleet import registry as fleet_ops
+from actors.fleet import registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -87,11 +86,11 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_approve(args: argparse.Namespace) -> int:
-    fleet_ops.check_public_key(args.public_key)
+    registry.check_public_key(args.public_key)
     check_token("node id", args.node)
     bus = await connect(args, "fleetctl")
     try:
-        await fleet_ops.approve(
+        await registry.approve(
             bus, Subjects(args.prefix), args.node, args.public_key, by="fleetctl"
         )
     finally:
@@ -103,7 +102,7 @@ async def cmd_approve(args: argparse.Namespace) -> int:
 async def cmd_revoke(args: argparse.Namespace) -> int:
     bus = await connect(args, "fleetctl")
     try:
-        await fleet_ops.revoke(bus, Subjects(args.prefix), args.node)
+        await registry.revoke(bus, Subjects(args.prefix), args.node)
     finally:
         await bus.close()
     sys.stdout.write(f"revoked {args.node}\n")
@@ -113,7 +112,7 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
 async def cmd_nodes(args: argparse.Namespace) -> int:
     bus = await connect(args, "fleetctl")
     try:
-        records = await fleet_ops.records(bus, Subjects(args.prefix))
+        records = await registry.read_records(bus, Subjects(args.prefix))
     finally:
         await bus.close()
     records = [
@@ -125,14 +124,14 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(records).decode() + "\n")
     else:
-        sys.stdout.write(fleet_view.table(records) + "\n" + fleet_view.summary(records) + "\n")
+        sys.stdout.write(views.table(records) + "\n" + views.summary(records) + "\n")
     return 0
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
     bus = await connect(args, "fleetctl")
     try:
-        record = await fleet_ops.record(bus, Subjects(args.prefix), args.node)
+        record = await registry.read_record(bus, Subjects(args.prefix), args.node)
     finally:
         await bus.close()
     if args.json:
@@ -255,7 +254,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_server(sim)
     sim.set_defaults(func=cmd_simulate)
-    fleet_commands.add_command_parsers(commands)
+    send.add_command_parsers(commands)
     return root
 
 

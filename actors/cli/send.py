@@ -18,14 +18,12 @@ import uuid
 from pathlib import Path
 
 import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connect, default_operator_key, fail
-from actors.fleet import registry as fleet_ops
+from actors.fleet import registry
 from actors.runtime.bus import Bus, publish_signed, unsubscribe_quietly
 from schemas import codec, signing
-from schemas import subjects as names
 from schemas.errors import DecodeError, FleetError, SignatureError
 from schemas.messages import (
     Action,
@@ -34,7 +32,6 @@ from schemas.messages import (
     Cordon,
     Deregister,
     Drain,
-    TrustEntry,
     Uncordon,
 )
 from schemas.signing import KeyPair
@@ -68,19 +65,15 @@ async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: C
         raise FleetError(f"command not stored by JetStream: {exc or type(exc).__name__}") from None
 
 
-async def approved_key(bus: Bus, subjects: Subjects, node: str) -> str:
+async def results_key(bus: Bus, subjects: Subjects, node: str) -> str:
     """The node's approved public key: only results signed by it are believed."""
-    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
-    try:
-        entry = await trust.get(node)
-    except nats.js.errors.KeyNotFoundError:
-        entry = None
-    if entry is None or not entry.value:
+    entry = await registry.trust_entry(bus, subjects, node)
+    if entry is None:
         raise FleetError(f"node {node} has no approved key; cannot verify its results")
-    trusted = codec.decode(entry.value, TrustEntry, f"trust record {node}")
-    if trusted.revoked:
+    key = registry.approved_key(entry)
+    if key is None:
         raise FleetError(f"node {node}'s key is revoked")
-    return trusted.public_key
+    return key
 
 
 class ResultFollower:
@@ -160,13 +153,13 @@ async def cmd_send(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     bus = await connect(args, "fleetctl")
     try:
-        cluster = args.cluster or (await fleet_ops.record(bus, subjects, args.node)).cluster
+        cluster = args.cluster or (await registry.read_record(bus, subjects, args.node)).cluster
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
         if not args.wait:
             await publish_command(bus, subjects, key, command)
             sys.stdout.write(f"{command.id}\n")
             return 0
-        node_key = await approved_key(bus, subjects, args.node)
+        node_key = await results_key(bus, subjects, args.node)
         async with ResultFollower(bus, subjects, cluster, args.node, node_key) as follower:
             follower.command_id = command.id
             await publish_command(bus, subjects, key, command)

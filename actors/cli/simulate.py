@@ -21,11 +21,12 @@ import nats.js.errors
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from actors.fleet import registry as fleet_ops
+from actors.fleet import registry
 from actors.node.health import checks, scoring
 from actors.node.inventory.actor import fingerprint
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned, stop_watcher
+from actors.runtime import kv
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
 from schemas import signing
 from schemas import subjects as names
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
@@ -140,6 +141,8 @@ class SimNode:
 
 
 class _Progress(msgspec.Struct):
+    """The two NodeRecord fields progress needs: decoding only them keeps the watch cheap."""
+
     last_seq: int = 0
     boot_id: str = ""
 
@@ -156,28 +159,18 @@ class Progress:
         self.caught_up_at = 0.0
         self.targets: dict[str, int] = {}
         self.behind: set[str] = set()
-        self._decode = msgspec.json.Decoder(_Progress).decode
 
     async def follow(self, bucket: KeyValue) -> None:
-        watcher = await bucket.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of the records that were already there
-                    self.synced.set()
-                    continue
-                if entry.key not in self.seen or not entry.value:
-                    continue
-                try:
-                    found = self._decode(entry.value)
-                except msgspec.DecodeError:
-                    continue
-                self.seen[entry.key] = found.last_seq
-                if found.boot_id == self.boot and self.synced.is_set():
-                    self.updates += 1
-                if entry.key in self.behind and found.last_seq >= self.targets[entry.key]:
-                    self._done(entry.key)
-        finally:
-            await stop_watcher(watcher)
+        await kv.follow(bucket, _Progress, self._on_change, self.synced.set)
+
+    def _on_change(self, node: str, found: _Progress | None) -> None:
+        if node not in self.seen or found is None:
+            return
+        self.seen[node] = found.last_seq
+        if found.boot_id == self.boot and self.synced.is_set():
+            self.updates += 1
+        if node in self.behind and found.last_seq >= self.targets[node]:
+            self._done(node)
 
     def expect(self, targets: dict[str, int]) -> None:
         self.targets = targets
@@ -206,7 +199,7 @@ async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
     for first in range(0, len(nodes), APPROVE_CHUNK):
         await asyncio.gather(
             *(
-                fleet_ops.approve(bus, subjects, n.node_id, n.key.public_key, "fleetctl simulate")
+                registry.approve(bus, subjects, n.node_id, n.key.public_key, "fleetctl simulate")
                 for n in nodes[first : first + APPROVE_CHUNK]
             )
         )

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgspec
 
-from actors.cli import views as fleet_view
+from actors.cli import views
 from actors.cli.common import stop_event
-from actors.fleet import registry as fleet_ops
+from actors.fleet import registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
@@ -107,7 +107,7 @@ async def run_up(options: UpOptions) -> int:
         for index in range(1, options.nodes + 1):
             config = agent_config(options, server.url, index, operator.public_key)
             key = signing.load_or_create_key_file(config.key_path)
-            await fleet_ops.approve(bus, subjects, config.node_id, key.public_key, by="fleetctl up")
+            await registry.approve(bus, subjects, config.node_id, key.public_key, by="fleetctl up")
             agent = NodeAgent(config)
             await agent.start()
             agents.append(agent)
@@ -138,9 +138,9 @@ async def _show_fleet(
     interactive = sys.stdout.isatty()
     text = last_summary = ""
     while not stop.is_set():
-        records = await fleet_ops.records(bus, subjects)
-        summary = fleet_view.summary(records)
-        text = fleet_view.table(records) + "\n" + summary + "\n"
+        records = await registry.read_records(bus, subjects)
+        summary = views.summary(records)
+        text = views.table(records) + "\n" + summary + "\n"
         if interactive:
             sys.stdout.write("\x1b[J" + text + f"\x1b[{text.count(chr(10))}A")
         elif summary != last_summary:

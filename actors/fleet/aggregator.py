@@ -20,7 +20,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.fleet import record_rules as records
+from actors.fleet import record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -63,13 +63,13 @@ class AggregatorActor:
         self.bus = bus
         self.subjects = Subjects(config.prefix)
         self.alerts = AlertPublisher(bus, self.subjects)
+        self.store = NodeStore(bus, self.subjects)
         self.metrics = metrics or AggregatorMetrics()
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
 
     async def run(self, ready: Callable[[], None]) -> None:
         await provision(self.bus.js, self.subjects, self.config.replicas)
-        self.store = await NodeStore.open(self.bus, self.subjects)
         consumer = await self.bus.js.pull_subscribe(
             self.subjects.heartbeats(),
             durable=self.subjects.stream_name(self.config.durable),
@@ -194,7 +194,7 @@ class AggregatorActor:
         node = heartbeat.node_id
 
         def change(record: NodeRecord | None) -> NodeRecord:
-            previous = record or records.pending_record(node, heartbeat.cluster, public_key)
+            previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
             if heartbeat.seq <= previous.last_seq:
                 if stream_seq < previous.last_stream_seq:
                     raise LateDelivery
@@ -203,13 +203,13 @@ class AggregatorActor:
                     f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
                     seq=str(heartbeat.seq),
                 )
-            return records.accept(previous, heartbeat, public_key, now, stream_seq)
+            return record_rules.accept(previous, heartbeat, public_key, now, stream_seq)
 
         before, after = await self.store.update(node, change)
         assert after is not None  # change() always writes or raises
         self.metrics.accepted.inc()
-        previous = before or records.pending_record(node, heartbeat.cluster, public_key)
-        for kind, message, details in records.heartbeat_alerts(
+        previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
+        for kind, message, details in record_rules.heartbeat_alerts(
             previous, after, heartbeat, gaps_are_news=not behind
         ):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
@@ -222,7 +222,7 @@ class AggregatorActor:
         def change(record: NodeRecord | None) -> NodeRecord | None:
             if record is None or record.stale_since is not None or record.deregistered:
                 return None
-            return records.with_state(record, stale_since=now)
+            return record_rules.with_state(record, stale_since=now)
 
         _, stale = await self.store.update(node, change)
         if stale is not None:
@@ -249,7 +249,7 @@ class AggregatorActor:
                 return None
             if now - record.stale_since < self.config.offline_after:
                 return None
-            return records.with_state(record, offline_since=now)
+            return record_rules.with_state(record, offline_since=now)
 
         candidates = await self.store.node_ids() if everything else list(self.stale)
         for node in candidates:
@@ -310,7 +310,7 @@ class AggregatorActor:
             def change(record: NodeRecord | None) -> NodeRecord | None:
                 if record is not None:
                     return None
-                return records.pending_record(
+                return record_rules.pending_record(
                     registration.node_id, registration.cluster, registration.public_key
                 )
 

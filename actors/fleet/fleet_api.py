@@ -8,27 +8,24 @@ memory and a scrape costs the NATS server nothing. Runs beside an aggregator
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter as Tally
 from collections.abc import Callable
 from typing import get_args
 
 import msgspec
 from aiohttp import web
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
-from actors.runtime.bus import Bus, stop_watcher
+from actors.runtime import kv
+from actors.runtime.bus import Bus
 from actors.runtime.web import prometheus_page, serving
 from schemas import codec
 from schemas import subjects as names
 from schemas.base import RecordState
-from schemas.errors import DecodeError
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
-
-log = logging.getLogger(__name__)
 
 STATES: tuple[RecordState, ...] = get_args(RecordState)
 
@@ -46,22 +43,15 @@ class FleetApiActor:
         self.records: dict[str, NodeRecord] = {}
 
     async def _follow(self, bucket: KeyValue) -> None:
-        watcher = await bucket.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:  # marks the end of the current records; updates follow
-                    continue
-                if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-                    self.records.pop(entry.key, None)
-                    continue
-                try:
-                    self.records[entry.key] = codec.decode(
-                        entry.value, NodeRecord, f"node record {entry.key}"
-                    )
-                except DecodeError as exc:
-                    log.warning("unreadable node record", extra={"reason": str(exc)})
-        finally:
-            await stop_watcher(watcher)
+        """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops out."""
+
+        def on_change(node: str, record: NodeRecord | None) -> None:
+            if record is None:
+                self.records.pop(node, None)
+            else:
+                self.records[node] = record
+
+        await kv.follow(bucket, NodeRecord, on_change)
 
     def listing(self, cluster: str | None, state: str | None) -> list[NodeRecord]:
         return [

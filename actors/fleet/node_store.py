@@ -1,7 +1,8 @@
 """The fleet's KV buckets as the aggregators use them: node records and approved keys.
 
 Records are changed by read-modify-write with compare-and-set on the KV revision, so any
-number of aggregators can write concurrently without losing an update.
+number of aggregators can write concurrently without losing an update. Approved keys are
+read through :mod:`actors.fleet.registry`, the one reader of ``fleet_trust``.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import logging
 from collections.abc import Callable
 
 import nats.js.errors
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
-from actors.runtime.bus import Bus, stop_watcher
+from actors.fleet import registry
+from actors.runtime import kv
+from actors.runtime.bus import Bus
 from schemas import codec
 from schemas import subjects as names
 from schemas.errors import DecodeError
@@ -27,18 +30,17 @@ Change = Callable[[NodeRecord | None], NodeRecord | None]
 
 
 class NodeStore:
-    def __init__(self, nodes: KeyValue, trust: KeyValue) -> None:
-        self.nodes = nodes
-        self.trust = trust
+    """The buckets are looked up on first use (the bus keeps them), so a store can be made
+    before an aggregator has provisioned them."""
+
+    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+        self.bus = bus
+        self.subjects = subjects
         self._trusted: dict[str, str] | None = None
         """Approved keys from the trust watch; None until it has caught up."""
 
-    @classmethod
-    async def open(cls, bus: Bus, subjects: Subjects) -> NodeStore:
-        return cls(
-            await bus.kv(subjects.bucket_name(names.BUCKET_NODES)),
-            await bus.kv(subjects.bucket_name(names.BUCKET_TRUST)),
-        )
+    async def _nodes(self) -> KeyValue:
+        return await self.bus.kv(self.subjects.bucket_name(names.BUCKET_NODES))
 
     async def trusted_key(self, node: str, fresh: bool = False) -> str | None:
         """The node's approved public key; None if unknown, revoked or unreadable. From
@@ -46,46 +48,35 @@ class NodeStore:
         if self._trusted is not None and not fresh:
             return self._trusted.get(node)
         try:
-            entry = await self.trust.get(node)
-        except nats.js.errors.KeyNotFoundError:
+            return registry.approved_key(await registry.trust_entry(self.bus, self.subjects, node))
+        except DecodeError as exc:
+            log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
             return None
-        return _approved_key(node, entry.value)
 
     async def follow_trust(self) -> None:
         """Keep the approved keys in memory from a KV watch, so verifying a heartbeat costs
         no round trip. An approval or revocation applies as soon as the watch delivers it
         (milliseconds); until the watch has caught up, keys are read one by one."""
-        watcher = await self.trust.watchall()
         trusted: dict[str, str] = {}
+
+        def on_change(node: str, entry: TrustEntry | None) -> None:
+            key = registry.approved_key(entry)
+            if key is None:
+                trusted.pop(node, None)
+            else:
+                trusted[node] = key
+
+        def on_current() -> None:
+            self._trusted = trusted
+
         try:
-            async for entry in watcher:
-                if entry is None:  # every current entry delivered: the copy is complete
-                    self._trusted = trusted
-                    continue
-                key = _approved_key(entry.key, entry.value)
-                if entry.operation in (KV_DEL, KV_PURGE) or key is None:
-                    trusted.pop(entry.key, None)
-                else:
-                    trusted[entry.key] = key
+            trust = await self.bus.kv(self.subjects.bucket_name(names.BUCKET_TRUST))
+            await kv.follow(trust, TrustEntry, on_change, on_current)
         finally:
             self._trusted = None
-            await stop_watcher(watcher)
 
     async def node_ids(self) -> list[str]:
-        try:
-            return list(await self.nodes.keys())
-        except nats.js.errors.NoKeysError:
-            return []
-
-    async def read(self, node: str) -> tuple[NodeRecord | None, int | None]:
-        """The record and its KV revision (None, None when there is none)."""
-        try:
-            entry = await self.nodes.get(node)
-        except nats.js.errors.KeyNotFoundError:
-            return None, None
-        if entry.value is None:
-            return None, entry.revision
-        return codec.decode(entry.value, NodeRecord, f"node record {node}"), entry.revision
+        return await kv.keys(await self._nodes())
 
     async def update(
         self, node: str, change: Change
@@ -94,31 +85,21 @@ class NodeStore:
         between, else read again and retry. Returns (before, written); ``change`` returning
         None writes nothing (written is None). ``change`` may run more than once, so it
         must not have effects beyond its return value."""
+        nodes = await self._nodes()
         for _ in range(CAS_ATTEMPTS):
-            current, revision = await self.read(node)
+            current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
             updated = change(current)
             if updated is None:
                 return current, None
             body = codec.encode(updated)
             try:
                 if revision is None:
-                    await self.nodes.create(node, body)
+                    await nodes.create(node, body)
                 else:
-                    await self.nodes.update(node, body, last=revision)
+                    await nodes.update(node, body, last=revision)
                 return current, updated
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError) as exc:
                 log.debug(
                     "record changed underneath; retrying", extra={"node": node, "reason": str(exc)}
                 )
         raise RuntimeError(f"could not update record of {node} after {CAS_ATTEMPTS} attempts")
-
-
-def _approved_key(node: str, value: bytes | None) -> str | None:
-    if not value:
-        return None
-    try:
-        trust = codec.decode(value, TrustEntry, f"trust record {node}")
-    except DecodeError as exc:
-        log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
-        return None
-    return None if trust.revoked else trust.public_key

@@ -1,11 +1,14 @@
-"""Operator-side operations on the fleet's KV buckets, shared by fleetctl and fleetctl up."""
+"""Operator-side operations on the fleet's KV buckets, shared by fleetctl and fleetctl up,
+and the one reader of ``fleet_trust``, so the aggregators and fleetctl agree on which key
+a node has."""
 
 from __future__ import annotations
 
 import time
 
-import nats.js.errors
+import msgspec
 
+from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas import subjects as names
@@ -36,62 +39,49 @@ async def approve(bus: Bus, subjects: Subjects, node: str, public_key: str, by: 
 
 
 async def revoke(bus: Bus, subjects: Subjects, node: str) -> None:
+    """Mark the approved key of ``node`` revoked; the entry stays, so the record of who
+    approved it does too."""
     check_token("node id", node)
-    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
-    try:
-        entry = await trust.get(node)
-    except nats.js.errors.KeyNotFoundError:
-        raise NotFound(f"approved key of {node}") from None
-    if entry.value is None:
+    current = await trust_entry(bus, subjects, node)
+    if current is None:
         raise NotFound(f"approved key of {node}")
-    current = codec.decode(entry.value, TrustEntry, f"trust record {node}")
-    await trust.put(
-        node,
-        codec.encode(
-            TrustEntry(
-                node_id=node,
-                public_key=current.public_key,
-                approved_at=current.approved_at,
-                approved_by=current.approved_by,
-                revoked=True,
-            )
-        ),
-    )
+    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    await trust.put(node, codec.encode(msgspec.structs.replace(current, revoked=True)))
 
 
-async def node_ids(bus: Bus, subjects: Subjects) -> list[str]:
-    """Every node id in fleet_nodes (a headers-only listing: no record is read)."""
-    bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
-    try:
-        return sorted(await bucket.keys())
-    except nats.js.errors.NoKeysError:
-        return []
+async def trust_entry(bus: Bus, subjects: Subjects, node: str) -> TrustEntry | None:
+    """The trust entry of ``node`` as stored, revoked or not; None when there is none.
+    Every reader of ``fleet_trust`` starts here; an unreadable entry raises DecodeError."""
+    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    return await kv.read(trust, node, TrustEntry)
 
 
-async def records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
+def approved_key(entry: TrustEntry | None) -> str | None:
+    """The public key ``entry`` approves; None when there is no entry or it is revoked."""
+    if entry is None or entry.revoked:
+        return None
+    return entry.public_key
+
+
+async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     """Every node record, sorted by node id; unreadable records are skipped."""
     bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
     found = []
-    for key in await node_ids(bus, subjects):
+    for node in await kv.keys(bucket):
         try:
-            entry = await bucket.get(key)
-        except nats.js.errors.KeyNotFoundError:
+            current = await kv.read(bucket, node, NodeRecord)
+        except DecodeError:
             continue
-        if entry.value:
-            try:
-                found.append(codec.decode(entry.value, NodeRecord, f"node record {key}"))
-            except DecodeError:
-                continue
+        if current is not None:
+            found.append(current)
     return found
 
 
-async def record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+    """The record of ``node``; NotFound when it has none."""
     check_token("node id", node)
     bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
-    try:
-        entry = await bucket.get(node)
-    except nats.js.errors.KeyNotFoundError:
-        raise NotFound(f"node {node}") from None
-    if not entry.value:
+    current = await kv.read(bucket, node, NodeRecord)
+    if current is None:
         raise NotFound(f"node {node}")
-    return codec.decode(entry.value, NodeRecord, f"node record {node}")
+    return current

@@ -231,18 +231,6 @@ async def consume_forever(
         await handle(messages)
 
 
-WATCHER_STOP_TIMEOUT = 2.0
-
-
-async def stop_watcher(watcher: KeyValue.KeyWatcher) -> None:
-    """Stop a KV watcher on the way out, bounded: nats-py's stop can wait on a callback that
-    is itself waiting (for its set-up, or for room in a full queue)."""
-    try:
-        await asyncio.wait_for(watcher.stop(), WATCHER_STOP_TIMEOUT)  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
-    except (TimeoutError, nats.errors.Error):
-        log.debug("kv watcher did not stop cleanly")
-
-
 async def unsubscribe_quietly(
     subscription: Subscription | JetStreamContext.PullSubscription,
 ) -> None:

@@ -23,7 +23,7 @@ import psutil
 
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.registry import NotFound, approve, record
+from actors.fleet.registry import NotFound, approve, read_record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
@@ -38,7 +38,7 @@ NODE = "bench"
 
 async def last_seq(bus: NatsBus, subjects: Subjects) -> int:
     try:
-        return (await record(bus, subjects, NODE)).last_seq
+        return (await read_record(bus, subjects, NODE)).last_seq
     except NotFound:
         return 0
 

@@ -10,7 +10,7 @@ import sys
 import msgspec
 
 from actors.cli.simulate import SimOptions, template
-from actors.fleet.registry import records
+from actors.fleet.registry import read_records
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import Heartbeat
@@ -53,7 +53,7 @@ async def test_simulated_nodes_are_all_accepted(
             *("--server", nats_server.url, "--prefix", prefix),
             *("--nodes", "20", "--rate", "100", "--duration", "2", "--gpus", "2"),
         )
-        found = await records(bus, Subjects(prefix))
+        found = await read_records(bus, Subjects(prefix))
     finally:
         await supervisor.stop()
     assert (code, err) == (0, ""), out + err

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.msg import Msg
 
-from actors.fleet.registry import approve, record, records, revoke
+from actors.fleet.registry import approve, read_record, read_records, revoke
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
@@ -104,7 +104,7 @@ async def test_replayed_and_forged_heartbeats_change_nothing(bus: NatsBus, prefi
         assert len(alerts.of("replay")) == 1
         assert len(alerts.of("bad_signature")) == 2
         assert len(alerts.of("unknown_node")) == 1
-        current = await record(bus, Subjects(prefix), "n1")
+        current = await read_record(bus, Subjects(prefix), "n1")
         assert current.last_seq == 5 and current.state == "active"
     finally:
         await aggregator.stop()
@@ -144,7 +144,7 @@ async def test_unapproved_node_and_wrong_subject_are_refused(bus: NatsBus, prefi
         assert [a.node_id for a in alerts.of("unknown_node")] == ["n9"]
         assert "another node" in alerts.of("bad_signature")[0].message
         assert len(alerts.of("clock_skew")) == 1
-        assert await records(bus, Subjects(prefix)) == []
+        assert await read_records(bus, Subjects(prefix)) == []
     finally:
         await aggregator.stop()
 
@@ -216,7 +216,7 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
         process.wait()
         killed_at = time.time()
         await wait_for(lambda: alerts.of("stale"), timeout=10)
-        last = await record(bus, Subjects(prefix), "n1")
+        last = await read_record(bus, Subjects(prefix), "n1")
         assert last.stale_since is not None and last.state == "stale"
         assert last.stale_since - last.last_seen <= 2.0 + 2.0
         assert time.time() - killed_at <= 2.0 + 2.0 + 1.0
@@ -228,7 +228,7 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
 
         process = start_agent_process(nats_server.url, prefix, state_dir)
         await wait_for(lambda: alerts.of("recovered"), timeout=10)
-        assert (await record(bus, Subjects(prefix), "n1")).state == "active"
+        assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
     finally:
         process.kill()
         process.wait()
@@ -247,9 +247,9 @@ async def test_revoked_node_is_refused(
         await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
         await revoke(bus, Subjects(prefix), "n1")
         await wait_for(lambda: alerts.of("unknown_node"), timeout=10)
-        frozen = (await record(bus, Subjects(prefix), "n1")).last_seq
+        frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
         await wait_for(lambda: len(alerts.of("unknown_node")) >= 3, timeout=10)
-        assert (await record(bus, Subjects(prefix), "n1")).last_seq == frozen
+        assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen
     finally:
         await agent.stop()
         await aggregator.stop()

@@ -14,8 +14,7 @@ from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.node_store import NodeStore
-from actors.fleet.registry import approve, record
+from actors.fleet.registry import approve, read_record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
@@ -54,7 +53,6 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     subjects = Subjects(prefix)
     await approve(bus, subjects, "n1", key.public_key)
     aggregator = AggregatorActor(AggregatorConfig(prefix=prefix), bus)
-    aggregator.store = await NodeStore.open(bus, subjects)
 
     def beat(seq: int) -> tuple[bytes, dict[str, str]]:
         body = codec.encode(heartbeat(seq=seq))
@@ -62,13 +60,13 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
 
     await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=20))
     await aggregator.handle(delivered(bus, prefix, *beat(1), stream_seq=19))
-    assert (await record(bus, subjects, "n1")).last_seq == 2
+    assert (await read_record(bus, subjects, "n1")).last_seq == 2
     await bus.flush()
     assert alerts.alerts == []
 
     await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=21))
     await wait_for(lambda: alerts.of("replay"))
-    assert (await record(bus, subjects, "n1")).last_stream_seq == 20
+    assert (await read_record(bus, subjects, "n1")).last_stream_seq == 20
 
 
 async def test_two_aggregators_share_the_work_without_double_alerts(
@@ -183,18 +181,16 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     made offline; the frequent sweep alone only checks nodes it saw go stale."""
     alerts = await watch_alerts(bus, prefix)
     subjects = Subjects(prefix)
-    store = await NodeStore.open(bus, subjects)
     stale_long_ago = records.with_state(
         records.accept(records.pending_record("n1", "c1"), heartbeat(), "U", 1.0),
         stale_since=time.time() - 60,
     )
-    await store.update("n1", lambda _: stale_long_ago)
     aggregator = AggregatorActor(AggregatorConfig(prefix=prefix, offline_after=30), bus)
-    aggregator.store = store
+    await aggregator.store.update("n1", lambda _: stale_long_ago)
 
     await aggregator.sweep()
-    assert (await record(bus, subjects, "n1")).state == "stale"
+    assert (await read_record(bus, subjects, "n1")).state == "stale"
     await aggregator.sweep(everything=True)
-    assert (await record(bus, subjects, "n1")).state == "offline"
+    assert (await read_record(bus, subjects, "n1")).state == "offline"
     await wait_for(lambda: alerts.of("offline"))
     assert aggregator.stale == set()

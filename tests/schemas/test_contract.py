@@ -14,7 +14,7 @@ import nacl.signing
 from nats.aio.msg import Msg
 
 from actors.cli.node_agent import main as node_agent
-from actors.fleet.registry import approve, record
+from actors.fleet.registry import approve, read_record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
@@ -85,7 +85,7 @@ async def test_register_says_pending_then_active(
     ]
     try:
         assert await asyncio.to_thread(node_agent, args) == 0
-        assert (await record(bus, Subjects(prefix), "r1")).state == "pending"
+        assert (await read_record(bus, Subjects(prefix), "r1")).state == "pending"
         await approve(bus, Subjects(prefix), "r1", key.public_key)
         body = codec.encode(
             Registration(

@@ -10,7 +10,7 @@ from typing import Any
 
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.registry import NotFound, approve, record
+from actors.fleet.registry import NotFound, approve, read_record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
@@ -84,7 +84,7 @@ async def wait_record(
 ) -> NodeRecord:
     async def check() -> NodeRecord | None:
         try:
-            current = await record(bus, Subjects(prefix), node)
+            current = await read_record(bus, Subjects(prefix), node)
         except NotFound:
             return None
         return current if predicate(current) else None

@@ -25,7 +25,7 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.registry import record
+from actors.fleet.registry import read_record
 from actors.node.agent import NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.bus import BusError, NatsBus
@@ -177,13 +177,13 @@ async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer
                 connected = agent.bus.nc.connected_url
                 assert connected is not None
                 victim = next(s for s in servers if s.port == connected.port)
-                before = (await record(bus, Subjects(PREFIX), "n1")).last_seq
+                before = (await read_record(bus, Subjects(PREFIX), "n1")).last_seq
                 victim.stop()
 
                 # Reads may time out while the clients fail over and leaders are re-elected.
                 async def risen() -> bool:
                     try:
-                        current = await record(bus, Subjects(PREFIX), "n1")
+                        current = await read_record(bus, Subjects(PREFIX), "n1")
                     except (nats.errors.Error, TimeoutError):
                         return False
                     return current.last_seq > before + 3

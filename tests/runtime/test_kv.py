@@ -1,0 +1,146 @@
+"""The KV layer against a real bucket: what a missing, deleted or unreadable value reads
+as, and what the one watch loop delivers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+import pytest
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+
+from actors.runtime import kv
+from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.errors import DecodeError
+
+WAIT = 5.0
+CAUGHT_UP = ("<caught up>", None)
+"""What the watch's ``on_current`` puts on the queue, among the (key, value) changes."""
+
+
+class Item(msgspec.Struct, frozen=True):
+    n: int
+
+
+Change = tuple[str, Item | None]
+Follow = Callable[[], asyncio.Queue[Change]]
+
+
+@pytest.fixture
+async def bucket(bus: NatsBus, prefix: str) -> KeyValue:
+    """A bucket of this test's own."""
+    return await bus.js.create_key_value(KeyValueConfig(bucket=f"kv_{prefix}"))
+
+
+@pytest.fixture
+async def follow(bucket: KeyValue) -> AsyncIterator[Follow]:
+    """Start ``kv.follow`` on the bucket; its changes arrive on the returned queue. The
+    watch is cancelled at teardown."""
+    tasks: list[asyncio.Task[None]] = []
+
+    def start() -> asyncio.Queue[Change]:
+        changes: asyncio.Queue[Change] = asyncio.Queue()
+        tasks.append(
+            asyncio.create_task(
+                kv.follow(
+                    bucket,
+                    Item,
+                    lambda key, value: changes.put_nowait((key, value)),
+                    lambda: changes.put_nowait(CAUGHT_UP),
+                )
+            )
+        )
+        return changes
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def next_changes(changes: asyncio.Queue[Change], count: int) -> list[Change]:
+    return [await asyncio.wait_for(changes.get(), WAIT) for _ in range(count)]
+
+
+async def test_missing_key_reads_as_none(bucket: KeyValue) -> None:
+    """A key never written reads as None, with no revision to compare against."""
+    assert await kv.read(bucket, "nobody", Item) is None
+    assert await kv.read_with_revision(bucket, "nobody", Item) == (None, None)
+
+
+async def test_deleted_and_purged_keys_read_as_none(bucket: KeyValue) -> None:
+    """A deleted or purged key reads as None, with no revision (the writer creates it)."""
+    await bucket.put("gone", codec.encode(Item(n=1)))
+    await bucket.delete("gone")
+    await bucket.put("purged", codec.encode(Item(n=2)))
+    await bucket.purge("purged")
+    assert await kv.read(bucket, "gone", Item) is None
+    assert await kv.read_with_revision(bucket, "purged", Item) == (None, None)
+
+
+async def test_read_with_revision_names_the_revision_written(bucket: KeyValue) -> None:
+    """The typed get with revision returns the value and the revision its put got."""
+    revision = await bucket.put("a", codec.encode(Item(n=7)))
+    assert await kv.read_with_revision(bucket, "a", Item) == (Item(n=7), revision)
+
+
+async def test_unreadable_value_raises_decode_error(bucket: KeyValue) -> None:
+    """A value that does not decode as the kind raises DecodeError naming its key."""
+    await bucket.put("bad", b"not json")
+    with pytest.raises(DecodeError, match="key bad"):
+        await kv.read(bucket, "bad", Item)
+
+
+async def test_keys_lists_every_key_sorted(bucket: KeyValue) -> None:
+    """Keys come back sorted, [] for an empty bucket, and without deleted keys."""
+    assert await kv.keys(bucket) == []
+    for key in ("b", "a", "c"):
+        await bucket.put(key, codec.encode(Item(n=0)))
+    await bucket.delete("c")
+    assert await kv.keys(bucket) == ["a", "b"]
+
+
+async def test_follow_delivers_current_entries_then_changes(
+    bucket: KeyValue, follow: Follow
+) -> None:
+    """The watch delivers every current entry, calls on_current once, then delivers each
+    change, a deletion and a purge as None."""
+    await bucket.put("a", codec.encode(Item(n=1)))
+    await bucket.put("b", codec.encode(Item(n=2)))
+    changes = follow()
+    assert await next_changes(changes, 3) == [("a", Item(n=1)), ("b", Item(n=2)), CAUGHT_UP]
+    await bucket.put("a", codec.encode(Item(n=3)))
+    await bucket.delete("b")
+    await bucket.purge("a")
+    assert await next_changes(changes, 3) == [("a", Item(n=3)), ("b", None), ("a", None)]
+    assert changes.empty()  # on_current was not called again
+
+
+async def test_follow_calls_on_current_for_an_empty_bucket(
+    bucket: KeyValue, follow: Follow
+) -> None:
+    """An empty bucket is caught up at once; a first entry then arrives as a change."""
+    changes = follow()
+    assert await next_changes(changes, 1) == [CAUGHT_UP]
+    await bucket.put("a", codec.encode(Item(n=1)))
+    assert await next_changes(changes, 1) == [("a", Item(n=1))]
+
+
+async def test_follow_delivers_unreadable_value_as_none_and_goes_on(
+    bucket: KeyValue, follow: Follow, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unreadable value arrives as None, is logged with its key, and the watch goes on."""
+    await bucket.put("bad", codec.encode(Item(n=1)))
+    changes = follow()
+    assert await next_changes(changes, 2) == [("bad", Item(n=1)), CAUGHT_UP]
+    with caplog.at_level(logging.WARNING, logger="actors.runtime.kv"):
+        await bucket.put("bad", b"not json")
+        assert await next_changes(changes, 1) == [("bad", None)]
+    logged = [r for r in caplog.records if r.name == "actors.runtime.kv"]
+    assert [getattr(r, "key", None) for r in logged] == ["bad"]
+    await bucket.put("good", codec.encode(Item(n=2)))
+    assert await next_changes(changes, 1) == [("good", Item(n=2))]
