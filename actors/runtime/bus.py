@@ -7,8 +7,9 @@ connection reconnects forever with backoff; callers get timeouts, never hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -251,6 +252,31 @@ async def unsubscribe_quietly(
         await subscription.unsubscribe()
     except nats.errors.Error:
         pass
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    bus: Bus,
+    routes: Mapping[str, Handler],
+    ready: Callable[[], None] | None = None,
+    *,
+    queue: str = "",
+) -> AsyncIterator[None]:
+    """Subscribe each subject of ``routes`` to its handler, in the mapping's order, and
+    flush, so the server has every SUB before the actor says it is ready (a message
+    published after ``ready()`` is never missed); then ``ready()``, unless the actor has
+    more to set up first and calls it itself. Unsubscribes quietly on the way out."""
+    subscriptions: list[Subscription] = []
+    try:
+        for subject, handler in routes.items():
+            subscriptions.append(await bus.subscribe(subject, handler, queue))
+        await bus.flush()
+        if ready is not None:
+            ready()
+        yield
+    finally:
+        for subscription in subscriptions:
+            await unsubscribe_quietly(subscription)
 
 
 async def publish_signed(
