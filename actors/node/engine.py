@@ -79,6 +79,9 @@ def _count(value: float) -> int:
 
 
 class EngineActor:
+    """Subscribes to nothing (polls the engines over HTTP); publishes Engine on
+    fleet.evt.<node>.engine."""
+
     name = "engine"
 
     def __init__(self, config: AgentConfig, bus: Bus) -> None:
