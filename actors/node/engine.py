@@ -79,8 +79,7 @@ def _count(value: float) -> int:
 
 
 class EngineActor:
-    """Subscribes to nothing (polls the engines over HTTP); publishes Engine on
-    fleet.evt.<node>.engine."""
+    """Subscribes to nothing (polls over HTTP); publishes Engine on fleet.evt.<node>.engine."""
 
     name = "engine"
 

@@ -43,8 +43,7 @@ GONE_STATES = {"offline", "deregistered"}
 
 
 class LatencyActor:
-    """Subscribes to fleet.probe.<node> (answering ProbeReply); publishes Latency on
-    fleet.evt.<node>.latency."""
+    """Answers fleet.probe.<node>; publishes Latency on fleet.evt.<node>.latency."""
 
     name = "latency"
 

@@ -86,8 +86,7 @@ def _retry_delay(backoff: Backoff, exc: Exception) -> float:
 
 
 class SpotActor:
-    """Subscribes to fleet.evt.<node>.* (for state); publishes Interruption on
-    fleet.evt.<node>.interruption."""
+    """Subscribes to fleet.evt.<node>.*; publishes Interruption on fleet.evt.<node>.interruption."""
 
     name = "spot"
 
@@ -192,13 +191,10 @@ class SpotActor:
             return
         match event:
             case NodeState():
-                self._on_state(event)
-
-    def _on_state(self, state: NodeState) -> None:
-        drained = state.schedulability == "drained"
-        if drained and not self.drained:
-            self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
-        self.drained = drained
+                drained = event.schedulability == "drained"
+                if drained and not self.drained:
+                    self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
+                self.drained = drained
 
     # AWS -------------------------------------------------------------------------------
 

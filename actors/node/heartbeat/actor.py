@@ -44,8 +44,7 @@ FIRST_SAMPLE_WAIT = 2.0
 
 
 class HeartbeatActor:
-    """Subscribes to fleet.evt.<node>.*; publishes the signed Heartbeat on
-    fleet.hb.<cluster>.<node> (stream FLEET_HB)."""
+    """Subscribes to fleet.evt.<node>.*; publishes signed Heartbeat on fleet.hb.<cluster>.<node>."""
 
     name = "heartbeat"
 
