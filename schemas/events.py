@@ -7,8 +7,9 @@ Every part carries ``ts``, the time it was observed, so a reader can tell fresh 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
+from schemas import codec
 from schemas.base import (
     Bytes,
     CheckStatus,
@@ -19,6 +20,17 @@ from schemas.base import (
     Schedulability,
     UnixTime,
     Wire,
+)
+from schemas.errors import DecodeError
+from schemas.subjects import (
+    EVENT_ENGINE,
+    EVENT_HEALTH,
+    EVENT_INJECT,
+    EVENT_INTERRUPTION,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    EVENT_STATE,
+    event_kind,
 )
 
 
@@ -204,10 +216,37 @@ class SpotStatus(Wire, frozen=True, kw_only=True):
     notice: Interruption | None = None
 
 
+Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject
+"""Any message published on ``fleet.evt.<node>.<event>``."""
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {
+    EVENT_SAMPLE: Sample,
+    EVENT_HEALTH: Health,
+    EVENT_INTERRUPTION: Interruption,
+    EVENT_LATENCY: Latency,
+    EVENT_ENGINE: Engine,
+    EVENT_STATE: NodeState,
+    EVENT_INJECT: Inject,
+}
+"""The one place that says which Struct each event kind carries."""
+
+
+def decode_event(subject: str, data: bytes) -> Event:
+    """Decode a node event by the kind its subject names, so every reader agrees on the
+    type; an unknown kind is a DecodeError like a malformed body."""
+    kind = event_kind(subject)
+    event_type = EVENT_TYPES.get(kind)
+    if event_type is None:
+        raise DecodeError(subject, "node event", f"unknown event kind {kind!r}")
+    return codec.decode(data, event_type, subject)
+
+
 __all__ = [
+    "EVENT_TYPES",
     "Capacity",
     "Engine",
     "EngineStatus",
+    "Event",
     "Gpu",
     "Health",
     "HealthCheck",
@@ -221,4 +260,6 @@ __all__ = [
     "Sample",
     "SpotStatus",
     "XidCount",
+    "decode_event",
+    "notice_key",
 ]

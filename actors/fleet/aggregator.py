@@ -26,12 +26,11 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.streams import provision
-from actors.runtime.bus import Bus, consume_forever, unsubscribe_quietly
+from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
 from schemas import codec, signing
-from schemas import subjects as names
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
-from schemas.subjects import Subjects
+from schemas.subjects import STREAM_HEARTBEATS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +53,9 @@ class LateDelivery(Exception):
 
 
 class AggregatorActor:
+    """Subscribes to FLEET_HB (shared durable consumer) and fleet.register; publishes
+    NodeRecord in fleet_nodes and Alert on fleet.alert.<kind>.<cluster>.<node>."""
+
     name = "aggregator"
 
     def __init__(
@@ -73,7 +75,7 @@ class AggregatorActor:
         consumer = await self.bus.js.pull_subscribe(
             self.subjects.heartbeats(),
             durable=self.subjects.stream_name(self.config.durable),
-            stream=self.subjects.stream_name(names.STREAM_HEARTBEATS),
+            stream=self.subjects.stream_name(STREAM_HEARTBEATS),
             config=ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
@@ -81,14 +83,13 @@ class AggregatorActor:
                 max_ack_pending=10_000,
             ),
         )
-        registrations = await self.bus.subscribe(
-            self.subjects.register(), self._on_register, queue="aggregators"
-        )
+        routes = {self.subjects.register(): self._on_register}
         try:
-            await self.bus.flush()
-            ready()
             # Either task failing ends both and the actor, so the supervisor restarts it.
-            async with asyncio.TaskGroup() as group:
+            async with (
+                listening(self.bus, routes, ready, queue="aggregators"),
+                asyncio.TaskGroup() as group,
+            ):
                 group.create_task(
                     consume_forever(
                         consumer,
@@ -101,7 +102,6 @@ class AggregatorActor:
                 group.create_task(self._sweep_forever())
                 group.create_task(self.store.follow_trust())
         finally:
-            await unsubscribe_quietly(registrations)
             await unsubscribe_quietly(consumer)
 
     async def _handle_batch(self, batch: list[Msg]) -> None:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import nats.errors
 
-from actors.runtime.bus import Bus
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
 from schemas import codec
 from schemas.messages import Alert, AlertKind
 from schemas.subjects import Subjects
@@ -31,8 +31,6 @@ SEVERITY: dict[AlertKind, Severity] = {
     "interruption": "critical",
     "deregistered": "info",
 }
-
-PUBLISH_TIMEOUT = 5.0
 
 
 class AlertPublisher:

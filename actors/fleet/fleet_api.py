@@ -31,6 +31,8 @@ STATES: tuple[RecordState, ...] = get_args(RecordState)
 
 
 class FleetApiActor:
+    """Watches the fleet_nodes bucket; publishes nothing; serves /nodes, /nodes/<node>, /metrics."""
+
     name = "fleet_api"
 
     def __init__(self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics) -> None:

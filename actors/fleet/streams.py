@@ -19,8 +19,15 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from schemas import subjects as names
-from schemas.subjects import Subjects
+from schemas.subjects import (
+    BUCKET_NODES,
+    BUCKET_TRUST,
+    STREAM_ALERTS,
+    STREAM_COMMANDS,
+    STREAM_EVENTS,
+    STREAM_HEARTBEATS,
+    Subjects,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +45,7 @@ raises every per-message TTL to the marker TTL (nats-server PRs 6741 and 6818)."
 def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
     return [
         StreamConfig(
-            name=subjects.stream_name(names.STREAM_HEARTBEATS),
+            name=subjects.stream_name(STREAM_HEARTBEATS),
             description="signed node heartbeats; per-message TTL marks dead nodes",
             subjects=[subjects.heartbeats()],
             storage=StorageType.FILE,
@@ -51,7 +58,7 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             discard=DiscardPolicy.OLD,
         ),
         StreamConfig(
-            name=subjects.stream_name(names.STREAM_COMMANDS),
+            name=subjects.stream_name(STREAM_COMMANDS),
             description="signed operator commands, one work queue per node subject",
             subjects=[subjects.commands()],
             storage=StorageType.FILE,
@@ -61,7 +68,7 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             duplicate_window=DUPLICATE_WINDOW,
         ),
         StreamConfig(
-            name=subjects.stream_name(names.STREAM_EVENTS),
+            name=subjects.stream_name(STREAM_EVENTS),
             description="signed command results (audit trail)",
             subjects=[subjects.results()],
             storage=StorageType.FILE,
@@ -70,7 +77,7 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             duplicate_window=DUPLICATE_WINDOW,
         ),
         StreamConfig(
-            name=subjects.stream_name(names.STREAM_ALERTS),
+            name=subjects.stream_name(STREAM_ALERTS),
             description="aggregator alerts, deduplicated by deterministic Nats-Msg-Id",
             subjects=[subjects.alerts()],
             storage=StorageType.FILE,
@@ -84,14 +91,14 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
 def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig]:
     return [
         KeyValueConfig(
-            bucket=subjects.bucket_name(names.BUCKET_NODES),
+            bucket=subjects.bucket_name(BUCKET_NODES),
             description="one NodeRecord per node, written by aggregators",
             history=1,
             storage=StorageType.FILE,
             replicas=replicas,
         ),
         KeyValueConfig(
-            bucket=subjects.bucket_name(names.BUCKET_TRUST),
+            bucket=subjects.bucket_name(BUCKET_TRUST),
             description="approved node public keys",
             history=5,
             storage=StorageType.FILE,

@@ -26,7 +26,6 @@ XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
 
 
-
 def default_state_dir() -> str:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return str(Path(base) / "node-agent")
@@ -112,5 +111,3 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     @property
     def key_path(self) -> Path:
         return Path(self.key_file) if self.key_file else Path(self.state_dir) / "node.nk"
-
-

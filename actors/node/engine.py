@@ -79,6 +79,8 @@ def _count(value: float) -> int:
 
 
 class EngineActor:
+    """Subscribes to nothing (polls over HTTP); publishes Engine on fleet.evt.<node>.engine."""
+
     name = "engine"
 
     def __init__(self, config: AgentConfig, bus: Bus) -> None:

@@ -21,12 +21,11 @@ from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import ActorStatus
 from actors.runtime.web import prometheus_page, serving
-from schemas import codec, events
-from schemas import subjects as names
 from schemas.errors import DecodeError
+from schemas.events import Engine, Health, Latency, NodeState, Sample, decode_event
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
@@ -36,6 +35,8 @@ StatusSource = Callable[[], Mapping[str, ActorStatus]]
 
 
 class HttpApiActor:
+    """Subscribes to fleet.evt.<node>.*; publishes nothing, serves /metrics, /healthz, /status."""
+
     name = "http_api"
 
     def __init__(
@@ -52,31 +53,32 @@ class HttpApiActor:
         self.subjects = Subjects(config.prefix)
         self.port: int | None = None
         """The bound port once serving (``http_port = 0`` picks a free one)."""
-        self.health: events.Health | None = None
-        self.engine: events.Engine | None = None
-        self.latency: events.Latency | None = None
-        self.state: events.NodeState | None = None
+        self.health: Health | None = None
+        self.engine: Engine | None = None
+        self.latency: Latency | None = None
+        self.state: NodeState | None = None
         self.gpus_seen_at: float | None = None
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = names.event_kind(msg.subject)
         try:
-            if kind == names.EVENT_SAMPLE:
-                sample = codec.decode(msg.data, events.Sample, msg.subject)
-                self.metrics.observe_gpus(sample.gpus)
-                self.gpus_seen_at = sample.ts
-            elif kind == names.EVENT_HEALTH:
-                self.health = codec.decode(msg.data, events.Health, msg.subject)
-                self.metrics.observe_health(self.health)
-            elif kind == names.EVENT_ENGINE:
-                self.engine = codec.decode(msg.data, events.Engine, msg.subject)
-                self.metrics.observe_engine(self.engine)
-            elif kind == names.EVENT_LATENCY:
-                self.latency = codec.decode(msg.data, events.Latency, msg.subject)
-            elif kind == names.EVENT_STATE:
-                self.state = codec.decode(msg.data, events.NodeState, msg.subject)
+            event = decode_event(msg.subject, msg.data)
         except DecodeError as exc:
             log.warning("ignoring malformed event", extra={"reason": str(exc)})
+            return
+        match event:
+            case Sample():
+                self.metrics.observe_gpus(event.gpus)
+                self.gpus_seen_at = event.ts
+            case Health():
+                self.health = event
+                self.metrics.observe_health(event)
+            case Engine():
+                self.engine = event
+                self.metrics.observe_engine(event)
+            case Latency():
+                self.latency = event
+            case NodeState():
+                self.state = event
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return prometheus_page(self.metrics.registry)
@@ -120,15 +122,15 @@ class HttpApiActor:
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:
-        subscription = await self.bus.subscribe(
-            self.subjects.events(self.config.node_id), self._on_event
-        )
+        routes = {self.subjects.events(self.config.node_id): self._on_event}
         try:
-            async with serving(self.app(), self.config.http_host, self.config.http_port) as port:
+            # Ready only once serving, so the port is known and /healthz answers.
+            async with (
+                listening(self.bus, routes),
+                serving(self.app(), self.config.http_host, self.config.http_port) as port,
+            ):
                 self.port = port
-                await self.bus.flush()
                 ready()
                 await asyncio.Event().wait()  # serve until cancelled
         finally:
             self.port = None
-            await unsubscribe_quietly(subscription)

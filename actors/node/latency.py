@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
 from actors.runtime import kv
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
@@ -43,6 +43,8 @@ GONE_STATES = {"offline", "deregistered"}
 
 
 class LatencyActor:
+    """Answers fleet.probe.<node>; publishes Latency on fleet.evt.<node>.latency."""
+
     name = "latency"
 
     def __init__(self, config: AgentConfig, bus: Bus) -> None:
@@ -158,12 +160,8 @@ class LatencyActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        subscription = await self.bus.subscribe(
-            self.subjects.probe(self.config.node_id), self._answer
-        )
-        try:
-            await self.bus.flush()
-            ready()
+        routes = {self.subjects.probe(self.config.node_id): self._answer}
+        async with listening(self.bus, routes, ready):
             rounds = 0
             while True:
                 # Look again soon while alone: peers may simply not have registered yet.
@@ -173,8 +171,6 @@ class LatencyActor:
                 latency = await self.measure()
                 await self.bus.publish(self.subject, codec.encode(latency))
                 await sleep_jittered(self.config.probe_interval)
-        finally:
-            await unsubscribe_quietly(subscription)
 
 
 def _loss(outcomes: deque[bool] | list[bool]) -> float:

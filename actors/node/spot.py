@@ -24,12 +24,12 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
-from actors.runtime.bus import Bus, unsubscribe_quietly
-from actors.runtime.schedule import wait_or_timeout
-from schemas import codec, events
-from schemas import subjects as names
+from actors.runtime.bus import Bus, listening
+from actors.runtime.schedule import Backoff, wait_or_timeout
+from schemas import codec
 from schemas.errors import DecodeError
-from schemas.subjects import Subjects
+from schemas.events import Interruption, NodeState, decode_event
+from schemas.subjects import EVENT_INTERRUPTION, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def _require_ok(response: aiohttp.ClientResponse, what: str) -> None:
         raise MetadataError(f"{what}: HTTP {response.status}")
 
 
-def _backoff(delay: float, exc: Exception) -> float:
-    """The delay before the next try after ``exc`` (doubled, capped), logged with why."""
-    delay = min(delay * 2, MAX_BACKOFF)
+def _retry_delay(backoff: Backoff, exc: Exception) -> float:
+    """The delay before the next try after ``exc``, logged with why."""
+    delay = backoff.next()
     log.warning(
         "metadata service failed; retrying",
         extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
@@ -86,13 +86,15 @@ def _backoff(delay: float, exc: Exception) -> float:
 
 
 class SpotActor:
+    """Subscribes to fleet.evt.<node>.*; publishes Interruption on fleet.evt.<node>.interruption."""
+
     name = "spot"
 
     def __init__(self, config: AgentConfig, bus: Bus) -> None:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
-        self.subject = self.subjects.event(config.node_id, names.EVENT_INTERRUPTION)
+        self.subject = self.subjects.event(config.node_id, EVENT_INTERRUPTION)
         self.timeout = aiohttp.ClientTimeout(
             total=max(0.5, min(2.0, 2 * config.spot_poll_interval))
         )
@@ -106,10 +108,8 @@ class SpotActor:
         self._wake = asyncio.Event()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        states = await self.bus.subscribe(self.subjects.events(self.config.node_id), self._on_event)
-        try:
-            await self.bus.flush()
-            ready()
+        routes = {self.subjects.events(self.config.node_id): self._on_event}
+        async with listening(self.bus, routes, ready):
             async with aiohttp.ClientSession() as session:
                 provider = self.config.spot_provider
                 if provider == "auto":
@@ -127,8 +127,6 @@ class SpotActor:
                         self._gcp_watch(session, base, "preempted"),
                         self._gcp_watch(session, base, "maintenance-event"),
                     )
-        finally:
-            await unsubscribe_quietly(states)
 
     async def detect(self, session: aiohttp.ClientSession) -> Provider | None:
         """Ask each provider's metadata endpoint once, briefly; the first to answer wins."""
@@ -154,17 +152,23 @@ class SpotActor:
 
     async def _poll(self, once: Callable[[], Awaitable[None]]) -> None:
         """Call ``once`` every poll interval; failures back off (capped) and retry."""
-        delay = self.config.spot_poll_interval
+        backoff = self._backoff()
         while True:
             try:
                 await once()
                 delay = self.config.spot_poll_interval
+                backoff.reset()
             except RETRYABLE as exc:
-                delay = _backoff(delay, exc)
+                delay = _retry_delay(backoff, exc)
             self._wake.clear()
             await wait_or_timeout(self._wake, delay)
 
-    async def _publish(self, notice: events.Interruption) -> None:
+    def _backoff(self) -> Backoff:
+        """Failures retry after twice the poll interval, doubling up to MAX_BACKOFF; not
+        jittered: each node asks only its own metadata service."""
+        return Backoff(2 * self.config.spot_poll_interval, MAX_BACKOFF, spread=0.0)
+
+    async def _publish(self, notice: Interruption) -> None:
         key = f"{notice.provider}:{notice.kind}:{notice.event_id}"
         if key in self.published:
             return
@@ -180,16 +184,17 @@ class SpotActor:
         self.published.add(key)
 
     async def _on_event(self, msg: Msg) -> None:
-        if names.event_kind(msg.subject) != names.EVENT_STATE:
-            return
         try:
-            state = codec.decode(msg.data, events.NodeState, msg.subject)
-        except DecodeError:
+            event = decode_event(msg.subject, msg.data)
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
             return
-        drained = state.schedulability == "drained"
-        if drained and not self.drained:
-            self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
-        self.drained = drained
+        match event:
+            case NodeState():
+                drained = event.schedulability == "drained"
+                if drained and not self.drained:
+                    self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
+                self.drained = drained
 
     # AWS -------------------------------------------------------------------------------
 
@@ -228,7 +233,7 @@ class SpotActor:
             if kind not in ("terminate", "stop", "hibernate"):
                 raise MetadataError(f"unknown instance-action {kind!r}")
             await self._publish(
-                events.Interruption(
+                Interruption(
                     ts=time.time(),
                     provider="aws",
                     kind=kind,
@@ -239,7 +244,7 @@ class SpotActor:
         rebalance = await self._aws_get(session, base, "events/recommendations/rebalance")
         if rebalance is not None:
             await self._publish(
-                events.Interruption(
+                Interruption(
                     ts=time.time(),
                     provider="aws",
                     kind="rebalance",
@@ -254,7 +259,7 @@ class SpotActor:
         server answers as soon as it changes, or after ``timeout_sec`` with the same value."""
         url = f"{base}/computeMetadata/v1/instance/{key}"
         etag = ""
-        delay = self.config.spot_poll_interval
+        backoff = self._backoff()
         hanging = aiohttp.ClientTimeout(total=GCP_WAIT + 5)
         while True:
             params = {"wait_for_change": "true", "timeout_sec": str(GCP_WAIT), "last_etag": etag}
@@ -269,13 +274,12 @@ class SpotActor:
                     value = (await response.text()).strip()
                     etag = response.headers.get("ETag", "")
                 await self._gcp_value(key, value)
-                delay = self.config.spot_poll_interval
+                backoff.reset()
                 if not etag:
-                    await asyncio.sleep(delay)  # no ETag: plain polling
+                    await asyncio.sleep(self.config.spot_poll_interval)  # no ETag: plain polling
             except RETRYABLE as exc:
                 etag = ""
-                delay = _backoff(delay, exc)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_retry_delay(backoff, exc))
 
     async def _gcp_value(self, key: str, value: str) -> None:
         previous = self._last_value.get(key)
@@ -294,7 +298,7 @@ class SpotActor:
         now = time.time()
         # GCP gives no event id: the moment the value changed names this notice.
         await self._publish(
-            events.Interruption(
+            Interruption(
                 ts=now,
                 provider="gcp",
                 kind=kind,
@@ -333,7 +337,7 @@ class SpotActor:
             if kind != "maintenance" and f"azure:{kind}:{event_id}" not in self.published:
                 self._azure_unacked.add(event_id)
             await self._publish(
-                events.Interruption(
+                Interruption(
                     ts=time.time(),
                     provider="azure",
                     kind=kind,

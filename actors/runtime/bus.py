@@ -7,8 +7,9 @@ connection reconnects forever with backoff; callers get timeouts, never hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -20,7 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from actors.runtime.schedule import jittered
+from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError
 from schemas.signing import KeyPair
@@ -35,6 +36,9 @@ PENDING_MSGS_LIMIT = 4096
 PENDING_BYTES_LIMIT = 16 * 1024 * 1024
 PUBLISH_TIMEOUT = 5.0
 """How long a JetStream publish waits for the stream's acknowledgement."""
+CONNECT_BACKOFF_INITIAL = 0.5
+CONNECT_BACKOFF_MAX = 15.0
+"""A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
 
 
 class BusError(FleetError):
@@ -105,7 +109,7 @@ class NatsBus:
         inbox_prefix: str = "_INBOX",
     ) -> NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
-        delay = 0.5
+        backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
             events = _ConnectionEvents(server)
@@ -138,12 +142,12 @@ class NatsBus:
                 reason = _reason(exc)
                 if not retry_forever:
                     raise BusError(server, reason) from None
+                delay = backoff.next()
                 log.warning(
                     "nats connect failed; retrying",
                     extra={"server": server, "reason": reason, "retry_in_s": round(delay, 1)},
                 )
-                await asyncio.sleep(jittered(delay, spread=0.2))
-                delay = min(delay * 2, 15.0)
+                await asyncio.sleep(delay)
 
     @property
     def js(self) -> JetStreamContext:
@@ -239,6 +243,31 @@ async def unsubscribe_quietly(
         await subscription.unsubscribe()
     except nats.errors.Error:
         pass
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    bus: Bus,
+    routes: Mapping[str, Handler],
+    ready: Callable[[], None] | None = None,
+    *,
+    queue: str = "",
+) -> AsyncIterator[None]:
+    """Subscribe each subject of ``routes`` to its handler, in the mapping's order, and
+    flush, so the server has every SUB before the actor says it is ready (a message
+    published after ``ready()`` is never missed); then ``ready()``, unless the actor has
+    more to set up first and calls it itself. Unsubscribes quietly on the way out."""
+    subscriptions: list[Subscription] = []
+    try:
+        for subject, handler in routes.items():
+            subscriptions.append(await bus.subscribe(subject, handler, queue))
+        await bus.flush()
+        if ready is not None:
+            ready()
+        yield
+    finally:
+        for subscription in subscriptions:
+            await unsubscribe_quietly(subscription)
 
 
 async def publish_signed(

@@ -1,4 +1,5 @@
-"""Timing the actors share: jittered periods, and waiting for an event with a time limit.
+"""Timing the actors share: jittered periods, capped backoff, and waiting for an event
+with a time limit.
 
 Periods are jittered (10 % unless said) so agents started together never report in
 lock-step; backoffs are jittered wider so reconnecting clients spread out.
@@ -13,6 +14,27 @@ import random
 def jittered(period: float, spread: float = 0.1) -> float:
     """``period`` give or take ``spread`` (a fraction), drawn afresh at each call."""
     return period * random.uniform(1 - spread, 1 + spread)
+
+
+class Backoff:
+    """Retry delays that double from ``initial`` up to ``maximum``, each jittered by
+    ``spread``, so clients failing together do not retry together; ``reset()`` after a
+    success starts again from ``initial``."""
+
+    def __init__(self, initial: float, maximum: float, spread: float = 0.2) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.spread = spread
+        self._delay = initial
+
+    def next(self) -> float:
+        """The delay before the next try; each call doubles the one after (capped)."""
+        delay = min(self._delay, self.maximum)
+        self._delay = delay * 2
+        return jittered(delay, self.spread)
+
+    def reset(self) -> None:
+        self._delay = self.initial
 
 
 async def sleep_jittered(period: float) -> None:

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from actors.runtime.schedule import jittered
+from actors.runtime.schedule import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,8 @@ ActorPhase = Literal["starting", "running", "backoff", "finished", "stopped"]
 
 class Actor(Protocol):
     """Constructed with its config and the bus; ``run`` subscribes, flushes, calls
-    ``ready()``, then loops until cancelled. Returning means the actor's work is done."""
+    ``ready()`` (:func:`actors.runtime.bus.listening` does these three), then loops until
+    cancelled. Returning means the actor's work is done."""
 
     name: str
 
@@ -87,7 +88,7 @@ class Supervisor:
 
     async def _keep(self, actor: Actor) -> None:
         status = self.status[actor.name]
-        delay = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         while True:
             status.phase = "starting"
             status.started_at = time.time()
@@ -102,7 +103,8 @@ class Supervisor:
             except Exception as exc:
                 ran_for = time.time() - status.started_at
                 if ran_for >= self.healthy_after:
-                    delay = self.backoff_initial
+                    backoff.reset()
+                delay = backoff.next()
                 status.restarts += 1
                 status.last_error = f"{type(exc).__name__}: {exc}"
                 status.phase = "backoff"
@@ -115,8 +117,7 @@ class Supervisor:
                         "retry_in_s": round(delay, 2),
                     },
                 )
-                await asyncio.sleep(jittered(delay, spread=0.2))
-                delay = min(delay * 2, self.backoff_max)
+                await asyncio.sleep(delay)
             else:
                 status.phase = "finished"
                 log.info("actor finished", extra={"actor": actor.name})

@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
-from schemas import subjects as names
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
 
 
 async def wait_provisioned(url: str, timeout: float = 30.0) -> None:
@@ -39,8 +38,8 @@ async def wait_provisioned(url: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                await bus.js.stream_info(Subjects("fleet").stream_name(names.STREAM_HEARTBEATS))
-                await bus.kv(Subjects("fleet").bucket_name(names.BUCKET_TRUST))
+                await bus.js.stream_info(Subjects("fleet").stream_name(STREAM_HEARTBEATS))
+                await bus.kv(Subjects("fleet").bucket_name(BUCKET_TRUST))
                 return
             except Exception:
                 if time.monotonic() > deadline:

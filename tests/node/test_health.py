@@ -185,12 +185,12 @@ def test_dependencies_check(tmp_path: Path) -> None:
 
 
 def test_freshness() -> None:
-    """Fresh probes are ok; stale ones, or none past 3 periods since start, are degraded."""
-    fresh = checks.Probe(name="sample", period=1.0, received_at=100.0)
+    """Fresh feeds are ok; stale ones, or none past 3 periods since start, are degraded."""
+    fresh = checks.Feed(name="sample", period=1.0, received_at=100.0)
     assert checks.freshness_check([fresh], now=102.9, started=0.0).status == "ok"
     stale = checks.freshness_check([fresh], now=103.1, started=0.0)
     assert stale.status == "degraded" and "sample stale" in stale.reason
-    never = checks.Probe(name="latency", period=10.0, received_at=None)
+    never = checks.Feed(name="latency", period=10.0, received_at=None)
     assert checks.freshness_check([never], now=29.0, started=0.0).status == "ok"
     late = checks.freshness_check([never], now=31.0, started=0.0)
     assert late.status == "degraded" and "latency: none received" in late.reason

@@ -8,7 +8,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.cli.send import new_command, publish_command
-from actors.runtime.bus import NatsBus
+from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
 from schemas import codec, signing
 from schemas.events import Engine
 from schemas.messages import Action, Alert, Command, CommandResult
@@ -70,7 +70,8 @@ async def send_raw(
     bus: NatsBus, prefix: str, body: bytes, headers: dict[str, str], node: str = "n1"
 ) -> None:
     """Publish exactly these bytes and headers (no Nats-Msg-Id unless given)."""
-    await bus.js.publish(Subjects(prefix).command("c1", node), body, headers=headers, timeout=5)
+    subject = Subjects(prefix).command("c1", node)
+    await bus.js.publish(subject, body, headers=headers, timeout=PUBLISH_TIMEOUT)
 
 
 async def set_in_flight(bus: NatsBus, prefix: str, count: int, node: str = "n1") -> None:

@@ -32,9 +32,16 @@ from actors.runtime.bus import BusError, NatsBus
 from actors.runtime.config import build
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
-from schemas import subjects as names
 from schemas.messages import Cordon, Probe, ProbeReply
-from schemas.subjects import Subjects
+from schemas.subjects import (
+    BUCKET_NODES,
+    BUCKET_TRUST,
+    STREAM_ALERTS,
+    STREAM_COMMANDS,
+    STREAM_EVENTS,
+    STREAM_HEARTBEATS,
+    Subjects,
+)
 from tests.support.commanding import Results, send
 from tests.support.fleet import (
     agent_config,
@@ -157,15 +164,12 @@ async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer
             streams = [
                 subjects.stream_name(base)
                 for base in (
-                    names.STREAM_HEARTBEATS,
-                    names.STREAM_COMMANDS,
-                    names.STREAM_EVENTS,
-                    names.STREAM_ALERTS,
+                    STREAM_HEARTBEATS,
+                    STREAM_COMMANDS,
+                    STREAM_EVENTS,
+                    STREAM_ALERTS,
                 )
-            ] + [
-                f"KV_{subjects.bucket_name(base)}"
-                for base in (names.BUCKET_NODES, names.BUCKET_TRUST)
-            ]
+            ] + [f"KV_{subjects.bucket_name(base)}" for base in (BUCKET_NODES, BUCKET_TRUST)]
             for stream in streams:
                 info = await bus.js.stream_info(stream)
                 assert info.config.num_replicas == 3, stream
@@ -327,7 +331,7 @@ async def refuses_another_nodes_subjects(
         with pytest.raises((nats.errors.Error, TimeoutError)):
             await nc.jetstream().publish(forged, b"{}", timeout=2)
         with pytest.raises(nats.js.errors.NotFoundError):
-            await bus.js.get_last_msg(subjects.stream_name(names.STREAM_HEARTBEATS), forged)
+            await bus.js.get_last_msg(subjects.stream_name(STREAM_HEARTBEATS), forged)
 
         heard: list[bytes] = []
 

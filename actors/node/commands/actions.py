@@ -26,7 +26,6 @@ from actors.node.config import AgentConfig
 from actors.runtime.bus import Bus, publish_signed
 from actors.runtime.schedule import wait_or_timeout
 from schemas import codec, events
-from schemas import subjects as names
 from schemas.base import Schedulability
 from schemas.messages import (
     Action,
@@ -38,7 +37,7 @@ from schemas.messages import (
     Uncordon,
 )
 from schemas.signing import KeyPair
-from schemas.subjects import Subjects
+from schemas.subjects import EVENT_STATE, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +294,7 @@ class ActionRunner:
         """Publish ``state`` (default: the stored one) as the node's ``state`` event."""
         body = codec.encode(state or self.store.state)
         try:
-            subject = self.subjects.event(self.config.node_id, names.EVENT_STATE)
+            subject = self.subjects.event(self.config.node_id, EVENT_STATE)
             await self.bus.publish(subject, body)
         except nats.errors.Error as exc:
             log.warning("state not published", extra={"reason": str(exc)})

@@ -17,23 +17,22 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
-from actors.runtime.bus import Bus, consume_forever, unsubscribe_quietly
-from schemas import codec, events
-from schemas import subjects as names
+from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
+from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import notice_key
+from schemas.events import Engine, Interruption, decode_event, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat
 from schemas.signing import KeyPair
-from schemas.subjects import Subjects
+from schemas.subjects import STREAM_COMMANDS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +43,9 @@ TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
 
 
 class CommandsActor:
+    """Subscribes to FLEET_CMD, fleet.evt.<node>.* and its own heartbeat; publishes NodeState
+    on fleet.evt.<node>.state and CommandResult on fleet.result.<cluster>.<node>."""
+
     name = "commands"
 
     def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:
@@ -56,50 +58,48 @@ class CommandsActor:
         self._fetcher: asyncio.Task[None] | None = None
 
     async def run(self, ready: Callable[[], None]) -> None:
-        # Subscribed first, before any await on the network: the agent starts this actor
-        # before the spot watcher, so on one connection our SUB precedes its first notice.
-        subscriptions: list[Any] = [
-            await self.bus.subscribe(self.subjects.events(self.config.node_id), self._on_event)
-        ]
-        republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
-        try:
-            subscriptions.append(
-                await self.bus.subscribe(
-                    self.subjects.heartbeat(self.config.cluster, self.config.node_id),
-                    self._on_beat,
+        # Node events first, before any await on the network (listening subscribes in
+        # this order): the agent starts this actor before the spot watcher, so on one
+        # connection our SUB precedes its first notice.
+        routes = {
+            self.subjects.events(self.config.node_id): self._on_event,
+            self.subjects.heartbeat(self.config.cluster, self.config.node_id): self._on_beat,
+        }
+        async with listening(self.bus, routes):
+            republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
+            consumer: JetStreamContext.PullSubscription | None = None
+            try:
+                consumer = await self.bus.js.pull_subscribe(
+                    self.command_subject,
+                    durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
+                    stream=self.subjects.stream_name(STREAM_COMMANDS),
+                    config=ConsumerConfig(
+                        ack_policy=AckPolicy.EXPLICIT,
+                        deliver_policy=DeliverPolicy.ALL,
+                        ack_wait=30,
+                    ),
                 )
-            )
-            consumer = await self.bus.js.pull_subscribe(
-                self.command_subject,
-                durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
-                stream=self.subjects.stream_name(names.STREAM_COMMANDS),
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
-                ),
-            )
-            subscriptions.append(consumer)
-            await self.bus.flush()
-            await self.actions.publish_state()
-            await self.actions.resume()
-            self._fetcher = asyncio.create_task(
-                consume_forever(
-                    consumer, self._handle_each, batch=1, wait=FETCH_WAIT, what="command"
-                ),
-                name="commands",
-            )
-            ready()
-            await self._until_finished(self._fetcher)
-        finally:
-            tasks = [
-                task
-                for task in (republisher, self._fetcher, *self.actions.tasks())
-                if task is not None
-            ]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for subscription in subscriptions:
-                await unsubscribe_quietly(subscription)
+                await self.actions.publish_state()
+                await self.actions.resume()
+                self._fetcher = asyncio.create_task(
+                    consume_forever(
+                        consumer, self._handle_each, batch=1, wait=FETCH_WAIT, what="command"
+                    ),
+                    name="commands",
+                )
+                ready()
+                await self._until_finished(self._fetcher)
+            finally:
+                tasks = [
+                    task
+                    for task in (republisher, self._fetcher, *self.actions.tasks())
+                    if task is not None
+                ]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if consumer is not None:
+                    await unsubscribe_quietly(consumer)
 
     async def _until_finished(self, fetcher: asyncio.Task[None]) -> None:
         """Wait until the node has deregistered. A fetcher that fails (the connection
@@ -152,18 +152,18 @@ class CommandsActor:
     # Events ----------------------------------------------------------------------------
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = names.event_kind(msg.subject)
         try:
-            if kind == names.EVENT_ENGINE:
-                engine = codec.decode(msg.data, events.Engine, msg.subject)
-                self.actions.observe_in_flight(engine.in_flight or 0)
-            elif kind == names.EVENT_INTERRUPTION:
-                notice = codec.decode(msg.data, events.Interruption, msg.subject)
-                await self._on_interruption(notice)
+            event = decode_event(msg.subject, msg.data)
         except DecodeError as exc:
             log.warning("ignoring malformed event", extra={"reason": str(exc)})
+            return
+        match event:
+            case Engine():
+                self.actions.observe_in_flight(event.in_flight or 0)
+            case Interruption():
+                await self._on_interruption(event)
 
-    async def _on_interruption(self, notice: events.Interruption) -> None:
+    async def _on_interruption(self, notice: Interruption) -> None:
         """A termination notice drains before its deadline and deregisters; a rebalance
         or maintenance notice cordons for a while. Each notice acts once, ever."""
         command_id = f"spot:{notice_key(notice)}"

@@ -21,11 +21,11 @@ from nats.aio.msg import Msg
 from actors.node.config import AgentConfig
 from actors.node.health import checks, scoring
 from actors.node.xid import XidTracker, parse_thresholds
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Health, HealthCheck, Latency, Sample
+from schemas.events import Engine, Health, HealthCheck, Latency, Sample, decode_event
 from schemas.subjects import (
     EVENT_ENGINE,
     EVENT_HEALTH,
@@ -42,6 +42,9 @@ FIRST_REPORT_DELAY = 1.0
 
 
 class HealthActor:
+    """Subscribes to fleet.evt.<node>.{sample,engine,latency}; publishes Health on
+    fleet.evt.<node>.health."""
+
     name = "health"
 
     def __init__(
@@ -75,20 +78,21 @@ class HealthActor:
         self.sample_checks: dict[str, HealthCheck] = {}
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = event_kind(msg.subject)
         try:
-            if kind == EVENT_SAMPLE:
-                self.observe_sample(codec.decode(msg.data, Sample, msg.subject))
-            elif kind == EVENT_ENGINE:
-                self.engine = codec.decode(msg.data, Engine, msg.subject)
-            elif kind == EVENT_LATENCY:
-                self.latency = codec.decode(msg.data, Latency, msg.subject)
-            else:
-                return
+            event = decode_event(msg.subject, msg.data)
         except DecodeError as exc:
             log.warning("ignoring malformed event", extra={"reason": str(exc)})
             return
-        self.received[kind] = time.monotonic()
+        match event:
+            case Sample():
+                self.observe_sample(event)
+            case Engine():
+                self.engine = event
+            case Latency():
+                self.latency = event
+            case _:
+                return
+        self.received[event_kind(msg.subject)] = time.monotonic()
 
     def observe_sample(self, sample: Sample) -> None:
         """Judge the sample-driven checks on this sample, through the latch."""
@@ -101,7 +105,7 @@ class HealthActor:
         ):
             self.sample_checks[check.name] = self.latch.update(check)
 
-    def probes(self) -> dict[str, checks.Probe]:
+    def feeds(self) -> dict[str, checks.Feed]:
         """The event streams the score depends on; engine only when engines are configured."""
         periods = {
             EVENT_SAMPLE: self.config.sample_interval,
@@ -110,24 +114,24 @@ class HealthActor:
         if self.config.engines:
             periods[EVENT_ENGINE] = self.config.engine_interval
         return {
-            name: checks.Probe(name=name, period=period, received_at=self.received.get(name))
+            name: checks.Feed(name=name, period=period, received_at=self.received.get(name))
             for name, period in periods.items()
         }
 
     def assess(self) -> Health:
         now = time.monotonic()
-        probes = self.probes()
+        feeds = self.feeds()
 
         def fresh(name: str) -> bool:
-            return name in probes and probes[name].fresh(now)
+            return name in feeds and feeds[name].fresh(now)
 
         def missing(name: str) -> str:
-            return checks.missing_reason(probes[name], now, self.started)
+            return checks.missing_reason(feeds[name], now, self.started)
 
         sample = self.sample if fresh(EVENT_SAMPLE) else None
         engine = self.engine if fresh(EVENT_ENGINE) else None
         latency = self.latency if fresh(EVENT_LATENCY) else None
-        engine_missing = missing(EVENT_ENGINE) if EVENT_ENGINE in probes else ""
+        engine_missing = missing(EVENT_ENGINE) if EVENT_ENGINE in feeds else ""
         components = [
             scoring.engine_component(engine, len(self.config.engines), engine_missing),
             scoring.temperature_component(sample, missing(EVENT_SAMPLE)),
@@ -149,7 +153,7 @@ class HealthActor:
         found = [
             *self.sample_checks.values(),
             dependencies,
-            checks.freshness_check(probes.values(), now, self.started),
+            checks.freshness_check(feeds.values(), now, self.started),
         ]
         status = checks.overall([score_check, *found])
         return Health(
@@ -157,12 +161,8 @@ class HealthActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        subscriptions = [
-            await self.bus.subscribe(subject, self._on_event) for subject in self.sources.values()
-        ]
-        try:
-            await self.bus.flush()
-            ready()
+        routes = {subject: self._on_event for subject in self.sources.values()}
+        async with listening(self.bus, routes, ready):
             # The first report comes early (once the first samples are in), not a whole
             # interval after start.
             delay = min(self.config.health_interval, FIRST_REPORT_DELAY)
@@ -171,6 +171,3 @@ class HealthActor:
                 health = self.assess()
                 await self.bus.publish(self.subject, codec.encode(health))
                 delay = self.config.health_interval
-        finally:
-            for subscription in subscriptions:
-                await unsubscribe_quietly(subscription)

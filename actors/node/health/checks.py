@@ -1,8 +1,8 @@
 """The health actor's hard checks as plain functions, plus the hysteresis latch.
 
 Checks answer "is something wrong that a score would hide?": the GPU count at boot, NVML
-answers and temperature, required binaries and kernel modules, and whether the probes
-feeding the score are fresh. The latch keeps a bad result until ``clear_after`` better
+answers and temperature, required binaries and kernel modules, and whether the event
+feeds the score depends on are fresh. The latch keeps a bad result until ``clear_after`` better
 results in a row, so a condition neither flaps nor sticks forever.
 """
 
@@ -20,7 +20,7 @@ from schemas.events import HealthCheck, Sample
 HOT_GPU_C = 85.0
 """Any GPU above this makes the nvml check degraded."""
 STALE_FACTOR = 3.0
-"""A probe's event is stale once older than this many of its periods."""
+"""A feed's event is stale once older than this many of its periods."""
 
 RANK: dict[str, int] = {"ok": 0, "unknown": 0, "healthy": 0, "degraded": 1, "unhealthy": 2}
 _BY_RANK: tuple[HealthStatus, ...] = ("healthy", "degraded", "unhealthy")
@@ -128,8 +128,9 @@ def dependencies_check(
     return HealthCheck(name="dependencies", status="ok", reason=reason)
 
 
-class Probe(msgspec.Struct, frozen=True, kw_only=True):
-    """One event stream the score depends on, and when it was last received."""
+class Feed(msgspec.Struct, frozen=True, kw_only=True):
+    """One event stream the score depends on, and when it was last received (the
+    ``probe_freshness`` check judges these)."""
 
     name: str
     period: float
@@ -153,8 +154,8 @@ class Probe(msgspec.Struct, frozen=True, kw_only=True):
         return "degraded", f"{self.name} stale: {age:.0f}s old (limit {limit:g}s)"
 
 
-def freshness_check(probes: Iterable[Probe], now: float, started: float) -> HealthCheck:
-    results = [probe.describe(now, started) for probe in probes]
+def freshness_check(feeds: Iterable[Feed], now: float, started: float) -> HealthCheck:
+    results = [feed.describe(now, started) for feed in feeds]
     stale = [reason for status, reason in results if status != "ok"]
     if stale:
         return HealthCheck(
@@ -168,9 +169,9 @@ def freshness_check(probes: Iterable[Probe], now: float, started: float) -> Heal
     )
 
 
-def missing_reason(probe: Probe, now: float, started: float) -> str:
+def missing_reason(feed: Feed, now: float, started: float) -> str:
     """Why a component scores 0 for lack of fresh input, in words."""
-    return f"no fresh data ({probe.describe(now, started)[1]})"
+    return f"no fresh data ({feed.describe(now, started)[1]})"
 
 
 def overall(checks: Iterable[HealthCheck]) -> HealthStatus:

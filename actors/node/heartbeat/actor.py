@@ -20,11 +20,20 @@ from nats.aio.msg import Msg
 from actors.node.config import AgentConfig
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.metrics import AgentMetrics
-from actors.runtime.bus import Bus, publish_signed, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas import codec, events
-from schemas import subjects as names
 from schemas.errors import DecodeError
+from schemas.events import (
+    Engine,
+    Health,
+    Interruption,
+    Jobs,
+    Latency,
+    NodeState,
+    Sample,
+    SpotStatus,
+    decode_event,
+)
 from schemas.messages import AGENT_VERSION, Heartbeat
 from schemas.signing import KeyPair
 from schemas.subjects import Subjects
@@ -35,6 +44,8 @@ FIRST_SAMPLE_WAIT = 2.0
 
 
 class HeartbeatActor:
+    """Subscribes to fleet.evt.<node>.*; publishes signed Heartbeat on fleet.hb.<cluster>.<node>."""
+
     name = "heartbeat"
 
     def __init__(
@@ -54,46 +65,44 @@ class HeartbeatActor:
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
         self.ttl = str(math.ceil(config.stale_after))
-        self.sample: events.Sample | None = None
-        self.health: events.Health | None = None
-        self.latency: events.Latency | None = None
-        self.engine: events.Engine | None = None
-        self.state = events.NodeState(ts=time.time(), schedulability="schedulable")
+        self.sample: Sample | None = None
+        self.health: Health | None = None
+        self.latency: Latency | None = None
+        self.engine: Engine | None = None
+        self.state = NodeState(ts=time.time(), schedulability="schedulable")
         provider = config.spot_provider
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
-        self.spot = events.SpotStatus(
-            provider=provider if provider in ("aws", "gcp", "azure") else "none"
-        )
+        self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 
     async def _on_event(self, msg: Msg) -> None:
-        kind = names.event_kind(msg.subject)
         try:
-            if kind == names.EVENT_SAMPLE:
-                self.sample = codec.decode(msg.data, events.Sample, msg.subject)
+            event = decode_event(msg.subject, msg.data)
+        except DecodeError as exc:
+            log.warning("ignoring malformed event", extra={"reason": str(exc)})
+            return
+        match event:
+            case Sample():
+                self.sample = event
                 self._first_sample.set()
-            elif kind == names.EVENT_HEALTH:
-                self.health = codec.decode(msg.data, events.Health, msg.subject)
-            elif kind == names.EVENT_LATENCY:
-                self.latency = codec.decode(msg.data, events.Latency, msg.subject)
-            elif kind == names.EVENT_ENGINE:
-                self.engine = codec.decode(msg.data, events.Engine, msg.subject)
-            elif kind == names.EVENT_INTERRUPTION:
-                notice = codec.decode(msg.data, events.Interruption, msg.subject)
-                self.spot = events.SpotStatus(provider=notice.provider, notice=notice)
+            case Health():
+                self.health = event
+            case Latency():
+                self.latency = event
+            case Engine():
+                self.engine = event
+            case Interruption():
+                self.spot = SpotStatus(provider=event.provider, notice=event)
                 self._beat_now.set()
-            elif kind == names.EVENT_STATE:
-                state = codec.decode(msg.data, events.NodeState, msg.subject)
-                changed = (state.schedulability, state.deregistering) != (
+            case NodeState():
+                changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
                     self.state.deregistering,
                 )
-                self.state = state
+                self.state = event
                 if changed:
                     self._beat_now.set()
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
 
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
@@ -112,7 +121,7 @@ class HeartbeatActor:
             health=self.health,
             latency=self.latency,
             engine=self.engine,
-            jobs=events.Jobs(running=running),
+            jobs=Jobs(running=running),
             spot=self.spot,
             deregistering=self.state.deregistering,
         )
@@ -140,12 +149,8 @@ class HeartbeatActor:
         return heartbeat
 
     async def run(self, ready: Callable[[], None]) -> None:
-        subscription = await self.bus.subscribe(
-            self.subjects.events(self.config.node_id), self._on_event
-        )
-        try:
-            await self.bus.flush()
-            ready()
+        routes = {self.subjects.events(self.config.node_id): self._on_event}
+        async with listening(self.bus, routes, ready):
             # A first beat without inventory would show a node with no GPUs; wait briefly.
             if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):
                 log.warning("no inventory sample yet; beating without one")
@@ -153,5 +158,3 @@ class HeartbeatActor:
                 self._beat_now.clear()
                 await self.beat()
                 await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
-        finally:
-            await unsubscribe_quietly(subscription)

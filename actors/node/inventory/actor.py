@@ -22,11 +22,11 @@ from nats.aio.msg import Msg
 from actors.node.config import AgentConfig
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Capacity, Gpu, Inject, Sample
+from schemas.events import Capacity, Gpu, Inject, Sample, decode_event
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
 
 
 class InventoryActor:
+    """Subscribes to fleet.evt.<node>.inject; publishes Sample on fleet.evt.<node>.sample."""
+
     name = "inventory"
 
     def __init__(self, config: AgentConfig, bus: Bus, gpus: GpuSource | None = None) -> None:
@@ -114,10 +116,15 @@ class InventoryActor:
 
     async def _on_inject(self, msg: Msg) -> None:
         try:
-            inject = codec.decode(msg.data, Inject, msg.subject)
+            event = decode_event(msg.subject, msg.data)
         except DecodeError as exc:
             log.warning("ignoring malformed inject", extra={"reason": str(exc)})
             return
+        match event:
+            case Inject():
+                self._inject(event)
+
+    def _inject(self, inject: Inject) -> None:
         if not isinstance(self.gpus, FakeGpus):
             log.warning(
                 "ignoring injected fault: GPUs are real",
@@ -164,14 +171,9 @@ class InventoryActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        subscription = await self.bus.subscribe(self.inject_subject, self._on_inject)
-        try:
-            await self.bus.flush()
-            ready()
+        async with listening(self.bus, {self.inject_subject: self._on_inject}, ready):
             while True:
                 self._sample_now.clear()
                 sample = await asyncio.to_thread(self.sample)
                 await self.bus.publish(self.subject, codec.encode(sample))
                 await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
-        finally:
-            await unsubscribe_quietly(subscription)

@@ -1,0 +1,93 @@
+"""The actor skeleton written once: ``listening`` subscribes before ready, and unsubscribes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import nats.errors
+import pytest
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from actors.runtime.bus import Handler, NatsBus, listening
+from actors.runtime.embedded import NatsServer
+from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, Subjects
+
+
+@pytest.fixture
+async def publisher(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
+    """A second connection, so what it sees depends only on what the server knows."""
+    connected = await NatsBus.connect(nats_server.url, "publisher")
+    yield connected
+    await connected.close()
+
+
+async def assert_no_subscriber(bus: NatsBus, publisher: NatsBus, subject: str) -> None:
+    await bus.flush()  # our UNSUB reaches the server before the other connection asks
+    with pytest.raises(nats.errors.NoRespondersError):
+        await publisher.request(subject, b"{}", timeout=2.0)
+
+
+async def test_listening_subscribes_before_ready_and_unsubscribes_after(
+    bus: NatsBus, publisher: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every route is subscribed and flushed before ready(), so messages another
+    connection publishes at that moment reach their handler; once the block is left,
+    the subjects have no subscriber."""
+    subjects = [
+        Subjects(prefix).event("n1", EVENT_SAMPLE),
+        Subjects(prefix).event("n1", EVENT_STATE),
+    ]
+    received: asyncio.Queue[str] = asyncio.Queue()
+    publishing: list[asyncio.Task[None]] = []
+
+    async def handler(msg: Msg) -> None:
+        await received.put(msg.subject)
+
+    order: list[str] = []
+    subscribe, flush = bus.subscribe, bus.flush
+
+    async def recording_subscribe(subject: str, handler: Handler, queue: str = "") -> Subscription:
+        order.append("subscribe")
+        return await subscribe(subject, handler, queue)
+
+    async def recording_flush(timeout: float = 2.0) -> None:
+        await flush(timeout)
+        order.append("flush")
+
+    monkeypatch.setattr(bus, "subscribe", recording_subscribe)
+    monkeypatch.setattr(bus, "flush", recording_flush)
+
+    def ready() -> None:
+        order.append("ready")
+        publishing.extend(
+            asyncio.create_task(publisher.publish(subject, b"{}")) for subject in subjects
+        )
+
+    async with listening(bus, dict.fromkeys(subjects, handler), ready):
+        await asyncio.gather(*publishing)
+        await publisher.flush()
+        got = {await asyncio.wait_for(received.get(), 2.0) for _ in subjects}
+        assert got == set(subjects)
+    assert order == ["subscribe", "subscribe", "flush", "ready"]
+    for subject in subjects:
+        await assert_no_subscriber(bus, publisher, subject)
+
+
+async def test_listening_without_ready_still_unsubscribes_on_failure(
+    bus: NatsBus, publisher: NatsBus, prefix: str
+) -> None:
+    """Without a ready callback nothing is called; a body that raises still unsubscribes."""
+    subject = Subjects(prefix).event("n1", EVENT_SAMPLE)
+    received: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(msg: Msg) -> None:
+        await received.put(msg.subject)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        async with listening(bus, {subject: handler}):
+            await publisher.publish(subject, b"{}")
+            assert await asyncio.wait_for(received.get(), 2.0) == subject
+            raise RuntimeError("boom")
+    await assert_no_subscriber(bus, publisher, subject)
