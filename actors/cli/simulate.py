@@ -28,10 +28,9 @@ from actors.node.inventory.fake_gpus import FakeGpus
 from actors.runtime import kv
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
 from schemas import signing
-from schemas import subjects as names
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
 from schemas.messages import AGENT_VERSION, Heartbeat
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
 
 SEQ_MARK = 987654321987654
 TS_MARK = 1111111111.0625
@@ -188,12 +187,12 @@ class Progress:
 async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
     """Run the simulation and print its figures; 0 if every node's last beat was accepted."""
     subjects = Subjects(options.prefix)
-    stream = subjects.stream_name(names.STREAM_HEARTBEATS)
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
     try:
         await bus.js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         raise NotProvisioned(stream) from None
-    nodes_bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
+    nodes_bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
     boot = uuid.uuid4().hex[:16]
     nodes = [SimNode(f"sim-{i:05d}", subjects, options, boot) for i in range(options.nodes)]
     for first in range(0, len(nodes), APPROVE_CHUNK):

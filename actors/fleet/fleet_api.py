@@ -22,10 +22,9 @@ from actors.runtime import kv
 from actors.runtime.bus import Bus
 from actors.runtime.web import prometheus_page, serving
 from schemas import codec
-from schemas import subjects as names
 from schemas.base import RecordState
 from schemas.messages import NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_NODES, Subjects
 
 STATES: tuple[RecordState, ...] = get_args(RecordState)
 
@@ -80,7 +79,7 @@ class FleetApiActor:
         return prometheus_page(self.metrics.registry)
 
     async def run(self, ready: Callable[[], None]) -> None:
-        bucket = await self.bus.kv(self.subjects.bucket_name(names.BUCKET_NODES))
+        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
         follower = asyncio.create_task(self._follow(bucket), name="fleet-http-kv")
         app = web.Application()
         app.router.add_get("/nodes", self.nodes_page)

@@ -17,10 +17,9 @@ from actors.fleet import registry
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec
-from schemas import subjects as names
 from schemas.errors import DecodeError
 from schemas.messages import NodeRecord, TrustEntry
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class NodeStore:
         """Approved keys from the trust watch; None until it has caught up."""
 
     async def _nodes(self) -> KeyValue:
-        return await self.bus.kv(self.subjects.bucket_name(names.BUCKET_NODES))
+        return await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
 
     async def trusted_key(self, node: str, fresh: bool = False) -> str | None:
         """The node's approved public key; None if unknown, revoked or unreadable. From
@@ -70,7 +69,7 @@ class NodeStore:
             self._trusted = trusted
 
         try:
-            trust = await self.bus.kv(self.subjects.bucket_name(names.BUCKET_TRUST))
+            trust = await self.bus.kv(self.subjects.bucket_name(BUCKET_TRUST))
             await kv.follow(trust, TrustEntry, on_change, on_current)
         finally:
             self._trusted = None

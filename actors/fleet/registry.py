@@ -11,10 +11,9 @@ import msgspec
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
-from schemas import subjects as names
 from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord, TrustEntry
-from schemas.subjects import Subjects, check_token
+from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects, check_token
 
 
 class NotFound(FleetError):
@@ -34,7 +33,7 @@ async def approve(bus: Bus, subjects: Subjects, node: str, public_key: str, by: 
     check_token("node id", node)
     check_public_key(public_key)
     entry = TrustEntry(node_id=node, public_key=public_key, approved_at=time.time(), approved_by=by)
-    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     await trust.put(node, codec.encode(entry))
 
 
@@ -45,14 +44,14 @@ async def revoke(bus: Bus, subjects: Subjects, node: str) -> None:
     current = await trust_entry(bus, subjects, node)
     if current is None:
         raise NotFound(f"approved key of {node}")
-    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     await trust.put(node, codec.encode(msgspec.structs.replace(current, revoked=True)))
 
 
 async def trust_entry(bus: Bus, subjects: Subjects, node: str) -> TrustEntry | None:
     """The trust entry of ``node`` as stored, revoked or not; None when there is none.
     Every reader of ``fleet_trust`` starts here; an unreadable entry raises DecodeError."""
-    trust = await bus.kv(subjects.bucket_name(names.BUCKET_TRUST))
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     return await kv.read(trust, node, TrustEntry)
 
 
@@ -65,7 +64,7 @@ def approved_key(entry: TrustEntry | None) -> str | None:
 
 async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     """Every node record, sorted by node id; unreadable records are skipped."""
-    bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
     found = []
     for node in await kv.keys(bucket):
         try:
@@ -80,7 +79,7 @@ async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
 async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
     """The record of ``node``; NotFound when it has none."""
     check_token("node id", node)
-    bucket = await bus.kv(subjects.bucket_name(names.BUCKET_NODES))
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
     current = await kv.read(bucket, node, NodeRecord)
     if current is None:
         raise NotFound(f"node {node}")
