@@ -17,15 +17,14 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import ActorStatus
 from actors.runtime.web import prometheus_page, serving
-from schemas.errors import DecodeError
-from schemas.events import Engine, Health, Latency, NodeState, Sample, decode_event
+from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
@@ -59,12 +58,7 @@ class HttpApiActor:
         self.state: NodeState | None = None
         self.gpus_seen_at: float | None = None
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
-            return
+    async def _on_event(self, event: Event) -> None:
         match event:
             case Sample():
                 self.metrics.observe_gpus(event.gpus)
@@ -122,7 +116,7 @@ class HttpApiActor:
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): self._on_event}
+        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
         try:
             # Ready only once serving, so the port is known and /healthz answers.
             async with (

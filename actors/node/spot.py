@@ -21,14 +21,13 @@ from typing import Any, Literal
 
 import aiohttp
 import nats.errors
-from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
 from schemas import codec
-from schemas.errors import DecodeError
-from schemas.events import Interruption, NodeState, decode_event
+from schemas.events import Event, Interruption, NodeState
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class SpotActor:
         self._wake = asyncio.Event()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): self._on_event}
+        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
         async with listening(self.bus, routes, ready):
             async with aiohttp.ClientSession() as session:
                 provider = self.config.spot_provider
@@ -183,12 +182,7 @@ class SpotActor:
             return
         self.published.add(key)
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
-            return
+    async def _on_event(self, event: Event) -> None:
         match event:
             case NodeState():
                 drained = event.schedulability == "drained"

@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections import namedtuple
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -160,8 +159,7 @@ async def test_real_gpus_ignore_injection(tmp_path: Path, bus: NatsBus) -> None:
     config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None)
     nvml = NvmlGpus(nvml=two_gpus())
     actor = InventoryActor(config, bus, gpus=nvml)
-    body = codec.encode(Inject(ts=1.0, node_id="n1", fault="gpu-lost"))
-    await actor._on_inject(SimpleNamespace(data=body, subject="t.evt.n1.inject"))  # type: ignore[arg-type]
+    await actor._on_inject(Inject(ts=1.0, node_id="n1", fault="gpu-lost"))
     assert not any(gpu.lost for gpu in nvml.read())
     assert not actor._sample_now.is_set()
 

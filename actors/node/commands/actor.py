@@ -26,10 +26,11 @@ from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Interruption, decode_event, notice_key
+from schemas.events import Engine, Event, Interruption, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat
 from schemas.signing import KeyPair
 from schemas.subjects import STREAM_COMMANDS, Subjects
@@ -62,7 +63,7 @@ class CommandsActor:
         # this order): the agent starts this actor before the spot watcher, so on one
         # connection our SUB precedes its first notice.
         routes = {
-            self.subjects.events(self.config.node_id): self._on_event,
+            self.subjects.events(self.config.node_id): decoding(self._on_event),
             self.subjects.heartbeat(self.config.cluster, self.config.node_id): self._on_beat,
         }
         async with listening(self.bus, routes):
@@ -151,12 +152,7 @@ class CommandsActor:
 
     # Events ----------------------------------------------------------------------------
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
-            return
+    async def _on_event(self, event: Event) -> None:
         match event:
             case Engine():
                 self.actions.observe_in_flight(event.in_flight or 0)

@@ -16,23 +16,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nats.aio.msg import Msg
-
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.node.health import checks, scoring
 from actors.node.xid import XidTracker, parse_thresholds
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas import codec
-from schemas.errors import DecodeError
-from schemas.events import Engine, Health, HealthCheck, Latency, Sample, decode_event
+from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample
 from schemas.subjects import (
     EVENT_ENGINE,
     EVENT_HEALTH,
     EVENT_LATENCY,
     EVENT_SAMPLE,
     Subjects,
-    event_kind,
 )
 
 log = logging.getLogger(__name__)
@@ -77,22 +74,20 @@ class HealthActor:
         self.received: dict[str, float] = {}
         self.sample_checks: dict[str, HealthCheck] = {}
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
-            return
+    async def _on_event(self, event: Event) -> None:
         match event:
             case Sample():
                 self.observe_sample(event)
+                kind = EVENT_SAMPLE
             case Engine():
                 self.engine = event
+                kind = EVENT_ENGINE
             case Latency():
                 self.latency = event
+                kind = EVENT_LATENCY
             case _:
                 return
-        self.received[event_kind(msg.subject)] = time.monotonic()
+        self.received[kind] = time.monotonic()
 
     def observe_sample(self, sample: Sample) -> None:
         """Judge the sample-driven checks on this sample, through the latch."""
@@ -161,7 +156,7 @@ class HealthActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {subject: self._on_event for subject in self.sources.values()}
+        routes = {subject: decoding(self._on_event) for subject in self.sources.values()}
         async with listening(self.bus, routes, ready):
             # The first report comes early (once the first samples are in), not a whole
             # interval after start.

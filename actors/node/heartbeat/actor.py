@@ -15,16 +15,16 @@ import uuid
 from collections.abc import Callable
 
 import nats.errors
-from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas.errors import DecodeError
 from schemas.events import (
     Engine,
+    Event,
     Health,
     Interruption,
     Jobs,
@@ -32,7 +32,6 @@ from schemas.events import (
     NodeState,
     Sample,
     SpotStatus,
-    decode_event,
 )
 from schemas.messages import AGENT_VERSION, Heartbeat
 from schemas.signing import KeyPair
@@ -76,12 +75,7 @@ class HeartbeatActor:
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed event", extra={"reason": str(exc)})
-            return
+    async def _on_event(self, event: Event) -> None:
         match event:
             case Sample():
                 self.sample = event
@@ -149,7 +143,7 @@ class HeartbeatActor:
         return heartbeat
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): self._on_event}
+        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
         async with listening(self.bus, routes, ready):
             # A first beat without inventory would show a node with no GPUs; wait briefly.
             if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):

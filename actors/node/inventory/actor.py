@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import psutil
-from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
+from actors.node.events import decoding
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas import codec
-from schemas.errors import DecodeError
-from schemas.events import Capacity, Gpu, Inject, Sample, decode_event
+from schemas.events import Capacity, Event, Gpu, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
@@ -114,12 +113,7 @@ class InventoryActor:
         self.host = host_identity()
         self.hostname = socket.gethostname()
 
-    async def _on_inject(self, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.subject, msg.data)
-        except DecodeError as exc:
-            log.warning("ignoring malformed inject", extra={"reason": str(exc)})
-            return
+    async def _on_inject(self, event: Event) -> None:
         match event:
             case Inject():
                 self._inject(event)
@@ -171,7 +165,7 @@ class InventoryActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        async with listening(self.bus, {self.inject_subject: self._on_inject}, ready):
+        async with listening(self.bus, {self.inject_subject: decoding(self._on_inject)}, ready):
             while True:
                 self._sample_now.clear()
                 sample = await asyncio.to_thread(self.sample)
