@@ -1,9 +1,11 @@
-"""Shared fixtures: a real nats-server per test module, a fresh subject prefix per test."""
+"""Shared fixtures: a real nats-server per test module, a fresh subject prefix per test, and
+a ``fleet`` whose factories start agents, aggregators and servers that the fixture stops."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects
+from tests.support.fleet import Fleet
 
 _prefixes = itertools.count(1)
 
@@ -43,3 +46,13 @@ async def bus(nats_server: NatsServer, prefix: str) -> AsyncIterator[NatsBus]:
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+@pytest.fixture
+async def fleet(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+) -> AsyncIterator[Fleet]:
+    """Factories for what a test runs; everything they started is stopped, newest first,
+    before the bus closes (this fixture needs the bus, so it ends first)."""
+    async with AsyncExitStack() as stack:
+        yield Fleet(nats_server.url, bus, prefix, state_dir, stack)

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import psutil
 
-from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.config import AggregatorConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.support
+
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
 from schemas.subjects import Subjects
+from tests.support.fleet import new_aggregator
 
 RSS_TARGET_MB = 60.0
 CPU_TARGET_S_PER_MIN = 0.3
@@ -47,13 +48,13 @@ async def bench(seconds: float, work: Path) -> bool:
     server = NatsServer(work / "nats")
     server.start()
     bus = await NatsBus.connect(server.url, "bench")
-    aggregator = Supervisor([AggregatorActor(AggregatorConfig(), bus)])
+    subjects = Subjects()
+    aggregator = Supervisor([new_aggregator(bus, subjects.prefix)])
     aggregator.start()
     child: asyncio.subprocess.Process | None = None
     try:
         if not await aggregator.wait_ready(15):
             raise SystemExit("aggregator did not start")
-        subjects = Subjects()
         key_file = work / "node.nk"
         key = signing.load_or_create_key_file(key_file)
         await approve(bus, subjects, NODE, key.public_key, by="bench")

@@ -13,7 +13,7 @@ from pathlib import Path
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
-from tests.support.fleet import agent_config, approved_agent, start_aggregator, wait_record
+from tests.support.fleet import Fleet, wait_record
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -92,29 +92,23 @@ def test_init_approve_and_nodes(nats_server: NatsServer, tmp_path: Path) -> None
     assert "Traceback" not in approve.stderr
 
 
-async def test_nodes_lists_the_fleet(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_nodes_lists_the_fleet(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """fleetctl nodes (table and --json) shows an active agent."""
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-        table = run("actors.cli.fleetctl", "nodes", "--server", nats_server.url, "--prefix", prefix)
-        assert table.returncode == 0 and "n1" in table.stdout and "active" in table.stdout
-        listed = run(
-            "actors.cli.fleetctl",
-            "nodes",
-            "--json",
-            "--server",
-            nats_server.url,
-            "--prefix",
-            prefix,
-        )
-        assert [node["node_id"] for node in json.loads(listed.stdout)] == ["n1"]
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    table = run("actors.cli.fleetctl", "nodes", "--server", fleet.url, "--prefix", prefix)
+    assert table.returncode == 0 and "n1" in table.stdout and "active" in table.stdout
+    listed = run(
+        "actors.cli.fleetctl",
+        "nodes",
+        "--json",
+        "--server",
+        fleet.url,
+        "--prefix",
+        prefix,
+    )
+    assert [node["node_id"] for node in json.loads(listed.stdout)] == ["n1"]
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:

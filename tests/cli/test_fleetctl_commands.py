@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,9 @@ import pytest
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import signing
 from tests.support.commanding import Results, set_in_flight
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 
@@ -35,18 +27,13 @@ def operator_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def node(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, operator_file: Path
-) -> AsyncIterator[NodeAgent]:
-    """An aggregator and agent n1 (cluster c1) trusting the operator key."""
-    aggregator: Supervisor = await start_aggregator(bus, prefix)
+async def node(fleet: Fleet, operator_file: Path) -> NodeAgent:
+    """An aggregator and agent n1 (cluster c1) trusting the operator key, both active."""
+    await fleet.start_aggregator()
     operator = signing.load_key_file(operator_file)
-    config = agent_config(nats_server.url, prefix, state_dir, trust_operators=[operator.public_key])
-    agent = await approved_agent(bus, config)
-    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-    yield agent
-    await agent.stop()
-    await aggregator.stop()
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
+    return agent
 
 
 async def fleetctl(

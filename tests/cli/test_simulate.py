@@ -15,7 +15,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import Heartbeat
 from schemas.subjects import Subjects
-from tests.support.fleet import start_aggregator
+from tests.support.fleet import Fleet
 
 
 async def fleetctl(*args: str) -> tuple[int, str, str]:
@@ -42,20 +42,15 @@ def test_template_is_a_full_heartbeat_with_markers() -> None:
     assert (heartbeat.interval, heartbeat.stale_after) == (10.0, 30.0)
 
 
-async def test_simulated_nodes_are_all_accepted(
-    nats_server: NatsServer, bus: NatsBus, prefix: str
-) -> None:
+async def test_simulated_nodes_are_all_accepted(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """20 nodes at 100/s for 2 s: each node ends active at seq 10, and the figures print."""
-    supervisor = await start_aggregator(bus, prefix)
-    try:
-        code, out, err = await fleetctl(
-            "simulate",
-            *("--server", nats_server.url, "--prefix", prefix),
-            *("--nodes", "20", "--rate", "100", "--duration", "2", "--gpus", "2"),
-        )
-        found = await read_records(bus, Subjects(prefix))
-    finally:
-        await supervisor.stop()
+    await fleet.start_aggregator()
+    code, out, err = await fleetctl(
+        "simulate",
+        *("--server", fleet.url, "--prefix", prefix),
+        *("--nodes", "20", "--rate", "100", "--duration", "2", "--gpus", "2"),
+    )
+    found = await read_records(bus, Subjects(prefix))
     assert (code, err) == (0, ""), out + err
     lines = out.splitlines()
     assert len(lines) == 3, out

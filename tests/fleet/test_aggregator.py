@@ -8,24 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import msgspec
 from nats.aio.msg import Msg
 
 from actors.fleet.registry import approve, read_record, read_records, revoke
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import Alert, Heartbeat
 from schemas.subjects import Subjects
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 
 class AlertLog:
@@ -77,37 +69,36 @@ async def publish(
     await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
 
 
-async def test_replayed_and_forged_heartbeats_change_nothing(bus: NatsBus, prefix: str) -> None:
+async def test_replayed_and_forged_heartbeats_change_nothing(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
     """Same body with a fresh Nats-Msg-Id -> replay; tampered body or foreign key ->
     bad_signature / unknown_node; the record keeps the last accepted seq."""
     alerts = await watch_alerts(bus, prefix)
     key, intruder = signing.KeyPair.generate(), signing.KeyPair.generate()
     await approve(bus, Subjects(prefix), "n1", key.public_key)
-    aggregator = await start_aggregator(bus, prefix)
-    try:
-        body = codec.encode(heartbeat(seq=5))
-        await publish(bus, prefix, body, key.headers(body))
-        await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 5)
+    await fleet.start_aggregator()
+    body = codec.encode(heartbeat(seq=5))
+    await publish(bus, prefix, body, key.headers(body))
+    await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 5)
 
-        # FLEET_HB keeps one message per node, so each refusal is awaited before the next.
-        tampered = body.replace(b'"seq":5', b'"seq":9')
-        forged = codec.encode(heartbeat(seq=10))
-        attempts = [
-            (body, key.headers(body)),  # replay: same body, fresh msg id
-            (tampered, key.headers(body)),  # signature over other bytes
-            (forged, intruder.headers(forged)),  # someone else's key
-            (forged, {}),  # unsigned
-        ]
-        for count, (payload, headers) in enumerate(attempts, start=1):
-            await publish(bus, prefix, payload, headers)
-            await alerts.wait_count(count)
-        assert len(alerts.of("replay")) == 1
-        assert len(alerts.of("bad_signature")) == 2
-        assert len(alerts.of("unknown_node")) == 1
-        current = await read_record(bus, Subjects(prefix), "n1")
-        assert current.last_seq == 5 and current.state == "active"
-    finally:
-        await aggregator.stop()
+    # FLEET_HB keeps one message per node, so each refusal is awaited before the next.
+    tampered = body.replace(b'"seq":5', b'"seq":9')
+    forged = codec.encode(heartbeat(seq=10))
+    attempts = [
+        (body, key.headers(body)),  # replay: same body, fresh msg id
+        (tampered, key.headers(body)),  # signature over other bytes
+        (forged, intruder.headers(forged)),  # someone else's key
+        (forged, {}),  # unsigned
+    ]
+    for count, (payload, headers) in enumerate(attempts, start=1):
+        await publish(bus, prefix, payload, headers)
+        await alerts.wait_count(count)
+    assert len(alerts.of("replay")) == 1
+    assert len(alerts.of("bad_signature")) == 2
+    assert len(alerts.of("unknown_node")) == 1
+    current = await read_record(bus, Subjects(prefix), "n1")
+    assert current.last_seq == 5 and current.state == "active"
 
 
 async def test_duplicate_msg_id_is_dropped_by_jetstream(bus: NatsBus, prefix: str) -> None:
@@ -122,70 +113,66 @@ async def test_duplicate_msg_id_is_dropped_by_jetstream(bus: NatsBus, prefix: st
     assert not first.duplicate and second.duplicate
 
 
-async def test_unapproved_node_and_wrong_subject_are_refused(bus: NatsBus, prefix: str) -> None:
+async def test_unapproved_node_and_wrong_subject_are_refused(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
     """A node nobody approved is unknown_node; a body naming another node than its
     subject is refused even with a valid signature; neither creates a record."""
     alerts = await watch_alerts(bus, prefix)
     key = signing.KeyPair.generate()
     await approve(bus, Subjects(prefix), "n2", key.public_key)
-    aggregator = await start_aggregator(bus, prefix)
-    try:
-        body = codec.encode(heartbeat(node="n9"))
-        moved = codec.encode(heartbeat(node="n1"))
-        skewed = codec.encode(heartbeat(node="n2", ts=time.time() - 3600))
-        attempts = [
-            (body, key.headers(body), "n9"),
-            (moved, key.headers(moved), "n2"),
-            (skewed, key.headers(skewed), "n2"),
-        ]
-        for count, (payload, headers, node) in enumerate(attempts, start=1):
-            await publish(bus, prefix, payload, headers, node=node)
-            await alerts.wait_count(count)
-        assert [a.node_id for a in alerts.of("unknown_node")] == ["n9"]
-        assert "another node" in alerts.of("bad_signature")[0].message
-        assert len(alerts.of("clock_skew")) == 1
-        assert await read_records(bus, Subjects(prefix)) == []
-    finally:
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    body = codec.encode(heartbeat(node="n9"))
+    moved = codec.encode(heartbeat(node="n1"))
+    skewed = codec.encode(heartbeat(node="n2", ts=time.time() - 3600))
+    attempts = [
+        (body, key.headers(body), "n9"),
+        (moved, key.headers(moved), "n2"),
+        (skewed, key.headers(skewed), "n2"),
+    ]
+    for count, (payload, headers, node) in enumerate(attempts, start=1):
+        await publish(bus, prefix, payload, headers, node=node)
+        await alerts.wait_count(count)
+    assert [a.node_id for a in alerts.of("unknown_node")] == ["n9"]
+    assert "another node" in alerts.of("bad_signature")[0].message
+    assert len(alerts.of("clock_skew")) == 1
+    assert await read_records(bus, Subjects(prefix)) == []
 
 
 async def test_restart_with_same_state_dir_is_accepted_at_once(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Sequence numbers survive a restart, so the restarted node is not a replay."""
     alerts = await watch_alerts(bus, prefix)
-    aggregator = await start_aggregator(bus, prefix)
-    config = agent_config(nats_server.url, prefix, state_dir)
-    try:
-        agent = await approved_agent(bus, config)
-        first = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
-        await agent.stop()
-        agent = await approved_agent(bus, config)
-        second = await wait_record(bus, prefix, "n1", lambda r: r.boot_id != first.boot_id)
-        await agent.stop()
-        assert second.last_seq > first.last_seq and second.state == "active"
-        assert not alerts.of("replay")
-    finally:
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    agent = await fleet.start_agent()
+    first = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
+    await agent.stop()
+    agent = await fleet.start_agent()
+    second = await wait_record(bus, prefix, "n1", lambda r: r.boot_id != first.boot_id)
+    await agent.stop()
+    assert second.last_seq > first.last_seq and second.state == "active"
+    assert not alerts.of("replay")
 
 
-def start_agent_process(server: str, prefix: str, state_dir: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def start_agent_process(fleet: Fleet) -> subprocess.Popen[bytes]:
+    """``node-agent start`` as a child process, killed (if still alive) when the test ends."""
+    process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "actors.cli.node_agent",
             "start",
             "--server",
-            server,
+            fleet.url,
             "--prefix",
-            prefix,
+            fleet.prefix,
             "--node-id",
             "n1",
             "--cluster",
             "c1",
             "--state-dir",
-            str(state_dir),
+            str(fleet.state_dir),
             "--heartbeat-interval",
             "0.5",
             "--stale-after",
@@ -198,58 +185,50 @@ def start_agent_process(server: str, prefix: str, state_dir: Path) -> subprocess
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    fleet.stack.callback(process.wait)
+    fleet.stack.callback(process.kill)
+    return process
 
 
 async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """SIGKILL an agent: the server's TTL delete marker becomes exactly one stale alert
     within stale_after + 2 s of the last heartbeat; the next beat raises recovered."""
     alerts = await watch_alerts(bus, prefix)
-    key = signing.load_or_create_key_file(state_dir / "node.nk")
+    key = signing.load_or_create_key_file(fleet.state_dir / "node.nk")
     await approve(bus, Subjects(prefix), "n1", key.public_key)
-    aggregator = await start_aggregator(bus, prefix)
-    process = start_agent_process(nats_server.url, prefix, state_dir)
-    try:
-        before = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        killed_at = time.time()
-        await wait_for(lambda: alerts.of("stale"), timeout=10)
-        last = await read_record(bus, Subjects(prefix), "n1")
-        assert last.stale_since is not None and last.state == "stale"
-        assert last.stale_since - last.last_seen <= 2.0 + 2.0
-        assert time.time() - killed_at <= 2.0 + 2.0 + 1.0
-        stale = alerts.of("stale")[0]
-        assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
-        assert last.last_seq >= before.last_seq
-        await asyncio.sleep(1.0)
-        assert len(alerts.of("stale")) == 1
+    await fleet.start_aggregator()
+    process = start_agent_process(fleet)
+    before = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = time.time()
+    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    last = await read_record(bus, Subjects(prefix), "n1")
+    assert last.stale_since is not None and last.state == "stale"
+    assert last.stale_since - last.last_seen <= 2.0 + 2.0
+    assert time.time() - killed_at <= 2.0 + 2.0 + 1.0
+    stale = alerts.of("stale")[0]
+    assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
+    assert last.last_seq >= before.last_seq
+    await asyncio.sleep(1.0)
+    assert len(alerts.of("stale")) == 1
 
-        process = start_agent_process(nats_server.url, prefix, state_dir)
-        await wait_for(lambda: alerts.of("recovered"), timeout=10)
-        assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
-    finally:
-        process.kill()
-        process.wait()
-        await aggregator.stop()
+    start_agent_process(fleet)
+    await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
 
 
-async def test_revoked_node_is_refused(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """fleetctl revoke takes effect on the node's next heartbeats (the aggregator's trust
     watch delivers it), and the record stops advancing."""
     alerts = await watch_alerts(bus, prefix)
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-        await revoke(bus, Subjects(prefix), "n1")
-        await wait_for(lambda: alerts.of("unknown_node"), timeout=10)
-        frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
-        await wait_for(lambda: len(alerts.of("unknown_node")) >= 3, timeout=10)
-        assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    await revoke(bus, Subjects(prefix), "n1")
+    await wait_for(lambda: alerts.of("unknown_node"), timeout=10)
+    frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
+    await wait_for(lambda: len(alerts.of("unknown_node")) >= 3, timeout=10)
+    assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen

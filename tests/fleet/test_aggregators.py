@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import aiohttp
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.fleet import record_rules as records
+from actors.fleet import record_rules
 from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.config import AggregatorConfig
-from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve, read_record
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.subjects import Subjects
 from tests.fleet.test_aggregator import heartbeat, watch_alerts
 from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
+    Fleet,
+    new_aggregator,
+    new_fleet_api,
     wait_for,
     wait_record,
 )
@@ -52,7 +47,7 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     key = signing.KeyPair.generate()
     subjects = Subjects(prefix)
     await approve(bus, subjects, "n1", key.public_key)
-    aggregator = AggregatorActor(AggregatorConfig(prefix=prefix), bus)
+    aggregator = new_aggregator(bus, prefix)
 
     def beat(seq: int) -> tuple[bytes, dict[str, str]]:
         body = codec.encode(heartbeat(seq=seq))
@@ -70,108 +65,79 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
 
 
 async def test_two_aggregators_share_the_work_without_double_alerts(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Two aggregators on one durable consumer keep every node active, raise no replay,
     and a node's stale alert appears once although both could raise it."""
     alerts = await watch_alerts(bus, prefix)
-    second_bus = await NatsBus.connect(nats_server.url, "second-aggregator")
-    first = await start_aggregator(bus, prefix)
-    second = await start_aggregator(second_bus, prefix)
-    agents = [
-        await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir, node=f"n{i}"))
-        for i in (1, 2, 3)
-    ]
-    try:
-        for i in (1, 2, 3):
-            await wait_record(
-                bus, prefix, f"n{i}", lambda r: r.state == "active" and r.last_seq >= 6
-            )
-        await agents[0].stop()
-        await wait_for(lambda: alerts.of("stale"), timeout=10)
-        await bus.flush()
-        stored = await bus.js.stream_info(Subjects(prefix).stream_name("FLEET_ALERTS"))
-        assert len(alerts.of("stale")) == 1 and stored.state.messages >= 1
-        assert not alerts.of("replay")
-        accepted = []
-        for supervisor in (first, second):
-            actor = supervisor.actors[0]
-            assert isinstance(actor, AggregatorActor)
-            accepted.append(
-                actor.metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") or 0
-            )
-        assert all(count > 0 for count in accepted), accepted
-    finally:
-        for agent in agents[1:]:
-            await agent.stop()
-        await first.stop()
-        await second.stop()
-        await second_bus.close()
+    first = await fleet.start_aggregator()
+    second = await fleet.start_aggregator(await fleet.connect("second-aggregator"))
+    agents = [await fleet.start_agent(fleet.config(node=f"n{i}")) for i in (1, 2, 3)]
+    for i in (1, 2, 3):
+        await wait_record(bus, prefix, f"n{i}", lambda r: r.state == "active" and r.last_seq >= 6)
+    await agents[0].stop()
+    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    await bus.flush()
+    stored = await bus.js.stream_info(Subjects(prefix).stream_name("FLEET_ALERTS"))
+    assert len(alerts.of("stale")) == 1 and stored.state.messages >= 1
+    assert not alerts.of("replay")
+    accepted = []
+    for supervisor in (first, second):
+        actor = supervisor.actors[0]
+        assert isinstance(actor, AggregatorActor)
+        accepted.append(
+            actor.metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") or 0
+        )
+    assert all(count > 0 for count in accepted), accepted
 
 
 async def test_stale_node_goes_offline_then_recovers(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """A node stale for longer than offline_after is offline (one alert); its next
     heartbeat makes it active again with a recovered alert."""
     alerts = await watch_alerts(bus, prefix)
-    aggregator = await start_aggregator(bus, prefix, offline_after=1.0, sweep_interval=0.2)
-    config = agent_config(nats_server.url, prefix, state_dir)
-    agent = await approved_agent(bus, config)
-    try:
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-        await agent.stop()
-        offline = await wait_record(bus, prefix, "n1", lambda r: r.state == "offline", timeout=15)
-        assert offline.stale_since is not None and offline.offline_since is not None
-        assert offline.offline_since - offline.stale_since >= 1.0
-        await wait_for(lambda: alerts.of("offline"))
-        agent = await approved_agent(bus, config)
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-        await wait_for(lambda: alerts.of("recovered"))
-        assert len(alerts.of("offline")) == 1
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator(offline_after=1.0, sweep_interval=0.2)
+    agent = await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    await agent.stop()
+    offline = await wait_record(bus, prefix, "n1", lambda r: r.state == "offline", timeout=15)
+    assert offline.stale_since is not None and offline.offline_since is not None
+    assert offline.offline_since - offline.stale_since >= 1.0
+    await wait_for(lambda: alerts.of("offline"))
+    await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    await wait_for(lambda: alerts.of("recovered"))
+    assert len(alerts.of("offline")) == 1
 
 
-async def test_fleet_http_serves_nodes_and_metrics(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_fleet_http_serves_nodes_and_metrics(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """The aggregator's /nodes lists records (with filters), /nodes/<id> gives one, 404
     otherwise, and /metrics counts nodes by state and accepted heartbeats."""
     metrics = AggregatorMetrics()
-    config = AggregatorConfig(prefix=prefix, http_port=0)
-    fleet_http = FleetApiActor(config, bus, metrics)
-    supervisor = Supervisor(
-        [AggregatorActor(AggregatorConfig(prefix=prefix), bus, metrics), fleet_http]
-    )
-    supervisor.start()
-    assert await supervisor.wait_ready(10)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
+    fleet_http = new_fleet_api(bus, prefix, metrics)
+    await fleet.start_supervisor(new_aggregator(bus, prefix, metrics), fleet_http)
+    await fleet.start_agent()
     base = f"http://127.0.0.1:{fleet_http.port}"
-    try:
-        await wait_for(lambda: fleet_http.records.get("n1") is not None)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-            async with session.get(f"{base}/nodes?cluster=c1") as response:
-                assert [n["node_id"] for n in await response.json()] == ["n1"]
-            async with session.get(f"{base}/nodes?state=offline") as response:
-                assert await response.json() == []
-            async with session.get(f"{base}/nodes/n1") as response:
-                assert (await response.json())["cluster"] == "c1"
-            async with session.get(f"{base}/nodes/nope") as response:
-                assert response.status == 404
-            async with session.get(f"{base}/metrics") as response:
-                samples = {
-                    (s.name, tuple(sorted(s.labels.items()))): s.value
-                    for family in text_string_to_metric_families(await response.text())
-                    for s in family.samples
-                }
-        state = fleet_http.records["n1"].state
-        assert samples[("fleet_nodes", (("state", state),))] == 1
-        assert samples[("fleet_heartbeats_accepted_total", ())] >= 1
-    finally:
-        await agent.stop()
-        await supervisor.stop()
+    await wait_for(lambda: fleet_http.records.get("n1") is not None)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with session.get(f"{base}/nodes?cluster=c1") as response:
+            assert [n["node_id"] for n in await response.json()] == ["n1"]
+        async with session.get(f"{base}/nodes?state=offline") as response:
+            assert await response.json() == []
+        async with session.get(f"{base}/nodes/n1") as response:
+            assert (await response.json())["cluster"] == "c1"
+        async with session.get(f"{base}/nodes/nope") as response:
+            assert response.status == 404
+        async with session.get(f"{base}/metrics") as response:
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(await response.text())
+                for s in family.samples
+            }
+    state = fleet_http.records["n1"].state
+    assert samples[("fleet_nodes", (("state", state),))] == 1
+    assert samples[("fleet_heartbeats_accepted_total", ())] >= 1
 
 
 async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
@@ -181,11 +147,11 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     made offline; the frequent sweep alone only checks nodes it saw go stale."""
     alerts = await watch_alerts(bus, prefix)
     subjects = Subjects(prefix)
-    stale_long_ago = records.with_state(
-        records.accept(records.pending_record("n1", "c1"), heartbeat(), "U", 1.0),
+    stale_long_ago = record_rules.with_state(
+        record_rules.accept(record_rules.pending_record("n1", "c1"), heartbeat(), "U", 1.0),
         stale_since=time.time() - 60,
     )
-    aggregator = AggregatorActor(AggregatorConfig(prefix=prefix, offline_after=30), bus)
+    aggregator = new_aggregator(bus, prefix, offline_after=30)
     await aggregator.store.update("n1", lambda _: stale_long_ago)
 
     await aggregator.sweep()

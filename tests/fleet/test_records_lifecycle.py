@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.fleet import record_rules as records
+from actors.fleet import record_rules
 from schemas.events import Interruption, SpotStatus
 from schemas.messages import Heartbeat
 
@@ -28,34 +28,37 @@ def test_interruption_alert_once_per_notice() -> None:
     """A notice raises one interruption alert with a deterministic event; repeating it in
     later heartbeats raises none; a different notice raises another."""
     notice = Interruption(ts=1.0, provider="aws", kind="terminate", deadline=2000.0, event_id="e1")
-    record = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 1.0)
-    first = records.lifecycle_alerts(record, beat(2, notice))
+    record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
+    first = record_rules.lifecycle_alerts(record, beat(2, notice))
     assert [(kind, details["event"]) for kind, _, details in first] == [
         ("interruption", "aws:terminate:e1")
     ]
-    record = records.accept(record, beat(2, notice), "U", 2.0)
-    assert records.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0))) == []
+    record = record_rules.accept(record, beat(2, notice), "U", 2.0)
+    assert (
+        record_rules.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0)))
+        == []
+    )
     other = msgspec.structs.replace(notice, kind="rebalance", event_id="e2")
-    assert [kind for kind, _, _ in records.lifecycle_alerts(record, beat(3, other))] == [
+    assert [kind for kind, _, _ in record_rules.lifecycle_alerts(record, beat(3, other))] == [
         "interruption"
     ]
 
 
 def test_deregistering_heartbeat_marks_record() -> None:
     """A heartbeat that says deregistering makes the record deregistered, with one alert."""
-    record = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 1.0)
-    alerts = records.lifecycle_alerts(record, beat(2, deregistering=True))
+    record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
+    alerts = record_rules.lifecycle_alerts(record, beat(2, deregistering=True))
     assert [kind for kind, _, _ in alerts] == ["deregistered"]
-    record = records.accept(record, beat(2, deregistering=True), "U", 2.0)
+    record = record_rules.accept(record, beat(2, deregistering=True), "U", 2.0)
     assert record.state == "deregistered"
-    assert records.lifecycle_alerts(record, beat(3, deregistering=True)) == []
+    assert record_rules.lifecycle_alerts(record, beat(3, deregistering=True)) == []
 
 
 def test_state_precedence() -> None:
     """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
     pending: each fact wins over every fact below it."""
-    base = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 1.0)
-    assert records.pending_record("n1", "c1").state == "pending"
+    base = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
+    assert record_rules.pending_record("n1", "c1").state == "pending"
     assert base.state == "active"
     layers: list[tuple[str, dict[str, object]]] = [
         ("degraded", {"health_status": "unhealthy"}),
@@ -68,7 +71,7 @@ def test_state_precedence() -> None:
     ]
     record = base
     for expected, change in layers:
-        record = records.with_state(record, **change)
+        record = record_rules.with_state(record, **change)
         assert record.state == expected
 
 
@@ -76,26 +79,28 @@ def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
     """Accepting a beat after stale says recovered; skipped seqs in one boot are a gap
     (unless the aggregator is behind the stream); consecutive beats sent too far apart are
     an anomaly; a health change is named; a new boot is neither gap nor anomaly."""
-    active = records.accept(records.pending_record("n1", "c1"), beat(1), "U", 100.0)
+    active = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 100.0)
     later = beat(5)
-    after = records.accept(active, later, "U", 110.0)
-    assert [k for k, _, _ in records.heartbeat_alerts(active, after, later)] == ["sequence_gap"]
-    assert records.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
+    after = record_rules.accept(active, later, "U", 110.0)
+    assert [k for k, _, _ in record_rules.heartbeat_alerts(active, after, later)] == [
+        "sequence_gap"
+    ]
+    assert record_rules.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
 
     stalled = msgspec.structs.replace(beat(2), ts=beat(1).ts + 10.0)  # interval is 1 s
-    assert [(k, m) for k, m, _ in records.heartbeat_alerts(active, after, stalled)] == [
+    assert [(k, m) for k, m, _ in record_rules.heartbeat_alerts(active, after, stalled)] == [
         ("anomaly", "10.0s between consecutive heartbeats (interval 1s)")
     ]
     on_time = beat(2)
-    assert records.heartbeat_alerts(active, after, on_time) == []
+    assert record_rules.heartbeat_alerts(active, after, on_time) == []
 
-    stale = records.with_state(active, stale_since=105.0)
-    assert [k for k, _, _ in records.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
+    stale = record_rules.with_state(active, stale_since=105.0)
+    assert [k for k, _, _ in record_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
 
     rebooted = msgspec.structs.replace(beat(900), boot_id="b2", ts=5000.0)
-    assert records.heartbeat_alerts(active, after, rebooted) == []
+    assert record_rules.heartbeat_alerts(active, after, rebooted) == []
 
-    healthy = records.with_state(active, health_status="healthy")
-    sick = records.with_state(active, health_status="unhealthy", health_score=40)
-    alerts = records.heartbeat_alerts(healthy, sick, beat(2))
+    healthy = record_rules.with_state(active, health_status="healthy")
+    sick = record_rules.with_state(active, health_status="unhealthy", health_score=40)
+    alerts = record_rules.heartbeat_alerts(healthy, sick, beat(2))
     assert [(k, m) for k, m, _ in alerts] == [("health", "health healthy -> unhealthy")]

@@ -6,7 +6,6 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,12 @@ from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
 from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.events import Interruption
 from schemas.messages import Command, Cordon, Deregister, Drain, Uncordon
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 from tests.support.commanding import Results, send, send_raw, set_in_flight
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 
 @pytest.fixture
@@ -39,148 +30,120 @@ def operator() -> signing.KeyPair:
 
 
 @pytest.fixture
-async def aggregator(bus: NatsBus, prefix: str) -> AsyncIterator[Supervisor]:
-    supervisor = await start_aggregator(bus, prefix)
-    yield supervisor
-    await supervisor.stop()
-
-
-@pytest.fixture
 async def results(bus: NatsBus, prefix: str) -> Results:
     return await Results().start(bus, prefix)
 
 
-async def start_agent(
-    server: NatsServer,
-    bus: NatsBus,
-    prefix: str,
-    state_dir: Path,
-    operator: signing.KeyPair,
-    **settings: Any,
-) -> NodeAgent:
-    config = agent_config(
-        server.url, prefix, state_dir, trust_operators=[operator.public_key], **settings
-    )
-    agent = await approved_agent(bus, config)
+async def trusting_agent(fleet: Fleet, operator: signing.KeyPair, **settings: Any) -> NodeAgent:
+    """Agent n1 trusting ``operator``, once all its actors are ready."""
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key], **settings))
     assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
     return agent
 
 
 async def test_cordon_drain_uncordon(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
-    aggregator: Supervisor,
     results: Results,
 ) -> None:
     """Cordon, drain (waiting on in-flight work, with progress) and uncordon each show in
     the node's record and answer accepted ... done."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        cordon = await send(bus, prefix, operator, Cordon(), reason="maintenance")
-        assert (await results.final(cordon.id)).status == "done"
-        assert results.statuses(cordon.id)[0] == "accepted"
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    await fleet.start_aggregator()
+    await trusting_agent(fleet, operator)
+    cordon = await send(bus, prefix, operator, Cordon(), reason="maintenance")
+    assert (await results.final(cordon.id)).status == "done"
+    assert results.statuses(cordon.id)[0] == "accepted"
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
 
-        await set_in_flight(bus, prefix, 3)
-        drain = await send(bus, prefix, operator, Drain(deadline=30))
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "draining")
-        await wait_for(lambda: any(r.in_flight == 3 for r in results.of(drain.id)))
-        await set_in_flight(bus, prefix, 1)
-        await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
-        await set_in_flight(bus, prefix, 0)
-        final = await results.final(drain.id)
-        assert final.status == "done" and final.schedulability == "drained"
-        assert "in_progress" in results.statuses(drain.id)
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "drained")
+    await set_in_flight(bus, prefix, 3)
+    drain = await send(bus, prefix, operator, Drain(deadline=30))
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "draining")
+    await wait_for(lambda: any(r.in_flight == 3 for r in results.of(drain.id)))
+    await set_in_flight(bus, prefix, 1)
+    await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
+    await set_in_flight(bus, prefix, 0)
+    final = await results.final(drain.id)
+    assert final.status == "done" and final.schedulability == "drained"
+    assert "in_progress" in results.statuses(drain.id)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "drained")
 
-        uncordon = await send(bus, prefix, operator, Uncordon())
-        assert (await results.final(uncordon.id)).schedulability == "schedulable"
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-    finally:
-        await agent.stop()
+    uncordon = await send(bus, prefix, operator, Uncordon())
+    assert (await results.final(uncordon.id)).schedulability == "schedulable"
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
 
 
 async def test_drain_deadline_passes(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
     """A drain whose work never finishes ends drained at its deadline and says so."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        await set_in_flight(bus, prefix, 5)
-        drain = await send(bus, prefix, operator, Drain(deadline=0.5))
-        final = await results.final(drain.id)
-        assert final.status == "done" and final.schedulability == "drained"
-        assert "deadline passed with 5 in flight" in final.detail
-    finally:
-        await agent.stop()
+    await trusting_agent(fleet, operator)
+    await set_in_flight(bus, prefix, 5)
+    drain = await send(bus, prefix, operator, Drain(deadline=0.5))
+    final = await results.final(drain.id)
+    assert final.status == "done" and final.schedulability == "drained"
+    assert "deadline passed with 5 in flight" in final.detail
 
 
 async def test_refused_commands_change_nothing(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
     """Unsigned, wrongly signed, untrusted, malformed, misaddressed, expired and duplicate
     commands are each answered rejected and leave the node schedulable."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    state_file = state_dir / "n1" / "commands.json"
-    try:
-        now = time.time()
+    await trusting_agent(fleet, operator)
+    state_file = fleet.state_dir / "n1" / "commands.json"
+    now = time.time()
 
-        def command(id: str, **changes: Any) -> bytes:
-            fields: dict[str, Any] = dict(
-                id=id, node_id="n1", cluster="c1", action=Cordon(), issued_at=now
-            )
-            fields["expires_at"] = now + 60
-            fields.update(changes)
-            return codec.encode(Command(**fields))
+    def command(id: str, **changes: Any) -> bytes:
+        fields: dict[str, Any] = dict(
+            id=id, node_id="n1", cluster="c1", action=Cordon(), issued_at=now
+        )
+        fields["expires_at"] = now + 60
+        fields.update(changes)
+        return codec.encode(Command(**fields))
 
-        body = command("unsigned")
-        await send_raw(bus, prefix, body, {})
-        await send_raw(bus, prefix, body.replace(b"unsigned", b"badsig01"), operator.headers(body))
-        stranger = signing.KeyPair.generate()
-        await send_raw(bus, prefix, command("untrusted"), stranger.headers(command("untrusted")))
-        malformed = b'{"id": "malformed", "node_id": "n1", "action": {"kind": "explode"}}'
-        await send_raw(bus, prefix, malformed, operator.headers(malformed))
-        other = command("misaddressed", node_id="n2")
-        await send_raw(bus, prefix, other, operator.headers(other))
-        expired = command("expired", expires_at=now - 1)
-        await send_raw(bus, prefix, expired, operator.headers(expired))
-        reasons = {}
-        for name in ("unsigned", "badsig01", "untrusted", "malformed", "misaddressed", "expired"):
-            final = await results.final(name)
-            assert final.status == "rejected", name
-            assert results.statuses(name) == ["rejected"], name
-            reasons[name] = final.detail
-        assert "missing Fleet-Key" in reasons["unsigned"]
-        assert "does not match" in reasons["badsig01"]
-        assert "untrusted" in reasons["untrusted"]
-        assert "malformed" in reasons["malformed"]
-        assert "another node" in reasons["misaddressed"]
-        assert "expired" in reasons["expired"]
-        assert not state_file.exists() or b"cordoned" not in state_file.read_bytes()
+    body = command("unsigned")
+    await send_raw(bus, prefix, body, {})
+    await send_raw(bus, prefix, body.replace(b"unsigned", b"badsig01"), operator.headers(body))
+    stranger = signing.KeyPair.generate()
+    await send_raw(bus, prefix, command("untrusted"), stranger.headers(command("untrusted")))
+    malformed = b'{"id": "malformed", "node_id": "n1", "action": {"kind": "explode"}}'
+    await send_raw(bus, prefix, malformed, operator.headers(malformed))
+    other = command("misaddressed", node_id="n2")
+    await send_raw(bus, prefix, other, operator.headers(other))
+    expired = command("expired", expires_at=now - 1)
+    await send_raw(bus, prefix, expired, operator.headers(expired))
+    reasons = {}
+    for name in ("unsigned", "badsig01", "untrusted", "malformed", "misaddressed", "expired"):
+        final = await results.final(name)
+        assert final.status == "rejected", name
+        assert results.statuses(name) == ["rejected"], name
+        reasons[name] = final.detail
+    assert "missing Fleet-Key" in reasons["unsigned"]
+    assert "does not match" in reasons["badsig01"]
+    assert "untrusted" in reasons["untrusted"]
+    assert "malformed" in reasons["malformed"]
+    assert "another node" in reasons["misaddressed"]
+    assert "expired" in reasons["expired"]
+    assert not state_file.exists() or b"cordoned" not in state_file.read_bytes()
 
-        # The same id again (a replay past JetStream's duplicate window) is refused too.
-        first = await send(bus, prefix, operator, Uncordon())
-        assert (await results.final(first.id)).status == "done"
-        replay = codec.encode(Command(**{**_fields(first), "action": Cordon()}))
-        await send_raw(bus, prefix, replay, operator.headers(replay))
-        await wait_for(lambda: "rejected" in results.statuses(first.id))
-        assert "duplicate" in results.of(first.id)[-1].detail
-        assert results.of(first.id)[-1].schedulability == "schedulable"
-    finally:
-        await agent.stop()
+    # The same id again (a replay past JetStream's duplicate window) is refused too.
+    first = await send(bus, prefix, operator, Uncordon())
+    assert (await results.final(first.id)).status == "done"
+    replay = codec.encode(Command(**{**_fields(first), "action": Cordon()}))
+    await send_raw(bus, prefix, replay, operator.headers(replay))
+    await wait_for(lambda: "rejected" in results.statuses(first.id))
+    assert "duplicate" in results.of(first.id)[-1].detail
+    assert results.of(first.id)[-1].schedulability == "schedulable"
 
 
 def _fields(command: Command) -> dict[str, Any]:
@@ -188,60 +151,49 @@ def _fields(command: Command) -> dict[str, Any]:
 
 
 async def test_command_sent_while_stopped_runs_after_restart(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
-    aggregator: Supervisor,
     results: Results,
 ) -> None:
     """A cordon published while the agent is down runs when it starts, and the cordon
     survives another restart."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
+    await fleet.start_aggregator()
+    agent = await trusting_agent(fleet, operator)
     await agent.stop()
     cordon = await send(bus, prefix, operator, Cordon(), reason="while down")
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        assert (await results.final(cordon.id)).status == "done"
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
-    finally:
-        await agent.stop()
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        seq = (await wait_record(bus, prefix, "n1", lambda r: True)).last_seq
-        record = await wait_record(bus, prefix, "n1", lambda r: r.last_seq > seq + 1)
-        assert record.state == "cordoned"
-        assert results.statuses(cordon.id).count("done") == 1
-    finally:
-        await agent.stop()
+    agent = await trusting_agent(fleet, operator)
+    assert (await results.final(cordon.id)).status == "done"
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    await agent.stop()
+    await trusting_agent(fleet, operator)
+    seq = (await wait_record(bus, prefix, "n1", lambda r: True)).last_seq
+    record = await wait_record(bus, prefix, "n1", lambda r: r.last_seq > seq + 1)
+    assert record.state == "cordoned"
+    assert results.statuses(cordon.id).count("done") == 1
 
 
 async def test_cordon_ttl_expires_into_uncordon(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
     """A cordon with a TTL lifts by itself, answered as '<id>:ttl'."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        cordon = await send(bus, prefix, operator, Cordon(ttl=0.5))
-        done = await results.final(cordon.id)
-        assert done.schedulability == "cordoned"
-        expiry = await results.final(f"{cordon.id}:ttl")
-        assert expiry.status == "done" and expiry.schedulability == "schedulable"
-    finally:
-        await agent.stop()
+    await trusting_agent(fleet, operator)
+    cordon = await send(bus, prefix, operator, Cordon(ttl=0.5))
+    done = await results.final(cordon.id)
+    assert done.schedulability == "cordoned"
+    expiry = await results.final(f"{cordon.id}:ttl")
+    assert expiry.status == "done" and expiry.schedulability == "schedulable"
 
 
 async def test_hanging_hook_is_killed_and_reported(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
     tmp_path: Path,
@@ -249,102 +201,84 @@ async def test_hanging_hook_is_killed_and_reported(
     """A hook that hangs is killed at hooks_timeout and reported; hooks get the FLEET_*
     environment."""
     seen = tmp_path / "hook.env"
-    agent = await start_agent(
-        nats_server,
-        bus,
-        prefix,
-        state_dir,
+    await trusting_agent(
+        fleet,
         operator,
         on_cordon="sleep 30",
         on_uncordon=f'echo "$FLEET_ACTION $FLEET_NODE_ID $FLEET_CLUSTER $FLEET_COMMAND_ID">{seen}',
         hooks_timeout=0.5,
     )
-    try:
-        cordon = await send(bus, prefix, operator, Cordon())
-        final = await results.final(cordon.id)
-        assert final.status == "done" and final.schedulability == "cordoned"
-        assert "hook on_cordon killed after 0.5s" in final.detail
-        assert any("killed" in r.detail for r in results.of(cordon.id) if r.status == "in_progress")
-        uncordon = await send(bus, prefix, operator, Uncordon())
-        assert (await results.final(uncordon.id)).status == "done"
-        assert seen.read_text().split() == ["uncordon", "n1", "c1", uncordon.id]
-    finally:
-        await agent.stop()
+    cordon = await send(bus, prefix, operator, Cordon())
+    final = await results.final(cordon.id)
+    assert final.status == "done" and final.schedulability == "cordoned"
+    assert "hook on_cordon killed after 0.5s" in final.detail
+    assert any("killed" in r.detail for r in results.of(cordon.id) if r.status == "in_progress")
+    uncordon = await send(bus, prefix, operator, Uncordon())
+    assert (await results.final(uncordon.id)).status == "done"
+    assert seen.read_text().split() == ["uncordon", "n1", "c1", uncordon.id]
 
 
 async def test_deregister_ends_agent_and_record(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
-    aggregator: Supervisor,
     results: Results,
 ) -> None:
     """Deregister drains, marks the record deregistered with an alert, and ends the agent."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        command = await send(bus, prefix, operator, Deregister(deadline=5))
-        assert (await results.final(command.id)).status == "done"
-        assert agent.supervisor is not None
-        await wait_for(agent.supervisor.finished.is_set)
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered")
-        await wait_for(lambda: [a for a in results.alerts if a.kind == "deregistered"])
-    finally:
-        await agent.stop()
+    await fleet.start_aggregator()
+    agent = await trusting_agent(fleet, operator)
+    command = await send(bus, prefix, operator, Deregister(deadline=5))
+    assert (await results.final(command.id)).status == "done"
+    assert agent.supervisor is not None
+    await wait_for(agent.supervisor.finished.is_set)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered")
+    await wait_for(lambda: [a for a in results.alerts if a.kind == "deregistered"])
 
 
 async def test_shutdown_deregisters_when_configured(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
-    aggregator: Supervisor,
 ) -> None:
     """With deregister_on_shutdown, stopping the agent leaves its record deregistered."""
-    agent = await start_agent(
-        nats_server, bus, prefix, state_dir, operator, deregister_on_shutdown=True
-    )
+    await fleet.start_aggregator()
+    agent = await trusting_agent(fleet, operator, deregister_on_shutdown=True)
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await agent.stop()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered")
 
 
 async def test_rebalance_notice_cordons_with_ttl(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
     """A rebalance recommendation cordons the node with a TTL, once per notice."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        notice = Interruption(ts=time.time(), provider="aws", kind="rebalance", event_id="r1")
-        subject = Subjects(prefix).event("n1", EVENT_INTERRUPTION)
-        await bus.publish(subject, codec.encode(notice))
-        await bus.publish(subject, codec.encode(notice))
-        final = await results.final("spot:aws:rebalance:r1")
-        assert final.schedulability == "cordoned" and "uncordons at" in final.detail
-        assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
-    finally:
-        await agent.stop()
+    await trusting_agent(fleet, operator)
+    notice = Interruption(ts=time.time(), provider="aws", kind="rebalance", event_id="r1")
+    subject = Subjects(prefix).event("n1", EVENT_INTERRUPTION)
+    await bus.publish(subject, codec.encode(notice))
+    await bus.publish(subject, codec.encode(notice))
+    final = await results.final("spot:aws:rebalance:r1")
+    assert final.schedulability == "cordoned" and "uncordons at" in final.detail
+    assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
 
 
-async def test_sigterm_deregisters_and_exits_zero(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, aggregator: Supervisor
-) -> None:
+async def test_sigterm_deregisters_and_exits_zero(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """SIGTERM to 'node-agent start --deregister-on-shutdown' deregisters the node and the
     process exits 0."""
-    config = agent_config(nats_server.url, prefix, state_dir)
+    await fleet.start_aggregator()
+    config = fleet.config()
     key = signing.load_or_create_key_file(config.key_path)
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     process = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).parent / "node-agent"),
         "start",
-        *("--server", nats_server.url, "--prefix", prefix, "--node-id", "n1"),
+        *("--server", fleet.url, "--prefix", prefix, "--node-id", "n1"),
         *("--cluster", "c1", "--state-dir", config.state_dir, "--fake-gpus", "1"),
         *("--heartbeat-interval", "0.5", "--stale-after", "2", "--deregister-on-shutdown"),
         stdout=asyncio.subprocess.DEVNULL,
@@ -363,10 +297,9 @@ async def test_sigterm_deregisters_and_exits_zero(
 
 
 async def test_trust_operators_file(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
     tmp_path: Path,
@@ -374,48 +307,35 @@ async def test_trust_operators_file(
     """Keys listed one per line in trust_operators_file (comments allowed) are trusted."""
     trust_file = tmp_path / "operators"
     trust_file.write_text(f"# fleet operators\n{operator.public_key}\n")
-    config = agent_config(nats_server.url, prefix, state_dir, trust_operators_file=str(trust_file))
-    agent = await approved_agent(bus, config)
-    try:
-        cordon = await send(bus, prefix, operator, Cordon())
-        assert (await results.final(cordon.id)).status == "done"
-    finally:
-        await agent.stop()
+    await fleet.start_agent(fleet.config(trust_operators_file=str(trust_file)))
+    cordon = await send(bus, prefix, operator, Cordon())
+    assert (await results.final(cordon.id)).status == "done"
 
 
 async def test_drain_resumes_after_restart(
-    nats_server: NatsServer,
+    fleet: Fleet,
     bus: NatsBus,
     prefix: str,
-    state_dir: Path,
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
     """A drain interrupted by a restart resumes under the same command id and finishes."""
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator, shutdown_timeout=0.5)
-    try:
-        await set_in_flight(bus, prefix, 4)
-        drain = await send(bus, prefix, operator, Drain(deadline=60))
-        await wait_for(lambda: any(r.in_flight == 4 for r in results.of(drain.id)))
-    finally:
-        await agent.stop()
+    agent = await trusting_agent(fleet, operator, shutdown_timeout=0.5)
+    await set_in_flight(bus, prefix, 4)
+    drain = await send(bus, prefix, operator, Drain(deadline=60))
+    await wait_for(lambda: any(r.in_flight == 4 for r in results.of(drain.id)))
+    await agent.stop()
     assert "done" not in results.statuses(drain.id)
-    agent = await start_agent(nats_server, bus, prefix, state_dir, operator)
-    try:
-        final = await results.final(drain.id)
-        assert final.status == "done" and final.schedulability == "drained"
-    finally:
-        await agent.stop()
+    await trusting_agent(fleet, operator)
+    final = await results.final(drain.id)
+    assert final.status == "done" and final.schedulability == "drained"
 
 
-async def test_failed_command_fetch_ends_run(
-    nats_server: NatsServer, prefix: str, state_dir: Path, bus: NatsBus
-) -> None:
+async def test_failed_command_fetch_ends_run(fleet: Fleet) -> None:
     """A command fetch that fails for good (connection closed) ends run() with the error,
     so the supervisor restarts the actor instead of it silently taking no commands."""
-    config = agent_config(nats_server.url, prefix, state_dir)
-    own = await NatsBus.connect(nats_server.url, "commands-test")
-    executor = CommandsActor(config, own, signing.KeyPair.generate())
+    own = await fleet.connect("commands-test")
+    executor = CommandsActor(fleet.config(), own, signing.KeyPair.generate())
     running = asyncio.Event()
     task = asyncio.create_task(executor.run(running.set))
     try:
@@ -426,4 +346,3 @@ async def test_failed_command_fetch_ends_run(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await own.close()

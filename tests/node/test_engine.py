@@ -24,12 +24,11 @@ from nats.aio.msg import Msg
 from actors.node.engine import EngineActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec
 from schemas.events import Engine, EngineStatus
 from schemas.subjects import EVENT_ENGINE, Subjects
 from tests.support.fake_http import json_body, serve, text
-from tests.support.fleet import agent_config, wait_for
+from tests.support.fleet import Fleet, agent_config, wait_for
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -169,7 +168,9 @@ async def test_hung_refused_and_garbage_engines_are_unhealthy(
     assert elapsed < 5.0  # generous: one 0.5 s timeout, never the 30 s hang
 
 
-async def test_actor_publishes_engine_event(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+async def test_actor_publishes_engine_event(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
     """The actor publishes Engine on fleet.evt.<node>.engine with the total in flight."""
     got: list[Engine] = []
 
@@ -178,19 +179,12 @@ async def test_actor_publishes_engine_event(bus: NatsBus, prefix: str, tmp_path:
 
     await bus.subscribe(Subjects(prefix).event("n1", EVENT_ENGINE), collect)
     await bus.flush()
-    routes = {"/health": text(""), "/metrics": text(VLLM_METRICS)}
-    async with (
-        serve(routes) as vllm,
-        serve({"/health": text(""), "/metrics": text(SGLANG_METRICS)}) as sg,
-    ):
-        supervisor = Supervisor(
-            [actor(bus, prefix, tmp_path, f"vllm={vllm}", f"sglang={sg}", engine_interval=0.2)]
-        )
-        supervisor.start()
-        try:
-            await wait_for(lambda: len(got) >= 2)
-        finally:
-            await supervisor.stop()
+    vllm = await fleet.serve({"/health": text(""), "/metrics": text(VLLM_METRICS)})
+    sg = await fleet.serve({"/health": text(""), "/metrics": text(SGLANG_METRICS)})
+    supervisor = await fleet.start_supervisor(
+        actor(bus, prefix, tmp_path, f"vllm={vllm}", f"sglang={sg}", engine_interval=0.2)
+    )
+    await wait_for(lambda: len(got) >= 2)
     assert got[-1].in_flight == 12
     assert [status.kind for status in got[-1].engines] == ["vllm", "sglang"]
     assert supervisor.status["engine"].restarts == 0

@@ -12,7 +12,6 @@ from actors.node.health import checks, scoring
 from actors.node.health.actor import HealthActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec
 from schemas.events import (
     Capacity,
@@ -25,7 +24,7 @@ from schemas.events import (
     Sample,
 )
 from schemas.subjects import EVENT_HEALTH, EVENT_SAMPLE, Subjects
-from tests.support.fleet import agent_config, wait_for
+from tests.support.fleet import Fleet, agent_config, wait_for
 
 GIB = 1024**3
 
@@ -220,11 +219,9 @@ def test_overall_status() -> None:
     assert checks.overall([degraded, unhealthy, ok]) == "unhealthy"
 
 
-async def test_actor_publishes_explained_health(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_actor_publishes_explained_health(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """The actor scores the node's own samples and publishes Health with every component."""
-    config = agent_config(nats_server.url, prefix, state_dir, health_interval=0.2)
+    config = fleet.config(health_interval=0.2)
     subjects = Subjects(prefix)
     received: asyncio.Queue[Health] = asyncio.Queue()
 
@@ -232,29 +229,24 @@ async def test_actor_publishes_explained_health(
         received.put_nowait(codec.decode(msg.data, Health))  # type: ignore[attr-defined]
 
     await bus.subscribe(subjects.event("n1", EVENT_HEALTH), on_health)
-    supervisor = Supervisor([HealthActor(config, bus)])
-    supervisor.start()
-    try:
-        assert await supervisor.wait_ready(5)
-        hot = make_sample([make_gpu(0), make_gpu(1, temperature_c=95.0)])
-        await bus.publish(subjects.event("n1", EVENT_SAMPLE), codec.encode(hot))
-        await bus.flush()
+    await fleet.start_supervisor(HealthActor(config, bus), ready_timeout=5)
+    hot = make_sample([make_gpu(0), make_gpu(1, temperature_c=95.0)])
+    await bus.publish(subjects.event("n1", EVENT_SAMPLE), codec.encode(hot))
+    await bus.flush()
 
-        async def hot_health() -> Health | None:
-            health = await asyncio.wait_for(received.get(), 5)
-            return health if health.components[1].points == 0 else None
+    async def hot_health() -> Health | None:
+        health = await asyncio.wait_for(received.get(), 5)
+        return health if health.components[1].points == 0 else None
 
-        health: Health = await wait_for(hot_health)
-        names = [component.name for component in health.components]
-        assert names == ["engine", "gpu_temperature", "vram", "cpu", "nats_latency"]
-        assert health.components[1].reason == "hottest GPU 95 C (GPU 1)"
-        by_name = {check.name: check for check in health.checks}
-        assert by_name["nvml"].status == "degraded"
-        assert set(by_name) == {"boot", "nvml", "xid", "dependencies", "probe_freshness"}
-        assert health.score == 50 + 0 + 15 + 10 + 0
-        assert health.status == "degraded"
-    finally:
-        await supervisor.stop()
+    health: Health = await wait_for(hot_health)
+    names = [component.name for component in health.components]
+    assert names == ["engine", "gpu_temperature", "vram", "cpu", "nats_latency"]
+    assert health.components[1].reason == "hottest GPU 95 C (GPU 1)"
+    by_name = {check.name: check for check in health.checks}
+    assert by_name["nvml"].status == "degraded"
+    assert set(by_name) == {"boot", "nvml", "xid", "dependencies", "probe_freshness"}
+    assert health.score == 50 + 0 + 15 + 10 + 0
+    assert health.status == "degraded"
 
 
 async def test_actor_condition_clears_after_n_good_samples(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,11 +14,10 @@ from actors.node.agent import NodeAgent
 from actors.node.http_api import HttpApiActor
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import ActorStatus, Supervisor
+from actors.runtime.supervisor import ActorStatus
 from schemas import codec
 from tests.support.fake_http import serve, text
-from tests.support.fleet import agent_config, approved_agent, wait_for
+from tests.support.fleet import Fleet, wait_for
 
 VLLM_METRICS = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
 TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -40,29 +37,21 @@ def http_actor(agent: NodeAgent) -> HttpApiActor:
 
 
 @pytest.fixture
-async def agent_url(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> AsyncIterator[str]:
+async def agent_url(fleet: Fleet) -> str:
     """A running agent with 2 fake GPUs, one (fake) vLLM and its health report; its URL."""
-    async with serve({"/health": text(""), "/metrics": text(VLLM_METRICS)}) as vllm:
-        config = agent_config(
-            nats_server.url,
-            prefix,
-            state_dir,
-            engines=[f"vllm={vllm}"],
-            engine_interval=0.2,
-            # One health report at start and no other during the test, so pages agree.
-            health_interval=3600.0,
-        )
-        agent = await approved_agent(bus, config)
-        try:
-            assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
-            http = http_actor(agent)
-            await wait_for(lambda: http.health is not None and http.engine is not None)
-            await wait_for(lambda: agent.metrics.value("node_agent_sequence_number"))
-            yield f"http://127.0.0.1:{http.port}"
-        finally:
-            await agent.stop()
+    vllm = await fleet.serve({"/health": text(""), "/metrics": text(VLLM_METRICS)})
+    config = fleet.config(
+        engines=[f"vllm={vllm}"],
+        engine_interval=0.2,
+        # One health report at start and no other during the test, so pages agree.
+        health_interval=3600.0,
+    )
+    agent = await fleet.start_agent(config)
+    assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    http = http_actor(agent)
+    await wait_for(lambda: http.health is not None and http.engine is not None)
+    await wait_for(lambda: agent.metrics.value("node_agent_sequence_number"))
+    return f"http://127.0.0.1:{http.port}"
 
 
 async def test_metrics_page_is_prometheus_text_with_agent_metrics(agent_url: str) -> None:
@@ -145,26 +134,17 @@ async def test_status_cli_says_when_agent_is_unreachable(
     assert err.startswith("error: cannot reach the agent") and err.count("\n") == 1
 
 
-async def test_healthz_follows_actor_phases(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
-) -> None:
+async def test_healthz_follows_actor_phases(fleet: Fleet, bus: NatsBus) -> None:
     """/healthz is 200 while every actor runs and 503, naming it, when one does not."""
     phases = {
         "heartbeat": ActorStatus(name="heartbeat", phase="running"),
         "inventory": ActorStatus(name="inventory", phase="running"),
     }
-    http = HttpApiActor(
-        agent_config(nats_server.url, prefix, tmp_path), bus, AgentMetrics(), lambda: phases
-    )
-    supervisor = Supervisor([http])
-    supervisor.start()
-    try:
-        assert await supervisor.wait_ready(5)
-        phases["http_api"] = supervisor.status["http_api"]
-        status, _ = await get(f"http://127.0.0.1:{http.port}/healthz")
-        assert status == 200
-        phases["inventory"].phase = "backoff"
-        status, body = await get(f"http://127.0.0.1:{http.port}/healthz")
-        assert status == 503 and "inventory" in body
-    finally:
-        await supervisor.stop()
+    http = HttpApiActor(fleet.config(), bus, AgentMetrics(), lambda: phases)
+    supervisor = await fleet.start_supervisor(http, ready_timeout=5)
+    phases["http_api"] = supervisor.status["http_api"]
+    status, _ = await get(f"http://127.0.0.1:{http.port}/healthz")
+    assert status == 200
+    phases["inventory"].phase = "backoff"
+    status, body = await get(f"http://127.0.0.1:{http.port}/healthz")
+    assert status == 503 and "inventory" in body

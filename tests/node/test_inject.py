@@ -16,19 +16,12 @@ from actors.node.inventory.actor import CpuMeter, InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
 from schemas import codec
 from schemas.events import Inject
 from schemas.messages import Heartbeat, NodeRecord
 from schemas.subjects import Subjects
 from tests.node.test_nvml import two_gpus
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 
 
 def check(record: NodeRecord, name: str) -> str:
@@ -55,9 +48,7 @@ async def inject_cli(server: str, prefix: str, *args: str) -> int:
     return await asyncio.to_thread(node_cli.main, argv)
 
 
-async def test_temperature_fault_shows_and_clears(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """inject temp 95 zeroes the temperature component and degrades nvml within two
     heartbeat intervals (counted in heartbeats, not seconds); clear heals."""
     beats: list[Heartbeat] = []
@@ -67,57 +58,49 @@ async def test_temperature_fault_shows_and_clears(
 
     await bus.subscribe(Subjects(prefix).heartbeats(), collect)
     await bus.flush()
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
-        assert await inject_cli(nats_server.url, prefix, "temp", "95", "--gpu", "1") == 0
-        injected_after = len(beats)
-        await wait_for(lambda: any(hot_beat(beat) for beat in beats[injected_after:]))
-        first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
-        # The beat in flight at injection, then one per interval: the third at the latest.
-        assert first_hot - injected_after <= 2, (injected_after, first_hot)
-        hot = await wait_record(
-            bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0, timeout=15
-        )
-        assert check(hot, "nvml") == "degraded"
-        assert hot.state == "degraded"
-        assert hot.heartbeat and hot.heartbeat.health
-        assert "hottest GPU 95 C (GPU 1)" in [c.reason for c in hot.heartbeat.health.components]
-        assert await inject_cli(nats_server.url, prefix, "clear") == 0
-        healed = await wait_record(
-            bus, prefix, "n1", lambda r: r.health_status == "healthy", timeout=15
-        )
-        assert check(healed, "nvml") == "ok"
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
+    assert await inject_cli(fleet.url, prefix, "temp", "95", "--gpu", "1") == 0
+    injected_after = len(beats)
+    await wait_for(lambda: any(hot_beat(beat) for beat in beats[injected_after:]))
+    first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
+    # The beat in flight at injection, then one per interval: the third at the latest.
+    assert first_hot - injected_after <= 2, (injected_after, first_hot)
+    hot = await wait_record(
+        bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0, timeout=15
+    )
+    assert check(hot, "nvml") == "degraded"
+    assert hot.state == "degraded"
+    assert hot.heartbeat and hot.heartbeat.health
+    assert "hottest GPU 95 C (GPU 1)" in [c.reason for c in hot.heartbeat.health.components]
+    assert await inject_cli(fleet.url, prefix, "clear") == 0
+    healed = await wait_record(
+        bus, prefix, "n1", lambda r: r.health_status == "healthy", timeout=15
+    )
+    assert check(healed, "nvml") == "ok"
 
 
 async def test_xid_and_lost_gpu_make_node_unhealthy(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """An injected XID 79 makes the xid check unhealthy; a lost GPU the nvml check."""
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
-        fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-        await node_cli.publish_inject(bus, prefix, fault)
-        broken = await wait_record(
-            bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
-        )
-        assert broken.health_status == "unhealthy"
-        lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
-        await node_cli.publish_inject(bus, prefix, lost)
-        gone = await wait_record(
-            bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
-        )
-        assert gone.heartbeat and gone.heartbeat.sample
-        assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
+    fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
+    await node_cli.publish_inject(bus, prefix, fault)
+    broken = await wait_record(
+        bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
+    )
+    assert broken.health_status == "unhealthy"
+    lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
+    await node_cli.publish_inject(bus, prefix, lost)
+    gone = await wait_record(
+        bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
+    )
+    assert gone.heartbeat and gone.heartbeat.sample
+    assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
 
 
 @pytest.mark.parametrize(

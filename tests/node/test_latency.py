@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -13,27 +12,16 @@ from nats.aio.msg import Msg
 
 from actors.node.latency import LOSS_WINDOW, LatencyActor
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec
 from schemas.base import RecordState
 from schemas.events import Latency
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
-from tests.support.fake_http import serve
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 
-def prober(
-    server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path, node: str, **settings: Any
-) -> LatencyActor:
-    return LatencyActor(agent_config(server.url, prefix, tmp_path, node, **settings), bus)
+def prober(fleet: Fleet, node: str, **settings: Any) -> LatencyActor:
+    return LatencyActor(fleet.config(node, **settings), fleet.bus)
 
 
 async def silent_peer(bus: NatsBus, prefix: str, node: str) -> None:
@@ -46,7 +34,7 @@ async def silent_peer(bus: NatsBus, prefix: str, node: str) -> None:
 
 
 async def test_probes_are_answered_and_silent_peers_count_as_loss(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """A live peer yields an RTT and 0% loss; a silent one no RTT and 100% loss; the
     NATS round trip is measured too, and overall loss averages both."""
@@ -59,17 +47,11 @@ async def test_probes_are_answered_and_silent_peers_count_as_loss(
     await silent_peer(bus, prefix, "ghost")
     await bus.flush()
     settings: dict[str, Any] = dict(probe_interval=0.2, probe_timeout=0.3)
-    supervisor = Supervisor(
-        [
-            prober(nats_server, bus, prefix, tmp_path, "n1", peers=["n2", "ghost"], **settings),
-            prober(nats_server, bus, prefix, tmp_path, "n2", peers=[], max_peers=0, **settings),
-        ]
+    await fleet.start_supervisor(
+        prober(fleet, "n1", peers=["n2", "ghost"], **settings),
+        prober(fleet, "n2", peers=[], max_peers=0, **settings),
     )
-    supervisor.start()
-    try:
-        await wait_for(lambda: len(got) >= 2)
-    finally:
-        await supervisor.stop()
+    await wait_for(lambda: len(got) >= 2)
     latest = got[-1]
     peers = {peer.target_node_id: peer for peer in latest.peers}
     assert peers["n2"].rtt_us is not None and peers["n2"].loss_pct == 0.0
@@ -79,30 +61,23 @@ async def test_probes_are_answered_and_silent_peers_count_as_loss(
     assert latest.loss_pct == 50.0
 
 
-async def test_loss_is_over_a_sliding_window(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
-) -> None:
+async def test_loss_is_over_a_sliding_window(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """Loss counts only the last LOSS_WINDOW probes, so an old outage ages out."""
-    actor = prober(nats_server, bus, prefix, tmp_path, "n1", peers=["n2"], probe_timeout=0.3)
+    actor = prober(fleet, "n1", peers=["n2"], probe_timeout=0.3)
     for _ in range(2):  # nobody answers as n2 yet
         await actor.measure()
-    answering = prober(nats_server, bus, prefix, tmp_path, "n2")
-    supervisor = Supervisor([answering])
-    supervisor.start()
-    try:
-        assert await supervisor.wait_ready(5)
-        for _ in range(2):
-            latest = await actor.measure()
-        assert latest.peers[0].loss_pct == 50.0
-        for _ in range(LOSS_WINDOW):
-            latest = await actor.measure()
-        assert latest.peers[0].loss_pct == 0.0 and latest.loss_pct == 0.0
-    finally:
-        await supervisor.stop()
+    answering = prober(fleet, "n2")
+    await fleet.start_supervisor(answering, ready_timeout=5)
+    for _ in range(2):
+        latest = await actor.measure()
+    assert latest.peers[0].loss_pct == 50.0
+    for _ in range(LOSS_WINDOW):
+        latest = await actor.measure()
+    assert latest.peers[0].loss_pct == 0.0 and latest.loss_pct == 0.0
 
 
 async def test_discovers_live_peers_of_its_own_cluster(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Without configured peers, peers are nodes of the same cluster from fleet_nodes,
     excluding itself, other clusters and offline nodes, at most max_peers of them."""
@@ -120,14 +95,14 @@ async def test_discovers_live_peers_of_its_own_cluster(
             node_id=node, cluster=cluster, state=state, last_seq=1, last_seen=time.time()
         )
         await nodes.put(node, codec.encode(record))
-    actor = prober(nats_server, bus, prefix, tmp_path, "n1")
+    actor = prober(fleet, "n1")
     assert sorted(await actor.discover()) == ["n2", "n5"]
-    limited = prober(nats_server, bus, prefix, tmp_path, "n1", max_peers=1)
+    limited = prober(fleet, "n1", max_peers=1)
     assert len(await limited.discover()) == 1
 
 
 async def test_hung_engine_and_silent_peer_never_delay_heartbeats(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """With an engine that never answers and a peer that never answers (5 s timeouts),
     heartbeats still arrive at the configured 0.5 s rate."""
@@ -137,31 +112,24 @@ async def test_hung_engine_and_silent_peer_never_delay_heartbeats(
         return web.Response()
 
     await silent_peer(bus, prefix, "ghost")
-    aggregator = await start_aggregator(bus, prefix)
-    async with serve({"/health": hang}) as hung:
-        config = agent_config(
-            nats_server.url,
-            prefix,
-            state_dir,
-            engines=[f"vllm={hung}"],
-            engine_timeout=5.0,
-            engine_interval=0.5,
-            peers=["ghost"],
-            probe_timeout=5.0,
-            probe_interval=0.5,
-        )
-        agent = await approved_agent(bus, config)
-        try:
-            first = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 1)
-            started = time.monotonic()
-            beats = 6  # 3 s at the normal rate; a blocked heartbeat would need 30 s
+    await fleet.start_aggregator()
+    hung = await fleet.serve({"/health": hang})
+    config = fleet.config(
+        engines=[f"vllm={hung}"],
+        engine_timeout=5.0,
+        engine_interval=0.5,
+        peers=["ghost"],
+        probe_timeout=5.0,
+        probe_interval=0.5,
+    )
+    await fleet.start_agent(config)
+    first = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 1)
+    started = time.monotonic()
+    beats = 6  # 3 s at the normal rate; a blocked heartbeat would need 30 s
 
-            def after(record: NodeRecord) -> bool:
-                return record.last_seq >= first.last_seq + beats
+    def after(record: NodeRecord) -> bool:
+        return record.last_seq >= first.last_seq + beats
 
-            await wait_record(bus, prefix, "n1", after, timeout=20)
-            elapsed = time.monotonic() - started
-        finally:
-            await agent.stop()
-            await aggregator.stop()
+    await wait_record(bus, prefix, "n1", after, timeout=20)
+    elapsed = time.monotonic() - started
     assert elapsed < 8.0, f"{beats} heartbeats took {elapsed:.1f}s"

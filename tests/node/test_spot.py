@@ -5,29 +5,18 @@ nats-server, aggregator and agent."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from nats.aio.msg import Msg
 
 from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from actors.runtime.supervisor import Supervisor
 from schemas import codec
 from schemas.events import Interruption, NodeState
 from schemas.subjects import EVENT_INTERRUPTION, EVENT_STATE, Subjects
 from tests.support.commanding import Results
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, wait_for, wait_record
 from tests.support.metadata_fakes import FakeAws, FakeAzure, FakeGcp
 
 
@@ -59,18 +48,8 @@ class NodeEvents:
         return seen
 
 
-@pytest.fixture
-async def aggregator(bus: NatsBus, prefix: str) -> AsyncIterator[Supervisor]:
-    supervisor = await start_aggregator(bus, prefix)
-    yield supervisor
-    await supervisor.stop()
-
-
 async def deregistered_before_deadline(
-    nats_server: NatsServer,
-    bus: NatsBus,
-    prefix: str,
-    state_dir: Path,
+    fleet: Fleet,
     provider: str,
     metadata_url: str,
     trigger: Any,
@@ -79,36 +58,33 @@ async def deregistered_before_deadline(
 ) -> Results:
     """Start an agent watching ``provider``, ``trigger()`` a notice, and check the node goes
     draining -> drained -> deregistered (record and alerts) before ``deadline``."""
+    bus, prefix = fleet.bus, fleet.prefix
+    await fleet.start_aggregator()
     results = await Results().start(bus, prefix)
     node_events = await NodeEvents().start(bus, prefix)
-    config = agent_config(
-        nats_server.url,
-        prefix,
-        state_dir,
+    config = fleet.config(
         spot_provider=provider,
         metadata_url=metadata_url,
         spot_poll_interval=0.2,
         spot_safety_margin=margin,
     )
-    agent = await approved_agent(bus, config)
-    try:
-        active = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-        assert active.heartbeat and active.heartbeat.spot
-        assert active.heartbeat.spot.provider == provider, "the watched cloud shows at once"
-        await trigger()
-        await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered", timeout=15)
-        assert time.time() < deadline
-        assert agent.supervisor is not None and agent.supervisor.finished.is_set()
-        assert node_events.schedulabilities()[-2:] == ["draining", "drained"]
-        assert node_events.states[-1].deregistering
-        await wait_for(
-            lambda: {"interruption", "deregistered"} <= {alert.kind for alert in results.alerts}
-        )
-        spot_results = [r for r in results.results if r.command_id.startswith("spot:")]
-        assert spot_results[0].status == "accepted"
-        assert spot_results[-1].status == "done"
-    finally:
-        await agent.stop()
+    agent = await fleet.start_agent(config)
+    active = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    assert active.heartbeat and active.heartbeat.spot
+    assert active.heartbeat.spot.provider == provider, "the watched cloud shows at once"
+    await trigger()
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered", timeout=15)
+    assert time.time() < deadline
+    assert agent.supervisor is not None and agent.supervisor.finished.is_set()
+    assert node_events.schedulabilities()[-2:] == ["draining", "drained"]
+    assert node_events.states[-1].deregistering
+    await wait_for(
+        lambda: {"interruption", "deregistered"} <= {alert.kind for alert in results.alerts}
+    )
+    spot_results = [r for r in results.results if r.command_id.startswith("spot:")]
+    assert spot_results[0].status == "accepted"
+    assert spot_results[-1].status == "done"
+    await agent.stop()  # so the caller sees all the agent did
     return results
 
 
@@ -116,49 +92,33 @@ def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-async def test_aws_termination_notice_deregisters_before_deadline(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, aggregator: Supervisor
-) -> None:
+async def test_aws_termination_notice_deregisters_before_deadline(fleet: Fleet) -> None:
     """An AWS spot instance-action drains, then deregisters the node before its time."""
-    fake = await FakeAws().start()
+    fake = await fleet.start_fake(FakeAws())
     deadline = time.time() + 20
 
     async def trigger() -> None:
         fake.action = {"action": "terminate", "time": iso(deadline)}
 
-    try:
-        await deregistered_before_deadline(
-            nats_server, bus, prefix, state_dir, "aws", fake.url, trigger, deadline, 15
-        )
-    finally:
-        await fake.stop()
+    await deregistered_before_deadline(fleet, "aws", fake.url, trigger, deadline, 15)
 
 
-async def test_gcp_preemption_deregisters_before_deadline(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, aggregator: Supervisor
-) -> None:
+async def test_gcp_preemption_deregisters_before_deadline(fleet: Fleet) -> None:
     """GCP 'preempted' turning TRUE (seen through a hanging get) deregisters the node
     within GCP's 30 s notice."""
-    fake = await FakeGcp().start()
+    fake = await fleet.start_fake(FakeGcp())
     deadline = time.time() + 30
 
     async def trigger() -> None:
         await fake.set("preempted", "TRUE")
 
-    try:
-        await deregistered_before_deadline(
-            nats_server, bus, prefix, state_dir, "gcp", fake.url, trigger, deadline, 25
-        )
-    finally:
-        await fake.stop()
+    await deregistered_before_deadline(fleet, "gcp", fake.url, trigger, deadline, 25)
 
 
-async def test_azure_preempt_deregisters_and_acknowledges(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path, aggregator: Supervisor
-) -> None:
+async def test_azure_preempt_deregisters_and_acknowledges(fleet: Fleet) -> None:
     """An Azure Preempt scheduled event deregisters the node before NotBefore, and the
     event is acknowledged (StartRequests) once the node is drained."""
-    fake = await FakeAzure().start()
+    fake = await fleet.start_fake(FakeAzure())
     deadline = time.time() + 20
 
     async def trigger() -> None:
@@ -166,65 +126,42 @@ async def test_azure_preempt_deregisters_and_acknowledges(
         fake.schedule("Terminate", "c3d9f1a0-0000-4000-8000-000000000001", deadline, vm="vm2")
         fake.schedule("Preempt", "602d9444-d2cd-49c7-8624-8643e7171297", deadline)
 
-    try:
-        await deregistered_before_deadline(
-            nats_server, bus, prefix, state_dir, "azure", fake.url, trigger, deadline, 15
-        )
-        assert fake.started == ["602d9444-d2cd-49c7-8624-8643e7171297"]
-    finally:
-        await fake.stop()
+    await deregistered_before_deadline(fleet, "azure", fake.url, trigger, deadline, 15)
+    assert fake.started == ["602d9444-d2cd-49c7-8624-8643e7171297"]
 
 
-async def test_aws_errors_never_crash_the_watcher(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_aws_errors_never_crash_the_watcher(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """503 storms, timeouts and expired tokens (401 -> new IMDSv2 token) are retried; the
     watcher keeps running and still reports each notice exactly once."""
-    fake = await FakeAws().start()
+    fake = await fleet.start_fake(FakeAws())
     node_events = await NodeEvents().start(bus, prefix)
-    config = agent_config(
-        nats_server.url, prefix, state_dir, spot_provider="aws", metadata_url=fake.url
-    )
+    config = fleet.config(spot_provider="aws", metadata_url=fake.url)
     config = config.__class__(**{**_fields(config), "spot_poll_interval": 0.05})
-    supervisor = Supervisor([SpotActor(config, bus)])
-    supervisor.start()
-    try:
-        assert await supervisor.wait_ready(10)
-        fake.failures = [503, 503, 503, 0.7, 500]
-        await wait_for(lambda: not fake.failures, timeout=20)
-        fake.expire_tokens()
-        issued = fake.issued
-        fake.rebalance = {"noticeTime": iso(time.time())}
-        fake.action = {"action": "stop", "time": iso(time.time() + 120)}
-        await wait_for(lambda: len(node_events.notices) >= 2)
-        assert fake.issued > issued
-        assert sorted(n.kind for n in node_events.notices) == ["rebalance", "stop"]
-        assert supervisor.status["spot"].restarts == 0
-    finally:
-        await supervisor.stop()
-        await fake.stop()
+    supervisor = await fleet.start_supervisor(SpotActor(config, bus))
+    fake.failures = [503, 503, 503, 0.7, 500]
+    await wait_for(lambda: not fake.failures, timeout=20)
+    fake.expire_tokens()
+    issued = fake.issued
+    fake.rebalance = {"noticeTime": iso(time.time())}
+    fake.action = {"action": "stop", "time": iso(time.time() + 120)}
+    await wait_for(lambda: len(node_events.notices) >= 2)
+    assert fake.issued > issued
+    assert sorted(n.kind for n in node_events.notices) == ["rebalance", "stop"]
+    assert supervisor.status["spot"].restarts == 0
 
 
 def _fields(struct: Any) -> dict[str, Any]:
     return {name: getattr(struct, name) for name in struct.__struct_fields__}
 
 
-async def test_auto_detects_the_provider_that_answers(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_auto_detects_the_provider_that_answers(fleet: Fleet, bus: NatsBus) -> None:
     """'auto' picks the provider whose metadata endpoint answers (here GCP's), and none
     when nothing answers."""
-    fake = await FakeGcp().start()
-    try:
-        config = agent_config(
-            nats_server.url, prefix, state_dir, spot_provider="auto", metadata_url=fake.url
-        )
-        async with aiohttp.ClientSession() as session:
-            assert await SpotActor(config, bus).detect(session) == "gcp"
-    finally:
-        await fake.stop()
-    nothing = agent_config(
-        nats_server.url, prefix, state_dir, spot_provider="auto", metadata_url=fake.url
-    )
+    fake = await fleet.start_fake(FakeGcp())
+    config = fleet.config(spot_provider="auto", metadata_url=fake.url)
+    async with aiohttp.ClientSession() as session:
+        assert await SpotActor(config, bus).detect(session) == "gcp"
+    await fake.stop()
+    nothing = fleet.config(spot_provider="auto", metadata_url=fake.url)
     async with aiohttp.ClientSession() as session:
         assert await SpotActor(nothing, bus).detect(session) is None

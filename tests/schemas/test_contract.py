@@ -16,11 +16,10 @@ from nats.aio.msg import Msg
 from actors.cli.node_agent import main as node_agent
 from actors.fleet.registry import approve, read_record
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import Registration, RegistrationReply
 from schemas.subjects import Subjects
-from tests.support.fleet import agent_config, approved_agent, start_aggregator, wait_for
+from tests.support.fleet import Fleet, wait_for
 
 
 def verify_as_a_stranger(headers: dict[str, str], body: bytes) -> dict[str, object]:
@@ -33,7 +32,7 @@ def verify_as_a_stranger(headers: dict[str, str], body: bytes) -> dict[str, obje
 
 
 async def test_every_heartbeat_verifies_with_only_ed25519(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
+    fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Heartbeats on fleet.hb.> carry the documented headers and verify by the recipe."""
     seen: list[Msg] = []
@@ -43,13 +42,9 @@ async def test_every_heartbeat_verifies_with_only_ed25519(
 
     await bus.subscribe(Subjects(prefix).heartbeats(), collect)
     await bus.flush()
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        await wait_for(lambda: len(seen) >= 3)
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    await wait_for(lambda: len(seen) >= 3)
     for msg in seen[:3]:
         assert msg.headers is not None
         body = verify_as_a_stranger(msg.headers, msg.data)
@@ -61,17 +56,17 @@ async def test_every_heartbeat_verifies_with_only_ed25519(
 
 
 async def test_register_says_pending_then_active(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """node-agent register: an unapproved key is pending (and recorded), an approved one
     is active, and a registration signed by another key is rejected."""
-    aggregator = await start_aggregator(bus, prefix)
+    await fleet.start_aggregator()
     key_file = tmp_path / "node.nk"
     key = signing.create_key_file(key_file)
     args = [
         "register",
         "--server",
-        nats_server.url,
+        fleet.url,
         "--prefix",
         prefix,
         "--node-id",
@@ -83,23 +78,20 @@ async def test_register_says_pending_then_active(
         "--state-dir",
         str(tmp_path),
     ]
-    try:
-        assert await asyncio.to_thread(node_agent, args) == 0
-        assert (await read_record(bus, Subjects(prefix), "r1")).state == "pending"
-        await approve(bus, Subjects(prefix), "r1", key.public_key)
-        body = codec.encode(
-            Registration(
-                node_id="r1",
-                cluster="c1",
-                public_key=key.public_key,
-                ts=time.time(),
-                hostname=socket.gethostname(),
-            )
+    assert await asyncio.to_thread(node_agent, args) == 0
+    assert (await read_record(bus, Subjects(prefix), "r1")).state == "pending"
+    await approve(bus, Subjects(prefix), "r1", key.public_key)
+    body = codec.encode(
+        Registration(
+            node_id="r1",
+            cluster="c1",
+            public_key=key.public_key,
+            ts=time.time(),
+            hostname=socket.gethostname(),
         )
-        reply = await bus.request(Subjects(prefix).register(), body, 5, key.headers(body))
-        assert codec.decode(reply.data, RegistrationReply).status == "active"
-        other = signing.KeyPair.generate()
-        forged = await bus.request(Subjects(prefix).register(), body, 5, other.headers(body))
-        assert codec.decode(forged.data, RegistrationReply).status == "rejected"
-    finally:
-        await aggregator.stop()
+    )
+    reply = await bus.request(Subjects(prefix).register(), body, 5, key.headers(body))
+    assert codec.decode(reply.data, RegistrationReply).status == "active"
+    other = signing.KeyPair.generate()
+    forged = await bus.request(Subjects(prefix).register(), body, 5, other.headers(body))
+    assert codec.decode(forged.data, RegistrationReply).status == "rejected"

@@ -1,35 +1,64 @@
-"""Test helpers: an aggregator and node agents running in the test's event loop."""
+"""Test helpers: an aggregator and node agents running in the test's event loop, and the
+``Fleet`` that starts them for a test and stops them all when it ends."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
-from actors.runtime.supervisor import Supervisor
+from actors.runtime.supervisor import Actor, Supervisor
 from schemas import signing
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
+from tests.support.fake_http import Handler, serve
+from tests.support.metadata_fakes import FakeServer
+
+Fake = TypeVar("Fake", bound=FakeServer)
+
+
+def new_aggregator(
+    bus: NatsBus, prefix: str, metrics: AggregatorMetrics | None = None, **settings: Any
+) -> AggregatorActor:
+    """Every test and benchmark builds its aggregator here, so a change to the constructor
+    is one edit."""
+    return AggregatorActor(AggregatorConfig(prefix=prefix, **settings), bus, metrics)
+
+
+def new_fleet_api(bus: NatsBus, prefix: str, metrics: AggregatorMetrics) -> FleetApiActor:
+    """The fleet HTTP API on a free loopback port, built in one place like the aggregator."""
+    return FleetApiActor(AggregatorConfig(prefix=prefix, http_port=0), bus, metrics)
+
+
+async def supervised(actors: list[Actor], ready_timeout: float = 10.0) -> Supervisor:
+    """``actors`` under a supervisor once every one is ready; stopped again if not, so a
+    failed start leaves nothing running."""
+    supervisor = Supervisor(actors)
+    supervisor.start()
+    if not await supervisor.wait_ready(ready_timeout):
+        await supervisor.stop()
+        names = ", ".join(actor.name for actor in actors)
+        raise AssertionError(f"{names} not ready within {ready_timeout:g}s")
+    return supervisor
 
 
 async def start_aggregator(
     bus: NatsBus, prefix: str, ready_timeout: float = 10.0, **settings: Any
 ) -> Supervisor:
     """An aggregator under a supervisor, which restarts it until provisioning succeeds."""
-    supervisor = Supervisor([AggregatorActor(AggregatorConfig(prefix=prefix, **settings), bus)])
-    supervisor.start()
-    if not await supervisor.wait_ready(ready_timeout):
-        await supervisor.stop()
-        raise AssertionError(f"aggregator not ready within {ready_timeout:g}s")
-    return supervisor
+    return await supervised([new_aggregator(bus, prefix, **settings)], ready_timeout)
 
 
 def agent_config(
@@ -59,6 +88,61 @@ async def approved_agent(bus: NatsBus, config: AgentConfig) -> NodeAgent:
     agent = NodeAgent(config)
     await agent.start()
     return agent
+
+
+@dataclass
+class Fleet:
+    """One test's server address, bus, prefix and state directory, and factories for what
+    it runs there. Whatever a factory starts goes on ``stack``, which the fixture closes
+    when the test ends, pass or fail: last started, first stopped, so agents stop before
+    the aggregator and both before the bus closes."""
+
+    url: str
+    bus: NatsBus
+    prefix: str
+    state_dir: Path
+    stack: AsyncExitStack
+
+    def config(self, node: str = "n1", **settings: Any) -> AgentConfig:
+        return agent_config(self.url, self.prefix, self.state_dir, node, **settings)
+
+    async def start_agent(self, config: AgentConfig | None = None) -> NodeAgent:
+        """An approved agent (node n1 unless ``config`` says otherwise). Stopping an agent
+        twice is harmless, so a test may stop it itself (to restart it, say)."""
+        agent = await approved_agent(self.bus, config or self.config())
+        self.stack.push_async_callback(agent.stop)
+        return agent
+
+    async def start_aggregator(
+        self, bus: NatsBus | None = None, ready_timeout: float = 10.0, **settings: Any
+    ) -> Supervisor:
+        """An aggregator on this test's bus (or ``bus``), ready."""
+        supervisor = await start_aggregator(bus or self.bus, self.prefix, ready_timeout, **settings)
+        self.stack.push_async_callback(supervisor.stop)
+        return supervisor
+
+    async def start_supervisor(self, *actors: Actor, ready_timeout: float = 10.0) -> Supervisor:
+        """Actors a test runs directly, under a supervisor, once all are ready."""
+        supervisor = await supervised(list(actors), ready_timeout)
+        self.stack.push_async_callback(supervisor.stop)
+        return supervisor
+
+    async def connect(self, name: str) -> NatsBus:
+        """Another connection to the test's server (a second aggregator's, say)."""
+        bus = await NatsBus.connect(self.url, name)
+        self.stack.push_async_callback(bus.close)
+        return bus
+
+    async def serve(self, routes: dict[str, Handler]) -> str:
+        """A local HTTP server answering ``routes``; its base URL."""
+        url: str = await self.stack.enter_async_context(serve(routes))
+        return url
+
+    async def start_fake(self, fake: Fake) -> Fake:
+        """A cloud metadata fake, started."""
+        await fake.start()
+        self.stack.push_async_callback(fake.stop)
+        return fake
 
 
 async def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

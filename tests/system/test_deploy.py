@@ -15,8 +15,10 @@ import shlex
 import socket
 import time
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -43,13 +45,7 @@ from schemas.subjects import (
     Subjects,
 )
 from tests.support.commanding import Results, send
-from tests.support.fleet import (
-    agent_config,
-    approved_agent,
-    start_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 STORE = "/var/lib/nats/jetstream"
@@ -86,6 +82,13 @@ def servers() -> Iterator[list[NatsServer]]:
         server.stop()
 
 
+@pytest.fixture
+async def stack(servers: list[NatsServer]) -> AsyncIterator[AsyncExitStack]:
+    """What a test runs on its servers, stopped (newest first) before the servers stop."""
+    async with AsyncExitStack() as stack:
+        yield stack
+
+
 def start(
     servers: list[NatsServer],
     config: Path,
@@ -98,20 +101,26 @@ def start(
     return server.start()
 
 
-async def admit(
-    bus: NatsBus, server: str, state_dir: Path, node: str = "n1", **settings: object
-) -> NodeAgent:
+async def open_fleet(
+    stack: AsyncExitStack, url: str, state_dir: Path, name: str = "test", **connect: Any
+) -> Fleet:
+    """A fleet on the test's own servers under the configs' prefix; its bus closes last."""
+    bus = await NatsBus.connect(url, name, **connect)
+    stack.push_async_callback(bus.close)
+    return Fleet(url, bus, PREFIX, state_dir, stack)
+
+
+async def admit(fleet: Fleet, server: str, node: str = "n1", **settings: Any) -> NodeAgent:
     """An approved agent on ``server``, once the aggregator has it ``active``."""
-    agent = await approved_agent(bus, agent_config(server, PREFIX, state_dir, node, **settings))
-    try:
-        await wait_record(bus, PREFIX, node, lambda r: r.state == "active", timeout=20)
-    except BaseException:
-        await agent.stop()
-        raise
+    config = agent_config(server, PREFIX, fleet.state_dir, node, **settings)
+    agent = await fleet.start_agent(config)
+    await wait_record(fleet.bus, PREFIX, node, lambda r: r.state == "active", timeout=20)
     return agent
 
 
-async def test_single(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+async def test_single(
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+) -> None:
     """single.conf runs JetStream, and an aggregator and an agent reach ``active`` on it."""
     config = render(
         "single.conf",
@@ -123,21 +132,16 @@ async def test_single(tmp_path: Path, state_dir: Path, servers: list[NatsServer]
         },
     )
     server = start(servers, config, tmp_path / "server", "single")
-    bus = await NatsBus.connect(server.url, "test")
-    try:
-        info = await bus.js.account_info()
-        assert info.limits.max_storage != 0
-        aggregator = await start_aggregator(bus, PREFIX)
-        try:
-            agent = await admit(bus, server.url, state_dir)
-            await agent.stop()
-        finally:
-            await aggregator.stop()
-    finally:
-        await bus.close()
+    fleet = await open_fleet(stack, server.url, state_dir)
+    info = await fleet.bus.js.account_info()
+    assert info.limits.max_storage != 0
+    await fleet.start_aggregator()
+    await admit(fleet, server.url)
 
 
-async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+async def test_cluster(
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+) -> None:
     """cluster/n1-3.conf form one JetStream cluster: R3 streams and buckets, an agent on a
     server list reaches ``active``, and its heartbeats are still accepted once the server
     it was connected to is stopped."""
@@ -156,52 +160,46 @@ async def test_cluster(tmp_path: Path, state_dir: Path, servers: list[NatsServer
         config = render(f"cluster/n{n}.conf", tmp_path / f"n{n}.conf", replacements)
         start(servers, config, tmp_path / f"n{n}", f"n{n}")
     urls = ",".join(server.url for server in servers)
-    bus = await NatsBus.connect(urls, "test")
-    try:
-        aggregator = await start_aggregator(bus, PREFIX, ready_timeout=30, replicas=3)
+    fleet = await open_fleet(stack, urls, state_dir)
+    bus = fleet.bus
+    await fleet.start_aggregator(ready_timeout=30, replicas=3)
+    subjects = Subjects(PREFIX)
+    streams = [
+        subjects.stream_name(base)
+        for base in (
+            STREAM_HEARTBEATS,
+            STREAM_COMMANDS,
+            STREAM_EVENTS,
+            STREAM_ALERTS,
+        )
+    ] + [f"KV_{subjects.bucket_name(base)}" for base in (BUCKET_NODES, BUCKET_TRUST)]
+    for stream in streams:
+        info = await bus.js.stream_info(stream)
+        assert info.config.num_replicas == 3, stream
+        assert info.cluster is not None and info.cluster.name == "fleet"
+
+    agent = await admit(fleet, urls, stale_after=10.0)
+    assert agent.bus is not None
+    connected = agent.bus.nc.connected_url
+    assert connected is not None
+    victim = next(s for s in servers if s.port == connected.port)
+    before = (await read_record(bus, Subjects(PREFIX), "n1")).last_seq
+    victim.stop()
+
+    # Reads may time out while the clients fail over and leaders are re-elected.
+    async def risen() -> bool:
         try:
-            subjects = Subjects(PREFIX)
-            streams = [
-                subjects.stream_name(base)
-                for base in (
-                    STREAM_HEARTBEATS,
-                    STREAM_COMMANDS,
-                    STREAM_EVENTS,
-                    STREAM_ALERTS,
-                )
-            ] + [f"KV_{subjects.bucket_name(base)}" for base in (BUCKET_NODES, BUCKET_TRUST)]
-            for stream in streams:
-                info = await bus.js.stream_info(stream)
-                assert info.config.num_replicas == 3, stream
-                assert info.cluster is not None and info.cluster.name == "fleet"
+            current = await read_record(bus, Subjects(PREFIX), "n1")
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return current.last_seq > before + 3
 
-            agent = await admit(bus, urls, state_dir, stale_after=10.0)
-            try:
-                assert agent.bus is not None
-                connected = agent.bus.nc.connected_url
-                assert connected is not None
-                victim = next(s for s in servers if s.port == connected.port)
-                before = (await read_record(bus, Subjects(PREFIX), "n1")).last_seq
-                victim.stop()
-
-                # Reads may time out while the clients fail over and leaders are re-elected.
-                async def risen() -> bool:
-                    try:
-                        current = await read_record(bus, Subjects(PREFIX), "n1")
-                    except (nats.errors.Error, TimeoutError):
-                        return False
-                    return current.last_seq > before + 3
-
-                await wait_for(risen, timeout=25)
-            finally:
-                await agent.stop()
-        finally:
-            await aggregator.stop()
-    finally:
-        await bus.close()
+    await wait_for(risen, timeout=25)
 
 
-async def test_hub_and_leaf(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+async def test_hub_and_leaf(
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+) -> None:
     """leaf.conf (HUB_URL and NODE_NAME from the environment) attaches to hub.conf, and an
     agent connected only to the leaf reaches ``active`` in the hub's aggregator."""
     leaf_port = free_port()
@@ -221,34 +219,30 @@ async def test_hub_and_leaf(tmp_path: Path, state_dir: Path, servers: list[NatsS
     )
     env = {"HUB_URL": f"nats-leaf://127.0.0.1:{leaf_port}", "NODE_NAME": "gpu-node-1"}
     leaf = start(servers, leaf_config, tmp_path / "leaf", "leaf", env=env)
-    bus = await NatsBus.connect(hub.url, "test")
+    fleet = await open_fleet(stack, hub.url, state_dir)
     local = await NatsBus.connect(leaf.url, "leaf-test")
-    try:
-        aggregator = await start_aggregator(bus, PREFIX)
-        try:
-            # JetStream answers through the leaf once the leaf connection is up.
-            async def through_leaf() -> bool:
-                try:
-                    await local.js.account_info()
-                except Exception:
-                    return False
-                return True
+    stack.push_async_callback(local.close)
+    await fleet.start_aggregator()
 
-            await wait_for(through_leaf, timeout=15)
-            agent = await admit(bus, leaf.url, state_dir)
-            await agent.stop()
-        finally:
-            await aggregator.stop()
-    finally:
-        await local.close()
-        await bus.close()
+    # JetStream answers through the leaf once the leaf connection is up.
+    async def through_leaf() -> bool:
+        try:
+            await local.js.account_info()
+        except Exception:
+            return False
+        return True
+
+    await wait_for(through_leaf, timeout=15)
+    await admit(fleet, leaf.url)
 
 
 AUTH_CLUSTER = "gpu-a"
 AUTH_NODE = "node-1"
 
 
-async def test_auth(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) -> None:
+async def test_auth(
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+) -> None:
     """auth.conf: the aggregator logs in with its nkey, node-1 with its node key runs all its
     real traffic (heartbeats, events, probes, KV reads, commands) without one permission
     violation, and cannot beat for node-2 nor listen to node-2's probes."""
@@ -282,34 +276,26 @@ async def test_auth(tmp_path: Path, state_dir: Path, servers: list[NatsServer]) 
 
     with pytest.raises(BusError):
         await NatsBus.connect(server.url, "anonymous", connect_timeout=2)
-    bus = await NatsBus.connect(server.url, "aggregator", nkey_seed=aggregator_key.seed)
-    try:
-        results = await Results().start(bus, PREFIX)
-        aggregator = await start_aggregator(bus, PREFIX)
-        try:
-            agent = await approved_agent(bus, config)
-            try:
-                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "active")
-                cordon = await send(
-                    bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER
-                )
-                assert (await results.final(cordon.id)).status == "done"
-                await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
-                probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
-                reply = await bus.request(
-                    Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5
-                )
-                assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
-                # Peer discovery has listed and read the bucket a few times by now.
-                assert agent.bus is not None
-                assert "Violation" not in server.log_file.read_text()
-            finally:
-                await agent.stop()
-        finally:
-            await aggregator.stop()
-        await refuses_another_nodes_subjects(bus, server, node_key)
-    finally:
-        await bus.close()
+    fleet = await open_fleet(
+        stack, server.url, state_dir, "aggregator", nkey_seed=aggregator_key.seed
+    )
+    bus = fleet.bus
+    results = await Results().start(bus, PREFIX)
+    aggregator = await fleet.start_aggregator()
+    agent = await fleet.start_agent(config)
+    await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "active")
+    cordon = await send(bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER)
+    assert (await results.final(cordon.id)).status == "done"
+    await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
+    probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
+    reply = await bus.request(Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5)
+    assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
+    # Peer discovery has listed and read the bucket a few times by now.
+    assert agent.bus is not None
+    assert "Violation" not in server.log_file.read_text()
+    await agent.stop()
+    await aggregator.stop()
+    await refuses_another_nodes_subjects(bus, server, node_key)
 
 
 async def refuses_another_nodes_subjects(

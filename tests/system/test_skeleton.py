@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from tests.support.fleet import agent_config, approved_agent, start_aggregator, wait_record
+from tests.support.fleet import Fleet, wait_record
 
 
-async def test_heartbeats_make_node_active(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, state_dir: Path
-) -> None:
+async def test_heartbeats_make_node_active(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """An approved agent's signed heartbeats are accepted and its record is active."""
-    aggregator = await start_aggregator(bus, prefix)
-    agent = await approved_agent(bus, agent_config(nats_server.url, prefix, state_dir))
-    try:
-        record = await wait_record(
-            bus, prefix, "n1", lambda r: r.state == "active" and r.last_seq >= 2
-        )
-        assert record.cluster == "c1"
-        assert record.heartbeat is not None and record.heartbeat.sample is not None
-        assert len(record.heartbeat.sample.gpus) == 2
-    finally:
-        await agent.stop()
-        await aggregator.stop()
+    await fleet.start_aggregator()
+    await fleet.start_agent()
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "active" and r.last_seq >= 2)
+    assert record.cluster == "c1"
+    assert record.heartbeat is not None and record.heartbeat.sample is not None
+    assert len(record.heartbeat.sample.gpus) == 2
