@@ -7,7 +7,8 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,12 +82,15 @@ def server_of(args: argparse.Namespace) -> str:
     return str(args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER)
 
 
-async def connect(args: argparse.Namespace, name: str, *, retry_forever: bool = False) -> NatsBus:
-    """Connect as the command line asks (server, optional nkey)."""
+@asynccontextmanager
+async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[NatsBus]:
+    """A connection as the command line asks (server, optional nkey), drained on the way out."""
     seed = signing.load_key_file(args.nkey_file).seed if args.nkey_file else None
-    return await NatsBus.connect(
-        server_of(args), name, nkey_seed=seed, connect_timeout=3.0, retry_forever=retry_forever
-    )
+    bus = await NatsBus.connect(server_of(args), name, nkey_seed=seed, connect_timeout=3.0)
+    try:
+        yield bus
+    finally:
+        await bus.close()
 
 
 def default_operator_key() -> Path:

@@ -15,7 +15,7 @@ from actors.cli import send, views
 from actors.cli.common import (
     add_config_flags,
     add_server,
-    connect,
+    connected,
     default_operator_key,
     fail,
     run_main,
@@ -31,7 +31,7 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
-from actors.runtime.bus import NatsBus
+from actors.runtime.bus import NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from schemas import signing
 from schemas.subjects import Subjects, check_token
@@ -88,33 +88,24 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 async def cmd_approve(args: argparse.Namespace) -> int:
     registry.check_public_key(args.public_key)
     check_token("node id", args.node)
-    bus = await connect(args, "fleetctl")
-    try:
+    async with connected(args, "fleetctl") as bus:
         await registry.approve(
             bus, Subjects(args.prefix), args.node, args.public_key, by="fleetctl"
         )
-    finally:
-        await bus.close()
     sys.stdout.write(f"approved {args.node}\n")
     return 0
 
 
 async def cmd_revoke(args: argparse.Namespace) -> int:
-    bus = await connect(args, "fleetctl")
-    try:
+    async with connected(args, "fleetctl") as bus:
         await registry.revoke(bus, Subjects(args.prefix), args.node)
-    finally:
-        await bus.close()
     sys.stdout.write(f"revoked {args.node}\n")
     return 0
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
-    bus = await connect(args, "fleetctl")
-    try:
+    async with connected(args, "fleetctl") as bus:
         records = await registry.read_records(bus, Subjects(args.prefix))
-    finally:
-        await bus.close()
     records = [
         r
         for r in records
@@ -129,11 +120,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
-    bus = await connect(args, "fleetctl")
-    try:
+    async with connected(args, "fleetctl") as bus:
         record = await registry.read_record(bus, Subjects(args.prefix), args.node)
-    finally:
-        await bus.close()
     if args.json:
         sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
     else:
@@ -144,7 +132,6 @@ async def cmd_node(args: argparse.Namespace) -> int:
 async def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts (and with --events, node events) as they arrive, one JSON line each."""
     subjects = Subjects(args.prefix)
-    bus = await connect(args, "fleetctl")
     wanted = [subjects.alerts()] if args.alerts or not args.events else []
     if args.events:
         wanted.append(subjects.events(args.node or "*"))
@@ -155,11 +142,8 @@ async def cmd_watch(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{msg.subject} {msg.data.decode(errors='replace')}\n")
         sys.stdout.flush()
 
-    for subject in wanted:
-        await bus.subscribe(subject, show)
-    await bus.flush()
-    await stop_event().wait()
-    await bus.close()
+    async with connected(args, "fleetctl") as bus, listening(bus, dict.fromkeys(wanted, show)):
+        await stop_event().wait()
     return 0
 
 
@@ -176,11 +160,8 @@ async def cmd_simulate(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         wait=args.wait,
     )
-    bus = await connect(args, "fleetctl-simulate")
-    try:
+    async with connected(args, "fleetctl-simulate") as bus:
         return await simulate(bus, options, sys.stdout)
-    finally:
-        await bus.close()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -20,9 +20,9 @@ from pathlib import Path
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli.common import add_server, connect, default_operator_key, fail
+from actors.cli.common import add_server, connected, default_operator_key, fail
 from actors.fleet import registry
-from actors.runtime.bus import Bus, publish_signed, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening, publish_signed
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, SignatureError
 from schemas.messages import (
@@ -79,23 +79,13 @@ async def results_key(bus: Bus, subjects: Subjects, node: str) -> str:
 class ResultFollower:
     """Verified results of one command, in arrival order."""
 
-    def __init__(self, bus: Bus, subjects: Subjects, cluster: str, node: str, node_key: str):
-        self.bus = bus
-        self.subject = subjects.result(cluster, node)
+    def __init__(self, node: str, node_key: str, command_id: str) -> None:
         self.node = node
         self.node_key = node_key
-        self.command_id = ""
+        self.command_id = command_id
         self.results: asyncio.Queue[CommandResult] = asyncio.Queue(maxsize=1024)
 
-    async def __aenter__(self) -> ResultFollower:
-        self.subscription = await self.bus.subscribe(self.subject, self._on_result)
-        await self.bus.flush()
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await unsubscribe_quietly(self.subscription)
-
-    async def _on_result(self, msg: Msg) -> None:
+    async def on_result(self, msg: Msg) -> None:
         try:
             if signing.verify(msg.headers, msg.data) != self.node_key:
                 return
@@ -151,24 +141,22 @@ def action_of(args: argparse.Namespace) -> Action:
 async def cmd_send(args: argparse.Namespace) -> int:
     key = signing.load_key_file(args.key_file or default_operator_key())
     subjects = Subjects(args.prefix)
-    bus = await connect(args, "fleetctl")
-    try:
+    async with connected(args, "fleetctl") as bus:
         cluster = args.cluster or (await registry.read_record(bus, subjects, args.node)).cluster
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
         if not args.wait:
             await publish_command(bus, subjects, key, command)
             sys.stdout.write(f"{command.id}\n")
             return 0
-        node_key = await results_key(bus, subjects, args.node)
-        async with ResultFollower(bus, subjects, cluster, args.node, node_key) as follower:
-            follower.command_id = command.id
+        follower = ResultFollower(
+            args.node, await results_key(bus, subjects, args.node), command.id
+        )
+        async with listening(bus, {subjects.result(cluster, args.node): follower.on_result}):
             await publish_command(bus, subjects, key, command)
             sys.stdout.write(f"{command.id}\n")
             sys.stdout.flush()
             timeout = args.timeout or getattr(args, "deadline", 0.0) + 60.0
             final = await follower.until_final(timeout)
-    finally:
-        await bus.close()
     if final is None:
         return fail(f"no final result from {args.node} within {timeout:g}s", 2)
     return 0 if final.status == "done" else 1
