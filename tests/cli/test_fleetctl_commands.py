@@ -4,6 +4,7 @@ process against a real nats-server, with the node agent running in the test."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
+from schemas.subjects import Subjects
 from tests.support.commanding import Results, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
 
@@ -132,3 +134,36 @@ async def test_unknown_node_is_one_error_line(
     code, _, err = await finish(await fleetctl(nats_server, prefix, operator_file, "drain", "nx"))
     assert code == 1
     assert err.splitlines()[-1] == "error: node nx not found"
+
+
+async def test_watch_prints_alerts_until_sigint(fleet: Fleet) -> None:
+    """`fleetctl watch --alerts` prints each alert as one line (subject, JSON) once it is
+    listening, and exits 0 on Ctrl-C."""
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *("watch", "--alerts", "--server", fleet.url, "--prefix", fleet.prefix),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    def kill_if_running() -> None:
+        if process.returncode is None:
+            process.kill()
+
+    fleet.stack.callback(kill_if_running)
+    subject = Subjects(fleet.prefix).alert("stale", "c1", "n1")
+    stdout = process.stdout
+    assert stdout is not None
+
+    async def printed() -> bytes | None:
+        # Published until the watcher, which subscribes after starting, prints one.
+        await fleet.bus.publish(subject, b'{"kind":"stale"}')
+        try:
+            return await asyncio.wait_for(stdout.readline(), 0.5)
+        except TimeoutError:
+            return None
+
+    line = await wait_for(printed, timeout=15)
+    assert line.decode() == f'{subject} {{"kind":"stale"}}\n'
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 10) == 0
