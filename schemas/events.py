@@ -173,7 +173,8 @@ class Interruption(Wire, frozen=True, kw_only=True):
 
 
 def notice_key(notice: Interruption) -> str:
-    """One spot notice's identity, the same in every heartbeat that carries it."""
+    """One spot notice's identity, the same in every heartbeat that carries it: it names the
+    node's ``spot:<key>`` action and every aggregator's ``interruption`` alert id alike."""
     mark = notice.event_id or (f"{notice.deadline:.0f}" if notice.deadline else "")
     return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
 
