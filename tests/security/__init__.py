@@ -1,0 +1,1 @@
+"""Attacks from the outside: a stolen node key, an unauthenticated client, hostile bytes."""
