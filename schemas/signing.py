@@ -97,17 +97,20 @@ class KeyPair:
 
 
 def verify(headers: Mapping[str, str] | None, body: bytes) -> str:
-    """Check the signature headers over ``body``; return the signer's public key."""
+    """Check the signature headers over ``body``; return the signer's public key. Any
+    malformed header (not ASCII, not an nkey, not base64, wrong length) raises
+    SignatureError, never anything else: headers come from whoever published."""
     if not headers or HEADER_KEY not in headers or HEADER_SIG not in headers:
         raise SignatureError("missing Fleet-Key or Fleet-Sig header")
     public_key = headers[HEADER_KEY]
     try:
         key = nacl.signing.VerifyKey(public_key_bytes(public_key))
     except ValueError as exc:
-        raise SignatureError(f"bad Fleet-Key: {exc}", public_key) from None
+        raise SignatureError(f"bad Fleet-Key: {exc}", public_key[:64]) from None
     try:
+        # ValueError covers binascii.Error and non-ASCII text (b64decode's own check).
         signature = base64.b64decode(headers[HEADER_SIG], validate=True)
-    except binascii.Error:
+    except ValueError:
         raise SignatureError("Fleet-Sig is not base64", public_key) from None
     if len(signature) != 64:
         raise SignatureError("Fleet-Sig is not 64 bytes", public_key)

@@ -22,6 +22,12 @@ class AgentMetrics:
             "Heartbeats that could not be published or were not acknowledged",
             registry=self.registry,
         )
+        self.dropped = Counter(
+            "node_agent_messages_dropped",
+            "Messages of FLEET_CMD dropped unhandled, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.sequence = Gauge(
             "node_agent_sequence_number",
             "Sequence number of the last heartbeat",

@@ -216,34 +216,6 @@ class NatsBus:
             await self.nc.close()
 
 
-BatchHandler = Callable[[list[Msg]], Awaitable[None]]
-
-
-async def consume_forever(
-    consumer: JetStreamContext.PullSubscription,
-    handle: BatchHandler,
-    *,
-    batch: int,
-    wait: float,
-    what: str,
-) -> None:
-    """Fetch up to ``batch`` messages at a time from a pull consumer and hand them to
-    ``handle``, until cancelled. An empty fetch or a transient error is retried (the error
-    logged); a closed connection raises, so the owning actor is restarted."""
-    while True:
-        try:
-            messages = await consumer.fetch(batch, timeout=wait)
-        except (nats.errors.TimeoutError, TimeoutError):
-            continue
-        except nats.errors.ConnectionClosedError:
-            raise
-        except nats.errors.Error as exc:
-            log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
-            await asyncio.sleep(1.0)
-            continue
-        await handle(messages)
-
-
 async def unsubscribe_quietly(
     subscription: Subscription | JetStreamContext.PullSubscription,
 ) -> None:

@@ -1,0 +1,184 @@
+"""Durable JetStream pull consumers that survive their own deletion, and the consume loop
+every actor of external input runs.
+
+A durable consumer is server state anyone with the right permission can delete; nats-py
+then answers every fetch with 503 (no responders) and the actor would go silent for good.
+:class:`DurableConsumer` keeps the consumer's config, notices it is gone and creates it
+again, idempotently, with the same config. :func:`consume_forever` settles every message
+itself, so one hostile message can never end the loop nor restart the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
+
+log = logging.getLogger(__name__)
+
+MessageHandler = Callable[[Msg], Awaitable[None]]
+DropCounter = Callable[[str], None]
+"""Told the reason (a short fixed label) of every message dropped by the loop."""
+
+RECREATE_RETRY = 1.0
+"""Seconds between attempts to create a missing consumer again (its stream may be gone)."""
+
+
+class DurableConsumer:
+    """One durable pull consumer of ``stream``, filtered to ``subject``, with ``config``.
+
+    ``missing`` is the reason it cannot be used right now ("" while it works): health
+    endpoints report it, so a consumer that cannot be re-created is seen, not silent."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        subject: str,
+        durable: str,
+        config: ConsumerConfig,
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable
+        self.config = config
+        self.missing = "not created yet"
+        self._subscription: JetStreamContext.PullSubscription | None = None
+
+    async def open(self) -> None:
+        """Create the consumer if it does not exist (same config: idempotent) and bind."""
+        await self.close()
+        self._subscription = await self.js.pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=self.config
+        )
+        self.missing = ""
+
+    async def close(self) -> None:
+        """Unsubscribe; a connection already closed has nothing to undo."""
+        if self._subscription is not None:
+            try:
+                await self._subscription.unsubscribe()
+            except nats.errors.Error:
+                pass
+            self._subscription = None
+
+    async def fetch(self, batch: int, wait: float) -> list[Msg]:
+        """Up to ``batch`` messages within ``wait`` seconds ([] when none came). A deleted
+        consumer is created again before this returns; a failure to do so is kept in
+        ``missing`` and retried at the next call."""
+        if self._subscription is None or self.missing:
+            if not await self._recreate():
+                await asyncio.sleep(RECREATE_RETRY)
+                return []
+        assert self._subscription is not None
+        try:
+            return await self._subscription.fetch(batch, timeout=wait)
+        except (nats.errors.TimeoutError, TimeoutError):
+            return []
+        except nats.js.errors.APIError as exc:
+            # nats-py 2.16 answers a fetch on a deleted consumer with 503 (no responders);
+            # a pending pull may end with 404 or 409 "consumer deleted". Ask the server.
+            if await self._exists():
+                raise
+            self.missing = f"consumer {self.durable} was deleted ({exc.description or exc})"
+            log.warning(
+                "durable consumer missing; creating it again",
+                extra={"consumer": self.durable, "stream": self.stream},
+            )
+            return []
+
+    async def _exists(self) -> bool:
+        try:
+            await self.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    async def _recreate(self) -> bool:
+        try:
+            await self.open()
+        except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.APIError) as exc:
+            self.missing = f"consumer {self.durable} cannot be created: {exc}"
+            log.warning(
+                "durable consumer cannot be created",
+                extra={"consumer": self.durable, "reason": str(exc)},
+            )
+            return False
+        log.info("durable consumer created again", extra={"consumer": self.durable})
+        return True
+
+
+async def consume_forever(
+    consumer: DurableConsumer,
+    handle: MessageHandler,
+    *,
+    batch: int,
+    wait: float,
+    what: str,
+    dropped: DropCounter,
+) -> None:
+    """Fetch up to ``batch`` messages at a time and hand each to ``handle``, until
+    cancelled. Messages of one subject are handled in order, subjects concurrently (for
+    a heartbeat stream: nodes are independent). ``handle`` acks or terminates what it
+    was given; see :func:`settle` for what happens when it raises. An empty fetch or a
+    transient fetch error is retried; a closed connection raises, so the owning actor is
+    restarted."""
+    while True:
+        try:
+            messages = await consumer.fetch(batch, wait)
+        except nats.errors.ConnectionClosedError:
+            raise
+        except nats.errors.Error as exc:
+            log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
+            await asyncio.sleep(1.0)
+            continue
+        by_subject: dict[str, list[Msg]] = {}
+        for msg in messages:
+            by_subject.setdefault(msg.subject, []).append(msg)
+
+        async def in_order(group: list[Msg]) -> None:
+            for msg in group:
+                await settle(msg, handle, what, dropped)
+
+        await asyncio.gather(*(in_order(group) for group in by_subject.values()))
+
+
+async def settle(msg: Msg, handle: MessageHandler, what: str, dropped: DropCounter) -> None:
+    """Run ``handle`` on one message. A handler that raises never ends the loop: on a
+    bus or OS error (a KV round trip timed out, a full disk) the message is given back
+    for another try, bounded by the consumer's ``max_deliver``; on any other error the
+    message itself is the likely cause, so it is terminated (AckTerm: never redelivered).
+    Both are counted and logged. Only a closed connection propagates."""
+    try:
+        await handle(msg)
+    except nats.errors.ConnectionClosedError:
+        raise
+    except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
+        dropped("transient_error")
+        log.warning(
+            "message not handled; redelivering",
+            extra={"consumer": what, "subject": msg.subject, "reason": str(exc)},
+        )
+        await _quietly(msg.nak(delay=1.0))
+    except Exception as exc:
+        dropped("handler_error")
+        log.error(
+            "message broke its handler; terminated",
+            exc_info=True,
+            extra={"consumer": what, "subject": msg.subject, "reason": repr(exc)},
+        )
+        await _quietly(msg.term())
+
+
+async def _quietly(settling: Awaitable[None]) -> None:
+    try:
+        await settling
+    except nats.errors.Error as exc:
+        log.warning("cannot settle message", extra={"reason": str(exc)})

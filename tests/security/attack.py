@@ -1,0 +1,55 @@
+"""The attacker's side: plain nats-py connections and hand-built messages, none of the
+project's publishing helpers, so the tests show what any client on the server can do."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import msgspec
+import nats
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from actors.runtime.supervisor import Supervisor
+from schemas.messages import Heartbeat
+
+
+@asynccontextmanager
+async def attacker(url: str) -> AsyncIterator[Client]:
+    """A plain nats-py connection, closed on the way out."""
+    nc = await nats.connect(url, name="attacker")
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+def heartbeat(node: str = "n1", seq: int = 1, **changes: object) -> Heartbeat:
+    beat = Heartbeat(
+        node_id=node,
+        cluster="c1",
+        seq=seq,
+        boot_id="b1",
+        ts=time.time(),
+        agent_version="test",
+        interval=0.5,
+        stale_after=2.0,
+    )
+    return msgspec.structs.replace(beat, **changes)
+
+
+def counted(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The value of counter ``name`` (its ``_total`` sample) with ``labels``; 0 if unset."""
+    return registry.get_sample_value(f"{name}_total", labels) or 0.0
+
+
+def restarts(supervisor: Supervisor) -> dict[str, int]:
+    return {name: status.restarts for name, status in supervisor.status.items()}
+
+
+async def http_status(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status
