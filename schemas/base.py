@@ -25,6 +25,7 @@ UnixTime = Annotated[float, Meta(ge=0, description="seconds since the Unix epoch
 Seconds = Annotated[float, Meta(ge=0, description="a duration in seconds")]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 Count = Annotated[int, Meta(ge=0)]
+Seq = Annotated[int, Meta(ge=0, le=2**63 - 1, description="a sequence number, 63 bits")]
 Bytes = Annotated[int, Meta(ge=0, description="bytes")]
 PublicKey = Annotated[
     str, Meta(pattern=r"^U[A-Z2-7]{55}$", description="Ed25519 public key as a NATS user nkey")

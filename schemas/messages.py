@@ -16,6 +16,7 @@ from schemas.base import (
     RecordState,
     Schedulability,
     Seconds,
+    Seq,
     UnixTime,
     Wire,
 )
@@ -29,8 +30,8 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
 
     node_id: NodeId
     cluster: Cluster
-    seq: Count
-    """Strictly increasing per node, across restarts."""
+    seq: Seq
+    """Strictly increasing per node, across restarts; at most 2**63-1."""
     boot_id: str
     """Random per agent start; with seq it forms the ``Nats-Msg-Id``."""
     ts: UnixTime
@@ -191,6 +192,14 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     last_stream_seq: Count = 0
     """FLEET_HB stream sequence of the last accepted heartbeat: an older heartbeat delivered
     late (several aggregators) is told apart from a replay published again later."""
+    last_stored: UnixTime | None = None
+    """When FLEET_HB stored the last accepted heartbeat (server clock): a TTL marker
+    earlier than ``stored + stale_after`` cannot be the server's and is ignored."""
+    pending_since: UnixTime | None = None
+    """When a registration created this pending record; expired by the sweep."""
+    seq_reset: bool = False
+    """Set by ``fleetctl reset-seq``: the next valid heartbeat is accepted whatever its seq
+    (a re-imaged node starting again at 1); cleared by accepting it."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

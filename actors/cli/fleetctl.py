@@ -65,7 +65,8 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
     metrics = AggregatorMetrics()
     actors: list[Actor] = [AggregatorActor(config, bus, metrics)]
     if config.http_port >= 0:
-        actors.append(FleetApiActor(config, bus, metrics))
+        # /healthz asks the supervisor, made below, once serving.
+        actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
     supervisor = Supervisor(actors)
     supervisor.start()
     await stop_event().wait()
@@ -100,6 +101,13 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         await registry.revoke(bus, Subjects(args.prefix), args.node)
     sys.stdout.write(f"revoked {args.node}\n")
+    return 0
+
+
+async def cmd_reset_seq(args: argparse.Namespace) -> int:
+    async with connected(args, "fleetctl") as bus:
+        await registry.reset_seq(bus, Subjects(args.prefix), args.node)
+    sys.stdout.write(f"{args.node}: its next valid heartbeat is accepted whatever its seq\n")
     return 0
 
 
@@ -203,6 +211,13 @@ def parser() -> argparse.ArgumentParser:
     revoke.add_argument("node")
     add_server(revoke)
     revoke.set_defaults(func=cmd_revoke)
+
+    reset_seq = commands.add_parser(
+        "reset-seq", help="accept a node's next heartbeat whatever its seq (re-imaged node)"
+    )
+    reset_seq.add_argument("node")
+    add_server(reset_seq)
+    reset_seq.set_defaults(func=cmd_reset_seq)
 
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster")

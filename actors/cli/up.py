@@ -100,7 +100,9 @@ async def run_up(options: UpOptions) -> int:
         await provision(bus.js, subjects)
         metrics = AggregatorMetrics()
         aggregator_config = AggregatorConfig(http_port=0)
-        fleet_http = FleetApiActor(aggregator_config, bus, metrics)
+        fleet_http = FleetApiActor(
+            aggregator_config, bus, metrics, lambda: aggregator.check() if aggregator else {}
+        )
         aggregator = Supervisor([AggregatorActor(aggregator_config, bus, metrics), fleet_http])
         aggregator.start()
         await aggregator.wait_ready(10)

@@ -26,7 +26,9 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.streams import provision
-from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening
+from actors.runtime.consumer import DurableConsumer, consume_forever
+from actors.runtime.schedule import RateLimit
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
@@ -69,20 +71,36 @@ class AggregatorActor:
         self.metrics = metrics or AggregatorMetrics()
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
+        self._consumer: DurableConsumer | None = None
+        self.pending = 0
+        """Pending records as of the last full sweep, plus those registered since."""
+        self.registrations = RateLimit(config.registrations_per_minute, 60.0)
+        self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
 
-    async def run(self, ready: Callable[[], None]) -> None:
-        await provision(self.bus.js, self.subjects, self.config.replicas)
-        consumer = await self.bus.js.pull_subscribe(
+    def consumer(self) -> DurableConsumer:
+        """The heartbeat consumer every aggregator shares, as it is (re-)created."""
+        return DurableConsumer(
+            self.bus.js,
+            self.subjects.stream_name(STREAM_HEARTBEATS),
             self.subjects.heartbeats(),
-            durable=self.subjects.stream_name(self.config.durable),
-            stream=self.subjects.stream_name(STREAM_HEARTBEATS),
-            config=ConsumerConfig(
+            self.subjects.stream_name(self.config.durable),
+            ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=30,
                 max_ack_pending=10_000,
+                max_deliver=self.config.max_deliver,
             ),
         )
+
+    def problem(self) -> str:
+        """Why this aggregator is not doing its work while running ("" when it is)."""
+        return self._consumer.missing if self._consumer else ""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        await provision(self.bus.js, self.subjects, self.config.replicas)
+        self._consumer = consumer = self.consumer()
+        await consumer.open()
         routes = {self.subjects.register(): self._on_register}
         try:
             # Either task failing ends both and the actor, so the supervisor restarts it.
@@ -93,39 +111,37 @@ class AggregatorActor:
                 group.create_task(
                     consume_forever(
                         consumer,
-                        self._handle_batch,
+                        self._handle_and_ack,
                         batch=FETCH_BATCH,
                         wait=1.0,
                         what="heartbeat",
+                        dropped=self._count_drop,
                     )
                 )
                 group.create_task(self._sweep_forever())
                 group.create_task(self.store.follow_trust())
         finally:
-            await unsubscribe_quietly(consumer)
+            self._consumer = None
+            await consumer.close()
 
-    async def _handle_batch(self, batch: list[Msg]) -> None:
-        """Nodes are independent, so their heartbeats are handled concurrently (the work
-        is mostly waiting on KV round trips); one node's messages stay in order."""
-        by_node: dict[str, list[Msg]] = {}
-        for msg in batch:
-            by_node.setdefault(msg.subject, []).append(msg)
-        await asyncio.gather(*(self._handle_in_order(msgs) for msgs in by_node.values()))
+    def _count_drop(self, reason: str) -> None:
+        self.metrics.dropped.labels(reason).inc()
 
-    async def _handle_in_order(self, messages: list[Msg]) -> None:
-        for msg in messages:
-            await self.handle(msg)
-            await msg.ack()
+    async def _handle_and_ack(self, msg: Msg) -> None:
+        await self.handle(msg)
+        await msg.ack()
 
     async def handle(self, msg: Msg) -> None:
         """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
         try:
             cluster, node = self.subjects.split_heartbeat(msg.subject)
         except InvalidToken:
+            self.metrics.dropped.labels("malformed_subject").inc()
             log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
             return
         if msg.headers and MARKER_REASON in msg.headers:
-            await self._mark_stale(cluster, node, msg.headers[MARKER_REASON])
+            marked_at = msg.metadata.timestamp.timestamp()
+            await self._mark_stale(cluster, node, msg.headers[MARKER_REASON], marked_at, msg.data)
             return
         stream_seq = msg.metadata.sequence.stream
         try:
@@ -133,7 +149,8 @@ class AggregatorActor:
             # Behind the stream, a node's older heartbeats may have been replaced (one per
             # subject) before we read them: a gap then says nothing about the node.
             behind = msg.metadata.num_pending > 0
-            await self._accept(heartbeat, public_key, stream_seq, behind)
+            stored = msg.metadata.timestamp.timestamp()
+            await self._accept(heartbeat, public_key, stream_seq, stored, behind)
         except Refused as refusal:
             self.metrics.refused.labels(refusal.kind).inc()
             log.warning(
@@ -188,14 +205,20 @@ class AggregatorActor:
         return heartbeat, public_key
 
     async def _accept(
-        self, heartbeat: Heartbeat, public_key: str, stream_seq: int, behind: bool = False
+        self,
+        heartbeat: Heartbeat,
+        public_key: str,
+        stream_seq: int,
+        stored: float,
+        behind: bool = False,
     ) -> None:
         now = time.time()
         node = heartbeat.node_id
 
         def change(record: NodeRecord | None) -> NodeRecord:
             previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
-            if heartbeat.seq <= previous.last_seq:
+            verdict = record_rules.judge_seq(previous, heartbeat.seq, self.config.max_seq_jump)
+            if verdict == "replay":
                 if stream_seq < previous.last_stream_seq:
                     raise LateDelivery
                 raise Refused(
@@ -203,7 +226,16 @@ class AggregatorActor:
                     f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
                     seq=str(heartbeat.seq),
                 )
-            return record_rules.accept(previous, heartbeat, public_key, now, stream_seq)
+            if verdict == "jump":
+                raise Refused(
+                    "sequence_gap",
+                    f"seq {heartbeat.seq} jumps more than {self.config.max_seq_jump} above "
+                    f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
+                    "lets the node in)",
+                    refused="true",
+                    **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+                )
+            return record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
 
         before, after = await self.store.update(node, change)
         assert after is not None  # change() always writes or raises
@@ -216,15 +248,25 @@ class AggregatorActor:
             event = details.pop("event", f"q{heartbeat.seq}")
             await self.alerts.publish(kind, heartbeat.cluster, node, message, event, **details)
 
-    async def _mark_stale(self, cluster: str, node: str, reason: str) -> None:
+    async def _mark_stale(
+        self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
+    ) -> None:
+        """A TTL marker makes the node stale, if it can be the server's (see
+        :func:`record_rules.marker_is_real`); a forged one is counted and ignored."""
         now = time.time()
+        forged = False
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is None or record.stale_since is not None or record.deregistered:
+            nonlocal forged
+            forged = not record_rules.marker_is_real(record, marked_at, body)
+            if forged or record is None or record.stale_since is not None or record.deregistered:
                 return None
             return record_rules.with_state(record, stale_since=now)
 
         _, stale = await self.store.update(node, change)
+        if forged:
+            self.metrics.dropped.labels("forged_marker").inc()
+            log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})
         if stale is not None:
             self.stale.add(node)
             stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
@@ -241,7 +283,8 @@ class AggregatorActor:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
         aggregator saw go stale are checked, unless ``everything``: then every record is
         read, which also finds nodes that went stale while another aggregator (or none)
-        was watching."""
+        was watching, deletes pending records older than ``pending_expire_after`` and
+        counts the pending ones left (the cap on registrations)."""
         now = time.time()
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
@@ -252,8 +295,18 @@ class AggregatorActor:
             return record_rules.with_state(record, offline_since=now)
 
         candidates = await self.store.node_ids() if everything else list(self.stale)
+        expire_after = self.config.pending_expire_after
+        pending = 0
         for node in candidates:
             before, offline = await self.store.update(node, change)
+            if before is not None and record_rules.pending_expired(before, now, expire_after):
+                if await self.store.delete_if(
+                    node, lambda record: record_rules.pending_expired(record, now, expire_after)
+                ):
+                    log.info("pending registration expired", extra={"node": node})
+                    continue
+            if before is not None and before.state == "pending":
+                pending += 1
             waiting = (
                 offline is None
                 and before is not None
@@ -272,6 +325,8 @@ class AggregatorActor:
                     f"stale for more than {self.config.offline_after:g}s",
                     f"q{offline.last_seq}",
                 )
+        if everything:
+            self.pending = pending
 
     async def _sweep_forever(self) -> None:
         last_full = 0.0
@@ -287,33 +342,59 @@ class AggregatorActor:
                 last_full = time.monotonic()
 
     async def _on_register(self, msg: Msg) -> None:
-        """``node-agent register``: record a pending node, say whether it is approved."""
+        """``node-agent register``: record a pending node, say whether it is approved.
+        Self-signed registrations cost nothing to make, so they are rate-limited (all
+        keys, then per key) and pending records are capped."""
+        reply = await self._register(msg)
+        if reply.status == "rejected":
+            self.metrics.dropped.labels("registration_rejected").inc()
+            log.warning(
+                "registration rejected", extra={"node": reply.node_id, "reason": reply.reason}
+            )
+        await msg.respond(codec.encode(reply))
+
+    async def _register(self, msg: Msg) -> RegistrationReply:
+        if not self.registrations.allow():
+            return RegistrationReply(
+                node_id="unknown", status="rejected", reason="too many registrations; retry later"
+            )
         try:
             registration = codec.decode(msg.data, Registration, msg.subject)
             signer = signing.verify(msg.headers, msg.data)
         except (DecodeError, SignatureError) as exc:
-            reply = RegistrationReply(node_id="unknown", status="rejected", reason=str(exc))
-            await msg.respond(codec.encode(reply))
-            return
+            return RegistrationReply(node_id="unknown", status="rejected", reason=str(exc))
+        node = registration.node_id
         if signer != registration.public_key:
-            reply = RegistrationReply(
-                node_id=registration.node_id,
+            return RegistrationReply(
+                node_id=node,
                 status="rejected",
                 reason="registration not signed by the key it names",
             )
-        else:
-            trusted = await self.store.trusted_key(registration.node_id, fresh=True)
-            status: Literal["active", "pending"] = (
-                "active" if trusted == registration.public_key else "pending"
+        if not self.registrations_by_key.allow(signer):
+            return RegistrationReply(
+                node_id=node,
+                status="rejected",
+                reason="too many registrations from this key; retry later",
+            )
+        trusted = await self.store.trusted_key(node, fresh=True)
+        status: Literal["active", "pending"] = (
+            "active" if trusted == registration.public_key else "pending"
+        )
+        full = self.pending >= self.config.max_pending
+        now = time.time()
+
+        def change(record: NodeRecord | None) -> NodeRecord | None:
+            if record is not None or full:
+                return None
+            return record_rules.pending_record(
+                node, registration.cluster, registration.public_key, since=now
             )
 
-            def change(record: NodeRecord | None) -> NodeRecord | None:
-                if record is not None:
-                    return None
-                return record_rules.pending_record(
-                    registration.node_id, registration.cluster, registration.public_key
-                )
-
-            await self.store.update(registration.node_id, change)
-            reply = RegistrationReply(node_id=registration.node_id, status=status)
-        await msg.respond(codec.encode(reply))
+        before, created = await self.store.update(node, change)
+        if created is not None:
+            self.pending += 1
+        elif before is None and status == "pending":
+            return RegistrationReply(
+                node_id=node, status="rejected", reason="too many pending registrations"
+            )
+        return RegistrationReply(node_id=node, status=status)

@@ -36,6 +36,22 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     full_sweep_interval: Positive = 120.0
     """How often every record is read to find stale nodes another aggregator saw go stale."""
 
+    max_seq_jump: Annotated[int, Meta(ge=1)] = 10_000
+    """A heartbeat whose seq is more than this above the node's last accepted one is
+    refused (an alert ``sequence_gap`` with ``refused``). An agent skips at most one
+    reserved block (1,000) per restart, so this allows ten crashes in a row, or ~28 h of
+    10 s beats no aggregator saw; beyond it ``fleetctl reset-seq NODE`` lets the node in."""
+    max_deliver: Annotated[int, Meta(ge=1)] = 5
+    """Deliveries of one FLEET_HB message before the server gives up on it."""
+    max_pending: Annotated[int, Meta(ge=0)] = 1000
+    """Registrations are refused while this many nodes wait for approval."""
+    pending_expire_after: Positive = 86_400.0
+    """A pending record nobody approved is deleted by the full sweep after this long."""
+    registrations_per_minute: Annotated[int, Meta(ge=1)] = 120
+    """Registrations one aggregator answers per minute, all keys together."""
+    registrations_per_key_per_minute: Annotated[int, Meta(ge=1)] = 6
+    """Registrations one aggregator answers per minute for one public key."""
+
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092
     """``/nodes``, ``/nodes/<id>`` and ``/metrics``; 0 picks a free port, -1 serves nothing."""

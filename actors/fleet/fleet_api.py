@@ -1,8 +1,11 @@
-"""Fleet HTTP actor (provider side): ``/nodes`` JSON and ``/metrics`` for the aggregators.
+"""Fleet HTTP actor (provider side): ``/nodes`` JSON, ``/metrics`` and ``/healthz`` for the
+aggregators.
 
 It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answered from
 memory and a scrape costs the NATS server nothing. Runs beside an aggregator
-(``fleetctl aggregator``, unless ``--http-port -1``).
+(``fleetctl aggregator``, unless ``--http-port -1``). ``/healthz`` is 200 only while every
+actor of its process runs and none reports a problem (the heartbeat consumer deleted and
+not yet created again, say), as the supervisor tells through ``actor_status``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
 from actors.runtime.bus import Bus
+from actors.runtime.supervisor import StatusSource, unhealthy
 from actors.runtime.web import prometheus_page, serving
 from schemas import codec
 from schemas.base import RecordState
@@ -30,15 +34,23 @@ STATES: tuple[RecordState, ...] = get_args(RecordState)
 
 
 class FleetApiActor:
-    """Watches the fleet_nodes bucket; publishes nothing; serves /nodes, /nodes/<node>, /metrics."""
+    """Watches the fleet_nodes bucket; publishes nothing; serves /nodes, /nodes/<node>,
+    /metrics, /healthz."""
 
     name = "fleet_api"
 
-    def __init__(self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        bus: Bus,
+        metrics: AggregatorMetrics,
+        actor_status: StatusSource,
+    ) -> None:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
         self.metrics = metrics
+        self.actor_status = actor_status
         self.port: int | None = None
         """The bound port once serving (``http_port = 0`` picks a free one)."""
         self.records: dict[str, NodeRecord] = {}
@@ -78,6 +90,13 @@ class FleetApiActor:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))
         return prometheus_page(self.metrics.registry)
 
+    async def healthz(self, request: web.Request) -> web.Response:
+        statuses = self.actor_status()
+        down = unhealthy(statuses)
+        if not statuses or down:
+            return web.json_response({"ok": False, "not_running": down}, status=503)
+        return web.json_response({"ok": True})
+
     async def run(self, ready: Callable[[], None]) -> None:
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
         follower = asyncio.create_task(self._follow(bucket), name="fleet-http-kv")
@@ -85,6 +104,7 @@ class FleetApiActor:
         app.router.add_get("/nodes", self.nodes_page)
         app.router.add_get("/nodes/{node}", self.node_page)
         app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/healthz", self.healthz)
         try:
             async with serving(app, self.config.http_host, self.config.http_port) as port:
                 self.port = port

@@ -20,6 +20,12 @@ class AggregatorMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.dropped = Counter(
+            "fleet_messages_dropped",
+            "Messages of FLEET_HB or fleet.register dropped unhandled, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.nodes = Gauge(
             "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
         )

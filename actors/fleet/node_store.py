@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 CAS_ATTEMPTS = 8
 
 Change = Callable[[NodeRecord | None], NodeRecord | None]
+Condition = Callable[[NodeRecord], bool]
 
 
 class NodeStore:
@@ -102,3 +103,18 @@ class NodeStore:
                     "record changed underneath; retrying", extra={"node": node, "reason": str(exc)}
                 )
         raise RuntimeError(f"could not update record of {node} after {CAS_ATTEMPTS} attempts")
+
+    async def delete_if(self, node: str, condition: Condition) -> bool:
+        """Delete the record of ``node`` if it meets ``condition``, unless somebody wrote
+        it in between (compare-and-set on the revision): a pending record approved and
+        beating a moment ago is kept. True if deleted."""
+        nodes = await self._nodes()
+        current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
+        if current is None or revision is None or not condition(current):
+            return False
+        try:
+            await nodes.delete(node, last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError) as exc:
+            log.debug("record changed underneath; kept", extra={"node": node, "reason": str(exc)})
+            return False
+        return True

@@ -5,6 +5,8 @@ Kept apart from the actor so every rule is testable without a server.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from schemas.base import RecordState
@@ -16,6 +18,11 @@ AlertSpec = tuple[AlertKind, str, dict[str, str]]
 
 ANOMALY_FACTOR = 2.5
 """A heartbeat later than this many intervals after the previous one is an anomaly."""
+MARKER_TOLERANCE = 1.0
+"""Seconds a TTL marker may come before its heartbeat's ``stale_after`` ran out (clocks
+of the servers of a cluster differ a little)."""
+
+SeqVerdict = Literal["next", "replay", "jump"]
 
 
 def derive_state(record: NodeRecord) -> RecordState:
@@ -42,7 +49,9 @@ def with_state(record: NodeRecord, **changes: object) -> NodeRecord:
     return msgspec.structs.replace(updated, state=derive_state(updated))
 
 
-def pending_record(node_id: str, cluster: str, public_key: str = "") -> NodeRecord:
+def pending_record(
+    node_id: str, cluster: str, public_key: str = "", since: float | None = None
+) -> NodeRecord:
     return NodeRecord(
         node_id=node_id,
         cluster=cluster,
@@ -50,13 +59,55 @@ def pending_record(node_id: str, cluster: str, public_key: str = "") -> NodeReco
         last_seq=0,
         last_seen=0.0,
         public_key=public_key,
+        pending_since=since,
+    )
+
+
+def judge_seq(record: NodeRecord, seq: int, max_jump: int) -> SeqVerdict:
+    """``next`` if ``seq`` may follow the record's last accepted one: above it, by at most
+    ``max_jump`` (one forged or corrupt seq near 2**63 must not lock the node out for
+    good), or anything after an operator's ``reset-seq``. ``replay`` at or below it,
+    ``jump`` too far above it."""
+    if record.seq_reset:
+        return "next"
+    if seq <= record.last_seq:
+        return "replay"
+    if record.last_seq > 0 and seq - record.last_seq > max_jump:
+        return "jump"
+    return "next"
+
+
+def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:
+    """Whether a message with ``Nats-Marker-Reason`` can be the server's TTL marker for
+    ``record``'s node: real markers have no body and come only once the last accepted
+    heartbeat's ``stale_after`` has run out since the stream stored it. Any client may
+    publish such a header, so one on a live node is a forgery."""
+    if body or record is None or record.heartbeat is None:
+        return False
+    stored = record.last_stored if record.last_stored is not None else record.last_seen
+    return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE
+
+
+def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
+    """A registration nobody approved (no heartbeat ever accepted) older than ``after``."""
+    return (
+        record.state == "pending"
+        and record.last_seq == 0
+        and record.pending_since is not None
+        and now - record.pending_since > after
     )
 
 
 def accept(
-    record: NodeRecord, heartbeat: Heartbeat, public_key: str, now: float, stream_seq: int = 0
+    record: NodeRecord,
+    heartbeat: Heartbeat,
+    public_key: str,
+    now: float,
+    stream_seq: int = 0,
+    stored: float | None = None,
 ) -> NodeRecord:
-    """The record after a valid heartbeat: facts refreshed, stale/offline cleared."""
+    """The record after a valid heartbeat: facts refreshed, stale/offline cleared, a
+    sequence reset used up."""
     health = heartbeat.health
     return with_state(
         record,
@@ -75,6 +126,9 @@ def accept(
         agent_version=heartbeat.agent_version,
         heartbeat=heartbeat,
         last_stream_seq=stream_seq,
+        last_stored=stored,
+        pending_since=None,
+        seq_reset=False,
     )
 
 

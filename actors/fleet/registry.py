@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+import nats.js.errors
 
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -14,6 +15,8 @@ from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord, TrustEntry
 from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects, check_token
+
+CAS_ATTEMPTS = 8
 
 
 class NotFound(FleetError):
@@ -46,6 +49,26 @@ async def revoke(bus: Bus, subjects: Subjects, node: str) -> None:
         raise NotFound(f"approved key of {node}")
     trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     await trust.put(node, codec.encode(msgspec.structs.replace(current, revoked=True)))
+
+
+async def reset_seq(bus: Bus, subjects: Subjects, node: str) -> None:
+    """Let the next valid heartbeat of ``node`` in whatever its seq (a re-imaged node that
+    starts again at 1, one refused for a seq jump). The flag is in the node's record, which
+    the aggregator that accepts that heartbeat clears; compare-and-set, so no aggregator's
+    write is lost."""
+    check_token("node id", node)
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    for _ in range(CAS_ATTEMPTS):
+        current, revision = await kv.read_with_revision(bucket, node, NodeRecord)
+        if current is None or revision is None:
+            raise NotFound(f"node {node}")
+        body = codec.encode(msgspec.structs.replace(current, seq_reset=True))
+        try:
+            await bucket.update(node, body, last=revision)
+            return
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise FleetError(f"record of {node} kept changing; try again")
 
 
 async def trust_entry(bus: Bus, subjects: Subjects, node: str) -> TrustEntry | None:

@@ -37,7 +37,7 @@ class NodeAgent:
         self.commands: CommandsActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
-        self.commands = CommandsActor(self.config, bus, self.key)
+        self.commands = CommandsActor(self.config, bus, self.key, self.metrics)
         return [
             InventoryActor(self.config, bus),
             HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
@@ -51,7 +51,7 @@ class NodeAgent:
 
     def actor_status(self) -> dict[str, ActorStatus]:
         """The supervisor's view of every actor (runtime state, handed to the http actor)."""
-        return self.supervisor.status if self.supervisor is not None else {}
+        return self.supervisor.check() if self.supervisor is not None else {}
 
     async def start(self) -> None:
         self.bus = await NatsBus.connect(

@@ -1,7 +1,8 @@
 """HTTP actor: the agent's local window for Prometheus, liveness probes and operators.
 
 ``/metrics`` is the agent's own registry, ``/healthz`` is 200 only while every actor runs
-(what systemd watchdogs and Kubernetes probes want), ``/status`` is the node as its actors
+and none reports a problem (its command consumer missing, say: what systemd watchdogs
+and Kubernetes probes want), ``/status`` is the node as its actors
 see it, in JSON. What it shows it learns like any other actor, from the node's own events
 on the bus; actor phases come from the runtime's supervisor through ``actor_status``.
 Bound to 127.0.0.1 by default: nothing here is meant for the network at large.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -22,15 +23,13 @@ from actors.node.config import AgentConfig
 from actors.node.events import decoding
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import Bus, listening
-from actors.runtime.supervisor import ActorStatus
+from actors.runtime.supervisor import StatusSource, unhealthy
 from actors.runtime.web import prometheus_page, serving
 from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
-
-StatusSource = Callable[[], Mapping[str, ActorStatus]]
 
 
 class HttpApiActor:
@@ -79,7 +78,7 @@ class HttpApiActor:
 
     async def healthz(self, request: web.Request) -> web.Response:
         statuses = self.actor_status()
-        down = {name: s.phase for name, s in statuses.items() if s.phase != "running"}
+        down = unhealthy(statuses)
         if not statuses or down:
             return web.json_response({"ok": False, "not_running": down}, status=503)
         return web.json_response({"ok": True})
@@ -98,7 +97,12 @@ class HttpApiActor:
             "engine": self.engine,
             "latency": self.latency,
             "actors": {
-                name: {"phase": s.phase, "restarts": s.restarts, "last_error": s.last_error}
+                name: {
+                    "phase": s.phase,
+                    "restarts": s.restarts,
+                    "last_error": s.last_error,
+                    "problem": s.problem,
+                }
                 for name, s in self.actor_status().items()
             },
         }

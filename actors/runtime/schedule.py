@@ -1,5 +1,5 @@
-"""Timing the actors share: jittered periods, capped backoff, and waiting for an event
-with a time limit.
+"""Timing the actors share: jittered periods, capped backoff, rate limits, and waiting
+for an event with a time limit.
 
 Periods are jittered (10 % unless said) so agents started together never report in
 lock-step; backoffs are jittered wider so reconnecting clients spread out.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 
 def jittered(period: float, spread: float = 0.1) -> float:
@@ -49,3 +50,28 @@ async def wait_or_timeout(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class RateLimit:
+    """At most ``limit`` events per key in each fixed window of ``window`` seconds.
+
+    Counts are forgotten when a window ends, so memory holds only the keys of one window;
+    checked after an overall limit (key ""), that is at most the overall limit's keys."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self._started = time.monotonic()
+        self._counts: dict[str, int] = {}
+
+    def allow(self, key: str = "") -> bool:
+        """Count one event of ``key``; False (not counted) once the key is at its limit."""
+        now = time.monotonic()
+        if now - self._started >= self.window:
+            self._started = now
+            self._counts.clear()
+        count = self._counts.get(key, 0)
+        if count >= self.limit:
+            return False
+        self._counts[key] = count + 1
+        return True

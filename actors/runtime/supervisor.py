@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -31,12 +31,35 @@ class Actor(Protocol):
     async def run(self, ready: Callable[[], None]) -> None: ...
 
 
+@runtime_checkable
+class SelfChecking(Protocol):
+    """An actor that can run and still not do its work (its durable consumer is gone and
+    cannot be created again, say): ``problem()`` says why, "" when all is well."""
+
+    def problem(self) -> str: ...
+
+
 class ActorStatus(msgspec.Struct, kw_only=True):
     name: str
     phase: ActorPhase = "starting"
     restarts: int = 0
     last_error: str = ""
     started_at: float = 0.0
+    problem: str = ""
+    """What a running :class:`SelfChecking` actor last said is wrong."""
+
+
+StatusSource = Callable[[], Mapping[str, ActorStatus]]
+
+
+def unhealthy(statuses: Mapping[str, ActorStatus]) -> dict[str, str]:
+    """Each actor that is not running, or running with a problem, and why: what a
+    ``/healthz`` endpoint answers non-200 for."""
+    return {
+        name: status.problem if status.phase == "running" else status.phase
+        for name, status in statuses.items()
+        if status.phase != "running" or status.problem
+    }
 
 
 class Supervisor:
@@ -62,6 +85,13 @@ class Supervisor:
     def start(self) -> None:
         for actor in self.actors:
             self._tasks.append(asyncio.create_task(self._keep(actor), name=f"actor:{actor.name}"))
+
+    def check(self) -> dict[str, ActorStatus]:
+        """Every actor's status, with the problems of self-checking actors asked afresh."""
+        for actor in self.actors:
+            if isinstance(actor, SelfChecking):
+                self.status[actor.name].problem = actor.problem()
+        return self.status
 
     @property
     def all_running(self) -> bool:

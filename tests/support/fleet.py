@@ -19,7 +19,7 @@ from actors.fleet.registry import NotFound, approve, read_record
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
-from actors.runtime.supervisor import Actor, Supervisor
+from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
@@ -37,9 +37,12 @@ def new_aggregator(
     return AggregatorActor(AggregatorConfig(prefix=prefix, **settings), bus, metrics)
 
 
-def new_fleet_api(bus: NatsBus, prefix: str, metrics: AggregatorMetrics) -> FleetApiActor:
-    """The fleet HTTP API on a free loopback port, built in one place like the aggregator."""
-    return FleetApiActor(AggregatorConfig(prefix=prefix, http_port=0), bus, metrics)
+def new_fleet_api(
+    bus: NatsBus, prefix: str, metrics: AggregatorMetrics, actor_status: StatusSource = dict
+) -> FleetApiActor:
+    """The fleet HTTP API on a free loopback port, built in one place like the aggregator;
+    its /healthz asks ``actor_status``."""
+    return FleetApiActor(AggregatorConfig(prefix=prefix, http_port=0), bus, metrics, actor_status)
 
 
 async def supervised(actors: list[Actor], ready_timeout: float = 10.0) -> Supervisor:

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.node.commands.actions import ActionRunner
@@ -27,7 +26,9 @@ from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
 from actors.node.events import decoding
-from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
+from actors.node.metrics import AgentMetrics
+from actors.runtime.bus import Bus, listening
+from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Interruption, notice_key
@@ -38,6 +39,9 @@ from schemas.subjects import STREAM_COMMANDS, Subjects
 log = logging.getLogger(__name__)
 
 FETCH_WAIT = 5.0
+MAX_DELIVER = 5
+"""Deliveries of one command before the server gives up on it (a command that keeps
+failing its handler is not retried for the stream's whole age)."""
 REBALANCE_TTL = 600.0
 """A rebalance or maintenance notice cordons the node for this long."""
 TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
@@ -49,11 +53,26 @@ class CommandsActor:
 
     name = "commands"
 
-    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:
+    def __init__(
+        self, config: AgentConfig, bus: Bus, key: KeyPair, metrics: AgentMetrics | None = None
+    ) -> None:
         self.config = config
         self.bus = bus
+        self.metrics = metrics or AgentMetrics()
         self.subjects = Subjects(config.prefix)
         self.command_subject = self.subjects.command(config.cluster, config.node_id)
+        self.consumer = DurableConsumer(
+            bus.js,
+            self.subjects.stream_name(STREAM_COMMANDS),
+            self.command_subject,
+            f"cmd_{config.cluster}_{config.node_id}",
+            ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=30,
+                max_deliver=MAX_DELIVER,
+            ),
+        )
         self.store = CommandStore(Path(config.state_dir))
         self.actions = ActionRunner(config, bus, key, self.store)
         self._fetcher: asyncio.Task[None] | None = None
@@ -68,23 +87,18 @@ class CommandsActor:
         }
         async with listening(self.bus, routes):
             republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
-            consumer: JetStreamContext.PullSubscription | None = None
             try:
-                consumer = await self.bus.js.pull_subscribe(
-                    self.command_subject,
-                    durable=f"cmd_{self.config.cluster}_{self.config.node_id}",
-                    stream=self.subjects.stream_name(STREAM_COMMANDS),
-                    config=ConsumerConfig(
-                        ack_policy=AckPolicy.EXPLICIT,
-                        deliver_policy=DeliverPolicy.ALL,
-                        ack_wait=30,
-                    ),
-                )
+                await self.consumer.open()
                 await self.actions.publish_state()
                 await self.actions.resume()
                 self._fetcher = asyncio.create_task(
                     consume_forever(
-                        consumer, self._handle_each, batch=1, wait=FETCH_WAIT, what="command"
+                        self.consumer,
+                        self._handle,
+                        batch=1,
+                        wait=FETCH_WAIT,
+                        what="command",
+                        dropped=self._count_drop,
                     ),
                     name="commands",
                 )
@@ -99,12 +113,15 @@ class CommandsActor:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                if consumer is not None:
-                    await unsubscribe_quietly(consumer)
+                await self.consumer.close()
+
+    def problem(self) -> str:
+        """Why no command can arrive while this actor runs ("" when they can)."""
+        return self.consumer.missing
 
     async def _until_finished(self, fetcher: asyncio.Task[None]) -> None:
         """Wait until the node has deregistered. A fetcher that fails (the connection
-        closed, the state file unwritable) raises here, so the supervisor restarts the
+        closed) raises here, so the supervisor restarts the
         actor rather than it silently taking no more commands; one that ``shutdown``
         cancelled does not end the wait."""
         finished = asyncio.create_task(self.actions.finished.wait(), name="commands-finished")
@@ -128,9 +145,8 @@ class CommandsActor:
 
     # Commands --------------------------------------------------------------------------
 
-    async def _handle_each(self, messages: list[Msg]) -> None:
-        for msg in messages:
-            await self._handle(msg)
+    def _count_drop(self, reason: str) -> None:
+        self.metrics.dropped.labels(reason).inc()
 
     async def _handle(self, msg: Msg) -> None:
         try:
