@@ -1,0 +1,57 @@
+"""TTL markers: only one consistent with the record (no heartbeat for ``stale_after``) is
+the server's; a client's forgery on a live node is counted and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from nats.aio.msg import Msg
+
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve, read_record
+from actors.runtime.bus import NatsBus
+from schemas import codec, signing
+from schemas.messages import Alert
+from schemas.subjects import Subjects
+from tests.security.attack import attacker, counted, heartbeat
+from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+
+
+async def test_forged_marker_is_ignored_and_a_real_one_is_not(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    subjects = Subjects(prefix)
+    alerts: list[Alert] = []
+
+    async def on_alert(msg: Msg) -> None:
+        alerts.append(codec.decode(msg.data, Alert, msg.subject))
+
+    await bus.subscribe(subjects.alerts(), on_alert)
+    key = signing.KeyPair.generate()
+    await approve(bus, subjects, "n1", key.public_key)
+    metrics = AggregatorMetrics()
+    await fleet.start_supervisor(new_aggregator(bus, prefix, metrics))
+    subject = subjects.heartbeat("c1", "n1")
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        body = codec.encode(heartbeat(seq=1))  # stale_after 2 s
+        headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+        await js.publish(subject, body, headers=headers)
+        await wait_record(bus, prefix, "n1", lambda record: record.state == "active")
+        for forged in (b"", b"x"):  # the bare header, and one with a body
+            await js.publish(subject, forged, headers={"Nats-Marker-Reason": "MaxAge"})
+        await wait_for(
+            lambda: counted(metrics.registry, "fleet_messages_dropped", reason="forged_marker") == 2
+        )
+        await asyncio.sleep(0.3)
+        assert not [alert for alert in alerts if alert.kind == "stale"]
+        assert (await read_record(bus, subjects, "n1")).state == "active"
+
+        # The node's last heartbeat now expires for real: the server's marker is honoured.
+        body = codec.encode(heartbeat(seq=2))
+        headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+        await js.publish(subject, body, headers=headers)
+        await wait_for(lambda: [alert for alert in alerts if alert.kind == "stale"], timeout=10)
+    assert (await read_record(bus, subjects, "n1")).state == "stale"
+    assert counted(metrics.registry, "fleet_messages_dropped", reason="forged_marker") == 2
