@@ -5,6 +5,7 @@ The events a heartbeat is built from live in :mod:`schemas.events`.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from schemas.base import (
@@ -100,6 +101,15 @@ class CommandResult(Wire, frozen=True, kw_only=True):
     detail: str = ""
     schedulability: Schedulability | None = None
     in_flight: Count | None = None
+    command_digest: str = ""
+    """SHA-256 (hex) of the exact command body the node received: a sender matches results
+    on it, so a rejection of some other message claiming the same id is not taken for an
+    answer. ``command_id`` is empty when the message was unverifiable or unreadable."""
+
+
+def command_digest(body: bytes) -> str:
+    """What ``CommandResult.command_digest`` names a command body by."""
+    return hashlib.sha256(body).hexdigest()
 
 
 AlertKind = Literal[

@@ -1,11 +1,13 @@
 """``fleetctl cordon | drain | uncordon | deregister``: signed commands to one node.
 
 A command is signed with the operator key and published to the FLEET_CMD work queue with
-``Nats-Msg-Id`` = its id (the server drops an accidental double publish), so a node that is
-down gets it when it comes back. ``--wait`` follows the node's signed results: it subscribes
-before publishing (no result can slip past), keeps only results for this command id that
-verify against the node's approved key, and exits 0 on done, 1 on failed or rejected, 2
-when no final result comes in time.
+``Nats-Msg-Id`` = its id (the server drops an accidental double publish, and fleetctl says
+so and exits 1 rather than wait for a result that will never come), so a node that is down
+gets it when it comes back. Absurd durations are refused before anything is sent (the node
+checks again). ``--wait`` follows the node's signed results: it subscribes before
+publishing (no result can slip past), keeps only results on the node's own result subject
+that verify against its approved key and name the digest of the exact body sent, and exits
+0 on done, 1 on failed or rejected, 2 when no final result comes in time.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, default_operator_key, fail
 from actors.fleet import registry
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.node.commands.checks import MAX_ACTION_SECONDS
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening
 from schemas import codec, signing
-from schemas.errors import DecodeError, FleetError, SignatureError
+from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
 from schemas.messages import (
     Action,
     Command,
@@ -33,6 +36,7 @@ from schemas.messages import (
     Deregister,
     Drain,
     Uncordon,
+    command_digest,
 )
 from schemas.signing import KeyPair
 from schemas.subjects import Subjects
@@ -55,14 +59,24 @@ def new_command(
     )
 
 
-async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: Command) -> None:
-    """Sign and publish ``command`` on its node's subject of FLEET_CMD."""
+async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: Command) -> str:
+    """Sign and publish ``command`` on its node's subject of FLEET_CMD; return the digest
+    of the body sent, which the node's results name. A publish the stream drops as a
+    duplicate of its id raises FleetError: no node will answer it."""
+    body = codec.encode(command)
+    headers = key.headers(body)
+    headers["Nats-Msg-Id"] = command.id
+    subject = subjects.command(command.cluster, command.node_id)
     try:
-        await publish_signed(
-            bus, subjects.command(command.cluster, command.node_id), command, key, command.id
-        )
+        ack = await bus.js.publish(subject, body, timeout=PUBLISH_TIMEOUT, headers=headers)
     except (nats.errors.Error, TimeoutError) as exc:
         raise FleetError(f"command not stored by JetStream: {exc or type(exc).__name__}") from None
+    if ack.duplicate:
+        raise FleetError(
+            f"command id {command.id} was already published (JetStream dropped this copy as "
+            "a duplicate): not sent again, no result will come for it"
+        )
+    return command_digest(body)
 
 
 async def results_key(bus: Bus, subjects: Subjects, node: str) -> str:
@@ -77,24 +91,34 @@ async def results_key(bus: Bus, subjects: Subjects, node: str) -> str:
 
 
 class ResultFollower:
-    """Verified results of one command, in arrival order."""
+    """Verified results of one command, in arrival order: on the node's own result subject,
+    signed by its approved key, naming the digest of the body sent and its id (or no id: a
+    refusal of a message the node could not verify or read)."""
 
-    def __init__(self, node: str, node_key: str, command_id: str) -> None:
-        self.node = node
+    def __init__(self, subjects: Subjects, command: Command, node_key: str, digest: str) -> None:
+        self.subjects = subjects
+        self.command = command
         self.node_key = node_key
-        self.command_id = command_id
+        self.digest = digest
         self.results: asyncio.Queue[CommandResult] = asyncio.Queue(maxsize=1024)
 
     async def on_result(self, msg: Msg) -> None:
+        node = (self.command.cluster, self.command.node_id)
         try:
+            if self.subjects.split_result(msg.subject) != node:
+                return
             if signing.verify(msg.headers, msg.data) != self.node_key:
                 return
             result = codec.decode(msg.data, CommandResult, msg.subject)
-        except (SignatureError, DecodeError):
+        except (InvalidToken, SignatureError, DecodeError):
             return
-        if result.command_id == self.command_id and result.node_id == self.node:
-            if not self.results.full():
-                self.results.put_nowait(result)
+        if (
+            result.command_digest == self.digest
+            and result.command_id in ("", self.command.id)
+            and (result.cluster, result.node_id) == node
+            and not self.results.full()
+        ):
+            self.results.put_nowait(result)
 
     async def until_final(self, timeout: float, show: bool = True) -> CommandResult | None:
         """Print each result as a progress line; the final one, or None at the timeout."""
@@ -138,7 +162,18 @@ def action_of(args: argparse.Namespace) -> Action:
     return Uncordon()
 
 
+def check_durations(args: argparse.Namespace) -> None:
+    """Refuse absurd or non-finite durations before anything is sent (the node checks too)."""
+    for flag in ("ttl", "deadline", "expires", "timeout"):
+        value = getattr(args, flag, None)
+        if value is not None and not 0 <= value <= MAX_ACTION_SECONDS:
+            raise FleetError(
+                f"--{flag} {value:g}: must be between 0 and {MAX_ACTION_SECONDS:g} seconds"
+            )
+
+
 async def cmd_send(args: argparse.Namespace) -> int:
+    check_durations(args)
     key = signing.load_key_file(args.key_file or default_operator_key())
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
@@ -148,9 +183,11 @@ async def cmd_send(args: argparse.Namespace) -> int:
             await publish_command(bus, subjects, key, command)
             sys.stdout.write(f"{command.id}\n")
             return 0
-        follower = ResultFollower(
-            args.node, await results_key(bus, subjects, args.node), command.id
-        )
+        node_key = await results_key(bus, subjects, args.node)
+        # Listening starts before the publish; msgspec encodes deterministically, so
+        # this is the digest of the body publish_command sends.
+        digest = command_digest(codec.encode(command))
+        follower = ResultFollower(subjects, command, node_key, digest)
         async with listening(bus, {subjects.result(cluster, args.node): follower.on_result}):
             await publish_command(bus, subjects, key, command)
             sys.stdout.write(f"{command.id}\n")

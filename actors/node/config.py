@@ -77,6 +77,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     trust_operators: list[str] = []
     trust_operators_file: str = ""
+    max_command_lifetime: Positive = 86400.0
+    """Longest a command may stay valid (expires_at - issued_at): a command id is remembered
+    until its command expires, so this bounds the remembered ids, and a captured command
+    can be replayed at most this long after it was issued."""
+    max_skew: Positive = 300.0
+    """How far ahead of this node's clock a command's issued_at may be (clock skew)."""
     hooks_timeout: Positive = 30.0
     on_cordon: str = ""
     on_drain: str = ""

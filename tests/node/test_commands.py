@@ -18,7 +18,7 @@ from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Interruption
-from schemas.messages import Command, Cordon, Deregister, Drain, Uncordon
+from schemas.messages import Command, Cordon, Deregister, Drain, Uncordon, command_digest
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 from tests.support.commanding import Results, send, send_raw, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
@@ -98,7 +98,8 @@ async def test_refused_commands_change_nothing(
     results: Results,
 ) -> None:
     """Unsigned, wrongly signed, untrusted, malformed, misaddressed, expired and duplicate
-    commands are each answered rejected and leave the node schedulable."""
+    commands are each answered rejected and leave the node schedulable. Messages the node
+    could not verify or read are answered under their digest only."""
     await trusting_agent(fleet, operator)
     state_file = fleet.state_dir / "n1" / "commands.json"
     now = time.time()
@@ -112,21 +113,31 @@ async def test_refused_commands_change_nothing(
         return codec.encode(Command(**fields))
 
     body = command("unsigned")
-    await send_raw(bus, prefix, body, {})
-    await send_raw(bus, prefix, body.replace(b"unsigned", b"badsig01"), operator.headers(body))
-    stranger = signing.KeyPair.generate()
-    await send_raw(bus, prefix, command("untrusted"), stranger.headers(command("untrusted")))
+    badsig = body.replace(b"unsigned", b"badsig01")
+    untrusted = command("untrusted")
     malformed = b'{"id": "malformed", "node_id": "n1", "action": {"kind": "explode"}}'
+    stranger = signing.KeyPair.generate()
+    await send_raw(bus, prefix, body, {})
+    await send_raw(bus, prefix, badsig, operator.headers(body))
+    await send_raw(bus, prefix, untrusted, stranger.headers(untrusted))
     await send_raw(bus, prefix, malformed, operator.headers(malformed))
     other = command("misaddressed", node_id="n2")
     await send_raw(bus, prefix, other, operator.headers(other))
     expired = command("expired", expires_at=now - 1)
     await send_raw(bus, prefix, expired, operator.headers(expired))
+    keys = {
+        "unsigned": command_digest(body),
+        "badsig01": command_digest(badsig),
+        "untrusted": command_digest(untrusted),
+        "malformed": command_digest(malformed),
+        "misaddressed": "misaddressed",
+        "expired": "expired",
+    }
     reasons = {}
-    for name in ("unsigned", "badsig01", "untrusted", "malformed", "misaddressed", "expired"):
-        final = await results.final(name)
+    for name, key in keys.items():
+        final = await results.final(key)
         assert final.status == "rejected", name
-        assert results.statuses(name) == ["rejected"], name
+        assert results.statuses(key) == ["rejected"], name
         reasons[name] = final.detail
     assert "missing Fleet-Key" in reasons["unsigned"]
     assert "does not match" in reasons["badsig01"]

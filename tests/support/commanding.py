@@ -38,12 +38,15 @@ class Results:
         self.alerts.append(codec.decode(msg.data, Alert, msg.subject))
 
     def of(self, command_id: str) -> list[CommandResult]:
-        return [r for r in self.results if r.command_id == command_id]
+        """Results naming ``command_id``, or (a refusal of an unread message) this digest."""
+        return [r for r in self.results if command_id in (r.command_id, r.command_digest)]
 
     def statuses(self, command_id: str) -> list[str]:
         return [r.status for r in self.of(command_id)]
 
     async def final(self, command_id: str, timeout: float = 10.0) -> CommandResult:
+        """The final result naming ``command_id`` or digest, once there is one."""
+
         def check() -> CommandResult | None:
             done = [r for r in self.of(command_id) if r.status in ("done", "failed", "rejected")]
             return done[-1] if done else None

@@ -68,6 +68,8 @@ class ActionRunner:
         self._work_id = ""
         self._ttl: asyncio.Task[None] | None = None
         self._counts: dict[tuple[str, str], int] = {}
+        self._digests: dict[str, str] = {}
+        """Digest of each command with results still to come, which its results name."""
 
     def observe_in_flight(self, in_flight: int) -> None:
         """The engines' in-flight request count changed (a drain waits for it to reach 0)."""
@@ -79,10 +81,18 @@ class ActionRunner:
         self._deregistered_beat.set()
 
     async def start(
-        self, command_id: str, reason: str, action: Action, deadline: float | None = None
+        self,
+        command_id: str,
+        reason: str,
+        action: Action,
+        deadline: float | None = None,
+        digest: str = "",
     ) -> None:
         """Begin an accepted action; called with the lock held. ``deadline`` (absolute)
-        overrides the drain deadline the action carries."""
+        overrides the drain deadline the action carries; ``digest`` names the command's
+        body in every result (empty for the node's own actions)."""
+        if digest:
+            self._digests[command_id] = digest
         current = self.store.state.schedulability
         if self.store.deregister and not isinstance(action, Deregister):
             await self.result(command_id, "failed", "node is deregistering")
@@ -127,6 +137,7 @@ class ActionRunner:
         state = self.store.state
         if state.schedulability == "draining" and self.store.drain_deadline is not None:
             log.info("resuming drain after restart", extra={"id": state.command_id})
+            self._digests[state.command_id] = self.store.work_digest
             self._begin(
                 state.command_id,
                 self._drain(
@@ -279,6 +290,7 @@ class ActionRunner:
         reason: str,
         until: float | None = None,
     ) -> None:
+        self.store.work_digest = self._digests.get(command_id, "")
         self.store.state = events.NodeState(
             ts=time.time(),
             schedulability=schedulability,
@@ -300,11 +312,21 @@ class ActionRunner:
             log.warning("state not published", extra={"reason": str(exc)})
 
     async def result(
-        self, command_id: str, status: CommandStatus, detail: str = "", in_flight: int | None = None
+        self,
+        command_id: str,
+        status: CommandStatus,
+        detail: str = "",
+        in_flight: int | None = None,
+        digest: str = "",
     ) -> None:
-        """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised."""
+        """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised.
+        ``digest`` defaults to that of the command started under ``command_id``. A refusal
+        of a message with no usable id is published under its digest, so the stream keeps
+        one refusal per distinct message within its duplicate window."""
+        digest = digest or self._digests.get(command_id, "")
         n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
         if status in ("rejected", "done", "failed"):
+            self._digests.pop(command_id, None)
             for other in ("accepted", "in_progress", status):
                 self._counts.pop((command_id, other), None)
         result = CommandResult(
@@ -316,11 +338,11 @@ class ActionRunner:
             detail=detail,
             schedulability=self.store.state.schedulability,
             in_flight=in_flight,
+            command_digest=digest,
         )
+        msg_id = f"{command_id or digest}:{status}:{n}"
         try:
-            await publish_signed(
-                self.bus, self.result_subject, result, self.key, f"{command_id}:{status}:{n}"
-            )
+            await publish_signed(self.bus, self.result_subject, result, self.key, msg_id)
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning(
                 "command result not published", extra={"id": command_id, "reason": str(exc)}

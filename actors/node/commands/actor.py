@@ -3,10 +3,13 @@ deregister) and the node's own reaction to spot interruption notices.
 
 Commands come from a durable pull consumer on FLEET_CMD filtered to this node's subject,
 so a command sent while the agent was down runs when it comes back. A command runs only
-if it is signed by a trusted operator key, addressed to this node, unexpired and never seen
-before (seen ids persist in the state dir); anything else is answered ``rejected`` and
-changes nothing. Every answer is a node-signed CommandResult on FLEET_EVENTS. The node's
-schedulability persists too, so a restart keeps a cordon, its TTL and a drain's deadline.
+if it is signed by a trusted operator key, addressed to this node, within its (capped)
+lifetime and never seen before (seen ids persist in the state dir until their command
+expires); anything else is answered ``rejected`` and changes nothing. Every answer is a
+node-signed CommandResult on FLEET_EVENTS naming the digest of the exact body it answers.
+A command counts as seen only once that is on disk: if the state file cannot be written the
+message is redelivered and runs then. The node's schedulability persists too, so a restart
+keeps a cordon, its TTL and a drain's deadline.
 This module decides what to run; :mod:`actors.node.commands.actions` runs it and reports.
 """
 
@@ -23,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
-from actors.node.commands.store import CommandStore
+from actors.node.commands.store import CommandStore, StoreError
 from actors.node.config import AgentConfig
 from actors.node.events import decoding
 from actors.node.metrics import AgentMetrics
@@ -32,7 +35,7 @@ from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Interruption, notice_key
-from schemas.messages import Cordon, Deregister, Heartbeat
+from schemas.messages import Cordon, Deregister, Heartbeat, command_digest
 from schemas.signing import KeyPair
 from schemas.subjects import STREAM_COMMANDS, Subjects
 
@@ -45,6 +48,8 @@ failing its handler is not retried for the stream's whole age)."""
 REBALANCE_TTL = 600.0
 """A rebalance or maintenance notice cordons the node for this long."""
 TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
+REDELIVER_AFTER = 1.0
+"""A command whose acceptance could not be saved comes back after this many seconds."""
 
 
 class CommandsActor:
@@ -73,7 +78,9 @@ class CommandsActor:
                 max_deliver=MAX_DELIVER,
             ),
         )
-        self.store = CommandStore(Path(config.state_dir))
+        self.store = CommandStore(
+            Path(config.state_dir), config.max_command_lifetime + config.max_skew
+        )
         self.actions = ActionRunner(config, bus, key, self.store)
         self._fetcher: asyncio.Task[None] | None = None
 
@@ -149,22 +156,31 @@ class CommandsActor:
         self.metrics.dropped.labels(reason).inc()
 
     async def _handle(self, msg: Msg) -> None:
+        digest = command_digest(msg.data)
         try:
-            command = check_command(msg, self.subjects, self.config, self.store.seen)
+            command = check_command(msg, self.subjects, self.config, self.store)
         except Rejection as refusal:
             log.warning(
-                "command refused", extra={"id": refusal.command_id, "reason": refusal.reason}
+                "command refused",
+                extra={"id": refusal.command_id, "digest": digest, "reason": refusal.reason},
             )
-            await self.actions.result(refusal.command_id, "rejected", refusal.reason)
+            await self.actions.result(refusal.command_id, "rejected", refusal.reason, digest=digest)
             await msg.ack()
             return
         async with self.actions.lock:
-            self.store.remember(command.id)
-            self.store.save()
-            await self.actions.result(command.id, "accepted", command.reason)
+            # Kept past the expiry by the skew bound, in case this clock is stepped back.
+            try:
+                self.store.remember(command.id, command.expires_at + self.config.max_skew)
+            except StoreError as exc:
+                log.error(
+                    "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
+                )
+                await msg.nak(delay=REDELIVER_AFTER)
+                return
+            await self.actions.result(command.id, "accepted", command.reason, digest=digest)
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
-            await self.actions.start(command.id, command.reason, command.action)
+            await self.actions.start(command.id, command.reason, command.action, digest=digest)
 
     # Events ----------------------------------------------------------------------------
 
@@ -177,13 +193,17 @@ class CommandsActor:
 
     async def _on_interruption(self, notice: Interruption) -> None:
         """A termination notice drains before its deadline and deregisters; a rebalance
-        or maintenance notice cordons for a while. Each notice acts once, ever."""
+        or maintenance notice cordons for a while. Each notice acts once (its key is kept
+        for max_command_lifetime; the spot watcher publishes a notice once per run)."""
         command_id = f"spot:{notice_key(notice)}"
         async with self.actions.lock:
             if self.store.seen(command_id) or self.actions.finished.is_set():
                 return
-            self.store.remember(command_id)
-            self.store.save()
+            try:
+                self.store.remember(command_id, time.time() + self.config.max_command_lifetime)
+            except StoreError as exc:
+                # Acting matters more than remembering: a notice seen again acts again.
+                log.error("spot notice not saved", extra={"id": command_id, "reason": str(exc)})
             reason = f"{notice.provider} {notice.kind} notice"
             if notice.kind in TERMINAL_NOTICES:
                 if self.store.deregister:

@@ -2,7 +2,10 @@
 
 The order matters: the signature is checked over the received bytes before anything is
 decoded, the signer against the trusted operator keys, then the body, its addressee, its
-expiry and whether its id was already executed.
+times (lifetime, clock skew, expiry, issued before the node's command state began), its
+durations and whether its id was already executed. Until the body is verified and decoded
+its id is unknown: a refusal then names no id (only the digest of the bytes), so nobody
+can make the node sign a rejection under the id of a command it did not refuse.
 """
 
 from __future__ import annotations
@@ -10,27 +13,29 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 
+from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
-from schemas.messages import Command
+from schemas.messages import Command, Cordon, Deregister, Drain
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
+MAX_ACTION_SECONDS = 30 * 86400.0
+"""Longest cordon TTL or drain deadline: past it a time is absurd (and 1e30 overflows
+when the node formats it), so it is refused before the node acts."""
 
 
 class Rejection(Exception):
-    """A command that must not run, with the id to answer under and the reason."""
+    """A command that must not run, with the id to answer under ("" when the message was
+    not verified and read) and the reason."""
 
     def __init__(self, command_id: str, reason: str) -> None:
         self.command_id = command_id
@@ -39,22 +44,21 @@ class Rejection(Exception):
 
 
 def check_command(
-    msg: Msg, subjects: Subjects, config: AgentConfig, seen: Callable[[str], bool]
+    msg: Msg, subjects: Subjects, config: AgentConfig, store: CommandStore
 ) -> Command:
-    """The command if it may run; Rejection (naming the id when it can) otherwise."""
-    command_id = guess_id(msg)
+    """The command if it may run; Rejection otherwise."""
     try:
         signer = signing.verify(msg.headers, msg.data)
     except SignatureError as exc:
-        raise Rejection(command_id, f"unsigned or bad signature: {exc.reason}") from None
+        raise Rejection("", f"unsigned or bad signature: {exc.reason}") from None
     if signer not in trusted_keys(config):
-        raise Rejection(command_id, f"signed by an untrusted key {signer}")
+        raise Rejection("", f"signed by an untrusted key {signer}")
     try:
         command = codec.decode(msg.data, Command, msg.subject)
     except DecodeError as exc:
-        raise Rejection(command_id, f"malformed command: {exc.reason}") from None
+        raise Rejection("", f"malformed command: {exc.reason}") from None
     if not SAFE_ID.fullmatch(command.id):
-        raise Rejection(command_id, "malformed command id")
+        raise Rejection("", "malformed command id")
     try:
         cluster, node = subjects.split_command(msg.subject)
     except InvalidToken as exc:
@@ -64,11 +68,54 @@ def check_command(
         config.node_id,
     ):
         raise Rejection(command.id, "command names another node or cluster than its subject")
-    if command.expires_at <= time.time():
-        raise Rejection(command.id, "command expired")
-    if seen(command.id):
+    check_times(command, config, store.created_at)
+    check_durations(command)
+    if store.seen(command.id):
         raise Rejection(command.id, "duplicate command id (already executed)")
     return command
+
+
+def check_times(command: Command, config: AgentConfig, history_since: float) -> None:
+    """A command is valid from ``issued_at`` to ``expires_at``, no longer than the node
+    allows, issued no later than now plus the clock skew, and not before the node's command
+    history began (``history_since``; 0: unknown): its id is remembered only that long."""
+    now = time.time()
+    lifetime = command.expires_at - command.issued_at
+    if lifetime > config.max_command_lifetime:
+        raise Rejection(
+            command.id,
+            f"command valid for {lifetime:.0f}s; this node accepts at most "
+            f"{config.max_command_lifetime:g}s (max_command_lifetime)",
+        )
+    if command.issued_at > now + config.max_skew:
+        raise Rejection(
+            command.id,
+            f"command issued {command.issued_at - now:.0f}s in the future of this node's "
+            f"clock (max_skew {config.max_skew:g}s)",
+        )
+    if command.expires_at <= now:
+        raise Rejection(command.id, "command expired")
+    if command.issued_at < history_since:
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(history_since))
+        raise Rejection(
+            command.id,
+            f"command issued before this node's command state was created at {since} "
+            "(state lost or new node: which commands already ran is unknown); send it again",
+        )
+
+
+def check_durations(command: Command) -> None:
+    """A cordon TTL or a drain deadline beyond MAX_ACTION_SECONDS is refused before acting."""
+    action = command.action
+    duration = None
+    if isinstance(action, Cordon):
+        duration = action.ttl
+    elif isinstance(action, Drain | Deregister):
+        duration = action.deadline
+    if duration is not None and not duration <= MAX_ACTION_SECONDS:
+        raise Rejection(
+            command.id, f"duration {duration:g}s out of range (at most {MAX_ACTION_SECONDS:g}s)"
+        )
 
 
 def trusted_keys(config: AgentConfig) -> set[str]:
@@ -83,19 +130,3 @@ def trusted_keys(config: AgentConfig) -> set[str]:
             return keys
         keys.update(line.strip() for line in text.splitlines() if line.strip() and line[0] != "#")
     return keys
-
-
-def guess_id(msg: Msg) -> str:
-    """The id a refused command claims, if it names a usable one, so the operator can
-    match the refusal; else one made from the stream sequence."""
-    try:
-        body = msgspec.json.decode(msg.data)
-    except msgspec.DecodeError:
-        body = None
-    claimed = body.get("id") if isinstance(body, dict) else None
-    if isinstance(claimed, str) and SAFE_ID.fullmatch(claimed):
-        return claimed
-    try:
-        return f"unparsed-s{msg.metadata.sequence.stream}"
-    except (nats.errors.Error, AttributeError, ValueError):
-        return "unparsed"
