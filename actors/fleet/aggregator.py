@@ -25,7 +25,7 @@ from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
-from actors.fleet.streams import provision
+from actors.fleet.streams import StreamLimits, provision
 from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
@@ -64,14 +64,16 @@ class AggregatorActor:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
-        self.alerts = AlertPublisher(bus, self.subjects)
-        self.store = NodeStore(bus, self.subjects)
+        self.alerts = AlertPublisher(bus, self.subjects, config.alert_window)
         self.metrics = metrics or AggregatorMetrics()
+        self.store = NodeStore(bus, self.subjects, self.metrics)
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
 
     async def run(self, ready: Callable[[], None]) -> None:
-        await provision(self.bus.js, self.subjects, self.config.replicas)
+        await provision(
+            self.bus.js, self.subjects, self.config.replicas, StreamLimits.of(self.config)
+        )
         consumer = await self.bus.js.pull_subscribe(
             self.subjects.heartbeats(),
             durable=self.subjects.stream_name(self.config.durable),
@@ -206,7 +208,8 @@ class AggregatorActor:
             return record_rules.accept(previous, heartbeat, public_key, now, stream_seq)
 
         before, after = await self.store.update(node, change)
-        assert after is not None  # change() always writes or raises
+        if after is None:  # an unreadable record, left alone (counted by the store)
+            return
         self.metrics.accepted.inc()
         previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
         for kind, message, details in record_rules.heartbeat_alerts(
@@ -280,6 +283,7 @@ class AggregatorActor:
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
             try:
                 await self.sweep(everything)
+                await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
                 continue

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, Port, Positive
-from schemas.base import Cluster, NodeId
+from schemas.base import MAX_PEERS, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
 
 ENV_PREFIX = "NODE_AGENT_"
@@ -67,8 +67,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     engine_interval: Positive = 5.0
     engine_timeout: Positive = 2.0
 
-    peers: list[PeerId] = []
-    max_peers: Annotated[int, Meta(ge=0)] = 8
+    peers: Annotated[list[PeerId], Meta(max_length=MAX_PEERS)] = []
+    max_peers: Annotated[int, Meta(ge=0, le=MAX_PEERS)] = 8
     probe_interval: Positive = 10.0
     probe_timeout: Positive = 1.0
 
