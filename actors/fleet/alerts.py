@@ -69,8 +69,6 @@ class AlertPublisher:
         self.subjects = subjects
         self.window = window
         self.windows: dict[WindowKey, Window] = {}
-        self.suppressed = 0
-        """Alerts held back since start, over every node and kind."""
 
     async def publish(
         self, kind: AlertKind, cluster: str, node: str, message: str, event: str, **details: str
@@ -85,7 +83,6 @@ class AlertPublisher:
             window = self.windows.get(key)
             if window is not None and now < window.closes:
                 window.suppressed += 1
-                self.suppressed += 1
                 return
             if window is not None:
                 await self._summarise(key, window)
@@ -111,7 +108,7 @@ class AlertPublisher:
             cluster,
             node,
             f"{window.suppressed} more {kind} alerts held back in {self.window:g}s",
-            f"summary-{time.time():.0f}",
+            f"summary-{time.time():.3f}",
             {"suppressed": str(window.suppressed), "window": f"{self.window:g}"},
         )
 

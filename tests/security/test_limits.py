@@ -36,6 +36,7 @@ from actors.fleet.streams import (
 from actors.node.config import AgentConfig
 from actors.node.inventory.actor import InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
+from actors.node.xid import in_code_order
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
@@ -496,3 +497,13 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
     assert len(alerts) <= 6  # two or three windows, each one alert and one summary
     assert refused() >= 100
     print(f"{refused():.0f} refusals, {len(alerts)} alerts")
+
+
+def test_the_agent_reports_the_most_recent_xid_codes() -> None:
+    codes = {code: XidCount(code=code, count=1, last_at=float(code % 7)) for code in range(40)}
+    kept = in_code_order(codes)
+    assert len(kept) == MAX_XIDS
+    assert [xid.code for xid in kept] == sorted(xid.code for xid in kept)
+    assert min(xid.last_at for xid in kept) >= max(
+        xid.last_at for xid in codes.values() if xid not in kept
+    )
