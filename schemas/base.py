@@ -2,6 +2,13 @@
 
 Evolution rule (msgspec schema-evolution): new fields go last with defaults, a field's
 type never changes, unknown fields are ignored so old readers accept new writers.
+
+Every string, list and map on the wire is bounded, so the largest message a verifier can
+accept, and the node record that embeds a heartbeat, stay far below the server's
+``max_payload`` (1 MiB by default) and the streams' ``max_msg_size``: a signed but hostile
+body is refused at decode instead of crashing whoever stores it. The bounds are in
+characters; JSON escaping can make a character take up to six bytes, and the size test of
+``tests/security/test_limits.py`` computes the worst case with exactly such characters.
 """
 
 from __future__ import annotations
@@ -18,6 +25,37 @@ class Wire(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every message on the wire: immutable, keyword-only, JSON via msgspec."""
 
 
+MAX_NAME = 128
+"""Characters of a name or identifier: a GPU or check name, a boot id, a version, a nonce."""
+MAX_TEXT = 1024
+"""Characters of free text: a reason, a message, a detail, a recommended action."""
+MAX_ID = 256
+"""Characters of an id built from other tokens (an alert id names kind, cluster, node and
+event; a command id is chosen by the operator's tool)."""
+MAX_URL = 512
+MAX_HOSTNAME = 255
+"""A fully qualified domain name's limit."""
+MAX_GPUS = 64
+"""GPUs per node: twice the largest machines sold today (32-GPU nodes)."""
+MAX_XIDS = 16
+"""Distinct XID codes kept per GPU."""
+MAX_PEERS = 256
+"""Peers a node reports latency to."""
+MAX_COMPONENTS = 8
+"""Health score components (five today)."""
+MAX_CHECKS = 16
+"""Health hard checks (five today)."""
+MAX_ENGINES = 8
+"""Inference engines per node."""
+MAX_DETAILS = 8
+"""Entries in an alert's details."""
+
+Name = Annotated[str, Meta(max_length=MAX_NAME)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Id = Annotated[str, Meta(max_length=MAX_ID)]
+Url = Annotated[str, Meta(max_length=MAX_URL)]
+Hostname = Annotated[str, Meta(max_length=MAX_HOSTNAME)]
+Details = Annotated[dict[Name, Text], Meta(max_length=MAX_DETAILS)]
 Token = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="subject-safe token")]
 NodeId = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="node id")]
 Cluster = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="cluster name")]
@@ -44,4 +82,30 @@ RecordState = Literal[
     "stale",
     "offline",
     "deregistered",
+]
+OpenRecordState = Annotated[
+    str,
+    Meta(
+        max_length=32,
+        description="pending, active, degraded, cordoned, draining, drained, stale, offline "
+        "or deregistered; readers keep a state they do not know, as it is",
+    ),
+]
+"""A record's state as read: a bounded string, not the closed :data:`RecordState`, so a
+record that a newer aggregator wrote with a state this version does not know is still
+read (rolling upgrades). Writers still write a :data:`RecordState`."""
+OpenSchedulability = Annotated[
+    str,
+    Meta(
+        max_length=32,
+        description="schedulable, cordoned, draining or drained; readers keep a value they "
+        "do not know",
+    ),
+]
+OpenHealthStatus = Annotated[
+    str,
+    Meta(
+        max_length=32,
+        description="healthy, degraded or unhealthy; readers keep a value they do not know",
+    ),
 ]

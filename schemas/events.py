@@ -7,18 +7,31 @@ Every part carries ``ts``, the time it was observed, so a reader can tell fresh 
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
+
+from msgspec import Meta
 
 from schemas import codec
 from schemas.base import (
+    MAX_CHECKS,
+    MAX_COMPONENTS,
+    MAX_ENGINES,
+    MAX_GPUS,
+    MAX_PEERS,
+    MAX_XIDS,
     Bytes,
     CheckStatus,
     Count,
     HealthStatus,
+    Hostname,
+    Id,
+    Name,
     NodeId,
     Percent,
     Schedulability,
+    Text,
     UnixTime,
+    Url,
     Wire,
 )
 from schemas.errors import DecodeError
@@ -61,9 +74,9 @@ class Gpu(Wire, frozen=True, kw_only=True):
     """One GPU's identity and readings. Readings are None when the device cannot say."""
 
     index: Count
-    uuid: str
-    name: str
-    pci_bus_id: str
+    uuid: Name
+    name: Name
+    pci_bus_id: Name
     memory_total: Bytes
     memory_used: Bytes
     temperature_c: float | None = None
@@ -72,7 +85,7 @@ class Gpu(Wire, frozen=True, kw_only=True):
     utilization_pct: Percent | None = None
     ecc_corrected: Count | None = None
     ecc_uncorrected: Count | None = None
-    xids: list[XidCount] = []
+    xids: Annotated[list[XidCount], Meta(max_length=MAX_XIDS)] = []
     lost: bool = False
     """True once the device stopped answering (NVML GpuIsLost, or injected)."""
 
@@ -82,29 +95,29 @@ class Sample(Wire, frozen=True, kw_only=True):
 
     ts: UnixTime
     capacity: Capacity
-    gpus: list[Gpu] = []
+    gpus: Annotated[list[Gpu], Meta(max_length=MAX_GPUS)] = []
     gpu_source: Literal["nvml", "fake", "none"] = "none"
-    fingerprint: str = ""
+    fingerprint: Name = ""
     """SHA-256 (hex) of stable hardware identifiers; changes when hardware changes."""
-    hostname: str = ""
+    hostname: Hostname = ""
 
 
 class HealthComponent(Wire, frozen=True, kw_only=True):
     """One scored component: its points out of ``max_points`` and why."""
 
-    name: str
+    name: Name
     points: Count
     max_points: Count
-    reason: str
+    reason: Text
 
 
 class HealthCheck(Wire, frozen=True, kw_only=True):
     """One hard check (boot, nvml, xid, dependencies, probe freshness)."""
 
-    name: str
+    name: Name
     status: CheckStatus
-    reason: str
-    action: str = ""
+    reason: Text
+    action: Text = ""
     """Recommended operator action, when the check knows one (e.g. from the XID table)."""
 
 
@@ -114,8 +127,8 @@ class Health(Wire, frozen=True, kw_only=True):
     ts: UnixTime
     status: HealthStatus
     score: Count
-    components: list[HealthComponent] = []
-    checks: list[HealthCheck] = []
+    components: Annotated[list[HealthComponent], Meta(max_length=MAX_COMPONENTS)] = []
+    checks: Annotated[list[HealthCheck], Meta(max_length=MAX_CHECKS)] = []
 
 
 class PeerLatency(Wire, frozen=True, kw_only=True):
@@ -132,7 +145,7 @@ class Latency(Wire, frozen=True, kw_only=True):
     """Latency to peers and to the NATS server, with loss over a sliding window."""
 
     ts: UnixTime
-    peers: list[PeerLatency] = []
+    peers: Annotated[list[PeerLatency], Meta(max_length=MAX_PEERS)] = []
     gateway_rtt_us: Count | None = None
     """Round trip to the NATS server (a flush) in microseconds."""
     avg_peer_rtt_us: Count | None = None
@@ -143,11 +156,11 @@ class EngineStatus(Wire, frozen=True, kw_only=True):
     """One inference engine's health and load."""
 
     kind: Literal["vllm", "sglang", "llamacpp"]
-    url: str
+    url: Url
     healthy: bool
     in_flight: Count | None = None
     waiting: Count | None = None
-    reason: str = ""
+    reason: Text = ""
     checked_at: UnixTime = 0.0
 
 
@@ -155,7 +168,7 @@ class Engine(Wire, frozen=True, kw_only=True):
     """All configured inference engines; ``engines`` is empty when none is configured."""
 
     ts: UnixTime
-    engines: list[EngineStatus] = []
+    engines: Annotated[list[EngineStatus], Meta(max_length=MAX_ENGINES)] = []
     in_flight: Count | None = None
     """Sum of in-flight requests over engines that reported one."""
 
@@ -168,8 +181,8 @@ class Interruption(Wire, frozen=True, kw_only=True):
     kind: Literal["terminate", "stop", "hibernate", "preempt", "rebalance", "maintenance"]
     deadline: UnixTime | None = None
     """When the provider will act; None when the provider gives no time."""
-    event_id: str = ""
-    detail: str = ""
+    event_id: Name = ""
+    detail: Text = ""
 
 
 def notice_key(notice: Interruption) -> str:
@@ -184,8 +197,8 @@ class NodeState(Wire, frozen=True, kw_only=True):
 
     ts: UnixTime
     schedulability: Schedulability
-    reason: str = ""
-    command_id: str = ""
+    reason: Text = ""
+    command_id: Id = ""
     until: UnixTime | None = None
     """When a cordon with a TTL lifts by itself."""
     deregistering: bool = False

@@ -85,6 +85,18 @@ def _type_of(prop: dict[str, Any]) -> str:
     return names.get(str(kind), str(kind))
 
 
+BOUND_NOTES = (
+    ("minimum", "≥ {}"),
+    ("maximum", "≤ {}"),
+    ("exclusiveMinimum", "> {}"),
+    ("maxLength", "at most {} characters"),
+    ("maxItems", "at most {} items"),
+    ("maxProperties", "at most {} entries"),
+)
+"""How each JSON Schema bound reads in the README's field tables, so every bound a reader
+must respect (string, list and map sizes included) is stated where the field is."""
+
+
 def _notes(prop: dict[str, Any]) -> str:
     if "anyOf" in prop:
         options = [option for option in prop["anyOf"] if option.get("type") != "null"]
@@ -94,11 +106,7 @@ def _notes(prop: dict[str, Any]) -> str:
         notes.append(str(prop["description"]))
     if "pattern" in prop:
         notes.append(f"pattern `{prop['pattern']}`")
-    bounds = [
-        f"{word} {prop[key]}"
-        for key, word in (("minimum", "≥"), ("maximum", "≤"), ("exclusiveMinimum", ">"))
-        if key in prop
-    ]
+    bounds = [template.format(prop[key]) for key, template in BOUND_NOTES if key in prop]
     notes.extend(bounds)
     return "; ".join(notes)
 

@@ -11,13 +11,19 @@ from typing import Literal
 from schemas.base import (
     Cluster,
     Count,
-    HealthStatus,
+    Details,
+    Hostname,
+    Id,
+    Name,
     NodeId,
+    OpenHealthStatus,
+    OpenRecordState,
+    OpenSchedulability,
     PublicKey,
-    RecordState,
     Schedulability,
     Seconds,
     Seq,
+    Text,
     UnixTime,
     Wire,
 )
@@ -33,10 +39,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     cluster: Cluster
     seq: Seq
     """Strictly increasing per node, across restarts; at most 2**63-1."""
-    boot_id: str
+    boot_id: Name
     """Random per agent start; with seq it forms the ``Nats-Msg-Id``."""
     ts: UnixTime
-    agent_version: str
+    agent_version: Name
     interval: Seconds
     """The heartbeat period the sender uses, so readers can judge lateness."""
     stale_after: Seconds
@@ -47,7 +53,7 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     engine: Engine | None = None
     jobs: Jobs | None = None
     spot: SpotStatus | None = None
-    schedulability_reason: str = ""
+    schedulability_reason: Text = ""
     deregistering: bool = False
     """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
 
@@ -81,27 +87,27 @@ CommandStatus = Literal["accepted", "rejected", "in_progress", "done", "failed"]
 class Command(Wire, frozen=True, kw_only=True):
     """An operator's signed order to one node, on ``fleet.cmd.<cluster>.<node>``."""
 
-    id: str
+    id: Id
     node_id: NodeId
     cluster: Cluster
     action: Action
     issued_at: UnixTime
     expires_at: UnixTime
-    reason: str = ""
+    reason: Text = ""
 
 
 class CommandResult(Wire, frozen=True, kw_only=True):
     """The node's signed answer to a command, on ``fleet.result.<cluster>.<node>``."""
 
-    command_id: str
+    command_id: Id
     node_id: NodeId
     cluster: Cluster
     status: CommandStatus
     ts: UnixTime
-    detail: str = ""
+    detail: Text = ""
     schedulability: Schedulability | None = None
     in_flight: Count | None = None
-    command_digest: str = ""
+    command_digest: Name = ""
     """SHA-256 (hex) of the exact command body the node received: a sender matches results
     on it, so a rejection of some other message claiming the same id is not taken for an
     answer. ``command_id`` is empty when the message was unverifiable or unreadable."""
@@ -131,15 +137,15 @@ AlertKind = Literal[
 class Alert(Wire, frozen=True, kw_only=True):
     """Raised by aggregators on ``fleet.alert.<kind>.<cluster>.<node>``."""
 
-    id: str
+    id: Id
     """Deterministic: the same event yields the same id (and ``Nats-Msg-Id``) everywhere."""
     kind: AlertKind
     node_id: NodeId
     cluster: Cluster
     severity: Literal["info", "warning", "critical"]
-    message: str
+    message: Text
     ts: UnixTime
-    details: dict[str, str] = {}
+    details: Details = {}
 
 
 class Registration(Wire, frozen=True, kw_only=True):
@@ -149,28 +155,28 @@ class Registration(Wire, frozen=True, kw_only=True):
     cluster: Cluster
     public_key: PublicKey
     ts: UnixTime
-    hostname: str = ""
-    agent_version: str = AGENT_VERSION
-    fingerprint: str = ""
+    hostname: Hostname = ""
+    agent_version: Name = AGENT_VERSION
+    fingerprint: Name = ""
 
 
 class RegistrationReply(Wire, frozen=True, kw_only=True):
     node_id: NodeId
     status: Literal["pending", "active", "rejected"]
-    reason: str = ""
+    reason: Text = ""
 
 
 class Probe(Wire, frozen=True, kw_only=True):
     """Latency probe request on ``fleet.probe.<node>``."""
 
     from_node: NodeId
-    nonce: str
+    nonce: Name
     sent_at: UnixTime
 
 
 class ProbeReply(Wire, frozen=True, kw_only=True):
     node_id: NodeId
-    nonce: str
+    nonce: Name
     sent_at: UnixTime
     replied_at: UnixTime
 
@@ -184,18 +190,18 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
 
     node_id: NodeId
     cluster: Cluster
-    state: RecordState
+    state: OpenRecordState
     last_seq: Count
     last_seen: UnixTime
-    boot_id: str = ""
-    public_key: str = ""
-    schedulability: Schedulability = "schedulable"
-    health_status: HealthStatus | None = None
+    boot_id: Name = ""
+    public_key: Name = ""
+    schedulability: OpenSchedulability = "schedulable"
+    health_status: OpenHealthStatus | None = None
     health_score: Count | None = None
     gpus_total: Count = 0
     stale_since: UnixTime | None = None
     deregistered: bool = False
-    agent_version: str = ""
+    agent_version: Name = ""
     heartbeat: Heartbeat | None = None
     """The last accepted heartbeat, whole."""
     offline_since: UnixTime | None = None
@@ -218,5 +224,5 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
     node_id: NodeId
     public_key: PublicKey
     approved_at: UnixTime
-    approved_by: str = ""
+    approved_by: Name = ""
     revoked: bool = False

@@ -14,7 +14,7 @@ from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects
-from tests.support.fleet import Fleet
+from tests.support.fleet import TEST_LIMITS, Fleet
 
 _prefixes = itertools.count(1)
 
@@ -38,7 +38,7 @@ def prefix() -> str:
 async def bus(nats_server: NatsServer, prefix: str) -> AsyncIterator[NatsBus]:
     """A connected bus with this test's streams and buckets provisioned."""
     connected = await NatsBus.connect(nats_server.url, "test")
-    await provision(connected.js, Subjects(prefix))
+    await provision(connected.js, Subjects(prefix), limits=TEST_LIMITS)
     yield connected
     await connected.close()
 

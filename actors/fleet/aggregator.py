@@ -25,7 +25,7 @@ from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
-from actors.fleet.streams import provision
+from actors.fleet.streams import StreamLimits, provision
 from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from actors.runtime.schedule import RateLimit
@@ -66,9 +66,9 @@ class AggregatorActor:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
-        self.alerts = AlertPublisher(bus, self.subjects)
-        self.store = NodeStore(bus, self.subjects)
+        self.alerts = AlertPublisher(bus, self.subjects, config.alert_window)
         self.metrics = metrics or AggregatorMetrics()
+        self.store = NodeStore(bus, self.subjects, self.metrics)
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
         self._consumer: DurableConsumer | None = None
@@ -98,7 +98,9 @@ class AggregatorActor:
         return self._consumer.missing if self._consumer else ""
 
     async def run(self, ready: Callable[[], None]) -> None:
-        await provision(self.bus.js, self.subjects, self.config.replicas)
+        await provision(
+            self.bus.js, self.subjects, self.config.replicas, StreamLimits.of(self.config)
+        )
         self._consumer = consumer = self.consumer()
         await consumer.open()
         routes = {self.subjects.register(): self._on_register}
@@ -238,7 +240,8 @@ class AggregatorActor:
             return record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
 
         before, after = await self.store.update(node, change)
-        assert after is not None  # change() always writes or raises
+        if after is None:  # an unreadable record, left alone (counted by the store)
+            return
         self.metrics.accepted.inc()
         previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
         for kind, message, details in record_rules.heartbeat_alerts(
@@ -335,6 +338,7 @@ class AggregatorActor:
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
             try:
                 await self.sweep(everything)
+                await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
                 continue

@@ -1,15 +1,25 @@
-"""Publishing alerts with deterministic ids, so N aggregators never raise one twice."""
+"""Publishing alerts with deterministic ids, so N aggregators never raise one twice.
+
+Refusals are rate-limited per node and kind: a node (or anyone on an open server) sending
+hundreds of bad heartbeats a second must not turn into hundreds of alerts a second, which
+would fill the alert stream and bury every other alert. The first refusal of a window is
+published; the rest are counted, and when the window closes one summary alert of the same
+kind carries the count in ``details["suppressed"]``. Each aggregator limits on its own, so
+N aggregators publish at most N alerts per node and kind per window, plus their summaries.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 import nats.errors
 
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
 from schemas import codec
+from schemas.base import MAX_DETAILS, MAX_ID, MAX_NAME, MAX_TEXT
 from schemas.messages import Alert, AlertKind
 from schemas.subjects import Subjects
 
@@ -33,34 +43,106 @@ SEVERITY: dict[AlertKind, Severity] = {
 }
 
 
+LIMITED: frozenset[AlertKind] = frozenset(
+    {"anomaly", "sequence_gap", "replay", "bad_signature", "unknown_node", "clock_skew"}
+)
+"""Kinds raised per message refused or judged odd, which a sender can repeat at will.
+Lifecycle kinds (stale, offline, recovered, ...) follow state changes of a node's record
+and are not limited: suppressing one would hide a change."""
+DEFAULT_WINDOW = 60.0
+
+WindowKey = tuple[AlertKind, str, str]
+"""(kind, cluster, node)"""
+
+
+@dataclass
+class Window:
+    """One (kind, cluster, node)'s current window: when it closes and what it held back."""
+
+    closes: float
+    suppressed: int = 0
+
+
 class AlertPublisher:
-    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+    def __init__(self, bus: Bus, subjects: Subjects, window: float = DEFAULT_WINDOW) -> None:
         self.bus = bus
         self.subjects = subjects
+        self.window = window
+        self.windows: dict[WindowKey, Window] = {}
 
     async def publish(
         self, kind: AlertKind, cluster: str, node: str, message: str, event: str, **details: str
     ) -> None:
         """``event`` names what happened (a stream or heartbeat sequence, a notice id), so
         the alert id ``kind:cluster:node:event`` — also its Nats-Msg-Id — is the same in
-        every aggregator that sees it, and JetStream keeps one."""
+        every aggregator that sees it, and JetStream keeps one. A limited kind is held
+        back, and counted, while its node's window for that kind is open."""
+        if kind in LIMITED:
+            now = time.monotonic()
+            key = (kind, cluster, node)
+            window = self.windows.get(key)
+            if window is not None and now < window.closes:
+                window.suppressed += 1
+                return
+            if window is not None:
+                await self._summarise(key, window)
+            self.windows[key] = Window(closes=now + self.window)
+        await self._send(kind, cluster, node, message, event, details)
+
+    async def flush(self) -> None:
+        """Close every window that has run out, publishing a summary for each that held
+        alerts back. Called periodically, so a count is reported even when the flood
+        stops, and windows of quiet nodes do not pile up in memory."""
+        now = time.monotonic()
+        closed = [(key, window) for key, window in self.windows.items() if now >= window.closes]
+        for key, window in closed:
+            del self.windows[key]
+            await self._summarise(key, window)
+
+    async def _summarise(self, key: WindowKey, window: Window) -> None:
+        if window.suppressed == 0:
+            return
+        kind, cluster, node = key
+        await self._send(
+            kind,
+            cluster,
+            node,
+            f"{window.suppressed} more {kind} alerts held back in {self.window:g}s",
+            f"summary-{time.time():.3f}",
+            {"suppressed": str(window.suppressed), "window": f"{self.window:g}"},
+        )
+
+    async def _send(
+        self,
+        kind: AlertKind,
+        cluster: str,
+        node: str,
+        message: str,
+        event: str,
+        details: dict[str, str],
+    ) -> None:
         alert_id = f"{kind}:{cluster}:{node}:{event}"
+        # Refusal texts quote what the sender sent: cut them to the wire bounds, so the
+        # alert is one every reader can decode.
         alert = Alert(
-            id=alert_id,
+            id=alert_id[:MAX_ID],
             kind=kind,
             node_id=node,
             cluster=cluster,
             severity=SEVERITY[kind],
-            message=message,
+            message=message[:MAX_TEXT],
             ts=time.time(),
-            details=details,
+            details={
+                name[:MAX_NAME]: value[:MAX_TEXT]
+                for name, value in list(details.items())[:MAX_DETAILS]
+            },
         )
         try:
             await self.bus.js.publish(
                 self.subjects.alert(kind, cluster, node),
                 codec.encode(alert),
                 timeout=PUBLISH_TIMEOUT,
-                headers={"Nats-Msg-Id": alert_id},
+                headers={"Nats-Msg-Id": alert.id},
             )
         except (nats.errors.Error, TimeoutError) as exc:
-            log.error("alert not published", extra={"alert": alert_id, "reason": str(exc)})
+            log.error("alert not published", extra={"alert": alert.id, "reason": str(exc)})

@@ -13,6 +13,7 @@ from msgspec import Meta
 from actors.runtime.config import DEFAULT_SERVER, Positive
 
 ENV_PREFIX = "FLEET_AGGREGATOR_"
+MIB = 1024 * 1024
 
 
 class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,3 +56,25 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092
     """``/nodes``, ``/nodes/<id>`` and ``/metrics``; 0 picks a free port, -1 serves nothing."""
+
+    # Storage budgets: every stream and bucket has a byte budget the server reserves, so a
+    # flood on one can never take the store that failure detection (FLEET_HB) needs.
+    # Sizing rule (README, "Storage budgets"): the sum of these six (424 MiB by default),
+    # times the prefixes a server hosts, stays below the server's jetstream max_file_store,
+    # and every other stream on that server has a max_bytes too.
+    heartbeats_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
+    """FLEET_HB: one heartbeat per node, typically 2-20 KB; 128 MiB holds over 6,000 nodes."""
+    records_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
+    """KV fleet_nodes: one record per node, the heartbeat embedded."""
+    commands_max_bytes: Annotated[int, Meta(ge=MIB)] = 32 * MIB
+    results_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
+    alerts_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
+    trust_max_bytes: Annotated[int, Meta(ge=MIB)] = 8 * MIB
+    results_per_node: Annotated[int, Meta(ge=1)] = 1000
+    """Command results kept per node: a node flooding its result subject evicts only its
+    own oldest results."""
+    alerts_per_subject: Annotated[int, Meta(ge=1)] = 1000
+    """Alerts kept per kind and node, so one node's alerts never evict another's."""
+    alert_window: Positive = 60.0
+    """At most one alert per node and refusal kind in this many seconds; the rest are
+    counted and reported in one summary alert when the window closes."""

@@ -64,7 +64,10 @@ class FleetApiActor:
             else:
                 self.records[node] = record
 
-        await kv.follow(bucket, NodeRecord, on_change)
+        def on_unreadable(node: str) -> None:
+            self.metrics.records_unreadable.inc()
+
+        await kv.follow(bucket, NodeRecord, on_change, on_unreadable=on_unreadable)
 
     def listing(self, cluster: str | None, state: str | None) -> list[NodeRecord]:
         return [

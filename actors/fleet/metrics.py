@@ -26,6 +26,11 @@ class AggregatorMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.records_unreadable = Counter(
+            "fleet_records_unreadable",
+            "Records in fleet_nodes skipped because they could not be decoded",
+            registry=self.registry,
+        )
         self.nodes = Gauge(
             "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
         )

@@ -1,7 +1,10 @@
 """The fleet's KV buckets as the aggregators use them: node records and approved keys.
 
 Records are changed by read-modify-write with compare-and-set on the KV revision, so any
-number of aggregators can write concurrently without losing an update. Approved keys are
+number of aggregators can write concurrently without losing an update. A record this
+version cannot decode (damaged, or written by a newer aggregator during a rolling upgrade)
+is never overwritten: that node is skipped, counted and logged, and stays as it is until a
+reader that understands it (or an operator deleting the key) takes over. Approved keys are
 read through :mod:`actors.fleet.registry`, the one reader of ``fleet_trust``.
 """
 
@@ -14,6 +17,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from actors.fleet import registry
+from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec
@@ -33,9 +37,12 @@ class NodeStore:
     """The buckets are looked up on first use (the bus keeps them), so a store can be made
     before an aggregator has provisioned them."""
 
-    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+    def __init__(
+        self, bus: Bus, subjects: Subjects, metrics: AggregatorMetrics | None = None
+    ) -> None:
         self.bus = bus
         self.subjects = subjects
+        self.metrics = metrics or AggregatorMetrics()
         self._trusted: dict[str, str] | None = None
         """Approved keys from the trust watch; None until it has caught up."""
 
@@ -84,10 +91,17 @@ class NodeStore:
         """Apply ``change`` to the current record and write the result if nobody wrote in
         between, else read again and retry. Returns (before, written); ``change`` returning
         None writes nothing (written is None). ``change`` may run more than once, so it
-        must not have effects beyond its return value."""
+        must not have effects beyond its return value. An unreadable record returns
+        (None, None) without calling ``change``: writing over it blindly could undo what a
+        newer aggregator knows."""
         nodes = await self._nodes()
         for _ in range(CAS_ATTEMPTS):
-            current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
+            try:
+                current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
+            except DecodeError as exc:
+                self.metrics.records_unreadable.inc()
+                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+                return None, None
             updated = change(current)
             if updated is None:
                 return current, None

@@ -25,6 +25,16 @@ of the servers of a cluster differ a little)."""
 SeqVerdict = Literal["next", "replay", "jump"]
 
 
+HELD_STATES: dict[str, RecordState] = {
+    "drained": "drained",
+    "draining": "draining",
+    "cordoned": "cordoned",
+}
+"""The schedulabilities that are also record states. A record's schedulability is read as
+an open string (a newer agent may report one this version does not know): an unknown one
+holds no state of its own, so the node's other facts decide."""
+
+
 def derive_state(record: NodeRecord) -> RecordState:
     """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
     pending, each from its own fact in the record."""
@@ -34,8 +44,9 @@ def derive_state(record: NodeRecord) -> RecordState:
         return "offline"
     if record.stale_since is not None:
         return "stale"
-    if record.schedulability in ("drained", "draining", "cordoned"):
-        return record.schedulability
+    held = HELD_STATES.get(record.schedulability)
+    if held is not None:
+        return held
     if record.health_status in ("degraded", "unhealthy"):
         return "degraded"
     if record.last_seq > 0:

@@ -4,6 +4,7 @@ a node has."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import msgspec
@@ -15,6 +16,8 @@ from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord, TrustEntry
 from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects, check_token
+
+log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 8
 
@@ -86,13 +89,15 @@ def approved_key(entry: TrustEntry | None) -> str | None:
 
 
 async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
-    """Every node record, sorted by node id; unreadable records are skipped."""
+    """Every node record, sorted by node id; unreadable records are skipped and logged, so
+    one damaged or newer record never hides the rest of the fleet."""
     bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
     found = []
     for node in await kv.keys(bucket):
         try:
             current = await kv.read(bucket, node, NodeRecord)
-        except DecodeError:
+        except DecodeError as exc:
+            log.warning("unreadable record skipped", extra={"node": node, "reason": str(exc)})
             continue
         if current is not None:
             found.append(current)

@@ -3,11 +3,20 @@
 Safe to run from every process at start-up: a stream that exists is updated to the
 settings below (failure detection needs ``allow_msg_ttl`` and delete markers), a bucket
 that exists is left alone.
+
+Every stream and bucket is bounded three ways: a byte budget (``max_bytes``, which the
+server reserves for it), a message count and a message size. Because every budget is
+reserved, a flood on one stream fills only that stream's budget: the store failure
+detection needs (``FLEET_HB`` and its delete markers) can never be taken by results or
+alerts. ``FLEET_HB`` discards *new* subjects when full (a node that was beating keeps
+beating, since its message replaces its last one); results and alerts discard their own
+oldest messages, capped per subject, so a flooding node evicts only its own.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -19,6 +28,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
     BUCKET_NODES,
     BUCKET_TRUST,
@@ -42,7 +52,66 @@ Nats-TTL stand beside the hour-long marker TTL: with more messages per subject t
 raises every per-message TTL to the marker TTL (nats-server PRs 6741 and 6818)."""
 
 
-def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
+KIB = 1024
+MAX_HEARTBEAT_SIZE = 768 * KIB
+"""The largest heartbeat the bounds of :mod:`schemas.base` allow is about 650 KB (every
+character of every string JSON-escaped to six bytes); the record that embeds it is a few
+hundred bytes more. Both stay below this, and this below the server's 1 MiB max_payload."""
+MAX_COMMAND_SIZE = 64 * KIB
+MAX_RESULT_SIZE = 64 * KIB
+MAX_ALERT_SIZE = 128 * KIB
+MAX_TRUST_SIZE = 16 * KIB
+MAX_NODES = 100_000
+"""Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
+MAX_STREAM_MSGS = 1_000_000
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """The byte budgets and per-subject caps an aggregator's config sets; the defaults are
+    :class:`AggregatorConfig`'s."""
+
+    heartbeats_max_bytes: int
+    records_max_bytes: int
+    commands_max_bytes: int
+    results_max_bytes: int
+    alerts_max_bytes: int
+    trust_max_bytes: int
+    results_per_node: int
+    alerts_per_subject: int
+
+    @classmethod
+    def of(cls, config: AggregatorConfig) -> StreamLimits:
+        return cls(
+            heartbeats_max_bytes=config.heartbeats_max_bytes,
+            records_max_bytes=config.records_max_bytes,
+            commands_max_bytes=config.commands_max_bytes,
+            results_max_bytes=config.results_max_bytes,
+            alerts_max_bytes=config.alerts_max_bytes,
+            trust_max_bytes=config.trust_max_bytes,
+            results_per_node=config.results_per_node,
+            alerts_per_subject=config.alerts_per_subject,
+        )
+
+    @property
+    def total(self) -> int:
+        """Bytes the server reserves for one prefix: its max_file_store must exceed it."""
+        return (
+            self.heartbeats_max_bytes
+            + self.records_max_bytes
+            + self.commands_max_bytes
+            + self.results_max_bytes
+            + self.alerts_max_bytes
+            + self.trust_max_bytes
+        )
+
+
+DEFAULT_LIMITS = StreamLimits.of(AggregatorConfig())
+
+
+def stream_configs(
+    subjects: Subjects, replicas: int = 1, limits: StreamLimits = DEFAULT_LIMITS
+) -> list[StreamConfig]:
     return [
         StreamConfig(
             name=subjects.stream_name(STREAM_HEARTBEATS),
@@ -55,7 +124,10 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             duplicate_window=DUPLICATE_WINDOW,
             allow_msg_ttl=True,
             subject_delete_marker_ttl=MARKER_TTL,
-            discard=DiscardPolicy.OLD,
+            discard=DiscardPolicy.NEW,
+            max_bytes=limits.heartbeats_max_bytes,
+            max_msgs=MAX_NODES,
+            max_msg_size=MAX_HEARTBEAT_SIZE,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_COMMANDS),
@@ -66,6 +138,10 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             retention=RetentionPolicy.WORK_QUEUE,
             max_age=7 * DAY,
             duplicate_window=DUPLICATE_WINDOW,
+            discard=DiscardPolicy.NEW,
+            max_bytes=limits.commands_max_bytes,
+            max_msgs=MAX_STREAM_MSGS,
+            max_msg_size=MAX_COMMAND_SIZE,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_EVENTS),
@@ -75,6 +151,11 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             num_replicas=replicas,
             max_age=30 * DAY,
             duplicate_window=DUPLICATE_WINDOW,
+            discard=DiscardPolicy.OLD,
+            max_bytes=limits.results_max_bytes,
+            max_msgs=MAX_STREAM_MSGS,
+            max_msgs_per_subject=limits.results_per_node,
+            max_msg_size=MAX_RESULT_SIZE,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_ALERTS),
@@ -84,11 +165,18 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             num_replicas=replicas,
             max_age=30 * DAY,
             duplicate_window=DUPLICATE_WINDOW,
+            discard=DiscardPolicy.OLD,
+            max_bytes=limits.alerts_max_bytes,
+            max_msgs=MAX_STREAM_MSGS,
+            max_msgs_per_subject=limits.alerts_per_subject,
+            max_msg_size=MAX_ALERT_SIZE,
         ),
     ]
 
 
-def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig]:
+def bucket_configs(
+    subjects: Subjects, replicas: int = 1, limits: StreamLimits = DEFAULT_LIMITS
+) -> list[KeyValueConfig]:
     return [
         KeyValueConfig(
             bucket=subjects.bucket_name(BUCKET_NODES),
@@ -96,6 +184,8 @@ def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig
             history=1,
             storage=StorageType.FILE,
             replicas=replicas,
+            max_bytes=limits.records_max_bytes,
+            max_value_size=MAX_HEARTBEAT_SIZE,
         ),
         KeyValueConfig(
             bucket=subjects.bucket_name(BUCKET_TRUST),
@@ -103,20 +193,37 @@ def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig
             history=5,
             storage=StorageType.FILE,
             replicas=replicas,
+            max_bytes=limits.trust_max_bytes,
+            max_value_size=MAX_TRUST_SIZE,
         ),
     ]
 
 
-async def provision(js: JetStreamContext, subjects: Subjects, replicas: int = 1) -> None:
-    for config in stream_configs(subjects, replicas):
+async def provision(
+    js: JetStreamContext,
+    subjects: Subjects,
+    replicas: int = 1,
+    limits: StreamLimits = DEFAULT_LIMITS,
+) -> None:
+    """Create what is missing and bring existing streams to these settings. A server may
+    refuse a change to an existing stream (a budget above what it can reserve, say): that
+    stream keeps working with its old settings, and the refusal is logged, not raised, so
+    one stale setting never stops an aggregator from starting."""
+    for config in stream_configs(subjects, replicas, limits):
         try:
             await js.stream_info(config.name or "")
         except nats.js.errors.NotFoundError:
             await js.add_stream(config)
             log.info("stream created", extra={"stream": config.name})
-        else:
+            continue
+        try:
             await js.update_stream(config)
-    for bucket in bucket_configs(subjects, replicas):
+        except nats.js.errors.APIError as exc:
+            log.error(
+                "stream settings not updated; it keeps its old ones",
+                extra={"stream": config.name, "reason": str(exc)},
+            )
+    for bucket in bucket_configs(subjects, replicas, limits):
         try:
             await js.key_value(bucket.bucket)
         except nats.js.errors.BucketNotFoundError:

@@ -14,12 +14,14 @@ import msgspec
 from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, Port, Positive
-from schemas.base import Cluster, NodeId
+from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
 
 ENV_PREFIX = "NODE_AGENT_"
 
-EngineSpec = Annotated[str, Meta(pattern=r"^(vllm|sglang|llamacpp)=https?://\S+$")]
+EngineSpec = Annotated[
+    str, Meta(pattern=r"^(vllm|sglang|llamacpp)=https?://\S+$", max_length=MAX_URL)
+]
 PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 """CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
@@ -63,12 +65,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     required_binaries: list[str] = []
     required_modules: list[str] = []
 
-    engines: list[EngineSpec] = []
+    engines: Annotated[list[EngineSpec], Meta(max_length=MAX_ENGINES)] = []
     engine_interval: Positive = 5.0
     engine_timeout: Positive = 2.0
 
-    peers: list[PeerId] = []
-    max_peers: Annotated[int, Meta(ge=0)] = 8
+    peers: Annotated[list[PeerId], Meta(max_length=MAX_PEERS)] = []
+    max_peers: Annotated[int, Meta(ge=0, le=MAX_PEERS)] = 8
     probe_interval: Positive = 10.0
     probe_timeout: Positive = 1.0
 

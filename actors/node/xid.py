@@ -18,6 +18,7 @@ from typing import Literal
 import msgspec
 
 from actors.node.config import XID_THRESHOLD_PATTERN
+from schemas.base import MAX_XIDS
 from schemas.events import Gpu, HealthCheck, XidCount
 
 Finding = Literal["degraded", "unhealthy"]
@@ -151,8 +152,10 @@ def count_xid(codes: dict[int, XidCount], code: int, at: float) -> None:
 
 
 def in_code_order(codes: dict[int, XidCount]) -> list[XidCount]:
-    """A GPU's XID counts as a sample carries them, by code."""
-    return sorted(codes.values(), key=lambda xid: xid.code)
+    """A GPU's XID counts as a sample carries them, by code: the MAX_XIDS codes seen most
+    recently, so a GPU throwing every code there is still fits the wire bound."""
+    recent = sorted(codes.values(), key=lambda xid: xid.last_at)[-MAX_XIDS:]
+    return sorted(recent, key=lambda xid: xid.code)
 
 
 def parse_thresholds(specs: Iterable[str]) -> dict[int, tuple[int, float]]:

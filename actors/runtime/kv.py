@@ -59,13 +59,15 @@ async def follow(
     kind: type[T],
     on_change: Callable[[str, T | None], None],
     on_current: Callable[[], None] | None = None,
+    on_unreadable: Callable[[str], None] | None = None,
 ) -> None:
     """Call ``on_change(key, value)`` for every current entry of ``bucket``, then
     ``on_current()`` once, then ``on_change`` for every change, until cancelled.
 
     A deleted or purged key arrives as None. So does an unreadable value (logged): the
     follower's copy must not keep a value the bucket no longer holds, and raising would
-    only restart the watch into the same value.
+    only restart the watch into the same value. ``on_unreadable(key)`` lets the caller
+    count them.
     """
     watcher = await bucket.watchall()
     try:
@@ -83,6 +85,8 @@ async def follow(
                         "unreadable kv value",
                         extra={"bucket": entry.bucket, "key": entry.key, "reason": str(exc)},
                     )
+                    if on_unreadable is not None:
+                        on_unreadable(entry.key)
             on_change(entry.key, value)
     finally:
         await _stop_watcher(watcher)

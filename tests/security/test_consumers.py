@@ -18,7 +18,14 @@ from schemas.messages import Cordon
 from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects
 from tests.security.attack import attacker, http_status, restarts
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_for, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    new_aggregator,
+    new_fleet_api,
+    wait_for,
+    wait_record,
+)
 
 
 async def consumer_exists(url: str, stream: str, durable: str) -> bool:
@@ -57,7 +64,7 @@ async def test_aggregator_recreates_its_deleted_consumer(
     async with attacker(fleet.url) as nc:
         await nc.jetstream().delete_stream(stream)
     await wait_for(lambda: _status_is(healthz, 503))
-    await provision(bus.js, subjects)
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
     await wait_for(lambda: _status_is(healthz, 200))
     before = await wait_record(bus, prefix, "n1", lambda record: True)
     await wait_record(bus, prefix, "n1", lambda record: record.last_seq > before.last_seq)
@@ -87,7 +94,7 @@ async def test_agent_recreates_its_deleted_command_consumer(
 
         await js.delete_stream(stream)
         await wait_for(lambda: _status_is(healthz, 503), timeout=15)
-        await provision(bus.js, subjects)
+        await provision(bus.js, subjects, limits=TEST_LIMITS)
         await wait_for(lambda: _status_is(healthz, 200), timeout=15)
         command = new_command("n1", "c1", Cordon())
         body = codec.encode(command)

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.config import AggregatorConfig
+from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import NotFound, approve, read_record
+from actors.fleet.streams import StreamLimits
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
@@ -29,12 +32,27 @@ from tests.support.metadata_fakes import FakeServer
 Fake = TypeVar("Fake", bound=FakeServer)
 
 
+TEST_BUDGETS = AggregatorConfig(
+    heartbeats_max_bytes=8 * MIB,
+    records_max_bytes=8 * MIB,
+    commands_max_bytes=4 * MIB,
+    results_max_bytes=4 * MIB,
+    alerts_max_bytes=4 * MIB,
+    trust_max_bytes=1 * MIB,
+)
+"""Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
+tests each provision their own prefix on one server, so the production defaults (424 MiB
+a prefix) would need tens of GB of disk for a module."""
+TEST_LIMITS = StreamLimits.of(TEST_BUDGETS)
+
+
 def new_aggregator(
     bus: NatsBus, prefix: str, metrics: AggregatorMetrics | None = None, **settings: Any
 ) -> AggregatorActor:
     """Every test and benchmark builds its aggregator here, so a change to the constructor
-    is one edit."""
-    return AggregatorActor(AggregatorConfig(prefix=prefix, **settings), bus, metrics)
+    is one edit; its stream budgets are the tests' small ones unless a test says."""
+    config = msgspec.structs.replace(TEST_BUDGETS, prefix=prefix, **settings)
+    return AggregatorActor(config, bus, metrics)
 
 
 def new_fleet_api(

@@ -14,7 +14,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.subjects import Subjects
-from tests.support.fleet import agent_config, start_aggregator, wait_record
+from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_record
 
 
 def free_port() -> int:
@@ -41,7 +41,7 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
     await asyncio.to_thread(server.start)
     bus = await NatsBus.connect(server.url, "test")
     subjects = Subjects("res")
-    await provision(bus.js, subjects)
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
     await approve(bus, subjects, "n1", key.public_key)
     aggregator = await start_aggregator(bus, "res")
     try:

@@ -25,6 +25,7 @@ from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas import codec
+from schemas.base import MAX_GPUS
 from schemas.events import Capacity, Event, Gpu, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
@@ -140,7 +141,9 @@ class InventoryActor:
         self._sample_now.set()
 
     def sample(self) -> Sample:
-        gpus = self.gpus.read() if self.gpus else []
+        # A Sample reports at most MAX_GPUS devices: a heartbeat with more would be
+        # refused by every aggregator, and the node would look dead instead of large.
+        gpus = (self.gpus.read() if self.gpus else [])[:MAX_GPUS]
         memory = psutil.virtual_memory()
         disk = psutil.disk_usage(self.disk_path)
         busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
