@@ -96,6 +96,9 @@ def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig
             history=1,
             storage=StorageType.FILE,
             replicas=replicas,
+            # Direct gets: agents read records without creating a consumer, and under
+            # auth.conf a node may read the bucket in no other way.
+            direct=True,
         ),
         KeyValueConfig(
             bucket=subjects.bucket_name(BUCKET_TRUST),
@@ -103,6 +106,7 @@ def bucket_configs(subjects: Subjects, replicas: int = 1) -> list[KeyValueConfig
             history=5,
             storage=StorageType.FILE,
             replicas=replicas,
+            direct=True,
         ),
     ]
 
