@@ -46,9 +46,10 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
     A direct get (nats-server 2.11+, the bucket needs ``allow_direct``) creates nothing and
     needs only the right to publish one API subject. nats-py does not wrap the batched form,
     so this sends the request itself on a fresh inbox and collects the answers: one message
-    per key, then a status 204 "EOB" message (404 when the bucket is empty). Bounded twice:
-    the server sends at most ``limit`` keys, and anything past that, or no end within
-    ``timeout``, raises (BatchError, TimeoutError).
+    per key in stream order, then a status 204 "EOB" message (404 when the bucket is empty).
+    Bounded: the server sends at most ``limit`` keys (a larger bucket is read in part, and
+    logged), more answers than that or no end within ``timeout`` raise (BatchError,
+    TimeoutError).
     """
     stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
@@ -63,6 +64,8 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
         headers = msg.headers or {}
         status = headers.get("Status", "")
         if status in (END_OF_BATCH, NO_MESSAGES):
+            if headers.get("Nats-Num-Pending", "0") != "0":
+                log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
             finished.set_result(None)
         elif status:
             finished.set_exception(
