@@ -59,7 +59,6 @@ class AuthServer:
     server: NatsServer
     keys: dict[str, signing.KeyPair]
     fleet: Fleet
-    stack: AsyncExitStack
 
     @property
     def admin(self) -> NatsBus:
@@ -101,7 +100,7 @@ async def auth(tmp_path: Path, state_dir: Path) -> AsyncIterator[AuthServer]:
             stack.push_async_callback(admin.close)
             await provision(admin.js, SUBJECTS)
             fleet = Fleet(server.url, admin, PREFIX, state_dir, stack)
-            yield AuthServer(server, keys, fleet, stack)
+            yield AuthServer(server, keys, fleet)
     finally:
         server.stop()
 
@@ -286,14 +285,21 @@ async def test_no_consumers_but_its_own(auth: AuthServer, attacker: Attacker) ->
     await asyncio.sleep(SETTLE)
     assert await snapshot(auth.admin) == before
 
+    # Its own durable is the one consumer it may create, and pointing that one's
+    # deliveries at another node's trust entry writes nothing there (streams do not take
+    # in consumer deliveries).
     own = f"cmd_{AUTH_CLUSTER}_{ATTACKER}"
     info = await nc.jetstream(prefix=AUTH_JS_API_PREFIX).add_consumer(
         "FLEET_CMD",
         name=own,
         durable_name=own,
         filter_subject=SUBJECTS.command(AUTH_CLUSTER, ATTACKER),
+        deliver_subject=f"$KV.fleet_trust.{VICTIM}",
     )
     assert info.name == own
+    await auth.admin.js.publish(SUBJECTS.command(AUTH_CLUSTER, ATTACKER), b"{}")
+    await asyncio.sleep(SETTLE)
+    assert (await snapshot(auth.admin)).trust == before.trust
 
 
 async def test_honest_prober_answers_only_inboxes(auth: AuthServer, attacker: Attacker) -> None:
