@@ -15,7 +15,7 @@ import aiohttp
 import msgspec
 
 from actors.cli.common import add_config_flags, fail, run_main, settings_from, stop_event
-from actors.node.agent import NodeAgent
+from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus
@@ -31,6 +31,9 @@ INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
 DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
 
 # Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
+REGISTER_TIMEOUT = 5.0
+"""How long `node-agent register` waits for an aggregator's answer."""
+
 LIST_FLAGS = {
     "engines": "engine",
     "peers": "peer",
@@ -107,16 +110,26 @@ async def cmd_register(args: argparse.Namespace) -> int:
         hostname=socket.gethostname(),
     )
     body = codec.encode(registration)
+    # Logged in as the agent itself logs in, so auth.conf's node permissions apply.
     bus = await NatsBus.connect(
-        config.server, "node-agent-register", connect_timeout=config.connect_timeout
+        config.server,
+        "node-agent-register",
+        nkey_seed=key.seed if config.nkey_auth else None,
+        connect_timeout=config.connect_timeout,
+        inbox_prefix=inbox_prefix(config.node_id),
     )
     try:
         try:
             msg = await bus.request(
-                Subjects(config.prefix).register(), body, timeout=5.0, headers=key.headers(body)
+                Subjects(config.prefix).register(),
+                body,
+                timeout=REGISTER_TIMEOUT,
+                headers=key.headers(body),
             )
         except TimeoutError:
-            return fail("no aggregator answered on the register subject within 5s")
+            return fail(
+                f"no aggregator answered on the register subject within {REGISTER_TIMEOUT:g}s"
+            )
         reply = codec.decode(msg.data, RegistrationReply, msg.subject)
     finally:
         await bus.close()

@@ -186,6 +186,9 @@ def bucket_configs(
             replicas=replicas,
             max_bytes=limits.records_max_bytes,
             max_value_size=MAX_HEARTBEAT_SIZE,
+            # Direct gets: agents read records without creating a consumer, and under
+            # auth.conf a node may read the bucket in no other way.
+            direct=True,
         ),
         KeyValueConfig(
             bucket=subjects.bucket_name(BUCKET_TRUST),
@@ -195,6 +198,7 @@ def bucket_configs(
             replicas=replicas,
             max_bytes=limits.trust_max_bytes,
             max_value_size=MAX_TRUST_SIZE,
+            direct=True,
         ),
     ]
 

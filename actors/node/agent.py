@@ -24,6 +24,12 @@ from schemas.signing import load_key_file
 log = logging.getLogger(__name__)
 
 
+def inbox_prefix(node_id: str) -> str:
+    """Replies to a node arrive under a prefix of its own, so a server can let each node
+    read only its own replies (deploy/nats/auth.conf)."""
+    return f"_INBOX.{node_id}"
+
+
 class NodeAgent:
     """The node's actors around one NATS connection."""
 
@@ -60,9 +66,8 @@ class NodeAgent:
             nkey_seed=self.key.seed if self.config.nkey_auth else None,
             connect_timeout=self.config.connect_timeout,
             retry_forever=True,
-            # Replies to this node arrive under its own prefix, so a server can let each
-            # node read only its own replies (deploy/nats/auth.conf).
-            inbox_prefix=f"_INBOX.{self.config.node_id}",
+            inbox_prefix=inbox_prefix(self.config.node_id),
+            js_api_prefix=self.config.js_api_prefix,
         )
         self.supervisor = Supervisor(self.build_actors(self.bus))
         self.supervisor.start()

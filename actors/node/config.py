@@ -51,6 +51,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     nkey_auth: bool = False
     """Authenticate to NATS with the node key (servers configured as in deploy/nats/auth)."""
     prefix: str = "fleet"
+    js_api_prefix: str = "$JS.API"
+    """Where the JetStream API is reached: ``JS.FLEET.API`` under deploy/nats/auth.conf,
+    whose nodes live in an account without JetStream and import the fleet's API there."""
     connect_timeout: Positive = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -25,7 +25,7 @@ from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas import codec
-from schemas.errors import DecodeError, FleetError
+from schemas.errors import DecodeError
 from schemas.events import Latency, PeerLatency
 from schemas.messages import NodeRecord, Probe, ProbeReply
 from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
@@ -37,9 +37,11 @@ LOSS_WINDOW = 20
 DISCOVER_EVERY = 6
 """Re-read the peer list from fleet_nodes every 6 rounds: reading every record is not free."""
 KV_TIMEOUT = 5.0
-DISCOVER_READS = 4
-"""At most 4 x max_peers records are read per discovery (other clusters, dead nodes)."""
-GONE_STATES = {"offline", "deregistered"}
+DISCOVER_LIMIT = 4096
+"""Discovery reads at most 4,096 records (a fleet larger than that is seen in part)."""
+NOT_PEERS = {"pending", "offline", "deregistered"}
+INBOX_PREFIX = "_INBOX."
+"""Probes are answered only on inbox subjects, which carry replies and nothing else."""
 
 
 class LatencyActor:
@@ -57,12 +59,16 @@ class LatencyActor:
         self.windows: dict[str, deque[bool]] = {}
 
     async def _answer(self, msg: Msg) -> None:
+        # The reply subject is the sender's choice: answering anything but an inbox would
+        # let any client make this node publish under its name (a probe with reply
+        # ``$KV.fleet_trust.<node>`` once rewrote another node's trust entry).
+        if not msg.reply.startswith(INBOX_PREFIX):
+            log.debug("ignoring probe without an inbox reply", extra={"reply": msg.reply})
+            return
         try:
             probe = codec.decode(msg.data, Probe, msg.subject)
         except DecodeError as exc:
             log.debug("ignoring malformed probe", extra={"reason": str(exc)})
-            return
-        if not msg.reply:
             return
         reply = ProbeReply(
             node_id=self.config.node_id,
@@ -75,37 +81,35 @@ class LatencyActor:
     async def discover(self) -> list[str]:
         """Up to ``max_peers`` live nodes of our cluster; the same ones while they stay.
 
-        Ordered by a hash of (us, them), so every node picks a different subset of a large
-        cluster instead of all probing the alphabetically first few. Only the key list is
-        read whole (headers only); records are read in that order until enough peers are
-        found, so a fleet of thousands costs each node a handful of reads, not thousands.
+        Every record of fleet_nodes comes in one batched direct get (no consumer is created,
+        see :func:`kv.latest_values`). Only admitted, reachable nodes are peers: ``pending``
+        ones are anyone's self-signed registrations, offline or deregistered ones would
+        only time out. Ordered by a hash of (us, them), so every node picks a different
+        subset of a large cluster instead of all probing the alphabetically first few.
         """
         try:
-            return await asyncio.wait_for(self._discover(), KV_TIMEOUT)
-        except (nats.errors.Error, TimeoutError, FleetError) as exc:
+            values = await kv.latest_values(
+                self.bus, self.subjects.bucket_name(BUCKET_NODES), DISCOVER_LIMIT, KV_TIMEOUT
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
             log.debug("peer discovery failed", extra={"reason": str(exc) or type(exc).__name__})
             return self.peers
-
-    async def _discover(self) -> list[str]:
         me = self.config.node_id
-        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
-        nodes = [node for node in await kv.keys(bucket) if node != me]
-        nodes.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
-        found: list[str] = []
-        for node in nodes[: DISCOVER_READS * max(1, self.config.max_peers)]:
-            if len(found) >= self.config.max_peers:
-                break
+        found = []
+        for node, value in values.items():
             try:
-                peer = await kv.read(bucket, node, NodeRecord)
+                peer = codec.decode(value, NodeRecord, f"key {node}")
             except DecodeError:
                 continue
             if (
-                peer is not None
+                node != me
+                and peer.node_id == node
                 and peer.cluster == self.config.cluster
-                and peer.state not in GONE_STATES
+                and peer.state not in NOT_PEERS
             ):
                 found.append(node)
-        return found
+        found.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
+        return found[: self.config.max_peers]
 
     async def probe_peer(self, node: str) -> int | None:
         """Round trip in microseconds, or None when no (valid) answer came in time."""

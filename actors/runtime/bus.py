@@ -36,6 +36,7 @@ PENDING_MSGS_LIMIT = 4096
 PENDING_BYTES_LIMIT = 16 * 1024 * 1024
 PUBLISH_TIMEOUT = 5.0
 """How long a JetStream publish waits for the stream's acknowledgement."""
+DEFAULT_JS_API_PREFIX = "$JS.API"
 CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
@@ -67,9 +68,16 @@ class Bus(Protocol):
     @property
     def js(self) -> JetStreamContext: ...
 
+    @property
+    def js_api_prefix(self) -> str:
+        """Where this connection reaches the JetStream API (``$JS.API`` by default)."""
+        ...
+
     async def publish(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None, reply: str = ""
     ) -> None: ...
+
+    def new_inbox(self) -> str: ...
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription: ...
 
@@ -90,11 +98,14 @@ class Bus(Protocol):
 class NatsBus:
     """:class:`Bus` over one nats-py connection."""
 
-    def __init__(self, nc: Client, server: str, events: _ConnectionEvents) -> None:
+    def __init__(
+        self, nc: Client, server: str, events: _ConnectionEvents, js_api_prefix: str
+    ) -> None:
         self.nc = nc
         self.server = server
         self._events = events
-        self._js = nc.jetstream(timeout=5.0)
+        self.js_api_prefix = js_api_prefix
+        self._js = nc.jetstream(timeout=5.0, prefix=js_api_prefix)
         self._buckets: dict[str, KeyValue] = {}
 
     @classmethod
@@ -107,8 +118,11 @@ class NatsBus:
         connect_timeout: float = 5.0,
         retry_forever: bool = False,
         inbox_prefix: str = "_INBOX",
+        js_api_prefix: str = DEFAULT_JS_API_PREFIX,
     ) -> NatsBus:
-        """Connect; with ``retry_forever`` the first connection is retried with backoff too."""
+        """Connect; with ``retry_forever`` the first connection is retried with backoff too.
+        ``js_api_prefix`` is where JetStream's API answers: another prefix when an account
+        imports it from another (deploy/nats/auth.conf)."""
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
@@ -133,7 +147,7 @@ class NatsBus:
                     connect_timeout,
                 )
                 events.up = True
-                return cls(nc, server, events)
+                return cls(nc, server, events, js_api_prefix)
             except asyncio.CancelledError:
                 await nc.close()
                 raise
@@ -158,9 +172,14 @@ class NatsBus:
         return bool(self.nc.is_connected)
 
     async def publish(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None, reply: str = ""
     ) -> None:
-        await self.nc.publish(subject, data, headers=headers)
+        await self.nc.publish(subject, data, reply=reply, headers=headers)
+
+    def new_inbox(self) -> str:
+        """A fresh reply subject under this connection's inbox prefix (for a request answered
+        by several messages, which ``request`` cannot wait for)."""
+        return self.nc.new_inbox()
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
         return await self.nc.subscribe(

@@ -11,10 +11,13 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
+import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from actors.runtime.bus import Bus, unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 
@@ -23,6 +26,69 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WATCHER_STOP_TIMEOUT = 2.0
+END_OF_BATCH = "204"
+"""The status of the message that ends a batched direct get (description ``EOB``)."""
+NO_MESSAGES = "404"
+"""The status a batched direct get answers when the bucket holds no key at all."""
+
+
+class BatchError(nats.errors.Error):
+    """A batched direct get was refused, or answered more than it was asked for."""
+
+
+async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> dict[str, bytes]:
+    """The current value of every key of ``bucket`` (at most ``limit`` keys), read with one
+    JetStream batched direct get; deleted and purged keys are left out.
+
+    Why not ``keys()`` and ``get()``: listing keys creates an ephemeral consumer on the
+    bucket's stream per call (a client that lists often, or a hostile one, exhausts the
+    server's consumers), and consumer rights would let a node create as many as it likes.
+    A direct get (nats-server 2.11+, the bucket needs ``allow_direct``) creates nothing and
+    needs only the right to publish one API subject. nats-py does not wrap the batched form,
+    so this sends the request itself on a fresh inbox and collects the answers: one message
+    per key in stream order, then a status 204 "EOB" message (404 when the bucket is empty).
+    Bounded: the server sends at most ``limit`` keys (a larger bucket is read in part, and
+    logged), more answers than that or no end within ``timeout`` raise (BatchError,
+    TimeoutError).
+    """
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    values: dict[str, bytes] = {}
+    received = 0
+    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: Msg) -> None:
+        nonlocal received
+        if finished.done():
+            return
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status in (END_OF_BATCH, NO_MESSAGES):
+            if headers.get("Nats-Num-Pending", "0") != "0":
+                log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
+            finished.set_result(None)
+        elif status:
+            finished.set_exception(
+                BatchError(f"direct get on {stream}: {status} {headers.get('Description', '')}")
+            )
+        elif (received := received + 1) > limit:
+            finished.set_exception(BatchError(f"direct get on {stream}: over {limit} answers"))
+        else:
+            subject = headers.get("Nats-Subject", "")
+            deleted = headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
+            if subject.startswith(prefix) and msg.data and not deleted:
+                values[subject.removeprefix(prefix)] = msg.data
+
+    inbox = bus.new_inbox()
+    subscription = await bus.subscribe(inbox, on_message)
+    try:
+        request = {"multi_last": [f"{prefix}>"], "batch": limit}
+        subject = f"{bus.js_api_prefix}.DIRECT.GET.{stream}"
+        await bus.publish(subject, msgspec.json.encode(request), reply=inbox)
+        await asyncio.wait_for(finished, timeout)
+    finally:
+        await unsubscribe_quietly(subscription)
+    return values
 
 
 async def keys(bucket: KeyValue) -> list[str]:

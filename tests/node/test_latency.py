@@ -80,7 +80,8 @@ async def test_discovers_live_peers_of_its_own_cluster(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Without configured peers, peers are nodes of the same cluster from fleet_nodes,
-    excluding itself, other clusters and offline nodes, at most max_peers of them."""
+    excluding itself, other clusters, pending, offline and deleted nodes, and records
+    filed under another node's key, at most max_peers of them."""
     subjects = Subjects(prefix)
     nodes = await bus.kv(subjects.bucket_name(BUCKET_NODES))
     rows: list[tuple[str, str, RecordState]] = [
@@ -89,12 +90,23 @@ async def test_discovers_live_peers_of_its_own_cluster(
         ("n3", "c1", "offline"),
         ("n4", "c2", "active"),
         ("n5", "c1", "degraded"),
+        ("n6", "c1", "pending"),
+        ("n7", "c1", "active"),
     ]
     for node, cluster, state in rows:
         record = NodeRecord(
             node_id=node, cluster=cluster, state=state, last_seq=1, last_seen=time.time()
         )
         await nodes.put(node, codec.encode(record))
+    await nodes.delete("n7")
+    await nodes.put(
+        "n8",
+        codec.encode(
+            NodeRecord(
+                node_id="n2", cluster="c1", state="active", last_seq=1, last_seen=time.time()
+            )
+        ),
+    )
     actor = prober(fleet, "n1")
     assert sorted(await actor.discover()) == ["n2", "n5"]
     limited = prober(fleet, "n1", max_peers=1)

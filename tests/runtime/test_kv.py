@@ -144,3 +144,27 @@ async def test_follow_delivers_unreadable_value_as_none_and_goes_on(
     assert [getattr(r, "key", None) for r in logged] == ["bad"]
     await bucket.put("good", codec.encode(Item(n=2)))
     assert await next_changes(changes, 1) == [("good", Item(n=2))]
+
+
+async def test_latest_values_reads_every_key_without_a_consumer(
+    bus: NatsBus, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One batched direct get: the current value of each live key (not deleted or purged
+    ones), nothing for an empty bucket, at most ``limit`` keys (logged when there are more),
+    and no consumer left on the bucket's stream."""
+    name = f"direct_{prefix}"
+    direct = await bus.js.create_key_value(KeyValueConfig(bucket=name, direct=True))
+    assert await kv.latest_values(bus, name, 10, WAIT) == {}
+    for key, n in [("a", 1), ("b", 2), ("a", 3), ("gone", 4), ("purged", 5)]:
+        await direct.put(key, codec.encode(Item(n=n)))
+    await direct.delete("gone")
+    await direct.purge("purged")
+    values = await kv.latest_values(bus, name, 10, WAIT)
+    assert {key: codec.decode(v, Item, key) for key, v in values.items()} == {
+        "a": Item(n=3),
+        "b": Item(n=2),
+    }
+    with caplog.at_level(logging.WARNING, logger="actors.runtime.kv"):
+        assert len(await kv.latest_values(bus, name, 1, WAIT)) <= 1
+    assert [r.getMessage() for r in caplog.records] == ["kv bucket read in part"]
+    assert (await bus.js.stream_info(f"KV_{name}")).state.consumer_count == 0

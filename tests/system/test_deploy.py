@@ -12,10 +12,9 @@ import configparser
 import importlib
 import re
 import shlex
-import socket
 import time
 import tomllib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -45,32 +44,21 @@ from schemas.subjects import (
     Subjects,
 )
 from tests.support.commanding import Results, send
+from tests.support.deploy import (
+    AUTH_CLUSTER,
+    AUTH_JS_API_PREFIX,
+    AUTH_NODE,
+    DEPLOY,
+    STORE,
+    free_port,
+    render,
+    render_auth,
+)
 from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
-STORE = "/var/lib/nats/jetstream"
 PREFIX = "fleet"
 """The configs' permissions name the default prefix, so these tests use it too (each test
 has servers of its own, so nothing is shared)."""
-
-
-def free_port() -> int:
-    """A port nothing listens on right now, on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def render(name: str, target: Path, replacements: Mapping[str, str]) -> Path:
-    """The repo's ``deploy/nats/<name>`` with each replacement applied, written to ``target``."""
-    text = (DEPLOY / name).read_text()
-    for old, new in replacements.items():
-        assert old in text, f"{name} no longer contains {old!r}"
-        text = text.replace(old, new)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
 
 
 @pytest.fixture
@@ -236,10 +224,6 @@ async def test_hub_and_leaf(
     await admit(fleet, leaf.url)
 
 
-AUTH_CLUSTER = "gpu-a"
-AUTH_NODE = "node-1"
-
-
 async def test_auth(
     tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
 ) -> None:
@@ -255,21 +239,19 @@ async def test_auth(
         AUTH_NODE,
         cluster=AUTH_CLUSTER,
         nkey_auth=True,
+        js_api_prefix=AUTH_JS_API_PREFIX,
         trust_operators=[operator.public_key],
         probe_interval=0.3,
     )
     node_key = signing.load_or_create_key_file(config.key_path)
     text = (DEPLOY / "auth.conf").read_text()
     assert f"fleet.hb.{AUTH_CLUSTER}.{AUTH_NODE}" in text
-    rendered = render(
-        "auth.conf",
+    rendered = render_auth(
         tmp_path / "auth.conf",
-        {
-            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
-            STORE: str(tmp_path / "js"),
-            "AGGREGATOR_PUBLIC_KEY": aggregator_key.public_key,
-            "NODE_1_PUBLIC_KEY": node_key.public_key,
-        },
+        free_port(),
+        tmp_path / "js",
+        aggregator_key.public_key,
+        {AUTH_NODE: (AUTH_CLUSTER, node_key.public_key)},
     )
     server = start(servers, rendered, tmp_path / "server", "auth")
     config = msgspec.structs.replace(config, server=server.url)
@@ -287,8 +269,15 @@ async def test_auth(
     cordon = await send(bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER)
     assert (await results.final(cordon.id)).status == "done"
     await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
+    # Only nodes reach nodes' probes: the node's own key asks here.
+    own = await nats.connect(
+        server.url, nkeys_seed_str=node_key.seed, inbox_prefix=f"_INBOX.{AUTH_NODE}"
+    )
     probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
-    reply = await bus.request(Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5)
+    try:
+        reply = await own.request(Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5)
+    finally:
+        await own.close()
     assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
     # Peer discovery has listed and read the bucket a few times by now.
     assert agent.bus is not None
