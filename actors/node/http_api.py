@@ -19,8 +19,7 @@ import msgspec
 from aiohttp import web
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
-from actors.node.metrics import AgentMetrics
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import ActorStatus
 from actors.runtime.web import prometheus_page, serving
@@ -42,12 +41,13 @@ class HttpApiActor:
         self,
         config: AgentConfig,
         bus: Bus,
-        metrics: AgentMetrics,
+        events: NodeEvents,
         actor_status: StatusSource,
     ) -> None:
         self.config = config
         self.bus = bus
-        self.metrics = metrics
+        self.events = events
+        self.metrics = events.metrics
         self.actor_status = actor_status
         self.subjects = Subjects(config.prefix)
         self.port: int | None = None
@@ -116,7 +116,11 @@ class HttpApiActor:
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            )
+        }
         try:
             # Ready only once serving, so the port is known and /healthz answers.
             async with (

@@ -26,13 +26,12 @@ from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, consume_forever, listening, unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Interruption, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat
-from schemas.signing import KeyPair
 from schemas.subjects import STREAM_COMMANDS, Subjects
 
 log = logging.getLogger(__name__)
@@ -49,13 +48,14 @@ class CommandsActor:
 
     name = "commands"
 
-    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
         self.command_subject = self.subjects.command(config.cluster, config.node_id)
         self.store = CommandStore(Path(config.state_dir))
-        self.actions = ActionRunner(config, bus, key, self.store)
+        self.events = events
+        self.actions = ActionRunner(config, bus, events.key, self.store)
         self._fetcher: asyncio.Task[None] | None = None
 
     async def run(self, ready: Callable[[], None]) -> None:
@@ -63,7 +63,9 @@ class CommandsActor:
         # this order): the agent starts this actor before the spot watcher, so on one
         # connection our SUB precedes its first notice.
         routes = {
-            self.subjects.events(self.config.node_id): decoding(self._on_event),
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            ),
             self.subjects.heartbeat(self.config.cluster, self.config.node_id): self._on_beat,
         }
         async with listening(self.bus, routes):

@@ -7,11 +7,9 @@ expiry and whether its id was already executed.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import nats.errors
@@ -22,8 +20,6 @@ from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import Command
 from schemas.subjects import Subjects
-
-log = logging.getLogger(__name__)
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
@@ -47,7 +43,7 @@ def check_command(
         signer = signing.verify(msg.headers, msg.data)
     except SignatureError as exc:
         raise Rejection(command_id, f"unsigned or bad signature: {exc.reason}") from None
-    if signer not in trusted_keys(config):
+    if signer not in config.operator_keys():
         raise Rejection(command_id, f"signed by an untrusted key {signer}")
     try:
         command = codec.decode(msg.data, Command, msg.subject)
@@ -69,20 +65,6 @@ def check_command(
     if seen(command.id):
         raise Rejection(command.id, "duplicate command id (already executed)")
     return command
-
-
-def trusted_keys(config: AgentConfig) -> set[str]:
-    """Keys from the config plus the trust file, read at each command so an operator
-    key can be added or removed without a restart."""
-    keys = set(config.trust_operators)
-    if config.trust_operators_file:
-        try:
-            text = Path(config.trust_operators_file).read_text()
-        except OSError as exc:
-            log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
-            return keys
-        keys.update(line.strip() for line in text.splitlines() if line.strip() and line[0] != "#")
-    return keys
 
 
 def guess_id(msg: Msg) -> str:
