@@ -77,6 +77,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     http_host: str = "127.0.0.1"
     http_port: Port = 9091
+    http_max_connections: Annotated[int, Meta(ge=1)] = 256
+    """Connections the HTTP server holds at once; more are answered 503 and closed."""
+    http_request_timeout: Positive = 10.0
+    """Seconds an HTTP connection has to send its request and be answered."""
 
     trust_operators: list[str] = []
     trust_operators_file: str = ""

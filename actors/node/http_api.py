@@ -22,7 +22,7 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import ActorStatus
-from actors.runtime.web import prometheus_page, serving
+from actors.runtime.web import HttpLimits, prometheus_page, serving
 from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
@@ -116,6 +116,10 @@ class HttpApiActor:
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:
+        limits = HttpLimits(
+            max_connections=self.config.http_max_connections,
+            request_timeout=self.config.http_request_timeout,
+        )
         routes = {
             self.subjects.events(self.config.node_id): self.events.decoding(
                 self.name, self._on_event
@@ -125,7 +129,7 @@ class HttpApiActor:
             # Ready only once serving, so the port is known and /healthz answers.
             async with (
                 listening(self.bus, routes),
-                serving(self.app(), self.config.http_host, self.config.http_port) as port,
+                serving(self.app(), self.config.http_host, self.config.http_port, limits) as port,
             ):
                 self.port = port
                 ready()
