@@ -105,3 +105,37 @@ async def test_drop_warnings_are_rate_limited(
             await handler(message("fleet.evt.n1.state", body))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     assert dropped(metrics, "unsigned") == 100
+
+
+async def test_an_event_is_verified_once_for_all_actors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same signed bytes reaching several actors cost one Ed25519 verification; other
+    bytes under the same key and signature are still verified, and refused."""
+    node = signing.KeyPair.generate()
+    metrics = AgentMetrics()
+    events = NodeEvents(agent_config("nats://unused", "t", tmp_path), node, metrics)
+    calls: list[bytes] = []
+    verify = signing.verify
+
+    def counting(headers: dict[str, str] | None, body: bytes) -> str:
+        calls.append(body)
+        return verify(headers, body)
+
+    monkeypatch.setattr(signing, "verify", counting)
+    seen: list[Event] = []
+
+    async def handle(event: Event) -> None:
+        seen.append(event)
+
+    body = codec.encode(NodeState(ts=1.0, schedulability="cordoned"))
+    headers = node.headers(body)
+    for actor in ("heartbeat", "commands", "spot", "http_api"):
+        handler = events.decoding(actor, handle)
+        await handler(Msg(None, subject="fleet.evt.n1.state", data=body, headers=headers))  # type: ignore[arg-type]
+    assert len(seen) == 4 and len(calls) == 1
+    forged = codec.encode(NodeState(ts=2.0, schedulability="drained"))
+    handler = events.decoding("test", handle)
+    await handler(Msg(None, subject="fleet.evt.n1.state", data=forged, headers=headers))  # type: ignore[arg-type]
+    assert len(seen) == 4 and len(calls) == 2
+    assert dropped(metrics, "bad_signature") == 1
