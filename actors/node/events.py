@@ -56,13 +56,10 @@ class NodeEvents:
 
     def decoding(self, actor: str, handle: EventHandler) -> Handler:
         """A bus handler for ``actor`` that verifies and decodes each node event and passes
-        it to ``handle``. It also drops an event older than the last one of its kind it
-        passed on, so a captured event replayed later cannot undo a newer one."""
-        latest: dict[str, float] = {}
+        it to ``handle``."""
 
         async def on_message(msg: Msg) -> None:
-            kind = event_kind(msg.subject)
-            reason = self._refusal(kind, msg)
+            reason = self._refusal(event_kind(msg.subject), msg)
             if reason:
                 self._drop(actor, reason, msg.subject)
                 return
@@ -71,10 +68,6 @@ class NodeEvents:
             except DecodeError:
                 self._drop(actor, "malformed", msg.subject)
                 return
-            if event.ts < latest.get(kind, 0.0):
-                self._drop(actor, "replayed", msg.subject)
-                return
-            latest[kind] = event.ts
             await handle(event)
 
         return on_message

@@ -30,7 +30,7 @@ class AgentMetrics:
         self.events_dropped = Counter(
             "node_agent_events_dropped",
             "Node events a consuming actor refused (unsigned, bad_signature, untrusted_key, "
-            "malformed, replayed); each consuming actor counts its own",
+            "malformed); each consuming actor counts its own",
             ["actor", "reason"],
             registry=self.registry,
         )
