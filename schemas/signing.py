@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -17,6 +19,8 @@ import nacl.exceptions
 import nacl.signing
 
 from schemas.errors import KeyFileError, SignatureError
+
+log = logging.getLogger(__name__)
 
 HEADER_KEY: Final = "Fleet-Key"
 HEADER_SIG: Final = "Fleet-Sig"
@@ -122,9 +126,11 @@ def verify(headers: Mapping[str, str] | None, body: bytes) -> str:
 
 
 def create_key_file(path: Path) -> KeyPair:
-    """Write a new seed to ``path`` (mode 0600); refuses to overwrite an existing key."""
+    """Write a new seed to ``path`` (mode 0600); refuses to overwrite an existing key. A
+    directory created for it is 0700, so nobody else can even list the keys."""
     pair = KeyPair.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -137,12 +143,21 @@ def create_key_file(path: Path) -> KeyPair:
 
 
 def load_key_file(path: Path) -> KeyPair:
+    """The key pair in ``path``; a file that group or others may access still loads (so a
+    fleet is not cut off by a chmod) but is warned about loudly: its seed is the identity."""
     try:
+        mode = stat.S_IMODE(path.stat().st_mode)
         seed = path.read_text().strip()
     except FileNotFoundError:
         raise KeyFileError(str(path), "not found (create it with 'init')") from None
     except OSError as exc:
         raise KeyFileError(str(path), exc.strerror or str(exc)) from None
+    if mode & 0o077:
+        log.warning(
+            "KEY FILE IS ACCESSIBLE BY GROUP OR OTHERS: anyone who reads it can act as "
+            "this key; chmod 600 it",
+            extra={"path": str(path), "mode": f"{mode:04o}"},
+        )
     try:
         return KeyPair(seed)
     except ValueError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import send, views
@@ -31,9 +32,10 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
-from actors.runtime.bus import NatsBus, listening
+from actors.runtime.bus import Bus, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from schemas import signing
+from schemas.errors import FleetError, SignatureError
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -137,21 +139,61 @@ async def cmd_node(args: argparse.Namespace) -> int:
     return 0
 
 
+class EventSigners:
+    """Says how each node event watched was signed, checking the signer against the node's
+    approved key in ``fleet_trust`` (cached; read again when a signer does not match)."""
+
+    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.approved: dict[str, str | None] = {}
+
+    async def verdict(self, msg: Msg) -> str:
+        """``verified`` (the node's approved key), ``signed-by=<key>`` (another valid key,
+        e.g. an operator's inject), ``unsigned`` or ``bad-signature``."""
+        headers = msg.headers or {}
+        if signing.HEADER_KEY not in headers or signing.HEADER_SIG not in headers:
+            return "unsigned"
+        try:
+            signer = signing.verify(headers, msg.data)
+        except SignatureError:
+            return "bad-signature"
+        node = msg.subject.split(".")[-2]
+        if self.approved.get(node) != signer:
+            self.approved[node] = await self._read_approved(node)
+        return "verified" if self.approved[node] == signer else f"signed-by={signer}"
+
+    async def _read_approved(self, node: str) -> str | None:
+        try:
+            return registry.approved_key(await registry.trust_entry(self.bus, self.subjects, node))
+        except (FleetError, nats.errors.Error):
+            return None
+
+
 async def cmd_watch(args: argparse.Namespace) -> int:
-    """Print alerts (and with --events, node events) as they arrive, one JSON line each."""
+    """Print alerts (and with --events, node events) as they arrive, one line each:
+    subject, for events whether it verified, then the JSON body with anything that could
+    drive the terminal escaped."""
     subjects = Subjects(args.prefix)
     wanted = [subjects.alerts()] if args.alerts or not args.events else []
     if args.events:
         wanted.append(subjects.events(args.node or "*"))
 
-    async def show(msg: Msg) -> None:
-        if args.node and f".{args.node}" not in msg.subject:
-            return
-        sys.stdout.write(f"{msg.subject} {msg.data.decode(errors='replace')}\n")
-        sys.stdout.flush()
+    async with connected(args, "fleetctl") as bus:
+        signers = EventSigners(bus, subjects)
 
-    async with connected(args, "fleetctl") as bus, listening(bus, dict.fromkeys(wanted, show)):
-        await stop_event().wait()
+        async def show(msg: Msg) -> None:
+            if args.node and f".{args.node}" not in msg.subject:
+                return
+            verdict = ""
+            if msg.subject.startswith(f"{subjects.prefix}.evt."):
+                verdict = f"{await signers.verdict(msg)} "
+            body = msg.data.decode(errors="replace")
+            sys.stdout.write(views.printable(f"{msg.subject} {verdict}{body}") + "\n")
+            sys.stdout.flush()
+
+        async with listening(bus, dict.fromkeys(wanted, show)):
+            await stop_event().wait()
     return 0
 
 

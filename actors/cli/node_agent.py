@@ -18,7 +18,7 @@ from actors.cli.common import add_config_flags, fail, run_main, settings_from, s
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
 from actors.runtime import logs
-from actors.runtime.bus import Bus, NatsBus
+from actors.runtime.bus import Bus, NatsBus, publish_signed_event
 from actors.runtime.config import DEFAULT_SERVER, build
 from schemas import codec, signing
 from schemas.events import Inject
@@ -69,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
     inject.add_argument("--node-id", default=default_node_id(), help="default: this host")
     inject.add_argument("--prefix", default="fleet")
+    inject.add_argument(
+        "--key-file",
+        type=Path,
+        help="the node's key or a trusted operator's key, which signs the fault "
+        "(default: the node's key, as 'start' finds it)",
+    )
 
     status = commands.add_parser("status", help="the local agent's /status, readable")
     status.add_argument("--url", default=DEFAULT_STATUS_URL, help=f"default {DEFAULT_STATUS_URL}")
@@ -139,9 +145,11 @@ async def cmd_register(args: argparse.Namespace) -> int:
     return 0 if reply.status != "rejected" else 1
 
 
-async def publish_inject(bus: Bus, prefix: str, inject: Inject) -> None:
-    """Publish one fault to the node's inject subject and make sure the server has it."""
-    await bus.publish(Subjects(prefix).event(inject.node_id, EVENT_INJECT), codec.encode(inject))
+async def publish_inject(bus: Bus, prefix: str, inject: Inject, key: signing.KeyPair) -> None:
+    """Publish one fault, signed by ``key``, to the node's inject subject and make sure the
+    server has it. The agent takes it only when signed by its own or a trusted operator key."""
+    subject = Subjects(prefix).event(inject.node_id, EVENT_INJECT)
+    await publish_signed_event(bus, subject, inject, key)
     await bus.flush()
 
 
@@ -157,9 +165,11 @@ async def cmd_inject(args: argparse.Namespace) -> int:
         ts=time.time(), node_id=args.node_id, fault=args.fault, gpu=args.gpu, value=args.value
     )
     subject = Subjects(args.prefix).event(args.node_id, EVENT_INJECT)  # refuses bad tokens
+    key_file = args.key_file or build(AgentConfig, ENV_PREFIX).key_path
+    key = signing.load_key_file(key_file)
     bus = await NatsBus.connect(args.server, "node-agent-inject")
     try:
-        await publish_inject(bus, args.prefix, inject)
+        await publish_inject(bus, args.prefix, inject, key)
     finally:
         await bus.close()
     value = "" if args.value is None else f" {args.value:g}"

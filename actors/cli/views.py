@@ -9,6 +9,24 @@ from schemas.messages import NodeRecord
 COLUMNS = ("NODE", "CLUSTER", "STATE", "SCHED", "HEALTH", "GPUS", "SEQ", "LAST SEEN")
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (ESC, other control characters, line
+    breaks, bidi overrides) written as a Python escape such as ``\\x1b``: a message is
+    written by whoever could publish it, and must not be able to drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
 def age(seconds: float) -> str:
     if seconds < 0:
         return "now"

@@ -9,6 +9,7 @@ from pathlib import Path
 from actors.node.commands.actor import CommandsActor
 from actors.node.config import AgentConfig
 from actors.node.engine import EngineActor
+from actors.node.events import NodeEvents
 from actors.node.health.actor import HealthActor
 from actors.node.heartbeat.actor import HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
@@ -43,16 +44,17 @@ class NodeAgent:
         self.commands: CommandsActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
-        self.commands = CommandsActor(self.config, bus, self.key, self.metrics)
+        events = NodeEvents(self.config, self.key, self.metrics)
+        self.commands = CommandsActor(self.config, bus, events)
         return [
-            InventoryActor(self.config, bus),
-            HeartbeatActor(self.config, bus, self.key, self.sequence, self.metrics),
-            HealthActor(self.config, bus),
-            EngineActor(self.config, bus),
-            LatencyActor(self.config, bus),
-            HttpApiActor(self.config, bus, self.metrics, self.actor_status),
+            InventoryActor(self.config, bus, events),
+            HeartbeatActor(self.config, bus, events, self.sequence),
+            HealthActor(self.config, bus, events),
+            EngineActor(self.config, bus, events),
+            LatencyActor(self.config, bus, events),
+            HttpApiActor(self.config, bus, events, self.actor_status),
             self.commands,
-            SpotActor(self.config, bus),
+            SpotActor(self.config, bus, events),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

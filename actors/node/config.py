@@ -4,6 +4,7 @@ TOML key, merged and validated by the runtime's layered loader (:mod:`actors.run
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -16,6 +17,8 @@ from msgspec import Meta
 from actors.runtime.config import DEFAULT_SERVER, Port, Positive
 from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "NODE_AGENT_"
 
@@ -79,6 +82,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     http_host: str = "127.0.0.1"
     http_port: Port = 9091
+    http_max_connections: Annotated[int, Meta(ge=1)] = 256
+    """Connections the HTTP server holds at once; more are answered 503 and closed."""
+    http_request_timeout: Positive = 10.0
+    """Seconds an HTTP connection has to send its request and be answered."""
 
     trust_operators: list[str] = []
     trust_operators_file: str = ""
@@ -122,3 +129,18 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     @property
     def key_path(self) -> Path:
         return Path(self.key_file) if self.key_file else Path(self.state_dir) / "node.nk"
+
+    def operator_keys(self) -> set[str]:
+        """The trusted operator keys: ``trust_operators`` plus the trust file, read at each
+        call so an operator key can be added or removed without a restart."""
+        keys = set(self.trust_operators)
+        if self.trust_operators_file:
+            try:
+                text = Path(self.trust_operators_file).read_text()
+            except OSError as exc:
+                log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
+                return keys
+            keys.update(
+                line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"
+            )
+        return keys

@@ -19,9 +19,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.node.config import AgentConfig
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import sleep_jittered
-from schemas import codec
 from schemas.events import Engine, EngineStatus
 from schemas.subjects import EVENT_ENGINE, Subjects
 
@@ -83,9 +83,10 @@ class EngineActor:
 
     name = "engine"
 
-    def __init__(self, config: AgentConfig, bus: Bus) -> None:
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
         self.config = config
         self.bus = bus
+        self.events = events
         self.engines = parse_specs(config.engines)
         self.subject = Subjects(config.prefix).event(config.node_id, EVENT_ENGINE)
 
@@ -181,7 +182,7 @@ class EngineActor:
             ready()
             while True:
                 engine = await self.check(session)
-                await self.bus.publish(self.subject, codec.encode(engine))
+                await self.events.publish(self.bus, self.subject, engine)
                 await sleep_jittered(self.config.engine_interval)
         finally:
             if session is not None:

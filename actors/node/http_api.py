@@ -20,11 +20,10 @@ import msgspec
 from aiohttp import web
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
-from actors.node.metrics import AgentMetrics
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import StatusSource, unhealthy
-from actors.runtime.web import prometheus_page, serving
+from actors.runtime.web import HttpLimits, prometheus_page, serving
 from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
@@ -41,12 +40,13 @@ class HttpApiActor:
         self,
         config: AgentConfig,
         bus: Bus,
-        metrics: AgentMetrics,
+        events: NodeEvents,
         actor_status: StatusSource,
     ) -> None:
         self.config = config
         self.bus = bus
-        self.metrics = metrics
+        self.events = events
+        self.metrics = events.metrics
         self.actor_status = actor_status
         self.subjects = Subjects(config.prefix)
         self.port: int | None = None
@@ -120,12 +120,20 @@ class HttpApiActor:
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
+        limits = HttpLimits(
+            max_connections=self.config.http_max_connections,
+            request_timeout=self.config.http_request_timeout,
+        )
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            )
+        }
         try:
             # Ready only once serving, so the port is known and /healthz answers.
             async with (
                 listening(self.bus, routes),
-                serving(self.app(), self.config.http_host, self.config.http_port) as port,
+                serving(self.app(), self.config.http_host, self.config.http_port, limits) as port,
             ):
                 self.port = port
                 ready()

@@ -21,6 +21,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
+from actors.node.events import NodeEvents
 from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
@@ -49,9 +50,10 @@ class LatencyActor:
 
     name = "latency"
 
-    def __init__(self, config: AgentConfig, bus: Bus) -> None:
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
         self.config = config
         self.bus = bus
+        self.events = events
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_LATENCY)
         self.peers: list[str] = list(config.peers)
@@ -173,7 +175,7 @@ class LatencyActor:
                     self.peers = await self.discover()
                 rounds += 1
                 latency = await self.measure()
-                await self.bus.publish(self.subject, codec.encode(latency))
+                await self.events.publish(self.bus, self.subject, latency)
                 await sleep_jittered(self.config.probe_interval)
 
 

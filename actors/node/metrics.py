@@ -33,6 +33,13 @@ class AgentMetrics:
             "Sequence number of the last heartbeat",
             registry=self.registry,
         )
+        self.events_dropped = Counter(
+            "node_agent_events_dropped",
+            "Node events a consuming actor refused (unsigned, bad_signature, untrusted_key, "
+            "malformed); each consuming actor counts its own",
+            ["actor", "reason"],
+            registry=self.registry,
+        )
         self.uptime = Gauge(
             "node_agent_uptime_seconds", "Seconds since the agent started", registry=self.registry
         )

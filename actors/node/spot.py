@@ -23,10 +23,9 @@ import aiohttp
 import nats.errors
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
-from schemas import codec
 from schemas.events import Event, Interruption, NodeState
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 
@@ -89,9 +88,10 @@ class SpotActor:
 
     name = "spot"
 
-    def __init__(self, config: AgentConfig, bus: Bus) -> None:
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
         self.config = config
         self.bus = bus
+        self.events = events
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_INTERRUPTION)
         self.timeout = aiohttp.ClientTimeout(
@@ -107,7 +107,11 @@ class SpotActor:
         self._wake = asyncio.Event()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            )
+        }
         async with listening(self.bus, routes, ready):
             async with aiohttp.ClientSession() as session:
                 provider = self.config.spot_provider
@@ -176,7 +180,7 @@ class SpotActor:
             extra={"provider": notice.provider, "kind": notice.kind, "deadline": notice.deadline},
         )
         try:
-            await self.bus.publish(self.subject, codec.encode(notice))
+            await self.events.publish(self.bus, self.subject, notice)
         except nats.errors.Error as exc:
             log.warning("interruption not published; will retry", extra={"reason": str(exc)})
             return

@@ -289,6 +289,15 @@ async def publish_signed(
     await bus.js.publish(subject, body, timeout=timeout, headers=signed)
 
 
+async def publish_signed_event(
+    bus: Bus, subject: str, message: msgspec.Struct, key: KeyPair
+) -> None:
+    """Publish ``message`` on core NATS signed by ``key`` (``Fleet-Key``/``Fleet-Sig``), so
+    its consumers can refuse what the node did not say; raises nats.errors.Error."""
+    body = codec.encode(message)
+    await bus.publish(subject, body, headers=key.headers(body))
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip()
     if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:

@@ -6,8 +6,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler as MiddlewareHandler
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
@@ -15,19 +19,99 @@ log = logging.getLogger(__name__)
 CLEANUP_TIMEOUT = 5.0
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may hold of a local HTTP server. Every connection costs a file
+    descriptor shared with the NATS connection and every other actor of the process, so
+    connections are capped and each one lives only as long as one request may take: a
+    client that sends nothing, or sends its headers or body slowly, is cut off."""
+
+    max_connections: int = 256
+    """Connections beyond this are answered 503 and closed at once."""
+    request_timeout: float = 10.0
+    """Seconds a connection has to send its request (headers and body) and be answered;
+    then it is closed, answered or not. One request per connection (no keep-alive)."""
+    max_request_bytes: int = 64 * 1024
+    """Larger request bodies are refused with 413 before being read."""
+    max_header_bytes: int = 8 * 1024
+    """Longest request line and header field; longer ones are refused with 4xx."""
+
+
+REFUSAL: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit: answered 503 and closed without being read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(REFUSAL)
+        transport.close()
+
+
+def _cut_off(handler: RequestHandler, starting: set[RequestHandler]) -> None:
+    """Close ``handler``'s connection if it is still open (no-op once closed)."""
+    starting.discard(handler)
+    if handler.transport is not None:
+        handler.force_close()
+
+
 @asynccontextmanager
-async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[int]:
-    """Serve ``app`` on host:port (0 picks a free port) and yield the bound port; on the
-    way out the server is shut down within ``CLEANUP_TIMEOUT``."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLEANUP_TIMEOUT / 2)
+async def serving(
+    app: web.Application, host: str, port: int, limits: HttpLimits = HttpLimits()
+) -> AsyncIterator[int]:
+    """Serve ``app`` on host:port (0 picks a free port) within ``limits`` and yield the bound
+    port; on the way out the server is shut down within ``CLEANUP_TIMEOUT``."""
+
+    @web.middleware
+    async def one_bounded_request(
+        request: web.Request, handler: MiddlewareHandler
+    ) -> web.StreamResponse:
+        if request.content_length is not None and request.content_length > limits.max_request_bytes:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=limits.max_request_bytes, actual_size=request.content_length
+            )
+        response = await handler(request)
+        response.force_close()
+        return response
+
+    app.middlewares.append(one_bounded_request)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=CLEANUP_TIMEOUT / 2,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+    )
     await runner.setup()
+    server = runner.server
+    assert server is not None
+    loop = asyncio.get_running_loop()
+
+    # asyncio accepts a burst of connections before any of them is made (and counted in
+    # server.connections), so handlers not yet connected are counted here until they are.
+    starting: set[RequestHandler] = set()
+
+    def accept() -> asyncio.BaseProtocol:
+        starting.difference_update([h for h in starting if h.transport is not None])
+        if len(server.connections) + len(starting) >= limits.max_connections:
+            return _Refused()
+        handler = server()
+        starting.add(handler)
+        loop.call_later(limits.request_timeout, _cut_off, handler, starting)
+        return handler
+
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = int(runner.addresses[0][1])
+        listener = await loop.create_server(accept, host, port, reuse_address=True)
+        bound = int(listener.sockets[0].getsockname()[1])
         log.info("http listening", extra={"host": host, "port": bound})
         yield bound
     finally:
+        if listener is not None:
+            listener.close()
         try:
             await asyncio.wait_for(runner.cleanup(), CLEANUP_TIMEOUT)
         except TimeoutError:

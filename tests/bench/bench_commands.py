@@ -67,7 +67,7 @@ async def notice_to_draining(server: NatsServer, bus: NatsBus, store: Path, tria
             await wait_record(bus, PREFIX, node, lambda r: r.state == "active")
             # Work in flight keeps the node draining while we look; the notice lands at a
             # random point of the 1 s poll period.
-            await set_in_flight(bus, PREFIX, 1, node)
+            await set_in_flight(bus, PREFIX, agent.key, 1, node)
             await asyncio.sleep(random.uniform(0, 1))
             start = time.perf_counter()
             fake.action = {
@@ -76,7 +76,7 @@ async def notice_to_draining(server: NatsServer, bus: NatsBus, store: Path, tria
             }
             await wait_record(bus, PREFIX, node, lambda r: r.state == "draining", 10)
             samples.append(time.perf_counter() - start)
-            await set_in_flight(bus, PREFIX, 0, node)
+            await set_in_flight(bus, PREFIX, agent.key, 0, node)
             assert agent.supervisor is not None
             await asyncio.wait_for(agent.supervisor.finished.wait(), 10)
         finally:

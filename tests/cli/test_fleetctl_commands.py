@@ -62,17 +62,22 @@ async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
 
 
 async def test_drain_wait_shows_progress_and_exits_zero(
-    nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
+    nats_server: NatsServer,
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator_file: Path,
+    node: NodeAgent,
 ) -> None:
     """drain --wait prints the command id, a progress line per result and exits 0 once the
     node is drained; the cluster comes from fleet_nodes."""
     results = await Results().start(bus, prefix)
-    await set_in_flight(bus, prefix, 2)
+    await set_in_flight(bus, prefix, fleet.node_key(), 2)
     process = await fleetctl(
         nats_server, prefix, operator_file, "drain", "n1", "--deadline", "30", "--wait"
     )
     await wait_for(lambda: any(r.in_flight == 2 for r in results.results), timeout=15)
-    await set_in_flight(bus, prefix, 0)
+    await set_in_flight(bus, prefix, fleet.node_key(), 0)
     code, out, err = await finish(process)
     lines = out.splitlines()
     assert code == 0, err

@@ -21,7 +21,7 @@ from schemas.events import Interruption
 from schemas.messages import Command, Cordon, Deregister, Drain, Uncordon, command_digest
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 from tests.support.commanding import Results, send, send_raw, set_in_flight
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, node_events, wait_for, wait_record
 
 
 @pytest.fixture
@@ -57,13 +57,13 @@ async def test_cordon_drain_uncordon(
     assert results.statuses(cordon.id)[0] == "accepted"
     await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
 
-    await set_in_flight(bus, prefix, 3)
+    await set_in_flight(bus, prefix, fleet.node_key(), 3)
     drain = await send(bus, prefix, operator, Drain(deadline=30))
     await wait_record(bus, prefix, "n1", lambda r: r.state == "draining")
     await wait_for(lambda: any(r.in_flight == 3 for r in results.of(drain.id)))
-    await set_in_flight(bus, prefix, 1)
+    await set_in_flight(bus, prefix, fleet.node_key(), 1)
     await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
-    await set_in_flight(bus, prefix, 0)
+    await set_in_flight(bus, prefix, fleet.node_key(), 0)
     final = await results.final(drain.id)
     assert final.status == "done" and final.schedulability == "drained"
     assert "in_progress" in results.statuses(drain.id)
@@ -83,7 +83,7 @@ async def test_drain_deadline_passes(
 ) -> None:
     """A drain whose work never finishes ends drained at its deadline and says so."""
     await trusting_agent(fleet, operator)
-    await set_in_flight(bus, prefix, 5)
+    await set_in_flight(bus, prefix, fleet.node_key(), 5)
     drain = await send(bus, prefix, operator, Drain(deadline=0.5))
     final = await results.final(drain.id)
     assert final.status == "done" and final.schedulability == "drained"
@@ -271,9 +271,8 @@ async def test_rebalance_notice_cordons_with_ttl(
     """A rebalance recommendation cordons the node with a TTL, once per notice."""
     await trusting_agent(fleet, operator)
     notice = Interruption(ts=time.time(), provider="aws", kind="rebalance", event_id="r1")
-    subject = Subjects(prefix).event("n1", EVENT_INTERRUPTION)
-    await bus.publish(subject, codec.encode(notice))
-    await bus.publish(subject, codec.encode(notice))
+    await fleet.publish_event(EVENT_INTERRUPTION, notice)
+    await fleet.publish_event(EVENT_INTERRUPTION, notice)
     final = await results.final("spot:aws:rebalance:r1")
     assert final.schedulability == "cordoned" and "uncordons at" in final.detail
     assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
@@ -332,7 +331,7 @@ async def test_drain_resumes_after_restart(
 ) -> None:
     """A drain interrupted by a restart resumes under the same command id and finishes."""
     agent = await trusting_agent(fleet, operator, shutdown_timeout=0.5)
-    await set_in_flight(bus, prefix, 4)
+    await set_in_flight(bus, prefix, fleet.node_key(), 4)
     drain = await send(bus, prefix, operator, Drain(deadline=60))
     await wait_for(lambda: any(r.in_flight == 4 for r in results.of(drain.id)))
     await agent.stop()
@@ -346,7 +345,8 @@ async def test_failed_command_fetch_ends_run(fleet: Fleet) -> None:
     """A command fetch that fails for good (connection closed) ends run() with the error,
     so the supervisor restarts the actor instead of it silently taking no commands."""
     own = await fleet.connect("commands-test")
-    executor = CommandsActor(fleet.config(), own, signing.KeyPair.generate())
+    config = fleet.config()
+    executor = CommandsActor(config, own, node_events(config))
     running = asyncio.Event()
     task = asyncio.create_task(executor.run(running.set))
     try:

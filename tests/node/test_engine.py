@@ -28,7 +28,7 @@ from schemas import codec
 from schemas.events import Engine, EngineStatus
 from schemas.subjects import EVENT_ENGINE, Subjects
 from tests.support.fake_http import json_body, serve, text
-from tests.support.fleet import Fleet, agent_config, wait_for
+from tests.support.fleet import Fleet, agent_config, node_events, wait_for
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -85,7 +85,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 def actor(bus: NatsBus, prefix: str, tmp_path: Path, *specs: str, **settings: Any) -> EngineActor:
     config = agent_config("nats://unused", prefix, tmp_path, engines=list(specs), **settings)
-    return EngineActor(config, bus)
+    return EngineActor(config, bus, node_events(config))
 
 
 async def probe_one(

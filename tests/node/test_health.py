@@ -24,7 +24,7 @@ from schemas.events import (
     Sample,
 )
 from schemas.subjects import EVENT_HEALTH, EVENT_SAMPLE, Subjects
-from tests.support.fleet import Fleet, agent_config, wait_for
+from tests.support.fleet import Fleet, agent_config, node_events, wait_for
 
 GIB = 1024**3
 
@@ -229,10 +229,9 @@ async def test_actor_publishes_explained_health(fleet: Fleet, bus: NatsBus, pref
         received.put_nowait(codec.decode(msg.data, Health))  # type: ignore[attr-defined]
 
     await bus.subscribe(subjects.event("n1", EVENT_HEALTH), on_health)
-    await fleet.start_supervisor(HealthActor(config, bus), ready_timeout=5)
+    await fleet.start_supervisor(HealthActor(config, bus, node_events(config)), ready_timeout=5)
     hot = make_sample([make_gpu(0), make_gpu(1, temperature_c=95.0)])
-    await bus.publish(subjects.event("n1", EVENT_SAMPLE), codec.encode(hot))
-    await bus.flush()
+    await fleet.publish_event(EVENT_SAMPLE, hot)
 
     async def hot_health() -> Health | None:
         health = await asyncio.wait_for(received.get(), 5)
@@ -254,7 +253,7 @@ async def test_actor_condition_clears_after_n_good_samples(
 ) -> None:
     """A lost GPU stays unhealthy through clear_after-1 good samples and clears on the Nth."""
     config = agent_config(nats_server.url, prefix, state_dir, clear_after_samples=3)
-    actor = HealthActor(config, bus)
+    actor = HealthActor(config, bus, node_events(config))
     actor.observe_sample(make_sample([make_gpu(0, lost=True)]))
     assert actor.sample_checks["nvml"].status == "unhealthy"
     seen = []
@@ -269,7 +268,7 @@ async def test_actor_never_scores_stale_samples(
 ) -> None:
     """A sample older than 3 sample periods scores 0 and makes probe_freshness degraded."""
     config = agent_config(nats_server.url, prefix, state_dir, sample_interval=1.0)
-    actor = HealthActor(config, bus)
+    actor = HealthActor(config, bus, node_events(config))
     actor.observe_sample(make_sample())
     actor.received["sample"] = time.monotonic() - 10.0
     health = actor.assess()

@@ -12,12 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.cli.node_agent import main
 from actors.node.agent import NodeAgent
 from actors.node.http_api import HttpApiActor
-from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import ActorStatus
 from schemas import codec
 from tests.support.fake_http import serve, text
-from tests.support.fleet import Fleet, wait_for
+from tests.support.fleet import Fleet, node_events, wait_for
 
 VLLM_METRICS = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
 TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -140,7 +139,8 @@ async def test_healthz_follows_actor_phases(fleet: Fleet, bus: NatsBus) -> None:
         "heartbeat": ActorStatus(name="heartbeat", phase="running"),
         "inventory": ActorStatus(name="inventory", phase="running"),
     }
-    http = HttpApiActor(fleet.config(), bus, AgentMetrics(), lambda: phases)
+    config = fleet.config()
+    http = HttpApiActor(config, bus, node_events(config), lambda: phases)
     supervisor = await fleet.start_supervisor(http, ready_timeout=5)
     phases["http_api"] = supervisor.status["http_api"]
     status, _ = await get(f"http://127.0.0.1:{http.port}/healthz")

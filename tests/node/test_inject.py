@@ -21,7 +21,7 @@ from schemas.events import Inject
 from schemas.messages import Heartbeat, NodeRecord
 from schemas.subjects import Subjects
 from tests.node.test_nvml import two_gpus
-from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
+from tests.support.fleet import Fleet, agent_config, node_events, wait_for, wait_record
 
 
 def check(record: NodeRecord, name: str) -> str:
@@ -42,8 +42,11 @@ def hot_beat(beat: Heartbeat) -> bool:
     return any(c.name == "gpu_temperature" and c.points == 0 for c in components)
 
 
-async def inject_cli(server: str, prefix: str, *args: str) -> int:
-    argv = ["inject", *args, "--server", server, "--node-id", "n1", "--prefix", prefix]
+async def inject_cli(fleet: Fleet, *args: str) -> int:
+    """``node-agent inject`` for node n1, signed with n1's own key."""
+    key_file = str(fleet.config().key_path)
+    argv = ["inject", *args, "--server", fleet.url, "--node-id", "n1", "--prefix", fleet.prefix]
+    argv += ["--key-file", key_file]
     # main() runs its own event loop, so it runs in a thread like a separate process would.
     return await asyncio.to_thread(node_cli.main, argv)
 
@@ -61,7 +64,7 @@ async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, pr
     await fleet.start_aggregator()
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
-    assert await inject_cli(fleet.url, prefix, "temp", "95", "--gpu", "1") == 0
+    assert await inject_cli(fleet, "temp", "95", "--gpu", "1") == 0
     injected_after = len(beats)
     await wait_for(lambda: any(hot_beat(beat) for beat in beats[injected_after:]))
     first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
@@ -74,7 +77,7 @@ async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, pr
     assert hot.state == "degraded"
     assert hot.heartbeat and hot.heartbeat.health
     assert "hottest GPU 95 C (GPU 1)" in [c.reason for c in hot.heartbeat.health.components]
-    assert await inject_cli(fleet.url, prefix, "clear") == 0
+    assert await inject_cli(fleet, "clear") == 0
     healed = await wait_record(
         bus, prefix, "n1", lambda r: r.health_status == "healthy", timeout=15
     )
@@ -89,13 +92,13 @@ async def test_xid_and_lost_gpu_make_node_unhealthy(
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-    await node_cli.publish_inject(bus, prefix, fault)
+    await node_cli.publish_inject(bus, prefix, fault, fleet.node_key())
     broken = await wait_record(
         bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
     )
     assert broken.health_status == "unhealthy"
     lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
-    await node_cli.publish_inject(bus, prefix, lost)
+    await node_cli.publish_inject(bus, prefix, lost, fleet.node_key())
     gone = await wait_record(
         bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
     )
@@ -141,7 +144,7 @@ async def test_real_gpus_ignore_injection(tmp_path: Path, bus: NatsBus) -> None:
     """In NVML mode an inject is logged and ignored; the GPU source is untouched."""
     config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None)
     nvml = NvmlGpus(nvml=two_gpus())
-    actor = InventoryActor(config, bus, gpus=nvml)
+    actor = InventoryActor(config, bus, node_events(config), gpus=nvml)
     await actor._on_inject(Inject(ts=1.0, node_id="n1", fault="gpu-lost"))
     assert not any(gpu.lost for gpu in nvml.read())
     assert not actor._sample_now.is_set()

@@ -17,11 +17,12 @@ from schemas.base import RecordState
 from schemas.events import Latency
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, node_events, wait_for, wait_record
 
 
 def prober(fleet: Fleet, node: str, **settings: Any) -> LatencyActor:
-    return LatencyActor(fleet.config(node, **settings), fleet.bus)
+    config = fleet.config(node, **settings)
+    return LatencyActor(config, fleet.bus, node_events(config))
 
 
 async def silent_peer(bus: NatsBus, prefix: str, node: str) -> None:

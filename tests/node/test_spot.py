@@ -16,18 +16,18 @@ from schemas import codec
 from schemas.events import Interruption, NodeState
 from schemas.subjects import EVENT_INTERRUPTION, EVENT_STATE, Subjects
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, node_events, wait_for, wait_record
 from tests.support.metadata_fakes import FakeAws, FakeAzure, FakeGcp
 
 
-class NodeEvents:
+class Published:
     """The interruption notices and states one node published."""
 
     def __init__(self) -> None:
         self.notices: list[Interruption] = []
         self.states: list[NodeState] = []
 
-    async def start(self, bus: NatsBus, prefix: str, node: str = "n1") -> NodeEvents:
+    async def start(self, bus: NatsBus, prefix: str, node: str = "n1") -> Published:
         subjects = Subjects(prefix)
         await bus.subscribe(subjects.event(node, EVENT_INTERRUPTION), self._on_notice)
         await bus.subscribe(subjects.event(node, EVENT_STATE), self._on_state)
@@ -61,7 +61,7 @@ async def deregistered_before_deadline(
     bus, prefix = fleet.bus, fleet.prefix
     await fleet.start_aggregator()
     results = await Results().start(bus, prefix)
-    node_events = await NodeEvents().start(bus, prefix)
+    published = await Published().start(bus, prefix)
     config = fleet.config(
         spot_provider=provider,
         metadata_url=metadata_url,
@@ -76,8 +76,8 @@ async def deregistered_before_deadline(
     await wait_record(bus, prefix, "n1", lambda r: r.state == "deregistered", timeout=15)
     assert time.time() < deadline
     assert agent.supervisor is not None and agent.supervisor.finished.is_set()
-    assert node_events.schedulabilities()[-2:] == ["draining", "drained"]
-    assert node_events.states[-1].deregistering
+    assert published.schedulabilities()[-2:] == ["draining", "drained"]
+    assert published.states[-1].deregistering
     await wait_for(
         lambda: {"interruption", "deregistered"} <= {alert.kind for alert in results.alerts}
     )
@@ -134,19 +134,19 @@ async def test_aws_errors_never_crash_the_watcher(fleet: Fleet, bus: NatsBus, pr
     """503 storms, timeouts and expired tokens (401 -> new IMDSv2 token) are retried; the
     watcher keeps running and still reports each notice exactly once."""
     fake = await fleet.start_fake(FakeAws())
-    node_events = await NodeEvents().start(bus, prefix)
+    published = await Published().start(bus, prefix)
     config = fleet.config(spot_provider="aws", metadata_url=fake.url)
     config = config.__class__(**{**_fields(config), "spot_poll_interval": 0.05})
-    supervisor = await fleet.start_supervisor(SpotActor(config, bus))
+    supervisor = await fleet.start_supervisor(SpotActor(config, bus, node_events(config)))
     fake.failures = [503, 503, 503, 0.7, 500]
     await wait_for(lambda: not fake.failures, timeout=20)
     fake.expire_tokens()
     issued = fake.issued
     fake.rebalance = {"noticeTime": iso(time.time())}
     fake.action = {"action": "stop", "time": iso(time.time() + 120)}
-    await wait_for(lambda: len(node_events.notices) >= 2)
+    await wait_for(lambda: len(published.notices) >= 2)
     assert fake.issued > issued
-    assert sorted(n.kind for n in node_events.notices) == ["rebalance", "stop"]
+    assert sorted(n.kind for n in published.notices) == ["rebalance", "stop"]
     assert supervisor.status["spot"].restarts == 0
 
 
@@ -160,8 +160,8 @@ async def test_auto_detects_the_provider_that_answers(fleet: Fleet, bus: NatsBus
     fake = await fleet.start_fake(FakeGcp())
     config = fleet.config(spot_provider="auto", metadata_url=fake.url)
     async with aiohttp.ClientSession() as session:
-        assert await SpotActor(config, bus).detect(session) == "gcp"
+        assert await SpotActor(config, bus, node_events(config)).detect(session) == "gcp"
     await fake.stop()
     nothing = fleet.config(spot_provider="auto", metadata_url=fake.url)
     async with aiohttp.ClientSession() as session:
-        assert await SpotActor(nothing, bus).detect(session) is None
+        assert await SpotActor(nothing, bus, node_events(nothing)).detect(session) is None

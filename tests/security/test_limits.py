@@ -292,7 +292,8 @@ def test_the_agent_reports_at_most_max_gpus(tmp_path: Path) -> None:
     """A node with more GPUs than a heartbeat may carry reports the first MAX_GPUS, rather
     than sending heartbeats every aggregator refuses."""
     config = AgentConfig(node_id="n1", cluster="c1", state_dir=str(tmp_path))
-    actor = InventoryActor(config, None, FakeGpus(MAX_GPUS + 6, "n1"))  # type: ignore[arg-type]  # sample() never uses the bus
+    # sample() uses neither the bus nor the events
+    actor = InventoryActor(config, None, None, FakeGpus(MAX_GPUS + 6, "n1"))  # type: ignore[arg-type]
     sample = actor.sample()
     assert len(sample.gpus) == MAX_GPUS
     codec.decode(codec.encode(sample), Sample)

@@ -8,7 +8,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.cli.send import new_command, publish_command
-from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
+from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus, publish_signed_event
 from schemas import codec, signing
 from schemas.events import Engine
 from schemas.messages import Action, Alert, Command, CommandResult
@@ -77,8 +77,11 @@ async def send_raw(
     await bus.js.publish(subject, body, headers=headers, timeout=PUBLISH_TIMEOUT)
 
 
-async def set_in_flight(bus: NatsBus, prefix: str, count: int, node: str = "n1") -> None:
-    """Pretend to be the engine actor reporting ``count`` in-flight requests."""
+async def set_in_flight(
+    bus: NatsBus, prefix: str, key: signing.KeyPair, count: int, node: str = "n1"
+) -> None:
+    """Pretend to be the engine actor of ``node`` (whose key is ``key``) reporting ``count``
+    in-flight requests."""
     engine = Engine(ts=time.time(), in_flight=count)
-    await bus.publish(Subjects(prefix).event(node, EVENT_ENGINE), codec.encode(engine))
+    await publish_signed_event(bus, Subjects(prefix).event(node, EVENT_ENGINE), engine, key)
     await bus.flush()

@@ -21,9 +21,12 @@ from actors.fleet.registry import NotFound, approve, read_record
 from actors.fleet.streams import StreamLimits
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
-from actors.runtime.bus import NatsBus
+from actors.node.events import NodeEvents
+from actors.node.metrics import AgentMetrics
+from actors.runtime.bus import NatsBus, publish_signed_event
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
+from schemas.events import Event
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 from tests.support.fake_http import Handler, serve
@@ -102,6 +105,12 @@ def agent_config(
     return AgentConfig(**values)
 
 
+def node_events(config: AgentConfig) -> NodeEvents:
+    """The node's event channel as its agent builds it, for actors a test runs directly;
+    the node key is the agent's own (created if missing), so the two agree."""
+    return NodeEvents(config, signing.load_or_create_key_file(config.key_path), AgentMetrics())
+
+
 async def approved_agent(bus: NatsBus, config: AgentConfig) -> NodeAgent:
     """Create the node's key, approve it, and start the agent."""
     key = signing.load_or_create_key_file(config.key_path)
@@ -133,6 +142,16 @@ class Fleet:
         agent = await approved_agent(self.bus, config or self.config())
         self.stack.push_async_callback(agent.stop)
         return agent
+
+    def node_key(self, node: str = "n1") -> signing.KeyPair:
+        """The key node ``node``'s agent signs with (created if it does not exist yet)."""
+        return signing.load_or_create_key_file(self.config(node).key_path)
+
+    async def publish_event(self, kind: str, event: Event, node: str = "n1") -> None:
+        """Publish ``event`` as node ``node``'s own actor would: signed with its key."""
+        subject = Subjects(self.prefix).event(node, kind)
+        await publish_signed_event(self.bus, subject, event, self.node_key(node))
+        await self.bus.flush()
 
     async def start_aggregator(
         self, bus: NatsBus | None = None, ready_timeout: float = 10.0, **settings: Any

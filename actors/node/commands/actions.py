@@ -23,9 +23,9 @@ import nats.errors
 from actors.node.commands.hooks import run_hook
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
-from actors.runtime.bus import Bus, publish_signed
+from actors.runtime.bus import Bus, publish_signed, publish_signed_event
 from actors.runtime.schedule import wait_or_timeout
-from schemas import codec, events
+from schemas import events
 from schemas.base import Schedulability
 from schemas.messages import (
     Action,
@@ -304,10 +304,9 @@ class ActionRunner:
 
     async def publish_state(self, state: events.NodeState | None = None) -> None:
         """Publish ``state`` (default: the stored one) as the node's ``state`` event."""
-        body = codec.encode(state or self.store.state)
         try:
             subject = self.subjects.event(self.config.node_id, EVENT_STATE)
-            await self.bus.publish(subject, body)
+            await publish_signed_event(self.bus, subject, state or self.store.state, self.key)
         except nats.errors.Error as exc:
             log.warning("state not published", extra={"reason": str(exc)})
 

@@ -28,15 +28,13 @@ from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore, StoreError
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
-from actors.node.metrics import AgentMetrics
+from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Interruption, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat, command_digest
-from schemas.signing import KeyPair
 from schemas.subjects import STREAM_COMMANDS, Subjects
 
 log = logging.getLogger(__name__)
@@ -58,12 +56,10 @@ class CommandsActor:
 
     name = "commands"
 
-    def __init__(
-        self, config: AgentConfig, bus: Bus, key: KeyPair, metrics: AgentMetrics | None = None
-    ) -> None:
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
         self.config = config
         self.bus = bus
-        self.metrics = metrics or AgentMetrics()
+        self.metrics = events.metrics
         self.subjects = Subjects(config.prefix)
         self.command_subject = self.subjects.command(config.cluster, config.node_id)
         self.consumer = DurableConsumer(
@@ -81,7 +77,8 @@ class CommandsActor:
         self.store = CommandStore(
             Path(config.state_dir), config.max_command_lifetime + config.max_skew
         )
-        self.actions = ActionRunner(config, bus, key, self.store)
+        self.events = events
+        self.actions = ActionRunner(config, bus, events.key, self.store)
         self._fetcher: asyncio.Task[None] | None = None
 
     async def run(self, ready: Callable[[], None]) -> None:
@@ -89,7 +86,9 @@ class CommandsActor:
         # this order): the agent starts this actor before the spot watcher, so on one
         # connection our SUB precedes its first notice.
         routes = {
-            self.subjects.events(self.config.node_id): decoding(self._on_event),
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            ),
             self.subjects.heartbeat(self.config.cluster, self.config.node_id): self._on_beat,
         }
         async with listening(self.bus, routes):

@@ -10,10 +10,8 @@ can make the node sign a rejection under the id of a command it did not refuse.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
-from pathlib import Path
 
 from nats.aio.msg import Msg
 
@@ -23,8 +21,6 @@ from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import Command, Cordon, Deregister, Drain
 from schemas.subjects import Subjects
-
-log = logging.getLogger(__name__)
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
@@ -51,7 +47,7 @@ def check_command(
         signer = signing.verify(msg.headers, msg.data)
     except SignatureError as exc:
         raise Rejection("", f"unsigned or bad signature: {exc.reason}") from None
-    if signer not in trusted_keys(config):
+    if signer not in config.operator_keys():
         raise Rejection("", f"signed by an untrusted key {signer}")
     try:
         command = codec.decode(msg.data, Command, msg.subject)
@@ -116,17 +112,3 @@ def check_durations(command: Command) -> None:
         raise Rejection(
             command.id, f"duration {duration:g}s out of range (at most {MAX_ACTION_SECONDS:g}s)"
         )
-
-
-def trusted_keys(config: AgentConfig) -> set[str]:
-    """Keys from the config plus the trust file, read at each command so an operator
-    key can be added or removed without a restart."""
-    keys = set(config.trust_operators)
-    if config.trust_operators_file:
-        try:
-            text = Path(config.trust_operators_file).read_text()
-        except OSError as exc:
-            log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
-            return keys
-        keys.update(line.strip() for line in text.splitlines() if line.strip() and line[0] != "#")
-    return keys

@@ -17,12 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
+from actors.node.events import NodeEvents
 from actors.node.health import checks, scoring
 from actors.node.xid import XidTracker, parse_thresholds
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
-from schemas import codec
 from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample
 from schemas.subjects import (
     EVENT_ENGINE,
@@ -48,6 +47,7 @@ class HealthActor:
         self,
         config: AgentConfig,
         bus: Bus,
+        events: NodeEvents,
         *,
         search_path: str | None = None,
         proc_modules: Path = Path("/proc/modules"),
@@ -55,6 +55,7 @@ class HealthActor:
     ) -> None:
         self.config = config
         self.bus = bus
+        self.events = events
         self.search_path = search_path
         self.proc_modules = proc_modules
         self.sys_module = sys_module
@@ -156,7 +157,10 @@ class HealthActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {subject: decoding(self._on_event) for subject in self.sources.values()}
+        routes = {
+            subject: self.events.decoding(self.name, self._on_event)
+            for subject in self.sources.values()
+        }
         async with listening(self.bus, routes, ready):
             # The first report comes early (once the first samples are in), not a whole
             # interval after start.
@@ -164,5 +168,5 @@ class HealthActor:
             while True:
                 await sleep_jittered(delay)
                 health = self.assess()
-                await self.bus.publish(self.subject, codec.encode(health))
+                await self.events.publish(self.bus, self.subject, health)
                 delay = self.config.health_interval

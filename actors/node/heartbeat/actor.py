@@ -17,9 +17,8 @@ from collections.abc import Callable
 import nats.errors
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
+from actors.node.events import NodeEvents
 from actors.node.heartbeat.sequence import SequenceStore
-from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.events import (
@@ -34,7 +33,6 @@ from schemas.events import (
     SpotStatus,
 )
 from schemas.messages import AGENT_VERSION, Heartbeat
-from schemas.signing import KeyPair
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -51,15 +49,15 @@ class HeartbeatActor:
         self,
         config: AgentConfig,
         bus: Bus,
-        key: KeyPair,
+        events: NodeEvents,
         sequence: SequenceStore,
-        metrics: AgentMetrics,
     ) -> None:
         self.config = config
         self.bus = bus
-        self.key = key
+        self.events = events
+        self.key = events.key
         self.sequence = sequence
-        self.metrics = metrics
+        self.metrics = events.metrics
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
@@ -143,7 +141,11 @@ class HeartbeatActor:
         return heartbeat
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.events(self.config.node_id): decoding(self._on_event)}
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            )
+        }
         async with listening(self.bus, routes, ready):
             # A first beat without inventory would show a node with no GPUs; wait briefly.
             if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):

@@ -19,12 +19,11 @@ from typing import Literal, Protocol
 import psutil
 
 from actors.node.config import AgentConfig
-from actors.node.events import decoding
+from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas import codec
 from schemas.base import MAX_GPUS
 from schemas.events import Capacity, Event, Gpu, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
@@ -101,9 +100,12 @@ class InventoryActor:
 
     name = "inventory"
 
-    def __init__(self, config: AgentConfig, bus: Bus, gpus: GpuSource | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, bus: Bus, events: NodeEvents, gpus: GpuSource | None = None
+    ) -> None:
         self.config = config
         self.bus = bus
+        self.events = events
         self.gpus = gpus if gpus is not None else choose_gpus(config)
         subjects = Subjects(config.prefix)
         self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
@@ -168,9 +170,10 @@ class InventoryActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        async with listening(self.bus, {self.inject_subject: decoding(self._on_inject)}, ready):
+        routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
+        async with listening(self.bus, routes, ready):
             while True:
                 self._sample_now.clear()
                 sample = await asyncio.to_thread(self.sample)
-                await self.bus.publish(self.subject, codec.encode(sample))
+                await self.events.publish(self.bus, self.subject, sample)
                 await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
