@@ -37,6 +37,9 @@ from schemas.subjects import STREAM_HEARTBEATS, Subjects
 log = logging.getLogger(__name__)
 
 MARKER_REASON = "Nats-Marker-Reason"
+ROLLUP = "Nats-Rollup"
+"""No agent sends it; on FLEET_HB (where the server forces rollups on, for its delete
+markers) ``all`` purges every node's heartbeat: the sender is refused and alerted on."""
 FETCH_BATCH = 128
 
 
@@ -166,6 +169,12 @@ class AggregatorActor:
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
 
     async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:
+        if msg.headers and ROLLUP in msg.headers:
+            raise Refused(
+                "bad_signature",
+                "heartbeat carries a Nats-Rollup header (it purged earlier heartbeats)",
+                rollup=msg.headers[ROLLUP][:16],
+            )
         signer = msg.headers.get(signing.HEADER_KEY) if msg.headers else None
         trusted = await self.store.trusted_key(node)
         if trusted is None or trusted != signer:
@@ -286,12 +295,19 @@ class AggregatorActor:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
         aggregator saw go stale are checked, unless ``everything``: then every record is
         read, which also finds nodes that went stale while another aggregator (or none)
-        was watching, deletes pending records older than ``pending_expire_after`` and
-        counts the pending ones left (the cap on registrations)."""
+        was watching, marks stale the silent nodes whose TTL marker never came (see
+        :func:`record_rules.silent_without_marker`), deletes pending records older than
+        ``pending_expire_after`` and counts the pending ones left (the cap on
+        registrations)."""
         now = time.time()
+        grace = self.config.full_sweep_interval
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is None or record.stale_since is None or record.offline_since:
+            if record is None or record.offline_since:
+                return None
+            if record.stale_since is None:
+                if everything and record_rules.silent_without_marker(record, now, grace):
+                    return record_rules.with_state(record, stale_since=now)
                 return None
             if now - record.stale_since < self.config.offline_after:
                 return None
@@ -301,7 +317,7 @@ class AggregatorActor:
         expire_after = self.config.pending_expire_after
         pending = 0
         for node in candidates:
-            before, offline = await self.store.update(node, change)
+            before, after = await self.store.update(node, change)
             if before is not None and record_rules.pending_expired(before, now, expire_after):
                 if await self.store.delete_if(
                     node, lambda record: record_rules.pending_expired(record, now, expire_after)
@@ -310,23 +326,33 @@ class AggregatorActor:
                     continue
             if before is not None and before.state == "pending":
                 pending += 1
-            waiting = (
-                offline is None
-                and before is not None
-                and before.stale_since is not None
-                and before.offline_since is None
-            )
-            if waiting:  # stale, not offline yet: check again at the next sweep
-                self.stale.add(node)
+            current = after or before
+            if (
+                current is not None
+                and current.stale_since is not None
+                and not current.offline_since
+            ):
+                self.stale.add(node)  # stale, not offline yet: check again at the next sweep
             else:
                 self.stale.discard(node)
-            if offline is not None:
+            if after is not None and after.offline_since:
                 await self.alerts.publish(
                     "offline",
-                    offline.cluster,
+                    after.cluster,
                     node,
                     f"stale for more than {self.config.offline_after:g}s",
-                    f"q{offline.last_seq}",
+                    f"q{after.last_seq}",
+                )
+            elif after is not None:
+                silent = now - after.last_seen
+                log.warning("node silent but no TTL marker came", extra={"node": node})
+                await self.alerts.publish(
+                    "stale",
+                    after.cluster,
+                    node,
+                    f"no heartbeat for {silent:.0f}s and no server marker (lost or purged)",
+                    f"q{after.last_seq}",
+                    last_seq=str(after.last_seq),
                 )
         if everything:
             self.pending = pending

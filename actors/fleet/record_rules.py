@@ -99,6 +99,17 @@ def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> 
     return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE
 
 
+def silent_without_marker(record: NodeRecord, now: float, grace: float) -> bool:
+    """A live record whose node has sent nothing for twice its ``stale_after`` plus
+    ``grace``, though no TTL marker came: the marker was lost (a node's ``Nats-Rollup:
+    all`` heartbeat purges every subject of FLEET_HB, markers pending included, and the
+    server cannot be told to refuse rollups on a stream with delete markers). Twice, and
+    the grace, so a slow aggregator behind the stream does not call a live node stale."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    return now - record.last_seen > 2 * record.heartbeat.stale_after + grace
+
+
 def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
     """A registration nobody approved (no heartbeat ever accepted) older than ``after``."""
     return (

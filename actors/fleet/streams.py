@@ -16,7 +16,7 @@ oldest messages, capped per subject, so a flooding node evicts only its own.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -233,3 +233,30 @@ async def provision(
         except nats.js.errors.BucketNotFoundError:
             await js.create_key_value(bucket)
             log.info("bucket created", extra={"bucket": bucket.bucket})
+            continue
+        await _update_bucket(js, bucket)
+
+
+async def _update_bucket(js: JetStreamContext, bucket: KeyValueConfig) -> None:
+    """Bring a bucket made by an older version to the settings that matter for safety:
+    direct gets (peer discovery under auth.conf reads no other way) and its budgets. The
+    bucket's history and storage stay as they are; a refusal is logged like a stream's."""
+    name = f"KV_{bucket.bucket}"
+    current = (await js.stream_info(name)).config
+    wanted = replace(
+        current,
+        allow_direct=bucket.direct,
+        max_bytes=bucket.max_bytes,
+        max_msg_size=bucket.max_value_size,
+    )
+    if wanted == current:
+        return
+    try:
+        await js.update_stream(wanted)
+    except nats.js.errors.APIError as exc:
+        log.error(
+            "bucket settings not updated; it keeps its old ones",
+            extra={"bucket": bucket.bucket, "reason": str(exc)},
+        )
+    else:
+        log.info("bucket settings updated", extra={"bucket": bucket.bucket})

@@ -21,7 +21,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import DiscardPolicy
+from nats.js.api import DiscardPolicy, KeyValueConfig
 
 from actors.fleet.config import MIB
 from actors.fleet.metrics import AggregatorMetrics
@@ -80,7 +80,7 @@ from schemas.subjects import (
     STREAM_HEARTBEATS,
     Subjects,
 )
-from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+from tests.support.fleet import TEST_LIMITS, Fleet, new_aggregator, wait_for, wait_record
 
 MAX_PAYLOAD = 1024 * 1024
 """nats-server's default max_payload."""
@@ -508,3 +508,19 @@ def test_the_agent_reports_the_most_recent_xid_codes() -> None:
     assert min(xid.last_at for xid in kept) >= max(
         xid.last_at for xid in codes.values() if xid not in kept
     )
+
+
+async def test_provision_brings_an_older_bucket_to_direct_gets_and_its_budget(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A bucket created by an older version (no direct gets, no budget) is updated, so
+    peer discovery works under auth.conf and a full bucket cannot starve the store."""
+    subjects = Subjects(f"{prefix}old")
+    name = subjects.bucket_name(BUCKET_NODES)
+    await bus.js.create_key_value(KeyValueConfig(bucket=name, history=1))
+    assert not (await bus.js.stream_info(f"KV_{name}")).config.allow_direct
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    config = (await bus.js.stream_info(f"KV_{name}")).config
+    assert config.allow_direct
+    assert config.max_bytes == TEST_LIMITS.records_max_bytes
+    assert config.max_msg_size == MAX_HEARTBEAT_SIZE
