@@ -9,6 +9,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
@@ -180,3 +181,18 @@ async def test_honest_traffic_still_flows(fleet: Fleet) -> None:
     assert dropped(agent) == 0
     await fleet.publish_event("interruption", terminate_notice())
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.schedulability != "schedulable")
+
+
+async def test_a_captured_notice_replayed_after_the_command_lifetime_does_nothing(
+    fleet: Fleet, attacker: Client
+) -> None:
+    """The node remembers a notice's key for max_command_lifetime: a properly signed
+    terminate notice older than that (captured, sent again) neither drains nor stops it."""
+    agent = await running_agent(fleet, max_command_lifetime=60.0)
+    old = msgspec.structs.replace(terminate_notice(), ts=time.time() - 120)
+    body = codec.encode(old)
+    await attacker.publish(
+        f"{fleet.prefix}.evt.n1.interruption", body, headers=agent.key.headers(body)
+    )
+    await attacker.flush()
+    await assert_untouched(fleet, agent)

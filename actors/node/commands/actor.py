@@ -195,6 +195,12 @@ class CommandsActor:
         or maintenance notice cordons for a while. Each notice acts once (its key is kept
         for max_command_lifetime; the spot watcher publishes a notice once per run)."""
         command_id = f"spot:{notice_key(notice)}"
+        age = time.time() - notice.ts
+        if age > self.config.max_command_lifetime:
+            # Its key may have left the store already: a captured notice sent again must
+            # not drain the node a second time.
+            log.warning("spot notice older than max_command_lifetime ignored", extra={"age": age})
+            return
         async with self.actions.lock:
             if self.store.seen(command_id) or self.actions.finished.is_set():
                 return
