@@ -279,6 +279,8 @@ class AggregatorActor:
         if forged:
             self.metrics.dropped.labels("forged_marker").inc()
             log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})
+        else:
+            self.metrics.markers.inc()
         if stale is not None:
             self.stale.add(node)
             stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0

@@ -26,6 +26,11 @@ class AggregatorMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.markers = Counter(
+            "fleet_ttl_markers",
+            "TTL delete markers taken as the server's (the others count as forged_marker)",
+            registry=self.registry,
+        )
         self.records_unreadable = Counter(
             "fleet_records_unreadable",
             "Records in fleet_nodes skipped because they could not be decoded",

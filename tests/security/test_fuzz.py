@@ -1,0 +1,481 @@
+"""Property-based fuzzing of everything a hostile client can put on the wire to a node and
+to the aggregator: heartbeats, commands and node events with random bytes, random headers
+(non-ASCII values, random ``Fleet-Key``/``Fleet-Sig``, forged TTL markers), sizes up to
+~70 KB, wrong subject tokens and valid bodies mutated and re-signed with the node's key,
+an operator's key or a stranger's.
+
+After each batch: no actor of the agent or the aggregator has restarted, honest traffic
+(the agent's heartbeats, a heartbeat of a second node, a signed command) is still
+accepted, and counters account for every message: the aggregator's counters grow by
+exactly what ``FLEET_HB`` stored, every stored command is answered exactly once by its
+digest, and every node event a node actor refused is counted by that actor. A message
+no counter names is a message that could vanish unnoticed; that is the property pinned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import msgspec
+import nats.js.errors
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from prometheus_client import CollectorRegistry
+
+from actors.cli.send import new_command
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve
+from actors.node.agent import NodeAgent
+from actors.runtime.supervisor import Supervisor
+from schemas import codec, signing
+from schemas.errors import DecodeError, SignatureError
+from schemas.events import Engine, decode_event
+from schemas.messages import Cordon, Uncordon, command_digest
+from schemas.subjects import (
+    EVENT_ENGINE,
+    EVENT_HEALTH,
+    EVENT_INJECT,
+    EVENT_INTERRUPTION,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    EVENT_STATE,
+    STREAM_HEARTBEATS,
+    Subjects,
+)
+from tests.security.attack import attacker, heartbeat, restarts
+from tests.support.commanding import Results
+from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+
+Target = Literal["hb", "cmd", "evt"]
+Signer = Literal["node", "operator", "stranger"]
+
+EXAMPLES = 25
+MAX_BODY = 70_000
+"""Above FLEET_CMD's 64 KiB max_msg_size, so some commands are refused by the server."""
+EVENT_KINDS = [
+    EVENT_SAMPLE,
+    EVENT_HEALTH,
+    EVENT_INTERRUPTION,
+    EVENT_LATENCY,
+    EVENT_ENGINE,
+    EVENT_STATE,
+    EVENT_INJECT,
+    "bogus",
+]
+SIGNED_EVENT_KINDS = [kind for kind in EVENT_KINDS if kind != EVENT_INTERRUPTION]
+"""A notice the node key validly signs drains and deregisters the node, as it should: a
+stolen node key may stop its own node, so the fuzz does not hand it one."""
+HEARTBEAT_FIELDS = [
+    "node_id",
+    "cluster",
+    "seq",
+    "boot_id",
+    "ts",
+    "agent_version",
+    "interval",
+    "stale_after",
+    "schedulability",
+    "schedulability_reason",
+    "sample",
+    "unknown_field",
+]
+"""Everything but ``deregistering``: a node key may take its own node out of the fleet,
+after which refusing its heartbeats is right and the liveness check would not hold."""
+COMMAND_FIELDS = ["id", "node_id", "cluster", "action", "issued_at", "expires_at", "reason", "x"]
+EVENT_FIELDS = ["ts", "in_flight", "engines", "node_id", "x"]
+HUGE = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 10**30, -(2**70)]
+HEARTBEAT_COUNTERS = (
+    "fleet_heartbeats_accepted",
+    "fleet_heartbeats_refused",
+    "fleet_messages_dropped",
+    "fleet_ttl_markers",
+)
+"""Every outcome of a FLEET_HB message: accepted, refused (by kind), dropped (by reason,
+forged markers included) or taken as the server's TTL marker."""
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.sampled_from(HUGE)
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=6,
+)
+header_values = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="\r\n"), max_size=80
+)
+header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,20}", fullmatch=True).filter(
+    lambda name: not name.lower().startswith("nats")
+)
+"""``Nats-*`` headers steer the server (dedup, expectations, TTL), not our code."""
+sig_values = header_values | st.binary(min_size=64, max_size=64).map(
+    lambda raw: base64.b64encode(raw).decode()
+)
+tokens = st.text(
+    st.characters(exclude_categories=["Cs", "Cc", "Zs"], exclude_characters=".*>"),
+    min_size=1,
+    max_size=70,
+)
+"""Subject tokens NATS carries (non-ASCII and over-long included) that ours may refuse."""
+
+
+def random_bytes(size: int, seed: int) -> bytes:
+    """Hypothesis' own byte strings stay small; large bodies come from a seeded PRNG."""
+    return random.Random(seed).randbytes(size)
+
+
+bodies = st.binary(max_size=512) | st.builds(
+    random_bytes, st.integers(0, MAX_BODY), st.integers(0, 2**32)
+)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A change to a valid message: one field set to a random JSON value, or one byte of
+    its encoding flipped, inserted or deleted."""
+
+    field: str
+    value: Any
+    byte_op: Literal["none", "flip", "insert", "delete"]
+    position: int
+    byte: int
+
+    def apply(self, valid: dict[str, Any]) -> bytes:
+        doc = dict(valid)
+        if self.field:
+            doc[self.field] = self.value
+        raw = bytearray(msgspec.json.encode(doc))
+        at = self.position % (len(raw) + 1)
+        if self.byte_op == "flip" and at < len(raw):
+            raw[at] ^= self.byte or 1
+        elif self.byte_op == "insert":
+            raw.insert(at, self.byte)
+        elif self.byte_op == "delete" and at < len(raw):
+            del raw[at]
+        return bytes(raw)
+
+
+def mutations(fields: list[str]) -> st.SearchStrategy[Mutation]:
+    return st.builds(
+        Mutation,
+        field=st.sampled_from(["", *fields]),
+        value=json_values,
+        byte_op=st.sampled_from(["none", "flip", "insert", "delete"]),
+        position=st.integers(0, 10_000),
+        byte=st.integers(0, 255),
+    )
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One message to publish: either fixed bytes and headers, or (``mutation`` set) a
+    valid message of ``target`` built at send time, mutated and signed by ``signer``."""
+
+    target: Target
+    tail: str
+    """The subject after ``<prefix>.hb.``, ``<prefix>.cmd.`` or ``<prefix>.evt.``."""
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    mutation: Mutation | None = None
+    signer: Signer = "node"
+
+
+def random_headers(target: Target) -> st.SearchStrategy[dict[str, str]]:
+    """Random headers, often with a random or foreign Fleet-Key and a random Fleet-Sig,
+    and for heartbeats sometimes a client-set TTL marker reason."""
+    special: dict[str, st.SearchStrategy[str]] = {
+        signing.HEADER_KEY: header_values
+        | st.builds(lambda: signing.KeyPair.generate().public_key),
+        signing.HEADER_SIG: sig_values,
+    }
+    if target == "hb":
+        special["Nats-Marker-Reason"] = st.sampled_from(["MaxAge", "Purge", "Remove", "é"])
+    return st.builds(
+        lambda extra, chosen: {**extra, **chosen},
+        st.dictionaries(header_names, header_values, max_size=4),
+        st.fixed_dictionaries({}, optional=special),
+    )
+
+
+heartbeat_tails = st.sampled_from(["c1.n2", "c2.n2", "c1.n3", "c1.n2.extra", "c1"]) | st.builds(
+    lambda cluster, node: f"{cluster}.{node}", tokens, tokens
+).filter(lambda tail: tail != "c1.n1")
+"""Never the agent's own subject: a hostile message there could be replaced (one per
+subject) by the agent's next heartbeat before the aggregator reads it."""
+event_tails = st.sampled_from(EVENT_KINDS).map(lambda kind: f"n1.{kind}")
+
+
+def raw(target: Target, tails: st.SearchStrategy[str]) -> st.SearchStrategy[Hostile]:
+    return st.builds(Hostile, st.just(target), tails, bodies, random_headers(target))
+
+
+def resigned(
+    target: Target, tails: st.SearchStrategy[str], fields: list[str]
+) -> st.SearchStrategy[Hostile]:
+    return st.builds(
+        Hostile,
+        st.just(target),
+        tails,
+        mutation=mutations(fields),
+        signer=st.sampled_from(["node", "operator", "stranger"]),
+    )
+
+
+hostiles = st.one_of(
+    raw("hb", heartbeat_tails),
+    resigned("hb", st.just("c1.n2"), HEARTBEAT_FIELDS),
+    raw("cmd", st.just("c1.n1")),
+    resigned("cmd", st.just("c1.n1"), COMMAND_FIELDS),
+    raw("evt", event_tails),
+    resigned("evt", st.sampled_from(SIGNED_EVENT_KINDS).map(lambda k: f"n1.{k}"), EVENT_FIELDS),
+)
+
+
+def total(registry: CollectorRegistry, *names: str) -> float:
+    """The sum of every labelled ``_total`` sample of the counters ``names``."""
+    wanted = {f"{name}_total" for name in names}
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name in wanted
+    )
+
+
+def by_actor(agent: NodeAgent) -> Counter[str]:
+    """Node events dropped so far, by consuming actor."""
+    counts: Counter[str] = Counter()
+    for metric in agent.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "node_agent_events_dropped_total":
+                counts[sample.labels["actor"]] += int(sample.value)
+    return counts
+
+
+@dataclass
+class Scene:
+    """The running fleet the examples attack, and what the test learnt about it."""
+
+    fleet: Fleet
+    agent: NodeAgent
+    supervisors: list[Supervisor]
+    metrics: AggregatorMetrics
+    results: Results
+    keys: dict[Signer, signing.KeyPair]
+    """The node key is n1's for commands and events and n2's for heartbeats."""
+    n2_key: signing.KeyPair
+    listeners: dict[str, set[str]] = field(default_factory=dict)
+    """For each event kind, the node actors that take it in (learnt at the start)."""
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.fleet.prefix)
+
+
+def signer_key(scene: Scene, hostile: Hostile) -> signing.KeyPair:
+    if hostile.signer == "node" and hostile.target == "hb":
+        return scene.n2_key
+    return scene.keys[hostile.signer]
+
+
+def message(scene: Scene, hostile: Hostile, n2_seq: int) -> tuple[bytes, dict[str, str]]:
+    """The bytes and headers of ``hostile``, a mutated valid message built now."""
+    if hostile.mutation is None:
+        return hostile.body, hostile.headers
+    valid: Any
+    if hostile.target == "hb":
+        valid = heartbeat("n2", seq=n2_seq + 1)
+    elif hostile.target == "cmd":
+        valid = new_command("n1", "c1", Cordon(ttl=60.0))
+    else:
+        valid = Engine(ts=time.time(), in_flight=0)
+    body = hostile.mutation.apply(cast(dict[str, Any], msgspec.to_builtins(valid)))
+    return body, signer_key(scene, hostile).headers(body)
+
+
+def event_is_taken(scene: Scene, subject: str, body: bytes, headers: dict[str, str]) -> bool:
+    """Whether the node's actors act on this event: signed by the node key (or an
+    operator's, for ``inject``) and decodable; any other is dropped by each listener."""
+    kind = subject.rsplit(".", 1)[-1]
+    allowed = {scene.keys["node"].public_key}
+    if kind == EVENT_INJECT:
+        allowed.add(scene.keys["operator"].public_key)
+    try:
+        if signing.verify(headers, body) not in allowed:
+            return False
+        decode_event(subject, body)
+    except (SignatureError, DecodeError):
+        return False
+    return True
+
+
+async def heartbeats_settled(scene: Scene, js: JetStreamContext) -> tuple[int, float]:
+    """FLEET_HB's last sequence and the aggregator's heartbeat counters, read once the
+    aggregator has settled everything up to that sequence (the agent keeps beating, so
+    the stream is read again until it stood still across the reading)."""
+    stream = scene.subjects.stream_name(STREAM_HEARTBEATS)
+    durable = scene.subjects.stream_name("aggregator")
+    while True:
+        last = (await js.stream_info(stream)).state.last_seq
+
+        async def drained(last: int = last) -> bool:
+            info = await js.consumer_info(stream, durable)
+            return bool(info.delivered.stream_seq >= last and info.num_ack_pending == 0)
+
+        await wait_for(drained, interval=0.005)
+        counted = total(scene.metrics.registry, *HEARTBEAT_COUNTERS)
+        if (await js.stream_info(stream)).state.last_seq == last:
+            return last, counted
+
+
+async def publish(
+    scene: Scene,
+    nc: Client,
+    js: JetStreamContext,
+    hostile: Hostile,
+    body: bytes,
+    headers: dict[str, str],
+) -> str | None:
+    """Publish one hostile message; the digest of a command the stream stored, else None."""
+    prefix = scene.fleet.prefix
+    if hostile.target == "evt":
+        await nc.publish(f"{prefix}.evt.{hostile.tail}", body, headers=headers)
+        return None
+    subject = f"{prefix}.{hostile.target}.{hostile.tail}"
+    try:
+        ack = await js.publish(subject, body, headers=headers)
+    except nats.js.errors.APIError:  # over max_msg_size: the server's refusal, not ours
+        return None
+    if hostile.target == "hb":  # one message per subject: let it be read before the next
+        await heartbeats_settled(scene, js)
+        return None
+    return None if ack.duplicate else command_digest(body)
+
+
+async def learn_listeners(scene: Scene, nc: Client) -> dict[str, set[str]]:
+    """Which actors take in each event kind: publish one unsigned event of each and see
+    whose drop counter moves."""
+    listeners: dict[str, set[str]] = {}
+    for kind in EVENT_KINDS:
+        before = by_actor(scene.agent)
+
+        def moved(before: Counter[str] = before) -> bool:
+            return by_actor(scene.agent) != before
+
+        await nc.publish(f"{scene.fleet.prefix}.evt.n1.{kind}", b"{}")
+        await wait_for(moved)
+        await asyncio.sleep(0.2)  # every listener, not only the first
+        listeners[kind] = set((by_actor(scene.agent) - before).keys())
+    return listeners
+
+
+async def still_served(scene: Scene, js: JetStreamContext, n2_seq: int) -> None:
+    """Honest traffic still goes through: the agent's heartbeats, one of n2's, and an
+    operator's command."""
+    prefix = scene.fleet.prefix
+    n1_seq = (await wait_record(scene.fleet.bus, prefix, "n1", lambda r: True)).last_seq
+    await wait_record(scene.fleet.bus, prefix, "n1", lambda r: r.last_seq > n1_seq)
+    n2 = await wait_record(scene.fleet.bus, prefix, "n2", lambda r: True)
+    beat = codec.encode(heartbeat("n2", seq=max(n2.last_seq, n2_seq) + 1))
+    await js.publish(scene.subjects.heartbeat("c1", "n2"), beat, headers=scene.n2_key.headers(beat))
+    seq = max(n2.last_seq, n2_seq) + 1
+    await wait_record(scene.fleet.bus, prefix, "n2", lambda r: r.last_seq == seq)
+    command = new_command("n1", "c1", Uncordon())
+    body = codec.encode(command)
+    await js.publish(
+        scene.subjects.command("c1", "n1"), body, headers=scene.keys["operator"].headers(body)
+    )
+    await wait_for(lambda: "accepted" in scene.results.statuses(command.id))
+
+
+@pytest.fixture
+async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
+    """An aggregator, an approved agent n1 trusting an operator key, a second approved
+    node n2 whose key the test holds (no agent: its subject is the test's alone), and
+    the attacker's plain connection."""
+    operator, stranger, n2_key = (signing.KeyPair.generate() for _ in range(3))
+    await approve(fleet.bus, Subjects(fleet.prefix), "n2", n2_key.public_key)
+    metrics = AggregatorMetrics()
+    aggregator = await fleet.start_supervisor(new_aggregator(fleet.bus, fleet.prefix, metrics))
+    results = await Results().start(fleet.bus, fleet.prefix)
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+    assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    keys: dict[Signer, signing.KeyPair] = {
+        "node": fleet.node_key(),
+        "operator": operator,
+        "stranger": stranger,
+    }
+    async with attacker(fleet.url) as nc:
+        built = Scene(fleet, agent, [aggregator, agent.supervisor], metrics, results, keys, n2_key)
+        built.listeners.update(await learn_listeners(built, nc))
+        beat = codec.encode(heartbeat("n2", seq=1))
+        await nc.jetstream().publish(
+            built.subjects.heartbeat("c1", "n2"), beat, headers=n2_key.headers(beat)
+        )
+        await wait_record(fleet.bus, fleet.prefix, "n2", lambda r: r.last_seq == 1)
+        yield built, nc
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=st.lists(hostiles, min_size=1, max_size=8))
+async def test_hostile_traffic_is_counted_and_changes_nothing_it_must_not(
+    scene: tuple[Scene, Client], batch: list[Hostile]
+) -> None:
+    fuzzed, nc = scene
+    js = nc.jetstream()
+    agent = fuzzed.agent
+    n2_seq = (
+        await wait_record(fuzzed.fleet.bus, fuzzed.fleet.prefix, "n2", lambda r: True)
+    ).last_seq
+    first_result = len(fuzzed.results.results)
+    events_before = by_actor(agent)
+    commands_dropped = total(agent.metrics.registry, "node_agent_messages_dropped")
+    stream_before, counted_before = await heartbeats_settled(fuzzed, js)
+    stored: Counter[str] = Counter()
+    expected: Counter[str] = Counter()
+    for hostile in batch:
+        body, headers = message(fuzzed, hostile, n2_seq)
+        digest = await publish(fuzzed, nc, js, hostile, body, headers)
+        if digest is not None:
+            stored[digest] += 1
+        subject = f"{fuzzed.fleet.prefix}.evt.{hostile.tail}"
+        if hostile.target == "evt" and not event_is_taken(fuzzed, subject, body, headers):
+            expected.update(fuzzed.listeners[hostile.tail.rsplit(".", 1)[-1]])
+    await nc.flush()
+    await still_served(fuzzed, js, n2_seq)
+
+    def decided() -> Counter[str]:
+        return Counter(
+            result.command_digest
+            for result in fuzzed.results.results[first_result:]
+            if result.status in ("accepted", "rejected") and result.command_digest in stored
+        )
+
+    def commands_accounted() -> bool:
+        dropped = total(agent.metrics.registry, "node_agent_messages_dropped") - commands_dropped
+        return sum(decided().values()) + dropped >= stored.total()
+
+    await wait_for(commands_accounted)
+    await wait_for(lambda: by_actor(agent) - events_before == expected)
+    stream_after, counted_after = await heartbeats_settled(fuzzed, js)
+    assert decided() == stored
+    assert counted_after - counted_before == stream_after - stream_before
+    for supervisor in fuzzed.supervisors:
+        assert set(restarts(supervisor).values()) == {0}, restarts(supervisor)
