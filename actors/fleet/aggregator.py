@@ -166,6 +166,7 @@ class AggregatorActor:
                 refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", **refusal.details
             )
         except LateDelivery:
+            self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
 
     async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:

@@ -58,6 +58,10 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     assert (await read_record(bus, subjects, "n1")).last_seq == 2
     await bus.flush()
     assert alerts.alerts == []
+    late = aggregator.metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "late_delivery"}
+    )
+    assert late == 1  # counted, so every message of the stream is accounted for
 
     await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=21))
     await wait_for(lambda: alerts.of("replay"))
