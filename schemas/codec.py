@@ -26,6 +26,7 @@ def decode(data: bytes, message_type: type[T], subject: str = "") -> T:
         decoder = _decoders[message_type] = msgspec.json.Decoder(message_type)
     try:
         result: T = decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        # msgspec raises UnicodeDecodeError, not DecodeError, for invalid UTF-8 in a string.
         raise DecodeError(subject, message_type.__name__, str(exc)) from None
     return result

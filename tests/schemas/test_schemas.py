@@ -164,3 +164,11 @@ def test_readme_wire_tables_are_current() -> None:
     """The README's field tables match the Structs; `python -m schemas.jsonschema` fixes."""
     text = jsonschema.README.read_text()
     assert jsonschema.readme_with_tables(text) == text
+
+
+def test_invalid_utf8_in_a_string_is_a_decode_error() -> None:
+    """msgspec raises UnicodeDecodeError (not DecodeError) for invalid UTF-8 inside a JSON
+    string; a signed command with one such byte once broke the command handler. Every
+    reader catches DecodeError only, so the codec must turn it into one."""
+    with pytest.raises(DecodeError, match="Command"):
+        codec.decode(b'{"id":"\x80","node_id":"n1"}', messages.Command, "fleet.cmd.c1.n1")

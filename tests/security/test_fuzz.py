@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 import msgspec
 import nats.js.errors
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -435,6 +435,20 @@ async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batch=st.lists(hostiles, min_size=1, max_size=8))
+# Found by this test: an operator-signed command with invalid UTF-8 in a string (msgspec
+# raised UnicodeDecodeError, which no reader caught, and no result was published).
+@example(
+    batch=[
+        Hostile(
+            target="cmd",
+            tail="c1.n1",
+            body=b"",
+            headers={},
+            mutation=Mutation(field="", value=None, byte_op="flip", position=7, byte=128),
+            signer="operator",
+        )
+    ]
+)
 async def test_hostile_traffic_is_counted_and_changes_nothing_it_must_not(
     scene: tuple[Scene, Client], batch: list[Hostile]
 ) -> None:

@@ -77,7 +77,7 @@ class CommandStore:
             raise StoreError(self.path, exc.strerror or str(exc)) from None
         try:
             return msgspec.json.decode(data, type=Saved)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             # Refusing to start would leave the node unmanageable; starting schedulable
             # could undo a cordon. Neither is safe, so say it loudly and stay cordoned.
             log.error("unreadable command state; starting cordoned", extra={"reason": str(exc)})
