@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -119,10 +120,13 @@ class NatsBus:
         retry_forever: bool = False,
         inbox_prefix: str = "_INBOX",
         js_api_prefix: str = DEFAULT_JS_API_PREFIX,
+        tls: ssl.SSLContext | None = None,
     ) -> NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too.
         ``js_api_prefix`` is where JetStream's API answers: another prefix when an account
-        imports it from another (deploy/nats/auth.conf)."""
+        imports it from another (deploy/nats/auth.conf). ``tls`` (from
+        :func:`actors.runtime.tls.client_context`) is used for ``tls://`` URLs and for
+        ``nats://`` servers that require TLS."""
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
@@ -140,6 +144,7 @@ class NatsBus:
                         reconnect_time_wait=2,
                         nkeys_seed_str=nkey_seed,
                         inbox_prefix=inbox_prefix,
+                        tls=tls,
                         error_cb=_on_error,
                         disconnected_cb=events.disconnected,
                         reconnected_cb=events.reconnected,
