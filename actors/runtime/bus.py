@@ -339,6 +339,13 @@ def _reason(exc: BaseException, tls: ssl.SSLContext | None = None) -> str:
                 "server trusts, and still valid?)"
             )
         return f"TLS: {text}"
+    if tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError):
+        # Under TLS 1.3 the client's handshake ends before the server has checked the
+        # client certificate, so its alert may be lost and only the closed socket seen.
+        return (
+            "TLS: the server closed the connection after the handshake; it refuses our "
+            "client certificate or requires one (set tls_cert and tls_key)"
+        )
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (is nats-server running and the URL right?)"
     if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:

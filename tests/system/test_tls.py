@@ -130,13 +130,16 @@ async def test_agent_beats_through_mutual_tls(fleet: Fleet, pki: Pki) -> None:
 
 
 def refusal_cases(pki: Pki, url: str) -> dict[str, tuple[str, str, str, str]]:
+    """Each case's URL, tls_ca, client certificate (none, ours, another CA's) and what its
+    reason says. A refused client certificate reads two ways: under TLS 1.3 the server's
+    alert can arrive after the client has written and found the socket closed."""
     port = url.rsplit(":", 1)[1]
     return {
         "no client certificate": (
             url,
             pki.ca,
             "",
-            "TLS: the server requires a client certificate (set tls_cert and tls_key)",
+            "set tls_cert and tls_key",
         ),
         "wrong CA": (
             url,
@@ -149,7 +152,7 @@ def refusal_cases(pki: Pki, url: str) -> dict[str, tuple[str, str, str, str]]:
             url,
             pki.ca,
             "other",
-            "TLS: the server refused our client certificate",
+            "client certificate",
         ),
         "hostname mismatch": (
             f"tls://localhost:{port}",
@@ -187,7 +190,8 @@ async def test_refusal_names_its_cause(nats_server: NatsServer, pki: Pki, case: 
     }[client]
     with pytest.raises(BusError) as refused:
         await NatsBus.connect(url, "test", tls=client_context(ca, cert, key), connect_timeout=2)
-    assert refused.value.reason.startswith(expected), refused.value.reason
+    assert refused.value.reason.startswith("TLS: "), refused.value.reason
+    assert expected in refused.value.reason
     assert "no server answered" not in str(refused.value)
 
 
@@ -228,10 +232,8 @@ async def test_register_without_client_certificate_is_one_line(
         pki.ca,
     )
     assert code == 1
-    assert err == (
-        f"error: cannot reach NATS at {nats_server.url}: TLS: the server requires a client "
-        "certificate (set tls_cert and tls_key)\n"
-    )
+    assert err.startswith(f"error: cannot reach NATS at {nats_server.url}: TLS: ")
+    assert err.endswith("(set tls_cert and tls_key)\n") and err.count("\n") == 1
 
 
 async def test_drain_wait_over_tls(fleet: Fleet, pki: Pki, tmp_path: Path) -> None:
