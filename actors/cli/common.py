@@ -17,22 +17,31 @@ import nats.errors
 
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import DEFAULT_SERVER, build
+from actors.runtime.tls import client_context
 from schemas import signing
 from schemas.errors import FleetError
 
+CLIENT_ENV_PREFIX = "FLEETCTL_"
+
+
+class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a fleetctl command reaches NATS: each a flag, a ``FLEETCTL_*`` variable (or
+    ``NATS_URL``) and a key of ``--config``, through the same loader as the daemons."""
+
+    server: str = DEFAULT_SERVER
+    nkey_file: str = ""
+    """Authenticate to NATS with this nkey seed (servers configured like auth.conf)."""
+    tls_ca: str = ""
+    """PEM file of the CA that signed the server's certificate; empty: the system's CAs."""
+    tls_cert: str = ""
+    """PEM client certificate (mutual TLS); needs tls_key."""
+    tls_key: str = ""
+
 
 def add_server(parser: argparse.ArgumentParser) -> None:
-    """--server, --prefix and --nkey-file, shared by every fleetctl command that connects."""
-    parser.add_argument(
-        "--server", default=None, help=f"NATS URL(s) (env NATS_URL; default {DEFAULT_SERVER})"
-    )
+    """--prefix and :class:`ClientConfig`'s flags, for every fleetctl command that connects."""
     parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
-    parser.add_argument(
-        "--nkey-file",
-        type=Path,
-        default=None,
-        help="authenticate to NATS with this nkey seed (servers configured like auth.conf)",
-    )
+    add_config_flags(parser, ClientConfig, CLIENT_ENV_PREFIX)
 
 
 Settings = TypeVar("Settings", bound=msgspec.Struct)
@@ -78,15 +87,13 @@ def settings_from(
     return build(config_type, env_prefix, file=args.config, flags=flags)
 
 
-def server_of(args: argparse.Namespace) -> str:
-    return str(args.server or os.environ.get("NATS_URL") or DEFAULT_SERVER)
-
-
 @asynccontextmanager
 async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[NatsBus]:
-    """A connection as the command line asks (server, optional nkey), drained on the way out."""
-    seed = signing.load_key_file(args.nkey_file).seed if args.nkey_file else None
-    bus = await NatsBus.connect(server_of(args), name, nkey_seed=seed, connect_timeout=3.0)
+    """A connection as the command line asks (:class:`ClientConfig`), drained on the way out."""
+    config = settings_from(args, ClientConfig, CLIENT_ENV_PREFIX)
+    seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
+    tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+    bus = await NatsBus.connect(config.server, name, nkey_seed=seed, connect_timeout=3.0, tls=tls)
     try:
         yield bus
     finally:

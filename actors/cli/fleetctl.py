@@ -34,6 +34,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
+from actors.runtime.tls import client_context
 from schemas import signing
 from schemas.errors import FleetError, SignatureError
 from schemas.subjects import Subjects, check_token
@@ -63,6 +64,7 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         nkey_seed=seed,
         connect_timeout=config.connect_timeout,
         retry_forever=True,
+        tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
     metrics = AggregatorMetrics()
     actors: list[Actor] = [AggregatorActor(config, bus, metrics)]

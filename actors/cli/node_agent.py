@@ -20,6 +20,7 @@ from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
 from actors.runtime.config import DEFAULT_SERVER, build
+from actors.runtime.tls import client_context
 from schemas import codec, signing
 from schemas.events import Inject
 from schemas.messages import Registration, RegistrationReply
@@ -75,6 +76,12 @@ def parser() -> argparse.ArgumentParser:
         help="the node's key or a trusted operator's key, which signs the fault "
         "(default: the node's key, as 'start' finds it)",
     )
+    for setting in ("tls_ca", "tls_cert", "tls_key"):
+        inject.add_argument(
+            f"--{setting.replace('_', '-')}",
+            dest=setting,
+            help=f"as for start (env {ENV_PREFIX}{setting.upper()})",
+        )
 
     status = commands.add_parser("status", help="the local agent's /status, readable")
     status.add_argument("--url", default=DEFAULT_STATUS_URL, help=f"default {DEFAULT_STATUS_URL}")
@@ -123,6 +130,7 @@ async def cmd_register(args: argparse.Namespace) -> int:
         nkey_seed=key.seed if config.nkey_auth else None,
         connect_timeout=config.connect_timeout,
         inbox_prefix=inbox_prefix(config.node_id),
+        tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
     try:
         try:
@@ -165,9 +173,11 @@ async def cmd_inject(args: argparse.Namespace) -> int:
         ts=time.time(), node_id=args.node_id, fault=args.fault, gpu=args.gpu, value=args.value
     )
     subject = Subjects(args.prefix).event(args.node_id, EVENT_INJECT)  # refuses bad tokens
-    key_file = args.key_file or build(AgentConfig, ENV_PREFIX).key_path
-    key = signing.load_key_file(key_file)
-    bus = await NatsBus.connect(args.server, "node-agent-inject")
+    tls_flags = {setting: getattr(args, setting) for setting in ("tls_ca", "tls_cert", "tls_key")}
+    settings = build(AgentConfig, ENV_PREFIX, flags=tls_flags)
+    key = signing.load_key_file(args.key_file or settings.key_path)
+    tls = client_context(settings.tls_ca, settings.tls_cert, settings.tls_key)
+    bus = await NatsBus.connect(args.server, "node-agent-inject", tls=tls)
     try:
         await publish_inject(bus, args.prefix, inject, key)
     finally:

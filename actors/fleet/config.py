@@ -22,6 +22,13 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     server: str = DEFAULT_SERVER
     nkey_file: str = ""
     """Authenticate to NATS with this nkey seed (servers configured like deploy/nats/auth.conf)."""
+    tls_ca: str = ""
+    """PEM file of the CA that signed the NATS server's certificate; empty: the system's
+    CAs. Setting any tls_* makes TLS mandatory: a server without TLS is refused."""
+    tls_cert: str = ""
+    """PEM client certificate presented to the server (mutual TLS); needs tls_key."""
+    tls_key: str = ""
+    """PEM private key of tls_cert."""
     prefix: str = "fleet"
     connect_timeout: Positive = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -20,6 +20,7 @@ from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor
+from actors.runtime.tls import client_context
 from schemas.signing import load_key_file
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class NodeAgent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.key = load_key_file(config.key_path)
+        self.tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         self.sequence = SequenceStore(Path(config.state_dir))
         self.metrics = AgentMetrics()
         self.bus: NatsBus | None = None
@@ -70,6 +72,7 @@ class NodeAgent:
             retry_forever=True,
             inbox_prefix=inbox_prefix(self.config.node_id),
             js_api_prefix=self.config.js_api_prefix,
+            tls=self.tls,
         )
         self.supervisor = Supervisor(self.build_actors(self.bus))
         self.supervisor.start()

@@ -57,6 +57,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     js_api_prefix: str = "$JS.API"
     """Where the JetStream API is reached: ``JS.FLEET.API`` under deploy/nats/auth.conf,
     whose nodes live in an account without JetStream and import the fleet's API there."""
+    tls_ca: str = ""
+    """PEM file of the CA that signed the NATS server's certificate; empty: the system's
+    CAs. Setting any tls_* makes TLS mandatory: a server without TLS is refused."""
+    tls_cert: str = ""
+    """PEM client certificate presented to the server (mutual TLS); needs tls_key."""
+    tls_key: str = ""
+    """PEM private key of tls_cert."""
     connect_timeout: Positive = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -40,6 +41,7 @@ DEFAULT_JS_API_PREFIX = "$JS.API"
 CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
+TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
 
 
 class BusError(FleetError):
@@ -119,10 +121,14 @@ class NatsBus:
         retry_forever: bool = False,
         inbox_prefix: str = "_INBOX",
         js_api_prefix: str = DEFAULT_JS_API_PREFIX,
+        tls: ssl.SSLContext | None = None,
     ) -> NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too.
         ``js_api_prefix`` is where JetStream's API answers: another prefix when an account
-        imports it from another (deploy/nats/auth.conf)."""
+        imports it from another (deploy/nats/auth.conf). ``tls`` (from
+        :func:`actors.runtime.tls.client_context`) is used for ``tls://`` URLs and for
+        ``nats://`` servers that require TLS."""
+        wants_tls = tls is not None or any(url.startswith("tls://") for url in server.split(","))
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
@@ -140,12 +146,17 @@ class NatsBus:
                         reconnect_time_wait=2,
                         nkeys_seed_str=nkey_seed,
                         inbox_prefix=inbox_prefix,
-                        error_cb=_on_error,
+                        tls=tls,
+                        error_cb=events.error,
                         disconnected_cb=events.disconnected,
                         reconnected_cb=events.reconnected,
                     ),
                     connect_timeout,
                 )
+                # nats-py upgrades only when the server says tls_required, so a tls:// URL
+                # to a plaintext server would silently stay plaintext.
+                if wants_tls and not nc._server_info.get("tls_required"):
+                    raise ConnectionError(TLS_NOT_OFFERED)
                 events.up = True
                 return cls(nc, server, events, js_api_prefix)
             except asyncio.CancelledError:
@@ -153,7 +164,10 @@ class NatsBus:
                 raise
             except Exception as exc:
                 await nc.close()
-                reason = _reason(exc)
+                # The deadline's TimeoutError hides why each try failed; the error callback
+                # saw it (a refused certificate, a hostname mismatch, ...).
+                cause = events.cause if isinstance(exc, TimeoutError) and events.cause else exc
+                reason = _reason(cause, tls)
                 if not retry_forever:
                     raise BusError(server, reason) from None
                 delay = backoff.next()
@@ -298,18 +312,45 @@ async def publish_signed_event(
     await bus.publish(subject, body, headers=key.headers(body))
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, tls: ssl.SSLContext | None = None) -> str:
+    """One line naming the cause: TLS failures in words an operator can act on, each with
+    the setting to look at; ``tls`` says whether the caller configured TLS at all."""
     text = str(exc).strip()
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        detail = exc.verify_message or text
+        if "mismatch" in detail:  # "Hostname mismatch, ..." or "IP address mismatch, ..."
+            return (
+                f"TLS: certificate verify failed: {detail.rstrip('.')} (connect with a name "
+                "the server's certificate lists)"
+            )
+        hint = (
+            "is tls_ca the CA that signed the server's certificate?"
+            if tls is not None
+            else "the server requires TLS: set tls_ca to the CA that signed its certificate"
+        )
+        return f"TLS: certificate verify failed: {detail} ({hint})"
+    if isinstance(exc, ssl.SSLError):
+        reason = (exc.reason or text).upper()
+        if "CERTIFICATE_REQUIRED" in reason:
+            return "TLS: the server requires a client certificate (set tls_cert and tls_key)"
+        if "BAD_CERTIFICATE" in reason or "UNKNOWN_CA" in reason:
+            return (
+                "TLS: the server refused our client certificate (is it signed by the CA the "
+                "server trusts, and still valid?)"
+            )
+        return f"TLS: {text}"
+    if tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError):
+        # Under TLS 1.3 the client's handshake ends before the server has checked the
+        # client certificate, so its alert may be lost and only the closed socket seen.
+        return (
+            "TLS: the server closed the connection after the handshake; it refuses our "
+            "client certificate or requires one (set tls_cert and tls_key)"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is nats-server running and the URL right?)"
     if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:
         return "no server answered (is nats-server running and the URL right?)"
     return text
-
-
-async def _on_error(exc: Exception) -> None:
-    if isinstance(exc, nats.errors.SlowConsumerError):
-        log.warning("slow consumer: messages dropped", extra={"subject": exc.subject})
-    else:
-        log.debug("nats error", extra={"reason": _reason(exc)})
 
 
 class _ConnectionEvents:
@@ -319,6 +360,17 @@ class _ConnectionEvents:
     def __init__(self, server: str) -> None:
         self.server = server
         self.up = False
+        self.cause: Exception | None = None
+        """The most telling error of the tries so far: a TLS error is kept over the reset
+        or EOF that follows it, which says nothing of why."""
+
+    async def error(self, exc: Exception) -> None:
+        if isinstance(exc, nats.errors.SlowConsumerError):
+            log.warning("slow consumer: messages dropped", extra={"subject": exc.subject})
+            return
+        if isinstance(exc, ssl.SSLError) or not isinstance(self.cause, ssl.SSLError):
+            self.cause = exc
+        log.debug("nats error", extra={"reason": _reason(exc)})
 
     async def disconnected(self) -> None:
         if self.up:
