@@ -34,8 +34,7 @@ def client_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContex
             context.load_cert_chain(certfile=cert, keyfile=key)
         except ssl.SSLError:
             raise ConfigError(
-                f"tls_cert/tls_key: {cert} and {key} are not a PEM certificate and its "
-                "private key"
+                f"tls_cert/tls_key: {cert} and {key} are not a PEM certificate and its private key"
             ) from None
     return context
 
