@@ -199,6 +199,7 @@ def _monitor_permissions(subjects: Subjects) -> Permissions:
             f"$JS.API.DIRECT.GET.{nodes_bucket}.>",
             f"$JS.API.CONSUMER.CREATE.{nodes_bucket}",
             f"$JS.API.CONSUMER.CREATE.{nodes_bucket}.>",
+            f"$JS.API.CONSUMER.INFO.{nodes_bucket}.*",
         ],
         "subscribe": ["_INBOX.>", subjects.alerts(), subjects.events("*")],
     }
