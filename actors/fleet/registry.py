@@ -81,6 +81,18 @@ async def trust_entry(bus: Bus, subjects: Subjects, node: str) -> TrustEntry | N
     return await kv.read(trust, node, TrustEntry)
 
 
+async def read_trust(bus: Bus, subjects: Subjects) -> list[TrustEntry]:
+    """Every trust entry, revoked or not, sorted by node id; an unreadable entry raises
+    DecodeError (a generated server config must not silently drop a node)."""
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
+    found = []
+    for node in await kv.keys(trust):
+        entry = await kv.read(trust, node, TrustEntry)
+        if entry is not None:
+            found.append(entry)
+    return found
+
+
 def approved_key(entry: TrustEntry | None) -> str | None:
     """The public key ``entry`` approves; None when there is no entry or it is revoked."""
     if entry is None or entry.revoked:

@@ -1,4 +1,5 @@
-"""A stolen node key against deploy/nats/auth.conf, tried as an attacker would.
+"""A stolen node key against deploy/nats/auth.conf and against what `fleetctl nats-config`
+generates, tried as an attacker would.
 
 A real nats-server runs the repo's auth.conf with three nodes (node-1 to node-3, cluster
 gpu-a) and the provider's key. The attacker is node-1 on a plain nats-py connection, not
@@ -9,6 +10,7 @@ Honest agents run beside it where a test needs them: every subject they use stil
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -41,7 +43,13 @@ from schemas.subjects import (
     STREAM_HEARTBEATS,
     Subjects,
 )
-from tests.support.deploy import AUTH_CLUSTER, AUTH_JS_API_PREFIX, free_port, render_auth
+from tests.support.deploy import (
+    AUTH_CLUSTER,
+    AUTH_JS_API_PREFIX,
+    fleet_auth,
+    free_port,
+    render_auth,
+)
 from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 
 PREFIX = "fleet"
@@ -82,17 +90,35 @@ class AuthServer:
         return config
 
 
-@pytest.fixture
-async def auth(tmp_path: Path, state_dir: Path) -> AsyncIterator[AuthServer]:
-    """auth.conf with three nodes and the provider, streams and buckets provisioned."""
-    keys = {node: signing.KeyPair.generate() for node in [*NODES, "aggregator"]}
-    config = render_auth(
-        tmp_path / "auth.conf",
-        free_port(),
-        tmp_path / "js",
-        keys["aggregator"].public_key,
-        {node: (AUTH_CLUSTER, keys[node].public_key) for node in NODES},
+def generated(
+    directory: Path, store: Path, aggregator: str, nodes: dict[str, tuple[str, str]]
+) -> Path:
+    """A server on loopback that includes what ``fleetctl nats-config`` generates."""
+    fleet_auth(directory, nodes, aggregator)
+    config = directory / "server.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{free_port()}\n"
+        f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n"
+        "include fleet-auth.conf\n"
     )
+    return config
+
+
+@pytest.fixture(params=["auth.conf", "generated"])
+async def auth(
+    tmp_path: Path, state_dir: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[AuthServer]:
+    """Three nodes and the provider, streams and buckets provisioned, under the hand-written
+    auth.conf and under ``fleetctl nats-config``'s output: both must hold."""
+    keys = {node: signing.KeyPair.generate() for node in [*NODES, "aggregator"]}
+    nodes = {node: (AUTH_CLUSTER, keys[node].public_key) for node in NODES}
+    aggregator = keys["aggregator"].public_key
+    if request.param == "generated":
+        config = generated(tmp_path / "generated", tmp_path / "js", aggregator, nodes)
+    else:
+        config = render_auth(
+            tmp_path / "auth.conf", free_port(), tmp_path / "js", aggregator, nodes
+        )
     server = NatsServer(tmp_path / "server", name="auth", config_file=config).start()
     try:
         async with AsyncExitStack() as stack:

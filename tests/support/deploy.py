@@ -5,9 +5,12 @@ that drifts fails its test instead of silently running something else)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 STORE = "/var/lib/nats/jetstream"
 AUTH_NODE = "node-1"
@@ -70,4 +73,22 @@ def render_auth(
     ]
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(head + "".join(entries) + tail)
+    return target
+
+
+def fleet_auth(
+    directory: Path,
+    nodes: Mapping[str, tuple[str, str]],
+    aggregator: str,
+    *flags: str,
+) -> Path:
+    """``fleet-auth.conf`` in ``directory`` (where the deploy configs include it from), as
+    ``fleetctl nats-config --nodes`` writes it for ``nodes`` (node id: (cluster, public
+    key)) and the aggregator's key; ``flags`` go to the command as they are."""
+    listing = directory / "nodes.txt"
+    directory.mkdir(parents=True, exist_ok=True)
+    listing.write_text("".join(f"{n} {c} {k}\n" for n, (c, k) in nodes.items()))
+    target = directory / "fleet-auth.conf"
+    argv = [FLEETCTL, "nats-config", "--nodes", str(listing), "--aggregator", aggregator]
+    subprocess.run([*argv, *flags, "--output", str(target)], check=True, capture_output=True)
     return target

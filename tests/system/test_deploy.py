@@ -26,7 +26,9 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet.nats_config import JS_API_PREFIX
 from actors.fleet.registry import read_record
+from actors.fleet.streams import provision
 from actors.node.agent import NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.bus import BusError, NatsBus
@@ -50,11 +52,13 @@ from tests.support.deploy import (
     AUTH_NODE,
     DEPLOY,
     STORE,
+    fleet_auth,
     free_port,
     render,
     render_auth,
 )
 from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
+from tests.support.pki import TLS_DIR, Pki
 
 PREFIX = "fleet"
 """The configs' permissions name the default prefix, so these tests use it too (each test
@@ -106,49 +110,108 @@ async def admit(fleet: Fleet, server: str, node: str = "n1", **settings: Any) ->
     return agent
 
 
+@pytest.fixture
+def pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pki:
+    """The test's CA, and every NatsBus (agents' too) connecting with the client
+    certificate ``client`` unless it is given a context of its own."""
+    authority = Pki(tmp_path / "tls")
+    context = authority.client("client")
+    connect = NatsBus.connect
+
+    async def with_tls(server: str, name: str, **options: Any) -> NatsBus:
+        options.setdefault("tls", context)
+        return await connect(server, name, **options)
+
+    monkeypatch.setattr(NatsBus, "connect", with_tls)
+    return authority
+
+
+def secure(
+    directory: Path, state_dir: Path, pki: Pki, nodes: list[str], *flags: str
+) -> signing.KeyPair:
+    """fleet-auth.conf in ``directory`` from ``fleetctl nats-config`` for ``nodes`` (cluster
+    c1, the keys their agents will find in their state directories) and a new aggregator
+    key, which it returns; /etc/nats/tls is the test's CA."""
+    aggregator = signing.KeyPair.generate()
+    keys = {
+        node: (
+            "c1",
+            signing.load_or_create_key_file(
+                agent_config("", PREFIX, state_dir, node).key_path
+            ).public_key,
+        )
+        for node in nodes
+    }
+    fleet_auth(directory, keys, aggregator.public_key, *flags)
+    return aggregator
+
+
+def secured(text: dict[str, str], pki: Pki, store: Path) -> dict[str, str]:
+    return {**text, TLS_DIR: str(pki.dir), STORE: str(store)}
+
+
+NODE_SETTINGS: dict[str, Any] = {"nkey_auth": True, "js_api_prefix": JS_API_PREFIX}
+"""How an agent runs under the generated accounts: logged in with its node key, reaching
+JetStream through NODES' imports."""
+
+
 async def test_single(
-    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack, pki: Pki
 ) -> None:
-    """single.conf runs JetStream, and an aggregator and an agent reach ``active`` on it."""
+    """single.conf runs JetStream over mutual TLS with the generated users: an anonymous
+    client and one without a certificate are refused, an aggregator and an agent (nkey +
+    client certificate) reach ``active``."""
+    aggregator = secure(tmp_path, state_dir, pki, ["n1"])
     config = render(
         "single.conf",
         tmp_path / "single.conf",
-        {
-            "127.0.0.1:4222": f"127.0.0.1:{free_port()}",
-            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
-            STORE: str(tmp_path / "js"),
-        },
+        secured(
+            {"10.0.0.10:4222": f"127.0.0.1:{free_port()}", "127.0.0.1:8222": "127.0.0.1:-1"},
+            pki,
+            tmp_path / "js",
+        ),
     )
     server = start(servers, config, tmp_path / "server", "single")
-    fleet = await open_fleet(stack, server.url, state_dir)
+    with pytest.raises(BusError):
+        await NatsBus.connect(server.url, "anonymous", connect_timeout=2)
+    with pytest.raises(BusError):
+        await NatsBus.connect(
+            server.url, "no-cert", nkey_seed=aggregator.seed, tls=pki.client(), connect_timeout=2
+        )
+    fleet = await open_fleet(stack, server.url, state_dir, nkey_seed=aggregator.seed)
     info = await fleet.bus.js.account_info()
     assert info.limits.max_storage != 0
     await fleet.start_aggregator()
-    await admit(fleet, server.url)
+    await admit(fleet, server.url, **NODE_SETTINGS)
+    assert "Violation" not in server.log_file.read_text()
 
 
 async def test_cluster(
-    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack, pki: Pki
 ) -> None:
-    """cluster/n1-3.conf form one JetStream cluster: R3 streams and buckets, an agent on a
-    server list reaches ``active``, and its heartbeats are still accepted once the server
-    it was connected to is stopped."""
+    """cluster/n1-3.conf form one JetStream cluster over TLS routes that log in: R3
+    streams and buckets, an agent on a server list reaches ``active``, and its heartbeats
+    are still accepted once the server it was connected to is stopped. A route without
+    the password is refused."""
+    aggregator = secure(tmp_path, state_dir, pki, ["n1"])
     routes = [free_port() for _ in range(3)]
     for n in range(1, 4):
         replacements = {
-            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
-            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
-            "0.0.0.0:6222": f"127.0.0.1:{routes[n - 1]}",
-            STORE: str(tmp_path / f"js{n}"),
+            f"10.0.0.1{n}:4222": f"127.0.0.1:{free_port()}",
+            "127.0.0.1:8222": "127.0.0.1:-1",
+            f"10.0.0.1{n}:6222": f"127.0.0.1:{routes[n - 1]}",
         }
         for peer in range(1, 4):
-            replacements[f"nats-route://fleet-n{peer}:6222"] = (
-                f"nats-route://127.0.0.1:{routes[peer - 1]}"
-            )
-        config = render(f"cluster/n{n}.conf", tmp_path / f"n{n}.conf", replacements)
+            replacements[f"@fleet-n{peer}:6222"] = f"@127.0.0.1:{routes[peer - 1]}"
+        replacements["ROUTE_PASSWORD"] = "s3cret"
+        config = render(
+            f"cluster/n{n}.conf",
+            tmp_path / f"n{n}.conf",
+            secured(replacements, pki, tmp_path / f"js{n}"),
+        )
         start(servers, config, tmp_path / f"n{n}", f"n{n}")
     urls = ",".join(server.url for server in servers)
-    fleet = await open_fleet(stack, urls, state_dir)
+    fleet = await open_fleet(stack, urls, state_dir, nkey_seed=aggregator.seed)
     bus = fleet.bus
     await fleet.start_aggregator(ready_timeout=30, replicas=3)
     subjects = Subjects(PREFIX)
@@ -166,7 +229,7 @@ async def test_cluster(
         assert info.config.num_replicas == 3, stream
         assert info.cluster is not None and info.cluster.name == "fleet"
 
-    agent = await admit(fleet, urls, stale_after=10.0)
+    agent = await admit(fleet, urls, stale_after=10.0, **NODE_SETTINGS)
     assert agent.bus is not None
     connected = agent.bus.nc.connected_url
     assert connected is not None
@@ -183,45 +246,138 @@ async def test_cluster(
         return current.last_seq > before + 3
 
     await wait_for(risen, timeout=25)
+    # A fourth server with the right certificate but the wrong password does not join.
+    member = next(n for n, s in enumerate(servers) if s is not victim)
+    rogue = render(
+        "cluster/n1.conf",
+        tmp_path / "rogue.conf",
+        secured(
+            {
+                "server_name: fleet-n1": "server_name: fleet-rogue",
+                "ROUTE_PASSWORD": "guess",
+                "10.0.0.11:4222": "127.0.0.1:-1",
+                "127.0.0.1:8222": "127.0.0.1:-1",
+                "10.0.0.11:6222": "127.0.0.1:-1",
+                "@fleet-n2:6222": f"@127.0.0.1:{routes[member]}",
+            },
+            pki,
+            tmp_path / "js-rogue",
+        ),
+    )
+    start(servers, rogue, tmp_path / "rogue", "rogue")
+    log = servers[member].log_file
+    await wait_for(lambda: "Router connection closed: Authentication Failure" in log.read_text())
+
+
+def leaf_config(tmp_path: Path, pki: Pki, name: str) -> Path:
+    return render(
+        "leaf.conf",
+        tmp_path / f"{name}.conf",
+        {"127.0.0.1:4222": f"127.0.0.1:{free_port()}", TLS_DIR: str(pki.dir)},
+    )
 
 
 async def test_hub_and_leaf(
-    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack, pki: Pki
 ) -> None:
-    """leaf.conf (HUB_URL and NODE_NAME from the environment) attaches to hub.conf, and an
-    agent connected only to the leaf reaches ``active`` in the hub's aggregator."""
+    """leaf.conf attaches to hub.conf over mutual TLS as its node's user: an agent
+    connected only to the leaf reaches ``active`` and runs a command, a client of the leaf
+    cannot beat for another node, and a leaf without the node's key is refused."""
+    operator = signing.KeyPair.generate()
+    aggregator = secure(tmp_path, state_dir, pki, ["n1", "n2"])
     leaf_port = free_port()
     hub_config = render(
         "hub.conf",
         tmp_path / "hub.conf",
-        {
-            "0.0.0.0:4222": f"127.0.0.1:{free_port()}",
-            "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
-            "0.0.0.0:7422": f"127.0.0.1:{leaf_port}",
-            STORE: str(tmp_path / "hub-js"),
-        },
+        secured(
+            {
+                "10.0.0.10:4222": f"127.0.0.1:{free_port()}",
+                "127.0.0.1:8222": "127.0.0.1:-1",
+                "10.0.0.10:7422": f"127.0.0.1:{leaf_port}",
+            },
+            pki,
+            tmp_path / "hub-js",
+        ),
     )
     hub = start(servers, hub_config, tmp_path / "hub", "hub")
-    leaf_config = render(
-        "leaf.conf", tmp_path / "leaf.conf", {"127.0.0.1:4222": f"127.0.0.1:{free_port()}"}
-    )
-    env = {"HUB_URL": f"nats-leaf://127.0.0.1:{leaf_port}", "NODE_NAME": "gpu-node-1"}
-    leaf = start(servers, leaf_config, tmp_path / "leaf", "leaf", env=env)
-    fleet = await open_fleet(stack, hub.url, state_dir)
-    local = await NatsBus.connect(leaf.url, "leaf-test")
-    stack.push_async_callback(local.close)
+    pki.issue("node", "n1@nodes")
+    node_key = signing.load_key_file(agent_config("", PREFIX, state_dir, "n1").key_path)
+    env = {
+        "HUB_URL": f"nats-leaf://127.0.0.1:{leaf_port}",
+        "NODE_NAME": "gpu-node-1",
+        "NODE_SEED": node_key.seed,
+    }
+    leaf = start(servers, leaf_config(tmp_path, pki, "leaf"), tmp_path / "leaf", "leaf", env=env)
+    fleet = await open_fleet(stack, hub.url, state_dir, nkey_seed=aggregator.seed)
+    results = await Results().start(fleet.bus, PREFIX)
     await fleet.start_aggregator()
+    await wait_for(lambda: "Leafnode connection created" in hub.log_file.read_text(), timeout=15)
+    await admit(fleet, leaf.url, js_api_prefix=JS_API_PREFIX, trust_operators=[operator.public_key])
+    cordon = await send(fleet.bus, PREFIX, operator, Cordon(), node="n1", cluster="c1")
+    assert (await results.final(cordon.id)).status == "done"
+    await wait_record(fleet.bus, PREFIX, "n1", lambda r: r.state == "cordoned")
 
-    # JetStream answers through the leaf once the leaf connection is up.
-    async def through_leaf() -> bool:
+    local = await nats.connect(leaf.url, inbox_prefix="_INBOX.n1")
+    try:
+        forged = Subjects(PREFIX).heartbeat("c1", "n2")
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await local.jetstream(prefix=JS_API_PREFIX).publish(forged, b"{}", timeout=2)
+    finally:
+        await local.close()
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await fleet.bus.js.get_last_msg(Subjects(PREFIX).stream_name(STREAM_HEARTBEATS), forged)
+
+    anonymous = leaf_config(tmp_path, pki, "anonymous")
+    anonymous.write_text(anonymous.read_text().replace("nkey: $NODE_SEED", ""))
+    start(servers, anonymous, tmp_path / "anonymous", "anonymous", env=env)
+    refused = "Leafnode connection closed: Authentication Failure"
+    await wait_for(lambda: refused in hub.log_file.read_text())
+
+
+async def test_identity_from_certificates(
+    tmp_path: Path, state_dir: Path, servers: list[NatsServer], pki: Pki
+) -> None:
+    """``fleetctl nats-config --identity cert`` with ``verify_and_map``: the certificate
+    of n1 (email SAN n1@nodes) logs in as n1, which may beat for itself and not for n2; a
+    certificate that names no user is refused; the aggregator still logs in by nkey."""
+    aggregator = secure(tmp_path, state_dir, pki, ["n1", "n2"], "--identity", "cert")
+    config = render(
+        "single.conf",
+        tmp_path / "single.conf",
+        secured(
+            {
+                "10.0.0.10:4222": f"127.0.0.1:{free_port()}",
+                "127.0.0.1:8222": "127.0.0.1:-1",
+                "verify: true": "verify_and_map: true",
+            },
+            pki,
+            tmp_path / "js",
+        ),
+    )
+    server = start(servers, config, tmp_path / "server", "mapped")
+    admin = await NatsBus.connect(server.url, "admin", nkey_seed=aggregator.seed)
+    try:
+        await provision(admin.js, Subjects(PREFIX))
+        with pytest.raises(BusError):
+            await NatsBus.connect(
+                server.url, "stranger", tls=pki.client("stranger", "n3@nodes"), connect_timeout=2
+            )
+        node = await nats.connect(
+            server.url, tls=pki.client("n1", "n1@nodes"), inbox_prefix="_INBOX.n1"
+        )
         try:
-            await local.js.account_info()
-        except Exception:
-            return False
-        return True
-
-    await wait_for(through_leaf, timeout=15)
-    await admit(fleet, leaf.url)
+            js = node.jetstream(prefix=JS_API_PREFIX)
+            subjects = Subjects(PREFIX)
+            ack = await js.publish(subjects.heartbeat("c1", "n1"), b"{}", timeout=2)
+            assert ack.stream == subjects.stream_name(STREAM_HEARTBEATS)
+            with pytest.raises((nats.errors.Error, TimeoutError)):
+                await js.publish(subjects.heartbeat("c1", "n2"), b"{}", timeout=2)
+        finally:
+            await node.close()
+    finally:
+        await admin.close()
+    refused = '"NODES/user:n1@nodes" - Publish Violation - Subject "fleet.hb.c1.n2"'
+    assert refused in server.log_file.read_text()
 
 
 async def test_auth(
