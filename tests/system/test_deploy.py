@@ -111,19 +111,16 @@ async def admit(fleet: Fleet, server: str, node: str = "n1", **settings: Any) ->
 
 
 @pytest.fixture
-def pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pki:
-    """The test's CA, and every NatsBus (agents' too) connecting with the client
-    certificate ``client`` unless it is given a context of its own."""
-    authority = Pki(tmp_path / "tls")
-    context = authority.client("client")
-    connect = NatsBus.connect
+def pki(tmp_path: Path) -> Pki:
+    """The test's certificate authority; servers and clients get certificates from it."""
+    return Pki(tmp_path / "tls")
 
-    async def with_tls(server: str, name: str, **options: Any) -> NatsBus:
-        options.setdefault("tls", context)
-        return await connect(server, name, **options)
 
-    monkeypatch.setattr(NatsBus, "connect", with_tls)
-    return authority
+def tls_settings(pki: Pki) -> dict[str, str]:
+    """An agent's TLS settings, as an operator writes them: the CA and a client
+    certificate of its own."""
+    cert, key = pki.issue("client")
+    return {"tls_ca": str(pki.ca_file), "tls_cert": str(cert), "tls_key": str(key)}
 
 
 def secure(
@@ -178,11 +175,13 @@ async def test_single(
         await NatsBus.connect(
             server.url, "no-cert", nkey_seed=aggregator.seed, tls=pki.client(), connect_timeout=2
         )
-    fleet = await open_fleet(stack, server.url, state_dir, nkey_seed=aggregator.seed)
+    fleet = await open_fleet(
+        stack, server.url, state_dir, nkey_seed=aggregator.seed, tls=pki.client("client")
+    )
     info = await fleet.bus.js.account_info()
     assert info.limits.max_storage != 0
     await fleet.start_aggregator()
-    await admit(fleet, server.url, **NODE_SETTINGS)
+    await admit(fleet, server.url, **NODE_SETTINGS, **tls_settings(pki))
     assert "Violation" not in server.log_file.read_text()
 
 
@@ -211,7 +210,9 @@ async def test_cluster(
         )
         start(servers, config, tmp_path / f"n{n}", f"n{n}")
     urls = ",".join(server.url for server in servers)
-    fleet = await open_fleet(stack, urls, state_dir, nkey_seed=aggregator.seed)
+    fleet = await open_fleet(
+        stack, urls, state_dir, nkey_seed=aggregator.seed, tls=pki.client("client")
+    )
     bus = fleet.bus
     await fleet.start_aggregator(ready_timeout=30, replicas=3)
     subjects = Subjects(PREFIX)
@@ -229,7 +230,7 @@ async def test_cluster(
         assert info.config.num_replicas == 3, stream
         assert info.cluster is not None and info.cluster.name == "fleet"
 
-    agent = await admit(fleet, urls, stale_after=10.0, **NODE_SETTINGS)
+    agent = await admit(fleet, urls, stale_after=10.0, **NODE_SETTINGS, **tls_settings(pki))
     assert agent.bus is not None
     connected = agent.bus.nc.connected_url
     assert connected is not None
@@ -308,7 +309,9 @@ async def test_hub_and_leaf(
         "NODE_SEED": node_key.seed,
     }
     leaf = start(servers, leaf_config(tmp_path, pki, "leaf"), tmp_path / "leaf", "leaf", env=env)
-    fleet = await open_fleet(stack, hub.url, state_dir, nkey_seed=aggregator.seed)
+    fleet = await open_fleet(
+        stack, hub.url, state_dir, nkey_seed=aggregator.seed, tls=pki.client("client")
+    )
     results = await Results().start(fleet.bus, PREFIX)
     await fleet.start_aggregator()
     await wait_for(lambda: "Leafnode connection created" in hub.log_file.read_text(), timeout=15)
@@ -355,7 +358,9 @@ async def test_identity_from_certificates(
         ),
     )
     server = start(servers, config, tmp_path / "server", "mapped")
-    admin = await NatsBus.connect(server.url, "admin", nkey_seed=aggregator.seed)
+    admin = await NatsBus.connect(
+        server.url, "admin", nkey_seed=aggregator.seed, tls=pki.client("client")
+    )
     try:
         await provision(admin.js, Subjects(PREFIX))
         with pytest.raises(BusError):
