@@ -76,6 +76,7 @@ RecordState = Literal[
     "pending",
     "active",
     "degraded",
+    "unhealthy",
     "cordoned",
     "draining",
     "drained",
@@ -87,8 +88,8 @@ OpenRecordState = Annotated[
     str,
     Meta(
         max_length=32,
-        description="pending, active, degraded, cordoned, draining, drained, stale, offline "
-        "or deregistered; readers keep a state they do not know, as it is",
+        description="pending, active, degraded, unhealthy, cordoned, draining, drained, "
+        "stale, offline or deregistered; readers keep a state they do not know, as it is",
     ),
 ]
 """A record's state as read: a bounded string, not the closed :data:`RecordState`, so a

@@ -118,6 +118,8 @@ def command_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+Severity = Literal["info", "warning", "critical"]
+
 AlertKind = Literal[
     "stale",
     "offline",
@@ -142,7 +144,7 @@ class Alert(Wire, frozen=True, kw_only=True):
     kind: AlertKind
     node_id: NodeId
     cluster: Cluster
-    severity: Literal["info", "warning", "critical"]
+    severity: Severity
     message: Text
     ts: UnixTime
     details: Details = {}
@@ -185,7 +187,8 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """An aggregator's view of one node: KV bucket ``fleet_nodes``, key ``<node>``.
 
     ``state`` is derived from the other facts by the precedence
-    deregistered > offline > stale > drained > draining > cordoned > degraded > active > pending.
+    deregistered > offline > stale > drained > draining > cordoned > unhealthy > degraded >
+    active > pending: what an operator did to a node (cordon, drain) outranks its health.
     """
 
     node_id: NodeId
@@ -197,6 +200,8 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     public_key: Name = ""
     schedulability: OpenSchedulability = "schedulable"
     health_status: OpenHealthStatus | None = None
+    """The node's last reported health; a heartbeat without a health report (the first
+    ones after an agent starts) leaves it as it was."""
     health_score: Count | None = None
     gpus_total: Count = 0
     stale_since: UnixTime | None = None

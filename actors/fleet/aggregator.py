@@ -163,7 +163,7 @@ class AggregatorActor:
                 extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
             )
             await self.alerts.publish(
-                refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", **refusal.details
+                refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", refusal.details
             )
         except LateDelivery:
             self.metrics.dropped.labels("late_delivery").inc()
@@ -254,12 +254,14 @@ class AggregatorActor:
             return
         self.metrics.accepted.inc()
         previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
-        for kind, message, details in record_rules.heartbeat_alerts(
+        for kind, message, details, severity in record_rules.heartbeat_alerts(
             previous, after, heartbeat, gaps_are_news=not behind
         ):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
             event = details.pop("event", f"q{heartbeat.seq}")
-            await self.alerts.publish(kind, heartbeat.cluster, node, message, event, **details)
+            await self.alerts.publish(
+                kind, heartbeat.cluster, node, message, event, details, severity
+            )
 
     async def _mark_stale(
         self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
@@ -291,7 +293,7 @@ class AggregatorActor:
                 node,
                 f"no heartbeat for {stale_after:g}s (server marker: {reason})",
                 f"q{stale.last_seq}",
-                last_seq=str(stale.last_seq),
+                {"last_seq": str(stale.last_seq)},
             )
 
     async def sweep(self, everything: bool = False) -> None:
@@ -355,7 +357,7 @@ class AggregatorActor:
                     node,
                     f"no heartbeat for {silent:.0f}s and no server marker (lost or purged)",
                     f"q{after.last_seq}",
-                    last_seq=str(after.last_seq),
+                    {"last_seq": str(after.last_seq)},
                 )
         if everything:
             self.pending = pending

@@ -13,19 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
 
 import nats.errors
 
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
 from schemas import codec
 from schemas.base import MAX_DETAILS, MAX_ID, MAX_NAME, MAX_TEXT
-from schemas.messages import Alert, AlertKind
+from schemas.messages import Alert, AlertKind, Severity
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
-
-Severity = Literal["info", "warning", "critical"]
 
 SEVERITY: dict[AlertKind, Severity] = {
     "stale": "warning",
@@ -71,12 +68,20 @@ class AlertPublisher:
         self.windows: dict[WindowKey, Window] = {}
 
     async def publish(
-        self, kind: AlertKind, cluster: str, node: str, message: str, event: str, **details: str
+        self,
+        kind: AlertKind,
+        cluster: str,
+        node: str,
+        message: str,
+        event: str,
+        details: dict[str, str] | None = None,
+        severity: Severity | None = None,
     ) -> None:
         """``event`` names what happened (a stream or heartbeat sequence, a notice id), so
         the alert id ``kind:cluster:node:event`` — also its Nats-Msg-Id — is the same in
         every aggregator that sees it, and JetStream keeps one. A limited kind is held
-        back, and counted, while its node's window for that kind is open."""
+        back, and counted, while its node's window for that kind is open. ``severity``
+        overrides the kind's own where the event says more (a health change's direction)."""
         if kind in LIMITED:
             now = time.monotonic()
             key = (kind, cluster, node)
@@ -87,7 +92,7 @@ class AlertPublisher:
             if window is not None:
                 await self._summarise(key, window)
             self.windows[key] = Window(closes=now + self.window)
-        await self._send(kind, cluster, node, message, event, details)
+        await self._send(kind, cluster, node, message, event, details or {}, severity)
 
     async def flush(self) -> None:
         """Close every window that has run out, publishing a summary for each that held
@@ -120,6 +125,7 @@ class AlertPublisher:
         message: str,
         event: str,
         details: dict[str, str],
+        severity: Severity | None = None,
     ) -> None:
         alert_id = f"{kind}:{cluster}:{node}:{event}"
         # Refusal texts quote what the sender sent: cut them to the wire bounds, so the
@@ -129,7 +135,7 @@ class AlertPublisher:
             kind=kind,
             node_id=node,
             cluster=cluster,
-            severity=SEVERITY[kind],
+            severity=severity or SEVERITY[kind],
             message=message[:MAX_TEXT],
             ts=time.time(),
             details={

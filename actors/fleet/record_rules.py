@@ -5,16 +5,24 @@ Kept apart from the actor so every rule is testable without a server.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
 from schemas.base import RecordState
-from schemas.events import notice_key
-from schemas.messages import AlertKind, Heartbeat, NodeRecord
+from schemas.events import Health, notice_key
+from schemas.messages import AlertKind, Heartbeat, NodeRecord, Severity
 
-AlertSpec = tuple[AlertKind, str, dict[str, str]]
-"""An alert to raise: kind, message, details (``event`` in details names its id)."""
+
+class AlertSpec(NamedTuple):
+    """An alert to raise: kind, message, details (``event`` in details names its id), and
+    a severity when it is not the kind's own."""
+
+    kind: AlertKind
+    message: str
+    details: dict[str, str]
+    severity: Severity | None = None
+
 
 ANOMALY_FACTOR = 2.5
 """A heartbeat later than this many intervals after the previous one is an anomaly."""
@@ -36,8 +44,10 @@ holds no state of its own, so the node's other facts decide."""
 
 
 def derive_state(record: NodeRecord) -> RecordState:
-    """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
-    pending, each from its own fact in the record."""
+    """deregistered > offline > stale > drained > draining > cordoned > unhealthy >
+    degraded > active > pending, each from its own fact in the record. What an operator
+    did to the node (cordon, drain) outranks its health: it says the node is being dealt
+    with."""
     if record.deregistered:
         return "deregistered"
     if record.offline_since is not None:
@@ -47,7 +57,9 @@ def derive_state(record: NodeRecord) -> RecordState:
     held = HELD_STATES.get(record.schedulability)
     if held is not None:
         return held
-    if record.health_status in ("degraded", "unhealthy"):
+    if record.health_status == "unhealthy":
+        return "unhealthy"
+    if record.health_status == "degraded":
         return "degraded"
     if record.last_seq > 0:
         return "active"
@@ -129,7 +141,8 @@ def accept(
     stored: float | None = None,
 ) -> NodeRecord:
     """The record after a valid heartbeat: facts refreshed, stale/offline cleared, a
-    sequence reset used up."""
+    sequence reset used up. A heartbeat without a health report (the first ones after an
+    agent starts) keeps the last reported health: a restart neither heals nor forgets."""
     health = heartbeat.health
     return with_state(
         record,
@@ -139,8 +152,8 @@ def accept(
         boot_id=heartbeat.boot_id,
         public_key=public_key,
         schedulability=heartbeat.schedulability,
-        health_status=health.status if health else None,
-        health_score=health.score if health else None,
+        health_status=health.status if health else record.health_status,
+        health_score=health.score if health else record.health_score,
         gpus_total=len(heartbeat.sample.gpus) if heartbeat.sample else 0,
         stale_since=None,
         offline_since=None,
@@ -166,10 +179,10 @@ def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSp
         details = {"event": key, "provider": notice.provider, "notice": notice.kind}
         if notice.deadline is not None:
             details["deadline"] = f"{notice.deadline:.0f}"
-        alerts.append(("interruption", f"{notice.provider} {notice.kind} notice", details))
+        alerts.append(AlertSpec("interruption", f"{notice.provider} {notice.kind} notice", details))
     if heartbeat.deregistering and not previous.deregistered:
         alerts.append(
-            (
+            AlertSpec(
                 "deregistered",
                 f"node deregistered ({heartbeat.schedulability_reason or 'no reason given'})",
                 {"event": heartbeat.boot_id},
@@ -189,12 +202,12 @@ def heartbeat_alerts(
     aggregator is behind the stream, where skipped heartbeats are its own doing."""
     alerts: list[AlertSpec] = []
     if previous.state in ("stale", "offline"):
-        alerts.append(("recovered", f"heartbeats resumed after {previous.state}", {}))
+        alerts.append(AlertSpec("recovered", f"heartbeats resumed after {previous.state}", {}))
     same_boot = previous.boot_id == heartbeat.boot_id
     if gaps_are_news and same_boot and heartbeat.seq > previous.last_seq + 1:
         missed = heartbeat.seq - previous.last_seq - 1
         alerts.append(
-            (
+            AlertSpec(
                 "sequence_gap",
                 f"{missed} heartbeat(s) missing",
                 {"from": str(previous.last_seq), "to": str(heartbeat.seq)},
@@ -207,18 +220,45 @@ def heartbeat_alerts(
     spacing = heartbeat.ts - last.ts if last is not None else 0.0
     if consecutive and spacing > ANOMALY_FACTOR * heartbeat.interval:
         alerts.append(
-            (
+            AlertSpec(
                 "anomaly",
                 f"{spacing:.1f}s between consecutive heartbeats (interval {heartbeat.interval:g}s)",
                 {},
             )
         )
     if previous.health_status is not None and updated.health_status != previous.health_status:
-        alerts.append(
-            (
-                "health",
-                f"health {previous.health_status} -> {updated.health_status}",
-                {"score": str(updated.health_score)},
-            )
-        )
+        alerts.append(health_alert(previous.health_status, updated, heartbeat.health))
     return alerts + lifecycle_alerts(previous, heartbeat)
+
+
+HEALTH_SEVERITY: dict[str, Severity] = {
+    "unhealthy": "critical",
+    "degraded": "warning",
+    "healthy": "info",
+}
+"""A health alert's severity follows where the node went; a status this version does not
+know is a warning."""
+
+
+def health_alert(before: str, updated: NodeRecord, health: Health | None) -> AlertSpec:
+    """``health <before> -> <after> (score N)``, then every failing check and every
+    component short of its points, each with its reason: the alert says what happened,
+    not only that something did. Details name them for machines, with the checks'
+    recommended actions."""
+    after = updated.health_status or "unknown"
+    message = f"health {before} -> {after} (score {updated.health_score})"
+    failing = [c for c in health.checks if c.status in ("degraded", "unhealthy")] if health else []
+    short = [c for c in health.components if c.points < c.max_points] if health else []
+    findings = [f"{c.name} {c.status}: {c.reason}" for c in failing]
+    findings += [f"{c.name} {c.points}/{c.max_points}: {c.reason}" for c in short]
+    if findings:
+        message += ": " + "; ".join(findings)
+    details = {"from": before, "to": after, "score": str(updated.health_score)}
+    if failing:
+        details["checks"] = ",".join(c.name for c in failing)
+        actions = [c.action for c in failing if c.action]
+        if actions:
+            details["action"] = "; ".join(actions)
+    if short:
+        details["components"] = ",".join(c.name for c in short)
+    return AlertSpec("health", message, details, HEALTH_SEVERITY.get(after, "warning"))

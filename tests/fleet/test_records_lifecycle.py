@@ -30,7 +30,7 @@ def test_interruption_alert_once_per_notice() -> None:
     notice = Interruption(ts=1.0, provider="aws", kind="terminate", deadline=2000.0, event_id="e1")
     record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
     first = record_rules.lifecycle_alerts(record, beat(2, notice))
-    assert [(kind, details["event"]) for kind, _, details in first] == [
+    assert [(kind, details["event"]) for kind, _, details, _ in first] == [
         ("interruption", "aws:terminate:e1")
     ]
     record = record_rules.accept(record, beat(2, notice), "U", 2.0)
@@ -39,7 +39,7 @@ def test_interruption_alert_once_per_notice() -> None:
         == []
     )
     other = msgspec.structs.replace(notice, kind="rebalance", event_id="e2")
-    assert [kind for kind, _, _ in record_rules.lifecycle_alerts(record, beat(3, other))] == [
+    assert [kind for kind, *_ in record_rules.lifecycle_alerts(record, beat(3, other))] == [
         "interruption"
     ]
 
@@ -48,20 +48,21 @@ def test_deregistering_heartbeat_marks_record() -> None:
     """A heartbeat that says deregistering makes the record deregistered, with one alert."""
     record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
     alerts = record_rules.lifecycle_alerts(record, beat(2, deregistering=True))
-    assert [kind for kind, _, _ in alerts] == ["deregistered"]
+    assert [kind for kind, *_ in alerts] == ["deregistered"]
     record = record_rules.accept(record, beat(2, deregistering=True), "U", 2.0)
     assert record.state == "deregistered"
     assert record_rules.lifecycle_alerts(record, beat(3, deregistering=True)) == []
 
 
 def test_state_precedence() -> None:
-    """deregistered > offline > stale > drained > draining > cordoned > degraded > active >
-    pending: each fact wins over every fact below it."""
+    """deregistered > offline > stale > drained > draining > cordoned > unhealthy >
+    degraded > active > pending: each fact wins over every fact below it."""
     base = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
     assert record_rules.pending_record("n1", "c1").state == "pending"
     assert base.state == "active"
     layers: list[tuple[str, dict[str, object]]] = [
-        ("degraded", {"health_status": "unhealthy"}),
+        ("degraded", {"health_status": "degraded"}),
+        ("unhealthy", {"health_status": "unhealthy"}),
         ("cordoned", {"schedulability": "cordoned"}),
         ("draining", {"schedulability": "draining"}),
         ("drained", {"schedulability": "drained"}),
@@ -82,20 +83,18 @@ def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
     active = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 100.0)
     later = beat(5)
     after = record_rules.accept(active, later, "U", 110.0)
-    assert [k for k, _, _ in record_rules.heartbeat_alerts(active, after, later)] == [
-        "sequence_gap"
-    ]
+    assert [k for k, *_ in record_rules.heartbeat_alerts(active, after, later)] == ["sequence_gap"]
     assert record_rules.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
 
     stalled = msgspec.structs.replace(beat(2), ts=beat(1).ts + 10.0)  # interval is 1 s
-    assert [(k, m) for k, m, _ in record_rules.heartbeat_alerts(active, after, stalled)] == [
+    assert [(k, m) for k, m, *_ in record_rules.heartbeat_alerts(active, after, stalled)] == [
         ("anomaly", "10.0s between consecutive heartbeats (interval 1s)")
     ]
     on_time = beat(2)
     assert record_rules.heartbeat_alerts(active, after, on_time) == []
 
     stale = record_rules.with_state(active, stale_since=105.0)
-    assert [k for k, _, _ in record_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
+    assert [k for k, *_ in record_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
 
     rebooted = msgspec.structs.replace(beat(900), boot_id="b2", ts=5000.0)
     assert record_rules.heartbeat_alerts(active, after, rebooted) == []
@@ -103,4 +102,4 @@ def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
     healthy = record_rules.with_state(active, health_status="healthy")
     sick = record_rules.with_state(active, health_status="unhealthy", health_score=40)
     alerts = record_rules.heartbeat_alerts(healthy, sick, beat(2))
-    assert [(k, m) for k, m, _ in alerts] == [("health", "health healthy -> unhealthy")]
+    assert [(k, m) for k, m, *_ in alerts] == [("health", "health healthy -> unhealthy (score 40)")]

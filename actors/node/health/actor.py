@@ -153,7 +153,11 @@ class HealthActor:
         ]
         status = checks.overall([score_check, *found])
         return Health(
-            ts=time.time(), status=status, score=score, components=components, checks=found
+            ts=time.time(),
+            status=status,
+            score=scoring.capped(score, status),
+            components=components,
+            checks=found,
         )
 
     async def run(self, ready: Callable[[], None]) -> None:

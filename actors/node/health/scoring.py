@@ -10,11 +10,13 @@ round trip to the NATS server 5. Bands (lower bound included, upper excluded unl
 
 A component whose input is missing or stale gets 0 points and says so: stale data is
 never scored as if it were current. Status from the score: < 50 unhealthy, < 80 degraded.
+A hard check worse than the score caps it (see :func:`capped`), so score and status always
+agree: an alert on the score never stays quiet on an unhealthy node.
 """
 
 from __future__ import annotations
 
-from schemas.base import CheckStatus
+from schemas.base import CheckStatus, HealthStatus
 from schemas.events import Engine, Gpu, HealthCheck, HealthComponent, Latency, Sample
 
 ENGINE_POINTS = 50
@@ -140,3 +142,14 @@ def score_check(score: int) -> HealthCheck:
     elif score < DEGRADED_BELOW:
         status = "degraded"
     return HealthCheck(name="score", status=status, reason=f"score {score}")
+
+
+def capped(score: int, status: HealthStatus) -> int:
+    """``score`` lowered into ``status``'s band: at most 49 when unhealthy, 79 when
+    degraded. A lost GPU or an XID 79 costs no points of its own (the components only
+    weigh readings), but it must not leave the node at 100."""
+    if status == "unhealthy":
+        return min(score, UNHEALTHY_BELOW - 1)
+    if status == "degraded":
+        return min(score, DEGRADED_BELOW - 1)
+    return score
