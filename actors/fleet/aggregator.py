@@ -144,6 +144,7 @@ class AggregatorActor:
             self.metrics.dropped.labels("malformed_subject").inc()
             log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
             return
+        self.metrics.processed(msg.metadata.timestamp.timestamp(), msg.metadata.num_pending)
         if msg.headers and MARKER_REASON in msg.headers:
             marked_at = msg.metadata.timestamp.timestamp()
             await self._mark_stale(cluster, node, msg.headers[MARKER_REASON], marked_at, msg.data)

@@ -91,6 +91,14 @@ class FleetApiActor:
         counts = Tally(record.state for record in self.records.values())
         for state in STATES:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))
+        # Every state of every cluster that has a record, zeros included, so an alert on
+        # a cluster's active nodes falling low can fire; a cluster with none drops out.
+        self.metrics.cluster_nodes.clear()
+        by_cluster = Tally((record.cluster, record.state) for record in self.records.values())
+        for cluster in {record.cluster for record in self.records.values()}:
+            for state in STATES:
+                count = by_cluster.get((cluster, state), 0)
+                self.metrics.cluster_nodes.labels(cluster, state).set(count)
         return prometheus_page(self.metrics.registry)
 
     async def healthz(self, request: web.Request) -> web.Response:

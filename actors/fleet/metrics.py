@@ -3,6 +3,9 @@ process with agents (``fleetctl up``)."""
 
 from __future__ import annotations
 
+import math
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
@@ -39,3 +42,33 @@ class AggregatorMetrics:
         self.nodes = Gauge(
             "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
         )
+        self.cluster_nodes = Gauge(
+            "fleet_cluster_nodes",
+            "Nodes in fleet_nodes by cluster and state",
+            ["cluster", "state"],
+            registry=self.registry,
+        )
+        self.newest_stored: float | None = None
+        """When FLEET_HB stored the newest heartbeat this aggregator processed."""
+        self.lag = Gauge(
+            "fleet_aggregator_lag_seconds",
+            "Seconds since FLEET_HB stored the newest heartbeat this aggregator processed "
+            "(NaN before the first); about one heartbeat interval when it keeps up",
+            registry=self.registry,
+        )
+        self.lag.set_function(self._lag)
+        self.behind = Gauge(
+            "fleet_aggregator_pending_heartbeats",
+            "Heartbeats in FLEET_HB not yet delivered to the aggregators' consumer, as of "
+            "the last one this aggregator processed",
+            registry=self.registry,
+        )
+
+    def _lag(self) -> float:
+        return math.nan if self.newest_stored is None else time.time() - self.newest_stored
+
+    def processed(self, stored: float, pending: int) -> None:
+        """A message of FLEET_HB stored at ``stored`` was processed, ``pending`` behind it."""
+        if self.newest_stored is None or stored > self.newest_stored:
+            self.newest_stored = stored
+        self.behind.set(pending)

@@ -120,6 +120,7 @@ class HeartbeatActor:
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
+        self.metrics.observe_heartbeat(heartbeat)
         try:
             await publish_signed(
                 self.bus,
