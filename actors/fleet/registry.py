@@ -20,6 +20,11 @@ from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects, check_token
 log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 8
+RECORDS_LIMIT = 1_000_000
+"""Records :func:`read_records` keeps at most: ten times the 100,000-node fleet the
+aggregator is sized for, a bound on memory, not a limit any fleet meets."""
+READ_TIMEOUT = 60.0
+"""Seconds :func:`read_records` may take in all (100,000 records are about 100 pages)."""
 
 
 class NotFound(FleetError):
@@ -101,18 +106,21 @@ def approved_key(entry: TrustEntry | None) -> str | None:
 
 
 async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
-    """Every node record, sorted by node id; unreadable records are skipped and logged, so
-    one damaged or newer record never hides the rest of the fleet."""
-    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    """Every node record, sorted by node id, each exactly once.
+
+    Read with paged batched direct gets (:func:`kv.latest_values`), not a key listing and
+    one get per key: under heartbeat load those raced the aggregators' writes and listed
+    the fleet empty, or a node twice. Unreadable records are skipped and logged, so one
+    damaged or newer record never hides the rest of the fleet. At most RECORDS_LIMIT
+    records (more are logged and left out)."""
+    bucket = subjects.bucket_name(BUCKET_NODES)
+    values = await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT)
     found = []
-    for node in await kv.keys(bucket):
+    for node, value in sorted(values.items()):
         try:
-            current = await kv.read(bucket, node, NodeRecord)
+            found.append(codec.decode(value, NodeRecord, f"key {node}"))
         except DecodeError as exc:
             log.warning("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-            continue
-        if current is not None:
-            found.append(current)
     return found
 
 

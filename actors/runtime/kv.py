@@ -36,59 +36,115 @@ class BatchError(nats.errors.Error):
     """A batched direct get was refused, or answered more than it was asked for."""
 
 
+PAGE_KEYS = 1000
+"""Messages asked for per batched direct get."""
+PAGE_BYTES = 8 * 1024 * 1024
+"""Bytes the server sends at most per page; half the client's pending-bytes budget of a
+subscription, so one page never overflows it."""
+
+
+class _Page(msgspec.Struct):
+    """One batched direct get's answers, in stream order, and what its end said."""
+
+    entries: list[tuple[str, bytes | None]]
+    """(key, value) per message; None for a delete or purge marker."""
+    last_seq: int = 0
+    pending: int = 0
+
+
 async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> dict[str, bytes]:
-    """The current value of every key of ``bucket`` (at most ``limit`` keys), read with one
-    JetStream batched direct get; deleted and purged keys are left out.
+    """The current value of every key of ``bucket`` (at most ``limit`` keys); deleted and
+    purged keys are left out.
 
     Why not ``keys()`` and ``get()``: listing keys creates an ephemeral consumer on the
     bucket's stream per call (a client that lists often, or a hostile one, exhausts the
-    server's consumers), and consumer rights would let a node create as many as it likes.
-    A direct get (nats-server 2.11+, the bucket needs ``allow_direct``) creates nothing and
-    needs only the right to publish one API subject. nats-py does not wrap the batched form,
-    so this sends the request itself on a fresh inbox and collects the answers: one message
-    per key in stream order, then a status 204 "EOB" message (404 when the bucket is empty).
-    Bounded: the server sends at most ``limit`` keys (a larger bucket is read in part, and
-    logged), more answers than that or no end within ``timeout`` raise (BatchError,
-    TimeoutError).
+    server's consumers), consumer rights would let a node create as many as it likes, and
+    a value read key by key races every writer (a key rewritten between the listing and
+    its get is missed, a listing taken mid-rewrite repeats or loses keys). A direct get
+    (nats-server 2.11+, the bucket needs ``allow_direct``) creates nothing and needs only
+    the right to publish one API subject.
+
+    Why a scan and not ``multi_last``: the server answers a ``multi_last`` batch with 413
+    "Too Many Results" once the bucket holds more than 1,024 keys. So this reads the
+    bucket's stream forward in pages (``seq`` + ``next_by_subj``, at most PAGE_KEYS
+    messages and PAGE_BYTES each) until the server says nothing is pending, keeping the
+    last message per key. No key is ever missed or repeated: a key's newest message only
+    moves forward, so one rewritten during the scan is read again further on (the later
+    value wins) and one deleted during it ends with its delete marker.
+    Bounded: at most ``limit`` keys are kept (a larger bucket is read in part, and
+    logged; the scan still runs to the end, so the keys kept have their newest values); a
+    page answering more than asked, a refusal (BatchError) or no end within ``timeout``
+    in all (TimeoutError) raise.
     """
     stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
-    values: dict[str, bytes] = {}
-    received = 0
+    latest: dict[str, bytes | None] = {}
+    deadline = asyncio.get_running_loop().time() + timeout
+    partial = False
+    seq = 1
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
+        for key, value in page.entries:
+            if key in latest or len(latest) < limit:
+                latest[key] = value
+            else:
+                partial = True
+        if page.pending == 0:
+            break
+        seq = page.last_seq + 1
+    if partial:
+        log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
+    return {key: value for key, value in latest.items() if value is not None}
+
+
+async def _direct_page(bus: Bus, stream: str, prefix: str, seq: int, timeout: float) -> _Page:
+    """Up to PAGE_KEYS messages of ``stream`` from ``seq`` on: one batched direct get.
+    nats-py does not wrap the batched form, so this sends the request itself on a fresh
+    inbox and collects the answers: one message per stored message in stream order, then a
+    status 204 "EOB" message (404 when nothing is stored from ``seq`` on)."""
+    page = _Page(entries=[])
     finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def on_message(msg: Msg) -> None:
-        nonlocal received
         if finished.done():
             return
         headers = msg.headers or {}
         status = headers.get("Status", "")
-        if status in (END_OF_BATCH, NO_MESSAGES):
-            if headers.get("Nats-Num-Pending", "0") != "0":
-                log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
+        if status == END_OF_BATCH:
+            page.pending = int(headers.get("Nats-Num-Pending", "0"))
+            page.last_seq = int(headers.get("Nats-Last-Sequence", "0"))
+            finished.set_result(None)
+        elif status == NO_MESSAGES:
             finished.set_result(None)
         elif status:
             finished.set_exception(
                 BatchError(f"direct get on {stream}: {status} {headers.get('Description', '')}")
             )
-        elif (received := received + 1) > limit:
-            finished.set_exception(BatchError(f"direct get on {stream}: over {limit} answers"))
+        elif len(page.entries) >= PAGE_KEYS:
+            finished.set_exception(BatchError(f"direct get on {stream}: over {PAGE_KEYS} answers"))
         else:
             subject = headers.get("Nats-Subject", "")
-            deleted = headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
-            if subject.startswith(prefix) and msg.data and not deleted:
-                values[subject.removeprefix(prefix)] = msg.data
+            if subject.startswith(prefix):
+                deleted = headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
+                value = None if deleted or not msg.data else msg.data
+                page.entries.append((subject.removeprefix(prefix), value))
 
     inbox = bus.new_inbox()
     subscription = await bus.subscribe(inbox, on_message)
     try:
-        request = {"multi_last": [f"{prefix}>"], "batch": limit}
+        request = {
+            "seq": seq,
+            "next_by_subj": f"{prefix}>",
+            "batch": PAGE_KEYS,
+            "max_bytes": PAGE_BYTES,
+        }
         subject = f"{bus.js_api_prefix}.DIRECT.GET.{stream}"
         await bus.publish(subject, msgspec.json.encode(request), reply=inbox)
         await asyncio.wait_for(finished, timeout)
     finally:
         await unsubscribe_quietly(subscription)
-    return values
+    return page
 
 
 async def keys(bucket: KeyValue) -> list[str]:

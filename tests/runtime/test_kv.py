@@ -168,3 +168,22 @@ async def test_latest_values_reads_every_key_without_a_consumer(
         assert len(await kv.latest_values(bus, name, 1, WAIT)) <= 1
     assert [r.getMessage() for r in caplog.records] == ["kv bucket read in part"]
     assert (await bus.js.stream_info(f"KV_{name}")).state.consumer_count == 0
+
+
+async def test_latest_values_pages_past_the_servers_multi_last_cap(
+    bus: NatsBus, prefix: str
+) -> None:
+    """2,500 keys (the server refuses a ``multi_last`` batch above 1,024, and one page holds
+    PAGE_KEYS): every key once, with its newest value, rewritten ones included."""
+    name = f"many_{prefix}"
+    many = await bus.js.create_key_value(KeyValueConfig(bucket=name, direct=True))
+    for first in range(0, 2500, 250):
+        await asyncio.gather(
+            *(many.put(f"k{i:05d}", codec.encode(Item(n=i))) for i in range(first, first + 250))
+        )
+    await many.put("k00000", codec.encode(Item(n=-1)))
+    await many.delete("k00001")
+    values = await kv.latest_values(bus, name, 10_000, WAIT)
+    assert len(values) == 2499
+    assert codec.decode(values["k00000"], Item, "k00000") == Item(n=-1)
+    assert codec.decode(values["k02499"], Item, "k02499") == Item(n=2499)
