@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -115,20 +117,41 @@ async def cmd_reset_seq(args: argparse.Namespace) -> int:
     return 0
 
 
+WATCH_INTERVAL = 2.0
+"""Seconds between two reads of ``fleetctl nodes --watch``."""
+
+
 async def cmd_nodes(args: argparse.Namespace) -> int:
+    """The fleet as a table (``-o wide`` adds SEQ and REASON) or JSON; with ``--watch``,
+    read again every WATCH_INTERVAL and printed again when a node's state, schedulability,
+    health, GPUs or version changed, until Ctrl-C (exit 0)."""
+    output = "json" if args.json else args.output
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        records = await registry.read_records(bus, Subjects(args.prefix))
-    records = [
-        r
-        for r in records
-        if (not args.cluster or r.cluster == args.cluster)
-        and (not args.state or r.state == args.state)
-    ]
-    if args.json:
-        sys.stdout.write(msgspec.json.encode(records).decode() + "\n")
-    else:
-        sys.stdout.write(views.table(records) + "\n" + views.summary(records) + "\n")
-    return 0
+        stop = stop_event() if args.watch else None
+        shown: list[tuple[object, ...]] | None = None
+        while True:
+            records = [
+                r
+                for r in await registry.read_records(bus, subjects)
+                if (not args.cluster or r.cluster == args.cluster)
+                and (not args.state or r.state == args.state)
+            ]
+            key = [views.change_key(r) for r in records]
+            if key != shown:
+                if shown is not None:
+                    sys.stdout.write("\n")
+                shown = key
+                sys.stdout.write(views.nodes_output(records, output, colour))
+                sys.stdout.flush()
+            if stop is None:
+                return 0
+            try:
+                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL)
+                return 0
+            except TimeoutError:
+                continue
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
@@ -290,7 +313,19 @@ def parser() -> argparse.ArgumentParser:
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster")
     nodes.add_argument("--state")
-    nodes.add_argument("--json", action="store_true")
+    nodes.add_argument("--json", action="store_true", help="same as -o json")
+    nodes.add_argument(
+        "-o",
+        "--output",
+        choices=views.NODE_OUTPUTS,
+        default="table",
+        help="table (default), wide (adds SEQ and REASON), json or yaml",
+    )
+    nodes.add_argument(
+        "--watch",
+        action="store_true",
+        help=f"read again every {WATCH_INTERVAL:g}s, print again on change, Ctrl-C stops",
+    )
     add_server(nodes)
     nodes.set_defaults(func=cmd_nodes)
 

@@ -1,0 +1,173 @@
+"""fleetctl nodes: a consistent listing under heartbeat load, and its output options."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from actors.cli import views
+from actors.cli.simulate import SimOptions, simulate
+from actors.fleet.registry import read_records
+from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.events import Health, HealthCheck
+from schemas.messages import Heartbeat, NodeRecord
+from schemas.subjects import BUCKET_NODES, Subjects
+from tests.support.fleet import Fleet
+
+NODES = 30
+LISTINGS = 40
+
+
+async def fleetctl(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "actors.cli.fleetctl", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def test_listing_under_heartbeat_load_shows_every_node_once(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """30 signed simulated nodes beating 300 times a second through a real aggregator: 40
+    listings taken while it runs each show every node exactly once (the key-then-get
+    listing showed [] or a node twice), and so does `fleetctl nodes -o json`."""
+    await fleet.start_aggregator()
+    options = SimOptions(nodes=NODES, rate=300.0, duration=8.0, gpus=2, prefix=prefix)
+    load = asyncio.create_task(simulate(bus, options, io.StringIO()))
+    wanted = [f"sim-{i:05d}" for i in range(NODES)]
+    deadline = time.monotonic() + 20
+    while [r.node_id for r in await read_records(bus, Subjects(prefix))] != wanted:
+        assert time.monotonic() < deadline and not load.done()
+        await asyncio.sleep(0.05)
+    listings = []
+    for _ in range(LISTINGS):
+        listings.append([r.node_id for r in await read_records(bus, Subjects(prefix))])
+        await asyncio.sleep(0.05)
+    code, out, err = await fleetctl(
+        "nodes", "--server", fleet.url, "--prefix", prefix, "-o", "json"
+    )
+    assert not load.done(), "the load ended before the listings did"
+    assert await load == 0
+    assert listings == [wanted] * LISTINGS
+    assert (code, err) == (0, "")
+    assert [record["node_id"] for record in json.loads(out)] == wanted
+
+
+def record(node: str, state: str = "active", check: HealthCheck | None = None) -> NodeRecord:
+    now = time.time()
+    health = Health(
+        ts=now,
+        status="degraded" if check else "healthy",
+        score=100,
+        checks=[check] if check else [],
+    )
+    beat = Heartbeat(
+        node_id=node,
+        cluster="c1",
+        seq=7,
+        boot_id="b",
+        ts=now,
+        agent_version="1.2.3",
+        interval=5.0,
+        stale_after=15.0,
+        health=health,
+    )
+    return NodeRecord(
+        node_id=node,
+        cluster="c1",
+        state=state,
+        last_seq=7,
+        last_seen=now,
+        agent_version="1.2.3",
+        health_status=health.status,
+        health_score=100,
+        gpus_total=8,
+        heartbeat=beat,
+    )
+
+
+async def put(bus: NatsBus, prefix: str, *records: NodeRecord) -> None:
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    for one in records:
+        await bucket.put(one.node_id, codec.encode(one))
+
+
+XID = HealthCheck(name="xid", status="degraded", reason="XID 48 on GPU 2", action="reset")
+
+
+async def test_output_options(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
+    """-o wide adds SEQ and REASON (the failing check), VERSION shows by default, json and
+    --json agree, yaml lists the records; no colour codes when stdout is not a terminal."""
+    await put(bus, prefix, record("n1"), record("n2", "degraded", XID))
+    server = ("--server", fleet.url, "--prefix", prefix)
+    code, table, err = await fleetctl("nodes", *server)
+    assert (code, err) == (0, "")
+    header = table.splitlines()[0].split()
+    assert header[-1] == "VERSION" and "REASON" not in header
+    assert "\x1b" not in table and table.endswith("2 nodes: 1 active, 1 degraded\n")
+    code, wide, _ = await fleetctl("nodes", *server, "-o", "wide")
+    assert code == 0 and wide.splitlines()[0].split()[-2:] == ["SEQ", "REASON"]
+    assert wide.splitlines()[1].endswith("1.2.3    7    -")
+    assert wide.splitlines()[2].endswith("xid: XID 48 on GPU 2")
+    _, as_json, _ = await fleetctl("nodes", *server, "-o", "json")
+    _, flag_json, _ = await fleetctl("nodes", *server, "--json", "--state", "degraded")
+    assert [r["node_id"] for r in json.loads(as_json)] == ["n1", "n2"]
+    assert [r["node_id"] for r in json.loads(flag_json)] == ["n2"]
+    _, as_yaml, _ = await fleetctl("nodes", *server, "-o", "yaml")
+    assert as_yaml.startswith('- node_id: "n1"\n  cluster: "c1"\n')
+    assert '        - name: "xid"\n          status: "degraded"\n' in as_yaml
+    code, _, err = await fleetctl("nodes", *server, "-o", "tsv")
+    assert code == 2 and "invalid choice" in err
+
+
+def test_colour_keeps_columns_aligned() -> None:
+    """The STATE cell is coloured, padded outside the escape codes."""
+    text = views.table([record("n1"), record("n2", "degraded", XID)], colour=True)
+    lines = text.splitlines()
+    assert "\x1b[32mactive\x1b[0m" in lines[1] and "\x1b[33mdegraded\x1b[0m" in lines[2]
+    plain = [
+        line.replace("\x1b[32m", "").replace("\x1b[33m", "").replace("\x1b[0m", "")
+        for line in lines
+    ]
+    assert plain == views.table([record("n1"), record("n2", "degraded", XID)]).splitlines()
+
+
+def test_yaml_quotes_and_escapes() -> None:
+    """Odd keys are quoted, empty containers inline, control characters escaped."""
+    text = views.yaml([{"a": {"b c": [1, None]}, "d": [], "e": "x\x1by"}])
+    assert text == '- a:\n    "b c":\n      - 1\n      - null\n  d: []\n  e: "x\\u001by"\n'
+
+
+async def test_watch_prints_again_on_change_and_exits_0_on_ctrl_c(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """--watch prints the table, again when a node's state changes, and SIGINT ends it 0."""
+    await put(bus, prefix, record("n1"))
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "actors.cli.fleetctl", "nodes", "--watch"),
+        *("--server", fleet.url, "--prefix", prefix),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        first = await asyncio.wait_for(process.stdout.readuntil(b"1 nodes: 1 active\n"), 20)
+        await put(bus, prefix, record("n1", "degraded", XID))
+        second = await asyncio.wait_for(process.stdout.readuntil(b"1 nodes: 1 degraded\n"), 20)
+        process.send_signal(signal.SIGINT)
+        rest, err = await asyncio.wait_for(process.communicate(), 20)
+    finally:
+        if process.returncode is None:
+            process.kill()
+    assert first.startswith(b"NODE") and second.startswith(b"\nNODE")
+    assert (process.returncode, rest, err) == (0, b"", b"")
