@@ -221,6 +221,10 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     seq_reset: bool = False
     """Set by ``fleetctl reset-seq``: the next valid heartbeat is accepted whatever its seq
     (a re-imaged node starting again at 1); cleared by accepting it."""
+    created: UnixTime | None = None
+    """When an aggregator created this record (a registration or the node's first accepted
+    heartbeat): ``fleetctl nodes``' AGE. A record made by an older aggregator gets it at
+    its next accepted heartbeat."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

@@ -13,7 +13,7 @@ from schemas.messages import NodeRecord
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-COLUMNS = ("NODE", "CLUSTER", "STATE", "SCHED", "HEALTH", "GPUS", "LAST SEEN", "VERSION")
+COLUMNS = ("NODE", "CLUSTER", "STATE", "SCHED", "HEALTH", "GPUS", "LAST SEEN", "AGE", "VERSION")
 WIDE_COLUMNS = (*COLUMNS, "SEQ", "REASON")
 """``-o wide`` adds the last accepted seq and why the node is in its state."""
 REASON_WIDTH = 80
@@ -47,6 +47,15 @@ def age(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f}m ago"
     return f"{seconds / 3600:.1f}h ago"
+
+
+def span(seconds: float) -> str:
+    """A duration as kubectl's AGE writes it: ``42s``, ``17m``, ``5h``, ``3d``."""
+    seconds = max(0.0, seconds)
+    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120), ("h", 3600, 48)):
+        if seconds < size * up_to:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds // 86400:.0f}d"
 
 
 def reason(record: NodeRecord, now: float) -> str:
@@ -83,6 +92,7 @@ def row(record: NodeRecord, now: float, wide: bool = False) -> tuple[str, ...]:
         health,
         str(record.gpus_total),
         age(now - record.last_seen) if record.last_seen else "never",
+        span(now - record.created) if record.created is not None else "-",
         record.agent_version or "-",
     )
     if not wide:

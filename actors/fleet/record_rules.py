@@ -83,6 +83,7 @@ def pending_record(
         last_seen=0.0,
         public_key=public_key,
         pending_since=since,
+        created=since,
     )
 
 
@@ -164,6 +165,7 @@ def accept(
         last_stored=stored,
         pending_since=None,
         seq_reset=False,
+        created=record.created if record.created is not None else now,
     )
 
 

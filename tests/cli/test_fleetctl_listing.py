@@ -12,6 +12,7 @@ import time
 
 from actors.cli import views
 from actors.cli.simulate import SimOptions, simulate
+from actors.fleet import record_rules
 from actors.fleet.registry import read_records
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -93,6 +94,7 @@ def record(node: str, state: str = "active", check: HealthCheck | None = None) -
         health_score=100,
         gpus_total=8,
         heartbeat=beat,
+        created=now - 300,
     )
 
 
@@ -113,7 +115,8 @@ async def test_output_options(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     code, table, err = await fleetctl("nodes", *server)
     assert (code, err) == (0, "")
     header = table.splitlines()[0].split()
-    assert header[-1] == "VERSION" and "REASON" not in header
+    assert header[-2:] == ["AGE", "VERSION"] and "REASON" not in header
+    assert table.splitlines()[1].split()[-2:] == ["5m", "1.2.3"]
     assert "\x1b" not in table and table.endswith("2 nodes: 1 active, 1 degraded\n")
     code, wide, _ = await fleetctl("nodes", *server, "-o", "wide")
     assert code == 0 and wide.splitlines()[0].split()[-2:] == ["SEQ", "REASON"]
@@ -140,6 +143,29 @@ def test_colour_keeps_columns_aligned() -> None:
         for line in lines
     ]
     assert plain == views.table([record("n1"), record("n2", "degraded", XID)]).splitlines()
+
+
+def test_age_is_written_as_kubectl_does() -> None:
+    assert [views.span(s) for s in (-1, 42, 119, 120, 7199, 7200, 172799, 172800)] == [
+        "0s",
+        "42s",
+        "119s",
+        "2m",
+        "119m",
+        "2h",
+        "47h",
+        "2d",
+    ]
+
+
+def test_a_record_is_created_once() -> None:
+    """``created``: the registration's time, else the first accepted heartbeat's; kept."""
+    registered = record_rules.pending_record("n1", "c1", since=10.0)
+    beat = record("n1").heartbeat
+    assert beat is not None
+    assert record_rules.accept(registered, beat, "U", 20.0).created == 10.0
+    first = record_rules.accept(record_rules.pending_record("n1", "c1"), beat, "U", 20.0)
+    assert record_rules.accept(first, beat, "U", 30.0).created == 20.0
 
 
 def test_yaml_quotes_and_escapes() -> None:
