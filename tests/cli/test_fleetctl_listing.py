@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import pty
 import signal
 import subprocess
 import sys
@@ -197,3 +199,30 @@ async def test_watch_prints_again_on_change_and_exits_0_on_ctrl_c(
             process.kill()
     assert first.startswith(b"NODE") and second.startswith(b"\nNODE")
     assert (process.returncode, rest, err) == (0, b"", b"")
+
+
+async def on_a_terminal(env: dict[str, str], *args: str) -> bytes:
+    """`fleetctl nodes` output when its stdout is a terminal (a pseudo-terminal here)."""
+    controller, terminal = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "actors.cli.fleetctl", "nodes", *args),
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
+    )
+    os.close(terminal)
+    try:
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        return os.read(controller, 65536)
+    finally:
+        os.close(controller)
+
+
+async def test_colour_on_a_terminal_unless_no_color(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """On a terminal the STATE cell is coloured; NO_COLOR=1 turns that off."""
+    await put(bus, prefix, record("n1"))
+    server = ("--server", fleet.url, "--prefix", prefix)
+    assert b"\x1b[32mactive\x1b[0m" in await on_a_terminal({"NO_COLOR": ""}, *server)
+    assert b"\x1b" not in await on_a_terminal({"NO_COLOR": "1"}, *server)
