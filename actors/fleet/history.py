@@ -113,7 +113,11 @@ async def read(
         info = await sub.consumer_info()
         pending = info.num_pending or 0
         while pending > 0:
-            for msg in await sub.fetch(min(BATCH, pending), timeout=FETCH_TIMEOUT):
+            try:
+                batch = await sub.fetch(min(BATCH, pending), timeout=FETCH_TIMEOUT)
+            except nats.errors.TimeoutError:
+                break  # what was pending has been removed since (per-subject caps, age)
+            for msg in batch:
                 found.append(_entry(msg, kind))
                 pending = msg.metadata.num_pending
     finally:
