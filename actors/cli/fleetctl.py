@@ -1,11 +1,15 @@
-"""``fleetctl``: the operator's command line (up, aggregator, keys, approve, nodes, watch)."""
+"""``fleetctl``: the operator's command line (up, aggregator, keys, approve, nodes, describe,
+events, watch)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -27,18 +31,19 @@ from actors.cli.common import (
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
-from actors.fleet import nats_config, registry
+from actors.fleet import history, nats_config, registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
-from actors.runtime.bus import Bus, NatsBus, listening
+from actors.runtime.bus import Bus, Handler, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
 from schemas import signing
 from schemas.errors import FleetError, SignatureError
+from schemas.messages import Alert
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -196,30 +201,89 @@ class EventSigners:
 
 
 async def cmd_watch(args: argparse.Namespace) -> int:
-    """Print alerts (and with --events, node events) as they arrive, one line each:
-    subject, for events whether it verified, then the JSON body with anything that could
-    drive the terminal escaped."""
+    """Print alerts (and with --events, node events) as they arrive, one line each. An
+    alert is time, severity, node, kind and message (``--json``: the stored JSON); with
+    ``--since`` the alerts stored in that window come first, from FLEET_ALERTS. A node
+    event is its subject, whether it verified, then its JSON body. Anything that could
+    drive the terminal is escaped."""
     subjects = Subjects(args.prefix)
-    wanted = [subjects.alerts()] if args.alerts or not args.events else []
-    if args.events:
-        wanted.append(subjects.events(args.node or "*"))
+    want_alerts = args.alerts or not args.events
 
     async with connected(args, "fleetctl") as bus:
         signers = EventSigners(bus, subjects)
 
-        async def show(msg: Msg) -> None:
-            if args.node and f".{args.node}" not in msg.subject:
+        async def show_alert(entry: history.Entry) -> None:
+            if args.node and views.event_fields(entry)[1] != args.node:
                 return
-            verdict = ""
-            if msg.subject.startswith(f"{subjects.prefix}.evt."):
-                verdict = f"{await signers.verdict(msg)} "
-            body = msg.data.decode(errors="replace")
-            sys.stdout.write(views.printable(f"{msg.subject} {verdict}{body}") + "\n")
+            line = views.event_json(entry) if args.json else views.event_line(entry)
+            sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-        async with listening(bus, dict.fromkeys(wanted, show)):
+        async def alert_now(msg: Msg) -> None:
+            await show_alert(history.live_entry(msg, Alert))
+
+        async def show_event(msg: Msg) -> None:
+            if args.node and msg.subject.split(".")[-2] != args.node:
+                return
+            verdict = await signers.verdict(msg)
+            body = msg.data.decode(errors="replace")
+            if args.json:
+                line = json.dumps(
+                    {"subject": msg.subject, "signature": verdict, "message": body},
+                    ensure_ascii=True,
+                )
+            else:
+                line = views.printable(f"{msg.subject} {verdict} {body}")
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        routes: dict[str, Handler] = {}
+        if args.events:
+            routes[subjects.events(args.node or "*")] = show_event
+        async with contextlib.AsyncExitStack() as stack:
+            if want_alerts and args.since is not None:
+                await stack.enter_async_context(
+                    history.following_alerts(bus, subjects, time.time() - args.since, show_alert)
+                )
+            elif want_alerts:
+                routes[subjects.alerts()] = alert_now
+            await stack.enter_async_context(listening(bus, routes))
             await stop_event().wait()
     return 0
+
+
+async def cmd_describe(args: argparse.Namespace) -> int:
+    """The human view of one node: its record explained, then its recent history."""
+    subjects = Subjects(args.prefix)
+    async with connected(args, "fleetctl") as bus:
+        record = await registry.read_record(bus, subjects, args.node)
+        alerts, results = await history.node_history(bus, subjects, args.node, limit=views.RECENT)
+    sys.stdout.write(views.describe(record, alerts, results, time.time()) + "\n")
+    return 0
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    """A node's alerts and command results from the streams, oldest first."""
+    subjects = Subjects(args.prefix)
+    since = None if args.since is None else time.time() - args.since
+    async with connected(args, "fleetctl") as bus:
+        alerts, results = await history.node_history(bus, subjects, args.node, since)
+    for entry in history.merged(alerts, results):
+        sys.stdout.write((views.event_json(entry) if args.json else views.event_line(entry)) + "\n")
+    return 0
+
+
+def duration(text: str) -> float:
+    """``30s``, ``10m``, ``1h``, ``2d`` or plain seconds, as seconds (an argparse type)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1.0)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m, 1h") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return seconds
 
 
 async def cmd_simulate(args: argparse.Namespace) -> int:
@@ -336,11 +400,31 @@ def parser() -> argparse.ArgumentParser:
     node.set_defaults(func=cmd_node)
 
     watch = commands.add_parser("watch", help="follow alerts and events")
-    watch.add_argument("--alerts", action="store_true")
-    watch.add_argument("--events", action="store_true")
-    watch.add_argument("--node")
+    watch.add_argument("--alerts", action="store_true", help="alerts (the default)")
+    watch.add_argument("--events", action="store_true", help="node events (core NATS, live)")
+    watch.add_argument("--node", help="only this node")
+    watch.add_argument(
+        "--since", type=duration, help="replay the alerts of this window first (30s, 10m, 1h)"
+    )
+    watch.add_argument("--json", action="store_true", help="one JSON object per line")
     add_server(watch)
     watch.set_defaults(func=cmd_watch)
+
+    describe = commands.add_parser(
+        "describe", help="one node explained: state, checks, GPUs, recent alerts and results"
+    )
+    describe.add_argument("node")
+    add_server(describe)
+    describe.set_defaults(func=cmd_describe)
+
+    events = commands.add_parser(
+        "events", help="a node's alerts and command results from the streams, oldest first"
+    )
+    events.add_argument("node")
+    events.add_argument("--since", type=duration, help="only this recent window (30s, 10m, 1h)")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_server(events)
+    events.set_defaults(func=cmd_events)
 
     sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
     sim.add_argument("--nodes", type=int, required=True)

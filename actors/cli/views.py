@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from schemas.messages import NodeRecord
+from actors.fleet.history import Entry
+from schemas.events import Engine, Health, Latency, Sample, SpotStatus
+from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -192,3 +196,207 @@ def _scalar(value: Any) -> str:
     if isinstance(value, list):
         return "[]"
     return msgspec.json.encode(value).decode()  # null, true, numbers, "strings"
+
+
+# --- describe, events and watch (one node's detail and the fleet's history) ---
+
+RECENT = 10
+"""How many alerts and command results ``fleetctl describe`` shows."""
+
+
+def clock(ts: float) -> str:
+    """A time as ``2026-11-21T11:52:03Z`` (UTC, so lines from several hosts compare)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def grid(rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    """Rows (the first the header) as aligned columns, every cell made printable."""
+    cells = [tuple(printable(cell) for cell in line) for line in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    return [
+        (indent + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))).rstrip()
+        for line in cells
+    ]
+
+
+def _opt(value: float | int | None, unit: str = "", fmt: str = "{:g}") -> str:
+    return "-" if value is None else fmt.format(value) + unit
+
+
+def event_fields(entry: Entry) -> tuple[str, str, str, str]:
+    """(severity, node, kind, message) of a stored alert or command result."""
+    message = entry.message
+    node = entry.subject.rsplit(".", 1)[-1]
+    if isinstance(message, Alert):
+        return message.severity, message.node_id, message.kind, message.message
+    if isinstance(message, CommandResult):
+        severity = "warning" if message.status in ("rejected", "failed") else "info"
+        text = f"command {message.command_id or '?'} {message.status}"
+        if message.detail:
+            text += f": {message.detail}"
+        return severity, message.node_id, "result", text
+    return "?", node, "unreadable", entry.body.decode(errors="replace")
+
+
+def event_line(entry: Entry) -> str:
+    """One line per alert or command result: time, severity, node, kind, message."""
+    severity, node, kind, message = event_fields(entry)
+    return printable(f"{clock(entry.ts)} {severity:<8} {node} {kind}: {message}")
+
+
+def event_json(entry: Entry) -> str:
+    """One JSON object per line for machines; ASCII only, so nothing can drive a terminal."""
+    body: object = (
+        msgspec.to_builtins(entry.message)
+        if entry.message is not None
+        else entry.body.decode(errors="replace")
+    )
+    return json.dumps(
+        {"stored": clock(entry.ts), "subject": entry.subject, "message": body}, ensure_ascii=True
+    )
+
+
+def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now: float) -> str:
+    """``fleetctl describe``: the record and why it is in its state, read top to bottom."""
+    beat = record.heartbeat
+    lines = [
+        f"Node:            {record.node_id}",
+        f"Cluster:         {record.cluster}",
+        f"State:           {record.state}{_why(record)}",
+        f"Last seen:       {age(now - record.last_seen) if record.last_seen else 'never'}"
+        f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
+    ]
+    lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    if beat is None:
+        lines.append("No heartbeat accepted yet.")
+        lines += _recent(alerts, results)
+        return "\n".join(printable(line) for line in lines)
+    if beat.sample is not None and beat.sample.hostname:
+        lines.insert(2, f"Hostname:        {beat.sample.hostname}")
+    lines += _health(beat.health)
+    lines += _gpus(beat.sample)
+    lines += _engines(beat.engine)
+    lines += _latency(beat.latency)
+    lines.append(f"Spot:            {_spot(beat.spot)}")
+    lines += _recent(alerts, results)
+    # printable() is idempotent, so escaping the already escaped tables again is harmless.
+    return "\n".join(printable(line) for line in lines)
+
+
+def _why(record: NodeRecord) -> str:
+    """What the record itself says about a state that no heartbeat explains."""
+    if record.offline_since:
+        return f" (offline since {clock(record.offline_since)})"
+    if record.stale_since:
+        return f" (no heartbeat since {clock(record.stale_since)})"
+    if record.pending_since:
+        return f" (awaiting approval since {clock(record.pending_since)})"
+    return ""
+
+
+def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
+    """The schedulability, its reason, and the command that set it (the latest result
+    that reports this schedulability)."""
+    text = record.schedulability
+    if record.heartbeat is not None and record.heartbeat.schedulability_reason:
+        text += f" (reason: {record.heartbeat.schedulability_reason})"
+    for entry in reversed(results):
+        result = entry.message
+        if isinstance(result, CommandResult) and result.schedulability == record.schedulability:
+            text += f", set by command {result.command_id} at {clock(result.ts)}"
+            break
+    return text
+
+
+def _health(health: Health | None) -> list[str]:
+    if health is None:
+        return ["Health:          not reported"]
+    lines = [f"Health:          {health.status}, score {health.score}/100"]
+    if health.checks:
+        lines.append("Checks:")
+        lines += grid(
+            [("CHECK", "STATUS", "REASON", "ACTION")]
+            + [(c.name, c.status, c.reason, c.action or "-") for c in health.checks]
+        )
+    if health.components:
+        lines.append("Components:")
+        lines += grid(
+            [("COMPONENT", "POINTS", "REASON")]
+            + [(c.name, f"{c.points}/{c.max_points}", c.reason) for c in health.components]
+        )
+    return lines
+
+
+def _gpus(sample: Sample | None) -> list[str]:
+    if sample is None or not sample.gpus:
+        return ["GPUs:            none"]
+    rows: list[tuple[str, ...]] = [
+        ("GPU", "NAME", "MEMORY", "TEMP", "POWER", "UTIL", "ECC (CORR/UNCORR)", "XIDS", "LOST")
+    ]
+    for gpu in sample.gpus:
+        xids = ",".join(f"{x.code}x{x.count}" for x in gpu.xids) or "-"
+        rows.append(
+            (
+                str(gpu.index),
+                gpu.name,
+                f"{gpu.memory_used / 2**30:.1f}/{gpu.memory_total / 2**30:.1f} GiB",
+                _opt(gpu.temperature_c, "C", "{:.0f}"),
+                _opt(gpu.power_w, "W", "{:.0f}"),
+                _opt(gpu.utilization_pct, "%", "{:.0f}"),
+                f"{_opt(gpu.ecc_corrected)}/{_opt(gpu.ecc_uncorrected)}",
+                xids,
+                "LOST" if gpu.lost else "-",
+            )
+        )
+    return [f"GPUs:            {len(sample.gpus)} ({sample.gpu_source})", *grid(rows)]
+
+
+def _engines(engine: Engine | None) -> list[str]:
+    if engine is None or not engine.engines:
+        return ["Engines:         none"]
+    rows: list[tuple[str, ...]] = [("ENGINE", "URL", "HEALTHY", "IN-FLIGHT", "WAITING", "REASON")]
+    rows += [
+        (
+            e.kind,
+            e.url,
+            "yes" if e.healthy else "no",
+            _opt(e.in_flight),
+            _opt(e.waiting),
+            e.reason or "-",
+        )
+        for e in engine.engines
+    ]
+    return ["Engines:", *grid(rows)]
+
+
+def _latency(latency: Latency | None) -> list[str]:
+    if latency is None:
+        return ["Latency:         not reported"]
+    lines = [
+        f"Latency:         gateway {_opt(latency.gateway_rtt_us, 'us')}, "
+        f"peers avg {_opt(latency.avg_peer_rtt_us, 'us')}, loss {latency.loss_pct:g}%"
+    ]
+    if latency.peers:
+        lines += grid(
+            [("PEER", "RTT", "LOSS")]
+            + [(p.target_node_id, _opt(p.rtt_us, "us"), f"{p.loss_pct:g}%") for p in latency.peers]
+        )
+    return lines
+
+
+def _spot(spot: SpotStatus | None) -> str:
+    if spot is None or spot.provider == "none":
+        return "not watched"
+    notice = spot.notice
+    if notice is None:
+        return f"{spot.provider}, no notice"
+    deadline = f", deadline {clock(notice.deadline)}" if notice.deadline else ""
+    return f"{spot.provider}: {notice.kind} notice{deadline} {notice.detail}".rstrip()
+
+
+def _recent(alerts: list[Entry], results: list[Entry]) -> list[str]:
+    lines = [f"Recent alerts ({len(alerts)}):"]
+    lines += [f"  {event_line(entry)}" for entry in alerts] or ["  none"]
+    lines.append(f"Recent command results ({len(results)}):")
+    lines += [f"  {event_line(entry)}" for entry in results] or ["  none"]
+    return lines

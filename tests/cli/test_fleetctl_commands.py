@@ -13,7 +13,8 @@ import pytest
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
-from schemas import signing
+from schemas import codec, signing
+from schemas.messages import Alert
 from schemas.subjects import Subjects
 from tests.support.commanding import Results, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
@@ -142,8 +143,9 @@ async def test_unknown_node_is_one_error_line(
 
 
 async def test_watch_prints_alerts_until_sigint(fleet: Fleet) -> None:
-    """`fleetctl watch --alerts` prints each alert as one line (subject, JSON) once it is
-    listening, and exits 0 on Ctrl-C."""
+    """`fleetctl watch --alerts` prints each alert as one line (time, severity, node, kind,
+    message) once it is listening, one that is not an Alert as unreadable with its body,
+    and exits 0 on Ctrl-C."""
     process = await asyncio.create_subprocess_exec(
         FLEETCTL,
         *("watch", "--alerts", "--server", fleet.url, "--prefix", fleet.prefix),
@@ -157,18 +159,31 @@ async def test_watch_prints_alerts_until_sigint(fleet: Fleet) -> None:
 
     fleet.stack.callback(kill_if_running)
     subject = Subjects(fleet.prefix).alert("stale", "c1", "n1")
+    alert = Alert(
+        id="a1",
+        kind="stale",
+        node_id="n1",
+        cluster="c1",
+        severity="warning",
+        message="no heartbeat for 6s",
+        ts=1_800_000_000.0,
+    )
     stdout = process.stdout
     assert stdout is not None
 
-    async def printed() -> bytes | None:
-        # Published until the watcher, which subscribes after starting, prints one.
-        await fleet.bus.publish(subject, b'{"kind":"stale"}')
+    async def printed(body: bytes, mark: bytes) -> bytes | None:
+        # Published until the watcher, which subscribes after starting, prints one with
+        # `mark` (a line left from an earlier repeat is passed over).
+        await fleet.bus.publish(subject, body)
         try:
-            return await asyncio.wait_for(stdout.readline(), 0.5)
+            line = await asyncio.wait_for(stdout.readline(), 0.5)
         except TimeoutError:
             return None
+        return line if mark in line else None
 
-    line = await wait_for(printed, timeout=15)
-    assert line.decode() == f'{subject} {{"kind":"stale"}}\n'
+    line = await wait_for(lambda: printed(codec.encode(alert), b"warning"), timeout=15)
+    assert line.decode() == "2027-01-15T08:00:00Z warning  n1 stale: no heartbeat for 6s\n"
+    line = await wait_for(lambda: printed(b'{"kind":"stale"}', b"unreadable"), timeout=5)
+    assert line.decode().endswith(' ?        n1 unreadable: {"kind":"stale"}\n')
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 10) == 0

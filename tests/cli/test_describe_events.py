@@ -1,0 +1,167 @@
+"""``fleetctl describe``, ``events`` and ``watch --since`` as an operator runs them: real
+processes against a real fleet (aggregator and agent) whose node was cordoned by a signed
+command and then went stale, so its streams hold a command result and a stale alert."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from schemas import signing
+from schemas.messages import Cordon
+from schemas.subjects import STREAM_ALERTS, STREAM_EVENTS, Subjects
+from tests.support.commanding import Results, send
+from tests.support.fleet import Fleet, wait_for, wait_record
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+
+
+@dataclass
+class History:
+    """The fleet after the story: n1 cordoned by ``command_id``, then stale."""
+
+    fleet: Fleet
+    command_id: str
+
+
+@pytest.fixture
+async def stale_cordoned(fleet: Fleet, tmp_path: Path) -> History:
+    operator = signing.create_key_file(tmp_path / "operator.nk")
+    await fleet.start_aggregator()
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+    await wait_record(
+        fleet.bus,
+        fleet.prefix,
+        "n1",
+        lambda r: (
+            r.state == "active" and r.heartbeat is not None and r.heartbeat.health is not None
+        ),
+    )
+    results = await Results().start(fleet.bus, fleet.prefix)
+    command = await send(fleet.bus, fleet.prefix, operator, Cordon(), reason="disk swap")
+    assert (await results.final(command.id)).status == "done"
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "cordoned")
+    await agent.stop()
+    await wait_for(lambda: any(a.kind == "stale" for a in results.alerts), timeout=15)
+    return History(fleet, command.id)
+
+
+async def fleetctl(fleet: Fleet, *args: str) -> tuple[int, list[str], str]:
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *args,
+        "--server",
+        fleet.url,
+        "--prefix",
+        fleet.prefix,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode().splitlines(), err.decode()
+
+
+async def consumers(fleet: Fleet) -> int:
+    """Consumers left on the streams the commands read."""
+    subjects = Subjects(fleet.prefix)
+    total = 0
+    for stream in (STREAM_ALERTS, STREAM_EVENTS):
+        info = await fleet.bus.js.stream_info(subjects.stream_name(stream))
+        total += info.state.consumer_count
+    return total
+
+
+async def test_describe_explains_state_and_history(stale_cordoned: History) -> None:
+    """describe shows the state, schedulability with its reason and the command that set
+    it, health checks, a GPU table, and the recent alert and result; no consumer is left."""
+    fleet, command_id = stale_cordoned.fleet, stale_cordoned.command_id
+    code, lines, err = await fleetctl(fleet, "describe", "n1")
+    assert code == 0, err
+    assert "Node:            n1" in lines
+    [state] = [line for line in lines if line.startswith("State:")]
+    assert state.startswith("State:           stale (no heartbeat since 20")
+    [sched] = [line for line in lines if line.startswith("Schedulability:")]
+    assert sched.startswith("Schedulability:  cordoned (reason: disk swap), set by command ")
+    assert command_id in sched
+    assert lines[lines.index("Checks:") + 1].split() == ["CHECK", "STATUS", "REASON", "ACTION"]
+    gpus = lines.index("GPUs:            2 (fake)")
+    assert lines[gpus + 1].split()[:3] == ["GPU", "NAME", "MEMORY"]
+    assert lines[gpus + 2].split()[0] == "0" and lines[gpus + 3].split()[0] == "1"
+    assert "Engines:         none" in lines
+    assert "Spot:            not watched" in lines
+    alerts = lines.index("Recent alerts (1):")
+    assert lines[alerts + 1].split()[1:4] == ["warning", "n1", "stale:"]
+    assert any(f"result: command {command_id} done" in line for line in lines[alerts:])
+    assert await consumers(fleet) == 0
+
+
+async def test_describe_unknown_node_is_one_error_line(fleet: Fleet) -> None:
+    await fleet.start_aggregator()
+    code, lines, err = await fleetctl(fleet, "describe", "nx")
+    assert (code, lines, err) == (1, [], "error: node nx not found\n")
+
+
+async def test_events_oldest_first_in_text_and_json(stale_cordoned: History) -> None:
+    """events lists command results then the stale alert, oldest first, one line each
+    (time, severity, node, kind, message); --json gives the same as JSON objects."""
+    fleet, command_id = stale_cordoned.fleet, stale_cordoned.command_id
+    code, lines, err = await fleetctl(fleet, "events", "n1", "--since", "1h")
+    assert code == 0, err
+    kinds = [line.split()[3] for line in lines]
+    assert kinds[-1] == "stale:" and set(kinds[:-1]) == {"result:"}
+    assert lines[0].split()[1:3] == ["info", "n1"]
+    assert lines[-2].endswith(f"command {command_id} done: cordoned")
+    code, json_lines, err = await fleetctl(fleet, "events", "n1", "--json")
+    assert code == 0, err
+    records = [json.loads(line) for line in json_lines]
+    assert len(records) == len(lines)
+    assert records[-1]["message"]["kind"] == "stale"
+    assert records[0]["message"]["command_id"] == command_id
+    assert await consumers(fleet) == 0
+
+
+@pytest.mark.parametrize("since", ["-5m", "soon", "0s"])
+async def test_events_refuses_a_bad_duration(fleet: Fleet, since: str) -> None:
+    code, _, err = await fleetctl(fleet, "events", "n1", f"--since={since}")
+    assert code == 2 and "duration" in err
+
+
+async def test_watch_since_replays_then_follows(stale_cordoned: History) -> None:
+    """watch --alerts --since 10m prints the stored stale alert first, then a new alert,
+    and exits 0 on Ctrl-C leaving no consumer behind."""
+    fleet = stale_cordoned.fleet
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *("watch", "--alerts", "--since", "10m", "--server", fleet.url, "--prefix", fleet.prefix),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    def kill_if_running() -> None:
+        if process.returncode is None:
+            process.kill()
+
+    fleet.stack.callback(kill_if_running)
+    stdout = process.stdout
+    assert stdout is not None
+    replayed = (await asyncio.wait_for(stdout.readline(), 15)).decode()
+    assert replayed.split()[1:4] == ["warning", "n1", "stale:"]
+    await fleet.start_agent(fleet.config())
+
+    async def followed() -> list[str]:
+        while True:
+            line = (await stdout.readline()).decode()
+            if "recovered:" in line:
+                return line.split()
+
+    assert (await asyncio.wait_for(followed(), 15))[1:4] == ["info", "n1", "recovered:"]
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 10) == 0
+    assert await consumers(fleet) == 0
