@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -73,10 +74,14 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
     supervisor = Supervisor(actors)
     supervisor.start()
-    await stop_event().wait()
+    stop = stop_event()
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(supervisor.finished.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
     await supervisor.stop()
     await bus.close()
-    return 0
+    return fail(supervisor.fatal) if supervisor.fatal else 0
 
 
 async def cmd_keys_init(args: argparse.Namespace) -> int:

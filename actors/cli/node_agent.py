@@ -109,6 +109,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
     logs.setup(config.log_level)
     agent = NodeAgent(config)
     await agent.run_until(stop_event())
+    if agent.supervisor is not None and agent.supervisor.fatal:
+        return fail(agent.supervisor.fatal)
     return 0
 
 

@@ -98,7 +98,19 @@ class NodeAgent:
         log.info("node agent stopped", extra={"node": self.config.node_id})
 
     async def run_until(self, stop: asyncio.Event) -> None:
-        await self.start()
+        """Run until ``stop`` is set or an actor finishes or fails fatally. ``stop`` is
+        honoured in every phase, the first connection's retries included (under systemd a
+        stop that waited for NATS would end in SIGKILL)."""
+        starting = asyncio.create_task(self.start())
+        stopping_early = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopping_early}, return_when=asyncio.FIRST_COMPLETED)
+        stopping_early.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.info("node agent stopped before connecting", extra={"node": self.config.node_id})
+            return
+        starting.result()  # raises what start raised
         assert self.supervisor is not None
         finished = asyncio.create_task(self.supervisor.finished.wait())
         stopping = asyncio.create_task(stop.wait())
