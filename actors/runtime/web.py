@@ -65,7 +65,8 @@ async def serving(
     app: web.Application, host: str, port: int, limits: HttpLimits = HttpLimits()
 ) -> AsyncIterator[int]:
     """Serve ``app`` on host:port (0 picks a free port) within ``limits`` and yield the bound
-    port (:class:`FatalError` if it cannot be bound); on the way out the server is shut down within ``CLEANUP_TIMEOUT``."""
+    port (:class:`FatalError` if it cannot be bound); on the way out the server is shut
+    down within ``CLEANUP_TIMEOUT``."""
 
     @web.middleware
     async def one_bounded_request(
