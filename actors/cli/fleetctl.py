@@ -57,7 +57,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
 async def cmd_aggregator(args: argparse.Namespace) -> int:
     config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
     bus = await NatsBus.connect(
         config.server,

@@ -121,7 +121,7 @@ async def cmd_init(args: argparse.Namespace) -> int:
 
 async def cmd_start(args: argparse.Namespace) -> int:
     config = settings_from(args, AgentConfig, ENV_PREFIX)
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     agent = NodeAgent(config)
     await agent.run_until(stop_event())
     if agent.supervisor is not None and agent.supervisor.fatal:
