@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -112,7 +113,8 @@ async def serving(
             listener = await loop.create_server(accept, host, port, reuse_address=True)
         except OSError as exc:
             # A taken or forbidden port stays so: fatal, not a restart loop.
-            reason = (exc.strerror or str(exc)).lower()
+            # asyncio's message repeats the address; the errno's own words do not.
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
             raise FatalError(f"cannot serve HTTP on {host}:{port}: {reason}") from None
         bound = int(listener.sockets[0].getsockname()[1])
         log.info("http listening", extra={"host": host, "port": bound})
