@@ -269,7 +269,7 @@ def render_status(status: dict[str, Any]) -> str:
             for p in health.get("components", [])
         )
         lines += _aligned(
-            ["check", c["name"], c["status"], c["reason"]] for c in health.get("checks", [])
+            [f"check {c['name']}", c["status"], c["reason"]] for c in health.get("checks", [])
         )
     else:
         lines.append("health    (not reported yet)")

@@ -32,7 +32,9 @@ def notify(message: str, env: Mapping[str, str] | None = None) -> bool:
             sock.connect(address)
             sock.sendall(message.encode())
     except OSError as exc:
-        log.warning("systemd notification failed", extra={"message": message, "reason": str(exc)})
+        log.warning(
+            "systemd notification failed", extra={"notification": message, "reason": str(exc)}
+        )
         return False
     return True
 

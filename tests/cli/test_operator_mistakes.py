@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.fleet.registry import BUCKET_NODES
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_NODES, Subjects
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -164,9 +163,11 @@ def test_signal_while_retrying_the_first_connection(sig: int, node_key: Path) ->
         probe.bind(("127.0.0.1", 0))
         closed = int(probe.getsockname()[1])
     agent = subprocess.Popen(
-        [sys.executable, "-m", "actors.cli.node_agent", "start"]
-        + ["--server", f"nats://127.0.0.1:{closed}", "--connect-timeout", "1"]
-        + ["--state-dir", str(node_key.parent), "--log-format", "json"],
+        [
+            *(sys.executable, "-m", "actors.cli.node_agent", "start"),
+            *("--server", f"nats://127.0.0.1:{closed}", "--connect-timeout", "1"),
+            *("--state-dir", str(node_key.parent), "--log-format", "json"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
