@@ -63,7 +63,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
 async def cmd_aggregator(args: argparse.Namespace) -> int:
     config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
     bus = await NatsBus.connect(
         config.server,
@@ -80,10 +80,14 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
     supervisor = Supervisor(actors)
     supervisor.start()
-    await stop_event().wait()
+    stop = stop_event()
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(supervisor.finished.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
     await supervisor.stop()
     await bus.close()
-    return 0
+    return fail(supervisor.fatal) if supervisor.fatal else 0
 
 
 async def cmd_keys_init(args: argparse.Namespace) -> int:

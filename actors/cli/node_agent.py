@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,16 @@ import aiohttp
 import msgspec
 
 from actors.cli.common import add_config_flags, fail, run_main, settings_from, stop_event
+from actors.fleet import registry
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
+from actors.node.http_api import PORT_FILE
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
 from actors.runtime.config import DEFAULT_SERVER, build
 from actors.runtime.tls import client_context
 from schemas import codec, signing
+from schemas.errors import FleetError
 from schemas.events import Inject
 from schemas.messages import Registration, RegistrationReply
 from schemas.subjects import EVENT_INJECT, Subjects
@@ -84,7 +88,18 @@ def parser() -> argparse.ArgumentParser:
         )
 
     status = commands.add_parser("status", help="the local agent's /status, readable")
-    status.add_argument("--url", default=DEFAULT_STATUS_URL, help=f"default {DEFAULT_STATUS_URL}")
+    status.add_argument(
+        "--url",
+        help="the agent's HTTP address (default: 127.0.0.1 and the port the agent wrote to "
+        f"<state dir>/{PORT_FILE}, else {DEFAULT_STATUS_URL})",
+    )
+    status.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the agent's state dir (default: as 'start' finds it; under fleetctl up, "
+        "<store>/nodes/<node>)",
+    )
+    status.add_argument("--config", type=Path, help="TOML config file, for its state_dir")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     return root
@@ -106,9 +121,11 @@ async def cmd_init(args: argparse.Namespace) -> int:
 
 async def cmd_start(args: argparse.Namespace) -> int:
     config = settings_from(args, AgentConfig, ENV_PREFIX)
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     agent = NodeAgent(config)
     await agent.run_until(stop_event())
+    if agent.supervisor is not None and agent.supervisor.fatal:
+        return fail(agent.supervisor.fatal)
     return 0
 
 
@@ -179,6 +196,13 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     tls = client_context(settings.tls_ca, settings.tls_cert, settings.tls_key)
     bus = await NatsBus.connect(args.server, "node-agent-inject", tls=tls)
     try:
+        # A fault for a node or GPU that is not there would be published to nobody.
+        record = await registry.read_record(bus, Subjects(args.prefix), args.node_id)
+        if args.gpu is not None and record.gpus_total and args.gpu >= record.gpus_total:
+            return fail(
+                f"node {args.node_id} has {record.gpus_total} GPUs "
+                f"(0-{record.gpus_total - 1}), no GPU {args.gpu}"
+            )
         await publish_inject(bus, args.prefix, inject, key)
     finally:
         await bus.close()
@@ -188,8 +212,27 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_url(args: argparse.Namespace) -> str:
+    """--url, else the port the agent wrote to its state dir, else the default port."""
+    if args.url:
+        return str(args.url).rstrip("/")
+    state_dir = args.state_dir or Path(build(AgentConfig, ENV_PREFIX, file=args.config).state_dir)
+    try:
+        port = int((state_dir / PORT_FILE).read_text())
+    except FileNotFoundError:
+        if args.state_dir:
+            raise FleetError(
+                f"no agent serves HTTP from {state_dir} (no {PORT_FILE} there)"
+            ) from None
+        return DEFAULT_STATUS_URL
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"cannot read {state_dir / PORT_FILE}: {exc}") from None
+    return f"http://127.0.0.1:{port}"
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
-    url = f"{args.url.rstrip('/')}/status"
+    args.url = status_url(args)
+    url = f"{args.url}/status"
     try:
         timeout = aiohttp.ClientTimeout(total=args.timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -221,24 +264,27 @@ def render_status(status: dict[str, Any]) -> str:
     health = status.get("health")
     if health:
         lines.append(f"health    {health['status']} {health['score']}/100")
-        for part in health.get("components", []):
-            lines.append(
-                f"  {part['name']:<12} {part['points']:>3}/{part['max_points']:<3} {part['reason']}"
-            )
-        for check in health.get("checks", []):
-            lines.append(f"  check {check['name']:<12} {check['status']:<9} {check['reason']}")
+        lines += _aligned(
+            [p["name"], f"{p['points']}/{p['max_points']}", p["reason"]]
+            for p in health.get("components", [])
+        )
+        lines += _aligned(
+            [f"check {c['name']}", c["status"], c["reason"]] for c in health.get("checks", [])
+        )
     else:
         lines.append("health    (not reported yet)")
     engine = status.get("engine")
     if engine and engine.get("engines"):
         lines.append(f"engines   in flight {_n(engine.get('in_flight'))}")
+        rows = []
         for item in engine["engines"]:
             state = "UNHEALTHY"
             if item["healthy"]:
                 running, waiting = _n(item.get("in_flight")), _n(item.get("waiting"))
                 state = f"healthy, running {running} waiting {waiting}"
             reason = f" - {item['reason']}" if item.get("reason") else ""
-            lines.append(f"  {item['kind']:<9} {item['url']} {state}{reason}")
+            rows.append([item["kind"], item["url"], state + reason])
+        lines += _aligned(rows)
     else:
         lines.append("engines   none")
     latency = status.get("latency")
@@ -247,18 +293,37 @@ def render_status(status: dict[str, Any]) -> str:
             f"latency   nats {_us(latency.get('gateway_rtt_us'))}, "
             f"peers avg {_us(latency.get('avg_peer_rtt_us'))}, loss {latency.get('loss_pct')}%"
         )
-        for peer in latency.get("peers", []):
-            lines.append(
-                f"  {peer['target_node_id']:<16} {_us(peer.get('rtt_us')):>9}"
-                f"  loss {peer['loss_pct']}%"
-            )
+        lines += _aligned(
+            [peer["target_node_id"], _us(peer.get("rtt_us")), f"loss {peer['loss_pct']}%"]
+            for peer in latency.get("peers", [])
+        )
     else:
         lines.append("latency   (not measured yet)")
     lines.append("actors")
-    for name, actor in status.get("actors", {}).items():
-        error = f"  last error: {actor['last_error']}" if actor.get("last_error") else ""
-        lines.append(f"  {name:<12} {actor['phase']:<9} restarts {actor['restarts']}{error}")
+    lines += _aligned(
+        [
+            name,
+            actor["phase"],
+            f"restarts {actor['restarts']}",
+            f"last error: {actor['last_error']}" if actor.get("last_error") else "",
+        ]
+        for name, actor in status.get("actors", {}).items()
+    )
     return "\n".join(lines) + "\n"
+
+
+def _aligned(rows: Iterable[list[str]]) -> list[str]:
+    """Rows as indented lines whose columns line up, each as wide as its widest cell
+    (names such as ``probe_freshness`` outgrow any fixed width)."""
+    table = [[str(cell) for cell in row] for row in rows]
+    if not table:
+        return []
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    return [
+        "  "
+        + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
+        for row in table
+    ]
 
 
 def _n(value: int | None) -> str:

@@ -28,6 +28,7 @@ from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.runtime import logs
 from actors.runtime.bus import NatsBus
+from actors.runtime.config import ConfigError
 from actors.runtime.embedded import NatsServer, ServerError
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
@@ -76,17 +77,34 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
     )
 
 
+def check(options: UpOptions) -> None:
+    """Refuse what would fail later, before anything starts: the agents' settings (their
+    own checks, named by the flags) and a store that cannot be written."""
+    try:
+        agent_config(options, "", 1, "")
+    except ValueError as exc:
+        flags = str(exc).replace("stale_after", "--stale-after")
+        raise ConfigError(flags.replace("heartbeat_interval", "--heartbeat-interval")) from None
+    try:
+        options.store.mkdir(parents=True, exist_ok=True)
+        (options.store / "fleet.log").touch()
+    except OSError as exc:
+        raise ConfigError(f"--store {options.store}: {exc.strerror or exc}") from None
+
+
 async def run_up(options: UpOptions) -> int:
-    options.store.mkdir(parents=True, exist_ok=True)
+    check(options)
     _log_to_file(options.store / "fleet.log")
     server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
     try:
         await asyncio.to_thread(server.start)
     except ServerError as exc:
         if "address already in use" in str(exc):
+            # Not "--port 0" alone: a second server on the same store would share its
+            # JetStream directory with the first.
             raise ServerError(
-                f"port {options.port} is taken (another nats-server?); "
-                "use --port 0 for any free port"
+                f"port {options.port} is taken (another nats-server, or fleetctl up "
+                "already running?): stop it, or use --port 0 with another --store"
             ) from None
         raise
     operator = signing.load_or_create_key_file(options.store / "operator.nk")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -29,6 +30,7 @@ from actors.fleet.streams import StreamLimits, provision
 from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from actors.runtime.schedule import RateLimit
+from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 MARKER_REASON = "Nats-Marker-Reason"
 ROLLUP = "Nats-Rollup"
+REPLICAS_NOT_SUPPORTED = 10074
+"""JetStream's error code for ``replicas > 1 not supported in non-clustered mode``."""
 """No agent sends it; on FLEET_HB (where the server forces rollups on, for its delete
 markers) ``all`` purges every node's heartbeat: the sender is refused and alerted on."""
 FETCH_BATCH = 128
@@ -101,9 +105,18 @@ class AggregatorActor:
         return self._consumer.missing if self._consumer else ""
 
     async def run(self, ready: Callable[[], None]) -> None:
-        await provision(
-            self.bus.js, self.subjects, self.config.replicas, StreamLimits.of(self.config)
-        )
+        try:
+            await provision(
+                self.bus.js, self.subjects, self.config.replicas, StreamLimits.of(self.config)
+            )
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != REPLICAS_NOT_SUPPORTED:
+                raise
+            # No restart makes a single server a cluster: say so and stop.
+            raise FatalError(
+                f"replicas = {self.config.replicas} needs a clustered nats-server; "
+                "this one is not (use replicas = 1)"
+            ) from None
         self._consumer = consumer = self.consumer()
         await consumer.open()
         routes = {self.subjects.register(): self._on_register}

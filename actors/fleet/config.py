@@ -11,6 +11,7 @@ import msgspec
 from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, Positive
+from actors.runtime.logs import LogFormat
 
 ENV_PREFIX = "FLEET_AGGREGATOR_"
 MIB = 1024 * 1024
@@ -32,6 +33,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     prefix: str = "fleet"
     connect_timeout: Positive = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: LogFormat = "auto"
+    """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
 
     durable: str = "aggregator"
     """The heartbeat consumer every aggregator of the fleet shares."""

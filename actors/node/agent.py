@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 
 from actors.node.commands.actor import CommandsActor
@@ -18,8 +19,9 @@ from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
+from actors.runtime import notify
 from actors.runtime.bus import NatsBus
-from actors.runtime.supervisor import Actor, ActorStatus, Supervisor
+from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
 from actors.runtime.tls import client_context
 from schemas.signing import load_key_file
 
@@ -98,14 +100,44 @@ class NodeAgent:
         log.info("node agent stopped", extra={"node": self.config.node_id})
 
     async def run_until(self, stop: asyncio.Event) -> None:
-        await self.start()
+        """Run until ``stop`` is set or an actor finishes or fails fatally. ``stop`` is
+        honoured in every phase, the first connection's retries included (under systemd a
+        stop that waited for NATS would end in SIGKILL)."""
+        starting = asyncio.create_task(self.start())
+        stopping_early = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopping_early}, return_when=asyncio.FIRST_COMPLETED)
+        stopping_early.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.info("node agent stopped before connecting", extra={"node": self.config.node_id})
+            return
+        starting.result()  # raises what start raised
         assert self.supervisor is not None
         finished = asyncio.create_task(self.supervisor.finished.wait())
         stopping = asyncio.create_task(stop.wait())
+        systemd = asyncio.create_task(self.notify_systemd(self.supervisor))
         try:
             await asyncio.wait({finished, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            finished.cancel()
-            stopping.cancel()
-            await asyncio.gather(finished, stopping, return_exceptions=True)
+            for task in (finished, stopping, systemd):
+                task.cancel()
+            await asyncio.gather(finished, stopping, systemd, return_exceptions=True)
+            notify.notify(notify.STOPPING)
             await self.stop()
+
+    async def notify_systemd(self, supervisor: Supervisor) -> None:
+        """``READY=1`` once every actor runs, then ``WATCHDOG=1`` at half the watchdog
+        interval while ``/healthz`` would answer 200 (no-ops outside systemd's
+        ``Type=notify``). An agent whose actors stay down or broken stops feeding the
+        watchdog, and systemd restarts it."""
+        await supervisor.wait_ready(math.inf)
+        notify.notify(notify.READY)
+        log.info("node agent ready", extra={"node": self.config.node_id})
+        interval = notify.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            if not unhealthy(supervisor.check()):
+                notify.notify(notify.WATCHDOG)
+            await asyncio.sleep(interval)

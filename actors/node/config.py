@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, Port, Positive
+from actors.runtime.logs import LogFormat
 from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
 
@@ -66,6 +67,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """PEM private key of tls_cert."""
     connect_timeout: Positive = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: LogFormat = "auto"
+    """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
 
     heartbeat_interval: Positive = 10.0
     stale_after: Positive = 30.0

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import StatusSource, unhealthy
 from actors.runtime.web import HttpLimits, prometheus_page, serving
@@ -29,6 +31,8 @@ from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+PORT_FILE = "http.port"
 
 
 class HttpApiActor:
@@ -136,7 +140,16 @@ class HttpApiActor:
                 serving(self.app(), self.config.http_host, self.config.http_port, limits) as port,
             ):
                 self.port = port
+                self.port_file.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(self.port_file, f"{port}\n".encode())
                 ready()
                 await asyncio.Event().wait()  # serve until cancelled
         finally:
             self.port = None
+            self.port_file.unlink(missing_ok=True)
+
+    @property
+    def port_file(self) -> Path:
+        """``<state_dir>/http.port``: the bound port, so ``node-agent status`` finds an
+        agent serving on a port picked for it (``http_port = 0``, as in ``fleetctl up``)."""
+        return Path(self.config.state_dir) / PORT_FILE

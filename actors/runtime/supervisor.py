@@ -39,6 +39,12 @@ class SelfChecking(Protocol):
     def problem(self) -> str: ...
 
 
+class FatalError(Exception):
+    """An actor cannot do its work and restarting it will not help (its configured port
+    is taken, say): the supervisor stops restarting it and sets ``finished`` with
+    ``fatal``, so the process exits with the reason instead of running half-blind."""
+
+
 class ActorStatus(msgspec.Struct, kw_only=True):
     name: str
     phase: ActorPhase = "starting"
@@ -80,7 +86,9 @@ class Supervisor:
         self.status = {actor.name: ActorStatus(name=actor.name) for actor in actors}
         self._tasks: list[asyncio.Task[None]] = []
         self.finished = asyncio.Event()
-        """Set when an actor returns on its own (e.g. after deregistering)."""
+        """Set when an actor returns on its own (e.g. after deregistering) or fails fatally."""
+        self.fatal = ""
+        """Why an actor raised :class:`FatalError`; "" while none has."""
 
     def start(self) -> None:
         for actor in self.actors:
@@ -130,6 +138,12 @@ class Supervisor:
                 await actor.run(ready)
             except asyncio.CancelledError:
                 raise
+            except FatalError as exc:
+                status.phase = "stopped"
+                status.last_error = self.fatal = str(exc)
+                log.error("actor failed fatally", extra={"actor": actor.name, "reason": str(exc)})
+                self.finished.set()
+                return
             except Exception as exc:
                 ran_for = time.time() - status.started_at
                 if ran_for >= self.healthy_after:

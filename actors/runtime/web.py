@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler as MiddlewareHandler
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from actors.runtime.supervisor import FatalError
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,8 @@ async def serving(
     app: web.Application, host: str, port: int, limits: HttpLimits = HttpLimits()
 ) -> AsyncIterator[int]:
     """Serve ``app`` on host:port (0 picks a free port) within ``limits`` and yield the bound
-    port; on the way out the server is shut down within ``CLEANUP_TIMEOUT``."""
+    port (:class:`FatalError` if it cannot be bound); on the way out the server is shut
+    down within ``CLEANUP_TIMEOUT``."""
 
     @web.middleware
     async def one_bounded_request(
@@ -105,7 +109,13 @@ async def serving(
 
     listener: asyncio.Server | None = None
     try:
-        listener = await loop.create_server(accept, host, port, reuse_address=True)
+        try:
+            listener = await loop.create_server(accept, host, port, reuse_address=True)
+        except OSError as exc:
+            # A taken or forbidden port stays so: fatal, not a restart loop.
+            # asyncio's message repeats the address; the errno's own words do not.
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise FatalError(f"cannot serve HTTP on {host}:{port}: {reason}") from None
         bound = int(listener.sockets[0].getsockname()[1])
         log.info("http listening", extra={"host": host, "port": bound})
         yield bound

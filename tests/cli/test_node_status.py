@@ -1,0 +1,67 @@
+"""``node-agent status`` finds an agent on a port picked for it (``fleetctl up``) through
+``<state_dir>/http.port``, and prints aligned columns."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from actors.cli.node_agent import main, render_status
+from actors.node.http_api import PORT_FILE
+from tests.support.fleet import Fleet, wait_for
+
+
+async def test_status_finds_the_port_in_the_state_dir(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent = await fleet.start_agent()
+    state_dir = Path(agent.config.state_dir)
+    port_file = state_dir / PORT_FILE
+    await wait_for(port_file.exists)
+    assert await asyncio.to_thread(main, ["status", "--state-dir", str(state_dir)]) == 0
+    assert "n1 (cluster c1)" in capsys.readouterr().out
+    await agent.stop()
+    assert not port_file.exists()  # a stopped agent leaves no port to knock on
+
+
+def test_status_without_a_port_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--state-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: no agent serves HTTP from {tmp_path} (no {PORT_FILE} there)\n"
+    )
+
+
+def test_status_columns_align() -> None:
+    status = {
+        "health": {
+            "status": "healthy",
+            "score": 98,
+            "components": [
+                {"name": "gpu_temperature", "points": 20, "max_points": 20, "reason": "52 C"},
+                {"name": "cpu", "points": 5, "max_points": 10, "reason": "busy"},
+            ],
+            "checks": [
+                {"name": "probe_freshness", "status": "ok", "reason": "fresh"},
+                {"name": "xid", "status": "unhealthy", "reason": "XID 79"},
+            ],
+        },
+        "actors": {
+            "heartbeat": {"phase": "running", "restarts": 0, "last_error": ""},
+            "http_api": {"phase": "backoff", "restarts": 12, "last_error": "OSError: x"},
+        },
+    }
+    lines = render_status(status).splitlines()
+
+    def starts(prefix: str) -> list[int]:
+        """Where each column starts in the lines that begin with ``prefix``."""
+        rows = [line for line in lines if line.startswith(prefix)]
+        return [m.start() for m in re.finditer(r"(?<=  )\S", rows[0])]
+
+    for first, second in [("  gpu_temperature", "  cpu"), ("  check probe", "  check xid")]:
+        assert starts(first)[:2] == starts(second)[:2], "\n".join(lines)
+    assert starts("  heartbeat")[:2] == starts("  http_api")[:2]
