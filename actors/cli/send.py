@@ -66,7 +66,7 @@ EXIT_INTERRUPTED = 130
 EXIT_STATUSES = (
     "Exit status with --wait: 0 done, 1 failed or rejected, 2 no final result in time "
     "(or a usage error), 3 a drain whose deadline passed with work still in flight, "
-    "130 interrupted (the command goes on)."
+    "130 interrupted (the command continues)."
 )
 
 
@@ -297,17 +297,23 @@ def warn(message: str) -> None:
     sys.stderr.write(f"warning: {message}\n")
 
 
-def reattach_hint(args: argparse.Namespace, command_id: str, node: str) -> str:
+def reattach_hint(args: argparse.Namespace, command_id: str, node: str | None) -> str:
+    """The command line that follows ``command_id`` again."""
+    where = f" --node {node}" if node else ""
     prefix = f" --prefix {args.prefix}" if args.prefix != "fleet" else ""
-    return f"fleetctl command {command_id} --node {node}{prefix}"
+    return f"fleetctl command {command_id}{where}{prefix}"
 
 
 async def follow(
-    args: argparse.Namespace, follower: ResultFollower, timeout: float, what: str
+    args: argparse.Namespace,
+    follower: ResultFollower,
+    timeout: float,
+    what: str,
+    stop: asyncio.Event,
 ) -> int:
     """Follow ``follower`` until a final result (its exit status), the timeout (2) or
-    Ctrl-C (130, saying that the command goes on and how to follow it again)."""
-    stop = stop_event()
+    ``stop`` (Ctrl-C: 130, saying that the command continues and how to follow it again;
+    made before publishing, so a Ctrl-C just after it is answered so too)."""
     waiting = asyncio.create_task(follower.until_final(timeout))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -315,11 +321,12 @@ async def follow(
     node = follower.node[1] if follower.node else args.node
     if not waiting.done():
         waiting.cancel()
-        hint = reattach_hint(args, follower.command_id, node) if node else ""
+        hint = reattach_hint(args, follower.command_id, node)
         sys.stdout.write("\n" if sys.stdout.isatty() else "")
         sys.stderr.write(
-            f"interrupted: {what} goes on"
-            + (f" on {node}; follow it again with: {hint}\n" if hint else "\n")
+            f"interrupted: stopped following {what}, which continues"
+            + (f" on {node}" if node else "")
+            + f"; follow it again with: {hint}\n"
         )
         return EXIT_INTERRUPTED
     final = waiting.result()
@@ -332,6 +339,7 @@ async def follow(
 async def cmd_send(args: argparse.Namespace) -> int:
     key = signing.load_key_file(args.key_file or default_operator_key())
     subjects = Subjects(args.prefix)
+    stop = stop_event()
     async with connected(args, "fleetctl") as bus:
         cluster = await target_cluster(bus, subjects, args.node, args.cluster)
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
@@ -353,7 +361,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
             sys.stdout.write(sent)
             sys.stdout.flush()
             timeout = args.timeout or getattr(args, "deadline", 0.0) + 60.0
-            return await follow(args, follower, timeout, f"{args.command} {command.id}")
+            return await follow(args, follower, timeout, f"{args.command} {command.id}", stop)
 
 
 async def cmd_command(args: argparse.Namespace) -> int:
@@ -364,6 +372,7 @@ async def cmd_command(args: argparse.Namespace) -> int:
         wanted = subjects.results()
     else:
         wanted = f"{subjects.prefix}.result.{args.cluster or '*'}.{args.node}"
+    stop = stop_event()
     async with connected(args, "fleetctl") as bus:
         follower = ResultFollower(bus, subjects, args.id)
         subscription = await bus.js.subscribe(
@@ -374,7 +383,7 @@ async def cmd_command(args: argparse.Namespace) -> int:
             deliver_policy=DeliverPolicy.ALL,
         )
         try:
-            return await follow(args, follower, args.timeout, f"command {args.id}")
+            return await follow(args, follower, args.timeout, f"command {args.id}", stop)
         finally:
             await unsubscribe_quietly(subscription)
 
