@@ -368,10 +368,7 @@ async def cmd_command(args: argparse.Namespace) -> int:
     """Re-attach to a command sent earlier: replay its results stored in FLEET_EVENTS,
     then follow new ones until a final one."""
     subjects = Subjects(args.prefix)
-    if args.node is None:
-        wanted = subjects.results()
-    else:
-        wanted = f"{subjects.prefix}.result.{args.cluster or '*'}.{args.node}"
+    wanted = f"{subjects.prefix}.result.{args.cluster or '*'}.{args.node or '*'}"
     stop = stop_event()
     async with connected(args, "fleetctl") as bus:
         follower = ResultFollower(bus, subjects, args.id)
