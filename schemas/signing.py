@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 import os
 import stat
@@ -66,6 +67,23 @@ def public_key_bytes(public_key: str) -> bytes:
     if len(body) != 33 or body[0] != _PREFIX_USER:
         raise ValueError("not a user nkey (U...)")
     return body[1:]
+
+
+def fingerprint(public_key: str) -> str:
+    """``SHA256:<base64>`` of the raw public key, as ssh shows host keys: short enough to
+    compare by eye before approving a key read from the network."""
+    digest = hashlib.sha256(public_key_bytes(public_key)).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def is_seed(text: str) -> bool:
+    """Whether ``text`` is a user nkey seed (``SU...``): a secret pasted where a public
+    key belongs, to be refused with that said rather than as a malformed key."""
+    try:
+        KeyPair(text)
+    except ValueError:
+        return False
+    return True
 
 
 class KeyPair:

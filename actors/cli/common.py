@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import signal
 import sys
@@ -19,7 +20,8 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.config import DEFAULT_SERVER, build
 from actors.runtime.tls import client_context
 from schemas import signing
-from schemas.errors import FleetError
+from schemas.errors import FleetError, InvalidToken
+from schemas.subjects import check_token
 
 CLIENT_ENV_PREFIX = "FLEETCTL_"
 
@@ -100,13 +102,60 @@ async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[NatsBu
         await bus.close()
 
 
+KEY_FILE_ENV = "FLEETCTL_KEY_FILE"
+
+
 def default_operator_key() -> Path:
-    return config_home() / "fleetctl" / "operator.nk"
+    """``$FLEETCTL_KEY_FILE`` if set (``fleetctl up`` prints the line that sets it), so an
+    operator need not repeat ``--key-file`` on every command; else the per-user default."""
+    return Path(os.environ.get(KEY_FILE_ENV) or config_home() / "fleetctl" / "operator.nk")
 
 
 def config_home() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base)
+
+
+def version() -> str:
+    """The installed package's version, for ``--version``."""
+    try:
+        return importlib.metadata.version("nats-node-agent")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{parser.prog} {version()}",
+        help="print the version and exit",
+    )
+
+
+def strict(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``root`` and every subcommand parser under it with abbreviations turned off, so
+    ``--dead`` is an error rather than a silent ``--deadline`` (and a flag added later
+    cannot change what an old abbreviation meant). Walks the tree, so no parser is missed."""
+    root.allow_abbrev = False
+    for action in root._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                strict(sub)
+    return root
+
+
+def token(what: str) -> Callable[[str], str]:
+    """An argparse type for a subject token (node id, cluster): a bad one is a usage
+    error before anything connects."""
+
+    def check(value: str) -> str:
+        try:
+            return check_token(what, value)
+        except InvalidToken as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
 
 
 def fail(message: str, code: int = 1) -> int:

@@ -14,20 +14,25 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import argcomplete
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import send, views
 from actors.cli.common import (
+    KEY_FILE_ENV,
     add_config_flags,
     add_server,
+    add_version,
     connected,
     default_operator_key,
     fail,
     run_main,
     settings_from,
     stop_event,
+    strict,
+    token,
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
@@ -102,14 +107,52 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_approve(args: argparse.Namespace) -> int:
-    registry.check_public_key(args.public_key)
-    check_token("node id", args.node)
+    """Approve the key given, or the one the node's pending registration carries, after
+    showing its fingerprint and asking (unless --yes): that key came over the network."""
+    if args.public_key is not None:
+        registry.check_public_key(args.public_key)
     async with connected(args, "fleetctl") as bus:
-        await registry.approve(
-            bus, Subjects(args.prefix), args.node, args.public_key, by="fleetctl"
-        )
+        subjects = Subjects(args.prefix)
+        key = args.public_key
+        if key is None:
+            key = await pending_key(bus, subjects, args.node)
+            sys.stderr.write(
+                f"{args.node} registered key {key}\n  fingerprint {signing.fingerprint(key)}\n"
+                "  compare with 'node-agent key show' on the node\n"
+            )
+            if not args.yes and not confirm(f"approve this key for {args.node}?"):
+                return fail(f"{args.node} not approved")
+        await registry.approve(bus, subjects, args.node, key, by="fleetctl")
     sys.stdout.write(f"approved {args.node}\n")
     return 0
+
+
+async def pending_key(bus: Bus, subjects: Subjects, node: str) -> str:
+    """The public key of ``node``'s pending registration record."""
+    try:
+        record = await registry.read_record(bus, subjects, node)
+    except registry.NotFound:
+        raise FleetError(
+            f"node {node} has not registered: give its key (fleetctl approve {node} KEY; "
+            "'node-agent key show' on the node prints it) or run 'node-agent register' there"
+        ) from None
+    if record.state != "pending" or not record.public_key:
+        raise FleetError(
+            f"node {node} has no pending registration (state {record.state}): give the key "
+            f"to approve explicitly (fleetctl approve {node} KEY)"
+        )
+    registry.check_public_key(record.public_key)
+    return record.public_key
+
+
+def confirm(question: str) -> bool:
+    """A yes from the terminal; without one (stdin not a terminal) the answer is no."""
+    if not sys.stdin.isatty():
+        sys.stderr.write(f"{question} no terminal to ask on; pass --yes to approve\n")
+        return False
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 async def cmd_revoke(args: argparse.Namespace) -> int:
@@ -333,15 +376,18 @@ async def cmd_nats_config(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="fleetctl", description="operate a nats-node-agent fleet")
+    add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="embedded nats-server + aggregator + N fake-GPU agents")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=int, default=3, help="agents to run (default 3)")
     up.add_argument("--port", type=int, default=4222, help="client port (0: any free port)")
     up.add_argument("--store", type=Path, default=None, help=f"default {default_store()}")
-    up.add_argument("--heartbeat-interval", type=float, default=2.0)
-    up.add_argument("--stale-after", type=float, default=6.0)
-    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument(
+        "--heartbeat-interval", type=float, default=2.0, help="agents' beat period, s (default 2)"
+    )
+    up.add_argument("--stale-after", type=float, default=6.0, help="heartbeat TTL, s (default 6)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
     up.set_defaults(func=cmd_up)
 
     aggregator = commands.add_parser(
@@ -356,31 +402,48 @@ def parser() -> argparse.ArgumentParser:
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
     keys_init = keys_commands.add_parser("init", help="create the operator key")
     keys_init.add_argument(
-        "--key-file", type=Path, default=None, help=f"default {default_operator_key()}"
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"where to write it (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
     keys_init.set_defaults(func=cmd_keys_init)
 
-    approve = commands.add_parser("approve", help="approve a node's public key")
-    approve.add_argument("node")
-    approve.add_argument("public_key")
+    approve = commands.add_parser(
+        "approve",
+        help="approve a node's public key (given, or from its pending registration)",
+        description="Without KEY, the key of the node's pending registration is shown with "
+        "its fingerprint and approved once confirmed.",
+    )
+    approve.add_argument("node", type=token("node id"), help="the node's id")
+    approve.add_argument(
+        "public_key",
+        nargs="?",
+        metavar="KEY",
+        help="its public key (U...; 'node-agent key show' prints it); default: the key "
+        "its pending registration carries",
+    )
+    approve.add_argument(
+        "--yes", action="store_true", help="approve a registered key without asking"
+    )
     add_server(approve)
     approve.set_defaults(func=cmd_approve)
 
     revoke = commands.add_parser("revoke", help="revoke a node's approved key")
-    revoke.add_argument("node")
+    revoke.add_argument("node", type=token("node id"), help="the node's id")
     add_server(revoke)
     revoke.set_defaults(func=cmd_revoke)
 
     reset_seq = commands.add_parser(
         "reset-seq", help="accept a node's next heartbeat whatever its seq (re-imaged node)"
     )
-    reset_seq.add_argument("node")
+    reset_seq.add_argument("node", type=token("node id"), help="the node's id")
     add_server(reset_seq)
     reset_seq.set_defaults(func=cmd_reset_seq)
 
     nodes = commands.add_parser("nodes", help="list the fleet")
-    nodes.add_argument("--cluster")
-    nodes.add_argument("--state")
+    nodes.add_argument("--cluster", help="only nodes of this cluster")
+    nodes.add_argument("--state", help="only nodes in this state (active, stale, ...)")
     nodes.add_argument("--json", action="store_true", help="same as -o json")
     nodes.add_argument(
         "-o",
@@ -398,14 +461,18 @@ def parser() -> argparse.ArgumentParser:
     nodes.set_defaults(func=cmd_nodes)
 
     node = commands.add_parser("node", help="one node's full record")
-    node.add_argument("node")
-    node.add_argument("--json", action="store_true")
+    node.add_argument("node", type=token("node id"), help="the node's id")
+    node.add_argument("--json", action="store_true", help="compact JSON on one line")
     add_server(node)
     node.set_defaults(func=cmd_node)
 
     watch = commands.add_parser("watch", help="follow alerts and events")
     watch.add_argument("--alerts", action="store_true", help="alerts (the default)")
-    watch.add_argument("--events", action="store_true", help="node events (core NATS, live)")
+    watch.add_argument(
+        "--events",
+        action="store_true",
+        help="node events (core NATS, live), with whether each verified",
+    )
     watch.add_argument("--node", help="only this node")
     watch.add_argument(
         "--since", type=duration, help="replay the alerts of this window first (30s, 10m, 1h)"
@@ -431,10 +498,10 @@ def parser() -> argparse.ArgumentParser:
     events.set_defaults(func=cmd_events)
 
     sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
-    sim.add_argument("--nodes", type=int, required=True)
+    sim.add_argument("--nodes", type=int, required=True, help="simulated nodes")
     sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
     sim.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
-    sim.add_argument("--cluster", default="sim")
+    sim.add_argument("--cluster", default="sim", help="their cluster (default sim)")
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
         "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
@@ -466,11 +533,13 @@ def parser() -> argparse.ArgumentParser:
     add_server(config)
     config.set_defaults(func=cmd_nats_config)
     send.add_command_parsers(commands)
-    return root
+    return strict(root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    argcomplete.autocomplete(root)
+    args = root.parse_args(argv)
     func: Command = args.func
     return run_main(lambda: func(args))
 

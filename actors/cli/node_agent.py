@@ -13,12 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import argcomplete
 import msgspec
 
-from actors.cli.common import add_config_flags, fail, run_main, settings_from, stop_event
+from actors.cli.common import (
+    add_config_flags,
+    add_version,
+    fail,
+    run_main,
+    settings_from,
+    stop_event,
+    strict,
+)
 from actors.fleet import registry
 from actors.node.agent import NodeAgent, inbox_prefix
-from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id
+from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.http_api import PORT_FILE
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
@@ -51,11 +60,17 @@ LIST_FLAGS = {
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
+    add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
     init = commands.add_parser("init", help="create the node's nkey seed and print its public key")
-    init.add_argument("--key-file", type=Path, help="default: <state dir>/node.nk")
-    init.add_argument("--config", type=Path, help="TOML config file")
+    add_key_flags(init)
+    key = commands.add_parser("key", help="the node's key")
+    key_commands = key.add_subparsers(dest="key_command", required=True)
+    show = key_commands.add_parser(
+        "show", help="print the node's public key (what fleetctl approve takes)"
+    )
+    add_key_flags(show)
 
     start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
     add_config_flags(start, AgentConfig, ENV_PREFIX, LIST_FLAGS)
@@ -66,14 +81,18 @@ def parser() -> argparse.ArgumentParser:
     inject = commands.add_parser(
         "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
     )
-    inject.add_argument("fault", choices=INJECT_FAULTS)
+    inject.add_argument("fault", choices=INJECT_FAULTS, help="what to inject")
     inject.add_argument(
         "value", nargs="?", type=float, help="C for temp, %% for util, the code for xid"
     )
     inject.add_argument("--gpu", type=int, help="GPU index (default: every GPU)")
-    inject.add_argument("--server", default=os.environ.get("NATS_URL", DEFAULT_SERVER))
+    inject.add_argument(
+        "--server",
+        default=os.environ.get("NATS_URL", DEFAULT_SERVER),
+        help=f"NATS URL (env NATS_URL; default {DEFAULT_SERVER})",
+    )
     inject.add_argument("--node-id", default=default_node_id(), help="default: this host")
-    inject.add_argument("--prefix", default="fleet")
+    inject.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
     inject.add_argument(
         "--key-file",
         type=Path,
@@ -102,20 +121,43 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--config", type=Path, help="TOML config file, for its state_dir")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
-    return root
+    return strict(root)
+
+
+def add_key_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the node's key is, found as ``start`` finds it."""
+    parser.add_argument("--key-file", type=Path, help="default: <state dir>/node.nk")
+    parser.add_argument(
+        "--state-dir",
+        help=f"the agent's state dir (env {ENV_PREFIX}STATE_DIR; default {default_state_dir()})",
+    )
+    parser.add_argument("--config", type=Path, help="TOML config file, as for start")
+
+
+def key_path(args: argparse.Namespace) -> Path:
+    if args.key_file is not None:
+        return Path(args.key_file)
+    flags = {"state_dir": args.state_dir}
+    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags).key_path
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
-    if args.key_file is not None:
-        path = args.key_file
-    else:
-        path = build(AgentConfig, ENV_PREFIX, file=args.config).key_path
+    path = key_path(args)
     pair = signing.create_key_file(path)
     sys.stdout.write(f"{pair.public_key}\n")
     sys.stderr.write(
         f"seed written to {path} (mode 0600); approve the node with:\n"
         f"  fleetctl approve <node-id> {pair.public_key}\n"
     )
+    return 0
+
+
+async def cmd_key_show(args: argparse.Namespace) -> int:
+    """The public key on stdout (for scripts), its fingerprint on stderr: what ``fleetctl
+    approve NODE`` shows when it takes the key from the node's registration."""
+    pair = signing.load_key_file(key_path(args))
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
     return 0
 
 
@@ -335,9 +377,12 @@ def _us(value: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    argcomplete.autocomplete(root)
+    args = root.parse_args(argv)
     handlers = {
         "init": cmd_init,
+        "key": cmd_key_show,
         "start": cmd_start,
         "register": cmd_register,
         "inject": cmd_inject,

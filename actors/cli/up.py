@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import msgspec
 
 from actors.cli import views
-from actors.cli.common import stop_event
+from actors.cli.common import KEY_FILE_ENV, stop_event
 from actors.fleet import registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
@@ -133,9 +134,10 @@ async def run_up(options: UpOptions) -> int:
             agents.append(agent)
         sys.stdout.write(
             f"NATS: {server.url}\nfleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
-            f"store: {options.store}\noperator key: "
-            f"{options.store / 'operator.nk'}\nlogs: {options.store / 'fleet.log'}\n"
-            "Ctrl-C to stop.\n\n"
+            f"store: {options.store}\noperator key: {options.store / 'operator.nk'}; "
+            "for fleetctl cordon/drain in another shell:\n"
+            f"  export {KEY_FILE_ENV}={shlex.quote(str(options.store / 'operator.nk'))}\n"
+            f"logs: {options.store / 'fleet.log'}\nCtrl-C to stop.\n\n"
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
     finally:

@@ -33,6 +33,14 @@ class NotFound(FleetError):
 
 
 def check_public_key(public_key: str) -> None:
+    """Refuse anything but a user public key; a seed gets its own explanation, since
+    pasting one means the secret has left its file."""
+    if signing.is_seed(public_key):
+        raise FleetError(
+            "that is a seed (the secret key, SU...), not a public key (U...): it was not "
+            "used or stored; print the public key with 'node-agent key show', and treat "
+            "this seed as exposed (it may now be in your shell history)"
+        )
     try:
         signing.public_key_bytes(public_key)
     except ValueError as exc:

@@ -27,7 +27,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_fleetctl_up_reaches_three_active_nodes_and_stops_on_sigint(tmp_path: Path) -> None:
-    """`fleetctl up --nodes 3` shows three active nodes and exits 0 on Ctrl-C."""
+    """`fleetctl up --nodes 3` shows three active nodes, the line that exports its operator
+    key for fleetctl in another shell, and exits 0 on Ctrl-C."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -59,6 +60,7 @@ def test_fleetctl_up_reaches_three_active_nodes_and_stops_on_sigint(tmp_path: Pa
                 break
         assert any("3 nodes: 3 active" in line for line in seen), "".join(seen)
         assert seen[0].startswith("NATS: nats://127.0.0.1:")
+        assert f"  export FLEETCTL_KEY_FILE={tmp_path / 'operator.nk'}\n" in seen
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=20)
     finally:
@@ -112,7 +114,8 @@ async def test_nodes_lists_the_fleet(fleet: Fleet, bus: NatsBus, prefix: str) ->
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
-    """Unreachable server, bad node id and bad config are one 'error:' line, exit 1."""
+    """Unreachable server and bad config are one 'error:' line, exit 1; a bad node id is
+    a usage error (exit 2) naming the argument, before anything connects."""
     unreachable = run("actors.cli.fleetctl", "nodes", "--server", "nats://127.0.0.1:1")
     assert unreachable.returncode == 1
     assert unreachable.stderr.startswith("error: cannot reach NATS at nats://127.0.0.1:1")
@@ -120,7 +123,10 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     bad_id = run(
         "actors.cli.fleetctl", "approve", "bad.node", valid_key, "--server", "nats://127.0.0.1:1"
     )
-    assert bad_id.returncode == 1 and "invalid node id 'bad.node'" in bad_id.stderr
+    assert bad_id.returncode == 2 and "Traceback" not in bad_id.stderr
+    assert bad_id.stderr.splitlines()[-1].startswith(
+        "fleetctl approve: error: argument node: invalid node id 'bad.node'"
+    )
     bad_config = run(
         "actors.cli.node_agent",
         "start",
@@ -133,7 +139,7 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     assert bad_config.stderr.strip() == (
         "error: config: heartbeat_interval: expected `float`, got `str`"
     )
-    for result in (unreachable, bad_id, bad_config):
+    for result in (unreachable, bad_config):
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 

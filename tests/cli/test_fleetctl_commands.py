@@ -70,8 +70,8 @@ async def test_drain_wait_shows_progress_and_exits_zero(
     operator_file: Path,
     node: NodeAgent,
 ) -> None:
-    """drain --wait prints the command id, a progress line per result and exits 0 once the
-    node is drained; the cluster comes from fleet_nodes."""
+    """drain --wait prints a labelled line with the command id, a progress line per result
+    and exits 0 once the node is drained; the cluster comes from fleet_nodes."""
     results = await Results().start(bus, prefix)
     await set_in_flight(bus, prefix, fleet.node_key(), 2)
     process = await fleetctl(
@@ -82,7 +82,8 @@ async def test_drain_wait_shows_progress_and_exits_zero(
     code, out, err = await finish(process)
     lines = out.splitlines()
     assert code == 0, err
-    assert len(lines[0]) == 32 and results.results[0].command_id == lines[0]
+    command_id = results.results[0].command_id
+    assert lines[0] == f"drain sent: id={command_id} node=n1"
     assert "accepted" in lines[1]
     assert any(line.startswith("in_progress: draining: 2 in flight") for line in lines)
     assert lines[-1].startswith("done: drained [drained")
@@ -92,11 +93,12 @@ async def test_drain_wait_shows_progress_and_exits_zero(
 async def test_cordon_and_uncordon_without_wait(
     nats_server: NatsServer, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
 ) -> None:
-    """cordon and uncordon print the command id, exit 0, and the record follows."""
+    """cordon and uncordon print a labelled line with the command id, exit 0, and the
+    record follows."""
     code, out, err = await finish(
         await fleetctl(nats_server, prefix, operator_file, "cordon", "n1", "--reason", "fw")
     )
-    assert code == 0 and len(out.strip()) == 32, err
+    assert code == 0 and out.startswith("cordon sent: id=") and out.endswith(" node=n1\n"), err
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
     assert record.heartbeat is not None and record.heartbeat.schedulability_reason == "fw"
     code, _, err = await finish(
@@ -139,7 +141,7 @@ async def test_unknown_node_is_one_error_line(
     """A node that is not in fleet_nodes (and no --cluster) is one clear error, exit 1."""
     code, _, err = await finish(await fleetctl(nats_server, prefix, operator_file, "drain", "nx"))
     assert code == 1
-    assert err.splitlines()[-1] == "error: node nx not found"
+    assert err.splitlines()[-1].startswith("error: node nx not found (--cluster C queues")
 
 
 async def test_watch_prints_alerts_until_sigint(fleet: Fleet) -> None:

@@ -1,0 +1,181 @@
+"""How ``fleetctl cordon | drain | uncordon | deregister`` and ``fleetctl command`` behave
+for an operator: labelled output, re-attaching, warnings before sending, usage errors
+before publishing, exit statuses and Ctrl-C. Real processes against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.node.agent import NodeAgent
+from actors.runtime.bus import NatsBus
+from schemas import codec, signing
+from schemas.messages import NodeRecord
+from schemas.subjects import BUCKET_NODES, STREAM_COMMANDS, Subjects
+from tests.support.commanding import set_in_flight
+from tests.support.fleet import Fleet, wait_record
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+
+
+@pytest.fixture
+def operator_file(tmp_path: Path) -> Path:
+    path = tmp_path / "operator.nk"
+    signing.create_key_file(path)
+    return path
+
+
+@pytest.fixture
+async def node(fleet: Fleet, operator_file: Path) -> NodeAgent:
+    """An aggregator and agent n1 (cluster c1) trusting the operator key, both active."""
+    await fleet.start_aggregator()
+    operator = signing.load_key_file(operator_file)
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
+    return agent
+
+
+async def start(fleet: Fleet, key: Path, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *args,
+        *("--server", fleet.url, "--prefix", fleet.prefix),
+        *(("--key-file", str(key)) if args[0] != "command" else ()),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def run(fleet: Fleet, key: Path, *args: str) -> tuple[int, str, str]:
+    process = await start(fleet, key, *args)
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def queued(bus: NatsBus, prefix: str) -> int:
+    """Commands waiting in this test's FLEET_CMD."""
+    info = await bus.js.stream_info(Subjects(prefix).stream_name(STREAM_COMMANDS))
+    return info.state.messages
+
+
+def sent_id(out: str, action: str, node: str = "n1") -> str:
+    first = out.splitlines()[0]
+    assert first.startswith(f"{action} sent: id=") and first.endswith(f" node={node}"), out
+    return first.split("id=")[1].split()[0]
+
+
+async def test_without_wait_a_labelled_line_then_command_reattaches(
+    fleet: Fleet, operator_file: Path, node: NodeAgent
+) -> None:
+    """cordon prints `cordon sent: id=… node=…` and how to follow it; `fleetctl command ID
+    --node n1` replays the stored results to the final one, exit 0, and so does `fleetctl
+    command ID` alone, finding the node from the result subject."""
+    code, out, err = await run(fleet, operator_file, "cordon", "n1", "--reason", "fw")
+    assert code == 0, err
+    command_id = sent_id(out, "cordon")
+    assert f"fleetctl command {command_id} --node n1 --prefix {fleet.prefix}" in err
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "cordoned")
+
+    code, out, err = await run(fleet, operator_file, "command", command_id, "--node", "n1")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("accepted")
+    assert out.splitlines()[-1].startswith("done: cordoned")
+    code, out, err = await run(fleet, operator_file, "command", command_id, "--timeout", "10")
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("done: cordoned")
+
+    code, _, err = await run(fleet, operator_file, "command", "0" * 32, "--timeout", "1")
+    assert code == 2 and err.splitlines()[-1] == "error: no final result within 1s"
+
+
+async def test_warns_before_sending_to_unknown_stale_or_other_cluster(
+    fleet: Fleet, bus: NatsBus, prefix: str, operator_file: Path
+) -> None:
+    """A node with no record (given --cluster), one whose record is stale, and a --cluster
+    other than the record's each get a warning on stderr before the command is queued."""
+    nodes = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    record = NodeRecord(
+        node_id="n5", cluster="c1", state="stale", last_seq=3, last_seen=time.time() - 30
+    )
+    await nodes.put("n5", codec.encode(record))
+
+    code, out, err = await run(fleet, operator_file, "cordon", "nx", "--cluster", "c1")
+    assert code == 0 and sent_id(out, "cordon", "nx")
+    assert err.startswith("warning: node nx is unknown (no record in fleet_nodes)")
+
+    code, out, err = await run(fleet, operator_file, "drain", "n5")
+    assert code == 0 and sent_id(out, "drain", "n5")
+    assert err.startswith("warning: node n5 is stale (last seen 3")
+
+    code, _, err = await run(fleet, operator_file, "uncordon", "n5", "--cluster", "c9")
+    assert code == 0
+    assert err.startswith("warning: node n5 is in cluster c1, not c9")
+    assert await queued(bus, prefix) == 3
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("cordon", "n1", "--ttl", "-5"),
+        ("cordon", "n1", "--ttl", "nan"),
+        ("drain", "n1", "--deadline", "1e9"),
+        ("drain", "n1", "--dead", "5"),
+        ("cordon", "n.1"),
+        ("uncordon", "n1", "--expires", "0"),
+    ],
+)
+async def test_bad_arguments_are_usage_errors_before_publishing(
+    fleet: Fleet, bus: NatsBus, prefix: str, operator_file: Path, args: tuple[str, ...]
+) -> None:
+    """Negative, non-finite or absurd durations, an abbreviated flag and a bad node id are
+    argparse errors (exit 2, usage and one error line), and nothing reaches FLEET_CMD."""
+    code, out, err = await run(fleet, operator_file, *args)
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1].startswith(f"fleetctl {args[0]}: error: ") or (
+        err.splitlines()[-1].startswith("fleetctl: error: unrecognized arguments")
+    )
+    assert "Traceback" not in err
+    assert await queued(bus, prefix) == 0
+
+
+async def test_drain_deadline_passed_with_work_in_flight_exits_3(
+    fleet: Fleet, bus: NatsBus, prefix: str, operator_file: Path, node: NodeAgent
+) -> None:
+    """A drain whose deadline passes with requests still in flight is `done` on the node,
+    but fleetctl exits 3, not 0; `fleetctl command` says the same later."""
+    await set_in_flight(bus, prefix, fleet.node_key(), 2)
+    code, out, err = await run(
+        fleet, operator_file, "drain", "n1", "--deadline", "1", "--wait", "--timeout", "20"
+    )
+    assert code == 3, (out, err)
+    assert out.splitlines()[-1].startswith("done: deadline passed with 2 in flight")
+    command_id = sent_id(out, "drain")
+    code, out, _ = await run(fleet, operator_file, "command", command_id, "--node", "n1")
+    assert code == 3 and out.splitlines()[-1].startswith("done: deadline passed")
+
+
+async def test_ctrl_c_during_wait_says_the_command_continues(
+    fleet: Fleet, operator_file: Path, node: NodeAgent
+) -> None:
+    """SIGINT while --wait follows a command whose node is down: exit 130 and a line saying
+    the command continues and the exact command line that follows it again."""
+    await node.stop()
+    process = await start(fleet, operator_file, "drain", "n1", "--wait")
+    assert process.stdout is not None and process.stderr is not None
+    first = (await asyncio.wait_for(process.stdout.readline(), 15)).decode()
+    command_id = sent_id(first, "drain")
+    process.send_signal(signal.SIGINT)
+    await asyncio.wait_for(process.wait(), 10)
+    err = (await process.stderr.read()).decode()
+    assert process.returncode == 130
+    assert err.splitlines()[-1] == (
+        f"interrupted: stopped following drain {command_id}, which continues on n1; "
+        f"follow it again with: fleetctl command {command_id} --node n1 --prefix {fleet.prefix}"
+    )
