@@ -484,14 +484,14 @@ def parser() -> argparse.ArgumentParser:
     describe = commands.add_parser(
         "describe", help="one node explained: state, checks, GPUs, recent alerts and results"
     )
-    describe.add_argument("node")
+    describe.add_argument("node", type=token("node id"), help="the node's id")
     add_server(describe)
     describe.set_defaults(func=cmd_describe)
 
     events = commands.add_parser(
         "events", help="a node's alerts and command results from the streams, oldest first"
     )
-    events.add_argument("node")
+    events.add_argument("node", type=token("node id"), help="the node's id")
     events.add_argument("--since", type=duration, help="only this recent window (30s, 10m, 1h)")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     add_server(events)
