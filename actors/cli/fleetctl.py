@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import argcomplete
 import msgspec
@@ -47,6 +47,7 @@ from actors.runtime.bus import Bus, Handler, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
 from schemas import signing
+from schemas.base import RecordState
 from schemas.errors import FleetError, SignatureError
 from schemas.messages import Alert
 from schemas.subjects import Subjects, check_token
@@ -443,7 +444,7 @@ def parser() -> argparse.ArgumentParser:
 
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster", help="only nodes of this cluster")
-    nodes.add_argument("--state", help="only nodes in this state (active, stale, ...)")
+    nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
     nodes.add_argument("--json", action="store_true", help="same as -o json")
     nodes.add_argument(
         "-o",
