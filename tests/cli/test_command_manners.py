@@ -14,30 +14,13 @@ import pytest
 
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
-from schemas import codec, signing
+from schemas import codec
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, STREAM_COMMANDS, Subjects
 from tests.support.commanding import set_in_flight
 from tests.support.fleet import Fleet, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
-
-
-@pytest.fixture
-def operator_file(tmp_path: Path) -> Path:
-    path = tmp_path / "operator.nk"
-    signing.create_key_file(path)
-    return path
-
-
-@pytest.fixture
-async def node(fleet: Fleet, operator_file: Path) -> NodeAgent:
-    """An aggregator and agent n1 (cluster c1) trusting the operator key, both active."""
-    await fleet.start_aggregator()
-    operator = signing.load_key_file(operator_file)
-    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
-    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
-    return agent
 
 
 async def start(fleet: Fleet, key: Path, *args: str) -> asyncio.subprocess.Process:

@@ -8,8 +8,6 @@ import signal
 import sys
 from pathlib import Path
 
-import pytest
-
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -20,23 +18,6 @@ from tests.support.commanding import Results, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
-
-
-@pytest.fixture
-def operator_file(tmp_path: Path) -> Path:
-    path = tmp_path / "operator.nk"
-    signing.create_key_file(path)
-    return path
-
-
-@pytest.fixture
-async def node(fleet: Fleet, operator_file: Path) -> NodeAgent:
-    """An aggregator and agent n1 (cluster c1) trusting the operator key, both active."""
-    await fleet.start_aggregator()
-    operator = signing.load_key_file(operator_file)
-    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
-    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
-    return agent
 
 
 async def fleetctl(

@@ -9,15 +9,14 @@ import subprocess
 import sys
 import time
 
-import msgspec
 from nats.aio.msg import Msg
 
 from actors.fleet.registry import approve, read_record, read_records, revoke
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
-from schemas.messages import Alert, Heartbeat
+from schemas.messages import Alert
 from schemas.subjects import Subjects
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
 
 
 class AlertLog:
@@ -41,20 +40,6 @@ async def watch_alerts(bus: NatsBus, prefix: str) -> AlertLog:
     await bus.subscribe(Subjects(prefix).alerts(), log.on_alert)
     await bus.flush()
     return log
-
-
-def heartbeat(node: str = "n1", seq: int = 1, **changes: object) -> Heartbeat:
-    beat = Heartbeat(
-        node_id=node,
-        cluster="c1",
-        seq=seq,
-        boot_id="b1",
-        ts=time.time(),
-        agent_version="test",
-        interval=0.5,
-        stale_after=2.0,
-    )
-    return msgspec.structs.replace(beat, **changes)
 
 
 async def publish(

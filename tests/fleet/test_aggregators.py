@@ -15,9 +15,10 @@ from actors.fleet.registry import approve, read_record
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.subjects import Subjects
-from tests.fleet.test_aggregator import heartbeat, watch_alerts
+from tests.fleet.test_aggregator import watch_alerts
 from tests.support.fleet import (
     Fleet,
+    heartbeat,
     new_aggregator,
     new_fleet_api,
     wait_for,

@@ -3,18 +3,15 @@ project's publishing helpers, so the tests show what any client on the server ca
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
-import msgspec
 import nats
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from actors.runtime.supervisor import Supervisor
-from schemas.messages import Heartbeat
 
 
 @asynccontextmanager
@@ -25,20 +22,6 @@ async def attacker(url: str) -> AsyncIterator[Client]:
         yield nc
     finally:
         await nc.close()
-
-
-def heartbeat(node: str = "n1", seq: int = 1, **changes: object) -> Heartbeat:
-    beat = Heartbeat(
-        node_id=node,
-        cluster="c1",
-        seq=seq,
-        boot_id="b1",
-        ts=time.time(),
-        agent_version="test",
-        interval=0.5,
-        stale_after=2.0,
-    )
-    return msgspec.structs.replace(beat, **changes)
 
 
 def counted(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -52,9 +52,9 @@ from schemas.subjects import (
     STREAM_HEARTBEATS,
     Subjects,
 )
-from tests.security.attack import attacker, heartbeat, restarts
+from tests.security.attack import attacker, restarts
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
 
 Target = Literal["hb", "cmd", "evt"]
 Signer = Literal["node", "operator", "stranger"]

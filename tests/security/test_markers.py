@@ -15,8 +15,8 @@ from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Alert
 from schemas.subjects import STREAM_HEARTBEATS, Subjects
-from tests.security.attack import attacker, counted, heartbeat
-from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+from tests.security.attack import attacker, counted
+from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
 
 
 async def test_forged_marker_is_ignored_and_a_real_one_is_not(

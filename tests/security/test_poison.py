@@ -17,9 +17,9 @@ from schemas import codec, signing
 from schemas.errors import SignatureError
 from schemas.messages import Cordon, command_digest
 from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects
-from tests.security.attack import attacker, counted, heartbeat, restarts
+from tests.security.attack import attacker, counted, restarts
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
 
 NON_ASCII_SIG = "é" * 88
 NON_ASCII_KEY = "Ü" * 56

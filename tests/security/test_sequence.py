@@ -15,8 +15,8 @@ from schemas import codec, signing
 from schemas.errors import DecodeError
 from schemas.messages import Alert, Heartbeat
 from schemas.subjects import Subjects
-from tests.security.attack import attacker, heartbeat
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.security.attack import attacker
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
 
 MAX_JUMP = AggregatorConfig().max_seq_jump
 

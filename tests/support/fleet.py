@@ -27,7 +27,7 @@ from actors.runtime.bus import NatsBus, publish_signed_event
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
 from schemas.events import Event
-from schemas.messages import NodeRecord
+from schemas.messages import Heartbeat, NodeRecord
 from schemas.subjects import Subjects
 from tests.support.fake_http import Handler, serve
 from tests.support.metadata_fakes import FakeServer
@@ -47,6 +47,21 @@ TEST_BUDGETS = AggregatorConfig(
 tests each provision their own prefix on one server, so the production defaults (424 MiB
 a prefix) would need tens of GB of disk for a module."""
 TEST_LIMITS = StreamLimits.of(TEST_BUDGETS)
+
+
+def heartbeat(node: str = "n1", seq: int = 1, **changes: object) -> Heartbeat:
+    """A heartbeat of node ``node`` in cluster c1, stamped now, with ``changes``."""
+    beat = Heartbeat(
+        node_id=node,
+        cluster="c1",
+        seq=seq,
+        boot_id="b1",
+        ts=time.time(),
+        agent_version="test",
+        interval=0.5,
+        stale_after=2.0,
+    )
+    return msgspec.structs.replace(beat, **changes)
 
 
 def new_aggregator(
