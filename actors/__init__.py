@@ -4,15 +4,17 @@ General layout
 ==============
 
 ``runtime/``  knows nothing of nodes or fleets: the bus (a Protocol over nats-py, the actor
-              skeleton ``listening``), KV helpers, the layered config loader, the supervisor,
-              schedule and backoff, atomic files, JSON logs, serving aiohttp, and an
-              embedded nats-server.
+              skeleton ``listening``), durable consumers that settle every message and come
+              back when deleted (``consumer``), KV helpers, the layered config loader, TLS
+              client contexts, the supervisor, schedule and backoff, atomic files, logs,
+              systemd notifications, serving aiohttp (bounded), and an embedded nats-server.
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
               ``config.py`` and ``metrics.py`` are the node's, ``xid.py`` is the XID table the
               inventory counts with and health judges by.
 ``fleet/``    the provider side: the aggregator and its record rules, node store, alerts and
-              stream provisioning; the fleet HTTP API; trust and registry operations; the
-              aggregator's config and metrics.
+              stream provisioning; the fleet HTTP API; trust and registry operations; reading
+              a node's history from the streams; rendering nats-server users and permissions
+              (``nats_config``); the aggregator's config and metrics.
 ``cli/``      the command lines: ``node-agent`` and ``fleetctl`` (``up``, ``simulate``,
               signed commands, views), and what both share.
 
@@ -25,7 +27,8 @@ The actors and what they say to each other
 ==========================================
 
 Subjects below use the default prefix ``fleet``; ``<node>`` and ``<cluster>`` are the
-node's own. Events (``fleet.evt.<node>.<kind>``) are core NATS, local to the node.
+node's own. Events (``fleet.evt.<node>.<kind>``) are core NATS, local to the node, and
+signed with the node's key; every actor verifies what it decodes (``node/events.py``).
 
 Node (``actors/node``):
 
