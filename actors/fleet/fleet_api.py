@@ -23,8 +23,8 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
 from actors.runtime.bus import Bus
-from actors.runtime.supervisor import StatusSource, unhealthy
-from actors.runtime.web import prometheus_page, serving
+from actors.runtime.supervisor import StatusSource
+from actors.runtime.web import health_page, prometheus_page, serving
 from schemas import codec
 from schemas.base import RecordState
 from schemas.messages import NodeRecord
@@ -102,11 +102,7 @@ class FleetApiActor:
         return prometheus_page(self.metrics.registry)
 
     async def healthz(self, request: web.Request) -> web.Response:
-        statuses = self.actor_status()
-        down = unhealthy(statuses)
-        if not statuses or down:
-            return web.json_response({"ok": False, "not_running": down}, status=503)
-        return web.json_response({"ok": True})
+        return health_page(self.actor_status())
 
     async def run(self, ready: Callable[[], None]) -> None:
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))

@@ -24,8 +24,8 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
-from actors.runtime.supervisor import StatusSource, unhealthy
-from actors.runtime.web import HttpLimits, prometheus_page, serving
+from actors.runtime.supervisor import StatusSource
+from actors.runtime.web import HttpLimits, health_page, prometheus_page, serving
 from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
@@ -81,11 +81,7 @@ class HttpApiActor:
         return prometheus_page(self.metrics.registry)
 
     async def healthz(self, request: web.Request) -> web.Response:
-        statuses = self.actor_status()
-        down = unhealthy(statuses)
-        if not statuses or down:
-            return web.json_response({"ok": False, "not_running": down}, status=503)
-        return web.json_response({"ok": True})
+        return health_page(self.actor_status())
 
     def status(self) -> dict[str, Any]:
         seq = self.metrics.value("node_agent_sequence_number")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final
@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler as MiddlewareHandler
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from actors.runtime.supervisor import FatalError
+from actors.runtime.supervisor import ActorStatus, FatalError, unhealthy
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +133,12 @@ def prometheus_page(registry: CollectorRegistry) -> web.Response:
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp's content_type refuses.
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
+
+
+def health_page(statuses: Mapping[str, ActorStatus]) -> web.Response:
+    """``/healthz`` of the agent and the aggregator alike: 200 only while every actor runs
+    without a problem; 503 naming each that does not (or when there are no actors yet)."""
+    down = unhealthy(statuses)
+    if not statuses or down:
+        return web.json_response({"ok": False, "not_running": down}, status=503)
+    return web.json_response({"ok": True})
