@@ -38,6 +38,7 @@ from schemas.base import (
 from schemas.errors import DecodeError
 from schemas.subjects import (
     EVENT_ENGINE,
+    EVENT_GATEWAY,
     EVENT_HEALTH,
     EVENT_INJECT,
     EVENT_INTERRUPTION,
@@ -261,7 +262,22 @@ class Workloads(Wire, frozen=True, kw_only=True):
     workloads: Annotated[list[Workload], Meta(max_length=MAX_WORKLOADS)] = []
 
 
-Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads
+class Gateway(Wire, frozen=True, kw_only=True):
+    """The node's OpenAI-compatible gateway: the requests it holds right now. Published
+    whenever they change (and periodically), so a drain waits for them too."""
+
+    ts: UnixTime
+    serving: bool = False
+    """True while the gateway listens."""
+    in_flight: Count = 0
+    """Requests passed to a workload and not yet answered in full (streams included)."""
+    waiting: Count = 0
+    """Requests accepted and queued for a busy workload."""
+
+
+Event = (
+    Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads | Gateway
+)
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -273,6 +289,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_STATE: NodeState,
     EVENT_INJECT: Inject,
     EVENT_WORKLOADS: Workloads,
+    EVENT_GATEWAY: Gateway,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -293,6 +310,7 @@ __all__ = [
     "Engine",
     "EngineStatus",
     "Event",
+    "Gateway",
     "Gpu",
     "Health",
     "HealthCheck",

@@ -30,6 +30,7 @@ EVENT_ENGINE: Final = "engine"
 EVENT_STATE: Final = "state"
 EVENT_INJECT: Final = "inject"
 EVENT_WORKLOADS: Final = "workloads"
+EVENT_GATEWAY: Final = "gateway"
 
 
 def check_token(field: str, value: str) -> str:

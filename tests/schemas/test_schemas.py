@@ -89,6 +89,15 @@ EXAMPLES: list[msgspec.Struct] = [
     NOTICE,
     events.NodeState(ts=NOW, schedulability="draining", reason="spot", until=NOW + 60),
     events.Inject(ts=NOW, node_id="n1", fault="xid", gpu=0, value=79),
+    events.Workloads(
+        ts=NOW,
+        workloads=[
+            events.Workload(
+                name="chat", engine="llamacpp", state="ready", since=NOW, port=8200, gpus=[0]
+            )
+        ],
+    ),
+    events.Gateway(ts=NOW, serving=True, in_flight=2, waiting=1),
     messages.Command(
         id="c-1",
         node_id="n1",
