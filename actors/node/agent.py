@@ -11,6 +11,7 @@ from actors.node.commands.actor import CommandsActor
 from actors.node.config import AgentConfig
 from actors.node.engine import EngineActor
 from actors.node.events import NodeEvents
+from actors.node.gateway import GatewayActor
 from actors.node.health.actor import HealthActor
 from actors.node.heartbeat.actor import HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
@@ -59,6 +60,7 @@ class NodeAgent:
             HttpApiActor(self.config, bus, events, self.actor_status),
             self.commands,
             SpotActor(self.config, bus, events),
+            GatewayActor(self.config, bus, events),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

@@ -127,6 +127,28 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     xid_log_path: str = "/dev/kmsg"
     """Kernel log read for XIDs on GPUs whose NVML events are unavailable; "" disables."""
 
+    gateway: Literal["auto", "on", "off"] = "auto"
+    """The local OpenAI-compatible gateway on 127.0.0.1:gateway_port: ``on`` listens from
+    the start, ``off`` never, ``auto`` from the first workload the node runs on."""
+    gateway_port: Port = 8081
+    gateway_max_in_flight: Annotated[int, Meta(ge=1)] = 4
+    """Requests the gateway passes to one workload at once; more wait (up to the
+    workload's ``max_pending``), and beyond that are answered 429."""
+    gateway_queue_timeout: Positive = 60.0
+    """Seconds a request may wait for a busy workload before it is answered 429."""
+    gateway_connect_timeout: Positive = 2.0
+    """Seconds to connect to a workload."""
+    gateway_read_timeout: Positive = 600.0
+    """Seconds a workload may stay silent: until its first byte, and between two chunks
+    of a stream (a whole non-streamed generation must fit in it)."""
+    gateway_request_timeout: Positive = 3600.0
+    """Seconds a gateway connection may last, request, wait and answer: a longer stream
+    is cut off."""
+    gateway_max_request_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    """Largest request body (a prompt) the gateway takes; larger ones get 413."""
+    gateway_max_connections: Annotated[int, Meta(ge=1)] = 256
+    """Connections the gateway holds at once; more are answered 503 and closed."""
+
     def __post_init__(self) -> None:
         if self.stale_after <= self.heartbeat_interval:
             raise ValueError(

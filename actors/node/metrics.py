@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -87,6 +87,43 @@ def one_hot(gauge: Gauge, values: Iterable[str], current: str, *labels: str) -> 
     """Set ``gauge{labels, value}`` to 1 for ``current`` and 0 for every other value."""
     for value in values:
         gauge.labels(*labels, value).set(1 if value == current else 0)
+
+
+GATEWAY_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Seconds: a short completion takes a fraction of a second, a long generation minutes."""
+
+
+class GatewayMetrics:
+    """The gateway's series, per model (a model the node does not serve is labelled
+    ``unknown``, so a client cannot grow the label set)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "node_agent_gateway_requests",
+            "Requests the gateway answered, by model and HTTP status code",
+            ["model", "code"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "node_agent_gateway_queue_depth",
+            "Requests waiting for a busy workload, by model",
+            ["model"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "node_agent_gateway_in_flight",
+            "Requests a workload is answering through the gateway, by model",
+            ["model"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "node_agent_gateway_request_duration_seconds",
+            "Seconds from a request's arrival to the end of its answer (a stream's last "
+            "chunk), by model",
+            ["model"],
+            buckets=GATEWAY_LATENCY_BUCKETS,
+            registry=registry,
+        )
 
 
 class AgentMetrics:
@@ -173,6 +210,7 @@ class AgentMetrics:
         )
         self.gpus = GpuCollector()
         self.registry.register(self.gpus)
+        self.gateway = GatewayMetrics(self.registry)
 
     def observe_gpus(self, gpus: list[Gpu]) -> None:
         """The GPUs of the latest sample replace the previous ones at once."""

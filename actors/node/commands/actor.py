@@ -33,7 +33,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Event, Interruption, notice_key
+from schemas.events import Engine, Event, Gateway, Interruption, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat, command_digest
 from schemas.subjects import STREAM_COMMANDS, Subjects
 
@@ -80,6 +80,8 @@ class CommandsActor:
         self.events = events
         self.actions = ActionRunner(config, bus, events.key, self.store)
         self._fetcher: asyncio.Task[None] | None = None
+        self._engine_in_flight = 0
+        self._gateway_in_flight = 0
 
     async def run(self, ready: Callable[[], None]) -> None:
         # Node events first, before any await on the network (listening subscribes in
@@ -186,7 +188,12 @@ class CommandsActor:
     async def _on_event(self, event: Event) -> None:
         match event:
             case Engine():
-                self.actions.observe_in_flight(event.in_flight or 0)
+                self._engine_in_flight = event.in_flight or 0
+                self.actions.observe_in_flight(self._engine_in_flight + self._gateway_in_flight)
+            case Gateway():
+                # Requests the gateway holds (queued ones too) count toward a drain.
+                self._gateway_in_flight = event.in_flight + event.waiting
+                self.actions.observe_in_flight(self._engine_in_flight + self._gateway_in_flight)
             case Interruption():
                 await self._on_interruption(event)
 
