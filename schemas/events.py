@@ -275,9 +275,7 @@ class Gateway(Wire, frozen=True, kw_only=True):
     """Requests accepted and queued for a busy workload."""
 
 
-Event = (
-    Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads | Gateway
-)
+Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads | Gateway
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -53,7 +53,7 @@ REFUSING: Final = ("draining", "drained")
 new workloads from being placed, not the ones there from answering)."""
 RETRY_LOADING: Final = 5
 RETRY_BUSY: Final = 1
-RETRY_DRAINING: Final = 30
+RETRY_LATER: Final = 30
 UNKNOWN_MODEL: Final = "unknown"
 """The metrics' model label for a request naming no model this node serves."""
 BIND_RETRY_MAX: Final = 60.0
@@ -96,7 +96,6 @@ class Lane:
     slots: asyncio.Semaphore
     in_flight: int = 0
     waiting: int = 0
-    models: tuple[str, ...] = field(default=())
 
     @property
     def load(self) -> int:
@@ -185,7 +184,7 @@ class GatewayActor:
                 f"this node is {self.schedulability}: it takes no new requests",
                 "unavailable_error",
                 "node_draining",
-                RETRY_DRAINING,
+                RETRY_LATER,
             )
         matching = self._matching(model)
         if not matching:
@@ -211,7 +210,7 @@ class GatewayActor:
                 f"the model {model!r} is not being served ({states})",
                 "unavailable_error",
                 "model_unavailable",
-                RETRY_DRAINING,
+                RETRY_LATER,
             )
         limit = self.config.gateway_max_in_flight
         room = [lane for lane in ready if lane.load < limit + lane.workload.max_pending]

@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 import pytest
 from aiohttp import web
 
 from actors.node.gateway import PORT_FILE, GatewayActor
 from actors.runtime.bus import NatsBus
-from schemas import signing
+from actors.runtime.embedded import NatsServer
+from schemas import codec, signing
 from schemas.events import Capacity, Gpu, NodeState, Sample, Workload, Workloads
 from schemas.messages import Drain
-from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, EVENT_WORKLOADS
+from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, EVENT_WORKLOADS, Subjects
 from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, node_events, wait_for
 
@@ -308,7 +310,6 @@ async def test_auto_gateway_listens_once_a_workload_exists(fleet: Fleet) -> None
     assert port_file.read_text().strip() == str(port)
 
 
-@pytest.mark.slow
 async def test_drain_waits_for_a_gateway_stream(
     fleet: Fleet,
     bus: NatsBus,
@@ -349,3 +350,28 @@ async def test_drain_waits_for_a_gateway_stream(
     final = await results.final(drain.id)
     assert final.status == "done" and final.schedulability == "drained"
     assert final.detail.startswith("drained")
+
+
+async def test_workloads_not_signed_by_the_node_are_ignored(
+    fleet: Fleet, nats_server: NatsServer, prefix: str, stack: AsyncExitStack
+) -> None:
+    """A workloads event published unsigned, or signed by a key other than the node's, by
+    a plain nats-py client is dropped and counted: it cannot point the gateway anywhere."""
+    gateway, _ = await start_gateway(fleet)
+    engine = await FakeLlama.started(stack)
+    raw = await nats.connect(nats_server.url)
+    stack.push_async_callback(raw.close)
+    subject = Subjects(prefix).event("n1", EVENT_WORKLOADS)
+    body = codec.encode(Workloads(ts=time.time(), workloads=[workload("evil", engine.port)]))
+    await raw.publish(subject, body)
+    stranger = signing.KeyPair.generate()
+    await raw.publish(subject, body, headers=stranger.headers(body))
+    await raw.flush()
+    metrics = gateway.events.metrics
+    for reason in ("unsigned", "untrusted_key"):
+        await wait_for(
+            lambda reason=reason: metrics.value(
+                "node_agent_events_dropped_total", {"actor": "gateway", "reason": reason}
+            )
+        )
+    assert gateway.lanes == {}
