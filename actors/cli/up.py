@@ -74,6 +74,7 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         stale_after=options.stale_after,
         fake_gpus=options.gpus_per_node,
         http_port=0,
+        gateway_port=0,
         trust_operators=[operator],
     )
 

@@ -21,7 +21,15 @@ from actors.node.gateway import PORT_FILE, GatewayActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
-from schemas.events import Capacity, Gpu, NodeState, Sample, Workload, Workloads
+from schemas.events import (
+    Capacity,
+    Gpu,
+    NodeState,
+    Sample,
+    Workload,
+    Workloads,
+    WorkloadState,
+)
 from schemas.messages import Drain
 from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, EVENT_WORKLOADS, Subjects
 from tests.support.commanding import Results, send
@@ -98,7 +106,7 @@ class FakeLlama:
         return fake
 
 
-def workload(name: str, port: int, state: str = "ready", **fields: Any) -> Workload:
+def workload(name: str, port: int, state: WorkloadState = "ready", **fields: Any) -> Workload:
     return Workload(
         name=name, engine="llamacpp", state=state, since=time.time(), port=port, model=MODEL,
         **fields,
@@ -368,10 +376,10 @@ async def test_workloads_not_signed_by_the_node_are_ignored(
     await raw.publish(subject, body, headers=stranger.headers(body))
     await raw.flush()
     metrics = gateway.events.metrics
-    for reason in ("unsigned", "untrusted_key"):
-        await wait_for(
-            lambda reason=reason: metrics.value(
-                "node_agent_events_dropped_total", {"actor": "gateway", "reason": reason}
-            )
-        )
+
+    def dropped(reason: str) -> float | None:
+        labels = {"actor": "gateway", "reason": reason}
+        return metrics.value("node_agent_events_dropped_total", labels)
+
+    await wait_for(lambda: dropped("unsigned") and dropped("untrusted_key"))
     assert gateway.lanes == {}

@@ -115,6 +115,7 @@ def agent_config(
         health_interval=0.5,
         fake_gpus=2,
         http_port=0,
+        gateway_port=0,
     )
     values.update(settings)
     return AgentConfig(**values)
