@@ -284,6 +284,22 @@ async def test_stream_passes_through_chunk_by_chunk(
     assert rest.count(b"data: ") == 3 and rest.endswith(b"data: [DONE]\n\n")
 
 
+async def test_client_leaving_a_stream_frees_its_slot(
+    fleet: Fleet, stack: AsyncExitStack, client: aiohttp.ClientSession
+) -> None:
+    """A client that hangs up mid-stream leaves nothing held: once the engine sends again
+    the gateway lets go of it, and the workload's slot serves the next request."""
+    gateway, url = await start_gateway(fleet)
+    engine = await FakeLlama.started(stack)
+    await publish_workloads(fleet, gateway, workload("a", engine.port))
+    response = await client.post(f"{url}/v1/chat/completions", json=chat(stream=True))
+    await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+    response.close()
+    engine.release.set()
+    await wait_for(lambda: gateway.in_flight == 0)
+    assert (await post(client, url, chat()))[0] == 200
+
+
 async def test_draining_node_routes_nothing_new_cordoned_still_serves(
     fleet: Fleet, stack: AsyncExitStack, client: aiohttp.ClientSession
 ) -> None:
