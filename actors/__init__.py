@@ -42,12 +42,14 @@ Node (``actors/node``):
 - ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.state``;
                   publishes ``Interruption`` on ``evt.<node>.interruption``.
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
-                  (stream ``FLEET_CMD``), listens to ``evt.<node>.{engine,interruption}`` and its
-                  own heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
+                  (stream ``FLEET_CMD``), listens to ``evt.<node>.{engine,gateway,interruption}``
+                  and its own heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
                   ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``).
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
+- ``gateway``     listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
+                  ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
 
 Fleet (``actors/fleet``):
 
