@@ -133,6 +133,9 @@ class GatewayActor:
         if config.gateway == "on":
             self._wanted.set()
         self._changed = asyncio.Event()
+        """Set when what the gateway holds changes (the publisher waits for it)."""
+        self._wake = asyncio.Event()
+        """Set when it may be time to stop listening (the server waits for it)."""
         self._session: aiohttp.ClientSession | None = None
 
     def problem(self) -> str:
@@ -168,11 +171,15 @@ class GatewayActor:
             lane.workload = workload
             lanes[workload.name] = lane
         self.lanes = lanes
-        if lanes and self.config.gateway == "auto" and not self._wanted.is_set():
-            log.info(
-                "gateway starts: the node runs a workload", extra={"port": self.config.gateway_port}
-            )
+        if self.config.gateway != "auto" or bool(lanes) == self._wanted.is_set():
+            return
+        if lanes:
+            log.info("gateway starts: the node runs a workload")
             self._wanted.set()
+        else:
+            log.info("gateway stops once idle: the node runs no workload")
+            self._wanted.clear()
+        self._wake.set()
 
     # Routing -----------------------------------------------------------------------------
 
@@ -315,6 +322,7 @@ class GatewayActor:
         self.metrics.in_flight.labels(label).inc(in_flight)
         self.metrics.queue_depth.labels(label).inc(waiting)
         self._changed.set()
+        self._wake.set()
 
     async def _pass(
         self, request: web.Request, workload: Workload, body: bytes
@@ -435,7 +443,7 @@ class GatewayActor:
                     self._changed.set()
                     self.port_file.parent.mkdir(parents=True, exist_ok=True)
                     write_atomically(self.port_file, f"{port}\n".encode())
-                    await asyncio.Event().wait()  # serve until cancelled
+                    await self._until_unwanted()
             except FatalError as exc:
                 self._problem = str(exc)
                 log.error("gateway not serving", extra={"reason": str(exc)})
@@ -445,6 +453,14 @@ class GatewayActor:
                     self.port = None
                     self._changed.set()
                     self.port_file.unlink(missing_ok=True)
+
+    async def _until_unwanted(self) -> None:
+        """Return once the gateway should no longer listen and holds no request (under
+        ``auto``, when the last workload is gone); never under ``on``."""
+        while self._wanted.is_set() or self.in_flight or self.waiting:
+            self._wake.clear()
+            await self._wake.wait()
+        log.info("gateway stops listening: no workload left")
 
     async def _publish_forever(self) -> None:
         """Publish what the gateway holds whenever it changes, and every heartbeat

@@ -320,8 +320,8 @@ async def test_draining_node_routes_nothing_new_cordoned_still_serves(
 
 
 async def test_auto_gateway_listens_once_a_workload_exists(fleet: Fleet) -> None:
-    """``gateway = auto`` does not listen on a node without workloads, and does once the
-    node runs one (writing its port file)."""
+    """``gateway = auto`` does not listen on a node without workloads, does once the node
+    runs one (writing its port file), and stops when none is left."""
     config = fleet.config(gateway="auto", gateway_port=0)
     gateway = GatewayActor(config, fleet.bus, node_events(config))
     await fleet.start_supervisor(gateway)
@@ -332,6 +332,10 @@ async def test_auto_gateway_listens_once_a_workload_exists(fleet: Fleet) -> None
     )
     port = await wait_for(lambda: gateway.port)
     assert port_file.read_text().strip() == str(port)
+    await fleet.publish_event(
+        EVENT_WORKLOADS, Workloads(ts=time.time(), workloads=[workload("a", 1, state="stopped")])
+    )
+    await wait_for(lambda: gateway.port is None and not port_file.exists())
 
 
 async def test_drain_waits_for_a_gateway_stream(
