@@ -334,6 +334,9 @@ class GatewayActor:
             name: request.headers[name] for name in PASSED_HEADERS if name in request.headers
         }
         response = web.StreamResponse()
+        # One request per connection (runtime.web), said in the headers before they are
+        # sent: a client that kept the connection would find it closed under its next one.
+        response.force_close()
         try:
             async with self._session.post(url, data=body, headers=headers) as upstream:
                 response.set_status(upstream.status, upstream.reason)

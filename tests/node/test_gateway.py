@@ -311,12 +311,16 @@ async def test_draining_node_routes_nothing_new_cordoned_still_serves(
     await publish_workloads(fleet, gateway, workload("a", engine.port))
     await fleet.publish_event(EVENT_STATE, NodeState(ts=time.time(), schedulability="cordoned"))
     await wait_for(lambda: gateway.schedulability == "cordoned")
+    status, _, headers = await post(client, url, chat())
+    # One request per connection, said before the answer, so a keep-alive client never
+    # sends its next request on a connection the gateway closes.
+    assert status == 200 and headers["Connection"] == "close"
     assert (await post(client, url, chat()))[0] == 200
     await fleet.publish_event(EVENT_STATE, NodeState(ts=time.time(), schedulability="draining"))
     await wait_for(lambda: gateway.schedulability == "draining")
     status, body, headers = await post(client, url, chat())
     assert status == 503 and is_openai_error(body, "node_draining")
-    assert "Retry-After" in headers and engine.received == 1
+    assert "Retry-After" in headers and engine.received == 2
 
 
 async def test_auto_gateway_listens_once_a_workload_exists(fleet: Fleet) -> None:
