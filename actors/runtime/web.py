@@ -104,6 +104,12 @@ async def serving(
             return _Refused()
         handler = server()
         starting.add(handler)
+        # asyncio makes the connection (connection_made, which puts the handler in
+        # server.connections) in the loop iteration after it calls this factory; the
+        # handler is forgotten here one iteration later. Left to the cut-off timer, a
+        # short request's handler stayed counted until request_timeout, so a server
+        # refused everything after max_connections requests per request_timeout.
+        loop.call_soon(loop.call_soon, starting.discard, handler)
         loop.call_later(limits.request_timeout, _cut_off, handler, starting)
         return handler
 
