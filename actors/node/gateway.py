@@ -57,6 +57,8 @@ RETRY_LATER: Final = 30
 UNKNOWN_MODEL: Final = "unknown"
 """The metrics' model label for a request naming no model this node serves."""
 BIND_RETRY_MAX: Final = 60.0
+PUBLISH_MIN_INTERVAL: Final = 0.1
+"""Least seconds between two ``gateway`` events (a drain sees a change at most that late)."""
 PASSED_HEADERS: Final = (hdrs.CONTENT_TYPE, hdrs.AUTHORIZATION, hdrs.ACCEPT)
 """Request headers passed to the workload (an engine started with an API key wants it)."""
 
@@ -470,6 +472,7 @@ class GatewayActor:
         interval (a level, so an actor that starts late learns it)."""
         while True:
             self._changed.clear()
+            held = self.in_flight + self.waiting
             event = Gateway(
                 ts=time.time(),
                 serving=self.port is not None,
@@ -480,7 +483,13 @@ class GatewayActor:
                 await self.events.publish(self.bus, self.subject, event)
             except nats.errors.Error as exc:
                 log.warning("gateway event not published", extra={"reason": str(exc)})
+            published_at = time.monotonic()
             await wait_or_timeout(self._changed, self.config.heartbeat_interval)
+            if held == 0 and self.in_flight + self.waiting:
+                continue  # idle to busy goes out at once: a drain starting now must see it
+            # Other changes within PUBLISH_MIN_INTERVAL go out together: under load each
+            # request would otherwise be two signed events for each of the node's actors.
+            await asyncio.sleep(max(0.0, published_at + PUBLISH_MIN_INTERVAL - time.monotonic()))
 
     @property
     def port_file(self) -> Path:

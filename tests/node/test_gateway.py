@@ -16,6 +16,7 @@ import aiohttp
 import nats
 import pytest
 from aiohttp import web
+from nats.aio.msg import Msg
 
 from actors.node.gateway import PORT_FILE, GatewayActor
 from actors.runtime.bus import NatsBus
@@ -23,6 +24,7 @@ from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.events import (
     Capacity,
+    Gateway,
     Gpu,
     NodeState,
     Sample,
@@ -31,7 +33,13 @@ from schemas.events import (
     WorkloadState,
 )
 from schemas.messages import Drain
-from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, EVENT_WORKLOADS, Subjects
+from schemas.subjects import (
+    EVENT_GATEWAY,
+    EVENT_SAMPLE,
+    EVENT_STATE,
+    EVENT_WORKLOADS,
+    Subjects,
+)
 from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, node_events, wait_for
 
@@ -369,8 +377,17 @@ async def test_drain_waits_for_a_gateway_stream(
             return bool((await response.json())["data"])
 
     await wait_for(models)
+    seen: list[Gateway] = []
+
+    async def on_gateway(msg: Msg) -> None:
+        seen.append(codec.decode(msg.data, Gateway, msg.subject))
+
+    await bus.subscribe(Subjects(prefix).event("n1", EVENT_GATEWAY), on_gateway)
+    await bus.flush()
     async with client.post(f"{url}/v1/chat/completions", json=chat(stream=True)) as stream:
         first = await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)
+        # The node's actors have been told of the stream (as the test is) before the drain.
+        await wait_for(lambda: seen and seen[-1].in_flight == 1)
         drain = await send(bus, prefix, operator, Drain(deadline=30))
         await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
         status, body, _ = await post(client, url, chat())
