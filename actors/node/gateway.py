@@ -275,8 +275,9 @@ class GatewayActor:
                 raise Refusal(
                     400, "the request names no model", "invalid_request_error", "model_missing"
                 )
-            if self._matching(model):
-                label = model
+            matching = self._matching(model)
+            if matching:  # one label per model, whether asked for by model or by name
+                label = served_as(matching[0].workload)
             lane = self.choose(model)
             response = await self._forward(request, lane, body, label)
             status = response.status
