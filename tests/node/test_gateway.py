@@ -424,3 +424,19 @@ async def test_workloads_not_signed_by_the_node_are_ignored(
 
     await wait_for(lambda: dropped("unsigned") and dropped("untrusted_key"))
     assert gateway.lanes == {}
+
+
+async def test_unreachable_workload_is_502_and_addressable_by_name(
+    fleet: Fleet, stack: AsyncExitStack, client: aiohttp.ClientSession
+) -> None:
+    """A request may name the workload instead of its model; a workload that refuses the
+    connection is answered 502 in OpenAI's error format, and nothing stays held."""
+    gateway, url = await start_gateway(fleet)
+    engine = await FakeLlama.started(stack)
+    await stack.aclose()  # the engine is gone: its port refuses connections
+    await publish_workloads(fleet, gateway, workload("a", engine.port))
+    status, body, _ = await post(client, url, chat(model="a"))
+    assert status == 502 and is_openai_error(body, "upstream_unreachable")
+    assert gateway.in_flight == gateway.waiting == 0
+    metrics = gateway.events.metrics
+    assert metrics.value("node_agent_gateway_requests_total", {"model": MODEL, "code": "502"})
