@@ -13,7 +13,7 @@ characters; JSON escaping can make a character take up to six bytes, and the siz
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -49,6 +49,8 @@ MAX_ENGINES = 8
 """Inference engines per node."""
 MAX_DETAILS = 8
 """Entries in an alert's details."""
+MAX_WORKLOADS: Final = 64
+"""Workloads one node runs at most."""
 
 Name = Annotated[str, Meta(max_length=MAX_NAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]

@@ -18,6 +18,7 @@ from schemas.base import (
     MAX_ENGINES,
     MAX_GPUS,
     MAX_PEERS,
+    MAX_WORKLOADS,
     MAX_XIDS,
     Bytes,
     CheckStatus,
@@ -43,6 +44,7 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_STATE,
+    EVENT_WORKLOADS,
     event_kind,
 )
 
@@ -230,7 +232,36 @@ class SpotStatus(Wire, frozen=True, kw_only=True):
     notice: Interruption | None = None
 
 
-Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject
+WorkloadEngine = Literal["llamacpp", "vllm", "sglang", "process"]
+WorkloadState = Literal["starting", "ready", "failed", "crashloop", "stopping", "stopped"]
+
+
+class Workload(Wire, frozen=True, kw_only=True):
+    """One workload the node's workload actor runs (an inference engine or any process)."""
+
+    name: Name
+    engine: WorkloadEngine
+    state: WorkloadState
+    since: UnixTime
+    """When it entered ``state``."""
+    port: Count
+    """Loopback port it serves on (127.0.0.1)."""
+    gpus: Annotated[list[Count], Meta(max_length=MAX_GPUS)] = []
+    model: Text = ""
+    restarts: Count = 0
+    reason: Text = ""
+    max_pending: Count = 8
+    """Requests the node's gateway lets wait for it beyond those in flight."""
+
+
+class Workloads(Wire, frozen=True, kw_only=True):
+    """Every workload the node runs, published whenever one changes state."""
+
+    ts: UnixTime
+    workloads: Annotated[list[Workload], Meta(max_length=MAX_WORKLOADS)] = []
+
+
+Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -241,6 +272,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_ENGINE: Engine,
     EVENT_STATE: NodeState,
     EVENT_INJECT: Inject,
+    EVENT_WORKLOADS: Workloads,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -273,6 +305,8 @@ __all__ = [
     "PeerLatency",
     "Sample",
     "SpotStatus",
+    "Workload",
+    "Workloads",
     "XidCount",
     "decode_event",
     "notice_key",

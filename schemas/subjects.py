@@ -29,6 +29,7 @@ EVENT_LATENCY: Final = "latency"
 EVENT_ENGINE: Final = "engine"
 EVENT_STATE: Final = "state"
 EVENT_INJECT: Final = "inject"
+EVENT_WORKLOADS: Final = "workloads"
 
 
 def check_token(field: str, value: str) -> str:
