@@ -44,9 +44,11 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_STATE,
+    EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
     event_kind,
 )
+from schemas.workloads import WorkloadOrder
 
 
 class Capacity(Wire, frozen=True, kw_only=True):
@@ -261,7 +263,17 @@ class Workloads(Wire, frozen=True, kw_only=True):
     workloads: Annotated[list[Workload], Meta(max_length=MAX_WORKLOADS)] = []
 
 
-Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads
+Event = (
+    Sample
+    | Health
+    | Interruption
+    | Latency
+    | Engine
+    | NodeState
+    | Inject
+    | Workloads
+    | WorkloadOrder
+)
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -273,6 +285,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_STATE: NodeState,
     EVENT_INJECT: Inject,
     EVENT_WORKLOADS: Workloads,
+    EVENT_WORKLOAD_ORDER: WorkloadOrder,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -306,6 +319,7 @@ __all__ = [
     "Sample",
     "SpotStatus",
     "Workload",
+    "WorkloadOrder",
     "Workloads",
     "XidCount",
     "decode_event",

@@ -30,6 +30,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     events.Interruption,
     events.NodeState,
     events.Inject,
+    events.Workloads,
+    events.WorkloadOrder,
     messages.Command,
     messages.CommandResult,
     messages.Alert,

@@ -10,6 +10,7 @@ import pytest
 
 from schemas import codec, events, jsonschema, messages
 from schemas.errors import DecodeError
+from schemas.workloads import Deploy
 
 NOW = time.time()
 GPU = events.Gpu(
@@ -89,6 +90,26 @@ EXAMPLES: list[msgspec.Struct] = [
     NOTICE,
     events.NodeState(ts=NOW, schedulability="draining", reason="spot", until=NOW + 60),
     events.Inject(ts=NOW, node_id="n1", fault="xid", gpu=0, value=79),
+    events.Workloads(
+        ts=NOW,
+        workloads=[
+            events.Workload(
+                name="chat",
+                engine="llamacpp",
+                state="ready",
+                since=NOW,
+                port=8080,
+                gpus=[0],
+                model="/models/x.gguf",
+            )
+        ],
+    ),
+    events.WorkloadOrder(
+        ts=NOW,
+        command_id="c-2",
+        action=Deploy(name="chat", engine="llamacpp", gpus=[0, 1], model="/m.gguf", port=0),
+        command_digest="ab",
+    ),
     messages.Command(
         id="c-1",
         node_id="n1",
