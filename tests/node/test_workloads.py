@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def standin(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def no_orphans() -> AsyncIterator[None] | Any:
+def no_orphans() -> Iterator[None]:
     """Kill what a test's agents left running (agents leave workloads for the next agent)."""
     before = set(processes._children)
     yield

@@ -42,7 +42,7 @@ class Standin:
         self.deferred = 0
 
     def loading(self) -> bool:
-        return self.args.hang or time.monotonic() - self.started < self.args.load_time
+        return bool(self.args.hang) or time.monotonic() - self.started < self.args.load_time
 
     async def health(self, _: web.Request) -> web.Response:
         if self.loading():
