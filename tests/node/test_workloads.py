@@ -3,8 +3,6 @@ llama.cpp launch template, deployed and stopped by signed commands to a real age
 
 from __future__ import annotations
 
-import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +21,7 @@ from schemas.subjects import EVENT_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop
 from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.workloads import killing_leftovers, standin_script
 
 
 @pytest.fixture
@@ -40,23 +37,14 @@ async def results(bus: NatsBus, prefix: str) -> Results:
 @pytest.fixture
 def standin(tmp_path: Path) -> Path:
     """An executable ``llama-server`` that runs the stand-in, for the llama.cpp template."""
-    script = tmp_path / "bin" / "llama-server"
-    script.parent.mkdir()
-    module = "tests.support.llamacpp_standin"
-    script.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m {module} "$@"\n')
-    script.chmod(0o755)
-    return script
+    return standin_script(tmp_path / "bin")
 
 
 @pytest.fixture(autouse=True)
 def no_orphans() -> Iterator[None]:
     """Kill what a test's agents left running (agents leave workloads for the next agent)."""
-    before = set(processes._children)
-    yield
-    for pid in set(processes._children) - before:
-        processes.signal_group(pid, signal.SIGKILL)
-        processes._children[pid].wait(timeout=5)
-        del processes._children[pid]
+    with killing_leftovers():
+        yield
 
 
 class Watch:
