@@ -183,14 +183,14 @@ class WorkloadsActor:
             if missing:
                 have = ",".join(str(i) for i in sorted(self.gpus)) or "none"
                 return f"no GPU {','.join(map(str, missing))} on this node (it has {have})"
-            if not deploy.share:
-                for other in active:
-                    shared = sorted(set(deploy.gpus) & set(other.deploy.gpus))
-                    if shared and not other.deploy.share:
-                        return (
-                            f"GPU {','.join(map(str, shared))} already used by workload "
-                            f"{other.deploy.name} (deploy with --share to allow)"
-                        )
+            for other in active:
+                # Sharing takes both: one that asked for a GPU of its own keeps it.
+                shared = sorted(set(deploy.gpus) & set(other.deploy.gpus))
+                if shared and not (deploy.share and other.deploy.share):
+                    return (
+                        f"GPU {','.join(map(str, shared))} already used by workload "
+                        f"{other.deploy.name} (both must be deployed with --share)"
+                    )
         if deploy.port:
             if any(w.entry.port == deploy.port for w in active):
                 return f"port {deploy.port} already used by another workload"
