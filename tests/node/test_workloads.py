@@ -3,6 +3,7 @@ llama.cpp launch template, deployed and stopped by signed commands to a real age
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Workload, Workloads
 from schemas.messages import Cordon, Heartbeat
-from schemas.subjects import EVENT_WORKLOADS, Subjects
-from schemas.workloads import Deploy, Stop
+from schemas.subjects import EVENT_WORKLOAD_ORDER, EVENT_WORKLOADS, Subjects
+from schemas.workloads import Deploy, Stop, WorkloadOrder
 from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, wait_for
 from tests.support.workloads import killing_leftovers, standin_script
@@ -280,8 +281,9 @@ async def test_agent_restart_adopts_a_live_workload(
             "executable sleep not in this node's workload_binaries",
         ),
         (chat(gpus=[5]), {}, "no GPU 5 on this node"),
+        (chat(env={"LD_PRELOAD": "/tmp/x.so"}), {}, "environment LD_PRELOAD may not be set"),
     ],
-    ids=["engine", "binary", "gpu"],
+    ids=["engine", "binary", "gpu", "env"],
 )
 async def test_deploy_refused_by_the_node_config(
     fleet: Fleet,
@@ -337,3 +339,31 @@ async def test_gpu_shared_only_when_asked(
     again = await send(bus, prefix, operator, chat(gpus=[0]))
     final = await results.final(again.id)
     assert final.status == "rejected" and "already runs" in final.detail
+
+
+@pytest.mark.parametrize("signer", ["operator", "none"])
+async def test_a_workload_order_not_signed_by_the_node_is_dropped(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    signer: str,
+) -> None:
+    """A workload_order event that the node did not sign (even one signed by a trusted
+    operator, who must go through a command) starts nothing and answers nothing."""
+    started = await agent(fleet, operator, standin)
+    order = WorkloadOrder(ts=time.time(), command_id="forged", action=chat())
+    body = codec.encode(order)
+    headers = operator.headers(body) if signer == "operator" else {}
+    await bus.publish(Subjects(prefix).event("n1", EVENT_WORKLOAD_ORDER), body, headers=headers)
+    await bus.flush()
+    reason = "untrusted_key" if signer == "operator" else "unsigned"
+    labels = {"actor": "workloads", "reason": reason}
+    registry = started.metrics.registry
+    await wait_for(
+        lambda: (registry.get_sample_value("node_agent_events_dropped_total", labels) or 0) >= 1
+    )
+    assert results.of("forged") == []
+    assert not (Path(fleet.config().state_dir) / "workloads.json").exists()

@@ -33,6 +33,12 @@ TEMPLATES: dict[str, list[str]] = {
 }
 
 
+UNSAFE_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "BASH_", "CUDA_VISIBLE_", "NVIDIA_VISIBLE_")
+UNSAFE_ENV = {"PATH", "ENV", "SHELLOPTS", "PERL5OPT", "NODE_OPTIONS", "HOME"}
+"""Environment a deploy may not set: what makes the loader or an interpreter run code of
+the sender's choosing (LD_PRELOAD, PYTHONPATH, ...), and the GPU pinning the node does."""
+
+
 class NotAllowed(Exception):
     """The node's config does not let this deploy run; the message says why."""
 
@@ -71,6 +77,11 @@ def substitute(arg: str, port: int, deploy: Deploy) -> str:
 
 def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
     """The argv to start ``deploy`` on ``port``; NotAllowed when the node forbids it."""
+    unsafe = sorted(
+        name for name in deploy.env if name in UNSAFE_ENV or name.startswith(UNSAFE_ENV_PREFIXES)
+    )
+    if unsafe:
+        raise NotAllowed(f"environment {', '.join(unsafe)} may not be set by a deploy")
     if deploy.engine not in config.workload_engines:
         allowed = ", ".join(config.workload_engines) or "none"
         raise NotAllowed(f"engine {deploy.engine} not allowed on this node (allowed: {allowed})")
