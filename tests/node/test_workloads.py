@@ -131,7 +131,7 @@ async def test_deploy_goes_ready_pinned_reported_and_probed(
     """A deploy answers accepted, in_progress (starting, loading) and done ready; the child
     has CUDA_VISIBLE_DEVICES of its GPUs; heartbeats list it and the engine probe covers it."""
     await agent(fleet, operator, standin)
-    command = await send(bus, prefix, operator, chat("--load-time", "0.8"))
+    command = await send(bus, prefix, operator, chat("--load-time", "1.5"))
     final = await results.final(command.id, timeout=20)
     assert final.status == "done" and "ready on 127.0.0.1:" in final.detail, final.detail
     details = [r.detail for r in results.of(command.id) if r.status == "in_progress"]
@@ -141,7 +141,7 @@ async def test_deploy_goes_ready_pinned_reported_and_probed(
     workload = await watch.state("chat", "ready")
     pid = pid_of(Path(fleet.config().state_dir))
     assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == "1"
-    assert psutil.Process(pid).cmdline()[-2:] == ["--load-time", "0.8"]
+    assert psutil.Process(pid).cmdline()[-2:] == ["--load-time", "1.5"]
     url = f"http://127.0.0.1:{workload.port}"
 
     def beat_shows_it() -> bool:
