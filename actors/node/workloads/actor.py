@@ -232,6 +232,9 @@ class WorkloadsActor:
                 return
             await self._until_exit(workload, log_path)
             exit_code = processes.reap(entry.pid)
+            # What the leader left behind (an engine's workers) would hold its GPUs and
+            # port against the restart.
+            await self._kill(entry.pid)
             now = time.time()
             workload.crashes.append(now)
             while (
