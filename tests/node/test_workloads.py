@@ -3,6 +3,7 @@ llama.cpp launch template, deployed and stopped by signed commands to a real age
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from schemas.subjects import EVENT_WORKLOAD_ORDER, EVENT_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, wait_for
+from tests.support.tiny_gguf import write_tiny_llama
 from tests.support.workloads import killing_leftovers, standin_script
 
 
@@ -402,3 +404,31 @@ async def test_a_drain_waits_for_a_workloads_in_flight_request(
     assert chunks[-1].strip() == b"data: [DONE]"
     drained = await results.final(drain.id, timeout=20)
     assert drained.status == "done" and drained.detail.startswith("drained"), drained.detail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("llama-server") is None, reason="llama-server not on PATH")
+async def test_a_real_llama_server_goes_ready_and_stops(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    tmp_path: Path,
+    results: Results,
+) -> None:
+    """llama.cpp's own server, from the llama.cpp template with a tiny random GGUF model,
+    goes ready (its /health and /v1/models) and stops with its whole process group."""
+    pytest.importorskip("gguf", reason="the gguf package writes the test model")
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    started = await fleet.start_agent(
+        fleet.config(trust_operators=[operator.public_key], workload_stop_grace=5.0)
+    )
+    assert started.supervisor is not None and await started.supervisor.wait_ready(10)
+    deploy = Deploy(name="real", engine="llamacpp", model=str(model), ready_timeout=120.0)
+    command = await send(bus, prefix, operator, deploy)
+    final = await results.final(command.id, timeout=150)
+    assert final.status == "done" and final.detail.startswith("ready on 127.0.0.1:"), final.detail
+    pid = pid_of(Path(fleet.config().state_dir))
+    stop = await send(bus, prefix, operator, Stop(name="real"))
+    assert (await results.final(stop.id, timeout=30)).status == "done"
+    assert processes.group_pids(pid) == []
