@@ -35,16 +35,22 @@ Node (``actors/node``):
 - ``inventory/``  listens to ``evt.<node>.inject``; publishes ``Sample`` on ``evt.<node>.sample``.
 - ``health/``     listens to ``evt.<node>.{sample,engine,latency}``; publishes ``Health`` on
                   ``evt.<node>.health``.
-- ``engine``      probes the configured inference engines over HTTP; publishes ``Engine`` on
+- ``engine``      probes the configured inference engines and the ready workloads (from
+                  ``evt.<node>.workloads``) over HTTP; publishes ``Engine`` on
                   ``evt.<node>.engine``.
 - ``latency``     answers ``fleet.probe.<node>``, probes its peers' (found in KV ``fleet_nodes``);
                   publishes ``Latency`` on ``evt.<node>.latency``.
 - ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.state``;
                   publishes ``Interruption`` on ``evt.<node>.interruption``.
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
-                  (stream ``FLEET_CMD``), listens to ``evt.<node>.{engine,gateway,interruption}``
-                  and its own heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
-                  ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``).
+                  (stream ``FLEET_CMD``), listens to
+                  ``evt.<node>.{engine,gateway,health,interruption}`` and its own heartbeats;
+                  publishes ``NodeState`` on ``evt.<node>.state`` and signed
+                  ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``);
+                  hands deploy and stop to the workload actor on ``evt.<node>.workload_order``.
+- ``workloads/``  listens to ``evt.<node>.{workload_order,sample,state}``; runs deployed
+                  engines as process groups; publishes ``Workloads`` on
+                  ``evt.<node>.workloads`` and signed ``CommandResult`` for deploy and stop.
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.

@@ -45,9 +45,11 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_STATE,
+    EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
     event_kind,
 )
+from schemas.workloads import WorkloadOrder
 
 
 class Capacity(Wire, frozen=True, kw_only=True):
@@ -275,7 +277,18 @@ class Gateway(Wire, frozen=True, kw_only=True):
     """Requests accepted and queued for a busy workload."""
 
 
-Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | Workloads | Gateway
+Event = (
+    Sample
+    | Health
+    | Interruption
+    | Latency
+    | Engine
+    | NodeState
+    | Inject
+    | Workloads
+    | WorkloadOrder
+    | Gateway
+)
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -287,6 +300,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_STATE: NodeState,
     EVENT_INJECT: Inject,
     EVENT_WORKLOADS: Workloads,
+    EVENT_WORKLOAD_ORDER: WorkloadOrder,
     EVENT_GATEWAY: Gateway,
 }
 """The one place that says which Struct each event kind carries."""
@@ -322,6 +336,7 @@ __all__ = [
     "Sample",
     "SpotStatus",
     "Workload",
+    "WorkloadOrder",
     "Workloads",
     "XidCount",
     "decode_event",

@@ -32,6 +32,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     events.Inject,
     events.Workloads,
     events.Gateway,
+    events.WorkloadOrder,
     messages.Command,
     messages.CommandResult,
     messages.Alert,

@@ -6,9 +6,12 @@ The events a heartbeat is built from live in :mod:`schemas.events`.
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Annotated, Literal
+
+from msgspec import Meta
 
 from schemas.base import (
+    MAX_GPUS,
     Cluster,
     Count,
     Details,
@@ -27,7 +30,28 @@ from schemas.base import (
     UnixTime,
     Wire,
 )
-from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus
+from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus, WorkloadState
+from schemas.workloads import Deploy, DeployEngine, Port, Stop
+
+MAX_HEARTBEAT_WORKLOADS = 16
+"""Workloads a heartbeat lists (and so a node runs): the heartbeat's size budget
+(``actors/fleet/streams.py``) leaves room for this many summaries, not for 64 full
+``Workload`` events."""
+
+
+class WorkloadSummary(Wire, frozen=True, kw_only=True):
+    """One workload as a heartbeat lists it; the full ``Workload`` is the node's event."""
+
+    name: Name
+    engine: DeployEngine
+    state: WorkloadState
+    since: UnixTime
+    port: Port
+    gpus: Annotated[list[Annotated[int, Meta(ge=0, lt=MAX_GPUS)]], Meta(max_length=MAX_GPUS)] = []
+    model: Name = ""
+    restarts: Count = 0
+    reason: Name = ""
+
 
 AGENT_VERSION = "0.1.0"
 
@@ -56,6 +80,8 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     schedulability_reason: Text = ""
     deregistering: bool = False
     """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
+    workloads: Annotated[list[WorkloadSummary], Meta(max_length=MAX_HEARTBEAT_WORKLOADS)] = []
+    """The workloads the node's workload actor runs (``fleetctl deploy``)."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -80,7 +106,7 @@ class Deregister(Wire, frozen=True, kw_only=True, tag="deregister", tag_field="k
     deadline: Seconds = 300.0
 
 
-Action = Cordon | Drain | Uncordon | Deregister
+Action = Cordon | Drain | Uncordon | Deregister | Deploy | Stop
 CommandStatus = Literal["accepted", "rejected", "in_progress", "done", "failed"]
 
 

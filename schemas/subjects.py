@@ -31,6 +31,8 @@ EVENT_STATE: Final = "state"
 EVENT_INJECT: Final = "inject"
 EVENT_WORKLOADS: Final = "workloads"
 EVENT_GATEWAY: Final = "gateway"
+EVENT_WORKLOAD_ORDER: Final = "workload_order"
+"""The command executor hands an accepted Deploy or Stop to the workload actor here."""
 
 
 def check_token(field: str, value: str) -> str:

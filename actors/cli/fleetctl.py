@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import send, views
+from actors.cli import send, views, workloads
 from actors.cli.common import (
     KEY_FILE_ENV,
     add_config_flags,
@@ -534,6 +534,7 @@ def parser() -> argparse.ArgumentParser:
     add_server(config)
     config.set_defaults(func=cmd_nats_config)
     send.add_command_parsers(commands)
+    workloads.add_workload_parsers(commands, duration)
     return strict(root)
 
 

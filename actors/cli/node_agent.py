@@ -55,6 +55,8 @@ LIST_FLAGS = {
     "required_binaries": "require-binary",
     "required_modules": "require-module",
     "xid_thresholds": "xid-threshold",
+    "workload_engines": "workload-engine",
+    "workload_binaries": "workload-binary",
 }
 
 

@@ -219,6 +219,9 @@ def describe(result: CommandResult) -> str:
 
 
 def action_of(args: argparse.Namespace) -> Action:
+    build: Callable[[argparse.Namespace], Action] | None = getattr(args, "build_action", None)
+    if build is not None:  # deploy, stop: built by actors.cli.workloads
+        return build(args)
     if args.command == "cordon":
         return Cordon(ttl=args.ttl)
     if args.command == "drain":

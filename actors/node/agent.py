@@ -20,6 +20,7 @@ from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
+from actors.node.workloads.actor import WorkloadsActor
 from actors.runtime import notify
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
@@ -58,6 +59,8 @@ class NodeAgent:
             EngineActor(self.config, bus, events),
             LatencyActor(self.config, bus, events),
             HttpApiActor(self.config, bus, events, self.actor_status),
+            # Before the command executor: subscribed before the first order can come.
+            WorkloadsActor(self.config, bus, events),
             self.commands,
             SpotActor(self.config, bus, events),
             GatewayActor(self.config, bus, events),

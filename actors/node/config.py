@@ -30,6 +30,8 @@ PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 """CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
+WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
+DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
 
 
 def default_state_dir() -> str:
@@ -149,6 +151,23 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Largest request body (a prompt) the gateway takes; larger ones get 413."""
     gateway_max_connections: Annotated[int, Meta(ge=1)] = 256
     """Connections the gateway holds at once; more are answered 503 and closed."""
+    workload_engines: list[WorkloadEngineName] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_WORKLOAD_ENGINES)
+    )
+    """Engines ``fleetctl deploy`` may start here; ``process`` (any argv) is off unless listed."""
+    workload_binaries: list[str] = []
+    """Executables a ``process`` workload may run (a path, or a name found on PATH), and
+    ``ENGINE=PATH`` overrides of an engine's binary (``llamacpp=/opt/llama/llama-server``)."""
+    workload_stop_grace: Positive = 10.0
+    """Seconds between SIGTERM and SIGKILL of a stopping workload's process group."""
+    workload_crash_limit: Annotated[int, Meta(ge=1)] = 5
+    workload_crash_window: Positive = 300.0
+    """A workload that crashes workload_crash_limit times within this many seconds is left
+    in ``crashloop`` instead of being restarted again."""
+    workload_backoff_max: Positive = 30.0
+    """Longest wait before restarting a crashed workload (doubling from 1 s)."""
+    workload_log_bytes: Annotated[int, Meta(ge=4096)] = 10 * 1024 * 1024
+    """A workload's log file is rotated (one old copy kept) past this size."""
 
     def __post_init__(self) -> None:
         if self.stale_after <= self.heartbeat_interval:

@@ -20,9 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
-from schemas.events import Engine, EngineStatus
+from schemas.base import MAX_ENGINES
+from schemas.events import Engine, EngineStatus, Event, Workloads
 from schemas.subjects import EVENT_ENGINE, Subjects
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,18 @@ def _count(value: float) -> int:
     return max(0, round(value))
 
 
+def workload_engines(event: Workloads) -> list[tuple[EngineKind, str]]:
+    """The ready engine workloads the workload actor runs, to probe like configured ones."""
+    return [
+        (workload.engine, f"http://127.0.0.1:{workload.port}")
+        for workload in event.workloads
+        if workload.state == "ready" and workload.engine in LOAD_METRICS
+    ]
+
+
 class EngineActor:
-    """Subscribes to nothing (polls over HTTP); publishes Engine on fleet.evt.<node>.engine."""
+    """Subscribes to fleet.evt.<node>.* (for the node's workloads), polls engines over HTTP;
+    publishes Engine on fleet.evt.<node>.engine."""
 
     name = "engine"
 
@@ -88,7 +99,14 @@ class EngineActor:
         self.bus = bus
         self.events = events
         self.engines = parse_specs(config.engines)
-        self.subject = Subjects(config.prefix).event(config.node_id, EVENT_ENGINE)
+        self.workloads: list[tuple[EngineKind, str]] = []
+        """Ready workloads of the node's workload actor, probed as well (no flag needed)."""
+        self.subjects = Subjects(config.prefix)
+        self.subject = self.subjects.event(config.node_id, EVENT_ENGINE)
+
+    async def _on_event(self, event: Event) -> None:
+        if isinstance(event, Workloads):
+            self.workloads = workload_engines(event)
 
     async def _get(self, session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         async with session.get(url) as response:
@@ -163,27 +181,34 @@ class EngineActor:
 
     async def check(self, session: aiohttp.ClientSession | None) -> Engine:
         statuses: list[EngineStatus] = []
+        targets = [*self.engines, *(t for t in self.workloads if t not in self.engines)]
         if session is not None:
             statuses = list(
-                await asyncio.gather(
-                    *(self.probe(session, kind, url) for kind, url in self.engines)
-                )
+                await asyncio.gather(*(self.probe(session, kind, url) for kind, url in targets))
             )
         counted = [status.in_flight for status in statuses if status.in_flight is not None]
-        return Engine(ts=time.time(), engines=statuses, in_flight=sum(counted) if counted else None)
+        # Every engine's load counts toward drains; the list is bounded on the wire.
+        return Engine(
+            ts=time.time(),
+            engines=statuses[:MAX_ENGINES],
+            in_flight=sum(counted) if counted else None,
+        )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        session = None
-        if self.engines:
-            session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.config.engine_timeout)
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
             )
+        }
+        # Always a session: a workload may be deployed on a node configured with no engine.
+        session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.config.engine_timeout)
+        )
         try:
-            ready()
-            while True:
-                engine = await self.check(session)
-                await self.events.publish(self.bus, self.subject, engine)
-                await sleep_jittered(self.config.engine_interval)
+            async with listening(self.bus, routes, ready):
+                while True:
+                    engine = await self.check(session)
+                    await self.events.publish(self.bus, self.subject, engine)
+                    await sleep_jittered(self.config.engine_interval)
         finally:
-            if session is not None:
-                await session.close()
+            await session.close()

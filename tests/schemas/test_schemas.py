@@ -10,6 +10,7 @@ import pytest
 
 from schemas import codec, events, jsonschema, messages
 from schemas.errors import DecodeError
+from schemas.workloads import Deploy
 
 NOW = time.time()
 GPU = events.Gpu(
@@ -93,9 +94,21 @@ EXAMPLES: list[msgspec.Struct] = [
         ts=NOW,
         workloads=[
             events.Workload(
-                name="chat", engine="llamacpp", state="ready", since=NOW, port=8200, gpus=[0]
+                name="chat",
+                engine="llamacpp",
+                state="ready",
+                since=NOW,
+                port=8080,
+                gpus=[0],
+                model="/models/x.gguf",
             )
         ],
+    ),
+    events.WorkloadOrder(
+        ts=NOW,
+        command_id="c-2",
+        action=Deploy(name="chat", engine="llamacpp", gpus=[0, 1], model="/m.gguf", port=0),
+        command_digest="ab",
     ),
     events.Gateway(ts=NOW, serving=True, in_flight=2, waiting=1),
     messages.Command(

@@ -71,7 +71,13 @@ from schemas.events import (
     SpotStatus,
     XidCount,
 )
-from schemas.messages import Alert, Heartbeat, NodeRecord
+from schemas.messages import (
+    MAX_HEARTBEAT_WORKLOADS,
+    Alert,
+    Heartbeat,
+    NodeRecord,
+    WorkloadSummary,
+)
 from schemas.subjects import (
     BUCKET_NODES,
     STREAM_ALERTS,
@@ -197,6 +203,20 @@ def maximal_heartbeat() -> Heartbeat:
         spot=SpotStatus(provider="azure", notice=notice),
         schedulability_reason=escaped(MAX_TEXT),
         deregistering=True,
+        workloads=[
+            WorkloadSummary(
+                name=escaped(MAX_NAME),
+                engine="llamacpp",
+                state="crashloop",
+                since=LONG_TIME,
+                port=65535,
+                gpus=[MAX_GPUS - 1] * MAX_GPUS,
+                model=escaped(MAX_NAME),
+                restarts=BIG,
+                reason=escaped(MAX_NAME),
+            )
+        ]
+        * MAX_HEARTBEAT_WORKLOADS,
     )
 
 

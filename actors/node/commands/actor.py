@@ -11,6 +11,8 @@ A command counts as seen only once that is on disk: if the state file cannot be 
 message is redelivered and runs then. The node's schedulability persists too, so a restart
 keeps a cordon, its TTL and a drain's deadline.
 This module decides what to run; :mod:`actors.node.commands.actions` runs it and reports.
+A ``deploy`` or ``stop`` is handed to the workload actor as a node-signed ``workload_order``
+event (a deploy is refused here first when the node is not schedulable or is unhealthy).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -33,9 +36,10 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Event, Gateway, Interruption, notice_key
-from schemas.messages import Cordon, Deregister, Heartbeat, command_digest
-from schemas.subjects import STREAM_COMMANDS, Subjects
+from schemas.events import Engine, Event, Gateway, Health, Interruption, notice_key
+from schemas.messages import Command, Cordon, Deregister, Heartbeat, command_digest
+from schemas.subjects import EVENT_WORKLOAD_ORDER, STREAM_COMMANDS, Subjects
+from schemas.workloads import Deploy, Stop, WorkloadOrder
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,8 @@ class CommandsActor:
         self._fetcher: asyncio.Task[None] | None = None
         self._engine_in_flight = 0
         self._gateway_in_flight = 0
+        self.health = ""
+        """The node's last health status ("" until the health actor says)."""
 
     async def run(self, ready: Callable[[], None]) -> None:
         # Node events first, before any await on the network (listening subscribes in
@@ -168,6 +174,9 @@ class CommandsActor:
             await self.actions.result(refusal.command_id, "rejected", refusal.reason, digest=digest)
             await msg.ack()
             return
+        if isinstance(command.action, Deploy | Stop):
+            await self._hand_over(msg, command, command.action, digest)
+            return
         async with self.actions.lock:
             # Kept past the expiry by the skew bound, in case this clock is stepped back.
             try:
@@ -183,6 +192,45 @@ class CommandsActor:
             log.info("command accepted", extra={"id": command.id, "action": command.action})
             await self.actions.start(command.id, command.reason, command.action, digest=digest)
 
+    async def _hand_over(
+        self, msg: Msg, command: Command, action: Deploy | Stop, digest: str
+    ) -> None:
+        """A deploy or stop is the workload actor's: refuse a deploy the node's state
+        forbids, else remember the id and hand the order over (the workload actor answers
+        accepted or rejected, then every step)."""
+        state = self.store.state.schedulability
+        refusal = ""
+        if isinstance(action, Deploy) and state != "schedulable":
+            refusal = f"node is {state}: deploys refused (uncordon first)"
+        elif isinstance(action, Deploy) and self.health == "unhealthy":
+            refusal = "node is unhealthy: deploys refused"
+        if refusal:
+            log.warning("deploy refused", extra={"id": command.id, "reason": refusal})
+            await self.actions.result(command.id, "rejected", refusal, digest=digest)
+            await msg.ack()
+            return
+        async with self.actions.lock:
+            try:
+                self.store.remember(command.id, command.expires_at + self.config.max_skew)
+            except StoreError as exc:
+                log.error(
+                    "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
+                )
+                await msg.nak(delay=REDELIVER_AFTER)
+                return
+        order = WorkloadOrder(
+            ts=time.time(), command_id=command.id, action=action, command_digest=digest
+        )
+        subject = self.subjects.event(self.config.node_id, EVENT_WORKLOAD_ORDER)
+        try:
+            await self.events.publish(self.bus, subject, order)
+        except nats.errors.Error as exc:
+            await self.actions.result(
+                command.id, "failed", f"not handed to the workload actor: {exc}", digest=digest
+            )
+        await msg.ack()
+        log.info("command handed to the workload actor", extra={"id": command.id})
+
     # Events ----------------------------------------------------------------------------
 
     async def _on_event(self, event: Event) -> None:
@@ -194,6 +242,8 @@ class CommandsActor:
                 # Requests the gateway holds (queued ones too) count toward a drain.
                 self._gateway_in_flight = event.in_flight + event.waiting
                 self.actions.observe_in_flight(self._engine_in_flight + self._gateway_in_flight)
+            case Health():
+                self.health = event.status
             case Interruption():
                 await self._on_interruption(event)
 

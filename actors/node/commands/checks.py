@@ -21,6 +21,7 @@ from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import Command, Cordon, Deregister, Drain
 from schemas.subjects import Subjects
+from schemas.workloads import Deploy
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
@@ -108,6 +109,8 @@ def check_durations(command: Command) -> None:
         duration = action.ttl
     elif isinstance(action, Drain | Deregister):
         duration = action.deadline
+    elif isinstance(action, Deploy):
+        duration = action.ready_timeout
     if duration is not None and not duration <= MAX_ACTION_SECONDS:
         raise Rejection(
             command.id, f"duration {duration:g}s out of range (at most {MAX_ACTION_SECONDS:g}s)"

@@ -31,13 +31,33 @@ from schemas.events import (
     NodeState,
     Sample,
     SpotStatus,
+    Workloads,
 )
-from schemas.messages import AGENT_VERSION, Heartbeat
+from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 FIRST_SAMPLE_WAIT = 2.0
+
+
+def summarise(event: Workloads) -> list[WorkloadSummary]:
+    """The heartbeat's view of the workloads: names, models and reasons cut to a name's
+    length, GPU indices a node can have, at most MAX_HEARTBEAT_WORKLOADS."""
+    return [
+        WorkloadSummary(
+            name=workload.name[:128],
+            engine=workload.engine,
+            state=workload.state,
+            since=workload.since,
+            port=min(workload.port, 65535),
+            gpus=[gpu for gpu in workload.gpus if gpu < 64],
+            model=workload.model[-128:],
+            restarts=workload.restarts,
+            reason=workload.reason[:128],
+        )
+        for workload in event.workloads[:MAX_HEARTBEAT_WORKLOADS]
+    ]
 
 
 class HeartbeatActor:
@@ -70,6 +90,7 @@ class HeartbeatActor:
         provider = config.spot_provider
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
+        self.workloads: list[WorkloadSummary] = []
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 
@@ -87,6 +108,8 @@ class HeartbeatActor:
             case Interruption():
                 self.spot = SpotStatus(provider=event.provider, notice=event)
                 self._beat_now.set()
+            case Workloads():
+                self.workloads = summarise(event)
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -116,6 +139,7 @@ class HeartbeatActor:
             jobs=Jobs(running=running),
             spot=self.spot,
             deregistering=self.state.deregistering,
+            workloads=self.workloads,
         )
 
     async def beat(self) -> Heartbeat | None:

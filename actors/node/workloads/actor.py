@@ -1,0 +1,454 @@
+"""Workload actor: runs what accepted Deploy and Stop commands ask, and reports it.
+
+The command executor hands it each accepted order as a node-signed ``workload_order``
+event. A deploy is checked against the node (allowed engine and binary, GPUs it has and no
+other workload uses unless shared, a free name and port), started with
+``CUDA_VISIBLE_DEVICES`` pinned, and is ready when its ``/health`` answers 200 and its
+``/v1/models`` names the model, within the deploy's ready timeout; every step is a signed
+CommandResult. A workload that exits is restarted after a capped backoff, and left in
+``crashloop`` after ``workload_crash_limit`` exits within ``workload_crash_window``. Stop
+is SIGTERM to the process group, SIGKILL after ``workload_stop_grace``. The desired set is
+saved in the state dir; a new agent adopts the processes still running (pid and start
+time) and starts the others again. Every change publishes ``Workloads`` (and so does each
+heartbeat period, so a restarted heartbeat actor learns the set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import nats.errors
+
+from actors.node.config import AgentConfig
+from actors.node.events import NodeEvents
+from actors.node.workloads import processes
+from actors.node.workloads.launch import NotAllowed, command_line
+from actors.node.workloads.store import Entry, WorkloadStore
+from actors.runtime.bus import Bus, listening, publish_signed
+from actors.runtime.schedule import Backoff
+from schemas.base import Schedulability
+from schemas.events import Event, NodeState, Sample, Workload, Workloads, WorkloadState
+from schemas.messages import MAX_HEARTBEAT_WORKLOADS, CommandResult, CommandStatus
+from schemas.subjects import EVENT_WORKLOADS, Subjects
+from schemas.workloads import Deploy, Stop, WorkloadOrder
+
+log = logging.getLogger(__name__)
+
+POLL = 0.25
+"""Seconds between two looks at a workload's process (and, while starting, its endpoints)."""
+HTTP_TIMEOUT = 2.0
+KILL_WAIT = 5.0
+"""Seconds to wait for a SIGKILLed group to be gone."""
+FINAL_STATES = ("failed", "crashloop", "stopped")
+
+
+class Running:
+    """One workload as the actor supervises it."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        self.state: WorkloadState = "starting"
+        self.since = time.time()
+        self.reason = ""
+        self.crashes: deque[float] = deque()
+        self.command_id = ""
+        """The deploy whose final result is still to come ("" after a restart)."""
+        self.digest = ""
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def deploy(self) -> Deploy:
+        return self.entry.deploy
+
+    def describe(self) -> Workload:
+        return Workload(
+            name=self.deploy.name,
+            engine=self.deploy.engine,
+            state=self.state,
+            since=self.since,
+            port=self.entry.port,
+            gpus=list(self.deploy.gpus),
+            model=self.deploy.model,
+            restarts=self.entry.restarts,
+            reason=self.reason[:1024],
+            max_pending=self.deploy.max_pending,
+        )
+
+
+class WorkloadsActor:
+    """Subscribes to fleet.evt.<node>.*; publishes Workloads on fleet.evt.<node>.workloads and
+    CommandResult on fleet.result.<cluster>.<node>."""
+
+    name = "workloads"
+
+    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
+        self.config = config
+        self.bus = bus
+        self.events = events
+        self.subjects = Subjects(config.prefix)
+        self.subject = self.subjects.event(config.node_id, EVENT_WORKLOADS)
+        self.result_subject = self.subjects.result(config.cluster, config.node_id)
+        self.store = WorkloadStore(Path(config.state_dir))
+        self.running: dict[str, Running] = {}
+        self.gpus: set[int] | None = None
+        """GPU indices of the last inventory sample (None until one arrives)."""
+        self.schedulability: Schedulability = "schedulable"
+        self._counts: dict[tuple[str, str], int] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._stops: set[asyncio.Task[None]] = set()
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        routes = {
+            self.subjects.events(self.config.node_id): self.events.decoding(
+                self.name, self._on_event
+            )
+        }
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT))
+        try:
+            async with listening(self.bus, routes):
+                for entry in self.store.load():
+                    self._supervise(Running(entry), adopt=True)
+                await self.publish()
+                ready()
+                while True:
+                    await asyncio.sleep(self.config.heartbeat_interval)
+                    await self.publish()
+        finally:
+            # The processes are left running: the next agent adopts them.
+            tasks = [w.task for w in self.running.values() if w.task is not None]
+            tasks += list(self._stops)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._session.close()
+
+    # Events ----------------------------------------------------------------------------
+
+    async def _on_event(self, event: Event) -> None:
+        match event:
+            case Sample():
+                self.gpus = {gpu.index for gpu in event.gpus}
+            case NodeState():
+                self.schedulability = event.schedulability
+            case WorkloadOrder():
+                await self._on_order(event)
+
+    async def _on_order(self, order: WorkloadOrder) -> None:
+        action = order.action
+        if isinstance(action, Stop):
+            await self._stop(order, action)
+            return
+        refusal = self._refusal(action)
+        port = action.port or processes.free_port()
+        if not refusal:
+            try:
+                command_line(self.config, action, port)
+            except NotAllowed as exc:
+                refusal = str(exc)
+        if refusal:
+            log.warning("deploy refused", extra={"workload": action.name, "reason": refusal})
+            await self.result(order.command_id, "rejected", refusal, order.command_digest)
+            return
+        await self.result(
+            order.command_id, "accepted", f"deploy {action.name}", order.command_digest
+        )
+        old = self.running.pop(action.name, None)
+        if old is not None and old.task is not None:
+            old.task.cancel()
+        workload = Running(Entry(deploy=action, port=port))
+        workload.command_id, workload.digest = order.command_id, order.command_digest
+        self._supervise(workload, adopt=False)
+        self._save()
+
+    def _refusal(self, deploy: Deploy) -> str:
+        """Why the node cannot run ``deploy`` ("" when it can)."""
+        existing = self.running.get(deploy.name)
+        if existing is not None and existing.state not in FINAL_STATES:
+            return f"a workload named {deploy.name} already runs ({existing.state}); stop it first"
+        active = [w for w in self.running.values() if w.state not in FINAL_STATES]
+        if len(active) >= MAX_HEARTBEAT_WORKLOADS:
+            return f"this node runs at most {MAX_HEARTBEAT_WORKLOADS} workloads"
+        if deploy.gpus:
+            if self.gpus is None:
+                return "GPU inventory not known yet; send the deploy again"
+            missing = sorted(set(deploy.gpus) - self.gpus)
+            if missing:
+                have = ",".join(str(i) for i in sorted(self.gpus)) or "none"
+                return f"no GPU {','.join(map(str, missing))} on this node (it has {have})"
+            for other in active:
+                # Sharing takes both: one that asked for a GPU of its own keeps it.
+                shared = sorted(set(deploy.gpus) & set(other.deploy.gpus))
+                if shared and not (deploy.share and other.deploy.share):
+                    return (
+                        f"GPU {','.join(map(str, shared))} already used by workload "
+                        f"{other.deploy.name} (both must be deployed with --share)"
+                    )
+        if deploy.port:
+            if any(w.entry.port == deploy.port for w in active):
+                return f"port {deploy.port} already used by another workload"
+            if processes.port_in_use(deploy.port):
+                return f"port {deploy.port} in use on 127.0.0.1"
+        return ""
+
+    # Supervision -----------------------------------------------------------------------
+
+    def _supervise(self, workload: Running, adopt: bool) -> None:
+        self.running[workload.deploy.name] = workload
+        workload.task = asyncio.create_task(
+            self._keep(workload, adopt), name=f"workload-{workload.deploy.name}"
+        )
+
+    async def _keep(self, workload: Running, adopt: bool) -> None:
+        """Start (or adopt), wait for readiness, watch, restart after a crash, give up."""
+        entry = workload.entry
+        backoff = Backoff(1.0, self.config.workload_backoff_max)
+        log_path = self.store.log_path(workload.deploy.name)
+        if adopt and not processes.alive(entry.pid, entry.started):
+            log.info(
+                "workload gone after restart; starting it", extra={"workload": entry.deploy.name}
+            )
+            adopt = False
+        while True:
+            if not adopt:
+                try:
+                    await self._start(workload, log_path)
+                except (OSError, NotAllowed) as exc:
+                    await self._final(workload, "failed", f"cannot start: {exc}")
+                    return
+            else:
+                log.info(
+                    "workload adopted", extra={"workload": entry.deploy.name, "pid": entry.pid}
+                )
+            adopt = False
+            if not await self._until_ready(workload, log_path):
+                return
+            await self._until_exit(workload, log_path)
+            exit_code = processes.reap(entry.pid)
+            # What the leader left behind (an engine's workers) would hold its GPUs and
+            # port against the restart.
+            await self._kill(entry.pid)
+            now = time.time()
+            workload.crashes.append(now)
+            while (
+                workload.crashes and workload.crashes[0] < now - self.config.workload_crash_window
+            ):
+                workload.crashes.popleft()
+            detail = f"exited (code {exit_code})" if exit_code is not None else "exited"
+            if len(workload.crashes) >= self.config.workload_crash_limit:
+                tail = processes.tail(log_path)
+                await self._final(
+                    workload,
+                    "crashloop",
+                    f"{len(workload.crashes)} crashes within "
+                    f"{self.config.workload_crash_window:g}s; last {detail}; log: {tail}",
+                )
+                return
+            entry.restarts += 1
+            delay = backoff.next()
+            log.warning(
+                "workload exited; restarting",
+                extra={"workload": entry.deploy.name, "code": exit_code, "delay": delay},
+            )
+            await self._set(workload, "starting", f"{detail}; restart {entry.restarts}")
+            await asyncio.sleep(delay)
+
+    async def _start(self, workload: Running, log_path: Path) -> None:
+        deploy, entry = workload.deploy, workload.entry
+        argv = command_line(self.config, deploy, entry.port)
+        env = {**deploy.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in deploy.gpus)}
+        entry.pid, entry.started = processes.spawn(argv, env, log_path)
+        self._save()
+        log.info("workload started", extra={"workload": deploy.name, "pid": entry.pid})
+        await self._set(workload, "starting", f"pid {entry.pid}")
+        await self._progress(workload, f"starting: pid {entry.pid} on 127.0.0.1:{entry.port}")
+
+    async def _until_ready(self, workload: Running, log_path: Path) -> bool:
+        """Whether the workload became ready within its timeout; if not, it is failed (and
+        its group killed) or it exited (then False is not final: the caller restarts)."""
+        entry = workload.entry
+        deadline = time.monotonic() + workload.deploy.ready_timeout
+        loading_said = False
+        while time.monotonic() < deadline:
+            if not processes.alive(entry.pid, entry.started):
+                return True  # _until_exit returns at once and the crash is counted
+            status = await self._readiness(workload)
+            if status == "ready":
+                backoff_note = f" after {entry.restarts} restarts" if entry.restarts else ""
+                await self._set(workload, "ready", "")
+                await self._answer(
+                    workload, "done", f"ready on 127.0.0.1:{entry.port}{backoff_note}"
+                )
+                return True
+            if status and not loading_said:
+                loading_said = True
+                await self._progress(workload, f"loading: {status}")
+            await asyncio.sleep(POLL)
+        await self._kill(entry.pid)
+        processes.reap(entry.pid)
+        tail = processes.tail(log_path)
+        await self._final(
+            workload,
+            "failed",
+            f"not ready within {workload.deploy.ready_timeout:g}s; log: {tail}",
+        )
+        return False
+
+    async def _readiness(self, workload: Running) -> str:
+        """``ready``, or what the endpoints say while loading ("" while nothing answers)."""
+        assert self._session is not None
+        base = f"http://127.0.0.1:{workload.entry.port}"
+        try:
+            async with self._session.get(f"{base}/health") as response:
+                if response.status != 200:
+                    return f"/health: HTTP {response.status}"
+            async with self._session.get(f"{base}/v1/models") as response:
+                if response.status != 200:
+                    return f"/v1/models: HTTP {response.status}"
+                body = json.loads(await response.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return ""
+        model = workload.deploy.model
+        try:
+            ids = [str(item["id"]) for item in body["data"]]
+        except (KeyError, TypeError):
+            return "/v1/models: not an OpenAI model list"
+        if not model and ids:
+            return "ready"
+        if any(served == model or Path(served).name == Path(model).name for served in ids):
+            return "ready"
+        return f"/v1/models does not name {model}"
+
+    async def _until_exit(self, workload: Running, log_path: Path) -> None:
+        entry = workload.entry
+        while processes.alive(entry.pid, entry.started):
+            processes.rotate(log_path, self.config.workload_log_bytes)
+            await asyncio.sleep(POLL)
+
+    # Stop ------------------------------------------------------------------------------
+
+    async def _stop(self, order: WorkloadOrder, stop: Stop) -> None:
+        workload = self.running.get(stop.name)
+        if workload is None:
+            await self.result(
+                order.command_id, "rejected", f"no workload named {stop.name}", order.command_digest
+            )
+            return
+        await self.result(order.command_id, "accepted", f"stop {stop.name}", order.command_digest)
+        task = asyncio.create_task(self._stopping(order, workload), name=f"stop-{stop.name}")
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+
+    async def _stopping(self, order: WorkloadOrder, workload: Running) -> None:
+        if workload.task is not None:
+            workload.task.cancel()
+            await asyncio.gather(workload.task, return_exceptions=True)
+        if workload.command_id:
+            await self._answer(workload, "failed", f"stopped by {order.command_id}")
+        await self._set(workload, "stopping", f"stop {order.command_id}")
+        await self.result(order.command_id, "in_progress", "SIGTERM sent", order.command_digest)
+        left = await self._kill(workload.entry.pid)
+        processes.reap(workload.entry.pid)
+        await self._set(workload, "stopped", "")
+        if self.running.get(workload.deploy.name) is workload:
+            del self.running[workload.deploy.name]
+        self._save()
+        await self.publish()
+        detail = "stopped" if not left else f"stopped; {len(left)} processes would not die"
+        await self.result(
+            order.command_id, "done" if not left else "failed", detail, order.command_digest
+        )
+
+    async def _kill(self, pgid: int) -> list[int]:
+        """SIGTERM the group, SIGKILL it after the grace period; the pids still alive."""
+        if pgid <= 0:
+            return []
+        processes.signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.workload_stop_grace
+        while processes.group_pids(pgid) and time.monotonic() < deadline:
+            processes.reap(pgid)
+            await asyncio.sleep(POLL)
+        left = processes.group_pids(pgid)
+        if left:
+            log.warning("workload ignored SIGTERM; SIGKILL", extra={"pgid": pgid, "pids": left})
+            processes.signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + KILL_WAIT
+            while left and time.monotonic() < deadline:
+                processes.reap(pgid)
+                await asyncio.sleep(POLL / 5)
+                left = processes.group_pids(pgid)
+        return left
+
+    # Reporting -------------------------------------------------------------------------
+
+    async def _set(self, workload: Running, state: WorkloadState, reason: str) -> None:
+        if state != workload.state:
+            workload.since = time.time()
+        workload.state, workload.reason = state, reason
+        self._save()
+        await self.publish()
+
+    async def _final(self, workload: Running, state: WorkloadState, reason: str) -> None:
+        log.warning(
+            "workload %s", state, extra={"workload": workload.deploy.name, "reason": reason}
+        )
+        await self._set(workload, state, reason)
+        await self._answer(workload, "failed", f"{state}: {reason}")
+
+    async def _progress(self, workload: Running, detail: str) -> None:
+        if workload.command_id:
+            await self.result(workload.command_id, "in_progress", detail, workload.digest)
+
+    async def _answer(self, workload: Running, status: CommandStatus, detail: str) -> None:
+        """The deploy's final result, once."""
+        if workload.command_id:
+            command_id, workload.command_id = workload.command_id, ""
+            await self.result(command_id, status, detail, workload.digest)
+
+    def _save(self) -> None:
+        self.store.save(
+            [w.entry for w in self.running.values() if w.state not in ("stopping", "stopped")]
+        )
+
+    async def publish(self) -> None:
+        workloads = Workloads(
+            ts=time.time(), workloads=[w.describe() for w in self.running.values()]
+        )
+        try:
+            await self.events.publish(self.bus, self.subject, workloads)
+        except nats.errors.Error as exc:
+            log.warning("workloads not published", extra={"reason": str(exc)})
+
+    async def result(
+        self, command_id: str, status: CommandStatus, detail: str, digest: str
+    ) -> None:
+        """A node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised."""
+        n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
+        if status in ("rejected", "done", "failed"):
+            for other in ("accepted", "in_progress", status):
+                self._counts.pop((command_id, other), None)
+        result = CommandResult(
+            command_id=command_id,
+            node_id=self.config.node_id,
+            cluster=self.config.cluster,
+            status=status,
+            ts=time.time(),
+            detail=detail[:1024],
+            schedulability=self.schedulability,
+            command_digest=digest,
+        )
+        try:
+            await publish_signed(
+                self.bus, self.result_subject, result, self.events.key, f"{command_id}:{status}:{n}"
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning(
+                "command result not published", extra={"id": command_id, "reason": str(exc)}
+            )

@@ -1,0 +1,121 @@
+"""``fleetctl deploy | stop | workloads`` as an operator runs them: real processes against a
+real nats-server and agent, the llama.cpp stand-in as the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.node.agent import NodeAgent
+from actors.runtime.embedded import NatsServer
+from schemas import signing
+from tests.cli.test_fleetctl_commands import FLEETCTL, finish, fleetctl
+from tests.support.fleet import Fleet, wait_record
+from tests.support.workloads import killing_leftovers, standin_script
+
+
+async def workloads(server: NatsServer, prefix: str, *args: str) -> tuple[int, str, str]:
+    """``fleetctl workloads ARGS`` (it takes no operator key)."""
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL, "workloads", *args, "--server", server.url, "--prefix", prefix,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    return await finish(process)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans() -> Iterator[None]:
+    with killing_leftovers():
+        yield
+
+
+@pytest.fixture
+async def gpu_node(fleet: Fleet, operator_file: Path, tmp_path: Path) -> NodeAgent:
+    """An aggregator and agent n1 trusting the operator, with the stand-in as llama-server."""
+    await fleet.start_aggregator()
+    operator = signing.load_key_file(operator_file)
+    config = fleet.config(
+        trust_operators=[operator.public_key],
+        workload_binaries=[f"llamacpp={standin_script(tmp_path / 'bin')}"],
+        workload_stop_grace=2.0,
+    )
+    agent = await fleet.start_agent(config)
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
+    return agent
+
+
+@pytest.mark.slow
+async def test_deploy_wait_workloads_and_stop(
+    nats_server: NatsServer, fleet: Fleet, prefix: str, operator_file: Path, gpu_node: NodeAgent
+) -> None:
+    """deploy --wait shows each step live and exits 0 once ready; workloads lists it from
+    the heartbeat (table and JSON); stop --wait exits 0 and the listing empties."""
+    code, out, err = await finish(
+        await fleetctl(
+            nats_server, prefix, operator_file, "deploy", "n1", "chat", "--engine", "llamacpp",
+            "--model", "/models/x.gguf", "--gpus", "0", "--arg=--load-time", "--arg=0.5",
+            "--ready-timeout", "30s", "--wait",
+        )
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert code == 0, err
+    assert lines[0].startswith("deploy sent: id=")
+    assert lines[1].startswith("accepted: deploy chat")
+    assert any(line.startswith("in_progress: starting: pid") for line in lines)
+    assert lines[-1].startswith("done: ready on 127.0.0.1:")
+
+    def listed(record: object) -> bool:
+        beat = getattr(record, "heartbeat", None)
+        return beat is not None and any(w.state == "ready" for w in beat.workloads)
+
+    await wait_record(fleet.bus, prefix, "n1", listed)
+    code, out, err = await workloads(nats_server, prefix, "--json")
+    assert code == 0, err
+    [item] = json.loads(out)
+    assert (item["node"], item["name"], item["engine"], item["state"]) == (
+        "n1", "chat", "llamacpp", "ready",
+    )  # fmt: skip
+    assert item["gpus"] == [0] and item["model"] == "/models/x.gguf"
+    code, out, err = await workloads(nats_server, prefix, "n1")
+    assert out.splitlines()[0].split()[:4] == ["NODE", "NAME", "ENGINE", "STATE"]
+    assert out.splitlines()[1].split()[:4] == ["n1", "chat", "llamacpp", "ready"]
+
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, operator_file, "stop", "n1", "chat", "--wait")
+    )
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("done: stopped")
+    await wait_record(
+        fleet.bus, prefix, "n1", lambda r: r.heartbeat is not None and not r.heartbeat.workloads
+    )
+
+
+async def test_deploy_refused_exits_one(
+    nats_server: NatsServer, prefix: str, operator_file: Path, gpu_node: NodeAgent
+) -> None:
+    """A deploy of an engine the node does not allow exits 1 with the node's reason."""
+    code, out, _ = await finish(
+        await fleetctl(
+            nats_server, prefix, operator_file, "deploy", "n1", "job", "--engine", "process",
+            "--arg", "sleep", "--wait",
+        )
+    )  # fmt: skip
+    assert code == 1
+    assert "rejected: engine process not allowed on this node" in out
+
+
+async def test_bad_gpu_list_is_a_usage_error(
+    nats_server: NatsServer, prefix: str, operator_file: Path
+) -> None:
+    """--gpus that is not a list of indices is refused before anything is sent (exit 2)."""
+    code, _, err = await finish(
+        await fleetctl(
+            nats_server, prefix, operator_file, "deploy", "n1", "x", "--engine", "vllm",
+            "--gpus", "a,b",
+        )
+    )  # fmt: skip
+    assert code == 2 and "not a list of GPU indices" in err
