@@ -44,6 +44,7 @@ from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
+from actors.runtime.config import DurationError, parse_duration
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
 from schemas import signing
@@ -61,7 +62,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         port=args.port,
         store=args.store or default_store(),
         heartbeat_interval=args.heartbeat_interval,
-        stale_after=args.stale_after,
+        stale_after=args.stale_after or 3 * args.heartbeat_interval,
         gpus_per_node=args.gpus_per_node,
     )
     return await run_up(options)
@@ -322,14 +323,13 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 
 def duration(text: str) -> float:
-    """``30s``, ``10m``, ``1h``, ``2d`` or plain seconds, as seconds (an argparse type)."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1.0)
+    """``30s``, ``10m``, ``1h``, ``2d``, ``500ms`` or plain seconds, as seconds (an argparse
+    type), read by the runtime's one duration parser."""
     try:
-        seconds = float(number) * unit
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m, 1h") from None
-    if not seconds > 0 or seconds == float("inf"):
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
     return seconds
 
@@ -385,9 +385,11 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=4222, help="client port (0: any free port)")
     up.add_argument("--store", type=Path, default=None, help=f"default {default_store()}")
     up.add_argument(
-        "--heartbeat-interval", type=float, default=2.0, help="agents' beat period, s (default 2)"
+        "--heartbeat-interval", type=duration, default=2.0, help="agents' beat period (default 2s)"
     )
-    up.add_argument("--stale-after", type=float, default=6.0, help="heartbeat TTL, s (default 6)")
+    up.add_argument(
+        "--stale-after", type=duration, help="heartbeat TTL (default 3 x --heartbeat-interval)"
+    )
     up.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
     up.set_defaults(func=cmd_up)
 

@@ -9,12 +9,12 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, Port, Positive
+from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
 from actors.runtime.logs import LogFormat
 from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
@@ -45,6 +45,11 @@ def default_node_id() -> str:
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every setting of ``node-agent start``; each is a flag, an env var and a TOML key."""
+
+    derived_defaults: ClassVar[dict[str, tuple[str, float]]] = {
+        "stale_after": ("heartbeat_interval", 3.0)
+    }
+    """stale_after, unless set, is 3 x heartbeat_interval (read by the runtime's loader)."""
 
     server: str = DEFAULT_SERVER
     node_id: NodeId = msgspec.field(default_factory=default_node_id)
@@ -114,7 +119,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_provider: Literal["aws", "gcp", "azure", "auto", "none"] = "none"
     metadata_url: str = ""
     spot_poll_interval: Positive = 1.0
-    spot_safety_margin: Annotated[float, Meta(ge=0)] = 15.0
+    spot_safety_margin: NonNegativeDuration = 15.0
 
     deregister_on_shutdown: bool = False
     shutdown_timeout: Positive = 10.0
