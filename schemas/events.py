@@ -17,6 +17,7 @@ from schemas.base import (
     MAX_COMPONENTS,
     MAX_ENGINES,
     MAX_GPUS,
+    MAX_MODELS,
     MAX_PEERS,
     MAX_XIDS,
     Bytes,
@@ -162,6 +163,8 @@ class EngineStatus(Wire, frozen=True, kw_only=True):
     waiting: Count | None = None
     reason: Text = ""
     checked_at: UnixTime = 0.0
+    models: Annotated[list[Name], Meta(max_length=MAX_MODELS)] = []
+    """Served model names (``/v1/models``), when the engine answers it."""
 
 
 class Engine(Wire, frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ from schemas.base import (
     Details,
     Hostname,
     Id,
+    Labels,
     Name,
     NodeId,
     OpenHealthStatus,
@@ -56,6 +57,8 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     schedulability_reason: Text = ""
     deregistering: bool = False
     """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
+    labels: Labels = {}
+    """Placement labels (operator-given, cloud and engine facts), in every heartbeat."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -225,6 +228,8 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """When an aggregator created this record (a registration or the node's first accepted
     heartbeat): ``fleetctl nodes``' AGE. A record made by an older aggregator gets it at
     its next accepted heartbeat."""
+    labels: Labels = {}
+    """The labels of the last accepted heartbeat."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

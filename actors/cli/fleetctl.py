@@ -37,6 +37,7 @@ from actors.cli.common import (
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
 from actors.fleet import history, nats_config, registry
+from actors.fleet import labels as fleet_labels
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -182,6 +183,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     output = "json" if args.json else args.output
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
+    selectors = fleet_labels.parse_selectors(args.label or [])
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
@@ -191,6 +193,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 for r in await registry.read_records(bus, subjects)
                 if (not args.cluster or r.cluster == args.cluster)
                 and (not args.state or r.state == args.state)
+                and fleet_labels.matches(r.labels, selectors)
             ]
             key = [views.change_key(r) for r in records]
             if key != shown:
@@ -447,6 +450,12 @@ def parser() -> argparse.ArgumentParser:
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster", help="only nodes of this cluster")
     nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
+    nodes.add_argument(
+        "-l",
+        "--label",
+        action="append",
+        help="only nodes with this label, KEY=VALUE (repeatable: all must match)",
+    )
     nodes.add_argument("--json", action="store_true", help="same as -o json")
     nodes.add_argument(
         "-o",

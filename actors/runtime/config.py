@@ -72,9 +72,7 @@ def parse_duration(value: str | float) -> float:
 def _is_duration(kind: msgspec.inspect.Type) -> bool:
     if isinstance(kind, msgspec.inspect.UnionType):
         return any(_is_duration(member) for member in kind.types)
-    return isinstance(kind, msgspec.inspect.Metadata) and bool(
-        (kind.extra or {}).get("duration")
-    )
+    return isinstance(kind, msgspec.inspect.Metadata) and bool((kind.extra or {}).get("duration"))
 
 
 def duration_fields(config_type: type[msgspec.Struct]) -> set[str]:
@@ -85,11 +83,17 @@ def duration_fields(config_type: type[msgspec.Struct]) -> set[str]:
 
 
 def _dict_fields(config_type: type[msgspec.Struct]) -> set[str]:
-    return {
-        field.name
-        for field in msgspec.structs.fields(config_type)
-        if str(field.type).startswith("dict")
-    }
+    """Mapping settings (``labels``), bounded (Annotated) or not."""
+    info = msgspec.inspect.type_info(config_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    found = set()
+    for field in info.fields:
+        kind = field.type
+        if isinstance(kind, msgspec.inspect.Metadata):
+            kind = kind.type
+        if isinstance(kind, msgspec.inspect.DictType):
+            found.add(field.name)
+    return found
 
 
 def key_values(name: str, items: list[Any]) -> dict[str, str]:

@@ -19,6 +19,7 @@ import nats.errors
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.heartbeat.sequence import SequenceStore
+from actors.node.labels import node_labels
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.events import (
@@ -116,6 +117,7 @@ class HeartbeatActor:
             jobs=Jobs(running=running),
             spot=self.spot,
             deregistering=self.state.deregistering,
+            labels=node_labels(self.config.labels, self.engine),
         )
 
     async def beat(self) -> Heartbeat | None:
