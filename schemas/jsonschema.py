@@ -39,6 +39,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.ProbeReply,
     messages.NodeRecord,
     messages.TrustEntry,
+    messages.EnrollClaims,
+    messages.EnrollRecord,
 )
 
 

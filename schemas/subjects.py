@@ -21,6 +21,8 @@ STREAM_EVENTS: Final = "FLEET_EVENTS"
 STREAM_ALERTS: Final = "FLEET_ALERTS"
 BUCKET_NODES: Final = "fleet_nodes"
 BUCKET_TRUST: Final = "fleet_trust"
+BUCKET_ENROLL: Final = "fleet_enroll"
+"""Enrollment tokens' records (``EnrollRecord``), key = token id: uses and revocation."""
 
 EVENT_SAMPLE: Final = "sample"
 EVENT_HEALTH: Final = "health"

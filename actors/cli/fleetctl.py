@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import send, views
+from actors.cli import enroll_cli, send, views
 from actors.cli.common import (
     KEY_FILE_ENV,
     add_config_flags,
@@ -545,6 +545,7 @@ def parser() -> argparse.ArgumentParser:
     add_server(config)
     config.set_defaults(func=cmd_nats_config)
     send.add_command_parsers(commands)
+    enroll_cli.add_parsers(commands)
     return strict(root)
 
 

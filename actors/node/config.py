@@ -16,7 +16,15 @@ from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
 from actors.runtime.logs import LogFormat
-from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, Labels, NodeId
+from schemas.base import (
+    MAX_ENGINES,
+    MAX_ENROLL_TOKEN,
+    MAX_PEERS,
+    MAX_URL,
+    Cluster,
+    Labels,
+    NodeId,
+)
 from schemas.subjects import TOKEN_PATTERN, is_token
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = "auto"
     """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
+    enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
+    """An operator's enrollment token (``fleetctl enroll-token create``): ``start`` and
+    ``register`` present it, so an aggregator that trusts its issuer approves this node's
+    key at once. A node already approved spends no use."""
     labels: Labels = {}
     """Placement labels, KEY=VALUE: ``--label`` (repeatable), NODE_AGENT_LABELS (comma
     separated) or a TOML ``[labels]`` table; they win over the automatic ones."""

@@ -7,6 +7,7 @@ the field (``ConfigError``), never a traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -18,6 +19,8 @@ import msgspec
 from msgspec import Meta
 
 from schemas.errors import FleetError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 
@@ -132,6 +135,21 @@ def from_env(
             raise ConfigError(f"unknown environment variable {key}")
         values[name] = [item for item in raw.split(",") if item] if name in lists else raw
     return values
+
+
+def read_keys(keys: list[str], file: str) -> set[str]:
+    """``keys`` plus the lines of ``file`` (blank lines and ``#`` comments skipped), read
+    at each call so a key can be added or removed without a restart; an unreadable file
+    is logged and adds nothing."""
+    found = set(keys)
+    if file:
+        try:
+            text = Path(file).read_text()
+        except OSError as exc:
+            log.error("cannot read key file", extra={"file": file, "reason": str(exc)})
+            return found
+        found.update(line.strip() for line in text.splitlines() if line.strip()[:1] not in "#")
+    return found
 
 
 def read_toml(path: Path) -> dict[str, Any]:
