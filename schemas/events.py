@@ -37,6 +37,7 @@ from schemas.base import (
 )
 from schemas.errors import DecodeError
 from schemas.subjects import (
+    EVENT_CLOUD,
     EVENT_ENGINE,
     EVENT_HEALTH,
     EVENT_INJECT,
@@ -195,6 +196,19 @@ def notice_key(notice: Interruption) -> str:
     return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
 
 
+class CloudFacts(Wire, frozen=True, kw_only=True):
+    """Where the node runs, as its cloud's metadata service says (spot watcher, once):
+    the heartbeat turns these into the labels region, zone, instance_type, lifecycle."""
+
+    ts: UnixTime
+    provider: Literal["aws", "gcp", "azure"]
+    region: Name = ""
+    zone: Name = ""
+    instance_type: Name = ""
+    lifecycle: Name = ""
+    """``spot`` or ``on-demand``."""
+
+
 class NodeState(Wire, frozen=True, kw_only=True):
     """The node's schedulability, published at once whenever it changes."""
 
@@ -233,7 +247,7 @@ class SpotStatus(Wire, frozen=True, kw_only=True):
     notice: Interruption | None = None
 
 
-Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject
+Event = Sample | Health | Interruption | Latency | Engine | NodeState | Inject | CloudFacts
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -244,6 +258,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_ENGINE: Engine,
     EVENT_STATE: NodeState,
     EVENT_INJECT: Inject,
+    EVENT_CLOUD: CloudFacts,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -261,6 +276,7 @@ def decode_event(subject: str, data: bytes) -> Event:
 __all__ = [
     "EVENT_TYPES",
     "Capacity",
+    "CloudFacts",
     "Engine",
     "EngineStatus",
     "Event",

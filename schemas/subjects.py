@@ -31,6 +31,7 @@ EVENT_LATENCY: Final = "latency"
 EVENT_ENGINE: Final = "engine"
 EVENT_STATE: Final = "state"
 EVENT_INJECT: Final = "inject"
+EVENT_CLOUD: Final = "cloud"
 
 
 def check_token(field: str, value: str) -> str:

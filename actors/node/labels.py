@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from schemas.base import MAX_LABEL_VALUE, MAX_LABELS
-from schemas.events import Engine
+from schemas.events import CloudFacts, Engine
 
 MODEL = "model"
 """Well-known key: the served models of every engine, sorted, joined with ``+``."""
@@ -38,6 +38,17 @@ def served_models(engine: Engine | None) -> str:
             break
         value = joined
     return value
+
+
+def cloud_labels(facts: CloudFacts) -> dict[str, str]:
+    """The well-known labels of a node's cloud facts (empty ones left out)."""
+    found = {
+        "region": facts.region,
+        "zone": facts.zone,
+        "instance_type": facts.instance_type,
+        "lifecycle": facts.lifecycle,
+    }
+    return {key: value for key, value in found.items() if value}
 
 
 def node_labels(

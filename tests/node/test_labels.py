@@ -12,12 +12,14 @@ from actors.cli.common import settings_from
 from actors.cli.node_agent import parser
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.node.engine import EngineActor
-from actors.node.labels import node_labels, served_models
+from actors.node.labels import cloud_labels, node_labels, served_models
+from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError, build
 from schemas.events import Engine, EngineStatus
 from tests.support.fake_http import json_body, serve, text
-from tests.support.fleet import agent_config, node_events
+from tests.support.fleet import Fleet, agent_config, node_events, wait_record
+from tests.support.metadata_fakes import FakeAws, FakeAzure, FakeGcp
 
 
 def test_label_flags_env_and_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,3 +94,59 @@ async def test_engines_report_served_models(
         engine = await EngineActor(config, bus, node_events(config)).check(session)
     assert [e.models for e in engine.engines] == [["m-1", "m-2"], []]
     assert engine.engines[0].url == url
+
+
+async def test_cloud_facts_from_each_metadata_service(fleet: Fleet, bus: NatsBus) -> None:
+    """Region, zone, instance type and spot/on-demand, read from each cloud's documented
+    metadata answers (the fakes of tests/support/metadata_fakes.py)."""
+    aws = await fleet.start_fake(FakeAws())
+    gcp = await fleet.start_fake(FakeGcp())
+    azure = await fleet.start_fake(FakeAzure())
+    got = {}
+    async with aiohttp.ClientSession() as session:
+        for provider, fake in (("aws", aws), ("gcp", gcp), ("azure", azure)):
+            config = fleet.config(spot_provider=provider, metadata_url=fake.url)
+            spot = SpotActor(config, bus, node_events(config))
+            got[provider] = cloud_labels(await spot.facts(session, provider, fake.url))
+    assert got == {
+        "aws": {
+            "region": "us-east-1",
+            "zone": "us-east-1a",
+            "instance_type": "p5.48xlarge",
+            "lifecycle": "spot",
+        },
+        "gcp": {
+            "region": "us-central1",
+            "zone": "us-central1-a",
+            "instance_type": "a3-highgpu-8g",
+            "lifecycle": "on-demand",
+        },
+        "azure": {
+            "region": "eastus",
+            "zone": "2",
+            "instance_type": "Standard_ND96isr_H100_v5",
+            "lifecycle": "spot",
+        },
+    }
+
+
+async def test_cloud_labels_reach_the_record_despite_metadata_errors(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """An agent on AWS whose metadata service first fails (503) still gets its placement
+    labels into its heartbeats and record, next to the operator's."""
+    aws = await fleet.start_fake(FakeAws())
+    aws.failures = [503, 503]
+    await fleet.start_aggregator()
+    config = fleet.config(
+        spot_provider="aws", metadata_url=aws.url, spot_poll_interval=0.1, labels={"team": "ml"}
+    )
+    await fleet.start_agent(config)
+    record = await wait_record(bus, prefix, "n1", lambda r: "zone" in r.labels, timeout=15)
+    assert record.labels == {
+        "region": "us-east-1",
+        "zone": "us-east-1a",
+        "instance_type": "p5.48xlarge",
+        "lifecycle": "spot",
+        "team": "ml",
+    }

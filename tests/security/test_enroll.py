@@ -23,6 +23,10 @@ from tests.support.fleet import Fleet
 OPERATOR = signing.KeyPair.generate()
 
 
+def b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
 async def register(
     nc: Client,
     prefix: str,
@@ -96,7 +100,6 @@ async def test_forged_and_garbled_tokens_approve_nothing(
     rogue_claims = codec.encode(
         msgspec.structs.replace(codec.decode(body, EnrollClaims, "t"), issuer=OPERATOR.public_key)
     )
-    b64 = lambda raw: base64.urlsafe_b64encode(raw).decode().rstrip("=")  # noqa: E731
     impostor = f"{rogue.public_key}.{b64(rogue_claims)}.{b64(rogue.sign(rogue_claims))}"
     relabelled = f"{OPERATOR.public_key}.{b64(rogue_claims)}.{b64(rogue.sign(rogue_claims))}"
     cases = {
