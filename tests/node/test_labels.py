@@ -13,13 +13,13 @@ from actors.cli.node_agent import parser
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.node.engine import EngineActor
 from actors.node.labels import cloud_labels, node_labels, served_models
-from actors.node.spot import SpotActor
+from actors.node.spot import Provider, SpotActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError, build
 from schemas.events import Engine, EngineStatus
 from tests.support.fake_http import json_body, serve, text
 from tests.support.fleet import Fleet, agent_config, node_events, wait_record
-from tests.support.metadata_fakes import FakeAws, FakeAzure, FakeGcp
+from tests.support.metadata_fakes import FakeAws, FakeAzure, FakeGcp, FakeServer
 
 
 def test_label_flags_env_and_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +103,9 @@ async def test_cloud_facts_from_each_metadata_service(fleet: Fleet, bus: NatsBus
     gcp = await fleet.start_fake(FakeGcp())
     azure = await fleet.start_fake(FakeAzure())
     got = {}
+    fakes: list[tuple[Provider, FakeServer]] = [("aws", aws), ("gcp", gcp), ("azure", azure)]
     async with aiohttp.ClientSession() as session:
-        for provider, fake in (("aws", aws), ("gcp", gcp), ("azure", azure)):
+        for provider, fake in fakes:
             config = fleet.config(spot_provider=provider, metadata_url=fake.url)
             spot = SpotActor(config, bus, node_events(config))
             got[provider] = cloud_labels(await spot.facts(session, provider, fake.url))
