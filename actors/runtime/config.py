@@ -87,16 +87,7 @@ def duration_fields(config_type: type[msgspec.Struct]) -> set[str]:
 
 def _dict_fields(config_type: type[msgspec.Struct]) -> set[str]:
     """Mapping settings (``labels``), bounded (Annotated) or not."""
-    info = msgspec.inspect.type_info(config_type)
-    assert isinstance(info, msgspec.inspect.StructType)
-    found = set()
-    for field in info.fields:
-        kind = field.type
-        if isinstance(kind, msgspec.inspect.Metadata):
-            kind = kind.type
-        if isinstance(kind, msgspec.inspect.DictType):
-            found.add(field.name)
-    return found
+    return _fields_of_kind(config_type, msgspec.inspect.DictType)
 
 
 def key_values(name: str, items: list[Any]) -> dict[str, str]:
@@ -110,12 +101,28 @@ def key_values(name: str, items: list[Any]) -> dict[str, str]:
     return found
 
 
+def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> set[str]:
+    """Settings whose type is ``kind`` (a msgspec.inspect type), bounded (Annotated) or
+    not, alone or in a union with None."""
+    info = msgspec.inspect.type_info(config_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    found = set()
+    for field in info.fields:
+        members = (
+            field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (field.type,)
+        )
+        for member in members:
+            if isinstance(member, msgspec.inspect.Metadata):
+                member = member.type
+            if isinstance(member, kind):
+                found.add(field.name)
+    return found
+
+
 def _list_fields(config_type: type[msgspec.Struct]) -> set[str]:
-    return {
-        field.name
-        for field in msgspec.structs.fields(config_type)
-        if str(field.type).startswith("list")
-    }
+    """List settings: an environment variable gives them comma-separated (a bounded list,
+    ``engines``, was missed when this looked at the annotation's text)."""
+    return _fields_of_kind(config_type, msgspec.inspect.ListType)
 
 
 def from_env(

@@ -1,4 +1,5 @@
-"""Durations as people write them: one parser for flags, env and TOML, derived defaults."""
+"""Setting values as people write them: durations (one parser for flags, env and TOML),
+derived defaults, comma-separated lists and KEY=VALUE maps from the environment."""
 
 from __future__ import annotations
 
@@ -111,3 +112,18 @@ def test_fleetctl_duration_arguments_share_the_parser() -> None:
         duration("0")
     with pytest.raises(argparse.ArgumentTypeError):
         POSITIVE("soon")
+
+
+def test_bounded_lists_and_maps_from_env_are_split() -> None:
+    """A bounded list setting (engines) and a map (labels) given as NODE_AGENT_* variables
+    are split on commas (engines was passed whole and refused)."""
+    config = build(
+        AgentConfig,
+        ENV_PREFIX,
+        env={
+            "NODE_AGENT_ENGINES": "vllm=http://a:1,sglang=http://b:2",
+            "NODE_AGENT_LABELS": "rack=r1,gpu=h100",
+        },
+    )
+    assert config.engines == ["vllm=http://a:1", "sglang=http://b:2"]
+    assert config.labels == {"rack": "r1", "gpu": "h100"}
