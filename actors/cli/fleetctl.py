@@ -27,6 +27,7 @@ from actors.cli.common import (
     add_version,
     connected,
     default_operator_key,
+    duration,
     fail,
     run_main,
     settings_from,
@@ -45,7 +46,6 @@ from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
-from actors.runtime.config import DurationError, parse_duration
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
 from schemas import signing
@@ -325,18 +325,6 @@ async def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def duration(text: str) -> float:
-    """``30s``, ``10m``, ``1h``, ``2d``, ``500ms`` or plain seconds, as seconds (an argparse
-    type), read by the runtime's one duration parser."""
-    try:
-        seconds = parse_duration(text)
-    except DurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
-    return seconds
-
-
 async def cmd_simulate(args: argparse.Namespace) -> int:
     if args.nodes < 1 or (args.rate is not None and args.rate <= 0) or args.duration <= 0:
         return fail("simulate: --nodes, --rate and --duration must be positive")
@@ -512,11 +500,11 @@ def parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
     sim.add_argument("--nodes", type=int, required=True, help="simulated nodes")
     sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
-    sim.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    sim.add_argument("--duration", type=duration, default=30.0, help="how long (default 30s)")
     sim.add_argument("--cluster", default="sim", help="their cluster (default sim)")
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
-        "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
+        "--wait", type=duration, default=60.0, help="catch-up bound after the last publish"
     )
     add_server(sim)
     sim.set_defaults(func=cmd_simulate)

@@ -20,6 +20,7 @@ import nats.errors
 from actors.cli.common import (
     add_config_flags,
     add_version,
+    duration,
     fail,
     run_main,
     settings_from,
@@ -121,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
         "<store>/nodes/<node>)",
     )
     status.add_argument("--config", type=Path, help="TOML config file, for its state_dir")
-    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.add_argument("--timeout", type=duration, default=5.0, help="e.g. 5, 5s (default 5s)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     return strict(root)
 
