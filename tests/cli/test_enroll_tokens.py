@@ -96,6 +96,7 @@ async def test_token_lifecycle_end_to_end(fleet: Fleet, operator_file: Path) -> 
     assert out.strip() == "n3: pending - enrollment token refused: revoked"
 
 
+@pytest.mark.slow
 async def test_operator_mistakes_are_one_line(fleet: Fleet, operator_file: Path) -> None:
     """A bad --ttl or --uses is a usage error; revoking an unknown or malformed id is one
     error line, no traceback."""
