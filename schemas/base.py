@@ -52,12 +52,41 @@ MAX_DETAILS = 8
 MAX_WORKLOADS: Final = 64
 """Workloads one node runs at most."""
 
+MAX_LABELS = 32
+"""Labels per node (given and automatic together)."""
+MAX_LABEL_KEY = 63
+"""Characters of a label key (Kubernetes' bound for a name)."""
+MAX_LABEL_VALUE = 128
+"""Characters of a label value: room for a served model's name."""
+MAX_MODELS = 16
+"""Served model names kept per inference engine."""
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/@+-]*$"
+"""No spaces, commas or ``=``: a label stays one ``key=value`` word in flags, env lists
+and ``?label=`` filters. Several values are joined with ``+`` (served models)."""
+
+MAX_ENROLL_TOKEN = 2048
+"""Characters of an enrollment token as presented (base64url claims and signature)."""
+MAX_ENROLLED = 64
+"""Nodes an enrollment token's record names (the latest); its use count goes on."""
+TOKEN_ID_PATTERN = r"^[a-f0-9]{32}$"
+
 Name = Annotated[str, Meta(max_length=MAX_NAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 Id = Annotated[str, Meta(max_length=MAX_ID)]
 Url = Annotated[str, Meta(max_length=MAX_URL)]
 Hostname = Annotated[str, Meta(max_length=MAX_HOSTNAME)]
 Details = Annotated[dict[Name, Text], Meta(max_length=MAX_DETAILS)]
+LabelKey = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, Meta(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[
+    dict[LabelKey, LabelValue],
+    Meta(
+        max_length=MAX_LABELS,
+        description="placement labels: given by the operator, and region, zone, "
+        "instance_type, lifecycle, model filled from the cloud and the engines",
+    ),
+]
 Token = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="subject-safe token")]
 NodeId = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="node id")]
 Cluster = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="cluster name")]

@@ -17,6 +17,7 @@ from schemas.base import (
     MAX_COMPONENTS,
     MAX_ENGINES,
     MAX_GPUS,
+    MAX_MODELS,
     MAX_PEERS,
     MAX_WORKLOADS,
     MAX_XIDS,
@@ -37,6 +38,7 @@ from schemas.base import (
 )
 from schemas.errors import DecodeError
 from schemas.subjects import (
+    EVENT_CLOUD,
     EVENT_ENGINE,
     EVENT_GATEWAY,
     EVENT_HEALTH,
@@ -167,6 +169,8 @@ class EngineStatus(Wire, frozen=True, kw_only=True):
     waiting: Count | None = None
     reason: Text = ""
     checked_at: UnixTime = 0.0
+    models: Annotated[list[Name], Meta(max_length=MAX_MODELS)] = []
+    """Served model names (``/v1/models``), when the engine answers it."""
 
 
 class Engine(Wire, frozen=True, kw_only=True):
@@ -195,6 +199,19 @@ def notice_key(notice: Interruption) -> str:
     node's ``spot:<key>`` action and every aggregator's ``interruption`` alert id alike."""
     mark = notice.event_id or (f"{notice.deadline:.0f}" if notice.deadline else "")
     return f"{notice.provider}:{notice.kind}:{mark}".rstrip(":")
+
+
+class CloudFacts(Wire, frozen=True, kw_only=True):
+    """Where the node runs, as its cloud's metadata service says (spot watcher, once):
+    the heartbeat turns these into the labels region, zone, instance_type, lifecycle."""
+
+    ts: UnixTime
+    provider: Literal["aws", "gcp", "azure"]
+    region: Name = ""
+    zone: Name = ""
+    instance_type: Name = ""
+    lifecycle: Name = ""
+    """``spot`` or ``on-demand``."""
 
 
 class NodeState(Wire, frozen=True, kw_only=True):
@@ -288,6 +305,7 @@ Event = (
     | Workloads
     | WorkloadOrder
     | Gateway
+    | CloudFacts
 )
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
@@ -302,6 +320,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_WORKLOADS: Workloads,
     EVENT_WORKLOAD_ORDER: WorkloadOrder,
     EVENT_GATEWAY: Gateway,
+    EVENT_CLOUD: CloudFacts,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -319,6 +338,7 @@ def decode_event(subject: str, data: bytes) -> Event:
 __all__ = [
     "EVENT_TYPES",
     "Capacity",
+    "CloudFacts",
     "Engine",
     "EngineStatus",
     "Event",

@@ -33,6 +33,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     events.Workloads,
     events.Gateway,
     events.WorkloadOrder,
+    events.CloudFacts,
     messages.Command,
     messages.CommandResult,
     messages.Alert,
@@ -42,6 +43,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.ProbeReply,
     messages.NodeRecord,
     messages.TrustEntry,
+    messages.EnrollClaims,
+    messages.EnrollRecord,
 )
 
 

@@ -11,12 +11,16 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from schemas.base import (
+    MAX_ENROLL_TOKEN,
+    MAX_ENROLLED,
     MAX_GPUS,
+    TOKEN_ID_PATTERN,
     Cluster,
     Count,
     Details,
     Hostname,
     Id,
+    Labels,
     Name,
     NodeId,
     OpenHealthStatus,
@@ -82,6 +86,8 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
     workloads: Annotated[list[WorkloadSummary], Meta(max_length=MAX_HEARTBEAT_WORKLOADS)] = []
     """The workloads the node's workload actor runs (``fleetctl deploy``)."""
+    labels: Labels = {}
+    """Placement labels (operator-given, cloud and engine facts), in every heartbeat."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -186,6 +192,9 @@ class Registration(Wire, frozen=True, kw_only=True):
     hostname: Hostname = ""
     agent_version: Name = AGENT_VERSION
     fingerprint: Name = ""
+    enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
+    """An operator's enrollment token (``fleetctl enroll-token create``): aggregators
+    approve ``public_key`` at once if it is valid for this cluster (README, Security)."""
 
 
 class RegistrationReply(Wire, frozen=True, kw_only=True):
@@ -251,6 +260,43 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """When an aggregator created this record (a registration or the node's first accepted
     heartbeat): ``fleetctl nodes``' AGE. A record made by an older aggregator gets it at
     its next accepted heartbeat."""
+    labels: Labels = {}
+    """The labels of the last accepted heartbeat."""
+
+
+EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]
+
+
+class EnrollClaims(Wire, frozen=True, kw_only=True):
+    """What an enrollment token says, signed by an operator key. The token a node is given
+    is ``base64url(claims JSON) "." base64url(Ed25519 signature over those bytes)``."""
+
+    id: EnrollTokenId
+    issuer: PublicKey
+    """The operator key that signed it; aggregators honour only keys they trust."""
+    cluster: Annotated[str, Meta(max_length=64)] = ""
+    """The one cluster it admits nodes into; "" admits into any cluster."""
+    issued_at: UnixTime
+    expires_at: UnixTime
+    uses: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+
+
+class EnrollRecord(Wire, frozen=True, kw_only=True):
+    """An enrollment token's state: KV bucket ``fleet_enroll``, key ``<id>``. A token whose
+    record is missing (never created, expired away) admits nobody."""
+
+    id: EnrollTokenId
+    issuer: PublicKey
+    cluster: Annotated[str, Meta(max_length=64)] = ""
+    issued_at: UnixTime
+    expires_at: UnixTime
+    uses: Count
+    used: Count = 0
+    """Approvals made with it; compare-and-set, so several aggregators never exceed uses."""
+    revoked: bool = False
+    revoked_at: UnixTime | None = None
+    nodes: Annotated[list[NodeId], Meta(max_length=MAX_ENROLLED)] = []
+    """The latest nodes it approved."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

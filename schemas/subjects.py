@@ -21,6 +21,8 @@ STREAM_EVENTS: Final = "FLEET_EVENTS"
 STREAM_ALERTS: Final = "FLEET_ALERTS"
 BUCKET_NODES: Final = "fleet_nodes"
 BUCKET_TRUST: Final = "fleet_trust"
+BUCKET_ENROLL: Final = "fleet_enroll"
+"""Enrollment tokens' records (``EnrollRecord``), key = token id: uses and revocation."""
 
 EVENT_SAMPLE: Final = "sample"
 EVENT_HEALTH: Final = "health"
@@ -33,6 +35,7 @@ EVENT_WORKLOADS: Final = "workloads"
 EVENT_GATEWAY: Final = "gateway"
 EVENT_WORKLOAD_ORDER: Final = "workload_order"
 """The command executor hands an accepted Deploy or Stop to the workload actor here."""
+EVENT_CLOUD: Final = "cloud"
 
 
 def check_token(field: str, value: str) -> str:

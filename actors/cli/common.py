@@ -17,7 +17,7 @@ import msgspec
 import nats.errors
 
 from actors.runtime.bus import NatsBus
-from actors.runtime.config import DEFAULT_SERVER, build
+from actors.runtime.config import DEFAULT_SERVER, DurationError, build, parse_duration
 from actors.runtime.tls import client_context
 from schemas import signing
 from schemas.errors import FleetError, InvalidToken
@@ -156,6 +156,18 @@ def token(what: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return check
+
+
+def duration(text: str) -> float:
+    """An argparse type: a positive duration, ``30``, ``30s``, ``500ms``, ``10m``, ``1h``,
+    ``2d``, read by the runtime's one duration parser."""
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return seconds
 
 
 def fail(message: str, code: int = 1) -> int:

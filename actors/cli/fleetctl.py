@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import send, views, workloads
+from actors.cli import enroll_cli, send, views, workloads
 from actors.cli.common import (
     KEY_FILE_ENV,
     add_config_flags,
@@ -27,6 +27,7 @@ from actors.cli.common import (
     add_version,
     connected,
     default_operator_key,
+    duration,
     fail,
     run_main,
     settings_from,
@@ -37,6 +38,7 @@ from actors.cli.common import (
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
 from actors.fleet import history, nats_config, registry
+from actors.fleet import labels as fleet_labels
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -61,7 +63,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         port=args.port,
         store=args.store or default_store(),
         heartbeat_interval=args.heartbeat_interval,
-        stale_after=args.stale_after,
+        stale_after=args.stale_after or 3 * args.heartbeat_interval,
         gpus_per_node=args.gpus_per_node,
     )
     return await run_up(options)
@@ -181,6 +183,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     output = "json" if args.json else args.output
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
+    selectors = fleet_labels.parse_selectors(args.label or [])
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
@@ -190,6 +193,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 for r in await registry.read_records(bus, subjects)
                 if (not args.cluster or r.cluster == args.cluster)
                 and (not args.state or r.state == args.state)
+                and fleet_labels.matches(r.labels, selectors)
             ]
             key = [views.change_key(r) for r in records]
             if key != shown:
@@ -321,19 +325,6 @@ async def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def duration(text: str) -> float:
-    """``30s``, ``10m``, ``1h``, ``2d`` or plain seconds, as seconds (an argparse type)."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1.0)
-    try:
-        seconds = float(number) * unit
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m, 1h") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
-    return seconds
-
-
 async def cmd_simulate(args: argparse.Namespace) -> int:
     if args.nodes < 1 or (args.rate is not None and args.rate <= 0) or args.duration <= 0:
         return fail("simulate: --nodes, --rate and --duration must be positive")
@@ -385,9 +376,11 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=4222, help="client port (0: any free port)")
     up.add_argument("--store", type=Path, default=None, help=f"default {default_store()}")
     up.add_argument(
-        "--heartbeat-interval", type=float, default=2.0, help="agents' beat period, s (default 2)"
+        "--heartbeat-interval", type=duration, default=2.0, help="agents' beat period (default 2s)"
     )
-    up.add_argument("--stale-after", type=float, default=6.0, help="heartbeat TTL, s (default 6)")
+    up.add_argument(
+        "--stale-after", type=duration, help="heartbeat TTL (default 3 x --heartbeat-interval)"
+    )
     up.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
     up.set_defaults(func=cmd_up)
 
@@ -445,6 +438,12 @@ def parser() -> argparse.ArgumentParser:
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster", help="only nodes of this cluster")
     nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
+    nodes.add_argument(
+        "-l",
+        "--label",
+        action="append",
+        help="only nodes with this label, KEY=VALUE (repeatable: all must match)",
+    )
     nodes.add_argument("--json", action="store_true", help="same as -o json")
     nodes.add_argument(
         "-o",
@@ -501,11 +500,11 @@ def parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("simulate", help="fleet simulator / aggregator benchmark")
     sim.add_argument("--nodes", type=int, required=True, help="simulated nodes")
     sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
-    sim.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    sim.add_argument("--duration", type=duration, default=30.0, help="how long (default 30s)")
     sim.add_argument("--cluster", default="sim", help="their cluster (default sim)")
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
-        "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
+        "--wait", type=duration, default=60.0, help="catch-up bound after the last publish"
     )
     add_server(sim)
     sim.set_defaults(func=cmd_simulate)
@@ -535,6 +534,7 @@ def parser() -> argparse.ArgumentParser:
     config.set_defaults(func=cmd_nats_config)
     send.add_command_parsers(commands)
     workloads.add_workload_parsers(commands, duration)
+    enroll_cli.add_parsers(commands)
     return strict(root)
 
 

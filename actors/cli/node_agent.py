@@ -15,10 +15,12 @@ from typing import Any
 import aiohttp
 import argcomplete
 import msgspec
+import nats.errors
 
 from actors.cli.common import (
     add_config_flags,
     add_version,
+    duration,
     fail,
     run_main,
     settings_from,
@@ -57,6 +59,7 @@ LIST_FLAGS = {
     "xid_thresholds": "xid-threshold",
     "workload_engines": "workload-engine",
     "workload_binaries": "workload-binary",
+    "labels": "label",
 }
 
 
@@ -121,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
         "<store>/nodes/<node>)",
     )
     status.add_argument("--config", type=Path, help="TOML config file, for its state_dir")
-    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.add_argument("--timeout", type=duration, default=5.0, help="e.g. 5, 5s (default 5s)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     return strict(root)
 
@@ -166,6 +169,8 @@ async def cmd_key_show(args: argparse.Namespace) -> int:
 async def cmd_start(args: argparse.Namespace) -> int:
     config = settings_from(args, AgentConfig, ENV_PREFIX)
     logs.setup(config.log_level, config.log_format)
+    if config.enroll_token:
+        await enroll_at_start(config)
     agent = NodeAgent(config)
     await agent.run_until(stop_event())
     if agent.supervisor is not None and agent.supervisor.fatal:
@@ -175,13 +180,26 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 async def cmd_register(args: argparse.Namespace) -> int:
     config = settings_from(args, AgentConfig, ENV_PREFIX)
+    reply = await register(config)
+    if reply is None:
+        return fail(f"no aggregator answered on the register subject within {REGISTER_TIMEOUT:g}s")
+    sys.stdout.write(
+        f"{reply.node_id}: {reply.status}{' - ' + reply.reason if reply.reason else ''}\n"
+    )
+    return 0 if reply.status != "rejected" else 1
+
+
+async def register(config: AgentConfig) -> RegistrationReply | None:
+    """Send this node's signed registration (with its enrollment token, if any); the
+    aggregator's reply, or None when none answered in REGISTER_TIMEOUT."""
     key = signing.load_key_file(config.key_path)
     registration = Registration(
         node_id=config.node_id,
         cluster=config.cluster,
         public_key=key.public_key,
         ts=time.time(),
-        hostname=socket.gethostname(),
+        hostname=socket.gethostname()[:255],
+        enroll_token=config.enroll_token,
     )
     body = codec.encode(registration)
     # Logged in as the agent itself logs in, so auth.conf's node permissions apply.
@@ -202,16 +220,31 @@ async def cmd_register(args: argparse.Namespace) -> int:
                 headers=key.headers(body),
             )
         except TimeoutError:
-            return fail(
-                f"no aggregator answered on the register subject within {REGISTER_TIMEOUT:g}s"
-            )
-        reply = codec.decode(msg.data, RegistrationReply, msg.subject)
+            return None
+        return codec.decode(msg.data, RegistrationReply, msg.subject)
     finally:
         await bus.close()
-    sys.stdout.write(
-        f"{reply.node_id}: {reply.status}{' - ' + reply.reason if reply.reason else ''}\n"
-    )
-    return 0 if reply.status != "rejected" else 1
+
+
+async def enroll_at_start(config: AgentConfig) -> None:
+    """``start --enroll-token``: register with the token before the actors start, so the
+    first heartbeats find the key approved. A failure is logged, not fatal: the agent
+    runs (and is refused) until an operator approves it, as without a token."""
+    signing.load_or_create_key_file(config.key_path)
+    try:
+        reply = await register(config)
+    except (FleetError, nats.errors.Error, OSError) as exc:
+        log.error("enrollment failed", extra={"reason": str(exc)})
+        return
+    if reply is None:
+        log.error("enrollment failed", extra={"reason": "no aggregator answered"})
+    elif reply.status == "active":
+        log.info("node approved", extra={"reason": reply.reason})
+    else:
+        log.error(
+            "enrollment token not honoured; waiting for hand approval",
+            extra={"status": reply.status, "reason": reply.reason},
+        )
 
 
 async def publish_inject(bus: Bus, prefix: str, inject: Inject, key: signing.KeyPair) -> None:

@@ -40,6 +40,7 @@ from actors.cli.common import (
 from actors.fleet import registry
 from actors.node.commands.checks import MAX_ACTION_SECONDS, SAFE_ID
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, unsubscribe_quietly
+from actors.runtime.config import DurationError, parse_duration
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
 from schemas.messages import (
@@ -239,9 +240,9 @@ def seconds(allow_zero: bool) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+            value = parse_duration(text)
+        except DurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         above = value >= 0 if allow_zero else value > 0
         if not (above and value <= MAX_ACTION_SECONDS):  # NaN fails both
             raise argparse.ArgumentTypeError(

@@ -119,7 +119,9 @@ async def run_up(options: UpOptions) -> int:
         subjects = Subjects()
         await provision(bus.js, subjects)
         metrics = AggregatorMetrics()
-        aggregator_config = AggregatorConfig(http_port=0)
+        # Its enrollment tokens work here too: fleetctl enroll-token create, with the
+        # operator key exported as printed below, admits extra agents without approval.
+        aggregator_config = AggregatorConfig(http_port=0, trust_operators=[operator.public_key])
         fleet_http = FleetApiActor(
             aggregator_config, bus, metrics, lambda: aggregator.check() if aggregator else {}
         )

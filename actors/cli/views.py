@@ -267,6 +267,7 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
         f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    lines.append(f"Labels:          {labels_text(record.labels)}")
     if beat is None:
         lines.append("No heartbeat accepted yet.")
         lines += _recent(alerts, results)
@@ -281,6 +282,11 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    """Labels as ``key=value`` words, sorted; ``none`` when there are none."""
+    return " ".join(f"{key}={value}" for key, value in sorted(labels.items())) or "none"
 
 
 def _why(record: NodeRecord) -> str:

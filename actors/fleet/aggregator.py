@@ -21,7 +21,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.fleet import record_rules
+from actors.fleet import enroll, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -425,6 +425,15 @@ class AggregatorActor:
                 status="rejected",
                 reason="too many registrations from this key; retry later",
             )
+        enrolled = None
+        if registration.enroll_token:
+            enrolled = await enroll.admit(
+                self.bus, self.subjects, registration, self.config.operator_keys()
+            )
+            log.info(
+                "enrollment token presented",
+                extra={"node": node, "approved": enrolled.approved, "reason": enrolled.reason},
+            )
         trusted = await self.store.trusted_key(node, fresh=True)
         status: Literal["active", "pending"] = (
             "active" if trusted == registration.public_key else "pending"
@@ -446,4 +455,6 @@ class AggregatorActor:
             return RegistrationReply(
                 node_id=node, status="rejected", reason="too many pending registrations"
             )
-        return RegistrationReply(node_id=node, status=status)
+        return RegistrationReply(
+            node_id=node, status=status, reason=enrolled.reason if enrolled else ""
+        )

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, Positive
+from actors.runtime.config import DEFAULT_SERVER, Positive, read_keys
 from actors.runtime.logs import LogFormat
 
 ENV_PREFIX = "FLEET_AGGREGATOR_"
@@ -19,6 +19,10 @@ MIB = 1024 * 1024
 
 class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every setting of ``fleetctl aggregator``; each is a flag, an env var and a TOML key."""
+
+    def operator_keys(self) -> set[str]:
+        """The operator keys trusted to issue enrollment tokens, the file read now."""
+        return read_keys(self.trust_operators, self.trust_operators_file)
 
     server: str = DEFAULT_SERVER
     nkey_file: str = ""
@@ -69,7 +73,7 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     # Storage budgets: every stream and bucket has a byte budget the server reserves, so a
     # flood on one can never take the store that failure detection (FLEET_HB) needs.
-    # Sizing rule (README, "Storage budgets"): the sum of these six (424 MiB by default),
+    # Sizing rule (README, "Storage budgets"): the sum of these seven (428 MiB by default),
     # times the prefixes a server hosts, stays below the server's jetstream max_file_store,
     # and every other stream on that server has a max_bytes too.
     heartbeats_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
@@ -80,11 +84,18 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     results_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
     alerts_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
     trust_max_bytes: Annotated[int, Meta(ge=MIB)] = 8 * MIB
+    enroll_max_bytes: Annotated[int, Meta(ge=MIB)] = 4 * MIB
+    """KV fleet_enroll: one record of about 3 KB per enrollment token, kept 31 days."""
     results_per_node: Annotated[int, Meta(ge=1)] = 1000
     """Command results kept per node: a node flooding its result subject evicts only its
     own oldest results."""
     alerts_per_subject: Annotated[int, Meta(ge=1)] = 1000
     """Alerts kept per kind and node, so one node's alerts never evict another's."""
+    trust_operators: list[str] = []
+    """Operator public keys whose enrollment tokens this aggregator honours; with none
+    (the default) every key is approved by hand."""
+    trust_operators_file: str = ""
+    """A file of such keys, one a line (# comments), read at each registration."""
     alert_window: Positive = 60.0
     """At most one alert per node and refusal kind in this many seconds; the rest are
     counted and reported in one summary alert when the window closes."""

@@ -19,7 +19,9 @@ import msgspec
 from aiohttp import web
 from nats.js.kv import KeyValue
 
+from actors.fleet import labels
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -27,6 +29,7 @@ from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import health_page, prometheus_page, serving
 from schemas import codec
 from schemas.base import RecordState
+from schemas.errors import FleetError
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 
@@ -69,16 +72,25 @@ class FleetApiActor:
 
         await kv.follow(bucket, NodeRecord, on_change, on_unreadable=on_unreadable)
 
-    def listing(self, cluster: str | None, state: str | None) -> list[NodeRecord]:
+    def listing(
+        self, cluster: str | None, state: str | None, selectors: list[Selector] | None = None
+    ) -> list[NodeRecord]:
         return [
             record
             for _, record in sorted(self.records.items())
             if (cluster is None or record.cluster == cluster)
             and (state is None or record.state == state)
+            and labels.matches(record.labels, selectors or [])
         ]
 
     async def nodes_page(self, request: web.Request) -> web.Response:
-        found = self.listing(request.query.get("cluster"), request.query.get("state"))
+        """``/nodes``, filtered by ``?cluster=``, ``?state=`` and ``?label=key=value``
+        (repeatable, all must match); a bad selector is a 400 naming it."""
+        try:
+            selectors = labels.parse_selectors(request.query.getall("label", []))
+        except FleetError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        found = self.listing(request.query.get("cluster"), request.query.get("state"), selectors)
         return web.Response(body=msgspec.json.encode(found), content_type="application/json")
 
     async def node_page(self, request: web.Request) -> web.Response:

@@ -166,6 +166,7 @@ def accept(
         pending_since=None,
         seq_reset=False,
         created=record.created if record.created is not None else now,
+        labels=heartbeat.labels,
     )
 
 

@@ -30,6 +30,7 @@ from nats.js.api import (
 
 from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
+    BUCKET_ENROLL,
     BUCKET_NODES,
     BUCKET_TRUST,
     STREAM_ALERTS,
@@ -61,6 +62,10 @@ MAX_COMMAND_SIZE = 64 * KIB
 MAX_RESULT_SIZE = 64 * KIB
 MAX_ALERT_SIZE = 128 * KIB
 MAX_TRUST_SIZE = 16 * KIB
+MAX_ENROLL_SIZE = 8 * KIB
+ENROLL_KEEP = 31 * DAY
+"""An enrollment record lives this long after its last change; tokens live at most 30 days
+(``fleetctl enroll-token create --ttl``), so a record outlives its token."""
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
@@ -79,6 +84,7 @@ class StreamLimits:
     trust_max_bytes: int
     results_per_node: int
     alerts_per_subject: int
+    enroll_max_bytes: int = 4 * 1024 * 1024
 
     @classmethod
     def of(cls, config: AggregatorConfig) -> StreamLimits:
@@ -91,6 +97,7 @@ class StreamLimits:
             trust_max_bytes=config.trust_max_bytes,
             results_per_node=config.results_per_node,
             alerts_per_subject=config.alerts_per_subject,
+            enroll_max_bytes=config.enroll_max_bytes,
         )
 
     @property
@@ -103,6 +110,7 @@ class StreamLimits:
             + self.results_max_bytes
             + self.alerts_max_bytes
             + self.trust_max_bytes
+            + self.enroll_max_bytes
         )
 
 
@@ -199,6 +207,16 @@ def bucket_configs(
             max_bytes=limits.trust_max_bytes,
             max_value_size=MAX_TRUST_SIZE,
             direct=True,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_ENROLL),
+            description="enrollment tokens: uses and revocation",
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=limits.enroll_max_bytes,
+            max_value_size=MAX_ENROLL_SIZE,
+            ttl=ENROLL_KEEP,
         ),
     ]
 

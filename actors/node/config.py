@@ -9,14 +9,22 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, Port, Positive
+from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
 from actors.runtime.logs import LogFormat
-from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
+from schemas.base import (
+    MAX_ENGINES,
+    MAX_ENROLL_TOKEN,
+    MAX_PEERS,
+    MAX_URL,
+    Cluster,
+    Labels,
+    NodeId,
+)
 from schemas.subjects import TOKEN_PATTERN, is_token
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,11 @@ def default_node_id() -> str:
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every setting of ``node-agent start``; each is a flag, an env var and a TOML key."""
 
+    derived_defaults: ClassVar[dict[str, tuple[str, float]]] = {
+        "stale_after": ("heartbeat_interval", 3.0)
+    }
+    """stale_after, unless set, is 3 x heartbeat_interval (read by the runtime's loader)."""
+
     server: str = DEFAULT_SERVER
     node_id: NodeId = msgspec.field(default_factory=default_node_id)
     cluster: Cluster = "default"
@@ -71,6 +84,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = "auto"
     """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
+    enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
+    """An operator's enrollment token (``fleetctl enroll-token create``): ``start`` and
+    ``register`` present it, so an aggregator that trusts its issuer approves this node's
+    key at once. A node already approved spends no use."""
+    labels: Labels = {}
+    """Placement labels, KEY=VALUE: ``--label`` (repeatable), NODE_AGENT_LABELS (comma
+    separated) or a TOML ``[labels]`` table; they win over the automatic ones."""
 
     heartbeat_interval: Positive = 10.0
     stale_after: Positive = 30.0
@@ -116,7 +136,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_provider: Literal["aws", "gcp", "azure", "auto", "none"] = "none"
     metadata_url: str = ""
     spot_poll_interval: Positive = 1.0
-    spot_safety_margin: Annotated[float, Meta(ge=0)] = 15.0
+    spot_safety_margin: NonNegativeDuration = 15.0
 
     deregister_on_shutdown: bool = False
     shutdown_timeout: Positive = 10.0

@@ -22,7 +22,7 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
-from schemas.base import MAX_ENGINES
+from schemas.base import MAX_ENGINES, MAX_MODELS, MAX_NAME
 from schemas.events import Engine, EngineStatus, Event, Workloads
 from schemas.subjects import EVENT_ENGINE, Subjects
 
@@ -133,6 +133,18 @@ class EngineActor:
                 return busy, None, ""
         return None, None, f"no load metrics (/metrics: HTTP {status})"
 
+    async def _models(self, session: aiohttp.ClientSession, url: str) -> list[str]:
+        """Served model names from the OpenAI-style ``/v1/models`` (vLLM, SGLang and
+        llama.cpp all serve it); [] when it is missing or unreadable: a fact, not health."""
+        try:
+            status, body = await self._get(session, f"{url}/v1/models")
+            if status != 200:
+                return []
+            names = [entry["id"] for entry in json.loads(body)["data"]]
+        except (aiohttp.ClientError, TimeoutError, ValueError, LookupError, TypeError):
+            return []
+        return [name[:MAX_NAME] for name in names if isinstance(name, str) and name][:MAX_MODELS]
+
     async def _health(self, session: aiohttp.ClientSession, kind: EngineKind, url: str) -> None:
         status, body = await self._get(session, f"{url}/health")
         if kind == "llamacpp" and status == 503:
@@ -151,8 +163,10 @@ class EngineActor:
         self, session: aiohttp.ClientSession, kind: EngineKind, url: str
     ) -> EngineStatus:
         """One engine's status; every failure becomes ``healthy=False`` with a reason."""
+        models: list[str] = []
         try:
             await self._health(session, kind, url)
+            models = await self._models(session, url)  # a fact even when load is unreadable
             running, waiting, note = await self._load(session, kind, url)
         except ProbeFailed as exc:
             reason = str(exc)
@@ -173,10 +187,11 @@ class EngineActor:
                 waiting=waiting,
                 reason=note,
                 checked_at=time.time(),
+                models=models,
             )
         log.debug("engine unhealthy", extra={"engine": kind, "url": url, "reason": reason})
         return EngineStatus(
-            kind=kind, url=url, healthy=False, reason=reason, checked_at=time.time()
+            kind=kind, url=url, healthy=False, reason=reason, checked_at=time.time(), models=models
         )
 
     async def check(self, session: aiohttp.ClientSession | None) -> Engine:

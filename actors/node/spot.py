@@ -26,8 +26,8 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
-from schemas.events import Event, Interruption, NodeState
-from schemas.subjects import EVENT_INTERRUPTION, Subjects
+from schemas.events import CloudFacts, Event, Interruption, NodeState
+from schemas.subjects import EVENT_CLOUD, EVENT_INTERRUPTION, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,16 @@ AZURE_KINDS: dict[str, Kind] = {
     "Reboot": "maintenance",
     "Redeploy": "maintenance",
 }
+LIFECYCLE = {
+    "spot": "spot",
+    "on-demand": "on-demand",
+    "normal": "on-demand",
+    "standard": "on-demand",
+    "regular": "on-demand",
+    "low": "spot",
+}
+"""The clouds' words for spot and on-demand (AWS instance-life-cycle, GCP provisioning
+model, Azure priority), lower-cased, as the ``lifecycle`` label."""
 DETECT_TIMEOUT = 1.0
 MAX_BACKOFF = 5.0
 
@@ -94,6 +104,7 @@ class SpotActor:
         self.events = events
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_INTERRUPTION)
+        self.facts_subject = self.subjects.event(config.node_id, EVENT_CLOUD)
         self.timeout = aiohttp.ClientTimeout(
             total=max(0.5, min(2.0, 2 * config.spot_poll_interval))
         )
@@ -119,17 +130,20 @@ class SpotActor:
                     provider = await self.detect(session) or "none"
                 if provider == "none":
                     await asyncio.Event().wait()  # nothing to watch; idle until stopped
+                    return
                 base = (self.config.metadata_url or DEFAULT_BASE[provider]).rstrip("/")
                 log.info("watching spot notices", extra={"provider": provider, "base": base})
-                if provider == "aws":
-                    await self._poll(lambda: self._aws(session, base))
-                elif provider == "azure":
-                    await self._poll(lambda: self._azure(session, base))
-                else:
-                    await asyncio.gather(
-                        self._gcp_watch(session, base, "preempted"),
-                        self._gcp_watch(session, base, "maintenance-event"),
-                    )
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._publish_facts(session, provider, base))
+                    if provider == "aws":
+                        await self._poll(lambda: self._aws(session, base))
+                    elif provider == "azure":
+                        await self._poll(lambda: self._azure(session, base))
+                    else:
+                        await asyncio.gather(
+                            self._gcp_watch(session, base, "preempted"),
+                            self._gcp_watch(session, base, "maintenance-event"),
+                        )
 
     async def detect(self, session: aiohttp.ClientSession) -> Provider | None:
         """Ask each provider's metadata endpoint once, briefly; the first to answer wins."""
@@ -193,6 +207,88 @@ class SpotActor:
                 if drained and not self.drained:
                     self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
                 self.drained = drained
+
+    # Placement facts (labels) ----------------------------------------------------------
+
+    async def _publish_facts(
+        self, session: aiohttp.ClientSession, provider: Provider, base: str
+    ) -> None:
+        """Read where this node runs once (retried with backoff until the metadata service
+        answers) and publish it as CloudFacts, which the heartbeat turns into labels."""
+        backoff = self._backoff()
+        while True:
+            try:
+                facts = await self.facts(session, provider, base)
+                await self.events.publish(self.bus, self.facts_subject, facts)
+                log.info(
+                    "cloud facts",
+                    extra={"provider": provider, "region": facts.region, "zone": facts.zone},
+                )
+                return
+            except (*RETRYABLE, nats.errors.Error) as exc:
+                await asyncio.sleep(_retry_delay(backoff, exc))
+
+    async def facts(
+        self, session: aiohttp.ClientSession, provider: Provider, base: str
+    ) -> CloudFacts:
+        """Region, zone, instance type and spot/on-demand from ``provider``'s metadata."""
+        if provider == "aws":
+            get = self._aws_text
+            zone = await get(session, base, "placement/availability-zone")
+            return CloudFacts(
+                ts=time.time(),
+                provider="aws",
+                region=await get(session, base, "placement/region"),
+                zone=zone,
+                instance_type=await get(session, base, "instance-type"),
+                lifecycle=LIFECYCLE.get(await get(session, base, "instance-life-cycle"), ""),
+            )
+        if provider == "gcp":
+            headers = {"Metadata-Flavor": "Google"}
+
+            async def value(key: str) -> str:
+                url = f"{base}/computeMetadata/v1/instance/{key}"
+                async with session.get(url, headers=headers, timeout=self.timeout) as response:
+                    _require_ok(response, key)
+                    return (await response.text()).strip()
+
+            zone = (await value("zone")).rsplit("/", 1)[-1]
+            model = await value("scheduling/provisioning-model")
+            return CloudFacts(
+                ts=time.time(),
+                provider="gcp",
+                region=zone.rsplit("-", 1)[0],
+                zone=zone,
+                instance_type=(await value("machine-type")).rsplit("/", 1)[-1],
+                lifecycle=LIFECYCLE.get(model.lower(), ""),
+            )
+        async with session.get(
+            f"{base}/metadata/instance/compute?{AZURE_NAME_API}",
+            headers={"Metadata": "true"},
+            timeout=self.timeout,
+        ) as response:
+            _require_ok(response, "instance/compute")
+            compute = json.loads(await response.text())
+        return CloudFacts(
+            ts=time.time(),
+            provider="azure",
+            region=str(compute["location"]),
+            zone=str(compute.get("zone", "")),
+            instance_type=str(compute["vmSize"]),
+            lifecycle=LIFECYCLE.get(str(compute.get("priority", "")).lower(), ""),
+        )
+
+    async def _aws_text(self, session: aiohttp.ClientSession, base: str, path: str) -> str:
+        token = await self._aws_token(session, base)
+        async with session.get(
+            f"{base}/latest/meta-data/{path}",
+            headers={"X-aws-ec2-metadata-token": token},
+            timeout=self.timeout,
+        ) as response:
+            if response.status == 401:
+                self._token = ""
+            _require_ok(response, path)
+            return (await response.text()).strip()
 
     # AWS -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ the field (``ConfigError``), never a traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -19,9 +20,19 @@ from msgspec import Meta
 
 from schemas.errors import FleetError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 
-Positive = Annotated[float, Meta(gt=0)]
+DURATION = {"duration": True}
+"""The mark of a duration setting (``Meta.extra``): :func:`build` reads ``30``, ``30s``,
+``500ms``, ``2m``, ``1h`` or ``1d`` there, as seconds."""
+Duration = Annotated[float, Meta(gt=0, extra=DURATION)]
+"""Seconds above 0, written as people write them (see :func:`parse_duration`)."""
+NonNegativeDuration = Annotated[float, Meta(ge=0, extra=DURATION)]
+Positive = Duration
+"""Every positive float setting so far is a duration; a new one that is not should use
+``Annotated[float, Meta(gt=0)]``."""
 Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
@@ -34,13 +45,84 @@ class ConfigError(FleetError):
 
 C = TypeVar("C", bound=msgspec.Struct)
 
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+
+
+class DurationError(ValueError):
+    """Text that is not a duration; its message is the one line a user sees."""
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds from ``30``, ``30s``, ``500ms``, ``2m``, ``1h``, ``1d`` (or a number): the
+    one duration parser of flags, env, TOML and fleetctl's own duration arguments. Negative,
+    infinite or malformed values raise DurationError; the caller checks its own bounds."""
+    if isinstance(value, bool):
+        raise DurationError(f"{value!r} is not a duration (use 30, 30s, 500ms, 2m, 1h)")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value)
+        if match is None:
+            raise DurationError(f"{value!r} is not a duration (use 30, 30s, 500ms, 2m, 1h)")
+        number, unit = match.groups()
+        seconds = float(number) * DURATION_UNITS[unit or "s"]
+    if not 0 <= seconds < float("inf"):  # NaN fails too
+        raise DurationError(f"{value!r} is not a duration (use 30, 30s, 500ms, 2m, 1h)")
+    return seconds
+
+
+def _is_duration(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return any(_is_duration(member) for member in kind.types)
+    return isinstance(kind, msgspec.inspect.Metadata) and bool((kind.extra or {}).get("duration"))
+
+
+def duration_fields(config_type: type[msgspec.Struct]) -> set[str]:
+    """The settings of ``config_type`` typed :data:`Duration` (or NonNegativeDuration)."""
+    info = msgspec.inspect.type_info(config_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return {field.name for field in info.fields if _is_duration(field.type)}
+
+
+def _dict_fields(config_type: type[msgspec.Struct]) -> set[str]:
+    """Mapping settings (``labels``), bounded (Annotated) or not."""
+    return _fields_of_kind(config_type, msgspec.inspect.DictType)
+
+
+def key_values(name: str, items: list[Any]) -> dict[str, str]:
+    """``["k=v", ...]`` (repeated flags, a comma-separated variable) as a mapping."""
+    found: dict[str, str] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{name}: {item!r} is not KEY=VALUE")
+        found[key.strip()] = value.strip()
+    return found
+
+
+def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> set[str]:
+    """Settings whose type is ``kind`` (a msgspec.inspect type), bounded (Annotated) or
+    not, alone or in a union with None."""
+    info = msgspec.inspect.type_info(config_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    found = set()
+    for field in info.fields:
+        members = (
+            field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (field.type,)
+        )
+        for member in members:
+            if isinstance(member, msgspec.inspect.Metadata):
+                member = member.type
+            if isinstance(member, kind):
+                found.add(field.name)
+    return found
+
 
 def _list_fields(config_type: type[msgspec.Struct]) -> set[str]:
-    return {
-        field.name
-        for field in msgspec.structs.fields(config_type)
-        if str(field.type).startswith("list")
-    }
+    """List settings: an environment variable gives them comma-separated (a bounded list,
+    ``engines``, was missed when this looked at the annotation's text)."""
+    return _fields_of_kind(config_type, msgspec.inspect.ListType)
 
 
 def from_env(
@@ -48,7 +130,7 @@ def from_env(
 ) -> dict[str, Any]:
     """``<env_prefix><FIELD>`` values (lists comma-separated), plus ``NATS_URL`` for server."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
-    lists = _list_fields(config_type)
+    lists = _list_fields(config_type) | _dict_fields(config_type)
     values: dict[str, Any] = {}
     if "NATS_URL" in env and "server" in names:
         values["server"] = env["NATS_URL"]
@@ -60,6 +142,21 @@ def from_env(
             raise ConfigError(f"unknown environment variable {key}")
         values[name] = [item for item in raw.split(",") if item] if name in lists else raw
     return values
+
+
+def read_keys(keys: list[str], file: str) -> set[str]:
+    """``keys`` plus the lines of ``file`` (blank lines and ``#`` comments skipped), read
+    at each call so a key can be added or removed without a restart; an unreadable file
+    is logged and adds nothing."""
+    found = set(keys)
+    if file:
+        try:
+            text = Path(file).read_text()
+        except OSError as exc:
+            log.error("cannot read key file", extra={"file": file, "reason": str(exc)})
+            return found
+        found.update(line.strip() for line in text.splitlines() if line.strip()[:1] not in "#")
+    return found
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -87,6 +184,21 @@ def build(
         merged.update(read_toml(file))
     merged.update(from_env(config_type, env_prefix, os.environ if env is None else env))
     merged.update({key: value for key, value in (flags or {}).items() if value is not None})
+    for name in _dict_fields(config_type):
+        if isinstance(merged.get(name), list):
+            merged[name] = key_values(name, merged[name])
+    for name in duration_fields(config_type) & merged.keys():
+        if merged[name] is not None:
+            try:
+                merged[name] = parse_duration(merged[name])
+            except DurationError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+    derived: Mapping[str, tuple[str, float]] = getattr(config_type, "derived_defaults", {})
+    for name, (source, factor) in derived.items():
+        # A default that follows another setting: stale_after is 3 x heartbeat_interval
+        # unless set, so --heartbeat-interval 30 alone is valid.
+        if name not in merged and isinstance(merged.get(source), int | float):
+            merged[name] = merged[source] * factor
     try:
         return msgspec.convert(merged, config_type, strict=False)
     except msgspec.ValidationError as exc:

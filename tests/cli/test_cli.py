@@ -137,7 +137,7 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     )
     assert bad_config.returncode == 1
     assert bad_config.stderr.strip() == (
-        "error: config: heartbeat_interval: expected `float`, got `str`"
+        "error: config: heartbeat_interval: 'fast' is not a duration (use 30, 30s, 500ms, 2m, 1h)"
     )
     for result in (unreachable, bad_config):
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1

@@ -139,6 +139,20 @@ EXAMPLES: list[msgspec.Struct] = [
         node_id="n1", cluster="c1", state="active", last_seq=7, last_seen=NOW, heartbeat=HEARTBEAT
     ),
     messages.TrustEntry(node_id="n1", public_key=KEY, approved_at=NOW),
+    events.CloudFacts(
+        ts=NOW,
+        provider="aws",
+        region="us-east-1",
+        zone="us-east-1a",
+        instance_type="p5.48xlarge",
+        lifecycle="spot",
+    ),
+    messages.EnrollClaims(
+        id="0" * 32, issuer=KEY, cluster="c1", issued_at=NOW, expires_at=NOW + 60, uses=3
+    ),
+    messages.EnrollRecord(
+        id="0" * 32, issuer=KEY, issued_at=NOW, expires_at=NOW + 60, uses=3, used=1, nodes=["n1"]
+    ),
 ]
 
 

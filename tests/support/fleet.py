@@ -42,6 +42,7 @@ TEST_BUDGETS = AggregatorConfig(
     results_max_bytes=4 * MIB,
     alerts_max_bytes=4 * MIB,
     trust_max_bytes=1 * MIB,
+    enroll_max_bytes=1 * MIB,
 )
 """Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
 tests each provision their own prefix on one server, so the production defaults (424 MiB

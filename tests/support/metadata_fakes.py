@@ -10,6 +10,12 @@
   TERMINATE_ON_HOST_MAINTENANCE / MIGRATE_ON_HOST_MAINTENANCE; Metadata-Flavor: Google
   required; ?wait_for_change=true&last_etag=E&timeout_sec=N hangs until the value's ETag
   differs from E or N seconds pass).
+- Placement facts (labels): AWS "Instance metadata categories" (placement/region,
+  placement/availability-zone, instance-type, instance-life-cycle: ``spot`` / ``on-demand``,
+  plain text); GCP "View and query VM metadata" (instance/zone and instance/machine-type as
+  ``projects/N/zones/Z`` / ``projects/N/machineTypes/T``, instance/scheduling/
+  provisioning-model ``SPOT`` / ``STANDARD``); Azure IMDS GET /metadata/instance/compute?
+  api-version=2021-02-01 (JSON: location, zone, vmSize, priority ``Spot`` / ``Regular``).
 - Azure: "Azure Instance Metadata Service" (GET /metadata/instance/compute/name?api-version=
   2021-02-01&format=text with Metadata: true: the VM name) and "Scheduled Events for Linux
   VMs" (GET /metadata/scheduledevents?api-version=
@@ -70,6 +76,12 @@ class FakeAws(FakeServer):
         self.issued = 0
         self.action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
+        self.facts = {
+            "placement/region": "us-east-1",
+            "placement/availability-zone": "us-east-1a",
+            "instance-type": "p5.48xlarge",
+            "instance-life-cycle": "spot",
+        }
         self.app.router.add_put("/latest/api/token", self.token)
         self.app.router.add_get("/latest/meta-data/{path:.*}", self.meta)
 
@@ -91,6 +103,8 @@ class FakeAws(FakeServer):
         if request.headers.get("X-aws-ec2-metadata-token") not in self.tokens:
             return web.Response(status=401)
         path = request.match_info["path"]
+        if path in self.facts:
+            return web.Response(text=self.facts[path])
         document = {
             "spot/instance-action": self.action,
             "events/recommendations/rebalance": self.rebalance,
@@ -103,9 +117,16 @@ class FakeAws(FakeServer):
 class FakeGcp(FakeServer):
     def __init__(self) -> None:
         super().__init__()
-        self.values = {"preempted": "FALSE", "maintenance-event": "NONE", "id": "1234"}
+        self.values = {
+            "preempted": "FALSE",
+            "maintenance-event": "NONE",
+            "id": "1234",
+            "zone": "projects/1234/zones/us-central1-a",
+            "machine-type": "projects/1234/machineTypes/a3-highgpu-8g",
+            "scheduling/provisioning-model": "STANDARD",
+        }
         self.changed = asyncio.Condition()
-        self.app.router.add_get("/computeMetadata/v1/instance/{key}", self.get)
+        self.app.router.add_get("/computeMetadata/v1/instance/{key:.*}", self.get)
 
     async def set(self, key: str, value: str) -> None:
         async with self.changed:
@@ -146,12 +167,27 @@ class FakeAzure(FakeServer):
         self.vm = "vm1"
         self.app.router.add_get("/metadata/scheduledevents", self.get)
         self.app.router.add_get("/metadata/instance/compute/name", self.name)
+        self.compute = {
+            "location": "eastus",
+            "zone": "2",
+            "vmSize": "Standard_ND96isr_H100_v5",
+            "priority": "Spot",
+            "name": "vm1",
+        }
+        self.app.router.add_get("/metadata/instance/compute", self.instance)
         self.app.router.add_post("/metadata/scheduledevents", self.post)
 
     async def name(self, request: web.Request) -> web.Response:
         if request.headers.get("Metadata") != "true":
             return web.Response(status=400)
         return web.Response(text=self.vm)
+
+    async def instance(self, request: web.Request) -> web.Response:
+        if request.headers.get("Metadata") != "true":
+            return web.Response(status=400)
+        if request.query.get("api-version") != "2021-02-01":
+            return web.Response(status=400, text="Bad request: api-version")
+        return web.json_response(self.compute)
 
     def schedule(self, event_type: str, event_id: str, not_before: float, vm: str = "vm1") -> None:
         self.events.append(

@@ -19,9 +19,11 @@ import nats.errors
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.heartbeat.sequence import SequenceStore
+from actors.node.labels import cloud_labels, node_labels
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.events import (
+    CloudFacts,
     Engine,
     Event,
     Health,
@@ -86,6 +88,7 @@ class HeartbeatActor:
         self.health: Health | None = None
         self.latency: Latency | None = None
         self.engine: Engine | None = None
+        self.cloud: dict[str, str] = {}
         self.state = NodeState(ts=time.time(), schedulability="schedulable")
         provider = config.spot_provider
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
@@ -105,6 +108,8 @@ class HeartbeatActor:
                 self.latency = event
             case Engine():
                 self.engine = event
+            case CloudFacts():
+                self.cloud = cloud_labels(event)
             case Interruption():
                 self.spot = SpotStatus(provider=event.provider, notice=event)
                 self._beat_now.set()
@@ -140,6 +145,7 @@ class HeartbeatActor:
             spot=self.spot,
             deregistering=self.state.deregistering,
             workloads=self.workloads,
+            labels=node_labels(self.config.labels, self.engine, self.cloud),
         )
 
     async def beat(self) -> Heartbeat | None:
