@@ -98,6 +98,9 @@ class HeartbeatActor:
 
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
+        # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
+        # scheduler places by, next to what runs.
+        waiting = sum(status.waiting or 0 for status in self.engine.engines) if self.engine else 0
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
@@ -113,7 +116,7 @@ class HeartbeatActor:
             health=self.health,
             latency=self.latency,
             engine=self.engine,
-            jobs=Jobs(running=running),
+            jobs=Jobs(running=running, waiting=waiting),
             spot=self.spot,
             deregistering=self.state.deregistering,
         )
