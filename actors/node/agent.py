@@ -19,7 +19,7 @@ from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
-from actors.runtime import notify
+from actors.runtime import logs, notify
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
 from actors.runtime.tls import client_context
@@ -66,6 +66,13 @@ class NodeAgent:
         return self.supervisor.check() if self.supervisor is not None else {}
 
     async def start(self) -> None:
+        # Every task started here (the connection's, the actors') logs with this node's
+        # id as a field; the binding ends with this call, so a process running several
+        # agents (fleetctl up) tags each agent's lines with its own node.
+        with logs.bound(node=self.config.node_id):
+            await self._start()
+
+    async def _start(self) -> None:
         self.bus = await NatsBus.connect(
             self.config.server,
             name=f"node-agent:{self.config.node_id}",

@@ -125,7 +125,7 @@ class HeartbeatActor:
         heartbeat = self.build()
         self.metrics.observe_heartbeat(heartbeat)
         try:
-            await publish_signed(
+            ack, size = await publish_signed(
                 self.bus,
                 self.subject,
                 heartbeat,
@@ -140,6 +140,10 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": str(exc) or type(exc).__name__},
             )
             return None
+        log.debug(
+            "heartbeat sent and acknowledged",
+            extra={"seq": heartbeat.seq, "stream_seq": ack.seq, "bytes": size},
+        )
         self.metrics.heartbeats.inc()
         self.metrics.sequence.set(heartbeat.seq)
         return heartbeat
