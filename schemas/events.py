@@ -100,6 +100,9 @@ class Sample(Wire, frozen=True, kw_only=True):
     fingerprint: Name = ""
     """SHA-256 (hex) of stable hardware identifiers; changes when hardware changes."""
     hostname: Hostname = ""
+    gpu_error: Text = ""
+    """Why the GPU source fails, in NVML's words (init, device count or a device's handle);
+    empty when it works. The nvml and boot checks are unhealthy while it is set."""
 
 
 class HealthComponent(Wire, frozen=True, kw_only=True):

@@ -46,12 +46,14 @@ class NodeAgent:
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
+        self.inventory: InventoryActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
+        self.inventory = InventoryActor(self.config, bus, events)
         return [
-            InventoryActor(self.config, bus, events),
+            self.inventory,
             HeartbeatActor(self.config, bus, events, self.sequence),
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
@@ -102,6 +104,10 @@ class NodeAgent:
             await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
         if self.supervisor is not None:
             await self.supervisor.stop(timeout)
+        if self.inventory is not None:
+            # nvmlShutdown, once the inventory no longer reads (waits for a read in flight).
+            await asyncio.to_thread(self.inventory.close)
+            self.inventory = None
         if self.bus is not None:
             await self.bus.close(timeout)
         log.info("node agent stopped", extra={"node": self.config.node_id})

@@ -18,7 +18,7 @@ LogFormat = Literal["auto", "text", "json"]
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
-_bound: ContextVar[Mapping[str, Any]] = ContextVar("log_fields", default={})
+_bound: ContextVar[Mapping[str, Any] | None] = ContextVar("log_fields", default=None)
 """Fields every record logged in this context carries (e.g. the agent's ``node``). Tasks
 and threads (``asyncio.to_thread``) copy the context they are started in, so the actors an
 agent starts inside :func:`bound` log with its fields, even when several agents share a
@@ -29,7 +29,7 @@ process (``fleetctl up``)."""
 def bound(**values: Any) -> Iterator[None]:
     """Within the block (and in every task or thread started in it), records carry
     ``values`` as fields, unless a record sets the same field itself."""
-    token = _bound.set({**_bound.get(), **values})
+    token = _bound.set({**(_bound.get() or {}), **values})
     try:
         yield
     finally:
@@ -41,7 +41,7 @@ class BoundFields(logging.Filter):
     never text in the message), so every handler and formatter sees them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for key, value in _bound.get().items():
+        for key, value in (_bound.get() or {}).items():
             if not hasattr(record, key):
                 setattr(record, key, value)
         return True

@@ -1,8 +1,12 @@
 """Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``.
 
-GPUs come from NVML when it initialises, else from simulated GPUs. Simulated GPUs take
-faults injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so
-the fault reaches health and the heartbeat without waiting a whole sample period.
+GPUs come from NVML, or from simulated GPUs only when asked (``fake_gpus``). With
+``fake_gpus`` unset (``auto``): NVML when it works; no GPUs when the NVML library is absent
+and none are expected; and when NVML is there but fails (or is absent while
+``expected_gpus`` says GPUs should be there), no GPUs plus NVML's error in every sample, so
+health says unhealthy rather than a node that looks fine. Simulated GPUs take faults
+injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so the fault
+reaches health and the heartbeat without waiting a whole sample period.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ import psutil
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
+from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas.base import MAX_GPUS
+from schemas.base import MAX_GPUS, MAX_TEXT
 from schemas.events import Capacity, Event, Gpu, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
@@ -35,10 +39,21 @@ class GpuSource(Protocol):
     @property
     def source(self) -> Literal["nvml", "fake"]: ...
 
+    @property
+    def error(self) -> str:
+        """Why the source cannot see (some of) its GPUs; empty when it can."""
+        ...
+
     def read(self) -> list[Gpu]: ...
+
+    def close(self) -> None:
+        """Free what the source holds (NVML: nvmlShutdown); called once, on the way out."""
+        ...
 
 
 def choose_gpus(config: AgentConfig) -> GpuSource | None:
+    """Simulated GPUs only when ``fake_gpus`` asks (0: none); otherwise NVML, never a
+    simulation standing in for a broken driver."""
     if config.fake_gpus == 0:
         return None
     if config.fake_gpus is not None:
@@ -46,12 +61,14 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
     try:
         return NvmlGpus(xid_log_path=config.xid_log_path)
     except NvmlUnavailable as exc:
-        count = config.expected_gpus or 8
-        log.warning(
-            "NVML not available; simulating fake GPUs (--fake-gpus 0 for none)",
-            extra={"reason": exc.reason, "gpus": count},
+        if exc.library_missing and not config.expected_gpus:
+            log.info("no NVML library: a node without GPUs", extra={"reason": exc.reason})
+            return None
+        log.error(
+            "NVML fails: GPUs reported unhealthy",
+            extra={"reason": exc.reason, "expected_gpus": config.expected_gpus},
         )
-        return FakeGpus(count, config.node_id)
+        return FailedNvml(exc.reason)
 
 
 class CpuMeter:
@@ -167,7 +184,14 @@ class InventoryActor:
             gpu_source=self.gpus.source if self.gpus else "none",
             fingerprint=fingerprint(gpus, self.host),
             hostname=self.hostname,
+            gpu_error=self.gpus.error[:MAX_TEXT] if self.gpus else "",
         )
+
+    def close(self) -> None:
+        """Free the GPU source (NVML is shut down); the agent calls this once its actors
+        have stopped."""
+        if self.gpus is not None:
+            self.gpus.close()
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
