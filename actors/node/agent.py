@@ -27,6 +27,10 @@ from schemas.signing import load_key_file
 
 log = logging.getLogger(__name__)
 
+STOP_STEP_TIMEOUT = 10.0
+"""Longest stopping the actors, and then draining the connection, may each take once the
+shutdown drain is over: a stop takes at most shutdown_timeout + 2 x this."""
+
 
 def inbox_prefix(node_id: str) -> str:
     """Replies to a node arrive under a prefix of its own, so a server can let each node
@@ -97,19 +101,23 @@ class NodeAgent:
         )
 
     async def stop(self) -> None:
-        """Stop taking commands and finish (or deregister) within the shutdown timeout,
-        then stop actors, then drain the connection, each bounded by that timeout."""
+        """Stop taking commands and drain, finish or deregister within the shutdown
+        timeout, then stop actors, then drain the connection, each of those two bounded by
+        STOP_STEP_TIMEOUT (systemd's TimeoutStopSec must exceed the sum)."""
         timeout = self.config.shutdown_timeout
         if self.commands is not None:
-            await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
+            await self.commands.shutdown(
+                timeout, self.config.deregister_on_shutdown, self.config.shutdown_drain
+            )
+        step = min(timeout, STOP_STEP_TIMEOUT)
         if self.supervisor is not None:
-            await self.supervisor.stop(timeout)
+            await self.supervisor.stop(step)
         if self.inventory is not None:
             # nvmlShutdown, once the inventory no longer reads (waits for a read in flight).
             await asyncio.to_thread(self.inventory.close)
             self.inventory = None
         if self.bus is not None:
-            await self.bus.close(timeout)
+            await self.bus.close(step)
         log.info("node agent stopped", extra={"node": self.config.node_id})
 
     async def run_until(self, stop: asyncio.Event) -> None:

@@ -117,7 +117,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_safety_margin: Annotated[float, Meta(ge=0)] = 15.0
 
     deregister_on_shutdown: bool = False
-    shutdown_timeout: Positive = 10.0
+    shutdown_timeout: Positive = 30.0
+    """Longest SIGTERM waits for in-flight work (the shutdown drain, or a drain or
+    deregistration in progress) before the actors stop."""
+    shutdown_drain: bool = True
+    """SIGTERM drains: the fleet is told the node is draining and in-flight work gets up to
+    shutdown_timeout to finish. Not saved: a restarted agent comes back as it was."""
 
     clear_after_samples: Annotated[int, Meta(ge=1)] = 3
     """Good samples in a row before a health condition clears (hysteresis)."""

@@ -115,6 +115,8 @@ def agent_config(
         health_interval=0.5,
         fake_gpus=2,
         http_port=0,
+        # SIGTERM drains in-flight work (pretend engines' included) for this long at most.
+        shutdown_timeout=2.0,
     )
     values.update(settings)
     return AgentConfig(**values)
