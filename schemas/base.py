@@ -49,6 +49,8 @@ MAX_ENGINES = 8
 """Inference engines per node."""
 MAX_DETAILS = 8
 """Entries in an alert's details."""
+MAX_DEPENDENCIES = 8
+"""Dependency versions (nvidia-smi, slurmd, docker, podman, ...) one sample reports."""
 
 Name = Annotated[str, Meta(max_length=MAX_NAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]

@@ -55,6 +55,7 @@ LIST_FLAGS = {
     "required_binaries": "require-binary",
     "required_modules": "require-module",
     "xid_thresholds": "xid-threshold",
+    "version_programs": "version-program",
 }
 
 

@@ -16,7 +16,7 @@ from msgspec import Meta
 
 from actors.runtime.config import DEFAULT_SERVER, Port, Positive
 from actors.runtime.logs import LogFormat
-from schemas.base import MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
+from schemas.base import MAX_DEPENDENCIES, MAX_ENGINES, MAX_PEERS, MAX_URL, Cluster, NodeId
 from schemas.subjects import TOKEN_PATTERN, is_token
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,10 @@ PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 """CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
+
+
+VERSION_PROGRAMS = ("nvidia-smi", "slurmd", "docker", "podman")
+"""Programs whose version a sample reports unless version_programs says otherwise."""
 
 
 def default_state_dir() -> str:
@@ -80,6 +84,17 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     expected_gpus: Annotated[int, Meta(ge=0)] | None = None
     required_binaries: list[str] = []
     required_modules: list[str] = []
+    storage_path: str = ""
+    """The file system the sample measures (capacity.storage_*, host.storage_*), e.g. where
+    models and datasets live; empty: the state dir (or / when it does not exist)."""
+    version_programs: Annotated[list[str], Meta(max_length=MAX_DEPENDENCIES)] = msgspec.field(
+        default_factory=lambda: list(VERSION_PROGRAMS)
+    )
+    """Programs whose ``--version`` the sample reports (those present and answering)."""
+    version_timeout: Positive = 5.0
+    """Seconds each ``--version`` may take."""
+    version_refresh: Positive = 3600.0
+    """Seconds between two readings of the versions (they are cached in between)."""
 
     engines: Annotated[list[EngineSpec], Meta(max_length=MAX_ENGINES)] = []
     engine_interval: Positive = 5.0

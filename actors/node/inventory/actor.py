@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import platform
 import socket
 import time
 from collections.abc import Callable
@@ -26,10 +27,11 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
+from actors.node.inventory.versions import read_versions
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas.base import MAX_GPUS, MAX_TEXT
-from schemas.events import Capacity, Event, Gpu, Inject, Sample
+from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
+from schemas.events import Capacity, Dependency, Event, Gpu, HostFacts, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,29 @@ def host_identity() -> list[str]:
     return [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as the kernel gives it (x86 ``model name``, Arm ``Model`` or
+    ``Hardware``), else what the platform module says; read once, it does not change."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Model", "Hardware", "cpu model"):
+        for line in text.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == key and value.strip():
+                return " ".join(value.split())[:MAX_NAME]
+    return (platform.processor() or platform.machine())[:MAX_NAME]
+
+
+def mean_utilization(gpus: list[Gpu]) -> float | None:
+    """Mean utilization of the GPUs that report one (lost ones do not); None if none does."""
+    readings = [
+        gpu.utilization_pct for gpu in gpus if not gpu.lost and gpu.utilization_pct is not None
+    ]
+    return round(sum(readings) / len(readings), 1) if readings else None
+
+
 def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
     """SHA-256 of the host's stable identifiers and the GPUs' UUIDs: it changes when the
     hardware does."""
@@ -127,7 +152,12 @@ class InventoryActor:
         subjects = Subjects(config.prefix)
         self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
         self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
-        self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
+        self.disk_path = config.storage_path or (
+            config.state_dir if Path(config.state_dir).exists() else "/"
+        )
+        self.cpu_model = cpu_model()
+        self.versions: list[Dependency] = []
+        """The latest dependency versions, refreshed off the sample path (_refresh_versions)."""
         self._sample_now = asyncio.Event()
         self.cpu = CpuMeter()
         self.host = host_identity()
@@ -177,6 +207,15 @@ class InventoryActor:
             storage_total=disk.total,
             storage_available=disk.free,
         )
+        host = HostFacts(
+            uptime_s=max(0.0, round(time.time() - psutil.boot_time(), 1)),
+            memory_used_pct=round(min(100.0, max(0.0, memory.percent)), 1),
+            cpu_model=self.cpu_model,
+            gpu_utilization_pct=mean_utilization(gpus),
+            storage_path=self.disk_path[:MAX_TEXT],
+            storage_used_pct=round(min(100.0, max(0.0, disk.percent)), 1),
+            dependencies=self.versions,
+        )
         return Sample(
             ts=time.time(),
             capacity=capacity,
@@ -185,7 +224,16 @@ class InventoryActor:
             fingerprint=fingerprint(gpus, self.host),
             hostname=self.hostname,
             gpu_error=self.gpus.error[:MAX_TEXT] if self.gpus else "",
+            host=host,
         )
+
+    async def _refresh_versions(self) -> None:
+        """Read the dependency versions now and every version_refresh seconds; a sample
+        takes the latest reading, never waits for one."""
+        config = self.config
+        while True:
+            self.versions = await read_versions(config.version_programs, config.version_timeout)
+            await asyncio.sleep(jittered(config.version_refresh))
 
     def close(self) -> None:
         """Free the GPU source (NVML is shut down); the agent calls this once its actors
@@ -195,9 +243,14 @@ class InventoryActor:
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
-        async with listening(self.bus, routes, ready):
-            while True:
-                self._sample_now.clear()
-                sample = await asyncio.to_thread(self.sample)
-                await self.events.publish(self.bus, self.subject, sample)
-                await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
+        versions = asyncio.create_task(self._refresh_versions(), name="dependency-versions")
+        try:
+            async with listening(self.bus, routes, ready):
+                while True:
+                    self._sample_now.clear()
+                    sample = await asyncio.to_thread(self.sample)
+                    await self.events.publish(self.bus, self.subject, sample)
+                    await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
+        finally:
+            versions.cancel()
+            await asyncio.gather(versions, return_exceptions=True)
