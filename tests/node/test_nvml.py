@@ -253,12 +253,27 @@ def test_broken_driver_is_unhealthy_not_eight_healthy_gpus(
     assert found["boot"].reason.startswith("expected 8 GPUs, 0 answer (")
 
 
+def test_failing_nvml_is_retried_until_it_works() -> None:
+    """A failing NVML is opened again later; once the driver answers, its GPUs are read
+    and the error is gone; close shuts the reopened NVML down."""
+    nvml = two_gpus()
+    nvml.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    failed = FailedNvml("Driver Not Loaded", reopen=lambda: NvmlGpus(nvml=nvml), retry_every=0)
+    assert failed.read() == [] and "Driver Not Loaded" in failed.error
+    nvml.init_error = None
+    assert [gpu.index for gpu in failed.read()] == [0, 1] and failed.error == ""
+    failed.close()
+    assert nvml.shutdowns == 1
+
+
 def test_device_count_short_of_expected_is_unhealthy(tmp_path: Path) -> None:
-    """NVML sees 2 GPUs where 4 are expected: boot unhealthy, naming both counts."""
+    """NVML sees 2 GPUs where 4 are expected: boot and nvml unhealthy, naming both counts."""
     sample, found = judged(NvmlGpus(nvml=two_gpus()), tmp_path, 4)
     assert len(sample.gpus) == 2 and sample.gpu_source == "nvml"
     assert found["boot"].status == "unhealthy"
     assert found["boot"].reason == "expected 4 GPUs, 2 answer" and found["boot"].action
+    assert found["nvml"].status == "unhealthy" and found["nvml"].action
+    assert found["nvml"].reason == "NVML sees 2 devices, expected 4"
 
 
 def test_zero_gpus_with_expected_gpus_is_unhealthy(tmp_path: Path) -> None:

@@ -55,14 +55,21 @@ def boot_check(sample: Sample, expected: int | None) -> HealthCheck:
     )
 
 
-def nvml_check(sample: Sample) -> HealthCheck:
-    """NVML failing, a lost GPU or one answering no query: unhealthy; a GPU above 85 C:
-    degraded."""
+def nvml_check(sample: Sample, expected: int | None = None) -> HealthCheck:
+    """NVML failing or seeing fewer devices than ``expected``, a lost GPU or one answering
+    no query: unhealthy; a GPU above 85 C: degraded."""
     if sample.gpu_error:
         return HealthCheck(
             name="nvml",
             status="unhealthy",
             reason=f"NVML fails: {sample.gpu_error}"[:MAX_TEXT],
+            action=NVML_ACTION,
+        )
+    if sample.gpu_source == "nvml" and expected is not None and len(sample.gpus) < expected:
+        return HealthCheck(
+            name="nvml",
+            status="unhealthy",
+            reason=f"NVML sees {len(sample.gpus)} devices, expected {expected}",
             action=NVML_ACTION,
         )
     lost = [gpu.index for gpu in sample.gpus if gpu.lost]

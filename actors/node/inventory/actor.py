@@ -70,7 +70,7 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
             "NVML fails: GPUs reported unhealthy",
             extra={"reason": exc.reason, "expected_gpus": config.expected_gpus},
         )
-        return FailedNvml(exc.reason)
+        return FailedNvml(exc.reason, reopen=lambda: NvmlGpus(xid_log_path=config.xid_log_path))
 
 
 class CpuMeter:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -40,21 +41,55 @@ class NvmlUnavailable(FleetError):
         super().__init__(f"NVML not available: {reason}")
 
 
+NVML_RETRY = 60.0
+"""Seconds between two attempts to open a failing NVML (a driver reloaded by hand)."""
+
+
 class FailedNvml:
     """NVML is there but does not work (init or the device count failed): no GPUs, and
     the NVML error in each sample (``Sample.gpu_error``), so the health checks say
-    unhealthy with NVML's own words instead of a node that looks GPU-less or healthy."""
+    unhealthy with NVML's own words instead of a node that looks GPU-less or healthy.
+    ``reopen`` is tried again every ``retry_every`` seconds; once it works, its GPUs are
+    read from then on."""
 
     source: Final = "nvml"
 
-    def __init__(self, error: str) -> None:
-        self.error = error
+    def __init__(
+        self,
+        error: str,
+        reopen: Callable[[], NvmlGpus] | None = None,
+        retry_every: float = NVML_RETRY,
+    ) -> None:
+        self._error = error
+        self.reopen = reopen
+        self.retry_every = retry_every
+        self._next_try = time.monotonic() + retry_every
+        self.opened: NvmlGpus | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def error(self) -> str:
+        return self.opened.error if self.opened is not None else self._error
 
     def read(self) -> list[Gpu]:
-        return []
+        with self._lock:
+            if self.opened is None and self.reopen is not None:
+                if time.monotonic() >= self._next_try:
+                    self._next_try = time.monotonic() + self.retry_every
+                    try:
+                        self.opened = self.reopen()
+                        log.info("NVML works again")
+                    except NvmlUnavailable as exc:
+                        self._error = exc.reason
+            opened = self.opened
+        return opened.read() if opened is not None else []
 
     def close(self) -> None:
-        """Nothing to free: NVML never initialised."""
+        """Shut down NVML if a retry opened it; otherwise nothing was initialised."""
+        with self._lock:
+            self.reopen = None
+            if self.opened is not None:
+                self.opened.close()
 
 
 class _Lost(Exception):
