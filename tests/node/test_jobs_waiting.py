@@ -27,7 +27,9 @@ async def test_heartbeat_jobs_waiting_sums_the_engines_waiting(fleet: Fleet) -> 
     )
     fleet.stack.push_async_callback(subscription.unsubscribe)
     await fleet.bus.flush()
-    await fleet.start_agent(fleet.config(engines=[f"vllm={url}"], engine_interval=0.3))
+    # No drain on the way out: the stand-in never finishes its 5 requests.
+    config = fleet.config(engines=[f"vllm={url}"], engine_interval=0.3, shutdown_drain=False)
+    await fleet.start_agent(config)
 
     def jobs_known() -> bool:
         return any(beat.jobs is not None and beat.jobs.running for beat in beats)
