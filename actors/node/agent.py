@@ -104,6 +104,10 @@ class NodeAgent:
         """Stop taking commands and drain, finish or deregister within the shutdown
         timeout, then stop actors, then drain the connection, each of those two bounded by
         STOP_STEP_TIMEOUT (systemd's TimeoutStopSec must exceed the sum)."""
+        with logs.bound(node=self.config.node_id):
+            await self._stop()
+
+    async def _stop(self) -> None:
         timeout = self.config.shutdown_timeout
         if self.commands is not None:
             await self.commands.shutdown(
@@ -124,6 +128,10 @@ class NodeAgent:
         """Run until ``stop`` is set or an actor finishes or fails fatally. ``stop`` is
         honoured in every phase, the first connection's retries included (under systemd a
         stop that waited for NATS would end in SIGKILL)."""
+        with logs.bound(node=self.config.node_id):
+            await self._run_until(stop)
+
+    async def _run_until(self, stop: asyncio.Event) -> None:
         starting = asyncio.create_task(self.start())
         stopping_early = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopping_early}, return_when=asyncio.FIRST_COMPLETED)

@@ -43,7 +43,7 @@ async def test_two_agents_in_one_process_tag_their_own_lines(
     """Two agents in one process: each one's heartbeat lines carry its own node field,
     with seq, stream_seq and bytes, and the message text does not name the node."""
     await fleet.start_aggregator()
-    await fleet.start_agent(fleet.config("n1"))
+    first = await fleet.start_agent(fleet.config("n1"))
     await fleet.start_agent(fleet.config("n2"))
 
     def beats() -> list[dict[str, object]]:
@@ -59,6 +59,9 @@ async def test_two_agents_in_one_process_tag_their_own_lines(
         assert isinstance(entry["seq"], int) and isinstance(entry["stream_seq"], int)
         assert isinstance(entry["bytes"], int) and entry["bytes"] > 100
         assert "n1" not in str(entry["msg"]) and "n2" not in str(entry["msg"])
+    await first.stop()  # its stop's lines (the shutdown drain's) carry its node too
+    stopping = [entry for entry in records(json_lines) if entry["msg"] == "drained before shutdown"]
+    assert [entry.get("node") for entry in stopping] == ["n1"]
     agent_lines = [
         entry for entry in records(json_lines) if str(entry["logger"]).startswith("actors.node")
     ]

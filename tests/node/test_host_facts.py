@@ -4,9 +4,12 @@ under a timeout, off the sample path, cached)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from pathlib import Path
 
+import pytest
 from nats.aio.msg import Msg
 
 from actors.node.inventory.actor import InventoryActor, cpu_model, mean_utilization
@@ -117,3 +120,17 @@ async def test_heartbeat_reports_dependency_versions(fleet: Fleet, tmp_path: Pat
         return []
 
     assert await wait_for(versions) == [("slurmd", "slurm 24.05.1")]
+
+
+async def test_stopping_mid_version_leaves_no_process(tmp_path: Path) -> None:
+    """A version read cancelled (the agent stopping) kills and reaps the program's session."""
+    marker = tmp_path / "pid"
+    program(tmp_path, "slow", f"echo $$ > {marker}; exec sleep 30")
+    task = asyncio.create_task(version_of("slow", 30, str(tmp_path)))
+    await wait_for(lambda: marker.exists() and marker.read_text().strip())
+    pid = int(marker.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

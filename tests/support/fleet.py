@@ -117,6 +117,8 @@ def agent_config(
         http_port=0,
         # SIGTERM drains in-flight work (pretend engines' included) for this long at most.
         shutdown_timeout=2.0,
+        # No --version runs per test agent (a test that wants them says so).
+        version_programs=[],
     )
     values.update(settings)
     return AgentConfig(**values)

@@ -43,7 +43,9 @@ async def version_of(program: str, timeout: float, search_path: str | None = Non
         async with asyncio.timeout(timeout):
             stdout, stderr = await process.communicate()
     except asyncio.CancelledError:
-        _kill(process)  # the agent is stopping: leave nothing running behind it
+        # The agent is stopping: leave nothing running behind it, and reap what was.
+        _kill(process)
+        await process.wait()
         raise
     except TimeoutError:
         _kill(process)
