@@ -79,8 +79,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     sample_interval: Positive = 5.0
     health_interval: Positive = 5.0
 
-    fake_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
-    """None: NVML when present, else simulated GPUs. 0: no GPUs."""
+    fake_gpus: Annotated[int, Meta(ge=0, le=64)] | Literal["auto"] | None = None
+    """N: simulate N GPUs (fleetctl up, demos, tests); 0: no GPUs; unset or "auto": NVML,
+    never simulated: a failing NVML is reported unhealthy (actors.node.inventory.actor)."""
     expected_gpus: Annotated[int, Meta(ge=0)] | None = None
     required_binaries: list[str] = []
     required_modules: list[str] = []

@@ -212,6 +212,7 @@ def test_choose_gpus_never_simulates_unasked(
         return inventory.choose_gpus(config)
 
     assert isinstance(choose(two_gpus(), fake_gpus=None, expected_gpus=3), NvmlGpus)
+    assert isinstance(choose(two_gpus(), fake_gpus="auto"), NvmlGpus)
     no_library = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     assert choose(FakeNvml([], init_error=no_library), fake_gpus=None) is None
     expected = choose(FakeNvml([], init_error=no_library), fake_gpus=None, expected_gpus=8)

@@ -58,7 +58,7 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
     simulation standing in for a broken driver."""
     if config.fake_gpus == 0:
         return None
-    if config.fake_gpus is not None:
+    if isinstance(config.fake_gpus, int):
         return FakeGpus(config.fake_gpus, config.node_id)
     try:
         return NvmlGpus(xid_log_path=config.xid_log_path)
