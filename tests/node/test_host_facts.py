@@ -134,3 +134,12 @@ async def test_stopping_mid_version_leaves_no_process(tmp_path: Path) -> None:
         await task
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_storage_path_that_is_not_there_still_samples(tmp_path: Path) -> None:
+    """A storage path that cannot be measured reports 0 bytes instead of stopping samples."""
+    missing = tmp_path / "not-mounted"
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, storage_path=str(missing))
+    sample = InventoryActor(config, None, None, FakeGpus(1, "n1")).sample()  # type: ignore[arg-type]
+    assert sample.capacity.storage_total == 0 and sample.host is not None
+    assert sample.host.storage_path == str(missing) and sample.host.storage_used_pct == 0

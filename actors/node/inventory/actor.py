@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import psutil
 
@@ -71,6 +71,12 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
             extra={"reason": exc.reason, "expected_gpus": config.expected_gpus},
         )
         return FailedNvml(exc.reason, reopen=lambda: NvmlGpus(xid_log_path=config.xid_log_path))
+
+
+class DiskUsage(NamedTuple):
+    total: int
+    free: int
+    percent: float
 
 
 class CpuMeter:
@@ -155,6 +161,7 @@ class InventoryActor:
         self.disk_path = config.storage_path or (
             config.state_dir if Path(config.state_dir).exists() else "/"
         )
+        self._disk_failing = False
         self.cpu_model = cpu_model()
         self.versions: list[Dependency] = []
         """The latest dependency versions, refreshed off the sample path (_refresh_versions)."""
@@ -194,7 +201,7 @@ class InventoryActor:
         # refused by every aggregator, and the node would look dead instead of large.
         gpus = (self.gpus.read() if self.gpus else [])[:MAX_GPUS]
         memory = psutil.virtual_memory()
-        disk = psutil.disk_usage(self.disk_path)
+        disk = self._disk()
         busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
         capacity = Capacity(
             cpu_cores=psutil.cpu_count() or 0,
@@ -234,6 +241,22 @@ class InventoryActor:
         while True:
             self.versions = await read_versions(config.version_programs, config.version_timeout)
             await asyncio.sleep(jittered(config.version_refresh))
+
+    def _disk(self) -> DiskUsage:
+        """Usage of the storage path; all 0 (and one warning until it is back) while it
+        cannot be measured (a mount not there yet), rather than no sample at all."""
+        try:
+            usage = psutil.disk_usage(self.disk_path)
+        except OSError as exc:
+            if not self._disk_failing:
+                log.warning(
+                    "storage path cannot be measured",
+                    extra={"path": self.disk_path, "reason": str(exc)},
+                )
+            self._disk_failing = True
+            return DiskUsage(total=0, free=0, percent=0.0)
+        self._disk_failing = False
+        return DiskUsage(total=usage.total, free=usage.free, percent=usage.percent)
 
     def close(self) -> None:
         """Free the GPU source (NVML is shut down); the agent calls this once its actors
