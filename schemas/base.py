@@ -70,6 +70,8 @@ MAX_ENROLL_TOKEN = 2048
 MAX_ENROLLED = 64
 """Nodes an enrollment token's record names (the latest); its use count goes on."""
 TOKEN_ID_PATTERN = r"^[a-f0-9]{32}$"
+MAX_DEPENDENCIES = 8
+"""Dependency versions (nvidia-smi, slurmd, docker, podman, ...) one sample reports."""
 
 Name = Annotated[str, Meta(max_length=MAX_NAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]

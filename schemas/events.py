@@ -15,6 +15,7 @@ from schemas import codec
 from schemas.base import (
     MAX_CHECKS,
     MAX_COMPONENTS,
+    MAX_DEPENDENCIES,
     MAX_ENGINES,
     MAX_GPUS,
     MAX_MODELS,
@@ -31,6 +32,7 @@ from schemas.base import (
     NodeId,
     Percent,
     Schedulability,
+    Seconds,
     Text,
     UnixTime,
     Url,
@@ -97,6 +99,31 @@ class Gpu(Wire, frozen=True, kw_only=True):
     """True once the device stopped answering (NVML GpuIsLost, or injected)."""
 
 
+class Dependency(Wire, frozen=True, kw_only=True):
+    """A program the node's work depends on and what its ``--version`` said."""
+
+    name: Name
+    version: Name
+    """The first line of ``NAME --version``, e.g. ``podman version 4.9.3``."""
+
+
+class HostFacts(Wire, frozen=True, kw_only=True):
+    """Facts about the host operators and schedulers place by, beside the capacity."""
+
+    uptime_s: Seconds
+    """Seconds since the host booted (not the agent: that is a metric)."""
+    memory_used_pct: Percent
+    cpu_model: Name = ""
+    gpu_utilization_pct: Percent | None = None
+    """Mean utilization over the GPUs that report one; None when none does."""
+    storage_path: Text = ""
+    """The path whose file system ``capacity.storage_*`` measures (setting storage_path)."""
+    storage_used_pct: Percent = 0.0
+    dependencies: Annotated[list[Dependency], Meta(max_length=MAX_DEPENDENCIES)] = []
+    """Versions of the configured programs that answer ``--version`` (checked off the
+    sample path, cached); a program absent or silent is left out."""
+
+
 class Sample(Wire, frozen=True, kw_only=True):
     """Inventory sample, published by the inventory actor every sample period."""
 
@@ -107,6 +134,11 @@ class Sample(Wire, frozen=True, kw_only=True):
     fingerprint: Name = ""
     """SHA-256 (hex) of stable hardware identifiers; changes when hardware changes."""
     hostname: Hostname = ""
+    gpu_error: Text = ""
+    """Why the GPU source fails, in NVML's words (init, device count or a device's handle);
+    empty when it works. The nvml and boot checks are unhealthy while it is set."""
+    host: HostFacts | None = None
+    """Host uptime, memory use, CPU model, mean GPU utilization, storage, dependency versions."""
 
 
 class HealthComponent(Wire, frozen=True, kw_only=True):
@@ -339,6 +371,7 @@ __all__ = [
     "EVENT_TYPES",
     "Capacity",
     "CloudFacts",
+    "Dependency",
     "Engine",
     "EngineStatus",
     "Event",
@@ -347,6 +380,7 @@ __all__ = [
     "Health",
     "HealthCheck",
     "HealthComponent",
+    "HostFacts",
     "Inject",
     "Interruption",
     "Jobs",

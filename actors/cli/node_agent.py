@@ -60,6 +60,7 @@ LIST_FLAGS = {
     "workload_engines": "workload-engine",
     "workload_binaries": "workload-binary",
     "labels": "label",
+    "version_programs": "version-program",
 }
 
 

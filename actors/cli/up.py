@@ -60,6 +60,7 @@ def _log_to_file(path: Path) -> None:
     logs.setup("info")
     handler = logging.FileHandler(path)
     handler.setFormatter(logs.JsonFormatter())
+    handler.addFilter(logs.BoundFields())
     logging.getLogger().handlers[:] = [handler]
 
 

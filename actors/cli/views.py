@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from actors.fleet.history import Entry
-from schemas.events import Engine, Health, Latency, Sample, SpotStatus
+from schemas.events import Engine, Health, HostFacts, Latency, Sample, SpotStatus
 from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
@@ -276,6 +276,7 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
         lines.insert(2, f"Hostname:        {beat.sample.hostname}")
     lines += _health(beat.health)
     lines += _gpus(beat.sample)
+    lines += _host(beat.sample.host if beat.sample is not None else None)
     lines += _engines(beat.engine)
     lines += _latency(beat.latency)
     lines.append(f"Spot:            {_spot(beat.spot)}")
@@ -334,6 +335,8 @@ def _health(health: Health | None) -> list[str]:
 
 
 def _gpus(sample: Sample | None) -> list[str]:
+    if sample is not None and sample.gpu_error and not sample.gpus:
+        return [f"GPUs:            none ({sample.gpu_source} fails: {sample.gpu_error})"]
     if sample is None or not sample.gpus:
         return ["GPUs:            none"]
     rows: list[tuple[str, ...]] = [
@@ -355,6 +358,22 @@ def _gpus(sample: Sample | None) -> list[str]:
             )
         )
     return [f"GPUs:            {len(sample.gpus)} ({sample.gpu_source})", *grid(rows)]
+
+
+def _host(host: HostFacts | None) -> list[str]:
+    """Host facts in one line, dependency versions in another (older agents send none)."""
+    if host is None:
+        return []
+    gpu = _opt(host.gpu_utilization_pct, "%", "{:.0f}")
+    lines = [
+        f"Host:            up {span(host.uptime_s)}, memory {host.memory_used_pct:.0f}% used, "
+        f"GPU util {gpu} (mean), {host.storage_path or '-'} {host.storage_used_pct:.0f}% used, "
+        f"CPU {host.cpu_model or '-'}"
+    ]
+    if host.dependencies:
+        versions = "; ".join(dep.version for dep in host.dependencies)
+        lines.append(f"Versions:        {versions}")
+    return lines
 
 
 def _engines(engine: Engine | None) -> list[str]:

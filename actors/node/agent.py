@@ -21,13 +21,17 @@ from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
 from actors.node.workloads.actor import WorkloadsActor
-from actors.runtime import notify
+from actors.runtime import logs, notify
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
 from actors.runtime.tls import client_context
 from schemas.signing import load_key_file
 
 log = logging.getLogger(__name__)
+
+STOP_STEP_TIMEOUT = 10.0
+"""Longest stopping the actors, and then draining the connection, may each take once the
+shutdown drain is over: a stop takes at most shutdown_timeout + 2 x this."""
 
 
 def inbox_prefix(node_id: str) -> str:
@@ -48,12 +52,14 @@ class NodeAgent:
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
+        self.inventory: InventoryActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
+        self.inventory = InventoryActor(self.config, bus, events)
         return [
-            InventoryActor(self.config, bus, events),
+            self.inventory,
             HeartbeatActor(self.config, bus, events, self.sequence),
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
@@ -71,6 +77,13 @@ class NodeAgent:
         return self.supervisor.check() if self.supervisor is not None else {}
 
     async def start(self) -> None:
+        # Every task started here (the connection's, the actors') logs with this node's
+        # id as a field; the binding ends with this call, so a process running several
+        # agents (fleetctl up) tags each agent's lines with its own node.
+        with logs.bound(node=self.config.node_id):
+            await self._start()
+
+    async def _start(self) -> None:
         self.bus = await NatsBus.connect(
             self.config.server,
             name=f"node-agent:{self.config.node_id}",
@@ -93,21 +106,37 @@ class NodeAgent:
         )
 
     async def stop(self) -> None:
-        """Stop taking commands and finish (or deregister) within the shutdown timeout,
-        then stop actors, then drain the connection, each bounded by that timeout."""
+        """Stop taking commands and drain, finish or deregister within the shutdown
+        timeout, then stop actors, then drain the connection, each of those two bounded by
+        STOP_STEP_TIMEOUT (systemd's TimeoutStopSec must exceed the sum)."""
+        with logs.bound(node=self.config.node_id):
+            await self._stop()
+
+    async def _stop(self) -> None:
         timeout = self.config.shutdown_timeout
         if self.commands is not None:
-            await self.commands.shutdown(timeout, self.config.deregister_on_shutdown)
+            await self.commands.shutdown(
+                timeout, self.config.deregister_on_shutdown, self.config.shutdown_drain
+            )
+        step = min(timeout, STOP_STEP_TIMEOUT)
         if self.supervisor is not None:
-            await self.supervisor.stop(timeout)
+            await self.supervisor.stop(step)
+        if self.inventory is not None:
+            # nvmlShutdown, once the inventory no longer reads (waits for a read in flight).
+            await asyncio.to_thread(self.inventory.close)
+            self.inventory = None
         if self.bus is not None:
-            await self.bus.close(timeout)
+            await self.bus.close(step)
         log.info("node agent stopped", extra={"node": self.config.node_id})
 
     async def run_until(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set or an actor finishes or fails fatally. ``stop`` is
         honoured in every phase, the first connection's retries included (under systemd a
         stop that waited for NATS would end in SIGKILL)."""
+        with logs.bound(node=self.config.node_id):
+            await self._run_until(stop)
+
+    async def _run_until(self, stop: asyncio.Event) -> None:
         starting = asyncio.create_task(self.start())
         stopping_early = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopping_early}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,6 +17,7 @@ from msgspec import Meta
 from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
 from actors.runtime.logs import LogFormat
 from schemas.base import (
+    MAX_DEPENDENCIES,
     MAX_ENGINES,
     MAX_ENROLL_TOKEN,
     MAX_PEERS,
@@ -40,6 +41,10 @@ XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
 WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
 DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
+
+
+VERSION_PROGRAMS = ("nvidia-smi", "slurmd", "docker", "podman")
+"""Programs whose version a sample reports unless version_programs says otherwise."""
 
 
 def default_state_dir() -> str:
@@ -97,11 +102,23 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     sample_interval: Positive = 5.0
     health_interval: Positive = 5.0
 
-    fake_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
-    """None: NVML when present, else simulated GPUs. 0: no GPUs."""
+    fake_gpus: Annotated[int, Meta(ge=0, le=64)] | Literal["auto"] | None = None
+    """N: simulate N GPUs (fleetctl up, demos, tests); 0: no GPUs; unset or "auto": NVML,
+    never simulated: a failing NVML is reported unhealthy (actors.node.inventory.actor)."""
     expected_gpus: Annotated[int, Meta(ge=0)] | None = None
     required_binaries: list[str] = []
     required_modules: list[str] = []
+    storage_path: str = ""
+    """The file system the sample measures (capacity.storage_*, host.storage_*), e.g. where
+    models and datasets live; empty: the state dir (or / when it does not exist)."""
+    version_programs: Annotated[list[str], Meta(max_length=MAX_DEPENDENCIES)] = msgspec.field(
+        default_factory=lambda: list(VERSION_PROGRAMS)
+    )
+    """Programs whose ``--version`` the sample reports (those present and answering)."""
+    version_timeout: Positive = 5.0
+    """Seconds each ``--version`` may take."""
+    version_refresh: Positive = 3600.0
+    """Seconds between two readings of the versions (they are cached in between)."""
 
     engines: Annotated[list[EngineSpec], Meta(max_length=MAX_ENGINES)] = []
     engine_interval: Positive = 5.0
@@ -139,7 +156,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_safety_margin: NonNegativeDuration = 15.0
 
     deregister_on_shutdown: bool = False
-    shutdown_timeout: Positive = 10.0
+    shutdown_timeout: Positive = 30.0
+    """Longest SIGTERM waits for in-flight work (the shutdown drain, or a drain or
+    deregistration in progress) before the actors stop."""
+    shutdown_drain: bool = True
+    """SIGTERM drains: the fleet is told the node is draining and in-flight work gets up to
+    shutdown_timeout to finish. Not saved: a restarted agent comes back as it was."""
 
     clear_after_samples: Annotated[int, Meta(ge=1)] = 3
     """Good samples in a row before a health condition clears (hysteresis)."""

@@ -190,6 +190,13 @@ class AgentMetrics:
             ["kind", "url"],
             registry=self.registry,
         )
+        # The seed agent's name for the same fact, kept so existing dashboards keep working.
+        self.vllm_healthy = Gauge(
+            "node_agent_vllm_healthy",
+            "Alias of node_agent_engine_healthy for vLLM engines: 1 when healthy, else 0",
+            ["url"],
+            registry=self.registry,
+        )
         self.schedulability = Gauge(
             "node_agent_schedulability",
             "1 for the schedulability the last heartbeat reported, 0 for the others",
@@ -228,8 +235,11 @@ class AgentMetrics:
 
     def observe_engine(self, engine: Engine) -> None:
         self.engine_healthy.clear()
+        self.vllm_healthy.clear()
         for status in engine.engines:
             self.engine_healthy.labels(status.kind, status.url).set(1 if status.healthy else 0)
+            if status.kind == "vllm":
+                self.vllm_healthy.labels(status.url).set(1 if status.healthy else 0)
 
     def observe_heartbeat(self, heartbeat: Heartbeat) -> None:
         """Schedulability and the spot notice, as the fleet is told them."""

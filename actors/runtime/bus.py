@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from actors.runtime.schedule import Backoff
@@ -293,14 +294,16 @@ async def publish_signed(
     *,
     headers: dict[str, str] | None = None,
     timeout: float = PUBLISH_TIMEOUT,
-) -> None:
+) -> tuple[PubAck, int]:
     """Store ``message`` in JetStream signed by ``key``, under ``Nats-Msg-Id: msg_id`` (the
-    stream drops a repeat), plus ``headers``; raises nats.errors.Error or TimeoutError."""
+    stream drops a repeat), plus ``headers``; the stream's acknowledgement and the body's
+    size in bytes. Raises nats.errors.Error or TimeoutError."""
     body = codec.encode(message)
     signed = key.headers(body)
     signed["Nats-Msg-Id"] = msg_id
     signed.update(headers or {})
-    await bus.js.publish(subject, body, timeout=timeout, headers=signed)
+    ack = await bus.js.publish(subject, body, timeout=timeout, headers=signed)
+    return ack, len(body)
 
 
 async def publish_signed_event(

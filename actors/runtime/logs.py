@@ -7,12 +7,44 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, TextIO
 
 LogFormat = Literal["auto", "text", "json"]
 
 # Attributes every LogRecord has; anything else was passed through ``extra=`` and is kept.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+_bound: ContextVar[Mapping[str, Any] | None] = ContextVar("log_fields", default=None)
+"""Fields every record logged in this context carries (e.g. the agent's ``node``). Tasks
+and threads (``asyncio.to_thread``) copy the context they are started in, so the actors an
+agent starts inside :func:`bound` log with its fields, even when several agents share a
+process (``fleetctl up``)."""
+
+
+@contextmanager
+def bound(**values: Any) -> Iterator[None]:
+    """Within the block (and in every task or thread started in it), records carry
+    ``values`` as fields, unless a record sets the same field itself."""
+    token = _bound.set({**(_bound.get() or {}), **values})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+class BoundFields(logging.Filter):
+    """Adds the context's bound fields to each record as attributes (structured fields,
+    never text in the message), so every handler and formatter sees them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in (_bound.get() or {}).items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
 
 
 def fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
@@ -68,6 +100,7 @@ def formatter(log_format: LogFormat, stream: TextIO) -> logging.Formatter:
 def setup(level: str = "info", log_format: LogFormat = "auto") -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(formatter(log_format, sys.stdout))
+    handler.addFilter(BoundFields())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

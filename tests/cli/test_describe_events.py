@@ -94,6 +94,7 @@ async def test_describe_explains_state_and_history(stale_cordoned: History) -> N
     gpus = lines.index("GPUs:            2 (fake)")
     assert lines[gpus + 1].split()[:3] == ["GPU", "NAME", "MEMORY"]
     assert lines[gpus + 2].split()[0] == "0" and lines[gpus + 3].split()[0] == "1"
+    assert any(line.startswith("Host:            up ") for line in lines)
     assert "Engines:         none" in lines
     assert "Spot:            not watched" in lines
     alerts = lines.index("Recent alerts (1):")

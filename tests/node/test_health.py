@@ -153,14 +153,14 @@ def test_boot_check() -> None:
 
 
 def test_nvml_check() -> None:
-    """A GPU above 85 C is degraded, a lost GPU unhealthy, a silent GPU degraded."""
+    """A GPU above 85 C is degraded; a lost GPU or one answering no query unhealthy."""
     assert checks.nvml_check(make_sample([make_gpu(0, temperature_c=85.0)])).status == "ok"
     hot = checks.nvml_check(make_sample([make_gpu(0, temperature_c=85.5)]))
     assert hot.status == "degraded" and "GPU 0 at 85.5 C" in hot.reason
     lost = checks.nvml_check(make_sample([make_gpu(0), make_gpu(1, lost=True)]))
     assert lost.status == "unhealthy" and "GPU 1 lost" in lost.reason
     silent = make_gpu(0, temperature_c=None, utilization_pct=None, power_w=None)
-    assert checks.nvml_check(make_sample([silent])).status == "degraded"
+    assert checks.nvml_check(make_sample([silent])).status == "unhealthy"
 
 
 def test_dependencies_check(tmp_path: Path) -> None:

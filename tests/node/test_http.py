@@ -44,6 +44,8 @@ async def agent_url(fleet: Fleet) -> str:
         engine_interval=0.2,
         # One health report at start and no other during the test, so pages agree.
         health_interval=3600.0,
+        # The stand-in never finishes its requests: stop without draining for them.
+        shutdown_drain=False,
     )
     agent = await fleet.start_agent(config)
     assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)

@@ -11,12 +11,16 @@ from typing import Any
 import pynvml
 import pytest
 
+from actors.node.health.actor import HealthActor
 from actors.node.inventory import actor as inventory
 from actors.node.inventory import nvml_gpus
+from actors.node.inventory.actor import InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.kmsg import KmsgXids, parse_xid_line, pci_key
-from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
-from tests.support.fleet import agent_config
+from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
+from schemas import codec
+from schemas.events import HealthCheck, Sample
+from tests.support.fleet import Fleet, agent_config, wait_for
 
 GIB = 1024**3
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST
@@ -55,6 +59,7 @@ class FakeNvml:
         self.errors: dict[tuple[int, str], int] = {}
         self.events: deque[SimpleNamespace] = deque()
         self.calls: list[tuple[int, str]] = []
+        self.initialised = self.shutdowns = self.freed = 0
 
     def __getattr__(self, name: str) -> Any:
         # Only names not defined below land here: device queries answer from the recording.
@@ -73,6 +78,13 @@ class FakeNvml:
     def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.freed += 1
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
@@ -187,16 +199,129 @@ def test_init_failure_is_unavailable() -> None:
         NvmlGpus(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
 
 
-def test_choose_gpus_prefers_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """With fake_gpus unset: NVML when nvmlInit works, else fake GPUs; fake_gpus=0: none."""
-    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None, expected_gpus=3)
-    monkeypatch.setattr(nvml_gpus, "pynvml", two_gpus())
-    assert isinstance(inventory.choose_gpus(config), NvmlGpus)
-    failing = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    monkeypatch.setattr(nvml_gpus, "pynvml", failing)
-    fallback = inventory.choose_gpus(config)
-    assert isinstance(fallback, FakeGpus) and fallback.count == 3
-    assert inventory.choose_gpus(agent_config("nats://x:1", "t", tmp_path, fake_gpus=0)) is None
+def test_choose_gpus_never_simulates_unasked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """fake_gpus unset (auto): NVML when it works; no GPUs when the library is absent and
+    none expected; a failing source (never fake GPUs) when NVML fails or GPUs are expected;
+    fake GPUs only when fake_gpus asks."""
+
+    def choose(nvml: FakeNvml, **settings: Any) -> inventory.GpuSource | None:
+        monkeypatch.setattr(nvml_gpus, "pynvml", nvml)
+        config = agent_config("nats://127.0.0.1:1", "t", tmp_path, **settings)
+        return inventory.choose_gpus(config)
+
+    assert isinstance(choose(two_gpus(), fake_gpus=None, expected_gpus=3), NvmlGpus)
+    assert isinstance(choose(two_gpus(), fake_gpus="auto"), NvmlGpus)
+    no_library = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    assert choose(FakeNvml([], init_error=no_library), fake_gpus=None) is None
+    expected = choose(FakeNvml([], init_error=no_library), fake_gpus=None, expected_gpus=8)
+    assert isinstance(expected, FailedNvml) and "NVML Shared Library Not Found" in expected.error
+    broken = choose(FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), fake_gpus=None)
+    assert isinstance(broken, FailedNvml) and "Driver Not Loaded" in broken.error
+    assert choose(two_gpus(), fake_gpus=0) is None
+    fake = choose(two_gpus(), fake_gpus=3)
+    assert isinstance(fake, FakeGpus) and fake.count == 3
+
+
+def judged(
+    gpus: inventory.GpuSource | None, tmp_path: Path, expected: int | None
+) -> tuple[Sample, dict[str, HealthCheck]]:
+    """One inventory sample from ``gpus`` and the sample checks health makes of it."""
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=0, expected_gpus=expected)
+    sample = InventoryActor(config, None, None, gpus).sample()  # type: ignore[arg-type]
+    codec.decode(codec.encode(sample), Sample)
+    health = HealthActor(config, None, None)  # type: ignore[arg-type]
+    health.observe_sample(sample)
+    return sample, health.sample_checks
+
+
+def test_broken_driver_is_unhealthy_not_eight_healthy_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """nvmlInit failing with expected_gpus 8: no GPUs, source nvml, and the nvml and boot
+    checks unhealthy with NVML's error text and an action."""
+    monkeypatch.setattr(
+        nvml_gpus, "pynvml", FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    )
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None, expected_gpus=8)
+    sample, found = judged(inventory.choose_gpus(config), tmp_path, 8)
+    assert (sample.gpu_source, sample.gpus, sample.capacity.gpus_total) == ("nvml", [], 0)
+    assert "Driver Not Loaded" in sample.gpu_error
+    assert found["nvml"].status == "unhealthy" and "Driver Not Loaded" in found["nvml"].reason
+    assert "nvidia-smi" in found["nvml"].action
+    assert found["boot"].status == "unhealthy"
+    assert found["boot"].reason.startswith("expected 8 GPUs, 0 answer (")
+
+
+def test_failing_nvml_is_retried_until_it_works() -> None:
+    """A failing NVML is opened again later; once the driver answers, its GPUs are read
+    and the error is gone; close shuts the reopened NVML down."""
+    nvml = two_gpus()
+    nvml.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    failed = FailedNvml("Driver Not Loaded", reopen=lambda: NvmlGpus(nvml=nvml), retry_every=0)
+    assert failed.read() == [] and "Driver Not Loaded" in failed.error
+    nvml.init_error = None
+    assert [gpu.index for gpu in failed.read()] == [0, 1] and failed.error == ""
+    failed.close()
+    assert nvml.shutdowns == 1
+
+
+def test_device_count_short_of_expected_is_unhealthy(tmp_path: Path) -> None:
+    """NVML sees 2 GPUs where 4 are expected: boot and nvml unhealthy, naming both counts."""
+    sample, found = judged(NvmlGpus(nvml=two_gpus()), tmp_path, 4)
+    assert len(sample.gpus) == 2 and sample.gpu_source == "nvml"
+    assert found["boot"].status == "unhealthy"
+    assert found["boot"].reason == "expected 4 GPUs, 2 answer" and found["boot"].action
+    assert found["nvml"].status == "unhealthy" and found["nvml"].action
+    assert found["nvml"].reason == "NVML sees 2 devices, expected 4"
+
+
+def test_zero_gpus_with_expected_gpus_is_unhealthy(tmp_path: Path) -> None:
+    """A node without GPUs whose expected_gpus says 2 is unhealthy, not fine."""
+    sample, found = judged(None, tmp_path, 2)
+    assert sample.gpu_source == "none" and found["boot"].status == "unhealthy"
+
+
+def test_gpu_answering_no_query_is_unhealthy(tmp_path: Path) -> None:
+    """A GPU whose every reading fails (not lost, just silent) is unhealthy, not degraded."""
+    nvml = two_gpus()
+    for name in (
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetTotalEccErrors",
+    ):
+        nvml.errors[(1, name)] = pynvml.NVML_ERROR_UNKNOWN
+    sample, found = judged(NvmlGpus(nvml=nvml), tmp_path, 2)
+    assert not sample.gpus[1].lost and sample.gpus[1].temperature_c is None
+    assert found["nvml"].status == "unhealthy"
+    assert found["nvml"].reason == "GPU 1 answer no NVML query" and found["nvml"].action
+
+
+def test_gpu_without_handle_reports_nvml_error(tmp_path: Path) -> None:
+    """A GPU NVML cannot open: lost, and NVML's error for it travels in the sample."""
+    nvml = FakeNvml([recorded_device(0, "00000000:3B:00.0")])
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    )
+    sample, found = judged(NvmlGpus(nvml=nvml), tmp_path, 1)
+    assert sample.gpus[0].lost and "GPU 0: nvmlDeviceGetHandleByIndex" in sample.gpu_error
+    assert found["nvml"].status == "unhealthy" and "Unknown Error" in found["nvml"].reason
+
+
+async def test_agent_shuts_nvml_down_on_exit(monkeypatch: pytest.MonkeyPatch, fleet: Fleet) -> None:
+    """An agent reading real (recorded) GPUs calls nvmlShutdown once when it stops."""
+    nvml = two_gpus()
+    monkeypatch.setattr(nvml_gpus, "pynvml", nvml)
+    await fleet.start_aggregator()
+    agent = await fleet.start_agent(fleet.config(fake_gpus=None))
+    await wait_for(lambda: nvml.calls)
+    assert nvml.initialised == 1 and nvml.shutdowns == 0
+    await agent.stop()
+    assert nvml.shutdowns == 1 and nvml.freed == 1
 
 
 @pytest.mark.parametrize(

@@ -117,6 +117,10 @@ def agent_config(
         fake_gpus=2,
         http_port=0,
         gateway_port=0,
+        # SIGTERM drains in-flight work (pretend engines' included) for this long at most.
+        shutdown_timeout=2.0,
+        # No --version runs per test agent (a test that wants them says so).
+        version_programs=[],
     )
     values.update(settings)
     return AgentConfig(**values)

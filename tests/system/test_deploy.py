@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from actors.fleet.nats_config import JS_API_PREFIX
 from actors.fleet.registry import read_record
 from actors.fleet.streams import provision
-from actors.node.agent import NodeAgent
+from actors.node.agent import STOP_STEP_TIMEOUT, NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.bus import BusError, NatsBus
 from actors.runtime.config import build
@@ -543,4 +543,4 @@ def test_units_run_real_commands() -> None:
     assert agent["StateDirectory"] == "node-agent"
     example = build(AgentConfig, ENV_PREFIX, file=DEPLOY / "agent.example.toml", env={})
     assert example.state_dir in agent["ReadWritePaths"].split()
-    assert float(agent["TimeoutStopSec"]) > 3 * example.shutdown_timeout
+    assert float(agent["TimeoutStopSec"]) > example.shutdown_timeout + 2 * STOP_STEP_TIMEOUT

@@ -121,6 +121,37 @@ class ActionRunner:
             "shutdown", self._drain("shutdown", "agent shutdown", time.time() + within, True)
         )
 
+    def busy(self) -> bool:
+        """An action is in progress (a drain or deregistration that shutdown waits for)."""
+        return self._work is not None and not self._work.done()
+
+    async def drain_at_shutdown(self, within: float) -> int:
+        """SIGTERM: tell the fleet the node is draining and wait, at most ``within``
+        seconds, for the engines' in-flight requests to finish; what was left. The state
+        is published, never stored: a restarted agent comes back as it was, not drained."""
+        deadline = time.monotonic() + within
+        if self.store.state.schedulability in ("schedulable", "cordoned"):
+            await self.publish_state(
+                events.NodeState(
+                    ts=time.time(),
+                    schedulability="draining",
+                    reason="agent shutting down",
+                    command_id="shutdown",
+                )
+            )
+        log.info("draining before shutdown", extra={"in_flight": self.in_flight, "within": within})
+        while self.in_flight > 0 and (left := deadline - time.monotonic()) > 0:
+            self._engine_changed.clear()
+            await wait_or_timeout(self._engine_changed, left)
+        if self.in_flight:
+            log.warning(
+                "shutdown drain timed out; stopping with work in flight",
+                extra={"in_flight": self.in_flight, "within": within},
+            )
+        else:
+            log.info("drained before shutdown")
+        return self.in_flight
+
     async def wait_for_work(self, timeout: float) -> None:
         """Let the action in progress finish, for at most ``timeout`` seconds."""
         if self._work is not None and not self._work.done():

@@ -147,15 +147,19 @@ class CommandsActor:
         finally:
             finished.cancel()
 
-    async def shutdown(self, timeout: float, deregister: bool) -> None:
+    async def shutdown(self, timeout: float, deregister: bool, drain: bool = False) -> None:
         """Stop taking commands, finish the work in progress (deregistering first when
-        asked), all within ``timeout``."""
+        asked; else, with ``drain``, letting in-flight requests finish), all within
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
         if self._fetcher is not None:
             self._fetcher.cancel()
         if deregister and not self.actions.finished.is_set() and not self.store.deregister:
             async with self.actions.lock:
                 await self.actions.deregister_at_shutdown(timeout / 2)
-        await self.actions.wait_for_work(timeout)
+        elif drain and not self.actions.busy():
+            await self.actions.drain_at_shutdown(timeout)
+        await self.actions.wait_for_work(max(0.0, deadline - time.monotonic()))
 
     # Commands --------------------------------------------------------------------------
 

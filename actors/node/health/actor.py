@@ -96,7 +96,7 @@ class HealthActor:
         self.xids.observe(sample.gpus)
         for check in (
             checks.boot_check(sample, self.config.expected_gpus),
-            checks.nvml_check(sample),
+            checks.nvml_check(sample, self.config.expected_gpus),
             self.xids.check(time.time()),
         ):
             self.sample_checks[check.name] = self.latch.update(check)

@@ -14,13 +14,18 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.base import CheckStatus, HealthStatus
+from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import HealthCheck, Sample
 
 HOT_GPU_C = 85.0
 """Any GPU above this makes the nvml check degraded."""
 STALE_FACTOR = 3.0
 """A feed's event is stale once older than this many of its periods."""
+
+NVML_ACTION = (
+    "check the NVIDIA driver: nvidia-smi, dmesg (NVRM); reload it (modprobe nvidia) or "
+    "reboot; drain the node until nvidia-smi answers"
+)
 
 RANK: dict[str, int] = {"ok": 0, "unknown": 0, "healthy": 0, "degraded": 1, "unhealthy": 2}
 _BY_RANK: tuple[HealthStatus, ...] = ("healthy", "degraded", "unhealthy")
@@ -35,10 +40,11 @@ def boot_check(sample: Sample, expected: int | None) -> HealthCheck:
     if seen == expected:
         return HealthCheck(name="boot", status="ok", reason=f"{seen}/{expected} GPUs answer")
     if seen < expected:
+        error = f" ({sample.gpu_error})" if sample.gpu_error else ""
         return HealthCheck(
             name="boot",
             status="unhealthy",
-            reason=f"expected {expected} GPUs, {seen} answer",
+            reason=f"expected {expected} GPUs, {seen} answer{error}"[:MAX_TEXT],
             action="check the GPUs' seating, power and driver (nvidia-smi, dmesg); reboot",
         )
     return HealthCheck(
@@ -49,8 +55,23 @@ def boot_check(sample: Sample, expected: int | None) -> HealthCheck:
     )
 
 
-def nvml_check(sample: Sample) -> HealthCheck:
-    """Lost GPU: unhealthy; a GPU above 85 C or answering nothing: degraded."""
+def nvml_check(sample: Sample, expected: int | None = None) -> HealthCheck:
+    """NVML failing or seeing fewer devices than ``expected``, a lost GPU or one answering
+    no query: unhealthy; a GPU above 85 C: degraded."""
+    if sample.gpu_error:
+        return HealthCheck(
+            name="nvml",
+            status="unhealthy",
+            reason=f"NVML fails: {sample.gpu_error}"[:MAX_TEXT],
+            action=NVML_ACTION,
+        )
+    if sample.gpu_source == "nvml" and expected is not None and len(sample.gpus) < expected:
+        return HealthCheck(
+            name="nvml",
+            status="unhealthy",
+            reason=f"NVML sees {len(sample.gpus)} devices, expected {expected}",
+            action=NVML_ACTION,
+        )
     lost = [gpu.index for gpu in sample.gpus if gpu.lost]
     if lost:
         return HealthCheck(
@@ -69,15 +90,20 @@ def nvml_check(sample: Sample) -> HealthCheck:
         for gpu in sample.gpus
         if gpu.temperature_c is None and gpu.utilization_pct is None and gpu.power_w is None
     ]
-    if hot or silent:
-        reasons = [f"{text} (> {HOT_GPU_C:g} C)" for text in hot]
-        if silent:
-            reasons.append(f"GPU {', '.join(map(str, silent))} answer no readings")
+    if silent:
+        # A device that answers no query at all does no work either.
+        return HealthCheck(
+            name="nvml",
+            status="unhealthy",
+            reason=f"GPU {', '.join(map(str, silent))} answer no NVML query",
+            action=NVML_ACTION,
+        )
+    if hot:
         return HealthCheck(
             name="nvml",
             status="degraded",
-            reason="; ".join(reasons),
-            action="check cooling and airflow" if hot else "check the driver (nvidia-smi -q)",
+            reason="; ".join(f"{text} (> {HOT_GPU_C:g} C)" for text in hot),
+            action="check cooling and airflow",
         )
     if not sample.gpus:
         return HealthCheck(name="nvml", status="ok", reason="no GPUs to query")

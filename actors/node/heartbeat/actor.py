@@ -126,6 +126,9 @@ class HeartbeatActor:
 
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
+        # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
+        # scheduler places by, next to what runs.
+        waiting = sum(status.waiting or 0 for status in self.engine.engines) if self.engine else 0
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
@@ -141,7 +144,7 @@ class HeartbeatActor:
             health=self.health,
             latency=self.latency,
             engine=self.engine,
-            jobs=Jobs(running=running),
+            jobs=Jobs(running=running, waiting=waiting),
             spot=self.spot,
             deregistering=self.state.deregistering,
             workloads=self.workloads,
@@ -152,7 +155,7 @@ class HeartbeatActor:
         heartbeat = self.build()
         self.metrics.observe_heartbeat(heartbeat)
         try:
-            await publish_signed(
+            ack, size = await publish_signed(
                 self.bus,
                 self.subject,
                 heartbeat,
@@ -167,6 +170,10 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": str(exc) or type(exc).__name__},
             )
             return None
+        log.debug(
+            "heartbeat sent and acknowledged",
+            extra={"seq": heartbeat.seq, "stream_seq": ack.seq, "bytes": size},
+        )
         self.metrics.heartbeats.inc()
         self.metrics.sequence.set(heartbeat.seq)
         return heartbeat

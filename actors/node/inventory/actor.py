@@ -1,8 +1,12 @@
 """Inventory actor: what the node has (CPU, memory, disk, GPUs), published as ``Sample``.
 
-GPUs come from NVML when it initialises, else from simulated GPUs. Simulated GPUs take
-faults injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so
-the fault reaches health and the heartbeat without waiting a whole sample period.
+GPUs come from NVML, or from simulated GPUs only when asked (``fake_gpus``). With
+``fake_gpus`` unset (``auto``): NVML when it works; no GPUs when the NVML library is absent
+and none are expected; and when NVML is there but fails (or is absent while
+``expected_gpus`` says GPUs should be there), no GPUs plus NVML's error in every sample, so
+health says unhealthy rather than a node that looks fine. Simulated GPUs take faults
+injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so the fault
+reaches health and the heartbeat without waiting a whole sample period.
 """
 
 from __future__ import annotations
@@ -10,22 +14,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import platform
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import psutil
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.node.inventory.nvml_gpus import NvmlGpus, NvmlUnavailable
+from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
+from actors.node.inventory.versions import read_versions
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
-from schemas.base import MAX_GPUS
-from schemas.events import Capacity, Event, Gpu, Inject, Sample
+from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
+from schemas.events import Capacity, Dependency, Event, Gpu, HostFacts, Inject, Sample
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
@@ -35,23 +41,42 @@ class GpuSource(Protocol):
     @property
     def source(self) -> Literal["nvml", "fake"]: ...
 
+    @property
+    def error(self) -> str:
+        """Why the source cannot see (some of) its GPUs; empty when it can."""
+        ...
+
     def read(self) -> list[Gpu]: ...
+
+    def close(self) -> None:
+        """Free what the source holds (NVML: nvmlShutdown); called once, on the way out."""
+        ...
 
 
 def choose_gpus(config: AgentConfig) -> GpuSource | None:
+    """Simulated GPUs only when ``fake_gpus`` asks (0: none); otherwise NVML, never a
+    simulation standing in for a broken driver."""
     if config.fake_gpus == 0:
         return None
-    if config.fake_gpus is not None:
+    if isinstance(config.fake_gpus, int):
         return FakeGpus(config.fake_gpus, config.node_id)
     try:
         return NvmlGpus(xid_log_path=config.xid_log_path)
     except NvmlUnavailable as exc:
-        count = config.expected_gpus or 8
-        log.warning(
-            "NVML not available; simulating fake GPUs (--fake-gpus 0 for none)",
-            extra={"reason": exc.reason, "gpus": count},
+        if exc.library_missing and not config.expected_gpus:
+            log.info("no NVML library: a node without GPUs", extra={"reason": exc.reason})
+            return None
+        log.error(
+            "NVML fails: GPUs reported unhealthy",
+            extra={"reason": exc.reason, "expected_gpus": config.expected_gpus},
         )
-        return FakeGpus(count, config.node_id)
+        return FailedNvml(exc.reason, reopen=lambda: NvmlGpus(xid_log_path=config.xid_log_path))
+
+
+class DiskUsage(NamedTuple):
+    total: int
+    free: int
+    percent: float
 
 
 class CpuMeter:
@@ -88,6 +113,29 @@ def host_identity() -> list[str]:
     return [machine_id, str(psutil.cpu_count()), str(psutil.virtual_memory().total)]
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as the kernel gives it (x86 ``model name``, Arm ``Model`` or
+    ``Hardware``), else what the platform module says; read once, it does not change."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Model", "Hardware", "cpu model"):
+        for line in text.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == key and value.strip():
+                return " ".join(value.split())[:MAX_NAME]
+    return (platform.processor() or platform.machine())[:MAX_NAME]
+
+
+def mean_utilization(gpus: list[Gpu]) -> float | None:
+    """Mean utilization of the GPUs that report one (lost ones do not); None if none does."""
+    readings = [
+        gpu.utilization_pct for gpu in gpus if not gpu.lost and gpu.utilization_pct is not None
+    ]
+    return round(sum(readings) / len(readings), 1) if readings else None
+
+
 def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
     """SHA-256 of the host's stable identifiers and the GPUs' UUIDs: it changes when the
     hardware does."""
@@ -110,7 +158,13 @@ class InventoryActor:
         subjects = Subjects(config.prefix)
         self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
         self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
-        self.disk_path = config.state_dir if Path(config.state_dir).exists() else "/"
+        self.disk_path = config.storage_path or (
+            config.state_dir if Path(config.state_dir).exists() else "/"
+        )
+        self._disk_failing = False
+        self.cpu_model = cpu_model()
+        self.versions: list[Dependency] = []
+        """The latest dependency versions, refreshed off the sample path (_refresh_versions)."""
         self._sample_now = asyncio.Event()
         self.cpu = CpuMeter()
         self.host = host_identity()
@@ -147,7 +201,7 @@ class InventoryActor:
         # refused by every aggregator, and the node would look dead instead of large.
         gpus = (self.gpus.read() if self.gpus else [])[:MAX_GPUS]
         memory = psutil.virtual_memory()
-        disk = psutil.disk_usage(self.disk_path)
+        disk = self._disk()
         busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
         capacity = Capacity(
             cpu_cores=psutil.cpu_count() or 0,
@@ -160,6 +214,15 @@ class InventoryActor:
             storage_total=disk.total,
             storage_available=disk.free,
         )
+        host = HostFacts(
+            uptime_s=max(0.0, round(time.time() - psutil.boot_time(), 1)),
+            memory_used_pct=round(min(100.0, max(0.0, memory.percent)), 1),
+            cpu_model=self.cpu_model,
+            gpu_utilization_pct=mean_utilization(gpus),
+            storage_path=self.disk_path[:MAX_TEXT],
+            storage_used_pct=round(min(100.0, max(0.0, disk.percent)), 1),
+            dependencies=self.versions,
+        )
         return Sample(
             ts=time.time(),
             capacity=capacity,
@@ -167,13 +230,50 @@ class InventoryActor:
             gpu_source=self.gpus.source if self.gpus else "none",
             fingerprint=fingerprint(gpus, self.host),
             hostname=self.hostname,
+            gpu_error=self.gpus.error[:MAX_TEXT] if self.gpus else "",
+            host=host,
         )
+
+    async def _refresh_versions(self) -> None:
+        """Read the dependency versions now and every version_refresh seconds; a sample
+        takes the latest reading, never waits for one."""
+        config = self.config
+        while True:
+            self.versions = await read_versions(config.version_programs, config.version_timeout)
+            await asyncio.sleep(jittered(config.version_refresh))
+
+    def _disk(self) -> DiskUsage:
+        """Usage of the storage path; all 0 (and one warning until it is back) while it
+        cannot be measured (a mount not there yet), rather than no sample at all."""
+        try:
+            usage = psutil.disk_usage(self.disk_path)
+        except OSError as exc:
+            if not self._disk_failing:
+                log.warning(
+                    "storage path cannot be measured",
+                    extra={"path": self.disk_path, "reason": str(exc)},
+                )
+            self._disk_failing = True
+            return DiskUsage(total=0, free=0, percent=0.0)
+        self._disk_failing = False
+        return DiskUsage(total=usage.total, free=usage.free, percent=usage.percent)
+
+    def close(self) -> None:
+        """Free the GPU source (NVML is shut down); the agent calls this once its actors
+        have stopped."""
+        if self.gpus is not None:
+            self.gpus.close()
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
-        async with listening(self.bus, routes, ready):
-            while True:
-                self._sample_now.clear()
-                sample = await asyncio.to_thread(self.sample)
-                await self.events.publish(self.bus, self.subject, sample)
-                await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
+        versions = asyncio.create_task(self._refresh_versions(), name="dependency-versions")
+        try:
+            async with listening(self.bus, routes, ready):
+                while True:
+                    self._sample_now.clear()
+                    sample = await asyncio.to_thread(self.sample)
+                    await self.events.publish(self.bus, self.subject, sample)
+                    await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
+        finally:
+            versions.cancel()
+            await asyncio.gather(versions, return_exceptions=True)

@@ -23,6 +23,7 @@ class FakeGpus:
     """N devices whose readings drift slowly and deterministically per device."""
 
     source: Final = "fake"
+    error: Final = ""
 
     def __init__(self, count: int, node_id: str) -> None:
         self.count = count
@@ -103,3 +104,6 @@ class FakeGpus:
             ecc_uncorrected=0,
             xids=xids,
         )
+
+    def close(self) -> None:
+        """Nothing to free: simulated devices hold nothing."""

@@ -11,7 +11,9 @@ failed, from the kernel log (:mod:`actors.node.inventory.kmsg`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -29,11 +31,65 @@ MAX_EVENTS_PER_READ = 1024
 
 
 class NvmlUnavailable(FleetError):
-    """NVML could not be initialised (no driver, no library, no permission)."""
+    """NVML could not be initialised (no driver, no library, no permission).
+    ``library_missing``: the NVML library itself is not installed (a host without NVIDIA's
+    driver), as opposed to one present and failing."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, library_missing: bool = False) -> None:
         self.reason = reason
+        self.library_missing = library_missing
         super().__init__(f"NVML not available: {reason}")
+
+
+NVML_RETRY = 60.0
+"""Seconds between two attempts to open a failing NVML (a driver reloaded by hand)."""
+
+
+class FailedNvml:
+    """NVML is there but does not work (init or the device count failed): no GPUs, and
+    the NVML error in each sample (``Sample.gpu_error``), so the health checks say
+    unhealthy with NVML's own words instead of a node that looks GPU-less or healthy.
+    ``reopen`` is tried again every ``retry_every`` seconds; once it works, its GPUs are
+    read from then on."""
+
+    source: Final = "nvml"
+
+    def __init__(
+        self,
+        error: str,
+        reopen: Callable[[], NvmlGpus] | None = None,
+        retry_every: float = NVML_RETRY,
+    ) -> None:
+        self._error = error
+        self.reopen = reopen
+        self.retry_every = retry_every
+        self._next_try = time.monotonic() + retry_every
+        self.opened: NvmlGpus | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def error(self) -> str:
+        return self.opened.error if self.opened is not None else self._error
+
+    def read(self) -> list[Gpu]:
+        with self._lock:
+            if self.opened is None and self.reopen is not None:
+                if time.monotonic() >= self._next_try:
+                    self._next_try = time.monotonic() + self.retry_every
+                    try:
+                        self.opened = self.reopen()
+                        log.info("NVML works again")
+                    except NvmlUnavailable as exc:
+                        self._error = exc.reason
+            opened = self.opened
+        return opened.read() if opened is not None else []
+
+    def close(self) -> None:
+        """Shut down NVML if a retry opened it; otherwise nothing was initialised."""
+        with self._lock:
+            self.reopen = None
+            if self.opened is not None:
+                self.opened.close()
 
 
 class _Lost(Exception):
@@ -54,11 +110,21 @@ class NvmlGpus:
         self.nvml = nvml if nvml is not None else pynvml
         try:
             self.nvml.nvmlInit()
+        except self.nvml.NVMLError as exc:
+            missing = getattr(exc, "value", None) == self.nvml.NVML_ERROR_LIBRARY_NOT_FOUND
+            raise NvmlUnavailable(str(exc), library_missing=missing) from None
+        try:
             count = self.nvml.nvmlDeviceGetCount()
         except self.nvml.NVMLError as exc:
-            raise NvmlUnavailable(str(exc)) from None
+            self._shutdown()
+            raise NvmlUnavailable(f"nvmlDeviceGetCount: {exc}") from None
+        # read() runs in a worker thread, close() on the way out: never both at once.
+        self._lock = threading.Lock()
+        self._closed = False
         self.handles: list[Any] = []
         self.lost: set[int] = set()
+        self.failures: dict[int, str] = {}
+        """Why a GPU has no handle, in NVML's words (each sample carries them)."""
         for index in range(count):
             try:
                 self.handles.append(self.nvml.nvmlDeviceGetHandleByIndex(index))
@@ -66,6 +132,7 @@ class NvmlGpus:
                 log.warning("GPU has no NVML handle", extra={"gpu": index, "reason": str(exc)})
                 self.handles.append(None)
                 self.lost.add(index)
+                self.failures[index] = f"GPU {index}: nvmlDeviceGetHandleByIndex: {exc}"
         self.identity: dict[int, tuple[str, str, str]] = {}
         self.memory_total: dict[int, int] = {}
         self.xids: dict[int, dict[int, XidCount]] = {}
@@ -147,7 +214,18 @@ class NvmlGpus:
             if index is not None:
                 self._record_xid(index, code)
 
+    @property
+    def error(self) -> str:
+        """NVML's errors for GPUs it could not open; empty when every GPU has a handle."""
+        return "; ".join(self.failures[index] for index in sorted(self.failures))
+
     def read(self) -> list[Gpu]:
+        with self._lock:
+            if self._closed:
+                return []
+            return self._read()
+
+    def _read(self) -> list[Gpu]:
         gpus = [self._read_one(index, handle) for index, handle in enumerate(self.handles)]
         self._drain_events()
         self._drain_kmsg()
@@ -215,12 +293,22 @@ class NvmlGpus:
         )
 
     def close(self) -> None:
-        """Free the event set and shut NVML down; errors on the way out are logged only."""
-        if self.kmsg is not None:
-            self.kmsg.close()
+        """Free the event set and shut NVML down, once; errors on the way out are logged."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.kmsg is not None:
+                self.kmsg.close()
+            try:
+                if self.events is not None:
+                    self.nvml.nvmlEventSetFree(self.events)
+            except self.nvml.NVMLError as exc:
+                log.debug("NVML event set not freed", extra={"reason": str(exc)})
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         try:
-            if self.events is not None:
-                self.nvml.nvmlEventSetFree(self.events)
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as exc:
             log.debug("NVML shutdown failed", extra={"reason": str(exc)})
