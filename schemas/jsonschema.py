@@ -30,6 +30,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     events.Interruption,
     events.NodeState,
     events.Inject,
+    events.Scheduler,
     messages.Command,
     messages.CommandResult,
     messages.Alert,

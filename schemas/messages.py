@@ -27,7 +27,7 @@ from schemas.base import (
     UnixTime,
     Wire,
 )
-from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus
+from schemas.events import Engine, Health, Jobs, Latency, Sample, Scheduler, SpotStatus
 
 AGENT_VERSION = "0.1.0"
 
@@ -56,6 +56,9 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     schedulability_reason: Text = ""
     deregistering: bool = False
     """The node is leaving the fleet: aggregators mark its record ``deregistered``."""
+    scheduler: Scheduler | None = None
+    """The workload manager's view of the node (Slurm state, jobs, services); None when
+    the agent runs no scheduler actor."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -111,6 +114,9 @@ class CommandResult(Wire, frozen=True, kw_only=True):
     """SHA-256 (hex) of the exact command body the node received: a sender matches results
     on it, so a rejection of some other message claiming the same id is not taken for an
     answer. ``command_id`` is empty when the message was unverifiable or unreadable."""
+    jobs_running: Count | None = None
+    """Batch jobs (Slurm) still running on the node, in a drain's progress and final result;
+    None when the node has no scheduler."""
 
 
 def command_digest(body: bytes) -> str:

@@ -29,6 +29,7 @@ EVENT_LATENCY: Final = "latency"
 EVENT_ENGINE: Final = "engine"
 EVENT_STATE: Final = "state"
 EVENT_INJECT: Final = "inject"
+EVENT_SCHEDULER: Final = "scheduler"
 
 
 def check_token(field: str, value: str) -> str:

@@ -18,6 +18,7 @@ from actors.node.http_api import HttpApiActor
 from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
+from actors.node.scheduler import SchedulerActor
 from actors.node.spot import SpotActor
 from actors.runtime import notify
 from actors.runtime.bus import NatsBus
@@ -59,6 +60,7 @@ class NodeAgent:
             HttpApiActor(self.config, bus, events, self.actor_status),
             self.commands,
             SpotActor(self.config, bus, events),
+            SchedulerActor(self.config, bus, events),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

@@ -116,6 +116,15 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_poll_interval: Positive = 1.0
     spot_safety_margin: Annotated[float, Meta(ge=0)] = 15.0
 
+    scheduler: Literal["slurm", "none", "auto"] = "auto"
+    """Workload manager to report and drain through: ``auto`` uses Slurm when ``scontrol``
+    is on PATH and answers for this node (``SLURM_CONF`` is read from the environment)."""
+    slurm_node_name: str = ""
+    """This node's name in Slurm; empty: the short hostname."""
+    scheduler_interval: Positive = 10.0
+    scheduler_timeout: Positive = 5.0
+    """Seconds each Slurm tool (scontrol, squeue, sacct) has to answer before it is killed."""
+
     deregister_on_shutdown: bool = False
     shutdown_timeout: Positive = 10.0
 
@@ -135,6 +144,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         if self.stale_after < 1:
             raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
+
+    @property
+    def slurm_node(self) -> str:
+        """The node's name in Slurm."""
+        return self.slurm_node_name or socket.gethostname().split(".")[0]
 
     @property
     def key_path(self) -> Path:

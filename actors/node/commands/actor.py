@@ -33,7 +33,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Event, Interruption, notice_key
+from schemas.events import Engine, Event, Interruption, Scheduler, notice_key
 from schemas.messages import Cordon, Deregister, Heartbeat, command_digest
 from schemas.subjects import STREAM_COMMANDS, Subjects
 
@@ -189,6 +189,8 @@ class CommandsActor:
                 self.actions.observe_in_flight(event.in_flight or 0)
             case Interruption():
                 await self._on_interruption(event)
+            case Scheduler():
+                self.actions.observe_scheduler(event)
 
     async def _on_interruption(self, notice: Interruption) -> None:
         """A termination notice drains before its deadline and deregisters; a rebalance

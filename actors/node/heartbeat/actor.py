@@ -30,8 +30,10 @@ from schemas.events import (
     Latency,
     NodeState,
     Sample,
+    Scheduler,
     SpotStatus,
 )
+from schemas.base import Schedulability
 from schemas.messages import AGENT_VERSION, Heartbeat
 from schemas.subjects import Subjects
 
@@ -70,6 +72,7 @@ class HeartbeatActor:
         provider = config.spot_provider
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
+        self.scheduler: Scheduler | None = None
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 
@@ -87,6 +90,12 @@ class HeartbeatActor:
             case Interruption():
                 self.spot = SpotStatus(provider=event.provider, notice=event)
                 self._beat_now.set()
+            case Scheduler():
+                before = self.scheduler
+                self.scheduler = event if event.kind == "slurm" else None
+                # Slurm's own drains change what the heartbeat says at once.
+                if before is None or self.scheduler is None or before.drain != event.drain:
+                    self._beat_now.set()
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -96,8 +105,21 @@ class HeartbeatActor:
                 if changed:
                     self._beat_now.set()
 
+    def schedulability(self) -> tuple[Schedulability, str]:
+        """Ours, unless we have the node schedulable and Slurm has it drained (an admin, or
+        an agent before a restart): then Slurm's drain shows, with Slurm's reason, as
+        ``cordoned`` while jobs run and ``drained`` once none does. Slurm's drain is only
+        reported here, never lifted."""
+        state, reason = self.state.schedulability, self.state.reason
+        slurm = self.scheduler
+        if state == "schedulable" and slurm is not None and slurm.drain:
+            state = "drained" if slurm.jobs.running_count == 0 else "cordoned"
+            reason = f"slurm: {slurm.state_reason or slurm.slurm_state}"
+        return state, reason
+
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
+        schedulability, reason = self.schedulability()
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
@@ -107,8 +129,8 @@ class HeartbeatActor:
             agent_version=AGENT_VERSION,
             interval=self.config.heartbeat_interval,
             stale_after=self.config.stale_after,
-            schedulability=self.state.schedulability,
-            schedulability_reason=self.state.reason,
+            schedulability=schedulability,
+            schedulability_reason=reason,
             sample=self.sample,
             health=self.health,
             latency=self.latency,
@@ -116,6 +138,7 @@ class HeartbeatActor:
             jobs=Jobs(running=running),
             spot=self.spot,
             deregistering=self.state.deregistering,
+            scheduler=self.scheduler,
         )
 
     async def beat(self) -> Heartbeat | None:
