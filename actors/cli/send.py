@@ -213,6 +213,8 @@ def describe(result: CommandResult) -> str:
     facts: list[str] = [result.schedulability or ""]
     if result.in_flight is not None:
         facts.append(f"{result.in_flight} in flight")
+    if result.jobs_running is not None:
+        facts.append(f"{result.jobs_running} Slurm jobs running")
     tail = ", ".join(fact for fact in facts if fact)
     detail = f": {result.detail}" if result.detail else ""
     return f"{result.status}{detail}" + (f" [{tail}]" if tail else "")

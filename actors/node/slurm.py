@@ -36,7 +36,7 @@ HISTORY_WINDOW: Final = 86400
 OUTPUT_LIMIT: Final = 1 << 20
 """Bytes of a tool's output kept; a node has no reason to print more than this."""
 _REASON_TAIL = re.compile(r"\s*\[[^\]@]*@[^\]]*\]\s*$")
-_VERSION = re.compile(r"\d+(?:\.\d+)+\S*")
+_VERSION = re.compile(r"\d+(?:\.\d+)+[\w.+~-]*")
 
 
 class SlurmError(Exception):
@@ -230,4 +230,3 @@ async def services(timeout: float) -> SchedulerServices:
 
 async def _none() -> str:
     return ""
-

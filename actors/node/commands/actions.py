@@ -27,8 +27,8 @@ from actors.node.config import AgentConfig
 from actors.runtime.bus import Bus, publish_signed, publish_signed_event
 from actors.runtime.schedule import wait_or_timeout
 from schemas import events
-from schemas.events import Scheduler
 from schemas.base import Schedulability
+from schemas.events import Scheduler
 from schemas.messages import (
     Action,
     CommandResult,

@@ -21,6 +21,7 @@ from actors.node.events import NodeEvents
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
+from schemas.base import Schedulability
 from schemas.events import (
     Engine,
     Event,
@@ -33,7 +34,6 @@ from schemas.events import (
     Scheduler,
     SpotStatus,
 )
-from schemas.base import Schedulability
 from schemas.messages import AGENT_VERSION, Heartbeat
 from schemas.subjects import Subjects
 
