@@ -45,6 +45,8 @@ Node (``actors/node``):
                   (stream ``FLEET_CMD``), listens to ``evt.<node>.{engine,interruption}`` and its
                   own heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
                   ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``).
+- ``scheduler``   runs Slurm's tools (``node/slurm.py``, which ``commands/`` uses to drain and
+                  resume through Slurm); publishes ``Scheduler`` on ``evt.<node>.scheduler``.
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
