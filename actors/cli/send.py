@@ -172,7 +172,7 @@ class ResultFollower:
                 self.left_over = result.in_flight
             if result.schedulability == "drained" and result.jobs_running:
                 # Slurm jobs still running at the deadline were cut off like requests.
-                self.left_over += result.jobs_running
+                self.left_over = (self.left_over or 0) + result.jobs_running
             self.results.put_nowait(result)
 
     async def _key_of(self, node: str) -> str | None:
