@@ -96,8 +96,10 @@ def scheduler_of(record: NodeRecord) -> tuple[str, int | None]:
 
 
 async def fleetctl(
-    server: NatsServer, prefix: str, key: Path, *args: str
+    server: NatsServer, prefix: str, key: Path | None, *args: str
 ) -> asyncio.subprocess.Process:
+    """fleetctl against the test's server; ``key`` signs commands (None: a reading command)."""
+    signing_key = ["--key-file", str(key)] if key is not None else []
     return await asyncio.create_subprocess_exec(
         FLEETCTL,
         *args,
@@ -105,8 +107,7 @@ async def fleetctl(
         server.url,
         "--prefix",
         prefix,
-        "--key-file",
-        str(key),
+        *signing_key,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -189,7 +190,12 @@ async def test_drain_wait_goes_through_slurm_and_uncordon_resumes(
 
 
 async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
-    fleet: Fleet, bus: NatsBus, prefix: str, slurm: SlurmCluster, operator_file: Path
+    nats_server: NatsServer,
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    slurm: SlurmCluster,
+    operator_file: Path,
 ) -> None:
     """An admin's Slurm drain shows in our record (cordoned while a job runs, drained once
     none does) with Slurm's reason, and our uncordon does not lift it."""
@@ -216,6 +222,11 @@ async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
         bus, prefix, "n1", lambda r: r.heartbeat is not None and r.heartbeat.ts > seen + 1
     )
     assert record.state == "drained"
+    # What the operator reads is what the Slurm admin reads.
+    code, out, err = await finish(await fleetctl(nats_server, prefix, None, "describe", "n1"))
+    assert code == 0, err
+    assert f"Slurm:           {slurm.node} {slurm.state()} (reason: bad DIMM)" in out
+    assert "0 running" in out and "State:           drained" in out
 
 
 async def test_spot_notice_drains_through_slurm(
