@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.cli.node_agent import main
 from actors.node.agent import NodeAgent
 from actors.node.scheduler import SchedulerActor
 from actors.runtime.bus import NatsBus
@@ -120,11 +121,11 @@ async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
 
 
 async def test_running_job_and_services_show_in_the_heartbeat(
-    fleet: Fleet, slurm: SlurmCluster, operator_file: Path
+    fleet: Fleet, slurm: SlurmCluster, operator_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A job sbatch started shows as running in the node's heartbeat, with Slurm's state,
-    slurmd and munged running and their versions."""
-    await slurm_agent(fleet, operator_file)
+    """A job sbatch started shows as running in the node's heartbeat (and in ``node-agent
+    status``), with Slurm's state, slurmd and munged running and their versions."""
+    agent = await slurm_agent(fleet, operator_file)
     slurm.sbatch(30)
     record = await wait_record(
         fleet.bus, fleet.prefix, "n1", lambda r: scheduler_of(r)[1] == 1, timeout=15
@@ -138,6 +139,9 @@ async def test_running_job_and_services_show_in_the_heartbeat(
     assert scheduler.services.slurmd_version.startswith(slurm.tool("slurmd", "-V").split()[-1])
     assert scheduler.services.munge_version
     assert record.state == "active"
+    state_dir = agent.config.state_dir
+    assert await asyncio.to_thread(main, ["status", "--state-dir", state_dir]) == 0
+    assert f"slurm     {slurm.node} " in capsys.readouterr().out
 
 
 async def test_accounting_absent_reports_unknown_with_a_reason(
