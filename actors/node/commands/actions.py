@@ -85,19 +85,22 @@ class ActionRunner:
     def observe_scheduler(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    def _slurm_on(self) -> bool:
-        """Drains go through Slurm when it is configured, or auto found it."""
-        if self.config.scheduler == "slurm":
-            return True
-        return (
-            self.config.scheduler == "auto"
-            and self.scheduler is not None
-            and self.scheduler.kind == "slurm"
-        )
+    async def _slurm_on(self) -> bool:
+        """Drains go through Slurm when it is configured, or auto found it (asked here
+        when the scheduler actor has not said yet, e.g. a drain resumed at start)."""
+        if self.config.scheduler != "auto":
+            return self.config.scheduler == "slurm"
+        if self.scheduler is not None:
+            return self.scheduler.kind == "slurm"
+        try:
+            await slurm.node_info(self.config.slurm_node, self.config.scheduler_timeout)
+        except slurm.SlurmError:
+            return False
+        return True
 
     async def _slurm_drain(self, command_id: str, reason: str) -> str:
         """Drain the node in Slurm with our marker; a note for the result ("" when off)."""
-        if not self._slurm_on():
+        if not await self._slurm_on():
             return ""
         name = self.config.slurm_node
         try:
@@ -116,7 +119,7 @@ class ActionRunner:
 
     async def _slurm_resume(self) -> str:
         """Resume the node in Slurm only if the drain there is ours; a note for the result."""
-        if not self._slurm_on():
+        if not await self._slurm_on():
             return ""
         name, timeout = self.config.slurm_node, self.config.scheduler_timeout
         try:
@@ -134,7 +137,7 @@ class ActionRunner:
 
     async def _slurm_jobs(self) -> int | None:
         """Jobs running on the node in Slurm; None when off or Slurm cannot say."""
-        if not self._slurm_on():
+        if not await self._slurm_on():
             return None
         try:
             return await slurm.running_jobs(self.config.slurm_node, self.config.scheduler_timeout)
