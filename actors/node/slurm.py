@@ -89,7 +89,10 @@ async def run(args: list[str], timeout: float) -> str:
         await process.wait()
         raise SlurmError(f"{args[0]} gave no answer within {timeout:g}s") from None
     except asyncio.CancelledError:
+        # Killed and reaped before the cancellation goes on, so no pipe or child is left
+        # behind by an actor stopped mid-call; a killed tool exits at once.
         _kill(process.pid)
+        await asyncio.shield(process.wait())
         raise
     if process.returncode != 0:
         lines = stderr[:OUTPUT_LIMIT].decode(errors="replace").strip().splitlines()

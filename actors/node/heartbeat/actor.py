@@ -91,10 +91,10 @@ class HeartbeatActor:
                 self.spot = SpotStatus(provider=event.provider, notice=event)
                 self._beat_now.set()
             case Scheduler():
-                before = self.scheduler
+                before = self.schedulability()
                 self.scheduler = event if event.kind == "slurm" else None
                 # Slurm's own drains change what the heartbeat says at once.
-                if before is None or self.scheduler is None or before.drain != event.drain:
+                if self.schedulability() != before:
                     self._beat_now.set()
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
