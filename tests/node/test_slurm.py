@@ -246,6 +246,30 @@ async def test_spot_notice_drains_through_slurm(
     await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
 
 
+async def test_terminate_notice_drains_slurm_jobs_before_its_deadline(
+    fleet: Fleet, bus: NatsBus, prefix: str, slurm: SlurmCluster, operator_file: Path
+) -> None:
+    """A spot termination notice drains through Slurm with the notice's deadline: progress
+    carries the running job count, and the node deregisters once the job has ended."""
+    agent = await slurm_agent(fleet, operator_file)
+    results = await Results().start(bus, prefix)
+    slurm.sbatch(3)
+    await wait_for(lambda: slurm.running(), timeout=15)
+    deadline = time.time() + 60
+    notice = Interruption(ts=time.time(), provider="aws", kind="terminate", deadline=deadline)
+    await fleet.publish_event(EVENT_INTERRUPTION, notice)
+    command_id = "spot:aws:terminate:" + f"{deadline:.0f}"
+    await wait_for(lambda: any(r.jobs_running == 1 for r in results.of(command_id)))
+    assert f"Reason=fleet: aws terminate notice ({command_id})" in slurm.node_line()
+    final = await results.final(command_id, timeout=30)
+    assert final.status == "done" and final.detail.startswith("deregistered")
+    assert any(r.detail.startswith("drained; deregistering") for r in results.of(command_id))
+    assert not slurm.running() and slurm.has_state("idle+drain")
+    commands = agent.commands
+    assert commands is not None
+    await wait_for(commands.actions.finished.is_set)  # the agent's work is over
+
+
 async def test_slurm_stopped_is_a_finding_not_a_crash(
     fleet: Fleet, bus: NatsBus, prefix: str, slurm: SlurmCluster, operator_file: Path
 ) -> None:
