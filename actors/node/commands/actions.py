@@ -292,7 +292,10 @@ class ActionRunner:
             wait = PROGRESS_EVERY if jobs is None else SLURM_POLL
             await wait_or_timeout(self._engine_changed, min(deadline - now, wait))
             if jobs is not None:
-                jobs = await self._slurm_jobs()
+                # A failed poll keeps the last count: a drain never ends early because
+                # Slurm stopped answering, only at the deadline.
+                polled = await self._slurm_jobs()
+                jobs = jobs if polled is None else polled
         left_over = self.in_flight
         notes += await self._hook("drained", command_id, reason, deadline)
         self.store.drain_deadline = None
