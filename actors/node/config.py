@@ -121,7 +121,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     is on PATH and answers for this node (``SLURM_CONF`` is read from the environment)."""
     slurm_node_name: str = ""
     """This node's name in Slurm; empty: the short hostname."""
-    scheduler_interval: Positive = 10.0
+    scheduler_interval: Positive = 30.0
+    """Seconds between looks at Slurm: each asks slurmctld three times (scontrol, squeue
+    twice), so a large cluster's controller is spared a shorter period."""
     scheduler_timeout: Positive = 5.0
     """Seconds each Slurm tool (scontrol, squeue, sacct) has to answer before it is killed."""
 

@@ -21,10 +21,14 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import sleep_jittered
-from schemas.events import Scheduler
+from schemas.events import Scheduler, SchedulerJobs
 from schemas.subjects import EVENT_SCHEDULER, Subjects
 
 log = logging.getLogger(__name__)
+
+SLOW_EVERY = 300.0
+"""``sacct`` (a slurmdbd query) and the node's partitions (``sinfo``, which rarely change)
+are asked at most this often; a fleet of thousands of nodes must not hammer slurmdbd."""
 
 
 class SchedulerActor:
@@ -41,6 +45,37 @@ class SchedulerActor:
         self.node_name = config.slurm_node
         self.detected = config.scheduler == "slurm"
         """Slurm is this node's scheduler: configured so, or it answered once under auto."""
+        self._slow_at: float | None = None
+        self._history: tuple[int | None, int | None, str] = (None, None, "not asked yet")
+        self._partitions: list[str] = []
+
+    async def jobs(self) -> SchedulerJobs:
+        """Running and pending now (squeue), completed and failed over 24 h (sacct, at most
+        every SLOW_EVERY); each None when Slurm cannot say."""
+        name, timeout = self.node_name, self.config.scheduler_timeout
+        now = time.monotonic()
+        if self._slow_at is None or now - self._slow_at >= SLOW_EVERY:
+            self._slow_at = now
+            self._history = await slurm.history(name, timeout)
+            try:
+                self._partitions = await slurm.partitions(name, timeout)
+            except slurm.SlurmError as exc:
+                log.debug("sinfo failed", extra={"reason": str(exc)})
+        running: int | None = None
+        pending: int | None = None
+        try:
+            running = await slurm.running_jobs(name, timeout)
+            pending = await slurm.pending_jobs(self._partitions, timeout)
+        except slurm.SlurmError as exc:
+            log.debug("squeue failed", extra={"reason": str(exc)})
+        completed, failed, reason = self._history
+        return SchedulerJobs(
+            running_count=running,
+            pending_count=pending,
+            completed_24h=completed,
+            failed_24h=failed,
+            history_reason=reason,
+        )
 
     async def observe(self) -> Scheduler:
         """One look at Slurm; every failure is a reason in the event."""
@@ -64,9 +99,7 @@ class SchedulerActor:
         if not self.detected:
             log.info("Slurm detected", extra={"node": self.node_name})
         self.detected = True
-        jobs, services = await asyncio.gather(
-            slurm.jobs(self.node_name, timeout), slurm.services(timeout)
-        )
+        jobs, services = await asyncio.gather(self.jobs(), slurm.services(timeout))
         return Scheduler(
             ts=time.time(),
             kind="slurm",

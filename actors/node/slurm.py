@@ -23,7 +23,7 @@ from typing import Final
 
 import psutil
 
-from schemas.events import SchedulerJobs, SchedulerServices
+from schemas.events import SchedulerServices
 
 log = logging.getLogger(__name__)
 
@@ -171,25 +171,6 @@ async def update_node(name: str, timeout: float, state: str, reason: str = "") -
     if reason:
         args.append(f"reason={reason}")
     await run(args, timeout)
-
-
-async def jobs(name: str, timeout: float) -> SchedulerJobs:
-    """Running and pending now, completed and failed over 24 h, each None if unknown."""
-    running: int | None = None
-    pending: int | None = None
-    try:
-        running = await running_jobs(name, timeout)
-        pending = await pending_jobs(await partitions(name, timeout), timeout)
-    except SlurmError as exc:
-        log.debug("squeue failed", extra={"reason": str(exc)})
-    completed, failed, reason = await history(name, timeout)
-    return SchedulerJobs(
-        running_count=running,
-        pending_count=pending,
-        completed_24h=completed,
-        failed_24h=failed,
-        history_reason=reason,
-    )
 
 
 def _processes() -> set[str]:
