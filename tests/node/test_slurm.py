@@ -193,6 +193,27 @@ async def test_drain_wait_goes_through_slurm_and_uncordon_resumes(
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
 
 
+async def test_drain_deadline_with_slurm_jobs_running_exits_3(
+    nats_server: NatsServer,
+    fleet: Fleet,
+    prefix: str,
+    slurm: SlurmCluster,
+    operator_file: Path,
+) -> None:
+    """A drain whose deadline passes with a Slurm job still running ends drained, says so
+    with the job count, and fleetctl drain --wait exits 3 (work was cut off)."""
+    await slurm_agent(fleet, operator_file)
+    slurm.sbatch(60)
+    await wait_for(lambda: slurm.running(), timeout=15)
+    process = await fleetctl(
+        nats_server, prefix, operator_file, "drain", "n1", "--deadline", "2", "--wait"
+    )
+    code, out, err = await finish(process)
+    assert code == 3, out + err
+    assert "done: deadline passed with 1 Slurm jobs running" in out.splitlines()[-1]
+    assert slurm.running() and slurm.has_state("drain")
+
+
 async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
     nats_server: NatsServer,
     fleet: Fleet,
