@@ -44,13 +44,15 @@ Node (``actors/node``):
                   publishes ``Interruption`` on ``evt.<node>.interruption``.
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
                   (stream ``FLEET_CMD``), listens to
-                  ``evt.<node>.{engine,gateway,health,interruption}`` and its own heartbeats;
-                  publishes ``NodeState`` on ``evt.<node>.state`` and signed
+                  ``evt.<node>.{engine,gateway,health,interruption,scheduler}`` and its own
+                  heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
                   ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``);
                   hands deploy and stop to the workload actor on ``evt.<node>.workload_order``.
 - ``workloads/``  listens to ``evt.<node>.{workload_order,sample,state}``; runs deployed
                   engines as process groups; publishes ``Workloads`` on
                   ``evt.<node>.workloads`` and signed ``CommandResult`` for deploy and stop.
+- ``scheduler``   runs Slurm's tools (``node/slurm.py``, which ``commands/`` uses to drain and
+                  resume through Slurm); publishes ``Scheduler`` on ``evt.<node>.scheduler``.
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal
 
+import msgspec
 from msgspec import Meta
 
 from schemas import codec
@@ -48,6 +49,7 @@ from schemas.subjects import (
     EVENT_INTERRUPTION,
     EVENT_LATENCY,
     EVENT_SAMPLE,
+    EVENT_SCHEDULER,
     EVENT_STATE,
     EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
@@ -326,6 +328,55 @@ class Gateway(Wire, frozen=True, kw_only=True):
     """Requests accepted and queued for a busy workload."""
 
 
+class SchedulerJobs(Wire, frozen=True, kw_only=True):
+    """Batch jobs on this node as the workload manager counts them (the HPC seed agent's
+    ``jobs`` block). A count is None when the scheduler could not say; ``history_reason``
+    says why the 24 h counts are None (e.g. no accounting), never a made-up 0."""
+
+    running_count: Count | None = None
+    pending_count: Count | None = None
+    """Jobs pending in a partition this node belongs to."""
+    completed_24h: Count | None = None
+    failed_24h: Count | None = None
+    """Jobs that ended FAILED, TIMEOUT, NODE_FAIL or OUT_OF_MEMORY in the last 24 h."""
+    history_reason: Text = ""
+
+
+class SchedulerServices(Wire, frozen=True, kw_only=True):
+    """The node's HPC services (the HPC seed agent's ``services`` block)."""
+
+    slurmd_running: bool = False
+    slurmd_version: Name = ""
+    munge_running: bool = False
+    munge_version: Name = ""
+    container_runtime: Name = ""
+    """apptainer, singularity, enroot, podman or docker: the first one found; "" if none."""
+    container_runtime_version: Name = ""
+
+
+class Scheduler(Wire, frozen=True, kw_only=True):
+    """The node as its workload manager (Slurm) sees it, published by the scheduler actor."""
+
+    ts: UnixTime
+    kind: Literal["slurm", "none"] = "none"
+    """``none``: no scheduler on this node (or ``--scheduler none``)."""
+    node_name: Name = ""
+    """The node's name in Slurm (default: the short hostname)."""
+    reachable: bool = False
+    """Slurm answered for this node; when False, ``reason`` says why."""
+    reason: Text = ""
+    slurm_state: Name = ""
+    """Slurm's node state as ``scontrol show node`` prints it, lower case (``mixed+drain``)."""
+    state_reason: Text = ""
+    """Slurm's reason for the node's state (a drain's reason), without its [user@time] tail."""
+    drain: bool = False
+    """Slurm has the node drained or draining (by anyone)."""
+    ours: bool = False
+    """The drain carries the fleet marker (``fleet: ...``): this agent set it."""
+    jobs: SchedulerJobs = msgspec.field(default_factory=SchedulerJobs)
+    services: SchedulerServices = msgspec.field(default_factory=SchedulerServices)
+
+
 Event = (
     Sample
     | Health
@@ -338,6 +389,7 @@ Event = (
     | WorkloadOrder
     | Gateway
     | CloudFacts
+    | Scheduler
 )
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
@@ -353,6 +405,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_WORKLOAD_ORDER: WorkloadOrder,
     EVENT_GATEWAY: Gateway,
     EVENT_CLOUD: CloudFacts,
+    EVENT_SCHEDULER: Scheduler,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -388,6 +441,9 @@ __all__ = [
     "NodeState",
     "PeerLatency",
     "Sample",
+    "Scheduler",
+    "SchedulerJobs",
+    "SchedulerServices",
     "SpotStatus",
     "Workload",
     "WorkloadOrder",

@@ -34,6 +34,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     events.Gateway,
     events.WorkloadOrder,
     events.CloudFacts,
+    events.Scheduler,
     messages.Command,
     messages.CommandResult,
     messages.Alert,

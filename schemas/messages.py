@@ -34,7 +34,16 @@ from schemas.base import (
     UnixTime,
     Wire,
 )
-from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus, WorkloadState
+from schemas.events import (
+    Engine,
+    Health,
+    Jobs,
+    Latency,
+    Sample,
+    Scheduler,
+    SpotStatus,
+    WorkloadState,
+)
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -88,6 +97,9 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """The workloads the node's workload actor runs (``fleetctl deploy``)."""
     labels: Labels = {}
     """Placement labels (operator-given, cloud and engine facts), in every heartbeat."""
+    scheduler: Scheduler | None = None
+    """The workload manager's view of the node (Slurm state, jobs, services); None when
+    the agent runs no scheduler actor."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -143,6 +155,9 @@ class CommandResult(Wire, frozen=True, kw_only=True):
     """SHA-256 (hex) of the exact command body the node received: a sender matches results
     on it, so a rejection of some other message claiming the same id is not taken for an
     answer. ``command_id`` is empty when the message was unverifiable or unreadable."""
+    jobs_running: Count | None = None
+    """Batch jobs (Slurm) still running on the node, in a drain's progress and final result;
+    None when the node has no scheduler."""
 
 
 def command_digest(body: bytes) -> str:

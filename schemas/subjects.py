@@ -36,6 +36,7 @@ EVENT_GATEWAY: Final = "gateway"
 EVENT_WORKLOAD_ORDER: Final = "workload_order"
 """The command executor hands an accepted Deploy or Stop to the workload actor here."""
 EVENT_CLOUD: Final = "cloud"
+EVENT_SCHEDULER: Final = "scheduler"
 
 
 def check_token(field: str, value: str) -> str:

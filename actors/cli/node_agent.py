@@ -377,6 +377,17 @@ def render_status(status: dict[str, Any]) -> str:
         )
     else:
         lines.append("latency   (not measured yet)")
+    scheduler = status.get("scheduler")
+    if scheduler:
+        if scheduler.get("reachable"):
+            jobs = scheduler.get("jobs", {})
+            reason = f" ({scheduler['state_reason']})" if scheduler.get("state_reason") else ""
+            lines.append(
+                f"slurm     {scheduler.get('node_name')} {scheduler.get('slurm_state')}{reason}, "
+                f"running {_n(jobs.get('running_count'))} pending {_n(jobs.get('pending_count'))}"
+            )
+        else:
+            lines.append(f"slurm     not answering: {scheduler.get('reason')}")
     lines.append("actors")
     lines += _aligned(
         [

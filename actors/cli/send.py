@@ -171,6 +171,9 @@ class ResultFollower:
             self.node = node
             if result.schedulability == "drained" and result.in_flight is not None:
                 self.left_over = result.in_flight
+            if result.schedulability == "drained" and result.jobs_running:
+                # Slurm jobs still running at the deadline were cut off like requests.
+                self.left_over = (self.left_over or 0) + result.jobs_running
             self.results.put_nowait(result)
 
     async def _key_of(self, node: str) -> str | None:
@@ -214,6 +217,8 @@ def describe(result: CommandResult) -> str:
     facts: list[str] = [result.schedulability or ""]
     if result.in_flight is not None:
         facts.append(f"{result.in_flight} in flight")
+    if result.jobs_running is not None:
+        facts.append(f"{result.jobs_running} Slurm jobs running")
     tail = ", ".join(fact for fact in facts if fact)
     detail = f": {result.detail}" if result.detail else ""
     return f"{result.status}{detail}" + (f" [{tail}]" if tail else "")

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from actors.fleet.history import Entry
-from schemas.events import Engine, Health, HostFacts, Latency, Sample, SpotStatus
+from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
@@ -280,6 +280,8 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
     lines += _engines(beat.engine)
     lines += _latency(beat.latency)
     lines.append(f"Spot:            {_spot(beat.spot)}")
+    if beat.scheduler is not None:
+        lines += _slurm(beat.scheduler)
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)
@@ -392,6 +394,28 @@ def _engines(engine: Engine | None) -> list[str]:
         for e in engine.engines
     ]
     return ["Engines:", *grid(rows)]
+
+
+def _slurm(scheduler: Scheduler) -> list[str]:
+    """The node as ``scontrol show node`` and ``squeue`` see it, and its HPC services."""
+    if not scheduler.reachable:
+        return [f"Slurm:           {scheduler.node_name}: not answering ({scheduler.reason})"]
+    reason = f" (reason: {scheduler.state_reason})" if scheduler.state_reason else ""
+    jobs, services = scheduler.jobs, scheduler.services
+    history = f"{_opt(jobs.completed_24h)} completed, {_opt(jobs.failed_24h)} failed in 24 h" + (
+        f" ({jobs.history_reason})" if jobs.history_reason else ""
+    )
+    runtime = services.container_runtime or "no container runtime"
+    if services.container_runtime_version:
+        runtime += f" {services.container_runtime_version}"
+    return [
+        f"Slurm:           {scheduler.node_name} {scheduler.slurm_state}{reason}",
+        f"  jobs:          {_opt(jobs.running_count)} running, {_opt(jobs.pending_count)} "
+        f"pending; {history}",
+        f"  services:      slurmd {'running' if services.slurmd_running else 'NOT running'}"
+        f" {services.slurmd_version}, munged "
+        f"{'running' if services.munge_running else 'NOT running'}, {runtime}",
+    ]
 
 
 def _latency(latency: Latency | None) -> list[str]:

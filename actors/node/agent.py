@@ -19,6 +19,7 @@ from actors.node.http_api import HttpApiActor
 from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
+from actors.node.scheduler import SchedulerActor
 from actors.node.spot import SpotActor
 from actors.node.workloads.actor import WorkloadsActor
 from actors.runtime import logs, notify
@@ -70,6 +71,7 @@ class NodeAgent:
             self.commands,
             SpotActor(self.config, bus, events),
             GatewayActor(self.config, bus, events),
+            SchedulerActor(self.config, bus, events),
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

@@ -155,6 +155,17 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spot_poll_interval: Positive = 1.0
     spot_safety_margin: NonNegativeDuration = 15.0
 
+    scheduler: Literal["slurm", "none", "auto"] = "auto"
+    """Workload manager to report and drain through: ``auto`` uses Slurm when ``scontrol``
+    is on PATH and answers for this node (``SLURM_CONF`` is read from the environment)."""
+    slurm_node_name: str = ""
+    """This node's name in Slurm; empty: the short hostname."""
+    scheduler_interval: Positive = 30.0
+    """Seconds between looks at Slurm: each asks slurmctld three times (scontrol, squeue
+    twice), so a large cluster's controller is spared a shorter period."""
+    scheduler_timeout: Positive = 5.0
+    """Seconds each Slurm tool (scontrol, squeue, sacct) has to answer before it is killed."""
+
     deregister_on_shutdown: bool = False
     shutdown_timeout: Positive = 30.0
     """Longest SIGTERM waits for in-flight work (the shutdown drain, or a drain or
@@ -219,6 +230,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         if self.stale_after < 1:
             raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
+
+    @property
+    def slurm_node(self) -> str:
+        """The node's name in Slurm."""
+        return self.slurm_node_name or socket.gethostname().split(".")[0]
 
     @property
     def key_path(self) -> Path:

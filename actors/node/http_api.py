@@ -26,7 +26,7 @@ from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import HttpLimits, health_page, prometheus_page, serving
-from schemas.events import Engine, Event, Health, Latency, NodeState, Sample
+from schemas.events import Engine, Event, Health, Latency, NodeState, Sample, Scheduler
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
@@ -59,6 +59,7 @@ class HttpApiActor:
         self.engine: Engine | None = None
         self.latency: Latency | None = None
         self.state: NodeState | None = None
+        self.scheduler: Scheduler | None = None
         self.gpus_seen_at: float | None = None
 
     async def _on_event(self, event: Event) -> None:
@@ -76,6 +77,8 @@ class HttpApiActor:
                 self.latency = event
             case NodeState():
                 self.state = event
+            case Scheduler():
+                self.scheduler = event if event.kind == "slurm" else None
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return prometheus_page(self.metrics.registry)
@@ -96,6 +99,7 @@ class HttpApiActor:
             "health": self.health,
             "engine": self.engine,
             "latency": self.latency,
+            "scheduler": self.scheduler,
             "actors": {
                 name: {
                     "phase": s.phase,

@@ -116,6 +116,8 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "commands",
             "spot",
             "gateway",
+            "scheduler",
+            "workloads",
         ]
     }
 

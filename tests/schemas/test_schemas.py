@@ -111,6 +111,18 @@ EXAMPLES: list[msgspec.Struct] = [
         command_digest="ab",
     ),
     events.Gateway(ts=NOW, serving=True, in_flight=2, waiting=1),
+    events.Scheduler(
+        ts=NOW,
+        kind="slurm",
+        node_name="gpu7",
+        reachable=True,
+        slurm_state="mixed+drain",
+        state_reason="fleet: spot (c-1)",
+        drain=True,
+        ours=True,
+        jobs=events.SchedulerJobs(running_count=2, pending_count=1, history_reason="no sacct"),
+        services=events.SchedulerServices(slurmd_running=True, slurmd_version="22.05.8"),
+    ),
     messages.Command(
         id="c-1",
         node_id="n1",

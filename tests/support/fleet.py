@@ -121,6 +121,8 @@ def agent_config(
         shutdown_timeout=2.0,
         # No --version runs per test agent (a test that wants them says so).
         version_programs=[],
+        # No Slurm unless a test asks: CI machines have Slurm's tools installed.
+        scheduler="none",
     )
     values.update(settings)
     return AgentConfig(**values)

@@ -20,6 +20,7 @@ from typing import Any
 
 import nats.errors
 
+from actors.node import slurm
 from actors.node.commands.hooks import run_hook
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
@@ -27,6 +28,7 @@ from actors.runtime.bus import Bus, publish_signed, publish_signed_event
 from actors.runtime.schedule import wait_or_timeout
 from schemas import events
 from schemas.base import Schedulability
+from schemas.events import Scheduler
 from schemas.messages import (
     Action,
     CommandResult,
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 2.0
 """A drain reports progress at least this often, and whenever in-flight work changes."""
+SLURM_POLL = 1.0
+"""A drain through Slurm asks squeue for the node's running jobs this often."""
 
 Work = Coroutine[Any, Any, None]
 
@@ -62,6 +66,8 @@ class ActionRunner:
         self.finished = asyncio.Event()
         """Set once the node has deregistered: the agent's work is over."""
         self.in_flight = 0
+        self.scheduler: Scheduler | None = None
+        """The scheduler actor's latest word: whether Slurm is this node's scheduler."""
         self._engine_changed = asyncio.Event()
         self._deregistered_beat = asyncio.Event()
         self._work: asyncio.Task[None] | None = None
@@ -75,6 +81,69 @@ class ActionRunner:
         """The engines' in-flight request count changed (a drain waits for it to reach 0)."""
         self.in_flight = in_flight
         self._engine_changed.set()
+
+    def observe_scheduler(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    async def _slurm_on(self) -> bool:
+        """Drains go through Slurm when it is configured, or auto found it (asked here
+        when the scheduler actor has not said yet, e.g. a drain resumed at start)."""
+        if self.config.scheduler != "auto":
+            return self.config.scheduler == "slurm"
+        if self.scheduler is not None:
+            return self.scheduler.kind == "slurm"
+        try:
+            await slurm.node_info(self.config.slurm_node, self.config.scheduler_timeout)
+        except slurm.SlurmError:
+            return False
+        return True
+
+    async def _slurm_drain(self, command_id: str, reason: str) -> str:
+        """Drain the node in Slurm with our marker; a note for the result ("" when off)."""
+        if not await self._slurm_on():
+            return ""
+        name = self.config.slurm_node
+        try:
+            info = await slurm.node_info(name, self.config.scheduler_timeout)
+            if info.drain and not info.ours:
+                # An admin's drain stays theirs: overwriting its reason would make it ours,
+                # and a later uncordon would lift it.
+                return f"; Slurm already drained by its admin: {info.reason or info.state}"
+            await slurm.update_node(
+                name, self.config.scheduler_timeout, "drain", slurm.drain_reason(reason, command_id)
+            )
+        except slurm.SlurmError as exc:
+            log.warning("Slurm drain failed", extra={"node": name, "reason": str(exc)})
+            return f"; Slurm not drained: {exc}"
+        return f"; Slurm node {name} drained"
+
+    async def _slurm_resume(self) -> str:
+        """Resume the node in Slurm only if the drain there is ours; a note for the result."""
+        if not await self._slurm_on():
+            return ""
+        name, timeout = self.config.slurm_node, self.config.scheduler_timeout
+        try:
+            info = await slurm.node_info(name, timeout)
+            if not info.drain:
+                return ""
+            if not info.ours:
+                log.info("admin's Slurm drain left alone", extra={"reason": info.reason})
+                return f"; Slurm drain not ours, left alone: {info.reason or info.state}"
+            await slurm.update_node(name, timeout, "resume")
+        except slurm.SlurmError as exc:
+            log.warning("Slurm resume failed", extra={"node": name, "reason": str(exc)})
+            return f"; Slurm not resumed: {exc}"
+        return f"; Slurm node {name} resumed"
+
+    async def _slurm_jobs(self) -> int | None:
+        """Jobs running on the node in Slurm; None when off or Slurm cannot say."""
+        if not await self._slurm_on():
+            return None
+        try:
+            return await slurm.running_jobs(self.config.slurm_node, self.config.scheduler_timeout)
+        except slurm.SlurmError as exc:
+            log.warning("squeue failed during drain", extra={"reason": str(exc)})
+            return None
 
     def observe_deregistering_beat(self) -> None:
         """A heartbeat carrying ``deregistering`` went out: the aggregators are told."""
@@ -211,6 +280,7 @@ class ActionRunner:
     async def _cordon(self, command_id: str, reason: str, ttl: float | None) -> None:
         until = time.time() + ttl if ttl else None
         notes = await self._hook("cordon", command_id, reason, until)
+        notes += await self._slurm_drain(command_id, reason)
         await self._set_state("cordoned", command_id, reason, until=until)
         if until is not None:
             self._arm_ttl(until, command_id)
@@ -220,6 +290,7 @@ class ActionRunner:
     async def _uncordon(self, command_id: str, reason: str) -> None:
         self.store.drain_deadline = None
         notes = await self._hook("uncordon", command_id, reason, None)
+        notes += await self._slurm_resume()
         await self._set_state("schedulable", command_id, reason)
         await self.result(command_id, "done", "schedulable" + notes)
 
@@ -227,33 +298,50 @@ class ActionRunner:
         self, command_id: str, reason: str, deadline: float, deregister: bool, resumed: bool = False
     ) -> None:
         notes = "" if resumed else await self._hook("drain", command_id, reason, deadline)
+        notes += await self._slurm_drain(command_id, reason)
         self.store.drain_deadline = deadline
         self.store.deregister = deregister
         if self.store.state.schedulability != "drained" or resumed:
             await self._set_state("draining", command_id, reason)
-        reported_count, reported_at = -1, 0.0
-        while self.in_flight > 0 and time.time() < deadline:
+        reported: tuple[int, int | None] = (-1, None)
+        reported_at = 0.0
+        jobs = await self._slurm_jobs()
+        while (self.in_flight > 0 or (jobs or 0) > 0) and time.time() < deadline:
             now = time.time()
-            if reported_count != self.in_flight or now - reported_at >= PROGRESS_EVERY:
-                reported_count, reported_at = self.in_flight, now
+            if reported != (self.in_flight, jobs) or now - reported_at >= PROGRESS_EVERY:
+                reported, reported_at = (self.in_flight, jobs), now
                 left = deadline - now
+                running = "" if jobs is None else f", {jobs} Slurm jobs running"
                 await self.result(
                     command_id,
                     "in_progress",
-                    f"draining: {self.in_flight} in flight, {left:.0f}s to deadline",
+                    f"draining: {self.in_flight} in flight{running}, {left:.0f}s to deadline",
                     self.in_flight,
+                    jobs_running=jobs,
                 )
             self._engine_changed.clear()
-            await wait_or_timeout(self._engine_changed, min(deadline - now, PROGRESS_EVERY))
+            wait = PROGRESS_EVERY if jobs is None else SLURM_POLL
+            await wait_or_timeout(self._engine_changed, min(deadline - now, wait))
+            if jobs is not None:
+                # A failed poll keeps the last count: a drain never ends early because
+                # Slurm stopped answering, only at the deadline.
+                polled = await self._slurm_jobs()
+                jobs = jobs if polled is None else polled
         left_over = self.in_flight
         notes += await self._hook("drained", command_id, reason, deadline)
         self.store.drain_deadline = None
         await self._set_state("drained", command_id, reason)
         summary = "drained" if left_over == 0 else f"deadline passed with {left_over} in flight"
+        if jobs:
+            summary = f"deadline passed with {jobs} Slurm jobs running" + (
+                f", {left_over} in flight" if left_over else ""
+            )
         if not deregister:
-            await self.result(command_id, "done", summary + notes, left_over)
+            await self.result(command_id, "done", summary + notes, left_over, jobs_running=jobs)
             return
-        await self.result(command_id, "in_progress", summary + "; deregistering", left_over)
+        await self.result(
+            command_id, "in_progress", summary + "; deregistering", left_over, jobs_running=jobs
+        )
         await self._deregister(command_id, reason)
 
     async def _deregister(self, command_id: str, reason: str) -> None:
@@ -348,6 +436,7 @@ class ActionRunner:
         detail: str = "",
         in_flight: int | None = None,
         digest: str = "",
+        jobs_running: int | None = None,
     ) -> None:
         """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised.
         ``digest`` defaults to that of the command started under ``command_id``. A refusal
@@ -369,6 +458,7 @@ class ActionRunner:
             schedulability=self.store.state.schedulability,
             in_flight=in_flight,
             command_digest=digest,
+            jobs_running=jobs_running,
         )
         msg_id = f"{command_id or digest}:{status}:{n}"
         try:

@@ -36,7 +36,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Event, Gateway, Health, Interruption, notice_key
+from schemas.events import Engine, Event, Gateway, Health, Interruption, Scheduler, notice_key
 from schemas.messages import Command, Cordon, Deregister, Heartbeat, command_digest
 from schemas.subjects import EVENT_WORKLOAD_ORDER, STREAM_COMMANDS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
@@ -250,6 +250,8 @@ class CommandsActor:
                 self.health = event.status
             case Interruption():
                 await self._on_interruption(event)
+            case Scheduler():
+                self.actions.observe_scheduler(event)
 
     async def _on_interruption(self, notice: Interruption) -> None:
         """A termination notice drains before its deadline and deregisters; a rebalance

@@ -22,12 +22,13 @@ from actors.node.health import checks, scoring
 from actors.node.xid import XidTracker, parse_thresholds
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
-from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample
+from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample, Scheduler
 from schemas.subjects import (
     EVENT_ENGINE,
     EVENT_HEALTH,
     EVENT_LATENCY,
     EVENT_SAMPLE,
+    EVENT_SCHEDULER,
     Subjects,
 )
 
@@ -65,6 +66,7 @@ class HealthActor:
             EVENT_SAMPLE: subjects.event(config.node_id, EVENT_SAMPLE),
             EVENT_ENGINE: subjects.event(config.node_id, EVENT_ENGINE),
             EVENT_LATENCY: subjects.event(config.node_id, EVENT_LATENCY),
+            EVENT_SCHEDULER: subjects.event(config.node_id, EVENT_SCHEDULER),
         }
         self.latch = checks.Latch(config.clear_after_samples)
         self.xids = XidTracker(parse_thresholds(config.xid_thresholds))
@@ -72,6 +74,7 @@ class HealthActor:
         self.sample: Sample | None = None
         self.engine: Engine | None = None
         self.latency: Latency | None = None
+        self.scheduler: Scheduler | None = None
         self.received: dict[str, float] = {}
         self.sample_checks: dict[str, HealthCheck] = {}
 
@@ -86,6 +89,9 @@ class HealthActor:
             case Latency():
                 self.latency = event
                 kind = EVENT_LATENCY
+            case Scheduler():
+                self.scheduler = event if event.kind == "slurm" else None
+                kind = EVENT_SCHEDULER
             case _:
                 return
         self.received[kind] = time.monotonic()
@@ -146,9 +152,13 @@ class HealthActor:
                 sys_module=self.sys_module,
             )
         )
+        scheduler = []
+        if self.scheduler is not None:
+            scheduler.append(self.latch.update(checks.scheduler_check(self.scheduler)))
         found = [
             *self.sample_checks.values(),
             dependencies,
+            *scheduler,
             checks.freshness_check(feeds.values(), now, self.started),
         ]
         status = checks.overall([score_check, *found])

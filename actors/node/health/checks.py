@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
-from schemas.events import HealthCheck, Sample
+from schemas.events import HealthCheck, Sample, Scheduler
 
 HOT_GPU_C = 85.0
 """Any GPU above this makes the nvml check degraded."""
@@ -152,6 +152,37 @@ def dependencies_check(
         )
     reason = f"{len(binaries)} binaries and {len(modules)} modules present"
     return HealthCheck(name="dependencies", status="ok", reason=reason)
+
+
+def scheduler_check(scheduler: Scheduler) -> HealthCheck:
+    """Slurm unreachable, its node down or failing, or slurmd/munged not running: degraded
+    with the reason (jobs cannot be placed here). A drain is not a health matter."""
+    if not scheduler.reachable:
+        return HealthCheck(
+            name="scheduler",
+            status="degraded",
+            reason=f"Slurm not answering for {scheduler.node_name}: {scheduler.reason}",
+            action="check slurmctld, slurmd and munged (systemctl status; scontrol ping)",
+        )
+    problems = []
+    flags = set(scheduler.slurm_state.replace("*", "+not_responding").split("+"))
+    bad = sorted(flags & {"down", "fail", "failing", "not_responding", "inval"})
+    if bad:
+        reason = f"Slurm has {scheduler.node_name} {scheduler.slurm_state}"
+        problems.append(reason + (f" ({scheduler.state_reason})" if scheduler.state_reason else ""))
+    if not scheduler.services.slurmd_running:
+        problems.append("slurmd not running")
+    if not scheduler.services.munge_running:
+        problems.append("munged not running")
+    if problems:
+        return HealthCheck(
+            name="scheduler",
+            status="degraded",
+            reason="; ".join(problems),
+            action="check slurmd and munged (systemctl status; scontrol show node)",
+        )
+    reason = f"Slurm node {scheduler.node_name} {scheduler.slurm_state}"
+    return HealthCheck(name="scheduler", status="ok", reason=reason)
 
 
 class Feed(msgspec.Struct, frozen=True, kw_only=True):

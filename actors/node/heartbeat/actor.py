@@ -22,6 +22,7 @@ from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import cloud_labels, node_labels
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
+from schemas.base import Schedulability
 from schemas.events import (
     CloudFacts,
     Engine,
@@ -32,6 +33,7 @@ from schemas.events import (
     Latency,
     NodeState,
     Sample,
+    Scheduler,
     SpotStatus,
     Workloads,
 )
@@ -94,6 +96,7 @@ class HeartbeatActor:
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
         self.workloads: list[WorkloadSummary] = []
+        self.scheduler: Scheduler | None = None
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
 
@@ -115,6 +118,12 @@ class HeartbeatActor:
                 self._beat_now.set()
             case Workloads():
                 self.workloads = summarise(event)
+            case Scheduler():
+                before = self.schedulability()
+                self.scheduler = event if event.kind == "slurm" else None
+                # Slurm's own drains change what the heartbeat says at once.
+                if self.schedulability() != before:
+                    self._beat_now.set()
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -124,11 +133,24 @@ class HeartbeatActor:
                 if changed:
                     self._beat_now.set()
 
+    def schedulability(self) -> tuple[Schedulability, str]:
+        """Ours, unless we have the node schedulable and Slurm has it drained (an admin, or
+        an agent before a restart): then Slurm's drain shows, with Slurm's reason, as
+        ``cordoned`` while jobs run and ``drained`` once none does. Slurm's drain is only
+        reported here, never lifted."""
+        state, reason = self.state.schedulability, self.state.reason
+        slurm = self.scheduler
+        if state == "schedulable" and slurm is not None and slurm.drain:
+            state = "drained" if slurm.jobs.running_count == 0 else "cordoned"
+            reason = f"slurm: {slurm.state_reason or slurm.slurm_state}"
+        return state, reason
+
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
         # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
         # scheduler places by, next to what runs.
         waiting = sum(status.waiting or 0 for status in self.engine.engines) if self.engine else 0
+        schedulability, reason = self.schedulability()
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
@@ -138,8 +160,8 @@ class HeartbeatActor:
             agent_version=AGENT_VERSION,
             interval=self.config.heartbeat_interval,
             stale_after=self.config.stale_after,
-            schedulability=self.state.schedulability,
-            schedulability_reason=self.state.reason,
+            schedulability=schedulability,
+            schedulability_reason=reason,
             sample=self.sample,
             health=self.health,
             latency=self.latency,
@@ -149,6 +171,7 @@ class HeartbeatActor:
             deregistering=self.state.deregistering,
             workloads=self.workloads,
             labels=node_labels(self.config.labels, self.engine, self.cloud),
+            scheduler=self.scheduler,
         )
 
     async def beat(self) -> Heartbeat | None:
