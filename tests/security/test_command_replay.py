@@ -195,20 +195,20 @@ async def test_absurd_ttl_is_refused_before_acting(
     attacker: Client,
     tmp_path: Path,
 ) -> None:
-    """``fleetctl cordon --ttl 1e30`` is a usage error (exit 2) before sending; the same cordon
+    """``fleetctl cordon --ttl 100000d`` is a usage error (exit 2) before sending; the same cordon
     signed and sent anyway is refused by the node, which stays schedulable."""
     key_file = tmp_path / "operator.nk"
     operator = signing.create_key_file(key_file)
     await trusting_agent(fleet, operator)
     process = await asyncio.create_subprocess_exec(
-        *(FLEETCTL, "cordon", "n1", "--ttl", "1e30", "--cluster", "c1"),
+        *(FLEETCTL, "cordon", "n1", "--ttl", "100000d", "--cluster", "c1"),
         *("--server", nats_server.url, "--prefix", prefix, "--key-file", str(key_file)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2 and out == b""
-    assert "argument --ttl: 1e30: must be" in err.decode().splitlines()[-1]
+    assert "argument --ttl: 100000d: must be" in err.decode().splitlines()[-1]
 
     body, headers = signed(operator, action=Cordon(ttl=1e30))
     await replay(attacker, prefix, body, headers)
