@@ -6,9 +6,12 @@ The events a heartbeat is built from live in :mod:`schemas.events`.
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Annotated, Literal
+
+from msgspec import Meta
 
 from schemas.base import (
+    MAX_GPUS,
     Cluster,
     Count,
     Details,
@@ -30,6 +33,9 @@ from schemas.base import (
 from schemas.events import Engine, Health, Jobs, Latency, Sample, SpotStatus
 
 AGENT_VERSION = "0.1.0"
+
+GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
+"""GPU uuids, sorted: a node's hardware fingerprint."""
 
 
 class Heartbeat(Wire, frozen=True, kw_only=True):
@@ -133,6 +139,8 @@ AlertKind = Literal[
     "health",
     "interruption",
     "deregistered",
+    "deregistered_node_beating",
+    "hardware_changed",
 ]
 
 
@@ -225,6 +233,20 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """When an aggregator created this record (a registration or the node's first accepted
     heartbeat): ``fleetctl nodes``' AGE. A record made by an older aggregator gets it at
     its next accepted heartbeat."""
+    deregistered_by: Name = ""
+    """Who deregistered the node: ``node`` (it said so in a heartbeat) or the public key of
+    the operator whose ``fleetctl forget`` did."""
+    deregistered_reason: Text = ""
+    deregistered_at: UnixTime | None = None
+    refused: Name = ""
+    """The kind of the last refusal of this node's heartbeats since the last accepted one
+    (``unknown_node``, ``replay``, ...); empty while its heartbeats are accepted. The node
+    reads its own record to learn it is refused."""
+    refused_at: UnixTime | None = None
+    """When ``refused`` was last written (writes are rate-limited)."""
+    gpu_fingerprint: GpuIds = []
+    """The sorted GPU uuids of the last accepted heartbeat with a sample: a change raises
+    ``hardware_changed``."""
 
 
 class TrustEntry(Wire, frozen=True, kw_only=True):

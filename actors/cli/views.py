@@ -67,10 +67,14 @@ def reason(record: NodeRecord, now: float) -> str:
     since), else what the node said (its schedulability reason, its failing health checks,
     a spot notice); ``-`` when nothing needs saying."""
     beat = record.heartbeat
+    if record.deregistered and record.deregistered_by not in ("", "node"):
+        by = record.deregistered_by[:8] + "..."
+        return printable(f"forgotten by {by}: {record.deregistered_reason or 'no reason'}")
     if record.deregistered:
         return "deregistered itself"
     if record.state in ("offline", "stale"):
-        return f"no heartbeat for {age(now - record.last_seen).removesuffix(' ago')}"
+        silent = f"no heartbeat for {age(now - record.last_seen).removesuffix(' ago')}"
+        return silent + (f" (refused: {printable(record.refused)})" if record.refused else "")
     if record.state == "pending":
         return "registered, awaiting approval"
     parts = []

@@ -19,6 +19,7 @@ from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.spot import SpotActor
+from actors.node.standing import StandingActor
 from actors.runtime import notify
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
@@ -50,15 +51,17 @@ class NodeAgent:
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
+        standing = StandingActor(self.config, bus)
         return [
             InventoryActor(self.config, bus, events),
             HeartbeatActor(self.config, bus, events, self.sequence),
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
             LatencyActor(self.config, bus, events),
-            HttpApiActor(self.config, bus, events, self.actor_status),
+            HttpApiActor(self.config, bus, events, self.actor_status, standing.message),
             self.commands,
             SpotActor(self.config, bus, events),
+            standing,
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:
