@@ -113,6 +113,7 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "http_api",
             "commands",
             "spot",
+            "standing",
         ]
     }
 
