@@ -274,7 +274,8 @@ def new_key_epoch(record: NodeRecord, public_key: str) -> bool:
     heartbeat starts a new sequence epoch: the operator approved a new key (a re-imaged
     node, whose sequence starts again at 1), and the signature check already refused every
     key but the approved one, so the old key's replays never get here."""
-    return bool(record.public_key) and record.last_seq > 0 and public_key != record.public_key
+    known = bool(record.public_key) and bool(public_key) and record.last_seq > 0
+    return known and public_key != record.public_key
 
 
 def deregistered_refusal(record: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:

@@ -47,11 +47,12 @@ class NodeAgent:
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
+        self.standing: StandingActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
-        standing = StandingActor(self.config, bus)
+        self.standing = standing = StandingActor(self.config, bus)
         return [
             InventoryActor(self.config, bus, events),
             HeartbeatActor(self.config, bus, events, self.sequence),
