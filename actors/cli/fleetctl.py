@@ -487,9 +487,7 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--cluster", help="only nodes of this cluster")
     nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
     nodes.add_argument("--json", action="store_true", help="same as -o json")
-    nodes.add_argument(
-        "--all", action="store_true", help="include deregistered (forgotten) nodes"
-    )
+    nodes.add_argument("--all", action="store_true", help="include deregistered (forgotten) nodes")
     nodes.add_argument(
         "-o",
         "--output",

@@ -28,8 +28,8 @@ from actors.cli.common import (
 from actors.fleet import registry
 from actors.node import deregistration
 from actors.node.agent import NodeAgent, inbox_prefix
-from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
+from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.node.http_api import PORT_FILE
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event

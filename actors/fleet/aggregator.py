@@ -74,9 +74,7 @@ class AggregatorActor:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
-        self.alerts = AlertPublisher(
-            bus, self.subjects, config.alert_window, config.alert_repeat
-        )
+        self.alerts = AlertPublisher(bus, self.subjects, config.alert_window, config.alert_repeat)
         self.refusals = RefusalTracker(config.refused_note_every)
         self.metrics = metrics or AggregatorMetrics()
         self.store = NodeStore(bus, self.subjects, self.metrics)
@@ -276,9 +274,7 @@ class AggregatorActor:
                     refused="true",
                     **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
                 )
-            accepted = record_rules.accept(
-                previous, heartbeat, public_key, now, stream_seq, stored
-            )
+            accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
             return record_rules.with_lifecycle(previous, accepted, heartbeat)
 
         before, after = await self.store.update(node, change)

@@ -186,9 +186,7 @@ class Forgotten(msgspec.Struct, frozen=True, kw_only=True):
     """The node's pending commands were purged from the commands stream."""
 
 
-async def forget(
-    bus: Bus, subjects: Subjects, node: str, by: str, reason: str = ""
-) -> Forgotten:
+async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str = "") -> Forgotten:
     """The provider side removes a node that may never come back: its record becomes
     ``deregistered`` naming ``by`` (the operator's public key) and ``reason``, its key is
     revoked (its heartbeats are refused from now on) and the commands still waiting for it
@@ -254,4 +252,3 @@ async def readmit(bus: Bus, subjects: Subjects, node: str) -> bool:
 
     _, written = await _change_record(bus, subjects, node, change)
     return written is not None
-

@@ -43,9 +43,7 @@ def gpus(*uuids: str) -> Sample:
 
 def accepted(beat: Heartbeat, key: str = "UOLD", now: float = 100.0) -> NodeRecord:
     pending = record_rules.pending_record("n1", "c1", key)
-    return record_rules.with_lifecycle(
-        pending, record_rules.accept(pending, beat, key, now), beat
-    )
+    return record_rules.with_lifecycle(pending, record_rules.accept(pending, beat, key, now), beat)
 
 
 def test_a_new_key_starts_a_new_sequence_epoch() -> None:

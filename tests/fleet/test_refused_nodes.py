@@ -107,9 +107,7 @@ async def test_a_reimaged_node_is_accepted_at_once_under_its_new_key(
     old = signing.load_key_file(config.key_path)
     ahead = codec.encode(heartbeat(seq=5_000, boot_id="old"))
     # The old agent's last beat, far ahead of where a fresh state dir starts.
-    await bus.js.publish(
-        Subjects(prefix).heartbeat("c1", "n1"), ahead, headers=old.headers(ahead)
-    )
+    await bus.js.publish(Subjects(prefix).heartbeat("c1", "n1"), ahead, headers=old.headers(ahead))
     await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 5_000)
 
     shutil.rmtree(config.state_dir)

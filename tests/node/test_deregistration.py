@@ -47,7 +47,9 @@ def test_marker_round_trip(tmp_path: Path) -> None:
     assert deregistration.refusal(tmp_path, "n1") is not None
 
 
-async def start(fleet: Fleet, state_dir: str, operator: str, *extra: str) -> asyncio.subprocess.Process:
+async def start(
+    fleet: Fleet, state_dir: str, operator: str, *extra: str
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         NODE_AGENT,
         "start",
