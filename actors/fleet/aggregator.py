@@ -251,9 +251,6 @@ class AggregatorActor:
 
         def change(record: NodeRecord | None) -> NodeRecord:
             previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
-            left = record_rules.deregistered_refusal(previous, heartbeat)
-            if left is not None:
-                raise Refused(left.kind, left.message, **left.details)
             verdict = record_rules.judge_seq(
                 previous, heartbeat.seq, self.config.max_seq_jump, public_key
             )
@@ -274,6 +271,10 @@ class AggregatorActor:
                     refused="true",
                     **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
                 )
+            # After the seq checks, so a late delivery stays one (several aggregators).
+            left = record_rules.deregistered_refusal(previous, heartbeat)
+            if left is not None:
+                raise Refused(left.kind, left.message, **left.details)
             accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
             return record_rules.with_lifecycle(previous, accepted, heartbeat)
 
