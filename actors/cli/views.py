@@ -271,6 +271,7 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
         f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    lines += _lifecycle(record)
     if beat is None:
         lines.append("No heartbeat accepted yet.")
         lines += _recent(alerts, results)
@@ -285,6 +286,20 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)
+
+
+def _lifecycle(record: NodeRecord) -> list[str]:
+    """Who deregistered the node and why, and whether its heartbeats are being refused."""
+    lines = []
+    if record.deregistered:
+        when = clock(record.deregistered_at) if record.deregistered_at else "?"
+        lines.append(
+            f"Deregistered:    by {record.deregistered_by or 'node'} at {when}"
+            + (f": {record.deregistered_reason}" if record.deregistered_reason else "")
+        )
+    if record.refused:
+        lines.append(f"Refused:         its heartbeats are refused ({record.refused})")
+    return lines
 
 
 def _why(record: NodeRecord) -> str:

@@ -69,6 +69,9 @@ async def test_forget_deregisters_revokes_purges_hides_and_approve_readmits(
     code, out, _ = await fleetctl(capsys, fleet, "nodes", "--all", "-o", "wide")
     assert code == 0 and "n1" in out and "deregistered" in out and "forgotten by" in out
 
+    code, out, _ = await fleetctl(capsys, fleet, "describe", "n1")
+    assert code == 0 and f"Deregistered:    by {operator.public_key}" in out and "dead" in out
+
     code, out, err = await fleetctl(capsys, fleet, "approve", "n1", node_key.public_key)
     assert code == 0 and "re-admitted" in out, err
     readmitted = await read_record(bus, subjects, "n1")
