@@ -48,6 +48,8 @@ Node (``actors/node``):
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
+- ``standing``    reads its own record in KV ``fleet_nodes`` (one filtered direct get); says on
+                  ``/status`` and in the log when the aggregators refuse its heartbeats.
 
 Fleet (``actors/fleet``):
 
