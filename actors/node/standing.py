@@ -65,8 +65,9 @@ class StandingActor:
         ready()
         period = max(MIN_PERIOD, READ_EVERY * self.config.heartbeat_interval)
         while True:
-            await self.check()
+            # First a period: nothing is refused before the first heartbeats are judged.
             await sleep_jittered(period)
+            await self.check()
 
     async def check(self) -> None:
         """Read the record once and report a change."""

@@ -76,8 +76,10 @@ async def test_forget_deregisters_revokes_purges_hides_and_approve_readmits(
     assert code == 0 and "re-admitted" in out, err
     readmitted = await read_record(bus, subjects, "n1")
     assert not readmitted.deregistered and readmitted.state != "deregistered"
-    await fleet.start_agent(node.config)
-    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    last = readmitted.last_seq
+    again = await fleet.start_agent(node.config)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active" and r.last_seq > last)
+    assert again.supervisor is not None and await again.supervisor.wait_ready(10)
 
 
 async def test_forget_of_an_unknown_node_is_one_error_line(
