@@ -58,6 +58,8 @@ Node (``actors/node``):
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
 - ``gateway``     listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
                   ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
+- ``standing``    reads its own record in KV ``fleet_nodes`` (one filtered direct get); says on
+                  ``/status`` and in the log when the aggregators refuse its heartbeats.
 
 Fleet (``actors/fleet``):
 

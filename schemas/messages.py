@@ -68,6 +68,9 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
 
 AGENT_VERSION = "0.1.0"
 
+GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
+"""GPU uuids, sorted: a node's hardware fingerprint."""
+
 
 class Heartbeat(Wire, frozen=True, kw_only=True):
     """A node's signed liveness report on ``fleet.hb.<cluster>.<node>``."""
@@ -180,6 +183,8 @@ AlertKind = Literal[
     "health",
     "interruption",
     "deregistered",
+    "deregistered_node_beating",
+    "hardware_changed",
 ]
 
 
@@ -277,6 +282,20 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     its next accepted heartbeat."""
     labels: Labels = {}
     """The labels of the last accepted heartbeat."""
+    deregistered_by: Name = ""
+    """Who deregistered the node: ``node`` (it said so in a heartbeat) or the public key of
+    the operator whose ``fleetctl forget`` did."""
+    deregistered_reason: Text = ""
+    deregistered_at: UnixTime | None = None
+    refused: Name = ""
+    """The kind of the last refusal of this node's heartbeats since the last accepted one
+    (``unknown_node``, ``replay``, ...); empty while its heartbeats are accepted. The node
+    reads its own record to learn it is refused."""
+    refused_at: UnixTime | None = None
+    """When ``refused`` was last written (writes are rate-limited)."""
+    gpu_fingerprint: GpuIds = []
+    """The sorted GPU uuids of the last accepted heartbeat with a sample: a change raises
+    ``hardware_changed``."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

@@ -84,6 +84,11 @@ class Subjects:
     def commands(self) -> str:
         return f"{self.prefix}.cmd.>"
 
+    def commands_of(self, node: str) -> str:
+        """Every command subject of ``node``, whatever its cluster (``fleetctl forget``
+        purges them)."""
+        return f"{self.prefix}.cmd.*.{check_token('node id', node)}"
+
     def result(self, cluster: str, node: str) -> str:
         return (
             f"{self.prefix}.result.{check_token('cluster', cluster)}.{check_token('node id', node)}"

@@ -126,7 +126,13 @@ async def cmd_approve(args: argparse.Namespace) -> int:
             if not args.yes and not confirm(f"approve this key for {args.node}?"):
                 return fail(f"{args.node} not approved")
         await registry.approve(bus, subjects, args.node, key, by="fleetctl")
+        readmitted = await registry.readmit(bus, subjects, args.node)
     sys.stdout.write(f"approved {args.node}\n")
+    if readmitted:
+        sys.stdout.write(
+            f"{args.node} re-admitted: its heartbeats are accepted again (on the node, "
+            "'node-agent start --rejoin' once, if it deregistered itself)\n"
+        )
     return 0
 
 
@@ -139,7 +145,7 @@ async def pending_key(bus: Bus, subjects: Subjects, node: str) -> str:
             f"node {node} has not registered: give its key (fleetctl approve {node} KEY; "
             "'node-agent key show' on the node prints it) or run 'node-agent register' there"
         ) from None
-    if record.state != "pending" or not record.public_key:
+    if record.state not in ("pending", "deregistered") or not record.public_key:
         raise FleetError(
             f"node {node} has no pending registration (state {record.state}): give the key "
             f"to approve explicitly (fleetctl approve {node} KEY)"
@@ -162,6 +168,23 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         await registry.revoke(bus, Subjects(args.prefix), args.node)
     sys.stdout.write(f"revoked {args.node}\n")
+    return 0
+
+
+async def cmd_forget(args: argparse.Namespace) -> int:
+    """Remove a node from the fleet from the provider side (it may be dead): the record
+    names the operator key that forgot it. Needs the operator key file: whoever forgets a
+    node is named by it."""
+    key = signing.load_key_file(args.key_file or default_operator_key())
+    async with connected(args, "fleetctl") as bus:
+        done = await registry.forget(
+            bus, Subjects(args.prefix), args.node, key.public_key, args.reason
+        )
+    what = "was already forgotten" if done.already else "forgotten (state deregistered)"
+    parts = [f"{args.node} {what}"]
+    parts.append("key revoked" if done.revoked else "no approved key left")
+    parts.append("pending commands purged" if done.purged else "commands not purged")
+    sys.stdout.write("; ".join(parts) + "\n")
     return 0
 
 
@@ -194,6 +217,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 if (not args.cluster or r.cluster == args.cluster)
                 and (not args.state or r.state == args.state)
                 and fleet_labels.matches(r.labels, selectors)
+                and (args.all or args.state == "deregistered" or r.state != "deregistered")
             ]
             key = [views.change_key(r) for r in records]
             if key != shown:
@@ -428,6 +452,23 @@ def parser() -> argparse.ArgumentParser:
     add_server(revoke)
     revoke.set_defaults(func=cmd_revoke)
 
+    forget = commands.add_parser(
+        "forget",
+        help="remove a node from the provider side (deregistered, key revoked, commands purged)",
+        description="Idempotent. The node's record becomes deregistered naming the operator "
+        "key and the reason; 'fleetctl approve NODE' admits it again.",
+    )
+    forget.add_argument("node", type=token("node id"), help="the node's id")
+    forget.add_argument("--reason", default="", help="why, recorded in the node's record")
+    forget.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
+    )
+    add_server(forget)
+    forget.set_defaults(func=cmd_forget)
+
     reset_seq = commands.add_parser(
         "reset-seq", help="accept a node's next heartbeat whatever its seq (re-imaged node)"
     )
@@ -445,6 +486,7 @@ def parser() -> argparse.ArgumentParser:
         help="only nodes with this label, KEY=VALUE (repeatable: all must match)",
     )
     nodes.add_argument("--json", action="store_true", help="same as -o json")
+    nodes.add_argument("--all", action="store_true", help="include deregistered (forgotten) nodes")
     nodes.add_argument(
         "-o",
         "--output",

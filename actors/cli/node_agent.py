@@ -28,8 +28,10 @@ from actors.cli.common import (
     strict,
 )
 from actors.fleet import registry
+from actors.node import deregistration
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
+from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.node.http_api import PORT_FILE
 from actors.runtime import logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
@@ -80,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
 
     start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
     add_config_flags(start, AgentConfig, ENV_PREFIX, LIST_FLAGS)
+    start.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="clear this node's deregistration first (after 'fleetctl approve NODE'); "
+        f"without it a deregistered node exits {EXIT_DEREGISTERED}",
+    )
 
     register = commands.add_parser("register", help="ask the aggregators to admit this node")
     add_config_flags(register, AgentConfig, ENV_PREFIX, LIST_FLAGS)
@@ -170,12 +178,24 @@ async def cmd_key_show(args: argparse.Namespace) -> int:
 async def cmd_start(args: argparse.Namespace) -> int:
     config = settings_from(args, AgentConfig, ENV_PREFIX)
     logs.setup(config.log_level, config.log_format)
+    state_dir = Path(config.state_dir)
+    if args.rejoin and deregistration.clear(state_dir):
+        log.info("deregistration cleared (--rejoin)", extra={"node": config.node_id})
+    refused = deregistration.refusal(state_dir, config.node_id)
+    if refused is not None:
+        return fail(refused, EXIT_DEREGISTERED)
     if config.enroll_token:
         await enroll_at_start(config)
     agent = NodeAgent(config)
-    await agent.run_until(stop_event())
+    stop = stop_event()
+    await agent.run_until(stop)
     if agent.supervisor is not None and agent.supervisor.fatal:
         return fail(agent.supervisor.fatal)
+    # Deregistered by a command during this run and ended by itself: the same status, so
+    # systemd does not start it again. (A requested stop exits 0 as always.)
+    refused = None if stop.is_set() else deregistration.refusal(state_dir, config.node_id)
+    if refused is not None:
+        return fail(refused, EXIT_DEREGISTERED)
     return 0
 
 
@@ -339,6 +359,8 @@ def render_status(status: dict[str, Any]) -> str:
         + (f" ({status['schedulability_reason']})" if status.get("schedulability_reason") else ""),
         f"seq       {status.get('seq')}",
     ]
+    if status.get("refused"):
+        lines.append(f"REFUSED   {status['refused']}")
     health = status.get("health")
     if health:
         lines.append(f"health    {health['status']} {health['score']}/100")

@@ -67,10 +67,14 @@ def reason(record: NodeRecord, now: float) -> str:
     since), else what the node said (its schedulability reason, its failing health checks,
     a spot notice); ``-`` when nothing needs saying."""
     beat = record.heartbeat
+    if record.deregistered and record.deregistered_by not in ("", "node"):
+        by = record.deregistered_by[:8] + "..."
+        return printable(f"forgotten by {by}: {record.deregistered_reason or 'no reason'}")
     if record.deregistered:
         return "deregistered itself"
     if record.state in ("offline", "stale"):
-        return f"no heartbeat for {age(now - record.last_seen).removesuffix(' ago')}"
+        silent = f"no heartbeat for {age(now - record.last_seen).removesuffix(' ago')}"
+        return silent + (f" (refused: {printable(record.refused)})" if record.refused else "")
     if record.state == "pending":
         return "registered, awaiting approval"
     parts = []
@@ -268,6 +272,7 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
     lines.append(f"Labels:          {labels_text(record.labels)}")
+    lines += _lifecycle(record)
     if beat is None:
         lines.append("No heartbeat accepted yet.")
         lines += _recent(alerts, results)
@@ -290,6 +295,20 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
 def labels_text(labels: dict[str, str]) -> str:
     """Labels as ``key=value`` words, sorted; ``none`` when there are none."""
     return " ".join(f"{key}={value}" for key, value in sorted(labels.items())) or "none"
+
+
+def _lifecycle(record: NodeRecord) -> list[str]:
+    """Who deregistered the node and why, and whether its heartbeats are being refused."""
+    lines = []
+    if record.deregistered:
+        when = clock(record.deregistered_at) if record.deregistered_at else "?"
+        lines.append(
+            f"Deregistered:    by {record.deregistered_by or 'node'} at {when}"
+            + (f": {record.deregistered_reason}" if record.deregistered_reason else "")
+        )
+    if record.refused:
+        lines.append(f"Refused:         its heartbeats are refused ({record.refused})")
+    return lines
 
 
 def _why(record: NodeRecord) -> str:

@@ -26,6 +26,7 @@ from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
+from actors.fleet.refusals import RefusalTracker
 from actors.fleet.streams import StreamLimits, provision
 from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever
@@ -73,7 +74,8 @@ class AggregatorActor:
         self.config = config
         self.bus = bus
         self.subjects = Subjects(config.prefix)
-        self.alerts = AlertPublisher(bus, self.subjects, config.alert_window)
+        self.alerts = AlertPublisher(bus, self.subjects, config.alert_window, config.alert_repeat)
+        self.refusals = RefusalTracker(config.refused_note_every)
         self.metrics = metrics or AggregatorMetrics()
         self.store = NodeStore(bus, self.subjects, self.metrics)
         self.stale: set[str] = set()
@@ -176,9 +178,15 @@ class AggregatorActor:
                 "heartbeat refused",
                 extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
             )
-            await self.alerts.publish(
-                refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", refusal.details
-            )
+            if await self._on_refused(node, refusal):
+                await self.alerts.publish(
+                    refusal.kind,
+                    cluster,
+                    node,
+                    refusal.message,
+                    refusal.details.pop("event", f"s{stream_seq}"),
+                    refusal.details,
+                )
         except LateDelivery:
             self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
@@ -243,7 +251,9 @@ class AggregatorActor:
 
         def change(record: NodeRecord | None) -> NodeRecord:
             previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
-            verdict = record_rules.judge_seq(previous, heartbeat.seq, self.config.max_seq_jump)
+            verdict = record_rules.judge_seq(
+                previous, heartbeat.seq, self.config.max_seq_jump, public_key
+            )
             if verdict == "replay":
                 if stream_seq < previous.last_stream_seq:
                     raise LateDelivery
@@ -261,16 +271,23 @@ class AggregatorActor:
                     refused="true",
                     **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
                 )
-            return record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
+            # After the seq checks, so a late delivery stays one (several aggregators).
+            left = record_rules.deregistered_refusal(previous, heartbeat)
+            if left is not None:
+                raise Refused(left.kind, left.message, **left.details)
+            accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
+            return record_rules.with_lifecycle(previous, accepted, heartbeat)
 
         before, after = await self.store.update(node, change)
         if after is None:  # an unreadable record, left alone (counted by the store)
             return
         self.metrics.accepted.inc()
+        self.refusals.on_accepted(node)
         previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
+        hardware = record_rules.hardware_alert(previous, heartbeat)
         for kind, message, details, severity in record_rules.heartbeat_alerts(
             previous, after, heartbeat, gaps_are_news=not behind
-        ):
+        ) + ([hardware] if hardware else []):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
             event = details.pop("event", f"q{heartbeat.seq}")
             await self.alerts.publish(
@@ -383,12 +400,62 @@ class AggregatorActor:
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
             try:
                 await self.sweep(everything)
+                await self.sweep_refused()
                 await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
                 continue
             if everything:
                 last_full = time.monotonic()
+
+    # Refused nodes (issue 9) --------------------------------------------------------------
+
+    async def _on_refused(self, node: str, refusal: Refused) -> bool:
+        """Remember the refused node for :meth:`sweep_refused`, note the refusal kind in its
+        record for the node to read (rate-limited), and say whether to raise the alert:
+        ``deregistered_node_beating`` once per boot, the rest through the rate limit."""
+        if node not in self.stale:
+            self.refusals.on_refused(node)
+        if self.refusals.should_note(node, refusal.kind, time.monotonic()):
+            now, every = time.time(), self.config.refused_note_every
+            try:
+                await self.store.update(
+                    node, lambda r: record_rules.mark_refused(r, refusal.kind, now, every)
+                )
+            except (nats.errors.Error, RuntimeError) as exc:
+                log.warning("refusal not noted", extra={"node": node, "reason": str(exc)})
+        if refusal.kind == "deregistered_node_beating":
+            return self.refusals.first_of_boot(node, refusal.details.get("boot_id", ""))
+        return True
+
+    async def sweep_refused(self) -> None:
+        """Refused nodes whose last accepted heartbeat is older than its ``stale_after``
+        become stale: their refused messages keep the TTL marker from firing."""
+        now = time.time()
+
+        def change(record: NodeRecord | None) -> NodeRecord | None:
+            if record is None or not record_rules.refused_silent(record, now):
+                return None
+            return record_rules.with_state(record, stale_since=now)
+
+        for node in list(self.refusals.refused):
+            before, stale = await self.store.update(node, change)
+            if stale is None:
+                if before is None or before.stale_since is not None or before.deregistered:
+                    self.refusals.forget(node)
+                continue
+            self.refusals.forget(node)
+            self.stale.add(node)
+            stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+            await self.alerts.publish(
+                "stale",
+                stale.cluster,
+                node,
+                f"no accepted heartbeat for {stale_after:g}s (its heartbeats are refused: "
+                f"{stale.refused or 'unknown'})",
+                f"q{stale.last_seq}",
+                {"last_seq": str(stale.last_seq), "refused": stale.refused},
+            )
 
     async def _on_register(self, msg: Msg) -> None:
         """``node-agent register``: record a pending node, say whether it is approved.

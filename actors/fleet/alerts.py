@@ -6,6 +6,12 @@ would fill the alert stream and bury every other alert. The first refusal of a w
 published; the rest are counted, and when the window closes one summary alert of the same
 kind carries the count in ``details["suppressed"]``. Each aggregator limits on its own, so
 N aggregators publish at most N alerts per node and kind per window, plus their summaries.
+
+A window that closes having held alerts back opens the next one at once: while a flood
+lasts, the node gets its first alert and then one summary per window, never a new "first"
+alert; only a quiet window ends the series. Refusals of a node's heartbeats (REFUSALS) use
+``alert_repeat`` (5 min by default) as their window, the other limited kinds
+``alert_window``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ SEVERITY: dict[AlertKind, Severity] = {
     "health": "warning",
     "interruption": "critical",
     "deregistered": "info",
+    "deregistered_node_beating": "warning",
+    "hardware_changed": "warning",
 }
 
 
@@ -47,6 +55,11 @@ LIMITED: frozenset[AlertKind] = frozenset(
 Lifecycle kinds (stale, offline, recovered, ...) follow state changes of a node's record
 and are not limited: suppressing one would hide a change."""
 DEFAULT_WINDOW = 60.0
+REFUSALS: frozenset[AlertKind] = frozenset(
+    {"replay", "bad_signature", "unknown_node", "clock_skew", "sequence_gap"}
+)
+"""Limited kinds whose window is ``repeat`` (a refused heartbeat, sent again every beat).
+``sequence_gap`` is one too: a jump refused sends it at every beat."""
 
 WindowKey = tuple[AlertKind, str, str]
 """(kind, cluster, node)"""
@@ -61,11 +74,22 @@ class Window:
 
 
 class AlertPublisher:
-    def __init__(self, bus: Bus, subjects: Subjects, window: float = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        subjects: Subjects,
+        window: float = DEFAULT_WINDOW,
+        repeat: float | None = None,
+    ) -> None:
         self.bus = bus
         self.subjects = subjects
         self.window = window
+        self.repeat = window if repeat is None else repeat
         self.windows: dict[WindowKey, Window] = {}
+
+    def window_of(self, kind: AlertKind) -> float:
+        """The rate-limit window of ``kind``: ``repeat`` for refusals, else ``window``."""
+        return self.repeat if kind in REFUSALS else self.window
 
     async def publish(
         self,
@@ -89,9 +113,12 @@ class AlertPublisher:
             if window is not None and now < window.closes:
                 window.suppressed += 1
                 return
-            if window is not None:
+            if window is not None and window.suppressed:
+                # Still flooding: the summary goes out, this one opens the next window.
                 await self._summarise(key, window)
-            self.windows[key] = Window(closes=now + self.window)
+                self.windows[key] = Window(closes=now + self.window_of(kind), suppressed=1)
+                return
+            self.windows[key] = Window(closes=now + self.window_of(kind))
         await self._send(kind, cluster, node, message, event, details or {}, severity)
 
     async def flush(self) -> None:
@@ -101,7 +128,11 @@ class AlertPublisher:
         now = time.monotonic()
         closed = [(key, window) for key, window in self.windows.items() if now >= window.closes]
         for key, window in closed:
-            del self.windows[key]
+            if window.suppressed:
+                # Held alerts back: reported now, and the series goes on (see module doc).
+                self.windows[key] = Window(closes=now + self.window_of(key[0]))
+            else:
+                del self.windows[key]
             await self._summarise(key, window)
 
     async def _summarise(self, key: WindowKey, window: Window) -> None:
@@ -112,9 +143,9 @@ class AlertPublisher:
             kind,
             cluster,
             node,
-            f"{window.suppressed} more {kind} alerts held back in {self.window:g}s",
+            f"{window.suppressed} more {kind} alerts held back in {self.window_of(kind):g}s",
             f"summary-{time.time():.3f}",
-            {"suppressed": str(window.suppressed), "window": f"{self.window:g}"},
+            {"suppressed": str(window.suppressed), "window": f"{self.window_of(kind):g}"},
         )
 
     async def _send(

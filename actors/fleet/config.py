@@ -99,3 +99,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     alert_window: Positive = 60.0
     """At most one alert per node and refusal kind in this many seconds; the rest are
     counted and reported in one summary alert when the window closes."""
+    alert_repeat: Positive = 300.0
+    """Refusals of a node's heartbeats (replay, bad_signature, unknown_node, clock_skew,
+    a refused sequence_gap): the first is raised at once, then while they go on one
+    summary alert with their count at most once per this many seconds."""
+    refused_note_every: Positive = 30.0
+    """A refused node's record notes the refusal kind (for the node to read) at most once
+    per this many seconds, and at once when the kind changes."""

@@ -87,12 +87,12 @@ def pending_record(
     )
 
 
-def judge_seq(record: NodeRecord, seq: int, max_jump: int) -> SeqVerdict:
+def judge_seq(record: NodeRecord, seq: int, max_jump: int, public_key: str = "") -> SeqVerdict:
     """``next`` if ``seq`` may follow the record's last accepted one: above it, by at most
     ``max_jump`` (one forged or corrupt seq near 2**63 must not lock the node out for
-    good), or anything after an operator's ``reset-seq``. ``replay`` at or below it,
-    ``jump`` too far above it."""
-    if record.seq_reset:
+    good), or anything after an operator's ``reset-seq`` or under a newly approved key
+    (:func:`new_key_epoch`). ``replay`` at or below it, ``jump`` too far above it."""
+    if record.seq_reset or new_key_epoch(record, public_key):
         return "next"
     if seq <= record.last_seq:
         return "replay"
@@ -265,3 +265,104 @@ def health_alert(before: str, updated: NodeRecord, health: Health | None) -> Ale
     if short:
         details["components"] = ",".join(c.name for c in short)
     return AlertSpec("health", message, details, HEALTH_SEVERITY.get(after, "warning"))
+
+
+# Lifecycle rules (issue 9): terminal deregistration, key epochs, refused nodes, hardware.
+
+
+def new_key_epoch(record: NodeRecord, public_key: str) -> bool:
+    """A heartbeat signed by another key than the one of the record's last accepted
+    heartbeat starts a new sequence epoch: the operator approved a new key (a re-imaged
+    node, whose sequence starts again at 1), and the signature check already refused every
+    key but the approved one, so the old key's replays never get here."""
+    known = bool(record.public_key) and bool(public_key) and record.last_seq > 0
+    return known and public_key != record.public_key
+
+
+def deregistered_refusal(record: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:
+    """A deregistered record takes only the node's own deregistering heartbeats (the last
+    ones of the agent that left); anything else is a node beating after it left, refused
+    until an operator re-admits it (``fleetctl approve``). Its alert names the boot, so it
+    is raised once per agent start."""
+    if not record.deregistered or heartbeat.deregistering:
+        return None
+    by = record.deregistered_by or "node"
+    return AlertSpec(
+        "deregistered_node_beating",
+        f"node was deregistered (by {by}) but beats again; re-admit it with fleetctl approve",
+        {"event": heartbeat.boot_id, "boot_id": heartbeat.boot_id, "by": by},
+    )
+
+
+def gpu_fingerprint(heartbeat: Heartbeat) -> list[str] | None:
+    """The sorted GPU uuids of ``heartbeat``; None without a sample (nothing to compare)."""
+    if heartbeat.sample is None:
+        return None
+    return sorted(gpu.uuid for gpu in heartbeat.sample.gpus)
+
+
+def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbeat) -> NodeRecord:
+    """What accepting ``heartbeat`` adds to :func:`accept`'s record: the refusal mark is
+    cleared, the GPU fingerprint is kept current, and a deregistering heartbeat records
+    who deregistered the node."""
+    fingerprint = gpu_fingerprint(heartbeat)
+    changes: dict[str, object] = {"refused": "", "refused_at": None}
+    if fingerprint is not None:
+        changes["gpu_fingerprint"] = fingerprint
+    if heartbeat.deregistering and not previous.deregistered:
+        changes["deregistered_by"] = "node"
+        changes["deregistered_reason"] = heartbeat.schedulability_reason
+        changes["deregistered_at"] = updated.last_seen
+    elif previous.deregistered:
+        for name in ("deregistered_by", "deregistered_reason", "deregistered_at"):
+            changes[name] = getattr(previous, name)
+    return with_state(updated, **changes)
+
+
+def hardware_alert(previous: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:
+    """``hardware_changed`` when the GPUs in ``heartbeat`` are not the ones the record
+    knew (a GPU swapped: its uuid changed; a GPU gone or added), with both lists. A record
+    without a fingerprint yet (first sample, older aggregator) knows nothing to compare."""
+    after = gpu_fingerprint(heartbeat)
+    before = list(previous.gpu_fingerprint)
+    if after is None or not before or after == before:
+        return None
+    gone = sorted(set(before) - set(after))
+    new = sorted(set(after) - set(before))
+    return AlertSpec(
+        "hardware_changed",
+        f"GPU set changed: {len(before)} -> {len(after)} GPUs"
+        + (f", gone {','.join(gone)}" if gone else "")
+        + (f", new {','.join(new)}" if new else ""),
+        {
+            "event": "hw-" + ",".join(after)[-64:] + f"-{heartbeat.seq}",
+            "before": ",".join(before),
+            "after": ",".join(after),
+            "gone": ",".join(gone),
+            "new": ",".join(new),
+        },
+        "critical" if gone else "warning",
+    )
+
+
+def mark_refused(
+    record: NodeRecord | None, kind: str, now: float, every: float
+) -> NodeRecord | None:
+    """The record with the refusal ``kind`` noted for the node to read, or None when
+    nothing needs writing: no record (an unknown node gets none), the same kind noted less
+    than ``every`` seconds ago (refused beats must not turn into a KV write each)."""
+    if record is None:
+        return None
+    fresh = record.refused_at is not None and now - record.refused_at < every
+    if record.refused == kind and fresh:
+        return None
+    return msgspec.structs.replace(record, refused=kind, refused_at=now)
+
+
+def refused_silent(record: NodeRecord, now: float) -> bool:
+    """A live record whose last accepted heartbeat is older than its ``stale_after``: the
+    node is stale even though messages (refused ones) keep arriving on its subject and so
+    the server's TTL marker never fires."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    return now - record.last_seen >= record.heartbeat.stale_after

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 import nats.js.errors
 
+from actors.fleet import record_rules
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord, TrustEntry
-from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects, check_token
+from schemas.subjects import (
+    BUCKET_NODES,
+    BUCKET_TRUST,
+    STREAM_COMMANDS,
+    Subjects,
+    check_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +148,107 @@ async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
     if current is None:
         raise NotFound(f"node {node}")
     return current
+
+
+# Lifecycle (issue 9): forgetting a node and admitting it again.
+
+
+async def _change_record(
+    bus: Bus, subjects: Subjects, node: str, change: Callable[[NodeRecord], NodeRecord | None]
+) -> tuple[NodeRecord | None, NodeRecord | None]:
+    """Compare-and-set ``change`` on the record of ``node``: (before, written); written is
+    None when ``change`` wrote nothing, before is None when there is no record."""
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    for _ in range(CAS_ATTEMPTS):
+        current, revision = await kv.read_with_revision(bucket, node, NodeRecord)
+        if current is None or revision is None:
+            return None, None
+        updated = change(current)
+        if updated is None:
+            return current, None
+        try:
+            await bucket.update(node, codec.encode(updated), last=revision)
+            return current, updated
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise FleetError(f"record of {node} kept changing; try again")
+
+
+class Forgotten(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``fleetctl forget`` did (each part idempotent)."""
+
+    record: NodeRecord | None
+    already: bool
+    """The record was deregistered before."""
+    revoked: bool
+    """An approved key was revoked now."""
+    purged: bool
+    """The node's pending commands were purged from the commands stream."""
+
+
+async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str = "") -> Forgotten:
+    """The provider side removes a node that may never come back: its record becomes
+    ``deregistered`` naming ``by`` (the operator's public key) and ``reason``, its key is
+    revoked (its heartbeats are refused from now on) and the commands still waiting for it
+    are purged. Idempotent: forgetting again changes nothing but purges what came since.
+    NotFound when the node has neither a record nor a key."""
+    check_token("node id", node)
+    now = time.time()
+
+    def change(record: NodeRecord) -> NodeRecord | None:
+        if record.deregistered and record.deregistered_by == by:
+            return None
+        return record_rules.with_state(
+            record,
+            deregistered=True,
+            deregistered_by=by,
+            deregistered_reason=reason,
+            deregistered_at=now,
+        )
+
+    before, _ = await _change_record(bus, subjects, node, change)
+    entry = await trust_entry(bus, subjects, node)
+    if before is None and entry is None:
+        raise NotFound(f"node {node}")
+    revoked = entry is not None and not entry.revoked
+    if revoked:
+        await revoke(bus, subjects, node)
+    purged = await bus.js.purge_stream(
+        subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
+    )
+    current = await _record_or_none(bus, subjects, node)
+    return Forgotten(
+        record=current,
+        already=before is not None and before.deregistered,
+        revoked=revoked,
+        purged=purged,
+    )
+
+
+async def _record_or_none(bus: Bus, subjects: Subjects, node: str) -> NodeRecord | None:
+    try:
+        return await read_record(bus, subjects, node)
+    except NotFound:
+        return None
+
+
+async def readmit(bus: Bus, subjects: Subjects, node: str) -> bool:
+    """Clear the deregistration of ``node``'s record (``fleetctl approve`` of a
+    deregistered node), so aggregators accept its heartbeats again. True if it was
+    deregistered."""
+
+    def change(record: NodeRecord) -> NodeRecord | None:
+        if not record.deregistered:
+            return None
+        return record_rules.with_state(
+            record,
+            deregistered=False,
+            deregistered_by="",
+            deregistered_reason="",
+            deregistered_at=None,
+            refused="",
+            refused_at=None,
+        )
+
+    _, written = await _change_record(bus, subjects, node, change)
+    return written is not None

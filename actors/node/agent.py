@@ -21,6 +21,7 @@ from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.scheduler import SchedulerActor
 from actors.node.spot import SpotActor
+from actors.node.standing import StandingActor
 from actors.node.workloads.actor import WorkloadsActor
 from actors.runtime import logs, notify
 from actors.runtime.bus import NatsBus
@@ -54,24 +55,27 @@ class NodeAgent:
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
         self.inventory: InventoryActor | None = None
+        self.standing: StandingActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
         self.inventory = InventoryActor(self.config, bus, events)
+        self.standing = standing = StandingActor(self.config, bus)
         return [
             self.inventory,
             HeartbeatActor(self.config, bus, events, self.sequence),
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
             LatencyActor(self.config, bus, events),
-            HttpApiActor(self.config, bus, events, self.actor_status),
+            HttpApiActor(self.config, bus, events, self.actor_status, standing.message),
             # Before the command executor: subscribed before the first order can come.
             WorkloadsActor(self.config, bus, events),
             self.commands,
             SpotActor(self.config, bus, events),
             GatewayActor(self.config, bus, events),
             SchedulerActor(self.config, bus, events),
+            standing,
         ]
 
     def actor_status(self) -> dict[str, ActorStatus]:

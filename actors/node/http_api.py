@@ -46,12 +46,15 @@ class HttpApiActor:
         bus: Bus,
         events: NodeEvents,
         actor_status: StatusSource,
+        refused: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
         self.events = events
         self.metrics = events.metrics
         self.actor_status = actor_status
+        self.refused = refused
+        """Says "heartbeats refused by the aggregator: <kind>" while they are (standing actor)."""
         self.subjects = Subjects(config.prefix)
         self.port: int | None = None
         """The bound port once serving (``http_port = 0`` picks a free one)."""
@@ -96,6 +99,7 @@ class HttpApiActor:
             "schedulability": self.state.schedulability if self.state else "schedulable",
             "schedulability_reason": self.state.reason if self.state else "",
             "seq": int(seq) if seq else None,
+            "refused": self.refused() if self.refused is not None else "",
             "health": self.health,
             "engine": self.engine,
             "latency": self.latency,

@@ -250,13 +250,18 @@ class NatsBus:
             await self.nc.close()
 
 
+UNSUBSCRIBE_TIMEOUT = 2.0
+
+
 async def unsubscribe_quietly(
     subscription: Subscription | JetStreamContext.PullSubscription,
 ) -> None:
-    """Unsubscribe on the way out; a connection already closed has nothing to undo."""
+    """Unsubscribe on the way out; a connection already closed has nothing to undo. Bounded:
+    on a connection whose reader died (nats-py's read loop ends when a PONG answers a
+    cancelled flush) it never returns, and an actor stopping would wait for it."""
     try:
-        await subscription.unsubscribe()
-    except nats.errors.Error:
+        await asyncio.wait_for(subscription.unsubscribe(), UNSUBSCRIBE_TIMEOUT)
+    except (nats.errors.Error, TimeoutError):
         pass
 
 

@@ -98,7 +98,29 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
     return {key: value for key, value in latest.items() if value is not None}
 
 
-async def _direct_page(bus: Bus, stream: str, prefix: str, seq: int, timeout: float) -> _Page:
+async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:
+    """The current value of one ``key`` of ``bucket`` (None when absent or deleted), by
+    the same batched direct get as :func:`latest_values`, filtered to the key's subject:
+    the one read a node may make of ``fleet_nodes`` (deploy/nats/auth.conf), so it can
+    read its own record without reading the fleet's."""
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    value: bytes | None = None
+    deadline = asyncio.get_running_loop().time() + timeout
+    seq = 1
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0), prefix + key)
+        for _, entry in page.entries:
+            value = entry
+        if page.pending == 0:
+            return value
+        seq = page.last_seq + 1
+
+
+async def _direct_page(
+    bus: Bus, stream: str, prefix: str, seq: int, timeout: float, subjects: str = ""
+) -> _Page:
     """Up to PAGE_KEYS messages of ``stream`` from ``seq`` on: one batched direct get.
     nats-py does not wrap the batched form, so this sends the request itself on a fresh
     inbox and collects the answers: one message per stored message in stream order, then a
@@ -135,7 +157,7 @@ async def _direct_page(bus: Bus, stream: str, prefix: str, seq: int, timeout: fl
     try:
         request = {
             "seq": seq,
-            "next_by_subj": f"{prefix}>",
+            "next_by_subj": subjects or f"{prefix}>",
             "batch": PAGE_KEYS,
             "max_bytes": PAGE_BYTES,
         }

@@ -63,7 +63,7 @@ async def test_replayed_and_forged_heartbeats_change_nothing(
     key, intruder = signing.KeyPair.generate(), signing.KeyPair.generate()
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     # A window this short rate-limits nothing: every refusal below is its own alert.
-    await fleet.start_aggregator(alert_window=0.001)
+    await fleet.start_aggregator(alert_window=0.001, alert_repeat=0.001)
     body = codec.encode(heartbeat(seq=5))
     await publish(bus, prefix, body, key.headers(body))
     await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 5)
@@ -211,7 +211,7 @@ async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) 
     watch delivers it), and the record stops advancing."""
     alerts = await watch_alerts(bus, prefix)
     # No rate limit: each refused heartbeat is an alert, so three alerts are three beats.
-    await fleet.start_aggregator(alert_window=0.001)
+    await fleet.start_aggregator(alert_window=0.001, alert_repeat=0.001)
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await revoke(bus, Subjects(prefix), "n1")

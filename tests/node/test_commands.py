@@ -11,6 +11,7 @@ from typing import Any
 
 import nats.errors
 import pytest
+from nats.aio.msg import Msg
 
 from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
@@ -18,7 +19,15 @@ from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Interruption
-from schemas.messages import Command, Cordon, Deregister, Drain, Uncordon, command_digest
+from schemas.messages import (
+    Command,
+    Cordon,
+    Deregister,
+    Drain,
+    Heartbeat,
+    Uncordon,
+    command_digest,
+)
 from schemas.subjects import EVENT_INTERRUPTION, Subjects
 from tests.support.commanding import Results, send, send_raw, set_in_flight
 from tests.support.fleet import Fleet, node_events, wait_for, wait_record
@@ -357,3 +366,27 @@ async def test_failed_command_fetch_ends_run(fleet: Fleet) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_restarted_cordoned_node_never_beats_schedulable(
+    fleet: Fleet, bus: NatsBus, prefix: str, operator: signing.KeyPair, results: Results
+) -> None:
+    """A cordoned agent restarted from its state dir says ``cordoned`` in its very first
+    heartbeat: the fleet view never shows it schedulable in between."""
+    agent = await trusting_agent(fleet, operator)
+    cordon = await send(bus, prefix, operator, Cordon(), reason="maintenance")
+    assert (await results.final(cordon.id)).status == "done"
+    await agent.stop()
+    beats: list[Heartbeat] = []
+
+    async def collect(msg: Msg) -> None:
+        beats.append(codec.decode(msg.data, Heartbeat))
+
+    subscription = await bus.nc.subscribe(Subjects(prefix).heartbeat("c1", "n1"), cb=collect)
+    await bus.flush()
+    try:
+        await trusting_agent(fleet, operator)
+        await wait_for(lambda: len(beats) >= 2, 10)
+    finally:
+        await subscription.unsubscribe()
+    assert [beat.schedulability for beat in beats[:2]] == ["cordoned", "cordoned"]

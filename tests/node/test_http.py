@@ -118,6 +118,7 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "gateway",
             "scheduler",
             "workloads",
+            "standing",
         ]
     }
 

@@ -484,7 +484,7 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
     await approve(bus, subjects, "n1", key.public_key)
     metrics = AggregatorMetrics()
     await fleet.start_supervisor(
-        new_aggregator(bus, prefix, metrics, alert_window=1.0, sweep_interval=0.1)
+        new_aggregator(bus, prefix, metrics, alert_window=1.0, alert_repeat=1.0, sweep_interval=0.1)
     )
     alerts: list[Alert] = []
 

@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from actors.fleet.registry import approve
+from actors.fleet.registry import approve, revoke
 from actors.fleet.streams import provision
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
@@ -396,4 +396,16 @@ async def test_register_under_auth(auth: AuthServer) -> None:
     out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, err.decode()
     assert out.decode().startswith("node-3: pending")
+    assert "Violation" not in auth.server.log_file.read_text()
+
+
+async def test_a_refused_node_reads_its_own_record_under_auth(auth: AuthServer) -> None:
+    """Issue 9: an agent whose key is revoked learns the refusal from its own record,
+    read with the one direct get a node may make; no permission violation."""
+    await auth.fleet.start_aggregator(sweep_interval=0.2, refused_note_every=0.5)
+    agent = await auth.fleet.start_agent(auth.config("node-1"))
+    await wait_record(auth.admin, PREFIX, "node-1", lambda r: r.state == "active", timeout=20)
+    await revoke(auth.admin, SUBJECTS, "node-1")
+    await wait_for(lambda: agent.standing is not None and agent.standing.refused, timeout=20)
+    assert agent.standing is not None and agent.standing.refused == "unknown_node"
     assert "Violation" not in auth.server.log_file.read_text()

@@ -16,11 +16,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import nats.errors
 
-from actors.node import slurm
+from actors.node import deregistration, slurm
 from actors.node.commands.hooks import run_hook
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
@@ -361,9 +362,11 @@ class ActionRunner:
         else:
             detail = f"deregistered, but no heartbeat carried it within {wait:g}s"
             log.warning("deregistration not seen in a heartbeat")
-        # A restart after this starts drained (safe) and not deregistering.
+        # A restart after this starts drained (safe) and not deregistering; the marker
+        # keeps it from starting at all until an operator re-admits it.
         self.store.deregister = False
         self.store.save()
+        deregistration.mark(Path(self.config.state_dir), reason, command_id)
         await self.result(command_id, "done", detail)
         log.info("deregistered; the agent stops", extra={"id": command_id})
         self.finished.set()

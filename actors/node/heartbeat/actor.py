@@ -43,6 +43,8 @@ from schemas.subjects import Subjects
 log = logging.getLogger(__name__)
 
 FIRST_SAMPLE_WAIT = 2.0
+"""Seconds the first beat waits for the inventory's first sample and the command
+executor's first state (each its own wait, within this bound)."""
 
 
 def summarise(event: Workloads) -> list[WorkloadSummary]:
@@ -99,6 +101,7 @@ class HeartbeatActor:
         self.scheduler: Scheduler | None = None
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
+        self._first_state = asyncio.Event()
 
     async def _on_event(self, event: Event) -> None:
         match event:
@@ -130,6 +133,7 @@ class HeartbeatActor:
                     self.state.deregistering,
                 )
                 self.state = event
+                self._first_state.set()
                 if changed:
                     self._beat_now.set()
 
@@ -211,6 +215,10 @@ class HeartbeatActor:
             # A first beat without inventory would show a node with no GPUs; wait briefly.
             if not await wait_or_timeout(self._first_sample, FIRST_SAMPLE_WAIT):
                 log.warning("no inventory sample yet; beating without one")
+            # Nor one saying "schedulable" for a node restarted cordoned or drained: the
+            # command executor publishes the state it restored when it starts.
+            if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
+                log.warning("no node state from the command executor yet; beating without it")
             while True:
                 self._beat_now.clear()
                 await self.beat()

@@ -1,0 +1,94 @@
+"""``fleetctl forget`` (issue 9): a dead node removed from the provider side, and
+``fleetctl approve`` admitting it again."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats.js.errors
+import pytest
+
+from actors.cli.fleetctl import main
+from actors.cli.send import new_command, publish_command
+from actors.fleet.registry import read_record, trust_entry
+from actors.node.agent import NodeAgent
+from actors.runtime.bus import NatsBus
+from schemas import signing
+from schemas.messages import Cordon
+from schemas.subjects import STREAM_COMMANDS, Subjects
+from tests.support.fleet import Fleet, wait_record
+
+
+async def fleetctl(
+    capsys: pytest.CaptureFixture[str], fleet: Fleet, *args: str
+) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, [*args, "--server", fleet.url, "--prefix", fleet.prefix])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+async def test_forget_deregisters_revokes_purges_hides_and_approve_readmits(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    node: NodeAgent,
+    operator_file: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """forget of an offline node: record deregistered naming the operator key and the
+    reason, key revoked, its queued command purged, hidden from 'nodes' but shown with
+    --all; forgetting again changes nothing; approve admits it again."""
+    subjects = Subjects(prefix)
+    operator = signing.load_key_file(operator_file)
+    node_key = signing.load_key_file(node.config.key_path)
+    await node.stop()
+    await publish_command(bus, subjects, operator, new_command("n1", "c1", Cordon()))
+    stream = subjects.stream_name(STREAM_COMMANDS)
+    assert await bus.js.get_last_msg(stream, subjects.command("c1", "n1"))
+
+    key = ["--key-file", str(operator_file)]
+    code, out, err = await fleetctl(capsys, fleet, "forget", "n1", "--reason", "dead", *key)
+    assert (code, err) == (0, "")
+    assert "forgotten" in out and "key revoked" in out
+    record = await read_record(bus, subjects, "n1")
+    assert record.state == "deregistered" and record.deregistered
+    assert record.deregistered_by == operator.public_key
+    assert record.deregistered_reason == "dead" and record.deregistered_at is not None
+    entry = await trust_entry(bus, subjects, "n1")
+    assert entry is not None and entry.revoked
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await bus.js.get_last_msg(stream, subjects.command("c1", "n1"))
+
+    code, out, err = await fleetctl(capsys, fleet, "forget", "n1", "--reason", "dead", *key)
+    assert code == 0 and "already forgotten" in out
+    assert (await read_record(bus, subjects, "n1")).deregistered_at == record.deregistered_at
+
+    code, out, _ = await fleetctl(capsys, fleet, "nodes")
+    assert code == 0 and "n1" not in out
+    code, out, _ = await fleetctl(capsys, fleet, "nodes", "--all", "-o", "wide")
+    assert code == 0 and "n1" in out and "deregistered" in out and "forgotten by" in out
+
+    code, out, _ = await fleetctl(capsys, fleet, "describe", "n1")
+    assert code == 0 and f"Deregistered:    by {operator.public_key}" in out and "dead" in out
+
+    code, out, err = await fleetctl(capsys, fleet, "approve", "n1", node_key.public_key)
+    assert code == 0 and "re-admitted" in out, err
+    readmitted = await read_record(bus, subjects, "n1")
+    assert not readmitted.deregistered and readmitted.state != "deregistered"
+    last = readmitted.last_seq
+    again = await fleet.start_agent(node.config)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active" and r.last_seq > last)
+    assert again.supervisor is not None and await again.supervisor.wait_ready(10)
+
+
+async def test_forget_of_an_unknown_node_is_one_error_line(
+    fleet: Fleet, operator_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node with neither record nor key: exit 1 and one line, nothing created."""
+    await fleet.start_aggregator()
+    code, out, err = await fleetctl(
+        capsys, fleet, "forget", "ghost", "--key-file", str(operator_file)
+    )
+    assert code == 1 and out == ""
+    assert err.strip() == "error: node ghost not found"
