@@ -64,8 +64,18 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
             {},
             "environment PYTHONPATH may not be set",
         ),
+        (
+            Deploy(name="w", engine="llamacpp", model="m", args=["--host=0.0.0.0"]),
+            {},
+            "--host may not be given",
+        ),
+        (
+            Deploy(name="w", engine="vllm", model="m", args=["--port", "80"]),
+            {},
+            "--port may not be given",
+        ),
     ],
-    ids=["process-off", "binary", "no-model", "env"],
+    ids=["process-off", "binary", "no-model", "env", "host", "port"],
 )
 def test_refusals(deploy: Deploy, settings: dict[str, object], reason: str) -> None:
     """What the node's config does not allow is refused with the reason."""

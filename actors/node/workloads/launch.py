@@ -39,6 +39,11 @@ UNSAFE_ENV = {"PATH", "ENV", "SHELLOPTS", "PERL5OPT", "NODE_OPTIONS", "HOME"}
 the sender's choosing (LD_PRELOAD, PYTHONPATH, ...), and the GPU pinning the node does."""
 
 
+BIND_FLAGS = ("--host", "--port")
+"""Engine flags a deploy's extra arguments may not give: the engines' last ``--host`` wins,
+so ``--arg --host=0.0.0.0`` would expose the engine beyond the node."""
+
+
 class NotAllowed(Exception):
     """The node's config does not let this deploy run; the message says why."""
 
@@ -96,6 +101,14 @@ def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
         return argv
     if not deploy.model:
         raise NotAllowed(f"engine {deploy.engine} needs --model")
+    rebinding = sorted(
+        {arg.split("=")[0] for arg in deploy.args if arg.split("=")[0] in BIND_FLAGS}
+    )
+    if rebinding:
+        raise NotAllowed(
+            f"{', '.join(rebinding)} may not be given: engines listen on 127.0.0.1 at the "
+            "port the node allocates (use --port)"
+        )
     binary = overrides(config).get(deploy.engine, ENGINE_BINARIES[deploy.engine])
     template = [substitute(arg, port, deploy) for arg in TEMPLATES[deploy.engine]]
     return [binary, *template, *(substitute(arg, port, deploy) for arg in deploy.args)]
