@@ -3,12 +3,12 @@
 Evolution rule (msgspec schema-evolution): new fields go last with defaults, a field's
 type never changes, unknown fields are ignored so old readers accept new writers.
 
-Every string, list and map on the wire is bounded, so the largest message a verifier can
-accept, and the node record that embeds a heartbeat, stay far below the server's
-``max_payload`` (1 MiB by default) and the streams' ``max_msg_size``: a signed but hostile
-body is refused at decode instead of crashing whoever stores it. The bounds are in
-characters; JSON escaping can make a character take up to six bytes, and the size test of
-``tests/security/test_limits.py`` computes the worst case with exactly such characters.
+Every string, list and map on the wire is bounded, so a signed but hostile body is refused
+at decode instead of crashing whoever stores it. The bounds are in characters; JSON
+escaping can make a character take up to six bytes. A heartbeat is also bounded in bytes
+(``FLEET_HB``'s ``max_msg_size``, below the largest the bounds allow), and the record
+that embeds one in ``fleet_nodes`` has room for any heartbeat the stream stores: the size
+test of ``tests/security/test_limits.py`` computes the worst case with such characters.
 """
 
 from __future__ import annotations

@@ -54,10 +54,16 @@ raises every per-message TTL to the marker TTL (nats-server PRs 6741 and 6818)."
 
 
 KIB = 1024
-MAX_HEARTBEAT_SIZE = 768 * KIB
-"""The largest heartbeat the bounds of :mod:`schemas.base` allow is about 650 KB (every
-character of every string JSON-escaped to six bytes); the record that embeds it is a few
-hundred bytes more. Both stay below this, and this below the server's 1 MiB max_payload."""
+MAX_HEARTBEAT_SIZE = 512 * KIB
+"""FLEET_HB's ``max_msg_size``: the server refuses a larger heartbeat and its sender gets
+the error. An honest heartbeat is a few KB (64 GPUs with every field about 60 KB); the
+bounds of :mod:`schemas.base` allow a larger one (every character of every string
+JSON-escaped to six bytes), so this size, not the structure, is what a heartbeat may
+weigh, and what a record must make room for."""
+MAX_RECORD_SIZE = 768 * KIB
+"""``fleet_nodes``' ``max_value_size``: a record embeds one heartbeat (at most
+MAX_HEARTBEAT_SIZE) plus its own fields (about 70 KB at most), and stays below the
+server's 1 MiB ``max_payload``."""
 MAX_COMMAND_SIZE = 64 * KIB
 MAX_RESULT_SIZE = 64 * KIB
 MAX_ALERT_SIZE = 128 * KIB
@@ -193,7 +199,7 @@ def bucket_configs(
             storage=StorageType.FILE,
             replicas=replicas,
             max_bytes=limits.records_max_bytes,
-            max_value_size=MAX_HEARTBEAT_SIZE,
+            max_value_size=MAX_RECORD_SIZE,
             # Direct gets: agents read records without creating a consumer, and under
             # auth.conf a node may read the bucket in no other way.
             direct=True,
