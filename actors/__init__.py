@@ -67,4 +67,6 @@ Fleet (``actors/fleet``):
                   ``fleet.register``, follows KV ``fleet_trust``; writes KV ``fleet_nodes`` and
                   publishes ``Alert`` on ``fleet.alert.<kind>.<cluster>.<node>`` (``FLEET_ALERTS``).
 - ``fleet_api``   follows KV ``fleet_nodes``; serves ``/nodes``, ``/nodes/<id>``, ``/metrics``.
+- ``forget_service`` answers ``fleet.forget`` (an operator's signed ``Forget``): verified
+                  against ``trust_operators``, then the node is forgotten in KV.
 """

@@ -40,6 +40,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.Alert,
     messages.Registration,
     messages.RegistrationReply,
+    messages.Forget,
+    messages.ForgetReply,
     messages.Probe,
     messages.ProbeReply,
     messages.NodeRecord,

@@ -223,6 +223,28 @@ class RegistrationReply(Wire, frozen=True, kw_only=True):
     reason: Text = ""
 
 
+class Forget(Wire, frozen=True, kw_only=True):
+    """An operator's request to remove a node from the fleet (``fleetctl forget``), signed
+    by the operator key, on ``fleet.forget``: aggregators act on it only if they trust the
+    key (``trust_operators``) and its ``ts`` is within their clock skew bound."""
+
+    node_id: NodeId
+    ts: UnixTime
+    reason: Text = ""
+
+
+class ForgetReply(Wire, frozen=True, kw_only=True):
+    """What the aggregator that took a ``Forget`` did."""
+
+    node_id: NodeId
+    status: Literal["forgotten", "already", "rejected"]
+    reason: Text = ""
+    revoked: bool = False
+    """The node's approved key was revoked now."""
+    purged: bool = False
+    """Commands still queued for the node were purged."""
+
+
 class Probe(Wire, frozen=True, kw_only=True):
     """Latency probe request on ``fleet.probe.<node>``."""
 

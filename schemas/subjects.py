@@ -106,6 +106,10 @@ class Subjects:
     def alerts(self) -> str:
         return f"{self.prefix}.alert.>"
 
+    def forget(self) -> str:
+        """``fleetctl forget``'s signed request, answered by an aggregator."""
+        return f"{self.prefix}.forget"
+
     def register(self) -> str:
         return f"{self.prefix}.register"
 

@@ -43,15 +43,16 @@ from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.forget_service import ForgetActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
-from schemas import signing
+from schemas import codec, signing
 from schemas.base import RecordState
 from schemas.errors import FleetError, SignatureError
-from schemas.messages import Alert
+from schemas.messages import Alert, Forget, ForgetReply
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -82,7 +83,7 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
     metrics = AggregatorMetrics()
-    actors: list[Actor] = [AggregatorActor(config, bus, metrics)]
+    actors: list[Actor] = [AggregatorActor(config, bus, metrics), ForgetActor(config, bus)]
     if config.http_port >= 0:
         # /healthz asks the supervisor, made below, once serving.
         actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
@@ -176,14 +177,25 @@ async def cmd_forget(args: argparse.Namespace) -> int:
     names the operator key that forgot it. Needs the operator key file: whoever forgets a
     node is named by it."""
     key = signing.load_key_file(args.key_file or default_operator_key())
+    body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
     async with connected(args, "fleetctl") as bus:
-        done = await registry.forget(
-            bus, Subjects(args.prefix), args.node, key.public_key, args.reason
-        )
-    what = "was already forgotten" if done.already else "forgotten (state deregistered)"
+        try:
+            msg = await bus.request(
+                Subjects(args.prefix).forget(), body, args.timeout, key.headers(body)
+            )
+        except nats.errors.TimeoutError:
+            return fail(f"no aggregator answered within {args.timeout:g}s")
+        except nats.errors.NoRespondersError:
+            return fail("no aggregator is running to take the request")
+    reply = codec.decode(msg.data, ForgetReply, msg.subject)
+    if reply.status == "rejected":
+        return fail(f"forget {args.node} refused: {reply.reason}")
+    what = (
+        "was already forgotten" if reply.status == "already" else "forgotten (state deregistered)"
+    )
     parts = [f"{args.node} {what}"]
-    parts.append("key revoked" if done.revoked else "no approved key left")
-    parts.append("pending commands purged" if done.purged else "commands not purged")
+    parts.append("key revoked" if reply.revoked else "no approved key left")
+    parts.append("pending commands purged" if reply.purged else "commands not purged")
     sys.stdout.write("; ".join(parts) + "\n")
     return 0
 
@@ -455,8 +467,10 @@ def parser() -> argparse.ArgumentParser:
     forget = commands.add_parser(
         "forget",
         help="remove a node from the provider side (deregistered, key revoked, commands purged)",
-        description="Idempotent. The node's record becomes deregistered naming the operator "
-        "key and the reason; 'fleetctl approve NODE' admits it again.",
+        description="A request signed by the operator key, carried out by an aggregator that "
+        "trusts the key (its trust_operators). Idempotent. The node's record becomes "
+        "deregistered naming the operator key and the reason; 'fleetctl approve NODE' admits "
+        "it again.",
     )
     forget.add_argument("node", type=token("node id"), help="the node's id")
     forget.add_argument("--reason", default="", help="why, recorded in the node's record")
@@ -465,6 +479,9 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
+    )
+    forget.add_argument(
+        "--timeout", type=duration, default=10.0, help="how long to wait for an aggregator's answer"
     )
     add_server(forget)
     forget.set_defaults(func=cmd_forget)

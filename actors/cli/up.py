@@ -23,6 +23,7 @@ from actors.fleet import registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.forget_service import ForgetActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
 from actors.node.agent import NodeAgent
@@ -126,7 +127,13 @@ async def run_up(options: UpOptions) -> int:
         fleet_http = FleetApiActor(
             aggregator_config, bus, metrics, lambda: aggregator.check() if aggregator else {}
         )
-        aggregator = Supervisor([AggregatorActor(aggregator_config, bus, metrics), fleet_http])
+        aggregator = Supervisor(
+            [
+                AggregatorActor(aggregator_config, bus, metrics),
+                ForgetActor(aggregator_config, bus),
+                fleet_http,
+            ]
+        )
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):

@@ -21,8 +21,8 @@ def operator_file(tmp_path: Path) -> Path:
 @pytest.fixture
 async def node(fleet: Fleet, operator_file: Path) -> NodeAgent:
     """An aggregator and agent n1 (cluster c1) trusting the operator key, both active."""
-    await fleet.start_aggregator()
     operator = signing.load_key_file(operator_file)
+    await fleet.start_aggregator(trust_operators=[operator.public_key])
     agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active")
     return agent

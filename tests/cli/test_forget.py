@@ -11,7 +11,7 @@ import pytest
 
 from actors.cli.fleetctl import main
 from actors.cli.send import new_command, publish_command
-from actors.fleet.registry import read_record, trust_entry
+from actors.fleet.registry import NotFound, read_record, trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from schemas import signing
@@ -86,9 +86,26 @@ async def test_forget_of_an_unknown_node_is_one_error_line(
     fleet: Fleet, operator_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A node with neither record nor key: exit 1 and one line, nothing created."""
-    await fleet.start_aggregator()
+    operator = signing.load_key_file(operator_file)
+    await fleet.start_aggregator(trust_operators=[operator.public_key])
     code, out, err = await fleetctl(
         capsys, fleet, "forget", "ghost", "--key-file", str(operator_file)
     )
     assert code == 1 and out == ""
-    assert err.strip() == "error: node ghost not found"
+    assert err.strip() == "error: forget ghost refused: node ghost has no record and no key"
+    with pytest.raises(NotFound):
+        await read_record(fleet.bus, Subjects(fleet.prefix), "ghost")
+
+
+async def test_forget_without_an_aggregator_is_one_error_line(
+    fleet: Fleet, operator_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No aggregator to carry the request out: exit 1 and one line saying so."""
+    code, out, err = await fleetctl(
+        capsys, fleet, "forget", "n1", "--key-file", str(operator_file), "--timeout", "1"
+    )
+    assert code == 1 and out == ""
+    assert err.strip() in (
+        "error: no aggregator is running to take the request",
+        "error: no aggregator answered within 1s",
+    )

@@ -145,6 +145,8 @@ EXAMPLES: list[msgspec.Struct] = [
     ),
     messages.Registration(node_id="n1", cluster="c1", public_key=KEY, ts=NOW),
     messages.RegistrationReply(node_id="n1", status="pending"),
+    messages.Forget(node_id="n1", ts=NOW, reason="dead"),
+    messages.ForgetReply(node_id="n1", status="forgotten", revoked=True, purged=True),
     messages.Probe(from_node="n1", nonce="x", sent_at=NOW),
     messages.ProbeReply(node_id="n2", nonce="x", sent_at=NOW, replied_at=NOW),
     messages.NodeRecord(

@@ -16,6 +16,7 @@ import msgspec
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.forget_service import ForgetActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.fleet.streams import StreamLimits
@@ -97,8 +98,10 @@ async def supervised(actors: list[Actor], ready_timeout: float = 10.0) -> Superv
 async def start_aggregator(
     bus: NatsBus, prefix: str, ready_timeout: float = 10.0, **settings: Any
 ) -> Supervisor:
-    """An aggregator under a supervisor, which restarts it until provisioning succeeds."""
-    return await supervised([new_aggregator(bus, prefix, **settings)], ready_timeout)
+    """An aggregator under a supervisor, which restarts it until provisioning succeeds,
+    with the forget service that runs beside it."""
+    aggregator = new_aggregator(bus, prefix, **settings)
+    return await supervised([aggregator, ForgetActor(aggregator.config, bus)], ready_timeout)
 
 
 def agent_config(

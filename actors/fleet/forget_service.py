@@ -1,0 +1,105 @@
+"""Answers ``fleetctl forget``: the operator's request is signed, and an aggregator removes
+the node (record ``deregistered``, key revoked, commands purged) only after verifying the
+signature against its ``trust_operators`` and the request's age against ``max_skew``.
+
+It runs beside the aggregator in its process, as its own actor: the removal is a few KV
+writes and a purge (:func:`actors.fleet.registry.forget`), nothing of the heartbeat path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.msg import Msg
+
+from actors.fleet import registry
+from actors.fleet.config import AggregatorConfig
+from actors.runtime.bus import Bus, listening
+from schemas import codec, signing
+from schemas.errors import DecodeError, SignatureError
+from schemas.messages import Forget, ForgetReply
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+MAX_REMEMBERED = 10_000
+"""Request digests kept to refuse a replay inside the skew window; the oldest go first."""
+
+
+class ForgetActor:
+    """Subscribes to fleet.forget (queue group ``aggregators``: one aggregator answers)."""
+
+    name = "forget"
+
+    def __init__(self, config: AggregatorConfig, bus: Bus) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = Subjects(config.prefix)
+        self.seen: dict[str, float] = {}
+        """Digests of the requests acted on, with when: a copy sent again is refused."""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        routes = {self.subjects.forget(): self._on_forget}
+        async with listening(self.bus, routes, ready, queue="aggregators"):
+            await asyncio.Event().wait()  # answer until cancelled
+
+    async def _on_forget(self, msg: Msg) -> None:
+        reply = await self.answer(msg.subject, msg.data, msg.headers)
+        level = logging.WARNING if reply.status == "rejected" else logging.INFO
+        log.log(level, "forget request", extra={"node": reply.node_id, "status": reply.status})
+        await msg.respond(codec.encode(reply))
+
+    async def answer(
+        self, subject: str, body: bytes, headers: dict[str, str] | None
+    ) -> ForgetReply:
+        """Verify, then forget; every refusal is a reply saying why, never an exception."""
+        try:
+            signer = signing.verify(headers, body)
+            request = codec.decode(body, Forget, subject)
+        except (SignatureError, DecodeError) as exc:
+            return ForgetReply(node_id="unknown", status="rejected", reason=str(exc))
+        node = request.node_id
+        if signer not in self.config.operator_keys():
+            return ForgetReply(
+                node_id=node,
+                status="rejected",
+                reason="signed by a key the aggregators do not trust (trust_operators)",
+            )
+        now = time.time()
+        if abs(request.ts - now) > self.config.max_skew:
+            return ForgetReply(
+                node_id=node,
+                status="rejected",
+                reason=f"request is {request.ts - now:+.0f}s off the aggregator's clock",
+            )
+        digest = hashlib.sha256(body).hexdigest()
+        self._forget_old(now)
+        if digest in self.seen:
+            return ForgetReply(node_id=node, status="rejected", reason="request replayed")
+        try:
+            done = await registry.forget(self.bus, self.subjects, node, signer, request.reason)
+        except registry.NotFound:
+            return ForgetReply(
+                node_id=node, status="rejected", reason=f"node {node} has no record and no key"
+            )
+        self.seen[digest] = now
+        return ForgetReply(
+            node_id=node,
+            status="already" if done.already else "forgotten",
+            revoked=done.revoked,
+            purged=bool(done.purged),
+        )
+
+    def _forget_old(self, now: float) -> None:
+        """Drop digests older than the skew window (a copy that old is refused by its ts)
+        and, past MAX_REMEMBERED, the oldest."""
+        horizon = now - 2 * self.config.max_skew
+        for digest, when in list(self.seen.items()):
+            if when < horizon or len(self.seen) > MAX_REMEMBERED:
+                del self.seen[digest]
+            else:
+                break
