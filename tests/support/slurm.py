@@ -56,7 +56,11 @@ class SlurmCluster:
 
     def sbatch(self, seconds: float) -> str:
         """Submit ``sleep seconds`` to this node; the job id."""
-        out = self.tool("sbatch", "--parsable", "-w", self.node, "--wrap", f"sleep {seconds:g}")
+        # The job's output goes to the cluster's temp dir, not slurm-<id>.out in the cwd.
+        output = str(self.root / "slurm-%j.out")
+        out = self.tool(
+            "sbatch", "--parsable", "-w", self.node, "-o", output, "--wrap", f"sleep {seconds:g}"
+        )
         return out.strip().split(";")[0]
 
     def running(self) -> list[str]:
