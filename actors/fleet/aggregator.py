@@ -14,8 +14,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -24,17 +26,19 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from actors.fleet import record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.hot_state import CheckpointQueue, NodeState, spread_written
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
-from actors.fleet.streams import StreamLimits, provision
+from actors.fleet.streams import MAX_NODES, StreamLimits, provision
+from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
-from actors.runtime.consumer import DurableConsumer, consume_forever
+from actors.runtime.consumer import Chain, DurableConsumer, Step, consume_in_batches
 from actors.runtime.schedule import RateLimit
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
-from schemas.subjects import STREAM_HEARTBEATS, Subjects
+from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,17 @@ REPLICAS_NOT_SUPPORTED = 10074
 """JetStream's error code for ``replicas > 1 not supported in non-clustered mode``."""
 """No agent sends it; on FLEET_HB (where the server forces rollups on, for its delete
 markers) ``all`` purges every node's heartbeat: the sender is refused and alerted on."""
-FETCH_BATCH = 128
+LOAD_TIMEOUT = 120.0
+"""Seconds to read every record of fleet_nodes at a cold start (100,000 in a few)."""
+REFRESH_INTERVAL = 5.0
+"""A refused node's record is read afresh at most this often (a reset-seq shows then)."""
+CHECKPOINT_TICK = 0.5
+CHECKPOINTS_PER_TICK = 4096
+CHECKPOINTS_IN_FLIGHT = 256
+
+
+class _NeedsFetch(Exception):
+    """The judgement needs the node's key or record read afresh (the slow path)."""
 
 
 class Refused(Exception):
@@ -83,19 +97,25 @@ class AggregatorActor:
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
         self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
+        self.nodes: dict[str, NodeState] = {}
+        """The acceptance state of every node this aggregator owns (see hot_state)."""
+        self.checkpoints = CheckpointQueue(config.checkpoint_interval)
+        self._fresh_keys: dict[str, str | None] = {}
+        """Trusted keys read afresh for the slow path, while it judges again."""
 
     def consumer(self) -> DurableConsumer:
-        """The heartbeat consumer every aggregator shares, as it is (re-)created."""
+        """The heartbeat consumer, as it is (re-)created. ``AckPolicy.ALL``: one ack on
+        the last message of a fetch settles the fetch (see :func:`consume_in_batches`)."""
         return DurableConsumer(
             self.bus.js,
             self.subjects.stream_name(STREAM_HEARTBEATS),
             self.subjects.heartbeats(),
             self.subjects.stream_name(self.config.durable),
             ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
+                ack_policy=AckPolicy.ALL,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=30,
-                max_ack_pending=10_000,
+                max_ack_pending=max(10_000, 4 * self.config.fetch_batch),
                 max_deliver=self.config.max_deliver,
             ),
         )
@@ -117,6 +137,7 @@ class AggregatorActor:
                 f"replicas = {self.config.replicas} needs a clustered nats-server; "
                 "this one is not (use replicas = 1)"
             ) from None
+        await self.load()
         self._consumer = consumer = self.consumer()
         await consumer.open()
         routes = {self.subjects.register(): self._on_register}
@@ -127,87 +148,189 @@ class AggregatorActor:
                 asyncio.TaskGroup() as group,
             ):
                 group.create_task(
-                    consume_forever(
+                    consume_in_batches(
                         consumer,
-                        self._handle_and_ack,
-                        batch=FETCH_BATCH,
+                        self.handle_batch,
+                        batch=self.config.fetch_batch,
                         wait=1.0,
                         what="heartbeat",
                         dropped=self._count_drop,
                     )
                 )
                 group.create_task(self._sweep_forever())
+                group.create_task(self._checkpoint_forever())
                 group.create_task(self.store.follow_trust())
         finally:
             self._consumer = None
             await consumer.close()
 
+    async def load(self) -> None:
+        """Cold start: every record of ``fleet_nodes`` into memory with batched direct
+        gets (one request per 1,000 records, no consumer), checkpoints spread."""
+        bucket = self.subjects.bucket_name(BUCKET_NODES)
+        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        now = time.monotonic()
+        interval = self.config.checkpoint_interval
+        self.nodes = {}
+        for node, value in values.items():
+            try:
+                record = codec.decode(value, NodeRecord, node)
+            except DecodeError as exc:
+                self.metrics.records_unreadable.inc()
+                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+                continue
+            self.nodes[node] = NodeState(record, spread_written(now, interval), fresh=True)
+            if record.stale_since is not None and record.offline_since is None:
+                self.stale.add(node)
+        log.info("records loaded", extra={"records": len(self.nodes)})
+
     def _count_drop(self, reason: str) -> None:
         self.metrics.dropped.labels(reason).inc()
 
-    async def _handle_and_ack(self, msg: Msg) -> None:
-        await self.handle(msg)
-        await msg.ack()
+    async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
+        """Judge every message of a fetch in memory, in order; return the I/O left to do
+        (alerts, record writes, KV reads a refusal needs), one chain per node. A node
+        with a chain has its later messages of the fetch judged after the chain's steps."""
+        chains: dict[str, Chain] = {}
+        for msg in messages:
+            chain = chains.get(msg.subject)
+            if chain is not None:
+                chain.append((msg, partial(self.handle, msg)))
+                continue
+            steps = self.judge(msg)
+            if steps:
+                chains[msg.subject] = [(msg, step) for step in steps]
+        return list(chains.values())
 
     async def handle(self, msg: Msg) -> None:
-        """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
+        """Apply one message of FLEET_HB and do its I/O. Never raises for bad input: it
+        alerts."""
+        for step in self.judge(msg):
+            await step()
+
+    def judge(self, msg: Msg, fetched: bool = False) -> list[Step]:
+        """Apply one message of FLEET_HB to the in-memory state; return the I/O to do (in
+        order). ``fetched``: the node's trusted key and record were just read afresh."""
+        subject = msg.subject
         try:
-            cluster, node = self.subjects.split_heartbeat(msg.subject)
+            cluster, node = self.subjects.split_heartbeat(subject)
         except InvalidToken:
             self.metrics.dropped.labels("malformed_subject").inc()
-            log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
-            return
-        self.metrics.processed(msg.metadata.timestamp.timestamp(), msg.metadata.num_pending)
-        if msg.headers and MARKER_REASON in msg.headers:
-            marked_at = msg.metadata.timestamp.timestamp()
-            await self._mark_stale(cluster, node, msg.headers[MARKER_REASON], marked_at, msg.data)
-            return
-        stream_seq = msg.metadata.sequence.stream
+            log.warning("heartbeat on a malformed subject", extra={"subject": subject})
+            return []
+        metadata = msg.metadata
+        stored = metadata.timestamp.timestamp()
+        pending = metadata.num_pending
+        self.metrics.processed(stored, pending)
+        headers = msg.headers or {}
+        state = self.nodes.get(node)
+        if state is None and not fetched:
+            return [partial(self._fetch_and_judge, msg, node)]
+        if MARKER_REASON in headers:
+            return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
+        stream_seq = metadata.sequence.stream
         try:
-            heartbeat, public_key = await self._verify(msg, cluster, node)
+            heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
             # Behind the stream, a node's older heartbeats may have been replaced (one per
             # subject) before we read them: a gap then says nothing about the node.
-            behind = msg.metadata.num_pending > 0
-            stored = msg.metadata.timestamp.timestamp()
-            await self._accept(heartbeat, public_key, stream_seq, stored, behind)
+            return self._accept(heartbeat, public_key, stream_seq, stored, pending > 0, fetched)
+        except _NeedsFetch:
+            return [partial(self._fetch_and_judge, msg, node)]
         except Refused as refusal:
             self.metrics.refused.labels(refusal.kind).inc()
             log.warning(
                 "heartbeat refused",
                 extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
             )
-            await self.alerts.publish(
-                refusal.kind, cluster, node, refusal.message, f"s{stream_seq}", refusal.details
-            )
+            return [
+                partial(
+                    self.alerts.publish,
+                    refusal.kind,
+                    cluster,
+                    node,
+                    refusal.message,
+                    f"s{stream_seq}",
+                    refusal.details,
+                )
+            ]
         except LateDelivery:
             self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
+            return []
 
-    async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:
-        if msg.headers and ROLLUP in msg.headers:
+    async def _fetch_and_judge(self, msg: Msg, node: str) -> None:
+        """The slow path: read the node's trusted key and record afresh (an approval, a
+        new key or an operator's ``reset-seq`` a moment ago), then judge again."""
+        self._fresh_keys[node] = await self.store.trusted_key(node, fresh=True)
+        nodes = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
+        try:
+            record = await kv.read(nodes, node, NodeRecord)
+        except DecodeError as exc:
+            # Never overwritten: a newer aggregator may know what this one cannot read.
+            self.metrics.records_unreadable.inc()
+            log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+            return
+        state = self.nodes.get(node)
+        if state is None and record is not None:
+            state = self.nodes[node] = NodeState(record, time.monotonic(), fresh=True)
+        elif state is not None and record is not None and record.seq_reset:
+            state.record = msgspec.structs.replace(state.record, seq_reset=True)
+        if state is not None:
+            state.refreshed = time.monotonic()
+        try:
+            steps = self.judge(msg, fetched=True)
+        finally:
+            self._fresh_keys.pop(node, None)
+        for step in steps:
+            await step()
+
+    def _trusted(self, node: str, fetched: bool) -> str | None:
+        if fetched:
+            return self._fresh_keys.get(node)
+        return self.store.cached_key(node)
+
+    def _verify(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        cluster: str,
+        node: str,
+        state: NodeState | None,
+        fetched: bool,
+    ) -> tuple[Heartbeat, str]:
+        """The signature first (over the bytes received, with the node's verifier kept in
+        memory), the body only then."""
+        if ROLLUP in headers:
             raise Refused(
                 "bad_signature",
                 "heartbeat carries a Nats-Rollup header (it purged earlier heartbeats)",
-                rollup=msg.headers[ROLLUP][:16],
+                rollup=headers[ROLLUP][:16],
             )
-        signer = msg.headers.get(signing.HEADER_KEY) if msg.headers else None
-        trusted = await self.store.trusted_key(node)
-        if trusted is None or trusted != signer:
+        signer = headers.get(signing.HEADER_KEY)
+        trusted = self._trusted(node, fetched)
+        if (trusted is None or trusted != signer) and not fetched:
             # Refusing costs a fresh read: the node may have been approved (or given a
             # new key) a moment ago, before the trust watch delivered it.
-            trusted = await self.store.trusted_key(node, fresh=True)
+            raise _NeedsFetch
         if trusted is None:
             raise Refused("unknown_node", f"node {node} has no approved key")
         try:
-            public_key = signing.verify(msg.headers, msg.data)
+            if signer != trusted:
+                signing.verify(headers, msg.data)
+                raise Refused(
+                    "unknown_node",
+                    "signed by a key that is not the node's approved key",
+                    key=signer or "",
+                )
+            if state is None or state.verifier is None or state.key != trusted:
+                verifier = signing.verify_key(trusted)
+                if state is not None:
+                    state.key, state.verifier = trusted, verifier
+            else:
+                verifier = state.verifier
+            signing.verify_with(verifier, trusted, headers, msg.data)
         except SignatureError as exc:
             raise Refused("bad_signature", exc.reason, key=exc.public_key) from None
-        if public_key != trusted:
-            raise Refused(
-                "unknown_node",
-                "signed by a key that is not the node's approved key",
-                key=public_key,
-            )
         try:
             heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
         except DecodeError as exc:
@@ -228,101 +351,181 @@ class AggregatorActor:
                 f"timestamp is {skew:+.0f}s off the aggregator's clock",
                 seq=str(heartbeat.seq),
             )
-        return heartbeat, public_key
+        return heartbeat, trusted
 
-    async def _accept(
+    def _accept(
         self,
         heartbeat: Heartbeat,
         public_key: str,
         stream_seq: int,
         stored: float,
-        behind: bool = False,
-    ) -> None:
+        behind: bool,
+        fetched: bool,
+    ) -> list[Step]:
         now = time.time()
         node = heartbeat.node_id
-
-        def change(record: NodeRecord | None) -> NodeRecord:
-            previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
-            verdict = record_rules.judge_seq(previous, heartbeat.seq, self.config.max_seq_jump)
-            if verdict == "replay":
-                if stream_seq < previous.last_stream_seq:
-                    raise LateDelivery
-                raise Refused(
-                    "replay",
-                    f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
-                    seq=str(heartbeat.seq),
-                )
-            if verdict == "jump":
-                raise Refused(
-                    "sequence_gap",
-                    f"seq {heartbeat.seq} jumps more than {self.config.max_seq_jump} above "
-                    f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
-                    "lets the node in)",
-                    refused="true",
-                    **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
-                )
-            return record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
-
-        before, after = await self.store.update(node, change)
-        if after is None:  # an unreadable record, left alone (counted by the store)
-            return
+        state = self.nodes.get(node)
+        previous = (
+            state.record
+            if state is not None
+            else record_rules.pending_record(node, heartbeat.cluster, public_key)
+        )
+        verdict = record_rules.judge_seq(previous, heartbeat.seq, self.config.max_seq_jump)
+        if verdict != "next":
+            if stream_seq <= previous.last_stream_seq:
+                # Delivered again (a redelivery after a failover) or late: already seen.
+                raise LateDelivery
+            refreshed = state.refreshed if state is not None else 0.0
+            if not fetched and time.monotonic() - refreshed > REFRESH_INTERVAL:
+                raise _NeedsFetch  # an operator's reset-seq may be waiting in fleet_nodes
+        if verdict == "replay":
+            raise Refused(
+                "replay",
+                f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
+                seq=str(heartbeat.seq),
+            )
+        if verdict == "jump":
+            raise Refused(
+                "sequence_gap",
+                f"seq {heartbeat.seq} jumps more than {self.config.max_seq_jump} above "
+                f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
+                "lets the node in)",
+                refused="true",
+                **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+            )
+        after = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
+        if state is None:
+            state = self.nodes[node] = NodeState(after, time.monotonic())
+            transition = True
+        else:
+            state.record = after
+            transition = record_rules.is_transition(previous, after)
+        if previous.seq_reset:
+            state.reset_consumed = True
+        # The first heartbeat after a load may follow heartbeats accepted but not yet
+        # checkpointed by the previous owner: no gap to report.
+        gaps = not behind and not state.fresh
+        state.fresh = False
+        state.dirty = True
         self.metrics.accepted.inc()
-        previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
+        steps: list[Step] = []
         for kind, message, details, severity in record_rules.heartbeat_alerts(
-            previous, after, heartbeat, gaps_are_news=not behind
+            previous, after, heartbeat, gaps_are_news=gaps
         ):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
             event = details.pop("event", f"q{heartbeat.seq}")
-            await self.alerts.publish(
-                kind, heartbeat.cluster, node, message, event, details, severity
+            steps.append(
+                partial(
+                    self.alerts.publish,
+                    kind,
+                    heartbeat.cluster,
+                    node,
+                    message,
+                    event,
+                    details,
+                    severity,
+                )
             )
+        if transition or steps:
+            # Alerts before the write: a crash between the two raises the alert again
+            # (same id, dropped by JetStream), never loses it.
+            steps.append(partial(self.write, node))
+        else:
+            self.checkpoints.push(node, state)
+        return steps
 
-    async def _mark_stale(
+    async def write(self, node: str) -> None:
+        """Write the node's in-memory record to ``fleet_nodes`` (compare-and-set, read
+        again on a conflict). The record written is the newest at the moment of writing."""
+        state = self.nodes.get(node)
+        if state is None:
+            return
+        mine: NodeRecord | None = None
+
+        def change(stored: NodeRecord | None) -> NodeRecord:
+            nonlocal mine
+            mine = state.record
+            return record_rules.checkpoint(stored, mine, state.reset_consumed)
+
+        _, written = await self.store.update(node, change)
+        state.written = time.monotonic()
+        if state.record is mine:
+            state.dirty = False
+            state.reset_consumed = False
+            if written is not None:
+                state.record = written
+        elif state.dirty:
+            self.checkpoints.push(node, state)
+        self.metrics.record_writes.inc()
+
+    async def _checkpoint_forever(self) -> None:
+        """Write the records of nodes that only kept beating, each once per
+        ``checkpoint_interval``, a bounded number of writes in flight."""
+        while True:
+            await asyncio.sleep(CHECKPOINT_TICK)
+            due = self.checkpoints.due(time.monotonic(), CHECKPOINTS_PER_TICK, self.nodes)
+            for start in range(0, len(due), CHECKPOINTS_IN_FLIGHT):
+                chunk = due[start : start + CHECKPOINTS_IN_FLIGHT]
+                results = await asyncio.gather(
+                    *(self.write(node) for node in chunk), return_exceptions=True
+                )
+                for node, result in zip(chunk, results, strict=True):
+                    if isinstance(result, BaseException):
+                        if not isinstance(result, Exception):
+                            raise result
+                        log.warning(
+                            "checkpoint failed; retried later",
+                            extra={"node": node, "reason": str(result)},
+                        )
+                        state = self.nodes.get(node)
+                        if state is not None:
+                            self.checkpoints.push(node, state)
+
+    def _mark_stale(
         self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
-    ) -> None:
+    ) -> list[Step]:
         """A TTL marker makes the node stale, if it can be the server's (see
         :func:`record_rules.marker_is_real`); a forged one is counted and ignored."""
-        now = time.time()
-        forged = False
-
-        def change(record: NodeRecord | None) -> NodeRecord | None:
-            nonlocal forged
-            forged = not record_rules.marker_is_real(record, marked_at, body)
-            if forged or record is None or record.stale_since is not None or record.deregistered:
-                return None
-            return record_rules.with_state(record, stale_since=now)
-
-        _, stale = await self.store.update(node, change)
-        if forged:
+        state = self.nodes.get(node)
+        record = state.record if state is not None else None
+        if not record_rules.marker_is_real(record, marked_at, body):
             self.metrics.dropped.labels("forged_marker").inc()
             log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})
-        else:
-            self.metrics.markers.inc()
-        if stale is not None:
-            self.stale.add(node)
-            stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
-            await self.alerts.publish(
+            return []
+        self.metrics.markers.inc()
+        if state is None or record is None or record.stale_since is not None or record.deregistered:
+            return []
+        stale = record_rules.with_state(record, stale_since=time.time())
+        state.record = stale
+        state.dirty = True
+        self.stale.add(node)
+        stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+        return [
+            partial(
+                self.alerts.publish,
                 "stale",
                 cluster,
                 node,
                 f"no heartbeat for {stale_after:g}s (server marker: {reason})",
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq)},
-            )
+            ),
+            partial(self.write, node),
+        ]
 
     async def sweep(self, everything: bool = False) -> None:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
         aggregator saw go stale are checked, unless ``everything``: then every record is
-        read, which also finds nodes that went stale while another aggregator (or none)
-        was watching, marks stale the silent nodes whose TTL marker never came (see
-        :func:`record_rules.silent_without_marker`), deletes pending records older than
-        ``pending_expire_after`` and counts the pending ones left (the cap on
-        registrations)."""
+        read (batched direct gets), records registered since are taken into memory, the
+        silent nodes whose TTL marker never came are marked stale (see
+        :func:`record_rules.silent_without_marker`), pending records older than
+        ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
+        registrations). The rules run on the owner's in-memory records."""
         now = time.time()
         grace = self.config.full_sweep_interval
 
-        def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is None or record.offline_since:
+        def change(record: NodeRecord) -> NodeRecord | None:
+            if record.offline_since:
                 return None
             if record.stale_since is None:
                 if everything and record_rules.silent_without_marker(record, now, grace):
@@ -332,25 +535,32 @@ class AggregatorActor:
                 return None
             return record_rules.with_state(record, offline_since=now)
 
-        candidates = await self.store.node_ids() if everything else list(self.stale)
+        if everything:
+            await self._take_in_new_records()
+        candidates = list(self.nodes) if everything else list(self.stale)
         expire_after = self.config.pending_expire_after
         pending = 0
         for node in candidates:
-            before, after = await self.store.update(node, change)
-            if before is not None and record_rules.pending_expired(before, now, expire_after):
+            state = self.nodes.get(node)
+            if state is None:
+                self.stale.discard(node)
+                continue
+            before = state.record
+            if record_rules.pending_expired(before, now, expire_after):
                 if await self.store.delete_if(
                     node, lambda record: record_rules.pending_expired(record, now, expire_after)
                 ):
                     log.info("pending registration expired", extra={"node": node})
+                    self.nodes.pop(node, None)
                     continue
-            if before is not None and before.state == "pending":
+            if before.state == "pending":
                 pending += 1
+            after = change(before)
+            if after is not None:
+                state.record = after
+                state.dirty = True
             current = after or before
-            if (
-                current is not None
-                and current.stale_since is not None
-                and not current.offline_since
-            ):
+            if current.stale_since is not None and not current.offline_since:
                 self.stale.add(node)  # stale, not offline yet: check again at the next sweep
             else:
                 self.stale.discard(node)
@@ -373,8 +583,25 @@ class AggregatorActor:
                     f"q{after.last_seq}",
                     {"last_seq": str(after.last_seq)},
                 )
+            if after is not None:
+                await self.write(node)
         if everything:
             self.pending = pending
+
+    async def _take_in_new_records(self) -> None:
+        """Records this aggregator has not in memory (registrations answered by another
+        aggregator, records written by another owner) are read and taken in."""
+        bucket = self.subjects.bucket_name(BUCKET_NODES)
+        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        now = time.monotonic()
+        for node, value in values.items():
+            if node in self.nodes:
+                continue
+            try:
+                record = codec.decode(value, NodeRecord, node)
+            except DecodeError:
+                continue  # counted when it was loaded or fetched
+            self.nodes[node] = NodeState(record, now, fresh=True)
 
     async def _sweep_forever(self) -> None:
         last_full = 0.0

@@ -48,6 +48,12 @@ class AggregatorMetrics:
             ["cluster", "state"],
             registry=self.registry,
         )
+        self.record_writes = Counter(
+            "fleet_record_writes",
+            "Records written to fleet_nodes by this aggregator: state transitions and "
+            "periodic checkpoints (a heartbeat that changes nothing is not written at once)",
+            registry=self.registry,
+        )
         self.newest_stored: float | None = None
         """When FLEET_HB stored the newest heartbeat this aggregator processed."""
         self.lag = Gauge(

@@ -60,6 +60,11 @@ class NodeStore:
             log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
             return None
 
+    def cached_key(self, node: str) -> str | None:
+        """The node's approved key from the trust watch's copy, without a round trip;
+        None if unknown there or the copy is not complete yet (then read it afresh)."""
+        return self._trusted.get(node) if self._trusted is not None else None
+
     async def follow_trust(self) -> None:
         """Keep the approved keys in memory from a KV watch, so verifying a heartbeat costs
         no round trip. An approval or revocation applies as soon as the watch delivers it

@@ -264,3 +264,30 @@ def health_alert(before: str, updated: NodeRecord, health: Health | None) -> Ale
     if short:
         details["components"] = ",".join(c.name for c in short)
     return AlertSpec("health", message, details, HEALTH_SEVERITY.get(after, "warning"))
+
+
+def checkpoint(stored: NodeRecord | None, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
+    """What the partition owner writes over ``stored`` (the record in ``fleet_nodes``)
+    from its in-memory ``mine``: its own, except that an operator's ``reset-seq`` written
+    since (``stored.seq_reset``) is kept unless a heartbeat already used it up."""
+    if stored is not None and stored.seq_reset and not mine.seq_reset and not reset_consumed:
+        return msgspec.structs.replace(mine, seq_reset=True)
+    return mine
+
+
+def is_transition(previous: NodeRecord, updated: NodeRecord) -> bool:
+    """Whether accepting a heartbeat changed what readers of ``fleet_nodes`` act on (the
+    state and the facts it is derived from, the node's identity), so the owner writes the
+    record at once rather than at its next checkpoint. ``last_seen``, ``last_seq`` and the
+    embedded heartbeat alone are not: they are checkpointed."""
+    return (
+        previous.state != updated.state
+        or previous.health_status != updated.health_status
+        or previous.schedulability != updated.schedulability
+        or previous.deregistered != updated.deregistered
+        or previous.boot_id != updated.boot_id
+        or previous.cluster != updated.cluster
+        or previous.public_key != updated.public_key
+        or previous.agent_version != updated.agent_version
+        or previous.seq_reset != updated.seq_reset
+    )

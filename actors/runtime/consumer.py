@@ -150,6 +150,78 @@ async def consume_forever(
         await asyncio.gather(*(in_order(group) for group in by_subject.values()))
 
 
+Step = Callable[[], Awaitable[None]]
+"""One piece of work on one message, run by :func:`consume_in_batches`."""
+Chain = list[tuple[Msg, Step]]
+BatchHandler = Callable[[list[Msg]], Awaitable[list[Chain]]]
+"""Judges a fetch's messages (in memory) and returns the I/O left to do, as chains of
+steps, each chain run in order and the chains concurrently."""
+TRANSIENT_ATTEMPTS = 3
+
+
+async def consume_in_batches(
+    consumer: DurableConsumer,
+    handle: BatchHandler,
+    *,
+    batch: int,
+    wait: float,
+    what: str,
+    dropped: DropCounter,
+) -> None:
+    """Like :func:`consume_forever`, for a consumer with ``AckPolicy.ALL``: one ack, on
+    the last message of a fetch, settles the whole fetch once every message of it is
+    handled. A step that breaks on its message's content is terminated on its own
+    (AckTerm) and the rest goes on, so one poison message neither stalls the consumer
+    nor is redelivered forever; a bus error is retried in place (TRANSIENT_ATTEMPTS),
+    then raised: nothing of the fetch is acked, so the restarted actor (or another
+    owner) gets it all again after ``ack_wait``."""
+    while True:
+        try:
+            messages = await consumer.fetch(batch, wait)
+        except nats.errors.ConnectionClosedError:
+            raise
+        except nats.errors.Error as exc:
+            log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
+            await asyncio.sleep(1.0)
+            continue
+        if not messages:
+            continue
+        chains = await handle(messages)
+        if chains:
+            await asyncio.gather(*(run_chain(chain, what, dropped) for chain in chains))
+        await messages[-1].ack()
+
+
+async def run_chain(chain: Chain, what: str, dropped: DropCounter) -> None:
+    """Run the steps of ``chain`` in order; see :func:`consume_in_batches` for what a
+    failure does."""
+    for msg, step in chain:
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                await step()
+                break
+            except nats.errors.ConnectionClosedError:
+                raise
+            except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
+                dropped("transient_error")
+                log.warning(
+                    "message not handled; retrying",
+                    extra={"consumer": what, "subject": msg.subject, "reason": str(exc)},
+                )
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+            except Exception as exc:
+                dropped("handler_error")
+                log.error(
+                    "message broke its handler; terminated",
+                    exc_info=True,
+                    extra={"consumer": what, "subject": msg.subject, "reason": repr(exc)},
+                )
+                await _quietly(msg.term())
+                break
+
+
 async def settle(msg: Msg, handle: MessageHandler, what: str, dropped: DropCounter) -> None:
     """Run ``handle`` on one message. A handler that raises never ends the loop: on a
     bus or OS error (a KV round trip timed out, a full disk) the message is given back
