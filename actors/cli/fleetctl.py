@@ -80,10 +80,14 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
     metrics = AggregatorMetrics()
-    actors: list[Actor] = [AggregatorActor(config, bus, metrics)]
+    aggregator = AggregatorActor(config, bus, metrics)
+    actors: list[Actor] = [aggregator]
     if config.http_port >= 0:
-        # /healthz asks the supervisor, made below, once serving.
-        actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
+        # /healthz asks the supervisor, made below, once serving; /nodes answers from
+        # the aggregator's live records.
+        actors.append(
+            FleetApiActor(config, bus, metrics, lambda: supervisor.check(), aggregator.nodes)
+        )
     supervisor = Supervisor(actors)
     supervisor.start()
     stop = stop_event()

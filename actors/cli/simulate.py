@@ -36,6 +36,8 @@ SEQ_MARK = 987654321987654
 TS_MARK = 1111111111.0625
 """Marker values no real beat carries; both encode exactly, so they can be replaced."""
 APPROVE_CHUNK = 100
+SEQ_BLOCK = 1000
+"""Seqs skipped by a node the aggregators already know (an agent's reserved block)."""
 
 
 class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,8 +208,12 @@ async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
     follower = asyncio.create_task(progress.follow(nodes_bucket))
     try:
         await asyncio.wait_for(progress.synced.wait(), PUBLISH_TIMEOUT)
-        for node in nodes:  # a node the aggregators already know continues its sequence
-            node.seq = progress.seen[node.node_id]
+        # A node the aggregators already know continues its sequence past a reserved
+        # block, as a restarted agent does: fleet_nodes may be a checkpoint behind the
+        # last seq the aggregator accepted.
+        for node in nodes:
+            seen = progress.seen[node.node_id]
+            node.seq = seen + SEQ_BLOCK if seen else 0
         return await _run(bus, options, nodes, progress, boot, out)
     finally:
         follower.cancel()

@@ -119,10 +119,15 @@ async def run_up(options: UpOptions) -> int:
         await provision(bus.js, subjects)
         metrics = AggregatorMetrics()
         aggregator_config = AggregatorConfig(http_port=0)
+        aggregator_actor = AggregatorActor(aggregator_config, bus, metrics)
         fleet_http = FleetApiActor(
-            aggregator_config, bus, metrics, lambda: aggregator.check() if aggregator else {}
+            aggregator_config,
+            bus,
+            metrics,
+            lambda: aggregator.check() if aggregator else {},
+            aggregator_actor.nodes,
         )
-        aggregator = Supervisor([AggregatorActor(aggregator_config, bus, metrics), fleet_http])
+        aggregator = Supervisor([aggregator_actor, fleet_http])
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):

@@ -32,7 +32,14 @@ from actors.fleet.node_store import NodeStore
 from actors.fleet.streams import MAX_NODES, StreamLimits, provision
 from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
-from actors.runtime.consumer import Chain, DurableConsumer, Step, consume_in_batches
+from actors.runtime.consumer import (
+    BatchPuller,
+    Chain,
+    DurableConsumer,
+    Step,
+    consume_in_batches,
+    delivery,
+)
 from actors.runtime.schedule import RateLimit
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
@@ -140,6 +147,7 @@ class AggregatorActor:
         await self.load()
         self._consumer = consumer = self.consumer()
         await consumer.open()
+        puller = BatchPuller(self.bus, consumer)
         routes = {self.subjects.register(): self._on_register}
         try:
             # Either task failing ends both and the actor, so the supervisor restarts it.
@@ -149,12 +157,13 @@ class AggregatorActor:
             ):
                 group.create_task(
                     consume_in_batches(
-                        consumer,
+                        puller,
                         self.handle_batch,
                         batch=self.config.fetch_batch,
                         wait=1.0,
                         what="heartbeat",
                         dropped=self._count_drop,
+                        linger=self.config.fetch_linger,
                     )
                 )
                 group.create_task(self._sweep_forever())
@@ -162,6 +171,7 @@ class AggregatorActor:
                 group.create_task(self.store.follow_trust())
         finally:
             self._consumer = None
+            await puller.close()
             await consumer.close()
 
     async def load(self) -> None:
@@ -171,7 +181,7 @@ class AggregatorActor:
         values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
         now = time.monotonic()
         interval = self.config.checkpoint_interval
-        self.nodes = {}
+        self.nodes.clear()  # the same dict: the HTTP API holds it
         for node, value in values.items():
             try:
                 record = codec.decode(value, NodeRecord, node)
@@ -218,9 +228,7 @@ class AggregatorActor:
             self.metrics.dropped.labels("malformed_subject").inc()
             log.warning("heartbeat on a malformed subject", extra={"subject": subject})
             return []
-        metadata = msg.metadata
-        stored = metadata.timestamp.timestamp()
-        pending = metadata.num_pending
+        stream_seq, stored, pending = delivery(msg)
         self.metrics.processed(stored, pending)
         headers = msg.headers or {}
         state = self.nodes.get(node)
@@ -228,7 +236,6 @@ class AggregatorActor:
             return [partial(self._fetch_and_judge, msg, node)]
         if MARKER_REASON in headers:
             return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
-        stream_seq = metadata.sequence.stream
         try:
             heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
             # Behind the stream, a node's older heartbeats may have been replaced (one per

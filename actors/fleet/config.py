@@ -58,6 +58,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     240 s: below FLEET_HB's 300 s duplicate window (README, "Hot path and checkpoints")."""
     fetch_batch: Annotated[int, Meta(ge=1, le=4096)] = 512
     """Heartbeats fetched (and acked with one AckAll) at a time."""
+    fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.1
+    """Seconds to wait after a fetch that came back short (caught up) before the next,
+    so fetches and acks are paid per batch, not per heartbeat; adds at most this much
+    to a heartbeat's publish-to-record latency."""
     max_deliver: Annotated[int, Meta(ge=1)] = 5
     """Deliveries of one FLEET_HB message before the server gives up on it."""
     max_pending: Annotated[int, Meta(ge=0)] = 1000

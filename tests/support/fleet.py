@@ -42,6 +42,9 @@ TEST_BUDGETS = AggregatorConfig(
     results_max_bytes=4 * MIB,
     alerts_max_bytes=4 * MIB,
     trust_max_bytes=1 * MIB,
+    # Tests wait on records in fleet_nodes: checkpoints every half second keep them live.
+    checkpoint_interval=0.5,
+    fetch_linger=0.02,
 )
 """Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
 tests each provision their own prefix on one server, so the production defaults (424 MiB
