@@ -39,6 +39,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.ProbeReply,
     messages.NodeRecord,
     messages.TrustEntry,
+    messages.AggregatorLease,
 )
 
 

@@ -21,6 +21,8 @@ STREAM_EVENTS: Final = "FLEET_EVENTS"
 STREAM_ALERTS: Final = "FLEET_ALERTS"
 BUCKET_NODES: Final = "fleet_nodes"
 BUCKET_TRUST: Final = "fleet_trust"
+BUCKET_LEASES: Final = "fleet_leases"
+"""Which aggregator consumes FLEET_HB now (key ``hb``, an AggregatorLease)."""
 
 EVENT_SAMPLE: Final = "sample"
 EVENT_HEALTH: Final = "health"

@@ -11,6 +11,7 @@ signal; a stale record older than ``offline_after`` becomes offline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from actors.fleet import record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import CheckpointQueue, NodeState, spread_written
+from actors.fleet.lease import Lease, holder_id, while_held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.streams import MAX_NODES, StreamLimits, provision
@@ -45,7 +47,7 @@ from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
-from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import BUCKET_LEASES, BUCKET_NODES, STREAM_HEARTBEATS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,10 @@ REFRESH_INTERVAL = 5.0
 CHECKPOINT_TICK = 0.5
 CHECKPOINTS_PER_TICK = 4096
 CHECKPOINTS_IN_FLIGHT = 256
+
+
+SETTLED = ("stale", "offline", "deregistered", "pending")
+"""Record states written when entered: no heartbeat after their checkpoint is missing."""
 
 
 class _NeedsFetch(Exception):
@@ -107,12 +113,14 @@ class AggregatorActor:
         self.nodes: dict[str, NodeState] = {}
         """The acceptance state of every node this aggregator owns (see hot_state)."""
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
+        self.lease: Lease | None = None
         self._fresh_keys: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
 
-    def consumer(self) -> DurableConsumer:
-        """The heartbeat consumer, as it is (re-)created. ``AckPolicy.ALL``: one ack on
-        the last message of a fetch settles the fetch (see :func:`consume_in_batches`)."""
+    def consumer(self, start: int = 1) -> DurableConsumer:
+        """The heartbeat consumer, as it is (re-)created, reading FLEET_HB from stream
+        sequence ``start``. ``AckPolicy.ALL``: one ack on the last message of a fetch
+        settles the fetch (see :func:`consume_in_batches`)."""
         return DurableConsumer(
             self.bus.js,
             self.subjects.stream_name(STREAM_HEARTBEATS),
@@ -120,7 +128,8 @@ class AggregatorActor:
             self.subjects.stream_name(self.config.durable),
             ConsumerConfig(
                 ack_policy=AckPolicy.ALL,
-                deliver_policy=DeliverPolicy.ALL,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(1, start),
                 ack_wait=30,
                 max_ack_pending=max(10_000, 4 * self.config.fetch_batch),
                 max_deliver=self.config.max_deliver,
@@ -144,17 +153,32 @@ class AggregatorActor:
                 f"replicas = {self.config.replicas} needs a clustered nats-server; "
                 "this one is not (use replicas = 1)"
             ) from None
+        routes = {self.subjects.register(): self._on_register}
+        leases = await self.bus.kv(self.subjects.bucket_name(BUCKET_LEASES))
+        self.lease = Lease(leases, holder_id(), self.config.lease_ttl)
+        # Either task failing ends both and the actor, so the supervisor restarts it.
+        async with (
+            listening(self.bus, routes, ready, queue="aggregators"),
+            asyncio.TaskGroup() as group,
+        ):
+            group.create_task(self.store.follow_trust())
+            group.create_task(while_held(self.lease, self._own))
+
+    async def _own(self) -> None:
+        """The owner's work, while it holds the lease: state from fleet_nodes, the
+        consumer from where that state ends, then heartbeats, sweeps and checkpoints. On
+        losing the lease all of it stops and the in-memory state is dropped."""
         await self.load()
-        self._consumer = consumer = self.consumer()
+        start = await self._resume_point()
+        self._consumer = consumer = self.consumer(start)
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            # The previous owner's consumer, at its ack floor: read again from ``start``.
+            await self.bus.js.delete_consumer(consumer.stream, consumer.durable)
         await consumer.open()
         puller = BatchPuller(self.bus, consumer)
-        routes = {self.subjects.register(): self._on_register}
+        self.metrics.owner.set(1)
         try:
-            # Either task failing ends both and the actor, so the supervisor restarts it.
-            async with (
-                listening(self.bus, routes, ready, queue="aggregators"),
-                asyncio.TaskGroup() as group,
-            ):
+            async with asyncio.TaskGroup() as group:
                 group.create_task(
                     consume_in_batches(
                         puller,
@@ -168,11 +192,36 @@ class AggregatorActor:
                 )
                 group.create_task(self._sweep_forever())
                 group.create_task(self._checkpoint_forever())
-                group.create_task(self.store.follow_trust())
         finally:
+            self.metrics.owner.set(0)
             self._consumer = None
+            self.nodes.clear()
+            self.stale.clear()
+            self.checkpoints = CheckpointQueue(self.config.checkpoint_interval)
             await puller.close()
             await consumer.close()
+
+    async def _resume_point(self) -> int:
+        """The stream sequence the new owner reads FLEET_HB from: the oldest of the
+        previous consumer's ack floor and every live record's checkpoint. Every heartbeat
+        the previous owner accepted but did not checkpoint is after its node's
+        checkpoint, so it is judged again (in stream order, from the checkpoint): the
+        state is rebuilt exactly. Stale, offline and deregistered records were written
+        when they changed, so nothing after them is missing."""
+        stream = self.subjects.stream_name(STREAM_HEARTBEATS)
+        durable = self.subjects.stream_name(self.config.durable)
+        try:
+            info = await self.bus.js.consumer_info(stream, durable)
+            floor = info.ack_floor.stream_seq if info.ack_floor else 0
+            start = (floor or 0) + 1
+        except nats.js.errors.NotFoundError:
+            start = 1
+        for state in self.nodes.values():
+            record = state.record
+            if record.last_stream_seq and record.state not in SETTLED:
+                start = min(start, record.last_stream_seq + 1)
+        log.info("heartbeats resumed", extra={"from_seq": start, "records": len(self.nodes)})
+        return start
 
     async def load(self) -> None:
         """Cold start: every record of ``fleet_nodes`` into memory with batched direct

@@ -54,6 +54,11 @@ class AggregatorMetrics:
             "periodic checkpoints (a heartbeat that changes nothing is not written at once)",
             registry=self.registry,
         )
+        self.owner = Gauge(
+            "fleet_aggregator_owner",
+            "1 while this aggregator holds the heartbeat lease and consumes FLEET_HB, else 0",
+            registry=self.registry,
+        )
         self.newest_stored: float | None = None
         """When FLEET_HB stored the newest heartbeat this aggregator processed."""
         self.lag = Gauge(

@@ -116,6 +116,7 @@ async def test_new_owner_resumes_from_the_checkpoint_and_refuses_older_replays(
     await wait_for(checkpointed, timeout=5)
     await first.stop()
     second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
+    await wait_for(lambda: "n1" in second.nodes)  # the lease taken, the records loaded
     assert second.nodes["n1"].record.last_seq == 5
     await beat(bus, prefix, key, 3)  # captured earlier, published again
     await wait_for(lambda: alerts.of("replay"))

@@ -45,6 +45,7 @@ TEST_BUDGETS = AggregatorConfig(
     # Tests wait on records in fleet_nodes: checkpoints every half second keep them live.
     checkpoint_interval=0.5,
     fetch_linger=0.02,
+    lease_ttl=1.5,
 )
 """Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
 tests each provision their own prefix on one server, so the production defaults (424 MiB
