@@ -42,7 +42,7 @@ async def stored_seq(bus: NatsBus, prefix: str) -> int:
 async def beat(
     bus: NatsBus, prefix: str, key: signing.KeyPair, seq: int, **changes: object
 ) -> None:
-    body = codec.encode(heartbeat(seq=seq, stale_after=60.0, **changes))
+    body = codec.encode(msgspec.structs.replace(heartbeat(seq=seq, stale_after=60.0), **changes))
     await publish(bus, prefix, body, key.headers(body))
 
 
