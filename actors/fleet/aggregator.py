@@ -137,8 +137,20 @@ class AggregatorActor:
         )
 
     def problem(self) -> str:
-        """Why this aggregator is not doing its work while running ("" when it is)."""
-        return self._consumer.missing if self._consumer else ""
+        """Why this aggregator is not doing its work while running ("" when it is): its
+        consumer is gone, or it is further behind the stream than ``max_lag``. A standby
+        (not holding the lease) is doing its work."""
+        if self._consumer is None:
+            return ""
+        if self._consumer.missing:
+            return self._consumer.missing
+        behind = self.metrics.oldest_unprocessed()
+        if behind > self.config.max_lag:
+            return (
+                f"heartbeats {behind:.0f}s behind FLEET_HB (max_lag {self.config.max_lag:g}s, "
+                f"{self.metrics.pending_now} pending)"
+            )
+        return ""
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:

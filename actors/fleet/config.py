@@ -58,6 +58,9 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     240 s: below FLEET_HB's 300 s duplicate window (README, "Hot path and checkpoints")."""
     fetch_batch: Annotated[int, Meta(ge=1, le=4096)] = 512
     """Heartbeats fetched (and acked with one AckAll) at a time."""
+    max_lag: Annotated[float, Meta(gt=0)] = 60.0
+    """``/healthz`` answers 503 while the owner's oldest unprocessed heartbeat is older
+    than this (seconds): an aggregator that falls behind says so."""
     lease_ttl: Annotated[float, Meta(ge=0.5, le=60)] = 6.0
     """Seconds an aggregator's heartbeat lease lasts unrenewed: another takes over after
     this long once the owner is gone (it renews every third of it)."""
