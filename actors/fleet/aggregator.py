@@ -114,6 +114,9 @@ class AggregatorActor:
         """The acceptance state of every node this aggregator owns (see hot_state)."""
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
         self.lease: Lease | None = None
+        self._accepted = 0
+        self._last_delivery: tuple[float, int] | None = None
+        self._subjects_seen: dict[str, tuple[str, str]] = {}
         self._fresh_keys: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
 
@@ -271,12 +274,25 @@ class AggregatorActor:
             steps = self.judge(msg)
             if steps:
                 chains[msg.subject] = [(msg, step) for step in steps]
+        self._count()
         return list(chains.values())
+
+    def _count(self) -> None:
+        """Hand the counts and the newest delivery kept since the last call to the
+        metrics: once per batch, not per heartbeat (each metric update takes a lock)."""
+        if self._accepted:
+            self.metrics.accepted.inc(self._accepted)
+            self._accepted = 0
+        if self._last_delivery is not None:
+            self.metrics.processed(*self._last_delivery)
+            self._last_delivery = None
 
     async def handle(self, msg: Msg) -> None:
         """Apply one message of FLEET_HB and do its I/O. Never raises for bad input: it
         alerts."""
-        for step in self.judge(msg):
+        steps = self.judge(msg)
+        self._count()
+        for step in steps:
             await step()
 
     def judge(self, msg: Msg, fetched: bool = False) -> list[Step]:
@@ -284,13 +300,13 @@ class AggregatorActor:
         order). ``fetched``: the node's trusted key and record were just read afresh."""
         subject = msg.subject
         try:
-            cluster, node = self.subjects.split_heartbeat(subject)
+            cluster, node = self._split(subject)
         except InvalidToken:
             self.metrics.dropped.labels("malformed_subject").inc()
             log.warning("heartbeat on a malformed subject", extra={"subject": subject})
             return []
         stream_seq, stored, pending = delivery(msg)
-        self.metrics.processed(stored, pending)
+        self._last_delivery = (stored, pending)
         headers = msg.headers or {}
         state = self.nodes.get(node)
         if state is None and not fetched:
@@ -349,8 +365,19 @@ class AggregatorActor:
             steps = self.judge(msg, fetched=True)
         finally:
             self._fresh_keys.pop(node, None)
+            self._count()
         for step in steps:
             await step()
+
+    def _split(self, subject: str) -> tuple[str, str]:
+        """(cluster, node) of a heartbeat subject, each subject checked once."""
+        found = self._subjects_seen.get(subject)
+        if found is None:
+            found = self.subjects.split_heartbeat(subject)
+            if len(self._subjects_seen) >= 2 * MAX_NODES:
+                self._subjects_seen.clear()  # bounded: a flood of odd subjects ends here
+            self._subjects_seen[subject] = found
+        return found
 
     def _trusted(self, node: str, fetched: bool) -> str | None:
         if fetched:
@@ -475,7 +502,7 @@ class AggregatorActor:
         gaps = not behind and not state.fresh
         state.fresh = False
         state.dirty = True
-        self.metrics.accepted.inc()
+        self._accepted += 1
         steps: list[Step] = []
         for kind, message, details, severity in record_rules.heartbeat_alerts(
             previous, after, heartbeat, gaps_are_news=gaps

@@ -22,6 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from actors.runtime import nats_headers  # noqa: F401  (installs the faster header parser)
 from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError

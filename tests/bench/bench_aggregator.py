@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import nacl.signing
@@ -73,8 +74,6 @@ def bare_verify_cpu(rounds: int = 20_000) -> float:
 
 def scrape_accepted(port: int) -> float:
     """``fleet_heartbeats_accepted_total`` from the aggregator's /metrics."""
-    import urllib.request
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
     found = re.search(r"^fleet_heartbeats_accepted_total ([\d.e+]+)$", text, re.M)
@@ -223,6 +222,10 @@ def main() -> None:
                 if index == 1:
                     totals = [0.0, 0.0]
                 step(server.url, args.nodes, rate, args.duration, processes, port, totals)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+                for line in page.read().decode().splitlines():
+                    if line.startswith(("fleet_heartbeats_refused", "fleet_messages_dropped")):
+                        print("  " + line, flush=True)
             per = totals[0] / totals[1] if totals[1] else float("nan")
             print(
                 f"aggregator CPU per accepted heartbeat {1e6 * per:.1f} us; bare PyNaCl "

@@ -117,6 +117,7 @@ EXAMPLES: list[msgspec.Struct] = [
         node_id="n1", cluster="c1", state="active", last_seq=7, last_seen=NOW, heartbeat=HEARTBEAT
     ),
     messages.TrustEntry(node_id="n1", public_key=KEY, approved_at=NOW),
+    messages.AggregatorLease(holder="host-1a2b3c4d", ttl=6.0, renewed=NOW),
 ]
 
 
