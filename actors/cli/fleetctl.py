@@ -46,10 +46,10 @@ from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
 from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
-from schemas import signing
+from schemas import codec, signing
 from schemas.base import RecordState
 from schemas.errors import FleetError, SignatureError
-from schemas.messages import Alert
+from schemas.messages import Alert, NodeRecord
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -178,6 +178,21 @@ WATCH_INTERVAL = 2.0
 """Seconds between two reads of ``fleetctl nodes --watch``."""
 
 
+def write_nodes(records: list[NodeRecord], output: str, colour: bool, rows: bool) -> None:
+    """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
+    is written record by record (the same bytes as one array), so a 100,000-node
+    listing is never one string in memory."""
+    if output == "json":
+        sys.stdout.write("[")
+        for index, record in enumerate(records):
+            sys.stdout.write(("," if index else "") + codec.encode(record).decode())
+        sys.stdout.write("]\n")
+    elif output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE:
+        sys.stdout.write(views.fleet_summary(records))
+    else:
+        sys.stdout.write(views.nodes_output(records, output, colour))
+
+
 async def cmd_nodes(args: argparse.Namespace) -> int:
     """The fleet as a table (``-o wide`` adds SEQ and REASON) or JSON; with ``--watch``,
     read again every WATCH_INTERVAL and printed again when a node's state, schedulability,
@@ -194,13 +209,16 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 for r in await registry.read_records(bus, subjects)
                 if (not args.cluster or r.cluster == args.cluster)
                 and (not args.state or r.state == args.state)
+                # (label filter: -l goes here)
             ]
+            if args.limit is not None:
+                records = records[: args.limit]
             key = [views.change_key(r) for r in records]
             if key != shown:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                sys.stdout.write(views.nodes_output(records, output, colour))
+                write_nodes(records, output, colour, rows=args.all or args.limit is not None)
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -450,6 +468,14 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--cluster", help="only nodes of this cluster")
     nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
     nodes.add_argument("--json", action="store_true", help="same as -o json")
+    nodes.add_argument(
+        "--limit", type=int, default=None, help="list at most this many nodes (as rows)"
+    )
+    nodes.add_argument(
+        "--all",
+        action="store_true",
+        help=f"list every node as rows, even above {views.SUMMARY_ABOVE} (else a summary)",
+    )
     nodes.add_argument(
         "-o",
         "--output",

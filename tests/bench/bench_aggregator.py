@@ -166,32 +166,153 @@ def free_port() -> int:
         return port
 
 
+BUDGETS = (
+    *("--heartbeats-max-bytes", str(1024 * 2**20)),
+    *("--records-max-bytes", str(1024 * 2**20)),
+    *("--trust-max-bytes", str(256 * 2**20)),
+)
+"""Stream budgets for 100,000 nodes of one fake GPU (about 2 KB a heartbeat)."""
+
+
+def start_aggregator(url: str, port: int, profile: str = "") -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *(("-m", "cProfile", "-o", profile) if profile else ()),
+            *("-m", "actors.cli.fleetctl", "aggregator", "--server", url),
+            *("--http-port", str(port), "--log-level", "error", *BUDGETS),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def metric(port: int, name: str) -> float | None:
+    """One unlabelled sample of the aggregator's /metrics; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+    except OSError:
+        return None
+    found = re.search(rf"^{name} ([\d.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def wait_owner(port: int, timeout: float) -> float | None:
+    """Seconds until the aggregator at ``port`` holds the heartbeat lease."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if metric(port, "fleet_aggregator_owner") == 1:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    return None
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def big_run(url: str, port: int, nodes: int, duration: float, server: psutil.Process) -> None:
+    """``nodes`` nodes at a 30 s interval for ``duration``; then a cold start."""
+    aggregator = start_aggregator(url, port)
+    try:
+        wait_owner(port, 60)
+        rate = nodes / 30.0
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
+                *("--nodes", str(nodes), "--rate", f"{rate:.1f}", "--duration", str(duration)),
+                *("--gpus", "1", "--wait", "150"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=duration + 900,
+        )
+        process = psutil.Process(aggregator.pid)
+        print(
+            f"{nodes} nodes at 30 s ({rate:.0f}/s) for {duration:g} s: "
+            + " | ".join(line for line in done.stdout.splitlines() if line)
+            + f" | aggregator RSS {process.memory_info().rss / 2**20:.0f} MB, "
+            f"nats-server RSS {server.memory_info().rss / 2**20:.0f} MB",
+            flush=True,
+        )
+        if done.returncode != 0 and not done.stdout:
+            print(done.stderr.strip()[-2000:], flush=True)
+        stop(aggregator)
+        started = time.monotonic()
+        aggregator = start_aggregator(url, port)
+        owned = wait_owner(port, 120)
+        drained = asyncio.run(consumer_drained(url, 120.0))
+        print(
+            f"cold start with {nodes} records: lease held and records loaded "
+            f"{owned if owned is None else round(owned, 1)} s after start; consumer drained "
+            f"{time.monotonic() - started:.1f} s after start "
+            f"({'ok' if drained is not None else 'NOT DRAINED'})",
+            flush=True,
+        )
+    finally:
+        stop(aggregator)
+
+
+def failover(url: str, port: int, nodes: int, rate: float, duration: float) -> None:
+    """Two aggregators under load, the owner SIGKILLed mid-run: time until the other
+    holds the lease."""
+    second_port = free_port()
+    first = start_aggregator(url, port)
+    second = None
+    try:
+        wait_owner(port, 60)
+        second = start_aggregator(url, second_port)
+        metric_deadline = time.monotonic() + 30
+        while metric(second_port, "fleet_aggregator_owner") is None:
+            if time.monotonic() > metric_deadline:
+                raise RuntimeError("second aggregator did not start")
+            time.sleep(0.2)
+        load = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
+                *("--nodes", str(nodes), "--rate", str(rate), "--duration", str(duration)),
+                *("--wait", "30"),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(duration / 2)
+        first.kill()
+        killed = time.monotonic()
+        owned = wait_owner(second_port, 60)
+        out, _ = load.communicate(timeout=duration + 120)
+        print(
+            f"failover under {rate:g}/s: owner SIGKILLed, the other held the lease "
+            f"{'never' if owned is None else f'{time.monotonic() - killed - 0:.1f} s later'} "
+            f"(lease_ttl 6 s) | " + " | ".join(line for line in out.splitlines() if line),
+            flush=True,
+        )
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--rates", default="200,500,1000")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--profile", default="", help="write a cProfile of the aggregator here")
+    parser.add_argument("--big", type=int, default=0, help="nodes of the 30 s-interval run")
+    parser.add_argument("--big-duration", type=float, default=120.0)
+    parser.add_argument("--failover", action="store_true", help="measure a SIGKILL handover")
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as store:
         server = NatsServer(Path(store) / "nats")
         server.start()
-        aggregator = subprocess.Popen(
-            [
-                *(
-                    sys.executable,
-                    *(("-m", "cProfile", "-o", args.profile) if args.profile else ()),
-                    "-m",
-                    "actors.cli.fleetctl",
-                    "aggregator",
-                    "--server",
-                    server.url,
-                ),
-                *("--http-port", str(port), "--log-level", "error"),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        aggregator = start_aggregator(server.url, port, args.profile)
         try:
             asyncio.run(wait_provisioned(server.url))
             deadline = time.monotonic() + 30
@@ -232,13 +353,13 @@ def main() -> None:
                 f"verify {1e6 * verify:.1f} us; ratio {per / verify:.2f} (target <= 2.0)",
                 flush=True,
             )
+            stop(aggregator)
+            if args.failover:
+                failover(server.url, port, args.nodes, rates[0], max(20.0, args.duration))
+            if args.big:
+                big_run(server.url, port, args.big, args.big_duration, processes["nats-server"])
         finally:
-            aggregator.terminate()
-            try:
-                aggregator.wait(10)
-            except subprocess.TimeoutExpired:
-                aggregator.kill()
-                aggregator.wait()
+            stop(aggregator)
             server.stop()
 
 
