@@ -14,6 +14,7 @@ not yet created again, say), as the supervisor tells through ``actor_status``.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping
 from typing import get_args
@@ -35,6 +36,8 @@ from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 
 STATES: tuple[RecordState, ...] = get_args(RecordState)
+MAX_PAGE = 10_000
+"""The most records one ``/nodes`` page holds."""
 
 
 class FleetApiActor:
@@ -98,8 +101,25 @@ class FleetApiActor:
         ]
 
     async def nodes_page(self, request: web.Request) -> web.Response:
+        """``/nodes[?cluster=&state=][&limit=N&after=NODE]``: every matching record, or
+        with ``limit`` one page of them in node order after ``after``; a page that is not
+        the last names the next ``after`` in the ``Next-After`` header."""
         found = self.listing(request.query.get("cluster"), request.query.get("state"))
-        return web.Response(body=msgspec.json.encode(found), content_type="application/json")
+        headers: dict[str, str] = {}
+        if "limit" in request.query:
+            try:
+                limit = max(1, min(int(request.query["limit"]), MAX_PAGE))
+            except ValueError:
+                return web.json_response({"error": "limit is not a number"}, status=400)
+            after = request.query.get("after", "")
+            start = bisect.bisect_right([record.node_id for record in found], after)
+            page = found[start : start + limit]
+            if start + limit < len(found):
+                headers["Next-After"] = page[-1].node_id
+            found = page
+        return web.Response(
+            body=msgspec.json.encode(found), content_type="application/json", headers=headers
+        )
 
     async def node_page(self, request: web.Request) -> web.Response:
         record = self.record(request.match_info["node"])
