@@ -368,7 +368,10 @@ async def cmd_simulate(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         prefix=args.prefix,
         wait=args.wait,
+        kill=args.kill,
     )
+    if not 0 <= args.kill <= args.nodes:
+        return fail("simulate: --kill must be between 0 and --nodes")
     async with connected(args, "fleetctl-simulate") as bus:
         return await simulate(bus, options, sys.stdout)
 
@@ -536,6 +539,12 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
         "--wait", type=float, default=60.0, help="catch-up bound after the last publish (s)"
+    )
+    sim.add_argument(
+        "--kill",
+        type=int,
+        default=0,
+        help="stop this many nodes at once half way (a stale storm): reports their alerts",
     )
     add_server(sim)
     sim.set_defaults(func=cmd_simulate)

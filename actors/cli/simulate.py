@@ -11,6 +11,7 @@ A KV watch of ``fleet_nodes`` shows when every node's record carries its last se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import TextIO
 
 import msgspec
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
@@ -26,11 +28,12 @@ from actors.node.health import checks, scoring
 from actors.node.inventory.actor import fingerprint
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.runtime import kv
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
-from schemas import signing
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned, unsubscribe_quietly
+from schemas import codec, signing
+from schemas.errors import DecodeError
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
-from schemas.messages import AGENT_VERSION, Heartbeat
-from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
+from schemas.messages import AGENT_VERSION, Alert, Heartbeat
+from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, STREAM_HEARTBEATS, Subjects
 
 SEQ_MARK = 987654321987654
 TS_MARK = 1111111111.0625
@@ -49,6 +52,10 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = "fleet"
     wait: float = 60.0
     """How long to wait, after the last publish, for the records to catch up."""
+    kill: int = 0
+    """Nodes that stop beating at once half way through (a stale storm)."""
+    min_stale_after: float = 30.0
+    """The least ``stale_after`` (tests use less, to see a storm in seconds)."""
 
     @property
     def interval(self) -> float:
@@ -58,7 +65,7 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def stale_after(self) -> float:
         """Three periods, as agents use, but never below their default of 30 s."""
-        return max(30.0, 3 * self.interval)
+        return max(self.min_stale_after, 3 * self.interval)
 
 
 def template(node: str, options: SimOptions, boot_id: str) -> bytes:
@@ -233,11 +240,24 @@ async def _run(
 
     start = time.monotonic()
     sent = 0
+    killed: dict[str, float] = {}
+    """Killed node -> the ts of its last heartbeat."""
+    last_ts: dict[str, float] = {}
     while sent < total:
         due = min(total, int((time.monotonic() - start) * options.rate) + 1)
-        ts = b"%.6f" % time.time()
+        now = time.time()
+        ts = b"%.6f" % now
+        if options.kill and not killed and sent >= total // 2:
+            killed = {
+                node.node_id: last_ts.get(node.node_id, 0.0) for node in nodes[: options.kill]
+            }
         while sent < due:
             node = nodes[sent % len(nodes)]
+            if node.node_id in killed:
+                sent += 1
+                continue
+            if options.kill:
+                last_ts[node.node_id] = now
             body, headers = node.beat(ts, boot)
             future = await bus.js.publish_async(
                 node.subject, body, wait_stall=PUBLISH_TIMEOUT, headers=headers
@@ -268,4 +288,59 @@ async def _run(
         out.write(f"not caught up: {current} after {options.wait:g}s\n")
     # A beat replaced in FLEET_HB (one per node) before an aggregator read it is skipped.
     out.write(f"accepted: {progress.updates} record updates for {sent} heartbeats\n")
-    return 0 if progress.caught_up.is_set() and failed == 0 else 1
+    storm_ok = True
+    if killed:
+        storm_ok = await _stale_storm(bus, options, killed, out)
+    return 0 if progress.caught_up.is_set() and failed == 0 and storm_ok else 1
+
+
+async def _stale_storm(
+    bus: Bus, options: SimOptions, killed: dict[str, float], out: TextIO
+) -> bool:
+    """Wait for a ``stale`` alert of every killed node (within ``options.wait`` after the
+    last one's TTL ran out); report how many came, how many were stored more than once,
+    and the delay from each node's TTL expiry (last heartbeat + stale_after) to its
+    alert. True if every node got exactly one."""
+    subjects = Subjects(options.prefix)
+    arrived: dict[str, float] = {}
+    every = asyncio.Event()
+
+    async def on_alert(msg: Msg) -> None:
+        try:
+            alert = codec.decode(msg.data, Alert, msg.subject)
+        except DecodeError:
+            return
+        if alert.kind == "stale" and alert.node_id in killed and alert.node_id not in arrived:
+            arrived[alert.node_id] = time.time()
+            if len(arrived) == len(killed):
+                every.set()
+
+    subscription = await bus.subscribe(subjects.alerts(), on_alert)
+    try:
+        expiry = max(killed.values()) + options.stale_after
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(every.wait(), max(0.0, expiry + options.wait - time.time()))
+    finally:
+        await unsubscribe_quietly(subscription)
+    stream = subjects.stream_name(STREAM_ALERTS)
+    info = await bus.js.stream_info(stream, subjects_filter=subjects.alerts())
+    stored = info.state.subjects or {}
+    per_node = {
+        node: stored.get(subjects.alert("stale", options.cluster, node), 0) for node in killed
+    }
+    twice = sum(1 for node in killed if per_node.get(node, 0) > 1)
+    delays = sorted(
+        max(0.0, arrived[node] - (killed[node] + options.stale_after)) for node in arrived
+    )
+    out.write(
+        f"stale storm: {len(arrived)}/{len(killed)} killed nodes alerted, {twice} stored "
+        f"more than once; TTL expiry -> alert p50 {_quantile(delays, 0.5):.2f}s "
+        f"p99 {_quantile(delays, 0.99):.2f}s\n"
+    )
+    return len(arrived) == len(killed) and twice == 0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, int(q * len(values)))]
