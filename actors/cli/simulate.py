@@ -167,6 +167,11 @@ class Progress:
         self.caught_up_at = 0.0
         self.targets: dict[str, int] = {}
         self.behind: set[str] = set()
+        self.first_sent: dict[str, float] = {}
+        """Each node's first heartbeat of this run: when it was sent (its ``ts``)."""
+        self.latencies: list[float] = []
+        """Publish-to-record seconds of each node's first heartbeat of this run (a new
+        boot is a state change, so the aggregator writes it at once, not at a checkpoint)."""
 
     async def follow(self, bucket: KeyValue) -> None:
         await kv.follow(bucket, _Progress, self._on_change, self.synced.set)
@@ -174,9 +179,13 @@ class Progress:
     def _on_change(self, node: str, found: _Progress | None) -> None:
         if node not in self.seen or found is None:
             return
+        previous = self.seen[node]
         self.seen[node] = found.last_seq
         if found.boot_id == self.boot and self.synced.is_set():
             self.updates += 1
+            sent = self.first_sent.pop(node, None)
+            if sent is not None and found.last_seq != previous:
+                self.latencies.append(max(0.0, time.time() - sent))
         if node in self.behind and found.last_seq >= self.targets[node]:
             self._done(node)
 
@@ -242,6 +251,7 @@ async def _run(
     sent = 0
     killed: dict[str, float] = {}
     """Killed node -> the ts of its last heartbeat."""
+    first: set[str] = set()
     last_ts: dict[str, float] = {}
     while sent < total:
         due = min(total, int((time.monotonic() - start) * options.rate) + 1)
@@ -258,6 +268,9 @@ async def _run(
                 continue
             if options.kill:
                 last_ts[node.node_id] = now
+            if node.node_id not in first:
+                first.add(node.node_id)
+                progress.first_sent[node.node_id] = now
             body, headers = node.beat(ts, boot)
             future = await bus.js.publish_async(
                 node.subject, body, wait_stall=PUBLISH_TIMEOUT, headers=headers
@@ -288,6 +301,13 @@ async def _run(
         out.write(f"not caught up: {current} after {options.wait:g}s\n")
     # A beat replaced in FLEET_HB (one per node) before an aggregator read it is skipped.
     out.write(f"accepted: {progress.updates} record updates for {sent} heartbeats\n")
+    latencies = sorted(progress.latencies)
+    if latencies:
+        out.write(
+            f"publish-to-record latency of each node's first heartbeat ({len(latencies)}): "
+            f"p50 {_quantile(latencies, 0.5) * 1000:.0f} ms, "
+            f"p99 {_quantile(latencies, 0.99) * 1000:.0f} ms\n"
+        )
     storm_ok = True
     if killed:
         storm_ok = await _stale_storm(bus, options, killed, out)

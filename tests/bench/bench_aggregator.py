@@ -217,7 +217,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def big_run(url: str, port: int, nodes: int, duration: float, server: psutil.Process) -> None:
-    """``nodes`` nodes at a 30 s interval for ``duration``; then a cold start."""
+    """``nodes`` nodes at a 30 s interval for ``duration``, a tenth of them stopped at
+    once half way (a stale storm); then a cold start."""
     aggregator = start_aggregator(url, port)
     try:
         wait_owner(port, 60)
@@ -226,7 +227,7 @@ def big_run(url: str, port: int, nodes: int, duration: float, server: psutil.Pro
             [
                 *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
                 *("--nodes", str(nodes), "--rate", f"{rate:.1f}", "--duration", str(duration)),
-                *("--gpus", "1", "--wait", "150"),
+                *("--gpus", "1", "--wait", "150", "--kill", str(nodes // 10)),
             ],
             capture_output=True,
             text=True,
