@@ -36,7 +36,7 @@ from actors.cli.common import (
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
-from actors.fleet import history, nats_config, registry
+from actors.fleet import history, lease, nats_config, registry
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -227,6 +227,28 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 return 0
             except TimeoutError:
                 continue
+
+
+async def cmd_aggregators(args: argparse.Namespace) -> int:
+    """Who consumes FLEET_HB (the heartbeat lease), its rate over one second, and how far
+    behind it is (pending and unacknowledged heartbeats). Standbys hold nothing."""
+    subjects = Subjects(args.prefix)
+    async with connected(args, "fleetctl") as bus:
+        first = await lease.owner_status(bus, subjects, args.durable)
+        await asyncio.sleep(1.0)
+        status = await lease.owner_status(bus, subjects, args.durable)
+    rate = max(0, status.delivered_seq - first.delivered_seq)
+    if args.json:
+        body = msgspec.to_builtins(status) | {"rate": rate}
+        sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+        return 0
+    holder = status.holder or "(nobody: no aggregator holds the lease)"
+    sys.stdout.write(
+        "PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED\n"
+        f"{status.partition}  {views.printable(holder)}  {status.renewed_ago:.1f}s ago  "
+        f"{rate}/s  {status.pending}  {status.unacked}\n"
+    )
+    return 0
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
@@ -493,6 +515,16 @@ def parser() -> argparse.ArgumentParser:
     )
     add_server(nodes)
     nodes.set_defaults(func=cmd_nodes)
+
+    aggregators = commands.add_parser(
+        "aggregators", help="who consumes the heartbeats, its rate and lag"
+    )
+    aggregators.add_argument("--json", action="store_true", help="one JSON object")
+    aggregators.add_argument(
+        "--durable", default="aggregator", help="the aggregators' consumer (default aggregator)"
+    )
+    add_server(aggregators)
+    aggregators.set_defaults(func=cmd_aggregators)
 
     node = commands.add_parser("node", help="one node's full record")
     node.add_argument("node", type=token("node id"), help="the node's id")

@@ -29,13 +29,16 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from actors.runtime.bus import Bus
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import AggregatorLease
+from schemas.subjects import BUCKET_LEASES, STREAM_HEARTBEATS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +163,44 @@ async def while_held(lease: Lease, work: Callable[[], Coroutine[Any, Any, None]]
                 raise failure
             return
         log.warning("heartbeat work stopped: lease lost", extra={"holder": lease.holder})
+
+
+class OwnerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``fleetctl aggregators`` shows: the lease and the heartbeat consumer."""
+
+    partition: str
+    holder: str
+    """"" when nobody holds the lease."""
+    renewed_ago: float
+    ttl: float
+    pending: int
+    """Heartbeats in FLEET_HB not yet delivered to the owner."""
+    unacked: int
+    """Heartbeats delivered to the owner and not yet settled."""
+    delivered_seq: int
+    """The stream sequence last delivered: read twice, its difference is the rate."""
+
+
+async def owner_status(bus: Bus, subjects: Subjects, durable: str) -> OwnerStatus:
+    """The heartbeat lease's holder and its consumer's figures (zeros without one)."""
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_LEASES))
+    lease = Lease(bucket, "", 5.0)
+    current, _ = await lease._read()
+    pending = unacked = delivered = 0
+    try:
+        info = await bus.js.consumer_info(
+            subjects.stream_name(STREAM_HEARTBEATS), subjects.stream_name(durable)
+        )
+        pending, unacked = info.num_pending or 0, info.num_ack_pending or 0
+        delivered = info.delivered.stream_seq if info.delivered else 0
+    except nats.js.errors.NotFoundError:
+        pass
+    return OwnerStatus(
+        partition=KEY,
+        holder=current.holder if current else "",
+        renewed_ago=max(0.0, time.time() - current.renewed) if current else 0.0,
+        ttl=current.ttl if current else 0.0,
+        pending=pending,
+        unacked=unacked,
+        delivered_seq=delivered or 0,
+    )
