@@ -271,7 +271,18 @@ class AggregatorActor:
             if chain is not None:
                 chain.append((msg, partial(self.handle, msg)))
                 continue
-            steps = self.judge(msg)
+            try:
+                steps = self.judge(msg)
+            except Exception as exc:
+                # A message that breaks the judge (never raised for bad input: a bug) is
+                # terminated alone; raising here would redeliver the batch forever.
+                self._count_drop("handler_error")
+                log.error(
+                    "heartbeat broke its handler; terminated",
+                    exc_info=True,
+                    extra={"subject": msg.subject, "reason": repr(exc)},
+                )
+                steps = [msg.term]
             if steps:
                 chains[msg.subject] = [(msg, step) for step in steps]
         self._count()

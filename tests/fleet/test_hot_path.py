@@ -6,12 +6,14 @@ from __future__ import annotations
 import time
 
 import msgspec
+from nats.aio.msg import Msg
 
 from actors.fleet import record_rules
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.hot_state import CheckpointQueue, NodeState
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.runtime.bus import NatsBus
+from actors.runtime.consumer import Step
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.events import Health
@@ -172,3 +174,30 @@ def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
     nodes["b"].written = 14.0  # written by a transition meanwhile
     assert queue.due(16.0, 100, nodes) == []
     assert queue.due(24.0, 100, nodes) == ["b"]
+
+
+async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
+    """A message on which judging raises (a bug) is terminated on its own and counted;
+    the rest of the batch is judged, and nothing raises out of the batch."""
+    aggregator = new_aggregator(bus, prefix)
+    key = signing.KeyPair.generate()
+    body = codec.encode(heartbeat(seq=1))
+    broken = delivered(bus, prefix, body, key.headers(body), stream_seq=1)
+    fine = delivered(bus, prefix, body, key.headers(body), stream_seq=2)
+    fine.subject = Subjects(prefix).heartbeat("c1", "n2")
+    judged: list[int] = []
+
+    def judge(msg: Msg, fetched: bool = False) -> list[Step]:
+        if msg is broken:
+            raise RuntimeError("bug")
+        judged.append(2)
+        return []
+
+    aggregator.judge = judge  # type: ignore[method-assign]
+    chains = await aggregator.handle_batch([broken, fine])
+    assert chains == [[(broken, broken.term)]]
+    assert judged == [2]
+    dropped = aggregator.metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "handler_error"}
+    )
+    assert dropped == 1
