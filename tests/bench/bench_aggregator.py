@@ -27,6 +27,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -122,6 +123,11 @@ def step(
         process.cpu_percent(None)  # start the interval
     before = children_cpu()
     start = time.monotonic()
+    # The bare verify measured again while the load runs (a short burst half way): on a
+    # shared machine every CPU-second costs more under load, the verify's too.
+    loaded: list[float] = []
+    prober = threading.Timer(duration / 2 + 3, lambda: loaded.append(bare_verify_cpu(2000)))
+    prober.start()
     done = subprocess.run(
         [
             *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
@@ -133,6 +139,10 @@ def step(
         timeout=duration + 180,
     )
     drained = asyncio.run(consumer_drained(url, 60.0))
+    prober.join()
+    if loaded:
+        totals[2] += loaded[0]
+        totals[3] += 1
     wall = time.monotonic() - start
     usage = {name: process.cpu_percent(None) for name, process in processes.items()}
     cpu = aggregator_cpu(processes["aggregator"]) - cpu_before
@@ -335,13 +345,13 @@ def main() -> None:
                 flush=True,
             )
             verify = bare_verify_cpu()
-            totals = [0.0, 0.0]
+            totals = [0.0, 0.0, 0.0, 0.0]
             rates = [float(r) for r in args.rates.split(",")]
             # The first rate is also the warm-up (nodes approved, first records written):
             # the ratio is taken over the others when there are others.
             for index, rate in enumerate(rates):
                 if index == 1:
-                    totals = [0.0, 0.0]
+                    totals = [0.0, 0.0, 0.0, 0.0]
                 step(server.url, args.nodes, rate, args.duration, processes, port, totals)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
                 for line in page.read().decode().splitlines():
@@ -353,6 +363,13 @@ def main() -> None:
                 f"verify {1e6 * verify:.1f} us; ratio {per / verify:.2f} (target <= 2.0)",
                 flush=True,
             )
+            if totals[3]:
+                under_load = totals[2] / totals[3]
+                print(
+                    f"bare PyNaCl verify measured under the same load: {1e6 * under_load:.1f} "
+                    f"us; ratio against it {per / under_load:.2f}",
+                    flush=True,
+                )
             stop(aggregator)
             if args.failover:
                 failover(server.url, port, args.nodes, rates[0], max(20.0, args.duration))
