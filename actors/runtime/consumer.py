@@ -191,8 +191,10 @@ class BatchPuller:
         self._done = asyncio.Event()
 
     async def _on_message(self, msg: Msg) -> None:
-        status = msg.headers.get("Status", "") if msg.headers else ""
-        if status and not msg.data:
+        # The server's own status answers have no reply subject; every delivered message
+        # has one (its ack subject), whatever headers its publisher put on it.
+        status = msg.headers.get("Status", "") if msg.headers and not msg.reply else ""
+        if status:
             if status != "100":  # idle heartbeats are not an answer
                 self._status = status
                 self._done.set()
