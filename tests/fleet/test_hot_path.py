@@ -201,3 +201,26 @@ async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, pref
         "fleet_messages_dropped_total", {"reason": "handler_error"}
     )
     assert dropped == 1
+
+
+async def test_stored_message_with_a_status_header_is_judged(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A heartbeat published with the header the server's status answers carry (and no
+    body) is a message like any other: refused and counted, and the node's next valid
+    heartbeat is accepted."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    actor = aggregator_of(await fleet.start_aggregator())
+    await bus.js.publish(Subjects(prefix).heartbeat("c1", "n1"), b"", headers={"Status": "503"})
+
+    def refused() -> float:
+        registry = actor.metrics.registry
+        return sum(
+            registry.get_sample_value("fleet_heartbeats_refused_total", {"kind": kind}) or 0
+            for kind in ("bad_signature", "unknown_node")
+        )
+
+    await wait_for(lambda: refused() == 1)
+    await beat(bus, prefix, key, 1)
+    await wait_for(lambda: "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == 1)
