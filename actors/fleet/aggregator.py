@@ -320,7 +320,14 @@ class AggregatorActor:
         self._last_delivery = (stored, pending)
         headers = msg.headers or {}
         state = self.nodes.get(node)
-        if state is None and not fetched:
+        if state is None and not fetched and (
+            MARKER_REASON in headers
+            or self.store.cached_key(node) != headers.get(signing.HEADER_KEY)
+        ):
+            # A node with no record in memory is read afresh, unless it is one the trust
+            # watch knows, signing with its approved key: every record was loaded when
+            # this owner took over and it writes every new one itself, so there is none
+            # to read (only a pending one a registration made, which accepting replaces).
             return [partial(self._fetch_and_judge, msg, node)]
         if MARKER_REASON in headers:
             return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
