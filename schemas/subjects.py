@@ -95,6 +95,12 @@ class Subjects:
     def alerts(self) -> str:
         return f"{self.prefix}.alert.>"
 
+    def alerts_of(self, kind: str, cluster: str) -> str:
+        """Every node's alerts of one kind in one cluster (a filter, for counting)."""
+        return (
+            f"{self.prefix}.alert.{check_token('kind', kind)}.{check_token('cluster', cluster)}.*"
+        )
+
     def register(self) -> str:
         return f"{self.prefix}.register"
 

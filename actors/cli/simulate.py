@@ -343,7 +343,9 @@ async def _stale_storm(
     finally:
         await unsubscribe_quietly(subscription)
     stream = subjects.stream_name(STREAM_ALERTS)
-    info = await bus.js.stream_info(stream, subjects_filter=subjects.alerts())
+    info = await bus.js.stream_info(
+        stream, subjects_filter=subjects.alerts_of("stale", options.cluster)
+    )
     stored = info.state.subjects or {}
     per_node = {
         node: stored.get(subjects.alert("stale", options.cluster, node), 0) for node in killed
