@@ -230,14 +230,28 @@ async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
         for node in nodes:
             seen = progress.seen[node.node_id]
             node.seq = seen + SEQ_BLOCK if seen else 0
-        return await _run(bus, options, nodes, progress, boot, out)
+        watch = StaleAlerts()
+        # Followed from before the first beat: a killed node's alert may come before the
+        # run ends.
+        alerts = await bus.subscribe(subjects.alerts(), watch.on_alert) if options.kill else None
+        try:
+            return await _run(bus, options, nodes, progress, boot, watch, out)
+        finally:
+            if alerts is not None:
+                await unsubscribe_quietly(alerts)
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
 
 
 async def _run(
-    bus: Bus, options: SimOptions, nodes: list[SimNode], progress: Progress, boot: str, out: TextIO
+    bus: Bus,
+    options: SimOptions,
+    nodes: list[SimNode],
+    progress: Progress,
+    boot: str,
+    watch: StaleAlerts,
+    out: TextIO,
 ) -> int:
     total = max(1, round(options.rate * options.duration))
     failed = 0
@@ -310,38 +324,41 @@ async def _run(
         )
     storm_ok = True
     if killed:
-        storm_ok = await _stale_storm(bus, options, killed, out)
+        storm_ok = await _stale_storm(bus, options, killed, watch, out)
     return 0 if progress.caught_up.is_set() and failed == 0 and storm_ok else 1
 
 
+class StaleAlerts:
+    """When each node's first ``stale`` alert arrived, followed from before the run."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def on_alert(self, msg: Msg) -> None:
+        try:
+            alert = codec.decode(msg.data, Alert, msg.subject)
+        except DecodeError:
+            return
+        if alert.kind == "stale" and alert.node_id not in self.arrived:
+            self.arrived[alert.node_id] = time.time()
+            self.changed.set()
+
+
 async def _stale_storm(
-    bus: Bus, options: SimOptions, killed: dict[str, float], out: TextIO
+    bus: Bus, options: SimOptions, killed: dict[str, float], watch: StaleAlerts, out: TextIO
 ) -> bool:
     """Wait for a ``stale`` alert of every killed node (within ``options.wait`` after the
     last one's TTL ran out); report how many came, how many were stored more than once,
     and the delay from each node's TTL expiry (last heartbeat + stale_after) to its
     alert. True if every node got exactly one."""
     subjects = Subjects(options.prefix)
-    arrived: dict[str, float] = {}
-    every = asyncio.Event()
-
-    async def on_alert(msg: Msg) -> None:
-        try:
-            alert = codec.decode(msg.data, Alert, msg.subject)
-        except DecodeError:
-            return
-        if alert.kind == "stale" and alert.node_id in killed and alert.node_id not in arrived:
-            arrived[alert.node_id] = time.time()
-            if len(arrived) == len(killed):
-                every.set()
-
-    subscription = await bus.subscribe(subjects.alerts(), on_alert)
-    try:
-        expiry = max(killed.values()) + options.stale_after
+    deadline = max(killed.values()) + options.stale_after + options.wait
+    while not all(node in watch.arrived for node in killed) and time.time() < deadline:
+        watch.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(every.wait(), max(0.0, expiry + options.wait - time.time()))
-    finally:
-        await unsubscribe_quietly(subscription)
+            await asyncio.wait_for(watch.changed.wait(), max(0.0, deadline - time.time()))
+    arrived = {node: at for node, at in watch.arrived.items() if node in killed}
     stream = subjects.stream_name(STREAM_ALERTS)
     info = await bus.js.stream_info(
         stream, subjects_filter=subjects.alerts_of("stale", options.cluster)
