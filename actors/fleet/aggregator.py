@@ -320,9 +320,13 @@ class AggregatorActor:
         self._last_delivery = (stored, pending)
         headers = msg.headers or {}
         state = self.nodes.get(node)
-        if state is None and not fetched and (
-            MARKER_REASON in headers
-            or self.store.cached_key(node) != headers.get(signing.HEADER_KEY)
+        if (
+            state is None
+            and not fetched
+            and (
+                MARKER_REASON in headers
+                or self.store.cached_key(node) != headers.get(signing.HEADER_KEY)
+            )
         ):
             # A node with no record in memory is read afresh, unless it is one the trust
             # watch knows, signing with its approved key: every record was loaded when
