@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from actors.fleet.aggregator import AggregatorActor
 from actors.runtime.bus import NatsBus
 from tests.cli.test_fleetctl_listing import fleetctl
 from tests.support.fleet import Fleet, wait_for
 
 
+@pytest.mark.slow
 async def test_aggregators_names_the_lease_holder(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """With one aggregator running, the lease holder is that aggregator and nothing is
     pending; the table form prints the same holder."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
 from actors.cli import views
 from actors.fleet import record_rules
@@ -30,6 +31,7 @@ async def many_records(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
         await bucket.put(record.node_id, codec.encode(record))
 
 
+@pytest.mark.slow
 async def test_summary_above_a_screenful_and_rows_on_request(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from actors.fleet.aggregator import AggregatorActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Supervisor
@@ -33,6 +35,7 @@ async def start_many(
     return actors, buses, supervisors
 
 
+@pytest.mark.slow
 async def test_killed_owner_hands_over_and_stale_alert_is_raised_once(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
@@ -65,6 +68,7 @@ async def test_killed_owner_hands_over_and_stale_alert_is_raised_once(
     assert stored.state.messages == len(ids)
 
 
+@pytest.mark.slow
 async def test_three_aggregators_one_owner_and_a_clean_stop_hands_over_at_once(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
