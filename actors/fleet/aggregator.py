@@ -499,6 +499,10 @@ class AggregatorActor:
             refreshed = state.refreshed if state is not None else 0.0
             if not fetched and time.monotonic() - refreshed > REFRESH_INTERVAL:
                 raise _NeedsFetch  # an operator's reset-seq may be waiting in fleet_nodes
+        elif not fetched and record_rules.new_key_epoch(previous, public_key):
+            # A re-imaged node's first beat under its new key: the operator's reset-seq
+            # that may come with it is in fleet_nodes only, and this beat uses it up.
+            raise _NeedsFetch
         if verdict == "replay":
             raise Refused(
                 "replay",

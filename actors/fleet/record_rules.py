@@ -306,8 +306,10 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     cleared, the GPU fingerprint is kept current, and a deregistering heartbeat records
     who deregistered the node."""
     fingerprint = gpu_fingerprint(heartbeat)
-    changes: dict[str, object] = {"refused": "", "refused_at": None}
-    if fingerprint is not None:
+    changes: dict[str, object] = {}
+    if updated.refused or updated.refused_at is not None:
+        changes["refused"], changes["refused_at"] = "", None
+    if fingerprint is not None and fingerprint != updated.gpu_fingerprint:
         changes["gpu_fingerprint"] = fingerprint
     if heartbeat.deregistering and not previous.deregistered:
         changes["deregistered_by"] = "node"
@@ -315,8 +317,10 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
         changes["deregistered_at"] = updated.last_seen
     elif previous.deregistered:
         for name in ("deregistered_by", "deregistered_reason", "deregistered_at"):
-            changes[name] = getattr(previous, name)
-    return with_state(updated, **changes)
+            if getattr(updated, name) != getattr(previous, name):
+                changes[name] = getattr(previous, name)
+    # Most heartbeats change none of it: no second copy of the record on the hot path.
+    return with_state(updated, **changes) if changes else updated
 
 
 def hardware_alert(previous: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:
