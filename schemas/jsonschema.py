@@ -48,6 +48,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.TrustEntry,
     messages.EnrollClaims,
     messages.EnrollRecord,
+    messages.AggregatorLease,
 )
 
 

@@ -363,3 +363,15 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
     approved_at: UnixTime
     approved_by: Name = ""
     revoked: bool = False
+
+
+class AggregatorLease(Wire, frozen=True, kw_only=True):
+    """KV ``fleet_leases``, key ``hb``: which aggregator consumes ``FLEET_HB`` now. Held
+    by compare-and-set on the key's revision (see README, "Heartbeat ownership")."""
+
+    holder: Name
+    """The holding aggregator's id (host and a random suffix per start)."""
+    ttl: Seconds
+    """Another aggregator takes the lease over once its revision has not changed for this long."""
+    renewed: UnixTime
+    """The holder's clock at its last renewal (for operators; no decision reads it)."""

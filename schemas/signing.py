@@ -143,6 +143,33 @@ def verify(headers: Mapping[str, str] | None, body: bytes) -> str:
     return public_key
 
 
+def verify_key(public_key: str) -> nacl.signing.VerifyKey:
+    """The verifier of ``public_key``, built once per key by a verifier that keeps it
+    (decoding an nkey costs about as much as the signature check itself)."""
+    try:
+        return nacl.signing.VerifyKey(public_key_bytes(public_key))
+    except ValueError as exc:
+        raise SignatureError(f"bad Fleet-Key: {exc}", public_key[:64]) from None
+
+
+def verify_with(
+    key: nacl.signing.VerifyKey, public_key: str, headers: Mapping[str, str], body: bytes
+) -> None:
+    """:func:`verify` with the signer's verifier already built from ``public_key``."""
+    if HEADER_SIG not in headers:
+        raise SignatureError("missing Fleet-Key or Fleet-Sig header")
+    try:
+        signature = base64.b64decode(headers.get(HEADER_SIG, ""), validate=True)
+    except ValueError:
+        raise SignatureError("Fleet-Sig is not base64", public_key) from None
+    if len(signature) != 64:
+        raise SignatureError("Fleet-Sig is not 64 bytes", public_key)
+    try:
+        key.verify(body, signature)
+    except nacl.exceptions.BadSignatureError:
+        raise SignatureError("signature does not match the body", public_key) from None
+
+
 def create_key_file(path: Path) -> KeyPair:
     """Write a new seed to ``path`` (mode 0600); refuses to overwrite an existing key. A
     directory created for it is 0700, so nobody else can even list the keys."""

@@ -23,6 +23,8 @@ BUCKET_NODES: Final = "fleet_nodes"
 BUCKET_TRUST: Final = "fleet_trust"
 BUCKET_ENROLL: Final = "fleet_enroll"
 """Enrollment tokens' records (``EnrollRecord``), key = token id: uses and revocation."""
+BUCKET_LEASES: Final = "fleet_leases"
+"""Which aggregator consumes FLEET_HB now (key ``hb``, an AggregatorLease)."""
 
 EVENT_SAMPLE: Final = "sample"
 EVENT_HEALTH: Final = "health"
@@ -109,6 +111,12 @@ class Subjects:
     def forget(self) -> str:
         """``fleetctl forget``'s signed request, answered by an aggregator."""
         return f"{self.prefix}.forget"
+
+    def alerts_of(self, kind: str, cluster: str) -> str:
+        """Every node's alerts of one kind in one cluster (a filter, for counting)."""
+        return (
+            f"{self.prefix}.alert.{check_token('kind', kind)}.{check_token('cluster', cluster)}.*"
+        )
 
     def register(self) -> str:
         return f"{self.prefix}.register"

@@ -37,7 +37,7 @@ from actors.cli.common import (
 )
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
-from actors.fleet import history, nats_config, registry
+from actors.fleet import history, lease, nats_config, registry
 from actors.fleet import labels as fleet_labels
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
@@ -52,7 +52,7 @@ from actors.runtime.tls import client_context
 from schemas import codec, signing
 from schemas.base import RecordState
 from schemas.errors import FleetError, SignatureError
-from schemas.messages import Alert, Forget, ForgetReply
+from schemas.messages import Alert, Forget, ForgetReply, NodeRecord
 from schemas.subjects import Subjects, check_token
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -83,10 +83,14 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
     metrics = AggregatorMetrics()
-    actors: list[Actor] = [AggregatorActor(config, bus, metrics), ForgetActor(config, bus)]
+    aggregator = AggregatorActor(config, bus, metrics)
+    actors: list[Actor] = [aggregator, ForgetActor(config, bus)]
     if config.http_port >= 0:
-        # /healthz asks the supervisor, made below, once serving.
-        actors.append(FleetApiActor(config, bus, metrics, lambda: supervisor.check()))
+        # /healthz asks the supervisor, made below, once serving; /nodes answers from
+        # the aggregator's live records.
+        actors.append(
+            FleetApiActor(config, bus, metrics, lambda: supervisor.check(), aggregator.nodes)
+        )
     supervisor = Supervisor(actors)
     supervisor.start()
     stop = stop_event()
@@ -211,10 +215,26 @@ WATCH_INTERVAL = 2.0
 """Seconds between two reads of ``fleetctl nodes --watch``."""
 
 
+def write_nodes(records: list[NodeRecord], output: str, colour: bool, rows: bool) -> None:
+    """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
+    is written record by record (the same bytes as one array), so a 100,000-node
+    listing is never one string in memory."""
+    if output == "json":
+        sys.stdout.write("[")
+        for index, record in enumerate(records):
+            sys.stdout.write(("," if index else "") + codec.encode(record).decode())
+        sys.stdout.write("]\n")
+    elif output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE:
+        sys.stdout.write(views.fleet_summary(records))
+    else:
+        sys.stdout.write(views.nodes_output(records, output, colour))
+
+
 async def cmd_nodes(args: argparse.Namespace) -> int:
     """The fleet as a table (``-o wide`` adds SEQ and REASON) or JSON; with ``--watch``,
     read again every WATCH_INTERVAL and printed again when a node's state, schedulability,
-    health, GPUs or version changed, until Ctrl-C (exit 0)."""
+    health, GPUs or version changed, until Ctrl-C (exit 0). Deregistered nodes are hidden
+    and a fleet above a screenful is summarised, unless ``--all`` (everything, as rows)."""
     output = "json" if args.json else args.output
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
@@ -231,12 +251,14 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 and fleet_labels.matches(r.labels, selectors)
                 and (args.all or args.state == "deregistered" or r.state != "deregistered")
             ]
+            if args.limit is not None:
+                records = records[: args.limit]
             key = [views.change_key(r) for r in records]
             if key != shown:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                sys.stdout.write(views.nodes_output(records, output, colour))
+                write_nodes(records, output, colour, rows=args.all or args.limit is not None)
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -245,6 +267,28 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 return 0
             except TimeoutError:
                 continue
+
+
+async def cmd_aggregators(args: argparse.Namespace) -> int:
+    """Who consumes FLEET_HB (the heartbeat lease), its rate over one second, and how far
+    behind it is (pending and unacknowledged heartbeats). Standbys hold nothing."""
+    subjects = Subjects(args.prefix)
+    async with connected(args, "fleetctl") as bus:
+        first = await lease.owner_status(bus, subjects, args.durable)
+        await asyncio.sleep(1.0)
+        status = await lease.owner_status(bus, subjects, args.durable)
+    rate = max(0, status.delivered_seq - first.delivered_seq)
+    if args.json:
+        body = msgspec.to_builtins(status) | {"rate": rate}
+        sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+        return 0
+    holder = status.holder or "(nobody: no aggregator holds the lease)"
+    sys.stdout.write(
+        "PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED\n"
+        f"{status.partition}  {views.printable(holder)}  {status.renewed_ago:.1f}s ago  "
+        f"{rate}/s  {status.pending}  {status.unacked}\n"
+    )
+    return 0
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
@@ -373,7 +417,10 @@ async def cmd_simulate(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         prefix=args.prefix,
         wait=args.wait,
+        kill=args.kill,
     )
+    if not 0 <= args.kill <= args.nodes:
+        return fail("simulate: --kill must be between 0 and --nodes")
     async with connected(args, "fleetctl-simulate") as bus:
         return await simulate(bus, options, sys.stdout)
 
@@ -503,7 +550,15 @@ def parser() -> argparse.ArgumentParser:
         help="only nodes with this label, KEY=VALUE (repeatable: all must match)",
     )
     nodes.add_argument("--json", action="store_true", help="same as -o json")
-    nodes.add_argument("--all", action="store_true", help="include deregistered (forgotten) nodes")
+    nodes.add_argument(
+        "--limit", type=int, default=None, help="list at most this many nodes (as rows)"
+    )
+    nodes.add_argument(
+        "--all",
+        action="store_true",
+        help="every node, in full: deregistered (forgotten) ones included, and as rows "
+        f"even above {views.SUMMARY_ABOVE} (else a summary)",
+    )
     nodes.add_argument(
         "-o",
         "--output",
@@ -518,6 +573,16 @@ def parser() -> argparse.ArgumentParser:
     )
     add_server(nodes)
     nodes.set_defaults(func=cmd_nodes)
+
+    aggregators = commands.add_parser(
+        "aggregators", help="who consumes the heartbeats, its rate and lag"
+    )
+    aggregators.add_argument("--json", action="store_true", help="one JSON object")
+    aggregators.add_argument(
+        "--durable", default="aggregator", help="the aggregators' consumer (default aggregator)"
+    )
+    add_server(aggregators)
+    aggregators.set_defaults(func=cmd_aggregators)
 
     node = commands.add_parser("node", help="one node's full record")
     node.add_argument("node", type=token("node id"), help="the node's id")
@@ -564,6 +629,12 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
         "--wait", type=duration, default=60.0, help="catch-up bound after the last publish"
+    )
+    sim.add_argument(
+        "--kill",
+        type=int,
+        default=0,
+        help="stop this many nodes at once half way (a stale storm): reports their alerts",
     )
     add_server(sim)
     sim.set_defaults(func=cmd_simulate)

@@ -11,6 +11,7 @@ A KV watch of ``fleet_nodes`` shows when every node's record carries its last se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import TextIO
 
 import msgspec
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
@@ -26,16 +28,19 @@ from actors.node.health import checks, scoring
 from actors.node.inventory.actor import fingerprint
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.runtime import kv
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
-from schemas import signing
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned, unsubscribe_quietly
+from schemas import codec, signing
+from schemas.errors import DecodeError
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
-from schemas.messages import AGENT_VERSION, Heartbeat
-from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
+from schemas.messages import AGENT_VERSION, Alert, Heartbeat
+from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, STREAM_HEARTBEATS, Subjects
 
 SEQ_MARK = 987654321987654
 TS_MARK = 1111111111.0625
 """Marker values no real beat carries; both encode exactly, so they can be replaced."""
 APPROVE_CHUNK = 100
+SEQ_BLOCK = 1000
+"""Seqs skipped by a node the aggregators already know (an agent's reserved block)."""
 
 
 class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +52,10 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = "fleet"
     wait: float = 60.0
     """How long to wait, after the last publish, for the records to catch up."""
+    kill: int = 0
+    """Nodes that stop beating at once half way through (a stale storm)."""
+    min_stale_after: float = 30.0
+    """The least ``stale_after`` (tests use less, to see a storm in seconds)."""
 
     @property
     def interval(self) -> float:
@@ -56,7 +65,7 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def stale_after(self) -> float:
         """Three periods, as agents use, but never below their default of 30 s."""
-        return max(30.0, 3 * self.interval)
+        return max(self.min_stale_after, 3 * self.interval)
 
 
 def template(node: str, options: SimOptions, boot_id: str) -> bytes:
@@ -158,6 +167,11 @@ class Progress:
         self.caught_up_at = 0.0
         self.targets: dict[str, int] = {}
         self.behind: set[str] = set()
+        self.first_sent: dict[str, float] = {}
+        """Each node's first heartbeat of this run: when it was sent (its ``ts``)."""
+        self.latencies: list[float] = []
+        """Publish-to-record seconds of each node's first heartbeat of this run (a new
+        boot is a state change, so the aggregator writes it at once, not at a checkpoint)."""
 
     async def follow(self, bucket: KeyValue) -> None:
         await kv.follow(bucket, _Progress, self._on_change, self.synced.set)
@@ -165,9 +179,13 @@ class Progress:
     def _on_change(self, node: str, found: _Progress | None) -> None:
         if node not in self.seen or found is None:
             return
+        previous = self.seen[node]
         self.seen[node] = found.last_seq
         if found.boot_id == self.boot and self.synced.is_set():
             self.updates += 1
+            sent = self.first_sent.pop(node, None)
+            if sent is not None and found.last_seq != previous:
+                self.latencies.append(max(0.0, time.time() - sent))
         if node in self.behind and found.last_seq >= self.targets[node]:
             self._done(node)
 
@@ -206,16 +224,34 @@ async def simulate(bus: Bus, options: SimOptions, out: TextIO) -> int:
     follower = asyncio.create_task(progress.follow(nodes_bucket))
     try:
         await asyncio.wait_for(progress.synced.wait(), PUBLISH_TIMEOUT)
-        for node in nodes:  # a node the aggregators already know continues its sequence
-            node.seq = progress.seen[node.node_id]
-        return await _run(bus, options, nodes, progress, boot, out)
+        # A node the aggregators already know continues its sequence past a reserved
+        # block, as a restarted agent does: fleet_nodes may be a checkpoint behind the
+        # last seq the aggregator accepted.
+        for node in nodes:
+            seen = progress.seen[node.node_id]
+            node.seq = seen + SEQ_BLOCK if seen else 0
+        watch = StaleAlerts()
+        # Followed from before the first beat: a killed node's alert may come before the
+        # run ends.
+        alerts = await bus.subscribe(subjects.alerts(), watch.on_alert) if options.kill else None
+        try:
+            return await _run(bus, options, nodes, progress, boot, watch, out)
+        finally:
+            if alerts is not None:
+                await unsubscribe_quietly(alerts)
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
 
 
 async def _run(
-    bus: Bus, options: SimOptions, nodes: list[SimNode], progress: Progress, boot: str, out: TextIO
+    bus: Bus,
+    options: SimOptions,
+    nodes: list[SimNode],
+    progress: Progress,
+    boot: str,
+    watch: StaleAlerts,
+    out: TextIO,
 ) -> int:
     total = max(1, round(options.rate * options.duration))
     failed = 0
@@ -227,11 +263,28 @@ async def _run(
 
     start = time.monotonic()
     sent = 0
+    killed: dict[str, float] = {}
+    """Killed node -> the ts of its last heartbeat."""
+    first: set[str] = set()
+    last_ts: dict[str, float] = {}
     while sent < total:
         due = min(total, int((time.monotonic() - start) * options.rate) + 1)
-        ts = b"%.6f" % time.time()
+        now = time.time()
+        ts = b"%.6f" % now
+        if options.kill and not killed and sent >= total // 2:
+            killed = {
+                node.node_id: last_ts.get(node.node_id, 0.0) for node in nodes[: options.kill]
+            }
         while sent < due:
             node = nodes[sent % len(nodes)]
+            if node.node_id in killed:
+                sent += 1
+                continue
+            if options.kill:
+                last_ts[node.node_id] = now
+            if node.node_id not in first:
+                first.add(node.node_id)
+                progress.first_sent[node.node_id] = now
             body, headers = node.beat(ts, boot)
             future = await bus.js.publish_async(
                 node.subject, body, wait_stall=PUBLISH_TIMEOUT, headers=headers
@@ -262,4 +315,71 @@ async def _run(
         out.write(f"not caught up: {current} after {options.wait:g}s\n")
     # A beat replaced in FLEET_HB (one per node) before an aggregator read it is skipped.
     out.write(f"accepted: {progress.updates} record updates for {sent} heartbeats\n")
-    return 0 if progress.caught_up.is_set() and failed == 0 else 1
+    latencies = sorted(progress.latencies)
+    if latencies:
+        out.write(
+            f"publish-to-record latency of each node's first heartbeat ({len(latencies)}): "
+            f"p50 {_quantile(latencies, 0.5) * 1000:.0f} ms, "
+            f"p99 {_quantile(latencies, 0.99) * 1000:.0f} ms\n"
+        )
+    storm_ok = True
+    if killed:
+        storm_ok = await _stale_storm(bus, options, killed, watch, out)
+    return 0 if progress.caught_up.is_set() and failed == 0 and storm_ok else 1
+
+
+class StaleAlerts:
+    """When each node's first ``stale`` alert arrived, followed from before the run."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def on_alert(self, msg: Msg) -> None:
+        try:
+            alert = codec.decode(msg.data, Alert, msg.subject)
+        except DecodeError:
+            return
+        if alert.kind == "stale" and alert.node_id not in self.arrived:
+            self.arrived[alert.node_id] = time.time()
+            self.changed.set()
+
+
+async def _stale_storm(
+    bus: Bus, options: SimOptions, killed: dict[str, float], watch: StaleAlerts, out: TextIO
+) -> bool:
+    """Wait for a ``stale`` alert of every killed node (within ``options.wait`` after the
+    last one's TTL ran out); report how many came, how many were stored more than once,
+    and the delay from each node's TTL expiry (last heartbeat + stale_after) to its
+    alert. True if every node got exactly one."""
+    subjects = Subjects(options.prefix)
+    deadline = max(killed.values()) + options.stale_after + options.wait
+    while not all(node in watch.arrived for node in killed) and time.time() < deadline:
+        watch.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watch.changed.wait(), max(0.0, deadline - time.time()))
+    arrived = {node: at for node, at in watch.arrived.items() if node in killed}
+    stream = subjects.stream_name(STREAM_ALERTS)
+    info = await bus.js.stream_info(
+        stream, subjects_filter=subjects.alerts_of("stale", options.cluster)
+    )
+    stored = info.state.subjects or {}
+    per_node = {
+        node: stored.get(subjects.alert("stale", options.cluster, node), 0) for node in killed
+    }
+    twice = sum(1 for node in killed if per_node.get(node, 0) > 1)
+    delays = sorted(
+        max(0.0, arrived[node] - (killed[node] + options.stale_after)) for node in arrived
+    )
+    out.write(
+        f"stale storm: {len(arrived)}/{len(killed)} killed nodes alerted, {twice} stored "
+        f"more than once; TTL expiry -> alert p50 {_quantile(delays, 0.5):.2f}s "
+        f"p99 {_quantile(delays, 0.99):.2f}s\n"
+    )
+    return len(arrived) == len(killed) and twice == 0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, int(q * len(values)))]

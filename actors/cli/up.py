@@ -124,16 +124,15 @@ async def run_up(options: UpOptions) -> int:
         # Its enrollment tokens work here too: fleetctl enroll-token create, with the
         # operator key exported as printed below, admits extra agents without approval.
         aggregator_config = AggregatorConfig(http_port=0, trust_operators=[operator.public_key])
+        aggregator_actor = AggregatorActor(aggregator_config, bus, metrics)
         fleet_http = FleetApiActor(
-            aggregator_config, bus, metrics, lambda: aggregator.check() if aggregator else {}
+            aggregator_config,
+            bus,
+            metrics,
+            lambda: aggregator.check() if aggregator else {},
+            aggregator_actor.nodes,
         )
-        aggregator = Supervisor(
-            [
-                AggregatorActor(aggregator_config, bus, metrics),
-                ForgetActor(aggregator_config, bus),
-                fleet_http,
-            ]
-        )
+        aggregator = Supervisor([aggregator_actor, ForgetActor(aggregator_config, bus), fleet_http])
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):

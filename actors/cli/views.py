@@ -468,3 +468,35 @@ def _recent(alerts: list[Entry], results: list[Entry]) -> list[str]:
     lines.append(f"Recent command results ({len(results)}):")
     lines += [f"  {event_line(entry)}" for entry in results] or ["  none"]
     return lines
+
+
+SUMMARY_ABOVE = 50
+"""``fleetctl nodes`` prints a summary instead of a table above this many nodes (a
+screenful), unless ``--all`` or ``--limit`` asks for rows."""
+
+
+def fleet_summary(records: list[NodeRecord]) -> str:
+    """Nodes counted by cluster and state: one row per cluster, one column per state
+    present, a total row; newline-terminated, with the way to list rows."""
+    states = sorted({record.state for record in records})
+    counts: dict[str, dict[str, int]] = {}
+    for record in records:
+        row = counts.setdefault(record.cluster, {})
+        row[record.state] = row.get(record.state, 0) + 1
+    header = ["CLUSTER", *(state.upper() for state in states), "TOTAL"]
+    rows = [
+        [cluster, *(str(row.get(state, 0)) for state in states), str(sum(row.values()))]
+        for cluster, row in sorted(counts.items())
+    ]
+    totals = [sum(row.get(state, 0) for row in counts.values()) for state in states]
+    rows.append(["all", *(str(total) for total in totals), str(len(records))])
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        for line in [header, *rows]
+    ]
+    hint = (
+        f"{len(records)} nodes, summarised; list them with --all or --limit N, "
+        "narrow with --state or --cluster"
+    )
+    return "\n".join(printable(line.rstrip()) for line in lines) + "\n" + hint + "\n"

@@ -11,11 +11,14 @@ signal; a stale record older than ``offline_after`` becomes offline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -24,18 +27,28 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from actors.fleet import enroll, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.hot_state import CheckpointQueue, NodeState, spread_written
+from actors.fleet.lease import Lease, holder_id, while_held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.refusals import RefusalTracker
-from actors.fleet.streams import StreamLimits, provision
+from actors.fleet.streams import MAX_NODES, StreamLimits, provision
+from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
-from actors.runtime.consumer import DurableConsumer, consume_forever
+from actors.runtime.consumer import (
+    BatchPuller,
+    Chain,
+    DurableConsumer,
+    Step,
+    consume_in_batches,
+    delivery,
+)
 from actors.runtime.schedule import RateLimit
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
-from schemas.subjects import STREAM_HEARTBEATS, Subjects
+from schemas.subjects import BUCKET_LEASES, BUCKET_NODES, STREAM_HEARTBEATS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +58,21 @@ REPLICAS_NOT_SUPPORTED = 10074
 """JetStream's error code for ``replicas > 1 not supported in non-clustered mode``."""
 """No agent sends it; on FLEET_HB (where the server forces rollups on, for its delete
 markers) ``all`` purges every node's heartbeat: the sender is refused and alerted on."""
-FETCH_BATCH = 128
+LOAD_TIMEOUT = 120.0
+"""Seconds to read every record of fleet_nodes at a cold start (100,000 in a few)."""
+REFRESH_INTERVAL = 5.0
+"""A refused node's record is read afresh at most this often (a reset-seq shows then)."""
+CHECKPOINT_TICK = 0.5
+CHECKPOINTS_PER_TICK = 4096
+CHECKPOINTS_IN_FLIGHT = 256
+
+
+SETTLED = ("stale", "offline", "deregistered", "pending")
+"""Record states written when entered: no heartbeat after their checkpoint is missing."""
+
+
+class _NeedsFetch(Exception):
+    """The judgement needs the node's key or record read afresh (the slow path)."""
 
 
 class Refused(Exception):
@@ -85,26 +112,53 @@ class AggregatorActor:
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
         self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
+        self.nodes: dict[str, NodeState] = {}
+        """The acceptance state of every node this aggregator owns (see hot_state)."""
+        self.checkpoints = CheckpointQueue(config.checkpoint_interval)
+        self.lease: Lease | None = None
+        self._accepted = 0
+        self._last_delivery: tuple[float, int] | None = None
+        self._subjects_seen: dict[str, tuple[str, str]] = {}
+        self._reread: set[str] = set()
+        """Nodes whose trust entry changed: their records are read again."""
+        self._reread_due = asyncio.Event()
+        self._fresh_keys: dict[str, str | None] = {}
+        """Trusted keys read afresh for the slow path, while it judges again."""
 
-    def consumer(self) -> DurableConsumer:
-        """The heartbeat consumer every aggregator shares, as it is (re-)created."""
+    def consumer(self, start: int = 1) -> DurableConsumer:
+        """The heartbeat consumer, as it is (re-)created, reading FLEET_HB from stream
+        sequence ``start``. ``AckPolicy.ALL``: one ack on the last message of a fetch
+        settles the fetch (see :func:`consume_in_batches`)."""
         return DurableConsumer(
             self.bus.js,
             self.subjects.stream_name(STREAM_HEARTBEATS),
             self.subjects.heartbeats(),
             self.subjects.stream_name(self.config.durable),
             ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.ALL,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(1, start),
                 ack_wait=30,
-                max_ack_pending=10_000,
+                max_ack_pending=max(10_000, 4 * self.config.fetch_batch),
                 max_deliver=self.config.max_deliver,
             ),
         )
 
     def problem(self) -> str:
-        """Why this aggregator is not doing its work while running ("" when it is)."""
-        return self._consumer.missing if self._consumer else ""
+        """Why this aggregator is not doing its work while running ("" when it is): its
+        consumer is gone, or it is further behind the stream than ``max_lag``. A standby
+        (not holding the lease) is doing its work."""
+        if self._consumer is None:
+            return ""
+        if self._consumer.missing:
+            return self._consumer.missing
+        behind = self.metrics.oldest_unprocessed()
+        if behind > self.config.max_lag:
+            return (
+                f"heartbeats {behind:.0f}s behind FLEET_HB (max_lag {self.config.max_lag:g}s, "
+                f"{self.metrics.pending_now} pending)"
+            )
+        return ""
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:
@@ -119,103 +173,283 @@ class AggregatorActor:
                 f"replicas = {self.config.replicas} needs a clustered nats-server; "
                 "this one is not (use replicas = 1)"
             ) from None
-        self._consumer = consumer = self.consumer()
-        await consumer.open()
         routes = {self.subjects.register(): self._on_register}
+        leases = await self.bus.kv(self.subjects.bucket_name(BUCKET_LEASES))
+        self.lease = Lease(leases, holder_id(), self.config.lease_ttl)
+        # Either task failing ends both and the actor, so the supervisor restarts it.
+        async with (
+            listening(self.bus, routes, ready, queue="aggregators"),
+            asyncio.TaskGroup() as group,
+        ):
+            group.create_task(self.store.follow_trust(self._on_trust_change))
+            group.create_task(while_held(self.lease, self._own))
+
+    async def _own(self) -> None:
+        """The owner's work, while it holds the lease: state from fleet_nodes, the
+        consumer from where that state ends, then heartbeats, sweeps and checkpoints. On
+        losing the lease all of it stops and the in-memory state is dropped."""
+        await self.load()
+        start = await self._resume_point()
+        self._consumer = consumer = self.consumer(start)
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            # The previous owner's consumer, at its ack floor: read again from ``start``.
+            await self.bus.js.delete_consumer(consumer.stream, consumer.durable)
+        await consumer.open()
+        puller = BatchPuller(self.bus, consumer)
+        self.metrics.owner.set(1)
         try:
-            # Either task failing ends both and the actor, so the supervisor restarts it.
-            async with (
-                listening(self.bus, routes, ready, queue="aggregators"),
-                asyncio.TaskGroup() as group,
-            ):
+            async with asyncio.TaskGroup() as group:
                 group.create_task(
-                    consume_forever(
-                        consumer,
-                        self._handle_and_ack,
-                        batch=FETCH_BATCH,
+                    consume_in_batches(
+                        puller,
+                        self.handle_batch,
+                        batch=self.config.fetch_batch,
                         wait=1.0,
                         what="heartbeat",
                         dropped=self._count_drop,
+                        linger=self.config.fetch_linger,
                     )
                 )
                 group.create_task(self._sweep_forever())
-                group.create_task(self.store.follow_trust())
+                group.create_task(self._checkpoint_forever())
+                group.create_task(self._reread_forever())
         finally:
+            self.metrics.owner.set(0)
             self._consumer = None
+            self.nodes.clear()
+            self.stale.clear()
+            self.checkpoints = CheckpointQueue(self.config.checkpoint_interval)
+            await puller.close()
             await consumer.close()
+
+    async def _resume_point(self) -> int:
+        """The stream sequence the new owner reads FLEET_HB from: the oldest of the
+        previous consumer's ack floor and every live record's checkpoint. Every heartbeat
+        the previous owner accepted but did not checkpoint is after its node's
+        checkpoint, so it is judged again (in stream order, from the checkpoint): the
+        state is rebuilt exactly. Stale, offline and deregistered records were written
+        when they changed, so nothing after them is missing."""
+        stream = self.subjects.stream_name(STREAM_HEARTBEATS)
+        durable = self.subjects.stream_name(self.config.durable)
+        try:
+            info = await self.bus.js.consumer_info(stream, durable)
+            floor = info.ack_floor.stream_seq if info.ack_floor else 0
+            start = (floor or 0) + 1
+        except nats.js.errors.NotFoundError:
+            start = 1
+        for state in self.nodes.values():
+            record = state.record
+            if record.last_stream_seq and record.state not in SETTLED:
+                start = min(start, record.last_stream_seq + 1)
+        log.info("heartbeats resumed", extra={"from_seq": start, "records": len(self.nodes)})
+        return start
+
+    async def load(self) -> None:
+        """Cold start: every record of ``fleet_nodes`` into memory with batched direct
+        gets (one request per 1,000 records, no consumer), checkpoints spread."""
+        bucket = self.subjects.bucket_name(BUCKET_NODES)
+        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        now = time.monotonic()
+        interval = self.config.checkpoint_interval
+        self.nodes.clear()  # the same dict: the HTTP API holds it
+        for node, value in values.items():
+            try:
+                record = codec.decode(value, NodeRecord, node)
+            except DecodeError as exc:
+                self.metrics.records_unreadable.inc()
+                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+                continue
+            self.nodes[node] = NodeState(
+                record, spread_written(now, interval), fresh=True, stored=record
+            )
+            if record.stale_since is not None and record.offline_since is None:
+                self.stale.add(node)
+        log.info("records loaded", extra={"records": len(self.nodes)})
 
     def _count_drop(self, reason: str) -> None:
         self.metrics.dropped.labels(reason).inc()
 
-    async def _handle_and_ack(self, msg: Msg) -> None:
-        await self.handle(msg)
-        await msg.ack()
+    async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
+        """Judge every message of a fetch in memory, in order; return the I/O left to do
+        (alerts, record writes, KV reads a refusal needs), one chain per node. A node
+        with a chain has its later messages of the fetch judged after the chain's steps."""
+        chains: dict[str, Chain] = {}
+        for msg in messages:
+            chain = chains.get(msg.subject)
+            if chain is not None:
+                chain.append((msg, partial(self.handle, msg)))
+                continue
+            try:
+                steps = self.judge(msg)
+            except Exception as exc:
+                # A message that breaks the judge (never raised for bad input: a bug) is
+                # terminated alone; raising here would redeliver the batch forever.
+                self._count_drop("handler_error")
+                log.error(
+                    "heartbeat broke its handler; terminated",
+                    exc_info=True,
+                    extra={"subject": msg.subject, "reason": repr(exc)},
+                )
+                steps = [msg.term]
+            if steps:
+                chains[msg.subject] = [(msg, step) for step in steps]
+        self._count()
+        return list(chains.values())
+
+    def _count(self) -> None:
+        """Hand the counts and the newest delivery kept since the last call to the
+        metrics: once per batch, not per heartbeat (each metric update takes a lock)."""
+        if self._accepted:
+            self.metrics.accepted.inc(self._accepted)
+            self._accepted = 0
+        if self._last_delivery is not None:
+            self.metrics.processed(*self._last_delivery)
+            self._last_delivery = None
 
     async def handle(self, msg: Msg) -> None:
-        """Apply one message of FLEET_HB. Never raises for bad input: it alerts."""
+        """Apply one message of FLEET_HB and do its I/O. Never raises for bad input: it
+        alerts."""
+        steps = self.judge(msg)
+        self._count()
+        for step in steps:
+            await step()
+
+    def judge(self, msg: Msg, fetched: bool = False) -> list[Step]:
+        """Apply one message of FLEET_HB to the in-memory state; return the I/O to do (in
+        order). ``fetched``: the node's trusted key and record were just read afresh."""
+        subject = msg.subject
         try:
-            cluster, node = self.subjects.split_heartbeat(msg.subject)
+            cluster, node = self._split(subject)
         except InvalidToken:
             self.metrics.dropped.labels("malformed_subject").inc()
-            log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
-            return
-        self.metrics.processed(msg.metadata.timestamp.timestamp(), msg.metadata.num_pending)
-        if msg.headers and MARKER_REASON in msg.headers:
-            marked_at = msg.metadata.timestamp.timestamp()
-            await self._mark_stale(cluster, node, msg.headers[MARKER_REASON], marked_at, msg.data)
-            return
-        stream_seq = msg.metadata.sequence.stream
+            log.warning("heartbeat on a malformed subject", extra={"subject": subject})
+            return []
+        stream_seq, stored, pending = delivery(msg)
+        self._last_delivery = (stored, pending)
+        headers = msg.headers or {}
+        state = self.nodes.get(node)
+        if (
+            state is None
+            and not fetched
+            and (
+                MARKER_REASON in headers
+                or self.store.cached_key(node) != headers.get(signing.HEADER_KEY)
+            )
+        ):
+            # A node with no record in memory is read afresh, unless it is one the trust
+            # watch knows, signing with its approved key: every record was loaded when
+            # this owner took over and it writes every new one itself, so there is none
+            # to read (only a pending one a registration made, which accepting replaces).
+            return [partial(self._fetch_and_judge, msg, node)]
+        if MARKER_REASON in headers:
+            return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
         try:
-            heartbeat, public_key = await self._verify(msg, cluster, node)
+            heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
             # Behind the stream, a node's older heartbeats may have been replaced (one per
             # subject) before we read them: a gap then says nothing about the node.
-            behind = msg.metadata.num_pending > 0
-            stored = msg.metadata.timestamp.timestamp()
-            await self._accept(heartbeat, public_key, stream_seq, stored, behind)
+            return self._accept(heartbeat, public_key, stream_seq, stored, pending > 0, fetched)
+        except _NeedsFetch:
+            return [partial(self._fetch_and_judge, msg, node)]
         except Refused as refusal:
             self.metrics.refused.labels(refusal.kind).inc()
             log.warning(
                 "heartbeat refused",
                 extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
             )
-            if await self._on_refused(node, refusal):
-                await self.alerts.publish(
-                    refusal.kind,
-                    cluster,
-                    node,
-                    refusal.message,
-                    refusal.details.pop("event", f"s{stream_seq}"),
-                    refusal.details,
-                )
+            return self._on_refused(cluster, node, refusal, stream_seq)
         except LateDelivery:
             self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
+            return []
 
-    async def _verify(self, msg: Msg, cluster: str, node: str) -> tuple[Heartbeat, str]:
-        if msg.headers and ROLLUP in msg.headers:
+    async def _fetch_and_judge(self, msg: Msg, node: str) -> None:
+        """The slow path: read the node's trusted key and record afresh (an approval, a
+        new key or an operator's ``reset-seq`` a moment ago), then judge again."""
+        self._fresh_keys[node] = await self.store.trusted_key(node, fresh=True)
+        nodes = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
+        try:
+            record = await kv.read(nodes, node, NodeRecord)
+        except DecodeError as exc:
+            # Never overwritten: a newer aggregator may know what this one cannot read.
+            self.metrics.records_unreadable.inc()
+            log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+            return
+        state = self.nodes.get(node)
+        if state is None and record is not None:
+            state = self.nodes[node] = NodeState(
+                record, time.monotonic(), fresh=True, stored=record
+            )
+        elif state is not None and record is not None:
+            self._adopt(state, record)
+            if record.seq_reset:
+                state.record = msgspec.structs.replace(state.record, seq_reset=True)
+        if state is not None:
+            state.refreshed = time.monotonic()
+        try:
+            steps = self.judge(msg, fetched=True)
+        finally:
+            self._fresh_keys.pop(node, None)
+            self._count()
+        for step in steps:
+            await step()
+
+    def _split(self, subject: str) -> tuple[str, str]:
+        """(cluster, node) of a heartbeat subject, each subject checked once."""
+        found = self._subjects_seen.get(subject)
+        if found is None:
+            found = self.subjects.split_heartbeat(subject)
+            if len(self._subjects_seen) >= 2 * MAX_NODES:
+                self._subjects_seen.clear()  # bounded: a flood of odd subjects ends here
+            self._subjects_seen[subject] = found
+        return found
+
+    def _trusted(self, node: str, fetched: bool) -> str | None:
+        if fetched:
+            return self._fresh_keys.get(node)
+        return self.store.cached_key(node)
+
+    def _verify(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        cluster: str,
+        node: str,
+        state: NodeState | None,
+        fetched: bool,
+    ) -> tuple[Heartbeat, str]:
+        """The signature first (over the bytes received, with the node's verifier kept in
+        memory), the body only then."""
+        if ROLLUP in headers:
             raise Refused(
                 "bad_signature",
                 "heartbeat carries a Nats-Rollup header (it purged earlier heartbeats)",
-                rollup=msg.headers[ROLLUP][:16],
+                rollup=headers[ROLLUP][:16],
             )
-        signer = msg.headers.get(signing.HEADER_KEY) if msg.headers else None
-        trusted = await self.store.trusted_key(node)
-        if trusted is None or trusted != signer:
+        signer = headers.get(signing.HEADER_KEY)
+        trusted = self._trusted(node, fetched)
+        if (trusted is None or trusted != signer) and not fetched:
             # Refusing costs a fresh read: the node may have been approved (or given a
             # new key) a moment ago, before the trust watch delivered it.
-            trusted = await self.store.trusted_key(node, fresh=True)
+            raise _NeedsFetch
         if trusted is None:
             raise Refused("unknown_node", f"node {node} has no approved key")
         try:
-            public_key = signing.verify(msg.headers, msg.data)
+            if signer != trusted:
+                signing.verify(headers, msg.data)
+                raise Refused(
+                    "unknown_node",
+                    "signed by a key that is not the node's approved key",
+                    key=signer or "",
+                )
+            if state is None or state.verifier is None or state.key != trusted:
+                verifier = signing.verify_key(trusted)
+                if state is not None:
+                    state.key, state.verifier = trusted, verifier
+            else:
+                verifier = state.verifier
+            signing.verify_with(verifier, trusted, headers, msg.data)
         except SignatureError as exc:
             raise Refused("bad_signature", exc.reason, key=exc.public_key) from None
-        if public_key != trusted:
-            raise Refused(
-                "unknown_node",
-                "signed by a key that is not the node's approved key",
-                key=public_key,
-            )
         try:
             heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
         except DecodeError as exc:
@@ -236,110 +470,207 @@ class AggregatorActor:
                 f"timestamp is {skew:+.0f}s off the aggregator's clock",
                 seq=str(heartbeat.seq),
             )
-        return heartbeat, public_key
+        return heartbeat, trusted
 
-    async def _accept(
+    def _accept(
         self,
         heartbeat: Heartbeat,
         public_key: str,
         stream_seq: int,
         stored: float,
-        behind: bool = False,
-    ) -> None:
+        behind: bool,
+        fetched: bool,
+    ) -> list[Step]:
         now = time.time()
         node = heartbeat.node_id
-
-        def change(record: NodeRecord | None) -> NodeRecord:
-            previous = record or record_rules.pending_record(node, heartbeat.cluster, public_key)
-            verdict = record_rules.judge_seq(
-                previous, heartbeat.seq, self.config.max_seq_jump, public_key
+        state = self.nodes.get(node)
+        previous = (
+            state.record
+            if state is not None
+            else record_rules.pending_record(node, heartbeat.cluster, public_key)
+        )
+        verdict = record_rules.judge_seq(
+            previous, heartbeat.seq, self.config.max_seq_jump, public_key
+        )
+        if verdict != "next":
+            if stream_seq <= previous.last_stream_seq:
+                # Delivered again (a redelivery after a failover) or late: already seen.
+                raise LateDelivery
+            refreshed = state.refreshed if state is not None else 0.0
+            if not fetched and time.monotonic() - refreshed > REFRESH_INTERVAL:
+                raise _NeedsFetch  # an operator's reset-seq may be waiting in fleet_nodes
+        elif not fetched and record_rules.new_key_epoch(previous, public_key):
+            # A re-imaged node's first beat under its new key: the operator's reset-seq
+            # that may come with it is in fleet_nodes only, and this beat uses it up.
+            raise _NeedsFetch
+        if verdict == "replay":
+            raise Refused(
+                "replay",
+                f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
+                seq=str(heartbeat.seq),
             )
-            if verdict == "replay":
-                if stream_seq < previous.last_stream_seq:
-                    raise LateDelivery
-                raise Refused(
-                    "replay",
-                    f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
-                    seq=str(heartbeat.seq),
-                )
-            if verdict == "jump":
-                raise Refused(
-                    "sequence_gap",
-                    f"seq {heartbeat.seq} jumps more than {self.config.max_seq_jump} above "
-                    f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
-                    "lets the node in)",
-                    refused="true",
-                    **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
-                )
-            # After the seq checks, so a late delivery stays one (several aggregators).
-            left = record_rules.deregistered_refusal(previous, heartbeat)
-            if left is not None:
-                raise Refused(left.kind, left.message, **left.details)
-            accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
-            return record_rules.with_lifecycle(previous, accepted, heartbeat)
-
-        before, after = await self.store.update(node, change)
-        if after is None:  # an unreadable record, left alone (counted by the store)
-            return
-        self.metrics.accepted.inc()
+        if verdict == "jump":
+            raise Refused(
+                "sequence_gap",
+                f"seq {heartbeat.seq} jumps more than {self.config.max_seq_jump} above "
+                f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
+                "lets the node in)",
+                refused="true",
+                **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+            )
+        # After the seq checks, so a late delivery stays one.
+        left = record_rules.deregistered_refusal(previous, heartbeat)
+        if left is not None:
+            if not fetched:
+                # Always read afresh (no REFRESH_INTERVAL): an operator may have re-admitted
+                # the node a moment ago, and a deregistered node beats only a few times
+                # (its agent exits on learning it).
+                raise _NeedsFetch
+            raise Refused(left.kind, left.message, **left.details)
+        accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
+        after = record_rules.with_lifecycle(previous, accepted, heartbeat)
         self.refusals.on_accepted(node)
-        previous = before or record_rules.pending_record(node, heartbeat.cluster, public_key)
+        if state is None:
+            state = self.nodes[node] = NodeState(after, time.monotonic())
+            transition = True
+        else:
+            state.record = after
+            transition = record_rules.is_transition(previous, after)
+        if previous.seq_reset:
+            state.reset_consumed = True
+        # The first heartbeat after a load may follow heartbeats accepted but not yet
+        # checkpointed by the previous owner: no gap to report.
+        gaps = not behind and not state.fresh
+        state.fresh = False
+        state.dirty = True
+        self._accepted += 1
+        steps: list[Step] = []
         hardware = record_rules.hardware_alert(previous, heartbeat)
         for kind, message, details, severity in record_rules.heartbeat_alerts(
-            previous, after, heartbeat, gaps_are_news=not behind
+            previous, after, heartbeat, gaps_are_news=gaps
         ) + ([hardware] if hardware else []):
             # Lifecycle alerts name their own event, so every aggregator derives one id.
             event = details.pop("event", f"q{heartbeat.seq}")
-            await self.alerts.publish(
-                kind, heartbeat.cluster, node, message, event, details, severity
+            steps.append(
+                partial(
+                    self.alerts.publish,
+                    kind,
+                    heartbeat.cluster,
+                    node,
+                    message,
+                    event,
+                    details,
+                    severity,
+                )
             )
+        if transition or steps:
+            # Alerts before the write: a crash between the two raises the alert again
+            # (same id, dropped by JetStream), never loses it.
+            steps.append(partial(self.write, node))
+        else:
+            self.checkpoints.push(node, state)
+        return steps
 
-    async def _mark_stale(
+    async def write(self, node: str) -> None:
+        """Write the node's in-memory record to ``fleet_nodes`` (compare-and-set, read
+        again on a conflict). The record written is the newest at the moment of writing."""
+        state = self.nodes.get(node)
+        if state is None:
+            return
+        mine: NodeRecord | None = None
+        known = state.stored
+
+        def change(stored: NodeRecord | None) -> NodeRecord:
+            nonlocal mine
+            mine = state.record
+            # An operator's forget or re-admission written since is kept, not undone.
+            ours = record_rules.operator_changes(mine, stored, known)
+            return record_rules.checkpoint(stored, ours, state.reset_consumed)
+
+        before, written = await self.store.update(node, change)
+        state.written = time.monotonic()
+        if written is not None:
+            state.stored = written
+        if state.record is mine:
+            state.dirty = False
+            state.reset_consumed = False
+            if written is not None:
+                state.record = written
+        else:
+            # Heartbeats judged while writing: they keep what the operator wrote too.
+            state.record = record_rules.operator_changes(state.record, before, known)
+            if state.dirty:
+                self.checkpoints.push(node, state)
+        self.metrics.record_writes.inc()
+
+    async def _checkpoint_forever(self) -> None:
+        """Write the records of nodes that only kept beating, each once per
+        ``checkpoint_interval``, a bounded number of writes in flight."""
+        while True:
+            await asyncio.sleep(CHECKPOINT_TICK)
+            due = self.checkpoints.due(time.monotonic(), CHECKPOINTS_PER_TICK, self.nodes)
+            for start in range(0, len(due), CHECKPOINTS_IN_FLIGHT):
+                chunk = due[start : start + CHECKPOINTS_IN_FLIGHT]
+                results = await asyncio.gather(
+                    *(self.write(node) for node in chunk), return_exceptions=True
+                )
+                for node, result in zip(chunk, results, strict=True):
+                    if isinstance(result, BaseException):
+                        if not isinstance(result, Exception):
+                            raise result
+                        log.warning(
+                            "checkpoint failed; retried later",
+                            extra={"node": node, "reason": str(result)},
+                        )
+                        state = self.nodes.get(node)
+                        if state is not None:
+                            self.checkpoints.push(node, state)
+
+    def _mark_stale(
         self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
-    ) -> None:
+    ) -> list[Step]:
         """A TTL marker makes the node stale, if it can be the server's (see
         :func:`record_rules.marker_is_real`); a forged one is counted and ignored."""
-        now = time.time()
-        forged = False
-
-        def change(record: NodeRecord | None) -> NodeRecord | None:
-            nonlocal forged
-            forged = not record_rules.marker_is_real(record, marked_at, body)
-            if forged or record is None or record.stale_since is not None or record.deregistered:
-                return None
-            return record_rules.with_state(record, stale_since=now)
-
-        _, stale = await self.store.update(node, change)
-        if forged:
+        state = self.nodes.get(node)
+        record = state.record if state is not None else None
+        if not record_rules.marker_is_real(record, marked_at, body):
             self.metrics.dropped.labels("forged_marker").inc()
             log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})
-        else:
-            self.metrics.markers.inc()
-        if stale is not None:
-            self.stale.add(node)
-            stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
-            await self.alerts.publish(
+            return []
+        self.metrics.markers.inc()
+        if state is None or record is None or record.stale_since is not None or record.deregistered:
+            return []
+        stale = record_rules.with_state(record, stale_since=time.time())
+        state.record = stale
+        state.dirty = True
+        self.stale.add(node)
+        stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+        return [
+            partial(
+                self.alerts.publish,
                 "stale",
                 cluster,
                 node,
                 f"no heartbeat for {stale_after:g}s (server marker: {reason})",
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq)},
-            )
+            ),
+            partial(self.write, node),
+        ]
 
     async def sweep(self, everything: bool = False) -> None:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
         aggregator saw go stale are checked, unless ``everything``: then every record is
-        read, which also finds nodes that went stale while another aggregator (or none)
-        was watching, marks stale the silent nodes whose TTL marker never came (see
-        :func:`record_rules.silent_without_marker`), deletes pending records older than
-        ``pending_expire_after`` and counts the pending ones left (the cap on
-        registrations)."""
+        read (batched direct gets), records registered since are taken into memory, the
+        silent nodes whose TTL marker never came are marked stale (see
+        :func:`record_rules.silent_without_marker`), pending records older than
+        ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
+        registrations). The rules run on the owner's in-memory records."""
         now = time.time()
         grace = self.config.full_sweep_interval
 
-        def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is None or record.offline_since:
+        def change(record: NodeRecord) -> NodeRecord | None:
+            if record.offline_since:
                 return None
             if record.stale_since is None:
                 if everything and record_rules.silent_without_marker(record, now, grace):
@@ -349,25 +680,32 @@ class AggregatorActor:
                 return None
             return record_rules.with_state(record, offline_since=now)
 
-        candidates = await self.store.node_ids() if everything else list(self.stale)
+        if everything:
+            await self._take_in_new_records()
+        candidates = list(self.nodes) if everything else list(self.stale)
         expire_after = self.config.pending_expire_after
         pending = 0
         for node in candidates:
-            before, after = await self.store.update(node, change)
-            if before is not None and record_rules.pending_expired(before, now, expire_after):
+            state = self.nodes.get(node)
+            if state is None:
+                self.stale.discard(node)
+                continue
+            before = state.record
+            if record_rules.pending_expired(before, now, expire_after):
                 if await self.store.delete_if(
                     node, lambda record: record_rules.pending_expired(record, now, expire_after)
                 ):
                     log.info("pending registration expired", extra={"node": node})
+                    self.nodes.pop(node, None)
                     continue
-            if before is not None and before.state == "pending":
+            if before.state == "pending":
                 pending += 1
+            after = change(before)
+            if after is not None:
+                state.record = after
+                state.dirty = True
             current = after or before
-            if (
-                current is not None
-                and current.stale_since is not None
-                and not current.offline_since
-            ):
+            if current.stale_since is not None and not current.offline_since:
                 self.stale.add(node)  # stale, not offline yet: check again at the next sweep
             else:
                 self.stale.discard(node)
@@ -390,8 +728,25 @@ class AggregatorActor:
                     f"q{after.last_seq}",
                     {"last_seq": str(after.last_seq)},
                 )
+            if after is not None:
+                await self.write(node)
         if everything:
             self.pending = pending
+
+    async def _take_in_new_records(self) -> None:
+        """Records this aggregator has not in memory (registrations answered by another
+        aggregator, records written by another owner) are read and taken in."""
+        bucket = self.subjects.bucket_name(BUCKET_NODES)
+        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        now = time.monotonic()
+        for node, value in values.items():
+            if node in self.nodes:
+                continue
+            try:
+                record = codec.decode(value, NodeRecord, node)
+            except DecodeError:
+                continue  # counted when it was loaded or fetched
+            self.nodes[node] = NodeState(record, now, fresh=True, stored=record)
 
     async def _sweep_forever(self) -> None:
         last_full = 0.0
@@ -410,40 +765,67 @@ class AggregatorActor:
 
     # Refused nodes (issue 9) --------------------------------------------------------------
 
-    async def _on_refused(self, node: str, refusal: Refused) -> bool:
-        """Remember the refused node for :meth:`sweep_refused`, note the refusal kind in its
-        record for the node to read (rate-limited), and say whether to raise the alert:
-        ``deregistered_node_beating`` once per boot, the rest through the rate limit."""
+    def _on_refused(self, cluster: str, node: str, refusal: Refused, stream_seq: int) -> list[Step]:
+        """The I/O a refusal needs: the alert (``deregistered_node_beating`` once per
+        boot, the rest through the publisher's rate limit), then the refusal kind noted in
+        the node's in-memory record and written for the node to read (at most once per
+        ``refused_note_every`` per kind). The node is remembered for :meth:`sweep_refused`."""
         if node not in self.stale:
             self.refusals.on_refused(node)
-        if self.refusals.should_note(node, refusal.kind, time.monotonic()):
-            now, every = time.time(), self.config.refused_note_every
-            try:
-                await self.store.update(
-                    node, lambda r: record_rules.mark_refused(r, refusal.kind, now, every)
+        steps: list[Step] = []
+        if refusal.kind != "deregistered_node_beating" or self.refusals.first_of_boot(
+            node, refusal.details.get("boot_id", "")
+        ):
+            steps.append(
+                partial(
+                    self.alerts.publish,
+                    refusal.kind,
+                    cluster,
+                    node,
+                    refusal.message,
+                    refusal.details.pop("event", f"s{stream_seq}"),
+                    refusal.details,
                 )
-            except (nats.errors.Error, RuntimeError) as exc:
-                log.warning("refusal not noted", extra={"node": node, "reason": str(exc)})
-        if refusal.kind == "deregistered_node_beating":
-            return self.refusals.first_of_boot(node, refusal.details.get("boot_id", ""))
-        return True
+            )
+        state = self.nodes.get(node)
+        if state is not None and self.refusals.should_note(node, refusal.kind, time.monotonic()):
+            every = self.config.refused_note_every
+            noted = record_rules.mark_refused(state.record, refusal.kind, time.time(), every)
+            if noted is not None:
+                # A state change the node reads: written now, not at a checkpoint.
+                state.record = noted
+                state.dirty = True
+                steps.append(partial(self._write_quietly, node, "refusal not noted"))
+        return steps
+
+    async def _write_quietly(self, node: str, what: str) -> None:
+        """:meth:`write`, a failure logged (the next checkpoint writes it again)."""
+        try:
+            await self.write(node)
+        except (nats.errors.Error, RuntimeError) as exc:
+            log.warning(what, extra={"node": node, "reason": str(exc)})
+            state = self.nodes.get(node)
+            if state is not None:
+                self.checkpoints.push(node, state)
 
     async def sweep_refused(self) -> None:
         """Refused nodes whose last accepted heartbeat is older than its ``stale_after``
-        become stale: their refused messages keep the TTL marker from firing."""
+        become stale: their refused messages keep the TTL marker from firing. Judged on
+        the owner's in-memory records, the stale state written at once."""
         now = time.time()
-
-        def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is None or not record_rules.refused_silent(record, now):
-                return None
-            return record_rules.with_state(record, stale_since=now)
-
         for node in list(self.refusals.refused):
-            before, stale = await self.store.update(node, change)
-            if stale is None:
-                if before is None or before.stale_since is not None or before.deregistered:
+            state = self.nodes.get(node)
+            if state is None:
+                self.refusals.forget(node)
+                continue
+            record = state.record
+            if not record_rules.refused_silent(record, now):
+                if record.stale_since is not None or record.deregistered:
                     self.refusals.forget(node)
                 continue
+            stale = record_rules.with_state(record, stale_since=now)
+            state.record = stale
+            state.dirty = True
             self.refusals.forget(node)
             self.stale.add(node)
             stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
@@ -456,6 +838,44 @@ class AggregatorActor:
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
+            await self.write(node)
+
+    # Operator writes (forget, approve) ------------------------------------------------------
+
+    def _adopt(self, state: NodeState, record: NodeRecord) -> None:
+        """Take what an operator wrote into ``record`` (read afresh) into memory."""
+        state.record = record_rules.operator_changes(state.record, record, state.stored)
+        state.stored = record
+
+    def _on_trust_change(self, node: str) -> None:
+        """The trust watch saw ``node``'s key approved or revoked: ``fleetctl forget`` and
+        ``fleetctl approve`` do that beside their record writes, so the record is read
+        again (:meth:`_reread_forever`) and a refusal reads it afresh at once."""
+        state = self.nodes.get(node)
+        if state is None:
+            return
+        state.refreshed = 0.0
+        if len(self._reread) < MAX_NODES:
+            self._reread.add(node)
+            self._reread_due.set()
+
+    async def _reread_forever(self) -> None:
+        """Read the records of nodes whose trust changed, so a forgotten node that never
+        beats again is not marked stale, checkpointed or alerted on from stale memory."""
+        nodes = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
+        while True:
+            await self._reread_due.wait()
+            self._reread_due.clear()
+            while self._reread:
+                node = self._reread.pop()
+                try:
+                    record = await kv.read(nodes, node, NodeRecord)
+                except (DecodeError, nats.errors.Error) as exc:
+                    log.warning("record not read again", extra={"node": node, "reason": str(exc)})
+                    continue
+                state = self.nodes.get(node)
+                if state is not None and record is not None:
+                    self._adopt(state, record)
 
     async def _on_register(self, msg: Msg) -> None:
         """``node-agent register``: record a pending node, say whether it is approved.

@@ -56,6 +56,22 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     refused (an alert ``sequence_gap`` with ``refused``). An agent skips at most one
     reserved block (1,000) per restart, so this allows ten crashes in a row, or ~28 h of
     10 s beats no aggregator saw; beyond it ``fleetctl reset-seq NODE`` lets the node in."""
+    checkpoint_interval: Annotated[float, Meta(gt=0, le=240)] = 60.0
+    """A node that only keeps beating has its record written to fleet_nodes this often
+    (each node on its own schedule, spread); state changes are written at once. At most
+    240 s: below FLEET_HB's 300 s duplicate window (README, "Hot path and checkpoints")."""
+    fetch_batch: Annotated[int, Meta(ge=1, le=4096)] = 512
+    """Heartbeats fetched (and acked with one AckAll) at a time."""
+    max_lag: Annotated[float, Meta(gt=0)] = 60.0
+    """``/healthz`` answers 503 while the owner's oldest unprocessed heartbeat is older
+    than this (seconds): an aggregator that falls behind says so."""
+    lease_ttl: Annotated[float, Meta(ge=0.5, le=60)] = 6.0
+    """Seconds an aggregator's heartbeat lease lasts unrenewed: another takes over after
+    this long once the owner is gone (it renews every third of it)."""
+    fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.1
+    """Seconds to wait after a fetch that came back short (caught up) before the next,
+    so fetches and acks are paid per batch, not per heartbeat; adds at most this much
+    to a heartbeat's publish-to-record latency."""
     max_deliver: Annotated[int, Meta(ge=1)] = 5
     """Deliveries of one FLEET_HB message before the server gives up on it."""
     max_pending: Annotated[int, Meta(ge=0)] = 1000

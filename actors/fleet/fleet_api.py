@@ -2,7 +2,10 @@
 aggregators.
 
 It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answered from
-memory and a scrape costs the NATS server nothing. Runs beside an aggregator
+memory and a scrape costs the NATS server nothing. Beside an aggregator in the same
+process (``fleetctl aggregator``, ``fleetctl up``) it answers from that aggregator's
+in-memory records first (``live``), which are current to the last heartbeat handled;
+``fleet_nodes`` is only as fresh as the last state change or checkpoint. Runs beside an aggregator
 (``fleetctl aggregator``, unless ``--http-port -1``). ``/healthz`` is 200 only while every
 actor of its process runs and none reports a problem (the heartbeat consumer deleted and
 not yet created again, say), as the supervisor tells through ``actor_status``.
@@ -11,8 +14,9 @@ not yet created again, say), as the supervisor tells through ``actor_status``.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import get_args
 
 import msgspec
@@ -21,6 +25,7 @@ from nats.js.kv import KeyValue
 
 from actors.fleet import labels
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.hot_state import NodeState
 from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
@@ -34,6 +39,8 @@ from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 
 STATES: tuple[RecordState, ...] = get_args(RecordState)
+MAX_PAGE = 10_000
+"""The most records one ``/nodes`` page holds."""
 
 
 class FleetApiActor:
@@ -48,6 +55,7 @@ class FleetApiActor:
         bus: Bus,
         metrics: AggregatorMetrics,
         actor_status: StatusSource,
+        live: Mapping[str, NodeState] | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
@@ -57,6 +65,21 @@ class FleetApiActor:
         self.port: int | None = None
         """The bound port once serving (``http_port = 0`` picks a free one)."""
         self.records: dict[str, NodeRecord] = {}
+        self.live = live
+        """The in-process aggregator's acceptance state (its ``nodes``), if there is one."""
+
+    def current(self) -> dict[str, NodeRecord]:
+        """Every record: the live one where the aggregator beside this API owns the node,
+        else the one in ``fleet_nodes``."""
+        if not self.live:
+            return self.records
+        merged = dict(self.records)
+        merged.update((node, state.record) for node, state in self.live.items())
+        return merged
+
+    def record(self, node: str) -> NodeRecord | None:
+        state = self.live.get(node) if self.live else None
+        return state.record if state is not None else self.records.get(node)
 
     async def _follow(self, bucket: KeyValue) -> None:
         """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops out."""
@@ -77,37 +100,54 @@ class FleetApiActor:
     ) -> list[NodeRecord]:
         return [
             record
-            for _, record in sorted(self.records.items())
+            for _, record in sorted(self.current().items())
             if (cluster is None or record.cluster == cluster)
             and (state is None or record.state == state)
             and labels.matches(record.labels, selectors or [])
         ]
 
     async def nodes_page(self, request: web.Request) -> web.Response:
-        """``/nodes``, filtered by ``?cluster=``, ``?state=`` and ``?label=key=value``
-        (repeatable, all must match); a bad selector is a 400 naming it."""
+        """``/nodes[?cluster=&state=][&label=key=value...][&limit=N&after=NODE]``: every
+        matching record (labels repeatable, all must match; a bad selector is a 400 naming
+        it), or with ``limit`` one page of them in node order after ``after``; a page that
+        is not the last names the next ``after`` in the ``Next-After`` header."""
         try:
             selectors = labels.parse_selectors(request.query.getall("label", []))
         except FleetError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         found = self.listing(request.query.get("cluster"), request.query.get("state"), selectors)
-        return web.Response(body=msgspec.json.encode(found), content_type="application/json")
+        headers: dict[str, str] = {}
+        if "limit" in request.query:
+            try:
+                limit = max(1, min(int(request.query["limit"]), MAX_PAGE))
+            except ValueError:
+                return web.json_response({"error": "limit is not a number"}, status=400)
+            after = request.query.get("after", "")
+            start = bisect.bisect_right([record.node_id for record in found], after)
+            page = found[start : start + limit]
+            if start + limit < len(found):
+                headers["Next-After"] = page[-1].node_id
+            found = page
+        return web.Response(
+            body=msgspec.json.encode(found), content_type="application/json", headers=headers
+        )
 
     async def node_page(self, request: web.Request) -> web.Response:
-        record = self.records.get(request.match_info["node"])
+        record = self.record(request.match_info["node"])
         if record is None:
             return web.json_response({"error": "no such node"}, status=404)
         return web.Response(body=codec.encode(record), content_type="application/json")
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        counts = Tally(record.state for record in self.records.values())
+        records = self.current()
+        counts = Tally(record.state for record in records.values())
         for state in STATES:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))
         # Every state of every cluster that has a record, zeros included, so an alert on
         # a cluster's active nodes falling low can fire; a cluster with none drops out.
         self.metrics.cluster_nodes.clear()
-        by_cluster = Tally((record.cluster, record.state) for record in self.records.values())
-        for cluster in {record.cluster for record in self.records.values()}:
+        by_cluster = Tally((record.cluster, record.state) for record in records.values())
+        for cluster in {record.cluster for record in records.values()}:
             for state in STATES:
                 count = by_cluster.get((cluster, state), 0)
                 self.metrics.cluster_nodes.labels(cluster, state).set(count)

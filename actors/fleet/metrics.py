@@ -48,6 +48,17 @@ class AggregatorMetrics:
             ["cluster", "state"],
             registry=self.registry,
         )
+        self.record_writes = Counter(
+            "fleet_record_writes",
+            "Records written to fleet_nodes by this aggregator: state transitions and "
+            "periodic checkpoints (a heartbeat that changes nothing is not written at once)",
+            registry=self.registry,
+        )
+        self.owner = Gauge(
+            "fleet_aggregator_owner",
+            "1 while this aggregator holds the heartbeat lease and consumes FLEET_HB, else 0",
+            registry=self.registry,
+        )
         self.newest_stored: float | None = None
         """When FLEET_HB stored the newest heartbeat this aggregator processed."""
         self.lag = Gauge(
@@ -64,6 +75,22 @@ class AggregatorMetrics:
             registry=self.registry,
         )
 
+        self.pending_now = 0
+        self.oldest = Gauge(
+            "fleet_aggregator_oldest_unprocessed_seconds",
+            "Age of the oldest heartbeat in FLEET_HB this aggregator has not processed yet "
+            "(bounded above by the time since the newest processed one was stored; 0 when "
+            "nothing is pending)",
+            registry=self.registry,
+        )
+        self.oldest.set_function(self.oldest_unprocessed)
+
+    def oldest_unprocessed(self) -> float:
+        """Seconds the oldest unprocessed heartbeat has waited, at most (0: none)."""
+        if self.pending_now == 0 or self.newest_stored is None:
+            return 0.0
+        return max(0.0, time.time() - self.newest_stored)
+
     def _lag(self) -> float:
         return math.nan if self.newest_stored is None else time.time() - self.newest_stored
 
@@ -72,3 +99,4 @@ class AggregatorMetrics:
         if self.newest_stored is None or stored > self.newest_stored:
             self.newest_stored = stored
         self.behind.set(pending)
+        self.pending_now = pending

@@ -60,10 +60,16 @@ class NodeStore:
             log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
             return None
 
-    async def follow_trust(self) -> None:
+    def cached_key(self, node: str) -> str | None:
+        """The node's approved key from the trust watch's copy, without a round trip;
+        None if unknown there or the copy is not complete yet (then read it afresh)."""
+        return self._trusted.get(node) if self._trusted is not None else None
+
+    async def follow_trust(self, changed: Callable[[str], None] | None = None) -> None:
         """Keep the approved keys in memory from a KV watch, so verifying a heartbeat costs
         no round trip. An approval or revocation applies as soon as the watch delivers it
-        (milliseconds); until the watch has caught up, keys are read one by one."""
+        (milliseconds); until the watch has caught up, keys are read one by one.
+        ``changed(node)`` is told of every change after the watch has caught up."""
         trusted: dict[str, str] = {}
 
         def on_change(node: str, entry: TrustEntry | None) -> None:
@@ -72,6 +78,8 @@ class NodeStore:
                 trusted.pop(node, None)
             else:
                 trusted[node] = key
+            if changed is not None and self._trusted is trusted:
+                changed(node)
 
         def on_current() -> None:
             self._trusted = trusted

@@ -306,8 +306,10 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     cleared, the GPU fingerprint is kept current, and a deregistering heartbeat records
     who deregistered the node."""
     fingerprint = gpu_fingerprint(heartbeat)
-    changes: dict[str, object] = {"refused": "", "refused_at": None}
-    if fingerprint is not None:
+    changes: dict[str, object] = {}
+    if updated.refused or updated.refused_at is not None:
+        changes["refused"], changes["refused_at"] = "", None
+    if fingerprint is not None and fingerprint != updated.gpu_fingerprint:
         changes["gpu_fingerprint"] = fingerprint
     if heartbeat.deregistering and not previous.deregistered:
         changes["deregistered_by"] = "node"
@@ -315,8 +317,10 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
         changes["deregistered_at"] = updated.last_seen
     elif previous.deregistered:
         for name in ("deregistered_by", "deregistered_reason", "deregistered_at"):
-            changes[name] = getattr(previous, name)
-    return with_state(updated, **changes)
+            if getattr(updated, name) != getattr(previous, name):
+                changes[name] = getattr(previous, name)
+    # Most heartbeats change none of it: no second copy of the record on the hot path.
+    return with_state(updated, **changes) if changes else updated
 
 
 def hardware_alert(previous: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:
@@ -366,3 +370,60 @@ def refused_silent(record: NodeRecord, now: float) -> bool:
     if record.heartbeat is None or record.stale_since is not None or record.deregistered:
         return False
     return now - record.last_seen >= record.heartbeat.stale_after
+
+
+DEREGISTRATION_FIELDS = (
+    "deregistered",
+    "deregistered_by",
+    "deregistered_reason",
+    "deregistered_at",
+)
+
+
+def operator_changes(
+    mine: NodeRecord, stored: NodeRecord | None, known: NodeRecord | None
+) -> NodeRecord:
+    """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
+    into ``fleet_nodes`` since the owner last read or wrote it (``known``): ``fleetctl
+    forget`` deregisters, ``fleetctl approve`` of a deregistered node re-admits it (and
+    clears the refusal noted). ``stored == known`` means nobody else wrote: ``mine`` wins.
+    Heartbeat facts and ``reset-seq`` are not taken from here (see :func:`checkpoint`)."""
+    if stored is None or known is None or stored == known:
+        return mine
+    if all(getattr(stored, name) == getattr(mine, name) for name in DEREGISTRATION_FIELDS):
+        return mine
+    changes: dict[str, object] = {name: getattr(stored, name) for name in DEREGISTRATION_FIELDS}
+    if mine.deregistered and not stored.deregistered:
+        changes["refused"], changes["refused_at"] = stored.refused, stored.refused_at
+    return with_state(mine, **changes)
+
+
+def checkpoint(stored: NodeRecord | None, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
+    """What the partition owner writes over ``stored`` (the record in ``fleet_nodes``)
+    from its in-memory ``mine``: its own, except that an operator's ``reset-seq`` written
+    since (``stored.seq_reset``) is kept unless a heartbeat already used it up."""
+    if stored is not None and stored.seq_reset and not mine.seq_reset and not reset_consumed:
+        return msgspec.structs.replace(mine, seq_reset=True)
+    return mine
+
+
+def is_transition(previous: NodeRecord, updated: NodeRecord) -> bool:
+    """Whether accepting a heartbeat changed what readers of ``fleet_nodes`` act on (the
+    state and the facts it is derived from, the node's identity), so the owner writes the
+    record at once rather than at its next checkpoint. ``last_seen``, ``last_seq`` and the
+    embedded heartbeat alone are not: they are checkpointed."""
+    return (
+        previous.state != updated.state
+        or previous.health_status != updated.health_status
+        or previous.schedulability != updated.schedulability
+        or previous.deregistered != updated.deregistered
+        or previous.boot_id != updated.boot_id
+        or previous.cluster != updated.cluster
+        or previous.public_key != updated.public_key
+        or previous.agent_version != updated.agent_version
+        or previous.seq_reset != updated.seq_reset
+        or previous.labels != updated.labels
+        or previous.gpu_fingerprint != updated.gpu_fingerprint
+        or previous.refused != updated.refused
+        or previous.deregistered_by != updated.deregistered_by
+    )

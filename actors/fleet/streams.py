@@ -31,6 +31,7 @@ from nats.js.api import (
 from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
     BUCKET_ENROLL,
+    BUCKET_LEASES,
     BUCKET_NODES,
     BUCKET_TRUST,
     STREAM_ALERTS,
@@ -72,6 +73,8 @@ MAX_ENROLL_SIZE = 8 * KIB
 ENROLL_KEEP = 31 * DAY
 """An enrollment record lives this long after its last change; tokens live at most 30 days
 (``fleetctl enroll-token create --ttl``), so a record outlives its token."""
+MIB_LEASES = 1024 * KIB
+"""fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
@@ -202,6 +205,16 @@ def bucket_configs(
             max_value_size=MAX_RECORD_SIZE,
             # Direct gets: agents read records without creating a consumer, and under
             # auth.conf a node may read the bucket in no other way.
+            direct=True,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_LEASES),
+            description="which aggregator consumes FLEET_HB now",
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=MIB_LEASES,
+            max_value_size=4 * KIB,
             direct=True,
         ),
         KeyValueConfig(

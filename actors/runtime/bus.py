@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
+from actors.runtime import nats_headers  # noqa: F401  (installs the faster header parser)
 from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError

@@ -53,7 +53,7 @@ async def test_simulated_nodes_are_all_accepted(fleet: Fleet, bus: NatsBus, pref
     found = await read_records(bus, Subjects(prefix))
     assert (code, err) == (0, ""), out + err
     lines = out.splitlines()
-    assert len(lines) == 3, out
+    assert len(lines) == 4, out
     published = re.fullmatch(
         r"published 200 heartbeats from 20 nodes in ([\d.]+)s: ([\d.]+)/s \(asked 100/s\), "
         r"0 not acknowledged",
@@ -64,6 +64,10 @@ async def test_simulated_nodes_are_all_accepted(fleet: Fleet, bus: NatsBus, pref
     caught_up = r"caught up: 20/20 records current [\d.]+s after the last publish"
     assert re.fullmatch(caught_up, lines[1]), lines[1]
     assert re.fullmatch(r"accepted: \d+ record updates for 200 heartbeats", lines[2]), lines[2]
+    latency = (
+        r"publish-to-record latency of each node's first heartbeat \(20\): p50 \d+ ms, p99 \d+ ms"
+    )
+    assert re.fullmatch(latency, lines[3]), lines[3]
     assert len(found) == 20
     assert {(r.state, r.last_seq, r.cluster, r.gpus_total) for r in found} == {
         ("active", 10, "sim", 2)

@@ -167,6 +167,7 @@ EXAMPLES: list[msgspec.Struct] = [
     messages.EnrollRecord(
         id="0" * 32, issuer=KEY, issued_at=NOW, expires_at=NOW + 60, uses=3, used=1, nodes=["n1"]
     ),
+    messages.AggregatorLease(holder="host-1a2b3c4d", ttl=6.0, renewed=NOW),
 ]
 
 

@@ -44,6 +44,10 @@ TEST_BUDGETS = AggregatorConfig(
     alerts_max_bytes=4 * MIB,
     trust_max_bytes=1 * MIB,
     enroll_max_bytes=1 * MIB,
+    # Tests wait on records in fleet_nodes: checkpoints every half second keep them live.
+    checkpoint_interval=0.5,
+    fetch_linger=0.02,
+    lease_ttl=1.5,
 )
 """Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
 tests each provision their own prefix on one server, so the production defaults (424 MiB

@@ -1,0 +1,88 @@
+"""The partition owner's in-memory acceptance state: one :class:`NodeState` per node and
+the queue of checkpoints due.
+
+The aggregator that consumes a node's heartbeats judges each one against this state alone
+(no KV round trip), and writes the node's record to ``fleet_nodes`` only when its state
+changes (at once) or, for a node that merely keeps beating, once per
+``checkpoint_interval`` (spread: each node's checkpoint falls due on its own schedule,
+so 100,000 nodes cost ``100_000 / checkpoint_interval`` writes a second, evenly).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import nacl.signing
+
+from schemas.messages import NodeRecord
+
+
+@dataclass(slots=True)
+class NodeState:
+    """What the owner knows of one node; ``record`` is always the newest (possibly
+    newer than what ``fleet_nodes`` holds: ``dirty``)."""
+
+    record: NodeRecord
+    written: float
+    """Monotonic time the record was last written (or loaded)."""
+    dirty: bool = False
+    """The record changed since it was last written."""
+    queued: bool = False
+    """A checkpoint of this node is in the queue."""
+    reset_consumed: bool = False
+    """A heartbeat used up an operator's ``reset-seq`` since the last write: the write
+    clears the flag in ``fleet_nodes`` (otherwise a flag set there is kept)."""
+    key: str = ""
+    """The public key ``verifier`` was built from."""
+    verifier: nacl.signing.VerifyKey | None = field(default=None)
+    fresh: bool = False
+    """Loaded from fleet_nodes and no heartbeat accepted since."""
+    refreshed: float = 0.0
+    """Monotonic time the record was last read afresh for a refusal."""
+    stored: NodeRecord | None = None
+    """The record as this owner last read it from or wrote it to ``fleet_nodes``: a
+    stored record that differs was written by an operator since (forget, approve; see
+    :func:`record_rules.operator_changes`)."""
+
+
+class CheckpointQueue:
+    """Nodes in the order their checkpoint falls due (``written + interval``): appending
+    at the right keeps it ordered, since ``written`` only grows."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._queue: deque[tuple[float, str]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, node: str, state: NodeState) -> None:
+        if not state.queued:
+            state.queued = True
+            self._queue.append((state.written, node))
+
+    def due(self, now: float, limit: int, nodes: dict[str, NodeState]) -> list[str]:
+        """Up to ``limit`` dirty nodes whose checkpoint is due at monotonic ``now``."""
+        found: list[str] = []
+        queue = self._queue
+        while queue and len(found) < limit and queue[0][0] + self.interval <= now:
+            written, node = queue.popleft()
+            state = nodes.get(node)
+            if state is None:
+                continue
+            state.queued = False
+            if state.written > written:  # written since (a transition): due later
+                if state.dirty:
+                    self.push(node, state)
+                continue
+            if state.dirty:
+                found.append(node)
+        return found
+
+
+def spread_written(now: float, interval: float) -> float:
+    """A loaded record's ``written``: random within the last ``interval``, so the
+    checkpoints of a fleet loaded at once fall due evenly, not all together."""
+    return now - random.uniform(0.0, interval)

@@ -1,0 +1,233 @@
+"""The aggregator's hot path: acceptance state in memory, records written on state
+changes and checkpoints, exact replay protection across an owner change."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+from nats.aio.msg import Msg
+
+from actors.fleet import record_rules
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.hot_state import CheckpointQueue, NodeState
+from actors.fleet.registry import NotFound, approve, read_record
+from actors.runtime.bus import NatsBus
+from actors.runtime.consumer import Step
+from actors.runtime.supervisor import Supervisor
+from schemas import codec, signing
+from schemas.events import Health
+from schemas.subjects import Subjects
+from tests.fleet.test_aggregator import publish, watch_alerts
+from tests.fleet.test_aggregators import delivered
+from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for
+
+
+def aggregator_of(supervisor: Supervisor) -> AggregatorActor:
+    actor = supervisor.actors[0]
+    assert isinstance(actor, AggregatorActor)
+    return actor
+
+
+def count(actor: AggregatorActor, name: str) -> float:
+    return actor.metrics.registry.get_sample_value(name) or 0.0
+
+
+async def stored_seq(bus: NatsBus, prefix: str) -> int:
+    """n1's last seq in fleet_nodes; 0 while it has no record."""
+    try:
+        return (await read_record(bus, Subjects(prefix), "n1")).last_seq
+    except NotFound:
+        return 0
+
+
+async def beat(
+    bus: NatsBus, prefix: str, key: signing.KeyPair, seq: int, **changes: object
+) -> None:
+    body = codec.encode(
+        msgspec.structs.replace(heartbeat(seq=seq, stale_after=60.0, interval=30.0), **changes)
+    )
+    await publish(bus, prefix, body, key.headers(body))
+
+
+async def test_steady_heartbeats_are_not_written_one_by_one(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Heartbeats that change nothing cost one write (the node becoming active); the
+    live record has the last seq at once, fleet_nodes only a state change later, which
+    is written at once."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    actor = aggregator_of(await fleet.start_aggregator(checkpoint_interval=120.0))
+    await beat(bus, prefix, key, 1)
+
+    async def first_written() -> bool:
+        return await stored_seq(bus, prefix) == 1
+
+    await wait_for(first_written)
+    for seq in range(2, 11):
+        # One at a time: FLEET_HB keeps one heartbeat per node, and one replaced unread
+        # would be a sequence gap (an alert, so a write).
+        await beat(bus, prefix, key, seq)
+
+        def accepted(seq: int = seq) -> bool:
+            return actor.nodes["n1"].record.last_seq == seq
+
+        await wait_for(accepted)
+    assert count(actor, "fleet_heartbeats_accepted_total") == 10
+    assert actor.nodes["n1"].dirty
+    assert count(actor, "fleet_record_writes_total") == 1
+    assert await stored_seq(bus, prefix) == 1
+
+    sick = Health(ts=time.time(), status="unhealthy", score=10)
+    await beat(bus, prefix, key, 11, health=sick)
+
+    async def written() -> bool:
+        record = await read_record(bus, Subjects(prefix), "n1")
+        return record.state == "unhealthy" and record.last_seq == 11
+
+    await wait_for(written)
+    assert count(actor, "fleet_record_writes_total") == 2
+
+
+async def test_checkpoint_writes_the_newest_record(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
+    """A node that only keeps beating has its newest record in fleet_nodes within about
+    one checkpoint interval."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    await fleet.start_aggregator(checkpoint_interval=1.0)
+    for seq in range(1, 6):
+        await beat(bus, prefix, key, seq)
+
+    async def checkpointed() -> bool:
+        return await stored_seq(bus, prefix) == 5
+
+    await wait_for(checkpointed, timeout=5)
+
+
+async def test_new_owner_resumes_from_the_checkpoint_and_refuses_older_replays(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """An owner change (the aggregator stopped, another started) starts from fleet_nodes:
+    a heartbeat older than the checkpoint is refused as a replay, the node's next one is
+    accepted without a false sequence_gap alert though the old owner had accepted
+    heartbeats it never checkpointed."""
+    alerts = await watch_alerts(bus, prefix)
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    first = await fleet.start_aggregator(checkpoint_interval=0.5)
+    for seq in range(1, 6):
+        await beat(bus, prefix, key, seq)
+
+    async def checkpointed() -> bool:
+        return await stored_seq(bus, prefix) == 5
+
+    await wait_for(checkpointed, timeout=5)
+    await first.stop()
+    second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
+    await wait_for(lambda: "n1" in second.nodes)  # the lease taken, the records loaded
+    assert second.nodes["n1"].record.last_seq == 5
+    await beat(bus, prefix, key, 3)  # captured earlier, published again
+    await wait_for(lambda: alerts.of("replay"))
+    await beat(bus, prefix, key, 8)
+    await wait_for(lambda: second.nodes["n1"].record.last_seq == 8)
+    await bus.flush()
+    assert not alerts.of("sequence_gap")
+    assert [alert.details.get("seq") for alert in alerts.of("replay")] == ["3"]
+
+
+async def test_redelivered_heartbeat_is_not_a_replay(bus: NatsBus, prefix: str) -> None:
+    """The same stored message delivered again (same stream sequence: a failover before
+    its ack) is recognised as seen, not alerted on as a replay."""
+    alerts = await watch_alerts(bus, prefix)
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    aggregator = new_aggregator(bus, prefix)
+    body = codec.encode(heartbeat(seq=1))
+    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
+    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
+    await bus.flush()
+    assert alerts.of("replay") == []
+    late = aggregator.metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "late_delivery"}
+    )
+    assert late == 1
+
+
+def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
+    """A reset-seq written by an operator after the owner's last write survives the
+    owner's next checkpoint, unless a heartbeat already used it up."""
+    mine = record_rules.pending_record("n1", "c1", "K")
+    stored = msgspec.structs.replace(mine, seq_reset=True)
+    assert record_rules.checkpoint(stored, mine, reset_consumed=False).seq_reset
+    assert not record_rules.checkpoint(stored, mine, reset_consumed=True).seq_reset
+    assert not record_rules.checkpoint(None, mine, reset_consumed=False).seq_reset
+
+
+def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
+    """A node's checkpoint falls due one interval after its last write; a node written
+    since (a transition) or not dirty is not written again."""
+    queue = CheckpointQueue(10.0)
+    record = record_rules.pending_record("n1", "c1")
+    nodes = {
+        "a": NodeState(record, written=0.0, dirty=True),
+        "b": NodeState(record, written=5.0, dirty=True),
+        "c": NodeState(record, written=1.0, dirty=False),
+    }
+    for name in ("a", "c", "b"):
+        queue.push(name, nodes[name])
+    assert queue.due(9.0, 100, nodes) == []
+    assert queue.due(12.0, 100, nodes) == ["a"]
+    nodes["b"].written = 14.0  # written by a transition meanwhile
+    assert queue.due(16.0, 100, nodes) == []
+    assert queue.due(24.0, 100, nodes) == ["b"]
+
+
+async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
+    """A message on which judging raises (a bug) is terminated on its own and counted;
+    the rest of the batch is judged, and nothing raises out of the batch."""
+    aggregator = new_aggregator(bus, prefix)
+    key = signing.KeyPair.generate()
+    body = codec.encode(heartbeat(seq=1))
+    broken = delivered(bus, prefix, body, key.headers(body), stream_seq=1)
+    fine = delivered(bus, prefix, body, key.headers(body), stream_seq=2)
+    fine.subject = Subjects(prefix).heartbeat("c1", "n2")
+    judged: list[int] = []
+
+    def judge(msg: Msg, fetched: bool = False) -> list[Step]:
+        if msg is broken:
+            raise RuntimeError("bug")
+        judged.append(2)
+        return []
+
+    aggregator.judge = judge  # type: ignore[method-assign]
+    chains = await aggregator.handle_batch([broken, fine])
+    assert chains == [[(broken, broken.term)]]
+    assert judged == [2]
+    dropped = aggregator.metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "handler_error"}
+    )
+    assert dropped == 1
+
+
+async def test_stored_message_with_a_status_header_is_judged(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A heartbeat published with the header the server's status answers carry (and no
+    body) is a message like any other: refused and counted, and the node's next valid
+    heartbeat is accepted."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    actor = aggregator_of(await fleet.start_aggregator())
+    await bus.js.publish(Subjects(prefix).heartbeat("c1", "n1"), b"", headers={"Status": "503"})
+
+    def refused() -> float:
+        registry = actor.metrics.registry
+        return sum(
+            registry.get_sample_value("fleet_heartbeats_refused_total", {"kind": kind}) or 0
+            for kind in ("bad_signature", "unknown_node")
+        )
+
+    await wait_for(lambda: refused() == 1)
+    await beat(bus, prefix, key, 1)
+    await wait_for(lambda: "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == 1)
