@@ -167,16 +167,17 @@ async def test_drain_wait_goes_through_slurm_and_uncordon_resumes(
     job count while the job runs, finishes drained when it ends; uncordon resumes Slurm."""
     await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
-    slurm.sbatch(4)
+    job = slurm.sbatch(120)
     await wait_for(lambda: slurm.running(), timeout=15)
     process = await fleetctl(
-        nats_server, prefix, operator_file, "drain", "n1", "--deadline", "60", "--wait"
+        nats_server, prefix, operator_file, "drain", "n1", "--deadline", "90", "--wait"
     )
-    await wait_for(lambda: any(r.jobs_running == 1 for r in results.results), timeout=15)
+    await wait_for(lambda: any(r.jobs_running == 1 for r in results.results), timeout=30)
     command_id = results.results[0].command_id
     assert set(slurm.state().split("+")) >= {"drain"}  # draining: the job still runs
     assert slurm.running()
     assert "Reason=fleet: " in slurm.node_line() and f"({command_id})" in slurm.node_line()
+    slurm.cancel(job)  # the job ends: the drain finishes
     code, out, err = await finish(process)
     assert code == 0, err
     lines = out.splitlines()
@@ -226,12 +227,13 @@ async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
     none does) with Slurm's reason, and our uncordon does not lift it."""
     await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
-    slurm.sbatch(3)
+    job = slurm.sbatch(120)
     await wait_for(lambda: slurm.running(), timeout=15)
     slurm.tool("scontrol", "update", f"nodename={slurm.node}", "state=drain", "reason=bad DIMM")
-    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned", timeout=15)
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned", timeout=30)
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
+    slurm.cancel(job)  # no job left: the admin's drain is complete
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "drained", timeout=20)
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
@@ -274,14 +276,15 @@ async def test_terminate_notice_drains_slurm_jobs_before_its_deadline(
     carries the running job count, and the node deregisters once the job has ended."""
     agent = await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
-    slurm.sbatch(3)
+    job = slurm.sbatch(120)
     await wait_for(lambda: slurm.running(), timeout=15)
-    deadline = time.time() + 60
+    deadline = time.time() + 90
     notice = Interruption(ts=time.time(), provider="aws", kind="terminate", deadline=deadline)
     await fleet.publish_event(EVENT_INTERRUPTION, notice)
     command_id = "spot:aws:terminate:" + f"{deadline:.0f}"
-    await wait_for(lambda: any(r.jobs_running == 1 for r in results.of(command_id)))
+    await wait_for(lambda: any(r.jobs_running == 1 for r in results.of(command_id)), timeout=30)
     assert f"Reason=fleet: aws terminate notice ({command_id})" in slurm.node_line()
+    slurm.cancel(job)
     final = await results.final(command_id, timeout=30)
     assert final.status == "done" and final.detail.startswith("deregistered")
     assert any(r.detail.startswith("drained; deregistering") for r in results.of(command_id))

@@ -63,6 +63,11 @@ class SlurmCluster:
         )
         return out.strip().split(";")[0]
 
+    def cancel(self, job: str) -> None:
+        """End job ``job`` now: tests end their jobs themselves, so no assertion races a
+        job's own end on a loaded machine."""
+        self.tool("scancel", job)
+
     def running(self) -> list[str]:
         return self.tool("squeue", "--noheader", "-w", self.node, "-t", "R,CG", "-o", "%i").split()
 
