@@ -301,13 +301,7 @@ async def run_chain(chain: Chain, what: str, dropped: DropCounter) -> None:
                     raise
                 await asyncio.sleep(0.5 * (attempt + 1))
             except Exception as exc:
-                dropped("handler_error")
-                log.error(
-                    "message broke its handler; terminated",
-                    exc_info=True,
-                    extra={"consumer": what, "subject": msg.subject, "reason": repr(exc)},
-                )
-                await _quietly(msg.term())
+                await _terminate(msg, exc, what, dropped)
                 break
 
 
@@ -329,13 +323,19 @@ async def settle(msg: Msg, handle: MessageHandler, what: str, dropped: DropCount
         )
         await _quietly(msg.nak(delay=1.0))
     except Exception as exc:
-        dropped("handler_error")
-        log.error(
-            "message broke its handler; terminated",
-            exc_info=True,
-            extra={"consumer": what, "subject": msg.subject, "reason": repr(exc)},
-        )
-        await _quietly(msg.term())
+        await _terminate(msg, exc, what, dropped)
+
+
+async def _terminate(msg: Msg, exc: Exception, what: str, dropped: DropCounter) -> None:
+    """The message broke its handler, so it is the likely cause: count, log with the
+    traceback, and terminate it (AckTerm: never redelivered)."""
+    dropped("handler_error")
+    log.error(
+        "message broke its handler; terminated",
+        exc_info=exc,
+        extra={"consumer": what, "subject": msg.subject, "reason": repr(exc)},
+    )
+    await _quietly(msg.term())
 
 
 async def _quietly(settling: Awaitable[None]) -> None:

@@ -182,19 +182,24 @@ class CommandsActor:
             await self._hand_over(msg, command, command.action, digest)
             return
         async with self.actions.lock:
-            # Kept past the expiry by the skew bound, in case this clock is stepped back.
-            try:
-                self.store.remember(command.id, command.expires_at + self.config.max_skew)
-            except StoreError as exc:
-                log.error(
-                    "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
-                )
-                await msg.nak(delay=REDELIVER_AFTER)
+            if not await self._remember(msg, command):
                 return
             await self.actions.result(command.id, "accepted", command.reason, digest=digest)
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
             await self.actions.start(command.id, command.reason, command.action, digest=digest)
+
+    async def _remember(self, msg: Msg, command: Command) -> bool:
+        """Save the command's id, kept past its expiry by the skew bound in case this clock
+        is stepped back; when the store cannot, the message is given back (nak) for later
+        and False returned: a command is never acted on unsaved."""
+        try:
+            self.store.remember(command.id, command.expires_at + self.config.max_skew)
+        except StoreError as exc:
+            log.error("command not saved; redelivery", extra={"id": command.id, "reason": str(exc)})
+            await msg.nak(delay=REDELIVER_AFTER)
+            return False
+        return True
 
     async def _hand_over(
         self, msg: Msg, command: Command, action: Deploy | Stop, digest: str
@@ -214,13 +219,7 @@ class CommandsActor:
             await msg.ack()
             return
         async with self.actions.lock:
-            try:
-                self.store.remember(command.id, command.expires_at + self.config.max_skew)
-            except StoreError as exc:
-                log.error(
-                    "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
-                )
-                await msg.nak(delay=REDELIVER_AFTER)
+            if not await self._remember(msg, command):
                 return
         order = WorkloadOrder(
             ts=time.time(), command_id=command.id, action=action, command_digest=digest
