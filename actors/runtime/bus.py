@@ -219,16 +219,38 @@ class NatsBus:
         back before the server has seen them (a subscriber then misses the first
         messages; measured: 62 in 1500 subscribe-then-publish rounds). Pushing the
         pending buffer out first restores the order the NATS protocol promises."""
-        seconds = max(1, round(timeout))
-        await asyncio.wait_for(self.nc._flush_pending(force_flush=True), seconds)
-        await self.nc.flush(timeout=seconds)
+        await asyncio.wait_for(self.nc._flush_pending(force_flush=True), timeout)
+        await self._round_trip(timeout)
 
     async def rtt(self, timeout: float = 2.0) -> float:
         """Round trip to the server in seconds (a PING/PONG flush)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        await asyncio.wait_for(self.nc.flush(timeout=max(1, round(timeout))), timeout)
+        await self._round_trip(timeout)
         return loop.time() - start
+
+    async def _round_trip(self, timeout: float) -> None:
+        """One PING, answered by its PONG within ``timeout``.
+
+        nats-py 2.16's ``flush()`` and ``rtt()`` cancel the PONG's future when they time
+        out or are cancelled (an actor stopping mid-flush), yet leave it queued: the PONG
+        that comes later then raises InvalidStateError in nats-py's reader, which ends
+        the reader, and with it every subscription and request of the connection (seen:
+        an aggregator whose lease was fenced never read a message again). Here the
+        future is shielded: it stays pending until its PONG arrives; only the wait for it
+        is bounded or cancelled."""
+        nc = self.nc
+        if nc.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if nc._reading_task is None or nc._reading_task.done():
+            await nc._flush_pending()  # no reader to see a PONG (as nats-py's own flush)
+            return
+        pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await nc._send_ping(pong)
+        try:
+            await asyncio.wait_for(asyncio.shield(pong), timeout)
+        except TimeoutError:
+            raise nats.errors.FlushTimeoutError from None
 
     async def kv(self, bucket: str) -> KeyValue:
         cached = self._buckets.get(bucket)

@@ -300,8 +300,9 @@ async def test_slurm_stopped_is_a_finding_not_a_crash(
     """With slurmctld and slurmd stopped the node reports a degraded scheduler check with
     the reason, and every actor keeps running."""
     agent = await slurm_agent(fleet, operator_file)
-    stop_daemon(slurm, "slurmd")
-    stop_daemon(slurm, "slurmctld")
+    # Off the event loop: stopping a daemon waits for it, and the agent and aggregator run here.
+    await asyncio.to_thread(stop_daemon, slurm, "slurmd")
+    await asyncio.to_thread(stop_daemon, slurm, "slurmctld")
     try:
 
         def finding(record: NodeRecord) -> bool:
@@ -322,6 +323,6 @@ async def test_slurm_stopped_is_a_finding_not_a_crash(
         assert agent.supervisor is not None
         assert all(status.restarts == 0 for status in agent.supervisor.check().values())
     finally:
-        start_daemon(slurm, "slurmctld")
-        start_daemon(slurm, "slurmd")
+        await asyncio.to_thread(start_daemon, slurm, "slurmctld")
+        await asyncio.to_thread(start_daemon, slurm, "slurmd")
         await slurm.until_state("idle", timeout=60)

@@ -113,3 +113,34 @@ async def test_flush_returns_only_after_the_server_has_every_earlier_subscriptio
         await publisher.flush()
         assert await asyncio.wait_for(received.get(), 2.0) == subject
         await subscription.unsubscribe()
+
+
+async def test_a_cancelled_flush_leaves_the_connection_reading(bus: NatsBus) -> None:
+    """Flushes cancelled while their PING is out (an actor stopping mid-flush) leave the
+    connection's reader running: a later request is still answered and rtt still works."""
+    loop = asyncio.get_running_loop()
+    for _ in range(20):
+        flush = asyncio.create_task(bus.flush())
+        for _ in range(1000):  # until its PING is out (its PONG not read yet)
+            if bus.nc._pongs:
+                break
+            await asyncio.sleep(0)
+        # No PING goes out once the reader is gone (nats-py then only writes pending data).
+        assert bus.nc._pongs, "no PING in flight: the connection's reader has died"
+        flush.cancel()
+        await asyncio.gather(flush, return_exceptions=True)
+    await asyncio.sleep(0.2)  # every PONG of the cancelled flushes has come back
+    assert bus.nc._reading_task is not None and not bus.nc._reading_task.done()
+
+    async def echo(msg: Msg) -> None:
+        await msg.respond(msg.data)
+
+    subscription = await bus.subscribe("t.echo", echo)
+    try:
+        await bus.flush()
+        reply = await bus.request("t.echo", b"ping", timeout=2)
+        assert reply.data == b"ping"
+        start = loop.time()
+        assert 0 < await bus.rtt() < loop.time() - start + 1e-3
+    finally:
+        await subscription.unsubscribe()
