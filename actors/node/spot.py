@@ -278,17 +278,28 @@ class SpotActor:
             lifecycle=LIFECYCLE.get(str(compute.get("priority", "")).lower(), ""),
         )
 
-    async def _aws_text(self, session: aiohttp.ClientSession, base: str, path: str) -> str:
+    async def _aws_fetch(self, session: aiohttp.ClientSession, base: str, path: str) -> str | None:
+        """The text at ``path`` of IMDSv2, or None on 404. A 401 means the token expired
+        or was revoked: a new one is fetched next time."""
         token = await self._aws_token(session, base)
         async with session.get(
             f"{base}/latest/meta-data/{path}",
             headers={"X-aws-ec2-metadata-token": token},
             timeout=self.timeout,
         ) as response:
+            if response.status == 404:
+                return None
             if response.status == 401:
                 self._token = ""
+                raise MetadataError(f"{path}: HTTP 401, token refreshed")
             _require_ok(response, path)
             return (await response.text()).strip()
+
+    async def _aws_text(self, session: aiohttp.ClientSession, base: str, path: str) -> str:
+        text = await self._aws_fetch(session, base, path)
+        if text is None:
+            raise MetadataError(f"{path}: HTTP 404")
+        return text
 
     # AWS -------------------------------------------------------------------------------
 
@@ -306,19 +317,8 @@ class SpotActor:
 
     async def _aws_get(self, session: aiohttp.ClientSession, base: str, path: str) -> Any:
         """The JSON document at ``path``, or None on 404 (no notice)."""
-        token = await self._aws_token(session, base)
-        async with session.get(
-            f"{base}/latest/meta-data/{path}",
-            headers={"X-aws-ec2-metadata-token": token},
-            timeout=self.timeout,
-        ) as response:
-            if response.status == 404:
-                return None
-            if response.status == 401:
-                self._token = ""  # expired or revoked: fetch a new one next time
-                raise MetadataError(f"{path}: HTTP 401, token refreshed")
-            _require_ok(response, path)
-            return json.loads(await response.text())
+        text = await self._aws_fetch(session, base, path)
+        return None if text is None else json.loads(text)
 
     async def _aws(self, session: aiohttp.ClientSession, base: str) -> None:
         action = await self._aws_get(session, base, "spot/instance-action")
