@@ -24,7 +24,12 @@ BUCKET_TRUST: Final = "fleet_trust"
 BUCKET_ENROLL: Final = "fleet_enroll"
 """Enrollment tokens' records (``EnrollRecord``), key = token id: uses and revocation."""
 BUCKET_LEASES: Final = "fleet_leases"
-"""Which aggregator consumes FLEET_HB now (key ``hb``, an AggregatorLease)."""
+"""Which aggregator consumes which partition of FLEET_HB now (keys ``hb.<P>``, each an
+AggregatorLease) and which aggregators are alive (keys ``member.<holder>``)."""
+MAX_PARTITIONS: Final = 256
+"""FLEET_HB is split into at most this many partitions (see :func:`partition_of`)."""
+_FNV_OFFSET: Final = 0x811C9DC5
+_FNV_PRIME: Final = 0x01000193
 
 EVENT_SAMPLE: Final = "sample"
 EVENT_HEALTH: Final = "health"
@@ -52,6 +57,28 @@ def is_token(value: str) -> bool:
     return bool(_TOKEN.fullmatch(value))
 
 
+def partition_of(node: str, partitions: int) -> int:
+    """The partition of FLEET_HB a node's heartbeats are stored in: what nats-server's
+    ``{{partition(N, 2)}}`` subject transform computes from the node id token, FNV-1a
+    32-bit over the token's bytes, modulo N (``tests/schemas/test_partition_hash.py``
+    checks it against a real server). Written once here, so a record key alone says which
+    aggregator owns the node."""
+    digest = _FNV_OFFSET
+    for byte in node.encode():
+        digest = ((digest ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return digest % partitions
+
+
+def lease_key(partition: int) -> str:
+    """The key of a partition's lease in ``fleet_leases``."""
+    return f"hb.{partition}"
+
+
+def member_key(holder: str) -> str:
+    """An aggregator's membership key in ``fleet_leases`` (renewed with its leases)."""
+    return f"member.{check_token('holder', holder)}"
+
+
 def event_kind(subject: str) -> str:
     """The kind of a node event (``sample``, ``state``, ...): the last token of its subject."""
     return subject.rsplit(".", 1)[-1]
@@ -72,6 +99,42 @@ class Subjects:
 
     def heartbeats(self) -> str:
         return f"{self.prefix}.hb.>"
+
+    def published_heartbeats(self) -> str:
+        """What nodes publish to (``<prefix>.hb.<cluster>.<node>``): FLEET_HB's subjects.
+        Five-token subjects are not the stream's, so nobody stores into a partition
+        subject directly: only the transform below does."""
+        return f"{self.prefix}.hb.*.*"
+
+    def heartbeat_transform(self, partitions: int) -> tuple[str, str]:
+        """FLEET_HB's subject transform (source, destination): each heartbeat is stored
+        as ``<prefix>.hb.<P>.<cluster>.<node>``, P the node token's partition."""
+        return (
+            self.published_heartbeats(),
+            f"{self.prefix}.hb.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}"
+            ".{{wildcard(2)}}",
+        )
+
+    def transform_partitions(self, destination: str) -> int | None:
+        """N of a FLEET_HB transform destination made by :meth:`heartbeat_transform`;
+        None for any other (or none)."""
+        found = re.fullmatch(
+            re.escape(f"{self.prefix}.hb.") + r"\{\{\s*partition\(\s*(\d+)\s*,\s*2\s*\)\s*\}\}\..*",
+            destination,
+        )
+        return int(found.group(1)) if found else None
+
+    def stored_heartbeat(self, cluster: str, node: str, partitions: int) -> str:
+        """The subject FLEET_HB stores ``heartbeat(cluster, node)`` under, with N
+        partitions (what the transform makes of it)."""
+        return (
+            f"{self.prefix}.hb.{partition_of(node, partitions)}.{check_token('cluster', cluster)}"
+            f".{check_token('node id', node)}"
+        )
+
+    def partition_heartbeats(self, partition: int) -> str:
+        """The stored heartbeats of one partition (a consumer filter)."""
+        return f"{self.prefix}.hb.{partition}.*.*"
 
     def event(self, node: str, event: str) -> str:
         return f"{self.prefix}.evt.{check_token('node id', node)}.{check_token('event', event)}"
@@ -130,6 +193,10 @@ class Subjects:
             return base
         return f"{base}_{self.prefix.replace('.', '_').replace('-', '_').upper()}"
 
+    def partition_consumer(self, durable: str, partition: int) -> str:
+        """The durable consumer of one FLEET_HB partition (``<durable>-<P>``)."""
+        return f"{self.stream_name(durable)}-{partition}"
+
     def bucket_name(self, base: str) -> str:
         if self.prefix == "fleet":
             return base
@@ -138,6 +205,17 @@ class Subjects:
     def split_heartbeat(self, subject: str) -> tuple[str, str]:
         """(cluster, node) of a heartbeat subject; raises InvalidToken on a foreign subject."""
         return self._tail(subject, "hb")
+
+    def split_stored_heartbeat(self, subject: str) -> tuple[int, str, str]:
+        """(partition, cluster, node) of a heartbeat as FLEET_HB stores it
+        (``<prefix>.hb.<P>.<cluster>.<node>``, TTL markers included); raises InvalidToken
+        on any other subject (a published one, or one of the old 4-token layout)."""
+        head, _, tail = subject.rpartition(".")
+        head, _, cluster = head.rpartition(".")
+        base, _, partition = head.rpartition(".")
+        if base != f"{self.prefix}.hb" or not partition.isdigit() or len(partition) > 3:
+            raise InvalidToken("stored heartbeat subject", subject)
+        return int(partition), check_token("cluster", cluster), check_token("node id", tail)
 
     def split_command(self, subject: str) -> tuple[str, str]:
         return self._tail(subject, "cmd")

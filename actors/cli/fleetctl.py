@@ -270,24 +270,31 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 async def cmd_aggregators(args: argparse.Namespace) -> int:
-    """Who consumes FLEET_HB (the heartbeat lease), its rate over one second, and how far
-    behind it is (pending and unacknowledged heartbeats). Standbys hold nothing."""
+    """Every partition of FLEET_HB: who consumes it (its lease), its rate over one second,
+    and how far behind it is (pending and unacknowledged heartbeats)."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        first = await lease.owner_status(bus, subjects, args.durable)
+        first = await lease.partition_status(bus, subjects, args.durable)
         await asyncio.sleep(1.0)
-        status = await lease.owner_status(bus, subjects, args.durable)
-    rate = max(0, status.delivered_seq - first.delivered_seq)
+        statuses = await lease.partition_status(bus, subjects, args.durable)
+    before = {status.partition: status.delivered_seq for status in first}
+    rates = [
+        max(0, status.delivered_seq - before.get(status.partition, status.delivered_seq))
+        for status in statuses
+    ]
     if args.json:
-        body = msgspec.to_builtins(status) | {"rate": rate}
-        sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+        for status, rate in zip(statuses, rates, strict=True):
+            body = msgspec.to_builtins(status) | {"rate": rate}
+            sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
         return 0
-    holder = status.holder or "(nobody: no aggregator holds the lease)"
-    sys.stdout.write(
-        "PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED\n"
-        f"{status.partition}  {views.printable(holder)}  {status.renewed_ago:.1f}s ago  "
-        f"{rate}/s  {status.pending}  {status.unacked}\n"
-    )
+    lines = ["PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED"]
+    for status, rate in zip(statuses, rates, strict=True):
+        holder = views.printable(status.holder) if status.holder else "(nobody)"
+        renewed = f"{status.renewed_ago:.1f}s ago" if status.holder else "-"
+        lines.append(
+            f"{status.partition}  {holder}  {renewed}  {rate}/s  {status.pending}  {status.unacked}"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -575,9 +582,11 @@ def parser() -> argparse.ArgumentParser:
     nodes.set_defaults(func=cmd_nodes)
 
     aggregators = commands.add_parser(
-        "aggregators", help="who consumes the heartbeats, its rate and lag"
+        "aggregators", help="every heartbeat partition: who consumes it, its rate and lag"
     )
-    aggregators.add_argument("--json", action="store_true", help="one JSON object")
+    aggregators.add_argument(
+        "--json", action="store_true", help="one JSON object per partition, one a line"
+    )
     aggregators.add_argument(
         "--durable", default="aggregator", help="the aggregators' consumer (default aggregator)"
     )

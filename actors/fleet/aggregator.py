@@ -1,6 +1,8 @@
 """Aggregator actor (provider side): verifies heartbeats and keeps ``fleet_nodes`` true.
 
-It consumes ``FLEET_HB`` through a durable pull consumer shared by every aggregator. A
+``FLEET_HB`` is split into N partitions (README, "How partitions work"); this aggregator
+consumes the partitions whose leases it holds (:mod:`actors.fleet.partitions`), each
+through a durable pull consumer of its own, and keeps only those partitions' nodes. A
 heartbeat is accepted only if its key is the node's approved key, its signature verifies
 over the received bytes, its body names the subject's node and cluster, its timestamp is
 within the skew bound and its seq is above the last accepted one. Refusals change nothing
@@ -28,11 +30,12 @@ from actors.fleet import enroll, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import CheckpointQueue, NodeState, spread_written
-from actors.fleet.lease import Lease, holder_id, while_held
+from actors.fleet.lease import holder_id
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
+from actors.fleet.partitions import Partitions
 from actors.fleet.refusals import RefusalTracker
-from actors.fleet.streams import MAX_NODES, StreamLimits, provision
+from actors.fleet.streams import MAX_NODES, StreamLimits, heartbeat_partitions, provision
 from actors.runtime import kv
 from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import (
@@ -48,7 +51,13 @@ from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Registration, RegistrationReply
-from schemas.subjects import BUCKET_LEASES, BUCKET_NODES, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import (
+    BUCKET_LEASES,
+    BUCKET_NODES,
+    STREAM_HEARTBEATS,
+    Subjects,
+    partition_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +99,8 @@ class LateDelivery(Exception):
 
 
 class AggregatorActor:
-    """Subscribes to FLEET_HB (shared durable consumer) and fleet.register; publishes
+    """Subscribes to its partitions of FLEET_HB (one durable consumer each) and
+    fleet.register; publishes
     NodeRecord in fleet_nodes and Alert on fleet.alert.<kind>.<cluster>.<node>."""
 
     name = "aggregator"
@@ -107,7 +117,17 @@ class AggregatorActor:
         self.store = NodeStore(bus, self.subjects, self.metrics)
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
-        self._consumer: DurableConsumer | None = None
+        self._consumers: dict[int, DurableConsumer] = {}
+        """The consumer of every partition this aggregator works on."""
+        self._work: dict[int, asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
+        self.partition_count = config.partitions
+        """N of FLEET_HB (the stream's, once provisioned)."""
+        self.partitions: Partitions | None = None
+        self._resume_floor: dict[int, int] = {}
+        """Per partition gained: the oldest stream seq its live records' checkpoints need."""
+        self._writing: dict[str, asyncio.Future[None]] = {}
+        """Record writes in flight, by node: a lost partition waits for its nodes' ones."""
         self.pending = 0
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
@@ -115,25 +135,24 @@ class AggregatorActor:
         self.nodes: dict[str, NodeState] = {}
         """The acceptance state of every node this aggregator owns (see hot_state)."""
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
-        self.lease: Lease | None = None
         self._accepted = 0
-        self._last_delivery: tuple[float, int] | None = None
-        self._subjects_seen: dict[str, tuple[str, str]] = {}
+        self._last_delivery: tuple[float, int, int] | None = None
+        self._subjects_seen: dict[str, tuple[int, str, str]] = {}
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
         self._fresh_keys: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
 
-    def consumer(self, start: int = 1) -> DurableConsumer:
-        """The heartbeat consumer, as it is (re-)created, reading FLEET_HB from stream
-        sequence ``start``. ``AckPolicy.ALL``: one ack on the last message of a fetch
-        settles the fetch (see :func:`consume_in_batches`)."""
+    def consumer(self, partition: int, start: int = 1) -> DurableConsumer:
+        """The consumer of one partition (``<durable>-<P>``), as it is (re-)created,
+        reading FLEET_HB from stream sequence ``start``. ``AckPolicy.ALL``: one ack on
+        the last message of a fetch settles the fetch (see :func:`consume_in_batches`)."""
         return DurableConsumer(
             self.bus.js,
             self.subjects.stream_name(STREAM_HEARTBEATS),
-            self.subjects.heartbeats(),
-            self.subjects.stream_name(self.config.durable),
+            self.subjects.partition_heartbeats(partition),
+            self.subjects.partition_consumer(self.config.durable, partition),
             ConsumerConfig(
                 ack_policy=AckPolicy.ALL,
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -145,20 +164,27 @@ class AggregatorActor:
         )
 
     def problem(self) -> str:
-        """Why this aggregator is not doing its work while running ("" when it is): its
-        consumer is gone, or it is further behind the stream than ``max_lag``. A standby
-        (not holding the lease) is doing its work."""
-        if self._consumer is None:
-            return ""
-        if self._consumer.missing:
-            return self._consumer.missing
-        behind = self.metrics.oldest_unprocessed()
-        if behind > self.config.max_lag:
-            return (
-                f"heartbeats {behind:.0f}s behind FLEET_HB (max_lag {self.config.max_lag:g}s, "
-                f"{self.metrics.pending_now} pending)"
-            )
+        """Why this aggregator is not doing its work while running ("" when it is): a
+        partition's consumer is gone, or a partition is further behind the stream than
+        ``max_lag``. An aggregator holding no partition is doing its work."""
+        for partition, consumer in sorted(self._consumers.items()):
+            if consumer.missing:
+                return f"partition {partition}: {consumer.missing}"
+            behind = self.metrics.oldest_unprocessed(partition)
+            if behind > self.config.max_lag:
+                return (
+                    f"partition {partition}: heartbeats {behind:.0f}s behind FLEET_HB "
+                    f"(max_lag {self.config.max_lag:g}s, "
+                    f"{self.metrics.pending_now} pending)"
+                )
         return ""
+
+    def owns(self, node: str) -> bool:
+        """Whether ``node``'s partition is one this aggregator holds. An aggregator that is
+        not running (driven directly: tests, benchmarks) holds no leases and owns all."""
+        return self.partitions is None or self.partitions.holds(
+            partition_of(node, self.partition_count)
+        )
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:
@@ -173,86 +199,168 @@ class AggregatorActor:
                 f"replicas = {self.config.replicas} needs a clustered nats-server; "
                 "this one is not (use replicas = 1)"
             ) from None
+        self.partition_count = await heartbeat_partitions(self.bus.js, self.subjects)
+        if self.partition_count != self.config.partitions:
+            log.warning(
+                "partitions setting differs from FLEET_HB's; the stream's is used",
+                extra={"partitions": self.config.partitions, "used": self.partition_count},
+            )
         routes = {self.subjects.register(): self._on_register}
-        leases = await self.bus.kv(self.subjects.bucket_name(BUCKET_LEASES))
-        self.lease = Lease(leases, holder_id(), self.config.lease_ttl)
-        # Either task failing ends both and the actor, so the supervisor restarts it.
+        bucket = self.subjects.bucket_name(BUCKET_LEASES)
+        self.partitions = Partitions(
+            self.bus,
+            await self.bus.kv(bucket),
+            bucket,
+            holder_id(),
+            self.config.lease_ttl,
+            self.partition_count,
+            self._gain,
+            self._lose,
+        )
+        # Any task failing (a partition's consume loop included) ends them all and the
+        # actor, so the supervisor restarts it; the leases are released on the way out.
         async with (
             listening(self.bus, routes, ready, queue="aggregators"),
             asyncio.TaskGroup() as group,
         ):
+            self._group = group
             group.create_task(self.store.follow_trust(self._on_trust_change))
-            group.create_task(while_held(self.lease, self._own))
+            group.create_task(self.partitions.run())
+            group.create_task(self._sweep_forever())
+            group.create_task(self._checkpoint_forever())
+            group.create_task(self._reread_forever())
 
-    async def _own(self) -> None:
-        """The owner's work, while it holds the lease: state from fleet_nodes, the
-        consumer from where that state ends, then heartbeats, sweeps and checkpoints. On
-        losing the lease all of it stops and the in-memory state is dropped."""
-        await self.load()
-        start = await self._resume_point()
-        self._consumer = consumer = self.consumer(start)
+    async def _gain(self, partitions: set[int]) -> None:
+        """Partitions just claimed: their records from fleet_nodes (one scan for all of
+        them), each one's consumer from where that state ends, then its heartbeats. A
+        partition that cannot be started is released (claimed again next round)."""
+        assert self.partitions is not None and self._group is not None
+        try:
+            await self.load(partitions)
+        except (nats.errors.Error, TimeoutError, kv.BatchError) as exc:
+            log.warning("partitions not loaded; released", extra={"reason": str(exc)})
+            await self.partitions.release(partitions)
+            return
+        failed: set[int] = set()
+        for partition in sorted(partitions):
+            if not self.partitions.holds(partition):
+                continue  # lost while loading (its nodes were dropped then)
+            try:
+                consumer = await self._open(partition)
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning(
+                    "partition not started", extra={"partition": partition, "reason": str(exc)}
+                )
+                failed.add(partition)
+                continue
+            if not self.partitions.holds(partition):
+                await consumer.close()
+                continue
+            try:
+                task = self._group.create_task(self._consume(partition, consumer))
+            except RuntimeError:  # the actor is stopping: its task group takes no more
+                await consumer.close()
+                return
+            self._consumers[partition] = consumer
+            self._work[partition] = task
+            self.metrics.owns(partition)
+        if failed:
+            await self.partitions.release(failed)
+
+    async def _open(self, partition: int) -> DurableConsumer:
+        start = await self._resume_point(partition)
+        consumer = self.consumer(partition, start)
         with contextlib.suppress(nats.js.errors.NotFoundError):
             # The previous owner's consumer, at its ack floor: read again from ``start``.
             await self.bus.js.delete_consumer(consumer.stream, consumer.durable)
         await consumer.open()
+        return consumer
+
+    async def _consume(self, partition: int, consumer: DurableConsumer) -> None:
+        """One partition's heartbeats, until its work is stopped (cancelled)."""
         puller = BatchPuller(self.bus, consumer)
-        self.metrics.owner.set(1)
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(
-                    consume_in_batches(
-                        puller,
-                        self.handle_batch,
-                        batch=self.config.fetch_batch,
-                        wait=1.0,
-                        what="heartbeat",
-                        dropped=self._count_drop,
-                        linger=self.config.fetch_linger,
-                    )
-                )
-                group.create_task(self._sweep_forever())
-                group.create_task(self._checkpoint_forever())
-                group.create_task(self._reread_forever())
+            await consume_in_batches(
+                puller,
+                self.handle_batch,
+                batch=self.config.fetch_batch,
+                wait=1.0,
+                what=f"heartbeat partition {partition}",
+                dropped=self._count_drop,
+                linger=self.config.fetch_linger,
+            )
         finally:
-            self.metrics.owner.set(0)
-            self._consumer = None
-            self.nodes.clear()
-            self.stale.clear()
-            self.checkpoints = CheckpointQueue(self.config.checkpoint_interval)
             await puller.close()
             await consumer.close()
 
-    async def _resume_point(self) -> int:
-        """The stream sequence the new owner reads FLEET_HB from: the oldest of the
-        previous consumer's ack floor and every live record's checkpoint. Every heartbeat
-        the previous owner accepted but did not checkpoint is after its node's
+    async def _lose(self, partitions: set[int]) -> None:
+        """Partitions lost, fenced or released: their consume loops cancelled and waited
+        for, their nodes dropped from memory, and the record writes of those nodes still
+        in flight (a sweep's, a checkpoint's) waited for, at most the fence's margin. When
+        this returns nothing of theirs runs here any more."""
+        tasks = [self._work.pop(p) for p in partitions if p in self._work]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for partition in partitions:
+            consumer = self._consumers.pop(partition, None)
+            if consumer is not None:
+                await consumer.close()
+            self.metrics.forget(partition)
+            self._resume_floor.pop(partition, None)
+        count = self.partition_count
+        dropped = [node for node in self.nodes if partition_of(node, count) in partitions]
+        for node in dropped:
+            del self.nodes[node]
+            self.stale.discard(node)
+            self.refusals.forget(node)
+        writing = [self._writing[node] for node in dropped if node in self._writing]
+        if writing:
+            await asyncio.wait(writing, timeout=self.config.lease_ttl / 4)
+        log.info("partitions stopped", extra={"partitions": sorted(partitions)})
+
+    async def _resume_point(self, partition: int) -> int:
+        """The stream sequence the new owner reads a partition from: the oldest of the
+        previous consumer's ack floor and every live record's checkpoint in it. Every
+        heartbeat the previous owner accepted but did not checkpoint is after its node's
         checkpoint, so it is judged again (in stream order, from the checkpoint): the
         state is rebuilt exactly. Stale, offline and deregistered records were written
         when they changed, so nothing after them is missing."""
         stream = self.subjects.stream_name(STREAM_HEARTBEATS)
-        durable = self.subjects.stream_name(self.config.durable)
+        durable = self.subjects.partition_consumer(self.config.durable, partition)
         try:
             info = await self.bus.js.consumer_info(stream, durable)
             floor = info.ack_floor.stream_seq if info.ack_floor else 0
             start = (floor or 0) + 1
         except nats.js.errors.NotFoundError:
             start = 1
-        for state in self.nodes.values():
-            record = state.record
-            if record.last_stream_seq and record.state not in SETTLED:
-                start = min(start, record.last_stream_seq + 1)
-        log.info("heartbeats resumed", extra={"from_seq": start, "records": len(self.nodes)})
+        start = min(start, self._resume_floor.pop(partition, start))
+        log.info("heartbeats resumed", extra={"partition": partition, "from_seq": start})
         return start
 
-    async def load(self) -> None:
-        """Cold start: every record of ``fleet_nodes`` into memory with batched direct
-        gets (one request per 1,000 records, no consumer), checkpoints spread."""
+    async def load(self, partitions: set[int] | None = None) -> None:
+        """The records of ``partitions`` (None: all) into memory with one scan of
+        ``fleet_nodes`` (batched direct gets, one request per 1,000 records, no
+        consumer), keys of other partitions skipped before anything is decoded,
+        checkpoints spread; each partition's resume floor noted."""
+        count = self.partition_count
+        wanted = set(range(count)) if partitions is None else partitions
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        values = await kv.latest_values(
+            self.bus,
+            bucket,
+            MAX_NODES,
+            LOAD_TIMEOUT,
+            keep=lambda node: partition_of(node, count) in wanted,
+        )
+        if self.partitions is not None:
+            wanted = {p for p in wanted if self.partitions.holds(p)}  # lost while reading
         now = time.monotonic()
         interval = self.config.checkpoint_interval
-        self.nodes.clear()  # the same dict: the HTTP API holds it
         for node, value in values.items():
+            partition = partition_of(node, count)
+            if partition not in wanted:
+                continue
             try:
                 record = codec.decode(value, NodeRecord, node)
             except DecodeError as exc:
@@ -264,7 +372,10 @@ class AggregatorActor:
             )
             if record.stale_since is not None and record.offline_since is None:
                 self.stale.add(node)
-        log.info("records loaded", extra={"records": len(self.nodes)})
+            if record.last_stream_seq and record.state not in SETTLED:
+                floor = self._resume_floor.get(partition, record.last_stream_seq + 1)
+                self._resume_floor[partition] = min(floor, record.last_stream_seq + 1)
+        log.info("records loaded", extra={"records": len(values), "partitions": sorted(wanted)})
 
     def _count_drop(self, reason: str) -> None:
         self.metrics.dropped.labels(reason).inc()
@@ -319,13 +430,13 @@ class AggregatorActor:
         order). ``fetched``: the node's trusted key and record were just read afresh."""
         subject = msg.subject
         try:
-            cluster, node = self._split(subject)
+            partition, cluster, node = self._split(subject)
         except InvalidToken:
             self.metrics.dropped.labels("malformed_subject").inc()
             log.warning("heartbeat on a malformed subject", extra={"subject": subject})
             return []
         stream_seq, stored, pending = delivery(msg)
-        self._last_delivery = (stored, pending)
+        self._last_delivery = (stored, pending, partition)
         headers = msg.headers or {}
         state = self.nodes.get(node)
         if (
@@ -393,11 +504,15 @@ class AggregatorActor:
         for step in steps:
             await step()
 
-    def _split(self, subject: str) -> tuple[str, str]:
-        """(cluster, node) of a heartbeat subject, each subject checked once."""
+    def _split(self, subject: str) -> tuple[int, str, str]:
+        """(partition, cluster, node) of a stored heartbeat subject, each subject checked
+        once: the partition token must be the node's (only the stream's transform writes
+        it), a 4-token subject of the old layout is refused."""
         found = self._subjects_seen.get(subject)
         if found is None:
-            found = self.subjects.split_heartbeat(subject)
+            found = self.subjects.split_stored_heartbeat(subject)
+            if found[0] != partition_of(found[2], self.partition_count):
+                raise InvalidToken("heartbeat partition", subject)
             if len(self._subjects_seen) >= 2 * MAX_NODES:
                 self._subjects_seen.clear()  # bounded: a flood of odd subjects ends here
             self._subjects_seen[subject] = found
@@ -576,7 +691,16 @@ class AggregatorActor:
         again on a conflict). The record written is the newest at the moment of writing."""
         state = self.nodes.get(node)
         if state is None:
-            return
+            return  # not (or no longer) this aggregator's node
+        writing = self._writing[node] = asyncio.get_running_loop().create_future()
+        try:
+            await self._write(node, state)
+        finally:
+            writing.set_result(None)
+            if self._writing.get(node) is writing:
+                del self._writing[node]
+
+    async def _write(self, node: str, state: NodeState) -> None:
         mine: NodeRecord | None = None
         known = state.stored
 
@@ -680,7 +804,7 @@ class AggregatorActor:
                 return None
             return record_rules.with_state(record, offline_since=now)
 
-        if everything:
+        if everything and (self.partitions is None or self.partitions.held):
             await self._take_in_new_records()
         candidates = list(self.nodes) if everything else list(self.stale)
         expire_after = self.config.pending_expire_after
@@ -734,13 +858,19 @@ class AggregatorActor:
             self.pending = pending
 
     async def _take_in_new_records(self) -> None:
-        """Records this aggregator has not in memory (registrations answered by another
-        aggregator, records written by another owner) are read and taken in."""
+        """Records of this aggregator's partitions it has not in memory (registrations
+        answered by another aggregator) are read and taken in."""
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
+        values = await kv.latest_values(
+            self.bus,
+            bucket,
+            MAX_NODES,
+            LOAD_TIMEOUT,
+            keep=lambda node: node not in self.nodes and self.owns(node),
+        )
         now = time.monotonic()
         for node, value in values.items():
-            if node in self.nodes:
+            if node in self.nodes or not self.owns(node):
                 continue
             try:
                 record = codec.decode(value, NodeRecord, node)

@@ -68,6 +68,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     lease_ttl: Annotated[float, Meta(ge=0.5, le=60)] = 6.0
     """Seconds an aggregator's heartbeat lease lasts unrenewed: another takes over after
     this long once the owner is gone (it renews every third of it)."""
+    partitions: Annotated[int, Meta(ge=1, le=256)] = 8
+    """FLEET_HB is split into this many partitions, each consumed by one aggregator at a
+    time; used only when the stream is created (an existing stream keeps its N: README,
+    "How partitions work")."""
     fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.1
     """Seconds to wait after a fetch that came back short (caught up) before the next,
     so fetches and acks are paid per batch, not per heartbeat; adds at most this much

@@ -1,8 +1,8 @@
-"""The lease that makes one aggregator at a time the owner of ``FLEET_HB``'s heartbeats.
+"""The lease that makes one aggregator at a time the owner of a partition of ``FLEET_HB``.
 
 The owner keeps every node's acceptance state in memory, which is exact only while no
-other aggregator judges the same nodes. So aggregators take turns through one KV key
-(``fleet_leases``, key ``hb``), by compare-and-set on its revision:
+other aggregator judges the same nodes. So aggregators take turns through one KV key per
+partition (``fleet_leases``, key ``hb.<P>``), by compare-and-set on its revision:
 
 - **claim**: ``create`` the key if nobody holds it; else watch its revision, and once it
   has not changed for ``ttl`` seconds of this aggregator's own clock, ``update`` it with
@@ -14,8 +14,8 @@ other aggregator judges the same nodes. So aggregators take turns through one KV
   saw that renewal's revision, which is after it was sent: the old holder has stopped
   ``margin`` seconds before anyone can take over (only clock *rates* matter, not clocks).
 
-What a holder does while it holds the lease is its ``work``; it is cancelled, and waited
-for, before the lease can pass on.
+What a holder does while it holds a lease is its work; it is cancelled, and waited for,
+before the lease can pass on (:mod:`actors.fleet.partitions`).
 """
 
 from __future__ import annotations
@@ -26,23 +26,30 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from actors.fleet.streams import heartbeat_partitions
+from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import AggregatorLease
-from schemas.subjects import BUCKET_LEASES, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import (
+    BUCKET_LEASES,
+    MAX_PARTITIONS,
+    STREAM_HEARTBEATS,
+    Subjects,
+    lease_key,
+)
 
 log = logging.getLogger(__name__)
 
 KEY = "hb"
+STATUS_TIMEOUT = 5.0
 MARGIN_FRACTION = 0.25
 """The fence falls this fraction of ``ttl`` before a claimant may take over."""
 
@@ -53,16 +60,26 @@ def holder_id() -> str:
 
 
 class Lease:
-    """One aggregator's side of the ``hb`` lease."""
+    """One aggregator's side of one lease key (``hb.<P>``: a partition of FLEET_HB).
 
-    def __init__(self, bucket: KeyValue, holder: str, ttl: float) -> None:
+    The rules are written once, as steps: :meth:`observe` (one claim step on the key as
+    just read), :meth:`renew` (one renewal), :meth:`fenced`. :meth:`claim` and
+    :meth:`keep` loop over them for a caller that holds one lease;
+    :mod:`actors.fleet.partitions` drives many leases from one scan of the bucket."""
+
+    def __init__(self, bucket: KeyValue, holder: str, ttl: float, key: str = KEY) -> None:
         self.bucket = bucket
         self.holder = holder
         self.ttl = ttl
+        self.key = key
         self.held = False
         self.took_over_at = 0.0
         """Monotonic time this aggregator last took the lease."""
         self._revision = 0
+        self._seen = -1
+        self._since = 0.0
+        self._sent_ok = 0.0
+        """Monotonic time the last successful renewal (or the claim) was sent."""
 
     def _value(self) -> bytes:
         return codec.encode(AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time()))
@@ -70,103 +87,135 @@ class Lease:
     async def _read(self) -> tuple[AggregatorLease | None, int]:
         """The lease and its revision; (None, 0) if the key is absent or deleted."""
         try:
-            entry = await asyncio.wait_for(self.bucket.get(KEY), self.ttl / 3)
+            entry = await asyncio.wait_for(self.bucket.get(self.key), self.ttl / 3)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None, 0
+        return decode_lease(self.key, entry.value or b""), entry.revision or 0
+
+    def expired(self, revision: int) -> bool:
+        """Whether the key, last read at ``revision``, has not changed for ``ttl`` of this
+        aggregator's clock (0: absent, free at once). Each call is an observation."""
+        now = time.monotonic()
+        if revision == 0:
+            return True
+        if revision != self._seen:
+            self._seen, self._since = revision, now
+            return False
+        return now - self._since >= self.ttl
+
+    async def observe(self, lease: AggregatorLease | None, revision: int) -> bool:
+        """One claim step on the key as just read (``revision`` 0: absent or deleted):
+        create it if absent; take it over once its revision has not changed for ``ttl``;
+        else watch. True once this aggregator holds it."""
+        return self.expired(revision) and await self.take(lease, revision)
+
+    async def take(self, lease: AggregatorLease | None, revision: int) -> bool:
+        """Create the key (``revision`` 0) or update it with ``last=revision`` (one that
+        :meth:`expired` said is free). Another claimant winning the same round is not an
+        error: it just is not held."""
+        sent = time.monotonic()
         try:
-            lease = codec.decode(entry.value or b"", AggregatorLease, KEY)
-        except DecodeError:
-            lease = None  # unreadable: taken over like an expired one
-        return lease, entry.revision or 0
+            if revision == 0:
+                self._revision = await asyncio.wait_for(
+                    self.bucket.create(self.key, self._value()), self.ttl / 3
+                )
+            else:
+                self._revision = await asyncio.wait_for(
+                    self.bucket.update(self.key, self._value(), last=revision), self.ttl / 3
+                )
+                log.warning(
+                    "heartbeat lease taken over",
+                    extra={
+                        "from": lease.holder if lease else "?",
+                        "holder": self.holder,
+                        "key": self.key,
+                    },
+                )
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+            self._seen = -1  # another claimant won this round
+            return False
+        self.held = True
+        self._seen = -1
+        self._sent_ok = sent
+        self.took_over_at = time.monotonic()
+        log.info("heartbeat lease held", extra={"holder": self.holder, "key": self.key})
+        return True
+
+    def fenced(self) -> bool:
+        """Whether ``ttl - margin`` has passed since the last successful renewal was sent:
+        the holder must have stopped its work by now."""
+        return time.monotonic() - self._sent_ok >= self.ttl * (1 - MARGIN_FRACTION)
+
+    def renewal_due(self) -> bool:
+        return time.monotonic() - self._sent_ok >= self.ttl / 3
+
+    async def renew(self) -> bool:
+        """One renewal, bounded by the fence; False when the lease is lost (refused: held
+        by another) or fenced. A transient failure returns True (retried next time; the
+        fence ends it if it goes on)."""
+        if self.fenced():
+            log.error("lease not renewed in time; stopping", extra={"key": self.key})
+            self.held = False
+            return False
+        sent = time.monotonic()
+        left = self._sent_ok + self.ttl * (1 - MARGIN_FRACTION) - sent
+        try:
+            self._revision = await asyncio.wait_for(
+                self.bucket.update(self.key, self._value(), last=self._revision), max(0.05, left)
+            )
+            self._sent_ok = sent
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+            log.error(
+                "lease lost to another aggregator", extra={"holder": self.holder, "key": self.key}
+            )
+            self.held = False
+            return False
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("lease renewal failed; retrying", extra={"reason": str(exc)})
+        return True
 
     async def claim(self) -> None:
         """Return once this aggregator holds the lease."""
-        seen, since = -1, time.monotonic()
+        self._seen = -1
         while True:
             try:
                 lease, revision = await self._read()
-                if revision == 0:
-                    self._revision = await asyncio.wait_for(
-                        self.bucket.create(KEY, self._value()), self.ttl / 3
-                    )
-                    break
-                if revision != seen:
-                    seen, since = revision, time.monotonic()
-                elif time.monotonic() - since >= self.ttl:
-                    self._revision = await asyncio.wait_for(
-                        self.bucket.update(KEY, self._value(), last=revision), self.ttl / 3
-                    )
-                    log.warning(
-                        "heartbeat lease taken over",
-                        extra={"from": lease.holder if lease else "?", "holder": self.holder},
-                    )
-                    break
-            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
-                seen, since = -1, time.monotonic()  # another claimant won this round
+                if await self.observe(lease, revision):
+                    return
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("lease unreadable; retrying", extra={"reason": str(exc)})
             await asyncio.sleep(self.ttl / 8)
-        self.held = True
-        self.took_over_at = time.monotonic()
-        log.info("heartbeat lease held", extra={"holder": self.holder})
 
     async def keep(self) -> None:
         """Renew until the lease is lost or the fence falls; then return."""
-        sent_ok = time.monotonic()
         fence = self.ttl * (1 - MARGIN_FRACTION)
         try:
             while True:
-                await asyncio.sleep(min(self.ttl / 3, max(0.0, sent_ok + fence - time.monotonic())))
-                if time.monotonic() - sent_ok >= fence:
-                    log.error("lease not renewed in time; stopping", extra={"holder": self.holder})
+                wait = min(self.ttl / 3, max(0.0, self._sent_ok + fence - time.monotonic()))
+                await asyncio.sleep(wait)
+                if not await self.renew():
                     return
-                sent = time.monotonic()
-                try:
-                    self._revision = await asyncio.wait_for(
-                        self.bucket.update(KEY, self._value(), last=self._revision),
-                        max(0.05, sent_ok + fence - sent),
-                    )
-                    sent_ok = sent
-                except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
-                    log.error("lease lost to another aggregator", extra={"holder": self.holder})
-                    return
-                except (nats.errors.Error, TimeoutError) as exc:
-                    log.warning("lease renewal failed; retrying", extra={"reason": str(exc)})
         finally:
             self.held = False
 
     async def release(self) -> None:
-        """Give the lease up (a clean stop), so another aggregator takes over at once."""
+        """Give the lease up (a clean stop), so another aggregator takes over at once.
+        Compare-and-set on this holder's revision: a lease taken over stays so."""
+        self.held = False
         with contextlib.suppress(nats.errors.Error, TimeoutError):
-            await asyncio.wait_for(self.bucket.delete(KEY, last=self._revision), self.ttl / 3)
+            await asyncio.wait_for(self.bucket.delete(self.key, last=self._revision), self.ttl / 3)
 
 
-async def while_held(lease: Lease, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Forever: claim the lease, run ``work`` while it is held, cancel it (and wait for
-    it) when the lease is lost or fenced, claim again. ``work`` raising releases the
-    lease and raises; so does this being cancelled (a clean stop hands over at once)."""
-    while True:
-        await lease.claim()
-        worker = asyncio.create_task(work(), name="lease-work")
-        keeper = asyncio.create_task(lease.keep(), name="lease-keep")
-        try:
-            done, _ = await asyncio.wait({worker, keeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (worker, keeper):
-                task.cancel()
-            await asyncio.gather(worker, keeper, return_exceptions=True)
-            # Compare-and-set on our own revision: a lease already taken over stays so.
-            await lease.release()
-        if worker in done:
-            failure = worker.exception()
-            if failure is not None:
-                raise failure
-            return
-        log.warning("heartbeat work stopped: lease lost", extra={"holder": lease.holder})
+def decode_lease(key: str, value: bytes) -> AggregatorLease | None:
+    """A lease value; None when unreadable (taken over like an expired one)."""
+    try:
+        return codec.decode(value, AggregatorLease, key)
+    except DecodeError:
+        return None
 
 
-class OwnerStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``fleetctl aggregators`` shows: the lease and the heartbeat consumer."""
+class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``fleetctl aggregators`` shows of one partition: its lease and its consumer."""
 
     partition: str
     holder: str
@@ -174,33 +223,42 @@ class OwnerStatus(msgspec.Struct, frozen=True, kw_only=True):
     renewed_ago: float
     ttl: float
     pending: int
-    """Heartbeats in FLEET_HB not yet delivered to the owner."""
+    """Heartbeats of the partition in FLEET_HB not yet delivered to its consumer."""
     unacked: int
-    """Heartbeats delivered to the owner and not yet settled."""
+    """Heartbeats delivered to the holder and not yet settled."""
     delivered_seq: int
     """The stream sequence last delivered: read twice, its difference is the rate."""
 
 
-async def owner_status(bus: Bus, subjects: Subjects, durable: str) -> OwnerStatus:
-    """The heartbeat lease's holder and its consumer's figures (zeros without one)."""
-    bucket = await bus.kv(subjects.bucket_name(BUCKET_LEASES))
-    lease = Lease(bucket, "", 5.0)
-    current, _ = await lease._read()
-    pending = unacked = delivered = 0
-    try:
-        info = await bus.js.consumer_info(
-            subjects.stream_name(STREAM_HEARTBEATS), subjects.stream_name(durable)
-        )
-        pending, unacked = info.num_pending or 0, info.num_ack_pending or 0
-        delivered = info.delivered.stream_seq if info.delivered else 0
-    except nats.js.errors.NotFoundError:
-        pass
-    return OwnerStatus(
-        partition=KEY,
-        holder=current.holder if current else "",
-        renewed_ago=max(0.0, time.time() - current.renewed) if current else 0.0,
-        ttl=current.ttl if current else 0.0,
-        pending=pending,
-        unacked=unacked,
-        delivered_seq=delivered or 0,
+async def partition_status(bus: Bus, subjects: Subjects, durable: str) -> list[PartitionStatus]:
+    """Every partition's lease holder and its consumer's figures (zeros without one):
+    one read of the lease bucket, one consumer info per partition."""
+    count = await heartbeat_partitions(bus.js, subjects)
+    entries = await kv.latest_entries(
+        bus, subjects.bucket_name(BUCKET_LEASES), 4 * MAX_PARTITIONS + 1024, STATUS_TIMEOUT
     )
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+
+    async def one(partition: int) -> PartitionStatus:
+        value, _ = entries.get(lease_key(partition), (b"", 0))
+        current = decode_lease(lease_key(partition), value) if value else None
+        pending = unacked = delivered = 0
+        try:
+            info = await bus.js.consumer_info(
+                stream, subjects.partition_consumer(durable, partition)
+            )
+            pending, unacked = info.num_pending or 0, info.num_ack_pending or 0
+            delivered = info.delivered.stream_seq if info.delivered else 0
+        except nats.js.errors.NotFoundError:
+            pass
+        return PartitionStatus(
+            partition=str(partition),
+            holder=current.holder if current else "",
+            renewed_ago=max(0.0, time.time() - current.renewed) if current else 0.0,
+            ttl=current.ttl if current else 0.0,
+            pending=pending,
+            unacked=unacked,
+            delivered_seq=delivered or 0,
+        )
+
+    return list(await asyncio.gather(*(one(p) for p in range(count))))

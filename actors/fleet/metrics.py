@@ -3,8 +3,10 @@ process with agents (``fleetctl up``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -56,47 +58,85 @@ class AggregatorMetrics:
         )
         self.owner = Gauge(
             "fleet_aggregator_owner",
-            "1 while this aggregator holds the heartbeat lease and consumes FLEET_HB, else 0",
+            "1 while this aggregator holds a partition's lease and consumes it (by partition)",
+            ["partition"],
             registry=self.registry,
         )
-        self.newest_stored: float | None = None
-        """When FLEET_HB stored the newest heartbeat this aggregator processed."""
+        self._newest: dict[str, float] = {}
+        """Per partition: when FLEET_HB stored the newest heartbeat processed."""
+        self._pending: dict[str, int] = {}
         self.lag = Gauge(
             "fleet_aggregator_lag_seconds",
-            "Seconds since FLEET_HB stored the newest heartbeat this aggregator processed "
-            "(NaN before the first); about one heartbeat interval when it keeps up",
+            "Seconds since FLEET_HB stored the newest heartbeat this aggregator processed, "
+            "by partition; about one heartbeat interval when it keeps up",
+            ["partition"],
             registry=self.registry,
         )
-        self.lag.set_function(self._lag)
         self.behind = Gauge(
             "fleet_aggregator_pending_heartbeats",
-            "Heartbeats in FLEET_HB not yet delivered to the aggregators' consumer, as of "
-            "the last one this aggregator processed",
+            "Heartbeats in FLEET_HB not yet delivered to the partition's consumer, as of "
+            "the last one this aggregator processed, by partition",
+            ["partition"],
             registry=self.registry,
         )
-
-        self.pending_now = 0
         self.oldest = Gauge(
             "fleet_aggregator_oldest_unprocessed_seconds",
-            "Age of the oldest heartbeat in FLEET_HB this aggregator has not processed yet "
-            "(bounded above by the time since the newest processed one was stored; 0 when "
-            "nothing is pending)",
+            "Age of the oldest heartbeat of the partition this aggregator has not processed "
+            "yet (bounded above by the time since the newest processed one was stored; 0 "
+            "when nothing is pending), by partition",
+            ["partition"],
             registry=self.registry,
         )
-        self.oldest.set_function(self.oldest_unprocessed)
 
-    def oldest_unprocessed(self) -> float:
-        """Seconds the oldest unprocessed heartbeat has waited, at most (0: none)."""
-        if self.pending_now == 0 or self.newest_stored is None:
+    @property
+    def newest_stored(self) -> float | None:
+        """When FLEET_HB stored the newest heartbeat this aggregator processed (any
+        partition)."""
+        return max(self._newest.values(), default=None)
+
+    @property
+    def pending_now(self) -> int:
+        """Heartbeats pending in every partition this aggregator consumes."""
+        return sum(self._pending.values())
+
+    def oldest_unprocessed(self, partition: int | None = None) -> float:
+        """Seconds the oldest unprocessed heartbeat of ``partition`` (None: of any) has
+        waited, at most (0: none)."""
+        names = list(self._pending) if partition is None else [str(partition)]
+        return max((self._oldest(name) for name in names), default=0.0)
+
+    def _oldest(self, name: str) -> float:
+        newest = self._newest.get(name)
+        if not self._pending.get(name) or newest is None:
             return 0.0
-        return max(0.0, time.time() - self.newest_stored)
+        return max(0.0, time.time() - newest)
 
-    def _lag(self) -> float:
-        return math.nan if self.newest_stored is None else time.time() - self.newest_stored
+    def _lag(self, name: str) -> float:
+        newest = self._newest.get(name)
+        return math.nan if newest is None else time.time() - newest
 
-    def processed(self, stored: float, pending: int) -> None:
-        """A message of FLEET_HB stored at ``stored`` was processed, ``pending`` behind it."""
-        if self.newest_stored is None or stored > self.newest_stored:
-            self.newest_stored = stored
-        self.behind.set(pending)
-        self.pending_now = pending
+    def processed(self, stored: float, pending: int, partition: int = 0) -> None:
+        """A message of partition ``partition`` of FLEET_HB, stored at ``stored``, was
+        processed, ``pending`` behind it."""
+        name = str(partition)
+        if name not in self._newest:
+            self.lag.labels(name).set_function(partial(self._lag, name))
+            self.oldest.labels(name).set_function(partial(self._oldest, name))
+            self._newest[name] = stored
+        elif stored > self._newest[name]:
+            self._newest[name] = stored
+        self.behind.labels(name).set(pending)
+        self._pending[name] = pending
+
+    def owns(self, partition: int) -> None:
+        self.owner.labels(str(partition)).set(1)
+
+    def forget(self, partition: int) -> None:
+        """A partition this aggregator no longer consumes: its series go (another
+        aggregator reports it now)."""
+        name = str(partition)
+        self._newest.pop(name, None)
+        self._pending.pop(name, None)
+        for gauge in (self.owner, self.lag, self.behind, self.oldest):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)

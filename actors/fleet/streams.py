@@ -26,6 +26,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 
 from actors.fleet.config import AggregatorConfig
@@ -94,6 +95,9 @@ class StreamLimits:
     results_per_node: int
     alerts_per_subject: int
     enroll_max_bytes: int = 4 * 1024 * 1024
+    partitions: int = 8
+    """N of FLEET_HB's partition transform; used only when the stream is created (or
+    given its first transform): see :func:`provision`."""
 
     @classmethod
     def of(cls, config: AggregatorConfig) -> StreamLimits:
@@ -107,6 +111,7 @@ class StreamLimits:
             results_per_node=config.results_per_node,
             alerts_per_subject=config.alerts_per_subject,
             enroll_max_bytes=config.enroll_max_bytes,
+            partitions=config.partitions,
         )
 
     @property
@@ -133,7 +138,8 @@ def stream_configs(
         StreamConfig(
             name=subjects.stream_name(STREAM_HEARTBEATS),
             description="signed node heartbeats; per-message TTL marks dead nodes",
-            subjects=[subjects.heartbeats()],
+            subjects=[subjects.published_heartbeats()],
+            subject_transform=SubjectTransform(*subjects.heartbeat_transform(limits.partitions)),
             storage=StorageType.FILE,
             num_replicas=replicas,
             max_msgs_per_subject=HEARTBEATS_PER_NODE,
@@ -252,11 +258,13 @@ async def provision(
     one stale setting never stops an aggregator from starting."""
     for config in stream_configs(subjects, replicas, limits):
         try:
-            await js.stream_info(config.name or "")
+            info = await js.stream_info(config.name or "")
         except nats.js.errors.NotFoundError:
             await js.add_stream(config)
             log.info("stream created", extra={"stream": config.name})
             continue
+        if config.subject_transform is not None:
+            config = _keep_partitions(subjects, config, info.config, limits.partitions)
         try:
             await js.update_stream(config)
         except nats.js.errors.APIError as exc:
@@ -272,6 +280,47 @@ async def provision(
             log.info("bucket created", extra={"bucket": bucket.bucket})
             continue
         await _update_bucket(js, bucket)
+
+
+def _keep_partitions(
+    subjects: Subjects, wanted: StreamConfig, current: StreamConfig, partitions: int
+) -> StreamConfig:
+    """FLEET_HB's N never changes once set: another N would move every node to another
+    subject (and fire a TTL marker for every node's old one). The existing transform is
+    kept, and a differing setting logged; a stream of the old layout (no transform) gets
+    one with ``partitions``."""
+    transform = current.subject_transform
+    existing = subjects.transform_partitions(transform.dest) if transform else None
+    if existing is None:
+        if transform is not None:
+            log.error(
+                "FLEET_HB has a foreign subject transform; replaced by the partition one",
+                extra={"stream": wanted.name, "transform": transform.dest},
+            )
+        else:
+            log.warning(
+                "FLEET_HB upgraded to partitions: heartbeats stored before are ignored",
+                extra={"stream": wanted.name, "partitions": partitions},
+            )
+        return wanted
+    if existing != partitions:
+        log.warning(
+            "partitions setting differs from FLEET_HB's; the stream's is used",
+            extra={"stream": wanted.name, "partitions": partitions, "stream_partitions": existing},
+        )
+    return replace(
+        wanted, subject_transform=SubjectTransform(*subjects.heartbeat_transform(existing))
+    )
+
+
+async def heartbeat_partitions(js: JetStreamContext, subjects: Subjects) -> int:
+    """N of FLEET_HB as it exists (provisioned): what every aggregator partitions by."""
+    info = await js.stream_info(subjects.stream_name(STREAM_HEARTBEATS))
+    transform = info.config.subject_transform
+    found = subjects.transform_partitions(transform.dest) if transform else None
+    if found is None:
+        raise RuntimeError("FLEET_HB has no partition transform (not provisioned)")
+    return found
 
 
 async def _update_bucket(js: JetStreamContext, bucket: KeyValueConfig) -> None:

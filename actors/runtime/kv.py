@@ -48,11 +48,19 @@ class _Page(msgspec.Struct):
 
     entries: list[tuple[str, bytes | None]]
     """(key, value) per message; None for a delete or purge marker."""
+    revisions: list[int] = []
+    """The stream sequence (the entry's revision) of each of ``entries``."""
     last_seq: int = 0
     pending: int = 0
 
 
-async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> dict[str, bytes]:
+async def latest_values(
+    bus: Bus,
+    bucket: str,
+    limit: int,
+    timeout: float,
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, bytes]:
     """The current value of every key of ``bucket`` (at most ``limit`` keys); deleted and
     purged keys are left out.
 
@@ -74,20 +82,35 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
     Bounded: at most ``limit`` keys are kept (a larger bucket is read in part, and
     logged; the scan still runs to the end, so the keys kept have their newest values); a
     page answering more than asked, a refusal (BatchError) or no end within ``timeout``
-    in all (TimeoutError) raise.
+    in all (TimeoutError) raise. ``keep``: only keys it accepts are kept (the rest are
+    skipped before anything is decoded or stored).
     """
+    entries = await latest_entries(bus, bucket, limit, timeout, keep)
+    return {key: value for key, (value, _) in entries.items()}
+
+
+async def latest_entries(
+    bus: Bus,
+    bucket: str,
+    limit: int,
+    timeout: float,
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, tuple[bytes, int]]:
+    """:func:`latest_values` with each value's revision (for compare-and-set)."""
     stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
-    latest: dict[str, bytes | None] = {}
+    latest: dict[str, tuple[bytes | None, int]] = {}
     deadline = asyncio.get_running_loop().time() + timeout
     partial = False
     seq = 1
     while True:
         left = deadline - asyncio.get_running_loop().time()
         page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
-        for key, value in page.entries:
+        for (key, value), revision in zip(page.entries, page.revisions, strict=True):
+            if keep is not None and not keep(key):
+                continue
             if key in latest or len(latest) < limit:
-                latest[key] = value
+                latest[key] = (value, revision)
             else:
                 partial = True
         if page.pending == 0:
@@ -95,7 +118,9 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
         seq = page.last_seq + 1
     if partial:
         log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
-    return {key: value for key, value in latest.items() if value is not None}
+    return {
+        key: (value, revision) for key, (value, revision) in latest.items() if value is not None
+    }
 
 
 async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:
@@ -151,6 +176,7 @@ async def _direct_page(
                 deleted = headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
                 value = None if deleted or not msg.data else msg.data
                 page.entries.append((subject.removeprefix(prefix), value))
+                page.revisions.append(int(headers.get("Nats-Sequence", "0")))
 
     inbox = bus.new_inbox()
     subscription = await bus.subscribe(inbox, on_message)

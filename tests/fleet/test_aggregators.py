@@ -17,6 +17,7 @@ from schemas import codec, signing
 from schemas.subjects import Subjects
 from tests.fleet.test_aggregator import watch_alerts
 from tests.support.fleet import (
+    TEST_LIMITS,
     Fleet,
     heartbeat,
     new_aggregator,
@@ -34,7 +35,7 @@ def delivered(
     reply = f"$JS.ACK.{Subjects(prefix).stream_name('FLEET_HB')}.agg.1.{stream_seq}.1.0.0"
     return Msg(
         _client=bus.nc,
-        subject=Subjects(prefix).heartbeat("c1", "n1"),
+        subject=Subjects(prefix).stored_heartbeat("c1", "n1", TEST_LIMITS.partitions),
         reply=reply,
         data=body,
         headers=headers,
@@ -73,8 +74,7 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """Two aggregators keep every node active, raise no replay, and a node's stale
-    alert appears once: one holds the heartbeat lease and does the work, the other
-    stands by."""
+    alert appears once: each holds half the partitions and judges only their nodes."""
     alerts = await watch_alerts(bus, prefix)
     first = await fleet.start_aggregator()
     second = await fleet.start_aggregator(await fleet.connect("second-aggregator"))
@@ -87,15 +87,16 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
     stored = await bus.js.stream_info(Subjects(prefix).stream_name("FLEET_ALERTS"))
     assert len(alerts.of("stale")) == 1 and stored.state.messages >= 1
     assert not alerts.of("replay")
-    accepted = []
+    actors = []
     for supervisor in (first, second):
         actor = supervisor.actors[0]
-        assert isinstance(actor, AggregatorActor)
-        accepted.append(
-            actor.metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") or 0
-        )
-    # One owner at a time (the heartbeat lease): the other is a standby.
-    assert sorted(count > 0 for count in accepted) == [False, True], accepted
+        assert isinstance(actor, AggregatorActor) and actor.partitions is not None
+        actors.append(actor)
+    # The partitions split evenly; each node is in exactly one aggregator's memory.
+    assert sorted(len(actor.partitions.held) for actor in actors if actor.partitions) == [4, 4]
+    for node in ("n2", "n3"):
+        assert [node in actor.nodes for actor in actors].count(True) == 1
+        assert [actor.owns(node) for actor in actors].count(True) == 1
 
 
 async def test_stale_node_goes_offline_then_recovers(

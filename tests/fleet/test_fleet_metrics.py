@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import math
-
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import NatsBus
+from schemas.subjects import partition_of
 from tests.node.test_metrics_series import undocumented
-from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_for, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    new_aggregator,
+    new_fleet_api,
+    wait_for,
+    wait_record,
+)
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
@@ -30,8 +36,8 @@ async def test_nodes_by_cluster_and_state_and_lag(fleet: Fleet, bus: NatsBus, pr
     metrics = AggregatorMetrics()
     api = new_fleet_api(bus, prefix, metrics)
     await fleet.start_supervisor(new_aggregator(bus, prefix, metrics), api)
-    # No heartbeat processed yet: no lag to tell, and not a made-up 0.
-    assert math.isnan(metrics.registry.get_sample_value("fleet_aggregator_lag_seconds") or 0.0)
+    # No heartbeat processed yet: no lag to tell (no partition's series), not a made-up 0.
+    assert metrics.registry.get_sample_value("fleet_aggregator_lag_seconds") is None
     await fleet.start_agent()
     await fleet.start_agent(fleet.config("n2", cluster="c2"))
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
@@ -51,7 +57,10 @@ async def test_nodes_by_cluster_and_state_and_lag(fleet: Fleet, bus: NatsBus, pr
     assert samples[("fleet_nodes", frozenset({("state", "unhealthy")}))] == 0
     assert samples[("fleet_nodes", frozenset({("state", "active")}))] == 2
     # Heartbeats every 0.5 s: while the aggregator keeps up, its lag stays about that.
-    lag = samples[("fleet_aggregator_lag_seconds", frozenset())]
+    # The series are labelled by partition: n1's partition has them.
+    partition = frozenset({("partition", str(partition_of("n1", TEST_LIMITS.partitions)))})
+    lag = samples[("fleet_aggregator_lag_seconds", partition)]
     assert 0 <= lag < 3, lag
-    assert samples[("fleet_aggregator_pending_heartbeats", frozenset())] >= 0
+    assert samples[("fleet_aggregator_pending_heartbeats", partition)] >= 0
+    assert samples[("fleet_aggregator_owner", partition)] == 1
     assert undocumented({(name, ()): value for (name, _), value in samples.items()}) == set()

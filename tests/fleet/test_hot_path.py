@@ -20,7 +20,7 @@ from schemas.events import Health
 from schemas.subjects import Subjects
 from tests.fleet.test_aggregator import publish, watch_alerts
 from tests.fleet.test_aggregators import delivered
-from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for
+from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_for
 
 
 def aggregator_of(supervisor: Supervisor) -> AggregatorActor:
@@ -191,7 +191,7 @@ async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, pref
     body = codec.encode(heartbeat(seq=1))
     broken = delivered(bus, prefix, body, key.headers(body), stream_seq=1)
     fine = delivered(bus, prefix, body, key.headers(body), stream_seq=2)
-    fine.subject = Subjects(prefix).heartbeat("c1", "n2")
+    fine.subject = Subjects(prefix).stored_heartbeat("c1", "n2", TEST_LIMITS.partitions)
     judged: list[int] = []
 
     def judge(msg: Msg, fetched: bool = False) -> list[Step]:

@@ -14,13 +14,15 @@ from tests.support.fleet import Fleet, new_aggregator, new_fleet_api
 
 
 async def test_lag_beyond_max_lag_fails_healthz(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
-    """The owner 100 s behind with heartbeats pending reports a problem (503 on
-    /healthz, naming the lag); caught up (nothing pending) it is healthy again, and the
-    gauge says 0."""
+    """An owned partition 100 s behind with heartbeats pending reports a problem (503 on
+    /healthz, naming the partition and the lag) while another owned one is current;
+    caught up (nothing pending) it is healthy again, and its gauge says 0."""
     metrics = AggregatorMetrics()
     aggregator = new_aggregator(bus, prefix, metrics, max_lag=30.0)
-    aggregator._consumer = aggregator.consumer()  # as while it holds the lease
-    aggregator._consumer.missing = ""
+    for partition in (2, 5):  # as while it holds these two partitions' leases
+        aggregator._consumers[partition] = aggregator.consumer(partition)
+        aggregator._consumers[partition].missing = ""
+    metrics.processed(time.time(), pending=3, partition=2)
 
     def status() -> dict[str, ActorStatus]:
         problem = aggregator.problem()
@@ -29,20 +31,28 @@ async def test_lag_beyond_max_lag_fails_healthz(fleet: Fleet, bus: NatsBus, pref
     api = new_fleet_api(bus, prefix, metrics, status)
     await fleet.start_supervisor(api)
     url = f"http://127.0.0.1:{api.port}/healthz"
-    metrics.processed(time.time() - 100, pending=42)
-    assert 99 < metrics.oldest_unprocessed() < 110
+    metrics.processed(time.time() - 100, pending=42, partition=5)
+    assert 99 < metrics.oldest_unprocessed(5) < 110 and metrics.oldest_unprocessed(2) < 5
+    gauge = metrics.registry.get_sample_value(
+        "fleet_aggregator_oldest_unprocessed_seconds", {"partition": "5"}
+    )
+    assert gauge is not None and 99 < gauge < 110
+    assert metrics.registry.get_sample_value(
+        "fleet_aggregator_pending_heartbeats", {"partition": "5"}
+    ) == 42
     async with aiohttp.ClientSession() as session:
         async with session.get(url) as answer:
+            text = await answer.text()
             assert answer.status == 503
-            assert "100s behind" in (await answer.text()) or "101s behind" in (await answer.text())
-        metrics.processed(time.time(), pending=0)
-        assert metrics.oldest_unprocessed() == 0.0
+            assert "partition 5" in text and ("100s behind" in text or "101s behind" in text)
+        metrics.processed(time.time(), pending=0, partition=5)
+        assert metrics.oldest_unprocessed(5) == 0.0
         async with session.get(url) as answer:
             assert answer.status == 200
 
 
 def test_standby_is_not_behind(bus: NatsBus, prefix: str) -> None:
-    """An aggregator that does not hold the lease (no consumer) reports no lag problem,
+    """An aggregator that holds no partition (no consumer) reports no lag problem,
     whatever its last figures were."""
     metrics = AggregatorMetrics()
     aggregator = new_aggregator(bus, prefix, metrics, max_lag=30.0)
