@@ -1,18 +1,34 @@
-"""Heartbeat ownership: one aggregator at a time holds the lease and consumes FLEET_HB;
-a killed owner's work passes to another within the lease's ttl, without double work."""
+"""Partition ownership: N partitions of FLEET_HB split between aggregators, each consumed
+by exactly one at a time; a killed or stopped aggregator's partitions pass to the others
+within a few lease ttls, an added one takes its share, and no heartbeat is judged twice,
+no alert lost or raised twice across a handover."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
+from nats.js.kv import KeyValue
 
 from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.registry import approve
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Supervisor
-from schemas.subjects import Subjects
+from schemas import codec, signing
+from schemas.messages import NodeRecord
+from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, Subjects
 from tests.fleet.test_aggregator import watch_alerts
-from tests.support.fleet import TEST_BUDGETS, Fleet, wait_for, wait_record
+from tests.support.fleet import TEST_BUDGETS, TEST_LIMITS, Fleet, heartbeat, wait_for
+
+TTL = TEST_BUDGETS.lease_ttl
+N = TEST_LIMITS.partitions
+NODES = [f"node-{i:02d}" for i in range(16)]
+INTERVAL = 0.25
 
 
 def actor_of(supervisor: Supervisor) -> AggregatorActor:
@@ -21,73 +37,232 @@ def actor_of(supervisor: Supervisor) -> AggregatorActor:
     return actor
 
 
-def owners(actors: list[AggregatorActor]) -> list[AggregatorActor]:
-    return [actor for actor in actors if actor.lease is not None and actor.lease.held]
+def held(actor: AggregatorActor) -> set[int]:
+    return set(actor.partitions.held) if actor.partitions is not None else set()
 
 
-async def start_many(
-    fleet: Fleet, count: int
-) -> tuple[list[AggregatorActor], list[NatsBus], list[Supervisor]]:
+def split(actors: list[AggregatorActor]) -> list[int]:
+    """How many partitions each aggregator holds, sorted."""
+    return sorted(len(held(actor)) for actor in actors)
+
+
+def served(actors: list[AggregatorActor]) -> bool:
+    """Every partition held by exactly one of ``actors`` and consumed (its work runs)."""
+    owners = [p for actor in actors for p in held(actor) if p in actor._work]
+    return sorted(owners) == list(range(N))
+
+
+class Nodes:
+    """NODES beating from the test as agents would: approved keys, one signed heartbeat
+    per node every INTERVAL (seq + 1, Nats-TTL 2 s, a fresh Nats-Msg-Id)."""
+
+    def __init__(self, bus: NatsBus, prefix: str) -> None:
+        self.bus = bus
+        self.subjects = Subjects(prefix)
+        self.keys = {node: signing.KeyPair.generate() for node in NODES}
+        self.seq = dict.fromkeys(NODES, 0)
+        self.stopped: set[str] = set()
+        self.sent: dict[str, list[tuple[bytes, dict[str, str]]]] = {node: [] for node in NODES}
+
+    async def approve(self) -> None:
+        for node, key in self.keys.items():
+            await approve(self.bus, self.subjects, node, key.public_key)
+
+    async def beat(self) -> None:
+        for node in NODES:
+            if node in self.stopped:
+                continue
+            self.seq[node] += 1
+            body = codec.encode(heartbeat(node, self.seq[node]))
+            signed = self.keys[node].headers(body)
+            self.sent[node].append((body, signed))
+            headers = {**signed, "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+            await self.bus.js.publish(self.subjects.heartbeat("c1", node), body, headers=headers)
+
+    @asynccontextmanager
+    async def beating(self) -> AsyncIterator[None]:
+        async def forever() -> None:
+            while True:
+                await self.beat()
+                await asyncio.sleep(INTERVAL)
+
+        task = asyncio.create_task(forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+class RecordLog:
+    """Every write to fleet_nodes of each node, in order (a KV watch)."""
+
+    def __init__(self) -> None:
+        self.seqs: dict[str, list[tuple[int, str, str]]] = {}
+        self.records: dict[str, NodeRecord] = {}
+
+    async def follow(self, bucket: KeyValue) -> None:
+        watcher = await bucket.watchall(include_history=False)
+        async for entry in watcher:
+            if entry is None or not entry.value:
+                continue
+            record = codec.decode(entry.value, NodeRecord, entry.key)
+            written = (record.last_seq, record.state, record.refused)
+            self.seqs.setdefault(entry.key, []).append(written)
+            self.records[entry.key] = record
+
+    def in_order(self) -> bool:
+        """No node's record ever went back, and none was written twice in a row with the
+        same seq and state (each heartbeat's update happened once, in order; a seq
+        written again is a state change, e.g. stale)."""
+        return all(
+            all(a[0] <= b[0] and a != b for a, b in itertools.pairwise(seqs))
+            for seqs in self.seqs.values()
+        )
+
+    def current(self, nodes: Nodes, slack: int = 8) -> bool:
+        return all(
+            node in self.records and self.records[node].last_seq >= nodes.seq[node] - slack
+            for node in NODES
+            if node not in nodes.stopped
+        )
+
+
+@asynccontextmanager
+async def recording(bus: NatsBus, prefix: str) -> AsyncIterator[RecordLog]:
+    log = RecordLog()
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    task = asyncio.create_task(log.follow(bucket))
+    try:
+        yield log
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def start(fleet: Fleet, count: int) -> tuple[list[AggregatorActor], list[NatsBus]]:
     buses = [await fleet.connect(f"aggregator-{i}") for i in range(count)]
-    supervisors = [await fleet.start_aggregator(bus) for bus in buses]
-    actors = [actor_of(supervisor) for supervisor in supervisors]
-    await wait_for(lambda: len(owners(actors)) == 1)
-    return actors, buses, supervisors
+    actors = [actor_of(await fleet.start_aggregator(bus)) for bus in buses]
+    return actors, buses
+
+
+async def stored_alerts(bus: NatsBus, prefix: str, kind: str) -> dict[str, int]:
+    """Alerts of ``kind`` stored in FLEET_ALERTS, counted by node."""
+    subjects = Subjects(prefix)
+    info = await bus.js.stream_info(
+        subjects.stream_name(STREAM_ALERTS), subjects_filter=subjects.alerts_of(kind, "c1")
+    )
+    return {
+        subject.rsplit(".", 1)[-1]: count for subject, count in (info.state.subjects or {}).items()
+    }
 
 
 @pytest.mark.slow
-async def test_killed_owner_hands_over_and_stale_alert_is_raised_once(
+async def test_two_then_three_aggregators_split_evenly_and_an_added_one_rebalances(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """Two aggregators: exactly one owns; its connection killed, the other owns within
-    the lease ttl plus a second and carries on (records current, no replay alert); a
-    node stopped afterwards gets exactly one stale alert, stored once."""
+    """One aggregator holds every partition; a second added takes half (4/4) by the
+    first's clean releases, a third makes it 3/3/2; every node keeps being served, and
+    every node's record is written in seq order, never twice for one seq."""
+    nodes = Nodes(bus, prefix)
+    await nodes.approve()
+    async with recording(bus, prefix) as records, nodes.beating():
+        first, _ = await start(fleet, 1)
+        await wait_for(lambda: split(first) == [N] and served(first))
+        await wait_for(lambda: records.current(nodes))
+        added = time.monotonic()
+        second, _ = await start(fleet, 1)
+        actors = first + second
+        await wait_for(lambda: split(actors) == [4, 4] and served(actors), timeout=4 * TTL)
+        # Released cleanly, so the newcomer takes them without waiting out a ttl.
+        assert time.monotonic() - added < 3 * TTL
+        third, _ = await start(fleet, 1)
+        actors += third
+        await wait_for(lambda: split(actors) == [2, 3, 3] and served(actors), timeout=4 * TTL)
+        for node in NODES:  # each node in the memory of exactly its partition's owner
+            await wait_for(lambda node=node: [a.owns(node) for a in actors].count(True) == 1)
+        mark = dict(nodes.seq)
+        await wait_for(
+            lambda: all(records.records[n].last_seq > mark[n] for n in NODES), timeout=10
+        )
+    assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
+
+
+@pytest.mark.slow
+async def test_killed_aggregator_partitions_pass_on_and_stale_alerts_are_raised_once(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Three aggregators; one's connection dropped (as good as SIGKILL: no release, the
+    fence path) while four nodes stop beating: the two left serve every partition
+    within a few ttls, every stopped node has exactly one stale alert stored in
+    FLEET_ALERTS and the others none, no replay or gap alert, records in order."""
     alerts = await watch_alerts(bus, prefix)
-    actors, buses, _ = await start_many(fleet, 2)
-    agents = [await fleet.start_agent(fleet.config(node=f"n{i}")) for i in (1, 2)]
-    for i in (1, 2):
-        await wait_record(bus, prefix, f"n{i}", lambda r: r.state == "active" and r.last_seq >= 3)
-    [owner] = owners(actors)
-    killed = time.monotonic()
-    await buses[actors.index(owner)].nc.close()  # as good as SIGKILL for the lease
-    survivor = actors[1 - actors.index(owner)]
-    await wait_for(lambda: owners([survivor]) == [survivor], timeout=TEST_BUDGETS.lease_ttl + 5)
-    handover = time.monotonic() - killed
-    assert handover < TEST_BUDGETS.lease_ttl + 1.5, handover
-    seq = survivor.nodes["n2"].record.last_seq if "n2" in survivor.nodes else 0
-    await wait_for(lambda: "n2" in survivor.nodes and survivor.nodes["n2"].record.last_seq > seq)
-
-    await agents[0].stop()
-    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    nodes = Nodes(bus, prefix)
+    await nodes.approve()
+    async with recording(bus, prefix) as records, nodes.beating():
+        actors, buses = await start(fleet, 3)
+        await wait_for(lambda: split(actors) == [2, 3, 3] and served(actors), timeout=6 * TTL)
+        await wait_for(lambda: records.current(nodes))
+        victim = max(actors, key=lambda actor: len(held(actor)))
+        # Stop nodes of the victim's partitions (their markers fire during the handover)
+        # and others.
+        doomed = [n for n in NODES if victim.owns(n)][:2] + [
+            n for n in NODES if not victim.owns(n)
+        ][:2]
+        assert len(doomed) == 4
+        nodes.stopped.update(doomed)
+        killed = time.monotonic()
+        await buses[actors.index(victim)].nc.close()
+        rest = [actor for actor in actors if actor is not victim]
+        await wait_for(lambda: split(rest) == [4, 4] and served(rest), timeout=6 * TTL)
+        handover = time.monotonic() - killed
+        assert handover < 4 * TTL, handover
+        await wait_for(lambda: len(alerts.of("stale")) >= len(doomed), timeout=15)
+        mark = dict(nodes.seq)
+        await wait_for(
+            lambda: all(
+                records.records[n].last_seq > mark[n] for n in NODES if n not in nodes.stopped
+            ),
+            timeout=10,
+        )
     await bus.flush()
-    assert [alert.node_id for alert in alerts.of("stale")] == ["n1"]
+    stored = await stored_alerts(bus, prefix, "stale")
+    assert stored == dict.fromkeys(doomed, 1), stored
+    assert sorted(alert.node_id for alert in alerts.of("stale")) == sorted(doomed)
     assert not alerts.of("replay") and not alerts.of("sequence_gap")
-    ids = [alert.id for alert in alerts.alerts]
-    assert len(ids) == len(set(ids))
-    stored = await bus.js.stream_info(Subjects(prefix).stream_name("FLEET_ALERTS"))
-    assert stored.state.messages == len(ids)
+    assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
 
 
 @pytest.mark.slow
-async def test_three_aggregators_one_owner_and_a_clean_stop_hands_over_at_once(
+async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_refused(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """Three aggregators, one owner; an aggregator added later stands by; the owner
-    stopped cleanly releases the lease, so another owns well within the ttl."""
-    actors, _, supervisors = await start_many(fleet, 3)
-    added = actor_of(await fleet.start_aggregator(await fleet.connect("added")))
-    actors.append(added)
-    await fleet.start_agent()
-    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-    [owner] = owners(actors)
-    assert owner is not added
-    supervisor = supervisors[actors.index(owner)]
-    stopped = time.monotonic()
-    await supervisor.stop()
-    rest = [actor for actor in actors if actor is not owner]
-    await wait_for(lambda: len(owners(rest)) == 1, timeout=TEST_BUDGETS.lease_ttl + 5)
-    assert time.monotonic() - stopped < TEST_BUDGETS.lease_ttl
-    [successor] = owners(rest)
-    await wait_for(lambda: "n1" in successor.nodes)
-    seq = successor.nodes["n1"].record.last_seq
-    await wait_for(lambda: successor.nodes["n1"].record.last_seq > seq)
+    """Two aggregators; one stopped cleanly releases its partitions, so the other serves
+    all of them well within a ttl. A heartbeat captured before the handover and
+    republished after it (a fresh Nats-Msg-Id) is older than the checkpoint the new
+    owner resumed from: refused as a replay, the record keeps its newer seq."""
+    alerts = await watch_alerts(bus, prefix)
+    nodes = Nodes(bus, prefix)
+    await nodes.approve()
+    buses = [await fleet.connect(f"aggregator-{i}") for i in range(2)]
+    supervisors = [await fleet.start_aggregator(b) for b in buses]
+    actors = [actor_of(s) for s in supervisors]
+    async with recording(bus, prefix) as records, nodes.beating():
+        await wait_for(lambda: split(actors) == [4, 4] and served(actors), timeout=6 * TTL)
+        await wait_for(lambda: records.current(nodes))
+        leaving, staying = actors
+        node = next(n for n in NODES if leaving.owns(n))
+        captured = nodes.sent[node][-1]
+        old_seq = nodes.seq[node]
+        stopped = time.monotonic()
+        await supervisors[0].stop()
+        await wait_for(lambda: split([staying]) == [N] and served([staying]), timeout=2 * TTL)
+        assert time.monotonic() - stopped < TTL
+        await wait_for(lambda: records.records[node].last_seq > old_seq + 2, timeout=10)
+        body, signed = captured
+        headers = {**signed, "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+        await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
+        await wait_for(lambda: [a for a in alerts.of("replay") if a.node_id == node], timeout=10)
+        assert node in staying.nodes and staying.nodes[node].record.last_seq > old_seq
+    assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
+    assert records.records[node].last_seq > old_seq
