@@ -1,0 +1,112 @@
+"""FLEET_HB's partitions: the server's transform and :func:`partition_of` agree, N never
+changes once the stream has it, and a stream of the old layout gets the transform."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import string
+
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve
+from actors.fleet.streams import heartbeat_partitions, provision, stream_configs
+from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.subjects import STREAM_HEARTBEATS, Subjects, partition_of
+from tests.fleet.test_aggregator import watch_alerts
+from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_record
+
+ALPHABET = string.ascii_letters + string.digits + "_-"
+
+
+async def stored_subjects(bus: NatsBus, stream: str, count: int) -> list[str]:
+    """The subjects of the first ``count`` messages of ``stream``, as stored."""
+    subjects = []
+    for seq in range(1, count + 1):
+        message = await bus.js.get_msg(stream, seq)
+        subjects.append(message.subject or "")
+    return subjects
+
+
+async def test_partition_of_matches_the_servers_transform(bus: NatsBus, prefix: str) -> None:
+    """Heartbeats of 400 node ids (every token character, lengths 1 to 64) published to
+    FLEET_HB are stored under exactly the partition partition_of computes, for the
+    fixture's N (8) and for a stream made with N = 13."""
+    subjects = Subjects(prefix)
+    rng = os.urandom(400 * 64)
+    nodes = [
+        "".join(ALPHABET[b % len(ALPHABET)] for b in rng[i * 64 : i * 64 + 1 + i % 64])
+        for i in range(400)
+    ]
+    nodes = list(dict.fromkeys(nodes))
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+    for node in nodes:
+        await bus.js.publish(subjects.heartbeat("c1", node), b"{}")
+    stored = await stored_subjects(bus, stream, len(nodes))
+    assert stored == [subjects.stored_heartbeat("c1", node, 8) for node in nodes]
+    assert len({partition_of(node, 8) for node in nodes}) == 8
+
+    other = Subjects(f"{prefix}x")
+    config = dataclasses.replace(TEST_LIMITS, partitions=13)
+    await provision(bus.js, other, limits=config)
+    assert await heartbeat_partitions(bus.js, other) == 13
+    for node in nodes:
+        await bus.js.publish(other.heartbeat("c1", node), b"{}")
+    stored = await stored_subjects(bus, other.stream_name(STREAM_HEARTBEATS), len(nodes))
+    assert stored == [f"{prefix}x.hb.{partition_of(node, 13)}.c1.{node}" for node in nodes]
+
+
+async def test_provision_never_changes_an_existing_streams_partitions(
+    bus: NatsBus, prefix: str
+) -> None:
+    """Provisioned again with another partitions setting, FLEET_HB keeps its N (8): a
+    node's heartbeats stay on the same stored subject."""
+    subjects = Subjects(prefix)
+    limits = dataclasses.replace(TEST_LIMITS, partitions=32)
+    await provision(bus.js, subjects, limits=limits)
+    assert await heartbeat_partitions(bus.js, subjects) == 8
+    await bus.js.publish(subjects.heartbeat("c1", "n1"), b"{}")
+    message = await bus.js.get_last_msg(
+        subjects.stream_name(STREAM_HEARTBEATS), subjects.stored_heartbeat("c1", "n1", 8)
+    )
+    assert message.data == b"{}"
+
+
+async def test_old_layout_stream_is_upgraded_and_its_heartbeats_ignored(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A FLEET_HB of the old layout (subjects ``<prefix>.hb.>``, no transform) holding a
+    4-token heartbeat gets the transform on provisioning; an aggregator then accepts the
+    node's new heartbeats and never judges the old message (no alert about it)."""
+    subjects = Subjects(f"{prefix}o")
+    current = stream_configs(subjects, limits=TEST_LIMITS)[0]
+    await bus.js.add_stream(
+        dataclasses.replace(current, subjects=[subjects.heartbeats()], subject_transform=None)
+    )
+    key = fleet.node_key("n1")
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+    legacy = codec.encode(heartbeat(seq=1))
+    await bus.js.publish(subjects.heartbeat("c1", "n1"), legacy, headers=key.headers(legacy))
+    assert (await bus.js.get_msg(stream, 1)).subject == subjects.heartbeat("c1", "n1")
+
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    info = await bus.js.stream_info(stream)
+    assert info.config.subjects == [subjects.published_heartbeats()]
+    assert await heartbeat_partitions(bus.js, subjects) == TEST_LIMITS.partitions
+    assert info.state.messages == 1  # the old message is kept, and ignored
+
+    await approve(bus, subjects, "n1", key.public_key)
+    alerts = await watch_alerts(bus, subjects.prefix)
+    metrics = AggregatorMetrics()
+    await fleet.start_supervisor(new_aggregator(bus, subjects.prefix, metrics))
+    body = codec.encode(heartbeat(seq=2))
+    await bus.js.publish(subjects.heartbeat("c1", "n1"), body, headers=key.headers(body))
+    record = await wait_record(bus, subjects.prefix, "n1", lambda r: r.last_seq == 2)
+    assert record.state == "active"
+    await bus.flush()
+    assert alerts.alerts == []
+    # Only the new heartbeat was judged: the 4-token one is in no partition's consumer.
+    assert metrics.registry.get_sample_value("fleet_heartbeats_accepted_total") == 1
+    assert not metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "malformed_subject"}
+    )
