@@ -54,7 +54,8 @@ Node (``actors/node``):
 - ``scheduler``   runs Slurm's tools (``node/slurm.py``, which ``commands/`` uses to drain and
                   resume through Slurm); publishes ``Scheduler`` on ``evt.<node>.scheduler``.
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
-                  ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL).
+                  ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL; stored
+                  as ``fleet.hb.<P>.<cluster>.<node>``, P the node's partition).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
 - ``gateway``     listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
                   ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
@@ -63,7 +64,8 @@ Node (``actors/node``):
 
 Fleet (``actors/fleet``):
 
-- ``aggregator``  consumes ``fleet.hb.>`` (one durable shared by every aggregator), answers
+- ``aggregator``  consumes the partitions of ``FLEET_HB`` whose leases it holds
+                  (``fleet.hb.<P>.*.*``, one durable each, KV ``fleet_leases``), answers
                   ``fleet.register``, follows KV ``fleet_trust``; writes KV ``fleet_nodes`` and
                   publishes ``Alert`` on ``fleet.alert.<kind>.<cluster>.<node>`` (``FLEET_ALERTS``).
 - ``fleet_api``   follows KV ``fleet_nodes``; serves ``/nodes``, ``/nodes/<id>``, ``/metrics``.

@@ -366,8 +366,9 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
 
 
 class AggregatorLease(Wire, frozen=True, kw_only=True):
-    """KV ``fleet_leases``, key ``hb``: which aggregator consumes ``FLEET_HB`` now. Held
-    by compare-and-set on the key's revision (see README, "Heartbeat ownership")."""
+    """KV ``fleet_leases``, key ``hb.<P>``: which aggregator consumes partition P of
+    ``FLEET_HB`` now, held by compare-and-set on the key's revision; key
+    ``member.<holder>``: an aggregator that is alive (see README, "How partitions work")."""
 
     holder: Name
     """The holding aggregator's id (host and a random suffix per start)."""
