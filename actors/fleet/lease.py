@@ -48,7 +48,6 @@ from schemas.subjects import (
 
 log = logging.getLogger(__name__)
 
-KEY = "hb"
 STATUS_TIMEOUT = 5.0
 MARGIN_FRACTION = 0.25
 """The fence falls this fraction of ``ttl`` before a claimant may take over."""
@@ -62,12 +61,11 @@ def holder_id() -> str:
 class Lease:
     """One aggregator's side of one lease key (``hb.<P>``: a partition of FLEET_HB).
 
-    The rules are written once, as steps: :meth:`observe` (one claim step on the key as
-    just read), :meth:`renew` (one renewal), :meth:`fenced`. :meth:`claim` and
-    :meth:`keep` loop over them for a caller that holds one lease;
-    :mod:`actors.fleet.partitions` drives many leases from one scan of the bucket."""
+    The rules are written once, as steps: :meth:`expired` and :meth:`take` (a claim on
+    the key as just read), :meth:`renew` (one renewal), :meth:`fenced`, :meth:`release`;
+    :mod:`actors.fleet.partitions` drives one per partition from one scan of the bucket."""
 
-    def __init__(self, bucket: KeyValue, holder: str, ttl: float, key: str = KEY) -> None:
+    def __init__(self, bucket: KeyValue, holder: str, ttl: float, key: str) -> None:
         self.bucket = bucket
         self.holder = holder
         self.ttl = ttl
@@ -84,14 +82,6 @@ class Lease:
     def _value(self) -> bytes:
         return codec.encode(AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time()))
 
-    async def _read(self) -> tuple[AggregatorLease | None, int]:
-        """The lease and its revision; (None, 0) if the key is absent or deleted."""
-        try:
-            entry = await asyncio.wait_for(self.bucket.get(self.key), self.ttl / 3)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None, 0
-        return decode_lease(self.key, entry.value or b""), entry.revision or 0
-
     def expired(self, revision: int) -> bool:
         """Whether the key, last read at ``revision``, has not changed for ``ttl`` of this
         aggregator's clock (0: absent, free at once). Each call is an observation."""
@@ -102,12 +92,6 @@ class Lease:
             self._seen, self._since = revision, now
             return False
         return now - self._since >= self.ttl
-
-    async def observe(self, lease: AggregatorLease | None, revision: int) -> bool:
-        """One claim step on the key as just read (``revision`` 0: absent or deleted):
-        create it if absent; take it over once its revision has not changed for ``ttl``;
-        else watch. True once this aggregator holds it."""
-        return self.expired(revision) and await self.take(lease, revision)
 
     async def take(self, lease: AggregatorLease | None, revision: int) -> bool:
         """Create the key (``revision`` 0) or update it with ``last=revision`` (one that
@@ -141,10 +125,14 @@ class Lease:
         log.info("heartbeat lease held", extra={"holder": self.holder, "key": self.key})
         return True
 
+    def fence_at(self) -> float:
+        """Monotonic time the fence falls unless a renewal succeeds before."""
+        return self._sent_ok + self.ttl * (1 - MARGIN_FRACTION)
+
     def fenced(self) -> bool:
         """Whether ``ttl - margin`` has passed since the last successful renewal was sent:
         the holder must have stopped its work by now."""
-        return time.monotonic() - self._sent_ok >= self.ttl * (1 - MARGIN_FRACTION)
+        return time.monotonic() >= self.fence_at()
 
     def renewal_due(self) -> bool:
         return time.monotonic() - self._sent_ok >= self.ttl / 3
@@ -158,7 +146,7 @@ class Lease:
             self.held = False
             return False
         sent = time.monotonic()
-        left = self._sent_ok + self.ttl * (1 - MARGIN_FRACTION) - sent
+        left = self.fence_at() - sent
         try:
             self._revision = await asyncio.wait_for(
                 self.bucket.update(self.key, self._value(), last=self._revision), max(0.05, left)
@@ -172,31 +160,10 @@ class Lease:
             return False
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("lease renewal failed; retrying", extra={"reason": str(exc)})
+            if self.fenced():  # the attempt ran into the fence: stop now, not next round
+                self.held = False
+                return False
         return True
-
-    async def claim(self) -> None:
-        """Return once this aggregator holds the lease."""
-        self._seen = -1
-        while True:
-            try:
-                lease, revision = await self._read()
-                if await self.observe(lease, revision):
-                    return
-            except (nats.errors.Error, TimeoutError) as exc:
-                log.warning("lease unreadable; retrying", extra={"reason": str(exc)})
-            await asyncio.sleep(self.ttl / 8)
-
-    async def keep(self) -> None:
-        """Renew until the lease is lost or the fence falls; then return."""
-        fence = self.ttl * (1 - MARGIN_FRACTION)
-        try:
-            while True:
-                wait = min(self.ttl / 3, max(0.0, self._sent_ok + fence - time.monotonic()))
-                await asyncio.sleep(wait)
-                if not await self.renew():
-                    return
-        finally:
-            self.held = False
 
     async def release(self) -> None:
         """Give the lease up (a clean stop), so another aggregator takes over at once.

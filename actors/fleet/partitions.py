@@ -107,26 +107,32 @@ class Partitions:
     async def _keep_forever(self) -> None:
         while True:
             await self.keep()
-            await asyncio.sleep(self.ttl / 8)
+            # Wake at the next fence at the latest, so a fenced partition stops on time.
+            fences = [self.leases[p].fence_at() for p in self.held]
+            wake = min([time.monotonic() + self.ttl / 8, *fences])
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
 
     async def keep(self) -> None:
-        """Renew the membership and every held lease that is due; stop the work of those
-        lost or fenced."""
-        if time.monotonic() - self._member_sent >= self.ttl / 3:
-            sent = time.monotonic()
-            value = codec.encode(
-                AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time())
-            )
-            try:
-                await asyncio.wait_for(self.bucket.put(self._member, value), self.ttl / 3)
-                self._member_sent = sent
-            except (nats.errors.Error, TimeoutError) as exc:
-                log.warning("membership not renewed", extra={"reason": str(exc)})
+        """Renew the membership and every held lease that is due, concurrently (each
+        renewal bounded by its fence); stop the work of those lost or fenced."""
         due = [p for p in self.held if self.leases[p].renewal_due() or self.leases[p].fenced()]
-        renewed = await asyncio.gather(*(self.leases[p].renew() for p in due))
+        _, *renewed = await asyncio.gather(
+            self._renew_membership(), *(self.leases[p].renew() for p in due)
+        )
         lost = {p for p, ok in zip(due, renewed, strict=True) if not ok}
         if lost:
             await self._drop(lost)
+
+    async def _renew_membership(self) -> None:
+        if time.monotonic() - self._member_sent < self.ttl / 3:
+            return
+        sent = time.monotonic()
+        value = codec.encode(AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time()))
+        try:
+            await asyncio.wait_for(self.bucket.put(self._member, value), self.ttl / 3)
+            self._member_sent = sent
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("membership not renewed", extra={"reason": str(exc)})
 
     async def _drop(self, lost: set[int]) -> None:
         lost &= self.held

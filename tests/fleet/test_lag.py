@@ -37,9 +37,10 @@ async def test_lag_beyond_max_lag_fails_healthz(fleet: Fleet, bus: NatsBus, pref
         "fleet_aggregator_oldest_unprocessed_seconds", {"partition": "5"}
     )
     assert gauge is not None and 99 < gauge < 110
-    assert metrics.registry.get_sample_value(
-        "fleet_aggregator_pending_heartbeats", {"partition": "5"}
-    ) == 42
+    assert (
+        metrics.registry.get_sample_value("fleet_aggregator_pending_heartbeats", {"partition": "5"})
+        == 42
+    )
     async with aiohttp.ClientSession() as session:
         async with session.get(url) as answer:
             text = await answer.text()

@@ -15,7 +15,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing
 from schemas.messages import Cordon
-from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects, partition_of
 from tests.security.attack import attacker, http_status, restarts
 from tests.support.commanding import Results
 from tests.support.fleet import (
@@ -42,7 +42,8 @@ async def test_aggregator_recreates_its_deleted_consumer(
 ) -> None:
     subjects = Subjects(prefix)
     stream = subjects.stream_name(STREAM_HEARTBEATS)
-    durable = subjects.stream_name("aggregator")
+    # n1's partition's consumer: the one its heartbeats go through.
+    durable = subjects.partition_consumer("aggregator", partition_of("n1", TEST_LIMITS.partitions))
     supervisor: Supervisor | None = None
 
     def statuses() -> Mapping[str, ActorStatus]:
