@@ -196,11 +196,20 @@ class Partitions:
         gone: list[tuple[str, int]] = []
         seen: dict[str, tuple[int, float]] = {}
         alive = 1
-        for key, (_, revision) in entries.items():
+        for key, (value, revision) in entries.items():
             if not key.startswith("member.") or key == self._member:
                 continue
             before = self.members.get(key)
-            since = before[1] if before is not None and before[0] == revision else now
+            if before is None:
+                # First sight (this aggregator just started): a key its holder renewed
+                # more than a ttl ago by its own clock counts as gone already, so a
+                # newcomer does not wait a ttl to take its share. Only the share depends
+                # on it; a lease is still taken over by watching its revision.
+                member = decode_lease(key, value)
+                age = time.time() - member.renewed if member is not None else self.ttl
+                since = now - self.ttl if age >= self.ttl else now
+            else:
+                since = before[1] if before[0] == revision else now
             seen[key] = (revision, since)
             if now - since < self.ttl:
                 alive += 1
