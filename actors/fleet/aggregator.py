@@ -256,9 +256,11 @@ class AggregatorActor:
             if not self.partitions.holds(partition):
                 await consumer.close()
                 continue
+            work = self._consume(partition, consumer)
             try:
-                task = self._group.create_task(self._consume(partition, consumer))
+                task = self._group.create_task(work)
             except RuntimeError:  # the actor is stopping: its task group takes no more
+                work.close()
                 await consumer.close()
                 return
             self._consumers[partition] = consumer

@@ -194,8 +194,9 @@ async def test_killed_aggregator_partitions_pass_on_and_stale_alerts_are_raised_
 ) -> None:
     """Three aggregators; one's connection dropped (as good as SIGKILL: no release, the
     fence path) while four nodes stop beating: the two left serve every partition
-    within a few ttls, every stopped node has exactly one stale alert stored in
-    FLEET_ALERTS and the others none, no replay or gap alert, records in order."""
+    within a few ttls, a newcomer then takes its share at once, every stopped node has
+    exactly one stale alert stored in FLEET_ALERTS and the others none, no replay or
+    gap alert, records in order."""
     alerts = await watch_alerts(bus, prefix)
     nodes = Nodes(bus, prefix)
     await nodes.approve()
@@ -217,6 +218,13 @@ async def test_killed_aggregator_partitions_pass_on_and_stale_alerts_are_raised_
         await wait_for(lambda: split(rest) == [4, 4] and served(rest), timeout=6 * TTL)
         handover = time.monotonic() - killed
         assert handover < 4 * TTL, handover
+        # A newcomer after the kill takes its share at once: the killed one's member key,
+        # unrenewed for over a ttl, does not count as a live aggregator.
+        added = time.monotonic()
+        newcomer, _ = await start(fleet, 1)
+        rest += newcomer
+        await wait_for(lambda: split(rest) == [2, 3, 3] and served(rest), timeout=4 * TTL)
+        assert time.monotonic() - added < 2 * TTL
         await wait_for(lambda: len(alerts.of("stale")) >= len(doomed), timeout=15)
         mark = dict(nodes.seq)
         await wait_for(

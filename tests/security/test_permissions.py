@@ -50,7 +50,7 @@ from tests.support.deploy import (
     free_port,
     render_auth,
 )
-from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
+from tests.support.fleet import TEST_LIMITS, Fleet, agent_config, wait_for, wait_record
 
 PREFIX = "fleet"
 """auth.conf's permissions name the default prefix."""
@@ -218,7 +218,7 @@ TARGETS = [
     "$JS.API.STREAM.PURGE.FLEET_ALERTS",
     f"{AUTH_JS_API_PREFIX}.STREAM.PURGE.FLEET_ALERTS",
     # The aggregator's durable and another node's command consumer, deleted.
-    "$JS.API.CONSUMER.DELETE.FLEET_HB.aggregator",
+    "$JS.API.CONSUMER.DELETE.FLEET_HB.aggregator-0",
     f"$JS.API.CONSUMER.DELETE.FLEET_CMD.cmd_{AUTH_CLUSTER}_{VICTIM}",
     f"{AUTH_JS_API_PREFIX}.CONSUMER.DELETE.FLEET_CMD.cmd_{AUTH_CLUSTER}_{VICTIM}",
     # Another node's signed commands, read through a consumer of the attacker's own.
@@ -242,8 +242,16 @@ async def test_no_subject_outside_its_own_directly_or_relayed(
     acknowledges there), and as the reply of a registration (the aggregator answers there):
     refused or without effect, every one."""
     await auth.fleet.start_aggregator()
+    # The aggregator's partition consumers (aggregator-<P>) are in place before the attack.
+    wanted = {f"aggregator-{p}" for p in range(TEST_LIMITS.partitions)}
+
+    async def consumers_in_place() -> bool:
+        consumers = (await snapshot(auth.admin)).consumers
+        return wanted <= set(consumers[SUBJECTS.stream_name(STREAM_HEARTBEATS)])
+
+    await wait_for(consumers_in_place)
     before = await provider_state(auth)
-    assert "aggregator" in before.consumers[SUBJECTS.stream_name(STREAM_HEARTBEATS)]
+    assert wanted <= set(before.consumers[SUBJECTS.stream_name(STREAM_HEARTBEATS)])
     nc = attacker.nc
     own_event = SUBJECTS.event(ATTACKER, "relay")
     answered: list[str] = []

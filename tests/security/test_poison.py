@@ -16,10 +16,17 @@ from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec, signing
 from schemas.errors import SignatureError
 from schemas.messages import Cordon, command_digest
-from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import STREAM_COMMANDS, STREAM_HEARTBEATS, Subjects, partition_of
 from tests.security.attack import attacker, counted, restarts
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    wait_for,
+    wait_record,
+)
 
 NON_ASCII_SIG = "é" * 88
 NON_ASCII_KEY = "Ü" * 56
@@ -79,7 +86,8 @@ async def test_poisoned_heartbeats_restart_nothing_and_are_counted(
         await js.publish(subjects.heartbeat("c1", "n1"), body, headers=key.headers(body))
         await wait_record(bus, prefix, "n1", lambda record: record.last_seq == 1)
         info = await js.consumer_info(
-            subjects.stream_name(STREAM_HEARTBEATS), subjects.stream_name("aggregator")
+            subjects.stream_name(STREAM_HEARTBEATS),
+            subjects.partition_consumer("aggregator", partition_of("n1", TEST_LIMITS.partitions)),
         )
     assert restarts(supervisor) == {"aggregator": 0}
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
