@@ -54,7 +54,14 @@ from schemas.subjects import (
 )
 from tests.security.attack import attacker, restarts
 from tests.support.commanding import Results
-from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    wait_for,
+    wait_record,
+)
 
 Target = Literal["hb", "cmd", "evt"]
 Signer = Literal["node", "operator", "stranger"]
@@ -326,13 +333,22 @@ async def heartbeats_settled(scene: Scene, js: JetStreamContext) -> tuple[int, f
     aggregator has settled everything up to that sequence (the agent keeps beating, so
     the stream is read again until it stood still across the reading)."""
     stream = scene.subjects.stream_name(STREAM_HEARTBEATS)
-    durable = scene.subjects.stream_name("aggregator")
+    durables = [
+        scene.subjects.partition_consumer("aggregator", p) for p in range(TEST_LIMITS.partitions)
+    ]
     while True:
         last = (await js.stream_info(stream)).state.last_seq
 
-        async def drained(last: int = last) -> bool:
-            info = await js.consumer_info(stream, durable)
-            return bool(info.delivered.stream_seq >= last and info.num_ack_pending == 0)
+        async def drained() -> bool:
+            # Every partition's consumer delivered all it holds and has it settled.
+            for durable in durables:
+                try:
+                    info = await js.consumer_info(stream, durable)
+                except nats.js.errors.NotFoundError:
+                    return False
+                if info.num_pending or info.num_ack_pending:
+                    return False
+            return True
 
         await wait_for(drained, interval=0.005)
         counted = total(scene.metrics.registry, *HEARTBEAT_COUNTERS)
@@ -357,6 +373,9 @@ async def publish(
     try:
         ack = await js.publish(subject, body, headers=headers)
     except nats.js.errors.APIError:  # over max_msg_size: the server's refusal, not ours
+        return None
+    except nats.js.errors.NoStreamResponseError:
+        # No stream takes the subject (FLEET_HB takes only <prefix>.hb.*.*): not stored.
         return None
     if hostile.target == "hb":  # one message per subject: let it be read before the next
         await heartbeats_settled(scene, js)
