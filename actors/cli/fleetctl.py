@@ -588,7 +588,9 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="one JSON object per partition, one a line"
     )
     aggregators.add_argument(
-        "--durable", default="aggregator", help="the aggregators' consumer (default aggregator)"
+        "--durable",
+        default="aggregator",
+        help="base name of the partition consumers, <durable>-<P> (default aggregator)",
     )
     add_server(aggregators)
     aggregators.set_defaults(func=cmd_aggregators)

@@ -100,8 +100,8 @@ class LateDelivery(Exception):
 
 class AggregatorActor:
     """Subscribes to its partitions of FLEET_HB (one durable consumer each) and
-    fleet.register; publishes
-    NodeRecord in fleet_nodes and Alert on fleet.alert.<kind>.<cluster>.<node>."""
+    fleet.register; publishes NodeRecord in fleet_nodes and Alert on
+    fleet.alert.<kind>.<cluster>.<node>."""
 
     name = "aggregator"
 

@@ -41,7 +41,7 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
 
     durable: str = "aggregator"
-    """The heartbeat consumer every aggregator of the fleet shares."""
+    """The heartbeat consumers' base name: partition P is consumed through ``<durable>-<P>``."""
     replicas: Annotated[int, Meta(ge=1, le=5)] = 1
     """Stream and bucket replicas: 3 in a 3-node cluster."""
     max_skew: Positive = 300.0

@@ -131,6 +131,8 @@ class Partitions:
         try:
             await asyncio.wait_for(self.bucket.put(self._member, value), self.ttl / 3)
             self._member_sent = sent
+        except nats.errors.ConnectionClosedError:
+            raise
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("membership not renewed", extra={"reason": str(exc)})
 
@@ -148,6 +150,8 @@ class Partitions:
         while True:
             try:
                 await self.balance()
+            except nats.errors.ConnectionClosedError:
+                raise  # the actor ends and is restarted, as its consume loops would
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("leases unreadable; retrying", extra={"reason": str(exc)})
             await asyncio.sleep(self.ttl / 8)
