@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from nats.js.kv import KeyValue
 
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.registry import approve
+from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
@@ -91,7 +91,9 @@ class Nodes:
             yield
         finally:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            [outcome] = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(outcome, Exception):
+                raise outcome  # the beating stopped early: say why
 
 
 class RecordLog:
@@ -101,15 +103,11 @@ class RecordLog:
         self.seqs: dict[str, list[tuple[int, str, str]]] = {}
         self.records: dict[str, NodeRecord] = {}
 
-    async def follow(self, bucket: KeyValue) -> None:
-        watcher = await bucket.watchall(include_history=False)
-        async for entry in watcher:
-            if entry is None or not entry.value:
-                continue
-            record = codec.decode(entry.value, NodeRecord, entry.key)
-            written = (record.last_seq, record.state, record.refused)
-            self.seqs.setdefault(entry.key, []).append(written)
-            self.records[entry.key] = record
+    def on_change(self, node: str, record: NodeRecord | None) -> None:
+        if record is None:
+            return
+        self.seqs.setdefault(node, []).append((record.last_seq, record.state, record.refused))
+        self.records[node] = record
 
     def in_order(self) -> bool:
         """No node's record ever went back, and none was written twice in a row with the
@@ -132,7 +130,7 @@ class RecordLog:
 async def recording(bus: NatsBus, prefix: str) -> AsyncIterator[RecordLog]:
     log = RecordLog()
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
-    task = asyncio.create_task(log.follow(bucket))
+    task = asyncio.create_task(kv.follow(bucket, NodeRecord, log.on_change))
     try:
         yield log
     finally:
