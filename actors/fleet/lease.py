@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 
@@ -54,8 +55,10 @@ MARGIN_FRACTION = 0.25
 
 
 def holder_id() -> str:
-    """This process's holder id: host and a random suffix (a restart is a new holder)."""
-    return f"{socket.gethostname()[:40]}-{os.urandom(4).hex()}"
+    """This process's holder id: host and a random suffix (a restart is a new holder). A
+    KV key token (``member.<holder>``): a host name's dots and other characters become -."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()[:40]) or "aggregator"
+    return f"{host}-{os.urandom(4).hex()}"
 
 
 class Lease:

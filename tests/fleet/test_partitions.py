@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import string
+from unittest import mock
 
+from actors.fleet.lease import holder_id
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.fleet.streams import heartbeat_partitions, provision, stream_configs
 from actors.runtime.bus import NatsBus
 from schemas import codec
-from schemas.subjects import STREAM_HEARTBEATS, Subjects, partition_of
+from schemas.subjects import STREAM_HEARTBEATS, Subjects, member_key, partition_of
 from tests.fleet.test_aggregator import watch_alerts
 from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_record
 
@@ -110,3 +113,12 @@ async def test_old_layout_stream_is_upgraded_and_its_heartbeats_ignored(
     assert not metrics.registry.get_sample_value(
         "fleet_messages_dropped_total", {"reason": "malformed_subject"}
     )
+
+
+def test_holder_id_is_a_key_token_whatever_the_host_name() -> None:
+    """A host name with dots (a cloud VM's) still makes a holder id usable as the token of
+    its membership key, and two starts on one host are two holders."""
+    with mock.patch.object(socket, "gethostname", return_value="ip-10-0-0-1.ec2.internal"):
+        first, second = holder_id(), holder_id()
+    assert member_key(first).startswith("member.ip-10-0-0-1-ec2-internal-")
+    assert first != second
