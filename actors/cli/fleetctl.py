@@ -288,12 +288,20 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
             sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
         return 0
     lines = ["PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED"]
+    by_holder: dict[str, list[int]] = {}
     for status, rate in zip(statuses, rates, strict=True):
         holder = views.printable(status.holder) if status.holder else "(nobody)"
         renewed = f"{status.renewed_ago:.1f}s ago" if status.holder else "-"
         lines.append(
             f"{status.partition}  {holder}  {renewed}  {rate}/s  {status.pending}  {status.unacked}"
         )
+        totals = by_holder.setdefault(holder, [0, 0, 0])
+        totals[0] += 1
+        totals[1] += rate
+        totals[2] += status.pending
+    # Then one line per aggregator: how many partitions it holds, its rate and backlog.
+    lines += ["", "AGGREGATOR  PARTITIONS  RATE  PENDING"]
+    lines += [f"{h}  {n}  {r}/s  {p}" for h, (n, r, p) in sorted(by_holder.items())]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

@@ -18,7 +18,8 @@ async def test_aggregators_lists_every_partition_and_its_holder(
 ) -> None:
     """With one aggregator running (its partitions setting differing from the stream's:
     the stream's N is used), every partition's holder is that aggregator and nothing is
-    pending; the table form prints one row per partition with that holder."""
+    pending; the table form prints one row per partition with that holder, then one per
+    aggregator with the partitions it holds."""
     supervisor = await fleet.start_aggregator(partitions=4)
     actor = supervisor.actors[0]
     assert isinstance(actor, AggregatorActor)
@@ -35,5 +36,8 @@ async def test_aggregators_lists_every_partition_and_its_holder(
     assert all(status["holder"] == holder for status in statuses)
     assert all(status["pending"] == 0 and status["rate"] >= 0 for status in statuses)
     code, out, _ = await fleetctl("aggregators", *where)
-    rows = out.splitlines()[1:]
+    partitions, aggregators = out.split("\n\n")
+    rows = partitions.splitlines()[1:]
     assert code == 0 and len(rows) == count and all(holder in row for row in rows)
+    # The summary: one aggregator, holding every partition.
+    assert aggregators.splitlines()[1].split()[:2] == [holder, str(count)]
