@@ -84,7 +84,12 @@ async def work(stdin: Stdin) -> int:
 
 def main() -> int:
     stdin = Stdin()
-    return run_main(lambda: work(stdin))
+    code = run_main(lambda: work(stdin))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The stdin thread is blocked in a read: a normal interpreter exit would abort on
+    # its buffer's lock (SIGABRT at shutdown), so leave at once, everything written.
+    os._exit(code)
 
 
 if __name__ == "__main__":
