@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import math
 import sys
@@ -432,6 +433,15 @@ class Worker:
     def __init__(self, index: int, process: asyncio.subprocess.Process) -> None:
         self.index = index
         self.process = process
+        self.errors: collections.deque[str] = collections.deque(maxlen=20)
+        """The last lines of its stderr, read all along so that it never fills the pipe."""
+        self.reader = asyncio.create_task(self._read_errors())
+
+    async def _read_errors(self) -> None:
+        assert self.process.stderr is not None
+        async for line in self.process.stderr:
+            if line.strip():
+                self.errors.append(line.decode(errors="replace").strip())
 
     @classmethod
     async def start(cls, index: int) -> Worker:
@@ -468,9 +478,7 @@ class Worker:
     async def failed(self) -> WorkerFailed:
         """The worker's own last error line, once it has exited."""
         await self.stop()
-        assert self.process.stderr is not None
-        errors = (await self.process.stderr.read()).decode(errors="replace").strip()
-        last = errors.splitlines()[-1] if errors else "no message"
+        last = self.errors[-1] if self.errors else "no message"
         return WorkerFailed(
             f"simulate worker {self.index} failed (exit {self.process.returncode}): {last}"
         )
@@ -480,6 +488,11 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
         await self.process.wait()
+        # Its stderr ends with it: the reader has read the last line.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.reader), PUBLISH_TIMEOUT)
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
 
 
 async def _in_workers(

@@ -6,12 +6,13 @@ own processes (``fleetctl aggregator``) and ``fleetctl simulate`` as a subproces
 Every part is selected by its flag, ``--all`` runs every one; each prints its lines as it
 goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
-- ``--ratio``: one aggregator, 2000 nodes at each of ``--rates``. (a) the aggregator's CPU
-  time per accepted heartbeat (CPU seconds / ``fleet_heartbeats_accepted`` delta over every
-  rate but the first, the warm-up) ÷ the CPU time of one bare PyNaCl Ed25519 verify of a
-  heartbeat of the same size, measured in the same run (idle, and under the same load);
-  (b) the highest rate it sustains with lag < 1 s. Lag: seconds from the simulator's last
-  publish until every consumer of ``FLEET_HB`` has nothing pending or unacknowledged.
+- ``--ratio``: one aggregator, ten nodes per heartbeat/s at each of ``--rates``. (a) the
+  aggregator's CPU time per accepted heartbeat (CPU seconds / the
+  ``fleet_heartbeats_accepted`` delta, over every rate but the first, the warm-up) ÷ the
+  CPU time of one bare PyNaCl Ed25519 verify of a heartbeat of the same size, measured in
+  the same run (idle, and under the same load); (b) the highest rate it sustains: lag
+  < 1 s and ≥ 95% of the beats accepted. Lag: seconds from the simulator's last publish
+  until every consumer of ``FLEET_HB`` has nothing pending or unacknowledged.
 - ``--two``: (b) the same sweep with two aggregators (each given ``--partitions K`` if
   the bench is; without it the second stands by).
 - ``--big``: (c) ``--big-nodes`` (100,000) nodes at a 30 s interval for ``--big-duration``
@@ -74,9 +75,12 @@ BUDGETS = (
     *("--trust-max-bytes", str(256 * 2**20)),
 )
 """Stream budgets for 100,000 nodes of one fake GPU (about 2 KB a heartbeat)."""
-REPLACED = "replaced in FLEET_HB by the node's next beat before being read"
 LAG_OK = 1.0
-"""A rate is sustained when the consumers drain within this after the last publish."""
+"""A rate is sustained when the consumers drain within this after the last publish..."""
+ACCEPTED_OK = 0.95
+"""... and at least this share of the beats published was accepted (FLEET_HB keeps one
+beat per node: a beat replaced by the node's next one before it was read is skipped, so
+a short interval can hide an aggregator that falls behind)."""
 
 
 def options() -> argparse.ArgumentParser:
@@ -86,7 +90,12 @@ def options() -> argparse.ArgumentParser:
     for part in PARTS:
         parser.add_argument(f"--{part.name}", action="store_true", help=part.help)
     parser.add_argument("--all", action="store_true", help="every part")
-    parser.add_argument("--nodes", type=int, default=2000, help="nodes of the rate sweeps")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="nodes of the rate sweeps (default 0: ten per heartbeat/s, a 10 s interval)",
+    )
     parser.add_argument(
         "--rates", default="1000,2000,3000,4000", help="rates of the sweeps (first: warm-up)"
     )
@@ -442,7 +451,7 @@ class Sweep:
     """One sweep's results: per rate the achieved rate and the lag."""
 
     sustained: float = 0.0
-    """Highest achieved rate whose lag was < LAG_OK."""
+    """Highest achieved rate whose lag was < LAG_OK with ACCEPTED_OK of its beats accepted."""
     share: float = 0.0
     """At that rate, accepted heartbeats / published (the rest were replaced in FLEET_HB,
     which keeps one per node, by the node's next beat before an aggregator read them)."""
@@ -468,9 +477,8 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
         prober = threading.Timer(bench.args.duration / 2 + 3, probe_verify, args=(loaded,))
         prober.start()
         started = time.monotonic()
-        sim = cluster.simulate(
-            bench.args.nodes, rate, bench.args.duration, "--wait", "0.01", "--gpus", "8"
-        )
+        nodes = bench.args.nodes or round(rate * 10)
+        sim = cluster.simulate(nodes, rate, bench.args.duration, "--wait", "0.01", "--gpus", "8")
         drained = asyncio.run(consumers_drained(cluster.url, 60.0))
         prober.join()
         wall = time.monotonic() - started
@@ -483,18 +491,20 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
         rss = " + ".join(f"{a.rss_mb():.0f} MB" for a in cluster.aggregators)
         per = 1e6 * cpu / accepted if accepted else float("nan")
         achieved = sim.achieved
+        share = accepted / sim.published if sim.published else 0.0
         bench.say(
-            f"  {label}: rate {rate:g}/s achieved {fmt(achieved, '/s', 0)}, lag "
+            f"  {label}: {nodes} nodes at {rate:g}/s: achieved {fmt(achieved, '/s', 0)}, lag "
             f"{fmt(drained, ' s', 2) if drained is not None else 'NOT DRAINED in 60 s'}, "
-            f"accepted {accepted:.0f}, CPU/accepted {per:.1f} us, aggregator CPU {usage} of "
+            f"accepted {accepted:.0f} ({100 * share:.0f}%), CPU/accepted {per:.1f} us, "
+            f"aggregator CPU {usage} of "
             f"{wall:.0f} s, RSS {rss} (simulate exit {sim.code})"
         )
         if sim.code not in (0, 1) or achieved is None:
             bench.say(f"  {sim.trouble()}")
-        if drained is not None and drained < LAG_OK and achieved and achieved > result.sustained:
+        kept_up = drained is not None and drained < LAG_OK and share >= ACCEPTED_OK
+        if kept_up and achieved and achieved > result.sustained:
             result.sustained = achieved
-            published = sim.published
-            result.share = accepted / published if published else 0.0
+            result.share = share
         if index > 0 or len(rates) == 1:  # the first rate is the warm-up
             result.cpu += cpu
             result.accepted += accepted
@@ -506,7 +516,10 @@ def part_ratio(bench: Bench) -> None:
     """(a) CPU per accepted ÷ bare verify and (b) one aggregator's sustained rate."""
     with servers(bench) as cluster:
         cluster.start_aggregator(bench.args.profile)
-        bench.say(f"{bench.args.nodes} nodes x 8 fake GPUs, {bench.args.duration:g} s per rate")
+        bench.say(
+            f"{bench.args.nodes or 'ten per heartbeat/s:'} nodes x 8 fake GPUs, "
+            f"{bench.args.duration:g} s per rate"
+        )
         verify = bare_verify_cpu()
         result = sweep(bench, cluster, "one aggregator")
     per = result.cpu / result.accepted if result.accepted else float("nan")
@@ -524,10 +537,11 @@ def part_ratio(bench: Bench) -> None:
         per / verify <= 2.0,
     )
     bench.row(
-        "highest rate one aggregator sustains, lag < 1 s",
+        "highest rate one aggregator sustains (lag < 1 s, ≥ 95% accepted)",
         "—",
-        f"{result.sustained:.0f}/s ({bench.args.nodes} nodes, {bench.args.rates}/s asked; "
-        f"{100 * result.share:.0f}% of its beats accepted, the rest {REPLACED})",
+        f"{result.sustained:.0f}/s ({bench.args.rates}/s asked, "
+        f"{bench.args.nodes or 'ten nodes per heartbeat/s'}; {100 * result.share:.0f}% of "
+        "its beats accepted)",
     )
 
 
@@ -543,7 +557,7 @@ def part_two(bench: Bench) -> None:
         else "one partition: the second stands by"
     )
     bench.row(
-        "highest rate two aggregators sustain, lag < 1 s",
+        "highest rate two aggregators sustain (lag < 1 s, ≥ 95% accepted)",
         "—",
         f"{result.sustained:.0f}/s ({how}; {100 * result.share:.0f}% accepted)",
     )
