@@ -96,5 +96,7 @@ async def test_a_failing_worker_is_one_error_line(bus: NatsBus, prefix: str) -> 
         await _in_workers(options, ClientConfig(server="nats://127.0.0.1:1"), "b00t", progress)
     message = str(failed.value)
     assert len(message.splitlines()) == 1
-    assert re.match(r"simulate worker [01] failed \(exit 1\): error: cannot reach NATS", message)
+    # The exit status is asyncio's to report (255 when its child watcher loses the race
+    # with a worker that exits at once); the worker's own line is what matters.
+    assert re.match(r"simulate worker [01] failed \(exit \d+\): error: cannot reach NATS", message)
     assert {p.pid for p in psutil.Process().children()} <= before
