@@ -478,7 +478,7 @@ class Worker:
     async def failed(self) -> WorkerFailed:
         """The worker's own last error line, once it has exited."""
         await self.stop()
-        last = self.errors[-1] if self.errors else "no message"
+        last = self.errors[-1].removeprefix("error: ") if self.errors else "no message"
         return WorkerFailed(
             f"simulate worker {self.index} failed (exit {self.process.returncode}): {last}"
         )

@@ -98,5 +98,5 @@ async def test_a_failing_worker_is_one_error_line(bus: NatsBus, prefix: str) -> 
     assert len(message.splitlines()) == 1
     # The exit status is asyncio's to report (255 when its child watcher loses the race
     # with a worker that exits at once); the worker's own line is what matters.
-    assert re.match(r"simulate worker [01] failed \(exit \d+\): error: cannot reach NATS", message)
+    assert re.match(r"simulate worker [01] failed \(exit \d+\): cannot reach NATS", message)
     assert {p.pid for p in psutil.Process().children()} <= before
