@@ -92,7 +92,13 @@ def settings_from(
 @asynccontextmanager
 async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[NatsBus]:
     """A connection as the command line asks (:class:`ClientConfig`), drained on the way out."""
-    config = settings_from(args, ClientConfig, CLIENT_ENV_PREFIX)
+    async with connected_to(settings_from(args, ClientConfig, CLIENT_ENV_PREFIX), name) as bus:
+        yield bus
+
+
+@asynccontextmanager
+async def connected_to(config: ClientConfig, name: str) -> AsyncIterator[NatsBus]:
+    """A connection by resolved settings (a ``fleetctl simulate`` worker gets its parent's)."""
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
     tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
     bus = await NatsBus.connect(config.server, name, nkey_seed=seed, connect_timeout=3.0, tls=tls)

@@ -1,39 +1,63 @@
-"""Benchmark of one aggregator's heartbeat throughput (a script, not collected by pytest).
+"""Issue 12's aggregator benchmark: prints the whole table in one run (a script, not a test).
 
-An embedded nats-server, ONE aggregator as its own process (``fleetctl aggregator``), and
-``fleetctl simulate`` as a subprocess for N nodes at increasing total rates. For each rate
-it prints the publish rate achieved, the aggregator's catch-up lag after the last publish,
-and the aggregator's CPU % and RSS, plus the CPU of nats-server and of the simulator (on a
-small machine they share the cores). The highest rate with a lag well under a second is
-one aggregator's sustainable rate; at the default 10 s interval it serves 10 x that.
+Each part runs against its own embedded nats-server (a fresh store), aggregators as their
+own processes (``fleetctl aggregator``) and ``fleetctl simulate`` as a subprocess (with
+``--processes``): on a small machine they all share the cores, and the figures say so.
+Every part is selected by its flag, ``--all`` runs every one; each prints its lines as it
+goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
-It also prints the figure the hot path is judged by: the aggregator process's CPU time
-per accepted heartbeat (CPU seconds / ``fleet_heartbeats_accepted`` delta, over every
-rate) divided by the CPU time of one bare PyNaCl Ed25519 verify of a heartbeat of the same
-size, measured in the same run on the same machine. The aggregator's lag is taken from
-its durable consumer (nothing pending, nothing unacknowledged), not from ``fleet_nodes``,
-which it writes only on state changes and checkpoints.
+- ``--ratio``: one aggregator, two nodes per heartbeat/s at each of ``--rates``. (a) the
+  aggregator's CPU time per accepted heartbeat (CPU seconds / the
+  ``fleet_heartbeats_accepted`` delta, over every rate but the first, the warm-up) ÷ the
+  CPU time of one bare PyNaCl Ed25519 verify of a heartbeat of the same size, measured in
+  the same run (idle, and under the same load); (b) the highest rate it sustains: lag
+  < 1 s and ≥ 95% of the beats accepted. Lag: seconds from the simulator's last publish
+  until every consumer of ``FLEET_HB`` has nothing pending or unacknowledged.
+- ``--two``: (b) the same sweep with two aggregators (each given ``--partitions K`` if
+  the bench is; without it the second stands by).
+- ``--big``: (c) ``--big-nodes`` (100,000) nodes at a 30 s interval for ``--big-duration``
+  (120 s): every record current at the end, p99 publish-to-record (each node's first
+  heartbeat: see ``fleetctl simulate --help``), aggregator RSS, nats-server RSS.
+- ``--storm``: (d) ``--storm-nodes`` (10,000) nodes stop at once: each gets exactly one
+  ``stale`` alert (counted in the ALERTS stream, by node), p99 TTL expiry -> alert. With
+  ``--big`` it is the same run (the first 10,000 of the 100,000 nodes stop half way).
+- ``--cold``: (e) the aggregator restarted with ``--big-nodes`` records: seconds until it
+  holds the lease with the records loaded, and until its consumers are drained (after
+  ``--big``, on its records; alone, after a run that gives every node one record).
+- ``--failover``: (f) two aggregators under load; when the first ``stale`` alert of a storm
+  arrives, the first aggregator is SIGKILLed: seconds until every heartbeat lease is held
+  by a live aggregator and every consumer has judged what the stream held at the kill;
+  alerts lost and duplicated (per node, in the ALERTS stream).
 
-Run: ``python tests/bench/bench_aggregator.py [--nodes 2000] [--rates 200,500,1000]
-[--duration 20]``.
+Run: ``python tests/bench/bench_aggregator.py --all`` (about 15 minutes), or e.g.
+``--ratio --rates 1000,2000 --duration 20``. To add a part: a function ``part_x(bench)``
+and a line in ``PARTS``; to add an option: a line in ``options()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
-import resource
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import nacl.signing
+import nats.js.errors
 import psutil
+from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -41,7 +65,278 @@ from actors.cli.simulate import SimOptions, template
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
-from schemas.subjects import BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+from schemas.messages import AggregatorLease
+from schemas.subjects import BUCKET_LEASES, BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+
+PREFIX = "fleet"
+BUDGETS = (
+    *("--heartbeats-max-bytes", str(1024 * 2**20)),
+    *("--records-max-bytes", str(1024 * 2**20)),
+    *("--trust-max-bytes", str(256 * 2**20)),
+)
+"""Stream budgets for 100,000 nodes of one fake GPU (about 2 KB a heartbeat)."""
+INTERVAL = 2.0
+"""The sweeps' heartbeat interval: nodes = rate x INTERVAL. Long enough that a beat is
+replaced in FLEET_HB only when the aggregator falls INTERVAL behind; short enough that
+the first beat of each node (a new key and boot: a record written at once) is a tenth
+of a 20 s run, not half of it (at 10 s the sweep measured first contacts, not the
+steady state)."""
+LAG_OK = 1.0
+"""A rate is sustained when the consumers drain within this after the last publish..."""
+ACCEPTED_OK = 0.95
+"""... and at least this share of the beats published was accepted (FLEET_HB keeps one
+beat per node: a beat replaced by the node's next one before it was read is skipped, so
+a short interval can hide an aggregator that falls behind)."""
+
+
+def options() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for part in PARTS:
+        parser.add_argument(f"--{part.name}", action="store_true", help=part.help)
+    parser.add_argument("--all", action="store_true", help="every part")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="nodes of the rate sweeps (default 0: two per heartbeat/s, a 2 s interval)",
+    )
+    parser.add_argument(
+        "--rates", default="1000,2000,3000,4000", help="rates of the sweeps (first: warm-up)"
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per rate")
+    parser.add_argument("--big-nodes", type=int, default=100_000, help="nodes of --big/--cold")
+    parser.add_argument("--big-duration", type=float, default=120.0, help="seconds of --big")
+    parser.add_argument("--storm-nodes", type=int, default=10_000, help="nodes that stop")
+    parser.add_argument(
+        "--failover-rate", type=float, default=1000.0, help="heartbeats/s of --failover"
+    )
+    parser.add_argument(
+        "--processes", type=int, default=2, help="fleetctl simulate --processes (default 2)"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="pass --partitions K to every fleetctl aggregator (0: do not pass the flag)",
+    )
+    parser.add_argument("--profile", default="", help="cProfile the --ratio aggregator here")
+    return parser
+
+
+@dataclass
+class Row:
+    figure: str
+    target: str
+    measured: str
+    ok: bool | None = None
+    """None: a figure without a target."""
+
+    def line(self) -> str:
+        mark = "" if self.ok is None else ("✓ " if self.ok else "✗ ")
+        return f"| {self.figure} | {self.target} | {mark}{self.measured} |"
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    rows: list[Row] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def selected(self, name: str) -> bool:
+        return bool(self.args.all or getattr(self.args, name))
+
+    def row(self, figure: str, target: str, measured: str, ok: bool | None = None) -> None:
+        self.rows.append(Row(figure, target, measured, ok))
+        self.say(Row(figure, target, measured, ok).line())
+
+
+# ---------------------------------------------------------------- processes and probes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Aggregator:
+    """One ``fleetctl aggregator`` process with its HTTP port; stopped by ``servers``."""
+
+    def __init__(self, url: str, bench: Bench, profile: str = "") -> None:
+        self.port = free_port()
+        partitions = ("--partitions", str(bench.args.partitions)) if bench.args.partitions else ()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                *(("-m", "cProfile", "-o", profile) if profile else ()),
+                *("-m", "actors.cli.fleetctl", "aggregator", "--server", url),
+                *("--http-port", str(self.port), "--log-level", "error", *BUDGETS),
+                *partitions,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        self.ps = psutil.Process(self.process.pid)
+
+    def metrics(self) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as p:
+                text: str = p.read().decode()
+                return text
+        except OSError:
+            return None
+
+    def metric(self, name: str) -> float | None:
+        """The sum of every sample of ``name`` (any labels); None if it does not answer."""
+        text = self.metrics()
+        if text is None:
+            return None
+        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([\d.e+-]+|NaN)$", text, re.M)
+        return sum(float(value) for value in found if value != "NaN")
+
+    def wait_answering(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metrics() is None:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"aggregator on :{self.port} did not start")
+            time.sleep(0.2)
+
+    def wait_owner(self, timeout: float) -> float | None:
+        """Seconds until it holds a heartbeat lease (records loaded)."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if (self.metric("fleet_aggregator_owner") or 0) >= 1:
+                return time.monotonic() - start
+            time.sleep(0.1)
+        return None
+
+    def cpu(self) -> float:
+        times = self.ps.cpu_times()
+        return float(times.user + times.system)
+
+    def rss_mb(self) -> float:
+        return float(self.ps.memory_info().rss) / 2**20
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextlib.contextmanager
+def servers(bench: Bench) -> Iterator[Cluster]:
+    """A fresh nats-server and whatever aggregators the part starts, all stopped after."""
+    with tempfile.TemporaryDirectory() as store:
+        server = NatsServer(Path(store) / "nats")
+        server.start()
+        cluster = Cluster(bench, server)
+        try:
+            yield cluster
+        finally:
+            for aggregator in cluster.aggregators:
+                aggregator.stop()
+            server.stop()
+
+
+@dataclass
+class Cluster:
+    bench: Bench
+    server: NatsServer
+    aggregators: list[Aggregator] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def server_rss_mb(self) -> float:
+        assert self.server.process is not None
+        return float(psutil.Process(self.server.process.pid).memory_info().rss) / 2**20
+
+    def start_aggregator(self, profile: str = "") -> Aggregator:
+        aggregator = Aggregator(self.url, self.bench, profile)
+        self.aggregators.append(aggregator)
+        aggregator.wait_answering()
+        asyncio.run(wait_provisioned(self.url))
+        return aggregator
+
+    def simulate(
+        self, nodes: int, rate: float, duration: float, *extra: str, timeout: float = 0.0
+    ) -> Sim:
+        """``fleetctl simulate`` to the end (killed after ``timeout``)."""
+        command = self.simulate_command(nodes, rate, duration, *extra)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout or duration + 600
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            return Sim(out, "timed out", -1)
+        return Sim(done.stdout, done.stderr, done.returncode)
+
+    def simulate_command(self, nodes: int, rate: float, duration: float, *extra: str) -> list[str]:
+        processes = max(1, min(self.bench.args.processes, nodes))
+        return [
+            *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", self.url),
+            *("--nodes", str(nodes), "--rate", f"{rate:.1f}", "--duration", f"{duration:g}"),
+            *("--processes", str(processes), *extra),
+        ]
+
+
+class Sim:
+    """What ``fleetctl simulate`` printed, picked apart."""
+
+    def __init__(self, out: str, err: str, code: int) -> None:
+        self.out, self.err, self.code = out, err, code
+
+    def find(self, pattern: str) -> re.Match[str] | None:
+        return re.search(pattern, self.out, re.M)
+
+    @property
+    def published(self) -> int:
+        found = self.find(r"^published (\d+) heartbeats")
+        return int(found.group(1)) if found else 0
+
+    @property
+    def achieved(self) -> float | None:
+        found = self.find(r": ([\d.]+)/s \(asked")
+        return float(found.group(1)) if found else None
+
+    @property
+    def current(self) -> tuple[int, int] | None:
+        found = self.find(r"(\d+)/(\d+) records current")
+        return (int(found.group(1)), int(found.group(2))) if found else None
+
+    @property
+    def latency_ms(self) -> tuple[float, float] | None:
+        found = self.find(r"^publish-to-record latency .*: p50 (\d+) ms, p99 (\d+) ms$")
+        return (float(found.group(1)), float(found.group(2))) if found else None
+
+    @property
+    def storm(self) -> tuple[int, int, int, float] | None:
+        """Alerted, killed, stored more than once, p99 seconds."""
+        found = self.find(
+            r"stale storm: (\d+)/(\d+) killed nodes alerted, (\d+) stored more than once; "
+            r"TTL expiry -> alert p50 [\d.na]+s p99 ([\d.na]+)s"
+        )
+        if not found:
+            return None
+        return int(found[1]), int(found[2]), int(found[3]), float(found[4])
+
+    def trouble(self) -> str:
+        """One line on what went wrong, for a row."""
+        last = (self.err.strip().splitlines() or ["no error output"])[-1]
+        return f"simulate exit {self.code}: {last[:200]}"
+
+    def lines(self) -> str:
+        return " | ".join(line for line in self.out.splitlines() if line)
 
 
 async def wait_provisioned(url: str, timeout: float = 30.0) -> None:
@@ -50,8 +345,8 @@ async def wait_provisioned(url: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                await bus.js.stream_info(Subjects("fleet").stream_name(STREAM_HEARTBEATS))
-                await bus.kv(Subjects("fleet").bucket_name(BUCKET_TRUST))
+                await bus.js.stream_info(Subjects(PREFIX).stream_name(STREAM_HEARTBEATS))
+                await bus.kv(Subjects(PREFIX).bucket_name(BUCKET_TRUST))
                 return
             except Exception:
                 if time.monotonic() > deadline:
@@ -59,6 +354,79 @@ async def wait_provisioned(url: str, timeout: float = 30.0) -> None:
                 await asyncio.sleep(0.2)
     finally:
         await bus.close()
+
+
+async def _consumers(bus: NatsBus) -> list[nats.js.api.ConsumerInfo]:
+    stream = Subjects(PREFIX).stream_name(STREAM_HEARTBEATS)
+    return list(await asyncio.wait_for(bus.js.consumers_info(stream), 5))
+
+
+async def consumers_drained(url: str, timeout: float) -> float | None:
+    """Seconds until every consumer of FLEET_HB (one per partition) has nothing pending
+    or unacknowledged; None if not within ``timeout``."""
+    bus = await NatsBus.connect(url, "bench-lag")
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < timeout:
+            infos = await _consumers(bus)
+            if infos and all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
+                return time.monotonic() - start
+            await asyncio.sleep(0.05)
+        return None
+    finally:
+        await bus.close()
+
+
+async def stream_last_seq(url: str) -> int:
+    bus = await NatsBus.connect(url, "bench-seq")
+    try:
+        info = await bus.js.stream_info(Subjects(PREFIX).stream_name(STREAM_HEARTBEATS))
+        return int(info.state.last_seq)
+    finally:
+        await bus.close()
+
+
+async def served_again(
+    url: str, killed_at: float, last_seq: int, timeout: float
+) -> tuple[float | None, float | None]:
+    """After a SIGKILL at ``killed_at`` (wall clock): seconds until every heartbeat lease
+    was renewed after it (a dead holder renews nothing, so each is held by a live one),
+    and until, besides, every consumer of FLEET_HB has acknowledged everything the
+    stream held at the kill (``last_seq``)."""
+    bus = await NatsBus.connect(url, "bench-failover")
+    leases_at = judged_at = None
+    try:
+        bucket = await bus.kv(Subjects(PREFIX).bucket_name(BUCKET_LEASES))
+        while time.time() - killed_at < timeout:
+            keys = [k for k in await _keys(bucket) if k == "hb" or k.startswith("hb.")]
+            held = bool(keys)
+            for key in keys:
+                with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                    entry = await bucket.get(key)
+                    if entry.value:
+                        lease = msgspec.json.decode(entry.value, type=AggregatorLease)
+                        held = held and lease.renewed > killed_at
+                        continue
+                held = False
+            if held and leases_at is None:
+                leases_at = time.time() - killed_at
+            if leases_at is not None:
+                infos = await _consumers(bus)
+                floors = [i.ack_floor.stream_seq if i.ack_floor else 0 for i in infos]
+                if len(infos) >= len(keys) and all((f or 0) >= last_seq for f in floors):
+                    judged_at = time.time() - killed_at
+                    break
+            await asyncio.sleep(0.1)
+        return leases_at, judged_at
+    finally:
+        await bus.close()
+
+
+async def _keys(bucket: nats.js.kv.KeyValue) -> list[str]:
+    try:
+        return list(await bucket.keys())
+    except nats.js.errors.NoKeysError:
+        return []
 
 
 def bare_verify_cpu(rounds: int = 20_000) -> float:
@@ -73,312 +441,378 @@ def bare_verify_cpu(rounds: int = 20_000) -> float:
     return (time.process_time() - start) / rounds
 
 
-def scrape_accepted(port: int) -> float:
-    """``fleet_heartbeats_accepted_total`` from the aggregator's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    found = re.search(r"^fleet_heartbeats_accepted_total ([\d.e+]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
+def probe_verify(into: list[float]) -> None:
+    into.append(bare_verify_cpu(2000))
 
 
-async def consumer_drained(url: str, timeout: float) -> float | None:
-    """Seconds until the aggregator's consumer has nothing pending or unacknowledged."""
-    bus = await NatsBus.connect(url, "bench-lag")
-    start = time.monotonic()
+def fmt(value: float | None, unit: str = " s", digits: int = 1) -> str:
+    return "never" if value is None else f"{value:.{digits}f}{unit}"
+
+
+# ---------------------------------------------------------------- the parts
+
+
+@dataclass
+class Sweep:
+    """One sweep's results: per rate the achieved rate and the lag."""
+
+    sustained: float = 0.0
+    """Highest achieved rate whose lag was < LAG_OK with ACCEPTED_OK of its beats accepted."""
+    share: float = 0.0
+    """At that rate, accepted heartbeats / published (the rest were replaced in FLEET_HB,
+    which keeps one per node, by the node's next beat before an aggregator read them)."""
+    cpu: float = 0.0
+    accepted: float = 0.0
+    verify_loaded: list[float] = field(default_factory=list)
+
+
+def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
+    """Every rate of ``--rates`` in turn: achieved rate, lag, CPU, RSS per rate."""
+    result = Sweep()
+    rates = [float(r) for r in bench.args.rates.split(",")]
+    for index, rate in enumerate(rates):
+        cpu_before = sum(a.cpu() for a in cluster.aggregators)
+        accepted_before = sum(
+            a.metric("fleet_heartbeats_accepted_total") or 0 for a in cluster.aggregators
+        )
+        for aggregator in cluster.aggregators:
+            aggregator.ps.cpu_percent(None)
+        loaded: list[float] = []
+        # The bare verify again while the load runs (a short burst half way): on a shared
+        # machine every CPU-second costs more under load, the verify's too.
+        prober = threading.Timer(bench.args.duration / 2 + 3, probe_verify, args=(loaded,))
+        prober.start()
+        started = time.monotonic()
+        nodes = bench.args.nodes or round(rate * INTERVAL)
+        sim = cluster.simulate(nodes, rate, bench.args.duration, "--wait", "0.01", "--gpus", "8")
+        drained = asyncio.run(consumers_drained(cluster.url, 60.0))
+        prober.join()
+        wall = time.monotonic() - started
+        cpu = sum(a.cpu() for a in cluster.aggregators) - cpu_before
+        accepted = (
+            sum(a.metric("fleet_heartbeats_accepted_total") or 0 for a in cluster.aggregators)
+            - accepted_before
+        )
+        usage = " + ".join(f"{a.ps.cpu_percent(None):.0f}%" for a in cluster.aggregators)
+        rss = " + ".join(f"{a.rss_mb():.0f} MB" for a in cluster.aggregators)
+        per = 1e6 * cpu / accepted if accepted else float("nan")
+        achieved = sim.achieved
+        share = accepted / sim.published if sim.published else 0.0
+        bench.say(
+            f"  {label}: {nodes} nodes at {rate:g}/s: achieved {fmt(achieved, '/s', 0)}, lag "
+            f"{fmt(drained, ' s', 2) if drained is not None else 'NOT DRAINED in 60 s'}, "
+            f"accepted {accepted:.0f} ({100 * share:.0f}%), CPU/accepted {per:.1f} us, "
+            f"aggregator CPU {usage} of "
+            f"{wall:.0f} s, RSS {rss} (simulate exit {sim.code})"
+        )
+        if sim.code not in (0, 1) or achieved is None:
+            bench.say(f"  {sim.trouble()}")
+        kept_up = drained is not None and drained < LAG_OK and share >= ACCEPTED_OK
+        if kept_up and achieved and achieved > result.sustained:
+            result.sustained = achieved
+            result.share = share
+        if index > 0 or len(rates) == 1:  # the first rate is the warm-up
+            result.cpu += cpu
+            result.accepted += accepted
+            result.verify_loaded.extend(loaded)
+    return result
+
+
+def part_ratio(bench: Bench) -> None:
+    """(a) CPU per accepted ÷ bare verify and (b) one aggregator's sustained rate."""
+    with servers(bench) as cluster:
+        cluster.start_aggregator(bench.args.profile)
+        bench.say(
+            f"{bench.args.nodes or f'{INTERVAL:g} per heartbeat/s:'} nodes x 8 fake GPUs, "
+            f"{bench.args.duration:g} s per rate"
+        )
+        verify = bare_verify_cpu()
+        result = sweep(bench, cluster, "one aggregator")
+    per = result.cpu / result.accepted if result.accepted else float("nan")
+    measured = (
+        f"{per / verify:.2f} ({1e6 * per:.1f} µs per accepted ÷ {1e6 * verify:.1f} µs per "
+        f"verify, idle)"
+    )
+    if result.verify_loaded:
+        loaded = sum(result.verify_loaded) / len(result.verify_loaded)
+        measured += f"; {per / loaded:.2f} against the verify under load ({1e6 * loaded:.1f} µs)"
+    bench.row(
+        "aggregator CPU per accepted heartbeat ÷ bare Ed25519 verify",
+        "≤ 2.0",
+        measured,
+        per / verify <= 2.0,
+    )
+    bench.row(
+        "highest rate one aggregator sustains (lag < 1 s, ≥ 95% accepted)",
+        "—",
+        f"{result.sustained:.0f}/s ({bench.args.rates}/s asked, "
+        f"{bench.args.nodes or f'{INTERVAL:g} nodes per heartbeat/s'}; "
+        f"{100 * result.share:.0f}% of "
+        "its beats accepted)",
+    )
+
+
+def part_two(bench: Bench) -> None:
+    """(b) the same sweep with two aggregators."""
+    with servers(bench) as cluster:
+        cluster.start_aggregator()
+        cluster.start_aggregator()
+        result = sweep(bench, cluster, "two aggregators")
+    how = (
+        f"--partitions {bench.args.partitions}"
+        if bench.args.partitions
+        else "one partition: the second stands by"
+    )
+    bench.row(
+        "highest rate two aggregators sustain (lag < 1 s, ≥ 95% accepted)",
+        "—",
+        f"{result.sustained:.0f}/s ({how}; {100 * result.share:.0f}% accepted)",
+    )
+
+
+def big_run(bench: Bench, cluster: Cluster, kill: int) -> Aggregator:
+    """(c), and (d) if ``kill``: the 30 s-interval run; returns the aggregator."""
+    aggregator = cluster.start_aggregator()
+    aggregator.wait_owner(120)
+    nodes, duration = bench.args.big_nodes, bench.args.big_duration
+    rate = nodes / 30.0
+    extra = ("--gpus", "1", "--wait", "150", *(("--kill", str(kill)) if kill else ()))
+    bench.say(f"{nodes} nodes at a 30 s interval ({rate:.0f}/s) for {duration:g} s ...")
+    sim = cluster.simulate(nodes, rate, duration, *extra, timeout=duration + 1200)
+    bench.say(f"  {sim.lines() or sim.trouble()}")
+    current = sim.current
+    latency = sim.latency_ms
+    achieved = sim.achieved
+    bench.row(
+        f"{nodes:,} nodes at 30 s for {duration:g} s: records current at the end",
+        "all",
+        f"{current[0]:,}/{current[1]:,} (published {fmt(achieved, '/s', 0)} of {rate:.0f}/s"
+        + (", the stopped nodes' beats not sent)" if kill else ")")
+        if current
+        else sim.trouble(),
+        bool(current and current[0] == current[1] == nodes),
+    )
+    bench.row(
+        "  p99 publish-to-record (each node's first heartbeat of the run)",
+        "—",
+        f"p50 {latency[0]:.0f} ms, p99 {latency[1]:.0f} ms" if latency else "not measured",
+    )
+    rss = aggregator.rss_mb()
+    bench.row("  aggregator RSS", "≤ 300 MB", f"{rss:.0f} MB", rss <= 300)
+    bench.row("  nats-server RSS", "—", f"{cluster.server_rss_mb():.0f} MB")
+    if kill:
+        storm_row(bench, sim, kill)
+    return aggregator
+
+
+def storm_row(bench: Bench, sim: Sim, kill: int) -> None:
+    storm = sim.storm
+    if storm is None:
+        bench.row(
+            f"stale storm: {kill:,} nodes stop at once", "one alert each", sim.trouble(), False
+        )
+        return
+    alerted, killed, twice, p99 = storm
+    bench.row(
+        f"stale storm: {killed:,} nodes stop at once: one `stale` alert each",
+        "all, none twice",
+        f"{alerted:,}/{killed:,} alerted, {twice} stored more than once",
+        alerted == killed == kill and twice == 0,
+    )
+    bench.row("  p99 TTL expiry → alert", "≤ 5 s", f"{p99:.2f} s", p99 <= 5.0)
+
+
+def cold_start(bench: Bench, cluster: Cluster, aggregator: Aggregator) -> None:
+    """(e) stop the aggregator, start another: lease held with records loaded, drained."""
+    aggregator.stop()
+    started = time.monotonic()
+    fresh = cluster.start_aggregator()
+    owned = fresh.wait_owner(180)
+    drained = asyncio.run(consumers_drained(cluster.url, 180.0))
+    total = time.monotonic() - started if drained is not None else None
+    bench.row(
+        f"cold start with {bench.args.big_nodes:,} records: current again",
+        "≤ 30 s",
+        f"{fmt(total)} (lease held, records loaded {fmt(owned)} after start; consumers "
+        f"drained {fmt(total)})",
+        total is not None and total <= 30,
+    )
+
+
+def part_big(bench: Bench) -> None:
+    """(c) 100,000 nodes at 30 s; with --storm also (d), with --cold also (e)."""
+    kill = bench.args.storm_nodes if bench.selected("storm") else 0
+    with servers(bench) as cluster:
+        aggregator = big_run(bench, cluster, kill)
+        if bench.selected("cold"):
+            cold_start(bench, cluster, aggregator)
+
+
+def part_storm(bench: Bench) -> None:
+    """(d) alone: twice ``--storm-nodes`` nodes at 30 s, half of them stop at once."""
+    if bench.selected("big"):
+        return  # measured in --big's run
+    nodes = 2 * bench.args.storm_nodes
+    with servers(bench) as cluster:
+        cluster.start_aggregator().wait_owner(60)
+        sim = cluster.simulate(
+            nodes,
+            nodes / 30.0,
+            90,
+            "--gpus",
+            "1",
+            "--wait",
+            "60",
+            "--kill",
+            str(bench.args.storm_nodes),
+        )
+        bench.say(f"  {sim.lines() or sim.trouble()}")
+        storm_row(bench, sim, bench.args.storm_nodes)
+
+
+def part_cold(bench: Bench) -> None:
+    """(e) alone: every node beats once (records written), then the restart."""
+    if bench.selected("big"):
+        return  # measured after --big's run
+    nodes = bench.args.big_nodes
+    with servers(bench) as cluster:
+        aggregator = cluster.start_aggregator()
+        aggregator.wait_owner(60)
+        sim = cluster.simulate(nodes, nodes / 30.0, 30, "--gpus", "1", "--wait", "120")
+        bench.say(f"  {sim.lines() or sim.trouble()}")
+        cold_start(bench, cluster, aggregator)
+
+
+def part_failover(bench: Bench) -> None:
+    """(f) one of two aggregators SIGKILLed while a stale storm's alerts are raised."""
+    rate = bench.args.failover_rate
+    nodes = int(rate * 4)  # a 4 s interval: the stopped nodes' TTLs run out over 4 s
+    kill = nodes // 4
+    with servers(bench) as cluster:
+        first = cluster.start_aggregator()
+        first.wait_owner(60)
+        second = cluster.start_aggregator()
+        duration = 90.0
+        command = cluster.simulate_command(
+            nodes, rate, duration, "--gpus", "1", "--wait", "60", "--kill", str(kill)
+        )
+        load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first_alert = asyncio.run(wait_first_stale(cluster.url, duration + 120))
+            if first_alert is None:
+                raise RuntimeError("no stale alert came")
+            time.sleep(1.0)  # the storm's alerts are being raised: some before, some after
+            last_seq = asyncio.run(stream_last_seq(cluster.url))
+            killed_at = time.time()
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait(10)
+            leases, judged = asyncio.run(served_again(cluster.url, killed_at, last_seq, 120))
+            out, err = load.communicate(timeout=duration + 300)
+        finally:
+            if load.poll() is None:
+                load.kill()
+                load.communicate()
+        sim = Sim(out, err, load.returncode)
+        bench.say(f"  {sim.lines() or sim.trouble()}")
+        owner = second.metric("fleet_aggregator_owner")
+    bench.row(
+        f"failover: one of two aggregators SIGKILLed under {rate:g}/s: partitions served again",
+        "a few s",
+        f"every lease held by a live aggregator {fmt(leases)} after the kill, everything "
+        f"the stream held at the kill judged {fmt(judged)} after it (lease_ttl 6 s; the "
+        f"survivor owns {owner:g} after)"
+        if owner is not None
+        else f"leases {fmt(leases)}, judged {fmt(judged)}",
+        judged is not None and judged <= 15,
+    )
+    storm = sim.storm
+    if storm is None:
+        bench.row("  alerts across the kill: lost / duplicated", "0 / 0", sim.trouble(), False)
+        return
+    alerted, killed, twice, _ = storm
+    bench.row(
+        f"  alerts across the kill ({killed:,} nodes stopped, the kill 1 s into their alerts): "
+        "lost / duplicated",
+        "0 / 0",
+        f"{killed - alerted} / {twice}",
+        alerted == killed and twice == 0,
+    )
+
+
+async def wait_first_stale(url: str, timeout: float) -> float | None:
+    """Wall clock of the first ``stale`` alert published; None if none within ``timeout``."""
+    bus = await NatsBus.connect(url, "bench-alerts")
+    came = asyncio.Event()
     try:
-        while time.monotonic() - start < timeout:
-            info = await bus.js.consumer_info(
-                Subjects("fleet").stream_name(STREAM_HEARTBEATS), "aggregator"
-            )
-            if info.num_pending == 0 and info.num_ack_pending == 0:
-                return time.monotonic() - start
-            await asyncio.sleep(0.05)
-        return None
+
+        async def on_alert(_msg: Msg) -> None:
+            came.set()
+
+        subscription = await bus.nc.subscribe(
+            Subjects(PREFIX).alerts_of("stale", "sim"), cb=on_alert
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(came.wait(), timeout)
+        await subscription.unsubscribe()
+        return time.time() if came.is_set() else None
     finally:
         await bus.close()
 
 
-def aggregator_cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
+@dataclass
+class Part:
+    name: str
+    help: str
+    run: Callable[[Bench], None]
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+PARTS = [
+    Part("ratio", "(a) CPU per accepted ÷ bare verify, (b) one aggregator's rate", part_ratio),
+    Part("two", "(b) the highest rate with two aggregators", part_two),
+    Part("big", "(c) 100,000 nodes at 30 s for 2 min", part_big),
+    Part("storm", "(d) 10,000 nodes stop at once: one stale alert each", part_storm),
+    Part("cold", "(e) cold start with 100,000 records", part_cold),
+    Part("failover", "(f) one of two aggregators SIGKILLed under load", part_failover),
+]
 
 
-def step(
-    url: str,
-    nodes: int,
-    rate: float,
-    duration: float,
-    processes: dict[str, psutil.Process],
-    port: int,
-    totals: list[float],
-) -> None:
-    cpu_before = aggregator_cpu(processes["aggregator"])
-    accepted_before = scrape_accepted(port)
-    for process in processes.values():
-        process.cpu_percent(None)  # start the interval
-    before = children_cpu()
-    start = time.monotonic()
-    # The bare verify measured again while the load runs (a short burst half way): on a
-    # shared machine every CPU-second costs more under load, the verify's too.
-    loaded: list[float] = []
-    prober = threading.Timer(duration / 2 + 3, lambda: loaded.append(bare_verify_cpu(2000)))
-    prober.start()
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
-            *("--nodes", str(nodes), "--rate", str(rate), "--duration", str(duration)),
-            *("--wait", "0.01"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=duration + 180,
+def main() -> int:
+    args = options().parse_args()
+    bench = Bench(args)
+    if not any(bench.selected(part.name) for part in PARTS):
+        options().print_usage()
+        print("choose parts (--ratio, --two, --big, --storm, --cold, --failover) or --all")
+        return 2
+
+    def terminated(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)  # so every part's cleanup runs
+    started = time.monotonic()
+    bench.say(
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GB RAM shared by nats-server, the "
+        f"aggregators and fleetctl simulate --processes {args.processes}"
+        + (f"; aggregators --partitions {args.partitions}" if args.partitions else "")
     )
-    drained = asyncio.run(consumer_drained(url, 60.0))
-    prober.join()
-    if loaded:
-        totals[2] += loaded[0]
-        totals[3] += 1
-    wall = time.monotonic() - start
-    usage = {name: process.cpu_percent(None) for name, process in processes.items()}
-    cpu = aggregator_cpu(processes["aggregator"]) - cpu_before
-    accepted_now = scrape_accepted(port) - accepted_before
-    totals[0] += cpu
-    totals[1] += accepted_now
-    per = 1e6 * cpu / accepted_now if accepted_now else float("nan")
-    simulator = 100.0 * (children_cpu() - before) / wall
-    rss = processes["aggregator"].memory_info().rss / 2**20
-    out = done.stdout
-    achieved = re.search(r": ([\d.]+)/s \(asked", out)
-    lag = f"{drained:.2f} s" if drained is not None else "NOT CAUGHT UP"
-    print(
-        f"rate {rate:6g}/s  achieved {achieved.group(1) if achieved else '?':>7}/s  "
-        f"lag {lag:>9}  accepted {accepted_now:.0f}  CPU/accepted {per:6.1f} us  "
-        f"aggregator CPU {usage['aggregator']:5.1f}% RSS {rss:5.1f} MB  "
-        f"nats-server CPU {usage['nats-server']:5.1f}%  simulator CPU {simulator:5.1f}%  "
-        f"(exit {done.returncode})",
-        flush=True,
-    )
-    if done.returncode != 0 and not out:
-        print(done.stderr.strip(), flush=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-BUDGETS = (
-    *("--heartbeats-max-bytes", str(1024 * 2**20)),
-    *("--records-max-bytes", str(1024 * 2**20)),
-    *("--trust-max-bytes", str(256 * 2**20)),
-)
-"""Stream budgets for 100,000 nodes of one fake GPU (about 2 KB a heartbeat)."""
-
-
-def start_aggregator(url: str, port: int, profile: str = "") -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            *(("-m", "cProfile", "-o", profile) if profile else ()),
-            *("-m", "actors.cli.fleetctl", "aggregator", "--server", url),
-            *("--http-port", str(port), "--log-level", "error", *BUDGETS),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-
-
-def metric(port: int, name: str) -> float | None:
-    """One unlabelled sample of the aggregator's /metrics; None if it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-            text = page.read().decode()
-    except OSError:
-        return None
-    found = re.search(rf"^{name} ([\d.e+-]+)$", text, re.M)
-    return float(found.group(1)) if found else None
-
-
-def wait_owner(port: int, timeout: float) -> float | None:
-    """Seconds until the aggregator at ``port`` holds the heartbeat lease."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if metric(port, "fleet_aggregator_owner") == 1:
-            return time.monotonic() - start
-        time.sleep(0.1)
-    return None
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def big_run(url: str, port: int, nodes: int, duration: float, server: psutil.Process) -> None:
-    """``nodes`` nodes at a 30 s interval for ``duration``, a tenth of them stopped at
-    once half way (a stale storm); then a cold start."""
-    aggregator = start_aggregator(url, port)
-    try:
-        wait_owner(port, 60)
-        rate = nodes / 30.0
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
-                *("--nodes", str(nodes), "--rate", f"{rate:.1f}", "--duration", str(duration)),
-                *("--gpus", "1", "--wait", "150", "--kill", str(nodes // 10)),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=duration + 900,
-        )
-        process = psutil.Process(aggregator.pid)
-        print(
-            f"{nodes} nodes at 30 s ({rate:.0f}/s) for {duration:g} s: "
-            + " | ".join(line for line in done.stdout.splitlines() if line)
-            + f" | aggregator RSS {process.memory_info().rss / 2**20:.0f} MB, "
-            f"nats-server RSS {server.memory_info().rss / 2**20:.0f} MB",
-            flush=True,
-        )
-        if done.returncode != 0 and not done.stdout:
-            print(done.stderr.strip()[-2000:], flush=True)
-        stop(aggregator)
-        started = time.monotonic()
-        aggregator = start_aggregator(url, port)
-        owned = wait_owner(port, 120)
-        drained = asyncio.run(consumer_drained(url, 120.0))
-        print(
-            f"cold start with {nodes} records: lease held and records loaded "
-            f"{owned if owned is None else round(owned, 1)} s after start; consumer drained "
-            f"{time.monotonic() - started:.1f} s after start "
-            f"({'ok' if drained is not None else 'NOT DRAINED'})",
-            flush=True,
-        )
-    finally:
-        stop(aggregator)
-
-
-def failover(url: str, port: int, nodes: int, rate: float, duration: float) -> None:
-    """Two aggregators under load, the owner SIGKILLed mid-run: time until the other
-    holds the lease."""
-    second_port = free_port()
-    first = start_aggregator(url, port)
-    second = None
-    try:
-        wait_owner(port, 60)
-        second = start_aggregator(url, second_port)
-        metric_deadline = time.monotonic() + 30
-        while metric(second_port, "fleet_aggregator_owner") is None:
-            if time.monotonic() > metric_deadline:
-                raise RuntimeError("second aggregator did not start")
-            time.sleep(0.2)
-        load = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "actors.cli.fleetctl", "simulate", "--server", url),
-                *("--nodes", str(nodes), "--rate", str(rate), "--duration", str(duration)),
-                *("--wait", "30"),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(duration / 2)
-        first.kill()
-        owned = wait_owner(second_port, 60)
-        out, _ = load.communicate(timeout=duration + 120)
-        print(
-            f"failover under {rate:g}/s: owner SIGKILLed, the other held the lease "
-            f"{'never' if owned is None else f'{owned:.1f} s later'} "
-            f"(lease_ttl 6 s) | " + " | ".join(line for line in out.splitlines() if line),
-            flush=True,
-        )
-    finally:
-        stop(first)
-        if second is not None:
-            stop(second)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nodes", type=int, default=2000)
-    parser.add_argument("--rates", default="200,500,1000")
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--profile", default="", help="write a cProfile of the aggregator here")
-    parser.add_argument("--big", type=int, default=0, help="nodes of the 30 s-interval run")
-    parser.add_argument("--big-duration", type=float, default=120.0)
-    parser.add_argument("--failover", action="store_true", help="measure a SIGKILL handover")
-    args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as store:
-        server = NatsServer(Path(store) / "nats")
-        server.start()
-        aggregator = start_aggregator(server.url, port, args.profile)
+    for part in PARTS:
+        if not bench.selected(part.name):
+            continue
+        bench.say(f"== {part.name}: {part.help}")
         try:
-            asyncio.run(wait_provisioned(server.url))
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    scrape_accepted(port)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-            assert server.process is not None
-            processes = {
-                "aggregator": psutil.Process(aggregator.pid),
-                "nats-server": psutil.Process(server.process.pid),
-            }
-            print(
-                f"{args.nodes} nodes, {args.duration:g} s per rate, {psutil.cpu_count()} CPUs "
-                "shared by nats-server, the aggregator and the simulator",
-                flush=True,
-            )
-            verify = bare_verify_cpu()
-            totals = [0.0, 0.0, 0.0, 0.0]
-            rates = [float(r) for r in args.rates.split(",")]
-            # The first rate is also the warm-up (nodes approved, first records written):
-            # the ratio is taken over the others when there are others.
-            for index, rate in enumerate(rates):
-                if index == 1:
-                    totals = [0.0, 0.0, 0.0, 0.0]
-                step(server.url, args.nodes, rate, args.duration, processes, port, totals)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-                for line in page.read().decode().splitlines():
-                    if line.startswith(("fleet_heartbeats_refused", "fleet_messages_dropped")):
-                        print("  " + line, flush=True)
-            per = totals[0] / totals[1] if totals[1] else float("nan")
-            print(
-                f"aggregator CPU per accepted heartbeat {1e6 * per:.1f} us; bare PyNaCl "
-                f"verify {1e6 * verify:.1f} us; ratio {per / verify:.2f} (target <= 2.0)",
-                flush=True,
-            )
-            if totals[3]:
-                under_load = totals[2] / totals[3]
-                print(
-                    f"bare PyNaCl verify measured under the same load: {1e6 * under_load:.1f} "
-                    f"us; ratio against it {per / under_load:.2f}",
-                    flush=True,
-                )
-            stop(aggregator)
-            if args.failover:
-                failover(server.url, port, args.nodes, rates[0], max(20.0, args.duration))
-            if args.big:
-                big_run(server.url, port, args.big, args.big_duration, processes["nats-server"])
-        finally:
-            stop(aggregator)
-            server.stop()
+            part.run(bench)
+        except KeyboardInterrupt:
+            bench.say("interrupted")
+            break
+        except Exception as exc:  # one part failing must not lose the others' figures
+            traceback.print_exc()
+            bench.row(part.help, "—", f"failed: {type(exc).__name__}: {exc}", False)
+    bench.say(f"\n{time.monotonic() - started:.0f} s in all\n")
+    bench.say("| benchmark | target | measured |\n|---|---|---|")
+    for row in bench.rows:
+        bench.say(row.line())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
