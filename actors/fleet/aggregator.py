@@ -610,7 +610,10 @@ class AggregatorActor:
             ours = record_rules.operator_changes(mine, stored, known)
             return hot_state.full(record_rules.checkpoint(stored, ours, state.reset_consumed), body)
 
-        before, written = await self.store.update(node, change)
+        before, written, revision = await self.store.update_known(
+            node, change, known, state.revision
+        )
+        state.revision = revision
         state.written = time.monotonic()
         kept = slim(written) if written is not None else None
         if kept is not None:
