@@ -28,7 +28,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from actors.fleet import enroll, hot_state, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.hot_state import CheckpointQueue, NodeState, slim, spread_written
+from actors.fleet.hot_state import CheckpointQueue, NodeState, NodeTable, slim, spread_written
 from actors.fleet.lease import Lease, holder_id, while_held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
@@ -113,7 +113,7 @@ class AggregatorActor:
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
         self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes = NodeTable()
         """The acceptance state of every node this aggregator owns (see hot_state)."""
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
         self.lease: Lease | None = None
@@ -249,23 +249,35 @@ class AggregatorActor:
 
     async def load(self) -> None:
         """Cold start: every record of ``fleet_nodes`` into memory with batched direct
-        gets (one request per 1,000 records, no consumer), checkpoints spread."""
+        gets (one request per 1,000 records, no consumer), each page taken in as it comes
+        (the bucket's bytes are never all held at once), checkpoints spread."""
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
         now = time.monotonic()
         interval = self.config.checkpoint_interval
         self.nodes.clear()  # the same dict: the HTTP API holds it
-        for node, value in values.items():
-            try:
-                state = hot_state.from_stored(node, value, spread_written(now, interval))
-            except DecodeError as exc:
-                self.metrics.records_unreadable.inc()
-                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-                continue
-            self.nodes[node] = state
-            record = state.record
-            if record.stale_since is not None and record.offline_since is None:
-                self.stale.add(node)
+        self.nodes.loading = True
+        try:
+            async for entries in kv.latest_pages(self.bus, bucket, LOAD_TIMEOUT):
+                for node, value in entries:
+                    # A key rewritten during the scan comes again: its last value counts.
+                    self.nodes.pop(node, None)
+                    self.stale.discard(node)
+                    if value is None or len(self.nodes) >= MAX_NODES:
+                        continue
+                    try:
+                        state = hot_state.from_stored(node, value, spread_written(now, interval))
+                    except DecodeError as exc:
+                        self.metrics.records_unreadable.inc()
+                        log.error(
+                            "unreadable record skipped", extra={"node": node, "reason": str(exc)}
+                        )
+                        continue
+                    self.nodes[node] = state
+                    record = state.record
+                    if record.stale_since is not None and record.offline_since is None:
+                        self.stale.add(node)
+        finally:
+            self.nodes.loading = False
         log.info("records loaded", extra={"records": len(self.nodes)})
 
     def _count_drop(self, reason: str) -> None:
@@ -765,15 +777,23 @@ class AggregatorActor:
         """Records this aggregator has not in memory (registrations answered by another
         aggregator, records written by another owner) are read and taken in."""
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(self.bus, bucket, MAX_NODES, LOAD_TIMEOUT)
         now = time.monotonic()
-        for node, value in values.items():
-            if node in self.nodes:
-                continue
-            try:
-                self.nodes[node] = hot_state.from_stored(node, value, now)
-            except DecodeError:
-                continue  # counted when it was loaded or fetched
+        taken: set[str] = set()
+        """Nodes taken in by this scan: a later value of theirs in it replaces them."""
+        async for entries in kv.latest_pages(self.bus, bucket, LOAD_TIMEOUT):
+            for node, value in entries:
+                if node in self.nodes and node not in taken:
+                    continue
+                if node in taken:
+                    self.nodes.pop(node, None)
+                    taken.discard(node)
+                if value is None or len(self.nodes) >= MAX_NODES:
+                    continue
+                try:
+                    self.nodes[node] = hot_state.from_stored(node, value, now)
+                except DecodeError:
+                    continue  # counted when it was loaded or fetched
+                taken.add(node)
 
     async def _sweep_forever(self) -> None:
         last_full = 0.0

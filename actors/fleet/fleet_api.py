@@ -123,6 +123,8 @@ class FleetApiActor:
         self.records = EncodedRecords()
         self._skipped = False
         """A node was left out of ``records`` because ``live`` held it."""
+        self._missed = False
+        """A record was left out while the aggregator was loading."""
         self.live = live
         """The in-process aggregator's acceptance state (its ``nodes``), if there is one."""
 
@@ -151,10 +153,13 @@ class FleetApiActor:
         out, and so does one of a node the aggregator beside this API holds. When that
         aggregator lets its nodes go, the watch starts again (every current record)."""
         while True:
-            self._skipped = False
+            self._skipped = self._missed = False
             follower = asyncio.create_task(self._follow_once(bucket), name="fleet-http-watch")
             try:
-                while not follower.done() and not (self._skipped and not self.live):
+                while not follower.done() and not (
+                    (self._skipped and not self._holding())
+                    or (self._missed and not self._loading())
+                ):
                     await asyncio.wait([follower], timeout=RESYNC_CHECK)
                     self._prune()
             finally:
@@ -163,6 +168,14 @@ class FleetApiActor:
             if isinstance(results[0], Exception):
                 raise results[0]
             self.records.raw.clear()
+
+    def _loading(self) -> bool:
+        return bool(getattr(self.live, "loading", False))
+
+    def _holding(self) -> bool:
+        """Whether the aggregator beside this API holds (or is loading) nodes: while it
+        does, the records it skipped are its; once it does not, they are read again."""
+        return bool(self.live) or self._loading()
 
     def _prune(self) -> None:
         """Drop the records of nodes the aggregator beside this API took into memory
@@ -177,10 +190,15 @@ class FleetApiActor:
         def on_change(node: str, value: msgspec.Raw | None) -> None:
             if value is None:
                 self.records.raw.pop(node, None)
-            elif self.live and node in self.live:
+            elif self.live is not None and node in self.live:
                 # Not even decoded: the aggregator's own write of a node it holds.
                 self.records.raw.pop(node, None)
                 self._skipped = True
+            elif getattr(self.live, "loading", False):
+                # The aggregator is loading every record: the watch starts again once it
+                # is done (see _follow), for the records it did not take.
+                self.records.raw.pop(node, None)
+                self._missed = True
             else:
                 body = bytes(value)
                 try:

@@ -18,6 +18,7 @@ and one object, which the garbage collector never walks.
 from __future__ import annotations
 
 import random
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -59,6 +60,14 @@ class NodeState:
     """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
     next write reads the record first; a write knowing it costs no read)."""
     """The encoded heartbeat whose slim form ``record.heartbeat`` is (None without one)."""
+
+
+class NodeTable(dict[str, NodeState]):
+    """The owner's :class:`NodeState` by node, which the HTTP API beside it reads;
+    ``loading`` while a cold start fills it (the API then keeps no copy of the records
+    coming in: the owner is about to hold them)."""
+
+    loading: bool = False
 
 
 class CheckpointQueue:
@@ -120,11 +129,26 @@ def slim_heartbeat(heartbeat: Heartbeat) -> Heartbeat:
     return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
 
 
+SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels")
+"""Fields a record and its heartbeat hold alike: a decoded record has two copies of each,
+the slim one shares the record's."""
+INTERNED_FIELDS = ("cluster", "agent_version", "schedulability", "state")
+"""Strings most nodes of a fleet have alike: one object each, not one per node."""
+
+
 def slim(record: NodeRecord) -> NodeRecord:
     """``record`` with its embedded heartbeat slim (the record as kept in memory)."""
-    if record.heartbeat is None:
+    beat = record.heartbeat
+    if beat is None:
         return record
-    return msgspec.structs.replace(record, heartbeat=slim_heartbeat(record.heartbeat))
+    common = {name: sys.intern(getattr(record, name)) for name in INTERNED_FIELDS}
+    shared: dict[str, object] = {
+        name: common.get(name, getattr(record, name))
+        for name in SHARED_FIELDS
+        if getattr(beat, name) == getattr(record, name)
+    }
+    kept = msgspec.structs.replace(beat, **HEAVY_FIELDS, **shared)
+    return msgspec.structs.replace(record, heartbeat=kept, **common)
 
 
 def full(record: NodeRecord, body: bytes | None) -> NodeRecord:

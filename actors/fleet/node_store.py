@@ -125,9 +125,7 @@ class NodeStore:
                     current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
                 except DecodeError as exc:
                     self.metrics.records_unreadable.inc()
-                    log.error(
-                        "unreadable record skipped", extra={"node": node, "reason": str(exc)}
-                    )
+                    log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
                     return None, None, None
             updated = change(current)
             if updated is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import msgspec
@@ -76,26 +76,37 @@ async def latest_values(bus: Bus, bucket: str, limit: int, timeout: float) -> di
     page answering more than asked, a refusal (BatchError) or no end within ``timeout``
     in all (TimeoutError) raise.
     """
-    stream = f"KV_{bucket}"
-    prefix = f"$KV.{bucket}."
     latest: dict[str, bytes | None] = {}
-    deadline = asyncio.get_running_loop().time() + timeout
     partial = False
-    seq = 1
-    while True:
-        left = deadline - asyncio.get_running_loop().time()
-        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
-        for key, value in page.entries:
+    async for entries in latest_pages(bus, bucket, timeout):
+        for key, value in entries:
             if key in latest or len(latest) < limit:
                 latest[key] = value
             else:
                 partial = True
-        if page.pending == 0:
-            break
-        seq = page.last_seq + 1
     if partial:
         log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
     return {key: value for key, value in latest.items() if value is not None}
+
+
+async def latest_pages(
+    bus: Bus, bucket: str, timeout: float
+) -> AsyncIterator[list[tuple[str, bytes | None]]]:
+    """The scan :func:`latest_values` makes, page by page as it reads them (a caller
+    that takes each page in at once never holds the whole bucket's bytes): (key, value)
+    in stream order, None for a delete or purge. A key rewritten during the scan comes
+    again later (its last value is the current one)."""
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    deadline = asyncio.get_running_loop().time() + timeout
+    seq = 1
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
+        yield page.entries
+        if page.pending == 0:
+            break
+        seq = page.last_seq + 1
 
 
 async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:

@@ -269,6 +269,76 @@ def big_run(url: str, port: int, nodes: int, duration: float, server: psutil.Pro
         stop(aggregator)
 
 
+async def fill_records(url: str, nodes: int) -> None:
+    """``nodes`` records of active 1-GPU simulated nodes (their last heartbeat whole) put
+    straight into fleet_nodes."""
+    from actors.cli.simulate import SEQ_MARK, TS_MARK
+    from actors.fleet import record_rules
+    from schemas import codec
+    from schemas.messages import Heartbeat
+    from schemas.subjects import BUCKET_NODES
+
+    options = SimOptions(nodes=nodes, rate=nodes / 30.0, duration=1.0, gpus=1)
+    bucket = Subjects("fleet").bucket_name(BUCKET_NODES)
+    bus = await NatsBus.connect(url, "bench-fill")
+    try:
+        for node_index in range(nodes):
+            node = f"sim-{node_index:05d}"
+            now = time.time()
+            body = template(node, options, "boot").replace(b"%d" % SEQ_MARK, b"1")
+            beat = codec.decode(body.replace(repr(TS_MARK).encode(), b"%.6f" % now), Heartbeat)
+            record = record_rules.accepted(
+                record_rules.pending_record(node, beat.cluster),
+                beat,
+                "U" * 56,
+                now,
+                node_index + 1,
+                now,
+                record_rules.gpu_fingerprint(beat),
+            )
+            await bus.js.publish_async(f"$KV.{bucket}.{node}", codec.encode(record))
+            if node_index % 4096 == 4095:
+                await bus.js.publish_async_completed()
+        await bus.js.publish_async_completed()
+    finally:
+        await bus.close()
+
+
+def memory_run(url: str, port: int, nodes: int) -> None:
+    """The aggregator process's RSS with ``nodes`` records in memory (and its HTTP API):
+    ``nodes`` records put into fleet_nodes, then a cold start timed until the lease is
+    held with every record loaded and the consumer drained; RSS read 10 s later, per node
+    against the RSS of the same process with no records."""
+    aggregator = start_aggregator(url, port)
+    try:
+        wait_owner(port, 60)
+        time.sleep(5)
+        empty = psutil.Process(aggregator.pid).memory_info().rss
+        stop(aggregator)
+        filled = time.monotonic()
+        asyncio.run(fill_records(url, nodes))
+        print(
+            f"{nodes} records put into fleet_nodes in {time.monotonic() - filled:.1f} s", flush=True
+        )
+        started = time.monotonic()
+        aggregator = start_aggregator(url, port)
+        owned = wait_owner(port, 300)
+        drained = asyncio.run(consumer_drained(url, 120.0))
+        ready = time.monotonic() - started
+        time.sleep(10)
+        rss = psutil.Process(aggregator.pid).memory_info().rss
+        print(
+            f"cold start with {nodes} records: lease held and records loaded "
+            f"{owned if owned is None else round(owned, 1)} s after start, consumer drained "
+            f"{ready:.1f} s after start ({'ok' if drained is not None else 'NOT DRAINED'}); "
+            f"aggregator RSS {rss / 2**20:.0f} MB ({empty / 2**20:.0f} MB with no records): "
+            f"{(rss - empty) / nodes:.0f} bytes per node",
+            flush=True,
+        )
+    finally:
+        stop(aggregator)
+
+
 def failover(url: str, port: int, nodes: int, rate: float, duration: float) -> None:
     """Two aggregators under load, the owner SIGKILLed mid-run: time until the other
     holds the lease."""
@@ -317,6 +387,9 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=0, help="nodes of the 30 s-interval run")
     parser.add_argument("--big-duration", type=float, default=120.0)
     parser.add_argument("--failover", action="store_true", help="measure a SIGKILL handover")
+    parser.add_argument(
+        "--memory", type=int, default=0, help="records of the RSS and cold-start run (100000)"
+    )
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as store:
@@ -346,7 +419,7 @@ def main() -> None:
             )
             verify = bare_verify_cpu()
             totals = [0.0, 0.0, 0.0, 0.0]
-            rates = [float(r) for r in args.rates.split(",")]
+            rates = [float(r) for r in args.rates.split(",") if r]
             # The first rate is also the warm-up (nodes approved, first records written):
             # the ratio is taken over the others when there are others.
             for index, rate in enumerate(rates):
@@ -375,6 +448,8 @@ def main() -> None:
                 failover(server.url, port, args.nodes, rates[0], max(20.0, args.duration))
             if args.big:
                 big_run(server.url, port, args.big, args.big_duration, processes["nats-server"])
+            if args.memory:
+                memory_run(server.url, port, args.memory)
         finally:
             stop(aggregator)
             server.stop()
