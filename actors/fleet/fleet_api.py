@@ -152,6 +152,13 @@ class FleetApiActor:
         """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops
         out, and so does one of a node the aggregator beside this API holds. When that
         aggregator lets its nodes go, the watch starts again (every current record)."""
+        if self.live is not None:
+            # The aggregator beside this API may be taking the lease and about to load
+            # every record: no copy of them meanwhile. A standby's API starts after this.
+            for _ in range(round(10 * (self.config.lease_ttl + RESYNC_CHECK) / RESYNC_CHECK)):
+                if self._holding():
+                    break
+                await asyncio.sleep(RESYNC_CHECK / 10)
         while True:
             self._skipped = self._missed = False
             follower = asyncio.create_task(self._follow_once(bucket), name="fleet-http-watch")
