@@ -208,10 +208,9 @@ class BatchPuller:
             await unsubscribe_quietly(self._subscription)
             self._subscription = None
 
-    async def fetch(self, batch: int, expires: float, no_wait: bool = False) -> list[Msg]:
+    async def fetch(self, batch: int, expires: float) -> list[Msg]:
         """Up to ``batch`` messages: what is there and what arrives within ``expires``
-        seconds, or with ``no_wait`` only what is there now (the server ends the pull at
-        once). A deleted consumer is created again, as :meth:`DurableConsumer.fetch`."""
+        seconds. A deleted consumer is created again, as :meth:`DurableConsumer.fetch`."""
         consumer = self.consumer
         if consumer.missing:
             if not await consumer._recreate():
@@ -222,11 +221,7 @@ class BatchPuller:
             self._subscription = await self.bus.subscribe(self._inbox, self._on_message)
         self._batch, self._wanted, self._status = [], batch, ""
         self._done.clear()
-        request: dict[str, object] = (
-            {"batch": batch, "no_wait": True}
-            if no_wait
-            else {"batch": batch, "expires": int(expires * 1e9)}
-        )
+        request = {"batch": batch, "expires": int(expires * 1e9)}
         subject = f"{self.bus.js_api_prefix}.CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.durable}"
         await self.bus.publish(subject, json.dumps(request).encode(), reply=self._inbox)
         try:
@@ -245,8 +240,6 @@ class BatchPuller:
         return messages
 
 
-BURST = 32
-"""Messages one pull brought from which :func:`consume_in_batches` takes the flow as heavy."""
 PULL_GRACE = 2.0
 """Seconds past a pull request's expiry to wait for its end before giving up on it."""
 
@@ -270,30 +263,16 @@ async def consume_in_batches(
     owner) gets it all again after ``ack_wait``. A pull lasts ``linger`` seconds (or
     until ``batch`` messages came), so a caught-up consumer still handles and acks many
     messages at once: a fetch and an ack cost about as much as a signature check, and
-    would otherwise be paid per message. Under a heavy flow (the last pull brought
-    :data:`BURST` messages or more) the consumer instead waits ``linger`` seconds and then
-    takes only what is there (``no_wait``): an open pull gets each message as it is
-    published, one socket read, parse and wake-up each (about half a signature check per
-    message); what arrived during the wait comes in one burst. Under a light flow the
-    open pull stays: a message is not left waiting where a newer one of its subject could
-    replace it unread (FLEET_HB keeps one per node)."""
-    heavy = caught_up = False
+    would otherwise be paid per message."""
     while True:
         try:
-            if linger and heavy:
-                if caught_up:
-                    await asyncio.sleep(linger)
-                messages = await consumer.fetch(batch, wait, no_wait=True)
-            else:
-                messages = await consumer.fetch(batch, linger or wait)
+            messages = await consumer.fetch(batch, linger or wait)
         except nats.errors.ConnectionClosedError:
             raise
         except nats.errors.Error as exc:
             log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
             await asyncio.sleep(1.0)
             continue
-        heavy = len(messages) >= BURST
-        caught_up = len(messages) < batch
         if not messages:
             continue
         chains = await handle(messages)
