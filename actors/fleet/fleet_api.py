@@ -37,7 +37,7 @@ from actors.runtime.bus import Bus
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import health_page, prometheus_page, serving
 from schemas import codec
-from schemas.base import OpenRecordState, RecordState, Wire
+from schemas.base import OpenRecordState, RecordState
 from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
@@ -50,8 +50,9 @@ RESYNC_CHECK = 1.0
 the heartbeat lease): the records it held are then read from ``fleet_nodes`` again."""
 
 
-class RecordSummary(Wire, frozen=True, kw_only=True):
-    """What /metrics counts of a record: decoding only this skips the rest fast."""
+class RecordSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What /metrics counts of a record: decoding only this skips the rest fast (a view
+    of a ``NodeRecord`` for reading, not a wire type)."""
 
     cluster: str
     state: OpenRecordState
