@@ -21,15 +21,16 @@ from functools import partial
 from typing import Literal
 
 import msgspec
+import nacl.signing
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.fleet import enroll, record_rules
+from actors.fleet import enroll, hot_state, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.hot_state import CheckpointQueue, NodeState, spread_written
+from actors.fleet.hot_state import CheckpointQueue, NodeState, NodeTable, slim, spread_written
 from actors.fleet.lease import holder_id
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
@@ -132,7 +133,7 @@ class AggregatorActor:
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
         self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes = NodeTable()
         """The acceptance state of every node this aggregator owns (see hot_state)."""
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
         self._accepted = 0
@@ -141,6 +142,8 @@ class AggregatorActor:
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
+        self._new_verifier: tuple[str, nacl.signing.VerifyKey] | None = None
+        """The verifier built for the last heartbeat of a node with no state yet."""
         self._fresh_keys: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
 
@@ -343,41 +346,55 @@ class AggregatorActor:
     async def load(self, partitions: set[int] | None = None) -> None:
         """The records of ``partitions`` (None: all) into memory with one scan of
         ``fleet_nodes`` (batched direct gets, one request per 1,000 records, no
-        consumer), keys of other partitions skipped before anything is decoded,
+        consumer), each page taken in as it comes (the bucket's bytes are never all held
+        at once), keys of other partitions skipped before anything is decoded,
         checkpoints spread; each partition's resume floor noted."""
         count = self.partition_count
         wanted = set(range(count)) if partitions is None else partitions
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(
-            self.bus,
-            bucket,
-            MAX_NODES,
-            LOAD_TIMEOUT,
-            keep=lambda node: partition_of(node, count) in wanted,
-        )
-        if self.partitions is not None:
-            wanted = {p for p in wanted if self.partitions.holds(p)}  # lost while reading
         now = time.monotonic()
         interval = self.config.checkpoint_interval
-        for node, value in values.items():
-            partition = partition_of(node, count)
-            if partition not in wanted:
-                continue
-            try:
-                record = codec.decode(value, NodeRecord, node)
-            except DecodeError as exc:
-                self.metrics.records_unreadable.inc()
-                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-                continue
-            self.nodes[node] = NodeState(
-                record, spread_written(now, interval), fresh=True, stored=record
-            )
-            if record.stale_since is not None and record.offline_since is None:
-                self.stale.add(node)
-            if record.last_stream_seq and record.state not in SETTLED:
-                floor = self._resume_floor.get(partition, record.last_stream_seq + 1)
-                self._resume_floor[partition] = min(floor, record.last_stream_seq + 1)
-        log.info("records loaded", extra={"records": len(values), "partitions": sorted(wanted)})
+        loaded = 0
+        self.nodes.loading = True
+        try:
+            async for entries in kv.latest_pages(self.bus, bucket, LOAD_TIMEOUT):
+                for node, value, _ in entries:
+                    partition = partition_of(node, count)
+                    if partition not in wanted:
+                        continue
+                    # A key rewritten during the scan comes again: its last value counts.
+                    self.nodes.pop(node, None)
+                    self.stale.discard(node)
+                    if value is None or len(self.nodes) >= MAX_NODES:
+                        continue
+                    try:
+                        state = hot_state.from_stored(node, value, spread_written(now, interval))
+                    except DecodeError as exc:
+                        self.metrics.records_unreadable.inc()
+                        log.error(
+                            "unreadable record skipped", extra={"node": node, "reason": str(exc)}
+                        )
+                        continue
+                    self.nodes[node] = state
+                    loaded += 1
+                    record = state.record
+                    if record.stale_since is not None and record.offline_since is None:
+                        self.stale.add(node)
+                    if record.last_stream_seq and record.state not in SETTLED:
+                        # An earlier value of a key rewritten during the scan may lower
+                        # the floor: judging more again is safe, less is not.
+                        floor = self._resume_floor.get(partition, record.last_stream_seq + 1)
+                        self._resume_floor[partition] = min(floor, record.last_stream_seq + 1)
+        finally:
+            self.nodes.loading = False
+        if self.partitions is not None:
+            lost = {p for p in wanted if not self.partitions.holds(p)}
+            if lost:  # lost while reading: what was taken in of them goes again
+                for node in [n for n in self.nodes if partition_of(n, count) in lost]:
+                    del self.nodes[node]
+                    self.stale.discard(node)
+                wanted = wanted - lost
+        log.info("records loaded", extra={"records": loaded, "partitions": sorted(wanted)})
 
     def _count_drop(self, reason: str) -> None:
         self.metrics.dropped.labels(reason).inc()
@@ -460,7 +477,9 @@ class AggregatorActor:
             heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
             # Behind the stream, a node's older heartbeats may have been replaced (one per
             # subject) before we read them: a gap then says nothing about the node.
-            return self._accept(heartbeat, public_key, stream_seq, stored, pending > 0, fetched)
+            return self._accept(
+                heartbeat, public_key, stream_seq, stored, pending > 0, fetched, msg.data
+            )
         except _NeedsFetch:
             return [partial(self._fetch_and_judge, msg, node)]
         except Refused as refusal:
@@ -489,9 +508,7 @@ class AggregatorActor:
             return
         state = self.nodes.get(node)
         if state is None and record is not None:
-            state = self.nodes[node] = NodeState(
-                record, time.monotonic(), fresh=True, stored=record
-            )
+            state = self.nodes[node] = hot_state.from_record(record, time.monotonic())
         elif state is not None and record is not None:
             self._adopt(state, record)
             if record.seq_reset:
@@ -562,6 +579,9 @@ class AggregatorActor:
                 verifier = signing.verify_key(trusted)
                 if state is not None:
                     state.key, state.verifier = trusted, verifier
+                else:
+                    # A node's first heartbeat: its state, made on accepting, keeps it.
+                    self._new_verifier = (trusted, verifier)
             else:
                 verifier = state.verifier
             signing.verify_with(verifier, trusted, headers, msg.data)
@@ -597,7 +617,10 @@ class AggregatorActor:
         stored: float,
         behind: bool,
         fetched: bool,
+        body: bytes = b"",
     ) -> list[Step]:
+        """Accept a verified ``heartbeat`` (its bytes: ``body``) into the node's state, or
+        raise Refused (LateDelivery, _NeedsFetch); return the alerts and writes to do."""
         now = time.time()
         node = heartbeat.node_id
         state = self.nodes.get(node)
@@ -644,15 +667,28 @@ class AggregatorActor:
                 # (its agent exits on learning it).
                 raise _NeedsFetch
             raise Refused(left.kind, left.message, **left.details)
-        accepted = record_rules.accept(previous, heartbeat, public_key, now, stream_seq, stored)
-        after = record_rules.with_lifecycle(previous, accepted, heartbeat)
+        fingerprint = record_rules.gpu_fingerprint(heartbeat)
+        # The record kept in memory is slim; the heartbeat's bytes are kept beside it.
+        after = record_rules.accepted(
+            previous,
+            heartbeat,
+            public_key,
+            now,
+            stream_seq,
+            stored,
+            fingerprint,
+            hot_state.slim_heartbeat(heartbeat),
+        )
         self.refusals.on_accepted(node)
         if state is None:
             state = self.nodes[node] = NodeState(after, time.monotonic())
+            if self._new_verifier is not None and self._new_verifier[0] == public_key:
+                state.key, state.verifier = self._new_verifier
             transition = True
         else:
             state.record = after
             transition = record_rules.is_transition(previous, after)
+        state.body = body or codec.encode(heartbeat)
         if previous.seq_reset:
             state.reset_consumed = True
         # The first heartbeat after a load may follow heartbeats accepted but not yet
@@ -662,7 +698,7 @@ class AggregatorActor:
         state.dirty = True
         self._accepted += 1
         steps: list[Step] = []
-        hardware = record_rules.hardware_alert(previous, heartbeat)
+        hardware = record_rules.hardware_alert(previous, heartbeat, fingerprint)
         for kind, message, details, severity in record_rules.heartbeat_alerts(
             previous, after, heartbeat, gaps_are_news=gaps
         ) + ([hardware] if hardware else []):
@@ -708,22 +744,29 @@ class AggregatorActor:
 
         def change(stored: NodeRecord | None) -> NodeRecord:
             nonlocal mine
-            mine = state.record
+            mine, body = state.record, state.body
+            # The rules compare slim records (as kept in memory); the whole one is written.
+            stored = slim(stored) if stored is not None else None
             # An operator's forget or re-admission written since is kept, not undone.
             ours = record_rules.operator_changes(mine, stored, known)
-            return record_rules.checkpoint(stored, ours, state.reset_consumed)
+            return hot_state.full(record_rules.checkpoint(stored, ours, state.reset_consumed), body)
 
-        before, written = await self.store.update(node, change)
+        before, written, revision = await self.store.update_known(
+            node, change, known, state.revision
+        )
+        state.revision = revision
         state.written = time.monotonic()
-        if written is not None:
-            state.stored = written
+        kept = slim(written) if written is not None else None
+        if kept is not None:
+            state.stored = kept
         if state.record is mine:
             state.dirty = False
             state.reset_consumed = False
-            if written is not None:
-                state.record = written
+            if kept is not None:
+                state.record = kept
         else:
             # Heartbeats judged while writing: they keep what the operator wrote too.
+            before = slim(before) if before is not None else None
             state.record = record_rules.operator_changes(state.record, before, known)
             if state.dirty:
                 self.checkpoints.push(node, state)
@@ -863,22 +906,23 @@ class AggregatorActor:
         """Records of this aggregator's partitions it has not in memory (registrations
         answered by another aggregator) are read and taken in."""
         bucket = self.subjects.bucket_name(BUCKET_NODES)
-        values = await kv.latest_values(
-            self.bus,
-            bucket,
-            MAX_NODES,
-            LOAD_TIMEOUT,
-            keep=lambda node: node not in self.nodes and self.owns(node),
-        )
         now = time.monotonic()
-        for node, value in values.items():
-            if node in self.nodes or not self.owns(node):
-                continue
-            try:
-                record = codec.decode(value, NodeRecord, node)
-            except DecodeError:
-                continue  # counted when it was loaded or fetched
-            self.nodes[node] = NodeState(record, now, fresh=True, stored=record)
+        taken: set[str] = set()
+        """Nodes taken in by this scan: a later value of theirs in it replaces them."""
+        async for entries in kv.latest_pages(self.bus, bucket, LOAD_TIMEOUT):
+            for node, value, _ in entries:
+                if not self.owns(node) or (node in self.nodes and node not in taken):
+                    continue
+                if node in taken:
+                    self.nodes.pop(node, None)
+                    taken.discard(node)
+                if value is None or len(self.nodes) >= MAX_NODES:
+                    continue
+                try:
+                    self.nodes[node] = hot_state.from_stored(node, value, now)
+                except DecodeError:
+                    continue  # counted when it was loaded or fetched
+                taken.add(node)
 
     async def _sweep_forever(self) -> None:
         last_full = 0.0
@@ -976,8 +1020,9 @@ class AggregatorActor:
 
     def _adopt(self, state: NodeState, record: NodeRecord) -> None:
         """Take what an operator wrote into ``record`` (read afresh) into memory."""
-        state.record = record_rules.operator_changes(state.record, record, state.stored)
-        state.stored = record
+        kept = slim(record)
+        state.record = record_rules.operator_changes(state.record, kept, state.stored)
+        state.stored = kept
 
     def _on_trust_change(self, node: str) -> None:
         """The trust watch saw ``node``'s key approved or revoked: ``fleetctl forget`` and

@@ -2,7 +2,10 @@
 aggregators.
 
 It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answered from
-memory and a scrape costs the NATS server nothing. Beside an aggregator in the same
+memory and a scrape costs the NATS server nothing. The records it keeps are the bytes the
+bucket holds (:class:`EncodedRecords`), decoded when asked for, and none of a node the
+aggregator beside it holds in memory (it answers from that one): an aggregator process
+keeps each record once, not twice. Beside an aggregator in the same
 process (``fleetctl aggregator``, ``fleetctl up``) it answers from that aggregator's
 in-memory records first (``live``), which are current to the last heartbeat handled;
 ``fleet_nodes`` is only as fresh as the last state change or checkpoint. Runs beside an aggregator
@@ -15,15 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 from collections import Counter as Tally
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import get_args
 
 import msgspec
 from aiohttp import web
 from nats.js.kv import KeyValue
 
-from actors.fleet import labels
+from actors.fleet import hot_state, labels
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import NodeState
 from actors.fleet.labels import Selector
@@ -33,14 +37,67 @@ from actors.runtime.bus import Bus
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import health_page, prometheus_page, serving
 from schemas import codec
-from schemas.base import RecordState
-from schemas.errors import FleetError
+from schemas.base import OpenRecordState, RecordState
+from schemas.errors import DecodeError, FleetError
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 
 STATES: tuple[RecordState, ...] = get_args(RecordState)
 MAX_PAGE = 10_000
 """The most records one ``/nodes`` page holds."""
+RESYNC_CHECK = 1.0
+"""Seconds between checks whether the aggregator beside this API let its nodes go (lost
+the heartbeat lease): the records it held are then read from ``fleet_nodes`` again."""
+
+
+class RecordSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What /metrics counts of a record: decoding only this skips the rest fast (a view
+    of a ``NodeRecord`` for reading, not a wire type)."""
+
+    cluster: str
+    state: OpenRecordState
+
+
+class EncodedRecords(MutableMapping[str, NodeRecord]):
+    """Records by node, kept as their JSON bytes (one object each, a third of the
+    decoded record's memory) and decoded on access; ``raw`` is the bytes by node."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, bytes] = {}
+
+    def __getitem__(self, node: str) -> NodeRecord:
+        return codec.decode(self.raw[node], NodeRecord, node)
+
+    def __setitem__(self, node: str, record: NodeRecord) -> None:
+        self.raw[node] = codec.encode(record)
+
+    def __delitem__(self, node: str) -> None:
+        del self.raw[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def readable(self, skip: Mapping[str, object]) -> dict[str, NodeRecord]:
+        """Every record of a node not in ``skip``, decoded; an unreadable one left out
+        (it was counted when it came)."""
+        found: dict[str, NodeRecord] = {}
+        for node in self.raw:
+            if node not in skip:
+                with contextlib.suppress(DecodeError):
+                    found[node] = self[node]
+        return found
+
+    def summaries(self, skip: Mapping[str, object]) -> list[RecordSummary]:
+        """:class:`RecordSummary` of every record of a node not in ``skip``."""
+        found: list[RecordSummary] = []
+        for node, value in self.raw.items():
+            if node not in skip:
+                with contextlib.suppress(DecodeError):
+                    found.append(codec.decode(value, RecordSummary, node))
+        return found
 
 
 class FleetApiActor:
@@ -64,36 +121,106 @@ class FleetApiActor:
         self.actor_status = actor_status
         self.port: int | None = None
         """The bound port once serving (``http_port = 0`` picks a free one)."""
-        self.records: dict[str, NodeRecord] = {}
+        self.records = EncodedRecords()
+        self._skipped = False
+        """A node was left out of ``records`` because ``live`` held it."""
+        self._missed = False
+        """A record was left out while the aggregator was loading."""
         self.live = live
         """The in-process aggregator's acceptance state (its ``nodes``), if there is one."""
 
     def current(self) -> dict[str, NodeRecord]:
-        """Every record: the live one where the aggregator beside this API owns the node,
-        else the one in ``fleet_nodes``."""
-        if not self.live:
-            return self.records
-        merged = dict(self.records)
-        merged.update((node, state.record) for node, state in self.live.items())
+        """Every record: the live one where the aggregator beside this API owns the node
+        (slim: see :meth:`whole`), else the one in ``fleet_nodes``."""
+        live = self.live or {}
+        merged = self.records.readable(live)
+        merged.update((node, state.record) for node, state in live.items())
         return merged
 
     def record(self, node: str) -> NodeRecord | None:
         state = self.live.get(node) if self.live else None
-        return state.record if state is not None else self.records.get(node)
+        return hot_state.record_of(state) if state is not None else self.records.get(node)
+
+    def whole(self, record: NodeRecord) -> NodeRecord:
+        """The whole record of one :meth:`current` gave: a live one is kept slim (its
+        heartbeat encoded beside it) and is decoded only to be answered."""
+        state = self.live.get(record.node_id) if self.live else None
+        if state is not None and state.record is record:
+            return hot_state.record_of(state)
+        return record
 
     async def _follow(self, bucket: KeyValue) -> None:
-        """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops out."""
+        """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops
+        out, and so does one of a node the aggregator beside this API holds. When that
+        aggregator lets its nodes go, the watch starts again (every current record)."""
+        if self.live is not None:
+            # The aggregator beside this API may be taking the lease and about to load
+            # every record: no copy of them meanwhile. A standby's API starts after this.
+            for _ in range(round(10 * (self.config.lease_ttl + RESYNC_CHECK) / RESYNC_CHECK)):
+                if self._holding():
+                    break
+                await asyncio.sleep(RESYNC_CHECK / 10)
+        while True:
+            self._skipped = self._missed = False
+            follower = asyncio.create_task(self._follow_once(bucket), name="fleet-http-watch")
+            try:
+                while not follower.done() and not (
+                    (self._skipped and not self._holding())
+                    or (self._missed and not self._loading())
+                ):
+                    await asyncio.wait([follower], timeout=RESYNC_CHECK)
+                    self._prune()
+            finally:
+                follower.cancel()
+                results = await asyncio.gather(follower, return_exceptions=True)
+            if isinstance(results[0], Exception):
+                raise results[0]
+            self.records.raw.clear()
 
-        def on_change(node: str, record: NodeRecord | None) -> None:
-            if record is None:
-                self.records.pop(node, None)
+    def _loading(self) -> bool:
+        return bool(getattr(self.live, "loading", False))
+
+    def _holding(self) -> bool:
+        """Whether the aggregator beside this API holds (or is loading) nodes: while it
+        does, the records it skipped are its; once it does not, they are read again."""
+        return bool(self.live) or self._loading()
+
+    def _prune(self) -> None:
+        """Drop the records of nodes the aggregator beside this API took into memory
+        since they came (a cold start loads them while the watch delivers them)."""
+        live = self.live
+        if live and self.records.raw:
+            for node in [node for node in self.records.raw if node in live]:
+                del self.records.raw[node]
+            self._skipped = True
+
+    async def _follow_once(self, bucket: KeyValue) -> None:
+        def on_change(node: str, value: msgspec.Raw | None) -> None:
+            if value is None:
+                self.records.raw.pop(node, None)
+            elif self.live is not None and node in self.live:
+                # Not even decoded: the aggregator's own write of a node it holds.
+                self.records.raw.pop(node, None)
+                self._skipped = True
+            elif getattr(self.live, "loading", False):
+                # The aggregator is loading every record: the watch starts again once it
+                # is done (see _follow), for the records it did not take.
+                self.records.raw.pop(node, None)
+                self._missed = True
             else:
-                self.records[node] = record
+                body = bytes(value)
+                try:
+                    codec.decode(body, NodeRecord, node)
+                except DecodeError:
+                    on_unreadable(node)
+                    self.records.raw.pop(node, None)
+                    return
+                self.records.raw[node] = body
 
         def on_unreadable(node: str) -> None:
             self.metrics.records_unreadable.inc()
 
-        await kv.follow(bucket, NodeRecord, on_change, on_unreadable=on_unreadable)
+        await kv.follow(bucket, msgspec.Raw, on_change, on_unreadable=on_unreadable)
 
     def listing(
         self, cluster: str | None, state: str | None, selectors: list[Selector] | None = None
@@ -129,7 +256,9 @@ class FleetApiActor:
                 headers["Next-After"] = page[-1].node_id
             found = page
         return web.Response(
-            body=msgspec.json.encode(found), content_type="application/json", headers=headers
+            body=msgspec.json.encode([self.whole(record) for record in found]),
+            content_type="application/json",
+            headers=headers,
         )
 
     async def node_page(self, request: web.Request) -> web.Response:
@@ -139,15 +268,17 @@ class FleetApiActor:
         return web.Response(body=codec.encode(record), content_type="application/json")
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        records = self.current()
-        counts = Tally(record.state for record in records.values())
+        live = self.live or {}
+        records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
+        records += [state.record for state in live.values()]
+        counts = Tally(record.state for record in records)
         for state in STATES:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))
         # Every state of every cluster that has a record, zeros included, so an alert on
         # a cluster's active nodes falling low can fire; a cluster with none drops out.
         self.metrics.cluster_nodes.clear()
-        by_cluster = Tally((record.cluster, record.state) for record in records.values())
-        for cluster in {record.cluster for record in records.values()}:
+        by_cluster = Tally((record.cluster, record.state) for record in records)
+        for cluster in {record.cluster for record in records}:
             for state in STATES:
                 count = by_cluster.get((cluster, state), 0)
                 self.metrics.cluster_nodes.labels(cluster, state).set(count)

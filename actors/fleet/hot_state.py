@@ -6,17 +6,27 @@ The aggregator that consumes a node's heartbeats judges each one against this st
 changes (at once) or, for a node that merely keeps beating, once per
 ``checkpoint_interval`` (spread: each node's checkpoint falls due on its own schedule,
 so 100,000 nodes cost ``100_000 / checkpoint_interval`` writes a second, evenly).
+
+Memory: the record kept per node is *slim* (:func:`slim`): its embedded heartbeat keeps
+only what the rules read again (seq, ts, boot, intervals, spot notice, labels), and the
+whole last accepted heartbeat is kept as the bytes it came in (``NodeState.body``, already
+verified and validated), decoded only to write the record or answer the HTTP API
+(:func:`full`). A decoded heartbeat is several KB of Python objects; its bytes are 2-4 KB
+and one object, which the garbage collector never walks.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
 import nacl.signing
 
-from schemas.messages import NodeRecord
+from schemas import codec
+from schemas.messages import Heartbeat, NodeRecord
 
 
 @dataclass(slots=True)
@@ -42,9 +52,22 @@ class NodeState:
     refreshed: float = 0.0
     """Monotonic time the record was last read afresh for a refusal."""
     stored: NodeRecord | None = None
-    """The record as this owner last read it from or wrote it to ``fleet_nodes``: a
-    stored record that differs was written by an operator since (forget, approve; see
-    :func:`record_rules.operator_changes`)."""
+    """The record as this owner last read it from or wrote it to ``fleet_nodes`` (slim,
+    as ``record``): a stored record that differs was written by an operator since
+    (forget, approve; see :func:`record_rules.operator_changes`)."""
+    body: bytes | None = None
+    revision: int | None = None
+    """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
+    next write reads the record first; a write knowing it costs no read)."""
+    """The encoded heartbeat whose slim form ``record.heartbeat`` is (None without one)."""
+
+
+class NodeTable(dict[str, NodeState]):
+    """The owner's :class:`NodeState` by node, which the HTTP API beside it reads;
+    ``loading`` while a cold start fills it (the API then keeps no copy of the records
+    coming in: the owner is about to hold them)."""
+
+    loading: bool = False
 
 
 class CheckpointQueue:
@@ -86,3 +109,71 @@ def spread_written(now: float, interval: float) -> float:
     """A loaded record's ``written``: random within the last ``interval``, so the
     checkpoints of a fleet loaded at once fall due evenly, not all together."""
     return now - random.uniform(0.0, interval)
+
+
+HEAVY_FIELDS: dict[str, object] = {
+    "sample": None,
+    "health": None,
+    "latency": None,
+    "engine": None,
+    "jobs": None,
+    "workloads": [],
+    "scheduler": None,
+}
+"""The heartbeat fields no rule reads from a record's last heartbeat (the new heartbeat's
+own are read while judging it): left out of the slim record, kept in ``body``."""
+
+
+def slim_heartbeat(heartbeat: Heartbeat) -> Heartbeat:
+    """``heartbeat`` without its :data:`HEAVY_FIELDS`."""
+    return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
+
+
+SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels")
+"""Fields a record and its heartbeat hold alike: a decoded record has two copies of each,
+the slim one shares the record's."""
+INTERNED_FIELDS = ("cluster", "agent_version", "schedulability", "state")
+"""Strings most nodes of a fleet have alike: one object each, not one per node."""
+
+
+def slim(record: NodeRecord) -> NodeRecord:
+    """``record`` with its embedded heartbeat slim (the record as kept in memory)."""
+    beat = record.heartbeat
+    if beat is None:
+        return record
+    common = {name: sys.intern(getattr(record, name)) for name in INTERNED_FIELDS}
+    shared: dict[str, object] = {
+        name: common.get(name, getattr(record, name))
+        for name in SHARED_FIELDS
+        if getattr(beat, name) == getattr(record, name)
+    }
+    kept = msgspec.structs.replace(beat, **HEAVY_FIELDS, **shared)
+    return msgspec.structs.replace(record, heartbeat=kept, **common)
+
+
+def full(record: NodeRecord, body: bytes | None) -> NodeRecord:
+    """The whole record of a slim ``record`` whose heartbeat was encoded as ``body``: what
+    is written to ``fleet_nodes`` and what the HTTP API answers. ``body`` was verified
+    and decoded (validated) when it was accepted, or encoded from a stored record."""
+    if body is None or record.heartbeat is None:
+        return record
+    return msgspec.structs.replace(record, heartbeat=codec.decode(body, Heartbeat))
+
+
+def from_record(record: NodeRecord, written: float) -> NodeState:
+    """The state of a node whose whole record was read from ``fleet_nodes``: slim, its
+    heartbeat kept encoded, ``written`` (monotonic) as its last write."""
+    kept = slim(record)
+    body = codec.encode(record.heartbeat) if record.heartbeat is not None else None
+    return NodeState(kept, written, fresh=True, stored=kept, body=body)
+
+
+def from_stored(node: str, value: bytes, written: float) -> NodeState:
+    """The state of ``node`` from its stored record ``value`` (the one way a cold start
+    takes a record into memory); raises DecodeError if ``value`` is not a NodeRecord."""
+    return from_record(codec.decode(value, NodeRecord, node), written)
+
+
+def record_of(state: NodeState) -> NodeRecord:
+    """The node's whole current record (see :func:`full`)."""
+    return full(state.record, state.body)

@@ -102,24 +102,41 @@ class NodeStore:
         must not have effects beyond its return value. An unreadable record returns
         (None, None) without calling ``change``: writing over it blindly could undo what a
         newer aggregator knows."""
+        before, written, _ = await self.update_known(node, change)
+        return before, written
+
+    async def update_known(
+        self,
+        node: str,
+        change: Change,
+        known: NodeRecord | None = None,
+        revision: int | None = None,
+    ) -> tuple[NodeRecord | None, NodeRecord | None, int | None]:
+        """:meth:`update`, plus the revision written (or read, when nothing was). With
+        ``known`` at ``revision`` (the record as the caller last read or wrote it), the
+        first attempt takes it as current without reading: a write by anybody else in
+        between fails the compare-and-set, and the record is read as usual."""
         nodes = await self._nodes()
-        for _ in range(CAS_ATTEMPTS):
-            try:
-                current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
-            except DecodeError as exc:
-                self.metrics.records_unreadable.inc()
-                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-                return None, None
+        for attempt in range(CAS_ATTEMPTS):
+            if attempt == 0 and known is not None and revision is not None:
+                current: NodeRecord | None = known
+            else:
+                try:
+                    current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
+                except DecodeError as exc:
+                    self.metrics.records_unreadable.inc()
+                    log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+                    return None, None, None
             updated = change(current)
             if updated is None:
-                return current, None
+                return current, None, revision
             body = codec.encode(updated)
             try:
                 if revision is None:
-                    await nodes.create(node, body)
+                    written = await nodes.create(node, body)
                 else:
-                    await nodes.update(node, body, last=revision)
-                return current, updated
+                    written = await nodes.update(node, body, last=revision)
+                return current, updated, written
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError) as exc:
                 log.debug(
                     "record changed underneath; retrying", extra={"node": node, "reason": str(exc)}

@@ -170,6 +170,86 @@ def accept(
     )
 
 
+def state_of(
+    deregistered: bool,
+    offline_since: float | None,
+    stale_since: float | None,
+    schedulability: str,
+    health_status: str | None,
+    last_seq: int,
+) -> RecordState:
+    """:func:`derive_state` from the facts themselves (no record built first)."""
+    if deregistered:
+        return "deregistered"
+    if offline_since is not None:
+        return "offline"
+    if stale_since is not None:
+        return "stale"
+    held = HELD_STATES.get(schedulability)
+    if held is not None:
+        return held
+    if health_status == "unhealthy":
+        return "unhealthy"
+    if health_status == "degraded":
+        return "degraded"
+    if last_seq > 0:
+        return "active"
+    return "pending"
+
+
+def accepted(
+    previous: NodeRecord,
+    heartbeat: Heartbeat,
+    public_key: str,
+    now: float,
+    stream_seq: int,
+    stored: float | None,
+    fingerprint: list[str] | None,
+    kept: Heartbeat | None = None,
+) -> NodeRecord:
+    """``with_lifecycle(previous, accept(previous, heartbeat, ...), heartbeat)`` built in
+    one step (the hot path's; one record per heartbeat, not four), with ``kept`` as the
+    record's heartbeat (default ``heartbeat``; the aggregator keeps a slim one) and
+    ``fingerprint`` the one :func:`gpu_fingerprint` gives for ``heartbeat``."""
+    health = heartbeat.health
+    status = health.status if health else previous.health_status
+    deregistering = heartbeat.deregistering
+    changes: dict[str, object] = {
+        "cluster": heartbeat.cluster,
+        "last_seq": heartbeat.seq,
+        "last_seen": now,
+        "boot_id": heartbeat.boot_id,
+        "public_key": public_key,
+        "schedulability": heartbeat.schedulability,
+        "health_status": status,
+        "health_score": health.score if health else previous.health_score,
+        "gpus_total": len(heartbeat.sample.gpus) if heartbeat.sample else 0,
+        "stale_since": None,
+        "offline_since": None,
+        "deregistered": deregistering,
+        "agent_version": heartbeat.agent_version,
+        "heartbeat": heartbeat if kept is None else kept,
+        "last_stream_seq": stream_seq,
+        "last_stored": stored,
+        "pending_since": None,
+        "seq_reset": False,
+        "created": previous.created if previous.created is not None else now,
+        "labels": heartbeat.labels,
+        "refused": "",
+        "refused_at": None,
+        "state": state_of(
+            deregistering, None, None, heartbeat.schedulability, status, heartbeat.seq
+        ),
+    }
+    if fingerprint is not None and fingerprint != previous.gpu_fingerprint:
+        changes["gpu_fingerprint"] = fingerprint
+    if deregistering and not previous.deregistered:
+        changes["deregistered_by"] = "node"
+        changes["deregistered_reason"] = heartbeat.schedulability_reason
+        changes["deregistered_at"] = now
+    return msgspec.structs.replace(previous, **changes)
+
+
 def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSpec]:
     """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
     when the node says it is leaving; each with a deterministic ``event`` for its id."""
@@ -323,11 +403,14 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     return with_state(updated, **changes) if changes else updated
 
 
-def hardware_alert(previous: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:
+def hardware_alert(
+    previous: NodeRecord, heartbeat: Heartbeat, fingerprint: list[str] | None = None
+) -> AlertSpec | None:
     """``hardware_changed`` when the GPUs in ``heartbeat`` are not the ones the record
     knew (a GPU swapped: its uuid changed; a GPU gone or added), with both lists. A record
-    without a fingerprint yet (first sample, older aggregator) knows nothing to compare."""
-    after = gpu_fingerprint(heartbeat)
+    without a fingerprint yet (first sample, older aggregator) knows nothing to compare.
+    ``fingerprint``: :func:`gpu_fingerprint` of ``heartbeat``, if already computed."""
+    after = fingerprint if fingerprint is not None else gpu_fingerprint(heartbeat)
     before = list(previous.gpu_fingerprint)
     if after is None or not before or after == before:
         return None

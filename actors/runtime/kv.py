@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import msgspec
@@ -97,30 +97,44 @@ async def latest_entries(
     keep: Callable[[str], bool] | None = None,
 ) -> dict[str, tuple[bytes, int]]:
     """:func:`latest_values` with each value's revision (for compare-and-set)."""
-    stream = f"KV_{bucket}"
-    prefix = f"$KV.{bucket}."
     latest: dict[str, tuple[bytes | None, int]] = {}
-    deadline = asyncio.get_running_loop().time() + timeout
     partial = False
-    seq = 1
-    while True:
-        left = deadline - asyncio.get_running_loop().time()
-        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
-        for (key, value), revision in zip(page.entries, page.revisions, strict=True):
+    async for entries in latest_pages(bus, bucket, timeout):
+        for key, value, revision in entries:
             if keep is not None and not keep(key):
                 continue
             if key in latest or len(latest) < limit:
                 latest[key] = (value, revision)
             else:
                 partial = True
-        if page.pending == 0:
-            break
-        seq = page.last_seq + 1
     if partial:
         log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
     return {
         key: (value, revision) for key, (value, revision) in latest.items() if value is not None
     }
+
+
+async def latest_pages(
+    bus: Bus, bucket: str, timeout: float
+) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
+    """The scan :func:`latest_values` makes, page by page as it reads them (a caller
+    that takes each page in at once never holds the whole bucket's bytes): (key, value,
+    revision) in stream order, value None for a delete or purge. A key rewritten during
+    the scan comes again later (its last value is the current one)."""
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    deadline = asyncio.get_running_loop().time() + timeout
+    seq = 1
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
+        yield [
+            (key, value, revision)
+            for (key, value), revision in zip(page.entries, page.revisions, strict=True)
+        ]
+        if page.pending == 0:
+            break
+        seq = page.last_seq + 1
 
 
 async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:

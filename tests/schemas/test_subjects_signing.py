@@ -87,3 +87,20 @@ def test_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
     path.write_text("not a seed")
     with pytest.raises(KeyFileError, match="not an nkey seed"):
         signing.load_key_file(path)
+
+
+def _bitwise_crc16(data: bytes) -> int:
+    """CRC-16/XMODEM bit by bit, as the nkeys specification gives it."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc
+
+
+@given(st.binary(max_size=64))
+def test_nkey_checksum_is_crc16_xmodem(data: bytes) -> None:
+    """The C checksum nkeys are checked with equals the specification's bitwise one."""
+    assert signing._crc16(data) == _bitwise_crc16(data)

@@ -1,0 +1,168 @@
+"""The aggregator's lean in-memory state: one record built per heartbeat, slim records
+with the heartbeat's bytes beside them, and the fleet API's encoded records."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.cli.simulate import SimOptions, template
+from actors.fleet import hot_state, record_rules
+from actors.fleet.fleet_api import EncodedRecords, RecordSummary
+from schemas import codec
+from schemas.events import Health, Interruption, SpotStatus
+from schemas.messages import Heartbeat, NodeRecord
+from tests.fleet.test_lifecycle_rules import gpus
+from tests.support.fleet import heartbeat
+
+SIM_BEAT = codec.decode(
+    template("n1", SimOptions(nodes=1, rate=1.0, duration=1.0), "b1")
+    .replace(b"987654321987654", b"7")
+    .replace(b"1111111111.0625", b"1700000000.5"),
+    Heartbeat,
+)
+"""A simulated node's whole heartbeat: 8 GPUs, health checks, latency, jobs."""
+
+healths = st.none() | st.builds(
+    Health,
+    ts=st.just(1.0),
+    status=st.sampled_from(["healthy", "degraded", "unhealthy"]),
+    score=st.integers(0, 100),
+)
+samples = st.none() | st.lists(st.sampled_from(["GPU-a", "GPU-b", "GPU-c"]), unique=True).map(
+    lambda uuids: gpus(*uuids)
+)
+notices = st.none() | st.builds(
+    Interruption,
+    ts=st.just(1.0),
+    provider=st.just("aws"),
+    kind=st.sampled_from(["terminate", "rebalance"]),
+)
+
+
+@st.composite
+def previous_records(draw: st.DrawFn) -> NodeRecord:
+    """A record as the aggregator may hold it when a heartbeat comes: pending, accepted,
+    stale, offline, refused, deregistered, with a seq reset or a fingerprint."""
+    record = record_rules.pending_record("n1", "c1", draw(st.sampled_from(["", "UOLD"])))
+    if draw(st.booleans()):
+        beat = heartbeat(seq=draw(st.integers(1, 5)), sample=draw(samples))
+        record = record_rules.with_lifecycle(
+            record, record_rules.accept(record, beat, "UOLD", 50.0), beat
+        )
+    changes: dict[str, object] = {}
+    if draw(st.booleans()):
+        changes["stale_since"] = 60.0
+        if draw(st.booleans()):
+            changes["offline_since"] = 70.0
+    if draw(st.booleans()):
+        changes["deregistered"] = True
+        changes["deregistered_by"] = draw(st.sampled_from(["node", "UOP"]))
+        changes["deregistered_at"] = 65.0
+    if draw(st.booleans()):
+        changes["refused"], changes["refused_at"] = "replay", 66.0
+    changes["seq_reset"] = draw(st.booleans())
+    changes["health_status"] = draw(st.sampled_from([None, "healthy", "degraded"]))
+    changes["created"] = draw(st.sampled_from([None, 40.0]))
+    return record_rules.with_state(record, **changes)
+
+
+@st.composite
+def heartbeats(draw: st.DrawFn) -> Heartbeat:
+    return heartbeat(
+        seq=draw(st.integers(1, 10)),
+        boot_id=draw(st.sampled_from(["b1", "b2"])),
+        schedulability=draw(st.sampled_from(["schedulable", "cordoned", "draining"])),
+        health=draw(healths),
+        sample=draw(samples),
+        spot=SpotStatus(notice=draw(notices)),
+        deregistering=draw(st.booleans()),
+        schedulability_reason=draw(st.sampled_from(["", "leaving"])),
+        labels=draw(st.sampled_from([{}, {"zone": "a"}])),
+    )
+
+
+@given(previous_records(), heartbeats(), st.sampled_from(["UOLD", "UNEW"]))
+def test_one_step_accept_is_accept_then_lifecycle(
+    previous: NodeRecord, beat: Heartbeat, key: str
+) -> None:
+    """The hot path's one-step record equals the rules' accept then with_lifecycle, field
+    for field and byte for byte."""
+    slow = record_rules.with_lifecycle(
+        previous, record_rules.accept(previous, beat, key, 100.0, 9, 99.0), beat
+    )
+    fast = record_rules.accepted(
+        previous, beat, key, 100.0, 9, 99.0, record_rules.gpu_fingerprint(beat)
+    )
+    assert fast == slow
+    assert codec.encode(fast) == codec.encode(slow)
+
+
+def test_slim_record_writes_exactly_the_whole_one() -> None:
+    """A record kept slim with its heartbeat's bytes encodes to exactly the bytes of the
+    whole record, and keeps every field the rules read of a last heartbeat."""
+    whole = record_rules.accepted(
+        record_rules.pending_record("n1", "c1"),
+        SIM_BEAT,
+        "U",
+        100.0,
+        3,
+        99.0,
+        record_rules.gpu_fingerprint(SIM_BEAT),
+    )
+    kept = hot_state.slim(whole)
+    assert kept.heartbeat is not None and kept.heartbeat.sample is None
+    assert kept.heartbeat.health is None and kept.heartbeat.workloads == []
+    for name in ("seq", "ts", "boot_id", "interval", "stale_after", "spot", "labels"):
+        assert getattr(kept.heartbeat, name) == getattr(SIM_BEAT, name)
+    body = codec.encode(SIM_BEAT)
+    assert codec.encode(hot_state.full(kept, body)) == codec.encode(whole)
+    state = hot_state.from_stored("n1", codec.encode(whole), 5.0)
+    assert state.record == kept and state.stored is state.record and state.fresh
+    assert codec.encode(hot_state.record_of(state)) == codec.encode(whole)
+    without = record_rules.pending_record("n1", "c1")
+    assert hot_state.slim(without) is without
+    assert hot_state.from_stored("n1", codec.encode(without), 5.0).body is None
+
+
+def test_slim_record_is_a_fraction_of_the_whole() -> None:
+    """What the aggregator keeps per node (slim record and bytes) is well under the
+    decoded whole record (tracemalloc)."""
+    import tracemalloc
+
+    value = codec.encode(
+        record_rules.accepted(
+            record_rules.pending_record("n1", "c1"), SIM_BEAT, "U", 1.0, 1, 1.0, None
+        )
+    )
+    tracemalloc.start()
+    wholes = [codec.decode(value, NodeRecord) for _ in range(200)]
+    whole_size = tracemalloc.get_traced_memory()[0] / 200
+    tracemalloc.stop()
+    del wholes
+    tracemalloc.start()
+    states = [hot_state.from_stored("n1", value, 1.0) for _ in range(200)]
+    lean_size = tracemalloc.get_traced_memory()[0] / 200
+    tracemalloc.stop()
+    assert len(states) == 200
+    assert lean_size < 0.7 * whole_size
+
+
+def test_encoded_records_decode_on_access() -> None:
+    """The fleet API's records are kept as bytes and read back equal; summaries and
+    readable leave out the nodes asked to skip and unreadable bytes."""
+    records = EncodedRecords()
+    one = record_rules.pending_record("n1", "c1")
+    records["n1"] = one
+    records["n2"] = record_rules.with_state(one, node_id="n2", cluster="c2")
+    records.raw["n3"] = b'{"node_id": "n3", "state": 7}'
+    assert records["n1"] == one and isinstance(records.raw["n1"], bytes)
+    assert sorted(records.readable({"n2": None})) == ["n1"]
+    assert records.summaries({}) == [
+        RecordSummary(cluster="c1", state="pending"),
+        RecordSummary(cluster="c2", state="pending"),
+    ]
+    del records["n1"]
+    assert list(records) == ["n2", "n3"] and len(records) == 2
+    assert msgspec.structs.asdict(records["n2"])["cluster"] == "c2"
