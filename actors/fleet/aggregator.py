@@ -319,6 +319,7 @@ class AggregatorActor:
             del self.nodes[node]
             self.stale.discard(node)
             self.refusals.forget(node)
+        self.nodes.released += 1
         writing = [self._writing[node] for node in dropped if node in self._writing]
         if writing:
             await asyncio.wait(writing, timeout=self.config.lease_ttl / 4)

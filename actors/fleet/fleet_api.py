@@ -162,11 +162,13 @@ class FleetApiActor:
                 await asyncio.sleep(RESYNC_CHECK / 10)
         while True:
             self._skipped = self._missed = False
+            released = self._released()
             follower = asyncio.create_task(self._follow_once(bucket), name="fleet-http-watch")
             try:
                 while not follower.done() and not (
                     (self._skipped and not self._holding())
                     or (self._missed and not self._loading())
+                    or (self._released() != released and not self._loading())
                 ):
                     await asyncio.wait([follower], timeout=RESYNC_CHECK)
                     self._prune()
@@ -179,6 +181,11 @@ class FleetApiActor:
 
     def _loading(self) -> bool:
         return bool(getattr(self.live, "loading", False))
+
+    def _released(self) -> int:
+        """How often the aggregator beside this API let nodes go: the records it skipped
+        of those nodes are read again (another aggregator holds them now)."""
+        return int(getattr(self.live, "released", 0))
 
     def _holding(self) -> bool:
         """Whether the aggregator beside this API holds (or is loading) nodes: while it

@@ -65,9 +65,11 @@ class NodeState:
 class NodeTable(dict[str, NodeState]):
     """The owner's :class:`NodeState` by node, which the HTTP API beside it reads;
     ``loading`` while a cold start fills it (the API then keeps no copy of the records
-    coming in: the owner is about to hold them)."""
+    coming in: the owner is about to hold them); ``released`` counts the times the owner
+    let nodes go (a partition lost or handed on: the API reads their records again)."""
 
     loading: bool = False
+    released: int = 0
 
 
 class CheckpointQueue:

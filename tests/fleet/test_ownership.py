@@ -21,9 +21,16 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.messages import NodeRecord
-from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, Subjects
+from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, Subjects, partition_of
 from tests.fleet.test_aggregator import watch_alerts
-from tests.support.fleet import TEST_BUDGETS, TEST_LIMITS, Fleet, heartbeat, wait_for
+from tests.support.fleet import (
+    TEST_BUDGETS,
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_fleet_api,
+    wait_for,
+)
 
 TTL = TEST_BUDGETS.lease_ttl
 N = TEST_LIMITS.partitions
@@ -272,3 +279,31 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         assert node in staying.nodes and staying.nodes[node].record.last_seq > old_seq
     assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
     assert records.records[node].last_seq > old_seq
+
+
+@pytest.mark.slow
+async def test_fleet_api_beside_an_aggregator_still_lists_the_nodes_of_a_partition_it_lost(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """The HTTP API beside an aggregator answers from its in-memory records and skips
+    their KV copies; when the aggregator loses a partition (its lease fenced: nothing
+    written on the way out), that partition's nodes are read from fleet_nodes again at
+    once, not at the next owner's checkpoint (here: nobody claims it for 30 s and
+    checkpoints are 120 s apart, so only the re-read can bring them back)."""
+    nodes = Nodes(bus, prefix)
+    await nodes.approve()
+    slow = {"checkpoint_interval": 120.0, "lease_ttl": 30.0}
+    async with nodes.beating():
+        aggregator = actor_of(await fleet.start_aggregator(await fleet.connect("agg"), **slow))
+        api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.nodes)
+        await fleet.start_supervisor(api)
+        await wait_for(lambda: split([aggregator]) == [N] and served([aggregator]))
+        await wait_for(lambda: set(aggregator.nodes) == set(NODES))
+        await wait_for(lambda: set(api.current()) == set(NODES))
+        assert api.records.raw == {}  # every node answered from memory
+        lost = partition_of(NODES[0], N)
+        assert aggregator.partitions is not None
+        await aggregator.partitions._drop({lost})
+        assert NODES[0] not in aggregator.nodes
+        await wait_for(lambda: set(api.current()) == set(NODES), timeout=5)
+        assert NODES[0] in api.records.raw

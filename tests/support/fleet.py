@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.forget_service import ForgetActor
+from actors.fleet.hot_state import NodeState
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.fleet.streams import StreamLimits
@@ -80,11 +81,17 @@ def new_aggregator(
 
 
 def new_fleet_api(
-    bus: NatsBus, prefix: str, metrics: AggregatorMetrics, actor_status: StatusSource = dict
+    bus: NatsBus,
+    prefix: str,
+    metrics: AggregatorMetrics,
+    actor_status: StatusSource = dict,
+    live: Mapping[str, NodeState] | None = None,
 ) -> FleetApiActor:
     """The fleet HTTP API on a free loopback port, built in one place like the aggregator;
-    its /healthz asks ``actor_status``."""
-    return FleetApiActor(AggregatorConfig(prefix=prefix, http_port=0), bus, metrics, actor_status)
+    its /healthz asks ``actor_status``; ``live``: the in-memory records of the aggregator
+    beside it."""
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    return FleetApiActor(config, bus, metrics, actor_status, live)
 
 
 async def supervised(actors: list[Actor], ready_timeout: float = 10.0) -> Supervisor:
