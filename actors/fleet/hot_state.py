@@ -56,10 +56,10 @@ class NodeState:
     as ``record``): a stored record that differs was written by an operator since
     (forget, approve; see :func:`record_rules.operator_changes`)."""
     body: bytes | None = None
+    """The encoded heartbeat whose slim form ``record.heartbeat`` is (None without one)."""
     revision: int | None = None
     """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
     next write reads the record first; a write knowing it costs no read)."""
-    """The encoded heartbeat whose slim form ``record.heartbeat`` is (None without one)."""
 
 
 class NodeTable(dict[str, NodeState]):
