@@ -121,21 +121,7 @@ def verify(headers: Mapping[str, str] | None, body: bytes) -> str:
     if not headers or HEADER_KEY not in headers or HEADER_SIG not in headers:
         raise SignatureError("missing Fleet-Key or Fleet-Sig header")
     public_key = headers[HEADER_KEY]
-    try:
-        key = nacl.signing.VerifyKey(public_key_bytes(public_key))
-    except ValueError as exc:
-        raise SignatureError(f"bad Fleet-Key: {exc}", public_key[:64]) from None
-    try:
-        # ValueError covers binascii.Error and non-ASCII text (b64decode's own check).
-        signature = base64.b64decode(headers[HEADER_SIG], validate=True)
-    except ValueError:
-        raise SignatureError("Fleet-Sig is not base64", public_key) from None
-    if len(signature) != 64:
-        raise SignatureError("Fleet-Sig is not 64 bytes", public_key)
-    try:
-        key.verify(body, signature)
-    except nacl.exceptions.BadSignatureError:
-        raise SignatureError("signature does not match the body", public_key) from None
+    verify_with(verify_key(public_key), public_key, headers, body)
     return public_key
 
 
@@ -155,6 +141,7 @@ def verify_with(
     if HEADER_SIG not in headers:
         raise SignatureError("missing Fleet-Key or Fleet-Sig header")
     try:
+        # ValueError covers binascii.Error and non-ASCII text (b64decode's own check).
         signature = base64.b64decode(headers.get(HEADER_SIG, ""), validate=True)
     except ValueError:
         raise SignatureError("Fleet-Sig is not base64", public_key) from None
