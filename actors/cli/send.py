@@ -394,6 +394,27 @@ async def cmd_command(args: argparse.Namespace) -> int:
             await unsubscribe_quietly(subscription)
 
 
+def add_signed_command_options(sub: argparse.ArgumentParser) -> None:
+    """The options every signed command to one node takes (``cordon`` ... and the
+    workload commands): its cluster, the command's lifetime, the operator key, the server."""
+    sub.add_argument(
+        "--cluster", type=token("cluster"), help="the node's cluster (default: its record's)"
+    )
+    sub.add_argument(
+        "--expires",
+        type=POSITIVE,
+        default=3600.0,
+        help="seconds the command stays valid (default 3600)",
+    )
+    sub.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
+    )
+    add_server(sub)
+
+
 def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add cordon, drain, uncordon, deregister and command to fleetctl's subcommands."""
     helps = {
@@ -421,22 +442,7 @@ def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPa
         sub.add_argument(
             "--timeout", type=POSITIVE, default=None, help="--wait limit (default deadline + 60 s)"
         )
-        sub.add_argument(
-            "--cluster", type=token("cluster"), help="the node's cluster (default: its record's)"
-        )
-        sub.add_argument(
-            "--expires",
-            type=POSITIVE,
-            default=3600.0,
-            help="seconds the command stays valid (default 3600)",
-        )
-        sub.add_argument(
-            "--key-file",
-            type=Path,
-            default=None,
-            help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
-        )
-        add_server(sub)
+        add_signed_command_options(sub)
         sub.set_defaults(func=cmd_send)
 
     command = commands.add_parser(

@@ -9,12 +9,11 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 
 from actors.cli import send, views
-from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_operator_key, token
+from actors.cli.common import add_server, connected, token
 from actors.fleet import registry
 from schemas.messages import Action, NodeRecord
 from schemas.subjects import Subjects
@@ -194,22 +193,7 @@ def add_workload_parsers(
             default=None,
             help="--wait limit (default: ready timeout + 60 s)",
         )
-        sub.add_argument(
-            "--cluster", type=token("cluster"), help="the node's cluster (default: its record's)"
-        )
-        sub.add_argument(
-            "--expires",
-            type=send.POSITIVE,
-            default=3600.0,
-            help="seconds the command stays valid (default 3600)",
-        )
-        sub.add_argument(
-            "--key-file",
-            type=Path,
-            default=None,
-            help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
-        )
-        add_server(sub)
+        send.add_signed_command_options(sub)
         sub.set_defaults(func=send.cmd_send, build_action=build)
 
     listing = commands.add_parser(
