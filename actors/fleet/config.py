@@ -72,7 +72,7 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """FLEET_HB is split into this many partitions, each consumed by one aggregator at a
     time; used only when the stream is created (an existing stream keeps its N: README,
     "How partitions work")."""
-    fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.1
+    fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.25
     """Seconds to wait after a fetch that came back short (caught up) before the next,
     so fetches and acks are paid per batch, not per heartbeat; adds at most this much
     to a heartbeat's publish-to-record latency."""

@@ -210,7 +210,9 @@ class BatchPuller:
 
     async def fetch(self, batch: int, expires: float) -> list[Msg]:
         """Up to ``batch`` messages: what is there and what arrives within ``expires``
-        seconds. A deleted consumer is created again, as :meth:`DurableConsumer.fetch`."""
+        seconds, or with ``expires`` 0 only what is there now (a ``no_wait`` pull: the
+        server sends it in one burst and ends with a 404 status). A deleted consumer is
+        created again, as :meth:`DurableConsumer.fetch`."""
         consumer = self.consumer
         if consumer.missing:
             if not await consumer._recreate():
@@ -221,7 +223,11 @@ class BatchPuller:
             self._subscription = await self.bus.subscribe(self._inbox, self._on_message)
         self._batch, self._wanted, self._status = [], batch, ""
         self._done.clear()
-        request = {"batch": batch, "expires": int(expires * 1e9)}
+        request: dict[str, object] = {"batch": batch}
+        if expires:
+            request["expires"] = int(expires * 1e9)
+        else:
+            request["no_wait"] = True
         subject = f"{self.bus.js_api_prefix}.CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.durable}"
         await self.bus.publish(subject, json.dumps(request).encode(), reply=self._inbox)
         try:
@@ -229,14 +235,17 @@ class BatchPuller:
         except TimeoutError:
             pass
         messages, self._batch = self._batch, []
-        if self._status in ("503", "409") or (self._status == "404" and not messages):
-            # 503: no responders (consumer gone); 409: consumer deleted under the pull.
-            if self._status != "404" and not await consumer._exists():
-                consumer.missing = f"consumer {consumer.durable} was deleted ({self._status})"
-                log.warning(
-                    "durable consumer missing; creating it again",
-                    extra={"consumer": consumer.durable, "stream": consumer.stream},
-                )
+        # 503: no responders (consumer gone); 409: consumer deleted under the pull; 404
+        # ends every no_wait pull that found less than asked, a long poll only if gone.
+        gone = self._status in ("503", "409") or (
+            self._status == "404" and expires > 0 and not messages
+        )
+        if gone and not await consumer._exists():
+            consumer.missing = f"consumer {consumer.durable} was deleted ({self._status})"
+            log.warning(
+                "durable consumer missing; creating it again",
+                extra={"consumer": consumer.durable, "stream": consumer.stream},
+            )
         return messages
 
 
@@ -260,25 +269,34 @@ async def consume_in_batches(
     (AckTerm) and the rest goes on, so one poison message neither stalls the consumer
     nor is redelivered forever; a bus error is retried in place (TRANSIENT_ATTEMPTS),
     then raised: nothing of the fetch is acked, so the restarted actor (or another
-    owner) gets it all again after ``ack_wait``. A pull lasts ``linger`` seconds (or
-    until ``batch`` messages came), so a caught-up consumer still handles and acks many
-    messages at once: a fetch and an ack cost about as much as a signature check, and
-    would otherwise be paid per message."""
+    owner) gets it all again after ``ack_wait``. A consumer that caught up waits
+    ``linger`` seconds before its next fetch, so it still handles and acks many messages
+    at once: a fetch and an ack cost about as much as a signature check, and would
+    otherwise be paid per message."""
     while True:
         try:
-            messages = await consumer.fetch(batch, linger or wait)
+            # What the stream holds now, in one burst: a pull that gathered messages as
+            # they arrived would wake this process once per message, a burst once per
+            # read. Nothing there: wait (up to ``wait``) for the next message.
+            messages = await consumer.fetch(batch, 0.0)
+            if not messages:
+                messages = await consumer.fetch(1, wait)
         except nats.errors.ConnectionClosedError:
             raise
         except nats.errors.Error as exc:
             log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
             await asyncio.sleep(1.0)
             continue
-        if not messages:
-            continue
-        chains = await handle(messages)
-        if chains:
-            await asyncio.gather(*(run_chain(chain, what, dropped) for chain in chains))
-        await messages[-1].ack()
+        if messages:
+            chains = await handle(messages)
+            if chains:
+                await asyncio.gather(*(run_chain(chain, what, dropped) for chain in chains))
+            await messages[-1].ack()
+        if len(messages) < batch and linger:
+            # Caught up: let the next messages gather, so a fetch and an ack are paid per
+            # batch. Every loop wakes on the same beat of the clock: the fetches of all of
+            # an aggregator's partitions leave in one socket write, and come back together.
+            await asyncio.sleep(linger - asyncio.get_running_loop().time() % linger)
 
 
 async def run_chain(chain: Chain, what: str, dropped: DropCounter) -> None:
