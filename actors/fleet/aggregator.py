@@ -625,6 +625,22 @@ class AggregatorActor:
         now = time.time()
         node = heartbeat.node_id
         state = self.nodes.get(node)
+        fingerprint = record_rules.gpu_fingerprint(heartbeat)
+        if state is not None and record_rules.is_steady(
+            state.record, heartbeat, public_key, fingerprint
+        ):
+            # Most heartbeats: no alert, no transition, only the next checkpoint to make.
+            state.record = record_rules.steady_beat(
+                state.record,
+                heartbeat,
+                now,
+                stream_seq,
+                stored,
+                hot_state.slim_heartbeat(heartbeat),
+            )
+            self._took(node, state, heartbeat, body)
+            self.checkpoints.push(node, state)
+            return []
         previous = (
             state.record
             if state is not None
@@ -668,7 +684,6 @@ class AggregatorActor:
                 # (its agent exits on learning it).
                 raise _NeedsFetch
             raise Refused(left.kind, left.message, **left.details)
-        fingerprint = record_rules.gpu_fingerprint(heartbeat)
         # The record kept in memory is slim; the heartbeat's bytes are kept beside it.
         after = record_rules.accepted(
             previous,
@@ -680,7 +695,6 @@ class AggregatorActor:
             fingerprint,
             hot_state.slim_heartbeat(heartbeat),
         )
-        self.refusals.on_accepted(node)
         if state is None:
             state = self.nodes[node] = NodeState(after, time.monotonic())
             if self._new_verifier is not None and self._new_verifier[0] == public_key:
@@ -689,15 +703,12 @@ class AggregatorActor:
         else:
             state.record = after
             transition = record_rules.is_transition(previous, after)
-        state.body = body or codec.encode(heartbeat)
         if previous.seq_reset:
             state.reset_consumed = True
         # The first heartbeat after a load may follow heartbeats accepted but not yet
         # checkpointed by the previous owner: no gap to report.
         gaps = not behind and not state.fresh
-        state.fresh = False
-        state.dirty = True
-        self._accepted += 1
+        self._took(node, state, heartbeat, body)
         steps: list[Step] = []
         hardware = record_rules.hardware_alert(previous, heartbeat, fingerprint)
         for kind, message, details, severity in record_rules.heartbeat_alerts(
@@ -724,6 +735,14 @@ class AggregatorActor:
         else:
             self.checkpoints.push(node, state)
         return steps
+
+    def _took(self, node: str, state: NodeState, heartbeat: Heartbeat, body: bytes) -> None:
+        """What every accepted heartbeat does to its node's state, beside its record."""
+        self.refusals.on_accepted(node)
+        state.body = body or codec.encode(heartbeat)
+        state.fresh = False
+        state.dirty = True
+        self._accepted += 1
 
     async def write(self, node: str) -> None:
         """Write the node's in-memory record to ``fleet_nodes`` (compare-and-set, read
@@ -1113,9 +1132,13 @@ class AggregatorActor:
                 node, registration.cluster, registration.public_key, since=now
             )
 
-        before, created = await self.store.update(node, change)
+        before, created, revision = await self.store.update_known(node, change)
         if created is not None:
             self.pending += 1
+            if self.owns(node) and node not in self.nodes:
+                # The node's first heartbeat comes here: its record is known, not read.
+                state = self.nodes[node] = hot_state.from_record(created, time.monotonic())
+                state.revision = revision
         elif before is None and status == "pending":
             return RegistrationReply(
                 node_id=node, status="rejected", reason="too many pending registrations"

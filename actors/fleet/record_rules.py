@@ -250,6 +250,70 @@ def accepted(
     return msgspec.structs.replace(previous, **changes)
 
 
+def is_steady(
+    previous: NodeRecord, heartbeat: Heartbeat, public_key: str, fingerprint: list[str] | None
+) -> bool:
+    """Whether accepting ``heartbeat`` after ``previous`` changes nothing but the beat
+    itself: the next seq of the same boot under the same key, on time, the same state,
+    health status, schedulability, version, labels and GPUs, no notice, nothing to clear.
+    Then :func:`steady_beat` is :func:`accepted`'s record, with no alert and no transition
+    (tests/fleet/test_lean_state.py checks both), for a fraction of the work: most
+    heartbeats of a fleet are steady ones."""
+    health = heartbeat.health
+    last = previous.heartbeat
+    return (
+        previous.last_seq > 0
+        and heartbeat.seq == previous.last_seq + 1
+        and last is not None
+        and heartbeat.ts - last.ts <= ANOMALY_FACTOR * heartbeat.interval
+        and public_key == previous.public_key
+        and heartbeat.boot_id == previous.boot_id
+        and heartbeat.cluster == previous.cluster
+        and heartbeat.schedulability == previous.schedulability
+        and heartbeat.agent_version == previous.agent_version
+        and (health is None or health.status == previous.health_status)
+        and (fingerprint is None or fingerprint == previous.gpu_fingerprint)
+        and (heartbeat.spot is None or heartbeat.spot.notice is None)
+        and not heartbeat.deregistering
+        and not previous.deregistered
+        and not previous.seq_reset
+        and previous.stale_since is None
+        and previous.offline_since is None
+        and previous.pending_since is None
+        and not previous.refused
+        and previous.refused_at is None
+        and previous.created is not None
+        and heartbeat.labels == previous.labels
+        and previous.state
+        == state_of(
+            False, None, None, heartbeat.schedulability, previous.health_status, heartbeat.seq
+        )
+    )
+
+
+def steady_beat(
+    previous: NodeRecord,
+    heartbeat: Heartbeat,
+    now: float,
+    stream_seq: int,
+    stored: float | None,
+    kept: Heartbeat,
+) -> NodeRecord:
+    """:func:`accepted`'s record for a heartbeat :func:`is_steady` allows: only the fields
+    a steady beat changes are set."""
+    health = heartbeat.health
+    return msgspec.structs.replace(
+        previous,
+        last_seq=heartbeat.seq,
+        last_seen=now,
+        health_score=health.score if health else previous.health_score,
+        gpus_total=len(heartbeat.sample.gpus) if heartbeat.sample else 0,
+        heartbeat=kept,
+        last_stream_seq=stream_seq,
+        last_stored=stored,
+    )
+
+
 def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSpec]:
     """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
     when the node says it is leaving; each with a deterministic ``event`` for its id."""
@@ -378,7 +442,7 @@ def gpu_fingerprint(heartbeat: Heartbeat) -> list[str] | None:
     """The sorted GPU uuids of ``heartbeat``; None without a sample (nothing to compare)."""
     if heartbeat.sample is None:
         return None
-    return sorted(gpu.uuid for gpu in heartbeat.sample.gpus)
+    return sorted([gpu.uuid for gpu in heartbeat.sample.gpus])
 
 
 def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbeat) -> NodeRecord:

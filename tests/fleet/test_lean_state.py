@@ -4,6 +4,7 @@ with the heartbeat's bytes beside them, and the fleet API's encoded records."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,6 +98,73 @@ def test_one_step_accept_is_accept_then_lifecycle(
     )
     assert fast == slow
     assert codec.encode(fast) == codec.encode(slow)
+
+
+MARKS: dict[str, dict[str, object]] = {
+    "": {},
+    "stale": {"stale_since": 60.0},
+    "refused": {"refused": "replay", "refused_at": 66.0},
+    "seq_reset": {"seq_reset": True},
+    "deregistered": {"deregistered": True, "deregistered_by": "UOP"},
+}
+NEXT_BEATS: dict[str, dict[str, object]] = {
+    "": {},
+    "seq_replayed": {"seq": 5},
+    "seq_gap": {"seq": 8},
+    "late": {"ts": 1002.0},
+    "boot": {"boot_id": "b2"},
+    "health": {"health": Health(ts=1.0, status="degraded", score=60)},
+    "gpus": {"sample": gpus("GPU-a", "GPU-c")},
+    "notice": {"spot": SpotStatus(notice=Interruption(ts=1.0, provider="aws", kind="terminate"))},
+    "cordon": {"schedulability": "cordoned"},
+    "labels": {"labels": {"zone": "b"}},
+    "version": {"agent_version": "next"},
+    "leaving": {"deregistering": True},
+    "score": {"health": Health(ts=1.0, status="healthy", score=70)},
+    "no_sample": {"sample": None, "health": None},
+    "key": {},
+}
+"""What may differ in a node's next heartbeat; ``key``: signed under a new approved key."""
+
+
+@pytest.mark.parametrize("change", list(NEXT_BEATS))
+@pytest.mark.parametrize("mark", list(MARKS))
+def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) -> None:
+    """A record that accepted a heartbeat (perhaps marked since), then the node's next one
+    with one thing or nothing changed. Where the hot path's steady-beat shortcut applies,
+    its record is the one the whole rules build, byte for byte, and the whole rules raise
+    no alert and see no transition; on an unmarked record, a heartbeat that changed only
+    its score or lost its sample takes the shortcut, any other change does not."""
+    first = heartbeat(
+        seq=5, health=Health(ts=1.0, status="healthy", score=90), sample=gpus("GPU-a", "GPU-b")
+    )
+    first = msgspec.structs.replace(first, ts=1000.0)
+    previous = record_rules.accepted(
+        record_rules.pending_record("n1", "c1", "UOLD"),
+        first,
+        "UOLD",
+        50.0,
+        7,
+        49.0,
+        record_rules.gpu_fingerprint(first),
+    )
+    previous = record_rules.with_state(previous, **MARKS[mark])
+    beat = msgspec.structs.replace(first, **{"seq": 6, "ts": 1000.4, **NEXT_BEATS[change]})
+    key = "UNEW" if change == "key" else "UOLD"
+    fingerprint = record_rules.gpu_fingerprint(beat)
+    kept = hot_state.slim_heartbeat(beat)
+    whole = record_rules.accepted(previous, beat, key, 100.0, 9, 99.0, fingerprint, kept)
+    steady = record_rules.is_steady(previous, beat, key, fingerprint)
+    assert steady == (mark == "" and change in ("", "score", "no_sample"))
+    if steady:
+        assert record_rules.judge_seq(previous, beat.seq, 1000, key) == "next"
+        assert record_rules.deregistered_refusal(previous, beat) is None
+        assert record_rules.heartbeat_alerts(previous, whole, beat) == []
+        assert record_rules.hardware_alert(previous, beat, fingerprint) is None
+        assert not record_rules.is_transition(previous, whole)
+        short = record_rules.steady_beat(previous, beat, 100.0, 9, 99.0, kept)
+        assert short == whole
+        assert codec.encode(short) == codec.encode(whole)
 
 
 def test_slim_record_writes_exactly_the_whole_one() -> None:
