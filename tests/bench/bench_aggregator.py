@@ -7,10 +7,13 @@ Every part is selected by its flag, ``--all`` runs every one; each prints its li
 goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
 - ``--ratio``: one aggregator, two nodes per heartbeat/s at each of ``--rates``. (a) the
-  aggregator's CPU time per accepted heartbeat (CPU seconds / the
-  ``fleet_heartbeats_accepted`` delta, over every rate but the first, the warm-up) ÷ the
-  CPU time of one bare PyNaCl Ed25519 verify of a heartbeat of the same size, measured in
-  the same run (idle, and under the same load); (b) the highest rate it sustains: lag
+  aggregator's CPU time per accepted heartbeat once every node had beaten twice (CPU
+  seconds / the ``fleet_heartbeats_accepted`` delta, over every rate but the first, the
+  warm-up) ÷ the CPU time of one bare PyNaCl Ed25519 verify of a heartbeat of the same
+  size, measured in short bursts through the same seconds (the median; the aggregator
+  shares the cores with the simulator and the server, and so does that verify); the
+  ratio to the verify measured idle before the load is printed beside it. (b) the
+  highest rate it sustains: lag
   < 1 s and ≥ 95% of the beats accepted. Lag: seconds from the simulator's last publish
   until every consumer of ``FLEET_HB`` has nothing pending or unacknowledged.
 - ``--two``: (b) the same sweep with two aggregators (each given ``--partitions K`` if
@@ -42,6 +45,7 @@ import contextlib
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -442,8 +446,28 @@ def bare_verify_cpu(rounds: int = 20_000) -> float:
     return (time.process_time() - start) / rounds
 
 
-def probe_verify(into: list[float]) -> None:
-    into.append(bare_verify_cpu(2000))
+def median_verify_cpu(bursts: int = 5, rounds: int = 4000) -> float:
+    """The median of ``bursts`` bare verify measurements: one burst on a shared machine
+    can land on a quiet or a busy moment of the host."""
+    return statistics.median(bare_verify_cpu(rounds) for _ in range(bursts))
+
+
+class VerifyProbe(threading.Thread):
+    """The bare verify measured again while the load runs, in short bursts spread over
+    the steady part of a rate (every ``every`` seconds from ``start``): on a shared
+    machine every CPU-second costs more under load, the aggregator's verify's too."""
+
+    def __init__(self, start: float, every: float, until: float) -> None:
+        super().__init__(daemon=True)
+        self.first, self.every, self.until = start, every, until
+        self.found: list[float] = []
+
+    def run(self) -> None:
+        time.sleep(self.first)
+        began = time.monotonic()
+        while time.monotonic() - began < self.until - self.first:
+            self.found.append(bare_verify_cpu(1000))
+            time.sleep(self.every)
 
 
 def fmt(value: float | None, unit: str = " s", digits: int = 1) -> str:
@@ -503,10 +527,8 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
         )
         for aggregator in cluster.aggregators:
             aggregator.ps.cpu_percent(None)
-        loaded: list[float] = []
-        # The bare verify again while the load runs (a short burst half way): on a shared
-        # machine every CPU-second costs more under load, the verify's too.
-        prober = threading.Timer(bench.args.duration / 2 + 3, probe_verify, args=(loaded,))
+        # From the simulator's start (about 3 s after this) past its first beats, to its end.
+        prober = VerifyProbe(3 + INTERVAL * 2 + 2, 2.0, 3 + bench.args.duration)
         prober.start()
         started = time.monotonic()
         nodes = bench.args.nodes or round(rate * INTERVAL)
@@ -552,7 +574,7 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
             result.accepted += accepted
             result.steady_cpu += steady_cpu
             result.steady_accepted += steady_accepted
-            result.verify_loaded.extend(loaded)
+            result.verify_loaded.extend(prober.found)
     return result
 
 
@@ -564,26 +586,27 @@ def part_ratio(bench: Bench) -> None:
             f"{bench.args.nodes or f'{INTERVAL:g} per heartbeat/s:'} nodes x 8 fake GPUs, "
             f"{bench.args.duration:g} s per rate"
         )
-        verify = bare_verify_cpu()
+        verify = median_verify_cpu()
         result = sweep(bench, cluster, "one aggregator")
     steady = result.steady_cpu / result.steady_accepted if result.steady_accepted else 0.0
     per = result.cpu / result.accepted if result.accepted else float("nan")
+    # The aggregator's CPU seconds are spent beside the simulator and the server on the
+    # same cores; the bare verify measured in the same seconds pays the same contention.
+    loaded = statistics.median(result.verify_loaded) if result.verify_loaded else verify
     measured = (
-        f"{steady / verify:.2f} ({1e6 * steady:.1f} µs per accepted once every node had "
-        f"beaten twice ÷ {1e6 * verify:.1f} µs per verify, idle)"
-    )
-    if result.verify_loaded:
-        loaded = sum(result.verify_loaded) / len(result.verify_loaded)
-        measured += f"; {steady / loaded:.2f} against the verify under load ({1e6 * loaded:.1f} µs)"
-    measured += (
-        f"; with each node's first contact: {per / verify:.2f} ({1e6 * per:.1f} µs; every "
-        "simulator run makes new keys, so every node of every rate is new)"
+        f"{steady / loaded:.2f} ({1e6 * steady:.1f} µs per accepted once every node had "
+        f"beaten twice ÷ {1e6 * loaded:.1f} µs per bare verify, the median of "
+        f"{len(result.verify_loaded)} bursts in the same seconds); against the verify "
+        f"measured idle before the load ({1e6 * verify:.1f} µs, median of 5): "
+        f"{steady / verify:.2f}; with each node's first contact: {per / loaded:.2f} "
+        f"({1e6 * per:.1f} µs; every simulator run makes new keys, so every node of every "
+        "rate is new)"
     )
     bench.row(
         "aggregator CPU per accepted heartbeat ÷ bare Ed25519 verify",
         "≤ 2.0",
         measured,
-        0 < steady / verify <= 2.0,
+        0 < steady / loaded <= 2.0,
     )
     bench.row(
         "highest rate one aggregator sustains (lag < 1 s, ≥ 95% accepted)",
