@@ -75,6 +75,8 @@ REFRESH_INTERVAL = 5.0
 CHECKPOINT_TICK = 0.5
 CHECKPOINTS_PER_TICK = 4096
 CHECKPOINTS_IN_FLIGHT = 256
+WRITE_TIMEOUT = 5.0
+"""Seconds a batch of checkpoint writes waits for the server's answers."""
 
 
 SETTLED = ("stale", "offline", "deregistered", "pending")
@@ -764,16 +766,40 @@ class AggregatorActor:
 
         def change(stored: NodeRecord | None) -> NodeRecord:
             nonlocal mine
-            mine, body = state.record, state.body
-            # The rules compare slim records (as kept in memory); the whole one is written.
-            stored = slim(stored) if stored is not None else None
-            # An operator's forget or re-admission written since is kept, not undone.
-            ours = record_rules.operator_changes(mine, stored, known)
-            return hot_state.full(record_rules.checkpoint(stored, ours, state.reset_consumed), body)
+            mine, whole = self._render(state, stored, known)
+            return whole
 
         before, written, revision = await self.store.update_known(
             node, change, known, state.revision
         )
+        self._wrote(node, state, mine, known, before, written, revision)
+
+    @staticmethod
+    def _render(
+        state: NodeState, stored: NodeRecord | None, known: NodeRecord | None
+    ) -> tuple[NodeRecord, NodeRecord]:
+        """(the in-memory record now, the whole record to write over ``stored``)."""
+        mine, body = state.record, state.body
+        # The rules compare slim records (as kept in memory); the whole one is written.
+        stored = slim(stored) if stored is not None else None
+        # An operator's forget or re-admission written since is kept, not undone.
+        ours = record_rules.operator_changes(mine, stored, known)
+        return mine, hot_state.full(
+            record_rules.checkpoint(stored, ours, state.reset_consumed), body
+        )
+
+    def _wrote(
+        self,
+        node: str,
+        state: NodeState,
+        mine: NodeRecord | None,
+        known: NodeRecord | None,
+        before: NodeRecord | None,
+        written: NodeRecord | None,
+        revision: int | None,
+    ) -> None:
+        """The state after ``written`` (rendered from ``mine``) was written at
+        ``revision`` over ``before`` (``known`` when the write started)."""
         state.revision = revision
         state.written = time.monotonic()
         kept = slim(written) if written is not None else None
@@ -800,10 +826,11 @@ class AggregatorActor:
             due = self.checkpoints.due(time.monotonic(), CHECKPOINTS_PER_TICK, self.nodes)
             for start in range(0, len(due), CHECKPOINTS_IN_FLIGHT):
                 chunk = due[start : start + CHECKPOINTS_IN_FLIGHT]
+                careful = await self._checkpoint(chunk)
                 results = await asyncio.gather(
-                    *(self.write(node) for node in chunk), return_exceptions=True
+                    *(self.write(node) for node in careful), return_exceptions=True
                 )
-                for node, result in zip(chunk, results, strict=True):
+                for node, result in zip(careful, results, strict=True):
                     if isinstance(result, BaseException):
                         if not isinstance(result, Exception):
                             raise result
@@ -814,6 +841,46 @@ class AggregatorActor:
                         state = self.nodes.get(node)
                         if state is not None:
                             self.checkpoints.push(node, state)
+
+    async def _checkpoint(self, chunk: list[str]) -> list[str]:
+        """Write the records of ``chunk`` whose stored revision this owner knows, all at
+        once (:func:`kv.update_many`: a publish each, no read); return the nodes left to
+        write the careful way (:meth:`write`: read again on a conflict): those it does
+        not know, those being written already, those whose compare-and-set failed."""
+        careful: list[str] = []
+        quick: list[tuple[str, NodeState, NodeRecord, NodeRecord, NodeRecord]] = []
+        writes: list[tuple[str, bytes, int]] = []
+        for node in chunk:
+            state = self.nodes.get(node)
+            if state is None:
+                continue
+            if state.stored is None or state.revision is None or node in self._writing:
+                careful.append(node)
+                continue
+            known = state.stored
+            mine, whole = self._render(state, known, known)
+            quick.append((node, state, mine, known, whole))
+            writes.append((node, codec.encode(whole), state.revision))
+        if not writes:
+            return careful
+        loop = asyncio.get_running_loop()
+        writing = {node: loop.create_future() for node, *_ in quick}
+        self._writing.update(writing)
+        try:
+            revisions = await kv.update_many(
+                self.bus, self.subjects.bucket_name(BUCKET_NODES), writes, WRITE_TIMEOUT
+            )
+        finally:
+            for node, future in writing.items():
+                future.set_result(None)
+                if self._writing.get(node) is future:
+                    del self._writing[node]
+        for (node, state, mine, stored, whole), revision in zip(quick, revisions, strict=True):
+            if revision is None:
+                careful.append(node)
+            elif self.nodes.get(node) is state:
+                self._wrote(node, state, mine, stored, stored, whole, revision)
+        return careful
 
     def _mark_stale(
         self, cluster: str, node: str, reason: str, marked_at: float, body: bytes

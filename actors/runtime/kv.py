@@ -7,6 +7,7 @@ mean the same thing everywhere, and every watcher is stopped the same bounded wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -207,6 +208,66 @@ async def _direct_page(
     finally:
         await unsubscribe_quietly(subscription)
     return page
+
+
+class _ApiError(msgspec.Struct):
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    """A JetStream publish's answer: the stored message's sequence, or an error."""
+
+    seq: int = 0
+    error: _ApiError | None = None
+
+
+async def update_many(
+    bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], timeout: float
+) -> list[int | None]:
+    """Write every ``(key, value, revision)`` to ``bucket`` if the key is still at
+    ``revision`` (compare-and-set, as ``KeyValue.update``), all in flight at once: each
+    write is one publish whose answer comes on one inbox subscription, where nats-py's
+    ``update`` costs a request, a future and a timer each. Returns per write its new
+    revision, or None where the key had moved on, the write was refused, or no answer came
+    within ``timeout`` (the caller writes those the careful way, reading first)."""
+    results: list[int | None] = [None] * len(writes)
+    answered: set[int] = set()
+    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def on_answer(msg: Msg) -> None:
+        token = msg.subject.rpartition(".")[2]
+        index = int(token) if token.isdigit() else -1
+        if not 0 <= index < len(writes) or index in answered or finished.done():
+            return
+        answered.add(index)
+        try:
+            answer = msgspec.json.decode(msg.data, type=_PubAck)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            answer = _PubAck()
+        if answer.error is None and answer.seq > 0:
+            results[index] = answer.seq
+        elif answer.error is not None:
+            log.debug(
+                "compare-and-set write refused",
+                extra={"key": writes[index][0], "reason": answer.error.description},
+            )
+        if len(answered) == len(writes):
+            finished.set_result(None)
+
+    if not writes:
+        return results
+    inbox = bus.new_inbox()
+    subscription = await bus.subscribe(f"{inbox}.*", on_answer)
+    try:
+        for index, (key, value, revision) in enumerate(writes):
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
+            await bus.publish(f"$KV.{bucket}.{key}", value, headers, reply=f"{inbox}.{index}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(finished), timeout)
+    finally:
+        await unsubscribe_quietly(subscription)
+    return results
 
 
 async def keys(bucket: KeyValue) -> list[str]:

@@ -187,3 +187,38 @@ async def test_latest_values_pages_past_the_servers_multi_last_cap(
     assert len(values) == 2499
     assert codec.decode(values["k00000"], Item, "k00000") == Item(n=-1)
     assert codec.decode(values["k02499"], Item, "k02499") == Item(n=2499)
+
+
+async def test_update_many_writes_what_is_at_its_revision_and_refuses_the_rest(
+    bus: NatsBus, prefix: str, bucket: KeyValue
+) -> None:
+    """Checkpoints' batched compare-and-set: a key still at the revision named is written
+    (its new revision returned, the value readable), a key moved on since, a key never
+    written (named at a revision) and a key deleted are refused (None) and left as they
+    are; an empty batch is nothing."""
+    first = await bucket.put("a", codec.encode(Item(1)))
+    moved = await bucket.put("b", codec.encode(Item(1)))
+    await bucket.put("b", codec.encode(Item(2)))
+    gone = await bucket.put("d", codec.encode(Item(1)))
+    await bucket.delete("d")
+    writes = [
+        ("a", codec.encode(Item(10)), first),
+        ("b", codec.encode(Item(20)), moved),
+        ("c", codec.encode(Item(30)), 99),
+        ("d", codec.encode(Item(40)), gone),
+    ]
+    revisions = await kv.update_many(bus, f"kv_{prefix}", writes, WAIT)
+    assert revisions[0] is not None and revisions[0] > first
+    assert revisions[1:] == [None, None, None]
+    assert await kv.read_with_revision(bucket, "a", Item) == (Item(10), revisions[0])
+    assert await kv.read(bucket, "b", Item) == Item(2)
+    assert await kv.read(bucket, "c", Item) is None
+    assert await kv.read(bucket, "d", Item) is None
+    assert await kv.update_many(bus, f"kv_{prefix}", [], WAIT) == []
+
+
+async def test_update_many_gives_up_on_answers_that_never_come(bus: NatsBus, prefix: str) -> None:
+    """A bucket that does not exist answers nothing (no stream takes the subject): every
+    write reads as not done once the timeout ran out, and nothing hangs."""
+    revisions = await kv.update_many(bus, f"none_{prefix}", [("a", b"{}", 1)], 0.5)
+    assert revisions == [None]
