@@ -131,6 +131,10 @@ class AggregatorActor:
         """Per partition gained: the oldest stream seq its live records' checkpoints need."""
         self._writing: dict[str, asyncio.Future[None]] = {}
         """Record writes in flight, by node: a lost partition waits for its nodes' ones."""
+        self._batch: list[tuple[str, bytes, int, asyncio.Future[int | None]]] = []
+        """Writes of this turn of the event loop, sent together (see :meth:`write`)."""
+        self._sending: set[asyncio.Task[None]] = set()
+        """The batches being sent (kept referenced until done)."""
         self.pending = 0
         """Pending records as of the last full sweep, plus those registered since."""
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
@@ -748,17 +752,65 @@ class AggregatorActor:
 
     async def write(self, node: str) -> None:
         """Write the node's in-memory record to ``fleet_nodes`` (compare-and-set, read
-        again on a conflict). The record written is the newest at the moment of writing."""
+        again on a conflict). The record written is the newest at the moment of writing.
+        A record whose stored revision this owner knows goes out with every other such
+        write of the moment, at once (:meth:`_write_known`); a conflict there, or a
+        revision not known, takes the careful way (:meth:`_write`)."""
         state = self.nodes.get(node)
         if state is None:
             return  # not (or no longer) this aggregator's node
         writing = self._writing[node] = asyncio.get_running_loop().create_future()
         try:
-            await self._write(node, state)
+            if not await self._write_known(node, state):
+                await self._write(node, state)
         finally:
             writing.set_result(None)
             if self._writing.get(node) is writing:
                 del self._writing[node]
+
+    async def _write_known(self, node: str, state: NodeState) -> bool:
+        """Write the record over the stored one this owner knows, in the batch of writes
+        of this moment (one :func:`kv.update_many` per turn of the event loop: a publish
+        each, where nats-py's ``update`` costs a request, a future and a timer). True if
+        written; False if the revision is not known or the store holds another."""
+        stored, revision = state.stored, state.revision
+        if stored is None or revision is None:
+            return False
+        mine, whole = self._render(state, stored, stored)
+        answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        if not self._batch:
+            asyncio.get_running_loop().call_soon(self._send_batch)
+        self._batch.append((node, codec.encode(whole), revision, answer))
+        written = await answer
+        if written is None:
+            return False
+        if self.nodes.get(node) is state:
+            self._wrote(node, state, mine, stored, stored, whole, written)
+        return True
+
+    def _send_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[str, bytes, int, asyncio.Future[int | None]]]) -> None:
+        """One batch of writes; a write not done (or the batch failing) answers None, so
+        its writer takes the careful way, which raises what is wrong."""
+        revisions: list[int | None] = [None] * len(batch)
+        try:
+            revisions = await kv.update_many(
+                self.bus,
+                self.subjects.bucket_name(BUCKET_NODES),
+                [(node, body, revision) for node, body, revision, _ in batch],
+                WRITE_TIMEOUT,
+            )
+        except (nats.errors.Error, OSError) as exc:
+            log.warning("batch of record writes failed", extra={"reason": str(exc)})
+        finally:
+            for (*_, answer), revision in zip(batch, revisions, strict=True):
+                if not answer.done():
+                    answer.set_result(revision)
 
     async def _write(self, node: str, state: NodeState) -> None:
         mine: NodeRecord | None = None
@@ -778,10 +830,12 @@ class AggregatorActor:
     def _render(
         state: NodeState, stored: NodeRecord | None, known: NodeRecord | None
     ) -> tuple[NodeRecord, NodeRecord]:
-        """(the in-memory record now, the whole record to write over ``stored``)."""
+        """(the in-memory record now, the whole record to write over ``stored``, which is
+        ``known`` (slim, as kept) or a record just read)."""
         mine, body = state.record, state.body
         # The rules compare slim records (as kept in memory); the whole one is written.
-        stored = slim(stored) if stored is not None else None
+        if stored is not None and stored is not known:
+            stored = slim(stored)
         # An operator's forget or re-admission written since is kept, not undone.
         ours = record_rules.operator_changes(mine, stored, known)
         return mine, hot_state.full(
@@ -826,11 +880,10 @@ class AggregatorActor:
             due = self.checkpoints.due(time.monotonic(), CHECKPOINTS_PER_TICK, self.nodes)
             for start in range(0, len(due), CHECKPOINTS_IN_FLIGHT):
                 chunk = due[start : start + CHECKPOINTS_IN_FLIGHT]
-                careful = await self._checkpoint(chunk)
                 results = await asyncio.gather(
-                    *(self.write(node) for node in careful), return_exceptions=True
+                    *(self.write(node) for node in chunk), return_exceptions=True
                 )
-                for node, result in zip(careful, results, strict=True):
+                for node, result in zip(chunk, results, strict=True):
                     if isinstance(result, BaseException):
                         if not isinstance(result, Exception):
                             raise result
@@ -841,46 +894,6 @@ class AggregatorActor:
                         state = self.nodes.get(node)
                         if state is not None:
                             self.checkpoints.push(node, state)
-
-    async def _checkpoint(self, chunk: list[str]) -> list[str]:
-        """Write the records of ``chunk`` whose stored revision this owner knows, all at
-        once (:func:`kv.update_many`: a publish each, no read); return the nodes left to
-        write the careful way (:meth:`write`: read again on a conflict): those it does
-        not know, those being written already, those whose compare-and-set failed."""
-        careful: list[str] = []
-        quick: list[tuple[str, NodeState, NodeRecord, NodeRecord, NodeRecord]] = []
-        writes: list[tuple[str, bytes, int]] = []
-        for node in chunk:
-            state = self.nodes.get(node)
-            if state is None:
-                continue
-            if state.stored is None or state.revision is None or node in self._writing:
-                careful.append(node)
-                continue
-            known = state.stored
-            mine, whole = self._render(state, known, known)
-            quick.append((node, state, mine, known, whole))
-            writes.append((node, codec.encode(whole), state.revision))
-        if not writes:
-            return careful
-        loop = asyncio.get_running_loop()
-        writing = {node: loop.create_future() for node, *_ in quick}
-        self._writing.update(writing)
-        try:
-            revisions = await kv.update_many(
-                self.bus, self.subjects.bucket_name(BUCKET_NODES), writes, WRITE_TIMEOUT
-            )
-        finally:
-            for node, future in writing.items():
-                future.set_result(None)
-                if self._writing.get(node) is future:
-                    del self._writing[node]
-        for (node, state, mine, stored, whole), revision in zip(quick, revisions, strict=True):
-            if revision is None:
-                careful.append(node)
-            elif self.nodes.get(node) is state:
-                self._wrote(node, state, mine, stored, stored, whole, revision)
-        return careful
 
     def _mark_stale(
         self, cluster: str, node: str, reason: str, marked_at: float, body: bytes

@@ -3,16 +3,19 @@ changes and checkpoints, exact replay protection across an owner change."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet import record_rules
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.hot_state import CheckpointQueue, NodeState
-from actors.fleet.registry import NotFound, approve, read_record
-from actors.runtime.bus import NatsBus
+from actors.fleet.registry import NotFound, approve, forget, read_record
+from actors.runtime import kv
+from actors.runtime.bus import Bus, NatsBus
 from actors.runtime.consumer import Step
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
@@ -117,7 +120,15 @@ async def test_new_owner_resumes_from_the_checkpoint_and_refuses_older_replays(
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     first = await fleet.start_aggregator(checkpoint_interval=0.5)
     for seq in range(1, 6):
+        # One at a time: a heartbeat replaced in FLEET_HB before it was read would be a
+        # sequence gap (see test_steady_heartbeats_are_not_written_one_by_one).
         await beat(bus, prefix, key, seq)
+
+        def accepted(seq: int = seq) -> bool:
+            state = aggregator_of(first).nodes.get("n1")
+            return state is not None and state.record.last_seq == seq
+
+        await wait_for(accepted)
 
     async def checkpointed() -> bool:
         return await stored_seq(bus, prefix) == 5
@@ -231,3 +242,38 @@ async def test_stored_message_with_a_status_header_is_judged(
     await wait_for(lambda: refused() == 1)
     await beat(bus, prefix, key, 1)
     await wait_for(lambda: "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == 1)
+
+
+async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful_way(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five nodes' records written at once are one batch of compare-and-set publishes;
+    the one an operator forgot in between fails its compare-and-set there and is written
+    the careful way (read again), so the operator's deregistration is kept, not undone."""
+    subjects = Subjects(prefix)
+    nodes = [f"n{i}" for i in range(1, 6)]
+    keys = {node: signing.KeyPair.generate() for node in nodes}
+    for node, key in keys.items():
+        await approve(bus, subjects, node, key.public_key)
+    actor = aggregator_of(await fleet.start_aggregator(checkpoint_interval=120.0))
+    for node, key in keys.items():
+        body = codec.encode(heartbeat(node=node, seq=1, stale_after=60.0, interval=30.0))
+        await publish(bus, prefix, body, key.headers(body), node=node)
+    await wait_for(lambda: all(actor.nodes.get(n) and actor.nodes[n].revision for n in nodes))
+    await forget(bus, subjects, "n3", by="UOPERATOR", reason="retired")
+    batches: list[list[str]] = []
+    update_many = kv.update_many
+
+    async def counted(
+        bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], timeout: float
+    ) -> list[int | None]:
+        batches.append([key for key, _, _ in writes])
+        return await update_many(bus, bucket, writes, timeout)
+
+    monkeypatch.setattr(kv, "update_many", counted)
+    await asyncio.gather(*(actor.write(node) for node in nodes))
+    assert batches == [nodes]
+    forgotten = await read_record(bus, subjects, "n3")
+    assert forgotten.deregistered and forgotten.deregistered_by == "UOPERATOR"
+    for node in nodes:
+        assert (await read_record(bus, subjects, node)).last_seq == 1
