@@ -365,7 +365,7 @@ class AggregatorActor:
         self.nodes.loading = True
         try:
             async for entries in kv.latest_pages(self.bus, bucket, LOAD_TIMEOUT):
-                for node, value, _ in entries:
+                for node, value, revision in entries:
                     partition = partition_of(node, count)
                     if partition not in wanted:
                         continue
@@ -382,6 +382,7 @@ class AggregatorActor:
                             "unreadable record skipped", extra={"node": node, "reason": str(exc)}
                         )
                         continue
+                    state.revision = revision
                     self.nodes[node] = state
                     loaded += 1
                     record = state.record
@@ -774,7 +775,12 @@ class AggregatorActor:
         each, where nats-py's ``update`` costs a request, a future and a timer). True if
         written; False if the revision is not known or the store holds another."""
         stored, revision = state.stored, state.revision
-        if stored is None or revision is None:
+        if stored is None and revision is None:
+            # A node this owner took in by accepting its heartbeat: every record of its
+            # partitions was loaded or written here, so it has none (revision 0: the
+            # write is refused if one came meanwhile, a registration's elsewhere).
+            revision = 0
+        elif stored is None or revision is None:
             return False
         mine, whole = self._render(state, stored, stored)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()

@@ -193,9 +193,10 @@ async def test_update_many_writes_what_is_at_its_revision_and_refuses_the_rest(
     bus: NatsBus, prefix: str, bucket: KeyValue
 ) -> None:
     """Checkpoints' batched compare-and-set: a key still at the revision named is written
-    (its new revision returned, the value readable), a key moved on since, a key never
-    written (named at a revision) and a key deleted are refused (None) and left as they
-    are; an empty batch is nothing."""
+    (its new revision returned, the value readable), and so is a key never written named
+    at revision 0; a key moved on since, a key never written named at a revision, a key
+    deleted and a key that exists named at 0 are refused (None) and left as they are; an
+    empty batch is nothing."""
     first = await bucket.put("a", codec.encode(Item(1)))
     moved = await bucket.put("b", codec.encode(Item(1)))
     await bucket.put("b", codec.encode(Item(2)))
@@ -206,10 +207,14 @@ async def test_update_many_writes_what_is_at_its_revision_and_refuses_the_rest(
         ("b", codec.encode(Item(20)), moved),
         ("c", codec.encode(Item(30)), 99),
         ("d", codec.encode(Item(40)), gone),
+        ("e", codec.encode(Item(50)), 0),
+        ("a", codec.encode(Item(60)), 0),
     ]
     revisions = await kv.update_many(bus, f"kv_{prefix}", writes, WAIT)
     assert revisions[0] is not None and revisions[0] > first
-    assert revisions[1:] == [None, None, None]
+    assert revisions[1:4] == [None, None, None] and revisions[5] is None
+    assert revisions[4] is not None
+    assert await kv.read(bucket, "e", Item) == Item(50)
     assert await kv.read_with_revision(bucket, "a", Item) == (Item(10), revisions[0])
     assert await kv.read(bucket, "b", Item) == Item(2)
     assert await kv.read(bucket, "c", Item) is None
