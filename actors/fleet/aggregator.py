@@ -76,7 +76,8 @@ CHECKPOINT_TICK = 0.5
 CHECKPOINTS_PER_TICK = 4096
 CHECKPOINTS_IN_FLIGHT = 256
 WRITE_TIMEOUT = 5.0
-"""Seconds a batch of checkpoint writes waits for the server's answers."""
+"""Seconds a batch of record writes waits for the server's answers (then each is written
+the careful way)."""
 
 
 SETTLED = ("stale", "offline", "deregistered", "pending")
