@@ -1,0 +1,107 @@
+"""The aggregator's pull loop against a real server: a caught-up consumer takes what the
+stream holds in one no_wait burst and waits the linger between bursts; a deleted consumer
+is seen and created again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from actors.runtime.bus import NatsBus
+from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
+from tests.support.fleet import wait_for
+
+
+async def consumer_of(bus: NatsBus, prefix: str) -> DurableConsumer:
+    stream = f"PULL_{prefix}"
+    await bus.js.add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.pull.>"]))
+    consumer = DurableConsumer(
+        bus.js,
+        stream,
+        f"{prefix}.pull.>",
+        "puller",
+        ConsumerConfig(ack_policy=AckPolicy.ALL, ack_wait=30),
+    )
+    await consumer.open()
+    return consumer
+
+
+async def test_a_no_wait_fetch_answers_at_once_with_what_is_there(
+    bus: NatsBus, prefix: str
+) -> None:
+    """Five messages stored: a fetch of ten with no wait returns the five in order at once
+    (the server's 404 ends it, not a timeout); again with nothing there: [] at once, and the
+    consumer is not taken for deleted. Deleted for real, the next fetch says so and the one
+    after creates it again (reading from where its config says)."""
+    consumer = await consumer_of(bus, prefix)
+    for n in range(5):
+        await bus.js.publish(f"{prefix}.pull.{n}", str(n).encode())
+    puller = BatchPuller(bus, consumer)
+    try:
+        started = time.monotonic()
+        first = await puller.fetch(10, 0.0)
+        assert [m.data for m in first] == [b"0", b"1", b"2", b"3", b"4"]
+        await first[-1].ack()
+        assert await puller.fetch(10, 0.0) == []
+        assert time.monotonic() - started < 1.0
+        assert consumer.missing == ""
+        await bus.js.delete_consumer(consumer.stream, consumer.durable)
+        assert await puller.fetch(10, 0.0) == []
+        assert consumer.missing
+        await bus.js.publish(f"{prefix}.pull.5", b"5")
+        again = await puller.fetch(10, 0.0) or await puller.fetch(10, 0.0)
+        # Created again with its config: the stream is read again from its start.
+        assert [m.data for m in again] == [str(n).encode() for n in range(6)]
+        assert consumer.missing == ""
+    finally:
+        await puller.close()
+        await consumer.close()
+
+
+async def test_a_caught_up_loop_takes_a_burst_per_linger(bus: NatsBus, prefix: str) -> None:
+    """Messages published while the loop lingers come in one batch, acked once; a message
+    published to an idle consumer is handled well before the long pull's wait ends."""
+    consumer = await consumer_of(bus, prefix)
+    batches: list[list[bytes]] = []
+
+    async def handle(messages: list[Msg]) -> list[Chain]:
+        batches.append([m.data for m in messages])
+        return []
+
+    loop = asyncio.create_task(
+        consume_in_batches(
+            BatchPuller(bus, consumer),
+            handle,
+            batch=100,
+            wait=5.0,
+            what="test",
+            dropped=lambda reason: None,
+            linger=0.5,
+        )
+    )
+    try:
+        await asyncio.sleep(0.3)  # idle: the loop waits in a long pull
+        started = time.monotonic()
+        await bus.js.publish(f"{prefix}.pull.a", b"a")
+        await wait_for(lambda: [b"a"] in batches)
+        assert time.monotonic() - started < 2.0
+        for n in range(20):  # within the linger that follows: one burst
+            await bus.js.publish(f"{prefix}.pull.{n}", str(n).encode())
+        await wait_for(lambda: sum(len(b) for b in batches) == 21)
+        assert batches[1:] == [[str(n).encode() for n in range(20)]]
+        await wait_for_acked(bus, consumer)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await consumer.close()
+
+
+async def wait_for_acked(bus: NatsBus, consumer: DurableConsumer) -> None:
+    async def acked() -> bool:
+        info = await bus.js.consumer_info(consumer.stream, consumer.durable)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(acked)
