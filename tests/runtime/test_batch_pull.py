@@ -102,6 +102,6 @@ async def test_a_caught_up_loop_takes_a_burst_per_linger(bus: NatsBus, prefix: s
 async def wait_for_acked(bus: NatsBus, consumer: DurableConsumer) -> None:
     async def acked() -> bool:
         info = await bus.js.consumer_info(consumer.stream, consumer.durable)
-        return info.num_ack_pending == 0 and info.num_pending == 0
+        return bool(info.num_ack_pending == 0 and info.num_pending == 0)
 
     await wait_for(acked)

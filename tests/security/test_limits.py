@@ -540,8 +540,10 @@ async def test_a_result_flood_cannot_stop_failure_detection(
 async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
     fleet: Fleet, nats_server: NatsServer, bus: NatsBus, prefix: str
 ) -> None:
-    """300 unsigned heartbeats a second for two seconds: every one is refused, but the
-    node gets one alert per window and a summary counting the ones held back."""
+    """300 unsigned heartbeats a second for two seconds: every one the aggregator reads is
+    refused (FLEET_HB keeps one per node, and a caught-up aggregator takes what is there
+    once per ``fetch_linger``, 0.02 s here: a hundred at most), but the node gets one alert
+    per window and a summary counting the ones held back."""
     subjects = Subjects(prefix)
     key = signing.KeyPair.generate()
     await approve(bus, subjects, "n1", key.public_key)
@@ -579,7 +581,7 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
     await wait_for(lambda: refused() > 0 and accounted() == refused(), timeout=10)
     assert {alert.kind for alert in alerts} == {"bad_signature"}
     assert len(alerts) <= 6  # two or three windows, each one alert and one summary
-    assert refused() >= 100
+    assert refused() >= 50
     print(f"{refused():.0f} refusals, {len(alerts)} alerts")
 
 
