@@ -93,18 +93,6 @@ class NodeStore:
     async def node_ids(self) -> list[str]:
         return await kv.keys(await self._nodes())
 
-    async def update(
-        self, node: str, change: Change
-    ) -> tuple[NodeRecord | None, NodeRecord | None]:
-        """Apply ``change`` to the current record and write the result if nobody wrote in
-        between, else read again and retry. Returns (before, written); ``change`` returning
-        None writes nothing (written is None). ``change`` may run more than once, so it
-        must not have effects beyond its return value. An unreadable record returns
-        (None, None) without calling ``change``: writing over it blindly could undo what a
-        newer aggregator knows."""
-        before, written, _ = await self.update_known(node, change)
-        return before, written
-
     async def update_known(
         self,
         node: str,
@@ -112,10 +100,16 @@ class NodeStore:
         known: NodeRecord | None = None,
         revision: int | None = None,
     ) -> tuple[NodeRecord | None, NodeRecord | None, int | None]:
-        """:meth:`update`, plus the revision written (or read, when nothing was). With
-        ``known`` at ``revision`` (the record as the caller last read or wrote it), the
-        first attempt takes it as current without reading: a write by anybody else in
-        between fails the compare-and-set, and the record is read as usual."""
+        """Apply ``change`` to the current record and write the result if nobody wrote in
+        between, else read again and retry. Returns (before, written, revision): the
+        revision written (or read, when nothing was); ``change`` returning None writes
+        nothing (written is None). ``change`` may run more than once, so it must not have
+        effects beyond its return value. An unreadable record returns (None, None, None)
+        without calling ``change``: writing over it blindly could undo what a newer
+        aggregator knows. With ``known`` at ``revision`` (the record as the caller last
+        read or wrote it), the first attempt takes it as current without reading: a write
+        by anybody else in between fails the compare-and-set, and the record is read as
+        usual."""
         nodes = await self._nodes()
         for attempt in range(CAS_ATTEMPTS):
             if attempt == 0 and known is not None and revision is not None:
