@@ -8,12 +8,15 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import msgspec
+import nats
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
 from schemas import codec
 from schemas.errors import DecodeError
 
@@ -227,3 +230,39 @@ async def test_update_many_gives_up_on_answers_that_never_come(bus: NatsBus, pre
     write reads as not done once the timeout ran out, and nothing hangs."""
     revisions = await kv.update_many(bus, f"none_{prefix}", [("a", b"{}", 1)], 0.5)
     assert revisions == [None]
+
+
+async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_write(
+    bus: NatsBus, prefix: str, nats_server: NatsServer
+) -> None:
+    """A plain client answering in the server's place (a bucket with no stream behind its
+    subjects): a body that is not JSON, an error, a sequence of 0, answers naming another
+    or no write, and a second answer to a write already answered. Only the one
+    well-formed answer counts; every other write reads as not done, and nothing hangs."""
+    responder = await nats.connect(nats_server.url)
+    inbox_of: dict[str, str] = {}
+
+    async def answer(msg: Msg) -> None:
+        key = msg.subject.rpartition(".")[2]
+        inbox, _, _ = msg.reply.rpartition(".")
+        inbox_of[key] = inbox
+        await responder.publish(f"{inbox}.99", b'{"seq": 7}')  # no such write
+        await responder.publish(f"{inbox}.x", b'{"seq": 7}')
+        replies = {
+            "garbled": b"{not json",
+            "refused": b'{"error": {"code": 400, "err_code": 10071, "description": "wrong"}}',
+            "zero": b'{"seq": 0}',
+            "good": b'{"stream": "KV_x", "seq": 42}',
+        }
+        await responder.publish(msg.reply, replies[key])
+        await responder.publish(msg.reply, b'{"seq": 43}')  # answered already
+
+    await responder.subscribe(f"$KV.fake_{prefix}.>", cb=answer)
+    await responder.flush()
+    try:
+        writes = [(key, b"{}", 1) for key in ("garbled", "refused", "zero", "good")]
+        revisions = await kv.update_many(bus, f"fake_{prefix}", writes, 2.0)
+    finally:
+        await responder.close()
+    assert revisions == [None, None, None, 42]
+    assert len(set(inbox_of.values())) == 1
