@@ -265,7 +265,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             if stop is None:
                 return 0
             try:
-                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL)
+                async with asyncio.timeout(WATCH_INTERVAL):
+                    await stop.wait()
                 return 0
             except TimeoutError:
                 continue

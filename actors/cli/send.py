@@ -193,7 +193,8 @@ class ResultFollower:
             if left <= 0:
                 return None
             try:
-                result = await asyncio.wait_for(self.results.get(), left)
+                async with asyncio.timeout(left):
+                    result = await self.results.get()
             except TimeoutError:
                 return None
             if show:

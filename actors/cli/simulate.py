@@ -350,7 +350,8 @@ class Acks:
     async def wait(self, timeout: float) -> bool:
         """True once every beat sent is acknowledged; False after ``timeout``."""
         try:
-            await asyncio.wait_for(self.settled.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.settled.wait()
         except TimeoutError:
             return False
         return True
@@ -458,7 +459,8 @@ class Worker:
         assert self.process.stdin is not None
         self.process.stdin.write(msgspec.json.encode(message) + b"\n")
         try:
-            await asyncio.wait_for(self.process.stdin.drain(), PUBLISH_TIMEOUT)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await self.process.stdin.drain()
         except (OSError, TimeoutError):
             raise await self.failed() from None
 
@@ -466,7 +468,8 @@ class Worker:
         """The worker's next line; WorkerFailed if it ends, or after ``timeout``."""
         assert self.process.stdout is not None
         try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+            async with asyncio.timeout(timeout):
+                line = await self.process.stdout.readline()
         except TimeoutError:
             raise WorkerFailed(
                 f"simulate worker {self.index} did not answer within {timeout:.0f}s"
@@ -490,7 +493,8 @@ class Worker:
         await self.process.wait()
         # Its stderr ends with it: the reader has read the last line.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.reader), PUBLISH_TIMEOUT)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await asyncio.shield(self.reader)
         self.reader.cancel()
         await asyncio.gather(self.reader, return_exceptions=True)
 
@@ -511,7 +515,8 @@ async def _in_workers(
         for line in await asyncio.gather(*(worker.receive(setup) for worker in workers)):
             if line != READY:
                 raise WorkerFailed(f"simulate worker said {line[:80]!r}, not ready")
-        await asyncio.wait_for(progress.synced.wait(), PUBLISH_TIMEOUT)
+        async with asyncio.timeout(PUBLISH_TIMEOUT):
+            await progress.synced.wait()
         start_at = time.time() + 0.5
         for worker in workers:
             names = [node_id(i) for i in own_indices(options, worker.index)]
@@ -561,7 +566,8 @@ async def simulate(
         if options.kill:
             alerts = await bus.subscribe(subjects.alerts(), watch.on_alert)
         if options.processes == 1:
-            await asyncio.wait_for(progress.synced.wait(), PUBLISH_TIMEOUT)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await progress.synced.wait()
             for node, seq in zip(local, start_seqs(names, progress.seen), strict=True):
                 node.seq = seq
             result = await publish_slice(bus, options, local, time.time())
@@ -595,7 +601,8 @@ async def _report(
     )
     progress.expect(result.last_seq)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(progress.caught_up.wait(), options.wait)
+        async with asyncio.timeout(options.wait):
+            await progress.caught_up.wait()
     nodes = len(result.last_seq)
     current = f"{nodes - len(progress.behind)}/{nodes} records current"
     if progress.caught_up.is_set():
@@ -649,7 +656,8 @@ async def _stale_storm(
     while not all(node in watch.arrived for node in killed) and time.time() < deadline:
         watch.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(watch.changed.wait(), max(0.0, deadline - time.time()))
+            async with asyncio.timeout(max(0.0, deadline - time.time())):
+                await watch.changed.wait()
     arrived = {node: at for node, at in watch.arrived.items() if node in killed}
     stream = subjects.stream_name(STREAM_ALERTS)
     info = await bus.js.stream_info(

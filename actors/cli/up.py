@@ -181,7 +181,8 @@ async def _show_fleet(
         last_summary = summary
         sys.stdout.flush()
         try:
-            await asyncio.wait_for(stop.wait(), refresh)
+            async with asyncio.timeout(refresh):
+                await stop.wait()
         except TimeoutError:
             pass
     if interactive:

@@ -47,7 +47,7 @@ from actors.runtime.consumer import (
     consume_in_batches,
     delivery,
 )
-from actors.runtime.schedule import RateLimit
+from actors.runtime.schedule import RateLimit, stop_if_cancelled
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
@@ -883,6 +883,7 @@ class AggregatorActor:
         """Write the records of nodes that only kept beating, each once per
         ``checkpoint_interval``, a bounded number of writes in flight."""
         while True:
+            stop_if_cancelled()
             await asyncio.sleep(CHECKPOINT_TICK)
             due = self.checkpoints.due(time.monotonic(), CHECKPOINTS_PER_TICK, self.nodes)
             for start in range(0, len(due), CHECKPOINTS_IN_FLIGHT):
@@ -1034,6 +1035,7 @@ class AggregatorActor:
     async def _sweep_forever(self) -> None:
         last_full = 0.0
         while True:
+            stop_if_cancelled()
             await asyncio.sleep(self.config.sweep_interval)
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
             try:
@@ -1148,6 +1150,7 @@ class AggregatorActor:
         beats again is not marked stale, checkpointed or alerted on from stale memory."""
         nodes = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
         while True:
+            stop_if_cancelled()
             await self._reread_due.wait()
             self._reread_due.clear()
             while self._reread:

@@ -103,13 +103,13 @@ class Lease:
         sent = time.monotonic()
         try:
             if revision == 0:
-                self._revision = await asyncio.wait_for(
-                    self.bucket.create(self.key, self._value()), self.ttl / 3
-                )
+                async with asyncio.timeout(self.ttl / 3):
+                    self._revision = await self.bucket.create(self.key, self._value())
             else:
-                self._revision = await asyncio.wait_for(
-                    self.bucket.update(self.key, self._value(), last=revision), self.ttl / 3
-                )
+                async with asyncio.timeout(self.ttl / 3):
+                    self._revision = await self.bucket.update(
+                        self.key, self._value(), last=revision
+                    )
                 log.warning(
                     "heartbeat lease taken over",
                     extra={
@@ -151,9 +151,10 @@ class Lease:
         sent = time.monotonic()
         left = self.fence_at() - sent
         try:
-            self._revision = await asyncio.wait_for(
-                self.bucket.update(self.key, self._value(), last=self._revision), max(0.05, left)
-            )
+            async with asyncio.timeout(max(0.05, left)):
+                self._revision = await self.bucket.update(
+                    self.key, self._value(), last=self._revision
+                )
             self._sent_ok = sent
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
             log.error(
@@ -173,7 +174,8 @@ class Lease:
         Compare-and-set on this holder's revision: a lease taken over stays so."""
         self.held = False
         with contextlib.suppress(nats.errors.Error, TimeoutError):
-            await asyncio.wait_for(self.bucket.delete(self.key, last=self._revision), self.ttl / 3)
+            async with asyncio.timeout(self.ttl / 3):
+                await self.bucket.delete(self.key, last=self._revision)
 
 
 def decode_lease(key: str, value: bytes) -> AggregatorLease | None:

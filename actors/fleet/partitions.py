@@ -30,6 +30,7 @@ from nats.js.kv import KeyValue
 from actors.fleet.lease import Lease, decode_lease
 from actors.runtime import kv
 from actors.runtime.bus import Bus
+from actors.runtime.schedule import stop_if_cancelled
 from schemas import codec
 from schemas.messages import AggregatorLease
 from schemas.subjects import lease_key, member_key
@@ -100,12 +101,14 @@ class Partitions:
             await self._lose(held)
         await asyncio.gather(*(self.leases[p].release() for p in held))
         with contextlib.suppress(nats.errors.Error, TimeoutError):
-            await asyncio.wait_for(self.bucket.delete(self._member), self.ttl / 3)
+            async with asyncio.timeout(self.ttl / 3):
+                await self.bucket.delete(self._member)
 
     # Keeper -------------------------------------------------------------------------------
 
     async def _keep_forever(self) -> None:
         while True:
+            stop_if_cancelled()
             await self.keep()
             # Wake at the next fence at the latest, so a fenced partition stops on time.
             fences = [self.leases[p].fence_at() for p in self.held]
@@ -129,7 +132,8 @@ class Partitions:
         sent = time.monotonic()
         value = codec.encode(AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time()))
         try:
-            await asyncio.wait_for(self.bucket.put(self._member, value), self.ttl / 3)
+            async with asyncio.timeout(self.ttl / 3):
+                await self.bucket.put(self._member, value)
             self._member_sent = sent
         except nats.errors.ConnectionClosedError:
             raise
@@ -148,6 +152,7 @@ class Partitions:
 
     async def _balance_forever(self) -> None:
         while True:
+            stop_if_cancelled()
             try:
                 await self.balance()
             except nats.errors.ConnectionClosedError:
@@ -166,7 +171,8 @@ class Partitions:
             # A killed aggregator's key: nobody else removes it (by revision: one that
             # came back to life is kept).
             with contextlib.suppress(nats.errors.Error, TimeoutError):
-                await asyncio.wait_for(self.bucket.delete(key, last=revision), self.ttl / 3)
+                async with asyncio.timeout(self.ttl / 3):
+                    await self.bucket.delete(key, last=revision)
         share = self.share
         if len(self.held) > share:
             extra = set(sorted(self.held)[share:])

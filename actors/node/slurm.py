@@ -83,7 +83,8 @@ async def run(args: list[str], timeout: float) -> str:
     except OSError as exc:
         raise SlurmError(f"{args[0]}: {exc.strerror or exc}") from None
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            stdout, stderr = await process.communicate()
     except TimeoutError:
         _kill(process.pid)
         await process.wait()

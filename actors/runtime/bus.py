@@ -138,8 +138,8 @@ class NatsBus:
             try:
                 # nats-py retries an unreachable server forever by itself (we ask it to,
                 # for reconnects); the deadline turns that into a clear answer.
-                await asyncio.wait_for(
-                    nc.connect(
+                async with asyncio.timeout(connect_timeout):
+                    await nc.connect(
                         servers=server.split(","),
                         name=name,
                         connect_timeout=max(1, round(connect_timeout)),
@@ -152,9 +152,7 @@ class NatsBus:
                         error_cb=events.error,
                         disconnected_cb=events.disconnected,
                         reconnected_cb=events.reconnected,
-                    ),
-                    connect_timeout,
-                )
+                    )
                 # nats-py upgrades only when the server says tls_required, so a tls:// URL
                 # to a plaintext server would silently stay plaintext.
                 if wants_tls and not nc._server_info.get("tls_required"):
@@ -219,7 +217,8 @@ class NatsBus:
         back before the server has seen them (a subscriber then misses the first
         messages; measured: 62 in 1500 subscribe-then-publish rounds). Pushing the
         pending buffer out first restores the order the NATS protocol promises."""
-        await asyncio.wait_for(self.nc._flush_pending(force_flush=True), timeout)
+        async with asyncio.timeout(timeout):
+            await self.nc._flush_pending(force_flush=True)
         await self._round_trip(timeout)
 
     async def rtt(self, timeout: float = 2.0) -> float:
@@ -248,7 +247,8 @@ class NatsBus:
         pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await nc._send_ping(pong)
         try:
-            await asyncio.wait_for(asyncio.shield(pong), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(pong)
         except TimeoutError:
             raise nats.errors.FlushTimeoutError from None
 
@@ -267,7 +267,8 @@ class NatsBus:
             return
         self._events.up = False
         try:
-            await asyncio.wait_for(self.nc.drain(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.nc.drain()
         except (TimeoutError, nats.errors.Error) as exc:
             log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
             await self.nc.close()
@@ -283,7 +284,8 @@ async def unsubscribe_quietly(
     on a connection whose reader died (nats-py's read loop ends when a PONG answers a
     cancelled flush) it never returns, and an actor stopping would wait for it."""
     try:
-        await asyncio.wait_for(subscription.unsubscribe(), UNSUBSCRIBE_TIMEOUT)
+        async with asyncio.timeout(UNSUBSCRIBE_TIMEOUT):
+            await subscription.unsubscribe()
     except (nats.errors.Error, TimeoutError):
         pass
 

@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
 from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.schedule import stop_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ async def consume_forever(
     transient fetch error is retried; a closed connection raises, so the owning actor is
     restarted."""
     while True:
+        stop_if_cancelled()
         try:
             messages = await consumer.fetch(batch, wait)
         except nats.errors.ConnectionClosedError:
@@ -231,7 +233,8 @@ class BatchPuller:
         subject = f"{self.bus.js_api_prefix}.CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.durable}"
         await self.bus.publish(subject, json.dumps(request).encode(), reply=self._inbox)
         try:
-            await asyncio.wait_for(self._done.wait(), expires + PULL_GRACE)
+            async with asyncio.timeout(expires + PULL_GRACE):
+                await self._done.wait()
         except TimeoutError:
             pass
         messages, self._batch = self._batch, []
@@ -274,6 +277,7 @@ async def consume_in_batches(
     at once: a fetch and an ack cost about as much as a signature check, and would
     otherwise be paid per message."""
     while True:
+        stop_if_cancelled()
         try:
             # What the stream holds now, in one burst: a pull that gathered messages as
             # they arrived would wake this process once per message, a burst once per

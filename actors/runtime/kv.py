@@ -204,7 +204,8 @@ async def _direct_page(
         }
         subject = f"{bus.js_api_prefix}.DIRECT.GET.{stream}"
         await bus.publish(subject, msgspec.json.encode(request), reply=inbox)
-        await asyncio.wait_for(finished, timeout)
+        async with asyncio.timeout(timeout):
+            await finished
     finally:
         await unsubscribe_quietly(subscription)
     return page
@@ -264,7 +265,8 @@ async def update_many(
             headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
             await bus.publish(f"$KV.{bucket}.{key}", value, headers, reply=f"{inbox}.{index}")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(finished), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(finished)
     finally:
         await unsubscribe_quietly(subscription)
     return results
@@ -341,6 +343,7 @@ async def _stop_watcher(watcher: KeyValue.KeyWatcher) -> None:
     """Stop a KV watcher on the way out, bounded: nats-py's stop can wait on a callback that
     is itself waiting (for its set-up, or for room in a full queue)."""
     try:
-        await asyncio.wait_for(watcher.stop(), WATCHER_STOP_TIMEOUT)  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+        async with asyncio.timeout(WATCHER_STOP_TIMEOUT):
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
     except (TimeoutError, nats.errors.Error):
         log.debug("kv watcher did not stop cleanly")

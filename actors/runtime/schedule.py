@@ -1,5 +1,5 @@
-"""Timing the actors share: jittered periods, capped backoff, rate limits, and waiting
-for an event with a time limit.
+"""Timing the actors share: jittered periods, capped backoff, rate limits, waiting for
+an event with a time limit, and stopping a loop whose cancel was lost.
 
 Periods are jittered (10 % unless said) so agents started together never report in
 lock-step; backoffs are jittered wider so reconnecting clients spread out.
@@ -46,7 +46,8 @@ async def sleep_jittered(period: float) -> None:
 async def wait_or_timeout(event: asyncio.Event, timeout: float) -> bool:
     """Wait until ``event`` is set, for at most ``timeout`` seconds; whether it was set."""
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await event.wait()
     except TimeoutError:
         return False
     return True
@@ -75,3 +76,15 @@ class RateLimit:
             return False
         self._counts[key] = count + 1
         return True
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError if this task's cancel was asked for and lost. Python 3.11's
+    ``asyncio.wait_for`` (nats-py awaits its requests and fetches with it) returns the
+    result when its task is cancelled just as the awaited thing finished: a loop that
+    must stop when told (a partition's work, a lease's keeper) checks at each round.
+    Our own code waits with ``asyncio.timeout``, which keeps the cancel (ruff bans
+    ``wait_for``)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

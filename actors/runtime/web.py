@@ -129,7 +129,8 @@ async def serving(
         if listener is not None:
             listener.close()
         try:
-            await asyncio.wait_for(runner.cleanup(), CLEANUP_TIMEOUT)
+            async with asyncio.timeout(CLEANUP_TIMEOUT):
+                await runner.cleanup()
         except TimeoutError:
             log.warning("http server did not shut down in time")
 

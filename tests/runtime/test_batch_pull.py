@@ -105,3 +105,48 @@ async def wait_for_acked(bus: NatsBus, consumer: DurableConsumer) -> None:
         return bool(info.num_ack_pending == 0 and info.num_pending == 0)
 
     await wait_for(acked)
+
+
+async def test_a_cancel_lost_while_handling_still_stops_the_loop(bus: NatsBus, prefix: str) -> None:
+    """Python 3.11's ``asyncio.wait_for``, with which nats-py awaits every request (an
+    alert's publish, a KV read), returns the answer instead of raising when its task is
+    cancelled in the turn the answer came: the cancel is lost. The loop still stops
+    before its next fetch, so a released partition's work ends before its lease passes."""
+    consumer = await consumer_of(bus, prefix)
+    await bus.js.publish(f"{prefix}.pull.a", b"a")
+    handling = asyncio.Event()
+    answer = asyncio.Event()
+    fetches_after: list[int] = []
+
+    async def handle(messages: list[Msg]) -> list[Chain]:
+        handling.set()
+        await asyncio.wait_for(answer.wait(), 5)  # as nats-py awaits a request's answer
+        return []
+
+    class Counting(BatchPuller):
+        async def fetch(self, batch: int, expires: float) -> list[Msg]:
+            if answer.is_set():
+                fetches_after.append(batch)
+            return await super().fetch(batch, expires)
+
+    loop = asyncio.create_task(
+        consume_in_batches(
+            Counting(bus, consumer),
+            handle,
+            batch=10,
+            wait=1.0,
+            what="test",
+            dropped=lambda reason: None,
+        )
+    )
+    try:
+        await handling.wait()
+        answer.set()
+        loop.cancel()  # in the same turn as the answer: wait_for returns it
+        done, _ = await asyncio.wait({loop}, timeout=3)
+        assert loop in done and loop.cancelled()
+        assert fetches_after == []
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await consumer.close()

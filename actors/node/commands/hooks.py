@@ -37,7 +37,8 @@ async def run_hook(
         start_new_session=True,
     )
     try:
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            _, stderr = await process.communicate()
     except TimeoutError:
         _kill_group(process.pid)
         await process.wait()
