@@ -81,6 +81,10 @@ class Lease:
         self._since = 0.0
         self._sent_ok = 0.0
         """Monotonic time the last successful renewal (or the claim) was sent."""
+        self._renewing = asyncio.Lock()
+        """Held through a renewal: a release waits for the one in flight, whose revision
+        it must delete by (with the one before, the delete would be refused and the key
+        left to expire: a ttl without an owner)."""
 
     def _value(self) -> bytes:
         return codec.encode(AggregatorLease(holder=self.holder, ttl=self.ttl, renewed=time.time()))
@@ -144,6 +148,12 @@ class Lease:
         """One renewal, bounded by the fence; False when the lease is lost (refused: held
         by another) or fenced. A transient failure returns True (retried next time; the
         fence ends it if it goes on)."""
+        async with self._renewing:
+            return await self._renew()
+
+    async def _renew(self) -> bool:
+        if not self.held:
+            return False  # released while this renewal waited for its turn
         if self.fenced():
             log.error("lease not renewed in time; stopping", extra={"key": self.key})
             self.held = False
@@ -173,6 +183,8 @@ class Lease:
         """Give the lease up (a clean stop), so another aggregator takes over at once.
         Compare-and-set on this holder's revision: a lease taken over stays so."""
         self.held = False
+        async with self._renewing:
+            pass  # a renewal in flight moves the revision this delete names
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             async with asyncio.timeout(self.ttl / 3):
                 await self.bucket.delete(self.key, last=self._revision)
