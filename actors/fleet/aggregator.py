@@ -122,6 +122,8 @@ class AggregatorActor:
         self.stale: set[str] = set()
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
         self._consumers: dict[int, DurableConsumer] = {}
+        self._pullers: dict[int, BatchPuller] = {}
+        """Each consumed partition's puller: when it had read its partition to the end."""
         """The consumer of every partition this aggregator works on."""
         self._work: dict[int, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
@@ -290,7 +292,7 @@ class AggregatorActor:
 
     async def _consume(self, partition: int, consumer: DurableConsumer) -> None:
         """One partition's heartbeats, until its work is stopped (cancelled)."""
-        puller = BatchPuller(self.bus, consumer)
+        puller = self._pullers[partition] = BatchPuller(self.bus, consumer)
         try:
             await consume_in_batches(
                 puller,
@@ -302,6 +304,8 @@ class AggregatorActor:
                 linger=self.config.fetch_linger,
             )
         finally:
+            if self._pullers.get(partition) is puller:
+                del self._pullers[partition]
             await puller.close()
             await consumer.close()
 
@@ -484,10 +488,8 @@ class AggregatorActor:
             return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
         try:
             heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
-            # Behind the stream, a node's older heartbeats may have been replaced (one per
-            # subject) before we read them: a gap then says nothing about the node.
             return self._accept(
-                heartbeat, public_key, stream_seq, stored, pending > 0, fetched, msg.data
+                heartbeat, public_key, stream_seq, stored, partition, fetched, msg.data
             )
         except _NeedsFetch:
             return [partial(self._fetch_and_judge, msg, node)]
@@ -624,7 +626,7 @@ class AggregatorActor:
         public_key: str,
         stream_seq: int,
         stored: float,
-        behind: bool,
+        partition: int,
         fetched: bool,
         body: bytes = b"",
     ) -> list[Step]:
@@ -715,7 +717,10 @@ class AggregatorActor:
             state.reset_consumed = True
         # The first heartbeat after a load may follow heartbeats accepted but not yet
         # checkpointed by the previous owner: no gap to report.
-        gaps = not behind and not state.fresh
+        gaps = not state.fresh and (
+            heartbeat.seq <= previous.last_seq + 1
+            or self._read_in_time(partition, stored, heartbeat.interval)
+        )
         self._took(node, state, heartbeat, body)
         steps: list[Step] = []
         hardware = record_rules.hardware_alert(previous, heartbeat, fingerprint)
@@ -743,6 +748,18 @@ class AggregatorActor:
         else:
             self.checkpoints.push(node, state)
         return steps
+
+    def _read_in_time(self, partition: int, stored: float, interval: float) -> bool:
+        """Whether a gap before the heartbeat stored at ``stored`` is the node's: this
+        owner had read the partition to its end within the half interval before. The
+        beat before it, stored about an interval earlier, was then read had it been
+        stored; FLEET_HB keeps one heartbeat per node, so behind the stream a beat not
+        yet read is replaced by the next, and the gap is this owner's doing. (Beats
+        stored closer together than half an interval, as a reconnecting agent may send
+        them, can still look like a gap; server and aggregator clocks must agree to well
+        within half an interval, as NTP keeps them.)"""
+        puller = self._pullers.get(partition)
+        return puller is not None and puller.caught_up.within(stored - interval / 2, stored)
 
     def _took(self, node: str, state: NodeState, heartbeat: Heartbeat, body: bytes) -> None:
         """What every accepted heartbeat does to its node's state, beside its record."""

@@ -11,8 +11,10 @@ itself, so one hostile message can never end the loop nor restart the actor.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -176,6 +178,35 @@ def delivery(msg: Msg) -> tuple[int, float, int]:
     return metadata.sequence.stream, metadata.timestamp.timestamp(), metadata.num_pending
 
 
+class CaughtUp:
+    """The spans of wall-clock time through which a consumer had read its stream to the
+    end: a message stored within one was delivered, never replaced unread by a later one
+    of its subject (a stream keeping one message per subject replaces the older). The
+    last :data:`CAUGHT_UP_KEPT` spans are kept, in time order."""
+
+    def __init__(self) -> None:
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+
+    def add(self, start: float, end: float) -> None:
+        if self._ends and start <= self._ends[-1]:  # touches the last span: one span
+            self._ends[-1] = max(self._ends[-1], end)
+            return
+        self._starts.append(start)
+        self._ends.append(end)
+        if len(self._starts) > 2 * CAUGHT_UP_KEPT:
+            del self._starts[:CAUGHT_UP_KEPT], self._ends[:CAUGHT_UP_KEPT]
+
+    def within(self, after: float, before: float) -> bool:
+        """Whether the consumer was caught up at some moment between the two times."""
+        last = bisect.bisect_left(self._starts, before) - 1
+        return last >= 0 and self._ends[last] > after
+
+
+CAUGHT_UP_KEPT = 4096
+"""Spans a :class:`CaughtUp` keeps at least: minutes of a partition's fetches."""
+
+
 class BatchPuller:
     """Pulls from a :class:`DurableConsumer` by sending the pull requests itself and
     collecting the answers in a subscription callback. nats-py's ``fetch`` awaits each
@@ -191,6 +222,8 @@ class BatchPuller:
         self._wanted = 0
         self._status = ""
         self._done = asyncio.Event()
+        self.caught_up = CaughtUp()
+        """When this puller had read its consumer's stream to the end."""
 
     async def _on_message(self, msg: Msg) -> None:
         # The server's own status answers have no reply subject; every delivered message
@@ -231,6 +264,7 @@ class BatchPuller:
         else:
             request["no_wait"] = True
         subject = f"{self.bus.js_api_prefix}.CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.durable}"
+        asked = time.time()
         await self.bus.publish(subject, json.dumps(request).encode(), reply=self._inbox)
         try:
             async with asyncio.timeout(expires + PULL_GRACE):
@@ -238,6 +272,12 @@ class BatchPuller:
         except TimeoutError:
             pass
         messages, self._batch = self._batch, []
+        if expires and (messages or self._status == "408"):
+            # A long poll hands over each message as it is stored: caught up throughout.
+            self.caught_up.add(asked, time.time())
+        elif not expires and self._status == "404":
+            # Less than asked, then "no messages": what was stored before is all here.
+            self.caught_up.add(asked, asked)
         # 503: no responders (consumer gone); 409: consumer deleted under the pull; 404
         # ends every no_wait pull that found less than asked, a long poll only if gone.
         gone = self._status in ("503", "409") or (

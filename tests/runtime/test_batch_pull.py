@@ -11,7 +11,14 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from actors.runtime.bus import NatsBus
-from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
+from actors.runtime.consumer import (
+    CAUGHT_UP_KEPT,
+    BatchPuller,
+    CaughtUp,
+    Chain,
+    DurableConsumer,
+    consume_in_batches,
+)
 from tests.support.fleet import wait_for
 
 
@@ -32,18 +39,24 @@ async def consumer_of(bus: NatsBus, prefix: str) -> DurableConsumer:
 async def test_a_no_wait_fetch_answers_at_once_with_what_is_there(
     bus: NatsBus, prefix: str
 ) -> None:
-    """Five messages stored: a fetch of ten with no wait returns the five in order at once
-    (the server's 404 ends it, not a timeout); again with nothing there: [] at once, and the
-    consumer is not taken for deleted. Deleted for real, the next fetch says so and the one
-    after creates it again (reading from where its config says)."""
+    """Five messages stored: a no-wait fetch of three returns three; one of ten returns
+    the other two in order at once (the server's 404 ends it, not a timeout). Only the
+    second tells the puller it read the stream to its end. Again with nothing there: []
+    at once, and the consumer is not taken for deleted. Deleted for real, the next fetch
+    says so and the one after creates it again (reading from where its config says)."""
     consumer = await consumer_of(bus, prefix)
     for n in range(5):
         await bus.js.publish(f"{prefix}.pull.{n}", str(n).encode())
     puller = BatchPuller(bus, consumer)
     try:
         started = time.monotonic()
+        asked = time.time()
+        assert not puller.caught_up.within(asked - 60, asked + 60)
+        assert len(await puller.fetch(3, 0.0)) == 3  # as many as asked: more may be there
+        assert not puller.caught_up.within(asked - 60, asked + 60)
         first = await puller.fetch(10, 0.0)
-        assert [m.data for m in first] == [b"0", b"1", b"2", b"3", b"4"]
+        assert [m.data for m in first] == [b"3", b"4"]
+        assert puller.caught_up.within(asked, time.time())  # "no messages": read to the end
         await first[-1].ack()
         assert await puller.fetch(10, 0.0) == []
         assert time.monotonic() - started < 1.0
@@ -150,3 +163,21 @@ async def test_a_cancel_lost_while_handling_still_stops_the_loop(bus: NatsBus, p
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await consumer.close()
+
+
+def test_caught_up_spans_answer_whether_a_window_held_one() -> None:
+    """Points and spans in time order; a window holds one if they overlap; a span that
+    touches the last is merged into it; only the newest spans are kept."""
+    caught = CaughtUp()
+    assert not caught.within(0, 100)
+    caught.add(10, 10)
+    caught.add(20, 25)
+    caught.add(24, 30)  # touches (20, 25): one span (20, 30)
+    assert caught.within(9, 11) and caught.within(5, 10.5)
+    assert not caught.within(11, 19) and not caught.within(10, 10)
+    assert caught.within(29, 40) and caught.within(12, 21)
+    assert not caught.within(30, 40) and not caught.within(0, 10)
+    for n in range(3 * CAUGHT_UP_KEPT):
+        caught.add(100 + n, 100 + n)
+    assert caught.within(98 + 3 * CAUGHT_UP_KEPT, 100 + 3 * CAUGHT_UP_KEPT)  # the last
+    assert not caught.within(15, 35)  # forgotten: no knowledge is no catch-up
