@@ -48,6 +48,10 @@ MAX_TTL = 30 * 86400.0
 """Longest a token may live (its record is kept 31 days, see streams.ENROLL_KEEP)."""
 MAX_USES = 1_000_000
 CAS_ATTEMPTS = 16
+TOKENS_LIMIT = 100_000
+"""Token records :func:`records` keeps at most (a bound on memory; more are logged)."""
+READ_TIMEOUT = 30.0
+"""Seconds :func:`records` may take to read them all."""
 """Tries to take a use while other aggregators take uses of the same token."""
 
 
@@ -144,17 +148,16 @@ async def store(bus: Bus, subjects: Subjects, record: EnrollRecord) -> None:
 
 
 async def records(bus: Bus, subjects: Subjects) -> list[EnrollRecord]:
-    """Every token's record, oldest first; an unreadable one is skipped and logged."""
-    bucket = await bus.kv(subjects.bucket_name(BUCKET_ENROLL))
+    """Every token's record, oldest first, read in one scan of the bucket
+    (:func:`kv.latest_values`: nats-py's key listing can come back empty on a full
+    bucket); an unreadable one is skipped and logged."""
+    bucket = subjects.bucket_name(BUCKET_ENROLL)
     found = []
-    for key in await kv.keys(bucket):
+    for key, value in (await kv.latest_values(bus, bucket, TOKENS_LIMIT, READ_TIMEOUT)).items():
         try:
-            record = await kv.read(bucket, key, EnrollRecord)
+            found.append(codec.decode(value, EnrollRecord, f"key {key}"))
         except DecodeError as exc:
             log.warning("unreadable enrollment record", extra={"key": key, "reason": str(exc)})
-            continue
-        if record is not None:
-            found.append(record)
     return sorted(found, key=lambda record: record.issued_at)
 
 

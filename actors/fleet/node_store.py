@@ -90,9 +90,6 @@ class NodeStore:
         finally:
             self._trusted = None
 
-    async def node_ids(self) -> list[str]:
-        return await kv.keys(await self._nodes())
-
     async def update_known(
         self,
         node: str,

@@ -105,13 +105,11 @@ async def trust_entry(bus: Bus, subjects: Subjects, node: str) -> TrustEntry | N
 async def read_trust(bus: Bus, subjects: Subjects) -> list[TrustEntry]:
     """Every trust entry, revoked or not, sorted by node id; an unreadable entry raises
     DecodeError (a generated server config must not silently drop a node)."""
-    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
-    found = []
-    for node in await kv.keys(trust):
-        entry = await kv.read(trust, node, TrustEntry)
-        if entry is not None:
-            found.append(entry)
-    return found
+    bucket = subjects.bucket_name(BUCKET_TRUST)
+    values = await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT)
+    return [
+        codec.decode(value, TrustEntry, f"key {node}") for node, value in sorted(values.items())
+    ]
 
 
 def approved_key(entry: TrustEntry | None) -> str | None:

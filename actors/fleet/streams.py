@@ -237,6 +237,7 @@ def bucket_configs(
             bucket=subjects.bucket_name(BUCKET_ENROLL),
             description="enrollment tokens: uses and revocation",
             history=1,
+            direct=True,
             storage=StorageType.FILE,
             replicas=replicas,
             max_bytes=limits.enroll_max_bytes,

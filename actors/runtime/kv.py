@@ -272,14 +272,6 @@ async def update_many(
     return results
 
 
-async def keys(bucket: KeyValue) -> list[str]:
-    """Every key of ``bucket``, sorted; [] for an empty bucket. Reads headers only."""
-    try:
-        return sorted(await bucket.keys())
-    except nats.js.errors.NoKeysError:
-        return []
-
-
 async def read(bucket: KeyValue, key: str, kind: type[T]) -> T | None:
     """The value under ``key`` decoded as ``kind``; None when there is none (never written,
     deleted or purged). An unreadable value raises DecodeError naming the key."""

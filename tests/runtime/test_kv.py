@@ -98,15 +98,6 @@ async def test_unreadable_value_raises_decode_error(bucket: KeyValue) -> None:
         await kv.read(bucket, "bad", Item)
 
 
-async def test_keys_lists_every_key_sorted(bucket: KeyValue) -> None:
-    """Keys come back sorted, [] for an empty bucket, and without deleted keys."""
-    assert await kv.keys(bucket) == []
-    for key in ("b", "a", "c"):
-        await bucket.put(key, codec.encode(Item(n=0)))
-    await bucket.delete("c")
-    assert await kv.keys(bucket) == ["a", "b"]
-
-
 async def test_follow_delivers_current_entries_then_changes(
     bucket: KeyValue, follow: Follow
 ) -> None:
