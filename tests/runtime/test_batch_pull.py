@@ -13,6 +13,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from actors.runtime.bus import NatsBus
 from actors.runtime.consumer import (
     CAUGHT_UP_KEPT,
+    BatchHandler,
     BatchPuller,
     CaughtUp,
     Chain,
@@ -34,6 +35,23 @@ async def consumer_of(bus: NatsBus, prefix: str) -> DurableConsumer:
     )
     await consumer.open()
     return consumer
+
+
+def start_loop(
+    puller: BatchPuller, handle: BatchHandler, batch: int, wait: float, linger: float
+) -> asyncio.Task[None]:
+    """The consume loop over ``puller`` as a task of its own (the test cancels it)."""
+    return asyncio.create_task(
+        consume_in_batches(
+            puller,
+            handle,
+            batch=batch,
+            wait=wait,
+            what="test",
+            dropped=lambda reason: None,
+            linger=linger,
+        )
+    )
 
 
 async def test_a_no_wait_fetch_answers_at_once_with_what_is_there(
@@ -87,17 +105,7 @@ async def test_a_caught_up_loop_takes_a_burst_per_linger(bus: NatsBus, prefix: s
         await working.wait()
         return []
 
-    loop = asyncio.create_task(
-        consume_in_batches(
-            BatchPuller(bus, consumer),
-            handle,
-            batch=100,
-            wait=5.0,
-            what="test",
-            dropped=lambda reason: None,
-            linger=0.5,
-        )
-    )
+    loop = start_loop(BatchPuller(bus, consumer), handle, batch=100, wait=5.0, linger=0.5)
     try:
         await asyncio.sleep(0.3)  # idle: the loop waits in a long pull
         started = time.monotonic()
@@ -146,16 +154,7 @@ async def test_a_cancel_lost_while_handling_still_stops_the_loop(bus: NatsBus, p
                 fetches_after.append(batch)
             return await super().fetch(batch, expires)
 
-    loop = asyncio.create_task(
-        consume_in_batches(
-            Counting(bus, consumer),
-            handle,
-            batch=10,
-            wait=1.0,
-            what="test",
-            dropped=lambda reason: None,
-        )
-    )
+    loop = start_loop(Counting(bus, consumer), handle, batch=10, wait=1.0, linger=0.0)
     try:
         await handling.wait()
         answer.set()
