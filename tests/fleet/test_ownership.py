@@ -18,6 +18,7 @@ from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.registry import approve
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
+from actors.runtime.schedule import stop_if_cancelled
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.messages import NodeRecord
@@ -90,6 +91,9 @@ class Nodes:
     async def beating(self) -> AsyncIterator[None]:
         async def forever() -> None:
             while True:
+                # Each beat awaits 16 publishes, which nats-py awaits with wait_for: a
+                # cancel that lands as an answer comes is lost (Python 3.11; CI hung here).
+                stop_if_cancelled()
                 await self.beat()
                 await asyncio.sleep(INTERVAL)
 
