@@ -380,7 +380,9 @@ class AggregatorActor:
                     if value is None or len(self.nodes) >= MAX_NODES:
                         continue
                     try:
-                        state = hot_state.from_stored(node, value, spread_written(now, interval))
+                        state = hot_state.from_stored(
+                            node, value, spread_written(now, interval), self.nodes.bodies
+                        )
                     except DecodeError as exc:
                         self.metrics.records_unreadable.inc()
                         log.error(
@@ -519,7 +521,9 @@ class AggregatorActor:
             return
         state = self.nodes.get(node)
         if state is None and record is not None:
-            state = self.nodes[node] = hot_state.from_record(record, time.monotonic())
+            state = self.nodes[node] = hot_state.from_record(
+                record, time.monotonic(), self.nodes.bodies
+            )
         elif state is not None and record is not None:
             self._adopt(state, record)
             if record.seq_reset:
@@ -764,7 +768,7 @@ class AggregatorActor:
     def _took(self, node: str, state: NodeState, heartbeat: Heartbeat, body: bytes) -> None:
         """What every accepted heartbeat does to its node's state, beside its record."""
         self.refusals.on_accepted(node)
-        state.body = body or codec.encode(heartbeat)
+        state.body = self.nodes.bodies.pack(body or codec.encode(heartbeat))
         state.fresh = False
         state.dirty = True
         self._accepted += 1
@@ -850,9 +854,8 @@ class AggregatorActor:
         )
         self._wrote(node, state, mine, known, before, written, revision)
 
-    @staticmethod
     def _render(
-        state: NodeState, stored: NodeRecord | None, known: NodeRecord | None
+        self, state: NodeState, stored: NodeRecord | None, known: NodeRecord | None
     ) -> tuple[NodeRecord, NodeRecord]:
         """(the in-memory record now, the whole record to write over ``stored``, which is
         ``known`` (slim, as kept) or a record just read)."""
@@ -863,7 +866,7 @@ class AggregatorActor:
         # An operator's forget or re-admission written since is kept, not undone.
         ours = record_rules.operator_changes(mine, stored, known)
         return mine, hot_state.full(
-            record_rules.checkpoint(stored, ours, state.reset_consumed), body
+            record_rules.checkpoint(stored, ours, state.reset_consumed), body, self.nodes.bodies
         )
 
     def _wrote(
@@ -1044,7 +1047,7 @@ class AggregatorActor:
                 if value is None or len(self.nodes) >= MAX_NODES:
                     continue
                 try:
-                    self.nodes[node] = hot_state.from_stored(node, value, now)
+                    self.nodes[node] = hot_state.from_stored(node, value, now, self.nodes.bodies)
                 except DecodeError:
                     continue  # counted when it was loaded or fetched
                 taken.add(node)
@@ -1244,7 +1247,9 @@ class AggregatorActor:
             self.pending += 1
             if self.owns(node) and node not in self.nodes:
                 # The node's first heartbeat comes here: its record is known, not read.
-                state = self.nodes[node] = hot_state.from_record(created, time.monotonic())
+                state = self.nodes[node] = hot_state.from_record(
+                    created, time.monotonic(), self.nodes.bodies
+                )
                 state.revision = revision
         elif before is None and status == "pending":
             return RegistrationReply(

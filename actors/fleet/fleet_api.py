@@ -28,9 +28,9 @@ import msgspec
 from aiohttp import web
 from nats.js.kv import KeyValue
 
-from actors.fleet import hot_state, labels
+from actors.fleet import labels
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.hot_state import NodeState
+from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import kv
@@ -117,7 +117,7 @@ class FleetApiActor:
         bus: Bus,
         metrics: AggregatorMetrics,
         actor_status: StatusSource,
-        live: Mapping[str, NodeState] | None = None,
+        live: NodeTable | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
@@ -137,21 +137,21 @@ class FleetApiActor:
     def current(self) -> dict[str, NodeRecord]:
         """Every record: the live one where the aggregator beside this API owns the node
         (slim: see :meth:`whole`), else the one in ``fleet_nodes``."""
-        live = self.live or {}
+        live: Mapping[str, NodeState] = self.live or {}
         merged = self.records.readable(live)
         merged.update((node, state.record) for node, state in live.items())
         return merged
 
     def record(self, node: str) -> NodeRecord | None:
         state = self.live.get(node) if self.live else None
-        return hot_state.record_of(state) if state is not None else self.records.get(node)
+        return self.live.whole(state) if self.live and state else self.records.get(node)
 
     def whole(self, record: NodeRecord) -> NodeRecord:
         """The whole record of one :meth:`current` gave: a live one is kept slim (its
         heartbeat encoded beside it) and is decoded only to be answered."""
         state = self.live.get(record.node_id) if self.live else None
-        if state is not None and state.record is record:
-            return hot_state.record_of(state)
+        if self.live is not None and state is not None and state.record is record:
+            return self.live.whole(state)
         return record
 
     async def _follow(self, bucket: KeyValue) -> None:
@@ -185,12 +185,12 @@ class FleetApiActor:
             self.records.raw.clear()
 
     def _loading(self) -> bool:
-        return bool(getattr(self.live, "loading", False))
+        return self.live is not None and self.live.loading
 
     def _released(self) -> int:
         """How often the aggregator beside this API let nodes go: the records it skipped
         of those nodes are read again (another aggregator holds them now)."""
-        return int(getattr(self.live, "released", 0))
+        return self.live.released if self.live is not None else 0
 
     def _holding(self) -> bool:
         """Whether the aggregator beside this API holds (or is loading) nodes: while it
@@ -280,7 +280,7 @@ class FleetApiActor:
         return web.Response(body=codec.encode(record), content_type="application/json")
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        live = self.live or {}
+        live: Mapping[str, NodeState] = self.live or {}
         records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
         records += [state.record for state in live.values()]
         counts = Tally(record.state for record in records)

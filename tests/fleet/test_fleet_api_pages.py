@@ -8,7 +8,7 @@ import time
 import aiohttp
 
 from actors.fleet import record_rules
-from actors.fleet.hot_state import NodeState
+from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus
@@ -20,7 +20,7 @@ from tests.support.fleet import TEST_LIMITS, Fleet, new_fleet_api
 async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """limit/after walk every record once in node order (Next-After until the last
     page); a live record of the aggregator beside the API wins over fleet_nodes."""
-    live: dict[str, NodeState] = {}
+    live = NodeTable()
     api = new_fleet_api(bus, prefix, AggregatorMetrics())
     api.live = live
     for i in range(7):

@@ -184,14 +184,57 @@ def test_slim_record_writes_exactly_the_whole_one() -> None:
     assert kept.heartbeat.health is None and kept.heartbeat.workloads == []
     for name in ("seq", "ts", "boot_id", "interval", "stale_after", "spot", "labels"):
         assert getattr(kept.heartbeat, name) == getattr(SIM_BEAT, name)
-    body = codec.encode(SIM_BEAT)
-    assert codec.encode(hot_state.full(kept, body)) == codec.encode(whole)
-    state = hot_state.from_stored("n1", codec.encode(whole), 5.0)
+    table = hot_state.NodeTable()
+    body = table.bodies.pack(codec.encode(SIM_BEAT))
+    assert codec.encode(hot_state.full(kept, body, table.bodies)) == codec.encode(whole)
+    state = hot_state.from_stored("n1", codec.encode(whole), 5.0, table.bodies)
     assert state.record == kept and state.stored is state.record and state.fresh
-    assert codec.encode(hot_state.record_of(state)) == codec.encode(whole)
+    assert codec.encode(table.whole(state)) == codec.encode(whole)
     without = record_rules.pending_record("n1", "c1")
     assert hot_state.slim(without) is without
-    assert hot_state.from_stored("n1", codec.encode(without), 5.0).body is None
+    assert hot_state.from_stored("n1", codec.encode(without), 5.0, table.bodies).body is None
+
+
+@given(first=st.binary(max_size=4096), bodies=st.lists(st.binary(max_size=4096), max_size=5))
+def test_packed_bodies_unpack_to_exactly_their_bytes(first: bytes, bodies: list[bytes]) -> None:
+    """Whatever the first body (the dictionary) and the ones after it, each unpacks to
+    exactly what was packed."""
+    packer = hot_state.Bodies()
+    packed = [packer.pack(body) for body in [first, *bodies]]
+    assert [packer.unpack(frame) for frame in packed] == [first, *bodies]
+
+
+def test_another_nodes_heartbeat_packs_to_a_small_part_of_its_bytes() -> None:
+    """The dictionary is the first heartbeat packed: another node's heartbeat (other
+    name, GPUs, readings, seq and time) keeps under a fifth of its bytes."""
+    packer = hot_state.Bodies()
+    packer.pack(codec.encode(SIM_BEAT))
+    sample = SIM_BEAT.sample
+    assert sample is not None and sample.gpus
+    other = msgspec.structs.replace(
+        SIM_BEAT,
+        node_id="gpu-node-0412",
+        seq=81234,
+        ts=1700001234.25,
+        sample=msgspec.structs.replace(
+            sample,
+            hostname="gpu-node-0412",
+            gpus=[
+                msgspec.structs.replace(
+                    gpu,
+                    uuid=f"GPU-{index:08x}-9d1c-4be2-a3f0-5c6e{index:08x}",
+                    temperature_c=51.0 + index,
+                    power_w=412.5 - index,
+                    memory_used=gpu.memory_used + 7_340_032 * index,
+                )
+                for index, gpu in enumerate(sample.gpus)
+            ],
+        ),
+    )
+    body = codec.encode(other)
+    packed = packer.pack(body)
+    assert packer.unpack(packed) == body
+    assert len(packed) < len(body) / 5
 
 
 def test_slim_record_is_a_fraction_of_the_whole() -> None:
@@ -210,7 +253,8 @@ def test_slim_record_is_a_fraction_of_the_whole() -> None:
     tracemalloc.stop()
     del wholes
     tracemalloc.start()
-    states = [hot_state.from_stored("n1", value, 1.0) for _ in range(200)]
+    bodies = hot_state.Bodies()
+    states = [hot_state.from_stored("n1", value, 1.0, bodies) for _ in range(200)]
     lean_size = tracemalloc.get_traced_memory()[0] / 200
     tracemalloc.stop()
     assert len(states) == 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.forget_service import ForgetActor
-from actors.fleet.hot_state import NodeState
+from actors.fleet.hot_state import NodeTable
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import NotFound, approve, read_record
 from actors.fleet.streams import StreamLimits
@@ -85,7 +85,7 @@ def new_fleet_api(
     prefix: str,
     metrics: AggregatorMetrics,
     actor_status: StatusSource = dict,
-    live: Mapping[str, NodeState] | None = None,
+    live: NodeTable | None = None,
 ) -> FleetApiActor:
     """The fleet HTTP API on a free loopback port, built in one place like the aggregator;
     its /healthz asks ``actor_status``; ``live``: the in-memory records of the aggregator
