@@ -650,7 +650,7 @@ class AggregatorActor:
                 now,
                 stream_seq,
                 stored,
-                hot_state.slim_heartbeat(heartbeat),
+                hot_state.slim_heartbeat(heartbeat, state.record),
             )
             self._took(node, state, heartbeat, body)
             self.checkpoints.push(node, state)
@@ -707,7 +707,7 @@ class AggregatorActor:
             stream_seq,
             stored,
             fingerprint,
-            hot_state.slim_heartbeat(heartbeat),
+            hot_state.slim_heartbeat(heartbeat, previous),
         )
         if state is None:
             state = self.nodes[node] = NodeState(after, time.monotonic())

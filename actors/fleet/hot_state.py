@@ -177,16 +177,29 @@ HEAVY_FIELDS: dict[str, object] = {
 own are read while judging it): left out of the slim record, kept in ``body``."""
 
 
-def slim_heartbeat(heartbeat: Heartbeat) -> Heartbeat:
-    """``heartbeat`` without its :data:`HEAVY_FIELDS`."""
-    return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
-
-
-SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels")
+SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels", "schedulability")
 """Fields a record and its heartbeat hold alike: a decoded record has two copies of each,
 the slim one shares the record's."""
 INTERNED_FIELDS = ("cluster", "agent_version", "schedulability", "state")
 """Strings most nodes of a fleet have alike: one object each, not one per node."""
+
+
+def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> Heartbeat:
+    """``heartbeat`` without its :data:`HEAVY_FIELDS`; where it holds what ``record`` (the
+    node's record it was judged against) holds, the record's objects instead of equal
+    copies: a heartbeat decodes into new strings every time, and a node's steady beats
+    would otherwise keep one more copy of its name, boot, version and labels."""
+    if record is None:
+        return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
+    shared: dict[str, object] = {
+        name: getattr(record, name)
+        for name in SHARED_FIELDS
+        if getattr(heartbeat, name) == getattr(record, name)
+    }
+    last = record.heartbeat
+    if last is not None and heartbeat.spot == last.spot:
+        shared["spot"] = last.spot
+    return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS, **shared)
 
 
 def slim(record: NodeRecord) -> NodeRecord:
@@ -195,13 +208,8 @@ def slim(record: NodeRecord) -> NodeRecord:
     if beat is None:
         return record
     common = {name: sys.intern(getattr(record, name)) for name in INTERNED_FIELDS}
-    shared: dict[str, object] = {
-        name: common.get(name, getattr(record, name))
-        for name in SHARED_FIELDS
-        if getattr(beat, name) == getattr(record, name)
-    }
-    kept = msgspec.structs.replace(beat, **HEAVY_FIELDS, **shared)
-    return msgspec.structs.replace(record, heartbeat=kept, **common)
+    record = msgspec.structs.replace(record, **common)
+    return msgspec.structs.replace(record, heartbeat=slim_heartbeat(beat, record))
 
 
 def full(record: NodeRecord, body: bytes | None, bodies: Bodies) -> NodeRecord:

@@ -152,7 +152,7 @@ def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) 
     beat = msgspec.structs.replace(first, **{"seq": 6, "ts": 1000.4, **NEXT_BEATS[change]})
     key = "UNEW" if change == "key" else "UOLD"
     fingerprint = record_rules.gpu_fingerprint(beat)
-    kept = hot_state.slim_heartbeat(beat)
+    kept = hot_state.slim_heartbeat(beat, previous)
     whole = record_rules.accepted(previous, beat, key, 100.0, 9, 99.0, fingerprint, kept)
     steady = record_rules.is_steady(previous, beat, key, fingerprint)
     assert steady == (mark == "" and change in ("", "score", "no_sample"))
@@ -165,6 +165,28 @@ def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) 
         short = record_rules.steady_beat(previous, beat, 100.0, 9, 99.0, kept)
         assert short == whole
         assert codec.encode(short) == codec.encode(whole)
+
+
+def test_a_beat_kept_shares_the_records_objects_where_it_holds_the_same() -> None:
+    """A new heartbeat decodes into new strings; the slim one kept holds the record's
+    name, cluster, boot, version, labels, schedulability and spot status instead (equal
+    values, one object each), and a value that differs stays the heartbeat's own."""
+    record = hot_state.slim(
+        record_rules.accepted(
+            record_rules.pending_record("n1", "c1"), SIM_BEAT, "U", 1.0, 1, 1.0, None
+        )
+    )
+    assert record.heartbeat is not None
+    beat = codec.decode(codec.encode(msgspec.structs.replace(SIM_BEAT, seq=8)), Heartbeat)
+    kept = hot_state.slim_heartbeat(beat, record)
+    assert kept == hot_state.slim_heartbeat(beat)
+    for name in hot_state.SHARED_FIELDS:
+        assert getattr(kept, name) is getattr(record, name), name
+    assert kept.spot is record.heartbeat.spot
+    rebooted = msgspec.structs.replace(beat, boot_id="b2", labels={"rack": "r9"})
+    other = hot_state.slim_heartbeat(rebooted, record)
+    assert other.boot_id == "b2" and other.labels == {"rack": "r9"}
+    assert other.node_id is record.node_id
 
 
 def test_slim_record_writes_exactly_the_whole_one() -> None:
