@@ -796,15 +796,15 @@ class AggregatorActor:
         of this moment (one :func:`kv.update_many` per turn of the event loop: a publish
         each, where nats-py's ``update`` costs a request, a future and a timer). True if
         written; False if the revision is not known or the store holds another."""
-        stored, revision = state.stored, state.revision
-        if stored is None and revision is None:
+        known, revision = state.stored, state.revision
+        if known is None and revision is None:
             # A node this owner took in by accepting its heartbeat: every record of its
             # partitions was loaded or written here, so it has none (revision 0: the
             # write is refused if one came meanwhile, a registration's elsewhere).
             revision = 0
-        elif stored is None or revision is None:
+        elif known is None or revision is None:
             return False
-        mine, whole = self._render(state, stored, stored)
+        mine, whole = self._render(state, None, read=False)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
@@ -813,7 +813,7 @@ class AggregatorActor:
         if written is None:
             return False
         if self.nodes.get(node) is state:
-            self._wrote(node, state, mine, stored, stored, whole, written)
+            self._wrote(node, state, mine, known, None, whole, written)
         return True
 
     def _send_batch(self) -> None:
@@ -846,27 +846,31 @@ class AggregatorActor:
 
         def change(stored: NodeRecord | None) -> NodeRecord:
             nonlocal mine
-            mine, whole = self._render(state, stored, known)
+            mine, whole = self._render(state, stored, read=True)
             return whole
 
-        before, written, revision = await self.store.update_known(
-            node, change, known, state.revision
-        )
+        before, written, revision = await self.store.update(node, change)
         self._wrote(node, state, mine, known, before, written, revision)
 
     def _render(
-        self, state: NodeState, stored: NodeRecord | None, known: NodeRecord | None
+        self, state: NodeState, stored: NodeRecord | None, read: bool
     ) -> tuple[NodeRecord, NodeRecord]:
-        """(the in-memory record now, the whole record to write over ``stored``, which is
-        ``known`` (slim, as kept) or a record just read)."""
+        """(the in-memory record now, the whole record to write over ``stored``, the record
+        just read if ``read``, else over the one this owner last read or wrote)."""
         mine, body = state.record, state.body
-        # The rules compare slim records (as kept in memory); the whole one is written.
-        if stored is not None and stored is not known:
-            stored = slim(stored)
-        # An operator's forget or re-admission written since is kept, not undone.
-        ours = record_rules.operator_changes(mine, stored, known)
+        stored_reset = state.stored_reset
+        if read:
+            # The rules compare slim records (as kept in memory); the whole one is written.
+            stored = slim(stored) if stored is not None else None
+            stored_reset = stored is not None and stored.seq_reset
+            # An operator's forget or re-admission written since is kept, not undone.
+            ours = record_rules.operator_changes(mine, stored, state.stored)
+        else:
+            ours = mine
         return mine, hot_state.full(
-            record_rules.checkpoint(stored, ours, state.reset_consumed), body, self.nodes.bodies
+            record_rules.checkpoint(stored_reset, ours, state.reset_consumed),
+            body,
+            self.nodes.bodies,
         )
 
     def _wrote(
@@ -874,18 +878,19 @@ class AggregatorActor:
         node: str,
         state: NodeState,
         mine: NodeRecord | None,
-        known: NodeRecord | None,
+        known: bytes | None,
         before: NodeRecord | None,
         written: NodeRecord | None,
         revision: int | None,
     ) -> None:
         """The state after ``written`` (rendered from ``mine``) was written at
-        ``revision`` over ``before`` (``known`` when the write started)."""
+        ``revision`` over ``before`` (read, or None: the one whose digest ``known`` was
+        when the write started)."""
         state.revision = revision
         state.written = time.monotonic()
         kept = slim(written) if written is not None else None
         if kept is not None:
-            state.stored = kept
+            state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
         if state.record is mine:
             state.dirty = False
             state.reset_consumed = False
@@ -1151,7 +1156,7 @@ class AggregatorActor:
         """Take what an operator wrote into ``record`` (read afresh) into memory."""
         kept = slim(record)
         state.record = record_rules.operator_changes(state.record, kept, state.stored)
-        state.stored = kept
+        state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
 
     def _on_trust_change(self, node: str) -> None:
         """The trust watch saw ``node``'s key approved or revoked: ``fleetctl forget`` and
@@ -1242,7 +1247,7 @@ class AggregatorActor:
                 node, registration.cluster, registration.public_key, since=now
             )
 
-        before, created, revision = await self.store.update_known(node, change)
+        before, created, revision = await self.store.update(node, change)
         if created is not None:
             self.pending += 1
             if self.owns(node) and node not in self.nodes:

@@ -27,6 +27,7 @@ import msgspec
 import nacl.signing
 import zstandard
 
+from actors.fleet import record_rules
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 
@@ -53,10 +54,12 @@ class NodeState:
     """Loaded from fleet_nodes and no heartbeat accepted since."""
     refreshed: float = 0.0
     """Monotonic time the record was last read afresh for a refusal."""
-    stored: NodeRecord | None = None
-    """The record as this owner last read it from or wrote it to ``fleet_nodes`` (slim,
-    as ``record``): a stored record that differs was written by an operator since
-    (forget, approve; see :func:`record_rules.operator_changes`)."""
+    stored: bytes | None = None
+    """The :func:`record_rules.digest` of the record (slim, as ``record``) this owner last
+    read from or wrote to ``fleet_nodes``: a stored record that differs was written by an
+    operator since (forget, approve; see :func:`record_rules.operator_changes`)."""
+    stored_reset: bool = False
+    """That record's ``seq_reset`` (an operator's reset-seq, kept by the next write)."""
     body: bytes | None = None
     """The encoded heartbeat whose slim form ``record.heartbeat`` is, packed by the
     table's :class:`Bodies` (None without one)."""
@@ -230,7 +233,10 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     kept = slim(record)
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
-    return NodeState(kept, written, fresh=True, stored=kept, body=body)
+    stored = record_rules.digest(kept)
+    return NodeState(
+        kept, written, fresh=True, stored=stored, stored_reset=kept.seq_reset, body=body
+    )
 
 
 def from_stored(node: str, value: bytes, written: float, bodies: Bodies) -> NodeState:

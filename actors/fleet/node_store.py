@@ -90,12 +90,8 @@ class NodeStore:
         finally:
             self._trusted = None
 
-    async def update_known(
-        self,
-        node: str,
-        change: Change,
-        known: NodeRecord | None = None,
-        revision: int | None = None,
+    async def update(
+        self, node: str, change: Change
     ) -> tuple[NodeRecord | None, NodeRecord | None, int | None]:
         """Apply ``change`` to the current record and write the result if nobody wrote in
         between, else read again and retry. Returns (before, written, revision): the
@@ -103,21 +99,16 @@ class NodeStore:
         nothing (written is None). ``change`` may run more than once, so it must not have
         effects beyond its return value. An unreadable record returns (None, None, None)
         without calling ``change``: writing over it blindly could undo what a newer
-        aggregator knows. With ``known`` at ``revision`` (the record as the caller last
-        read or wrote it), the first attempt takes it as current without reading: a write
-        by anybody else in between fails the compare-and-set, and the record is read as
-        usual."""
+        aggregator knows. (The partition owner's writes over a record it knows go out
+        without a read first: ``AggregatorActor._write_known``.)"""
         nodes = await self._nodes()
-        for attempt in range(CAS_ATTEMPTS):
-            if attempt == 0 and known is not None and revision is not None:
-                current: NodeRecord | None = known
-            else:
-                try:
-                    current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
-                except DecodeError as exc:
-                    self.metrics.records_unreadable.inc()
-                    log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-                    return None, None, None
+        for _ in range(CAS_ATTEMPTS):
+            try:
+                current, revision = await kv.read_with_revision(nodes, node, NodeRecord)
+            except DecodeError as exc:
+                self.metrics.records_unreadable.inc()
+                log.error("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+                return None, None, None
             updated = change(current)
             if updated is None:
                 return current, None, revision

@@ -5,10 +5,12 @@ Kept apart from the actor so every rule is testable without a server.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal, NamedTuple
 
 import msgspec
 
+from schemas import codec
 from schemas.base import RecordState
 from schemas.events import Health, notice_key
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Severity
@@ -527,15 +529,22 @@ DEREGISTRATION_FIELDS = (
 )
 
 
+def digest(record: NodeRecord) -> bytes:
+    """What the partition owner keeps of the record it last read or wrote (16 bytes, not
+    a second record): enough to tell whether a record read later is that one."""
+    return hashlib.blake2b(codec.encode(record), digest_size=16).digest()
+
+
 def operator_changes(
-    mine: NodeRecord, stored: NodeRecord | None, known: NodeRecord | None
+    mine: NodeRecord, stored: NodeRecord | None, known: bytes | None
 ) -> NodeRecord:
     """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
-    into ``fleet_nodes`` since the owner last read or wrote it (``known``): ``fleetctl
-    forget`` deregisters, ``fleetctl approve`` of a deregistered node re-admits it (and
-    clears the refusal noted). ``stored == known`` means nobody else wrote: ``mine`` wins.
-    Heartbeat facts and ``reset-seq`` are not taken from here (see :func:`checkpoint`)."""
-    if stored is None or known is None or stored == known:
+    into ``fleet_nodes`` (``stored``) since the owner last read or wrote it (``known``,
+    its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve`` of a
+    deregistered node re-admits it (and clears the refusal noted). ``stored`` digesting to
+    ``known`` means nobody else wrote: ``mine`` wins. Heartbeat facts and ``reset-seq``
+    are not taken from here (see :func:`checkpoint`)."""
+    if stored is None or known is None or digest(stored) == known:
         return mine
     if all(getattr(stored, name) == getattr(mine, name) for name in DEREGISTRATION_FIELDS):
         return mine
@@ -545,11 +554,12 @@ def operator_changes(
     return with_state(mine, **changes)
 
 
-def checkpoint(stored: NodeRecord | None, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
-    """What the partition owner writes over ``stored`` (the record in ``fleet_nodes``)
-    from its in-memory ``mine``: its own, except that an operator's ``reset-seq`` written
-    since (``stored.seq_reset``) is kept unless a heartbeat already used it up."""
-    if stored is not None and stored.seq_reset and not mine.seq_reset and not reset_consumed:
+def checkpoint(stored_reset: bool, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
+    """What the partition owner writes over the record in ``fleet_nodes`` from its
+    in-memory ``mine``: its own, except that an operator's ``reset-seq`` written since
+    (``stored_reset``: the stored record's ``seq_reset``) is kept unless a heartbeat
+    already used it up."""
+    if stored_reset and not mine.seq_reset and not reset_consumed:
         return msgspec.structs.replace(mine, seq_reset=True)
     return mine
 

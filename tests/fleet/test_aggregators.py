@@ -160,7 +160,7 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
         stale_since=time.time() - 60,
     )
     aggregator = new_aggregator(bus, prefix, offline_after=30)
-    await aggregator.store.update_known("n1", lambda _: stale_long_ago)
+    await aggregator.store.update("n1", lambda _: stale_long_ago)
 
     await aggregator.sweep()
     assert (await read_record(bus, subjects, "n1")).state == "stale"

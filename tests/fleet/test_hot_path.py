@@ -169,10 +169,24 @@ def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
     """A reset-seq written by an operator after the owner's last write survives the
     owner's next checkpoint, unless a heartbeat already used it up."""
     mine = record_rules.pending_record("n1", "c1", "K")
-    stored = msgspec.structs.replace(mine, seq_reset=True)
-    assert record_rules.checkpoint(stored, mine, reset_consumed=False).seq_reset
-    assert not record_rules.checkpoint(stored, mine, reset_consumed=True).seq_reset
-    assert not record_rules.checkpoint(None, mine, reset_consumed=False).seq_reset
+    assert record_rules.checkpoint(True, mine, reset_consumed=False).seq_reset
+    assert not record_rules.checkpoint(True, mine, reset_consumed=True).seq_reset
+    assert not record_rules.checkpoint(False, mine, reset_consumed=False).seq_reset
+
+
+def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> None:
+    """The owner keeps a digest of the record it last wrote: the same record read back
+    leaves its own as it is; one an operator deregistered since gives the deregistration;
+    one changed elsewhere but not in its deregistration leaves its own."""
+    known = record_rules.pending_record("n1", "c1", "K")
+    mine = record_rules.with_state(known, last_seq=9)
+    digest = record_rules.digest(known)
+    assert record_rules.operator_changes(mine, known, digest) is mine
+    forgotten = record_rules.with_state(known, deregistered=True, deregistered_by="operator")
+    taken = record_rules.operator_changes(mine, forgotten, digest)
+    assert taken.deregistered and taken.deregistered_by == "operator" and taken.last_seq == 9
+    elsewhere = record_rules.with_state(known, last_seq=3)
+    assert record_rules.operator_changes(mine, elsewhere, digest) is mine
 
 
 def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
