@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
 import msgspec
-import nacl.signing
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -151,7 +151,7 @@ class AggregatorActor:
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
-        self._new_verifier: tuple[str, nacl.signing.VerifyKey] | None = None
+        self._new_verifier: tuple[str, bytes] | None = None
         """The verifier built for the last heartbeat of a node with no state yet."""
         self._fresh_keys: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
@@ -544,9 +544,11 @@ class AggregatorActor:
         it), a 4-token subject of the old layout is refused."""
         found = self._subjects_seen.get(subject)
         if found is None:
-            found = self.subjects.split_stored_heartbeat(subject)
-            if found[0] != partition_of(found[2], self.partition_count):
+            partition, cluster, node = self.subjects.split_stored_heartbeat(subject)
+            if partition != partition_of(node, self.partition_count):
                 raise InvalidToken("heartbeat partition", subject)
+            # Interned: kept per node, as the records and tables beside it keep the same.
+            found = partition, sys.intern(cluster), sys.intern(node)
             if len(self._subjects_seen) >= 2 * MAX_NODES:
                 self._subjects_seen.clear()  # bounded: a flood of odd subjects ends here
             self._subjects_seen[subject] = found
@@ -637,7 +639,7 @@ class AggregatorActor:
         """Accept a verified ``heartbeat`` (its bytes: ``body``) into the node's state, or
         raise Refused (LateDelivery, _NeedsFetch); return the alerts and writes to do."""
         now = time.time()
-        node = heartbeat.node_id
+        node = sys.intern(heartbeat.node_id)  # kept by the checkpoint queue: one per node
         state = self.nodes.get(node)
         fingerprint = record_rules.gpu_fingerprint(heartbeat)
         if state is not None and record_rules.is_steady(

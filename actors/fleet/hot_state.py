@@ -21,10 +21,9 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
-import nacl.signing
 import zstandard
 
 from actors.fleet import record_rules
@@ -49,7 +48,8 @@ class NodeState:
     clears the flag in ``fleet_nodes`` (otherwise a flag set there is kept)."""
     key: str = ""
     """The public key ``verifier`` was built from."""
-    verifier: nacl.signing.VerifyKey | None = field(default=None)
+    verifier: bytes | None = None
+    """``key`` decoded for the signature check (:func:`signing.verify_key`)."""
     fresh: bool = False
     """Loaded from fleet_nodes and no heartbeat accepted since."""
     refreshed: float = 0.0
@@ -121,6 +121,11 @@ class NodeTable(dict[str, NodeState]):
         super().__init__()
         self.bodies = Bodies()
 
+    def __setitem__(self, node: str, state: NodeState) -> None:
+        # Interned, as the record's node_id (:func:`slim`), the trust cache's keys and the
+        # subjects judged are: one string per node, not one per table holding it.
+        super().__setitem__(sys.intern(node), state)
+
     def whole(self, state: NodeState) -> NodeRecord:
         """The node's whole current record (see :func:`full`)."""
         return full(state.record, state.body, self.bodies)
@@ -183,8 +188,17 @@ own are read while judging it): left out of the slim record, kept in ``body``.""
 SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels", "schedulability")
 """Fields a record and its heartbeat hold alike: a decoded record has two copies of each,
 the slim one shares the record's."""
-INTERNED_FIELDS = ("cluster", "agent_version", "schedulability", "state")
-"""Strings most nodes of a fleet have alike: one object each, not one per node."""
+INTERNED_FIELDS = (
+    "cluster",
+    "agent_version",
+    "schedulability",
+    "state",
+    "health_status",
+    "node_id",
+    "public_key",
+)
+"""Strings interned: those most nodes of a fleet have alike (one object for the fleet),
+and a node's name and key, which the owner's tables hold too (one object per node)."""
 
 
 def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> Heartbeat:
@@ -210,7 +224,11 @@ def slim(record: NodeRecord) -> NodeRecord:
     beat = record.heartbeat
     if beat is None:
         return record
-    common = {name: sys.intern(getattr(record, name)) for name in INTERNED_FIELDS}
+    common = {
+        name: sys.intern(value)
+        for name in INTERNED_FIELDS
+        if isinstance(value := getattr(record, name), str)  # a key or health may be None
+    }
     record = msgspec.structs.replace(record, **common)
     return msgspec.structs.replace(record, heartbeat=slim_heartbeat(beat, record))
 

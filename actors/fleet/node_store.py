@@ -11,6 +11,7 @@ read through :mod:`actors.fleet.registry`, the one reader of ``fleet_trust``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 
 import nats.js.errors
@@ -77,7 +78,8 @@ class NodeStore:
             if key is None:
                 trusted.pop(node, None)
             else:
-                trusted[node] = key
+                # Interned: the owner's records hold the same name and key (hot_state.slim).
+                trusted[sys.intern(node)] = sys.intern(key)
             if changed is not None and self._trusted is trusted:
                 changed(node)
 

@@ -3,6 +3,8 @@ with the heartbeat's bytes beside them, and the fleet API's encoded records."""
 
 from __future__ import annotations
 
+import sys
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -301,3 +303,30 @@ def test_encoded_records_decode_on_access() -> None:
     del records["n1"]
     assert list(records) == ["n2", "n3"] and len(records) == 2
     assert msgspec.structs.asdict(records["n2"])["cluster"] == "c2"
+
+
+def test_a_nodes_name_and_key_are_one_string_however_many_tables_hold_them() -> None:
+    """The slim record interns the node's name and key, and the owner's table interns
+    its keys: a name decoded anew (a subject, a KV key) is stored as that same object."""
+    whole = codec.decode(
+        codec.encode(
+            record_rules.accepted(
+                record_rules.pending_record("n-intern", "c1"),
+                SIM_BEAT,
+                "U" * 56,
+                1.0,
+                1,
+                1.0,
+                None,
+            )
+        ),
+        NodeRecord,
+    )
+    kept = hot_state.slim(whole)
+    assert kept.node_id is sys.intern("n-intern") and kept.public_key is sys.intern("U" * 56)
+    table = hot_state.NodeTable()
+    name = "".join(["n-", "intern"])  # equal, another object
+    table[name] = hot_state.NodeState(kept, 1.0)
+    assert next(iter(table)) is kept.node_id
+    unscored = hot_state.slim(msgspec.structs.replace(whole, health_status=None))
+    assert unscored.health_status is None and unscored.node_id is kept.node_id
