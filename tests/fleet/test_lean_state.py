@@ -182,7 +182,7 @@ def test_a_beat_kept_shares_the_records_objects_where_it_holds_the_same() -> Non
     beat = codec.decode(codec.encode(msgspec.structs.replace(SIM_BEAT, seq=8)), Heartbeat)
     kept = hot_state.slim_heartbeat(beat, record)
     assert kept == hot_state.slim_heartbeat(beat)
-    for name in hot_state.SHARED_FIELDS:
+    for name in ("node_id", "cluster", "boot_id", "agent_version", "labels", "schedulability"):
         assert getattr(kept, name) is getattr(record, name), name
     assert kept.spot is record.heartbeat.spot
     rebooted = msgspec.structs.replace(beat, boot_id="b2", labels={"rack": "r9"})
