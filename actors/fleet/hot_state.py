@@ -80,7 +80,8 @@ class Bodies:
     heartbeats of one fleet share most of their bytes (field names, GPU models, health
     reasons, the agent's version), which the dictionary holds once instead of once per
     node. A first body unlike the rest (a node with no GPU, a hostile but enrolled one)
-    only makes the others pack less well, never wrongly: every frame unpacks to exactly
+    only makes the others pack less well (a 1 MB random one: a 4 KB heartbeat keeps 1.9 KB
+    and packs in 14.5 µs, not 4.3), never wrongly: every frame unpacks to exactly
     its bytes against the same dictionary."""
 
     def __init__(self) -> None:
