@@ -19,8 +19,9 @@ from actors.runtime.bus import Bus, NatsBus
 from actors.runtime.consumer import Step
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
+from schemas.errors import InvalidToken
 from schemas.events import Health
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, partition_of
 from tests.fleet.test_aggregator import publish, watch_alerts
 from tests.fleet.test_aggregators import delivered
 from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_for
@@ -291,3 +292,32 @@ async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful
     assert forgotten.deregistered and forgotten.deregistered_by == "UOPERATOR"
     for node in nodes:
         assert (await read_record(bus, subjects, node)).last_seq == 1
+
+
+async def test_a_subject_is_checked_against_the_nodes_state_or_in_full(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A heartbeat subject of a node in memory, in its record's cluster, is taken by what
+    the node's state holds (its partition, noted once checked in full); a wrong partition
+    token, prefix or layout is refused all the same, and another cluster is checked in
+    full."""
+    actor = new_aggregator(bus, prefix)
+    node = "n-split"
+    partition = partition_of(node, actor.partition_count)
+    good = f"{prefix}.hb.{partition}.c1.{node}"
+    other = (partition + 1) % actor.partition_count
+    wrong = [
+        f"{prefix}.hb.{other}.c1.{node}",
+        f"x{prefix}.hb.{partition}.c1.{node}",
+        f"{prefix}.hb.{partition}.c*.{node}",
+        f"{prefix}.hb.c1.{node}",
+    ]
+    assert actor._split(good) == (partition, "c1", node)  # unknown: in full
+    actor.nodes[node] = NodeState(record_rules.pending_record(node, "c1"), 1.0)
+    assert actor._split(good) == (partition, "c1", node)
+    assert actor.nodes[node].partition == partition
+    assert actor._split(good) == (partition, "c1", node)  # from the state
+    for subject in wrong:
+        with pytest.raises(InvalidToken):
+            actor._split(subject)
+    assert actor._split(f"{prefix}.hb.{partition}.c2.{node}") == (partition, "c2", node)
