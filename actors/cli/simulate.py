@@ -632,6 +632,8 @@ class StaleAlerts:
 
     def __init__(self) -> None:
         self.arrived: dict[str, float] = {}
+        self.marked: dict[str, float] = {}
+        """When the server stored each node's TTL marker, as its alert says."""
         self.changed = asyncio.Event()
 
     async def on_alert(self, msg: Msg) -> None:
@@ -641,6 +643,8 @@ class StaleAlerts:
             return
         if alert.kind == "stale" and alert.node_id not in self.arrived:
             self.arrived[alert.node_id] = time.time()
+            with contextlib.suppress(KeyError, ValueError):
+                self.marked[alert.node_id] = float(alert.details["marked_at"])
             self.changed.set()
 
 
@@ -668,13 +672,20 @@ async def _stale_storm(
         node: stored.get(subjects.alert("stale", options.cluster, node), 0) for node in killed
     }
     twice = sum(1 for node in killed if per_node.get(node, 0) > 1)
-    delays = sorted(
-        max(0.0, arrived[node] - (killed[node] + options.stale_after)) for node in arrived
-    )
+    expiry = {node: killed[node] + options.stale_after for node in arrived}
+    delays = sorted(max(0.0, arrived[node] - expiry[node]) for node in arrived)
+    marked = {node: at for node, at in watch.marked.items() if node in arrived}
+    # The two halves: the server's (TTL expiry -> its marker stored) and the aggregator's
+    # (marker stored -> alert seen here), each node's from the alert's marked_at.
+    by_server = sorted(marked[node] - expiry[node] for node in marked)
+    by_aggregator = sorted(arrived[node] - marked[node] for node in marked)
     out.write(
         f"stale storm: {len(arrived)}/{len(killed)} killed nodes alerted, {twice} stored "
         f"more than once; TTL expiry -> alert p50 {_quantile(delays, 0.5):.2f}s "
-        f"p99 {_quantile(delays, 0.99):.2f}s\n"
+        f"p99 {_quantile(delays, 0.99):.2f}s; TTL expiry -> marker stored p50 "
+        f"{_quantile(by_server, 0.5):.2f}s p99 {_quantile(by_server, 0.99):.2f}s, marker "
+        f"-> alert p50 {_quantile(by_aggregator, 0.5):.2f}s "
+        f"p99 {_quantile(by_aggregator, 0.99):.2f}s\n"
     )
     return len(arrived) == len(killed) and twice == 0
 

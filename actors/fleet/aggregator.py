@@ -968,7 +968,9 @@ class AggregatorActor:
                 node,
                 f"no heartbeat for {stale_after:g}s (server marker: {reason})",
                 f"q{stale.last_seq}",
-                {"last_seq": str(stale.last_seq)},
+                # When the server stored its marker: how long after the TTL ran out the
+                # server marked the node, and how long the alert took after that.
+                {"last_seq": str(stale.last_seq), "marked_at": f"{marked_at:.3f}"},
             ),
             partial(self.write, node),
         ]

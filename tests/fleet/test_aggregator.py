@@ -199,6 +199,8 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     assert time.time() - killed_at <= 2.0 + 2.0 + 1.0
     stale = alerts.of("stale")[0]
     assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
+    # When the server stored its marker: after the last heartbeat, before the alert.
+    assert last.last_seen < float(stale.details["marked_at"]) <= stale.ts + 0.01
     assert last.last_seq >= before.last_seq
     await asyncio.sleep(1.0)
     assert len(alerts.of("stale")) == 1
