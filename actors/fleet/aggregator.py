@@ -72,6 +72,8 @@ LOAD_TIMEOUT = 120.0
 """Seconds to read every record of fleet_nodes at a cold start (100,000 in a few)."""
 REFRESH_INTERVAL = 5.0
 """A refused node's record is read afresh at most this often (a reset-seq shows then)."""
+TRUST_WAIT = 2.0
+"""Seconds a batch of heartbeats waits at most for the trust watch to catch up."""
 CHECKPOINT_TICK = 0.5
 CHECKPOINTS_PER_TICK = 4096
 CHECKPOINTS_IN_FLIGHT = 256
@@ -417,7 +419,10 @@ class AggregatorActor:
     async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
         """Judge every message of a fetch in memory, in order; return the I/O left to do
         (alerts, record writes, KV reads a refusal needs), one chain per node. A node
-        with a chain has its later messages of the fetch judged after the chain's steps."""
+        with a chain has its later messages of the fetch judged after the chain's steps.
+        While the trust watch is behind (a bulk enrollment), the batch waits for it first,
+        up to TRUST_WAIT (see :meth:`NodeStore.trust_caught_up`)."""
+        await self.store.trust_caught_up(TRUST_WAIT)
         chains: dict[str, Chain] = {}
         for msg in messages:
             chain = chains.get(msg.subject)

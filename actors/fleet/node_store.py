@@ -10,6 +10,8 @@ read through :mod:`actors.fleet.registry`, the one reader of ``fleet_trust``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -46,6 +48,11 @@ class NodeStore:
         self.metrics = metrics or AggregatorMetrics()
         self._trusted: dict[str, str] | None = None
         """Approved keys from the trust watch; None until it has caught up."""
+        self.trust_backlog = 0
+        """Entries of ``fleet_trust`` the trust watch has still to take in (as the server
+        counted when it sent the last one taken)."""
+        self._trust_current = asyncio.Event()
+        self._trust_current.set()
 
     async def _nodes(self) -> KeyValue:
         return await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
@@ -83,14 +90,41 @@ class NodeStore:
             if changed is not None and self._trusted is trusted:
                 changed(node)
 
+        def settled() -> None:
+            if self.trust_backlog == 0 and self._trusted is not None:
+                self._trust_current.set()
+            else:
+                self._trust_current.clear()
+
         def on_current() -> None:
             self._trusted = trusted
+            settled()
 
+        def on_behind(entries: int) -> None:
+            self.trust_backlog = entries
+            settled()
+
+        self._trust_current.clear()
         try:
             trust = await self.bus.kv(self.subjects.bucket_name(BUCKET_TRUST))
-            await kv.follow(trust, TrustEntry, on_change, on_current)
+            await kv.follow(trust, TrustEntry, on_change, on_current, on_behind=on_behind)
         finally:
             self._trusted = None
+            self.trust_backlog = 0
+            self._trust_current.set()  # no watch: nothing to wait for (keys read afresh)
+
+    async def trust_caught_up(self, limit: float) -> None:
+        """Return once the trust watch has taken in every entry the server had for it, or
+        after ``limit`` seconds. A heartbeat of a node whose approval the watch has not
+        taken in yet is judged by reading its key and record afresh (two round trips):
+        after an enrollment of thousands of nodes, judging their first heartbeats before
+        the watch has their keys costs more than waiting for it, and takes from the watch
+        the time it needs to catch up."""
+        if self._trust_current.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit):
+                await self._trust_current.wait()
 
     async def update(
         self, node: str, change: Change

@@ -299,6 +299,7 @@ async def follow(
     on_change: Callable[[str, T | None], None],
     on_current: Callable[[], None] | None = None,
     on_unreadable: Callable[[str], None] | None = None,
+    on_behind: Callable[[int], None] | None = None,
 ) -> None:
     """Call ``on_change(key, value)`` for every current entry of ``bucket``, then
     ``on_current()`` once, then ``on_change`` for every change, until cancelled.
@@ -306,7 +307,8 @@ async def follow(
     A deleted or purged key arrives as None. So does an unreadable value (logged): the
     follower's copy must not keep a value the bucket no longer holds, and raising would
     only restart the watch into the same value. ``on_unreadable(key)`` lets the caller
-    count them.
+    count them. ``on_behind(n)`` follows every entry: the entries after it the server
+    still had for this watch when it sent it, so 0 once the follower has caught up.
     """
     watcher = await bucket.watchall()
     try:
@@ -327,6 +329,8 @@ async def follow(
                     if on_unreadable is not None:
                         on_unreadable(entry.key)
             on_change(entry.key, value)
+            if on_behind is not None:
+                on_behind(entry.delta or 0)
     finally:
         await _stop_watcher(watcher)
 

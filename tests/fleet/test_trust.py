@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from actors.fleet import registry
 from actors.fleet.node_store import NodeStore
+from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import signing
-from schemas.subjects import Subjects
+from schemas.messages import TrustEntry
+from schemas.subjects import BUCKET_TRUST, Subjects
+from tests.support.fleet import wait_for
 
 
 async def test_revoked_entry_yields_no_approved_key(bus: NatsBus, prefix: str) -> None:
@@ -33,3 +38,33 @@ async def test_unknown_node_has_no_trust_entry(bus: NatsBus, prefix: str) -> Non
     subjects = Subjects(prefix)
     assert await registry.trust_entry(bus, subjects, "nobody") is None
     assert registry.approved_key(None) is None
+
+
+async def test_batches_can_wait_for_the_trust_watch_to_take_in_a_bulk_enrollment(
+    bus: NatsBus, prefix: str
+) -> None:
+    """2,000 approvals made at once before the watch starts: the watch reports how many
+    entries it has still to take in, counting down to 0, and ``trust_caught_up`` returns
+    once it holds every key (heartbeats of those nodes then need no read)."""
+    subjects = Subjects(prefix)
+    key = signing.KeyPair.generate().public_key
+    nodes = [f"bulk-{index}" for index in range(2000)]
+    await asyncio.gather(*(registry.approve(bus, subjects, node, key) for node in nodes))
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
+    behind: list[int] = []
+    follower = asyncio.create_task(
+        kv.follow(trust, TrustEntry, lambda _key, _value: None, on_behind=behind.append)
+    )
+    store = NodeStore(bus, subjects)
+    watch = asyncio.create_task(store.follow_trust())
+    try:
+        await asyncio.sleep(0)  # the watch has started: it is behind until it says not
+        await store.trust_caught_up(30.0)
+        assert store.trust_backlog == 0
+        assert [node for node in nodes if store.cached_key(node) != key] == []
+        await wait_for(lambda: len(behind) == len(nodes), timeout=30)
+        assert behind == list(range(len(nodes) - 1, -1, -1))
+    finally:
+        for task in (watch, follower):
+            task.cancel()
+        await asyncio.gather(watch, follower, return_exceptions=True)
