@@ -822,7 +822,7 @@ class AggregatorActor:
             revision = 0
         elif known is None or revision is None:
             return False
-        mine, whole = self._render(state, None, read=False)
+        mine, kept, whole = self._render(state, None, read=False)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
@@ -831,7 +831,7 @@ class AggregatorActor:
         if written is None:
             return False
         if self.nodes.get(node) is state:
-            self._wrote(node, state, mine, known, None, whole, written)
+            self._wrote(node, state, mine, known, None, kept, written)
         return True
 
     def _send_batch(self) -> None:
@@ -860,21 +860,26 @@ class AggregatorActor:
 
     async def _write(self, node: str, state: NodeState) -> None:
         mine: NodeRecord | None = None
+        kept: NodeRecord | None = None
         known = state.stored
 
         def change(stored: NodeRecord | None) -> NodeRecord:
-            nonlocal mine
-            mine, whole = self._render(state, stored, read=True)
+            nonlocal mine, kept
+            mine, kept, whole = self._render(state, stored, read=True)
             return whole
 
         before, written, revision = await self.store.update(node, change)
-        self._wrote(node, state, mine, known, before, written, revision)
+        self._wrote(
+            node, state, mine, known, before, kept if written is not None else None, revision
+        )
 
     def _render(
         self, state: NodeState, stored: NodeRecord | None, read: bool
-    ) -> tuple[NodeRecord, NodeRecord]:
-        """(the in-memory record now, the whole record to write over ``stored``, the record
-        just read if ``read``, else over the one this owner last read or wrote)."""
+    ) -> tuple[NodeRecord, NodeRecord, NodeRecord]:
+        """(the in-memory record now, the record to write in its slim form, the same
+        whole): what to write over ``stored``, the record just read if ``read``, else over
+        the one this owner last read or wrote. The slim form is most often the in-memory
+        record itself, which then stays as it is once written."""
         mine, body = state.record, state.body
         stored_reset = state.stored_reset
         if read:
@@ -885,11 +890,8 @@ class AggregatorActor:
             ours = record_rules.operator_changes(mine, stored, state.stored)
         else:
             ours = mine
-        return mine, hot_state.full(
-            record_rules.checkpoint(stored_reset, ours, state.reset_consumed),
-            body,
-            self.nodes.bodies,
-        )
+        kept = record_rules.checkpoint(stored_reset, ours, state.reset_consumed)
+        return mine, kept, hot_state.full(kept, body, self.nodes.bodies)
 
     def _wrote(
         self,
@@ -898,15 +900,17 @@ class AggregatorActor:
         mine: NodeRecord | None,
         known: bytes | None,
         before: NodeRecord | None,
-        written: NodeRecord | None,
+        kept: NodeRecord | None,
         revision: int | None,
     ) -> None:
-        """The state after ``written`` (rendered from ``mine``) was written at
-        ``revision`` over ``before`` (read, or None: the one whose digest ``known`` was
-        when the write started)."""
+        """The state after the record whose slim form is ``kept`` (rendered from
+        ``mine``; None: nothing written) was written at ``revision`` over ``before``
+        (read, or None: the one whose digest ``known`` was when the write started). The
+        slim form is taken as it is, not made again from the whole record written: a
+        checkpoint leaves the in-memory record the same object, and allocates nothing to
+        keep (a checkpoint wave of 100,000 nodes otherwise replaced every record at once)."""
         state.revision = revision
         state.written = time.monotonic()
-        kept = slim(written) if written is not None else None
         if kept is not None:
             state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
         if state.record is mine:

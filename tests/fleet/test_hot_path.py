@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 
 from actors.fleet import record_rules
 from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.hot_state import CheckpointQueue, NodeState
+from actors.fleet.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.registry import NotFound, approve, forget, read_record
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NatsBus
@@ -321,3 +321,30 @@ async def test_a_subject_is_checked_against_the_nodes_state_or_in_full(
         with pytest.raises(InvalidToken):
             actor._split(subject)
     assert actor._split(f"{prefix}.hb.{partition}.c2.{node}") == (partition, "c2", node)
+
+
+async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A checkpoint of a node that only kept beating leaves its in-memory record the same
+    object (nothing made again from the whole record written), and remembers the digest
+    of exactly what fleet_nodes now holds: an operator's change after it is still told
+    from the owner's own writes."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    actor = aggregator_of(await fleet.start_aggregator(checkpoint_interval=120.0))
+    for seq in (1, 2):
+        await beat(bus, prefix, key, seq)
+
+        def accepted(seq: int = seq) -> bool:
+            return "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == seq
+
+        await wait_for(accepted)
+    state = actor.nodes["n1"]
+    assert state.dirty
+    kept = state.record
+    await actor.write("n1")
+    stored = await read_record(bus, Subjects(prefix), "n1")
+    assert stored.last_seq == 2 and not state.dirty
+    assert state.record is kept
+    assert state.stored == record_rules.digest(slim(stored))
