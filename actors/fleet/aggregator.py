@@ -822,11 +822,11 @@ class AggregatorActor:
             revision = 0
         elif known is None or revision is None:
             return False
-        mine, kept, whole = self._render(state, None, read=False)
+        mine, kept, body = self._render_encoded(state)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
-        self._batch.append((node, codec.encode(whole), revision, answer))
+        self._batch.append((node, body, revision, answer))
         written = await answer
         if written is None:
             return False
@@ -892,6 +892,14 @@ class AggregatorActor:
             ours = mine
         kept = record_rules.checkpoint(stored_reset, ours, state.reset_consumed)
         return mine, kept, hot_state.full(kept, body, self.nodes.bodies)
+
+    def _render_encoded(self, state: NodeState) -> tuple[NodeRecord, NodeRecord, bytes]:
+        """:meth:`_render` over the record this owner last wrote, the whole record
+        encoded: a writer waiting for the server keeps these bytes, not the whole record
+        (its decoded heartbeat is several KB of objects, and a fetch of first contacts
+        puts thousands of writes in flight at once)."""
+        mine, kept, whole = self._render(state, None, read=False)
+        return mine, kept, codec.encode(whole)
 
     def _wrote(
         self,
