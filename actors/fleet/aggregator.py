@@ -822,7 +822,8 @@ class AggregatorActor:
             revision = 0
         elif known is None or revision is None:
             return False
-        mine, kept, body = self._render_encoded(state)
+        mine, kept = self._render(state, None, read=False)
+        body = hot_state.encoded(kept, state.body, self.nodes.bodies)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
@@ -865,8 +866,8 @@ class AggregatorActor:
 
         def change(stored: NodeRecord | None) -> NodeRecord:
             nonlocal mine, kept
-            mine, kept, whole = self._render(state, stored, read=True)
-            return whole
+            mine, kept = self._render(state, stored, read=True)
+            return hot_state.full(kept, state.body, self.nodes.bodies)
 
         before, written, revision = await self.store.update(node, change)
         self._wrote(
@@ -875,12 +876,13 @@ class AggregatorActor:
 
     def _render(
         self, state: NodeState, stored: NodeRecord | None, read: bool
-    ) -> tuple[NodeRecord, NodeRecord, NodeRecord]:
-        """(the in-memory record now, the record to write in its slim form, the same
-        whole): what to write over ``stored``, the record just read if ``read``, else over
-        the one this owner last read or wrote. The slim form is most often the in-memory
-        record itself, which then stays as it is once written."""
-        mine, body = state.record, state.body
+    ) -> tuple[NodeRecord, NodeRecord]:
+        """(the in-memory record now, the record to write in its slim form): what to write
+        over ``stored``, the record just read if ``read``, else over the one this owner
+        last read or wrote. The slim form is most often the in-memory record itself, which
+        then stays as it is once written; the whole record is the slim one with the kept
+        heartbeat (:func:`hot_state.encoded`, :func:`hot_state.full`)."""
+        mine = state.record
         stored_reset = state.stored_reset
         if read:
             # The rules compare slim records (as kept in memory); the whole one is written.
@@ -890,16 +892,7 @@ class AggregatorActor:
             ours = record_rules.operator_changes(mine, stored, state.stored)
         else:
             ours = mine
-        kept = record_rules.checkpoint(stored_reset, ours, state.reset_consumed)
-        return mine, kept, hot_state.full(kept, body, self.nodes.bodies)
-
-    def _render_encoded(self, state: NodeState) -> tuple[NodeRecord, NodeRecord, bytes]:
-        """:meth:`_render` over the record this owner last wrote, the whole record
-        encoded: a writer waiting for the server keeps these bytes, not the whole record
-        (its decoded heartbeat is several KB of objects, and a fetch of first contacts
-        puts thousands of writes in flight at once)."""
-        mine, kept, whole = self._render(state, None, read=False)
-        return mine, kept, codec.encode(whole)
+        return mine, record_rules.checkpoint(stored_reset, ours, state.reset_consumed)
 
     def _wrote(
         self,

@@ -211,6 +211,8 @@ def test_slim_record_writes_exactly_the_whole_one() -> None:
     table = hot_state.NodeTable()
     body = table.bodies.pack(codec.encode(SIM_BEAT))
     assert codec.encode(hot_state.full(kept, body, table.bodies)) == codec.encode(whole)
+    # What the owner writes: the same bytes, the heartbeat's spliced in undecoded.
+    assert hot_state.encoded(kept, body, table.bodies) == codec.encode(whole)
     state = hot_state.from_stored("n1", codec.encode(whole), 5.0, table.bodies)
     assert state.record == kept and state.fresh
     assert state.stored == record_rules.digest(kept) and not state.stored_reset
@@ -330,3 +332,21 @@ def test_a_nodes_name_and_key_are_one_string_however_many_tables_hold_them() -> 
     assert next(iter(table)) is kept.node_id
     unscored = hot_state.slim(msgspec.structs.replace(whole, health_status=None))
     assert unscored.health_status is None and unscored.node_id is kept.node_id
+
+
+def test_a_record_written_keeps_the_heartbeat_as_it_came() -> None:
+    """The record written embeds the heartbeat's own bytes: a field a newer agent sends
+    and this version does not know stays in fleet_nodes (readers ignore it), and the
+    record reads back as the whole one."""
+    newer = codec.encode(SIM_BEAT)[:-1] + b',"from_a_newer_agent":{"x":[1,2]}}'
+    beat = codec.decode(newer, Heartbeat)
+    whole = record_rules.accepted(
+        record_rules.pending_record("n1", "c1"), beat, "U", 100.0, 3, 99.0, None
+    )
+    bodies = hot_state.Bodies()
+    written = hot_state.encoded(hot_state.slim(whole), bodies.pack(newer), bodies)
+    assert b'"from_a_newer_agent":{"x":[1,2]}' in written
+    assert codec.decode(written, NodeRecord) == whole
+    assert hot_state.encoded(record_rules.pending_record("n1", "c1"), None, bodies) == (
+        codec.encode(record_rules.pending_record("n1", "c1"))
+    )
