@@ -10,10 +10,10 @@ so 100,000 nodes cost ``100_000 / checkpoint_interval`` writes a second, evenly)
 Memory: the record kept per node is *slim* (:func:`slim`): its embedded heartbeat keeps
 only what the rules read again (seq, ts, boot, intervals, spot notice, labels), and the
 whole last accepted heartbeat is kept as the bytes it came in (``NodeState.body``, already
-verified and validated), compressed (:class:`Bodies`), and decoded only to write the
-record or answer the HTTP API (:func:`full`). A decoded heartbeat is several KB of Python
-objects; its bytes are 2-4 KB, and compressed a few hundred: one object, which the garbage
-collector never walks.
+verified and validated), compressed (:class:`Bodies`), spliced undecoded into the record
+written (:func:`encoded`) and decoded only to answer the HTTP API (:func:`full`). A
+decoded heartbeat is several KB of Python objects; its bytes are 2-4 KB, and compressed
+a few hundred: one object, which the garbage collector never walks.
 """
 
 from __future__ import annotations
@@ -260,9 +260,9 @@ def slim(record: NodeRecord) -> NodeRecord:
 
 def full(record: NodeRecord, body: bytes | None, bodies: Bodies) -> NodeRecord:
     """The whole record of a slim ``record`` whose heartbeat was encoded and packed by
-    ``bodies`` as ``body``: what is written to ``fleet_nodes`` and what the HTTP API
-    answers. ``body`` was verified and decoded (validated) when it was accepted, or
-    encoded from a stored record."""
+    ``bodies`` as ``body``: what the HTTP API answers (:func:`encoded` writes the same
+    to ``fleet_nodes`` without decoding). ``body`` was verified and decoded (validated)
+    when it was accepted, or encoded from a stored record."""
     if body is None or record.heartbeat is None:
         return record
     heartbeat = codec.decode(bodies.unpack(body), Heartbeat)
