@@ -21,7 +21,8 @@ from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.errors import InvalidToken
 from schemas.events import Health
-from schemas.subjects import Subjects, partition_of
+from schemas.messages import Heartbeat, NodeRecord
+from schemas.subjects import BUCKET_NODES, Subjects, partition_of
 from tests.fleet.test_aggregator import publish, watch_alerts
 from tests.fleet.test_aggregators import delivered
 from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_for
@@ -348,3 +349,27 @@ async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
     assert stored.last_seq == 2 and not state.dirty
     assert state.record is kept
     assert state.stored == record_rules.digest(slim(stored))
+
+
+async def test_a_heartbeat_reaches_fleet_nodes_as_the_node_signed_it(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Published with plain nats-py, a signed heartbeat carrying a field this version does
+    not know is accepted, and the record written (read back with plain nats-py) embeds
+    the heartbeat's bytes as signed, unknown field and all, and decodes whole."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    await fleet.start_aggregator()
+    known = codec.encode(heartbeat(seq=1, stale_after=60.0, interval=30.0))
+    body = known[:-1] + b',"from_a_newer_agent":[1,{"x":"y"}]}'
+    await publish(bus, prefix, body, key.headers(body))
+
+    async def written() -> bool:
+        return await stored_seq(bus, prefix) == 1
+
+    await wait_for(written)
+    nodes = await bus.js.key_value(Subjects(prefix).bucket_name(BUCKET_NODES))
+    entry = await nodes.get("n1")
+    assert entry.value is not None and body in entry.value
+    record = codec.decode(entry.value, NodeRecord)
+    assert record.heartbeat == codec.decode(body, Heartbeat)
