@@ -493,6 +493,9 @@ class AggregatorActor:
             return [partial(self._fetch_and_judge, msg, node)]
         if MARKER_REASON in headers:
             return self._mark_stale(cluster, node, headers[MARKER_REASON], stored, msg.data)
+        if state is not None and record_rules.judged_before(state.record, stream_seq, stored):
+            self.metrics.dropped.labels("late_delivery").inc()
+            return []
         try:
             heartbeat, public_key = self._verify(msg, headers, cluster, node, state, fetched)
             return self._accept(

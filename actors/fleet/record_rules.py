@@ -103,6 +103,18 @@ def judge_seq(record: NodeRecord, seq: int, max_jump: int, public_key: str = "")
     return "next"
 
 
+def judged_before(record: NodeRecord, stream_seq: int, stored: float) -> bool:
+    """Whether the heartbeat FLEET_HB stored at ``stream_seq``, at ``stored``, was stored
+    no later than the last one accepted into ``record``: a redelivery, or a new owner
+    reading again from its partition's oldest checkpoint. It can change nothing, so it
+    is dropped before its signature is checked (a cold start reads up to a checkpoint
+    interval of heartbeats again). Both are compared, the sequence and the time: a
+    FLEET_HB deleted and made again numbers from 1 again, and its heartbeats, stored
+    later, are judged as ever instead of locking every node out."""
+    last = record.last_stored
+    return last is not None and stream_seq <= record.last_stream_seq and stored <= last
+
+
 def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:
     """Whether a message with ``Nats-Marker-Reason`` can be the server's TTL marker for
     ``record``'s node: real markers have no body and come only once the last accepted

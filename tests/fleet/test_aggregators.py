@@ -28,11 +28,17 @@ from tests.support.fleet import (
 
 
 def delivered(
-    bus: NatsBus, prefix: str, body: bytes, headers: dict[str, str], stream_seq: int
+    bus: NatsBus,
+    prefix: str,
+    body: bytes,
+    headers: dict[str, str],
+    stream_seq: int,
+    stored_ns: int = 0,
 ) -> Msg:
-    """A message as the consumer would deliver it at ``stream_seq`` (metadata is parsed
-    from the JetStream ack subject)."""
-    reply = f"$JS.ACK.{Subjects(prefix).stream_name('FLEET_HB')}.agg.1.{stream_seq}.1.0.0"
+    """A message as the consumer would deliver it at ``stream_seq``, stored at
+    ``stored_ns`` (metadata is parsed from the JetStream ack subject)."""
+    stream = Subjects(prefix).stream_name("FLEET_HB")
+    reply = f"$JS.ACK.{stream}.agg.1.{stream_seq}.1.{stored_ns}.0"
     return Msg(
         _client=bus.nc,
         subject=Subjects(prefix).stored_heartbeat("c1", "n1", TEST_LIMITS.partitions),

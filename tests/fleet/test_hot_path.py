@@ -167,6 +167,53 @@ async def test_redelivered_heartbeat_is_not_a_replay(bus: NatsBus, prefix: str) 
     assert late == 1
 
 
+async def test_a_heartbeat_judged_before_is_dropped_before_its_signature_is_checked(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A message stored no later than the node's last accepted one (same or lower stream
+    sequence, same or earlier time) is dropped as a late delivery without its signature
+    checked: here its signature is broken, and no bad_signature alert comes."""
+    alerts = await watch_alerts(bus, prefix)
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    aggregator = new_aggregator(bus, prefix)
+    stored = time.time_ns()
+    body = codec.encode(heartbeat(seq=2))
+    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), 7, stored))
+    older = codec.encode(heartbeat(seq=1))
+    broken = {**key.headers(older), signing.HEADER_SIG: key.headers(body)[signing.HEADER_SIG]}
+    for stream_seq, stored_ns in ((7, stored), (6, stored - 10**9)):
+        await aggregator.handle(delivered(bus, prefix, older, broken, stream_seq, stored_ns))
+    await bus.flush()
+    assert alerts.of("bad_signature") == [] and alerts.of("replay") == []
+    late = aggregator.metrics.registry.get_sample_value(
+        "fleet_messages_dropped_total", {"reason": "late_delivery"}
+    )
+    assert late == 2
+    assert aggregator.nodes["n1"].record.last_seq == 2
+    # Stored later under a lower sequence: not judged before (see the next test).
+    await aggregator.handle(delivered(bus, prefix, older, broken, 6, stored + 10**9))
+    await wait_for(lambda: alerts.of("bad_signature"))
+
+
+async def test_a_heartbeat_stream_made_again_does_not_lock_nodes_out(
+    bus: NatsBus, prefix: str
+) -> None:
+    """FLEET_HB deleted and made again numbers its messages from 1 again: a node's next
+    heartbeat, at a stream sequence below its record's but stored later, is accepted."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    aggregator = new_aggregator(bus, prefix)
+    stored = time.time_ns()
+    for seq, stream_seq, stored_ns in ((1, 500, stored), (2, 3, stored + 10**9)):
+        body = codec.encode(heartbeat(seq=seq))
+        await aggregator.handle(
+            delivered(bus, prefix, body, key.headers(body), stream_seq, stored_ns)
+        )
+    record = aggregator.nodes["n1"].record
+    assert (record.last_seq, record.last_stream_seq) == (2, 3)
+
+
 def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
     """A reset-seq written by an operator after the owner's last write survives the
     owner's next checkpoint, unless a heartbeat already used it up."""
