@@ -160,10 +160,13 @@ class FleetApiActor:
         aggregator lets its nodes go, the watch starts again (every current record)."""
         if self.live is not None:
             # The aggregator beside this API may be taking the lease and about to load
-            # every record: no copy of them meanwhile. A standby's API starts after this.
-            for _ in range(round(10 * (self.config.lease_ttl + RESYNC_CHECK) / RESYNC_CHECK)):
-                if self._holding():
-                    break
+            # every record: the watch starts once the load is done, not during it, when
+            # it would take in every record only to drop it (the load holds them) and
+            # then start again (100,000 records read twice more in a cold start). A
+            # standby's API starts after the lease's wait.
+            waits = round(10 * (self.config.lease_ttl + RESYNC_CHECK) / RESYNC_CHECK)
+            while self._loading() or (not self._holding() and waits > 0):
+                waits -= 1
                 await asyncio.sleep(RESYNC_CHECK / 10)
         while True:
             self._skipped = self._missed = False

@@ -9,11 +9,15 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from nats.js.kv import KeyValue
 
+from actors.fleet import fleet_api, record_rules
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.registry import approve
 from actors.runtime import kv
@@ -29,6 +33,7 @@ from tests.support.fleet import (
     TEST_LIMITS,
     Fleet,
     heartbeat,
+    new_aggregator,
     new_fleet_api,
     wait_for,
 )
@@ -283,6 +288,45 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         assert node in staying.nodes and staying.nodes[node].record.last_seq > old_seq
     assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
     assert records.records[node].last_seq > old_seq
+
+
+async def test_fleet_api_beside_a_loading_aggregator_takes_in_no_record_during_the_load(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HTTP API beside an aggregator starts its watch of fleet_nodes once the
+    aggregator's load is done: during the load (slowed here to a second a page) the
+    watch would take in every record only to drop it. Every node is listed after."""
+    nodes = [f"rec-{i:03d}" for i in range(300)]
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    for node in nodes:
+        await bucket.put(node, codec.encode(record_rules.pending_record(node, "c1", "K")))
+    real_pages = kv.latest_pages
+
+    async def slow_pages(*args: Any) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
+        async for page in real_pages(*args):
+            await asyncio.sleep(1.0)
+            yield page
+
+    monkeypatch.setattr(kv, "latest_pages", slow_pages)
+    aggregator = new_aggregator(bus, prefix)
+    api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.nodes)
+    during_load: list[str] = []
+    real_follow = kv.follow
+
+    async def counted_follow(
+        watched: KeyValue, kind: Any, on_change: Callable[[str, Any], None], **rest: Any
+    ) -> None:
+        def counted(node: str, value: Any) -> None:
+            if aggregator.nodes.loading:
+                during_load.append(node)
+            on_change(node, value)
+
+        await real_follow(watched, kind, counted, **rest)
+
+    monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
+    await fleet.start_supervisor(api, aggregator)
+    await wait_for(lambda: set(api.current()) == set(nodes), timeout=10)
+    assert during_load == []
 
 
 @pytest.mark.slow
