@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, Callable
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from actors.runtime.bus import Bus, unsubscribe_quietly
@@ -117,25 +118,32 @@ async def latest_entries(
 
 async def latest_pages(
     bus: Bus, bucket: str, timeout: float
-) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
+) -> AsyncGenerator[list[tuple[str, bytes | None, int]]]:
     """The scan :func:`latest_values` makes, page by page as it reads them (a caller
     that takes each page in at once never holds the whole bucket's bytes): (key, value,
     revision) in stream order, value None for a delete or purge. A key rewritten during
-    the scan comes again later (its last value is the current one)."""
+    the scan comes again later (its last value is the current one). The next page is
+    asked for, and the request is at the server, before this one is handed over: the
+    server reads it while the caller takes this one in (at most two pages held)."""
     stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
-    deadline = asyncio.get_running_loop().time() + timeout
-    seq = 1
-    while True:
-        left = deadline - asyncio.get_running_loop().time()
-        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0))
-        yield [
-            (key, value, revision)
-            for (key, value), revision in zip(page.entries, page.revisions, strict=True)
-        ]
-        if page.pending == 0:
-            break
-        seq = page.last_seq + 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    asked: _Asked | None = await _ask_page(bus, stream, prefix, 1)
+    try:
+        while asked is not None:
+            current, asked = asked, None  # _page_read unsubscribes it, whatever happens
+            page = await _page_read(current, max(deadline - loop.time(), 0.0))
+            if page.pending:
+                asked = await _ask_page(bus, stream, prefix, page.last_seq + 1)
+                await bus.flush(max(deadline - loop.time(), 0.001))
+            yield [
+                (key, value, revision)
+                for (key, value), revision in zip(page.entries, page.revisions, strict=True)
+            ]
+    finally:
+        if asked is not None:  # a caller that stopped early leaves no subscription behind
+            await unsubscribe_quietly(asked.subscription)
 
 
 async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:
@@ -158,13 +166,26 @@ async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes
         seq = page.last_seq + 1
 
 
+class _Asked(NamedTuple):
+    """One batched direct get sent: the page its answers fill, done when they end."""
+
+    page: _Page
+    finished: asyncio.Future[None]
+    subscription: Subscription
+
+
 async def _direct_page(
     bus: Bus, stream: str, prefix: str, seq: int, timeout: float, subjects: str = ""
 ) -> _Page:
-    """Up to PAGE_KEYS messages of ``stream`` from ``seq`` on: one batched direct get.
-    nats-py does not wrap the batched form, so this sends the request itself on a fresh
-    inbox and collects the answers: one message per stored message in stream order, then a
-    status 204 "EOB" message (404 when nothing is stored from ``seq`` on)."""
+    """Up to PAGE_KEYS messages of ``stream`` from ``seq`` on: one batched direct get."""
+    return await _page_read(await _ask_page(bus, stream, prefix, seq, subjects), timeout)
+
+
+async def _ask_page(bus: Bus, stream: str, prefix: str, seq: int, subjects: str = "") -> _Asked:
+    """Send the batched direct get of up to PAGE_KEYS messages of ``stream`` from ``seq``
+    on. nats-py does not wrap the batched form, so this sends the request itself on a
+    fresh inbox and collects the answers: one message per stored message in stream
+    order, then a status 204 "EOB" message (404 when nothing is stored from ``seq`` on)."""
     page = _Page(entries=[])
     finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -204,11 +225,20 @@ async def _direct_page(
         }
         subject = f"{bus.js_api_prefix}.DIRECT.GET.{stream}"
         await bus.publish(subject, msgspec.json.encode(request), reply=inbox)
-        async with asyncio.timeout(timeout):
-            await finished
-    finally:
+    except BaseException:
         await unsubscribe_quietly(subscription)
-    return page
+        raise
+    return _Asked(page, finished, subscription)
+
+
+async def _page_read(asked: _Asked, timeout: float) -> _Page:
+    """The page of a direct get sent, once its answers ended (within ``timeout``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await asked.finished
+    finally:
+        await unsubscribe_quietly(asked.subscription)
+    return asked.page
 
 
 class _ApiError(msgspec.Struct):

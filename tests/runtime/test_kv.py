@@ -183,6 +183,44 @@ async def test_latest_values_pages_past_the_servers_multi_last_cap(
     assert codec.decode(values["k02499"], Item, "k02499") == Item(n=2499)
 
 
+async def test_latest_pages_asks_for_the_next_page_before_handing_one_over(
+    bus: NatsBus, prefix: str, nats_server: NatsServer
+) -> None:
+    """The request for the second page is at the server before the first page is handed
+    over (the server reads it while the caller takes the first in: a cold start's load);
+    a caller that stops after the first page leaves no subscription behind for the
+    second's answers. Seen by a plain client subscribed to the direct get's subject."""
+    name = f"ahead_{prefix}"
+    many = await bus.js.create_key_value(KeyValueConfig(bucket=name, direct=True))
+    for first in range(0, 1500, 250):
+        await asyncio.gather(
+            *(many.put(f"k{i:05d}", codec.encode(Item(n=i))) for i in range(first, first + 250))
+        )
+    monitor = await nats.connect(nats_server.url)
+    asked: list[str] = []
+    second = asyncio.Event()
+
+    async def seen(msg: Msg) -> None:
+        asked.append(msg.reply)
+        if len(asked) == 2:
+            second.set()
+
+    await monitor.subscribe(f"{bus.js_api_prefix}.DIRECT.GET.KV_{name}", cb=seen)
+    await monitor.flush()
+    pages = kv.latest_pages(bus, name, WAIT)
+    try:
+        assert len(await anext(pages)) == kv.PAGE_KEYS
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await pages.aclose()
+    try:
+        with pytest.raises(nats.errors.NoRespondersError):
+            await monitor.request(asked[1], b"", timeout=WAIT)
+    finally:
+        await monitor.close()
+
+
 async def test_update_many_writes_what_is_at_its_revision_and_refuses_the_rest(
     bus: NatsBus, prefix: str, bucket: KeyValue
 ) -> None:
