@@ -18,6 +18,8 @@ a few hundred: one object, which the garbage collector never walks.
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 import sys
 from collections import deque
@@ -38,7 +40,9 @@ class NodeState:
 
     record: NodeRecord
     written: float
-    """Monotonic time the record was last written (or loaded)."""
+    """Monotonic time the record was last written; once loaded, and once the node's first
+    record was written, a time spread over the checkpoint interval before
+    (:func:`spread_written`)."""
     dirty: bool = False
     """The record changed since it was last written."""
     queued: bool = False
@@ -146,48 +150,66 @@ class NodeTable(dict[str, NodeState]):
 
 
 class CheckpointQueue:
-    """Nodes in the order their checkpoint falls due (``written + interval``): appending
-    at the right keeps it ordered, since ``written`` only grows."""
+    """Nodes by the whole second their checkpoint falls due (``written + interval``,
+    rounded down: a checkpoint may come up to a second early). One deque of nodes per
+    second and a heap of those seconds: a node queued after others but due before them
+    (its ``written`` spread over the interval before: a cold start's load, a node's
+    first record) is written on time, not held behind them."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        # Two deques side by side, not one of (written, node) pairs: a pair is a 56-byte
-        # tuple per node (5.6 MB at 100,000 nodes); the deques hold the state's own
-        # ``written`` and the node's interned name.
-        self._written: deque[float] = deque()
-        self._nodes: deque[str] = deque()
+        # The node's interned name per second, not a (due, node) pair per node: a pair
+        # is a 56-byte tuple per node (5.6 MB at 100,000 nodes).
+        self._due: dict[int, deque[str]] = {}
+        self._seconds: list[int] = []
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return self._count
+
+    def _second(self, state: NodeState) -> int:
+        return math.floor(state.written + self.interval)
 
     def push(self, node: str, state: NodeState) -> None:
         if not state.queued:
             state.queued = True
-            self._written.append(state.written)
-            self._nodes.append(node)
+            second = self._second(state)
+            queued = self._due.get(second)
+            if queued is None:
+                queued = self._due[second] = deque()
+                heapq.heappush(self._seconds, second)
+            queued.append(node)
+            self._count += 1
 
     def due(self, now: float, limit: int, nodes: dict[str, NodeState]) -> list[str]:
         """Up to ``limit`` dirty nodes whose checkpoint is due at monotonic ``now``."""
         found: list[str] = []
-        queued = self._written
-        while queued and len(found) < limit and queued[0] + self.interval <= now:
-            written, node = queued.popleft(), self._nodes.popleft()
-            state = nodes.get(node)
-            if state is None:
-                continue
-            state.queued = False
-            if state.written > written:  # written since (a transition): due later
+        while self._seconds and len(found) < limit and self._seconds[0] <= now:
+            second = self._seconds[0]
+            queued = self._due[second]
+            while queued and len(found) < limit:
+                node = queued.popleft()
+                self._count -= 1
+                state = nodes.get(node)
+                if state is None:
+                    continue
+                state.queued = False
+                if self._second(state) > second:  # written since (a transition): due later
+                    if state.dirty:
+                        self.push(node, state)
+                    continue
                 if state.dirty:
-                    self.push(node, state)
-                continue
-            if state.dirty:
-                found.append(node)
+                    found.append(node)
+            if not queued:
+                del self._due[second]
+                heapq.heappop(self._seconds)
         return found
 
 
 def spread_written(now: float, interval: float) -> float:
-    """A loaded record's ``written``: random within the last ``interval``, so the
-    checkpoints of a fleet loaded at once fall due evenly, not all together."""
+    """A loaded record's ``written``, and a node's first record's: random within the
+    last ``interval``, so the checkpoints of a fleet loaded at once, or come up at once,
+    fall due evenly, not all together (nor in waves from then on)."""
     return now - random.uniform(0.0, interval)
 
 

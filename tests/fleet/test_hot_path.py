@@ -257,6 +257,50 @@ def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
     assert queue.due(24.0, 100, nodes) == ["b"]
 
 
+def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:
+    """Nodes queued in one order but due in another (a cold start's load spreads their
+    ``written`` over the interval before, in no order) are each due at their own time:
+    a node due early is not held behind one queued before it and due later."""
+    queue = CheckpointQueue(10.0)
+    record = record_rules.pending_record("n1", "c1")
+    nodes = {
+        name: NodeState(record, written=at, dirty=True)
+        for name, at in (("late", 9.0), ("early", 0.5), ("mid", 4.0))
+    }
+    for name in ("late", "early", "mid"):
+        queue.push(name, nodes[name])
+    assert len(queue) == 3
+    assert queue.due(11.0, 100, nodes) == ["early"]
+    assert queue.due(14.5, 100, nodes) == ["mid"]
+    assert queue.due(19.0, 100, nodes) == ["late"]
+    assert len(queue) == 0
+
+
+async def test_first_records_of_a_fleet_come_up_at_once_are_checkpointed_evenly(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A node's first record, written when its first heartbeat is accepted, starts its
+    checkpoints at a random point of the interval: 200 nodes first written within a
+    moment fall due over the whole interval, not together one interval later."""
+    aggregator = new_aggregator(bus, prefix, checkpoint_interval=60.0)
+    keys = {f"n{i:03d}": signing.KeyPair.generate() for i in range(200)}
+    for node, key in keys.items():
+        await approve(bus, Subjects(prefix), node, key.public_key)
+    started = time.monotonic()
+    for seq in (1, 2):  # the first written, the second queued for its checkpoint
+        for node, key in keys.items():
+            body = codec.encode(heartbeat(seq=seq, node_id=node))
+            message = delivered(bus, prefix, body, key.headers(body), seq)
+            message.subject = Subjects(prefix).stored_heartbeat("c1", node, TEST_LIMITS.partitions)
+            await aggregator.handle(message)
+    written = [state.written for state in aggregator.nodes.values()]
+    assert len(written) == 200 and len(aggregator.checkpoints) == 200
+    now = time.monotonic()
+    assert all(started - 60.0 <= at <= now for at in written)
+    due_first_half = len(aggregator.checkpoints.due(now + 30.0, 1000, aggregator.nodes))
+    assert 60 <= due_first_half <= 140  # half of them, give or take chance
+
+
 async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
     """A message on which judging raises (a bug) is terminated on its own and counted;
     the rest of the batch is judged, and nothing raises out of the batch."""
