@@ -914,13 +914,7 @@ class AggregatorActor:
         checkpoint leaves the in-memory record the same object, and allocates nothing to
         keep (a checkpoint wave of 100,000 nodes otherwise replaced every record at once)."""
         state.revision = revision
-        now = time.monotonic()
-        # The first record of a node this owner took in by accepting it (none was read
-        # or written before): its checkpoints start at a random point of the interval,
-        # so a fleet whose nodes all came up within a minute does not write its
-        # checkpoints in waves of the whole fleet for good.
-        first = known is None and before is None
-        state.written = spread_written(now, self.config.checkpoint_interval) if first else now
+        state.written = time.monotonic()
         if kept is not None:
             state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
         if state.record is mine:

@@ -40,9 +40,8 @@ class NodeState:
 
     record: NodeRecord
     written: float
-    """Monotonic time the record was last written; once loaded, and once the node's first
-    record was written, a time spread over the checkpoint interval before
-    (:func:`spread_written`)."""
+    """Monotonic time the record was last written; once loaded, a time spread over the
+    checkpoint interval before (:func:`spread_written`)."""
     dirty: bool = False
     """The record changed since it was last written."""
     queued: bool = False
@@ -153,8 +152,8 @@ class CheckpointQueue:
     """Nodes by the whole second their checkpoint falls due (``written + interval``,
     rounded down: a checkpoint may come up to a second early). One deque of nodes per
     second and a heap of those seconds: a node queued after others but due before them
-    (its ``written`` spread over the interval before: a cold start's load, a node's
-    first record) is written on time, not held behind them."""
+    (its ``written`` spread over the interval before: a cold start's load) is written
+    on time, not held behind them."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
@@ -207,9 +206,8 @@ class CheckpointQueue:
 
 
 def spread_written(now: float, interval: float) -> float:
-    """A loaded record's ``written``, and a node's first record's: random within the
-    last ``interval``, so the checkpoints of a fleet loaded at once, or come up at once,
-    fall due evenly, not all together (nor in waves from then on)."""
+    """A loaded record's ``written``: random within the last ``interval``, so the
+    checkpoints of a fleet loaded at once fall due evenly, not all together."""
     return now - random.uniform(0.0, interval)
 
 

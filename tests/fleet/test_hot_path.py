@@ -276,31 +276,6 @@ def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:
     assert len(queue) == 0
 
 
-async def test_first_records_of_a_fleet_come_up_at_once_are_checkpointed_evenly(
-    bus: NatsBus, prefix: str
-) -> None:
-    """A node's first record, written when its first heartbeat is accepted, starts its
-    checkpoints at a random point of the interval: 200 nodes first written within a
-    moment fall due over the whole interval, not together one interval later."""
-    aggregator = new_aggregator(bus, prefix, checkpoint_interval=60.0)
-    keys = {f"n{i:03d}": signing.KeyPair.generate() for i in range(200)}
-    for node, key in keys.items():
-        await approve(bus, Subjects(prefix), node, key.public_key)
-    started = time.monotonic()
-    for seq in (1, 2):  # the first written, the second queued for its checkpoint
-        for node, key in keys.items():
-            body = codec.encode(heartbeat(seq=seq, node_id=node))
-            message = delivered(bus, prefix, body, key.headers(body), seq)
-            message.subject = Subjects(prefix).stored_heartbeat("c1", node, TEST_LIMITS.partitions)
-            await aggregator.handle(message)
-    written = [state.written for state in aggregator.nodes.values()]
-    assert len(written) == 200 and len(aggregator.checkpoints) == 200
-    now = time.monotonic()
-    assert all(started - 60.0 <= at <= now for at in written)
-    due_first_half = len(aggregator.checkpoints.due(now + 30.0, 1000, aggregator.nodes))
-    assert 60 <= due_first_half <= 140  # half of them, give or take chance
-
-
 async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
     """A message on which judging raises (a bug) is terminated on its own and counted;
     the rest of the batch is judged, and nothing raises out of the batch."""
