@@ -295,7 +295,8 @@ async def test_fleet_api_beside_a_loading_aggregator_takes_in_no_record_during_t
 ) -> None:
     """The HTTP API beside an aggregator starts its watch of fleet_nodes once the
     aggregator's load is done: during the load (slowed here to a second a page) the
-    watch would take in every record only to drop it. Every node is listed after."""
+    watch would take in every record only to drop it. It starts after the load (every
+    record comes through it, dropped as the aggregator's), and every node is listed."""
     nodes = [f"rec-{i:03d}" for i in range(300)]
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
     for node in nodes:
@@ -311,14 +312,14 @@ async def test_fleet_api_beside_a_loading_aggregator_takes_in_no_record_during_t
     aggregator = new_aggregator(bus, prefix)
     api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.nodes)
     during_load: list[str] = []
+    after_load: list[str] = []
     real_follow = kv.follow
 
     async def counted_follow(
         watched: KeyValue, kind: Any, on_change: Callable[[str, Any], None], **rest: Any
     ) -> None:
         def counted(node: str, value: Any) -> None:
-            if aggregator.nodes.loading:
-                during_load.append(node)
+            (during_load if aggregator.nodes.loading else after_load).append(node)
             on_change(node, value)
 
         await real_follow(watched, kind, counted, **rest)
@@ -326,6 +327,7 @@ async def test_fleet_api_beside_a_loading_aggregator_takes_in_no_record_during_t
     monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
     await fleet.start_supervisor(api, aggregator)
     await wait_for(lambda: set(api.current()) == set(nodes), timeout=10)
+    await wait_for(lambda: set(after_load) >= set(nodes), timeout=10)
     assert during_load == []
 
 
