@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import msgspec
+import nats
 import pytest
 from nats.aio.msg import Msg
 
@@ -17,6 +18,7 @@ from actors.fleet.registry import NotFound, approve, forget, read_record
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NatsBus
 from actors.runtime.consumer import Step
+from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.errors import InvalidToken
@@ -212,6 +214,42 @@ async def test_a_heartbeat_stream_made_again_does_not_lock_nodes_out(
         )
     record = aggregator.nodes["n1"].record
     assert (record.last_seq, record.last_stream_seq) == (2, 3)
+
+
+async def test_a_heartbeat_stream_deleted_by_an_operator_locks_no_node_out(
+    fleet: Fleet, bus: NatsBus, prefix: str, nats_server: NatsServer
+) -> None:
+    """On a real server: FLEET_HB deleted with a plain client, the aggregator restarted
+    (which makes the stream again, numbering from 1), the node's next heartbeat, at a
+    stream sequence at or below its record's, is accepted: it was stored later."""
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    first = await fleet.start_aggregator(checkpoint_interval=0.5)
+    for seq in (1, 2, 3):
+        await beat(bus, prefix, key, seq)
+
+        def accepted(seq: int = seq) -> bool:
+            state = aggregator_of(first).nodes.get("n1")
+            return state is not None and state.record.last_seq == seq
+
+        await wait_for(accepted)
+
+    async def checkpointed() -> bool:
+        return await stored_seq(bus, prefix) == 3
+
+    await wait_for(checkpointed, timeout=5)
+    await first.stop()
+    operator = await nats.connect(nats_server.url)
+    try:
+        await operator.jetstream().delete_stream(Subjects(prefix).stream_name("FLEET_HB"))
+    finally:
+        await operator.close()
+    second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
+    await wait_for(lambda: "n1" in second.nodes)
+    assert second.nodes["n1"].record.last_stream_seq >= 1
+    await beat(bus, prefix, key, 4)
+    await wait_for(lambda: second.nodes["n1"].record.last_seq == 4)
+    assert second.nodes["n1"].record.last_stream_seq == 1
 
 
 def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
