@@ -57,6 +57,27 @@ async def beat(
     await publish(bus, prefix, body, key.headers(body))
 
 
+async def beat_until_checkpointed(
+    bus: NatsBus, prefix: str, key: signing.KeyPair, owner: Supervisor, last: int
+) -> None:
+    """n1 beats seqs 1..``last``, each once the one before was accepted by ``owner`` (a
+    heartbeat replaced in FLEET_HB before it was read would be a sequence gap), until
+    fleet_nodes holds ``last``."""
+    for seq in range(1, last + 1):
+        await beat(bus, prefix, key, seq)
+
+        def accepted(seq: int = seq) -> bool:
+            state = aggregator_of(owner).nodes.get("n1")
+            return state is not None and state.record.last_seq == seq
+
+        await wait_for(accepted)
+
+    async def checkpointed() -> bool:
+        return await stored_seq(bus, prefix) == last
+
+    await wait_for(checkpointed, timeout=5)
+
+
 async def test_steady_heartbeats_are_not_written_one_by_one(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
@@ -123,21 +144,7 @@ async def test_new_owner_resumes_from_the_checkpoint_and_refuses_older_replays(
     key = signing.KeyPair.generate()
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     first = await fleet.start_aggregator(checkpoint_interval=0.5)
-    for seq in range(1, 6):
-        # One at a time: a heartbeat replaced in FLEET_HB before it was read would be a
-        # sequence gap (see test_steady_heartbeats_are_not_written_one_by_one).
-        await beat(bus, prefix, key, seq)
-
-        def accepted(seq: int = seq) -> bool:
-            state = aggregator_of(first).nodes.get("n1")
-            return state is not None and state.record.last_seq == seq
-
-        await wait_for(accepted)
-
-    async def checkpointed() -> bool:
-        return await stored_seq(bus, prefix) == 5
-
-    await wait_for(checkpointed, timeout=5)
+    await beat_until_checkpointed(bus, prefix, key, first, 5)
     await first.stop()
     second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
     await wait_for(lambda: "n1" in second.nodes)  # the lease taken, the records loaded
@@ -225,19 +232,7 @@ async def test_a_heartbeat_stream_deleted_by_an_operator_locks_no_node_out(
     key = signing.KeyPair.generate()
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     first = await fleet.start_aggregator(checkpoint_interval=0.5)
-    for seq in (1, 2, 3):
-        await beat(bus, prefix, key, seq)
-
-        def accepted(seq: int = seq) -> bool:
-            state = aggregator_of(first).nodes.get("n1")
-            return state is not None and state.record.last_seq == seq
-
-        await wait_for(accepted)
-
-    async def checkpointed() -> bool:
-        return await stored_seq(bus, prefix) == 3
-
-    await wait_for(checkpointed, timeout=5)
+    await beat_until_checkpointed(bus, prefix, key, first, 3)
     await first.stop()
     operator = await nats.connect(nats_server.url)
     try:
