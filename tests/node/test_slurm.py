@@ -127,9 +127,15 @@ async def test_running_job_and_services_show_in_the_heartbeat(
     status``), with Slurm's state, slurmd and munged running and their versions."""
     agent = await slurm_agent(fleet, operator_file)
     slurm.sbatch(30)
-    record = await wait_record(
-        fleet.bus, fleet.prefix, "n1", lambda r: scheduler_of(r)[1] == 1, timeout=15
-    )
+
+    def allocated(record: NodeRecord) -> bool:
+        # The job list and the node's state are separate Slurm reads, and slurmctld
+        # updates them separately: a sample may see the job running on a node still
+        # "idle". Both are waited for; the state is asserted below all the same.
+        state, running = scheduler_of(record)
+        return running == 1 and state.split("+")[0] in ("mixed", "allocated")
+
+    record = await wait_record(fleet.bus, fleet.prefix, "n1", allocated, timeout=15)
     assert record.heartbeat is not None and record.heartbeat.scheduler is not None
     scheduler = record.heartbeat.scheduler
     assert scheduler.kind == "slurm" and scheduler.reachable
