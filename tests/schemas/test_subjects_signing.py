@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import nacl.signing
 import nkeys
 import pytest
 from hypothesis import given
@@ -104,3 +105,34 @@ def _bitwise_crc16(data: bytes) -> int:
 def test_nkey_checksum_is_crc16_xmodem(data: bytes) -> None:
     """The C checksum nkeys are checked with equals the specification's bitwise one."""
     assert signing._crc16(data) == _bitwise_crc16(data)
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=40).map(lambda raw: base64.b32encode(raw).decode().rstrip("=")),
+        st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ234567=01aé ", max_size=64),
+    )
+)
+def test_base32_decode_answers_as_the_standard_library(text: str) -> None:
+    """Keys and seeds of every length, and text with letters outside the alphabet
+    (padding, digits 0 and 1, lowercase, non-ASCII): the same bytes, or the same refusal,
+    as base64.b32decode of the padded text."""
+    padded = text + "=" * (-len(text) % 8)
+    try:
+        expected: bytes | type[Exception] = base64.b32decode(padded)
+    except ValueError as exc:  # binascii.Error, and non-ASCII text
+        expected = type(exc)
+    try:
+        found: bytes | type[Exception] = signing._b32decode(text)
+    except ValueError as exc:
+        found = type(exc)
+    assert found == expected
+
+
+def test_a_public_key_decodes_through_the_fast_path() -> None:
+    """A 56-letter public key is decoded as one number, to the key that checks the pair's
+    signatures."""
+    pair = signing.KeyPair.generate()
+    assert len(pair.public_key) == 56 and signing._BASE32_TEXT.fullmatch(pair.public_key)
+    verifier = nacl.signing.VerifyKey(signing.public_key_bytes(pair.public_key))
+    assert verifier.verify(b"body", pair.sign(b"body")) == b"body"
