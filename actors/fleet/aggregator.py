@@ -255,6 +255,10 @@ class AggregatorActor:
             log.warning("partitions not loaded; released", extra={"reason": str(exc)})
             await self.partitions.release(partitions)
             return
+        # Set as the load ends (no await between): the API beside this owner starts no
+        # watch it would stop again (see FleetApiActor._follow). A partition that cannot
+        # be started is released below, which clears it (_lose).
+        self.nodes.everything = all(map(self.partitions.holds, range(self.partition_count)))
         failed: set[int] = set()
         for partition in sorted(partitions):
             if not self.partitions.holds(partition):
@@ -316,6 +320,7 @@ class AggregatorActor:
         for, their nodes dropped from memory, and the record writes of those nodes still
         in flight (a sweep's, a checkpoint's) waited for, at most the fence's margin. When
         this returns nothing of theirs runs here any more."""
+        self.nodes.everything = False
         tasks = [self._work.pop(p) for p in partitions if p in self._work]
         for task in tasks:
             task.cancel()

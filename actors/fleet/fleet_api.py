@@ -157,7 +157,12 @@ class FleetApiActor:
     async def _follow(self, bucket: KeyValue) -> None:
         """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops
         out, and so does one of a node the aggregator beside this API holds. When that
-        aggregator lets its nodes go, the watch starts again (every current record)."""
+        aggregator lets its nodes go, the watch starts again (every current record).
+        While it holds every partition there is no watch: every record is of a node it
+        holds, or one it takes in at its next full sweep (a registration another
+        aggregator answered), and the watch would take in each of its own writes only to
+        drop it (a write per node per checkpoint interval: 1,667 a second at 100,000
+        nodes, about 6 % of the aggregator's core)."""
         if self.live is not None:
             # The aggregator beside this API may be taking the lease and about to load
             # every record: the watch starts once the load is done, not during it, when
@@ -169,6 +174,10 @@ class FleetApiActor:
                 waits -= 1
                 await asyncio.sleep(RESYNC_CHECK / 10)
         while True:
+            self.records.raw.clear()
+            if self._everything():
+                await asyncio.sleep(RESYNC_CHECK)  # checked as often as a lost partition
+                continue
             self._skipped = self._missed = False
             released = self._released()
             follower = asyncio.create_task(self._follow_once(bucket), name="fleet-http-watch")
@@ -177,6 +186,7 @@ class FleetApiActor:
                     (self._skipped and not self._holding())
                     or (self._missed and not self._loading())
                     or (self._released() != released and not self._loading())
+                    or self._everything()
                 ):
                     await asyncio.wait([follower], timeout=RESYNC_CHECK)
                     self._prune()
@@ -185,7 +195,9 @@ class FleetApiActor:
                 results = await asyncio.gather(follower, return_exceptions=True)
             if isinstance(results[0], Exception):
                 raise results[0]
-            self.records.raw.clear()
+
+    def _everything(self) -> bool:
+        return self.live is not None and self.live.everything
 
     def _loading(self) -> bool:
         return self.live is not None and self.live.loading
