@@ -5,8 +5,10 @@ It follows the ``fleet_nodes`` bucket with a KV watcher, so requests are answere
 memory and a scrape costs the NATS server nothing. The records it keeps are the bytes the
 bucket holds (:class:`EncodedRecords`), decoded when asked for, and none of a node the
 aggregator beside it holds in memory (it answers from that one): an aggregator process
-keeps each record once, not twice. Beside an aggregator in the same
-process (``fleetctl aggregator``, ``fleetctl up``) it answers from that aggregator's
+keeps each record once, not twice, and none at all while that aggregator holds every
+partition (then it follows no watch: see :meth:`FleetApiActor._follow`). Beside an
+aggregator in the same process (``fleetctl aggregator``, ``fleetctl up``) it answers
+from that aggregator's
 in-memory records first (``live``), which are current to the last heartbeat handled;
 ``fleet_nodes`` is only as fresh as the last state change or checkpoint. Runs beside an aggregator
 (``fleetctl aggregator``, unless ``--http-port -1``). ``/healthz`` is 200 only while every
