@@ -129,7 +129,7 @@ class NodeTable(dict[str, NodeState]):
     ``loading`` while a cold start fills it (the API then keeps no copy of the records
     coming in: the owner is about to hold them); ``released`` counts the times the owner
     let nodes go (a partition lost or handed on: the API reads their records again);
-    ``everything`` while the owner holds every partition, each loaded and consumed (every
+    ``everything`` while the owner holds every partition, each claimed and loaded (every
     node's record is its own: the API follows no watch of ``fleet_nodes`` then);
     ``bodies`` packs the heartbeats its states keep."""
 
