@@ -293,7 +293,7 @@ async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_wri
     await responder.flush()
     try:
         writes = [(key, b"{}", 1) for key in ("garbled", "refused", "zero", "good")]
-        revisions = await kv.update_many(bus, f"fake_{prefix}", writes, 2.0)
+        revisions = await kv.update_many(bus, f"fake_{prefix}", writes, WAIT)
     finally:
         await responder.close()
     assert revisions == [None, None, None, 42]
