@@ -9,9 +9,9 @@ keeps each record once, not twice, and none at all while that aggregator holds e
 partition (then it follows no watch: see :meth:`FleetApiActor._follow`). Beside an
 aggregator in the same process (``fleetctl aggregator``, ``fleetctl up``) it answers
 from that aggregator's in-memory records first (``live``), which are current to the last
-heartbeat handled;
-``fleet_nodes`` is only as fresh as the last state change or checkpoint. Runs beside an aggregator
-(``fleetctl aggregator``, unless ``--http-port -1``). ``/healthz`` is 200 only while every
+heartbeat handled; ``fleet_nodes`` is only as fresh as the last state change or
+checkpoint. Runs beside an aggregator (``fleetctl aggregator``, unless ``--http-port
+-1``). ``/healthz`` is 200 only while every
 actor of its process runs and none reports a problem (the heartbeat consumer deleted and
 not yet created again, say), as the supervisor tells through ``actor_status``.
 """
