@@ -19,6 +19,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec
 from schemas.errors import DecodeError
+from tests.support.fleet import wait_for
 
 WAIT = 5.0
 CAUGHT_UP = ("<caught up>", None)
@@ -276,6 +277,9 @@ async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_wri
 
     async def answer(msg: Msg) -> None:
         key = msg.subject.rpartition(".")[2]
+        if key == "ready":
+            await responder.publish(msg.reply, b"ready")
+            return
         inbox, _, _ = msg.reply.rpartition(".")
         inbox_of[key] = inbox
         await responder.publish(f"{inbox}.99", b'{"seq": 7}')  # no such write
@@ -290,7 +294,17 @@ async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_wri
         await responder.publish(msg.reply, b'{"seq": 43}')  # answered already
 
     await responder.subscribe(f"$KV.fake_{prefix}.>", cb=answer)
-    await responder.flush()
+
+    async def ready() -> bool:
+        # nats-py's flush can come back before its SUB is at the server (see
+        # NatsBus.flush): the responder is there once it answers.
+        try:
+            answered = await bus.request(f"$KV.fake_{prefix}.ready", b"", timeout=0.5)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+        return answered.data == b"ready"
+
+    await wait_for(ready, timeout=WAIT)
     try:
         writes = [(key, b"{}", 1) for key in ("garbled", "refused", "zero", "good")]
         revisions = await kv.update_many(bus, f"fake_{prefix}", writes, WAIT)
