@@ -472,3 +472,76 @@ async def test_a_heartbeat_reaches_fleet_nodes_as_the_node_signed_it(
     assert entry.value is not None and body in entry.value
     record = codec.decode(entry.value, NodeRecord)
     assert record.heartbeat == codec.decode(body, Heartbeat)
+
+
+async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_their_message(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signatures of a fetch's heartbeats from known nodes are checked in one loop
+    before any is judged (see ``_verify_ahead``). A signature that held is checked once;
+    one that failed is checked again when judged, which refuses it as ever; a heartbeat
+    judged before is not checked at all. A check ahead counts only for its own message
+    under the key it held with. The bodies accepted are packed once judging is done, each
+    node's the body of its last beat."""
+    subjects = Subjects(prefix)
+    keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
+    for node, key in keys.items():
+        await approve(bus, subjects, node, key.public_key)
+    aggregator = new_aggregator(bus, prefix)
+    watch = asyncio.create_task(aggregator.store.follow_trust())
+    try:
+        await wait_for(lambda: aggregator.store.cached_key("n2") == keys["n2"].public_key)
+        stored = time.time_ns()
+
+        def message(node: str, seq: int, stream_seq: int, stored_ns: int, sig: str = "") -> Msg:
+            body = codec.encode(heartbeat(node=node, seq=seq))
+            headers = keys[node].headers(body)
+            if sig:
+                headers[signing.HEADER_SIG] = sig
+            msg = delivered(bus, prefix, body, headers, stream_seq, stored_ns)
+            msg.subject = subjects.stored_heartbeat("c1", node, TEST_LIMITS.partitions)
+            return msg
+
+        first = [message("n1", 1, 1, stored), message("n2", 1, 2, stored)]
+        for msg in first:
+            await aggregator.handle(msg)
+        checked: list[bytes] = []
+        verify_with = signing.verify_with
+
+        def counted(key: bytes, public_key: str, headers: dict[str, str], body: bytes) -> None:
+            checked.append(body)
+            verify_with(key, public_key, headers, body)
+
+        monkeypatch.setattr(signing, "verify_with", counted)
+        good = message("n1", 2, 3, stored + 10**9)
+        goods_signature = keys["n1"].headers(good.data)[signing.HEADER_SIG]
+        forged = message("n2", 2, 4, stored + 10**9, sig=goods_signature)
+        again = first[0]  # stored at stream seq 1: judged before
+        chains = await aggregator.handle_batch([good, forged, again])
+        assert [chain[0][0] for chain in chains] == [forged]  # its refusal's alert
+        assert checked == [good.data, forged.data, forged.data]
+        assert aggregator.nodes["n1"].record.last_seq == 2
+        assert aggregator.nodes["n2"].record.last_seq == 1
+        refused = aggregator.metrics.registry.get_sample_value(
+            "fleet_heartbeats_refused_total", {"kind": "bad_signature"}
+        )
+        assert refused == 1
+        state = aggregator.nodes["n1"]
+        assert state.body is not None
+        assert aggregator.nodes.bodies.unpack(state.body) == good.data
+
+        # A check ahead under another key counts for nothing: judged, n1's forged beat
+        # is checked under its own key, and refused.
+        checked.clear()
+        bad = message("n1", 3, 5, stored + 2 * 10**9, sig=goods_signature)
+        aggregator._verified = {id(bad): bytes(32)}
+        assert aggregator.judge(bad) != []  # its refusal's alert
+        assert checked == [bad.data]
+        refused = aggregator.metrics.registry.get_sample_value(
+            "fleet_heartbeats_refused_total", {"kind": "bad_signature"}
+        )
+        assert refused == 2
+        assert aggregator.nodes["n1"].record.last_seq == 2
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
