@@ -644,7 +644,10 @@ class StaleAlerts:
         if alert.kind == "stale" and alert.node_id not in self.arrived:
             self.arrived[alert.node_id] = time.time()
             with contextlib.suppress(KeyError, ValueError):
-                self.marked[alert.node_id] = float(alert.details["marked_at"])
+                marked_at = float(alert.details["marked_at"])
+                # A nan would sort anywhere and spoil the quantiles; an inf is no time.
+                if math.isfinite(marked_at):
+                    self.marked[alert.node_id] = marked_at
             self.changed.set()
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
-from actors.cli.simulate import SimOptions, simulate
+from nats.aio.msg import Msg
+
+from actors.cli.simulate import SimOptions, StaleAlerts, simulate
 from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.messages import Alert
 from tests.support.fleet import Fleet
 
 
@@ -42,3 +47,24 @@ async def test_killed_nodes_each_get_one_stale_alert(
     total, by_server, by_aggregator = (float(found) for found in halves.groups())
     assert 0 <= by_aggregator <= total + 0.5 and by_server <= total + 0.5
     assert code == 0 or "not caught up" in report  # the killed nodes' records stop moving
+
+
+async def test_a_stale_alerts_marked_at_counts_only_as_a_finite_time() -> None:
+    """The storm's halves are taken from each alert's ``marked_at``: one that is not a
+    finite number (nan would sort anywhere among the delays and spoil the quantiles) is
+    left out, and the alert still counts as arrived."""
+    watch = StaleAlerts()
+    for node, marked_at in (("a", "nan"), ("b", "inf"), ("c", "-1e999"), ("d", "12.5")):
+        alert = Alert(
+            id=f"stale-{node}",
+            kind="stale",
+            node_id=node,
+            cluster="c1",
+            severity="warning",
+            message="no heartbeat",
+            ts=time.time(),
+            details={"marked_at": marked_at},
+        )
+        await watch.on_alert(Msg(_client=None, subject="fleet.alert", data=codec.encode(alert)))  # type: ignore[arg-type]
+    assert sorted(watch.arrived) == ["a", "b", "c", "d"]
+    assert watch.marked == {"d": 12.5}
