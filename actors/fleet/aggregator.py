@@ -478,12 +478,14 @@ class AggregatorActor:
                 continue
             if not state.key == headers.get(signing.HEADER_KEY) == self.store.cached_key(node):
                 continue
-            stream_seq, stored, _ = delivery(msg)
-            if record_rules.judged_before(state.record, stream_seq, stored):
-                continue
             try:
+                stream_seq, stored, _ = delivery(msg)
+                if record_rules.judged_before(state.record, stream_seq, stored):
+                    continue
                 signing.verify_with(state.verifier, state.key, headers, msg.data)
-            except SignatureError:
+            except Exception:
+                # Outside the judge's guard, which terminates a message that breaks it (a
+                # reply subject not the server's, say): the judge checks it again, there.
                 continue
             verified[id(msg)] = state.verifier
         return verified

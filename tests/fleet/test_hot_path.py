@@ -481,8 +481,8 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
     before any is judged (see ``_verify_ahead``). A signature that held is checked once;
     one that failed is checked again when judged, which refuses it as ever; a heartbeat
     judged before is not checked at all. A check ahead counts only for its own message
-    under the key it held with. The bodies accepted are packed once judging is done, each
-    node's the body of its last beat."""
+    under the key it held with, and a message that breaks it breaks no batch. The bodies
+    accepted are packed once judging is done, each node's the body of its last beat."""
     subjects = Subjects(prefix)
     keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
     for node, key in keys.items():
@@ -542,6 +542,15 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         )
         assert refused == 2
         assert aggregator.nodes["n1"].record.last_seq == 2
+
+        # A message that breaks a check ahead (a reply subject not the server's) breaks
+        # no batch: the judge meets it again and terminates it alone.
+        broken = message("n1", 3, 6, stored + 3 * 10**9)
+        broken.reply = "$JS.ACK.stream.consumer.1.x.1.1.0"
+        fine = message("n2", 2, 7, stored + 3 * 10**9)
+        chains = await aggregator.handle_batch([broken, fine])
+        assert chains[0] == [(broken, broken.term)]
+        assert aggregator.nodes["n2"].record.last_seq == 2
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
