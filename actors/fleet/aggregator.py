@@ -484,8 +484,8 @@ class AggregatorActor:
                     continue
                 signing.verify_with(state.verifier, state.key, headers, msg.data)
             except Exception:
-                # Outside the judge's guard, which terminates a message that breaks it (a
-                # reply subject not the server's, say): the judge checks it again, there.
+                # Outside the judge's guard, which terminates a message that breaks it: a
+                # fault here must not fail the batch. The judge checks it again, there.
                 continue
             verified[id(msg)] = state.verifier
         return verified

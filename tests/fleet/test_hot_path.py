@@ -543,8 +543,9 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         assert refused == 2
         assert aggregator.nodes["n1"].record.last_seq == 2
 
-        # A message that breaks a check ahead (a reply subject not the server's) breaks
-        # no batch: the judge meets it again and terminates it alone.
+        # A message that breaks a check ahead breaks no batch: the judge meets it again
+        # and terminates it alone. (A reply subject no server sends: a heartbeat subject
+        # comes only in the server's deliveries, so this is a fault, not an input.)
         broken = message("n1", 3, 6, stored + 3 * 10**9)
         broken.reply = "$JS.ACK.stream.consumer.1.x.1.1.0"
         fine = message("n2", 2, 7, stored + 3 * 10**9)
