@@ -206,19 +206,32 @@ async def test_latest_pages_asks_for_the_next_page_before_handing_one_over(
         if len(asked) == 2:
             second.set()
 
-    await monitor.subscribe(f"{bus.js_api_prefix}.DIRECT.GET.KV_{name}", cb=seen)
-    await monitor.flush()
-    pages = kv.latest_pages(bus, name, WAIT)
     try:
-        assert len(await anext(pages)) == kv.PAGE_KEYS
-        async with asyncio.timeout(WAIT):
-            await second.wait()
-    finally:
-        await pages.aclose()
-    # The unsubscribe leaves on the bus's connection, the request below on another: the
-    # server has it once a round trip of the bus's own comes back.
-    await bus.flush()
-    try:
+        await monitor.subscribe(f"{bus.js_api_prefix}.DIRECT.GET.KV_{name}", cb=seen)
+        # nats-py's flush can return before its SUB is at the server (see NatsBus.flush).
+        # A subject subscribed after it, reached from the bus's connection, proves it is:
+        # the server takes one connection's SUBs in order.
+        probe = await monitor.subscribe(f"probe_{prefix}")
+
+        async def probed() -> bool:
+            await bus.publish(f"probe_{prefix}", b"")
+            try:
+                await probe.next_msg(timeout=0.2)
+            except nats.errors.TimeoutError:
+                return False
+            return True
+
+        await wait_for(probed, timeout=WAIT)
+        pages = kv.latest_pages(bus, name, WAIT)
+        try:
+            assert len(await anext(pages)) == kv.PAGE_KEYS
+            async with asyncio.timeout(WAIT):
+                await second.wait()
+        finally:
+            await pages.aclose()
+        # The unsubscribe leaves on the bus's connection, the request below on another: the
+        # server has it once a round trip of the bus's own comes back.
+        await bus.flush()
         with pytest.raises(nats.errors.NoRespondersError):
             await monitor.request(asked[1], b"", timeout=WAIT)
     finally:
