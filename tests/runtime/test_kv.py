@@ -19,7 +19,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec
 from schemas.errors import DecodeError
-from tests.support.fleet import wait_for
+from tests.support.fleet import subscriptions_at_server
 
 WAIT = 5.0
 CAUGHT_UP = ("<caught up>", None)
@@ -208,20 +208,7 @@ async def test_latest_pages_asks_for_the_next_page_before_handing_one_over(
 
     try:
         await monitor.subscribe(f"{bus.js_api_prefix}.DIRECT.GET.KV_{name}", cb=seen)
-        # nats-py's flush can return before its SUB is at the server (see NatsBus.flush).
-        # A subject subscribed after it, reached from the bus's connection, proves it is:
-        # the server takes one connection's SUBs in order.
-        probe = await monitor.subscribe(f"probe_{prefix}")
-
-        async def probed() -> bool:
-            await bus.publish(f"probe_{prefix}", b"")
-            try:
-                await probe.next_msg(timeout=0.2)
-            except nats.errors.TimeoutError:
-                return False
-            return True
-
-        await wait_for(probed, timeout=WAIT)
+        await subscriptions_at_server(monitor, bus, f"probe_{prefix}")
         pages = kv.latest_pages(bus, name, WAIT)
         try:
             assert len(await anext(pages)) == kv.PAGE_KEYS
@@ -290,9 +277,6 @@ async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_wri
 
     async def answer(msg: Msg) -> None:
         key = msg.subject.rpartition(".")[2]
-        if key == "ready":
-            await responder.publish(msg.reply, b"ready")
-            return
         inbox, _, _ = msg.reply.rpartition(".")
         inbox_of[key] = inbox
         await responder.publish(f"{inbox}.99", b'{"seq": 7}')  # no such write
@@ -307,18 +291,8 @@ async def test_update_many_takes_no_answer_but_a_well_formed_one_for_its_own_wri
         await responder.publish(msg.reply, b'{"seq": 43}')  # answered already
 
     await responder.subscribe(f"$KV.fake_{prefix}.>", cb=answer)
-
-    async def ready() -> bool:
-        # nats-py's flush can come back before its SUB is at the server (see
-        # NatsBus.flush): the responder is there once it answers.
-        try:
-            answered = await bus.request(f"$KV.fake_{prefix}.ready", b"", timeout=0.5)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            return False
-        return answered.data == b"ready"
-
-    await wait_for(ready, timeout=WAIT)
     try:
+        await subscriptions_at_server(responder, bus, f"probe_{prefix}")
         writes = [(key, b"{}", 1) for key in ("garbled", "refused", "zero", "good")]
         revisions = await kv.update_many(bus, f"fake_{prefix}", writes, WAIT)
     finally:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import nats.errors
+from nats.aio.client import Client
 
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
@@ -234,6 +236,25 @@ async def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> None:
+    """Return once every SUB a plain ``client`` sent so far is at the server. nats-py's
+    ``flush()`` can return before they are (see :meth:`NatsBus.flush`); a ``probe``
+    subject subscribed after them and reached by a publish from ``bus`` proves they are,
+    since the server takes one connection's SUBs in order."""
+    subscription = await client.subscribe(probe)
+
+    async def reached() -> bool:
+        await bus.publish(probe, b"")
+        try:
+            await subscription.next_msg(timeout=0.2)
+        except nats.errors.TimeoutError:
+            return False
+        return True
+
+    await wait_for(reached, timeout=5.0)
+    await subscription.unsubscribe()
 
 
 async def wait_record(
