@@ -38,6 +38,12 @@ goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
   held at the kill;
   alerts lost and duplicated (per node, in the ALERTS stream).
 
+- ``--side`` (not in ``--all``): two aggregators side by side under one load at the last
+  of ``--rates``, each owning half the partitions, the second with ``--setting
+  NAME=VALUE``: CPU per accepted heartbeat of each, ``--repeat`` rounds. On a shared
+  machine back-to-back runs drift by more than a setting's effect; side by side, both
+  pay the same seconds.
+
 Run: ``python tests/bench/bench_aggregator.py --all`` (about 15 minutes), or e.g.
 ``--ratio --rates 1000,2000 --duration 20``. To add a part: a function ``part_x(bench)``
 and a line in ``PARTS``; to add an option: a line in ``options()``.
@@ -48,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -134,6 +141,10 @@ def options() -> argparse.ArgumentParser:
         help="pass --partitions K to every fleetctl aggregator (0: do not pass the flag)",
     )
     parser.add_argument("--profile", default="", help="cProfile the --ratio aggregator here")
+    parser.add_argument(
+        "--setting", default="", help="--side: NAME=VALUE of the second aggregator's setting"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="--side: rounds (default 3)")
     return parser
 
 
@@ -159,7 +170,7 @@ class Bench:
         print(text, flush=True)
 
     def selected(self, name: str) -> bool:
-        return bool(self.args.all or getattr(self.args, name))
+        return bool(getattr(self.args, name) or (self.args.all and name not in ONLY_ASKED))
 
     def row(self, figure: str, target: str, measured: str, ok: bool | None = None) -> None:
         self.rows.append(Row(figure, target, measured, ok))
@@ -179,7 +190,9 @@ def free_port() -> int:
 class Aggregator:
     """One ``fleetctl aggregator`` process with its HTTP port; stopped by ``servers``."""
 
-    def __init__(self, url: str, bench: Bench, profile: str = "") -> None:
+    def __init__(
+        self, url: str, bench: Bench, profile: str = "", env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         partitions = ("--partitions", str(bench.args.partitions)) if bench.args.partitions else ()
         self.process = subprocess.Popen(
@@ -191,6 +204,7 @@ class Aggregator:
                 *partitions,
             ],
             stdout=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         self.ps = psutil.Process(self.process.pid)
 
@@ -273,8 +287,8 @@ class Cluster:
         assert self.server.process is not None
         return float(psutil.Process(self.server.process.pid).memory_info().rss) / 2**20
 
-    def start_aggregator(self, profile: str = "") -> Aggregator:
-        aggregator = Aggregator(self.url, self.bench, profile)
+    def start_aggregator(self, profile: str = "", env: dict[str, str] | None = None) -> Aggregator:
+        aggregator = Aggregator(self.url, self.bench, profile, env)
         self.aggregators.append(aggregator)
         aggregator.wait_answering()
         asyncio.run(wait_provisioned(self.url))
@@ -1010,6 +1024,84 @@ def part_memory(bench: Bench) -> None:
         )
 
 
+def part_side(bench: Bench) -> None:
+    """Two aggregators side by side under one load, each owning half the partitions, the
+    second with ``--setting`` (``fetch_linger=0.25``: ``FLEET_AGGREGATOR_FETCH_LINGER``):
+    CPU per accepted heartbeat of each, ``--repeat`` times. Both pay the same seconds of
+    a shared machine, so a setting's effect shows where back-to-back runs of one
+    aggregator drift by more than it (see README, "Hot path and checkpoints")."""
+    key, _, value = bench.args.setting.partition("=")
+    if not key or not value:
+        raise SystemExit("--side needs --setting NAME=VALUE (an aggregator setting)")
+    env = {f"FLEET_AGGREGATOR_{key.upper()}": value}
+    rate = float(bench.args.rates.split(",")[-1])
+    nodes = bench.args.nodes or round(rate * INTERVAL)
+    partitions = bench.args.partitions or 8
+    ratios: list[float] = []
+    for round_index in range(bench.args.repeat):
+        with servers(bench) as cluster:
+            default = cluster.start_aggregator()
+            default.wait_owner(60)
+            changed = cluster.start_aggregator(env=env)
+            if not wait_split(default, changed, partitions // 2, 60):
+                raise RuntimeError("the partitions did not split between the two aggregators")
+            both = (default, changed)
+            load = subprocess.Popen(
+                cluster.simulate_command(
+                    nodes, rate, bench.args.duration, "--wait", "0.01", "--gpus", "8"
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                # Every node's first contact behind (twice the nodes accepted), then the
+                # rest of the run.
+                deadline = time.monotonic() + bench.args.duration
+                while sum(a.metric(ACCEPTED) or 0 for a in both) < 2 * nodes:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the nodes' first contacts did not end in time")
+                    time.sleep(0.5)
+                before = [(a.cpu(), a.metric(ACCEPTED) or 0) for a in both]
+                load.wait(bench.args.duration + 60)
+                after = [(a.cpu(), a.metric(ACCEPTED) or 0) for a in both]
+            finally:
+                if load.poll() is None:
+                    load.kill()
+                    load.wait()
+        per = [
+            (cpu1 - cpu0) / (got1 - got0) if got1 > got0 else float("nan")
+            for (cpu0, got0), (cpu1, got1) in zip(before, after, strict=True)
+        ]
+        ratios.append(per[1] / per[0])
+        bench.say(
+            f"  round {round_index + 1}: {1e6 * per[0]:.1f} µs per accepted by default, "
+            f"{1e6 * per[1]:.1f} µs with {key}={value} ({ratios[-1]:.3f}; accepted "
+            f"{after[0][1] - before[0][1]:.0f} and {after[1][1] - before[1][1]:.0f})"
+        )
+    bench.row(
+        f"side by side: CPU per accepted with {key}={value} ÷ by default",
+        "—",
+        f"median {statistics.median(ratios):.3f} of {len(ratios)} rounds "
+        f"({', '.join(f'{r:.3f}' for r in ratios)}); {nodes} nodes x 8 GPUs at {rate:g}/s, "
+        f"{partitions // 2} partitions each",
+    )
+
+
+ACCEPTED = "fleet_heartbeats_accepted_total"
+ONLY_ASKED = {"side"}
+"""Parts ``--all`` leaves out: they compare a setting, and need one."""
+
+
+def wait_split(first: Aggregator, second: Aggregator, each: int, timeout: float) -> bool:
+    """Whether each of the two comes to own ``each`` partitions within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((a.metric("fleet_aggregator_owner") or 0) == each for a in (first, second)):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @dataclass
 class Part:
     name: str
@@ -1025,6 +1117,9 @@ PARTS = [
     Part("cold", "(e) cold start with 100,000 records", part_cold),
     Part("failover", "(f) one of two aggregators SIGKILLed under load", part_failover),
     Part("memory", "aggregator RSS with --big-nodes records loaded, no heartbeats", part_memory),
+    Part(
+        "side", "two aggregators side by side, the second with --setting (not in --all)", part_side
+    ),
 ]
 
 
@@ -1034,7 +1129,8 @@ def main() -> int:
     if not any(bench.selected(part.name) for part in PARTS):
         options().print_usage()
         print(
-            "choose parts (--ratio, --two, --big, --storm, --cold, --failover, --memory) or --all"
+            "choose parts (--ratio, --two, --big, --storm, --cold, --failover, --memory, --side)"
+            " or --all"
         )
         return 2
 
