@@ -82,10 +82,9 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     to a heartbeat's publish-to-record latency (and to a stale alert's, while caught
     up: a consumer that is behind fetches again at once). A fetch's round trip costs
     the aggregator's process far more than its few lines of Python (the server's answer
-    wakes it, and it comes back to caches others used): with an extra empty fetch per
-    round, a heartbeat cost 5 % more CPU, and 0.5 s instead of 0.25 s cost 5-6 % less
-    (two aggregators side by side under one load, one with each setting; README, "Hot
-    path and checkpoints")."""
+    wakes it, and it comes back to caches others used): 0.25 s cost 1.056-1.065 times
+    the CPU per heartbeat of 0.5 s, two aggregators side by side under one load
+    (``tests/bench/bench_aggregator.py --side``; README, "Hot path and checkpoints")."""
     max_deliver: Annotated[int, Meta(ge=1)] = 5
     """Deliveries of one FLEET_HB message before the server gives up on it."""
     max_pending: Annotated[int, Meta(ge=0)] = 1000
