@@ -79,6 +79,7 @@ from nats.aio.msg import Msg
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.cli.simulate import SimOptions, template
+from actors.fleet.config import AggregatorConfig
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
@@ -1033,6 +1034,13 @@ def part_side(bench: Bench) -> None:
     key, _, value = bench.args.setting.partition("=")
     if not key or not value:
         raise SystemExit("--side needs --setting NAME=VALUE (an aggregator setting)")
+    if bench.args.repeat < 1:
+        raise SystemExit("--side needs --repeat 1 or more")
+    try:
+        # What the aggregator would refuse at start (an unknown name, a bad value), said here.
+        msgspec.convert({key: value}, AggregatorConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"--setting {key}={value}: {exc}") from None
     env = {f"FLEET_AGGREGATOR_{key.upper()}": value}
     rate = float(bench.args.rates.split(",")[-1])
     nodes = bench.args.nodes or round(rate * INTERVAL)
