@@ -93,6 +93,8 @@ BUDGETS = (
     *("--trust-max-bytes", str(256 * 2**20)),
 )
 """Stream budgets for 100,000 nodes of one fake GPU (about 2 KB a heartbeat)."""
+ACCEPTED = "fleet_heartbeats_accepted_total"
+"""The aggregator's counter of heartbeats accepted (its /metrics)."""
 INTERVAL = 2.0
 """The sweeps' heartbeat interval: nodes = rate x INTERVAL. Long enough that a beat is
 replaced in FLEET_HB only when the aggregator falls INTERVAL behind; short enough that
@@ -620,7 +622,7 @@ class SteadyMark(threading.Thread):
         self.mark: tuple[float, float] | None = None
 
     def accepted(self) -> float:
-        return sum(a.metric("fleet_heartbeats_accepted_total") or 0 for a in self.aggregators)
+        return sum(a.metric(ACCEPTED) or 0 for a in self.aggregators)
 
     def run(self) -> None:
         while not self.stop:
@@ -636,9 +638,7 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
     rates = [float(r) for r in bench.args.rates.split(",")]
     for index, rate in enumerate(rates):
         cpu_before = sum(a.cpu() for a in cluster.aggregators)
-        accepted_before = sum(
-            a.metric("fleet_heartbeats_accepted_total") or 0 for a in cluster.aggregators
-        )
+        accepted_before = sum(a.metric(ACCEPTED) or 0 for a in cluster.aggregators)
         for aggregator in cluster.aggregators:
             aggregator.ps.cpu_percent(None)
         # From the simulator's start (about 3 s after this) past its first beats, to its end.
@@ -655,10 +655,7 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
         steady.join()
         wall = time.monotonic() - started
         cpu = sum(a.cpu() for a in cluster.aggregators) - cpu_before
-        accepted = (
-            sum(a.metric("fleet_heartbeats_accepted_total") or 0 for a in cluster.aggregators)
-            - accepted_before
-        )
+        accepted = sum(a.metric(ACCEPTED) or 0 for a in cluster.aggregators) - accepted_before
         usage = " + ".join(f"{a.ps.cpu_percent(None):.0f}%" for a in cluster.aggregators)
         rss = " + ".join(f"{a.rss_mb():.0f} MB" for a in cluster.aggregators)
         per = 1e6 * cpu / accepted if accepted else float("nan")
@@ -1051,7 +1048,7 @@ def part_side(bench: Bench) -> None:
             default = cluster.start_aggregator()
             default.wait_owner(60)
             changed = cluster.start_aggregator(env=env)
-            if not wait_split(default, changed, partitions // 2, 60):
+            if not wait_split(default, changed, partitions, 60):
                 raise RuntimeError("the partitions did not split between the two aggregators")
             both = (default, changed)
             load = subprocess.Popen(
@@ -1091,20 +1088,22 @@ def part_side(bench: Bench) -> None:
         "—",
         f"median {statistics.median(ratios):.3f} of {len(ratios)} rounds "
         f"({', '.join(f'{r:.3f}' for r in ratios)}); {nodes} nodes x 8 GPUs at {rate:g}/s, "
-        f"{partitions // 2} partitions each",
+        f"{partitions} partitions split between them",
     )
 
 
-ACCEPTED = "fleet_heartbeats_accepted_total"
 ONLY_ASKED = {"side"}
 """Parts ``--all`` leaves out: they compare a setting, and need one."""
 
 
-def wait_split(first: Aggregator, second: Aggregator, each: int, timeout: float) -> bool:
-    """Whether each of the two comes to own ``each`` partitions within ``timeout``."""
+def wait_split(first: Aggregator, second: Aggregator, partitions: int, timeout: float) -> bool:
+    """Whether the two come to own half the ``partitions`` each (one more for one of
+    them if odd) within ``timeout``."""
+    half = partitions // 2
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all((a.metric("fleet_aggregator_owner") or 0) == each for a in (first, second)):
+        owned = sorted(a.metric("fleet_aggregator_owner") or 0 for a in (first, second))
+        if owned == [half, partitions - half]:
             return True
         time.sleep(0.5)
     return False
