@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import nacl.exceptions
 import nacl.signing
 import nkeys
 import pytest
@@ -136,3 +137,73 @@ def test_a_public_key_decodes_through_the_fast_path() -> None:
     assert len(pair.public_key) == 56 and signing._BASE32_TEXT.fullmatch(pair.public_key)
     verifier = nacl.signing.VerifyKey(signing.public_key_bytes(pair.public_key))
     assert verifier.verify(b"body", pair.sign(b"body")) == b"body"
+
+
+ED25519_ORDER = 2**252 + 27742317777372353535851937790883648493
+"""L, the order of Ed25519's base point: a signature whose S is not below it is not
+canonical, and libsodium refuses it."""
+
+CRAFTED_SIGNATURES = [
+    bytes(64),  # R and S zero: R is a point of small order
+    bytes([1]) + bytes(63),  # R the neutral element, S zero
+    bytes(32) + ED25519_ORDER.to_bytes(32, "little"),  # S == L
+    bytes(32) + (2**256 - 1).to_bytes(32, "little"),  # S far above L
+]
+
+
+def _pynacl_accepts(key: bytes, signature: bytes, body: bytes) -> bool:
+    try:
+        nacl.signing.VerifyKey(key).verify(body, signature)
+    except nacl.exceptions.BadSignatureError:
+        return False
+    return True
+
+
+def _we_accept(key: bytes, public_key: str, signature: bytes, body: bytes) -> bool:
+    headers = {
+        signing.HEADER_KEY: public_key,
+        signing.HEADER_SIG: base64.b64encode(signature).decode(),
+    }
+    try:
+        signing.verify_with(key, public_key, headers, body)
+    except SignatureError:
+        return False
+    return True
+
+
+@given(
+    body=st.binary(max_size=5000),
+    flip=st.integers(min_value=-1, max_value=511),
+    forged=st.one_of(
+        st.none(), st.binary(min_size=64, max_size=64), st.sampled_from(CRAFTED_SIGNATURES)
+    ),
+    other_body=st.booleans(),
+)
+def test_the_detached_check_agrees_with_pynacl(
+    body: bytes, flip: int, forged: bytes | None, other_body: bool
+) -> None:
+    """``verify_with`` calls libsodium's detached check, not PyNaCl's ``VerifyKey``: for
+    a good signature, one with a bit flipped, one of random or crafted bytes (small-order
+    R, S not below the group order), and a body changed after signing, both accept
+    exactly the same."""
+    pair = signing.KeyPair.generate()
+    key = signing.public_key_bytes(pair.public_key)
+    signature = forged if forged is not None else pair.sign(body)
+    if flip >= 0:
+        flipped = bytearray(signature)
+        flipped[flip // 8] ^= 1 << (flip % 8)
+        signature = bytes(flipped)
+    checked = body + b"x" if other_body else body
+    assert _we_accept(key, pair.public_key, signature, checked) == _pynacl_accepts(
+        key, signature, checked
+    )
+    if forged is None and flip < 0 and not other_body:
+        assert _we_accept(key, pair.public_key, signature, checked)
+
+
+def test_a_key_of_the_wrong_length_never_reaches_libsodium() -> None:
+    """The C check reads 32 key bytes: a shorter key is refused before it."""
+    pair = signing.KeyPair.generate()
+    headers = pair.headers(b"body")
+    with pytest.raises(SignatureError, match="32-byte"):
+        signing.verify_with(b"short", pair.public_key, headers, b"body")
