@@ -17,7 +17,7 @@ from actors.fleet.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.registry import NotFound, approve, forget, read_record
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NatsBus
-from actors.runtime.consumer import Step
+from actors.runtime.consumer import Step, delivery
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
@@ -534,7 +534,7 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         # is checked under its own key, and refused.
         checked.clear()
         bad = message("n1", 3, 5, stored + 2 * 10**9, sig=goods_signature)
-        aggregator._verified = {id(bad): bytes(32)}
+        aggregator._verified = {id(bad): (bytes(32), delivery(bad))}
         assert aggregator.judge(bad) != []  # its refusal's alert
         assert checked == [bad.data]
         refused = aggregator.metrics.registry.get_sample_value(
