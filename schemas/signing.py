@@ -176,10 +176,10 @@ def _load_detached_verify() -> Callable[[bytes, bytes, int, bytes], int]:
     finds it there through the same handle). PyNaCl offers the check only as
     ``crypto_sign_open``, which first copies signature and body into one new buffer and
     then the body out into another: for a 4 KB heartbeat those cost 2-6 % of an
-    aggregator's CPU per heartbeat (three runs side by side: 6.3, 4.8, 2.0 %). Both end in the same libsodium check
-    (``crypto_sign_ed25519_open`` runs this function's body on the same bytes), so they
-    accept and refuse exactly the same signatures (tests/schemas/test_subjects_signing.py
-    compares them)."""
+    aggregator's CPU per heartbeat (three runs side by side: 6.3, 4.8, 2.0 %). Both end
+    in the same libsodium check (``crypto_sign_ed25519_open`` runs this function's body
+    on the same bytes), so they accept and refuse exactly the same signatures
+    (tests/schemas/test_subjects_signing.py compares them)."""
     ffi = cffi.FFI()
     ffi.cdef(
         "int crypto_sign_verify_detached(const unsigned char *sig, const unsigned char *m,"

@@ -471,7 +471,7 @@ class AggregatorActor:
         the two); it checks anything else itself, as it does every signature that failed
         here, to say why. A heartbeat judged before is skipped here as there (a cold start
         reads many again). The delivery read from the ack subject here is kept for the
-        judge: reading it again took about 1 % of a heartbeat's CPU in a profile."""
+        judge: reading it again cost about 0.5 % of a heartbeat's CPU side by side."""
         verified: dict[int, tuple[bytes, Delivery]] = {}
         for msg in messages:
             node = msg.subject.rpartition(".")[2]
