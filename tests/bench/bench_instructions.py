@@ -18,7 +18,7 @@ heartbeat signed) and judge 0 and ``--rounds`` rounds of ``--nodes`` steady hear
 so setup costs nothing; the bare verify likewise (0 and ``--verifies`` PyNaCl verifies of
 the same heartbeat, ``crypto_sign_open`` as the CPU bench times it). Printed: the
 instructions per heartbeat, their ratio to one bare verify's, and where they go by
-library. Needs valgrind (Debian: ``apt-get install -y valgrind``); about a minute.
+library. Needs valgrind (Debian: ``apt-get install -y valgrind``); about two minutes.
 
 Run: ``python tests/bench/bench_instructions.py`` (``--rounds 8 --nodes 125``).
 """
