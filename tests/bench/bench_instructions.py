@@ -57,6 +57,8 @@ WARM_ROUNDS = 2
 """Rounds judged before the counted ones, in both runs: every node's first contact (a
 fresh read of its key and record, a record written) and its first steady beat."""
 VERIFY_KEYS = 50
+ROUND_TIMEOUT = 120.0
+"""Seconds a round's heartbeats may take to come through the parser under callgrind."""
 LIBRARIES = {
     "/nacl/": "libsodium (the signature check)",
     "/msgspec/": "msgspec (decode, struct copies)",
@@ -131,7 +133,8 @@ async def judge_rounds(url: str, counted: int, rounds: int, nodes: int) -> None:
         round_taken.clear()
         for start in range(0, len(batch), 32768):  # nats-py reads 32 KB at a time
             await reader._ps.parse(batch[start : start + 32768])
-        await round_taken.wait()
+        async with asyncio.timeout(ROUND_TIMEOUT):
+            await round_taken.wait()
         for chain in await aggregator.handle_batch(list(taken)):
             for _, step in chain:
                 await step()
@@ -160,13 +163,17 @@ def bare_verifies(count: int) -> None:
 def counted(arguments: list[str], into: Path) -> Counter[str]:
     """Instructions of this script run as a child with ``arguments`` under callgrind, by
     the path of the library (shared object) that executed them."""
-    subprocess.run(
+    child = subprocess.run(
         [
             *("valgrind", "--tool=callgrind", f"--callgrind-out-file={into}", "-q"),
             *(sys.executable, __file__, *arguments),
         ],
-        check=True,
+        capture_output=True,
+        text=True,
     )
+    if child.returncode != 0:
+        last = (child.stderr.strip().splitlines() or ["no error output"])[-1]
+        raise SystemExit(f"the callgrind run {' '.join(arguments)} failed: {last[:200]}")
     annotated = subprocess.run(
         ["callgrind_annotate", "--threshold=100", str(into)],
         check=True,
@@ -195,9 +202,15 @@ def main() -> int:
         mode, count, url = args.child
         if mode == "judge":
             asyncio.run(judge_rounds(url, int(count), args.rounds, args.nodes))
-        else:
+        elif mode == "verify":
             bare_verifies(int(count))
+        else:
+            raise SystemExit(f"--child: no mode {mode!r} (judge or verify)")
         return 0
+    small = [name for name in ("rounds", "nodes", "verifies") if getattr(args, name) < 1]
+    if small:
+        print(f"--{small[0]} must be 1 or more")
+        return 2
     missing = [tool for tool in ("valgrind", "callgrind_annotate") if not shutil.which(tool)]
     if missing:
         print(f"needs {' and '.join(missing)} (Debian: apt-get install -y valgrind)")
@@ -220,8 +233,11 @@ def main() -> int:
         finally:
             server.stop()
     heartbeats = args.rounds * args.nodes
-    per_heartbeat = runs["judge", args.rounds] - runs["judge", 0]
-    per_verify = runs["verify", args.verifies] - runs["verify", 0]
+    # subtract, not "-": a library that ran less in the longer run still counts.
+    per_heartbeat = runs["judge", args.rounds].copy()
+    per_heartbeat.subtract(runs["judge", 0])
+    per_verify = runs["verify", args.verifies].copy()
+    per_verify.subtract(runs["verify", 0])
     total = sum(per_heartbeat.values()) / heartbeats
     verify = sum(per_verify.values()) / args.verifies
     print(
