@@ -17,7 +17,7 @@ import msgspec
 from schemas import events, messages
 
 JSON_DIR = Path(__file__).parent / "json"
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).parent.parent / "docs" / "wire-contract.md"
 TABLES_START = "<!-- wire-fields:start (python -m schemas.jsonschema) -->"
 TABLES_END = "<!-- wire-fields:end -->"
 

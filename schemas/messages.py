@@ -214,7 +214,7 @@ class Registration(Wire, frozen=True, kw_only=True):
     fingerprint: Name = ""
     enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
     """An operator's enrollment token (``fleetctl enroll-token create``): aggregators
-    approve ``public_key`` at once if it is valid for this cluster (README, Security)."""
+    approve ``public_key`` at once if it is valid for this cluster (docs/security.md)."""
 
 
 class RegistrationReply(Wire, frozen=True, kw_only=True):
@@ -368,7 +368,7 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
 class AggregatorLease(Wire, frozen=True, kw_only=True):
     """KV ``fleet_leases``, key ``hb.<P>``: which aggregator consumes partition P of
     ``FLEET_HB`` now, held by compare-and-set on the key's revision; key
-    ``member.<holder>``: an aggregator that is alive (see README, "How partitions work")."""
+    ``member.<holder>``: an aggregator that is alive (see docs/failure-detection.md, "How partitions work")."""
 
     holder: Name
     """The holding aggregator's id (host and a random suffix per start)."""

@@ -1,6 +1,6 @@
 """Aggregator actor (provider side): verifies heartbeats and keeps ``fleet_nodes`` true.
 
-``FLEET_HB`` is split into N partitions (README, "How partitions work"); this aggregator
+``FLEET_HB`` is split into N partitions (docs/failure-detection.md, "How partitions work"); this aggregator
 consumes the partitions whose leases it holds (:mod:`actors.fleet.partitions`), each
 through a durable pull consumer of its own, and keeps only those partitions' nodes. A
 heartbeat is accepted only if its key is the node's approved key, its signature verifies

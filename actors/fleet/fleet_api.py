@@ -165,7 +165,7 @@ class FleetApiActor:
         aggregator answered), and the watch would take in each of its own writes only to
         drop it: every first contact's record and every checkpoint (1,667 a second at
         100,000 nodes). Without them the 100,000-node bench's lag peaked at 16 to 24 s, not
-        27 s (README, "The aggregator at fleet scale")."""
+        27 s (docs/performance.md, "The aggregator at fleet scale")."""
         if self.live is not None:
             # The aggregator beside this API may be taking the lease and about to load
             # every record: the watch starts once the load is done, not during it, when

@@ -19,7 +19,7 @@ from actors.runtime.bus import NatsBus
 from schemas.events import Inject
 from tests.support.fleet import Fleet, wait_for, wait_record
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[2] / "docs" / "metrics.md"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
