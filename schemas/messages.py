@@ -368,7 +368,8 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
 class AggregatorLease(Wire, frozen=True, kw_only=True):
     """KV ``fleet_leases``, key ``hb.<P>``: which aggregator consumes partition P of
     ``FLEET_HB`` now, held by compare-and-set on the key's revision; key
-    ``member.<holder>``: an aggregator that is alive (see docs/failure-detection.md, "How partitions work")."""
+    ``member.<holder>``: an aggregator that is alive (see docs/failure-detection.md, "How
+    partitions work")."""
 
     holder: Name
     """The holding aggregator's id (host and a random suffix per start)."""

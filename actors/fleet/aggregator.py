@@ -1,13 +1,14 @@
 """Aggregator actor (provider side): verifies heartbeats and keeps ``fleet_nodes`` true.
 
-``FLEET_HB`` is split into N partitions (docs/failure-detection.md, "How partitions work"); this aggregator
-consumes the partitions whose leases it holds (:mod:`actors.fleet.partitions`), each
-through a durable pull consumer of its own, and keeps only those partitions' nodes. A
-heartbeat is accepted only if its key is the node's approved key, its signature verifies
-over the received bytes, its body names the subject's node and cluster, its timestamp is
-within the skew bound and its seq is above the last accepted one. Refusals change nothing
-and raise an alert. The server's TTL delete marker on a node's subject is the ``stale``
-signal; a stale record older than ``offline_after`` becomes offline.
+``FLEET_HB`` is split into N partitions (docs/failure-detection.md, "How partitions
+work"); this aggregator consumes the partitions whose leases it holds
+(:mod:`actors.fleet.partitions`), each through a durable pull consumer of its own, and
+keeps only those partitions' nodes. A heartbeat is accepted only if its key is the
+node's approved key, its signature verifies over the received bytes, its body names the
+subject's node and cluster, its timestamp is within the skew bound and its seq is above
+the last accepted one. Refusals change nothing and raise an alert. The server's TTL
+delete marker on a node's subject is the ``stale`` signal; a stale record older than
+``offline_after`` becomes offline.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     checkpoint_interval: Annotated[float, Meta(gt=0, le=240)] = 60.0
     """A node that only keeps beating has its record written to fleet_nodes this often
     (each node on its own schedule, spread); state changes are written at once. At most
-    240 s: below FLEET_HB's 300 s duplicate window (docs/failure-detection.md, "Hot path and checkpoints")."""
+    240 s: below FLEET_HB's 300 s duplicate window (docs/failure-detection.md, "Hot path
+    and checkpoints")."""
     fetch_batch: Annotated[int, Meta(ge=1, le=4096)] = 256
     """Heartbeats fetched (and acked with one AckAll) at a time, per partition. Caught up,
     a fetch holds what came in ``fetch_linger`` (about 200 per partition at 100,000 nodes
@@ -74,8 +75,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     this long once the owner is gone (it renews every third of it)."""
     partitions: Annotated[int, Meta(ge=1, le=256)] = 8
     """FLEET_HB is split into this many partitions, each consumed by one aggregator at a
-    time; used only when the stream is created (an existing stream keeps its N: docs/failure-detection.md,
-    "How partitions work")."""
+    time; used only when the stream is created (an existing stream keeps its N:
+    docs/failure-detection.md, "How partitions work")."""
     fetch_linger: Annotated[float, Meta(ge=0, le=1)] = 0.5
     """Seconds to wait after a fetch that came back short (caught up) before the next,
     so fetches and acks are paid per batch, not per heartbeat; adds at most this much
@@ -84,7 +85,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     the aggregator's process far more than its few lines of Python (the server's answer
     wakes it, and it comes back to caches others used): 0.25 s cost 1.056-1.065 times
     the CPU per heartbeat of 0.5 s, two aggregators side by side under one load
-    (``tests/bench/bench_aggregator.py --side``; docs/failure-detection.md, "Hot path and checkpoints")."""
+    (``tests/bench/bench_aggregator.py --side``; docs/failure-detection.md, "Hot path and
+    checkpoints")."""
     max_deliver: Annotated[int, Meta(ge=1)] = 5
     """Deliveries of one FLEET_HB message before the server gives up on it."""
     max_pending: Annotated[int, Meta(ge=0)] = 1000
@@ -102,9 +104,9 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     # Storage budgets: every stream and bucket has a byte budget the server reserves, so a
     # flood on one can never take the store that failure detection (FLEET_HB) needs.
-    # Sizing rule (docs/wire-contract.md, "Storage budgets"): the sum of these seven (428 MiB by default),
-    # times the prefixes a server hosts, stays below the server's jetstream max_file_store,
-    # and every other stream on that server has a max_bytes too.
+    # Sizing rule (docs/wire-contract.md, "Storage budgets"): the sum of these seven
+    # (428 MiB by default), times the prefixes a server hosts, stays below the server's
+    # jetstream max_file_store, and every other stream on that server has a max_bytes too.
     heartbeats_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
     """FLEET_HB: one heartbeat per node, typically 2-20 KB; 128 MiB holds over 6,000 nodes."""
     records_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
