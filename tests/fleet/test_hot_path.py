@@ -326,7 +326,7 @@ async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, pref
         judged.append(2)
         return []
 
-    aggregator.judge = judge  # type: ignore[method-assign]
+    aggregator.path.judge = judge  # type: ignore[method-assign]
     chains = await aggregator.handle_batch([broken, fine])
     assert chains == [[(broken, broken.term)]]
     assert judged == [2]
@@ -412,15 +412,15 @@ async def test_a_subject_is_checked_against_the_nodes_state_or_in_full(
         f"{prefix}.hb.{partition}.c*.{node}",
         f"{prefix}.hb.c1.{node}",
     ]
-    assert actor._split(good) == (partition, "c1", node)  # unknown: in full
+    assert actor.ownership.split(good) == (partition, "c1", node)  # unknown: in full
     actor.nodes[node] = NodeState(record_rules.pending_record(node, "c1"), 1.0)
-    assert actor._split(good) == (partition, "c1", node)
+    assert actor.ownership.split(good) == (partition, "c1", node)
     assert actor.nodes[node].partition == partition
-    assert actor._split(good) == (partition, "c1", node)  # from the state
+    assert actor.ownership.split(good) == (partition, "c1", node)  # from the state
     for subject in wrong:
         with pytest.raises(InvalidToken):
-            actor._split(subject)
-    assert actor._split(f"{prefix}.hb.{partition}.c2.{node}") == (partition, "c2", node)
+            actor.ownership.split(subject)
+    assert actor.ownership.split(f"{prefix}.hb.{partition}.c2.{node}") == (partition, "c2", node)
 
 
 async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
@@ -534,8 +534,8 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         # is checked under its own key, and refused.
         checked.clear()
         bad = message("n1", 3, 5, stored + 2 * 10**9, sig=goods_signature)
-        aggregator._verified = {id(bad): (bytes(32), delivery(bad))}
-        assert aggregator.judge(bad) != []  # its refusal's alert
+        aggregator.path.verify.verified = {id(bad): (bytes(32), delivery(bad))}
+        assert aggregator.path.judge(bad) != []  # its refusal's alert
         assert checked == [bad.data]
         refused = aggregator.metrics.registry.get_sample_value(
             "fleet_heartbeats_refused_total", {"kind": "bad_signature"}

@@ -20,8 +20,8 @@ async def test_lag_beyond_max_lag_fails_healthz(fleet: Fleet, bus: NatsBus, pref
     metrics = AggregatorMetrics()
     aggregator = new_aggregator(bus, prefix, metrics, max_lag=30.0)
     for partition in (2, 5):  # as while it holds these two partitions' leases
-        aggregator._consumers[partition] = aggregator.consumer(partition)
-        aggregator._consumers[partition].missing = ""
+        aggregator.ownership.consumers[partition] = aggregator.ownership.consumer(partition)
+        aggregator.ownership.consumers[partition].missing = ""
     metrics.processed(time.time(), pending=3, partition=2)
 
     def status() -> dict[str, ActorStatus]:

@@ -61,7 +61,7 @@ def split(actors: list[AggregatorActor]) -> list[int]:
 
 def served(actors: list[AggregatorActor]) -> bool:
     """Every partition held by exactly one of ``actors`` and consumed (its work runs)."""
-    owners = [p for actor in actors for p in held(actor) if p in actor._work]
+    owners = [p for actor in actors for p in held(actor) if p in actor.ownership.work]
     return sorted(owners) == list(range(N))
 
 
