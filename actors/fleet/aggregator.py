@@ -34,7 +34,7 @@ from functools import partial
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from actors.fleet import judge, record_rules
+from actors.fleet import judge
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.judge import LateDelivery, NeedsFetch, Refused, Verdict
@@ -228,7 +228,7 @@ class HeartbeatPath:
             return [partial(self._fetch_and_judge, msg, node)]
         if marker is not None:
             return self._marker(cluster, node, marker, stored, msg.data)
-        if state is not None and record_rules.judged_before(state.record, stream_seq, stored):
+        if state is not None and judge.judged_before(state.record, stream_seq, stored):
             self.metrics.dropped.labels("late_delivery").inc()
             return []
         try:

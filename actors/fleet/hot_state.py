@@ -18,6 +18,7 @@ a few hundred: one object, which the garbage collector never walks.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import random
@@ -58,9 +59,9 @@ class NodeState:
     refreshed: float = 0.0
     """Monotonic time the record was last read afresh for a refusal."""
     stored: bytes | None = None
-    """The :func:`record_rules.digest` of the record (slim, as ``record``) this owner last
+    """The :func:`digest` of the record (slim, as ``record``) this owner last
     read from or wrote to ``fleet_nodes``: a stored record that differs was written by an
-    operator since (forget, approve; see :func:`record_rules.operator_changes`)."""
+    operator since (forget, approve; see :func:`operator_changes`)."""
     stored_reset: bool = False
     """That record's ``seq_reset`` (an operator's reset-seq, kept by the next write)."""
     body: bytes | None = None
@@ -314,7 +315,7 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     kept = slim(record)
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
-    stored = record_rules.digest(kept)
+    stored = digest(kept)
     return NodeState(
         kept, written, fresh=True, stored=stored, stored_reset=kept.seq_reset, body=body
     )
@@ -324,3 +325,48 @@ def from_stored(node: str, value: bytes, written: float, bodies: Bodies) -> Node
     """The state of ``node`` from its stored record ``value`` (the one way a cold start
     takes a record into memory); raises DecodeError if ``value`` is not a NodeRecord."""
     return from_record(codec.decode(value, NodeRecord, node), written, bodies)
+
+
+# The owner's record against the stored one ---------------------------------------------
+
+DEREGISTRATION_FIELDS = (
+    "deregistered",
+    "deregistered_by",
+    "deregistered_reason",
+    "deregistered_at",
+)
+
+
+def digest(record: NodeRecord) -> bytes:
+    """What the partition owner keeps of the record it last read or wrote (16 bytes, not
+    a second record): enough to tell whether a record read later is that one."""
+    return hashlib.blake2b(codec.encode(record), digest_size=16).digest()
+
+
+def operator_changes(
+    mine: NodeRecord, stored: NodeRecord | None, known: bytes | None
+) -> NodeRecord:
+    """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
+    into ``fleet_nodes`` (``stored``) since the owner last read or wrote it (``known``,
+    its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve`` of a
+    deregistered node re-admits it (and clears the refusal noted). ``stored`` digesting to
+    ``known`` means nobody else wrote: ``mine`` wins. Heartbeat facts and ``reset-seq``
+    are not taken from here (see :func:`checkpoint`)."""
+    if stored is None or known is None or digest(stored) == known:
+        return mine
+    if all(getattr(stored, name) == getattr(mine, name) for name in DEREGISTRATION_FIELDS):
+        return mine
+    changes: dict[str, object] = {name: getattr(stored, name) for name in DEREGISTRATION_FIELDS}
+    if mine.deregistered and not stored.deregistered:
+        changes["refused"], changes["refused_at"] = stored.refused, stored.refused_at
+    return record_rules.with_state(mine, **changes)
+
+
+def checkpoint(stored_reset: bool, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
+    """What the partition owner writes over the record in ``fleet_nodes`` from its
+    in-memory ``mine``: its own, except that an operator's ``reset-seq`` written since
+    (``stored_reset``: the stored record's ``seq_reset``) is kept unless a heartbeat
+    already used it up."""
+    if stored_reset and not mine.seq_reset and not reset_consumed:
+        return msgspec.structs.replace(mine, seq_reset=True)
+    return mine

@@ -25,6 +25,11 @@ REFRESH_INTERVAL = 5.0
 """A refused node's record is read afresh at most this often (a reset-seq shows then)."""
 
 
+MARKER_TOLERANCE = 1.0
+"""Seconds a TTL marker may come before its heartbeat's ``stale_after`` ran out (clocks
+of the servers of a cluster differ a little)."""
+
+
 class NeedsFetch(Exception):
     """The judgement needs the node's key or record read afresh (the slow path)."""
 
@@ -44,7 +49,7 @@ class LateDelivery(Exception):
 
 
 class Forged(Exception):
-    """A TTL marker that cannot be the server's (see :func:`record_rules.marker_is_real`)."""
+    """A TTL marker that cannot be the server's (see :func:`marker_is_real`)."""
 
 
 class Spans(Protocol):
@@ -216,7 +221,7 @@ def marker(
     marker for the node's ``record``; None if it changes nothing (no live record, or one
     already stale or deregistered); else the record gone stale at ``now``, with its
     ``stale`` alert, written at once."""
-    if not record_rules.marker_is_real(record, marked_at, body):
+    if not marker_is_real(record, marked_at, body):
         raise Forged
     if record is None or record.stale_since is not None or record.deregistered:
         return None
@@ -234,3 +239,26 @@ def marker(
         },
     )
     return Verdict(stale, [alert], True)
+
+
+def judged_before(record: NodeRecord, stream_seq: int, stored: float) -> bool:
+    """Whether the heartbeat FLEET_HB stored at ``stream_seq``, at ``stored``, was stored
+    no later than the last one accepted into ``record``: a redelivery, or a new owner
+    reading again from its partition's oldest checkpoint. It can change nothing, so it
+    is dropped before its signature is checked (a cold start reads up to a checkpoint
+    interval of heartbeats again). Both are compared, the sequence and the time: a
+    FLEET_HB deleted and made again numbers from 1 again, and its heartbeats, stored
+    later, are judged as ever instead of locking every node out."""
+    last = record.last_stored
+    return last is not None and stream_seq <= record.last_stream_seq and stored <= last
+
+
+def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:
+    """Whether a message with ``Nats-Marker-Reason`` can be the server's TTL marker for
+    ``record``'s node: real markers have no body and come only once the last accepted
+    heartbeat's ``stale_after`` has run out since the stream stored it. Any client may
+    publish such a header, so one on a live node is a forgery."""
+    if body or record is None or record.heartbeat is None:
+        return False
+    stored = record.last_stored if record.last_stored is not None else record.last_seen
+    return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE

@@ -21,13 +21,13 @@ from collections.abc import Callable
 import msgspec
 import nats.errors
 
-from actors.fleet import hot_state, record_rules
+from actors.fleet import hot_state
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import CheckpointQueue, NodeState, NodeTable, slim, spread_written
 from actors.fleet.judge import Verdict
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
-from actors.fleet.refusals import RefusalTracker
+from actors.fleet.refusals import RefusalTracker, mark_refused
 from actors.fleet.streams import MAX_NODES
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -140,7 +140,7 @@ class Ledger:
         if state is None or not self.refusals.should_note(node, kind, time.monotonic()):
             return alert, False
         every = self.config.refused_note_every
-        noted = record_rules.mark_refused(state.record, kind, time.time(), every)
+        noted = mark_refused(state.record, kind, time.time(), every)
         if noted is None:
             return alert, False
         # A state change the node reads: written now, not at a checkpoint.
@@ -272,8 +272,8 @@ class Ledger:
     def _adopt(self, state: NodeState, record: NodeRecord) -> None:
         """Take what an operator wrote into ``record`` (read afresh) into memory."""
         kept = slim(record)
-        state.record = record_rules.operator_changes(state.record, kept, state.stored)
-        state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
+        state.record = hot_state.operator_changes(state.record, kept, state.stored)
+        state.stored, state.stored_reset = hot_state.digest(kept), kept.seq_reset
 
     def on_trust_change(self, node: str) -> None:
         """The trust watch saw ``node``'s key approved or revoked: ``fleetctl forget`` and
@@ -416,10 +416,10 @@ class Ledger:
             stored = slim(stored) if stored is not None else None
             stored_reset = stored is not None and stored.seq_reset
             # An operator's forget or re-admission written since is kept, not undone.
-            ours = record_rules.operator_changes(mine, stored, state.stored)
+            ours = hot_state.operator_changes(mine, stored, state.stored)
         else:
             ours = mine
-        return mine, record_rules.checkpoint(stored_reset, ours, state.reset_consumed)
+        return mine, hot_state.checkpoint(stored_reset, ours, state.reset_consumed)
 
     def _wrote(
         self,
@@ -440,7 +440,7 @@ class Ledger:
         state.revision = revision
         state.written = time.monotonic()
         if kept is not None:
-            state.stored, state.stored_reset = record_rules.digest(kept), kept.seq_reset
+            state.stored, state.stored_reset = hot_state.digest(kept), kept.seq_reset
         if state.record is mine:
             state.dirty = False
             state.reset_consumed = False
@@ -449,7 +449,7 @@ class Ledger:
         else:
             # Heartbeats judged while writing: they keep what the operator wrote too.
             before = slim(before) if before is not None else None
-            state.record = record_rules.operator_changes(state.record, before, known)
+            state.record = hot_state.operator_changes(state.record, before, known)
             if state.dirty:
                 self.checkpoints.push(node, state)
         self.metrics.record_writes.inc()

@@ -5,12 +5,10 @@ Kept apart from the actor so every rule is testable without a server.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Literal, NamedTuple
 
 import msgspec
 
-from schemas import codec
 from schemas.base import RecordState
 from schemas.events import Health, notice_key
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Severity
@@ -28,9 +26,6 @@ class AlertSpec(NamedTuple):
 
 ANOMALY_FACTOR = 2.5
 """A heartbeat later than this many intervals after the previous one is an anomaly."""
-MARKER_TOLERANCE = 1.0
-"""Seconds a TTL marker may come before its heartbeat's ``stale_after`` ran out (clocks
-of the servers of a cluster differ a little)."""
 
 SeqVerdict = Literal["next", "replay", "jump"]
 
@@ -50,22 +45,14 @@ def derive_state(record: NodeRecord) -> RecordState:
     degraded > active > pending, each from its own fact in the record. What an operator
     did to the node (cordon, drain) outranks its health: it says the node is being dealt
     with."""
-    if record.deregistered:
-        return "deregistered"
-    if record.offline_since is not None:
-        return "offline"
-    if record.stale_since is not None:
-        return "stale"
-    held = HELD_STATES.get(record.schedulability)
-    if held is not None:
-        return held
-    if record.health_status == "unhealthy":
-        return "unhealthy"
-    if record.health_status == "degraded":
-        return "degraded"
-    if record.last_seq > 0:
-        return "active"
-    return "pending"
+    return state_of(
+        record.deregistered,
+        record.offline_since,
+        record.stale_since,
+        record.schedulability,
+        record.health_status,
+        record.last_seq,
+    )
 
 
 def with_state(record: NodeRecord, **changes: object) -> NodeRecord:
@@ -101,50 +88,6 @@ def judge_seq(record: NodeRecord, seq: int, max_jump: int, public_key: str = "")
     if record.last_seq > 0 and seq - record.last_seq > max_jump:
         return "jump"
     return "next"
-
-
-def judged_before(record: NodeRecord, stream_seq: int, stored: float) -> bool:
-    """Whether the heartbeat FLEET_HB stored at ``stream_seq``, at ``stored``, was stored
-    no later than the last one accepted into ``record``: a redelivery, or a new owner
-    reading again from its partition's oldest checkpoint. It can change nothing, so it
-    is dropped before its signature is checked (a cold start reads up to a checkpoint
-    interval of heartbeats again). Both are compared, the sequence and the time: a
-    FLEET_HB deleted and made again numbers from 1 again, and its heartbeats, stored
-    later, are judged as ever instead of locking every node out."""
-    last = record.last_stored
-    return last is not None and stream_seq <= record.last_stream_seq and stored <= last
-
-
-def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:
-    """Whether a message with ``Nats-Marker-Reason`` can be the server's TTL marker for
-    ``record``'s node: real markers have no body and come only once the last accepted
-    heartbeat's ``stale_after`` has run out since the stream stored it. Any client may
-    publish such a header, so one on a live node is a forgery."""
-    if body or record is None or record.heartbeat is None:
-        return False
-    stored = record.last_stored if record.last_stored is not None else record.last_seen
-    return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE
-
-
-def silent_without_marker(record: NodeRecord, now: float, grace: float) -> bool:
-    """A live record whose node has sent nothing for twice its ``stale_after`` plus
-    ``grace``, though no TTL marker came: the marker was lost (a node's ``Nats-Rollup:
-    all`` heartbeat purges every subject of FLEET_HB, markers pending included, and the
-    server cannot be told to refuse rollups on a stream with delete markers). Twice, and
-    the grace, so a slow aggregator behind the stream does not call a live node stale."""
-    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
-        return False
-    return now - record.last_seen > 2 * record.heartbeat.stale_after + grace
-
-
-def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
-    """A registration nobody approved (no heartbeat ever accepted) older than ``after``."""
-    return (
-        record.state == "pending"
-        and record.last_seq == 0
-        and record.pending_since is not None
-        and now - record.pending_since > after
-    )
 
 
 def accept(
@@ -508,72 +451,6 @@ def hardware_alert(
         },
         "critical" if gone else "warning",
     )
-
-
-def mark_refused(
-    record: NodeRecord | None, kind: str, now: float, every: float
-) -> NodeRecord | None:
-    """The record with the refusal ``kind`` noted for the node to read, or None when
-    nothing needs writing: no record (an unknown node gets none), the same kind noted less
-    than ``every`` seconds ago (refused beats must not turn into a KV write each)."""
-    if record is None:
-        return None
-    fresh = record.refused_at is not None and now - record.refused_at < every
-    if record.refused == kind and fresh:
-        return None
-    return msgspec.structs.replace(record, refused=kind, refused_at=now)
-
-
-def refused_silent(record: NodeRecord, now: float) -> bool:
-    """A live record whose last accepted heartbeat is older than its ``stale_after``: the
-    node is stale even though messages (refused ones) keep arriving on its subject and so
-    the server's TTL marker never fires."""
-    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
-        return False
-    return now - record.last_seen >= record.heartbeat.stale_after
-
-
-DEREGISTRATION_FIELDS = (
-    "deregistered",
-    "deregistered_by",
-    "deregistered_reason",
-    "deregistered_at",
-)
-
-
-def digest(record: NodeRecord) -> bytes:
-    """What the partition owner keeps of the record it last read or wrote (16 bytes, not
-    a second record): enough to tell whether a record read later is that one."""
-    return hashlib.blake2b(codec.encode(record), digest_size=16).digest()
-
-
-def operator_changes(
-    mine: NodeRecord, stored: NodeRecord | None, known: bytes | None
-) -> NodeRecord:
-    """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
-    into ``fleet_nodes`` (``stored``) since the owner last read or wrote it (``known``,
-    its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve`` of a
-    deregistered node re-admits it (and clears the refusal noted). ``stored`` digesting to
-    ``known`` means nobody else wrote: ``mine`` wins. Heartbeat facts and ``reset-seq``
-    are not taken from here (see :func:`checkpoint`)."""
-    if stored is None or known is None or digest(stored) == known:
-        return mine
-    if all(getattr(stored, name) == getattr(mine, name) for name in DEREGISTRATION_FIELDS):
-        return mine
-    changes: dict[str, object] = {name: getattr(stored, name) for name in DEREGISTRATION_FIELDS}
-    if mine.deregistered and not stored.deregistered:
-        changes["refused"], changes["refused_at"] = stored.refused, stored.refused_at
-    return with_state(mine, **changes)
-
-
-def checkpoint(stored_reset: bool, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:
-    """What the partition owner writes over the record in ``fleet_nodes`` from its
-    in-memory ``mine``: its own, except that an operator's ``reset-seq`` written since
-    (``stored_reset``: the stored record's ``seq_reset``) is kept unless a heartbeat
-    already used it up."""
-    if stored_reset and not mine.seq_reset and not reset_consumed:
-        return msgspec.structs.replace(mine, seq_reset=True)
-    return mine
 
 
 def is_transition(previous: NodeRecord, updated: NodeRecord) -> bool:

@@ -3,16 +3,20 @@
 A node whose heartbeats are all refused still puts messages on its subject, each replacing
 the last, so the server's TTL marker never fires and the record would stay ``active``
 forever. The aggregator therefore remembers the nodes it refused and checks their records
-every ``sweep_interval`` (:func:`record_rules.refused_silent`). It also notes the refusal
+every ``sweep_interval`` (:func:`actors.fleet.sweeps.refused_silent`). It also notes the refusal
 kind in the record, for the node to read, at most once per ``refused_note_every`` per kind,
 and raises ``deregistered_node_beating`` once per boot of the node. Memory is bounded: at
 most MAX_TRACKED nodes are remembered (the oldest are forgotten first; a forgotten one is
-still found by the full sweep, :func:`record_rules.silent_without_marker`).
+still found by the full sweep, :func:`actors.fleet.sweeps.silent_without_marker`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+import msgspec
+
+from schemas.messages import NodeRecord
 
 MAX_TRACKED = 100_000
 """Nodes remembered per table: the fleet size the aggregator is sized for."""
@@ -63,3 +67,17 @@ class RefusalTracker:
             return False
         _bounded_set(self._boots, node, boot_id)
         return True
+
+
+def mark_refused(
+    record: NodeRecord | None, kind: str, now: float, every: float
+) -> NodeRecord | None:
+    """The record with the refusal ``kind`` noted for the node to read, or None when
+    nothing needs writing: no record (an unknown node gets none), the same kind noted less
+    than ``every`` seconds ago (refused beats must not turn into a KV write each)."""
+    if record is None:
+        return None
+    fresh = record.refused_at is not None and now - record.refused_at < every
+    if record.refused == kind and fresh:
+        return None
+    return msgspec.structs.replace(record, refused=kind, refused_at=now)

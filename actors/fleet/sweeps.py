@@ -30,6 +30,36 @@ from schemas.messages import NodeRecord
 log = logging.getLogger(__name__)
 
 
+def silent_without_marker(record: NodeRecord, now: float, grace: float) -> bool:
+    """A live record whose node has sent nothing for twice its ``stale_after`` plus
+    ``grace``, though no TTL marker came: the marker was lost (a node's ``Nats-Rollup:
+    all`` heartbeat purges every subject of FLEET_HB, markers pending included, and the
+    server cannot be told to refuse rollups on a stream with delete markers). Twice, and
+    the grace, so a slow aggregator behind the stream does not call a live node stale."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    return now - record.last_seen > 2 * record.heartbeat.stale_after + grace
+
+
+def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
+    """A registration nobody approved (no heartbeat ever accepted) older than ``after``."""
+    return (
+        record.state == "pending"
+        and record.last_seq == 0
+        and record.pending_since is not None
+        and now - record.pending_since > after
+    )
+
+
+def refused_silent(record: NodeRecord, now: float) -> bool:
+    """A live record whose last accepted heartbeat is older than its ``stale_after``: the
+    node is stale even though messages (refused ones) keep arriving on its subject and so
+    the server's TTL marker never fires."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    return now - record.last_seen >= record.heartbeat.stale_after
+
+
 class Sweeps:
     """The sweeps of the nodes in ``ledger``, which ``ownership`` says are whose."""
 
@@ -70,7 +100,7 @@ class Sweeps:
         aggregator saw go stale are checked, unless ``everything``: then every record is
         read (batched direct gets), records registered since are taken into memory, the
         silent nodes whose TTL marker never came are marked stale (see
-        :func:`record_rules.silent_without_marker`), pending records older than
+        :func:`silent_without_marker`), pending records older than
         ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
         registrations). The rules run on the owner's in-memory records."""
         now = time.time()
@@ -80,7 +110,7 @@ class Sweeps:
             if record.offline_since:
                 return None
             if record.stale_since is None:
-                if everything and record_rules.silent_without_marker(record, now, grace):
+                if everything and silent_without_marker(record, now, grace):
                     return record_rules.with_state(record, stale_since=now)
                 return None
             if now - record.stale_since < self.config.offline_after:
@@ -99,9 +129,9 @@ class Sweeps:
                 ledger.stale.discard(node)
                 continue
             before = state.record
-            if record_rules.pending_expired(before, now, expire_after):
+            if pending_expired(before, now, expire_after):
                 if await self.store.delete_if(
-                    node, lambda record: record_rules.pending_expired(record, now, expire_after)
+                    node, lambda record: pending_expired(record, now, expire_after)
                 ):
                     log.info("pending registration expired", extra={"node": node})
                     ledger.nodes.pop(node, None)
@@ -153,7 +183,7 @@ class Sweeps:
                 ledger.refusals.forget(node)
                 continue
             record = state.record
-            if not record_rules.refused_silent(record, now):
+            if not refused_silent(record, now):
                 if record.stale_since is not None or record.deregistered:
                     ledger.refusals.forget(node)
                 continue

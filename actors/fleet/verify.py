@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from actors.fleet import record_rules
 from actors.fleet.hot_state import NodeState, NodeTable
-from actors.fleet.judge import NeedsFetch, Refused
+from actors.fleet.judge import NeedsFetch, Refused, judged_before
 from actors.fleet.node_store import NodeStore
 from actors.runtime.consumer import Delivery, delivery
 from schemas import signing
@@ -75,7 +74,7 @@ class Signatures:
                 continue
             try:
                 read = delivery(msg)
-                if record_rules.judged_before(state.record, read[0], read[1]):
+                if judged_before(state.record, read[0], read[1]):
                     continue
                 signing.verify_with(state.verifier, state.key, headers, msg.data)
             except Exception:

@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet import record_rules
+from actors.fleet import hot_state, record_rules
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.registry import NotFound, approve, forget, read_record
@@ -251,9 +251,9 @@ def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
     """A reset-seq written by an operator after the owner's last write survives the
     owner's next checkpoint, unless a heartbeat already used it up."""
     mine = record_rules.pending_record("n1", "c1", "K")
-    assert record_rules.checkpoint(True, mine, reset_consumed=False).seq_reset
-    assert not record_rules.checkpoint(True, mine, reset_consumed=True).seq_reset
-    assert not record_rules.checkpoint(False, mine, reset_consumed=False).seq_reset
+    assert hot_state.checkpoint(True, mine, reset_consumed=False).seq_reset
+    assert not hot_state.checkpoint(True, mine, reset_consumed=True).seq_reset
+    assert not hot_state.checkpoint(False, mine, reset_consumed=False).seq_reset
 
 
 def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> None:
@@ -262,13 +262,13 @@ def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> N
     one changed elsewhere but not in its deregistration leaves its own."""
     known = record_rules.pending_record("n1", "c1", "K")
     mine = record_rules.with_state(known, last_seq=9)
-    digest = record_rules.digest(known)
-    assert record_rules.operator_changes(mine, known, digest) is mine
+    digest = hot_state.digest(known)
+    assert hot_state.operator_changes(mine, known, digest) is mine
     forgotten = record_rules.with_state(known, deregistered=True, deregistered_by="operator")
-    taken = record_rules.operator_changes(mine, forgotten, digest)
+    taken = hot_state.operator_changes(mine, forgotten, digest)
     assert taken.deregistered and taken.deregistered_by == "operator" and taken.last_seq == 9
     elsewhere = record_rules.with_state(known, last_seq=3)
-    assert record_rules.operator_changes(mine, elsewhere, digest) is mine
+    assert hot_state.operator_changes(mine, elsewhere, digest) is mine
 
 
 def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
@@ -447,7 +447,7 @@ async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
     stored = await read_record(bus, Subjects(prefix), "n1")
     assert stored.last_seq == 2 and not state.dirty
     assert state.record is kept
-    assert state.stored == record_rules.digest(slim(stored))
+    assert state.stored == hot_state.digest(slim(stored))
 
 
 async def test_a_heartbeat_reaches_fleet_nodes_as_the_node_signed_it(

@@ -215,7 +215,7 @@ def test_slim_record_writes_exactly_the_whole_one() -> None:
     assert hot_state.encoded(kept, body, table.bodies) == codec.encode(whole)
     state = hot_state.from_stored("n1", codec.encode(whole), 5.0, table.bodies)
     assert state.record == kept and state.fresh
-    assert state.stored == record_rules.digest(kept) and not state.stored_reset
+    assert state.stored == hot_state.digest(kept) and not state.stored_reset
     assert codec.encode(table.whole(state)) == codec.encode(whole)
     without = record_rules.pending_record("n1", "c1")
     assert hot_state.slim(without) is without

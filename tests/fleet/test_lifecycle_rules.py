@@ -6,7 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from actors.fleet import record_rules
-from actors.fleet.refusals import MAX_TRACKED, RefusalTracker
+from actors.fleet.refusals import MAX_TRACKED, RefusalTracker, mark_refused
+from actors.fleet.sweeps import refused_silent
 from schemas.events import Capacity, Gpu, Sample
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
@@ -99,12 +100,12 @@ def test_refusal_is_noted_rate_limited_and_cleared_by_an_accepted_beat() -> None
     """mark_refused writes a new kind at once, the same kind again only after ``every``;
     accepting a beat clears it."""
     record = accepted(heartbeat(seq=1))
-    noted = record_rules.mark_refused(record, "unknown_node", 200.0, 30.0)
+    noted = mark_refused(record, "unknown_node", 200.0, 30.0)
     assert noted is not None and noted.refused == "unknown_node"
-    assert record_rules.mark_refused(noted, "unknown_node", 210.0, 30.0) is None
-    assert record_rules.mark_refused(noted, "replay", 210.0, 30.0) is not None
-    assert record_rules.mark_refused(noted, "unknown_node", 231.0, 30.0) is not None
-    assert record_rules.mark_refused(None, "unknown_node", 1.0, 30.0) is None
+    assert mark_refused(noted, "unknown_node", 210.0, 30.0) is None
+    assert mark_refused(noted, "replay", 210.0, 30.0) is not None
+    assert mark_refused(noted, "unknown_node", 231.0, 30.0) is not None
+    assert mark_refused(None, "unknown_node", 1.0, 30.0) is None
     beat = heartbeat(seq=2)
     cleared = record_rules.with_lifecycle(
         noted, record_rules.accept(noted, beat, "UOLD", 240.0), beat
@@ -116,11 +117,11 @@ def test_refused_silent_after_stale_after() -> None:
     """A live record is refused-silent once its last accepted beat is stale_after old;
     stale or deregistered records are not."""
     record = accepted(heartbeat(seq=1, stale_after=2.0), now=100.0)
-    assert not record_rules.refused_silent(record, 101.9)
-    assert record_rules.refused_silent(record, 102.0)
-    assert not record_rules.refused_silent(record_rules.with_state(record, stale_since=101.0), 200)
+    assert not refused_silent(record, 101.9)
+    assert refused_silent(record, 102.0)
+    assert not refused_silent(record_rules.with_state(record, stale_since=101.0), 200)
     gone = msgspec.structs.replace(record, deregistered=True)
-    assert not record_rules.refused_silent(gone, 200.0)
+    assert not refused_silent(gone, 200.0)
 
 
 def test_refusal_tracker_notes_boots_and_stays_bounded() -> None:
