@@ -41,10 +41,11 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_contracts_are_kept() -> None:
-    """The rooms import one way and actors never import each other (pyproject contracts)."""
+    """The rooms import one way, actors never import each other, the aggregator's parts
+    import only those below them and its judge is pure (pyproject contracts)."""
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
 
 
 def test_import_contracts_catch_a_forbidden_import(tmp_path: Path) -> None:
@@ -57,3 +58,23 @@ def test_import_contracts_catch_a_forbidden_import(tmp_path: Path) -> None:
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "actors.node.latency -> actors.fleet.registry" in result.stdout
+
+
+def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_path: Path) -> None:
+    """The judge importing the bus breaks the purity contract; the ledger importing
+    ownership (a part above it) breaks the parts' layers."""
+    for package in ("actors", "schemas"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for module, imported in (("judge", "actors.runtime.bus"), ("ledger", "actors.fleet.ownership")):
+        path = tmp_path / "actors" / "fleet" / f"{module}.py"
+        path.write_text(path.read_text() + f"\nimport {imported}  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        "The judge is pure: no bus, no KV, no runtime, no other part of the aggregator BROKEN"
+        in (" ".join(result.stdout.split()))
+    )
+    assert "actors.fleet.judge -> actors.runtime.bus" in result.stdout
+    assert "actors.fleet.ledger -> actors.fleet.ownership" in result.stdout
+    assert "3 kept, 2 broken" in result.stdout

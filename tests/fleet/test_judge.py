@@ -1,0 +1,191 @@
+"""The judge with plain values: a node's state and a heartbeat in, a verdict out, nothing
+changed on the way (no server, no clock, no table)."""
+
+from __future__ import annotations
+
+import copy
+
+import msgspec
+import pytest
+
+from actors.fleet import judge, record_rules
+from actors.fleet.hot_state import NodeState, slim_heartbeat
+from actors.fleet.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
+from schemas import codec
+from schemas.messages import Heartbeat
+from tests.support.fleet import heartbeat
+
+KEY = "UKEY"
+NOW = 1_000.0
+MAX_JUMP = 1_000
+
+
+def beat(seq: int, **changes: object) -> Heartbeat:
+    """Node n1's heartbeat ``seq``, sent ``seq`` half-second intervals after t=900."""
+    return heartbeat("n1", seq, ts=900.0 + seq * 0.5, **changes)
+
+
+def state_after(seq: int, stream_seq: int = 10, stored: float = 990.0) -> NodeState:
+    """n1's state once heartbeats up to ``seq`` were accepted (the last at ``stream_seq``)."""
+    previous = record_rules.pending_record("n1", "c1", KEY, since=1.0)
+    for n in range(1, seq + 1):
+        hb = beat(n)
+        previous = record_rules.accepted(
+            previous,
+            hb,
+            KEY,
+            NOW,
+            stream_seq,
+            stored,
+            record_rules.gpu_fingerprint(hb),
+            slim_heartbeat(hb, previous),
+        )
+    return NodeState(previous, 1.0)
+
+
+class Spans:
+    """A partition read to its end from ``start`` to ``end`` (the owner's CaughtUp)."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+    def within(self, after: float, before: float) -> bool:
+        return self.start < before and self.end > after
+
+
+def verdict(
+    state: NodeState | None,
+    hb: Heartbeat,
+    stream_seq: int = 11,
+    stored: float = 995.0,
+    fetched: bool = False,
+    monotonic: float = 100.0,
+    caught_up: Spans | None = None,
+) -> Verdict:
+    return judge.accept(
+        state, hb, KEY, stream_seq, stored, NOW, monotonic, fetched, MAX_JUMP, caught_up
+    )
+
+
+def test_a_steady_beat_is_accepted_with_no_alert_and_no_write() -> None:
+    """The next seq of a live node: its record moves on (seq, stream seq, stored time),
+    no alert, checkpointed rather than written, and the state given is left as it was."""
+    state = state_after(3)
+    before = copy.deepcopy(state)
+    result = verdict(state, beat(4))
+    assert result.alerts == [] and not result.write
+    assert (result.record.last_seq, result.record.last_stream_seq) == (4, 11)
+    assert result.record.last_stored == 995.0 and result.record.state == "active"
+    assert state == before
+
+
+def test_a_new_nodes_first_beat_is_a_transition() -> None:
+    """A node with no state: an active record built from a pending one, written at once."""
+    result = verdict(None, beat(1))
+    assert result.write and result.alerts == []
+    assert (result.record.node_id, result.record.state, result.record.last_seq) == (
+        "n1",
+        "active",
+        1,
+    )
+    assert result.record.public_key == KEY
+
+
+def test_a_replay_is_refused_once_read_afresh() -> None:
+    """A seq at or below the last accepted one, stored later: read afresh first (an
+    operator's reset-seq may be waiting), then refused as a replay; read afresh a moment
+    ago, refused at once."""
+    state = state_after(5)
+    with pytest.raises(NeedsFetch):
+        verdict(state, beat(5))
+    with pytest.raises(Refused) as refused:
+        verdict(state, beat(5), fetched=True)
+    assert refused.value.kind == "replay" and refused.value.details == {"seq": "5"}
+    state.refreshed = 99.0
+    with pytest.raises(Refused):
+        verdict(state, beat(4), monotonic=100.0)
+
+
+def test_a_redelivery_is_late_not_refused() -> None:
+    """The same beat at a stream seq already judged: a late delivery, no alert."""
+    with pytest.raises(LateDelivery):
+        verdict(state_after(5, stream_seq=10), beat(5), stream_seq=10, fetched=True)
+
+
+def test_a_seq_jump_beyond_the_limit_is_refused_with_its_range() -> None:
+    """A seq more than max_jump above the last: refused as a sequence gap."""
+    with pytest.raises(Refused) as refused:
+        verdict(state_after(2), beat(2 + MAX_JUMP + 1), fetched=True)
+    assert refused.value.kind == "sequence_gap"
+    assert refused.value.details["from"] == "2"
+    assert refused.value.details["to"] == str(3 + MAX_JUMP)
+
+
+def test_a_gap_is_news_only_if_the_owner_read_in_time() -> None:
+    """Beats 3-4 missing: a sequence_gap alert (event q<seq>, written at once) when the
+    owner had read the partition to its end just before; none when it had not (the
+    stream replaced them before it read them)."""
+    late = beat(5)
+    assert [a.kind for a in verdict(state_after(2), late).alerts] == []
+    read = verdict(state_after(2), late, caught_up=Spans(994.0, 994.9))
+    (gap,) = read.alerts
+    assert gap.kind == "sequence_gap" and read.write
+    assert gap.details == {"from": "2", "to": "5", "event": "q5"}
+
+
+def test_a_deregistered_node_beating_is_refused_after_a_fresh_read() -> None:
+    """A deregistered record takes no other heartbeat: read afresh first (it may have
+    been re-admitted), then refused, its alert naming the boot."""
+    state = state_after(2)
+    state.record = record_rules.with_state(state.record, deregistered=True)
+    with pytest.raises(NeedsFetch):
+        verdict(state, beat(3))
+    with pytest.raises(Refused) as refused:
+        verdict(state, beat(3), fetched=True)
+    assert refused.value.kind == "deregistered_node_beating"
+    assert refused.value.details["boot_id"] == "b1"
+
+
+def test_read_refuses_a_body_of_another_node_a_skewed_clock_and_garbage() -> None:
+    """The signed body must be a Heartbeat naming the subject's node and cluster, its
+    timestamp within the skew bound."""
+    body = codec.encode(beat(1))
+    assert judge.read(body, "s", "n1", "c1", 950.0, 60.0).seq == 1
+    cases = [
+        (body, "n2", "c1", 950.0, "bad_signature"),
+        (body, "n1", "c2", 950.0, "bad_signature"),
+        (body, "n1", "c1", 1_100.0, "clock_skew"),
+        (b"{not json", "n1", "c1", 950.0, "bad_signature"),
+    ]
+    for data, node, cluster, now, kind in cases:
+        with pytest.raises(Refused) as refused:
+            judge.read(data, "s", node, cluster, now, 60.0)
+        assert refused.value.kind == kind
+
+
+def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None:
+    """A marker with no body, after stale_after has run out: the record goes stale, its
+    alert says when the server marked it, written at once. One with a body, or before
+    the time, is forged; one on a record already stale changes nothing."""
+    record = state_after(2).record
+    stale_after = beat(2).stale_after
+    at = 990.0 + stale_after
+    result = judge.marker(record, "MaxAge", at, b"", NOW)
+    assert result is not None and result.write
+    assert result.record.stale_since == NOW and result.record.state == "stale"
+    (alert,) = result.alerts
+    assert alert.kind == "stale"
+    assert alert.details == {"event": "q2", "last_seq": "2", "marked_at": f"{at:.3f}"}
+    for body, marked in ((b"x", at), (b"", 990.0)):
+        with pytest.raises(Forged):
+            judge.marker(record, "MaxAge", marked, body, NOW)
+    assert judge.marker(result.record, "MaxAge", at, b"", NOW) is None
+
+
+def test_judged_before_needs_both_the_sequence_and_the_time() -> None:
+    """A heartbeat at or before the last accepted stream seq and stored no later was
+    judged before; a stream made again (seqs from 1, stored later) was not."""
+    record = msgspec.structs.replace(state_after(1).record, last_stream_seq=10, last_stored=990.0)
+    assert judge.judged_before(record, 10, 990.0)
+    assert not judge.judged_before(record, 11, 995.0)
+    assert not judge.judged_before(record, 3, 995.0)
