@@ -92,8 +92,6 @@ class AggregatorActor:
             ledger,
         )
         # What the HTTP API beside it, the tests and the benchmarks read and call.
-        self.handle_batch = self.path.handle_batch
-        self.handle = self.path.handle
         self.nodes = ledger.nodes
         self.stale = ledger.stale
         self.owns = self.ownership.owns
@@ -110,6 +108,14 @@ class AggregatorActor:
 
     def problem(self) -> str:
         return self.ownership.problem()
+
+    async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
+        """One fetch of FLEET_HB through :class:`HeartbeatPath` (what the consume loops
+        call; a test may wrap it before the actor runs)."""
+        return await self.path.handle_batch(messages)
+
+    async def handle(self, msg: Msg) -> None:
+        await self.path.handle(msg)
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:
