@@ -11,7 +11,8 @@ General layout
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
               ``config.py`` and ``metrics.py`` are the node's, ``xid.py`` is the XID table the
               inventory counts with and health judges by.
-``fleet/``    the provider side: the aggregator and its record rules, node store, alerts and
+``fleet/``    the provider side: the aggregator (its parts: ownership, verify, judge,
+              ledger, sweeps, registrar) and its record rules, node store, alerts and
               stream provisioning; the fleet HTTP API; trust and registry operations; reading
               a node's history from the streams; rendering nats-server users and permissions
               (``nats_config``); the aggregator's config and metrics.

@@ -10,7 +10,7 @@ on a node's subject is the ``stale`` signal; a stale record older than ``offline
 becomes offline.
 
 The work is done by parts with one job each, wired here; a heartbeat's way through them
-reads top to bottom in :meth:`AggregatorActor.judge`:
+reads top to bottom in :meth:`HeartbeatPath.judge`:
 
 - :mod:`~actors.fleet.ownership`: the partitions held, their consumers, whose a heartbeat is;
 - :mod:`~actors.fleet.verify`: keys and signatures, ahead of judging;

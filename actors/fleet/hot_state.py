@@ -69,7 +69,7 @@ class NodeState:
     table's :class:`Bodies` (None without one)."""
     partition: int = -1
     """The node's partition, once a heartbeat subject of it was checked in full (the
-    aggregator's ``_split``); -1 before."""
+    ``Ownership.split``); -1 before."""
     revision: int | None = None
     """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
     next write reads the record first; a write knowing it costs no read)."""

@@ -478,7 +478,7 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
     bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The signatures of a fetch's heartbeats from known nodes are checked in one loop
-    before any is judged (see ``_verify_ahead``). A signature that held is checked once;
+    before any is judged (see ``Signatures.ahead``). A signature that held is checked once;
     one that failed is checked again when judged, which refuses it as ever; a heartbeat
     judged before is not checked at all. A check ahead counts only for its own message
     under the key it held with, and a message that breaks it breaks no batch. The bodies
