@@ -365,6 +365,54 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
     revoked: bool = False
 
 
+MAX_MAINTENANCE_NODES = 10_000
+"""Nodes one maintenance window may name (a selector names any number)."""
+
+
+class Maintenance(Wire, frozen=True, kw_only=True):
+    """An operator's request to start or end a maintenance window (``fleetctl
+    maintenance``), signed by the operator key, on ``fleet.maintenance``: aggregators act
+    on it only if they trust the key (``trust_operators``) and its ``ts`` is within their
+    clock skew bound. A window covers the nodes whose labels hold every pair of
+    ``selector``, in ``cluster`` when set, or named in ``nodes``."""
+
+    action: Literal["start", "end"]
+    id: Id
+    """The window (``start``: chosen by the sender; ``end``: the window to end)."""
+    ts: UnixTime
+    selector: Labels = {}
+    cluster: Name = ""
+    nodes: Annotated[list[NodeId], Meta(max_length=MAX_MAINTENANCE_NODES)] = []
+    until: UnixTime = 0.0
+    """When the window ends by itself (``start``)."""
+    reason: Text = ""
+
+
+class MaintenanceWindow(Wire, frozen=True, kw_only=True):
+    """A maintenance window in force: KV bucket ``fleet_maintenance``, key ``<id>``. Alerts
+    of the nodes it covers are recorded in ``FLEET_ALERTS`` but not forwarded to
+    Alertmanager; views show the nodes as in ``maintenance``. Ended by ``fleetctl
+    maintenance end`` (the key is deleted) or by ``until`` passing."""
+
+    id: Id
+    since: UnixTime
+    until: UnixTime
+    by: Name
+    """The operator public key that started it."""
+    selector: Labels = {}
+    cluster: Name = ""
+    nodes: Annotated[list[NodeId], Meta(max_length=MAX_MAINTENANCE_NODES)] = []
+    reason: Text = ""
+
+
+class MaintenanceReply(Wire, frozen=True, kw_only=True):
+    """What the aggregator that took a ``Maintenance`` did."""
+
+    id: Id
+    status: Literal["started", "ended", "rejected"]
+    reason: Text = ""
+
+
 class AggregatorLease(Wire, frozen=True, kw_only=True):
     """KV ``fleet_leases``, key ``hb.<P>``: which aggregator consumes partition P of
     ``FLEET_HB`` now, held by compare-and-set on the key's revision; key

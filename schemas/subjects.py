@@ -26,6 +26,8 @@ BUCKET_ENROLL: Final = "fleet_enroll"
 BUCKET_LEASES: Final = "fleet_leases"
 """Which aggregator consumes which partition of FLEET_HB now (keys ``hb.<P>``, each an
 AggregatorLease) and which aggregators are alive (keys ``member.<holder>``)."""
+BUCKET_MAINTENANCE: Final = "fleet_maintenance"
+"""Maintenance windows in force (``MaintenanceWindow``), key = window id."""
 MAX_PARTITIONS: Final = 256
 """FLEET_HB is split into at most this many partitions (see :func:`partition_of`)."""
 _FNV_OFFSET: Final = 0x811C9DC5
@@ -174,6 +176,10 @@ class Subjects:
     def forget(self) -> str:
         """``fleetctl forget``'s signed request, answered by an aggregator."""
         return f"{self.prefix}.forget"
+
+    def maintenance(self) -> str:
+        """``fleetctl maintenance``'s signed request, answered by an aggregator."""
+        return f"{self.prefix}.maintenance"
 
     def alerts_of(self, kind: str, cluster: str) -> str:
         """Every node's alerts of one kind in one cluster (a filter, for counting)."""

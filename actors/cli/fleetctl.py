@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import enroll_cli, send, views, workloads
+from actors.cli import enroll_cli, maintenance_cli, send, views, workloads
 from actors.cli.common import (
     CLIENT_ENV_PREFIX,
     KEY_FILE_ENV,
@@ -37,19 +37,16 @@ from actors.cli.common import (
     strict,
     token,
 )
+from actors.cli.provider import ProviderActors
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
 from actors.fleet import history, lease, nats_config, registry
 from actors.fleet import labels as fleet_labels
-from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.fleet_api import FleetApiActor
-from actors.fleet.forget_service import ForgetActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
-from actors.runtime.supervisor import Actor, Supervisor
 from actors.runtime.tls import client_context
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -84,16 +81,7 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         retry_forever=True,
         tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
-    metrics = AggregatorMetrics()
-    aggregator = AggregatorActor(config, bus, metrics)
-    actors: list[Actor] = [aggregator, ForgetActor(config, bus)]
-    if config.http_port >= 0:
-        # /healthz asks the supervisor, made below, once serving; /nodes answers from
-        # the aggregator's live records.
-        actors.append(
-            FleetApiActor(config, bus, metrics, lambda: supervisor.check(), aggregator.nodes)
-        )
-    supervisor = Supervisor(actors)
+    supervisor = ProviderActors(config, bus, AggregatorMetrics()).supervisor
     supervisor.start()
     stop = stop_event()
     waits = [asyncio.create_task(stop.wait()), asyncio.create_task(supervisor.finished.wait())]
@@ -707,6 +695,7 @@ def parser() -> argparse.ArgumentParser:
     send.add_command_parsers(commands)
     workloads.add_workload_parsers(commands, duration)
     enroll_cli.add_parsers(commands)
+    maintenance_cli.add_parsers(commands)
     return strict(root)
 
 

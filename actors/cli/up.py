@@ -19,11 +19,9 @@ import msgspec
 
 from actors.cli import views
 from actors.cli.common import KEY_FILE_ENV, stop_event
+from actors.cli.provider import ProviderActors
 from actors.fleet import registry
-from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.fleet_api import FleetApiActor
-from actors.fleet.forget_service import ForgetActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
 from actors.node.agent import NodeAgent
@@ -124,15 +122,10 @@ async def run_up(options: UpOptions) -> int:
         # Its enrollment tokens work here too: fleetctl enroll-token create, with the
         # operator key exported as printed below, admits extra agents without approval.
         aggregator_config = AggregatorConfig(http_port=0, trust_operators=[operator.public_key])
-        aggregator_actor = AggregatorActor(aggregator_config, bus, metrics)
-        fleet_http = FleetApiActor(
-            aggregator_config,
-            bus,
-            metrics,
-            lambda: aggregator.check() if aggregator else {},
-            aggregator_actor.nodes,
-        )
-        aggregator = Supervisor([aggregator_actor, ForgetActor(aggregator_config, bus), fleet_http])
+        provider = ProviderActors(aggregator_config, bus, metrics)
+        fleet_http = provider.http
+        assert fleet_http is not None  # http_port=0: served
+        aggregator = provider.supervisor
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):

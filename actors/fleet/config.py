@@ -134,6 +134,34 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Refusals of a node's heartbeats (replay, bad_signature, unknown_node, clock_skew,
     a refused sequence_gap): the first is raised at once, then while they go on one
     summary alert with their count at most once per this many seconds."""
+    alertmanager_urls: list[str] = []
+    """Alertmanager base URLs (``http://am:9093``) to send every fleet alert to, through
+    ``POST /api/v2/alerts``: every instance of an Alertmanager cluster, as Prometheus is
+    configured. Empty (the default): nothing is forwarded."""
+    alertmanager_ca: str = ""
+    """PEM file of the CA that signed Alertmanager's certificate (https URLs); empty: the
+    system's CAs."""
+    alertmanager_cert: str = ""
+    """PEM client certificate presented to Alertmanager (mutual TLS); needs alertmanager_key."""
+    alertmanager_key: str = ""
+    """PEM private key of alertmanager_cert."""
+    alertmanager_username: str = ""
+    """HTTP basic auth user for Alertmanager (with alertmanager_password_file)."""
+    alertmanager_password_file: str = ""
+    """A file whose first line is the basic auth password."""
+    alertmanager_timeout: Positive = 5.0
+    """Seconds one POST to Alertmanager may take."""
+    alertmanager_resend: Annotated[float, Meta(ge=1, le=3600)] = 60.0
+    """A firing condition (stale, offline, unhealthy, degraded) is sent again this often,
+    its ``endsAt`` four resends ahead."""
+    alertmanager_queue: Annotated[int, Meta(ge=1)] = 10_000
+    """Alerts waiting for one Alertmanager at most; beyond it the oldest is dropped
+    (``fleet_alertmanager_dropped_total{reason="queue_full"}``)."""
+    alertmanager_event_hold: Positive = 3600.0
+    """An event alert (a sequence gap, a bad signature, an interruption ...) is sent with
+    ``endsAt`` this many seconds after it was raised."""
+    alertmanager_durable: str = "alertmanager"
+    """The durable consumer of FLEET_ALERTS the aggregators share to forward events."""
     refused_note_every: Positive = 30.0
     """A refused node's record notes the refusal kind (for the node to read) at most once
     per this many seconds, and at once when the kind changes."""

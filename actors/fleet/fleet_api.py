@@ -300,7 +300,9 @@ class FleetApiActor:
     async def metrics_page(self, request: web.Request) -> web.Response:
         live: Mapping[str, NodeState] = self.live or {}
         records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
-        records += [state.record for state in live.values()]
+        held = [state.record for state in live.values()]
+        records += held
+        self.metrics.node_series.nodes = held
         counts = Tally(record.state for record in records)
         for state in STATES:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))

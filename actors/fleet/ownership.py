@@ -158,6 +158,7 @@ class Ownership:
     async def prepare(self) -> None:
         """N from FLEET_HB (provisioned), and the leases of its partitions."""
         self.partition_count = await heartbeat_partitions(self.bus.js, self.subjects)
+        self.metrics.partitions.set(self.partition_count)
         if self.partition_count != self.config.partitions:
             log.warning(
                 "partitions setting differs from FLEET_HB's; the stream's is used",

@@ -33,6 +33,7 @@ from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
     BUCKET_ENROLL,
     BUCKET_LEASES,
+    BUCKET_MAINTENANCE,
     BUCKET_NODES,
     BUCKET_TRUST,
     STREAM_ALERTS,
@@ -74,6 +75,11 @@ MAX_ENROLL_SIZE = 8 * KIB
 ENROLL_KEEP = 31 * DAY
 """An enrollment record lives this long after its last change; tokens live at most 30 days
 (``fleetctl enroll-token create --ttl``), so a record outlives its token."""
+MAINTENANCE_KEEP = 31 * DAY
+"""A maintenance window is kept this long after it was written; windows last at most 30
+days (:data:`actors.fleet.maintenance.MAX_WINDOW`)."""
+MAX_MAINTENANCE_SIZE = 256 * KIB
+"""A window naming its 10,000 nodes fits."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
@@ -243,6 +249,17 @@ def bucket_configs(
             max_bytes=limits.enroll_max_bytes,
             max_value_size=MAX_ENROLL_SIZE,
             ttl=ENROLL_KEEP,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_MAINTENANCE),
+            description="maintenance windows: nodes whose alerts are not forwarded",
+            history=1,
+            direct=True,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=MIB_LEASES * 16,
+            max_value_size=MAX_MAINTENANCE_SIZE,
+            ttl=MAINTENANCE_KEEP,
         ),
     ]
 

@@ -51,6 +51,7 @@ class NodeAgent:
         self.tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         self.sequence = SequenceStore(Path(config.state_dir))
         self.metrics = AgentMetrics()
+        self.metrics.identify(config.node_id, config.cluster)
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None

@@ -38,6 +38,10 @@ VERIFIED_MEMORY: Final = 64
 """Recently verified events remembered, so each is verified once, not once per actor."""
 
 
+EVENT_DROP_REASONS: Final = ("unsigned", "untrusted_key", "bad_signature", "malformed")
+"""Every reason an event is dropped for (:meth:`NodeEvents._refusal`, a decode failure)."""
+
+
 class NodeEvents:
     """The node's event channel as its actors share it: the node key that signs what they
     publish, the keys a received event may be signed by, and the drop counter."""
@@ -56,7 +60,9 @@ class NodeEvents:
 
     def decoding(self, actor: str, handle: EventHandler) -> Handler:
         """A bus handler for ``actor`` that verifies and decodes each node event and passes
-        it to ``handle``."""
+        it to ``handle``; the actor's drop counters are exported at 0 from now on."""
+        for reason in EVENT_DROP_REASONS:
+            self.metrics.events_dropped.labels(actor, reason)
 
         async def on_message(msg: Msg) -> None:
             reason = self._refusal(event_kind(msg.subject), msg)

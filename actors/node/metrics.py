@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from actors.runtime.consumer import LOOP_DROP_REASONS
+from actors.runtime.prometheus import standard_series
 from schemas.base import CheckStatus, HealthStatus, Schedulability
 from schemas.events import Engine, Gpu, Health
 from schemas.messages import Heartbeat
@@ -129,6 +131,7 @@ class GatewayMetrics:
 class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        standard_series(self.registry, "node_agent")
         self.started = time.time()
         self.heartbeats = Counter(
             "node_agent_heartbeat", "Heartbeats acknowledged by JetStream", registry=self.registry
@@ -215,9 +218,21 @@ class AgentMetrics:
             ["provider", "kind"],
             registry=self.registry,
         )
+        for reason in LOOP_DROP_REASONS:
+            self.dropped.labels(reason)
         self.gpus = GpuCollector()
         self.registry.register(self.gpus)
         self.gateway = GatewayMetrics(self.registry)
+
+    def identify(self, node: str, cluster: str) -> None:
+        """``node_agent_node_info{node,cluster} 1``: joins this agent's series (labelled
+        by the scrape's ``instance``) to the aggregator's ``fleet_node_*{node}`` ones."""
+        Gauge(
+            "node_agent_node_info",
+            "1, labelled with the node's id and cluster",
+            ["node", "cluster"],
+            registry=self.registry,
+        ).labels(node, cluster).set(1)
 
     def observe_gpus(self, gpus: list[Gpu]) -> None:
         """The GPUs of the latest sample replace the previous ones at once."""

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 MessageHandler = Callable[[Msg], Awaitable[None]]
 DropCounter = Callable[[str], None]
 """Told the reason (a short fixed label) of every message dropped by the loop."""
+LOOP_DROP_REASONS = ("handler_error", "transient_error")
+"""The reasons the consume loops here tell a :data:`DropCounter`."""
 
 RECREATE_RETRY = 1.0
 """Seconds between attempts to create a missing consumer again (its stream may be gone)."""

@@ -12,10 +12,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @asynccontextmanager
 async def serve(routes: dict[str, Handler]) -> AsyncIterator[str]:
-    """Serve ``routes`` (path -> GET handler) on a free loopback port; yield the base URL."""
+    """Serve ``routes`` (path -> handler of every method) on a free loopback port; yield the
+    base URL."""
     app = web.Application()
     for path, handler in routes.items():
-        app.router.add_get(path, handler)
+        app.router.add_route("*", path, handler)
     # A hung handler must not hold cleanup for aiohttp's default 60 s.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()

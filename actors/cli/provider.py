@@ -1,0 +1,45 @@
+"""The provider side's actors as one process runs them (``fleetctl aggregator`` and
+``fleetctl up``): the aggregator, the signed-request services beside it, its HTTP API
+and, when configured, the Alertmanager forwarder, under one supervisor."""
+
+from __future__ import annotations
+
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.alertmanager import AlertmanagerActor
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.forget_service import ForgetActor
+from actors.fleet.maintenance import MaintenanceActor, MaintenanceWindows
+from actors.fleet.metrics import AggregatorMetrics
+from actors.runtime.bus import Bus
+from actors.runtime.supervisor import Actor, Supervisor
+from schemas.messages import NodeRecord
+from schemas.subjects import Subjects
+
+
+class ProviderActors:
+    """The actors of one aggregator process and the supervisor that runs them."""
+
+    def __init__(self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics) -> None:
+        self.aggregator = AggregatorActor(config, bus, metrics)
+        actors: list[Actor] = [
+            self.aggregator,
+            ForgetActor(config, bus),
+            MaintenanceActor(config, bus),
+        ]
+        self.http: FleetApiActor | None = None
+        if config.http_port >= 0:
+            # /healthz asks the supervisor, made below, once serving; /nodes answers from
+            # the aggregator's live records.
+            self.http = FleetApiActor(
+                config, bus, metrics, lambda: self.supervisor.check(), self.aggregator.nodes
+            )
+            actors.append(self.http)
+        if config.alertmanager_urls:
+            windows = MaintenanceWindows(bus, Subjects(config.prefix))
+            actors.append(AlertmanagerActor(config, bus, metrics, self.held, windows))
+        self.supervisor = Supervisor(actors)
+
+    def held(self) -> list[NodeRecord]:
+        """The records of the nodes the aggregator holds now."""
+        return [state.record for state in self.aggregator.nodes.values()]

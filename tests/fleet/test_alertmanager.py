@@ -1,0 +1,282 @@
+"""The fleet's alerts reach a real Alertmanager through its API, resolve when the node
+beats again, and stay in FLEET_ALERTS but out of Alertmanager for a node in maintenance."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from actors.fleet.alertmanager import AlertmanagerActor, Outbox, alertname, conditions
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.maintenance import MaintenanceActor, MaintenanceWindows, covers
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve
+from schemas import codec, signing
+from schemas.messages import Alert, Maintenance, MaintenanceWindow, NodeRecord
+from schemas.subjects import STREAM_ALERTS, Subjects
+from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
+from tests.support.observability import agent_process, alertmanager, alertmanager_alerts
+
+
+def record(**changes: Any) -> NodeRecord:
+    base = NodeRecord(node_id="n1", cluster="c1", state="active", last_seq=1, last_seen=1.0)
+    return msgspec.structs.replace(base, **changes)
+
+
+def test_conditions_follow_the_record() -> None:
+    """Stale, offline, unhealthy and degraded are conditions; an active healthy node, a
+    pending one and a deregistered one have none."""
+    assert [c.kind for c in conditions(record(state="stale"))] == ["stale"]
+    assert [c.severity for c in conditions(record(state="offline"))] == ["critical"]
+    assert [c.kind for c in conditions(record(health_status="unhealthy"))] == ["unhealthy"]
+    assert [c.kind for c in conditions(record(health_status="degraded"))] == ["degraded"]
+    for quiet in (record(), record(state="pending"), record(state="deregistered")):
+        assert conditions(quiet) == []
+    assert alertname("sequence_gap") == "FleetNodeSequenceGap"
+
+
+def test_a_window_covers_by_selector_cluster_name_and_time() -> None:
+    """A window covers the nodes its selector matches (in its cluster), the nodes it
+    names, and only between since and until."""
+    window = MaintenanceWindow(
+        id="w",
+        since=100.0,
+        until=200.0,
+        by="U",
+        selector={"rack": "r12"},
+        cluster="c1",
+        nodes=["n9"],
+    )
+    assert covers(window, "n1", "c1", {"rack": "r12", "zone": "a"}, 150.0)
+    assert not covers(window, "n1", "c2", {"rack": "r12"}, 150.0)
+    assert not covers(window, "n1", "c1", {"rack": "r13"}, 150.0)
+    assert covers(window, "n9", "c2", {}, 150.0)
+    assert not covers(window, "n1", "c1", {"rack": "r12"}, 200.0)
+    assert not covers(window, "n1", "c1", {"rack": "r12"}, 99.0)
+
+
+async def test_outbox_retries_a_failing_alertmanager_and_bounds_its_queue(fleet: Fleet) -> None:
+    """A 503 is retried until accepted; a 400 is dropped and counted; a full queue drops
+    its oldest alert and counts it."""
+    answers = [503, 200, 400]
+    received: list[list[dict[str, Any]]] = []
+
+    async def alerts(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.Response(status=answers.pop(0) if answers else 200)
+
+    url = await fleet.serve({"/api/v2/alerts": alerts})
+    metrics = AggregatorMetrics()
+    config = AggregatorConfig(alertmanager_queue=2)
+    async with aiohttp.ClientSession() as session:
+        outbox = Outbox(url, session, config, metrics)
+        outbox.put([{"labels": {"n": str(i)}} for i in range(3)])
+        assert [a["labels"] for a in outbox.queue] == [{"n": "1"}, {"n": "2"}]
+        sender = asyncio.create_task(outbox.run())
+        try:
+            await wait_for(lambda: len(received) == 2 and not outbox.queue, timeout=10)
+            outbox.put([{"labels": {"n": "3"}}])
+            await wait_for(lambda: len(received) == 3, timeout=5)
+        finally:
+            sender.cancel()
+    assert received[0] == received[1] == [{"labels": {"n": "1"}}, {"labels": {"n": "2"}}]
+    value = metrics.registry.get_sample_value
+    assert value("fleet_alertmanager_dropped_total", {"reason": "queue_full"}) == 1
+    assert value("fleet_alertmanager_dropped_total", {"reason": "rejected"}) == 1
+    assert value("fleet_alertmanager_errors_total", {"url": outbox.url}) == 1
+    assert value("fleet_alertmanager_sent_total", {"url": outbox.url}) == 2
+
+
+async def test_events_are_forwarded_once_with_their_hold(fleet: Fleet) -> None:
+    """An event alert of FLEET_ALERTS reaches Alertmanager's API with the node's labels,
+    severity and endsAt event_hold after it was raised; a stale alert is left to the
+    conditions (not sent as an event)."""
+    received: list[dict[str, Any]] = []
+
+    async def alerts(request: web.Request) -> web.Response:
+        received.extend(await request.json())
+        return web.Response(status=200)
+
+    url = await fleet.serve({"/api/v2/alerts": alerts})
+    config = msgspec.structs.replace(
+        new_aggregator(fleet.bus, fleet.prefix).config,
+        alertmanager_urls=[url],
+        alertmanager_event_hold=600.0,
+        alertmanager_durable=f"am_{fleet.prefix}",
+    )
+    metrics = AggregatorMetrics()
+    windows = MaintenanceWindows(fleet.bus, Subjects(fleet.prefix))
+    await fleet.start_supervisor(AlertmanagerActor(config, fleet.bus, metrics, list, windows))
+    subjects = Subjects(fleet.prefix)
+    now = time.time()
+    for kind in ("stale", "sequence_gap"):
+        alert = Alert(
+            id=f"a-{kind}",
+            kind=kind,
+            node_id="n7",
+            cluster="c1",
+            severity="warning",
+            message="seq 5 after 2",
+            ts=now,
+        )
+        await fleet.bus.js.publish(
+            subjects.alert(kind, "c1", "n7"),
+            codec.encode(alert),
+            stream=subjects.stream_name(STREAM_ALERTS),
+        )
+    await wait_for(lambda: received, timeout=10)
+    await asyncio.sleep(0.5)
+    assert len(received) == 1
+    (sent,) = received
+    assert sent["labels"] == {
+        "alertname": "FleetNodeSequenceGap",
+        "node": "n7",
+        "cluster": "c1",
+        "kind": "sequence_gap",
+        "severity": "warning",
+    }
+    starts = sent["startsAt"]
+    ends = sent["endsAt"]
+    assert isinstance(starts, str) and isinstance(ends, str)
+    held = datetime.fromisoformat(ends).timestamp() - datetime.fromisoformat(starts).timestamp()
+    assert abs(held - 600.0) < 0.01
+
+
+async def maintenance_request(fleet: Fleet, operator: signing.KeyPair, request: Maintenance) -> str:
+    """Send ``request`` signed by ``operator`` as fleetctl does; the reply's status."""
+    body = codec.encode(request)
+    reply = await fleet.bus.request(
+        Subjects(fleet.prefix).maintenance(), body, 5.0, operator.headers(body)
+    )
+    answer: str = msgspec.json.decode(reply.data)["status"]
+    return answer
+
+
+async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_maintenance(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Against a real Alertmanager: a SIGKILLed agent's node fires FleetNodeStale with its
+    labels, and resolves when the agent beats again; a node in a maintenance window goes
+    stale too (alert recorded in FLEET_ALERTS) but Alertmanager never holds its alert."""
+    operator = signing.KeyPair.generate()
+    async with alertmanager(tmp_path / "am") as am_url:
+        aggregator = new_aggregator(
+            fleet.bus,
+            fleet.prefix,
+            alertmanager_urls=[am_url],
+            alertmanager_resend=1.0,
+            alertmanager_durable=f"am_{fleet.prefix}",
+            trust_operators=[operator.public_key],
+        )
+        config = aggregator.config
+        metrics = AggregatorMetrics()
+        windows = MaintenanceWindows(fleet.bus, Subjects(fleet.prefix))
+
+        def held() -> list[NodeRecord]:
+            return [state.record for state in aggregator.nodes.values()]
+
+        await fleet.start_supervisor(
+            aggregator,
+            MaintenanceActor(config, fleet.bus),
+            AlertmanagerActor(config, fleet.bus, metrics, held, windows),
+        )
+        watched = fleet.config("n1", labels={"rack": "r11"})
+        quiet = fleet.config("n2", labels={"rack": "r12"})
+        for node in (watched, quiet):
+            key = signing.load_or_create_key_file(node.key_path)
+            await approve(fleet.bus, Subjects(fleet.prefix), node.node_id, key.public_key)
+        assert (
+            await maintenance_request(
+                fleet,
+                operator,
+                Maintenance(
+                    action="start",
+                    id="r12-swap",
+                    ts=time.time(),
+                    selector={"rack": "r12"},
+                    until=time.time() + 3600,
+                    reason="PSU swap",
+                ),
+            )
+            == "started"
+        )
+        await windows.refresh()
+        with (
+            agent_process(watched, tmp_path / "n1.log") as first,
+            agent_process(quiet, tmp_path / "n2.log") as second,
+        ):
+            for node in ("n1", "n2"):
+                await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
+            first.send_signal(signal.SIGKILL)
+            second.send_signal(signal.SIGKILL)
+
+            async def stale_in_alertmanager() -> dict[str, Any] | None:
+                for alert in await alertmanager_alerts(am_url):
+                    if alert["labels"].get("alertname") == "FleetNodeStale":
+                        return alert
+                return None
+
+            fired = await wait_for(stale_in_alertmanager, timeout=30, interval=0.5)
+            assert fired["labels"]["node"] == "n1"
+            assert fired["labels"]["label_rack"] == "r11"
+            assert fired["labels"]["severity"] == "warning"
+            await wait_record(fleet.bus, fleet.prefix, "n2", lambda r: r.state == "stale", 15)
+        # n2's stale alert is in FLEET_ALERTS, and was suppressed, not forwarded.
+        stream = Subjects(fleet.prefix).stream_name(STREAM_ALERTS)
+        recorded = await fleet.bus.js.get_last_msg(
+            stream, Subjects(fleet.prefix).alert("stale", "c1", "n2")
+        )
+        assert recorded.data is not None
+        await wait_for(
+            lambda: metrics.registry.get_sample_value(
+                "fleet_alertmanager_suppressed_total", {"reason": "maintenance"}
+            ),
+            timeout=10,
+        )
+        nodes = {alert["labels"]["node"] for alert in await alertmanager_alerts(am_url)}
+        assert nodes == {"n1"}
+
+        with agent_process(watched, tmp_path / "n1-again.log"):
+            await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active", 30)
+
+            async def resolved() -> bool:
+                return not any(
+                    alert["labels"].get("node") == "n1"
+                    for alert in await alertmanager_alerts(am_url)
+                )
+
+            await wait_for(resolved, timeout=20, interval=0.5)
+
+
+async def test_maintenance_requests_are_verified(fleet: Fleet) -> None:
+    """The maintenance service refuses an untrusted key, a stale request, a window with no
+    nodes, one over 30 days and a replayed start; it ends a window once."""
+    operator = signing.KeyPair.generate()
+    stranger = signing.KeyPair.generate()
+    config = msgspec.structs.replace(
+        new_aggregator(fleet.bus, fleet.prefix).config, trust_operators=[operator.public_key]
+    )
+    await fleet.start_supervisor(MaintenanceActor(config, fleet.bus))
+    now = time.time()
+    start = Maintenance(action="start", id="w1", ts=now, selector={"rack": "r1"}, until=now + 60)
+    assert await maintenance_request(fleet, stranger, start) == "rejected"
+    old = msgspec.structs.replace(start, ts=now - 3600)
+    assert await maintenance_request(fleet, operator, old) == "rejected"
+    empty = msgspec.structs.replace(start, selector={})
+    assert await maintenance_request(fleet, operator, empty) == "rejected"
+    long = msgspec.structs.replace(start, until=now + 31 * 86400)
+    assert await maintenance_request(fleet, operator, long) == "rejected"
+    assert await maintenance_request(fleet, operator, start) == "started"
+    assert await maintenance_request(fleet, operator, start) == "rejected"
+    end = Maintenance(action="end", id="w1", ts=time.time())
+    assert await maintenance_request(fleet, operator, end) == "ended"
+    assert await maintenance_request(fleet, operator, end) == "rejected"
+    assert await maintenance_request(fleet, operator, start) == "rejected"
