@@ -9,7 +9,8 @@ from actors.fleet.alertmanager import AlertmanagerActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.forget_service import ForgetActor
-from actors.fleet.maintenance import MaintenanceActor, MaintenanceWindows
+from actors.fleet.maintenance import MaintenanceWindows
+from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import Bus
 from actors.runtime.supervisor import Actor, Supervisor

@@ -34,7 +34,7 @@ from actors.fleet import labels
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.labels import Selector
-from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NotProvisioned
 from actors.runtime.supervisor import StatusSource
@@ -302,7 +302,6 @@ class FleetApiActor:
         records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
         held = [state.record for state in live.values()]
         records += held
-        self.metrics.node_series.nodes = held
         counts = Tally(record.state for record in records)
         for state in STATES:
             self.metrics.nodes.labels(state).set(counts.get(state, 0))
@@ -314,7 +313,7 @@ class FleetApiActor:
             for state in STATES:
                 count = by_cluster.get((cluster, state), 0)
                 self.metrics.cluster_nodes.labels(cluster, state).set(count)
-        return prometheus_page(self.metrics.registry)
+        return prometheus_page(self.metrics.registry, node_series(held))
 
     async def healthz(self, request: web.Request) -> web.Response:
         return health_page(self.actor_status())

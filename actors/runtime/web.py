@@ -135,8 +135,9 @@ async def serving(
             log.warning("http server did not shut down in time")
 
 
-def prometheus_page(registry: CollectorRegistry) -> web.Response:
-    response = web.Response(body=generate_latest(registry))
+def prometheus_page(registry: CollectorRegistry, extra: bytes = b"") -> web.Response:
+    """``registry``'s series, then ``extra`` (whole families written elsewhere)."""
+    response = web.Response(body=generate_latest(registry) + extra)
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp's content_type refuses.
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -16,7 +16,8 @@ from aiohttp import web
 
 from actors.fleet.alertmanager import AlertmanagerActor, Outbox, alertname, conditions
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.maintenance import MaintenanceActor, MaintenanceWindows, covers
+from actors.fleet.maintenance import MaintenanceWindows, covers
+from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from schemas import codec, signing
@@ -213,8 +214,8 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
             agent_process(watched, tmp_path / "n1.log") as first,
             agent_process(quiet, tmp_path / "n2.log") as second,
         ):
-            for node in ("n1", "n2"):
-                await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
+            for name in ("n1", "n2"):
+                await wait_record(fleet.bus, fleet.prefix, name, lambda r: r.state == "active", 30)
             first.send_signal(signal.SIGKILL)
             second.send_signal(signal.SIGKILL)
 

@@ -147,6 +147,20 @@ EXAMPLES: list[msgspec.Struct] = [
     messages.RegistrationReply(node_id="n1", status="pending"),
     messages.Forget(node_id="n1", ts=NOW, reason="dead"),
     messages.ForgetReply(node_id="n1", status="forgotten", revoked=True, purged=True),
+    messages.Maintenance(
+        action="start",
+        id="r12-psu",
+        ts=NOW,
+        selector={"rack": "r12"},
+        cluster="c1",
+        nodes=["n9"],
+        until=NOW + 7200,
+        reason="PSU swap",
+    ),
+    messages.MaintenanceWindow(
+        id="r12-psu", since=NOW, until=NOW + 7200, by="U" + "A" * 55, selector={"rack": "r12"}
+    ),
+    messages.MaintenanceReply(id="r12-psu", status="started"),
     messages.Probe(from_node="n1", nonce="x", sent_at=NOW),
     messages.ProbeReply(node_id="n2", nonce="x", sent_at=NOW, replied_at=NOW),
     messages.NodeRecord(

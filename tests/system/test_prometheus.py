@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ async def test_prometheus_fires_stale_for_a_sigkilled_agent(fleet: Fleet, tmp_pa
                 'fleet_aggregator_build_info{job="fleet-aggregator"}',
                 'fleet_node_state{node="n1",state="active"}',
             ):
-                await wait_for(lambda expr=expr: scraped(expr), timeout=20, interval=0.5)
+                await wait_for(partial(scraped, expr), timeout=20, interval=0.5)
             agent.send_signal(signal.SIGKILL)
             agent.wait(10)
 
