@@ -1,10 +1,10 @@
 """The aggregator's ``/metrics`` at fleet size: a script, not a test.
 
 Starts an embedded nats-server, one ``fleetctl aggregator`` process and ``fleetctl
-simulate --nodes N`` (every node beats at least once), then scrapes ``/metrics``
-``--scrapes`` times and prints the exposition's size, its series (the per-node ones
-apart) and each scrape's wall time, with their median and spread, beside the
-aggregator's RSS. Run: ``python tests/bench/bench_metrics.py --nodes 100000``.
+simulate --nodes N`` (one fake GPU a node; every node beats at least once), then
+scrapes ``/metrics`` ``--scrapes`` times and prints the exposition's size, its series
+(the per-node ones apart) and each scrape's wall time, with their median and spread,
+beside the aggregator's RSS. Run: ``python tests/bench/bench_metrics.py --nodes 100000``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.runtime.embedded import NatsServer
 from tests.support.deploy import free_port
+
+BUDGETS = (
+    *("--heartbeats-max-bytes", str(1024 * 2**20)),
+    *("--records-max-bytes", str(1024 * 2**20)),
+    *("--trust-max-bytes", str(256 * 2**20)),
+)
+"""Stream budgets for 100,000 nodes of one fake GPU (as tests/bench/bench_aggregator.py)."""
 
 
 def scrape(port: int) -> tuple[bytes, float]:
@@ -67,6 +74,7 @@ def main() -> int:
             [
                 *(sys.executable, "-m", "actors.cli.fleetctl", "aggregator"),
                 *("--server", server.url, "--http-port", str(port), "--log-level", "error"),
+                *BUDGETS,
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -79,7 +87,7 @@ def main() -> int:
                     *(sys.executable, "-m", "actors.cli.fleetctl", "simulate"),
                     *("--server", server.url, "--nodes", str(args.nodes)),
                     *("--rate", f"{args.rate:g}", "--duration", f"{duration:g}"),
-                    *("--gpus", "8", "--processes", "2"),
+                    *("--gpus", "1", "--processes", "2"),
                 ],
                 capture_output=True,
                 text=True,
