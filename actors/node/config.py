@@ -41,6 +41,13 @@ XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
 WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
 DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
+_ENGINES = "(llamacpp|vllm|sglang|process)"
+WorkloadArg = Annotated[
+    str, Meta(pattern=rf"^{_ENGINES}=--?[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=128)
+]
+WorkloadEnv = Annotated[
+    str, Meta(pattern=rf"^{_ENGINES}=[A-Za-z_][A-Za-z0-9_]*$", max_length=160)
+]
 
 
 VERSION_PROGRAMS = ("nvidia-smi", "slurmd", "docker", "podman")
@@ -200,6 +207,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gateway_request_timeout: Positive = 3600.0
     """Seconds a gateway connection may last, request, wait and answer: a longer stream
     is cut off."""
+    gateway_header_timeout: Positive = 10.0
+    """Seconds a gateway connection has to send its request line and headers; a client
+    that trickles them is cut off then, not at ``gateway_request_timeout``."""
     gateway_max_request_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     """Largest request body (a prompt) the gateway takes; larger ones get 413."""
     gateway_max_connections: Annotated[int, Meta(ge=1)] = 256
@@ -211,6 +221,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload_binaries: list[str] = []
     """Executables a ``process`` workload may run (a path, or a name found on PATH), and
     ``ENGINE=PATH`` overrides of an engine's binary (``llamacpp=/opt/llama/llama-server``)."""
+    workload_args: list[WorkloadArg] = []
+    """Engine flags a deploy may add besides the built-in allow-list
+    (actors/node/workloads/launch.py, docs/commands.md), ``ENGINE=FLAG`` by whole name:
+    ``vllm=--enable-lora``. ``--host`` and ``--port`` are never allowed."""
+    workload_env: list[WorkloadEnv] = []
+    """Environment variables a deploy may set besides the built-in allow-list,
+    ``ENGINE=NAME``: ``vllm=VLLM_USE_DEEP_GEMM``."""
     workload_stop_grace: Positive = 10.0
     """Seconds between SIGTERM and SIGKILL of a stopping workload's process group."""
     workload_crash_limit: Annotated[int, Meta(ge=1)] = 5

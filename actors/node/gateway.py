@@ -263,8 +263,11 @@ class GatewayActor:
         try:
             try:
                 body = await request.read()
+                # JSON is UTF-8 (RFC 8259); msgspec raises UnicodeDecodeError for bad bytes
+                # inside a string it reads and skips those in a field it does not.
+                body.decode("utf-8")
                 model = msgspec.json.decode(body, type=_Body).model
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 raise Refusal(
                     400,
                     f"the body is not a JSON request: {exc}",
@@ -436,6 +439,7 @@ class GatewayActor:
         limits = HttpLimits(
             max_connections=self.config.gateway_max_connections,
             request_timeout=self.config.gateway_request_timeout,
+            header_timeout=self.config.gateway_header_timeout,
             max_request_bytes=self.config.gateway_max_request_bytes,
         )
         backoff = Backoff(1.0, BIND_RETRY_MAX)

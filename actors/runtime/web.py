@@ -38,6 +38,10 @@ class HttpLimits:
     """Larger request bodies are refused with 413 before being read."""
     max_header_bytes: int = 8 * 1024
     """Longest request line and header field; longer ones are refused with 4xx."""
+    header_timeout: float = 10.0
+    """Seconds a connection has to send its request line and headers; then it is closed
+    unanswered. Bounds a client that trickles its headers where ``request_timeout`` is long
+    (the gateway's is an hour, for streamed answers)."""
 
 
 REFUSAL: Final = (
@@ -59,6 +63,13 @@ def _cut_off(handler: RequestHandler, starting: set[RequestHandler]) -> None:
     starting.discard(handler)
     if handler.transport is not None:
         handler.force_close()
+
+
+def _cut_off_unread(handler: RequestHandler, starting: set[RequestHandler]) -> None:
+    """Close ``handler``'s connection if its request line and headers are not read yet."""
+    # aiohttp counts a request once its headers are parsed; it has no header timeout.
+    if handler._request_count == 0:
+        _cut_off(handler, starting)
 
 
 @asynccontextmanager
@@ -111,6 +122,8 @@ async def serving(
         # refused everything after max_connections requests per request_timeout.
         loop.call_soon(loop.call_soon, starting.discard, handler)
         loop.call_later(limits.request_timeout, _cut_off, handler, starting)
+        if limits.header_timeout < limits.request_timeout:
+            loop.call_later(limits.header_timeout, _cut_off_unread, handler, starting)
         return handler
 
     listener: asyncio.Server | None = None

@@ -41,6 +41,7 @@ async def gpu_node(fleet: Fleet, operator_file: Path, tmp_path: Path) -> NodeAge
     config = fleet.config(
         trust_operators=[operator.public_key],
         workload_binaries=[f"llamacpp={standin_script(tmp_path / 'bin')}"],
+        workload_args=["llamacpp=--load-time"],
         workload_stop_grace=2.0,
     )
     agent = await fleet.start_agent(config)

@@ -440,3 +440,36 @@ async def test_unreachable_workload_is_502_and_addressable_by_name(
     assert gateway.in_flight == gateway.waiting == 0
     metrics = gateway.events.metrics
     assert metrics.value("node_agent_gateway_requests_total", {"model": MODEL, "code": "502"})
+
+
+async def test_invalid_utf8_body_is_400_not_500(
+    fleet: Fleet, stack: AsyncExitStack, client: aiohttp.ClientSession
+) -> None:
+    """A body with bytes that are not UTF-8, in the model or in a field routing skips,
+    is answered 400 invalid_json in OpenAI's error format and never reaches the engine."""
+    gateway, url = await start_gateway(fleet)
+    engine = await FakeLlama.started(stack)
+    await publish_workloads(fleet, gateway, workload("a", engine.port))
+    bodies = [b'{"model": "tiny\xff.gguf"}', b'{"model": "tiny.gguf", "x": "\xc3"}']
+    for raw in bodies:
+        headers = {"Content-Type": "application/json"}
+        async with client.post(f"{url}/v1/chat/completions", data=raw, headers=headers) as got:
+            assert got.status == 400
+            assert is_openai_error(await got.json(), "invalid_json")
+    assert engine.received == 0
+    metrics = gateway.events.metrics
+    assert metrics.value("node_agent_gateway_requests_total", {"model": "unknown", "code": "400"})
+    assert not metrics.value("node_agent_gateway_requests_total", {"model": "unknown", "code": "500"})
+
+
+async def test_headers_sent_slowly_are_cut_off_at_the_header_timeout(fleet: Fleet) -> None:
+    """A client that sends part of its headers and then nothing is disconnected after
+    gateway_header_timeout, long before gateway_request_timeout."""
+    _, url = await start_gateway(fleet, gateway_header_timeout=0.5, gateway_request_timeout=600)
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        assert await reader.read() == b""
+    writer.close()

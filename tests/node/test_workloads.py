@@ -15,7 +15,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.node.agent import NodeAgent
-from actors.node.workloads import processes
+from actors.node.workloads import listeners, processes
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Workload, Workloads
@@ -26,6 +26,10 @@ from tests.support.commanding import Results, send
 from tests.support.fleet import Fleet, wait_for
 from tests.support.tiny_gguf import write_tiny_llama
 from tests.support.workloads import killing_leftovers, standin_script
+
+
+STANDIN_FLAGS = ("--load-time", "--crash-after", "--hang", "--spawn-child", "--chunk-delay")
+"""The stand-in's test switches, added to the llama.cpp allow-list as a node would."""
 
 
 @pytest.fixture
@@ -97,6 +101,7 @@ async def agent(
     values: dict[str, Any] = dict(
         trust_operators=[operator.public_key],
         workload_binaries=[f"llamacpp={standin}"],
+        workload_args=[f"llamacpp={flag}" for flag in STANDIN_FLAGS],
         workload_stop_grace=2.0,
         workload_backoff_max=0.2,
         engine_interval=0.3,
@@ -287,8 +292,9 @@ async def test_agent_restart_adopts_a_live_workload(
         ),
         (chat(gpus=[5]), {}, "no GPU 5 on this node"),
         (chat(env={"LD_PRELOAD": "/tmp/x.so"}), {}, "environment LD_PRELOAD may not be set"),
+        (chat("--hos=0.0.0.0"), {}, "argument --hos may not be given to llamacpp"),
     ],
-    ids=["engine", "binary", "gpu", "env"],
+    ids=["engine", "binary", "gpu", "env", "prefix"],
 )
 async def test_deploy_refused_by_the_node_config(
     fleet: Fleet,
@@ -432,3 +438,54 @@ async def test_a_real_llama_server_goes_ready_and_stops(
     stop = await send(bus, prefix, operator, Stop(name="real"))
     assert (await results.final(stop.id, timeout=30)).status == "done"
     assert processes.group_pids(pid) == []
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+async def test_a_workload_listening_beyond_loopback_is_stopped_and_reported(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    watch: Watch,
+    host: str,
+) -> None:
+    """A workload whose own argv binds it to every address (a process deploy may) is found
+    from its sockets in /proc once it answers, stopped, and the deploy fails saying where
+    it listened."""
+    settings = {"workload_engines": ["process"], "workload_binaries": [str(standin)]}
+    await agent(fleet, operator, standin, **settings)
+    argv = [str(standin), "--host", host, "--port", "{port}", "-m", "/models/x.gguf"]
+    deploy = chat(engine="process", args=argv, model="", gpus=[])
+    command = await send(bus, prefix, operator, deploy)
+    final = await results.final(command.id, timeout=30)
+    assert final.status == "failed", final.detail
+    workload = await watch.state("chat", "failed")
+    shown = f"[{host}]" if ":" in host else host
+    assert f"listening on {shown}:{workload.port}, beyond 127.0.0.1" in final.detail
+    assert workload.reason.startswith("stopped: listening on")
+    pid = pid_of(Path(fleet.config().state_dir))
+    assert not processes.group_pids(pid)
+
+
+async def test_a_workload_on_loopback_passes_the_listening_check(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+) -> None:
+    """The same process deploy bound to 127.0.0.1 is ready, and /proc shows it listening
+    there only."""
+    settings = {"workload_engines": ["process"], "workload_binaries": [str(standin)]}
+    await agent(fleet, operator, standin, **settings)
+    argv = [str(standin), "--host", "127.0.0.1", "--port", "{port}", "-m", "/models/x.gguf"]
+    command = await send(bus, prefix, operator, chat(engine="process", args=argv, model="", gpus=[]))
+    final = await results.final(command.id, timeout=30)
+    assert final.status == "done", final.detail
+    pid = pid_of(Path(fleet.config().state_dir))
+    port = int(final.detail.rsplit(":", 1)[1])
+    assert listeners.listening(pid) == [("127.0.0.1", port)]
+    assert listeners.strays(pid) == []

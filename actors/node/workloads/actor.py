@@ -29,7 +29,7 @@ import nats.errors
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.node.workloads import processes
+from actors.node.workloads import listeners, processes
 from actors.node.workloads.launch import NotAllowed, command_line
 from actors.node.workloads.store import Entry, WorkloadStore
 from actors.runtime.bus import Bus, listening, publish_signed
@@ -47,6 +47,8 @@ POLL = 0.25
 HTTP_TIMEOUT = 2.0
 KILL_WAIT = 5.0
 """Seconds to wait for a SIGKILLed group to be gone."""
+LISTEN_CHECK_EVERY = 8
+"""Looks at a running workload (POLL apart) between two checks of where it listens."""
 FINAL_STATES = ("failed", "crashloop", "stopped")
 
 
@@ -230,7 +232,17 @@ class WorkloadsActor:
             adopt = False
             if not await self._until_ready(workload, log_path):
                 return
-            await self._until_exit(workload, log_path)
+            strays = await self._until_exit(workload, log_path)
+            if strays:
+                await self._kill(entry.pid)
+                processes.reap(entry.pid)
+                await self._final(
+                    workload,
+                    "failed",
+                    f"stopped: listening on {', '.join(strays)}, beyond 127.0.0.1 where "
+                    "the node lets workloads listen",
+                )
+                return
             exit_code = processes.reap(entry.pid)
             # What the leader left behind (an engine's workers) would hold its GPUs and
             # port against the restart.
@@ -276,10 +288,15 @@ class WorkloadsActor:
         entry = workload.entry
         deadline = time.monotonic() + workload.deploy.ready_timeout
         loading_said = False
+        looks = 0
         while time.monotonic() < deadline:
             if not processes.alive(entry.pid, entry.started):
                 return True  # _until_exit returns at once and the crash is counted
             status = await self._readiness(workload)
+            checked = status == "ready" or looks % LISTEN_CHECK_EVERY == 0
+            looks += 1
+            if checked and listeners.strays(entry.pid):
+                return True  # _until_exit finds them at once and stops the workload
             if status == "ready":
                 backoff_note = f" after {entry.restarts} restarts" if entry.restarts else ""
                 await self._set(workload, "ready", "")
@@ -326,11 +343,20 @@ class WorkloadsActor:
             return "ready"
         return f"/v1/models does not name {model}"
 
-    async def _until_exit(self, workload: Running, log_path: Path) -> None:
+    async def _until_exit(self, workload: Running, log_path: Path) -> list[str]:
+        """Watch until the workload exits ([]) or is found listening beyond loopback
+        (where, ``address:port``), checked at once and every LISTEN_CHECK_EVERY looks."""
         entry = workload.entry
+        looks = 0
         while processes.alive(entry.pid, entry.started):
+            if looks % LISTEN_CHECK_EVERY == 0:
+                strays = listeners.strays(entry.pid)
+                if strays:
+                    return strays
+            looks += 1
             processes.rotate(log_path, self.config.workload_log_bytes)
             await asyncio.sleep(POLL)
+        return []
 
     # Stop ------------------------------------------------------------------------------
 

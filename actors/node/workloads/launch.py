@@ -6,6 +6,9 @@ llama.cpp ``llama-server --host --port -m`` (tools/server/README.md), vLLM ``vll
 MODEL --host --port``, SGLang ``python -m sglang.launch_server --model-path --host --port``.
 A ``process`` runs the deploy's own argv, with ``{port}``, ``{gpus}`` and ``{model}``
 substituted, and only when the node lists both the ``process`` engine and the executable.
+What a deploy adds (engine flags, environment) is checked against per-engine allow-lists
+the node's config extends; where the workload then listens is checked by
+:mod:`actors.node.workloads.listeners`.
 """
 
 from __future__ import annotations
@@ -33,15 +36,81 @@ TEMPLATES: dict[str, list[str]] = {
 }
 
 
-UNSAFE_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "BASH_", "CUDA_VISIBLE_", "NVIDIA_VISIBLE_")
-UNSAFE_ENV = {"PATH", "ENV", "SHELLOPTS", "PERL5OPT", "NODE_OPTIONS", "HOME"}
-"""Environment a deploy may not set: what makes the loader or an interpreter run code of
-the sender's choosing (LD_PRELOAD, PYTHONPATH, ...), and the GPU pinning the node does."""
+ENGINE_ARGS: dict[str, frozenset[str]] = {
+    "llamacpp": frozenset(
+        "-c --ctx-size -n --n-predict -b --batch-size -ub --ubatch-size -t --threads "
+        "-tb --threads-batch -ngl --gpu-layers --n-gpu-layers -sm --split-mode "
+        "-ts --tensor-split -mg --main-gpu -fa --flash-attn -np --parallel "
+        "-cb --cont-batching -nocb --no-cont-batching -ctk --cache-type-k "
+        "-ctv --cache-type-v --mlock --no-mmap --numa -a --alias --metrics --slots "
+        "--no-slots -to --timeout --threads-http -s --seed --temp --top-k --top-p --min-p "
+        "--rope-scaling --rope-freq-base --rope-freq-scale --cache-reuse --jinja "
+        "--reasoning-format -lv --log-verbosity --log-disable --log-colors --log-prefix "
+        "--log-timestamps".split()
+    ),
+    "vllm": frozenset(
+        "-tp --tensor-parallel-size -pp --pipeline-parallel-size -dp --data-parallel-size "
+        "--max-model-len --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens "
+        "--dtype -q --quantization --kv-cache-dtype --enforce-eager --seed "
+        "--served-model-name --block-size --swap-space --cpu-offload-gb "
+        "--enable-prefix-caching --no-enable-prefix-caching --enable-chunked-prefill "
+        "--no-enable-chunked-prefill --disable-log-requests --disable-log-stats "
+        "--max-logprobs --uvicorn-log-level --disable-custom-all-reduce "
+        "--enable-expert-parallel".split()
+    ),
+    "sglang": frozenset(
+        "--tp-size --tensor-parallel-size --dp-size --data-parallel-size "
+        "--mem-fraction-static --context-length --max-running-requests --max-total-tokens "
+        "--max-prefill-tokens --chunked-prefill-size --dtype --quantization "
+        "--kv-cache-dtype --random-seed --served-model-name --disable-cuda-graph "
+        "--cuda-graph-max-bs --schedule-policy --schedule-conservativeness --log-level "
+        "--log-requests --attention-backend --enable-torch-compile --disable-radix-cache "
+        "--stream-interval".split()
+    ),
+    "process": frozenset(),
+}
+"""Flags a deploy may add to an engine's template, each matched exactly (a flag, or
+``flag=value``): argparse takes any unambiguous prefix of a flag (``--hos`` for
+``--host``), so only whole names on this list pass. Left out on purpose: where the
+engine listens (``--host``, ``--port``, ``--uds``, TLS), what makes it load or run code
+of the sender's choosing (``--trust-remote-code``, ``--chat-template``, ``--lora``,
+``--middleware``, ``--config``, tokenizer and download locations), files it writes
+(``--slot-save-path``, ``--log-file``), and what it fetches (``-hf``, ``--model-url``).
+A node adds to it with ``workload_args`` (``ENGINE=FLAG``). A ``process`` deploy's argv
+is its own: the node allows its executable instead."""
 
+COMMON_ENV = frozenset(
+    "OMP_NUM_THREADS MKL_NUM_THREADS TOKENIZERS_PARALLELISM HF_HUB_OFFLINE "
+    "TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE HF_HUB_DISABLE_TELEMETRY NCCL_DEBUG "
+    "NCCL_P2P_DISABLE NCCL_IB_DISABLE CUDA_LAUNCH_BLOCKING CUDA_DEVICE_MAX_CONNECTIONS "
+    "PYTORCH_CUDA_ALLOC_CONF".split()
+)
+ENGINE_ENV: dict[str, frozenset[str]] = {
+    "llamacpp": COMMON_ENV | {"LLAMA_LOG_VERBOSITY", "LLAMA_LOG_COLORS", "LLAMA_LOG_PREFIX"},
+    "vllm": COMMON_ENV
+    | {
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_ATTENTION_BACKEND",
+        "VLLM_USE_V1",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "VLLM_WORKER_MULTIPROC_METHOD",
+        "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+    },
+    "sglang": COMMON_ENV,
+    "process": COMMON_ENV,
+}
+"""Environment variables a deploy may set, by exact name: threads, offline switches,
+NCCL and allocator tuning. Everything else is refused, among it what runs code or loads
+files of the sender's choosing (``LD_PRELOAD``, ``PYTHONPATH``, ``OPENSSL_CONF``,
+``GCONV_PATH``, ``BROWSER``), redirects downloads or traffic (``HF_ENDPOINT``,
+``https_proxy``), an engine's own flags in environment form (``LLAMA_ARG_HOST``) and the
+GPU pinning the node does (``CUDA_VISIBLE_DEVICES``). A node adds to it with
+``workload_env`` (``ENGINE=NAME``)."""
 
-BIND_FLAGS = ("--host", "--port")
-"""Engine flags a deploy's extra arguments may not give: the engines' last ``--host`` wins,
-so ``--arg --host=0.0.0.0`` would expose the engine beyond the node."""
+BIND_FLAGS = frozenset({"--host", "--port"})
+"""Never allowed, whatever a node's ``workload_args`` say: engines listen on 127.0.0.1 at
+the port the node allocates."""
 
 
 class NotAllowed(Exception):
@@ -80,16 +149,63 @@ def substitute(arg: str, port: int, deploy: Deploy) -> str:
     )
 
 
+def _additions(entries: list[str], engine: str) -> set[str]:
+    """The values of ``ENGINE=VALUE`` entries for ``engine``."""
+    found = set()
+    for entry in entries:
+        name, _, value = entry.partition("=")
+        if name == engine:
+            found.add(value)
+    return found
+
+
+def check_env(config: AgentConfig, deploy: Deploy) -> None:
+    """NotAllowed unless every variable ``deploy`` sets is on its engine's allow-list."""
+    allowed = ENGINE_ENV[deploy.engine] | _additions(config.workload_env, deploy.engine)
+    refused = sorted(name for name in deploy.env if name not in allowed)
+    if refused:
+        raise NotAllowed(
+            f"environment {', '.join(refused)} may not be set for {deploy.engine}: not on "
+            "the node's allow-list (the node's workload_env adds names)"
+        )
+
+
+def check_args(config: AgentConfig, deploy: Deploy) -> None:
+    """NotAllowed unless every flag among ``deploy``'s extra arguments is on its engine's
+    allow-list by its whole name; values (words not starting with ``-``, and numbers) pass."""
+    allowed = ENGINE_ARGS[deploy.engine] | _additions(config.workload_args, deploy.engine)
+    allowed -= BIND_FLAGS
+    refused = []
+    for arg in deploy.args:
+        if arg.startswith("@"):  # an argparse file of arguments, if the engine reads them
+            refused.append(arg)
+        if not arg.startswith("-") or _is_number(arg):
+            continue
+        flag = arg.partition("=")[0]
+        if flag not in allowed:
+            refused.append(flag)
+    if refused:
+        raise NotAllowed(
+            f"argument {', '.join(sorted(set(refused)))} may not be given to {deploy.engine}: "
+            "not on the node's allow-list (whole flag names; the node's workload_args adds "
+            "flags; it picks host and port)"
+        )
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
 def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
     """The argv to start ``deploy`` on ``port``; NotAllowed when the node forbids it."""
-    unsafe = sorted(
-        name for name in deploy.env if name in UNSAFE_ENV or name.startswith(UNSAFE_ENV_PREFIXES)
-    )
-    if unsafe:
-        raise NotAllowed(f"environment {', '.join(unsafe)} may not be set by a deploy")
     if deploy.engine not in config.workload_engines:
         allowed = ", ".join(config.workload_engines) or "none"
         raise NotAllowed(f"engine {deploy.engine} not allowed on this node (allowed: {allowed})")
+    check_env(config, deploy)
     if deploy.engine == "process":
         if not deploy.args:
             raise NotAllowed("a process workload needs its command line (--arg)")
@@ -101,14 +217,7 @@ def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
         return argv
     if not deploy.model:
         raise NotAllowed(f"engine {deploy.engine} needs --model")
-    rebinding = sorted(
-        {arg.split("=")[0] for arg in deploy.args if arg.split("=")[0] in BIND_FLAGS}
-    )
-    if rebinding:
-        raise NotAllowed(
-            f"{', '.join(rebinding)} may not be given: engines listen on 127.0.0.1 at the "
-            "port the node allocates (use --port)"
-        )
+    check_args(config, deploy)
     binary = overrides(config).get(deploy.engine, ENGINE_BINARIES[deploy.engine])
     template = [substitute(arg, port, deploy) for arg in TEMPLATES[deploy.engine]]
     return [binary, *template, *(substitute(arg, port, deploy) for arg in deploy.args)]
