@@ -260,6 +260,19 @@ class ProbeReply(Wire, frozen=True, kw_only=True):
     replied_at: UnixTime
 
 
+MAX_CANDIDATES = 8
+"""Keys one pending node name keeps besides the first registration's."""
+
+
+class Candidate(Wire, frozen=True, kw_only=True):
+    """Another key that registered a pending node name (the first one is the record's
+    ``public_key``): an operator approving the name chooses among them."""
+
+    public_key: PublicKey
+    cluster: Cluster
+    since: UnixTime
+
+
 class NodeRecord(Wire, frozen=True, kw_only=True):
     """An aggregator's view of one node: KV bucket ``fleet_nodes``, key ``<node>``.
 
@@ -318,6 +331,10 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     gpu_fingerprint: GpuIds = []
     """The sorted GPU uuids of the last accepted heartbeat with a sample: a change raises
     ``hardware_changed``."""
+    candidates: Annotated[list[Candidate], Meta(max_length=MAX_CANDIDATES)] = []
+    """While pending: the other keys that registered this name since the first, in order;
+    ``fleetctl approve NODE`` lists them all with ``public_key``. Cleared when a heartbeat
+    is accepted."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

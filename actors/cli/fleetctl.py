@@ -40,7 +40,7 @@ from actors.cli.common import (
 from actors.cli.provider import ProviderActors
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, run_up
-from actors.fleet import history, lease, nats_config, registry
+from actors.fleet import history, lease, nats_config, pending, registry
 from actors.fleet import labels as fleet_labels
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -106,18 +106,28 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 
 async def cmd_approve(args: argparse.Namespace) -> int:
     """Approve the key given, or the one the node's pending registration carries, after
-    showing its fingerprint and asking (unless --yes): that key came over the network."""
+    showing its fingerprint and asking (unless --yes): that key came over the network.
+    A name that several keys registered is approved only with the key named."""
     if args.public_key is not None:
         registry.check_public_key(args.public_key)
     async with connected(args, "fleetctl") as bus:
         subjects = Subjects(args.prefix)
         key = args.public_key
         if key is None:
-            key = await pending_key(bus, subjects, args.node)
-            sys.stderr.write(
-                f"{args.node} registered key {key}\n  fingerprint {signing.fingerprint(key)}\n"
-                "  compare with 'node-agent key show' on the node\n"
-            )
+            keys = await pending_keys(bus, subjects, args.node)
+            for candidate in keys:
+                sys.stderr.write(
+                    f"{args.node} registered key {candidate}\n"
+                    f"  fingerprint {signing.fingerprint(candidate)}\n"
+                )
+            if len(keys) > 1:
+                return fail(
+                    f"{len(keys)} keys registered {args.node}: compare each with 'node-agent "
+                    f"key show' on the node and approve one by key (fleetctl approve "
+                    f"{args.node} KEY); --yes does not choose"
+                )
+            key = keys[0]
+            sys.stderr.write("  compare with 'node-agent key show' on the node\n")
             if not args.yes and not confirm(f"approve this key for {args.node}?"):
                 return fail(f"{args.node} not approved")
         await registry.approve(bus, subjects, args.node, key, by="fleetctl")
@@ -131,8 +141,9 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def pending_key(bus: Bus, subjects: Subjects, node: str) -> str:
-    """The public key of ``node``'s pending registration record."""
+async def pending_keys(bus: Bus, subjects: Subjects, node: str) -> list[str]:
+    """Every public key that registered ``node`` while pending (first one first), or the
+    key of its deregistered record."""
     try:
         record = await registry.read_record(bus, subjects, node)
     except registry.NotFound:
@@ -145,8 +156,10 @@ async def pending_key(bus: Bus, subjects: Subjects, node: str) -> str:
             f"node {node} has no pending registration (state {record.state}): give the key "
             f"to approve explicitly (fleetctl approve {node} KEY)"
         )
-    registry.check_public_key(record.public_key)
-    return record.public_key
+    keys = pending.keys(record)
+    for key in keys:
+        registry.check_public_key(key)
+    return keys
 
 
 def confirm(question: str) -> bool:
@@ -500,7 +513,8 @@ def parser() -> argparse.ArgumentParser:
         "approve",
         help="approve a node's public key (given, or from its pending registration)",
         description="Without KEY, the key of the node's pending registration is shown with "
-        "its fingerprint and approved once confirmed.",
+        "its fingerprint and approved once confirmed. When several keys registered the name "
+        "(anyone may register any name), each is shown and none is approved: give KEY.",
     )
     approve.add_argument("node", type=token("node id"), help="the node's id")
     approve.add_argument(
@@ -508,10 +522,13 @@ def parser() -> argparse.ArgumentParser:
         nargs="?",
         metavar="KEY",
         help="its public key (U...; 'node-agent key show' prints it); default: the key "
-        "its pending registration carries",
+        "its pending registration carries, when only one key registered the name",
     )
     approve.add_argument(
-        "--yes", action="store_true", help="approve a registered key without asking"
+        "--yes",
+        action="store_true",
+        help="approve the registered key without asking (refused when several keys "
+        "registered the name: give KEY)",
     )
     add_server(approve)
     approve.set_defaults(func=cmd_approve)

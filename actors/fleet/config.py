@@ -90,7 +90,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     max_deliver: Annotated[int, Meta(ge=1)] = 5
     """Deliveries of one FLEET_HB message before the server gives up on it."""
     max_pending: Annotated[int, Meta(ge=0)] = 1000
-    """Registrations are refused while this many nodes wait for approval."""
+    """Registrations of new names are refused while this many nodes wait for approval."""
+    max_pending_per_key: Annotated[int, Meta(ge=1)] = 4
+    """Pending names one public key may have registered (a node registers one name; a
+    few more allow for renaming): one key cannot take the room of ``max_pending``."""
     pending_expire_after: Positive = 86_400.0
     """A pending record nobody approved is deleted by the full sweep after this long."""
     registrations_per_minute: Annotated[int, Meta(ge=1)] = 120

@@ -27,6 +27,7 @@ from actors.fleet.hot_state import CheckpointQueue, NodeState, NodeTable, slim, 
 from actors.fleet.judge import Verdict
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
+from actors.fleet.pending import PendingCounts
 from actors.fleet.refusals import RefusalTracker, mark_refused
 from actors.fleet.streams import MAX_NODES
 from actors.runtime import kv
@@ -76,8 +77,9 @@ class Ledger:
         """Nodes this aggregator saw go stale: the offline sweep checks these often."""
         self.refusals = RefusalTracker(config.refused_note_every)
         self.checkpoints = CheckpointQueue(config.checkpoint_interval)
-        self.pending = 0
-        """Pending records as of the last full sweep, plus those registered since."""
+        self.pending = PendingCounts()
+        """Pending records, in all and per key, as of the last full sweep plus those
+        registered since."""
         self._accepted = 0
         self._to_pack: list[tuple[NodeState, bytes]] = []
         """The bodies of the heartbeats accepted while judging, packed once it is done

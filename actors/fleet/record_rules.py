@@ -123,6 +123,7 @@ def accept(
         pending_since=None,
         seq_reset=False,
         created=record.created if record.created is not None else now,
+        candidates=[],
         labels=heartbeat.labels,
     )
 
@@ -191,6 +192,7 @@ def accepted(
         "pending_since": None,
         "seq_reset": False,
         "created": previous.created if previous.created is not None else now,
+        "candidates": [],
         "labels": heartbeat.labels,
         "refused": "",
         "refused_at": None,

@@ -3,8 +3,10 @@ its key is approved.
 
 A registration records a pending node in ``fleet_nodes``, or, with an enrollment token
 an operator issued, approves its key at once (:mod:`actors.fleet.enroll`). Self-signed
-registrations cost nothing to make, so they are rate-limited (all keys, then per key)
-and pending records are capped (``max_pending``, counted by the full sweep). Owns the
+registrations cost nothing to make, so they are rate-limited (per key, then all keys:
+one key's flood spends only its own share) and pending records are capped, in all
+(``max_pending``) and per key (``max_pending_per_key``), counted by the full sweep; a
+name keeps every key that registered it (:mod:`actors.fleet.pending`). Owns the
 rate limits and the answer; the pending record of a node this aggregator owns goes into
 its ledger, so the node's first heartbeat finds it in memory.
 """
@@ -18,7 +20,7 @@ from typing import Literal
 
 from nats.aio.msg import Msg
 
-from actors.fleet import enroll, hot_state, record_rules
+from actors.fleet import enroll, hot_state, pending, record_rules
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -31,6 +33,10 @@ from schemas.messages import NodeRecord, Registration, RegistrationReply
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+REGISTERING_KEYS = 10_000
+"""Keys whose registrations are counted in one minute (a bound on memory): a key beyond
+them is refused until the minute ends."""
 
 
 class Registrar:
@@ -55,7 +61,9 @@ class Registrar:
         self.ledger = ledger
         self.owns = owns
         self.registrations = RateLimit(config.registrations_per_minute, 60.0)
-        self.registrations_by_key = RateLimit(config.registrations_per_key_per_minute, 60.0)
+        self.registrations_by_key = RateLimit(
+            config.registrations_per_key_per_minute, 60.0, max_keys=REGISTERING_KEYS
+        )
 
     async def on_register(self, msg: Msg) -> None:
         """Answer one registration; a rejection is counted and logged."""
@@ -68,10 +76,6 @@ class Registrar:
         await msg.respond(codec.encode(reply))
 
     async def register(self, msg: Msg) -> RegistrationReply:
-        if not self.registrations.allow():
-            return RegistrationReply(
-                node_id="unknown", status="rejected", reason="too many registrations; retry later"
-            )
         try:
             registration = codec.decode(msg.data, Registration, msg.subject)
             signer = signing.verify(msg.headers, msg.data)
@@ -90,6 +94,10 @@ class Registrar:
                 status="rejected",
                 reason="too many registrations from this key; retry later",
             )
+        if not self.registrations.allow():
+            return RegistrationReply(
+                node_id=node, status="rejected", reason="too many registrations; retry later"
+            )
         enrolled = None
         if registration.enroll_token:
             enrolled = await enroll.admit(
@@ -104,29 +112,42 @@ class Registrar:
             "active" if trusted == registration.public_key else "pending"
         )
         ledger = self.ledger
-        full = ledger.pending >= self.config.max_pending
+        new_refusal = self._pending_refusal(signer, new_name=True)
+        candidate_refusal = self._pending_refusal(signer, new_name=False)
         now = time.time()
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
-            if record is not None or full:
+            if record is None:
+                if new_refusal:
+                    return None
+                return record_rules.pending_record(node, registration.cluster, signer, since=now)
+            if candidate_refusal or status == "active":
                 return None
-            return record_rules.pending_record(
-                node, registration.cluster, registration.public_key, since=now
-            )
+            return pending.with_candidate(record, signer, registration.cluster, now)
 
-        before, created, revision = await self.store.update(node, change)
-        if created is not None:
-            ledger.pending += 1
-            if self.owns(node) and node not in ledger.nodes:
+        before, written, revision = await self.store.update(node, change)
+        if written is not None:
+            ledger.pending.add(signer, new_name=before is None)
+            if before is None and self.owns(node) and node not in ledger.nodes:
                 # The node's first heartbeat comes here: its record is known, not read.
                 state = ledger.nodes[node] = hot_state.from_record(
-                    created, time.monotonic(), ledger.nodes.bodies
+                    written, time.monotonic(), ledger.nodes.bodies
                 )
                 state.revision = revision
-        elif before is None and status == "pending":
-            return RegistrationReply(
-                node_id=node, status="rejected", reason="too many pending registrations"
-            )
+        elif status == "pending":
+            refusal = pending.refusal(before, signer, new_refusal, candidate_refusal)
+            if refusal:
+                return RegistrationReply(node_id=node, status="rejected", reason=refusal)
         return RegistrationReply(
             node_id=node, status=status, reason=enrolled.reason if enrolled else ""
         )
+
+    def _pending_refusal(self, key: str, new_name: bool) -> str:
+        """Why a registration of ``key`` may not add a pending name (``new_name``) or a
+        candidate key to one ("" when it may)."""
+        counts = self.ledger.pending
+        if new_name and counts.names >= self.config.max_pending:
+            return "too many pending registrations"
+        if counts.by_key[key] >= self.config.max_pending_per_key:
+            return "too many pending registrations for this key"
+        return ""

@@ -122,7 +122,7 @@ class Sweeps:
             await ledger.take_in_new(self.ownership.owns)
         candidates = list(ledger.nodes) if everything else list(ledger.stale)
         expire_after = self.config.pending_expire_after
-        pending = 0
+        pending: list[NodeRecord] = []
         for node in candidates:
             state = ledger.nodes.get(node)
             if state is None:
@@ -137,7 +137,7 @@ class Sweeps:
                     ledger.nodes.pop(node, None)
                     continue
             if before.state == "pending":
-                pending += 1
+                pending.append(before)
             after = change(before)
             if after is not None:
                 state.record = after
@@ -169,7 +169,7 @@ class Sweeps:
             if after is not None:
                 await ledger.write(node)
         if everything:
-            ledger.pending = pending
+            ledger.pending.recount(pending)
 
     async def sweep_refused(self) -> None:
         """Refused nodes whose last accepted heartbeat is older than its ``stale_after``

@@ -56,12 +56,16 @@ async def wait_or_timeout(event: asyncio.Event, timeout: float) -> bool:
 class RateLimit:
     """At most ``limit`` events per key in each fixed window of ``window`` seconds.
 
-    Counts are forgotten when a window ends, so memory holds only the keys of one window;
-    checked after an overall limit (key ""), that is at most the overall limit's keys."""
+    Counts are forgotten when a window ends, so memory holds only the keys of one window:
+    at most ``max_keys`` of them, or, checked after an overall limit (key ""), at most that
+    limit's."""
 
-    def __init__(self, limit: int, window: float) -> None:
+    def __init__(self, limit: int, window: float, max_keys: int | None = None) -> None:
         self.limit = limit
         self.window = window
+        self.max_keys = max_keys
+        """Keys counted in one window at most; a key beyond them is refused until it ends
+        (checked before an overall limit, this is what bounds memory)."""
         self._started = time.monotonic()
         self._counts: dict[str, int] = {}
 
@@ -73,6 +77,8 @@ class RateLimit:
             self._counts.clear()
         count = self._counts.get(key, 0)
         if count >= self.limit:
+            return False
+        if count == 0 and self.max_keys is not None and len(self._counts) >= self.max_keys:
             return False
         self._counts[key] = count + 1
         return True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.runtime.schedule import Backoff
+from actors.runtime.schedule import Backoff, RateLimit
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
@@ -35,3 +35,12 @@ def test_backoff_jitter_stays_within_its_spread() -> None:
         assert 1.6 <= delays[-1] <= 2.4
         assert 3.2 <= backoff.next() <= 4.8
     assert len(set(delays)) > 1
+
+
+def test_rate_limit_counts_at_most_max_keys_per_window() -> None:
+    """Past max_keys keys in one window a new key is refused, while the keys counted
+    keep their own allowance."""
+    limit = RateLimit(2, 3600.0, max_keys=3)
+    assert [limit.allow(key) for key in "abc"] == [True, True, True]
+    assert not limit.allow("d")
+    assert [limit.allow("a"), limit.allow("a")] == [True, False]

@@ -309,3 +309,27 @@ async def test_failed_save_runs_the_command_on_redelivery(
     assert final.status == "done" and final.schedulability == "cordoned"
     assert not failures
     assert results.statuses(cordon.id) == ["accepted", "done"]
+
+
+async def test_a_state_file_that_stays_unwritable_fails_the_command_with_a_result(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    results: Results,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cordon whose acceptance cannot be saved at any of its deliveries is answered
+    failed naming the disk error, and the node stays schedulable (it never ran)."""
+    agent = await trusting_agent(fleet, operator)
+
+    def broken(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("actors.node.commands.store.write_atomically", broken)
+    cordon = await send(bus, prefix, operator, Cordon())
+    final = await results.final(cordon.id, timeout=30)
+    assert final.status == "failed" and final.schedulability == "schedulable"
+    assert "No space left on device" in final.detail and "not run" in final.detail
+    assert results.statuses(cordon.id) == ["failed"]
+    assert agent.supervisor is not None and agent.supervisor.status["commands"].restarts == 0

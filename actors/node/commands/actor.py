@@ -8,7 +8,8 @@ lifetime and never seen before (seen ids persist in the state dir until their co
 expires); anything else is answered ``rejected`` and changes nothing. Every answer is a
 node-signed CommandResult on FLEET_EVENTS naming the digest of the exact body it answers.
 A command counts as seen only once that is on disk: if the state file cannot be written the
-message is redelivered and runs then. The node's schedulability persists too, so a restart
+message is redelivered and runs then, or, still unwritable at its last delivery, is
+answered ``failed`` saying so. The node's schedulability persists too, so a restart
 keeps a cordon, its TTL and a drain's deadline.
 This module decides what to run; :mod:`actors.node.commands.actions` runs it and reports.
 A ``deploy`` or ``stop`` is handed to the workload actor as a node-signed ``workload_order``
@@ -182,22 +183,32 @@ class CommandsActor:
             await self._hand_over(msg, command, command.action, digest)
             return
         async with self.actions.lock:
-            if not await self._remember(msg, command):
+            if not await self._remember(msg, command, digest):
                 return
             await self.actions.result(command.id, "accepted", command.reason, digest=digest)
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
             await self.actions.start(command.id, command.reason, command.action, digest=digest)
 
-    async def _remember(self, msg: Msg, command: Command) -> bool:
+    async def _remember(self, msg: Msg, command: Command, digest: str) -> bool:
         """Save the command's id, kept past its expiry by the skew bound in case this clock
         is stepped back; when the store cannot, the message is given back (nak) for later
-        and False returned: a command is never acted on unsaved."""
+        and False returned: a command is never acted on unsaved. At its last delivery the
+        command is answered ``failed`` saying why and settled (term), so it never ends
+        without a result."""
         try:
             self.store.remember(command.id, command.expires_at + self.config.max_skew)
         except StoreError as exc:
-            log.error("command not saved; redelivery", extra={"id": command.id, "reason": str(exc)})
-            await msg.nak(delay=REDELIVER_AFTER)
+            if msg.metadata.num_delivered < MAX_DELIVER:
+                log.error(
+                    "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
+                )
+                await msg.nak(delay=REDELIVER_AFTER)
+                return False
+            log.error("command not saved; not run", extra={"id": command.id, "reason": str(exc)})
+            detail = f"not run: {exc} (tried {MAX_DELIVER} times); send it again once fixed"
+            await self.actions.result(command.id, "failed", detail, digest=digest)
+            await msg.term()
             return False
         return True
 
@@ -219,7 +230,7 @@ class CommandsActor:
             await msg.ack()
             return
         async with self.actions.lock:
-            if not await self._remember(msg, command):
+            if not await self._remember(msg, command, digest):
                 return
         order = WorkloadOrder(
             ts=time.time(), command_id=command.id, action=action, command_digest=digest
