@@ -322,18 +322,40 @@ def _why(record: NodeRecord) -> str:
     return ""
 
 
+NODE_ACTIONS = ("spot:", "shutdown")
+"""Command ids a node gives what it does by itself (a spot notice, its own shutdown)."""
+
+
 def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
-    """The schedulability, its reason, and the command that set it (the latest result
-    that reports this schedulability)."""
+    """The schedulability, its reason, and what set it. Completed results report the
+    schedulability the node had when they ended; the one credited is the first of the
+    latest run of such results that all report this schedulability (later ones, a stop
+    on a cordoned node say, found it so). A schedulability the node changed by itself
+    without a result (the last completed result reports another) is credited to nobody,
+    and what the node did on its own (spot notices, its shutdown) to the node."""
     text = record.schedulability
     if record.heartbeat is not None and record.heartbeat.schedulability_reason:
         text += f" (reason: {record.heartbeat.schedulability_reason})"
-    for entry in reversed(results):
-        result = entry.message
-        if isinstance(result, CommandResult) and result.schedulability == record.schedulability:
-            text += f", set by command {result.command_id} at {clock(result.ts)}"
+    done = [
+        entry.message
+        for entry in results
+        if isinstance(entry.message, CommandResult)
+        and entry.message.status == "done"
+        and entry.message.schedulability is not None
+    ]
+    if not done or done[-1].schedulability != record.schedulability:
+        return text
+    setter = done[-1]
+    for result in reversed(done[:-1]):
+        if result.schedulability != setter.schedulability:
             break
-    return text
+        setter = result
+    who = (
+        f"the node itself ({setter.command_id})"
+        if setter.command_id.startswith(NODE_ACTIONS)
+        else f"command {setter.command_id}"
+    )
+    return text + f", set by {who} at {clock(setter.ts)}"
 
 
 def _health(health: Health | None) -> list[str]:

@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from actors.cli import views
+from actors.fleet.history import Entry
+from actors.fleet.record_rules import pending_record, with_state
 from schemas import signing
-from schemas.messages import Cordon
+from schemas.base import Schedulability
+from schemas.messages import CommandResult, CommandStatus, Cordon
 from schemas.subjects import STREAM_ALERTS, STREAM_EVENTS, Subjects
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 
@@ -166,3 +170,61 @@ async def test_watch_since_replays_then_follows(stale_cordoned: History) -> None
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 10) == 0
     assert await consumers(fleet) == 0
+
+
+def result(
+    second: int, command_id: str, status: CommandStatus, schedulability: Schedulability
+) -> Entry:
+    """A result of node n1 stored ``second`` seconds into the test's history."""
+    message = CommandResult(
+        command_id=command_id,
+        node_id="n1",
+        cluster="c1",
+        status=status,
+        ts=1_700_000_000.0 + second,
+        schedulability=schedulability,
+    )
+    return Entry(ts=message.ts, subject="x.result.c1.n1", message=message, body=b"")
+
+
+def schedulability_line(results: list[Entry]) -> str:
+    """describe's Schedulability line for a node that reports itself cordoned."""
+    beat = heartbeat(schedulability="cordoned", schedulability_reason="aws rebalance notice")
+    record = with_state(
+        pending_record("n1", "c1"), last_seq=1, last_seen=1.0, schedulability="cordoned",
+        heartbeat=beat,
+    )  # fmt: skip
+    text = views.describe(record, [], results, 1_700_000_100.0)
+    [line] = [line for line in text.splitlines() if line.startswith("Schedulability:")]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("history", "credit"),
+    [
+        ([], ""),
+        ([("c1", "done", "cordoned"), ("u1", "done", "schedulable")], ""),
+        ([("c1", "done", "cordoned"), ("d1", "rejected", "cordoned")], ", set by command c1"),
+        ([("c1", "done", "cordoned"), ("s1", "done", "cordoned")], ", set by command c1"),
+        ([("u1", "done", "schedulable"), ("d1", "rejected", "cordoned")], ""),
+        ([("u1", "done", "schedulable"), ("c2", "accepted", "cordoned")], ""),
+        (
+            [("c1", "done", "cordoned"), ("u1", "done", "schedulable"), ("spot:x", "done", "cordoned")],
+            ", set by the node itself (spot:x)",
+        ),
+    ],
+    ids=["none", "self-cordoned-after-uncordon", "refusal-after", "stop-after", "refusal-only",
+         "accepted-only", "spot"],
+)  # fmt: skip
+def test_describe_credits_a_cordon_only_to_what_set_it(
+    history: list[tuple[str, CommandStatus, Schedulability]], credit: str
+) -> None:
+    """A cordon is credited to the command whose completed result set it, to the node for
+    what it did by itself, and to nobody when the last completed result reports another
+    state or none completed: a refused or merely accepted command found the state."""
+    line = schedulability_line([result(i, *entry) for i, entry in enumerate(history)])
+    base = "Schedulability:  cordoned (reason: aws rebalance notice)"
+    if credit:
+        assert line.startswith(f"{base}{credit} at ")
+    else:
+        assert line == base
