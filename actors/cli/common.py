@@ -62,12 +62,12 @@ def add_config_flags(
     for field in msgspec.structs.fields(config_type):
         doc = f"(env {env_prefix}{field.name.upper()})"
         if field.name in list_flags:
-            parser.add_argument(
-                f"--{list_flags[field.name]}",
-                dest=field.name,
-                action="append",
-                help=f"repeatable {doc}",
+            # The field's own name too (``--trust-operators``): left out, argparse would
+            # take it for an abbreviation of a longer flag (``--trust-operators-file``).
+            names = dict.fromkeys(
+                [f"--{list_flags[field.name]}", f"--{field.name.replace('_', '-')}"]
             )
+            parser.add_argument(*names, dest=field.name, action="append", help=f"repeatable {doc}")
         elif field.type is bool:
             parser.add_argument(
                 f"--{field.name.replace('_', '-')}",

@@ -495,7 +495,9 @@ def parser() -> argparse.ArgumentParser:
         help="run an aggregator until SIGINT/SIGTERM",
         description="Flags beat FLEET_AGGREGATOR_<SETTING> variables, which beat --config.",
     )
-    add_config_flags(aggregator, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
+    add_config_flags(
+        aggregator, AggregatorConfig, AGGREGATOR_ENV_PREFIX, {"trust_operators": "trust-operator"}
+    )
     aggregator.set_defaults(func=cmd_aggregator)
 
     keys = commands.add_parser("keys", help="operator keys")

@@ -61,6 +61,8 @@ LIST_FLAGS = {
     "xid_thresholds": "xid-threshold",
     "workload_engines": "workload-engine",
     "workload_binaries": "workload-binary",
+    "workload_args": "workload-arg",
+    "workload_env": "workload-env",
     "labels": "label",
     "version_programs": "version-program",
 }

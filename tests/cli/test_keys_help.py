@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from actors.cli import fleetctl, node_agent
+from actors.cli.common import settings_from
+from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
+from actors.fleet.config import AggregatorConfig
 from actors.fleet import registry
 from actors.fleet.record_rules import pending_record
 from actors.runtime.bus import NatsBus
@@ -66,6 +69,21 @@ def test_abbreviated_flag_is_refused() -> None:
     result = run("fleetctl", "drain", "n1", "--dead", "5")
     assert result.returncode == 2
     assert "unrecognized arguments: --dead 5" in result.stderr
+
+
+def test_aggregator_trusts_the_operator_keys_its_flags_name(tmp_path: Path) -> None:
+    """fleetctl aggregator --trust-operator KEY (docs/operations.md), repeatable and also
+    spelled like its setting, --trust-operators KEY, trusts those keys besides the file's."""
+    first, second, third = (signing.KeyPair.generate().public_key for _ in range(3))
+    listed = tmp_path / "operators"
+    listed.write_text(f"# from the file\n{third}\n")
+    args = fleetctl.parser().parse_args(
+        ["aggregator", "--trust-operators", first, "--trust-operator", second,
+         "--trust-operators-file", str(listed)]
+    )  # fmt: skip
+    config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
+    assert config.trust_operators == [first, second]
+    assert config.operator_keys() == {first, second, third}
 
 
 @pytest.mark.parametrize("program", ["fleetctl", "node-agent"])
