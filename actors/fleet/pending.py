@@ -31,9 +31,7 @@ def keys(record: NodeRecord) -> list[str]:
 
 def _open_to(record: NodeRecord, public_key: str) -> bool:
     """Whether ``public_key`` is new to ``record``, a name no heartbeat was accepted for."""
-    return (
-        record.state == "pending" and record.last_seq == 0 and public_key not in keys(record)
-    )
+    return record.state == "pending" and record.last_seq == 0 and public_key not in keys(record)
 
 
 def with_candidate(

@@ -45,9 +45,7 @@ _ENGINES = "(llamacpp|vllm|sglang|process)"
 WorkloadArg = Annotated[
     str, Meta(pattern=rf"^{_ENGINES}=--?[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=128)
 ]
-WorkloadEnv = Annotated[
-    str, Meta(pattern=rf"^{_ENGINES}=[A-Za-z_][A-Za-z0-9_]*$", max_length=160)
-]
+WorkloadEnv = Annotated[str, Meta(pattern=rf"^{_ENGINES}=[A-Za-z_][A-Za-z0-9_]*$", max_length=160)]
 
 
 VERSION_PROGRAMS = ("nvidia-smi", "slurmd", "docker", "podman")

@@ -209,7 +209,8 @@ def schedulability_line(results: list[Entry]) -> str:
         ([("u1", "done", "schedulable"), ("d1", "rejected", "cordoned")], ""),
         ([("u1", "done", "schedulable"), ("c2", "accepted", "cordoned")], ""),
         (
-            [("c1", "done", "cordoned"), ("u1", "done", "schedulable"), ("spot:x", "done", "cordoned")],
+            [("c1", "done", "cordoned"), ("u1", "done", "schedulable"),
+             ("spot:x", "done", "cordoned")],
             ", set by the node itself (spot:x)",
         ),
     ],

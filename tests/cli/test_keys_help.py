@@ -16,9 +16,9 @@ import pytest
 
 from actors.cli import fleetctl, node_agent
 from actors.cli.common import settings_from
+from actors.fleet import registry
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet import registry
 from actors.fleet.record_rules import pending_record
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing

@@ -459,7 +459,9 @@ async def test_invalid_utf8_body_is_400_not_500(
     assert engine.received == 0
     metrics = gateway.events.metrics
     assert metrics.value("node_agent_gateway_requests_total", {"model": "unknown", "code": "400"})
-    assert not metrics.value("node_agent_gateway_requests_total", {"model": "unknown", "code": "500"})
+    assert not metrics.value(
+        "node_agent_gateway_requests_total", {"model": "unknown", "code": "500"}
+    )
 
 
 async def test_headers_sent_slowly_are_cut_off_at_the_header_timeout(fleet: Fleet) -> None:

@@ -91,7 +91,17 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
             "argument @/tmp/args may not be given",
         ),
     ],
-    ids=["process-off", "binary", "no-model", "env", "host", "port", "prefix", "remote-code", "file"],
+    ids=[
+        "process-off",
+        "binary",
+        "no-model",
+        "env",
+        "host",
+        "port",
+        "prefix",
+        "remote-code",
+        "file",
+    ],
 )
 def test_refusals(deploy: Deploy, settings: dict[str, object], reason: str) -> None:
     """What the node's config does not allow is refused with the reason."""
@@ -100,7 +110,8 @@ def test_refusals(deploy: Deploy, settings: dict[str, object], reason: str) -> N
 
 
 @pytest.mark.parametrize(
-    "name", ["OPENSSL_CONF", "GCONV_PATH", "HF_ENDPOINT", "https_proxy", "BROWSER", "LLAMA_ARG_HOST"]
+    "name",
+    ["OPENSSL_CONF", "GCONV_PATH", "HF_ENDPOINT", "https_proxy", "BROWSER", "LLAMA_ARG_HOST"],
 )
 @pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sglang", "process"])
 def test_environment_outside_the_allow_list_is_refused(engine: str, name: str) -> None:

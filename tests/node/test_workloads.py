@@ -27,7 +27,6 @@ from tests.support.fleet import Fleet, wait_for
 from tests.support.tiny_gguf import write_tiny_llama
 from tests.support.workloads import killing_leftovers, standin_script
 
-
 STANDIN_FLAGS = ("--load-time", "--crash-after", "--hang", "--spawn-child", "--chunk-delay")
 """The stand-in's test switches, added to the llama.cpp allow-list as a node would."""
 
@@ -482,7 +481,9 @@ async def test_a_workload_on_loopback_passes_the_listening_check(
     settings = {"workload_engines": ["process"], "workload_binaries": [str(standin)]}
     await agent(fleet, operator, standin, **settings)
     argv = [str(standin), "--host", "127.0.0.1", "--port", "{port}", "-m", "/models/x.gguf"]
-    command = await send(bus, prefix, operator, chat(engine="process", args=argv, model="", gpus=[]))
+    command = await send(
+        bus, prefix, operator, chat(engine="process", args=argv, model="", gpus=[])
+    )
     final = await results.final(command.id, timeout=30)
     assert final.status == "done", final.detail
     pid = pid_of(Path(fleet.config().state_dir))

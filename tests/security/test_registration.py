@@ -146,9 +146,7 @@ async def test_one_registered_key_is_approved_with_yes(
     assert entry is not None and entry.public_key == key.public_key
 
 
-async def test_a_name_keeps_at_most_its_candidates(
-    fleet: Fleet, bus: NatsBus, prefix: str
-) -> None:
+async def test_a_name_keeps_at_most_its_candidates(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """Past MAX_CANDIDATES more keys, another key's registration of the name is refused
     saying how to approve it by key; the keys kept are unchanged."""
     await fleet.start_aggregator()
