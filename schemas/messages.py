@@ -271,6 +271,9 @@ class Candidate(Wire, frozen=True, kw_only=True):
     public_key: PublicKey
     cluster: Cluster
     since: UnixTime
+    registered_by: Name = ""
+    """The NATS login that sent the registration (``ACCOUNT/USER``), where the server
+    says it; empty otherwise."""
 
 
 class NodeRecord(Wire, frozen=True, kw_only=True):
@@ -335,6 +338,9 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """While pending: the other keys that registered this name since the first, in order;
     ``fleetctl approve NODE`` lists them all with ``public_key``. Cleared when a heartbeat
     is accepted."""
+    registered_by: Name = ""
+    """The NATS login (``ACCOUNT/USER``) that sent the registration that made this record,
+    where the server says it (``Nats-Request-Info``); empty otherwise."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

@@ -92,14 +92,16 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     max_pending: Annotated[int, Meta(ge=0)] = 1000
     """Registrations of new names are refused while this many nodes wait for approval."""
     max_pending_per_key: Annotated[int, Meta(ge=1)] = 4
-    """Pending names one public key may have registered (a node registers one name; a
-    few more allow for renaming): one key cannot take the room of ``max_pending``."""
+    """Pending names one public key, and one NATS login where the server names it, may
+    have registered (a node registers one name; a few more allow for renaming): one key
+    or login cannot take the room of ``max_pending``."""
     pending_expire_after: Positive = 86_400.0
     """A pending record nobody approved is deleted by the full sweep after this long."""
     registrations_per_minute: Annotated[int, Meta(ge=1)] = 120
     """Registrations one aggregator answers per minute, all keys together."""
     registrations_per_key_per_minute: Annotated[int, Meta(ge=1)] = 6
-    """Registrations one aggregator answers per minute for one public key."""
+    """Registrations one aggregator answers per minute for one public key, and for one
+    NATS login where the server names it (``Nats-Request-Info``)."""
 
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092

@@ -232,6 +232,10 @@ def _imports(subjects: Subjects) -> Iterable[str]:
         if subject.startswith("$JS.API."):
             renamed = JS_API_PREFIX + subject.removeprefix("$JS.API")
             yield f"{{ service: {service}, to: {_q(renamed)} }}"
+        elif subject == subjects.register():
+            # The server names the sender's login in Nats-Request-Info (replacing any a
+            # client sent): aggregators limit registrations per login, not only per key.
+            yield f"{{ service: {service}, share: true }}"
         else:
             yield f"{{ service: {service} }}"
 

@@ -8,16 +8,56 @@ approve NODE`` lists them all and approves without a named key only when there i
 Each key's pending names are counted (as of the last full sweep, plus what this
 aggregator registered since, like the global count) and capped at
 ``max_pending_per_key``, so one key cannot fill ``max_pending``.
+
+Keys cost nothing to make, so where the server names the NATS login a registration came
+from, the login is limited the same way: the shipped configurations import
+``fleet.register`` into the nodes' account with ``share: true``, and the server then sets
+``Nats-Request-Info`` on every such request, replacing any header of that name the client
+sent. A stolen node key is one login, however many signing keys it makes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from actors.fleet import record_rules
+from schemas.base import MAX_NAME
 from schemas.messages import MAX_CANDIDATES, Candidate, NodeRecord
+
+REQUEST_INFO = "Nats-Request-Info"
+LOGIN = "login:"
+"""What a login is counted under, apart from the public keys (``U...``)."""
+
+
+class _RequestInfo(msgspec.Struct):
+    """What this module reads of the server's ``Nats-Request-Info``."""
+
+    acc: str = ""
+    user: str = ""
+
+
+def login_of(headers: Mapping[str, str] | None) -> str:
+    """``ACCOUNT/USER`` of the login a request came from, as the server's
+    ``Nats-Request-Info`` names it; "" without one (a server that does not share it)."""
+    raw = (headers or {}).get(REQUEST_INFO, "")
+    if not raw:
+        return ""
+    try:
+        info = msgspec.json.decode(raw, type=_RequestInfo)
+    except msgspec.DecodeError:  # ValidationError included; the server's JSON is never bad
+        return ""
+    if not info.user:
+        return ""
+    return f"{info.acc}/{info.user}"[:MAX_NAME]
+
+
+def new_record(node: str, cluster: str, public_key: str, login: str, now: float) -> NodeRecord:
+    """The pending record a first registration makes."""
+    record = record_rules.pending_record(node, cluster, public_key, since=now)
+    return msgspec.structs.replace(record, registered_by=login)
 
 
 def keys(record: NodeRecord) -> list[str]:
@@ -35,17 +75,17 @@ def _open_to(record: NodeRecord, public_key: str) -> bool:
 
 
 def with_candidate(
-    record: NodeRecord, public_key: str, cluster: str, now: float
+    record: NodeRecord, public_key: str, cluster: str, now: float, login: str = ""
 ) -> NodeRecord | None:
     """``record`` with ``public_key`` added as a candidate; None when it is one already,
     the record is not an unapproved pending one, or it holds MAX_CANDIDATES."""
     if not _open_to(record, public_key) or len(record.candidates) >= MAX_CANDIDATES:
         return None
-    added = Candidate(public_key=public_key, cluster=cluster, since=now)
+    added = Candidate(public_key=public_key, cluster=cluster, since=now, registered_by=login)
     return msgspec.structs.replace(record, candidates=[*record.candidates, added])
 
 
-def refusal(
+def why_unrecorded(
     before: NodeRecord | None, public_key: str, new_name_refusal: str, candidate_refusal: str
 ) -> str:
     """Why a registration of ``public_key`` that wrote nothing is refused: the record's
@@ -64,8 +104,16 @@ def refusal(
     return candidate_refusal
 
 
+def holders(record: NodeRecord) -> list[str]:
+    """What a pending record counts against: each of its keys, and each login that
+    registered it (once each)."""
+    logins = [record.registered_by, *(c.registered_by for c in record.candidates)]
+    return [*keys(record), *dict.fromkeys(LOGIN + login for login in logins if login)]
+
+
 class PendingCounts:
-    """Pending names in all, and per key (a name counts once for each of its keys)."""
+    """Pending names in all, and per key and per login (a name counts once for each key
+    and each login that registered it)."""
 
     def __init__(self) -> None:
         self.names = 0
@@ -78,9 +126,26 @@ class PendingCounts:
         for record in records:
             if record.state == "pending":
                 self.names += 1
-                self.by_key.update(keys(record))
+                self.by_key.update(holders(record))
 
-    def add(self, public_key: str, new_name: bool) -> None:
-        """A registration just recorded ``public_key`` (on a name it made, or a candidate)."""
+    def add(self, public_key: str, login: str, new_name: bool) -> None:
+        """A registration just recorded ``public_key``, sent by ``login`` (on a name it
+        made, or as a candidate)."""
         self.names += int(new_name)
         self.by_key[public_key] += 1
+        if login:
+            self.by_key[LOGIN + login] += 1
+
+    def refusal(
+        self, public_key: str, login: str, new_name: bool, max_names: int, per_key: int
+    ) -> str:
+        """Why a registration may not add a pending name (``new_name``: there are
+        ``max_names``) or a candidate key to one (the key or the login has ``per_key``
+        pending names); "" when it may."""
+        if new_name and self.names >= max_names:
+            return "too many pending registrations"
+        if self.by_key[public_key] >= per_key:
+            return "too many pending registrations for this key"
+        if login and self.by_key[LOGIN + login] >= per_key:
+            return "too many pending registrations for this login"
+        return ""

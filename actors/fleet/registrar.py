@@ -3,10 +3,11 @@ its key is approved.
 
 A registration records a pending node in ``fleet_nodes``, or, with an enrollment token
 an operator issued, approves its key at once (:mod:`actors.fleet.enroll`). Self-signed
-registrations cost nothing to make, so they are rate-limited (per key, then all keys:
-one key's flood spends only its own share) and pending records are capped, in all
-(``max_pending``) and per key (``max_pending_per_key``), counted by the full sweep; a
-name keeps every key that registered it (:mod:`actors.fleet.pending`). Owns the
+registrations cost nothing to make, so they are rate-limited (per key, and per login
+where the server names it, then all together: one key's or login's flood spends only its
+own share) and pending records are capped, in all (``max_pending``) and per key and
+login (``max_pending_per_key``), counted by the full sweep; a name keeps every key that
+registered it (:mod:`actors.fleet.pending`). Owns the
 rate limits and the answer; the pending record of a node this aggregator owns goes into
 its ledger, so the node's first heartbeat finds it in memory.
 """
@@ -20,7 +21,7 @@ from typing import Literal
 
 from nats.aio.msg import Msg
 
-from actors.fleet import enroll, hot_state, pending, record_rules
+from actors.fleet import enroll, hot_state, pending
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -88,11 +89,15 @@ class Registrar:
                 status="rejected",
                 reason="registration not signed by the key it names",
             )
-        if not self.registrations_by_key.allow(signer):
+        login = pending.login_of(msg.headers)
+        limited = "" if self.registrations_by_key.allow(signer) else "key"
+        if not limited and login and not self.registrations_by_key.allow(pending.LOGIN + login):
+            limited = "login"
+        if limited:
             return RegistrationReply(
                 node_id=node,
                 status="rejected",
-                reason="too many registrations from this key; retry later",
+                reason=f"too many registrations from this {limited}; retry later",
             )
         if not self.registrations.allow():
             return RegistrationReply(
@@ -112,22 +117,23 @@ class Registrar:
             "active" if trusted == registration.public_key else "pending"
         )
         ledger = self.ledger
-        new_refusal = self._pending_refusal(signer, new_name=True)
-        candidate_refusal = self._pending_refusal(signer, new_name=False)
+        limits = (self.config.max_pending, self.config.max_pending_per_key)
+        new_refusal = ledger.pending.refusal(signer, login, True, *limits)
+        candidate_refusal = ledger.pending.refusal(signer, login, False, *limits)
         now = time.time()
 
         def change(record: NodeRecord | None) -> NodeRecord | None:
             if record is None:
                 if new_refusal:
                     return None
-                return record_rules.pending_record(node, registration.cluster, signer, since=now)
+                return pending.new_record(node, registration.cluster, signer, login, now)
             if candidate_refusal or status == "active":
                 return None
-            return pending.with_candidate(record, signer, registration.cluster, now)
+            return pending.with_candidate(record, signer, registration.cluster, now, login)
 
         before, written, revision = await self.store.update(node, change)
         if written is not None:
-            ledger.pending.add(signer, new_name=before is None)
+            ledger.pending.add(signer, login, new_name=before is None)
             if before is None and self.owns(node) and node not in ledger.nodes:
                 # The node's first heartbeat comes here: its record is known, not read.
                 state = ledger.nodes[node] = hot_state.from_record(
@@ -135,19 +141,9 @@ class Registrar:
                 )
                 state.revision = revision
         elif status == "pending":
-            refusal = pending.refusal(before, signer, new_refusal, candidate_refusal)
+            refusal = pending.why_unrecorded(before, signer, new_refusal, candidate_refusal)
             if refusal:
                 return RegistrationReply(node_id=node, status="rejected", reason=refusal)
         return RegistrationReply(
             node_id=node, status=status, reason=enrolled.reason if enrolled else ""
         )
-
-    def _pending_refusal(self, key: str, new_name: bool) -> str:
-        """Why a registration of ``key`` may not add a pending name (``new_name``) or a
-        candidate key to one ("" when it may)."""
-        counts = self.ledger.pending
-        if new_name and counts.names >= self.config.max_pending:
-            return "too many pending registrations"
-        if counts.by_key[key] >= self.config.max_pending_per_key:
-            return "too many pending registrations for this key"
-        return ""

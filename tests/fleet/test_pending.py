@@ -24,11 +24,11 @@ def test_candidates_are_added_once_up_to_the_cap() -> None:
     assert pending.keys(record) == [first, *others[:MAX_CANDIDATES]]
     assert pending.with_candidate(record, first, "c1", 3.0) is None
     assert pending.with_candidate(record, others[-1], "c1", 3.0) is None
-    assert pending.refusal(record, others[-1], "", "").startswith(
+    assert pending.why_unrecorded(record, others[-1], "", "").startswith(
         f"{MAX_CANDIDATES + 1} keys registered this name already"
     )
-    assert pending.refusal(record, first, "new", "candidate") == ""
-    assert pending.refusal(None, first, "new", "candidate") == "new"
+    assert pending.why_unrecorded(record, first, "new", "candidate") == ""
+    assert pending.why_unrecorded(None, first, "new", "candidate") == "new"
 
 
 def test_accepting_a_heartbeat_clears_the_candidates() -> None:
@@ -53,5 +53,5 @@ def test_counts_per_key_come_from_every_key_of_a_pending_name() -> None:
     counts = pending.PendingCounts()
     counts.recount([one, both])
     assert counts.names == 2 and counts.by_key == {first: 2, second: 1}
-    counts.add(second, new_name=True)
+    counts.add(second, "", new_name=True)
     assert counts.names == 3 and counts.by_key[second] == 2
