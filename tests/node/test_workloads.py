@@ -135,7 +135,8 @@ async def test_deploy_goes_ready_pinned_reported_and_probed(
     watch: Watch,
 ) -> None:
     """A deploy answers accepted, in_progress (starting, loading) and done ready; the child
-    has CUDA_VISIBLE_DEVICES of its GPUs; heartbeats list it and the engine probe covers it."""
+    has CUDA_VISIBLE_DEVICES of its GPUs and NCCL/Gloo bound to loopback; heartbeats list it
+    and the engine probe covers it."""
     await agent(fleet, operator, standin)
     command = await send(bus, prefix, operator, chat("--load-time", "1.5"))
     final = await results.final(command.id, timeout=20)
@@ -146,7 +147,9 @@ async def test_deploy_goes_ready_pinned_reported_and_probed(
     assert any(d.startswith("loading") for d in details), details
     workload = await watch.state("chat", "ready")
     pid = pid_of(Path(fleet.config().state_dir))
-    assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == "1"
+    environ = psutil.Process(pid).environ()
+    assert environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert environ["NCCL_SOCKET_IFNAME"] == environ["GLOO_SOCKET_IFNAME"] == "lo"
     assert psutil.Process(pid).cmdline()[-2:] == ["--load-time", "1.5"]
     url = f"http://127.0.0.1:{workload.port}"
 

@@ -30,7 +30,7 @@ import nats.errors
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.workloads import listeners, processes
-from actors.node.workloads.launch import NotAllowed, command_line
+from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, command_line
 from actors.node.workloads.store import Entry, WorkloadStore
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import Backoff
@@ -275,7 +275,11 @@ class WorkloadsActor:
     async def _start(self, workload: Running, log_path: Path) -> None:
         deploy, entry = workload.deploy, workload.entry
         argv = command_line(self.config, deploy, entry.port)
-        env = {**deploy.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in deploy.gpus)}
+        env = {
+            **deploy.env,
+            **LOOPBACK_ENV,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in deploy.gpus),
+        }
         entry.pid, entry.started = processes.spawn(argv, env, log_path)
         self._save()
         log.info("workload started", extra={"workload": deploy.name, "pid": entry.pid})

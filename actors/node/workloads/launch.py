@@ -108,6 +108,12 @@ files of the sender's choosing (``LD_PRELOAD``, ``PYTHONPATH``, ``OPENSSL_CONF``
 GPU pinning the node does (``CUDA_VISIBLE_DEVICES``). A node adds to it with
 ``workload_env`` (``ENGINE=NAME``)."""
 
+LOOPBACK_ENV = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+"""Set for every workload: NCCL's and Gloo's bootstrap sockets (an engine split over
+several GPUs opens them) listen on the first non-loopback interface unless told, and a
+workload listening beyond loopback is stopped (:mod:`actors.node.workloads.listeners`).
+One node needs no other interface for them."""
+
 BIND_FLAGS = frozenset({"--host", "--port"})
 """Never allowed, whatever a node's ``workload_args`` say: engines listen on 127.0.0.1 at
 the port the node allocates."""
