@@ -90,6 +90,11 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
             {},
             "argument @/tmp/args may not be given",
         ),
+        (
+            Deploy(name="w", engine="vllm", model="m", args=["--seed", "-1e5", "--", "-inf"]),
+            {},
+            "argument --, -1e5, -inf may not be given",
+        ),
     ],
     ids=[
         "process-off",
@@ -101,6 +106,7 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
         "prefix",
         "remote-code",
         "file",
+        "not-numbers",
     ],
 )
 def test_refusals(deploy: Deploy, settings: dict[str, object], reason: str) -> None:

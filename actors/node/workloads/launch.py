@@ -13,6 +13,7 @@ the node's config extends; where the workload then listens is checked by
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -198,12 +199,12 @@ def check_args(config: AgentConfig, deploy: Deploy) -> None:
         )
 
 
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+"""What argparse takes for a negative number rather than a flag (its own pattern)."""
+
+
 def _is_number(arg: str) -> bool:
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True
+    return NEGATIVE_NUMBER.match(arg) is not None
 
 
 def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
