@@ -20,7 +20,7 @@ from schemas import codec, signing
 from schemas.messages import MAX_CANDIDATES, NodeRecord, Registration, RegistrationReply
 from schemas.subjects import Subjects
 from tests.security.attack import attacker
-from tests.support.fleet import Fleet, wait_for
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 
 async def register(
@@ -193,3 +193,21 @@ async def test_one_keys_flood_does_not_spend_the_shared_rate(fleet: Fleet, prefi
     assert {r.reason for r in flood[2:]} == {"too many registrations from this key; retry later"}
     assert [r.status for r in others] == ["pending"] * 8 + ["rejected"]
     assert others[-1].reason == "too many registrations; retry later"
+
+
+async def test_the_approved_candidate_comes_in_and_the_others_are_gone(
+    fleet: Fleet, bus: NatsBus, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a squatter registered n1 first, approving the genuine node's key by name lets
+    its agent in: the record goes active under that key, with no candidates left."""
+    await fleet.start_aggregator()
+    genuine = fleet.node_key("n1")
+    async with attacker(fleet.url) as nc:
+        assert (await register(nc, prefix, "n1", signing.KeyPair.generate())).status == "pending"
+        assert (await register(nc, prefix, "n1", genuine)).status == "pending"
+    code, _, err = await approve(capsys, fleet, "n1", genuine.public_key)
+    assert code == 0, err
+    await fleet.start_agent()
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    assert record.public_key == genuine.public_key and record.candidates == []
+    assert pending.keys(record) == [genuine.public_key]
