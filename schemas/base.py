@@ -44,6 +44,10 @@ MAX_GPUS = 64
 """GPUs per node: twice the largest machines sold today (32-GPU nodes)."""
 MAX_XIDS = 16
 """Distinct XID codes kept per GPU."""
+MAX_NVLINKS = 36
+"""NVLink links per GPU (NVML_NVLINK_MAX_LINKS)."""
+MAX_UNREAD = 32
+"""GPU readings a sample can say it could not read, and why."""
 MAX_PEERS = 256
 """Peers a node reports latency to."""
 MAX_COMPONENTS = 8

@@ -20,7 +20,9 @@ from schemas.base import (
     MAX_ENGINES,
     MAX_GPUS,
     MAX_MODELS,
+    MAX_NVLINKS,
     MAX_PEERS,
+    MAX_UNREAD,
     MAX_WORKLOADS,
     MAX_XIDS,
     Bytes,
@@ -81,8 +83,44 @@ class XidCount(Wire, frozen=True, kw_only=True):
     last_at: UnixTime
 
 
+class RowRemap(Wire, frozen=True, kw_only=True):
+    """Row remapping (A100 and later): rows remapped for correctable and uncorrectable
+    errors, a remap waiting for a GPU reset, a remap that failed, and the remapper's
+    histogram (banks with ``max``/``high``/``partial``/``low``/``none`` spare rows left)."""
+
+    correctable: Count
+    uncorrectable: Count
+    pending: bool
+    failed: bool
+    banks_none: Count | None = None
+    """Banks with no spare row left (histogram ``none``); None when the histogram is
+    not supported."""
+    banks_low: Count | None = None
+
+
+class NvLink(Wire, frozen=True, kw_only=True):
+    """One NVLink link that answers NVML: active or not, and its error counters."""
+
+    link: Count
+    active: bool
+    replay_errors: Count | None = None
+    recovery_errors: Count | None = None
+    crc_errors: Count | None = None
+
+
+class Fabric(Wire, frozen=True, kw_only=True):
+    """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV) where supported:
+    ``state`` NOT_STARTED, IN_PROGRESS or COMPLETED, ``status`` NVML's return code of the
+    registration (0 success), ``health_mask`` the fabric health bits as NVML gives them."""
+
+    state: Literal["not_started", "in_progress", "completed"]
+    status: int
+    health_mask: Count = 0
+
+
 class Gpu(Wire, frozen=True, kw_only=True):
-    """One GPU's identity and readings. Readings are None when the device cannot say."""
+    """One GPU's identity and readings. Readings are None when the device cannot say;
+    ``unread`` then says why (NVML's words, e.g. "Not Supported")."""
 
     index: Count
     uuid: Name
@@ -99,6 +137,37 @@ class Gpu(Wire, frozen=True, kw_only=True):
     xids: Annotated[list[XidCount], Meta(max_length=MAX_XIDS)] = []
     lost: bool = False
     """True once the device stopped answering (NVML GpuIsLost, or injected)."""
+    ecc_corrected_aggregate: Count | None = None
+    """ECC errors over the GPU's life (the ``ecc_*`` above count since the driver loaded)."""
+    ecc_uncorrected_aggregate: Count | None = None
+    retired_pages: Count | None = None
+    """Pages retired for single- and double-bit errors (before A100; H100 remaps rows)."""
+    retired_pending: bool | None = None
+    """A page retirement waits for the next driver reload or GPU reset."""
+    remap: RowRemap | None = None
+    clock_reasons: Count | None = None
+    """Why clocks are held down right now: NVML's clock event reasons bit mask
+    (nvmlClocksEventReason*: 0x1 idle, 0x2 application clocks, 0x4 SW power cap, 0x8 HW
+    slowdown, 0x10 sync boost, 0x20 SW thermal, 0x40 HW thermal, 0x80 HW power brake)."""
+    sm_clock_mhz: Count | None = None
+    sm_clock_max_mhz: Count | None = None
+    memory_clock_mhz: Count | None = None
+    memory_clock_max_mhz: Count | None = None
+    pcie_replays: Count | None = None
+    """PCIe replay counter (cumulative); its rate is what the pcie check judges."""
+    pcie_generation: Count | None = None
+    pcie_generation_max: Count | None = None
+    """The highest generation the GPU and its slot both support."""
+    pcie_width: Count | None = None
+    pcie_width_max: Count | None = None
+    nvlinks: Annotated[list[NvLink], Meta(max_length=MAX_NVLINKS)] | None = None
+    """Links that answer NVML; None when none does (no NVLink visible: not "down")."""
+    fabric: Fabric | None = None
+    """None where the GPU has no fabric state (state "not supported")."""
+    persistence_mode: bool | None = None
+    unread: Annotated[dict[Name, Name], Meta(max_length=MAX_UNREAD)] = {}
+    """Reading -> why it is None, for readings NVML would not give (e.g.
+    ``{"retired_pages": "Not Supported"}``)."""
 
 
 class Dependency(Wire, frozen=True, kw_only=True):
@@ -124,6 +193,13 @@ class HostFacts(Wire, frozen=True, kw_only=True):
     dependencies: Annotated[list[Dependency], Meta(max_length=MAX_DEPENDENCIES)] = []
     """Versions of the configured programs that answer ``--version`` (checked off the
     sample path, cached); a program absent or silent is left out."""
+    gpu_driver_version: Name = ""
+    """NVIDIA driver version (nvmlSystemGetDriverVersion); empty without NVML."""
+    cuda_driver_version: Name = ""
+    """Highest CUDA version the driver supports, e.g. ``13.0``; empty without NVML."""
+    fabric_manager_running: bool | None = None
+    """Whether the nvidia-fabricmanager process runs; None where no GPU has a fabric state
+    (no NVSwitch) or the check is off (setting fabric_manager_process)."""
 
 
 class Sample(Wire, frozen=True, kw_only=True):

@@ -59,6 +59,7 @@ LIST_FLAGS = {
     "required_binaries": "require-binary",
     "required_modules": "require-module",
     "xid_thresholds": "xid-threshold",
+    "gpu_thresholds": "gpu-threshold",
     "workload_engines": "workload-engine",
     "workload_binaries": "workload-binary",
     "workload_args": "workload-arg",

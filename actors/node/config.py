@@ -39,6 +39,9 @@ PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
 """CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
+GPU_THRESHOLD_PATTERN = r"^[a-z_]{1,64}=(\d+(\.\d+)?|off)$"
+"""NAME=LIMIT or NAME=off, e.g. pcie_replays_per_min=20 (read by actors.node.gpu_health)."""
+GpuThreshold = Annotated[str, Meta(pattern=GPU_THRESHOLD_PATTERN)]
 WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
 DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
 _ENGINES = "(llamacpp|vllm|sglang|process)"
@@ -185,7 +188,18 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Per-code XID threshold overrides, CODE=COUNT/WINDOW_S: "13=5/600" makes XID 13 a
     finding at 5 occurrences on one GPU within 600 s (defaults in actors/node/xid.py)."""
     xid_log_path: str = "/dev/kmsg"
-    """Kernel log read for XIDs on GPUs whose NVML events are unavailable; "" disables."""
+    """Kernel log read for XIDs beside NVML's events (deduplicated; the only source for
+    GPUs whose NVML events are unavailable); "" disables."""
+    gpu_thresholds: list[GpuThreshold] = []
+    """Overrides of the GPU health table, NAME=LIMIT or NAME=off: "pcie_replays_per_min=20"
+    raises that limit, "persistence_off=off" drops that finding (table in
+    actors/node/gpu_health.py and docs/node.md)."""
+    nvml_deadline: Positive = 10.0
+    """Seconds one NVML call may take before the nvml check says it hung (and /healthz
+    fails); the sample goes out meanwhile with the GPUs' last readings."""
+    fabric_manager_process: str = "nv-fabricmanager"
+    """Process that must run where GPUs have an NVLink fabric state (NVSwitch systems);
+    "" skips the check (a container that cannot see the host's processes)."""
 
     gateway: Literal["auto", "on", "off"] = "auto"
     """The local OpenAI-compatible gateway on 127.0.0.1:gateway_port: ``on`` listens from
@@ -245,6 +259,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         if self.stale_after < 1:
             raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
+        # The table lives with the health code, which imports this module: names are
+        # checked here, at load, so a typo fails the start and not the health actor.
+        from actors.node.gpu_health import parse_gpu_thresholds
+
+        parse_gpu_thresholds(self.gpu_thresholds)
 
     @property
     def slurm_node(self) -> str:

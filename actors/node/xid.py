@@ -18,7 +18,8 @@ from typing import Literal
 import msgspec
 
 from actors.node.config import XID_THRESHOLD_PATTERN
-from schemas.base import MAX_XIDS
+from actors.node.gpu_health import memory_summary, nvlink_summary
+from schemas.base import MAX_TEXT, MAX_XIDS
 from schemas.events import Gpu, HealthCheck, XidCount
 
 Finding = Literal["degraded", "unhealthy"]
@@ -36,6 +37,8 @@ class XidRule(msgspec.Struct, frozen=True, kw_only=True):
     action: str
     count: int = 1
     window_s: float = HOUR
+    reading: Literal["", "memory", "nvlink"] = ""
+    """The GPU reading the XID check quotes beside this code (row remap, NVLink)."""
 
 
 _APP_ACTION = "usually the workload's fault: check the application; repeated bursts on one GPU"
@@ -74,6 +77,7 @@ XID_TABLE: dict[int, XidRule] = {
         meaning="double-bit ECC error",
         status="unhealthy",
         action="drain, then reset the GPU; RMA if it recurs",
+        reading="memory",
     ),
     61: XidRule(
         meaning="internal micro-controller breakpoint/warning",
@@ -89,16 +93,19 @@ XID_TABLE: dict[int, XidRule] = {
         meaning="ECC page retirement / row remapping recorded",
         status="degraded",
         action="drain and reset the GPU so the pending remap takes effect",
+        reading="memory",
     ),
     64: XidRule(
         meaning="ECC page retirement / row remapping failed",
         status="unhealthy",
         action="drain, reset the GPU; RMA if remapping fails again",
+        reading="memory",
     ),
     74: XidRule(
         meaning="NVLink error",
         status="unhealthy",
         action="drain, reset the GPU and check NVLink/NVSwitch; RMA if it persists",
+        reading="nvlink",
     ),
     79: XidRule(
         meaning="GPU has fallen off the bus",
@@ -114,11 +121,13 @@ XID_TABLE: dict[int, XidRule] = {
         meaning="contained ECC error (only the affected application was stopped)",
         status="degraded",
         action="drain and reset the GPU when convenient",
+        reading="memory",
     ),
     95: XidRule(
         meaning="uncontained ECC error (every application on the GPU is affected)",
         status="unhealthy",
         action="drain, then reset the GPU",
+        reading="memory",
     ),
     119: XidRule(
         meaning="GSP RPC timeout",
@@ -149,6 +158,42 @@ def count_xid(codes: dict[int, XidCount], code: int, at: float) -> None:
     previous = codes.get(code)
     count = previous.count + 1 if previous else 1
     codes[code] = XidCount(code=code, count=count, last_at=at)
+
+
+DEDUP_WINDOW = 60.0
+"""Seconds within which NVML's event and the kernel log's line for the same GPU and code
+are taken to be one XID."""
+
+
+class XidDedup:
+    """One XID seen by both NVML's events and the kernel log counts once.
+
+    Each sighting not matched yet waits ``window`` seconds for the other source's; a
+    sighting that finds one waiting from the other source is that same XID and is not
+    counted again. A GPU only one source sees (kmsg unreadable in a container, NVML events
+    unavailable) has every sighting counted.
+    """
+
+    def __init__(self, window: float = DEDUP_WINDOW) -> None:
+        self.window = window
+        self._waiting: dict[tuple[str, int, int], deque[float]] = {}
+
+    def is_new(self, source: str, gpu: int, code: int, now: float) -> bool:
+        """True when this sighting is an XID not counted yet (count it)."""
+        for key in [key for key, times in self._waiting.items() if times[-1] < now - self.window]:
+            del self._waiting[key]
+        other = [key for key in self._waiting if key[1:] == (gpu, code) and key[0] != source]
+        for key in other:
+            times = self._waiting[key]
+            while times and times[0] < now - self.window:
+                times.popleft()
+            if times:
+                times.popleft()
+                if not times:
+                    del self._waiting[key]
+                return False
+        self._waiting.setdefault((source, gpu, code), deque(maxlen=MAX_REMEMBERED)).append(now)
+        return True
 
 
 def in_code_order(codes: dict[int, XidCount]) -> list[XidCount]:
@@ -190,8 +235,10 @@ class XidTracker:
         self.thresholds = thresholds or {}
         self._counts: dict[tuple[int, int], int] = {}
         self._seen: dict[tuple[int, int], deque[float]] = {}
+        self._gpus: dict[int, Gpu] = {}
 
     def observe(self, gpus: list[Gpu]) -> None:
+        self._gpus = {gpu.index: gpu for gpu in gpus}
         present: set[tuple[int, int]] = set()
         for gpu in gpus:
             for xid in gpu.xids:
@@ -208,6 +255,14 @@ class XidTracker:
             del self._counts[key]
             self._seen.pop(key, None)
 
+    def _reading(self, rule: XidRule, index: int) -> str:
+        """ " (row remap: ...)" or " (NVLink: ...)" for codes tied to a reading."""
+        gpu = self._gpus.get(index)
+        if gpu is None or not rule.reading or gpu.lost:
+            return ""
+        summary = memory_summary(gpu) if rule.reading == "memory" else nvlink_summary(gpu)
+        return f" ({summary})"
+
     def check(self, now: float) -> HealthCheck:
         """The ``xid`` check at wall-clock time ``now``: the worst code over its threshold."""
         findings: list[tuple[int, str, str]] = []
@@ -219,15 +274,16 @@ class XidTracker:
             if not times:
                 continue
             text = f"XID {code} x{len(times)} on GPU {gpu} in {rule.window_s:g}s: {rule.meaning}"
+            text += self._reading(rule, gpu)
             if len(times) >= rule.count:
                 findings.append((_RANK[rule.status], text, rule.action))
             else:
                 below.append(f"{text} (below threshold {rule.count})")
         if not findings:
             reason = "; ".join(below) if below else "no XID errors in their windows"
-            return HealthCheck(name="xid", status="ok", reason=reason)
+            return HealthCheck(name="xid", status="ok", reason=reason[:MAX_TEXT])
         findings.sort(key=lambda finding: -finding[0])
         worst = findings[0]
         status: Finding = "unhealthy" if worst[0] == _RANK["unhealthy"] else "degraded"
         reason = "; ".join(text for _, text, _ in findings)
-        return HealthCheck(name="xid", status=status, reason=reason, action=worst[2])
+        return HealthCheck(name="xid", status=status, reason=reason[:MAX_TEXT], action=worst[2])

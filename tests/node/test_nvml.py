@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections import deque
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -19,117 +17,61 @@ from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.kmsg import KmsgXids, parse_xid_line, pci_key
 from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
 from schemas import codec
-from schemas.events import HealthCheck, Sample
+from schemas.events import HealthCheck, RowRemap, Sample
 from tests.support.fleet import Fleet, agent_config, wait_for
+from tests.support.nvml import RecordedNvml
 
-GIB = 1024**3
+H100_MEMORY = 85_520_809_984
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
-def recorded_device(index: int, bus: str) -> dict[str, Any]:
-    """What NVML answered for one H100, as recorded: function name -> answer."""
-    pci = pynvml.nvmlPciInfo_t()
-    pci.busId = bus.encode()
-    return {
-        "nvmlDeviceGetUUID": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
-        "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3",
-        "nvmlDeviceGetPciInfo": pci,
-        "nvmlDeviceGetMemoryInfo": pynvml.c_nvmlMemory_t(
-            total=80 * GIB, free=60 * GIB, used=20 * GIB
-        ),
-        "nvmlDeviceGetTemperature": 41,
-        "nvmlDeviceGetPowerUsage": 123_456,
-        "nvmlDeviceGetEnforcedPowerLimit": 700_000,
-        "nvmlDeviceGetUtilizationRates": pynvml.c_nvmlUtilization_t(gpu=37, memory=12),
-        "nvmlDeviceGetTotalEccErrors": 2,
-        "nvmlDeviceRegisterEvents": None,
-    }
+def two_gpus() -> RecordedNvml:
+    """Two copies of the recorded H100 (bus ids 3B and 3C)."""
+    return RecordedNvml(2)
 
 
-class FakeNvml:
-    """Stands in for the pynvml module: real constants and error classes, recorded answers.
-
-    An answer that is an int in ``errors`` raises ``pynvml.NVMLError(code)`` instead.
-    """
-
-    def __init__(self, devices: list[dict[str, Any]], init_error: int | None = None) -> None:
-        self.devices = devices
-        self.init_error = init_error
-        self.errors: dict[tuple[int, str], int] = {}
-        self.events: deque[SimpleNamespace] = deque()
-        self.calls: list[tuple[int, str]] = []
-        self.initialised = self.shutdowns = self.freed = 0
-
-    def __getattr__(self, name: str) -> Any:
-        # Only names not defined below land here: device queries answer from the recording.
-        if name.startswith("nvmlDevice"):
-            return lambda handle, *args: self._answer(handle, name)
-        return getattr(pynvml, name)
-
-    def _answer(self, handle: int, name: str) -> Any:
-        self.calls.append((handle, name))
-        if (handle, name) in self.errors:
-            raise pynvml.NVMLError(self.errors[(handle, name)])
-        if name == "nvmlDeviceGetIndex":
-            return handle
-        return self.devices[handle][name]
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise pynvml.NVMLError(self.init_error)
-        self.initialised += 1
-
-    def nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def nvmlEventSetFree(self, event_set: str) -> None:
-        self.freed += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlEventSetCreate(self) -> str:
-        return "event-set"
-
-    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
-        assert timeout_ms == 0, "the event set must be polled, never waited on"
-        if not self.events:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        return self.events.popleft()
-
-    def xid(self, handle: int, code: int) -> None:
-        self.events.append(
-            SimpleNamespace(
-                device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=code
-            )
-        )
-
-
-def two_gpus() -> FakeNvml:
-    return FakeNvml(
-        [recorded_device(0, "00000000:3B:00.0"), recorded_device(1, "00000000:86:00.0")]
-    )
+def failing_init(error: int) -> RecordedNvml:
+    """An NVML whose nvmlInit raises ``error``."""
+    nvml = RecordedNvml(0)
+    nvml.init_error = error
+    return nvml
 
 
 def test_recorded_answers_become_gpus() -> None:
-    """Every NVML reading lands in its Gpu field, power in W, names decoded."""
-    gpus = NvmlGpus(nvml=two_gpus()).read()
+    """Every recorded H100 answer lands in its Gpu field: power in W, names decoded,
+    versions from the system calls; what the H100 does not support is None with NVML's
+    reason in ``unread`` (retired pages, NVLink, fabric), never a fault."""
+    source = NvmlGpus(nvml=two_gpus())
+    gpus = source.read()
     assert [gpu.index for gpu in gpus] == [0, 1]
     gpu = gpus[1]
     assert gpu.uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
     assert gpu.name == "NVIDIA H100 80GB HBM3"
-    assert gpu.pci_bus_id == "00000000:86:00.0"
-    assert (gpu.memory_total, gpu.memory_used) == (80 * GIB, 20 * GIB)
-    assert gpu.temperature_c == 41.0
-    assert gpu.power_w == pytest.approx(123.456)
+    assert gpu.pci_bus_id == "00000000:3C:00.0"
+    assert gpu.memory_total == H100_MEMORY
+    assert gpu.temperature_c == 39.0
+    assert gpu.power_w == pytest.approx(71.514)
     assert gpu.power_limit_w == 700.0
-    assert gpu.utilization_pct == 37.0
-    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (2, 2)
+    assert gpu.utilization_pct == 0.0
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0)
+    assert (gpu.ecc_corrected_aggregate, gpu.ecc_uncorrected_aggregate) == (0, 0)
+    assert gpu.remap == RowRemap(
+        correctable=0, uncorrectable=0, pending=False, failed=False, banks_none=0, banks_low=0
+    )
+    assert gpu.retired_pages is None and gpu.retired_pending is None
+    assert gpu.unread["nvmlDeviceGetRetiredPages"] == "Not Supported"
+    assert gpu.unread["nvmlDeviceGetRetiredPagesPendingStatus"] == "Not Supported"
+    assert gpu.clock_reasons == 1
+    assert (gpu.sm_clock_mhz, gpu.sm_clock_max_mhz) == (345, 1980)
+    assert (gpu.memory_clock_mhz, gpu.memory_clock_max_mhz) == (2619, 2619)
+    assert gpu.pcie_replays == 2
+    assert (gpu.pcie_generation, gpu.pcie_generation_max) == (5, 5)
+    assert (gpu.pcie_width, gpu.pcie_width_max) == (16, 16)
+    assert gpu.nvlinks is None and "nvmlDeviceGetNvLinkState" in gpu.unread
+    assert gpu.fabric is None and gpu.persistence_mode is True
     assert not gpu.lost and gpu.xids == []
+    assert source.versions == ("580.159.04", "13.0")
 
 
 def test_not_supported_fields_are_none() -> None:
@@ -141,7 +83,9 @@ def test_not_supported_fields_are_none() -> None:
     gpu = NvmlGpus(nvml=nvml).read()[0]
     assert gpu.temperature_c is None and gpu.power_w is None
     assert gpu.ecc_corrected is None and gpu.ecc_uncorrected is None
-    assert gpu.utilization_pct == 37.0 and gpu.power_limit_w == 700.0
+    assert gpu.utilization_pct == 0.0 and gpu.power_limit_w == 700.0
+    assert gpu.unread["nvmlDeviceGetTemperature"] == "Not Supported"
+    assert gpu.unread["nvmlDeviceGetTotalEccErrors"] == "Insufficient Permissions"
 
 
 def test_gpu_is_lost_marks_device_lost_for_good() -> None:
@@ -153,7 +97,7 @@ def test_gpu_is_lost_marks_device_lost_for_good() -> None:
     first = gpus.read()
     assert first[1].lost and not first[0].lost
     assert first[1].uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
-    assert first[1].memory_total == 80 * GIB and first[1].temperature_c is None
+    assert first[1].memory_total == H100_MEMORY and first[1].temperature_c is None
     nvml.calls.clear()
     assert gpus.read()[1].lost
     assert all(handle == 0 for handle, _ in nvml.calls)
@@ -174,7 +118,8 @@ def test_xid_events_are_counted_per_gpu_and_code() -> None:
 
 
 def test_kmsg_fallback_for_gpus_without_events(tmp_path: Path) -> None:
-    """A GPU whose event registration fails gets its XIDs from the kernel log, by PCI id."""
+    """A GPU whose event registration fails gets its XIDs from the kernel log, by PCI id;
+    an XID both NVML's events and the kernel log report counts once."""
     log = tmp_path / "kmsg"
     log.write_text("6,1,2,-;nvidia: loading\n")
     nvml = two_gpus()
@@ -182,13 +127,14 @@ def test_kmsg_fallback_for_gpus_without_events(tmp_path: Path) -> None:
     gpus = NvmlGpus(nvml=nvml, xid_log_path=str(log))
     try:
         assert all(gpu.xids == [] for gpu in gpus.read())
+        nvml.xid(0, 48)
         with log.open("a") as handle:
-            handle.write("4,2,3,-;NVRM: Xid (PCI:0000:86:00): 79, pid=1, GPU has fallen off\n")
-            # GPU 0 has NVML events: a kernel line for it must not count twice.
+            handle.write("4,2,3,-;NVRM: Xid (PCI:0000:3c:00): 79, pid=1, GPU has fallen off\n")
+            # GPU 0's XID 48 also came as an NVML event: one XID, counted once.
             handle.write("4,3,4,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE\n")
         result = gpus.read()
         assert [(xid.code, xid.count) for xid in result[1].xids] == [(79, 1)]
-        assert result[0].xids == []
+        assert [(xid.code, xid.count) for xid in result[0].xids] == [(48, 1)]
     finally:
         gpus.close()
 
@@ -196,7 +142,7 @@ def test_kmsg_fallback_for_gpus_without_events(tmp_path: Path) -> None:
 def test_init_failure_is_unavailable() -> None:
     """nvmlInit failing (no driver) raises NvmlUnavailable with NVML's reason."""
     with pytest.raises(NvmlUnavailable, match="Driver Not Loaded"):
-        NvmlGpus(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+        NvmlGpus(nvml=failing_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
 
 
 def test_choose_gpus_never_simulates_unasked(
@@ -206,7 +152,7 @@ def test_choose_gpus_never_simulates_unasked(
     none expected; a failing source (never fake GPUs) when NVML fails or GPUs are expected;
     fake GPUs only when fake_gpus asks."""
 
-    def choose(nvml: FakeNvml, **settings: Any) -> inventory.GpuSource | None:
+    def choose(nvml: RecordedNvml, **settings: Any) -> inventory.GpuSource | None:
         monkeypatch.setattr(nvml_gpus, "pynvml", nvml)
         config = agent_config("nats://127.0.0.1:1", "t", tmp_path, **settings)
         return inventory.choose_gpus(config)
@@ -214,10 +160,10 @@ def test_choose_gpus_never_simulates_unasked(
     assert isinstance(choose(two_gpus(), fake_gpus=None, expected_gpus=3), NvmlGpus)
     assert isinstance(choose(two_gpus(), fake_gpus="auto"), NvmlGpus)
     no_library = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
-    assert choose(FakeNvml([], init_error=no_library), fake_gpus=None) is None
-    expected = choose(FakeNvml([], init_error=no_library), fake_gpus=None, expected_gpus=8)
+    assert choose(failing_init(no_library), fake_gpus=None) is None
+    expected = choose(failing_init(no_library), fake_gpus=None, expected_gpus=8)
     assert isinstance(expected, FailedNvml) and "NVML Shared Library Not Found" in expected.error
-    broken = choose(FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), fake_gpus=None)
+    broken = choose(failing_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED), fake_gpus=None)
     assert isinstance(broken, FailedNvml) and "Driver Not Loaded" in broken.error
     assert choose(two_gpus(), fake_gpus=0) is None
     fake = choose(two_gpus(), fake_gpus=3)
@@ -241,9 +187,7 @@ def test_broken_driver_is_unhealthy_not_eight_healthy_gpus(
 ) -> None:
     """nvmlInit failing with expected_gpus 8: no GPUs, source nvml, and the nvml and boot
     checks unhealthy with NVML's error text and an action."""
-    monkeypatch.setattr(
-        nvml_gpus, "pynvml", FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-    )
+    monkeypatch.setattr(nvml_gpus, "pynvml", failing_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=None, expected_gpus=8)
     sample, found = judged(inventory.choose_gpus(config), tmp_path, 8)
     assert (sample.gpu_source, sample.gpus, sample.capacity.gpus_total) == ("nvml", [], 0)
@@ -303,7 +247,7 @@ def test_gpu_answering_no_query_is_unhealthy(tmp_path: Path) -> None:
 
 def test_gpu_without_handle_reports_nvml_error(tmp_path: Path) -> None:
     """A GPU NVML cannot open: lost, and NVML's error for it travels in the sample."""
-    nvml = FakeNvml([recorded_device(0, "00000000:3B:00.0")])
+    nvml = RecordedNvml(1)
     nvml.nvmlDeviceGetHandleByIndex = lambda index: (_ for _ in ()).throw(  # type: ignore[method-assign]
         pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
     )

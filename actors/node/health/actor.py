@@ -2,11 +2,12 @@
 
 It listens to the node's ``sample``, ``engine`` and ``latency`` events and publishes
 ``Health`` on ``fleet.evt.<node>.health`` every ``health_interval`` (jittered, so a fleet
-never reports in lock-step). Sample-driven checks (boot, nvml, xid) are judged on every
-sample and pass through a latch, so a condition clears only after
-``clear_after_samples`` good samples in a row; the score's status and the dependencies
-check go through the same latch once per published Health. Freshness is judged on the
-agent's own monotonic clock (time of receipt), never on the senders' timestamps.
+never reports in lock-step). Sample-driven checks (boot, nvml, xid, and the GPU hardware
+checks of :mod:`.gpu_checks`) are judged on every sample and pass through a latch, so a
+condition clears only after ``clear_after_samples`` good samples in a row; the score's
+status and the dependencies check go through the same latch once per published Health.
+Freshness is judged on the agent's own monotonic clock (time of receipt), never on the
+senders' timestamps.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.node.health import checks, scoring
+from actors.node.gpu_health import parse_gpu_thresholds
+from actors.node.health import checks, gpu_checks, scoring
 from actors.node.xid import XidTracker, parse_thresholds
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
@@ -70,6 +72,7 @@ class HealthActor:
         }
         self.latch = checks.Latch(config.clear_after_samples)
         self.xids = XidTracker(parse_thresholds(config.xid_thresholds))
+        self.gpu_judge = gpu_checks.GpuJudge(parse_gpu_thresholds(config.gpu_thresholds))
         self.started = time.monotonic()
         self.sample: Sample | None = None
         self.engine: Engine | None = None
@@ -104,6 +107,7 @@ class HealthActor:
             checks.boot_check(sample, self.config.expected_gpus),
             checks.nvml_check(sample, self.config.expected_gpus),
             self.xids.check(time.time()),
+            *self.gpu_judge.checks(sample),
         ):
             self.sample_checks[check.name] = self.latch.update(check)
 

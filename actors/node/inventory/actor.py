@@ -4,7 +4,9 @@ GPUs come from NVML, or from simulated GPUs only when asked (``fake_gpus``). Wit
 ``fake_gpus`` unset (``auto``): NVML when it works; no GPUs when the NVML library is absent
 and none are expected; and when NVML is there but fails (or is absent while
 ``expected_gpus`` says GPUs should be there), no GPUs plus NVML's error in every sample, so
-health says unhealthy rather than a node that looks fine. Simulated GPUs take faults
+health says unhealthy rather than a node that looks fine. GPUs are read through a
+watchdog (:mod:`.watchdog`): an NVML call that hangs leaves the last readings in the
+sample, names the call in ``gpu_error`` and fails ``/healthz``. Simulated GPUs take faults
 injected on ``fleet.evt.<node>.inject``; a sample follows each fault at once so the fault
 reaches health and the heartbeat without waiting a whole sample period.
 """
@@ -28,6 +30,7 @@ from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
 from actors.node.inventory.versions import read_versions
+from actors.node.inventory.watchdog import GpuWatchdog
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
@@ -35,6 +38,9 @@ from schemas.events import Capacity, Dependency, Event, Gpu, HostFacts, Inject, 
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
+
+KMSG_CURSOR = "kmsg.cursor"
+"""File in the state dir: the last kernel-log XID record counted in this boot."""
 
 
 class GpuSource(Protocol):
@@ -46,7 +52,16 @@ class GpuSource(Protocol):
         """Why the source cannot see (some of) its GPUs; empty when it can."""
         ...
 
+    @property
+    def versions(self) -> tuple[str, str]:
+        """The GPU driver's version and the CUDA version it supports; "" when unknown."""
+        ...
+
     def read(self) -> list[Gpu]: ...
+
+    def hung(self, deadline: float) -> str:
+        """The call that has run ``deadline`` seconds or more ("" if none)."""
+        ...
 
     def close(self) -> None:
         """Free what the source holds (NVML: nvmlShutdown); called once, on the way out."""
@@ -60,8 +75,13 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
         return None
     if isinstance(config.fake_gpus, int):
         return FakeGpus(config.fake_gpus, config.node_id)
+
+    def open_nvml() -> NvmlGpus:
+        cursor = Path(config.state_dir) / KMSG_CURSOR
+        return NvmlGpus(xid_log_path=config.xid_log_path, kmsg_cursor=cursor)
+
     try:
-        return NvmlGpus(xid_log_path=config.xid_log_path)
+        return open_nvml()
     except NvmlUnavailable as exc:
         if exc.library_missing and not config.expected_gpus:
             log.info("no NVML library: a node without GPUs", extra={"reason": exc.reason})
@@ -70,7 +90,7 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
             "NVML fails: GPUs reported unhealthy",
             extra={"reason": exc.reason, "expected_gpus": config.expected_gpus},
         )
-        return FailedNvml(exc.reason, reopen=lambda: NvmlGpus(xid_log_path=config.xid_log_path))
+        return FailedNvml(exc.reason, reopen=open_nvml)
 
 
 class DiskUsage(NamedTuple):
@@ -136,6 +156,14 @@ def mean_utilization(gpus: list[Gpu]) -> float | None:
     return round(sum(readings) / len(readings), 1) if readings else None
 
 
+def process_running(name: str) -> bool:
+    """Whether a process called ``name`` runs (as far as this agent can see)."""
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] == name:
+            return True
+    return False
+
+
 def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
     """SHA-256 of the host's stable identifiers and the GPUs' UUIDs: it changes when the
     hardware does."""
@@ -169,6 +197,13 @@ class InventoryActor:
         self.cpu = CpuMeter()
         self.host = host_identity()
         self.hostname = socket.gethostname()
+        self.watchdog = (
+            GpuWatchdog(self.gpus, config.nvml_deadline) if self.gpus is not None else None
+        )
+
+    def problem(self) -> str:
+        """What hangs in NVML right now (``/healthz`` fails while it does)."""
+        return self.watchdog.hung if self.watchdog is not None else ""
 
     async def _on_inject(self, event: Event) -> None:
         match event:
@@ -196,10 +231,18 @@ class InventoryActor:
         )
         self._sample_now.set()
 
-    def sample(self) -> Sample:
+    def sample(self, read: list[Gpu] | None = None) -> Sample:
+        """The node now, with ``read`` as the GPUs' readings (None: read them here)."""
+        if read is None:
+            read = self.gpus.read() if self.gpus else []
         # A Sample reports at most MAX_GPUS devices: a heartbeat with more would be
         # refused by every aggregator, and the node would look dead instead of large.
-        gpus = (self.gpus.read() if self.gpus else [])[:MAX_GPUS]
+        gpus = read[:MAX_GPUS]
+        driver, cuda = self.gpus.versions if self.gpus else ("", "")
+        fabric_manager = None
+        process = self.config.fabric_manager_process
+        if process and any(gpu.fabric is not None for gpu in gpus):
+            fabric_manager = process_running(process)
         memory = psutil.virtual_memory()
         disk = self._disk()
         busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
@@ -222,6 +265,9 @@ class InventoryActor:
             storage_path=self.disk_path[:MAX_TEXT],
             storage_used_pct=round(min(100.0, max(0.0, disk.percent)), 1),
             dependencies=self.versions,
+            gpu_driver_version=driver[:MAX_NAME],
+            cuda_driver_version=cuda[:MAX_NAME],
+            fabric_manager_running=fabric_manager,
         )
         return Sample(
             ts=time.time(),
@@ -230,9 +276,14 @@ class InventoryActor:
             gpu_source=self.gpus.source if self.gpus else "none",
             fingerprint=fingerprint(gpus, self.host),
             hostname=self.hostname,
-            gpu_error=self.gpus.error[:MAX_TEXT] if self.gpus else "",
+            gpu_error=self._gpu_error()[:MAX_TEXT],
             host=host,
         )
+
+    def _gpu_error(self) -> str:
+        """NVML's failure, or the call that hangs; "" when the GPUs answer."""
+        errors = [self.gpus.error if self.gpus else "", self.problem()]
+        return "; ".join(error for error in errors if error)
 
     async def _refresh_versions(self) -> None:
         """Read the dependency versions now and every version_refresh seconds; a sample
@@ -271,7 +322,8 @@ class InventoryActor:
             async with listening(self.bus, routes, ready):
                 while True:
                     self._sample_now.clear()
-                    sample = await asyncio.to_thread(self.sample)
+                    read = await self.watchdog.read() if self.watchdog is not None else []
+                    sample = await asyncio.to_thread(self.sample, read)
                     await self.events.publish(self.bus, self.subject, sample)
                     await wait_or_timeout(self._sample_now, jittered(self.config.sample_interval))
         finally:

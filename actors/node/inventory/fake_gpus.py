@@ -24,6 +24,7 @@ class FakeGpus:
 
     source: Final = "fake"
     error: Final = ""
+    versions: Final = ("", "")
 
     def __init__(self, count: int, node_id: str) -> None:
         self.count = count
@@ -104,6 +105,10 @@ class FakeGpus:
             ecc_uncorrected=0,
             xids=xids,
         )
+
+    def hung(self, deadline: float) -> str:
+        """Simulated devices never hang."""
+        return ""
 
     def close(self) -> None:
         """Nothing to free: simulated devices hold nothing."""

@@ -1,17 +1,25 @@
-"""XIDs from the kernel log, for GPUs whose NVML event registration failed.
+"""XIDs from the kernel log, beside NVML's events (and the only source for GPUs whose NVML
+event registration failed).
 
 The NVIDIA driver logs every XID as ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., ...``.
 The log (``/dev/kmsg`` by default; any file or FIFO in tests) is opened non-blocking and
-drained on each poll, so a poll never waits. /dev/kmsg replays the ring buffer since boot,
-so XIDs logged before an agent restart are counted again: they still describe this boot.
+drained on each poll, so a poll never waits. /dev/kmsg replays the ring buffer since boot
+on every open; each record there carries a sequence number (``PRIO,SEQ,TIME,FLAGS;text``),
+so the reader keeps a cursor file (the kernel's boot id and the last XID record's
+sequence number) and after an agent restart skips the records it counted before. A new
+boot (another boot id) starts from the beginning: those XIDs are new.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
+from pathlib import Path
+
+from actors.runtime.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +27,9 @@ XID_LINE = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\)"
     r": (?P<code>\d+)\b"
 )
+KMSG_SEQUENCE = re.compile(r"^\d+,(?P<seq>\d+),")
+"""The sequence number at the head of a /dev/kmsg record."""
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 READ_SIZE = 8192
 # Bounds one poll (kmsg returns one record per read); the rest waits for the next poll.
 MAX_READS = 4096
@@ -42,11 +53,25 @@ def parse_xid_line(line: str) -> tuple[str, int] | None:
     return pci_key(match["pci"]), int(match["code"])
 
 
-class KmsgXids:
-    """Non-blocking reader of XID lines from a kernel log path."""
+def boot_id(path: Path = BOOT_ID) -> str:
+    """The kernel's boot id (new at every boot); "" when it cannot be read."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
-    def __init__(self, path: str) -> None:
+
+class KmsgXids:
+    """Non-blocking reader of XID lines from a kernel log path; with ``cursor_path``, XID
+    records already counted in this boot (by an earlier agent) are skipped."""
+
+    def __init__(self, path: str, cursor_path: Path | None = None, boot: str = "") -> None:
         self.path = path
+        self.cursor_path = cursor_path
+        self.boot = boot or boot_id()
+        self.skip_through = self._read_cursor()
+        """Records up to this sequence number were counted by an earlier agent: skipped."""
+        self.counted_through = self.skip_through
         self._partial = b""
         self._fd: int | None = None
         try:
@@ -57,8 +82,31 @@ class KmsgXids:
                 extra={"path": path, "reason": exc.strerror},
             )
 
+    def _read_cursor(self) -> int:
+        if self.cursor_path is None or not self.boot:
+            return -1
+        try:
+            cursor = json.loads(self.cursor_path.read_bytes())
+            if cursor["boot_id"] == self.boot:
+                return int(cursor["seq"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("kernel log cursor unreadable; starting over", extra={"reason": str(exc)})
+        return -1
+
+    def _save_cursor(self) -> None:
+        if self.cursor_path is None or not self.boot:
+            return
+        data = json.dumps({"boot_id": self.boot, "seq": self.counted_through}).encode()
+        try:
+            write_atomically(self.cursor_path, data)
+        except OSError as exc:
+            log.warning("kernel log cursor not saved", extra={"reason": str(exc)})
+
     def poll(self) -> list[tuple[str, int]]:
-        """Every XID line written since the last poll, as (PCI key, code)."""
+        """Every XID line written since the last poll (and not counted before a restart),
+        as (PCI key, code)."""
         if self._fd is None:
             return []
         chunks: list[bytes] = []
@@ -80,10 +128,22 @@ class KmsgXids:
         lines = data.split(b"\n")
         self._partial = lines.pop()[-MAX_PARTIAL:]
         found = []
+        counted = self.counted_through
         for line in lines:
-            parsed = parse_xid_line(line.decode("utf-8", "replace"))
-            if parsed is not None:
-                found.append(parsed)
+            text = line.decode("utf-8", "replace")
+            parsed = parse_xid_line(text)
+            if parsed is None:
+                continue
+            sequence = KMSG_SEQUENCE.match(text)
+            if sequence is not None:
+                seq = int(sequence["seq"])
+                if seq <= self.skip_through:
+                    continue
+                counted = max(counted, seq)
+            found.append(parsed)
+        if counted != self.counted_through:
+            self.counted_through = counted
+            self._save_cursor()
         return found
 
     def close(self) -> None:

@@ -1,11 +1,13 @@
 """Real GPUs through NVML (the ``pynvml`` module of nvidia-ml-py).
 
-``read()`` runs in a worker thread (the inventory calls it via ``asyncio.to_thread``), so
-NVML's blocking calls never stall the event loop. A field NVML cannot give (not
-supported, no permission, ...) is None for that field; ``GpuIsLost`` marks the device lost
-for good (only a reset or reboot brings it back, and the agent restarts with those).
-XIDs come from an NVML event set polled with timeout 0, and for GPUs whose registration
-failed, from the kernel log (:mod:`actors.node.inventory.kmsg`).
+``read()`` runs in a worker thread (the inventory's watchdog, :mod:`.watchdog`), so
+NVML's blocking calls never stall the event loop; the call in progress and since when are
+kept (``calling``), so a call that hangs is named (``hung``). A field NVML cannot give
+(not supported, no permission, ...) is None for that field, and ``Gpu.unread`` says why,
+by NVML call; ``GpuIsLost`` marks the device lost for good (only a reset or reboot brings
+it back, and the agent restarts with those). XIDs come from an NVML event set polled with
+timeout 0 and from the kernel log (:mod:`actors.node.inventory.kmsg`), one XID seen by
+both counted once (:class:`actors.node.xid.XidDedup`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 import pynvml
 
+from actors.node.inventory import nvml_readings
 from actors.node.inventory.kmsg import KmsgXids, pci_key
-from actors.node.xid import count_xid, in_code_order
+from actors.node.xid import XidDedup, count_xid, in_code_order
+from schemas.base import MAX_UNREAD
 from schemas.errors import FleetError
 from schemas.events import Gpu, XidCount
 
@@ -28,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # Bounds one drain of the event set; more events wait for the next read.
 MAX_EVENTS_PER_READ = 1024
+CLOSE_WAIT = 2.0
+"""Seconds close() waits for a read in progress; a hung NVML call is left behind."""
 
 
 class NvmlUnavailable(FleetError):
@@ -71,6 +78,13 @@ class FailedNvml:
     def error(self) -> str:
         return self.opened.error if self.opened is not None else self._error
 
+    @property
+    def versions(self) -> tuple[str, str]:
+        return self.opened.versions if self.opened is not None else ("", "")
+
+    def hung(self, deadline: float) -> str:
+        return self.opened.hung(deadline) if self.opened is not None else ""
+
     def read(self) -> list[Gpu]:
         with self._lock:
             if self.opened is None and self.reopen is not None:
@@ -106,8 +120,14 @@ class NvmlGpus:
 
     source: Final = "nvml"
 
-    def __init__(self, nvml: Any = None, xid_log_path: str = "") -> None:
+    def __init__(
+        self, nvml: Any = None, xid_log_path: str = "", kmsg_cursor: Path | None = None
+    ) -> None:
         self.nvml = nvml if nvml is not None else pynvml
+        self.calling: tuple[str, int | None, float] | None = None
+        """The NVML call in progress, the GPU it asks about and its monotonic start time."""
+        self._gpu: int | None = None
+        self._unread: dict[str, str] = {}
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as exc:
@@ -135,13 +155,16 @@ class NvmlGpus:
                 self.failures[index] = f"GPU {index}: nvmlDeviceGetHandleByIndex: {exc}"
         self.identity: dict[int, tuple[str, str, str]] = {}
         self.memory_total: dict[int, int] = {}
+        self.static: dict[int, dict[str, Any]] = {}
+        """Readings that cannot change while the driver runs, read once per GPU."""
         self.xids: dict[int, dict[int, XidCount]] = {}
-        self.events, watched = self._register_events()
-        unwatched = [index for index in range(count) if index not in watched]
-        self.kmsg = KmsgXids(xid_log_path) if unwatched and xid_log_path else None
-        self.kmsg_indexes = set(unwatched)
+        self.dedup = XidDedup()
+        self.versions = nvml_readings.versions(self._call)
+        """The driver's version and the CUDA version it supports."""
+        self.events = self._register_events()
+        self.kmsg = KmsgXids(xid_log_path, kmsg_cursor) if xid_log_path else None
 
-    def _register_events(self) -> tuple[Any, set[int]]:
+    def _register_events(self) -> Any:
         """An event set with XID events of every GPU that supports them."""
         try:
             events = self.nvml.nvmlEventSetCreate()
@@ -149,8 +172,7 @@ class NvmlGpus:
             log.warning(
                 "NVML event set unavailable; XIDs from the kernel log", extra={"reason": str(exc)}
             )
-            return None, set()
-        watched: set[int] = set()
+            return None
         for index, handle in enumerate(self.handles):
             if handle is None:
                 continue
@@ -158,33 +180,56 @@ class NvmlGpus:
                 self.nvml.nvmlDeviceRegisterEvents(
                     handle, self.nvml.nvmlEventTypeXidCriticalError, events
                 )
-                watched.add(index)
             except self.nvml.NVMLError as exc:
                 log.warning(
                     "no NVML XID events; using the kernel log",
                     extra={"gpu": index, "reason": str(exc)},
                 )
-        return events, watched
+        return events
 
-    def _call(self, function: str, *args: Any) -> Any:
-        """One NVML query: its answer, or None when NVML cannot give it."""
+    def _invoke(self, function: str, *args: Any) -> Any:
+        """One NVML call, kept in ``calling`` while it runs (the watchdog reads it)."""
+        self.calling = (function, self._gpu, time.monotonic())
         try:
             return getattr(self.nvml, function)(*args)
+        finally:
+            self.calling = None
+
+    def _call(self, function: str, *args: Any) -> Any:
+        """One NVML query: its answer, or None when NVML cannot give it (why is kept for
+        ``Gpu.unread``)."""
+        try:
+            return self._invoke(function, *args)
         except self.nvml.NVMLError as exc:
             if getattr(exc, "value", None) == self.nvml.NVML_ERROR_GPU_IS_LOST:
                 raise _Lost from None
             log.debug("NVML query failed", extra={"function": function, "reason": str(exc)})
+            if len(self._unread) < MAX_UNREAD:
+                self._unread[function] = str(exc)[:64]
             return None
 
-    def _record_xid(self, index: int, code: int) -> None:
-        count_xid(self.xids.setdefault(index, {}), code, time.time())
+    def hung(self, deadline: float) -> str:
+        """ "nvmlDeviceGetX hung for N s" while a call has run ``deadline`` seconds or more."""
+        calling = self.calling
+        if calling is None:
+            return ""
+        function, gpu, started = calling
+        elapsed = time.monotonic() - started
+        if elapsed < deadline:
+            return ""
+        where = f" (GPU {gpu})" if gpu is not None else ""
+        return f"{function} hung for {elapsed:.0f} s{where}"
+
+    def _record_xid(self, source: str, index: int, code: int) -> None:
+        if self.dedup.is_new(source, index, code, time.monotonic()):
+            count_xid(self.xids.setdefault(index, {}), code, time.time())
 
     def _drain_events(self) -> None:
         if self.events is None:
             return
         for _ in range(MAX_EVENTS_PER_READ):
             try:
-                data = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+                data = self._invoke("nvmlEventSetWait_v2", self.events, 0)
             except self.nvml.NVMLError as exc:
                 if getattr(exc, "value", None) != self.nvml.NVML_ERROR_TIMEOUT:
                     log.warning("NVML event wait failed", extra={"reason": str(exc)})
@@ -199,20 +244,16 @@ class NvmlGpus:
                     extra={"xid": int(data.eventData), "reason": str(exc)},
                 )
                 continue
-            self._record_xid(index, int(data.eventData))
+            self._record_xid("nvml", index, int(data.eventData))
 
     def _drain_kmsg(self) -> None:
         if self.kmsg is None:
             return
-        by_pci = {
-            pci_key(pci): index
-            for index, (_, _, pci) in self.identity.items()
-            if index in self.kmsg_indexes
-        }
+        by_pci = {pci_key(pci): index for index, (_, _, pci) in self.identity.items()}
         for pci, code in self.kmsg.poll():
             index = by_pci.get(pci)
             if index is not None:
-                self._record_xid(index, code)
+                self._record_xid("kmsg", index, code)
 
     @property
     def error(self) -> str:
@@ -227,6 +268,7 @@ class NvmlGpus:
 
     def _read(self) -> list[Gpu]:
         gpus = [self._read_one(index, handle) for index, handle in enumerate(self.handles)]
+        self._gpu = None
         self._drain_events()
         self._drain_kmsg()
         # XIDs drained after the readings belong in this sample, not the next one.
@@ -236,6 +278,7 @@ class NvmlGpus:
         return gpus
 
     def _read_one(self, index: int, handle: Any) -> Gpu:
+        self._gpu = index
         try:
             if index not in self.lost:
                 return self._query(index, handle)
@@ -255,6 +298,7 @@ class NvmlGpus:
 
     def _query(self, index: int, handle: Any) -> Gpu:
         nvml = self.nvml
+        self._unread = {}
         if index not in self.identity:
             pci_info = self._call("nvmlDeviceGetPciInfo", handle)
             self.identity[index] = (
@@ -263,6 +307,10 @@ class NvmlGpus:
                 _text(pci_info.busId) if pci_info is not None else "",
             )
         uuid, name, pci = self.identity[index]
+        if index not in self.static:
+            self.static[index] = nvml_readings.static_readings(self._call, nvml, handle)
+        static = dict(self.static[index])
+        links = static.pop("links")
         memory = self._call("nvmlDeviceGetMemoryInfo", handle)
         if memory is not None:
             self.memory_total[index] = int(memory.total)
@@ -290,11 +338,20 @@ class NvmlGpus:
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
             ecc_corrected=int(corrected) if corrected is not None else None,
             ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
+            **static,
+            **nvml_readings.memory_readings(self._call, nvml, handle),
+            **nvml_readings.clock_readings(self._call, nvml, handle),
+            **nvml_readings.link_readings(self._call, nvml, handle, links),
+            unread=self._unread,
         )
 
     def close(self) -> None:
-        """Free the event set and shut NVML down, once; errors on the way out are logged."""
-        with self._lock:
+        """Free the event set and shut NVML down, once; errors on the way out are logged.
+        A read stuck in a hung NVML call is left behind (NVML is not shut down under it)."""
+        if not self._lock.acquire(timeout=CLOSE_WAIT):
+            log.error("NVML not shut down: a call hangs", extra={"call": self.hung(0.0)})
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -306,6 +363,8 @@ class NvmlGpus:
             except self.nvml.NVMLError as exc:
                 log.debug("NVML event set not freed", extra={"reason": str(exc)})
             self._shutdown()
+        finally:
+            self._lock.release()
 
     def _shutdown(self) -> None:
         try:
