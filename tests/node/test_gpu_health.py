@@ -311,9 +311,13 @@ async def test_hung_nvml_fails_healthz_not_the_heartbeat(
 
     status = await wait_for(nvml_check)
     assert {c["name"]: c for c in status["health"]["checks"]}["nvml"]["status"] == "unhealthy"
+
     # The heartbeat goes on while the call hangs.
-    seq = agent.metrics.value("node_agent_sequence_number") or 0
-    await wait_for(lambda: agent.metrics.value("node_agent_sequence_number") > seq + 1)
+    def sequence() -> float:
+        return agent.metrics.value("node_agent_sequence_number") or 0.0
+
+    seq = sequence()
+    await wait_for(lambda: sequence() > seq + 1)
     assert (await get("/healthz"))[0] == 503
     release.set()
 

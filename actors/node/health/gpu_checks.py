@@ -143,12 +143,14 @@ class GpuJudge:
                 "retired_pages", gpu.retired_pages, f"{at}: {gpu.retired_pages} retired pages"
             ),
             *self._over("retired_pending", gpu.retired_pending, f"{at}: page retirement pending"),
-            *self._over("remap_pending", remap and remap.pending, f"{at}: row remap pending"),
-            *self._over("remap_failed", remap and remap.failed, f"{at}: row remap failed"),
+            *self._over(
+                "remap_pending", remap.pending if remap else None, f"{at}: row remap pending"
+            ),
+            *self._over("remap_failed", remap.failed if remap else None, f"{at}: row remap failed"),
             *self._over(
                 "remap_banks_exhausted",
-                remap and remap.banks_none,
-                f"{at}: {remap and remap.banks_none} memory banks without spare rows",
+                remap.banks_none if remap else None,
+                f"{at}: {remap.banks_none if remap else 0} memory banks without spare rows",
             ),
         ]
 
