@@ -83,7 +83,7 @@ class XidCount(Wire, frozen=True, kw_only=True):
     last_at: UnixTime
 
 
-class RowRemap(Wire, frozen=True, kw_only=True):
+class RowRemap(Wire, frozen=True, kw_only=True, omit_defaults=True):
     """Row remapping (A100 and later): rows remapped for correctable and uncorrectable
     errors, a remap waiting for a GPU reset, a remap that failed, and the remapper's
     histogram (banks with ``max``/``high``/``partial``/``low``/``none`` spare rows left)."""
@@ -98,7 +98,7 @@ class RowRemap(Wire, frozen=True, kw_only=True):
     banks_low: Count | None = None
 
 
-class NvLink(Wire, frozen=True, kw_only=True):
+class NvLink(Wire, frozen=True, kw_only=True, omit_defaults=True):
     """One NVLink link that answers NVML: active or not, and its error counters."""
 
     link: Count
@@ -108,7 +108,7 @@ class NvLink(Wire, frozen=True, kw_only=True):
     crc_errors: Count | None = None
 
 
-class Fabric(Wire, frozen=True, kw_only=True):
+class Fabric(Wire, frozen=True, kw_only=True, omit_defaults=True):
     """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV) where supported:
     ``state`` NOT_STARTED, IN_PROGRESS or COMPLETED, ``status`` NVML's return code of the
     registration (0 success), ``health_mask`` the fabric health bits as NVML gives them."""
@@ -118,25 +118,12 @@ class Fabric(Wire, frozen=True, kw_only=True):
     health_mask: Count = 0
 
 
-class Gpu(Wire, frozen=True, kw_only=True):
-    """One GPU's identity and readings. Readings are None when the device cannot say;
-    ``unread`` then says why (NVML's words, e.g. "Not Supported")."""
+class GpuHealth(Wire, frozen=True, kw_only=True, omit_defaults=True):
+    """One GPU's health readings beyond the basics (what DCGM's health checks read).
 
-    index: Count
-    uuid: Name
-    name: Name
-    pci_bus_id: Name
-    memory_total: Bytes
-    memory_used: Bytes
-    temperature_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    utilization_pct: Percent | None = None
-    ecc_corrected: Count | None = None
-    ecc_uncorrected: Count | None = None
-    xids: Annotated[list[XidCount], Meta(max_length=MAX_XIDS)] = []
-    lost: bool = False
-    """True once the device stopped answering (NVML GpuIsLost, or injected)."""
+    Encoded without its defaults: a reading NVML did not give is absent (None), and
+    ``unread`` says why. Judged against the GPU health table (docs/node.md)."""
+
     ecc_corrected_aggregate: Count | None = None
     """ECC errors over the GPU's life (the ``ecc_*`` above count since the driver loaded)."""
     ecc_uncorrected_aggregate: Count | None = None
@@ -166,8 +153,30 @@ class Gpu(Wire, frozen=True, kw_only=True):
     """None where the GPU has no fabric state (state "not supported")."""
     persistence_mode: bool | None = None
     unread: Annotated[dict[Name, Name], Meta(max_length=MAX_UNREAD)] = {}
-    """Reading -> why it is None, for readings NVML would not give (e.g.
-    ``{"retired_pages": "Not Supported"}``)."""
+    """NVML call -> why it gave no answer, for the readings that are None (e.g.
+    ``{"nvmlDeviceGetRetiredPages": "Not Supported"}``)."""
+
+
+class Gpu(Wire, frozen=True, kw_only=True):
+    """One GPU's identity and readings. Readings are None when the device cannot say."""
+
+    index: Count
+    uuid: Name
+    name: Name
+    pci_bus_id: Name
+    memory_total: Bytes
+    memory_used: Bytes
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: Percent | None = None
+    ecc_corrected: Count | None = None
+    ecc_uncorrected: Count | None = None
+    xids: Annotated[list[XidCount], Meta(max_length=MAX_XIDS)] = []
+    lost: bool = False
+    """True once the device stopped answering (NVML GpuIsLost, or injected)."""
+    health: GpuHealth | None = None
+    """The deep health readings (NVML only; None for simulated GPUs and lost ones)."""
 
 
 class Dependency(Wire, frozen=True, kw_only=True):

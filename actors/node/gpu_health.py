@@ -16,7 +16,7 @@ from typing import Literal
 import msgspec
 
 from actors.node.config import GPU_THRESHOLD_PATTERN
-from schemas.events import Gpu
+from schemas.events import GpuHealth
 
 Finding = Literal["degraded", "unhealthy"]
 _SPEC = re.compile(GPU_THRESHOLD_PATTERN)
@@ -206,25 +206,25 @@ def reasons_text(mask: int, names: dict[int, str]) -> list[str]:
     return [name for bit, name in names.items() if mask & bit]
 
 
-def memory_summary(gpu: Gpu) -> str:
+def memory_summary(health: GpuHealth) -> str:
     """What the GPU's memory readings say, for the XID check's memory codes."""
-    if gpu.remap is not None:
-        remap = gpu.remap
+    if health.remap is not None:
+        remap = health.remap
         return (
             f"row remap: {remap.correctable} correctable, {remap.uncorrectable} uncorrectable, "
             f"pending {'yes' if remap.pending else 'no'}, failed {'yes' if remap.failed else 'no'}"
         )
-    if gpu.retired_pages is not None:
-        pending = "yes" if gpu.retired_pending else "no"
-        return f"retired pages: {gpu.retired_pages}, pending {pending}"
+    if health.retired_pages is not None:
+        pending = "yes" if health.retired_pending else "no"
+        return f"retired pages: {health.retired_pages}, pending {pending}"
     return "no row remap or page retirement reading"
 
 
-def nvlink_summary(gpu: Gpu) -> str:
+def nvlink_summary(health: GpuHealth) -> str:
     """What the GPU's NVLink readings say, for the XID check's NVLink code."""
-    if gpu.nvlinks is None:
+    if health.nvlinks is None:
         return "NVLink not visible to NVML"
-    active = sum(1 for link in gpu.nvlinks if link.active)
-    down = [str(link.link) for link in gpu.nvlinks if not link.active]
-    text = f"NVLink: {active}/{len(gpu.nvlinks)} links active"
+    active = sum(1 for link in health.nvlinks if link.active)
+    down = [str(link.link) for link in health.nvlinks if not link.active]
+    text = f"NVLink: {active}/{len(health.nvlinks)} links active"
     return f"{text} (down: {', '.join(down)})" if down else text

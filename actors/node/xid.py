@@ -258,9 +258,10 @@ class XidTracker:
     def _reading(self, rule: XidRule, index: int) -> str:
         """ " (row remap: ...)" or " (NVLink: ...)" for codes tied to a reading."""
         gpu = self._gpus.get(index)
-        if gpu is None or not rule.reading or gpu.lost:
+        if gpu is None or gpu.health is None or not rule.reading or gpu.lost:
             return ""
-        summary = memory_summary(gpu) if rule.reading == "memory" else nvlink_summary(gpu)
+        health = gpu.health
+        summary = memory_summary(health) if rule.reading == "memory" else nvlink_summary(health)
         return f" ({summary})"
 
     def check(self, now: float) -> HealthCheck:

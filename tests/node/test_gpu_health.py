@@ -26,7 +26,7 @@ from actors.runtime.config import ConfigError, build
 from schemas import codec
 from schemas.events import Capacity, HealthCheck, Sample
 from tests.support.fleet import Fleet, agent_config, wait_for
-from tests.support.nvml import RecordedNvml
+from tests.support.nvml import RecordedNvml, health_of
 
 HW_SLOWDOWN = 0x8
 ACTIVE = pynvml.NVML_FEATURE_ENABLED
@@ -77,7 +77,9 @@ def test_row_remap_pending_or_failed(
     nvml = RecordedNvml(2)
     nvml.set(1, "RemappedRows", rows)
     sample, found = judge(nvml, tmp_path)
-    assert sample.gpus[1].remap is not None and sample.gpus[0].remap is not None
+    assert (
+        health_of(sample.gpus[1]).remap is not None and health_of(sample.gpus[0]).remap is not None
+    )
     assert found["gpu_memory"].status == status
     assert text in found["gpu_memory"].reason
     entry = "remap_pending" if status == "degraded" else "remap_failed"
@@ -155,8 +157,9 @@ def test_nvlink_down_only_on_a_gpu_with_links(tmp_path: Path) -> None:
     for link in range(18):
         nvml.set(0, f"NvLink.{link}.State", INACTIVE if link == 3 else ACTIVE)
     sample, found = judge(nvml, tmp_path)
-    assert sample.gpus[0].nvlinks is not None and len(sample.gpus[0].nvlinks) == 18
-    assert sample.gpus[1].nvlinks is None
+    links = health_of(sample.gpus[0]).nvlinks
+    assert links is not None and len(links) == 18
+    assert health_of(sample.gpus[1]).nvlinks is None
     assert found["gpu_nvlink"].status == "unhealthy"
     assert found["gpu_nvlink"].reason == "GPU 0: NVLink 3 down (17/18 active)"
 
@@ -167,7 +170,8 @@ def test_fabric_degraded_incomplete_and_manager(tmp_path: Path) -> None:
     nvml = RecordedNvml(1)
     nvml.set(0, "GpuFabricInfoV", {"state": 3, "status": 0, "healthMask": 1})
     sample, found = judge(nvml, tmp_path, fabric_manager_process="")
-    assert sample.gpus[0].fabric is not None and sample.gpus[0].fabric.state == "completed"
+    fabric = health_of(sample.gpus[0]).fabric
+    assert fabric is not None and fabric.state == "completed"
     assert found["gpu_fabric"].status == "degraded"
     assert found["gpu_fabric"].reason == "GPU 0: fabric bandwidth degraded"
     nvml.set(0, "GpuFabricInfoV", {"state": 1, "status": 0, "healthMask": 0})
@@ -339,3 +343,15 @@ def _capacity() -> Capacity:
         storage_total=1,
         storage_available=1,
     )
+
+
+def test_gpu_checks_leave_with_the_gpus(tmp_path: Path) -> None:
+    """A sample without GPUs (NVML failing) drops the GPU hardware checks instead of
+    keeping the last verdict for ever."""
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path, fake_gpus=0)
+    inventory = InventoryActor(config, None, None, NvmlGpus(nvml=RecordedNvml(1)))  # type: ignore[arg-type]
+    health = HealthActor(config, None, None)  # type: ignore[arg-type]
+    health.observe_sample(inventory.sample())
+    assert set(CHECK_NAMES) <= set(health.sample_checks)
+    health.observe_sample(inventory.sample(read=[]))
+    assert not set(CHECK_NAMES) & set(health.sample_checks)

@@ -243,11 +243,7 @@ async def test_actor_publishes_explained_health(fleet: Fleet, bus: NatsBus, pref
     assert health.components[1].reason == "hottest GPU 95 C (GPU 1)"
     by_name = {check.name: check for check in health.checks}
     assert by_name["nvml"].status == "degraded"
-    gpu_checks = {"gpu_memory", "gpu_clocks", "gpu_pcie", "gpu_nvlink", "gpu_fabric"}
-    assert set(by_name) == {
-        *("boot", "nvml", "xid", "dependencies", "probe_freshness", "gpu_settings"),
-        *gpu_checks,
-    }
+    assert set(by_name) == {"boot", "nvml", "xid", "dependencies", "probe_freshness"}
     assert health.score == 50 + 0 + 15 + 10 + 0
     assert health.status == "degraded"
 

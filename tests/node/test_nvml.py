@@ -19,7 +19,7 @@ from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailabl
 from schemas import codec
 from schemas.events import HealthCheck, RowRemap, Sample
 from tests.support.fleet import Fleet, agent_config, wait_for
-from tests.support.nvml import RecordedNvml
+from tests.support.nvml import RecordedNvml, health_of
 
 H100_MEMORY = 85_520_809_984
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST
@@ -55,23 +55,28 @@ def test_recorded_answers_become_gpus() -> None:
     assert gpu.power_limit_w == 700.0
     assert gpu.utilization_pct == 0.0
     assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0)
-    assert (gpu.ecc_corrected_aggregate, gpu.ecc_uncorrected_aggregate) == (0, 0)
-    assert gpu.remap == RowRemap(
+    assert (health_of(gpu).ecc_corrected_aggregate, health_of(gpu).ecc_uncorrected_aggregate) == (
+        0,
+        0,
+    )
+    assert health_of(gpu).remap == RowRemap(
         correctable=0, uncorrectable=0, pending=False, failed=False, banks_none=0, banks_low=0
     )
-    assert gpu.retired_pages is None and gpu.retired_pending is None
-    assert gpu.unread["nvmlDeviceGetRetiredPages"] == "Not Supported"
-    assert gpu.unread["nvmlDeviceGetRetiredPagesPendingStatus"] == "Not Supported"
-    assert gpu.clock_reasons == 1
-    assert (gpu.sm_clock_mhz, gpu.sm_clock_max_mhz) == (345, 1980)
-    assert (gpu.memory_clock_mhz, gpu.memory_clock_max_mhz) == (2619, 2619)
-    assert gpu.pcie_replays == 2
-    assert (gpu.pcie_generation, gpu.pcie_generation_max) == (5, 5)
-    assert (gpu.pcie_width, gpu.pcie_width_max) == (16, 16)
-    assert gpu.nvlinks is None and "nvmlDeviceGetNvLinkState" in gpu.unread
-    assert gpu.fabric is None and gpu.persistence_mode is True
+    assert health_of(gpu).retired_pages is None and health_of(gpu).retired_pending is None
+    assert health_of(gpu).unread["nvmlDeviceGetRetiredPages"] == "Not Supported"
+    assert health_of(gpu).unread["nvmlDeviceGetRetiredPagesPendingStatus"] == "Not Supported"
+    assert health_of(gpu).clock_reasons == 1
+    assert (health_of(gpu).sm_clock_mhz, health_of(gpu).sm_clock_max_mhz) == (345, 1980)
+    assert (health_of(gpu).memory_clock_mhz, health_of(gpu).memory_clock_max_mhz) == (2619, 2619)
+    assert health_of(gpu).pcie_replays == 2
+    assert (health_of(gpu).pcie_generation, health_of(gpu).pcie_generation_max) == (5, 5)
+    assert (health_of(gpu).pcie_width, health_of(gpu).pcie_width_max) == (16, 16)
+    assert health_of(gpu).nvlinks is None and "nvmlDeviceGetNvLinkState" in health_of(gpu).unread
+    assert health_of(gpu).fabric is None and health_of(gpu).persistence_mode is True
     assert not gpu.lost and gpu.xids == []
     assert source.versions == ("580.159.04", "13.0")
+    again = source.read()[1]
+    assert health_of(again).nvlinks is None and health_of(again).unread == health_of(gpu).unread
 
 
 def test_not_supported_fields_are_none() -> None:
@@ -84,8 +89,8 @@ def test_not_supported_fields_are_none() -> None:
     assert gpu.temperature_c is None and gpu.power_w is None
     assert gpu.ecc_corrected is None and gpu.ecc_uncorrected is None
     assert gpu.utilization_pct == 0.0 and gpu.power_limit_w == 700.0
-    assert gpu.unread["nvmlDeviceGetTemperature"] == "Not Supported"
-    assert gpu.unread["nvmlDeviceGetTotalEccErrors"] == "Insufficient Permissions"
+    assert health_of(gpu).unread["nvmlDeviceGetTemperature"] == "Not Supported"
+    assert health_of(gpu).unread["nvmlDeviceGetTotalEccErrors"] == "Insufficient Permissions"
 
 
 def test_gpu_is_lost_marks_device_lost_for_good() -> None:

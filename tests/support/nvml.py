@@ -19,6 +19,8 @@ from typing import Any
 
 import pynvml
 
+from schemas.events import Gpu, GpuHealth
+
 RECORDING = Path(__file__).parent / "data" / "h100-sxm-580.json"
 
 ERROR_CODES: dict[str, int] = {
@@ -49,6 +51,12 @@ _NVLINK_COUNTERS = {
     pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
 }
 NOT_SUPPORTED = {"error": "NVMLError_NotSupported"}
+
+
+def health_of(gpu: Gpu) -> GpuHealth:
+    """The GPU's deep readings, which an NVML-read GPU always has."""
+    assert gpu.health is not None, f"GPU {gpu.index} has no health readings"
+    return gpu.health
 
 
 def recorded_key(function: str, args: tuple[Any, ...]) -> str:

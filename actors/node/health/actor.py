@@ -103,11 +103,17 @@ class HealthActor:
         """Judge the sample-driven checks on this sample, through the latch."""
         self.sample = sample
         self.xids.observe(sample.gpus)
+        gpu_found = self.gpu_judge.checks(sample)
+        if not gpu_found:
+            # No GPU readings (none on the node, or NVML failing: the nvml check says so):
+            # no GPU hardware verdict, rather than the last one kept for ever.
+            for name in gpu_checks.CHECK_NAMES:
+                self.sample_checks.pop(name, None)
         for check in (
             checks.boot_check(sample, self.config.expected_gpus),
             checks.nvml_check(sample, self.config.expected_gpus),
             self.xids.check(time.time()),
-            *self.gpu_judge.checks(sample),
+            *gpu_found,
         ):
             self.sample_checks[check.name] = self.latch.update(check)
 

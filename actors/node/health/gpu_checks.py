@@ -24,7 +24,7 @@ from actors.node.gpu_health import (
 )
 from actors.node.health.checks import RANK
 from schemas.base import MAX_TEXT
-from schemas.events import Gpu, HealthCheck, Sample
+from schemas.events import Gpu, GpuHealth, HealthCheck, Sample
 
 WINDOW = 60.0
 """Seconds a rate (PCIe replays, NVLink errors) is counted over."""
@@ -99,35 +99,39 @@ class GpuJudge:
         return [(entry, text)]
 
     def checks(self, sample: Sample) -> list[HealthCheck]:
-        """One check per CHECK_NAMES entry; none for a sample without GPUs."""
-        if not sample.gpus:
+        """One check per CHECK_NAMES entry; none for a sample without GPU health readings
+        (no GPUs, simulated ones, NVML failing)."""
+        read = [gpu for gpu in sample.gpus if gpu.health is not None and not gpu.lost]
+        if not read:
             return []
         findings: dict[str, list[Finding]] = {name: [] for name in CHECK_NAMES}
         counters: list[tuple[str, int]] = []
-        for gpu in sample.gpus:
-            if gpu.lost:
-                continue
+        for gpu in read:
+            health = gpu.health
+            assert health is not None
             for finding in (
-                *self._memory(gpu),
-                *self._clocks(gpu),
-                *self._pcie(gpu, sample.ts),
-                *self._nvlink(gpu, sample.ts),
-                *self._fabric(gpu),
-                *self._over("persistence_off", gpu.persistence_mode is False, f"GPU {gpu.index}"),
+                *self._memory(gpu, health),
+                *self._clocks(gpu, health),
+                *self._pcie(gpu, health, sample.ts),
+                *self._nvlink(gpu, health, sample.ts),
+                *self._fabric(gpu, health),
+                *self._over(
+                    "persistence_off", health.persistence_mode is False, f"GPU {gpu.index}"
+                ),
             ):
                 findings[finding[0].check].append(finding)
             counters.append((gpu.uuid, -1))
-            counters.extend((gpu.uuid, link.link) for link in gpu.nvlinks or [])
+            counters.extend((gpu.uuid, link.link) for link in health.nvlinks or [])
         self.window.keep_only(counters)
         if sample.host is not None and sample.host.fabric_manager_running is False:
             findings["gpu_fabric"] += self._over(
                 "fabric_manager_down", 1, "nvidia-fabricmanager not running"
             )
-        return [_check(name, found, sample.gpus) for name, found in findings.items()]
+        return [_check(name, found, read) for name, found in findings.items()]
 
-    def _memory(self, gpu: Gpu) -> list[Finding]:
+    def _memory(self, gpu: Gpu, health: GpuHealth) -> list[Finding]:
         at = f"GPU {gpu.index}"
-        remap = gpu.remap
+        remap = health.remap
         return [
             *self._over(
                 "ecc_uncorrected",
@@ -140,9 +144,11 @@ class GpuJudge:
                 f"{at}: {gpu.ecc_corrected} corrected ECC errors",
             ),
             *self._over(
-                "retired_pages", gpu.retired_pages, f"{at}: {gpu.retired_pages} retired pages"
+                "retired_pages", health.retired_pages, f"{at}: {health.retired_pages} retired pages"
             ),
-            *self._over("retired_pending", gpu.retired_pending, f"{at}: page retirement pending"),
+            *self._over(
+                "retired_pending", health.retired_pending, f"{at}: page retirement pending"
+            ),
             *self._over(
                 "remap_pending", remap.pending if remap else None, f"{at}: row remap pending"
             ),
@@ -154,50 +160,50 @@ class GpuJudge:
             ),
         ]
 
-    def _clocks(self, gpu: Gpu) -> list[Finding]:
-        harmful = reasons_text(gpu.clock_reasons or 0, HARMFUL_CLOCK_REASONS)
+    def _clocks(self, gpu: Gpu, health: GpuHealth) -> list[Finding]:
+        harmful = reasons_text(health.clock_reasons or 0, HARMFUL_CLOCK_REASONS)
         if not harmful:
             return []
         clock = ""
         percent = None
-        if gpu.sm_clock_mhz is not None and gpu.sm_clock_max_mhz:
-            clock = f" (SM {gpu.sm_clock_mhz}/{gpu.sm_clock_max_mhz} MHz)"
-            percent = 100.0 * gpu.sm_clock_mhz / gpu.sm_clock_max_mhz
+        if health.sm_clock_mhz is not None and health.sm_clock_max_mhz:
+            clock = f" (SM {health.sm_clock_mhz}/{health.sm_clock_max_mhz} MHz)"
+            percent = 100.0 * health.sm_clock_mhz / health.sm_clock_max_mhz
         text = f"GPU {gpu.index} clocks held down by {', '.join(harmful)}{clock}"
         slow = self.table.get("sm_clock_min_pct")
         if slow is not None and percent is not None and percent < slow.limit:
             return [(slow, f"{text}: below {slow.limit:g} % of its maximum")]
         return self._over("clocks_harmful", 1, text)
 
-    def _pcie(self, gpu: Gpu, at: float) -> list[Finding]:
+    def _pcie(self, gpu: Gpu, health: GpuHealth, at: float) -> list[Finding]:
         where = f"GPU {gpu.index}"
         found: list[Finding] = []
-        if gpu.pcie_replays is not None:
-            grew = self.window.increase((gpu.uuid, -1), at, gpu.pcie_replays)
+        if health.pcie_replays is not None:
+            grew = self.window.increase((gpu.uuid, -1), at, health.pcie_replays)
             found += self._over(
                 "pcie_replays_per_min", grew, f"{where}: {grew} PCIe replays in the last minute"
             )
-        width, widest = gpu.pcie_width, gpu.pcie_width_max
+        width, widest = health.pcie_width, health.pcie_width_max
         if width is not None and widest and width < widest:
             text = f"{where}: PCIe link x{width} of x{widest}"
             found += self._over("pcie_downgraded", 1, text)
         idle = (
-            bool(gpu.clock_reasons & IDLE)
-            if gpu.clock_reasons is not None
+            bool(health.clock_reasons & IDLE)
+            if health.clock_reasons is not None
             else not gpu.utilization_pct
         )
-        generation, top = gpu.pcie_generation, gpu.pcie_generation_max
+        generation, top = health.pcie_generation, health.pcie_generation_max
         if generation is not None and top and generation < top and not idle:
             text = f"{where}: PCIe Gen{generation} of Gen{top} while busy"
             found += self._over("pcie_downgraded", 1, text)
         return found
 
-    def _nvlink(self, gpu: Gpu, at: float) -> list[Finding]:
-        if gpu.nvlinks is None:
+    def _nvlink(self, gpu: Gpu, health: GpuHealth, at: float) -> list[Finding]:
+        if health.nvlinks is None:
             return []
         seen = self.links_seen_active.setdefault(gpu.uuid, set())
-        seen.update(link.link for link in gpu.nvlinks if link.active)
-        down = [link.link for link in gpu.nvlinks if not link.active]
+        seen.update(link.link for link in health.nvlinks if link.active)
+        down = [link.link for link in health.nvlinks if not link.active]
         found: list[Finding] = []
         if down and seen:
             links = ", ".join(map(str, down))
@@ -205,9 +211,9 @@ class GpuJudge:
                 "nvlink_down",
                 len(down),
                 f"GPU {gpu.index}: NVLink {links} down "
-                f"({len(gpu.nvlinks) - len(down)}/{len(gpu.nvlinks)} active)",
+                f"({len(health.nvlinks) - len(down)}/{len(health.nvlinks)} active)",
             )
-        for link in gpu.nvlinks:
+        for link in health.nvlinks:
             counts = (link.replay_errors, link.recovery_errors, link.crc_errors)
             if all(count is None for count in counts):
                 continue
@@ -220,8 +226,8 @@ class GpuJudge:
             )
         return found
 
-    def _fabric(self, gpu: Gpu) -> list[Finding]:
-        fabric = gpu.fabric
+    def _fabric(self, gpu: Gpu, health: GpuHealth) -> list[Finding]:
+        fabric = health.fabric
         if fabric is None:
             return []
         where = f"GPU {gpu.index}"
@@ -246,7 +252,8 @@ def _unsupported(name: str, gpus: list[Gpu]) -> str:
     """ "; nvmlDeviceGetRetiredPages: Not Supported (GPU 0, 1)" for an ok check."""
     by_answer: dict[tuple[str, str], list[str]] = {}
     for gpu in gpus:
-        for call, why in gpu.unread.items():
+        unread = gpu.health.unread if gpu.health is not None else {}
+        for call, why in unread.items():
             if call in CALLS[name]:
                 by_answer.setdefault((call, why), []).append(str(gpu.index))
     return "".join(
@@ -257,8 +264,7 @@ def _unsupported(name: str, gpus: list[Gpu]) -> str:
 
 def _check(name: str, found: list[Finding], gpus: list[Gpu]) -> HealthCheck:
     if not found:
-        answering = sum(1 for gpu in gpus if not gpu.lost)
-        reason = f"{answering} GPUs within thresholds{_unsupported(name, gpus)}"
+        reason = f"{len(gpus)} GPUs within thresholds{_unsupported(name, gpus)}"
         return HealthCheck(name=name, status="ok", reason=reason[:MAX_TEXT])
     worst = max(found, key=lambda finding: RANK[finding[0].status])[0]
     reason = "; ".join(text for _, text in found)

@@ -241,7 +241,7 @@ class InventoryActor:
         driver, cuda = self.gpus.versions if self.gpus else ("", "")
         fabric_manager = None
         process = self.config.fabric_manager_process
-        if process and any(gpu.fabric is not None for gpu in gpus):
+        if process and any(gpu.health and gpu.health.fabric for gpu in gpus):
             fabric_manager = process_running(process)
         memory = psutil.virtual_memory()
         disk = self._disk()

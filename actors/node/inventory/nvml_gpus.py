@@ -27,7 +27,7 @@ from actors.node.inventory.kmsg import KmsgXids, pci_key
 from actors.node.xid import XidDedup, count_xid, in_code_order
 from schemas.base import MAX_UNREAD
 from schemas.errors import FleetError
-from schemas.events import Gpu, XidCount
+from schemas.events import Gpu, GpuHealth, XidCount
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,8 @@ class NvmlGpus:
         self.memory_total: dict[int, int] = {}
         self.static: dict[int, dict[str, Any]] = {}
         """Readings that cannot change while the driver runs, read once per GPU."""
+        self.static_unread: dict[int, dict[str, str]] = {}
+        """Why static (and identity) readings are None: every sample says it again."""
         self.xids: dict[int, dict[int, XidCount]] = {}
         self.dedup = XidDedup()
         self.versions = nvml_readings.versions(self._call)
@@ -309,6 +311,8 @@ class NvmlGpus:
         uuid, name, pci = self.identity[index]
         if index not in self.static:
             self.static[index] = nvml_readings.static_readings(self._call, nvml, handle)
+            self.static_unread[index] = dict(self._unread)
+        self._unread = dict(self.static_unread[index])
         static = dict(self.static[index])
         links = static.pop("links")
         memory = self._call("nvmlDeviceGetMemoryInfo", handle)
@@ -338,6 +342,13 @@ class NvmlGpus:
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
             ecc_corrected=int(corrected) if corrected is not None else None,
             ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
+            health=self._health(handle, static, links),
+        )
+
+    def _health(self, handle: Any, static: dict[str, Any], links: list[int]) -> GpuHealth:
+        """The deep readings; ``unread`` gathers why every None reading of the GPU is None."""
+        nvml = self.nvml
+        return GpuHealth(
             **static,
             **nvml_readings.memory_readings(self._call, nvml, handle),
             **nvml_readings.clock_readings(self._call, nvml, handle),
