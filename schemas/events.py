@@ -343,6 +343,10 @@ class NodeState(Wire, frozen=True, kw_only=True):
     until: UnixTime | None = None
     """When a cordon with a TTL lifts by itself."""
     deregistering: bool = False
+    by: Name = ""
+    """Who set this state: the public key (``U…``) of the operator (or remediation policy)
+    whose signed command did, ``spot`` (a cloud notice), ``agent`` (its own shutdown, a
+    cordon's TTL running out); empty from agents that predate it."""
 
 
 class Inject(Wire, frozen=True, kw_only=True):

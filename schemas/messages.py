@@ -103,6 +103,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     scheduler: Scheduler | None = None
     """The workload manager's view of the node (Slurm state, jobs, services); None when
     the agent runs no scheduler actor."""
+    schedulability_by: Name = ""
+    """Who made the node what ``schedulability`` says: an operator's (or the remediation
+    policy's) public key, ``spot``, ``agent``, or ``slurm`` (a Slurm admin's drain); empty
+    when schedulable by default or from agents that predate it."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

@@ -64,7 +64,10 @@ async def test_cordon_drain_uncordon(
     cordon = await send(bus, prefix, operator, Cordon(), reason="maintenance")
     assert (await results.final(cordon.id)).status == "done"
     assert results.statuses(cordon.id)[0] == "accepted"
-    await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    # The record says who cordoned: the operator whose key signed the command.
+    assert record.heartbeat is not None
+    assert record.heartbeat.schedulability_by == operator.public_key
 
     await set_in_flight(bus, prefix, fleet.node_key(), 3)
     drain = await send(bus, prefix, operator, Drain(deadline=30))
@@ -80,7 +83,8 @@ async def test_cordon_drain_uncordon(
 
     uncordon = await send(bus, prefix, operator, Uncordon())
     assert (await results.final(uncordon.id)).schedulability == "schedulable"
-    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    assert record.heartbeat is not None and record.heartbeat.schedulability_by == ""
 
 
 async def test_drain_deadline_passes(
@@ -277,7 +281,9 @@ async def test_rebalance_notice_cordons_with_ttl(
     operator: signing.KeyPair,
     results: Results,
 ) -> None:
-    """A rebalance recommendation cordons the node with a TTL, once per notice."""
+    """A rebalance recommendation cordons the node with a TTL, once per notice; the
+    record says the spot notice did."""
+    await fleet.start_aggregator()
     await trusting_agent(fleet, operator)
     notice = Interruption(ts=time.time(), provider="aws", kind="rebalance", event_id="r1")
     await fleet.publish_event(EVENT_INTERRUPTION, notice)
@@ -285,6 +291,8 @@ async def test_rebalance_notice_cordons_with_ttl(
     final = await results.final("spot:aws:rebalance:r1")
     assert final.schedulability == "cordoned" and "uncordons at" in final.detail
     assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    assert record.heartbeat is not None and record.heartbeat.schedulability_by == "spot"
 
 
 async def test_sigterm_deregisters_and_exits_zero(fleet: Fleet, bus: NatsBus, prefix: str) -> None:

@@ -76,6 +76,8 @@ class ActionRunner:
         self._ttl: asyncio.Task[None] | None = None
         self._counts: dict[tuple[str, str], int] = {}
         self._digests: dict[str, str] = {}
+        self._by: dict[str, str] = {}
+        """Command id -> the key that signed it, for NodeState.by (dropped with the digest)."""
         """Digest of each command with results still to come, which its results name."""
 
     def observe_in_flight(self, in_flight: int) -> None:
@@ -157,12 +159,16 @@ class ActionRunner:
         action: Action,
         deadline: float | None = None,
         digest: str = "",
+        by: str = "",
     ) -> None:
         """Begin an accepted action; called with the lock held. ``deadline`` (absolute)
         overrides the drain deadline the action carries; ``digest`` names the command's
-        body in every result (empty for the node's own actions)."""
+        body in every result (empty for the node's own actions); ``by`` is the key that
+        signed the command (empty: the node's own action, ``spot`` or ``agent``)."""
         if digest:
             self._digests[command_id] = digest
+        if by:
+            self._by[command_id] = by
         current = self.store.state.schedulability
         if self.store.deregister and not isinstance(action, Deregister):
             await self.result(command_id, "failed", "node is deregistering")
@@ -413,12 +419,16 @@ class ActionRunner:
         until: float | None = None,
     ) -> None:
         self.store.work_digest = self._digests.get(command_id, "")
+        by = self._by.get(command_id) or ("spot" if command_id.startswith("spot:") else "agent")
+        if command_id == self.store.state.command_id and not self._by.get(command_id):
+            by = self.store.state.by or by  # a drain resumed after a restart keeps its signer
         self.store.state = events.NodeState(
             ts=time.time(),
             schedulability=schedulability,
             reason=reason,
             command_id=command_id,
             until=until,
+            by=by,
         )
         self.store.save()
         await self.publish_state()
@@ -449,6 +459,7 @@ class ActionRunner:
         n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
         if status in ("rejected", "done", "failed"):
             self._digests.pop(command_id, None)
+            self._by.pop(command_id, None)
             for other in ("accepted", "in_progress", status):
                 self._counts.pop((command_id, other), None)
         result = CommandResult(

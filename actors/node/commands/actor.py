@@ -39,6 +39,7 @@ from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Gateway, Health, Interruption, Scheduler, notice_key
 from schemas.messages import Command, Cordon, Deregister, Heartbeat, command_digest
+from schemas.signing import HEADER_KEY
 from schemas.subjects import EVENT_WORKLOAD_ORDER, STREAM_COMMANDS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 
@@ -188,7 +189,10 @@ class CommandsActor:
             await self.actions.result(command.id, "accepted", command.reason, digest=digest)
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
-            await self.actions.start(command.id, command.reason, command.action, digest=digest)
+            signer = (msg.headers or {}).get(HEADER_KEY, "")
+            await self.actions.start(
+                command.id, command.reason, command.action, digest=digest, by=signer
+            )
 
     async def _remember(self, msg: Msg, command: Command, digest: str) -> bool:
         """Save the command's id, kept past its expiry by the skew bound in case this clock

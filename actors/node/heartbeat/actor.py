@@ -137,24 +137,26 @@ class HeartbeatActor:
                 if changed:
                     self._beat_now.set()
 
-    def schedulability(self) -> tuple[Schedulability, str]:
+    def schedulability(self) -> tuple[Schedulability, str, str]:
         """Ours, unless we have the node schedulable and Slurm has it drained (an admin, or
         an agent before a restart): then Slurm's drain shows, with Slurm's reason, as
         ``cordoned`` while jobs run and ``drained`` once none does. Slurm's drain is only
-        reported here, never lifted."""
+        reported here, never lifted. The third item says who (NodeState.by, or ``slurm``)."""
         state, reason = self.state.schedulability, self.state.reason
+        by = self.state.by if state != "schedulable" else ""
         slurm = self.scheduler
         if state == "schedulable" and slurm is not None and slurm.drain:
             state = "drained" if slurm.jobs.running_count == 0 else "cordoned"
             reason = f"slurm: {slurm.state_reason or slurm.slurm_state}"
-        return state, reason
+            by = "slurm"
+        return state, reason, by
 
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
         # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
         # scheduler places by, next to what runs.
         waiting = sum(status.waiting or 0 for status in self.engine.engines) if self.engine else 0
-        schedulability, reason = self.schedulability()
+        schedulability, reason, by = self.schedulability()
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
@@ -166,6 +168,7 @@ class HeartbeatActor:
             stale_after=self.config.stale_after,
             schedulability=schedulability,
             schedulability_reason=reason,
+            schedulability_by=by,
             sample=self.sample,
             health=self.health,
             latency=self.latency,
