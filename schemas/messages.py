@@ -189,6 +189,9 @@ AlertKind = Literal[
     "deregistered",
     "deregistered_node_beating",
     "hardware_changed",
+    "remediation",
+    "breaker_tripped",
+    "needs_attention",
 ]
 
 

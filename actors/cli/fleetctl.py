@@ -45,6 +45,7 @@ from actors.fleet import labels as fleet_labels
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.remediation.policy import load_policy
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
 from actors.runtime.tls import client_context
@@ -72,6 +73,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
 async def cmd_aggregator(args: argparse.Namespace) -> int:
     config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
     logs.setup(config.log_level, config.log_format)
+    policy = load_policy(Path(config.policy_file)) if config.policy_file else None
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
     bus = await NatsBus.connect(
         config.server,
@@ -81,7 +83,7 @@ async def cmd_aggregator(args: argparse.Namespace) -> int:
         retry_forever=True,
         tls=client_context(config.tls_ca, config.tls_cert, config.tls_key),
     )
-    supervisor = ProviderActors(config, bus, AggregatorMetrics()).supervisor
+    supervisor = ProviderActors(config, bus, AggregatorMetrics(), policy).supervisor
     supervisor.start()
     stop = stop_event()
     waits = [asyncio.create_task(stop.wait()), asyncio.create_task(supervisor.finished.wait())]

@@ -1,6 +1,7 @@
 """The provider side's actors as one process runs them (``fleetctl aggregator`` and
 ``fleetctl up``): the aggregator, the signed-request services beside it, its HTTP API
-and, when configured, the Alertmanager forwarder, under one supervisor."""
+and, when configured, the Alertmanager forwarder and the remediation policy, under one
+supervisor."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from actors.fleet.forget_service import ForgetActor
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.remediation.policy import PolicyConfig
 from actors.runtime.bus import Bus
 from actors.runtime.supervisor import Actor, Supervisor
 from schemas.messages import NodeRecord
@@ -21,13 +24,21 @@ from schemas.subjects import Subjects
 class ProviderActors:
     """The actors of one aggregator process and the supervisor that runs them."""
 
-    def __init__(self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        bus: Bus,
+        metrics: AggregatorMetrics,
+        policy: PolicyConfig | None = None,
+    ) -> None:
         self.aggregator = AggregatorActor(config, bus, metrics)
         actors: list[Actor] = [
             self.aggregator,
             ForgetActor(config, bus),
             MaintenanceActor(config, bus),
         ]
+        if policy is not None:
+            actors.append(RemediationActor(policy, bus, config.prefix))
         self.http: FleetApiActor | None = None
         if config.http_port >= 0:
             # /healthz asks the supervisor, made below, once serving; /nodes answers from

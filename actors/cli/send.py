@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,13 +38,13 @@ from actors.cli.common import (
 )
 from actors.fleet import registry
 from actors.node.commands.checks import MAX_ACTION_SECONDS, SAFE_ID
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, unsubscribe_quietly
+from actors.runtime.bus import Bus, listening, unsubscribe_quietly
+from actors.runtime.commands import new_command, publish_command
 from actors.runtime.config import DurationError, parse_duration
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
 from schemas.messages import (
     Action,
-    Command,
     CommandResult,
     Cordon,
     Deregister,
@@ -54,7 +53,6 @@ from schemas.messages import (
     Uncordon,
     command_digest,
 )
-from schemas.signing import KeyPair
 from schemas.subjects import STREAM_EVENTS, Subjects
 
 FINAL = ("done", "failed", "rejected")
@@ -69,41 +67,6 @@ EXIT_STATUSES = (
     "(or a usage error), 3 a drain whose deadline passed with work still in flight, "
     "130 interrupted (the command continues)."
 )
-
-
-def new_command(
-    node: str, cluster: str, action: Action, reason: str = "", expires: float = 3600.0
-) -> Command:
-    now = time.time()
-    return Command(
-        id=uuid.uuid4().hex,
-        node_id=node,
-        cluster=cluster,
-        action=action,
-        issued_at=now,
-        expires_at=now + expires,
-        reason=reason,
-    )
-
-
-async def publish_command(bus: Bus, subjects: Subjects, key: KeyPair, command: Command) -> str:
-    """Sign and publish ``command`` on its node's subject of FLEET_CMD; return the digest
-    of the body sent, which the node's results name. A publish the stream drops as a
-    duplicate of its id raises FleetError: no node will answer it."""
-    body = codec.encode(command)
-    headers = key.headers(body)
-    headers["Nats-Msg-Id"] = command.id
-    subject = subjects.command(command.cluster, command.node_id)
-    try:
-        ack = await bus.js.publish(subject, body, timeout=PUBLISH_TIMEOUT, headers=headers)
-    except (nats.errors.Error, TimeoutError) as exc:
-        raise FleetError(f"command not stored by JetStream: {exc or type(exc).__name__}") from None
-    if ack.duplicate:
-        raise FleetError(
-            f"command id {command.id} was already published (JetStream dropped this copy as "
-            "a duplicate): not sent again, no result will come for it"
-        )
-    return command_digest(body)
 
 
 async def results_key(bus: Bus, subjects: Subjects, node: str) -> str:

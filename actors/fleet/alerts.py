@@ -45,6 +45,9 @@ SEVERITY: dict[AlertKind, Severity] = {
     "deregistered": "info",
     "deregistered_node_beating": "warning",
     "hardware_changed": "warning",
+    "remediation": "info",
+    "breaker_tripped": "critical",
+    "needs_attention": "critical",
 }
 
 

@@ -170,3 +170,6 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     refused_note_every: Positive = 30.0
     """A refused node's record notes the refusal kind (for the node to read) at most once
     per this many seconds, and at once when the kind changes."""
+    policy_file: str = ""
+    """The remediation policy (TOML, docs/remediation.md) this aggregator runs; empty:
+    none. Every aggregator may run it: they share its breaker through KV."""

@@ -24,9 +24,9 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.cli.send import new_command, publish_command
 from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus
+from actors.runtime.commands import new_command, publish_command
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import CommandResult, Drain

@@ -10,10 +10,10 @@ import nats.js.errors
 import pytest
 
 from actors.cli.fleetctl import main
-from actors.cli.send import new_command, publish_command
 from actors.fleet.registry import NotFound, read_record, trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
+from actors.runtime.commands import new_command, publish_command
 from schemas import signing
 from schemas.messages import Cordon
 from schemas.subjects import STREAM_COMMANDS, Subjects

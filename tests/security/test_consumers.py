@@ -6,12 +6,12 @@ from collections.abc import Mapping
 
 import nats.js.errors
 
-from actors.cli.send import new_command
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
 from actors.node.agent import NodeAgent
 from actors.node.http_api import HttpApiActor
 from actors.runtime.bus import NatsBus
+from actors.runtime.commands import new_command
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing
 from schemas.messages import Cordon

@@ -32,10 +32,10 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
-from actors.cli.send import new_command
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
+from actors.runtime.commands import new_command
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError

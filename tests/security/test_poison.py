@@ -8,10 +8,10 @@ import asyncio
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, StreamConfig
 
-from actors.cli.send import new_command
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.runtime.bus import NatsBus
+from actors.runtime.commands import new_command
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec, signing
 from schemas.errors import SignatureError

@@ -7,8 +7,8 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.cli.send import new_command, publish_command
 from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus, publish_signed_event
+from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
 from schemas.events import Engine
 from schemas.messages import Action, Alert, Command, CommandResult

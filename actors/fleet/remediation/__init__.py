@@ -1,0 +1,1 @@
+"""The remediation policy: cordons, drains and returns nodes by itself, behind a breaker."""

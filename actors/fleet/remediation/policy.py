@@ -1,0 +1,241 @@
+"""The remediation policy's decisions, as a pure function of the nodes' current records.
+
+:func:`decide` takes one cluster's node records and its shared :class:`PolicyRecord` and
+returns the next record and the commands to send. It never looks at past events, only at
+what each record says now, so a breaker reset or an aggregator restart replays nothing.
+
+- A schedulable, reporting node unhealthy for a configured reason class is cordoned (or
+  drained) and held by the policy.
+- A held node healthy for ``recover_after`` seconds is uncordoned, unless it was
+  remediated ``max_remediations`` times within ``window``: then it stays cordoned with
+  ``needs_attention`` until an operator clears it.
+- The policy only undoes what it did: a held node whose heartbeat says someone else set
+  its schedulability (an operator's key, a spot notice, a Slurm admin) is dropped from
+  the holds untouched, and nodes it does not hold are never uncordoned.
+- The breaker: the policy holds at most ``min(breaker_max, breaker_percent % of the
+  cluster's nodes)`` at once. Needing more trips it: no action at all, one alert listing
+  what it would have done, until ``fleetctl policy reset``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from actors.runtime.config import ConfigError, Positive, build
+from schemas.messages import AlertKind, NodeRecord
+from schemas.remediation import MAX_HISTORY, MAX_WOULD, Hold, PolicyRecord, ReasonClass
+
+GPU_CHECKS = frozenset(
+    {"boot", "nvml", "gpu_memory", "gpu_clocks", "gpu_pcie", "gpu_nvlink", "gpu_fabric"}
+)
+CLASS_ORDER: tuple[ReasonClass, ...] = ("gpu", "xid", "engine", "dependency", "slurm")
+REPORTING = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
+"""Record states of a node whose heartbeats arrive (not stale, offline or gone)."""
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The policy file (TOML); every setting is documented in docs/remediation.md."""
+
+    key_file: str
+    """Operator seed the policy signs its commands with; nodes must trust its public key."""
+    dry_run: bool = True
+    clusters: list[str] = []
+    """Clusters the policy acts on; empty: every cluster."""
+    classes: list[ReasonClass] = msgspec.field(default_factory=lambda: ["gpu", "xid"])
+    drain: bool = False
+    """Drain (cordon, then wait for work) instead of only cordoning."""
+    drain_deadline: Positive = 600.0
+    recover_after: Positive = 300.0
+    max_remediations: int = 3
+    window: Positive = 86400.0
+    breaker_percent: float = 10.0
+    breaker_max: int = 20
+    interval: Positive = 15.0
+    grace: Positive = 60.0
+    """How long a new hold waits for the node's heartbeat to show the policy's cordon."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.breaker_percent <= 100:
+            raise ValueError("breaker_percent must be within 0 to 100")
+        if self.breaker_max < 0 or self.max_remediations < 1:
+            raise ValueError("breaker_max must be >= 0 and max_remediations >= 1")
+
+
+@dataclass
+class Order:
+    """One command the policy sends (after its record is written)."""
+
+    node: str
+    action: Literal["cordon", "drain", "uncordon"]
+    reason: str
+    command_id: str
+
+
+@dataclass
+class Plan:
+    record: PolicyRecord
+    orders: list[Order] = field(default_factory=list)
+    notes: list[tuple[AlertKind, str, str]] = field(default_factory=list)
+    """(alert kind, node, message) for what was done, or would be in a dry run."""
+    tripped: bool = False
+    """The breaker tripped at this decision (its alert goes out once)."""
+
+
+def load_policy(path: Path) -> PolicyConfig:
+    """The policy file, checked (durations as in every setting: 300, 5m); ConfigError
+    naming the file and what is wrong."""
+    try:
+        return build(PolicyConfig, "", file=path, env={})
+    except ConfigError as exc:
+        raise ConfigError(f"policy file {path}: {exc}") from None
+
+
+def classify(record: NodeRecord, classes: list[ReasonClass]) -> tuple[ReasonClass, str] | None:
+    """The first configured reason class the node's last heartbeat is unhealthy for."""
+    heartbeat = record.heartbeat
+    if heartbeat is None:
+        return None
+    found: dict[ReasonClass, str] = {}
+    health = heartbeat.health
+    if health is not None:
+        for check in health.checks:
+            if check.status != "unhealthy":
+                continue
+            if check.name in GPU_CHECKS:
+                found.setdefault("gpu", f"{check.name}: {check.reason}")
+            elif check.name == "xid":
+                found.setdefault("xid", f"xid: {check.reason}")
+            elif check.name == "dependencies":
+                found.setdefault("dependency", f"dependencies: {check.reason}")
+        engines = [part for part in health.components if part.name == "engine"]
+        if engines and engines[0].points == 0:
+            found.setdefault("engine", f"engine: {engines[0].reason}")
+    scheduler = heartbeat.scheduler
+    if scheduler is not None and "down" in scheduler.slurm_state:
+        found.setdefault("slurm", f"slurm: node {scheduler.slurm_state}")
+    for name in CLASS_ORDER:
+        if name in classes and name in found:
+            return name, found[name][:512]
+    return None
+
+
+def breaker_limit(config: PolicyConfig, nodes: int) -> int:
+    """Nodes the policy may hold at once in a cluster of ``nodes``."""
+    return min(config.breaker_max, math.floor(nodes * config.breaker_percent / 100))
+
+
+def decide(
+    config: PolicyConfig,
+    key: str,
+    current: PolicyRecord,
+    records: list[NodeRecord],
+    now: float,
+    new_id: str,
+) -> Plan:
+    """The next record and orders for one cluster; ``key`` is the policy's public key,
+    ``new_id`` a fresh prefix for command ids."""
+    by_node = {record.node_id: record for record in records if not record.deregistered}
+    holds = dict(current.holds)
+    history = {
+        node: [at for at in times if at > now - config.window]
+        for node, times in current.history.items()
+    }
+    history = {node: times[-MAX_HISTORY:] for node, times in history.items() if times}
+    plan = Plan(record=current)
+    releases: list[Order] = []
+    for node, hold in sorted(holds.items()):
+        record = by_node.get(node)
+        if record is None:
+            del holds[node]
+            continue
+        owner = record.heartbeat.schedulability_by if record.heartbeat else ""
+        schedulability = record.heartbeat.schedulability if record.heartbeat else "schedulable"
+        if owner != key and (schedulability != "schedulable" or now - hold.since > config.grace):
+            # Someone else set the node's state (or it never took ours): not ours to undo.
+            del holds[node]
+            plan.notes.append(("remediation", node, f"released: set by {owner or 'nobody'}"))
+            continue
+        if hold.needs_attention or record.state not in REPORTING:
+            continue
+        if classify(record, config.classes) is not None:
+            holds[node] = msgspec.structs.replace(hold, healthy_since=None)
+            continue
+        healthy_since = hold.healthy_since or now
+        holds[node] = msgspec.structs.replace(hold, healthy_since=healthy_since)
+        if now - healthy_since < config.recover_after:
+            continue
+        if len(history.get(node, [])) >= config.max_remediations:
+            holds[node] = msgspec.structs.replace(holds[node], needs_attention=True)
+            message = (
+                f"remediated {len(history[node])} times in {config.window:g}s: stays "
+                "cordoned until an operator clears it (fleetctl policy clear)"
+            )
+            plan.notes.append(("needs_attention", node, message))
+            continue
+        del holds[node]
+        releases.append(Order(node, "uncordon", f"policy: recovered ({hold.reason_class})", ""))
+    wanted: list[Order] = []
+    classes: dict[str, tuple[ReasonClass, str]] = {}
+    for node, record in sorted(by_node.items()):
+        if node in holds or record.state not in REPORTING or record.heartbeat is None:
+            continue
+        if record.heartbeat.schedulability != "schedulable":
+            continue
+        found = classify(record, config.classes)
+        if found is None:
+            continue
+        classes[node] = found
+        action: Literal["cordon", "drain"] = "drain" if config.drain else "cordon"
+        wanted.append(Order(node, action, f"policy: {found[0]}: {found[1]}", ""))
+    limit = breaker_limit(config, len(by_node))
+    if current.tripped_at is not None or len(holds) + len(wanted) > limit:
+        would = [f"{order.action} {order.node} ({order.reason})" for order in wanted]
+        would += [f"uncordon {order.node}" for order in releases]
+        if current.tripped_at is None:
+            plan.tripped = True
+            plan.notes.append(
+                (
+                    "breaker_tripped",
+                    "_cluster",
+                    f"breaker tripped: {len(holds)} held + {len(wanted)} more > limit {limit}; "
+                    "no action until fleetctl policy reset",
+                )
+            )
+        plan.record = msgspec.structs.replace(
+            current,
+            holds=dict(current.holds),
+            tripped_at=current.tripped_at or now,
+            would=(would or list(current.would))[:MAX_WOULD],
+            limit=limit,
+            updated_by=key,
+        )
+        return plan
+    for index, order in enumerate(wanted):
+        order.command_id = f"{new_id}-{index}"
+        reason_class, reason = classes[order.node]
+        holds[order.node] = Hold(
+            reason_class=reason_class,
+            reason=reason,
+            action="drain" if order.action == "drain" else "cordon",
+            command_id=order.command_id,
+            since=now,
+        )
+        history.setdefault(order.node, []).append(now)
+        plan.notes.append(("remediation", order.node, f"{order.action}: {order.reason}"))
+    for index, order in enumerate(releases):
+        order.command_id = f"{new_id}-u{index}"
+        plan.notes.append(("remediation", order.node, f"uncordon: {order.reason}"))
+    plan.orders = wanted + releases
+    plan.record = msgspec.structs.replace(
+        current,
+        holds=holds,
+        history={node: times[-MAX_HISTORY:] for node, times in history.items()},
+        limit=limit,
+        updated_by=key,
+    )
+    return plan

@@ -1,0 +1,62 @@
+"""The remediation policy's shared record: KV bucket ``fleet_policy``, key ``<cluster>``.
+
+One record per cluster holds everything the policy decides with, so that one
+compare-and-set on its revision claims breaker slots, holds and history together: two
+aggregators running the policy can never both take the last slot.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta
+
+from schemas.base import Count, Name, NodeId, Text, UnixTime, Wire
+
+MAX_HELD = 4096
+"""Nodes one cluster's policy record can hold at once (the breaker caps it far lower)."""
+MAX_HISTORY = 64
+"""Remediations remembered per node (within the policy's window)."""
+MAX_WOULD = 32
+"""Would-be actions a tripped breaker lists."""
+
+ReasonClass = Literal["gpu", "xid", "engine", "dependency", "slurm"]
+"""Why a node is unhealthy, as the policy's configuration names it: ``gpu`` (the boot,
+nvml and gpu_* checks), ``xid``, ``engine`` (the score's engine component at 0),
+``dependency`` (the dependencies check), ``slurm`` (Slurm reports the node down)."""
+
+
+class Hold(Wire, frozen=True, kw_only=True):
+    """A node the policy took out: why, when, with which command, and since when it has
+    been healthy again (None while it is not)."""
+
+    reason_class: ReasonClass
+    reason: Text
+    action: Literal["cordon", "drain"]
+    command_id: Name
+    since: UnixTime
+    healthy_since: UnixTime | None = None
+    needs_attention: bool = False
+    """Remediated ``max_remediations`` times within the window: it stays cordoned, and the
+    policy leaves it to an operator (``fleetctl policy clear NODE``)."""
+
+
+class PolicyRecord(Wire, frozen=True, kw_only=True):
+    """One cluster's remediation state, shared by every aggregator through CAS."""
+
+    cluster: Name
+    holds: Annotated[dict[NodeId, Hold], Meta(max_length=MAX_HELD)] = {}
+    history: Annotated[
+        dict[NodeId, Annotated[list[UnixTime], Meta(max_length=MAX_HISTORY)]],
+        Meta(max_length=MAX_HELD),
+    ] = {}
+    """When each node was remediated (cordoned by the policy), within the window."""
+    tripped_at: UnixTime | None = None
+    """When the breaker tripped; None while closed. Only ``fleetctl policy reset`` closes
+    it, and decisions after a reset use the nodes' current state only."""
+    would: Annotated[list[Text], Meta(max_length=MAX_WOULD)] = []
+    """What the policy would have done when the breaker tripped."""
+    limit: Count = 0
+    """How many nodes the breaker let the policy hold at the last decision."""
+    updated_by: Name = ""
+    """The aggregator (its policy key) that wrote this revision."""
