@@ -1,0 +1,180 @@
+"""The remediation policy against real servers: fake-GPU agents cordoned and returned by
+the policy, an operator's cordon left alone, two aggregators sharing the breaker, dry run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.remediation.policy import PolicyConfig
+from actors.runtime import kv
+from actors.runtime.bus import NatsBus
+from schemas import codec, signing
+from schemas.events import Health, HealthCheck, Inject
+from schemas.messages import Cordon, NodeRecord
+from schemas.remediation import PolicyRecord
+from schemas.subjects import BUCKET_NODES, BUCKET_POLICY, EVENT_INJECT, Subjects
+from tests.support.commanding import Results, send
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
+
+
+def policy(tmp_path: Path, **settings: Any) -> tuple[PolicyConfig, signing.KeyPair]:
+    """A policy acting at once (no dry run) with a key of its own."""
+    key = signing.create_key_file(tmp_path / "policy.nk")
+    values: dict[str, Any] = {
+        "key_file": str(tmp_path / "policy.nk"),
+        "dry_run": False,
+        "classes": ["xid"],
+        "recover_after": 1.0,
+        "breaker_max": 5,
+        "breaker_percent": 100.0,
+    }
+    return PolicyConfig(**{**values, **settings}), key
+
+
+async def inject(fleet: Fleet, node: str, fault: str, value: float | None = None) -> None:
+    event = Inject(ts=time.time(), node_id=node, fault=fault, value=value)  # type: ignore[arg-type]
+    await fleet.publish_event(EVENT_INJECT, event, node)
+
+
+async def test_policy_cordons_on_xid_79_and_returns_the_node(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """XID 79 -> cordoned by the policy (the record says by its key) -> cleared and
+    healthy for recover_after -> uncordoned by the policy; a node an operator cordoned
+    (with the same XID) is never touched."""
+    config, key = policy(tmp_path)
+    operator = signing.KeyPair.generate()
+    results = await Results().start(bus, prefix)
+    await fleet.start_aggregator()
+    trusted = [key.public_key, operator.public_key]
+    for name in ("n1", "n2"):
+        agent = await fleet.start_agent(fleet.config(name, trust_operators=trusted))
+        assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    await send(bus, prefix, operator, Cordon(), node="n2", reason="operator maintenance")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "cordoned")
+    actor = RemediationActor(config, bus, prefix)
+    await actor.open()
+    for name in ("n1", "n2"):
+        await inject(fleet, name, "xid", 79)
+
+    async def cordoned_by_policy() -> NodeRecord | None:
+        await actor.round()
+        record = await wait_record(bus, prefix, "n1", lambda r: True)
+        beat = record.heartbeat
+        return record if beat and beat.schedulability_by == key.public_key else None
+
+    record = await wait_for(cordoned_by_policy, timeout=20)
+    assert record.state == "cordoned"
+    assert record.heartbeat is not None and "policy: xid" in record.heartbeat.schedulability_reason
+    for name in ("n1", "n2"):
+        await inject(fleet, name, "clear")
+
+    async def uncordoned() -> bool:
+        await actor.round()
+        current = await wait_record(bus, prefix, "n1", lambda r: True)
+        return current.state == "active"
+
+    await wait_for(uncordoned, timeout=30)
+    operators = await wait_record(bus, prefix, "n2", lambda r: True)
+    assert operators.state == "cordoned" and operators.heartbeat is not None
+    assert operators.heartbeat.schedulability_by == operator.public_key
+    stored = await kv.read(
+        await bus.kv(Subjects(prefix).bucket_name(BUCKET_POLICY)), "c1", PolicyRecord
+    )
+    assert stored is not None and stored.holds == {} and stored.history["n1"]
+    kinds = [(alert.kind, alert.node_id) for alert in results.alerts]
+    assert ("remediation", "n1") in kinds and ("remediation", "n2") not in kinds
+
+
+def synthetic(name: str, sick: bool) -> NodeRecord:
+    checks = [HealthCheck(name="xid", status="unhealthy", reason="XID 79")] if sick else []
+    health = Health(
+        ts=time.time(), status="unhealthy" if sick else "healthy", score=40, checks=checks
+    )
+    return NodeRecord(
+        node_id=name,
+        cluster="c1",
+        state="active",
+        last_seq=1,
+        last_seen=time.time(),
+        heartbeat=heartbeat(name, health=health),
+    )
+
+
+async def put_records(bus: NatsBus, prefix: str, records: list[NodeRecord]) -> None:
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    for record in records:
+        await bucket.put(record.node_id, codec.encode(record))
+
+
+async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+    """Two policy actors deciding at once on 20 nodes (cap 2): the two sick nodes are
+    cordoned once each, never more; a third sick node trips the breaker: no command, one
+    breaker_tripped alert listing the would-be cordon, and the record says so."""
+    config, _ = policy(tmp_path, breaker_max=2, grace=600.0)
+    sent: list[str] = []
+    alerts: list[str] = []
+
+    async def on_command(msg: Msg) -> None:
+        sent.append(msg.subject)
+
+    async def on_alert(msg: Msg) -> None:
+        alerts.append(msg.subject)
+
+    subjects = Subjects(prefix)
+    await bus.subscribe(subjects.commands(), on_command)
+    await bus.subscribe(subjects.alerts(), on_alert)
+    await bus.flush()
+    records = [synthetic(f"n{index}", index in (1, 2)) for index in range(20)]
+    await put_records(bus, prefix, records)
+    first, second = RemediationActor(config, bus, prefix), RemediationActor(config, bus, prefix)
+    for _ in range(3):
+        await first.round()
+        await second.round()
+    await wait_for(lambda: len(sent) >= 2)
+    assert sorted(sent) == [subjects.command("c1", "n1"), subjects.command("c1", "n2")]
+    await put_records(bus, prefix, [synthetic("n3", True)])
+    for _ in range(3):
+        await first.round()
+        await second.round()
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_POLICY))
+    stored = await kv.read(bucket, "c1", PolicyRecord)
+    assert stored is not None and stored.tripped_at is not None and stored.limit == 2
+    assert sorted(stored.holds) == ["n1", "n2"]
+    assert stored.would == ["cordon n3 (policy: xid: xid: XID 79)"]
+    await wait_for(lambda: any(".breaker_tripped." in subject for subject in alerts))
+    assert sum(".breaker_tripped." in subject for subject in alerts) == 1
+    assert len(sent) == 2
+
+
+async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+    """In a dry run the policy writes no record and sends no command; it says what it
+    would do in a remediation alert."""
+    config, _ = policy(tmp_path, dry_run=True)
+    subjects = Subjects(prefix)
+    sent: list[str] = []
+    alerts: list[bytes] = []
+
+    async def on_command(msg: Msg) -> None:
+        sent.append(msg.subject)
+
+    async def on_alert(msg: Msg) -> None:
+        alerts.append(msg.data)
+
+    await bus.subscribe(subjects.commands(), on_command)
+    await bus.subscribe(subjects.alerts(), on_alert)
+    await bus.flush()
+    await put_records(bus, prefix, [synthetic("n1", True), synthetic("n2", False)])
+    actor = RemediationActor(config, bus, prefix)
+    await actor.round()
+    await wait_for(lambda: alerts)
+    message = msgspec.json.decode(alerts[0])["message"]
+    assert message.startswith("dry run, would: cordon: policy: xid")
+    assert await kv.read(await actor.open(), "c1", PolicyRecord) is None
+    assert sent == []
