@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import enroll_cli, maintenance_cli, send, views, workloads
+from actors.cli import enroll_cli, maintenance_cli, policy_cli, send, views, workloads
 from actors.cli.common import (
     CLIENT_ENV_PREFIX,
     KEY_FILE_ENV,
@@ -411,7 +411,10 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         record = await registry.read_record(bus, subjects, args.node)
         alerts, results = await history.node_history(bus, subjects, args.node, limit=views.RECENT)
-    sys.stdout.write(views.describe(record, alerts, results, time.time()) + "\n")
+        policies = await policy_cli.read_policies(bus, subjects)
+    now = time.time()
+    remediation = policy_cli.node_lines(policies, record.cluster, record.node_id, now)
+    sys.stdout.write(views.describe(record, alerts, results, now, remediation) + "\n")
     return 0
 
 
@@ -717,6 +720,7 @@ def parser() -> argparse.ArgumentParser:
     workloads.add_workload_parsers(commands, duration)
     enroll_cli.add_parsers(commands)
     maintenance_cli.add_parsers(commands)
+    policy_cli.add_parsers(commands)
     return strict(root)
 
 

@@ -260,8 +260,15 @@ def event_json(entry: Entry) -> str:
     )
 
 
-def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now: float) -> str:
-    """``fleetctl describe``: the record and why it is in its state, read top to bottom."""
+def describe(
+    record: NodeRecord,
+    alerts: list[Entry],
+    results: list[Entry],
+    now: float,
+    remediation: list[str] | None = None,
+) -> str:
+    """``fleetctl describe``: the record and why it is in its state, read top to bottom;
+    ``remediation``: what the remediation policy holds of the node and did to it."""
     beat = record.heartbeat
     lines = [
         f"Node:            {record.node_id}",
@@ -271,6 +278,7 @@ def describe(record: NodeRecord, alerts: list[Entry], results: list[Entry], now:
         f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    lines += remediation or []
     lines.append(f"Labels:          {labels_text(record.labels)}")
     lines += _lifecycle(record)
     if beat is None:
@@ -336,6 +344,8 @@ def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
     text = record.schedulability
     if record.heartbeat is not None and record.heartbeat.schedulability_reason:
         text += f" (reason: {record.heartbeat.schedulability_reason})"
+    if record.heartbeat is not None and record.heartbeat.schedulability_by:
+        text += f", by {record.heartbeat.schedulability_by}"
     done = [
         entry.message
         for entry in results

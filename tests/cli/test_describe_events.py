@@ -83,8 +83,8 @@ async def consumers(fleet: Fleet) -> int:
 
 
 async def test_describe_explains_state_and_history(stale_cordoned: History) -> None:
-    """describe shows the state, schedulability with its reason and the command that set
-    it, health checks, a GPU table, and the recent alert and result; no consumer is left."""
+    """describe shows the state, schedulability with its reason, who and the command that
+    set it, health checks, a GPU table, and the recent alert and result; no consumer is left."""
     fleet, command_id = stale_cordoned.fleet, stale_cordoned.command_id
     code, lines, err = await fleetctl(fleet, "describe", "n1")
     assert code == 0, err
@@ -92,8 +92,9 @@ async def test_describe_explains_state_and_history(stale_cordoned: History) -> N
     [state] = [line for line in lines if line.startswith("State:")]
     assert state.startswith("State:           stale (no heartbeat since 20")
     [sched] = [line for line in lines if line.startswith("Schedulability:")]
-    assert sched.startswith("Schedulability:  cordoned (reason: disk swap), set by command ")
-    assert command_id in sched
+    # Who cordoned (the operator's key) and the command that did.
+    assert sched.startswith("Schedulability:  cordoned (reason: disk swap), by U")
+    assert ", set by command " in sched and command_id in sched
     assert lines[lines.index("Checks:") + 1].split() == ["CHECK", "STATUS", "REASON", "ACTION"]
     gpus = lines.index("GPUs:            2 (fake)")
     assert lines[gpus + 1].split()[:3] == ["GPU", "NAME", "MEMORY"]
