@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import events, messages
+from schemas import events, messages, remediation
 
 JSON_DIR = Path(__file__).parent / "json"
 README = Path(__file__).parent.parent / "docs" / "wire-contract.md"
@@ -52,6 +52,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.EnrollClaims,
     messages.EnrollRecord,
     messages.AggregatorLease,
+    remediation.PolicyRecord,
 )
 
 

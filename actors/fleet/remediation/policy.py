@@ -92,7 +92,8 @@ def load_policy(path: Path) -> PolicyConfig:
     try:
         return build(PolicyConfig, "", file=path, env={})
     except ConfigError as exc:
-        raise ConfigError(f"policy file {path}: {exc}") from None
+        reason = str(exc).removeprefix("config: ")
+        raise ConfigError(f"policy file {path}: {reason}") from None
 
 
 def classify(record: NodeRecord, classes: list[ReasonClass]) -> tuple[ReasonClass, str] | None:
