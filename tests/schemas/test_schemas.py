@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, jsonschema, messages
+from schemas import codec, events, jsonschema, messages, remediation
 from schemas.errors import DecodeError
 from schemas.workloads import Deploy
 
@@ -182,6 +182,18 @@ EXAMPLES: list[msgspec.Struct] = [
         id="0" * 32, issuer=KEY, issued_at=NOW, expires_at=NOW + 60, uses=3, used=1, nodes=["n1"]
     ),
     messages.AggregatorLease(holder="host-1a2b3c4d", ttl=6.0, renewed=NOW),
+    remediation.PolicyRecord(
+        cluster="c1",
+        holds={
+            "n1": remediation.Hold(
+                reason_class="xid", reason="xid: XID 79", action="cordon", command_id="c", since=NOW
+            )
+        },
+        history={"n1": [NOW]},
+        tripped_at=NOW,
+        would=["cordon n2"],
+        limit=2,
+    ),
 ]
 
 
