@@ -22,6 +22,14 @@ GPU = events.Gpu(
     memory_used=10,
     temperature_c=50.0,
     xids=[events.XidCount(code=79, count=1, last_at=NOW)],
+    health=events.GpuHealth(
+        remap=events.RowRemap(correctable=0, uncorrectable=1, pending=True, failed=False),
+        clock_reasons=0x8,
+        nvlinks=[events.NvLink(link=0, active=False, crc_errors=3)],
+        fabric=events.Fabric(state="completed", status=0, health_mask=1),
+        persistence_mode=True,
+        unread={"nvmlDeviceGetRetiredPages": "Not Supported"},
+    ),
 )
 SAMPLE = events.Sample(
     ts=NOW,
