@@ -19,7 +19,15 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import enroll_cli, maintenance_cli, policy_cli, send, views, workloads
+from actors.cli import (
+    enroll_cli,
+    maintenance_cli,
+    policy_cli,
+    rolling,
+    send,
+    views,
+    workloads,
+)
 from actors.cli.common import (
     CLIENT_ENV_PREFIX,
     KEY_FILE_ENV,
@@ -717,6 +725,7 @@ def parser() -> argparse.ArgumentParser:
     add_server(config)
     config.set_defaults(func=cmd_nats_config)
     send.add_command_parsers(commands)
+    rolling.add_rolling(commands)
     workloads.add_workload_parsers(commands, duration)
     enroll_cli.add_parsers(commands)
     maintenance_cli.add_parsers(commands)

@@ -389,7 +389,12 @@ def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPa
     }
     for name, text in helps.items():
         sub = commands.add_parser(name, help=text, description=text + ". " + EXIT_STATUSES)
-        sub.add_argument("node", type=token("node id"), help="the node's id")
+        if name == "deregister":
+            sub.add_argument("node", type=token("node id"), help="the node's id")
+        else:
+            sub.add_argument(
+                "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
+            )
         sub.add_argument("--reason", default="", help="recorded with the node's state")
         if name == "cordon":
             sub.add_argument(

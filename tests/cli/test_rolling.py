@@ -1,0 +1,127 @@
+"""Rolling operations by selector, as an operator runs them: ``fleetctl drain -l KEY=VALUE
+--max-unavailable 2`` over 10 labelled agents against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas import codec, signing
+from schemas.messages import CommandResult
+from schemas.subjects import Subjects
+from tests.support.commanding import set_in_flight
+from tests.support.fleet import Fleet, wait_record
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+RACK = [f"n{index}" for index in range(10)]
+
+
+async def fleetctl(server: NatsServer, prefix: str, key: Path, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        *args,
+        "--server",
+        server.url,
+        "--prefix",
+        prefix,
+        "--key-file",
+        str(key),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_rolling_drain_never_more_than_max_unavailable(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """--dry-run lists the 10 labelled nodes in order (not the unlabelled one); the rolling
+    drain then drains all 10, never more than 2 at once, each waiting for its work to
+    finish; run again, it skips them all (the resume)."""
+    key_file = tmp_path / "operator.nk"
+    operator = signing.create_key_file(key_file)
+    await fleet.start_aggregator()
+    for node in [*RACK, "other"]:
+        labels = {"rack": "r7"} if node != "other" else {"rack": "r8"}
+        config = fleet.config(
+            node, trust_operators=[operator.public_key], labels=labels, fake_gpus=0
+        )
+        agent = await fleet.start_agent(config)
+        assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    for node in [*RACK, "other"]:
+        await wait_record(bus, prefix, node, lambda r: r.labels.get("rack") is not None)
+    code, out, err = await fleetctl(
+        nats_server, prefix, key_file, "drain", "-l", "rack=r7", "--dry-run"
+    )
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == sorted(RACK)
+
+    draining: set[str] = set()
+    most = 0
+    work: list[asyncio.Task[None]] = []
+
+    async def finish_work(node: str) -> None:
+        await asyncio.sleep(0.3)
+        await set_in_flight(bus, prefix, fleet.node_key(node), 0, node)
+
+    async def on_result(msg: Msg) -> None:
+        nonlocal most
+        signing.verify(msg.headers, msg.data)
+        result = codec.decode(msg.data, CommandResult, msg.subject)
+        if result.status == "accepted":
+            draining.add(result.node_id)
+            most = max(most, len(draining))
+            work.append(asyncio.create_task(finish_work(result.node_id)))
+        elif result.status in ("done", "failed", "rejected"):
+            draining.discard(result.node_id)
+
+    await bus.subscribe(Subjects(prefix).results(), on_result)
+    await bus.flush()
+    for node in RACK:
+        # Each node has work in flight: its drain lasts until the work finishes.
+        await set_in_flight(bus, prefix, fleet.node_key(node), 1, node)
+    code, out, err = await fleetctl(
+        nats_server,
+        prefix,
+        key_file,
+        "drain",
+        "-l",
+        "rack=r7",
+        "--max-unavailable",
+        "2",
+        "--deadline",
+        "30",
+    )
+    assert code == 0, err + out
+    assert most == 2
+    assert out.count(": done: drained") == 10
+    for node in RACK:
+        await wait_record(bus, prefix, node, lambda r: r.schedulability == "drained")
+    other = await wait_record(bus, prefix, "other", lambda r: True)
+    assert other.schedulability == "schedulable"
+    code, out, err = await fleetctl(nats_server, prefix, key_file, "drain", "-l", "rack=r7")
+    assert code == 0, err
+    assert "0 nodes" in out and "10 already drained" in out
+    await asyncio.gather(*work)
+
+
+async def test_rolling_needs_a_node_or_a_selector(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """cordon with neither a node nor -l (or both) is a one-line usage error; a selector
+    no node matches is one line too."""
+    key_file = tmp_path / "operator.nk"
+    signing.create_key_file(key_file)
+    code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon")
+    assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
+    code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "n1", "-l", "a=b")
+    assert code == 2 and "not both" in err
+    code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "-l", "rack=none")
+    assert code == 1 and "no node matches rack=none" in err and "Traceback" not in err
