@@ -178,3 +178,38 @@ async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path
     assert message.startswith("dry run, would: cordon: policy: xid")
     assert await kv.read(await actor.open(), "c1", PolicyRecord) is None
     assert sent == []
+
+
+async def test_breaker_trips_with_three_failing_at_once(
+    bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """3 of 20 nodes failing at once with 10 % (2 nodes) as the cap, two policy actors
+    running: no command at all, one breaker_tripped alert listing the three cordons."""
+    config, _ = policy(tmp_path, breaker_percent=10.0, breaker_max=20)
+    sent: list[str] = []
+    alerts: list[bytes] = []
+
+    async def on_command(msg: Msg) -> None:
+        sent.append(msg.subject)
+
+    async def on_alert(msg: Msg) -> None:
+        alerts.append(msg.data)
+
+    subjects = Subjects(prefix)
+    await bus.subscribe(subjects.commands(), on_command)
+    await bus.subscribe(subjects.alerts(), on_alert)
+    await bus.flush()
+    await put_records(
+        bus, prefix, [synthetic(f"n{index}", index in (4, 5, 6)) for index in range(20)]
+    )
+    first, second = RemediationActor(config, bus, prefix), RemediationActor(config, bus, prefix)
+    for _ in range(2):
+        await first.round()
+        await second.round()
+    await wait_for(lambda: alerts)
+    tripped = [msgspec.json.decode(alert) for alert in alerts]
+    assert [alert["kind"] for alert in tripped] == ["breaker_tripped"]
+    assert tripped[0]["details"]["would"].count("cordon n") == 3
+    stored = await kv.read(await first.open(), "c1", PolicyRecord)
+    assert stored is not None and stored.holds == {} and stored.limit == 2
+    assert sent == []

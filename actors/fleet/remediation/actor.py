@@ -146,7 +146,10 @@ class RemediationActor:
     async def _report(self, cluster: str, plan: Plan, now: float, dry: bool) -> None:
         prefix = "dry run, would: " if dry else ""
         for kind, node, message in plan.notes:
-            log.warning(f"policy: {prefix}{message}", extra={"cluster": cluster, "node": node})
+            log.warning(
+                "policy decision",
+                extra={"cluster": cluster, "node": node, "decision": prefix + message},
+            )
             # The same decision in every aggregator (or round) gets the same id: raised once.
             event = {
                 "breaker_tripped": f"{plan.record.tripped_at or now:.0f}",
