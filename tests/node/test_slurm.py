@@ -239,6 +239,8 @@ async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned", timeout=30)
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
+    # The record says a Slurm admin did it (the remediation policy never undoes that).
+    assert record.heartbeat.schedulability_by == "slurm"
     slurm.cancel(job)  # no job left: the admin's drain is complete
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "drained", timeout=20)
     assert record.heartbeat is not None
