@@ -1,11 +1,12 @@
-"""Rolling operations by selector: ``fleetctl cordon|drain|uncordon -l KEY=VALUE
+"""Rolling operations by selector: ``fleetctl cordon|drain|uncordon|deploy -l KEY=VALUE
 --max-unavailable N`` works through the matching nodes, at most N at a time.
 
 Nodes are taken in node-id order. Each gets its own signed command, and its slot is freed
 only by the node's final result (for a drain: once its work finished or its deadline
-passed). The first failure (a rejection, a failed command, no final result in time, a
-drain whose deadline passed with work left) stops new commands; those already sent are
-followed to their end; ``--continue`` goes on instead. Nodes already in the target state
+passed; a deploy: once the workload is ready or failed). The first failure (a rejection,
+a failed command, no final result in time, a drain whose deadline passed with work left)
+stops new commands; those already sent are followed to their end; ``--continue`` goes on
+instead. Nodes already in the target state (for a deploy: running that workload ready)
 are skipped, so running the same command again resumes where it stopped. ``--dry-run``
 lists the nodes in order and sends nothing.
 """
@@ -59,8 +60,13 @@ def targets(records: list[NodeRecord], args: argparse.Namespace) -> list[NodeRec
     )
 
 
-def done_already(record: NodeRecord, command: str) -> bool:
-    return record.schedulability in DONE_STATES[command]
+def done_already(record: NodeRecord, args: argparse.Namespace) -> bool:
+    if args.command == "deploy":
+        beat = record.heartbeat
+        return beat is not None and any(
+            workload.name == args.name and workload.state == "ready" for workload in beat.workloads
+        )
+    return record.schedulability in DONE_STATES[args.command]
 
 
 class Rollout:
@@ -86,7 +92,8 @@ class Rollout:
             async with listening(self.bus, routes):
                 await publish_command(self.bus, self.subjects, self.key, command)
                 sys.stdout.write(f"{node}: {args.command} sent (id {command.id})\n")
-                timeout = args.timeout or getattr(args, "deadline", 0.0) + 60.0
+                work = getattr(args, "deadline", getattr(args, "ready_timeout", 0.0))
+                timeout = args.timeout or work + 60.0
                 final = await follower.until_final(timeout, show=False)
             outcome = describe(final) if final else f"no final result within {timeout:g}s"
             ok = final is not None and follower.exit_status(final) == EXIT_DONE
@@ -130,11 +137,11 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
         chosen = targets(await registry.read_records(bus, subjects), args)
         if not chosen:
             return fail(f"no node matches {' '.join(args.label)}")
-        todo = [record for record in chosen if not done_already(record, args.command)]
+        todo = [record for record in chosen if not done_already(record, args)]
         if args.dry_run:
             now = time.time()
             for record in chosen:
-                skip = "" if record in todo else f"  (skip: already {record.schedulability})"
+                skip = "" if record in todo else "  (skip: already done)"
                 seen = views.age(now - record.last_seen) if record.last_seen else "never"
                 sys.stdout.write(
                     f"{record.node_id}  {record.cluster}  {record.state}  seen {seen}{skip}\n"
@@ -144,14 +151,14 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
         skipped = len(chosen) - len(todo)
         sys.stdout.write(
             f"{args_what(args)}: {len(todo)} nodes, at most {args.max_unavailable} at a time"
-            + (f" ({skipped} already {args.command}ed: skipped)" if skipped else "")
+            + (f" ({skipped} already done: skipped)" if skipped else "")
             + "\n"
         )
         return await Rollout(bus, args, key).run(todo)
 
 
 async def cmd_one_or_rolling(args: argparse.Namespace) -> int:
-    """``cordon|drain|uncordon``: one node, or (``-l``) every matching node, rolling."""
+    """``cordon|drain|uncordon|deploy``: one node, or (``-l``) every matching node, rolling."""
     if args.label and args.node:
         return fail("give a node or -l KEY=VALUE, not both", 2)
     if args.label:
@@ -162,8 +169,9 @@ async def cmd_one_or_rolling(args: argparse.Namespace) -> int:
 
 
 def add_rolling(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``-l`` and its options on cordon, drain and uncordon (added by send)."""
-    for name in DONE_STATES:
+    """``-l`` and its options on cordon, drain, uncordon (added by send) and deploy (by
+    workloads)."""
+    for name in (*DONE_STATES, "deploy"):
         sub = commands.choices[name]
         add_rolling_options(sub)
         sub.set_defaults(func=cmd_one_or_rolling)

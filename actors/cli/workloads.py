@@ -145,7 +145,9 @@ def add_workload_parsers(
         description="Start a workload bound to 127.0.0.1 on the node, pinned to its GPUs "
         "with CUDA_VISIBLE_DEVICES. " + send.EXIT_STATUSES,
     )
-    deploy.add_argument("node", type=token("node id"), help="the node's id")
+    deploy.add_argument(
+        "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
+    )
     deploy.add_argument("name", type=workload_name, help="the workload's name on that node")
     deploy.add_argument("--engine", choices=ENGINES, required=True, help="launch template")
     deploy.add_argument(

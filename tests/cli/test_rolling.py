@@ -44,7 +44,8 @@ async def test_rolling_drain_never_more_than_max_unavailable(
 ) -> None:
     """--dry-run lists the 10 labelled nodes in order (not the unlabelled one); the rolling
     drain then drains all 10, never more than 2 at once, each waiting for its work to
-    finish; run again, it skips them all (the resume)."""
+    finish; run again, it skips them all (the resume); a rolling deploy's dry run lists
+    the same nodes."""
     key_file = tmp_path / "operator.nk"
     operator = signing.create_key_file(key_file)
     await fleet.start_aggregator()
@@ -108,18 +109,36 @@ async def test_rolling_drain_never_more_than_max_unavailable(
     assert other.schedulability == "schedulable"
     code, out, err = await fleetctl(nats_server, prefix, key_file, "drain", "-l", "rack=r7")
     assert code == 0, err
-    assert "0 nodes" in out and "10 already drained" in out
+    assert "0 nodes" in out and "10 already done" in out
     await asyncio.gather(*work)
+    code, out, err = await fleetctl(
+        nats_server,
+        prefix,
+        key_file,
+        "deploy",
+        "-l",
+        "rack=r7",
+        "llm",
+        "--engine",
+        "vllm",
+        "--dry-run",
+    )
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == sorted(RACK)
 
 
 async def test_rolling_needs_a_node_or_a_selector(
     nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
-    """cordon with neither a node nor -l (or both) is a one-line usage error; a selector
-    no node matches is one line too."""
+    """cordon or deploy with neither a node nor -l (or both) is a one-line usage error; a
+    selector no node matches is one line too."""
     key_file = tmp_path / "operator.nk"
     signing.create_key_file(key_file)
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon")
+    assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
+    code, _, err = await fleetctl(
+        nats_server, prefix, key_file, "deploy", "llm", "--engine", "vllm"
+    )
     assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "n1", "-l", "a=b")
     assert code == 2 and "not both" in err
