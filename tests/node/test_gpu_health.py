@@ -355,3 +355,13 @@ def test_gpu_checks_leave_with_the_gpus(tmp_path: Path) -> None:
     assert set(CHECK_NAMES) <= set(health.sample_checks)
     health.observe_sample(inventory.sample(read=[]))
     assert not set(CHECK_NAMES) & set(health.sample_checks)
+
+
+def test_stand_in_answers_memory_v1_and_v2_as_recorded() -> None:
+    """The stand-in gives nvmlDeviceGetMemoryInfo's v1 answer (reserved counted as used)
+    and, asked for version 2, the v2 answer (used 0, reserved apart), as the H100 did."""
+    nvml = RecordedNvml(1)
+    v1 = nvml.nvmlDeviceGetMemoryInfo(0)
+    v2 = nvml.nvmlDeviceGetMemoryInfo(0, pynvml.nvmlMemory_v2)
+    assert (v1.used, v1.total) == (503_316_480, 85_520_809_984)
+    assert (v2.used, v2.reserved, v2.total) == (0, 503_316_480, 85_520_809_984)

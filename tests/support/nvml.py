@@ -75,6 +75,8 @@ def recorded_key(function: str, args: tuple[Any, ...]) -> str:
         return f"NvLink.{args[0]}.State"
     if name == "NvLinkErrorCounter":
         return f"NvLink.{args[0]}.ErrorCounter.{_NVLINK_COUNTERS[args[1]]}"
+    if name == "MemoryInfo" and args and args[0]:
+        return "MemoryInfo_v2"  # nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)
     if name == "RegisterEvents":
         return "RegisterEvents.XidCriticalError"
     return name
@@ -171,6 +173,8 @@ class RecordedNvml:
             return info
         if key == "MemoryInfo":
             return _struct(value, pynvml.c_nvmlMemory_t)
+        if key == "MemoryInfo_v2":
+            return _struct(value, pynvml.c_nvmlMemory_v2_t)
         if key == "UtilizationRates":
             return _struct(value, pynvml.c_nvmlUtilization_t)
         if key == "RowRemapperHistogram":
