@@ -213,3 +213,44 @@ async def test_breaker_trips_with_three_failing_at_once(
     stored = await kv.read(await first.open(), "c1", PolicyRecord)
     assert stored is not None and stored.holds == {} and stored.limit == 2
     assert sent == []
+
+
+async def test_sticky_after_n_remediations(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+    """A node remediated for the third time within the window is not uncordoned when it
+    recovers: it stays held with needs_attention, one alert says so, and no uncordon goes
+    out."""
+    config, key = policy(tmp_path, max_remediations=3, recover_after=0.001)
+    subjects = Subjects(prefix)
+    sent: list[str] = []
+    alerts: list[bytes] = []
+
+    async def on_command(msg: Msg) -> None:
+        sent.append(msg.subject)
+
+    async def on_alert(msg: Msg) -> None:
+        alerts.append(msg.data)
+
+    await bus.subscribe(subjects.commands(), on_command)
+    await bus.subscribe(subjects.alerts(), on_alert)
+    await bus.flush()
+    actor = RemediationActor(config, bus, prefix)
+    earlier = PolicyRecord(cluster="c1", history={"n1": [time.time() - 600, time.time() - 300]})
+    await (await actor.open()).put("c1", codec.encode(earlier))
+    await put_records(bus, prefix, [synthetic(f"n{index}", index == 1) for index in range(4)])
+    await actor.round()
+    await wait_for(lambda: sent)
+    mine = synthetic("n1", False)
+    assert mine.heartbeat is not None
+    beat = msgspec.structs.replace(
+        mine.heartbeat, schedulability="cordoned", schedulability_by=key.public_key
+    )
+    await put_records(
+        bus, prefix, [msgspec.structs.replace(mine, state="cordoned", heartbeat=beat)]
+    )
+    for _ in range(3):
+        await actor.round()
+    stored = await kv.read(await actor.open(), "c1", PolicyRecord)
+    assert stored is not None and stored.holds["n1"].needs_attention
+    assert len(stored.history["n1"]) == 3
+    await wait_for(lambda: any(b'"needs_attention"' in alert for alert in alerts))
+    assert sent == [subjects.command("c1", "n1")]
