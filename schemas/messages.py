@@ -395,7 +395,7 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
     revoked: bool = False
 
 
-MAX_MAINTENANCE_NODES = 10_000
+MAX_MAINTENANCE_NODES = 1_000
 """Nodes one maintenance window may name (a selector names any number)."""
 
 

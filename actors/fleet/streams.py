@@ -78,8 +78,8 @@ ENROLL_KEEP = 31 * DAY
 MAINTENANCE_KEEP = 31 * DAY
 """A maintenance window is kept this long after it was written; windows last at most 30
 days (:data:`actors.fleet.maintenance.MAX_WINDOW`)."""
-MAX_MAINTENANCE_SIZE = 256 * KIB
-"""A window naming its 10,000 nodes fits."""
+MAX_MAINTENANCE_SIZE = 64 * KIB
+"""A window naming its 1,000 nodes fits."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
@@ -257,7 +257,7 @@ def bucket_configs(
             direct=True,
             storage=StorageType.FILE,
             replicas=replicas,
-            max_bytes=MIB_LEASES * 16,
+            max_bytes=MIB_LEASES,
             max_value_size=MAX_MAINTENANCE_SIZE,
             ttl=MAINTENANCE_KEEP,
         ),
