@@ -421,8 +421,9 @@ class Maintenance(Wire, frozen=True, kw_only=True):
 class MaintenanceWindow(Wire, frozen=True, kw_only=True):
     """A maintenance window in force: KV bucket ``fleet_maintenance``, key ``<id>``. Alerts
     of the nodes it covers are recorded in ``FLEET_ALERTS`` but not forwarded to
-    Alertmanager; views show the nodes as in ``maintenance``. Ended by ``fleetctl
-    maintenance end`` (the key is deleted) or by ``until`` passing."""
+    Alertmanager; views show the nodes as in ``maintenance``. Ended by ``until`` passing;
+    ``fleetctl maintenance end`` sets ``until`` to its time (the window is kept, so a
+    replayed start finds its id taken)."""
 
     id: Id
     since: UnixTime
