@@ -20,6 +20,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import (
+    dashboard_cli,
     enroll_cli,
     maintenance_cli,
     policy_cli,
@@ -730,6 +731,7 @@ def parser() -> argparse.ArgumentParser:
     enroll_cli.add_parsers(commands)
     maintenance_cli.add_parsers(commands)
     policy_cli.add_parsers(commands)
+    dashboard_cli.add_parsers(commands)
     return strict(root)
 
 

@@ -5,9 +5,12 @@ supervisor."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.alertmanager import AlertmanagerActor
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
 from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.forget_service import ForgetActor
 from actors.fleet.maintenance import MaintenanceWindows
@@ -16,7 +19,9 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.remediation.actor import RemediationActor
 from actors.fleet.remediation.policy import PolicyConfig
 from actors.runtime.bus import Bus
+from actors.runtime.config import ConfigError
 from actors.runtime.supervisor import Actor, Supervisor
+from schemas import signing
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
@@ -47,6 +52,17 @@ class ProviderActors:
                 config, bus, metrics, lambda: self.supervisor.check(), self.aggregator.nodes
             )
             actors.append(self.http)
+            if config.dashboard:
+                key = None
+                if config.allow_ui_commands:
+                    if not config.ui_key_file:
+                        raise ConfigError("allow_ui_commands needs ui_key_file (an operator key)")
+                    key = signing.load_key_file(Path(config.ui_key_file))
+                dashboard = DashboardActor(
+                    config, bus, self.http, HeldNodes(self.aggregator.nodes), key
+                )
+                self.http.routes = dashboard.routes
+                actors.append(dashboard)
         if config.alertmanager_urls:
             windows = MaintenanceWindows(bus, Subjects(config.prefix))
             actors.append(AlertmanagerActor(config, bus, metrics, self.held, windows))

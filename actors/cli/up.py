@@ -136,7 +136,8 @@ async def run_up(options: UpOptions) -> int:
             await agent.start()
             agents.append(agent)
         sys.stdout.write(
-            f"NATS: {server.url}\nfleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
+            f"NATS: {server.url}\ndashboard: http://127.0.0.1:{fleet_http.port}/\n"
+            f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}; "
             "for fleetctl cordon/drain in another shell:\n"
             f"  export {KEY_FILE_ENV}={shlex.quote(str(options.store / 'operator.nk'))}\n"

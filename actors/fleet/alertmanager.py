@@ -29,6 +29,7 @@ counted in ``fleet_alertmanager_dropped_total``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import time
@@ -335,12 +336,12 @@ class AlertmanagerActor:
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        auth = basic_auth(self.config)
+        headers = basic_auth(self.config)
         tls = client_context(
             self.config.alertmanager_ca, self.config.alertmanager_cert, self.config.alertmanager_key
         )
         connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True)
-        async with aiohttp.ClientSession(auth=auth, connector=connector) as session:
+        async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
             self.outboxes = [
                 Outbox(url, session, self.config, self.metrics)
                 for url in self.config.alertmanager_urls
@@ -377,11 +378,12 @@ class AlertmanagerActor:
                 await consumer.close()
 
 
-def basic_auth(config: AggregatorConfig) -> aiohttp.BasicAuth | None:
-    """HTTP basic auth for Alertmanager from ``alertmanager_username`` and the first line
-    of ``alertmanager_password_file``; None without a username."""
+def basic_auth(config: AggregatorConfig) -> dict[str, str]:
+    """The Authorization header of HTTP basic auth for Alertmanager, from
+    ``alertmanager_username`` and the first line of ``alertmanager_password_file``; no
+    header without a username."""
     if not config.alertmanager_username:
-        return None
+        return {}
     try:
         password = Path(config.alertmanager_password_file).read_text().splitlines()[0]
     except (OSError, IndexError):
@@ -389,4 +391,5 @@ def basic_auth(config: AggregatorConfig) -> aiohttp.BasicAuth | None:
             f"alertmanager_password_file: {config.alertmanager_password_file!r} is not a "
             "readable file with the password on its first line"
         ) from None
-    return aiohttp.BasicAuth(config.alertmanager_username, password)
+    pair = f"{config.alertmanager_username}:{password}".encode()
+    return {"Authorization": "Basic " + base64.b64encode(pair).decode()}

@@ -103,6 +103,26 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Registrations one aggregator answers per minute for one public key, and for one
     NATS login where the server names it (``Nats-Request-Info``)."""
 
+    dashboard: bool = True
+    """Serve the fleet dashboard, a live web page, at ``/`` on the HTTP port."""
+    dashboard_history_interval: Annotated[float, Meta(ge=1, le=600)] = 60.0
+    """Seconds between two points of the dashboard's charts (each node this aggregator
+    holds gets one point per interval)."""
+    dashboard_history_points: Annotated[int, Meta(ge=2, le=1440)] = 60
+    """Points each node's charts keep (with the interval: how far back they go)."""
+    allow_ui_commands: bool = False
+    """Let the dashboard send cordon, drain and uncordon, signed with ``ui_key_file``,
+    after a confirmation in the browser. Off: the page is read-only."""
+    ui_key_file: str = ""
+    """The operator key (nkey seed file) that signs the dashboard's commands."""
+    http_tls_cert: str = ""
+    """PEM certificate the HTTP port serves TLS with (needs http_tls_key); required,
+    with http_users_file, when http_host is not a loopback address."""
+    http_tls_key: str = ""
+    """PEM private key of http_tls_cert."""
+    http_users_file: str = ""
+    """Users who may open the HTTP port, one ``name:pbkdf2_sha256$...`` line each
+    (``fleetctl ui-user NAME`` writes one); read again when it changes."""
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092
     """``/nodes``, ``/nodes/<id>`` and ``/metrics``; 0 picks a free port, -1 serves nothing."""

@@ -22,6 +22,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import ssl
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import get_args
@@ -37,7 +38,9 @@ from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NotProvisioned
-from actors.runtime.supervisor import StatusSource
+from actors.runtime.http_login import Users, is_loopback, login_required
+from actors.runtime.supervisor import FatalError, StatusSource
+from actors.runtime.tls import server_context
 from actors.runtime.web import health_page, prometheus_page, serving
 from schemas import codec
 from schemas.base import OpenRecordState, RecordState
@@ -107,6 +110,23 @@ class EncodedRecords(MutableMapping[str, NodeRecord]):
         return found
 
 
+def exposure(config: AggregatorConfig, app: web.Application) -> ssl.SSLContext | None:
+    """TLS and the login check for the HTTP port, as configured. Served beyond loopback
+    with the dashboard on, both are required: a FatalError says what to set."""
+    tls = None
+    if config.http_tls_cert or config.http_tls_key:
+        tls = server_context(config.http_tls_cert, config.http_tls_key)
+    if config.http_users_file:
+        app.middlewares.insert(0, login_required(Users(config.http_users_file)))
+    if config.dashboard and not is_loopback(config.http_host):
+        if tls is None or not config.http_users_file:
+            raise FatalError(
+                f"http_host {config.http_host} serves the dashboard beyond this machine: set "
+                "http_tls_cert, http_tls_key and http_users_file (or dashboard = false)"
+            )
+    return tls
+
+
 class FleetApiActor:
     """Watches the fleet_nodes bucket; publishes nothing; serves /nodes, /nodes/<node>,
     /metrics, /healthz."""
@@ -120,8 +140,11 @@ class FleetApiActor:
         metrics: AggregatorMetrics,
         actor_status: StatusSource,
         live: NodeTable | None = None,
+        routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.config = config
+        self.routes = routes
+        """Adds more routes to the app (the dashboard's), if given."""
         self.bus = bus
         self.subjects = Subjects(config.prefix)
         self.metrics = metrics
@@ -297,6 +320,10 @@ class FleetApiActor:
             return web.json_response({"error": "no such node"}, status=404)
         return web.Response(body=codec.encode(record), content_type="application/json")
 
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        """``records`` whole, with the latest heartbeat this API knows of each node."""
+        return [self.whole(record) for record in records]
+
     async def metrics_page(self, request: web.Request) -> web.Response:
         live: Mapping[str, NodeState] = self.live or {}
         records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
@@ -341,8 +368,11 @@ class FleetApiActor:
         app.router.add_get("/nodes/{node}", self.node_page)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/healthz", self.healthz)
+        if self.routes is not None:
+            self.routes(app)
+        tls = exposure(self.config, app)
         try:
-            async with serving(app, self.config.http_host, self.config.http_port) as port:
+            async with serving(app, self.config.http_host, self.config.http_port, tls=tls) as port:
                 self.port = port
                 ready()
                 await follower  # runs until cancelled; its failure restarts this actor

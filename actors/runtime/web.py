@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import ssl
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,10 +59,31 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+STREAMING: set[RequestHandler] = set()
+"""Connections answering a long-lived stream (server-sent events): exempt from the cut-off."""
+
+
+@contextmanager
+def kept_open(request: web.Request) -> Iterator[None]:
+    """While in this context the answer to ``request`` is a stream that lasts (server-sent
+    events): its connection is not cut off after ``request_timeout``. The handler bounds
+    how many such streams it holds."""
+    handler = request.protocol
+    if not isinstance(handler, RequestHandler):
+        yield
+        return
+    STREAMING.add(handler)
+    try:
+        yield
+    finally:
+        STREAMING.discard(handler)
+
+
 def _cut_off(handler: RequestHandler, starting: set[RequestHandler]) -> None:
-    """Close ``handler``'s connection if it is still open (no-op once closed)."""
+    """Close ``handler``'s connection if it is still open (no-op once closed), unless it
+    answers a stream (:func:`keep_open`)."""
     starting.discard(handler)
-    if handler.transport is not None:
+    if handler.transport is not None and handler not in STREAMING:
         handler.force_close()
 
 
@@ -74,11 +96,15 @@ def _cut_off_unread(handler: RequestHandler, starting: set[RequestHandler]) -> N
 
 @asynccontextmanager
 async def serving(
-    app: web.Application, host: str, port: int, limits: HttpLimits = HttpLimits()
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: HttpLimits = HttpLimits(),
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[int]:
-    """Serve ``app`` on host:port (0 picks a free port) within ``limits`` and yield the bound
-    port (:class:`FatalError` if it cannot be bound); on the way out the server is shut
-    down within ``CLEANUP_TIMEOUT``."""
+    """Serve ``app`` on host:port (0 picks a free port) within ``limits``, over TLS with
+    ``tls``, and yield the bound port (:class:`FatalError` if it cannot be bound); on the
+    way out the server is shut down within ``CLEANUP_TIMEOUT``."""
 
     @web.middleware
     async def one_bounded_request(
@@ -129,7 +155,7 @@ async def serving(
     listener: asyncio.Server | None = None
     try:
         try:
-            listener = await loop.create_server(accept, host, port, reuse_address=True)
+            listener = await loop.create_server(accept, host, port, reuse_address=True, ssl=tls)
         except OSError as exc:
             # A taken or forbidden port stays so: fatal, not a restart loop.
             # asyncio's message repeats the address; the errno's own words do not.

@@ -12,14 +12,22 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 from aiohttp import web
 
-from actors.fleet.alertmanager import AlertmanagerActor, Outbox, alertname, conditions
+from actors.fleet.alertmanager import (
+    AlertmanagerActor,
+    Outbox,
+    alertname,
+    basic_auth,
+    conditions,
+)
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.maintenance import MaintenanceWindows, covers
 from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
+from actors.runtime.config import ConfigError
 from schemas import codec, signing
 from schemas.messages import Alert, Maintenance, MaintenanceWindow, NodeRecord
 from schemas.subjects import STREAM_ALERTS, Subjects
@@ -281,3 +289,16 @@ async def test_maintenance_requests_are_verified(fleet: Fleet) -> None:
     assert await maintenance_request(fleet, operator, end) == "ended"
     assert await maintenance_request(fleet, operator, end) == "rejected"
     assert await maintenance_request(fleet, operator, start) == "rejected"
+
+
+def test_basic_auth_header_and_a_bad_password_file(tmp_path: Path) -> None:
+    """The Authorization header carries the user and the password file's first line; an
+    unreadable file is one ConfigError naming the setting."""
+    secret = tmp_path / "am-password"
+    secret.write_text("s3cret\nignored\n")
+    config = AggregatorConfig(alertmanager_username="fleet", alertmanager_password_file=str(secret))
+    assert basic_auth(config) == {"Authorization": "Basic ZmxlZXQ6czNjcmV0"}
+    assert basic_auth(AggregatorConfig()) == {}
+    missing = msgspec.structs.replace(config, alertmanager_password_file=str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="alertmanager_password_file"):
+        basic_auth(missing)

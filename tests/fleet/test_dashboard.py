@@ -1,0 +1,240 @@
+"""The fleet dashboard in a real headless Chromium (Debian's ``chromium`` driven by
+Playwright through its ``executable_path``): rows appear, follow an injected fault and a
+SIGKILL without a reload, a node page charts its history, and a cordon sent from the
+page reaches the node and its result shows."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+
+from actors.cli import node_agent as node_cli
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.dashboard import render
+from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.fleet_api import FleetApiActor, exposure
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve
+from actors.runtime.http_login import check_password, hash_password
+from actors.runtime.supervisor import FatalError
+from schemas import signing
+from schemas.events import Health, HealthCheck, Inject
+from schemas.messages import NodeRecord
+from schemas.subjects import Subjects
+from tests.support.fleet import (
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    wait_for,
+    wait_record,
+)
+from tests.support.observability import agent_process
+from tests.support.pki import Pki
+
+playwright_api = pytest.importorskip(
+    "playwright.async_api", reason="playwright is not installed (the test extra brings it)"
+)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """Headless Chromium, or a skip saying why there is none."""
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
+    async with playwright_api.async_playwright() as driver:
+        launched = await driver.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
+    """An aggregator, its fleet API and the dashboard on it; the page's base URL."""
+    aggregator = new_aggregator(fleet.bus, fleet.prefix, **settings)
+    metrics = aggregator.metrics
+    assert isinstance(metrics, AggregatorMetrics)
+    config = msgspec.structs.replace(aggregator.config, http_port=0)
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
+    key = signing.KeyPair.generate() if settings.get("allow_ui_commands") else None
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes), key)
+    api.routes = dashboard.routes
+    await fleet.start_supervisor(aggregator, api, dashboard)
+    return f"http://127.0.0.1:{api.port}", key
+
+
+async def test_rows_follow_the_fleet_live(fleet: Fleet, browser: Any, tmp_path: Path) -> None:
+    """Three agents' rows appear; a GPU made hot turns its node's row degraded, and a
+    SIGKILLed agent's row stale, without a reload; the page says it is live."""
+    url, _ = await start_dashboard(fleet)
+    for node in ("n1", "n2"):
+        await fleet.start_agent(fleet.config(node))
+    killed = fleet.config("n3")
+    key = signing.load_or_create_key_file(killed.key_path)
+    await approve(fleet.bus, Subjects(fleet.prefix), "n3", key.public_key)
+    with agent_process(killed, tmp_path / "n3.log") as process:
+        for node in ("n1", "n2", "n3"):
+            await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
+        page = await browser.new_page(viewport={"width": 1300, "height": 900})
+        started = time.monotonic()
+        await page.goto(url + "/")
+        await page.wait_for_selector("tr[data-node='n3']")
+        assert time.monotonic() - started < 5
+        await page.wait_for_selector("#live.on", timeout=10_000)
+        assert await page.locator("#rows tr").count() == 3
+
+        hot = Inject(ts=time.time(), node_id="n1", fault="temp", gpu=0, value=95.0)
+        await node_cli.publish_inject(fleet.bus, fleet.prefix, hot, fleet.node_key("n1"))
+        await page.wait_for_selector("tr[data-node='n1'] .badge.warn", timeout=15_000)
+
+        process.send_signal(signal.SIGKILL)
+        await page.wait_for_selector("tr[data-node='n3'] .badge.bad", timeout=20_000)
+        assert await page.inner_text("tr[data-node='n3'] .badge") == "stale"
+        await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+
+
+async def test_node_page_charts_and_a_cordon_from_the_page(fleet: Fleet, browser: Any) -> None:
+    """A node page charts points of its last hour; with allow_ui_commands a confirmed
+    cordon is sent signed, reaches the node, and its result shows on the page."""
+    url, key = await start_dashboard(fleet, allow_ui_commands=True, dashboard_history_interval=1.0)
+    config = fleet.config("n1", trust_operators=[key.public_key])
+    await fleet.start_agent(config)
+    await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active", 30)
+    page = await browser.new_page()
+    await page.goto(url + "/ui/nodes/n1")
+
+    async def charted() -> bool:
+        points = await page.get_attribute("figure.chart", "data-points")
+        return points is not None and int(points) >= 2
+
+    await wait_for(charted, timeout=20, interval=0.5)
+    page.on("dialog", lambda dialog: dialog.accept())
+    await page.fill("input[name=reason]", "from the browser test")
+    await page.click("button[value=cordon]")
+    await page.wait_for_selector("p.notice")
+    assert "cordon sent" in await page.inner_text("p.notice")
+    await page.wait_for_selector("#results li b:text('done')", timeout=20_000)
+    record = await wait_record(
+        fleet.bus, fleet.prefix, "n1", lambda r: r.schedulability == "cordoned", 15
+    )
+    assert record.schedulability == "cordoned"
+
+
+async def test_commands_are_refused_without_the_setting_or_the_page_token(fleet: Fleet) -> None:
+    """Read-only by default (403, no buttons); with commands on, a post without the page's
+    token or from another site is refused."""
+    url, _ = await start_dashboard(fleet)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/ui/nodes/n1/command", data={"action": "drain"}) as off:
+            assert off.status == 403
+    url, _ = await start_dashboard(fleet, allow_ui_commands=True)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/ui/nodes/n1/command", data={"action": "drain", "token": "guess"}
+        ) as forged:
+            assert forged.status == 403
+        async with session.post(
+            url + "/ui/nodes/n1/command",
+            data={"action": "drain"},
+            headers={"Sec-Fetch-Site": "cross-site"},
+        ) as foreign:
+            assert foreign.status == 403
+
+
+def test_a_nodes_own_words_are_text_on_the_page() -> None:
+    """Markup in what a node says of itself (its schedulability reason, a workload's name
+    or a check's reason) is escaped in its row and on its page."""
+    hostile = "<img src=x onerror=alert(1)>"
+    beat = heartbeat(
+        "n1",
+        schedulability="cordoned",
+        schedulability_reason=hostile,
+        health=Health(
+            ts=1.0,
+            status="degraded",
+            score=60,
+            checks=[HealthCheck(name="xid", status="degraded", reason=hostile, action=hostile)],
+        ),
+    )
+    record = NodeRecord(
+        node_id="n1", cluster="c1", state="cordoned", last_seq=1, last_seen=1.0,
+        heartbeat=beat, health_score=60,
+    )  # fmt: skip
+    for html in (render.node_row(record, 2.0), render.node_detail(record, 2.0)):
+        assert hostile not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+async def test_queries_never_fail_and_are_escaped(fleet: Fleet) -> None:
+    """A query holding markup comes back escaped; nonsense sort, page and label
+    parameters give the table, not an error; an unknown node and a path outside the
+    static files are 404."""
+    url, _ = await start_dashboard(fleet)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "/", params={"q": "<script>x", "label": "team=x"}) as page:
+            text = await page.text()
+            assert page.status == 200 and "<script>x" not in text and "&lt;script&gt;x" in text
+        for params in ({"sort": "nope", "page": "-3"}, {"page": "x", "label": "=="}):
+            async with session.get(url + "/", params=params) as odd:
+                assert odd.status == 200 and "nodes" in await odd.text()
+        async with session.get(url + "/ui/nodes/nobody") as missing:
+            assert missing.status == 404
+        async with session.get(url + "/ui/static/../../etc/passwd") as escape:
+            assert escape.status == 404
+
+
+def test_passwords_are_hashed_and_checked() -> None:
+    """A stored line checks its own password only."""
+    stored = hash_password("s3cret", iterations=1000)
+    assert check_password("s3cret", stored) and not check_password("other", stored)
+    assert not check_password("s3cret", "md5$1$00$00")
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_exposed_without_tls_and_login_is_refused() -> None:
+    """Served beyond loopback with the dashboard on, the HTTP port needs TLS and a users
+    file: without them the aggregator stops with one line saying what to set."""
+    config = AggregatorConfig(http_host="0.0.0.0")
+    with pytest.raises(FatalError, match="http_tls_cert, http_tls_key and http_users_file"):
+        exposure(config, web.Application())
+    exposure(msgspec.structs.replace(config, dashboard=False), web.Application())
+
+
+async def test_exposed_over_tls_asks_for_a_login(fleet: Fleet, tmp_path: Path) -> None:
+    """On 0.0.0.0 with TLS and a users file: no login is 401 with a realm (browsers ask),
+    a wrong password 401, the right one 200, over TLS the client verifies."""
+    pki = Pki(tmp_path / "tls")
+    users = tmp_path / "users"
+    users.write_text(f"alice:{hash_password('correct horse battery', iterations=1000)}\n")
+    url, _ = await start_dashboard(
+        fleet,
+        http_host="0.0.0.0",
+        http_tls_cert=str(pki.dir / "server.pem"),
+        http_tls_key=str(pki.dir / "server-key.pem"),
+        http_users_file=str(users),
+    )
+    https = url.replace("http://", "https://")
+    connector = aiohttp.TCPConnector(ssl=pki.client())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(https + "/") as anonymous:
+            assert anonymous.status == 401
+            assert anonymous.headers["WWW-Authenticate"].startswith('Basic realm="fleet"')
+        wrong = {"Authorization": basic("alice", "wrong horse")}
+        async with session.get(https + "/nodes", headers=wrong) as refused:
+            assert refused.status == 401
+        right = {"Authorization": basic("alice", "correct horse battery")}
+        async with session.get(https + "/", headers=right) as page:
+            assert page.status == 200 and "GPU fleet" in await page.text()
