@@ -43,7 +43,7 @@ class ProviderActors:
             MaintenanceActor(config, bus),
         ]
         if policy is not None:
-            actors.append(RemediationActor(policy, bus, config.prefix))
+            actors.append(RemediationActor(policy, bus, config.prefix, metrics))
         self.http: FleetApiActor | None = None
         if config.http_port >= 0:
             # /healthz asks the supervisor, made below, once serving; /nodes answers from

@@ -163,6 +163,26 @@ class AggregatorMetrics:
             ["partition"],
             registry=self.registry,
         )
+        self.breaker = Gauge(
+            "fleet_policy_breaker_tripped",
+            "1 while the remediation policy's circuit breaker of the cluster is tripped "
+            "(only fleetctl policy reset closes it), else 0; by cluster",
+            ["cluster"],
+            registry=self.registry,
+        )
+        self.policy_holds = Gauge(
+            "fleet_policy_held_nodes",
+            "Nodes the remediation policy holds cordoned or drained, by cluster",
+            ["cluster"],
+            registry=self.registry,
+        )
+        self.policy_limit = Gauge(
+            "fleet_policy_hold_limit",
+            "Nodes the breaker lets the policy hold at once (the smaller of its absolute "
+            "and percentage caps), by cluster",
+            ["cluster"],
+            registry=self.registry,
+        )
         self.am_sent = Counter(
             "fleet_alertmanager_sent",
             "Alerts Alertmanager accepted, by Alertmanager URL",

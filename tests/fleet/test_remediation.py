@@ -116,7 +116,8 @@ async def put_records(bus: NatsBus, prefix: str, records: list[NodeRecord]) -> N
 async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
     """Two policy actors deciding at once on 20 nodes (cap 2): the two sick nodes are
     cordoned once each, never more; a third sick node trips the breaker: no command, one
-    breaker_tripped alert listing the would-be cordon, and the record says so."""
+    breaker_tripped alert listing the would-be cordon, and the record and both actors'
+    metrics say so."""
     config, _ = policy(tmp_path, breaker_max=2, grace=600.0)
     sent: list[str] = []
     alerts: list[str] = []
@@ -151,6 +152,12 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
     await wait_for(lambda: any(".breaker_tripped." in subject for subject in alerts))
     assert sum(".breaker_tripped." in subject for subject in alerts) == 1
     assert len(sent) == 2
+    # What Prometheus sees of it (deploy/prometheus/rules.yml: FleetPolicyBreakerTripped).
+    for actor in (first, second):
+        value = actor.metrics.registry.get_sample_value
+        assert value("fleet_policy_breaker_tripped", {"cluster": "c1"}) == 1
+        assert value("fleet_policy_held_nodes", {"cluster": "c1"}) == 2
+        assert value("fleet_policy_hold_limit", {"cluster": "c1"}) == 2
 
 
 async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path) -> None:

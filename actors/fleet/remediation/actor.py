@@ -26,6 +26,7 @@ from nats.js.kv import KeyValue
 
 from actors.fleet import registry
 from actors.fleet.alerts import AlertPublisher
+from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.remediation.policy import Order, Plan, PolicyConfig, decide
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -72,8 +73,15 @@ class RemediationActor:
 
     name = "remediation"
 
-    def __init__(self, config: PolicyConfig, bus: Bus, prefix: str = "fleet") -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        bus: Bus,
+        prefix: str = "fleet",
+        metrics: AggregatorMetrics | None = None,
+    ) -> None:
         self.config = config
+        self.metrics = metrics or AggregatorMetrics()
         self.bus = bus
         self.subjects = Subjects(prefix)
         self.key = load_key_file(Path(config.key_file))
@@ -117,6 +125,9 @@ class RemediationActor:
         current = current or PolicyRecord(cluster=cluster)
         now = time.time()
         plan = decide(self.config, self.key.public_key, current, members, now, uuid.uuid4().hex)
+        self.metrics.breaker.labels(cluster).set(1 if plan.record.tripped_at else 0)
+        self.metrics.policy_holds.labels(cluster).set(len(plan.record.holds))
+        self.metrics.policy_limit.labels(cluster).set(plan.record.limit)
         if self.config.dry_run:
             await self._report(cluster, plan, now, dry=True)
             return
