@@ -38,12 +38,12 @@ from nats.aio.msg import Msg
 from actors.fleet import history as streams_history
 from actors.fleet import labels as fleet_labels
 from actors.fleet import lease
-from actors.runtime.commands import new_command, publish_command
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.dashboard import render
 from actors.fleet.dashboard.history import History
 from actors.fleet.hot_state import NodeTable
 from actors.runtime.bus import Bus, listening
+from actors.runtime.commands import new_command, publish_command
 from actors.runtime.web import kept_open
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, SignatureError
