@@ -41,10 +41,6 @@ from tests.support.fleet import (
 from tests.support.observability import agent_process
 from tests.support.pki import Pki
 
-playwright_api = pytest.importorskip(
-    "playwright.async_api", reason="playwright is not installed (the test extra brings it)"
-)
-
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
@@ -52,7 +48,11 @@ async def browser() -> AsyncIterator[Any]:
     path = shutil.which("chromium")
     if path is None:
         pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
-    async with playwright_api.async_playwright() as driver:
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (the test extra brings it)")
+    async with async_playwright() as driver:
         launched = await driver.chromium.launch(executable_path=path, args=["--no-sandbox"])
         try:
             yield launched

@@ -4,8 +4,10 @@ It reads what the fleet API reads (:class:`FleetView`: every node's record, and 
 latest accepted heartbeat of the nodes a page shows) and renders HTML on the server
 (:mod:`.render`). Each open page holds one server-sent event stream: every
 :data:`PUSH_EVERY` seconds the server renders the page's live parts again and sends those
-that changed, so a page costs the same few updates a second whatever the fleet's size,
-and the alert feed is pushed as alerts are stored. The table sorts, filters and pages on
+that changed, and the alert feed is pushed as alerts are stored. The fleet the pages
+read is one snapshot for all of them (:class:`Snapshot`), kept longer when building it
+costs more (at most :data:`MAX_SHARE` of the time), so open pages cost a bounded share
+of the aggregator whatever the fleet's size. The table sorts, filters and pages on
 the server (50 rows a page), so the browser never holds the fleet.
 
 Background work: the alert feed (``FLEET_ALERTS`` from an hour back, then as stored), the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import secrets
@@ -64,6 +67,9 @@ log = logging.getLogger(__name__)
 
 PUSH_EVERY = 1.0
 """Seconds between two renders of a page's live parts."""
+MAX_SHARE = 0.1
+"""The share of the aggregator's time the pages' renders may take: a snapshot that took
+``t`` to build is kept ``t / MAX_SHARE`` seconds (at least PUSH_EVERY)."""
 PARTITIONS_EVERY = 5.0
 ALERT_FEED = 200
 """Alerts kept for the feed (the newest)."""
@@ -169,6 +175,33 @@ def tally(records: Iterable[NodeRecord]) -> tuple[dict[str, int], dict[str, dict
     return by_state, by_cluster
 
 
+class Snapshot:
+    """The records every page reads in one refresh, their tally, and each query's rows
+    (found once per snapshot, whatever the number of pages asking)."""
+
+    def __init__(
+        self,
+        records: list[NodeRecord],
+        by_state: dict[str, int],
+        by_cluster: dict[str, dict[str, int]],
+        built: float,
+        refresh: float,
+    ) -> None:
+        self.records = records
+        self.by_state = by_state
+        self.by_cluster = by_cluster
+        self.built = built
+        self.refresh = refresh
+        self._found: dict[render.Query, list[NodeRecord]] = {}
+
+    def matching(self, query: render.Query) -> list[NodeRecord]:
+        key = dataclasses.replace(query, page=1)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = matching(self.records, query)
+        return found
+
+
 def event(name: str, data: str) -> bytes:
     """One server-sent event; each line of ``data`` its own ``data:`` line."""
     lines = "".join(f"data: {line}\n" for line in data.split("\n"))
@@ -203,6 +236,7 @@ class DashboardActor:
         self.token = secrets.token_urlsafe(24)
         """Carried by the page's command form: a form posted from elsewhere lacks it."""
         self.streams = 0
+        self._snapshot: Snapshot | None = None
 
     # ----------------------------------------------------------------- routes
 
@@ -221,14 +255,28 @@ class DashboardActor:
         kind = "text/css" if name.endswith(".css") else "text/javascript"
         return web.Response(text=text, content_type=kind)
 
+    def fleet(self) -> Snapshot:
+        """The fleet as the pages show it now: built at most once per ``refresh`` for every
+        open page together, and at most a tenth of the time (a build at 100,000 nodes
+        takes a few tenths of a second: pages then update every few seconds)."""
+        now = time.monotonic()
+        if self._snapshot is None or now - self._snapshot.built >= self._snapshot.refresh:
+            records = list(self.view.current().values())
+            by_state, by_cluster = tally(records)
+            cost = time.monotonic() - now
+            self._snapshot = Snapshot(
+                records, by_state, by_cluster, now, max(PUSH_EVERY, cost / MAX_SHARE)
+            )
+        return self._snapshot
+
     async def _overview_parts(self, query: render.Query) -> dict[str, str]:
-        records = list(self.view.current().values())
-        found = matching(records, query)
+        snapshot = self.fleet()
+        found = snapshot.matching(query)
         start = (query.page - 1) * render.PAGE_SIZE
         page, total = found[start : start + render.PAGE_SIZE], len(found)
         shown = await self.view.live_records(page)
         now = time.time()
-        by_state, by_cluster = tally(records)
+        by_state, by_cluster = snapshot.by_state, snapshot.by_cluster
         body = render.table(query, render.table_body(shown, now), total)
         rows_start = body.index('<tbody id="rows">') + len('<tbody id="rows">')
         rows_end = body.index("</tbody>", rows_start)
@@ -339,7 +387,7 @@ class DashboardActor:
                     if number > seen:
                         await response.write(event("alert", render.alert_item(alert)))
                 seen = self._alert_seq
-            await asyncio.sleep(PUSH_EVERY)
+            await asyncio.sleep(self.fleet().refresh)
 
     async def command(self, request: web.Request) -> web.Response:
         """A confirmed cordon, drain or uncordon from a node page, sent signed."""
