@@ -27,10 +27,10 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
-from schemas import signing
+from schemas import codec, signing
 from schemas.events import Health, HealthCheck, Inject
-from schemas.messages import NodeRecord
-from schemas.subjects import Subjects
+from schemas.messages import MaintenanceWindow, NodeRecord
+from schemas.subjects import BUCKET_MAINTENANCE, Subjects
 from tests.support.fleet import (
     Fleet,
     heartbeat,
@@ -238,3 +238,27 @@ async def test_exposed_over_tls_asks_for_a_login(fleet: Fleet, tmp_path: Path) -
         right = {"Authorization": basic("alice", "correct horse battery")}
         async with session.get(https + "/", headers=right) as page:
             assert page.status == 200 and "GPU fleet" in await page.text()
+
+
+async def test_a_node_in_maintenance_says_so(fleet: Fleet) -> None:
+    """A node a maintenance window covers shows a maintenance badge in its row and on its
+    page; a node outside it does not."""
+    now = time.time()
+    window = MaintenanceWindow(
+        id="r12", since=now, until=now + 3600, by="U" + "A" * 55, selector={"rack": "r12"}
+    )
+    bucket = await fleet.bus.kv(Subjects(fleet.prefix).bucket_name(BUCKET_MAINTENANCE))
+    await bucket.put("r12", codec.encode(window))
+    url, _ = await start_dashboard(fleet)
+    await fleet.start_agent(fleet.config("n1", labels={"rack": "r12"}))
+    await fleet.start_agent(fleet.config("n2", labels={"rack": "r13"}))
+    for node in ("n1", "n2"):
+        await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "/") as page:
+            rows = {
+                row.split('"')[0]: row for row in (await page.text()).split('<tr data-node="')[1:]
+            }
+        assert ">maintenance<" in rows["n1"] and ">maintenance<" not in rows["n2"]
+        async with session.get(url + "/ui/nodes/n1") as node_page:
+            assert 'title="window r12: no reason given">maintenance<' in await node_page.text()

@@ -45,6 +45,7 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.dashboard import render
 from actors.fleet.dashboard.history import History
 from actors.fleet.hot_state import NodeTable
+from actors.fleet.maintenance import MaintenanceWindows
 from actors.runtime.bus import Bus, listening
 from actors.runtime.commands import new_command, publish_command
 from actors.runtime.web import kept_open
@@ -57,6 +58,7 @@ from schemas.messages import (
     Cordon,
     Drain,
     Heartbeat,
+    MaintenanceWindow,
     NodeRecord,
     Uncordon,
 )
@@ -237,6 +239,10 @@ class DashboardActor:
         """Carried by the page's command form: a form posted from elsewhere lacks it."""
         self.streams = 0
         self._snapshot: Snapshot | None = None
+        self.windows = MaintenanceWindows(bus, self.subjects)
+
+    def _covering(self, record: NodeRecord) -> MaintenanceWindow | None:
+        return self.windows.covering(record, time.time())
 
     # ----------------------------------------------------------------- routes
 
@@ -277,7 +283,7 @@ class DashboardActor:
         shown = await self.view.live_records(page)
         now = time.time()
         by_state, by_cluster = snapshot.by_state, snapshot.by_cluster
-        body = render.table(query, render.table_body(shown, now), total)
+        body = render.table(query, render.table_body(shown, now, self._covering), total)
         rows_start = body.index('<tbody id="rows">') + len('<tbody id="rows">')
         rows_end = body.index("</tbody>", rows_start)
         pager = '<p class="pager" id="pager">'
@@ -312,7 +318,7 @@ class DashboardActor:
         now = time.time()
         recent = list(self.results.get(node, ()))
         return {
-            "detail": render.node_detail(whole, now),
+            "detail": render.node_detail(whole, now, self._covering(whole)),
             "charts": render.charts(self.history.series(node), now),
             "results": "".join(render.result_item(r) for r in reversed(recent)),
         }
@@ -489,6 +495,7 @@ class DashboardActor:
             tasks = [
                 asyncio.create_task(self._follow_partitions(), name="dashboard-partitions"),
                 asyncio.create_task(self._sample_forever(), name="dashboard-history"),
+                asyncio.create_task(self.windows.follow(), name="dashboard-maintenance"),
             ]
             ready()
             try:

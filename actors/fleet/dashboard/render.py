@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -17,7 +17,7 @@ from actors.fleet.dashboard.history import SERIES
 from actors.fleet.history import Entry
 from actors.fleet.lease import PartitionStatus
 from schemas.events import Gpu, Health
-from schemas.messages import Alert, CommandResult, NodeRecord
+from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
 
 PAGE_SIZE = 50
 SORTS = ("node", "cluster", "state", "health", "gpus", "seen")
@@ -140,7 +140,15 @@ KNOWN_STATES = frozenset({"active", "degraded", "unhealthy", "cordoned", "draini
 """States in which a node's last heartbeat says how it is now."""
 
 
-def node_row(record: NodeRecord, now: float) -> str:
+def maintenance_badge(window: MaintenanceWindow | None) -> str:
+    """A ``maintenance`` badge naming the window, or nothing."""
+    if window is None:
+        return ""
+    title = f"window {window.id}: {window.reason or 'no reason given'}"
+    return f' <span class="badge held" title="{esc(title)}">maintenance</span>'
+
+
+def node_row(record: NodeRecord, now: float, window: MaintenanceWindow | None = None) -> str:
     beat = record.heartbeat
     known = record.state in KNOWN_STATES
     gpus = beat.sample.gpus if beat is not None and beat.sample is not None else []
@@ -151,7 +159,7 @@ def node_row(record: NodeRecord, now: float) -> str:
     cells = [
         f'<td><a href="/ui/nodes/{node}">{node}</a></td>',
         f"<td>{esc(record.cluster)}</td>",
-        f"<td>{state_badge(record.state)}</td>",
+        f"<td>{state_badge(record.state)}{maintenance_badge(window)}</td>",
         health_cell(record, beat.health if beat else None, known),
         f"<td>{gpu_bars(gpus) if known else '-'}</td>",
         age_cell(record.last_stored or record.last_seen, now),
@@ -163,8 +171,12 @@ def node_row(record: NodeRecord, now: float) -> str:
     return f'<tr data-node="{node}">{"".join(cells)}</tr>'
 
 
-def table_body(records: Iterable[NodeRecord], now: float) -> str:
-    rows = [node_row(record, now) for record in records]
+def table_body(
+    records: Iterable[NodeRecord],
+    now: float,
+    windows: Callable[[NodeRecord], MaintenanceWindow | None] = lambda record: None,
+) -> str:
+    rows = [node_row(record, now, windows(record)) for record in records]
     return "".join(rows) or '<tr><td colspan="9">no nodes match</td></tr>'
 
 
@@ -282,11 +294,12 @@ def charts(series: Sequence[Sequence[tuple[float, float]]], now: float) -> str:
     return "".join(chart(title, points, now) for title, points in zip(SERIES, series, strict=True))
 
 
-def node_detail(record: NodeRecord, now: float) -> str:
+def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None = None) -> str:
     """The latest heartbeat, readable: checks, XIDs, GPUs, engines, workloads, Slurm, latency."""
     beat = record.heartbeat
     parts = [
-        f"<p>{state_badge(record.state)} in {esc(record.cluster)}, last heartbeat "
+        f"<p>{state_badge(record.state)}{maintenance_badge(window)} in {esc(record.cluster)}, "
+        "last heartbeat "
         f'<span class="age" data-ts="{(record.last_stored or record.last_seen):.3f}">'
         f"{esc(ago(now - (record.last_stored or record.last_seen)))}</span> (seq "
         f"{record.last_seq}), {esc(record.schedulability)}</p>"
