@@ -515,6 +515,17 @@ async def refuses_another_nodes_subjects(
         await nc.close()
 
 
+def test_no_monitoring_port() -> None:
+    """No shipped server config opens nats-server's monitoring port: it has no
+    authentication and lists every connection's subscriptions, inbox names included."""
+    configs = sorted(DEPLOY.glob("**/*.conf"))
+    assert len(configs) >= 6
+    for config in configs:
+        settings = [line.split("#", 1)[0].strip() for line in config.read_text().splitlines()]
+        opened = [s for s in settings if re.match(r"(http|https|monitor_port|http_port)\s*[:=]", s)]
+        assert opened == [], config
+
+
 def unit(name: str) -> configparser.ConfigParser:
     """A systemd unit from deploy/nats/systemd, read as INI (keys keep their case; a
     repeated key such as LoadCredential keeps its last value: tests/system/test_tls.py
