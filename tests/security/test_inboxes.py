@@ -20,6 +20,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from actors.node.events import NodeEvents
@@ -45,7 +46,7 @@ def reply_body(node: str, nonce: str) -> bytes:
     return codec.encode(ProbeReply(node_id=node, nonce=nonce, sent_at=0.0, replied_at=0.0))
 
 
-def inboxes_of(nc: nats.aio.client.Client) -> list[str]:
+def inboxes_of(nc: Client) -> list[str]:
     """Every inbox subject a connection listens on, wildcards filled in (what an attacker
     who guessed or was shown them would publish to)."""
     return sorted(
