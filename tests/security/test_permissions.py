@@ -171,7 +171,12 @@ async def test_own_command_consumer_cannot_be_recreated(
     listener."""
     own = command_consumer(AUTH_CLUSTER, ATTACKER)
     own_commands = SUBJECTS.command(AUTH_CLUSTER, ATTACKER)
-    assert await command_queues.ensure(auth.admin.js, SUBJECTS, [(AUTH_CLUSTER, ATTACKER)]) == 1
+    assert (
+        await command_queues.ensure(
+            auth.admin, SUBJECTS, [(AUTH_CLUSTER, ATTACKER)], check_configs=False
+        )
+        == 1
+    )
     registrations: list[bytes] = []
 
     async def registered(msg: Msg) -> None:
@@ -222,7 +227,8 @@ async def test_own_command_consumer_cannot_be_recreated(
 async def test_provider_replaces_a_consumer_configured_otherwise(auth: AuthServer) -> None:
     """A command consumer left configured otherwise (a push consumer into fleet.register
     made before the provider created them, or by hand) is deleted and created again with
-    the pinned configuration; one already right is left alone."""
+    the pinned configuration when configurations are checked (an aggregator's first
+    round); one already right is left alone; a deleted one is put back from the names."""
     own = command_consumer(AUTH_CLUSTER, VICTIM)
     await auth.admin.js.add_consumer(
         "FLEET_CMD",
@@ -232,11 +238,14 @@ async def test_provider_replaces_a_consumer_configured_otherwise(auth: AuthServe
         deliver_subject=SUBJECTS.register(),
     )
     nodes = [(AUTH_CLUSTER, VICTIM)]
-    assert await command_queues.ensure(auth.admin.js, SUBJECTS, nodes) == 1
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 0
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 1
     info = await auth.admin.js.consumer_info("FLEET_CMD", own)
     assert info.config.deliver_subject is None
     assert info.config.max_waiting == command_queues.wanted(SUBJECTS, *nodes[0]).max_waiting
-    assert await command_queues.ensure(auth.admin.js, SUBJECTS, nodes) == 0
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 0
+    await auth.admin.js.delete_consumer("FLEET_CMD", own)
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 1
 
 
 async def test_honest_prober_answers_only_inboxes(auth: AuthServer, attacker: Attacker) -> None:
