@@ -211,14 +211,14 @@ class CommandsActor:
         try:
             self.store.remember(command.id, command.expires_at + self.config.max_skew)
         except StoreError as exc:
-            if msg.metadata.num_delivered < MAX_DELIVER:
+            if msg.metadata.num_delivered < COMMAND_MAX_DELIVER:
                 log.error(
                     "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
                 )
                 await msg.nak(delay=REDELIVER_AFTER)
                 return False
             log.error("command not saved; not run", extra={"id": command.id, "reason": str(exc)})
-            detail = f"not run: {exc} (tried {MAX_DELIVER} times); send it again once fixed"
+            detail = f"not run: {exc} (tried {COMMAND_MAX_DELIVER} times); send it again once fixed"
             await self.actions.result(command.id, "failed", detail, digest=digest)
             await msg.term()
             return False
