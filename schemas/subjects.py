@@ -48,6 +48,13 @@ EVENT_WORKLOAD_ORDER: Final = "workload_order"
 """The command executor hands an accepted Deploy or Stop to the workload actor here."""
 EVENT_CLOUD: Final = "cloud"
 EVENT_SCHEDULER: Final = "scheduler"
+PROBE_INBOX: Final = "_INBOX"
+"""Probe answers go to ``_INBOX.<asker>.probe.<responder>.<token>`` (:func:`probe_reply`)."""
+COMMAND_ACK_WAIT: Final = 30.0
+"""Seconds a node has to acknowledge a command before FLEET_CMD delivers it again."""
+COMMAND_MAX_DELIVER: Final = 5
+"""Deliveries of one command at most (a command that keeps failing is not redelivered
+forever)."""
 
 
 def check_token(field: str, value: str) -> str:
@@ -237,3 +244,30 @@ class Subjects:
         if len(parts) != len(head) + 2 or parts[: len(head)] != head:
             raise InvalidToken(f"{kind} subject", subject)
         return check_token("cluster", parts[-2]), check_token("node id", parts[-1])
+
+
+def probe_reply(asker: str, responder: str, token: str) -> str:
+    """The reply subject of ``asker``'s probe to ``responder``:
+    ``_INBOX.<asker>.probe.<responder>.<token>``. Under the shipped permissions a node may
+    publish to no inbox but ``_INBOX.*.probe.<itself>.*``, so an answer there is the
+    responder's (the server says so), and only ``asker`` may read it."""
+    check_token("node id", asker)
+    check_token("node id", responder)
+    return f"{PROBE_INBOX}.{asker}.probe.{responder}.{check_token('token', token)}"
+
+
+def probe_reply_responder(reply: str) -> str | None:
+    """The responder named by a probe's reply subject, or None when it is not one
+    :func:`probe_reply` makes (a prober answers no other)."""
+    parts = reply.split(".")
+    if len(parts) != 5 or parts[0] != PROBE_INBOX or parts[2] != "probe":
+        return None
+    if not all(is_token(part) for part in parts[1:]):
+        return None
+    return parts[3]
+
+
+def command_consumer(cluster: str, node: str) -> str:
+    """The durable consumer of ``node``'s commands on FLEET_CMD; the provider creates it
+    (see actors/fleet/command_queues.py), the node only reads from it."""
+    return f"cmd_{check_token('cluster', cluster)}_{check_token('node id', node)}"

@@ -713,7 +713,10 @@ def parser() -> argparse.ArgumentParser:
     config.add_argument("--aggregator", action="append", help="aggregator public key (repeatable)")
     config.add_argument("--operator", action="append", help="operator public key (repeatable)")
     config.add_argument(
-        "--monitor", action="append", help="read-only monitoring public key (repeatable)"
+        "--monitor",
+        action="append",
+        help="read-only monitoring public key (repeatable): account MONITORS, node records "
+        "by direct get with the JetStream API prefix JS.FLEET.API, alerts and events",
     )
     config.add_argument(
         "--identity",

@@ -34,7 +34,7 @@ from functools import partial
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from actors.fleet import judge
+from actors.fleet import command_queues, judge
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.judge import LateDelivery, NeedsFetch, Refused, Verdict
@@ -143,6 +143,24 @@ class AggregatorActor:
             group.create_task(self.sweeps.run())
             group.create_task(self.ledger.checkpoint_forever())
             group.create_task(self.ledger.reread_forever())
+            group.create_task(
+                command_queues.keep_forever(
+                    self.bus,
+                    self.subjects,
+                    self._admitted,
+                    self.config.sweep_interval,
+                    self.config.full_sweep_interval,
+                )
+            )
+
+    def _admitted(self) -> list[tuple[str, str]]:
+        """(cluster, node) of every node this aggregator owns that is admitted and not
+        deregistered: those whose command consumer it keeps (see command_queues)."""
+        return [
+            (state.record.cluster, node)
+            for node, state in list(self.nodes.items())
+            if state.record.state not in command_queues.NOT_ADMITTED and self.owns(node)
+        ]
 
 
 class HeartbeatPath:

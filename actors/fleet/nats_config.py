@@ -5,8 +5,12 @@ entry wrong in a hundred; this renders them from :class:`schemas.subjects.Subjec
 every approved node. The layout is deploy/nats/auth.conf's (read its comments for why):
 nodes live in the account NODES, each allowed only its own subjects, and reach the
 provider's account FLEET (streams, buckets, aggregators, operators) only through service
-imports, so no reply subject a node names can land in FLEET. The output is one
-``accounts { ... }`` block that a server config includes (``include fleet-auth.conf``).
+imports, so no reply subject a node names can land in FLEET. Monitors live in MONITORS,
+reaching FLEET the same way for direct gets and stream info of the node records only.
+Nodes publish to no inbox but the answers to probes addressed to them, and create no
+consumer: the aggregator creates each node's command consumer (command_queues.py). The
+output is one ``accounts { ... }`` block that a server config includes
+(``include fleet-auth.conf``).
 
 A node's identity is its nkey (``identity="nkey"``, the default) or its TLS client
 certificate (``identity="cert"``: the server's ``tls { verify_and_map: true }`` maps the
@@ -26,9 +30,11 @@ from actors.runtime.bus import Bus
 from schemas.errors import FleetError
 from schemas.subjects import (
     BUCKET_NODES,
+    PROBE_INBOX,
     STREAM_COMMANDS,
     Subjects,
     check_token,
+    command_consumer,
 )
 
 Identity = Literal["nkey", "cert"]
@@ -55,7 +61,8 @@ class NodeUser:
 @dataclass(frozen=True)
 class Users:
     """Everyone the generated config lets in. Aggregators and operators are unrestricted
-    in FLEET (they provision, approve and send signed commands); monitors may only read."""
+    in FLEET (they provision, approve and send signed commands); monitors may only read
+    the node records (direct gets, stream info), alerts and events."""
 
     nodes: list[NodeUser]
     aggregators: list[str] = field(default_factory=list)
@@ -121,13 +128,27 @@ def render(subjects: Subjects, users: Users, identity: Identity = "nkey") -> str
     ]
     lines += _keyed("aggregator", users.aggregators)
     lines += _keyed("operator", users.operators)
-    lines += _keyed("monitor (read-only)", users.monitors, _monitor_permissions(subjects))
     lines += ["    ]", "    exports: ["]
-    lines += [f"      {_block(export)}" for export in _exports(subjects)]
+    exports = _exports(subjects)
+    exports += [e for e in _monitor_exports(subjects) if e not in exports]
+    lines += [f"      {_block(export)}" for export in exports]
     lines += [
         "    ]",
         "    imports: [",
         f"      {{ stream: {{ account: NODES, subject: {_q(_all_events(subjects))} }} }}",
+        "    ]",
+        "  }",
+        "  MONITORS {",
+        "    imports: [",
+    ]
+    lines += [f"      {imported}" for imported in _imports(subjects, _monitor_exports(subjects))]
+    lines += [
+        f"      {{ stream: {{ account: NODES, subject: {_q(_all_events(subjects))} }} }}",
+        "    ]",
+        "    users: [",
+    ]
+    lines += _keyed("monitor (read-only)", users.monitors, _monitor_permissions(subjects))
+    lines += [
         "    ]",
         "  }",
         "  NODES {",
@@ -136,7 +157,7 @@ def render(subjects: Subjects, users: Users, identity: Identity = "nkey") -> str
         "    ]",
         "    imports: [",
     ]
-    lines += [f"      {imported}" for imported in _imports(subjects)]
+    lines += [f"      {imported}" for imported in _imports(subjects, _exports(subjects))]
     lines += ["    ]", "    users: ["]
     for user in users.nodes:
         login = (
@@ -157,11 +178,11 @@ Permissions = dict[str, list[str]]
 
 def _node_permissions(subjects: Subjects, user: NodeUser) -> Permissions:
     """deploy/nats/auth.conf's node-1 entry for ``user``: its own heartbeats, events,
-    results, probes and command consumer, replies only on inboxes, answers only on its own."""
+    results, probes and command consumer (looked up, pulled, acknowledged: never created),
+    answers to probes addressed to it and no other inbox, its own inboxes to read."""
     node, cluster = user.node, user.cluster
     commands = subjects.stream_name(STREAM_COMMANDS)
-    consumer = f"cmd_{cluster}_{node}"
-    own_commands = subjects.command(cluster, node)
+    consumer = command_consumer(cluster, node)
     nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
     return {
         "publish": [
@@ -170,10 +191,9 @@ def _node_permissions(subjects: Subjects, user: NodeUser) -> Permissions:
             subjects.result(cluster, node),
             subjects.register(),
             f"{subjects.prefix}.probe.*",
-            "_INBOX.>",
+            probe_answers(node),
             f"{JS_API_PREFIX}.DIRECT.GET.{nodes_bucket}",
             f"{JS_API_PREFIX}.CONSUMER.INFO.{commands}.{consumer}",
-            f"{JS_API_PREFIX}.CONSUMER.CREATE.{commands}.{consumer}.{own_commands}",
             f"{JS_API_PREFIX}.CONSUMER.MSG.NEXT.{commands}.{consumer}",
             f"$JS.ACK.{commands}.{consumer}.>",
         ],
@@ -186,23 +206,36 @@ def _node_permissions(subjects: Subjects, user: NodeUser) -> Permissions:
     }
 
 
+def probe_answers(node: str) -> str:
+    """Where ``node`` may answer probes: ``_INBOX.<asker>.probe.<node>.<token>`` (see
+    :func:`schemas.subjects.probe_reply`), never another inbox."""
+    return f"{PROBE_INBOX}.*.probe.{node}.*"
+
+
 def _monitor_permissions(subjects: Subjects) -> Permissions:
-    """Reads only: node records (bucket binding, key listing through an ordered consumer of
-    the records stream, gets), alerts and events; no write to any stream or bucket."""
-    nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
+    """Reads only, in MONITORS: the node records (stream info, direct gets through FLEET's
+    exports), alerts and events; its own account's inboxes, where nothing but monitors'
+    answers arrive. No consumer, no write, and no reply it names can land in FLEET."""
     return {
         "publish": [
-            "$JS.API.INFO",
-            f"$JS.API.STREAM.INFO.{nodes_bucket}",
-            f"$JS.API.STREAM.MSG.GET.{nodes_bucket}",
-            f"$JS.API.DIRECT.GET.{nodes_bucket}",
-            f"$JS.API.DIRECT.GET.{nodes_bucket}.>",
-            f"$JS.API.CONSUMER.CREATE.{nodes_bucket}",
-            f"$JS.API.CONSUMER.CREATE.{nodes_bucket}.>",
-            f"$JS.API.CONSUMER.INFO.{nodes_bucket}.*",
+            _renamed(export["service"])
+            for export in _monitor_exports(subjects)
+            if "service" in export
         ],
-        "subscribe": ["_INBOX.>", subjects.alerts(), subjects.events("*")],
+        "subscribe": ["_INBOX.>", subjects.alerts(), _all_events(subjects)],
     }
+
+
+def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
+    """What FLEET lends monitors: the node records' stream info and direct gets (one key,
+    or the batched scan), and alerts."""
+    nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
+    return [
+        {"service": f"$JS.API.STREAM.INFO.{nodes_bucket}"},
+        {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}", "response": "stream"},
+        {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}.>"},
+        {"stream": subjects.alerts()},
+    ]
 
 
 def _all_events(subjects: Subjects) -> str:
@@ -218,26 +251,36 @@ def _exports(subjects: Subjects) -> list[dict[str, str]]:
         {"service": subjects.register()},
         {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}", "response": "stream"},
         {"service": f"$JS.API.CONSUMER.INFO.{commands}.*"},
-        {"service": f"$JS.API.CONSUMER.CREATE.{commands}.>"},
         {"service": f"$JS.API.CONSUMER.MSG.NEXT.{commands}.*", "response": "stream"},
         {"service": f"$JS.ACK.{commands}.>"},
     ]
 
 
-def _imports(subjects: Subjects) -> Iterable[str]:
-    """FLEET's exports imported into NODES; JetStream API ones under JS_API_PREFIX."""
-    for export in _exports(subjects):
+def _imports(subjects: Subjects, exports: list[dict[str, str]]) -> Iterable[str]:
+    """FLEET's ``exports`` imported into another account; JetStream API ones under
+    JS_API_PREFIX."""
+    for export in exports:
+        if "stream" in export:
+            yield f"{{ stream: {{ account: FLEET, subject: {_q(export['stream'])} }} }}"
+            continue
         subject = export["service"]
         service = f"{{ account: FLEET, subject: {_q(subject)} }}"
-        if subject.startswith("$JS.API."):
-            renamed = JS_API_PREFIX + subject.removeprefix("$JS.API")
-            yield f"{{ service: {service}, to: {_q(renamed)} }}"
+        if subject != _renamed(subject):
+            yield f"{{ service: {service}, to: {_q(_renamed(subject))} }}"
         elif subject == subjects.register():
             # The server names the sender's login in Nats-Request-Info (replacing any a
             # client sent): aggregators limit registrations per login, not only per key.
             yield f"{{ service: {service}, share: true }}"
         else:
             yield f"{{ service: {service} }}"
+
+
+def _renamed(subject: str) -> str:
+    """Where an importing account reaches FLEET's ``subject``: JetStream's API under
+    JS_API_PREFIX (its own ``$JS.API`` answers "not enabled"), anything else as it is."""
+    if subject.startswith("$JS.API."):
+        return JS_API_PREFIX + subject.removeprefix("$JS.API")
+    return subject
 
 
 def _keyed(role: str, keys: list[str], permissions: Permissions | None = None) -> list[str]:
@@ -263,7 +306,7 @@ def _permissions(permissions: Permissions) -> list[str]:
 
 
 def _block(entry: dict[str, str]) -> str:
-    """A one-line export: ``{ service: "...", response: stream }``."""
+    """A one-line export: ``{ service: "...", response: stream }`` or ``{ stream: "..." }``."""
     parts = [
         f"{name}: {value if name == 'response' else _q(value)}" for name, value in entry.items()
     ]

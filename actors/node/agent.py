@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 from pathlib import Path
 
 from actors.node.commands.actor import CommandsActor
@@ -38,8 +39,10 @@ shutdown drain is over: a stop takes at most shutdown_timeout + 2 x this."""
 
 def inbox_prefix(node_id: str) -> str:
     """Replies to a node arrive under a prefix of its own, so a server can let each node
-    read only its own replies (deploy/nats/auth.conf)."""
-    return f"_INBOX.{node_id}"
+    read only its own replies (deploy/nats/auth.conf), with a random token per connection,
+    so no one can name this connection's inboxes without having been told one. (No node
+    may publish to them anyway: only FLEET's answers land there.)"""
+    return f"_INBOX.{node_id}.{secrets.token_hex(8)}"
 
 
 class NodeAgent:

@@ -85,7 +85,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     prefix: str = "fleet"
     js_api_prefix: str = "$JS.API"
     """Where the JetStream API is reached: ``JS.FLEET.API`` under deploy/nats/auth.conf,
-    whose nodes live in an account without JetStream and import the fleet's API there."""
+    whose nodes live in an account without JetStream and import the fleet's API there.
+    With any other than ``$JS.API`` the node does not create its command consumer (it
+    may not): it waits for the aggregator to create it."""
     tls_ca: str = ""
     """PEM file of the CA that signed the NATS server's certificate; empty: the system's
     CAs. Setting any tls_* makes TLS mandatory: a server without TLS is refused."""

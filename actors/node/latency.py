@@ -5,6 +5,13 @@ path drops messages. Every agent answers ``fleet.probe.<node>``; this actor also
 peers (configured, or up to ``max_peers`` nodes of its own cluster from ``fleet_nodes``)
 concurrently, each bounded by ``probe_timeout``, and keeps loss over a sliding window.
 It runs beside the heartbeat, never in its path: a silent peer costs one timeout here.
+
+Each probe waits on an inbox of its own, ``_INBOX.<us>.probe.<peer>.<token>``: under the
+shipped permissions only that peer may publish there (and only we may read), the token is
+random, and an answer counts only with the probe's nonce and the peer's name. Answers
+go only to such inboxes naming this node as the responder, at most
+``ANSWERS_PER_ASKER`` a second to one asker and ``ANSWERS_PER_SECOND`` in all, so this
+node is no reflector.
 """
 
 from __future__ import annotations
@@ -12,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 
@@ -23,13 +30,19 @@ from nats.aio.msg import Msg
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime import kv
-from actors.runtime.bus import Bus, listening
-from actors.runtime.schedule import sleep_jittered
+from actors.runtime.bus import Bus, listening, unsubscribe_quietly
+from actors.runtime.schedule import RateLimit, sleep_jittered
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Latency, PeerLatency
 from schemas.messages import NodeRecord, Probe, ProbeReply
-from schemas.subjects import BUCKET_NODES, EVENT_LATENCY, Subjects
+from schemas.subjects import (
+    BUCKET_NODES,
+    EVENT_LATENCY,
+    Subjects,
+    probe_reply,
+    probe_reply_responder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +54,10 @@ KV_TIMEOUT = 5.0
 DISCOVER_LIMIT = 4096
 """Discovery reads at most 4,096 records (a fleet larger than that is seen in part)."""
 NOT_PEERS = {"pending", "offline", "deregistered"}
-INBOX_PREFIX = "_INBOX."
-"""Probes are answered only on inbox subjects, which carry replies and nothing else."""
+ANSWERS_PER_ASKER = 10
+"""Probes answered per second to one asker (an honest one probes us once a round)."""
+ANSWERS_PER_SECOND = 500
+"""Probes answered per second in all; the rest are dropped unanswered."""
 
 
 class LatencyActor:
@@ -59,13 +74,18 @@ class LatencyActor:
         self.peers: list[str] = list(config.peers)
         # Per peer: True for an answered probe, False for a lost one, newest last.
         self.windows: dict[str, deque[bool]] = {}
+        self.answers = RateLimit(ANSWERS_PER_SECOND, 1.0)
+        self.answers_per_asker = RateLimit(ANSWERS_PER_ASKER, 1.0)
 
     async def _answer(self, msg: Msg) -> None:
-        # The reply subject is the sender's choice: answering anything but an inbox would
-        # let any client make this node publish under its name (a probe with reply
-        # ``$KV.fleet_trust.<node>`` once rewrote another node's trust entry).
-        if not msg.reply.startswith(INBOX_PREFIX):
-            log.debug("ignoring probe without an inbox reply", extra={"reply": msg.reply})
+        # The reply subject is the sender's choice: answering anything but a probe inbox
+        # naming us would let any client make this node publish under its name (a probe
+        # with reply ``$KV.fleet_trust.<node>`` once rewrote another node's trust entry).
+        if probe_reply_responder(msg.reply) != self.config.node_id:
+            log.debug("ignoring probe without a probe inbox reply", extra={"reply": msg.reply})
+            return
+        asker = msg.reply.split(".")[1]
+        if not (self.answers.allow() and self.answers_per_asker.allow(asker)):
             return
         try:
             probe = codec.decode(msg.data, Probe, msg.subject)
@@ -114,20 +134,35 @@ class LatencyActor:
         return found[: self.config.max_peers]
 
     async def probe_peer(self, node: str) -> int | None:
-        """Round trip in microseconds, or None when no (valid) answer came in time."""
-        nonce = uuid.uuid4().hex
+        """Round trip in microseconds, or None when no valid answer came in time. Anything
+        else on the probe's inbox (a wrong nonce or name, a malformed body) is ignored and
+        the probe keeps waiting for its answer."""
+        nonce = secrets.token_hex(16)
+        inbox = probe_reply(self.config.node_id, node, nonce)
         body = codec.encode(Probe(from_node=self.config.node_id, nonce=nonce, sent_at=time.time()))
-        start = time.perf_counter()
+        answered: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+        async def on_reply(msg: Msg) -> None:
+            try:
+                reply = codec.decode(msg.data, ProbeReply, msg.subject)
+            except DecodeError:
+                return
+            if reply.nonce == nonce and reply.node_id == node and not answered.done():
+                answered.set_result(time.perf_counter())
+
         try:
-            msg = await self.bus.request(
-                self.subjects.probe(node), body, timeout=self.config.probe_timeout
-            )
-            reply = codec.decode(msg.data, ProbeReply, msg.subject)
-        except (nats.errors.Error, TimeoutError, DecodeError):
+            subscription = await self.bus.subscribe(inbox, on_reply)
+        except nats.errors.Error:
             return None
-        if reply.nonce != nonce or reply.node_id != node:
+        try:
+            start = time.perf_counter()
+            await self.bus.publish(self.subjects.probe(node), body, reply=inbox)
+            async with asyncio.timeout(self.config.probe_timeout):
+                return round((await answered - start) * 1e6)
+        except (nats.errors.Error, TimeoutError):
             return None
-        return round((time.perf_counter() - start) * 1e6)
+        finally:
+            await unsubscribe_quietly(subscription)
 
     async def gateway_rtt(self) -> int | None:
         try:

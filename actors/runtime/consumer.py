@@ -22,7 +22,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.runtime.bus import Bus, unsubscribe_quietly
 from actors.runtime.schedule import stop_if_cancelled
@@ -36,14 +36,41 @@ LOOP_DROP_REASONS = ("handler_error", "transient_error")
 """The reasons the consume loops here tell a :data:`DropCounter`."""
 
 RECREATE_RETRY = 1.0
-"""Seconds between attempts to create a missing consumer again (its stream may be gone)."""
+"""Seconds before the first attempt to create a missing consumer again (its stream may be
+gone, or only another may create it); each failed attempt doubles the wait."""
+RECREATE_RETRY_MAX = 15.0
+PULL_MAX_WAITING = 4
+PULL_MAX_ACK_PENDING = 64
+"""What one reader of a :func:`pull_config` consumer may hold: pulls waiting at once,
+messages delivered and not yet acknowledged."""
+
+
+def pull_config(durable: str, subject: str, *, ack_wait: float, max_deliver: int) -> ConsumerConfig:
+    """The whole configuration of a durable pull consumer that one reader works through
+    (a node's command queue): pull only (no deliver subject), explicit acks, every
+    message from the start, bounded redeliveries and pulls. Whoever creates it creates
+    exactly this, so the reader and the provider agree and neither can be told
+    otherwise."""
+    return ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        filter_subject=subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_waiting=PULL_MAX_WAITING,
+        max_ack_pending=PULL_MAX_ACK_PENDING,
+    )
 
 
 class DurableConsumer:
     """One durable pull consumer of ``stream``, filtered to ``subject``, with ``config``.
 
     ``missing`` is the reason it cannot be used right now ("" while it works): health
-    endpoints report it, so a consumer that cannot be re-created is seen, not silent."""
+    endpoints report it, so a consumer that cannot be re-created is seen, not silent.
+    Without ``create`` it is only bound to, never created: someone else (the provider)
+    creates it, and until then every fetch finds it missing and looks again."""
 
     def __init__(
         self,
@@ -52,22 +79,38 @@ class DurableConsumer:
         subject: str,
         durable: str,
         config: ConsumerConfig,
+        *,
+        create: bool = True,
     ) -> None:
         self.js = js
+        self.create = create
         self.stream = stream
         self.subject = subject
         self.durable = durable
         self.config = config
         self.missing = "not created yet"
         self._subscription: JetStreamContext.PullSubscription | None = None
+        self._retry = RECREATE_RETRY
 
     async def open(self) -> None:
-        """Create the consumer if it does not exist (same config: idempotent) and bind."""
+        """Create the consumer if it does not exist (same config: idempotent) and bind;
+        without ``create``, bind to it if it exists (else raise NotFoundError)."""
         await self.close()
-        self._subscription = await self.js.pull_subscribe(
-            self.subject, durable=self.durable, stream=self.stream, config=self.config
-        )
+        if self.create:
+            self._subscription = await self.js.pull_subscribe(
+                self.subject, durable=self.durable, stream=self.stream, config=self.config
+            )
+        else:
+            await self.js.consumer_info(self.stream, self.durable)
+            self._subscription = await self.js.pull_subscribe_bind(
+                durable=self.durable, stream=self.stream
+            )
         self.missing = ""
+
+    async def try_open(self) -> bool:
+        """:meth:`open`, or False with the reason in ``missing`` when the consumer cannot
+        be created (it may be the provider's to create: :meth:`fetch` tries again)."""
+        return await self._recreate()
 
     async def close(self) -> None:
         """Unsubscribe; a connection already closed has nothing to undo."""
@@ -84,8 +127,10 @@ class DurableConsumer:
         ``missing`` and retried at the next call."""
         if self._subscription is None or self.missing:
             if not await self._recreate():
-                await asyncio.sleep(RECREATE_RETRY)
+                await asyncio.sleep(self._retry)
+                self._retry = min(2 * self._retry, RECREATE_RETRY_MAX)
                 return []
+            self._retry = RECREATE_RETRY
         assert self._subscription is not None
         try:
             return await self._subscription.fetch(batch, timeout=wait)
@@ -114,9 +159,10 @@ class DurableConsumer:
         try:
             await self.open()
         except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.APIError) as exc:
-            self.missing = f"consumer {self.durable} cannot be created: {exc}"
+            why = "cannot be created" if self.create else "is not there (its provider creates it)"
+            self.missing = f"consumer {self.durable} {why}: {exc}"
             log.warning(
-                "durable consumer cannot be created",
+                f"durable consumer {why}",
                 extra={"consumer": self.durable, "reason": str(exc)},
             )
             return False

@@ -71,14 +71,17 @@ async def test_nodes_from_fleet_trust(bus: NatsBus, prefix: str) -> None:
 
 
 async def test_monitor_only_reads(tmp_path: Path) -> None:
-    """The monitor lists the node records and cannot write a trust entry."""
+    """The monitor lists the node records (through JS.FLEET.API, from its own account) and
+    cannot write a trust entry (tests/security/test_monitor.py tries the rest)."""
     aggregator, monitor = signing.KeyPair.generate(), signing.KeyPair.generate()
     users = Users([], aggregators=[aggregator.public_key], monitors=[monitor.public_key])
     config = server_config(tmp_path, users, "nkey")
     subjects = Subjects()
     with NatsServer(tmp_path / "server", config_file=config) as server:
         admin = await NatsBus.connect(server.url, "admin", nkey_seed=aggregator.seed)
-        reader = await NatsBus.connect(server.url, "monitor", nkey_seed=monitor.seed)
+        reader = await NatsBus.connect(
+            server.url, "monitor", nkey_seed=monitor.seed, js_api_prefix=nats_config.JS_API_PREFIX
+        )
         try:
             await provision(admin.js, subjects)
             assert await registry.read_records(reader, subjects) == []

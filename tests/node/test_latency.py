@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from actors.node.latency import LOSS_WINDOW, LatencyActor
 from actors.runtime.bus import NatsBus
+from actors.runtime.schedule import RateLimit
 from schemas import codec
 from schemas.base import RecordState
 from schemas.events import Latency
@@ -68,6 +69,8 @@ async def test_loss_is_over_a_sliding_window(fleet: Fleet, bus: NatsBus, prefix:
     for _ in range(2):  # nobody answers as n2 yet
         await actor.measure()
     answering = prober(fleet, "n2")
+    # Back-to-back rounds here, far above the answers one asker gets a second.
+    answering.answers_per_asker = RateLimit(4 * LOSS_WINDOW, 1.0)
     await fleet.start_supervisor(answering, ready_timeout=5)
     for _ in range(2):
         latest = await actor.measure()

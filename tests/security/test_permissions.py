@@ -10,204 +10,45 @@ Honest agents run beside it where a test needs them: every subject they use stil
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import msgspec
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.kv import KeyValue
 
-from actors.fleet.registry import approve, revoke
-from actors.fleet.streams import provision
-from actors.node.config import AgentConfig
-from actors.runtime.bus import NatsBus
-from actors.runtime.embedded import NatsServer
-from schemas import codec, signing
+from actors.fleet import command_queues
+from actors.fleet.registry import revoke
+from schemas import codec
 from schemas.events import Latency
 from schemas.messages import Probe, ProbeReply
 from schemas.subjects import (
     BUCKET_NODES,
-    BUCKET_TRUST,
+    COMMAND_ACK_WAIT,
+    COMMAND_MAX_DELIVER,
     STREAM_ALERTS,
     STREAM_COMMANDS,
     STREAM_HEARTBEATS,
-    Subjects,
+    command_consumer,
+    probe_reply,
 )
-from tests.support.deploy import (
-    AUTH_CLUSTER,
-    AUTH_JS_API_PREFIX,
-    fleet_auth,
-    free_port,
-    render_auth,
+from tests.security.auth_fleet import (
+    ATTACKER,
+    NODE_AGENT,
+    NODES,
+    PREFIX,
+    SETTLE,
+    SUBJECTS,
+    VICTIM,
+    Attacker,
+    AuthServer,
+    provider_state,
+    snapshot,
 )
-from tests.support.fleet import TEST_LIMITS, Fleet, agent_config, wait_for, wait_record
-
-PREFIX = "fleet"
-"""auth.conf's permissions name the default prefix."""
-SUBJECTS = Subjects(PREFIX)
-NODES = ["node-1", "node-2", "node-3"]
-ATTACKER, VICTIM = NODES[0], NODES[1]
-NODE_AGENT = str(Path(sys.executable).parent / "node-agent")
-SETTLE = 0.5
-"""How long a refused (or relayed) message gets to land before its effect is checked."""
-
-
-@dataclass
-class AuthServer:
-    server: NatsServer
-    keys: dict[str, signing.KeyPair]
-    fleet: Fleet
-
-    @property
-    def admin(self) -> NatsBus:
-        return self.fleet.bus
-
-    def config(self, node: str, **settings: object) -> AgentConfig:
-        """An honest agent of ``node`` as auth.conf asks it to run, key already in place."""
-        config = agent_config(
-            self.server.url,
-            PREFIX,
-            self.fleet.state_dir,
-            node,
-            cluster=AUTH_CLUSTER,
-            nkey_auth=True,
-            js_api_prefix=AUTH_JS_API_PREFIX,
-            **settings,
-        )
-        config.key_path.parent.mkdir(parents=True, exist_ok=True)
-        config.key_path.write_text(self.keys[node].seed)
-        config.key_path.chmod(0o600)
-        return config
-
-
-def generated(
-    directory: Path, store: Path, aggregator: str, nodes: dict[str, tuple[str, str]]
-) -> Path:
-    """A server on loopback that includes what ``fleetctl nats-config`` generates."""
-    fleet_auth(directory, nodes, aggregator)
-    config = directory / "server.conf"
-    config.write_text(
-        f"listen: 127.0.0.1:{free_port()}\n"
-        f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n"
-        "include fleet-auth.conf\n"
-    )
-    return config
-
-
-@pytest.fixture(params=["auth.conf", "generated"])
-async def auth(
-    tmp_path: Path, state_dir: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[AuthServer]:
-    """Three nodes and the provider, streams and buckets provisioned, under the hand-written
-    auth.conf and under ``fleetctl nats-config``'s output: both must hold."""
-    keys = {node: signing.KeyPair.generate() for node in [*NODES, "aggregator"]}
-    nodes = {node: (AUTH_CLUSTER, keys[node].public_key) for node in NODES}
-    aggregator = keys["aggregator"].public_key
-    if request.param == "generated":
-        config = generated(tmp_path / "generated", tmp_path / "js", aggregator, nodes)
-    else:
-        config = render_auth(
-            tmp_path / "auth.conf", free_port(), tmp_path / "js", aggregator, nodes
-        )
-    server = NatsServer(tmp_path / "server", name="auth", config_file=config).start()
-    try:
-        async with AsyncExitStack() as stack:
-            admin = await NatsBus.connect(server.url, "admin", nkey_seed=keys["aggregator"].seed)
-            stack.push_async_callback(admin.close)
-            await provision(admin.js, SUBJECTS)
-            fleet = Fleet(server.url, admin, PREFIX, state_dir, stack)
-            yield AuthServer(server, keys, fleet)
-    finally:
-        server.stop()
-
-
-@dataclass
-class Attacker:
-    """A plain nats-py client logged in with a node's key; the server's refusals land in
-    ``errors``."""
-
-    nc: Client
-    errors: list[Exception] = field(default_factory=list)
-
-    def refused(self, subject: str) -> bool:
-        # nats-py reports the server's -ERR in lower case.
-        wanted = f'permissions violation for publish to "{subject.lower()}"'
-        return any(wanted in str(e) for e in self.errors)
-
-
-@pytest.fixture
-async def attacker(auth: AuthServer) -> AsyncIterator[Attacker]:
-    errors: list[Exception] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(exc)
-
-    nc = await nats.connect(
-        auth.server.url,
-        nkeys_seed_str=auth.keys[ATTACKER].seed,
-        inbox_prefix=f"_INBOX.{ATTACKER}",
-        error_cb=on_error,
-        allow_reconnect=False,
-    )
-    yield Attacker(nc, errors)
-    await nc.close()
-
-
-@dataclass
-class Snapshot:
-    """What the attacks aim at, as the provider sees it."""
-
-    trust: dict[str, bytes]
-    nodes: dict[str, bytes]
-    messages: dict[str, int]
-    consumers: dict[str, list[str]]
-
-
-async def snapshot(admin: NatsBus) -> Snapshot:
-    trust = await admin.kv(SUBJECTS.bucket_name(BUCKET_TRUST))
-    nodes = await admin.kv(SUBJECTS.bucket_name(BUCKET_NODES))
-    streams = [SUBJECTS.stream_name(s) for s in (STREAM_HEARTBEATS, STREAM_COMMANDS, STREAM_ALERTS)]
-    streams += [f"KV_{SUBJECTS.bucket_name(b)}" for b in (BUCKET_TRUST, BUCKET_NODES)]
-    messages = {s: (await admin.js.stream_info(s)).state.messages for s in streams}
-    consumers = {s: sorted(c.name for c in await admin.js.consumers_info(s)) for s in streams}
-
-    async def values(bucket: KeyValue) -> dict[str, bytes]:
-        found = {}
-        for key in NODES:
-            try:
-                found[key] = (await bucket.get(key)).value or b""
-            except nats.js.errors.KeyNotFoundError:
-                pass
-        return found
-
-    return Snapshot(await values(trust), await values(nodes), messages, consumers)
-
-
-async def provider_state(auth: AuthServer) -> Snapshot:
-    """Every node approved, an alert stored, a command queued for node-2 with its durable
-    consumer in place: what a compromised node would like to rewrite, read or delete."""
-    admin = auth.admin
-    for node in NODES:
-        await approve(admin, SUBJECTS, node, auth.keys[node].public_key)
-    await admin.js.publish(SUBJECTS.alert("stale", AUTH_CLUSTER, "node-3"), b"{}")
-    await admin.js.publish(SUBJECTS.command(AUTH_CLUSTER, VICTIM), b"{}")
-    await admin.js.add_consumer(
-        SUBJECTS.stream_name(STREAM_COMMANDS),
-        durable_name=f"cmd_{AUTH_CLUSTER}_{VICTIM}",
-        filter_subject=SUBJECTS.command(AUTH_CLUSTER, VICTIM),
-    )
-    return await snapshot(admin)
-
+from tests.support.deploy import AUTH_CLUSTER, AUTH_JS_API_PREFIX
+from tests.support.fleet import TEST_LIMITS, wait_for, wait_record
 
 TARGETS = [
     # Another node's trust entry (then beat as that node), and its record.
@@ -290,7 +131,7 @@ async def test_no_subject_outside_its_own_directly_or_relayed(
 async def test_no_consumers_but_its_own(auth: AuthServer, attacker: Attacker) -> None:
     """Consumer creation on fleet_nodes, again and again (the listing grant let a node
     exhaust the server's consumers), and on another node's commands under any name or
-    prefix: refused, no consumer appears; the node's own durable is the one it may create."""
+    prefix: refused, no consumer appears."""
     before = await provider_state(auth)
     nc = attacker.nc
     inbox = nc.new_inbox()
@@ -319,26 +160,98 @@ async def test_no_consumers_but_its_own(auth: AuthServer, attacker: Attacker) ->
     await asyncio.sleep(SETTLE)
     assert await snapshot(auth.admin) == before
 
-    # Its own durable is the one consumer it may create, and pointing that one's
-    # deliveries at another node's trust entry writes nothing there (streams do not take
-    # in consumer deliveries).
-    own = f"cmd_{AUTH_CLUSTER}_{ATTACKER}"
-    info = await nc.jetstream(prefix=AUTH_JS_API_PREFIX).add_consumer(
+
+async def test_own_command_consumer_cannot_be_recreated(
+    auth: AuthServer, attacker: Attacker
+) -> None:
+    """Issue 30 item 3: node-1 re-creating its own command consumer as a push consumer
+    delivering into fleet.register (one command became ~390 registrations a second) is
+    refused under every consumer-create subject of both API prefixes; the provider's
+    consumer keeps its pinned pull configuration and a command reaches no registration
+    listener."""
+    own = command_consumer(AUTH_CLUSTER, ATTACKER)
+    own_commands = SUBJECTS.command(AUTH_CLUSTER, ATTACKER)
+    assert (
+        await command_queues.ensure(
+            auth.admin, SUBJECTS, [(AUTH_CLUSTER, ATTACKER)], check_configs=False
+        )
+        == 1
+    )
+    registrations: list[bytes] = []
+
+    async def registered(msg: Msg) -> None:
+        registrations.append(msg.data)
+
+    await auth.admin.subscribe(SUBJECTS.register(), registered)
+    await auth.admin.flush()
+    push = msgspec.json.encode(
+        {
+            "stream_name": "FLEET_CMD",
+            "config": {
+                "name": own,
+                "durable_name": own,
+                "filter_subject": own_commands,
+                "deliver_subject": SUBJECTS.register(),
+                "ack_policy": "none",
+                "max_deliver": -1,
+            },
+        }
+    )
+    nc = attacker.nc
+    inbox = nc.new_inbox()
+    await nc.subscribe(inbox)
+    subjects = [
+        subject
+        for api in ("$JS.API", AUTH_JS_API_PREFIX)
+        for subject in (
+            f"{api}.CONSUMER.CREATE.FLEET_CMD.{own}.{own_commands}",
+            f"{api}.CONSUMER.CREATE.FLEET_CMD.{own}",
+            f"{api}.CONSUMER.DURABLE.CREATE.FLEET_CMD.{own}",
+            f"{api}.CONSUMER.CREATE.FLEET_CMD",
+        )
+    ]
+    for subject in subjects:
+        await nc.publish(subject, push, reply=inbox)
+    await nc.flush()
+    await wait_for(lambda: all(attacker.refused(subject) for subject in subjects))
+    await auth.admin.js.publish(own_commands, b"{}")
+    await asyncio.sleep(SETTLE)
+    assert registrations == []
+    info = await auth.admin.js.consumer_info("FLEET_CMD", own)
+    assert info.config.deliver_subject is None
+    assert info.config.max_deliver == COMMAND_MAX_DELIVER
+    assert info.config.ack_wait == COMMAND_ACK_WAIT
+    assert info.num_pending == 1  # the command waits for node-1 to pull it
+
+
+async def test_provider_replaces_a_consumer_configured_otherwise(auth: AuthServer) -> None:
+    """A command consumer left configured otherwise (a push consumer into fleet.register
+    made before the provider created them, or by hand) is deleted and created again with
+    the pinned configuration when configurations are checked (an aggregator's first
+    round); one already right is left alone; a deleted one is put back from the names."""
+    own = command_consumer(AUTH_CLUSTER, VICTIM)
+    await auth.admin.js.add_consumer(
         "FLEET_CMD",
         name=own,
         durable_name=own,
-        filter_subject=SUBJECTS.command(AUTH_CLUSTER, ATTACKER),
-        deliver_subject=f"$KV.fleet_trust.{VICTIM}",
+        filter_subject=SUBJECTS.command(AUTH_CLUSTER, VICTIM),
+        deliver_subject=SUBJECTS.register(),
     )
-    assert info.name == own
-    await auth.admin.js.publish(SUBJECTS.command(AUTH_CLUSTER, ATTACKER), b"{}")
-    await asyncio.sleep(SETTLE)
-    assert (await snapshot(auth.admin)).trust == before.trust
+    nodes = [(AUTH_CLUSTER, VICTIM)]
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 0
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 1
+    info = await auth.admin.js.consumer_info("FLEET_CMD", own)
+    assert info.config.deliver_subject is None
+    assert info.config.max_waiting == command_queues.wanted(SUBJECTS, *nodes[0]).max_waiting
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 0
+    await auth.admin.js.delete_consumer("FLEET_CMD", own)
+    assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 1
 
 
 async def test_honest_prober_answers_only_inboxes(auth: AuthServer, attacker: Attacker) -> None:
     """A probe to node-2 whose reply names a subject node-2 may publish on (one of its own
-    event subjects) gets no answer there; the same probe with an inbox reply is answered."""
+    event subjects), or another responder's probe inbox, gets no answer there; the same
+    probe with a probe inbox in node-2's name is answered."""
     await auth.fleet.start_aggregator()
     await auth.fleet.start_agent(auth.config(VICTIM, probe_interval=60.0))
     await wait_record(auth.admin, PREFIX, VICTIM, lambda r: r.state == "active", timeout=20)
@@ -351,11 +264,17 @@ async def test_honest_prober_answers_only_inboxes(auth: AuthServer, attacker: At
     await auth.admin.subscribe(target, heard)
     await auth.admin.flush()
     probe = codec.encode(Probe(from_node=ATTACKER, nonce="relay", sent_at=time.time()))
+    elsewhere = await attacker.nc.subscribe(probe_reply(ATTACKER, "node-3", "relay"))
+    answered = await attacker.nc.subscribe(probe_reply(ATTACKER, VICTIM, "relay"))
     await attacker.nc.publish(SUBJECTS.probe(VICTIM), probe, reply=target)
-    reply = await attacker.nc.request(SUBJECTS.probe(VICTIM), probe, timeout=5)
+    await attacker.nc.publish(SUBJECTS.probe(VICTIM), probe, reply=elsewhere.subject)
+    await attacker.nc.publish(SUBJECTS.probe(VICTIM), probe, reply=answered.subject)
+    reply = await answered.next_msg(timeout=5)
     assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "relay"
     await asyncio.sleep(SETTLE)
     assert relayed == []
+    with pytest.raises(nats.errors.TimeoutError):
+        await elsewhere.next_msg(timeout=0.1)
 
 
 async def test_peers_discover_each_other_without_consumers(auth: AuthServer) -> None:

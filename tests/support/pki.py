@@ -1,6 +1,7 @@
 """A throwaway certificate authority per test (trustme), laid out the way deploy/nats/*.conf
 expect it under /etc/nats/tls: ``ca.pem``, ``server.pem``/``server-key.pem`` (valid for
-127.0.0.1 and localhost) and ``<name>.pem``/``<name>-key.pem`` for each client."""
+127.0.0.1 and localhost), ``<name>.pem``/``<name>-key.pem`` for each client, and the
+cluster routes' own CA ``route-ca.pem`` with ``route.pem``/``route-key.pem``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ class Pki:
         self.ca = trustme.CA()
         self.ca.cert_pem.write_to_path(str(self.ca_file))
         self.issue("server", "127.0.0.1", "localhost")
+        self.route_ca = trustme.CA()
+        self.route_ca.cert_pem.write_to_path(str(self.dir / "route-ca.pem"))
+        route = self.route_ca.issue_cert("127.0.0.1", "localhost")
+        route.cert_chain_pems[0].write_to_path(str(self.dir / "route.pem"))
+        route.private_key_pem.write_to_path(str(self.dir / "route-key.pem"))
 
     @property
     def ca_file(self) -> Path:

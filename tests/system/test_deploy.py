@@ -44,6 +44,7 @@ from schemas.subjects import (
     STREAM_EVENTS,
     STREAM_HEARTBEATS,
     Subjects,
+    probe_reply,
 )
 from tests.support.commanding import Results, send
 from tests.support.deploy import (
@@ -163,7 +164,7 @@ async def test_single(
         "single.conf",
         tmp_path / "single.conf",
         secured(
-            {"10.0.0.10:4222": f"127.0.0.1:{free_port()}", "127.0.0.1:8222": "127.0.0.1:-1"},
+            {"10.0.0.10:4222": f"127.0.0.1:{free_port()}"},
             pki,
             tmp_path / "js",
         ),
@@ -191,13 +192,12 @@ async def test_cluster(
     """cluster/n1-3.conf form one JetStream cluster over TLS routes that log in: R3
     streams and buckets, an agent on a server list reaches ``active``, and its heartbeats
     are still accepted once the server it was connected to is stopped. A route without
-    the password is refused."""
+    the password is refused, and so is one whose certificate is not of the routes' CA."""
     aggregator = secure(tmp_path, state_dir, pki, ["n1"])
     routes = [free_port() for _ in range(3)]
     for n in range(1, 4):
         replacements = {
             f"10.0.0.1{n}:4222": f"127.0.0.1:{free_port()}",
-            "127.0.0.1:8222": "127.0.0.1:-1",
             f"10.0.0.1{n}:6222": f"127.0.0.1:{routes[n - 1]}",
         }
         for peer in range(1, 4):
@@ -257,7 +257,6 @@ async def test_cluster(
                 "server_name: fleet-n1": "server_name: fleet-rogue",
                 "ROUTE_PASSWORD": "guess",
                 "10.0.0.11:4222": "127.0.0.1:-1",
-                "127.0.0.1:8222": "127.0.0.1:-1",
                 "10.0.0.11:6222": "127.0.0.1:-1",
                 "@fleet-n2:6222": f"@127.0.0.1:{routes[member]}",
             },
@@ -268,6 +267,33 @@ async def test_cluster(
     start(servers, rogue, tmp_path / "rogue", "rogue")
     log = servers[member].log_file
     await wait_for(lambda: "Router connection closed: Authentication Failure" in log.read_text())
+    # One with the password but a certificate of the fleet CA (any node or client has one)
+    # as its route certificate: its handshake is refused, it joins nothing.
+    impostor = Pki(tmp_path / "impostor-tls")
+    for name in ("ca.pem", "server.pem", "server-key.pem", "route-ca.pem"):
+        (impostor.dir / name).write_bytes((pki.dir / name).read_bytes())
+    cert, key = pki.issue("node-route", "127.0.0.1")
+    (impostor.dir / "route.pem").write_bytes(cert.read_bytes())
+    (impostor.dir / "route-key.pem").write_bytes(key.read_bytes())
+    handshakes = log.read_text().count("TLS route handshake error")
+    impostor_config = render(
+        "cluster/n1.conf",
+        tmp_path / "impostor.conf",
+        secured(
+            {
+                "server_name: fleet-n1": "server_name: fleet-impostor",
+                "ROUTE_PASSWORD": "s3cret",
+                "10.0.0.11:4222": "127.0.0.1:-1",
+                "10.0.0.11:6222": "127.0.0.1:-1",
+                "@fleet-n2:6222": f"@127.0.0.1:{routes[member]}",
+            },
+            impostor,
+            tmp_path / "js-impostor",
+        ),
+    )
+    start(servers, impostor_config, tmp_path / "impostor", "impostor")
+    await wait_for(lambda: log.read_text().count("TLS route handshake error") > handshakes)
+    assert "fleet-impostor" not in log.read_text()
 
 
 def leaf_config(tmp_path: Path, pki: Pki, name: str) -> Path:
@@ -293,7 +319,6 @@ async def test_hub_and_leaf(
         secured(
             {
                 "10.0.0.10:4222": f"127.0.0.1:{free_port()}",
-                "127.0.0.1:8222": "127.0.0.1:-1",
                 "10.0.0.10:7422": f"127.0.0.1:{leaf_port}",
             },
             pki,
@@ -350,7 +375,6 @@ async def test_identity_from_certificates(
         secured(
             {
                 "10.0.0.10:4222": f"127.0.0.1:{free_port()}",
-                "127.0.0.1:8222": "127.0.0.1:-1",
                 "verify: true": "verify_and_map: true",
             },
             pki,
@@ -430,13 +454,15 @@ async def test_auth(
     cordon = await send(bus, PREFIX, operator, Cordon(), node=AUTH_NODE, cluster=AUTH_CLUSTER)
     assert (await results.final(cordon.id)).status == "done"
     await wait_record(bus, PREFIX, AUTH_NODE, lambda r: r.state == "cordoned")
-    # Only nodes reach nodes' probes: the node's own key asks here.
-    own = await nats.connect(
-        server.url, nkeys_seed_str=node_key.seed, inbox_prefix=f"_INBOX.{AUTH_NODE}"
-    )
+    # Only nodes reach nodes' probes: the node's own key asks here, on a probe inbox.
+    own = await nats.connect(server.url, nkeys_seed_str=node_key.seed)
     probe = Probe(from_node="prober", nonce="n-1", sent_at=time.time())
     try:
-        reply = await own.request(Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), timeout=5)
+        inbox = await own.subscribe(probe_reply(AUTH_NODE, AUTH_NODE, "n-1"))
+        await own.publish(
+            Subjects(PREFIX).probe(AUTH_NODE), codec.encode(probe), reply=inbox.subject
+        )
+        reply = await inbox.next_msg(timeout=5)
     finally:
         await own.close()
     assert codec.decode(reply.data, ProbeReply, reply.subject).nonce == "n-1"
@@ -487,6 +513,17 @@ async def refuses_another_nodes_subjects(
         assert heard == []
     finally:
         await nc.close()
+
+
+def test_no_monitoring_port() -> None:
+    """No shipped server config opens nats-server's monitoring port: it has no
+    authentication and lists every connection's subscriptions, inbox names included."""
+    configs = sorted(DEPLOY.glob("**/*.conf"))
+    assert len(configs) >= 6
+    for config in configs:
+        settings = [line.split("#", 1)[0].strip() for line in config.read_text().splitlines()]
+        opened = [s for s in settings if re.match(r"(http|https|monitor_port|http_port)\s*[:=]", s)]
+        assert opened == [], config
 
 
 def unit(name: str) -> configparser.ConfigParser:

@@ -26,29 +26,32 @@ from pathlib import Path
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.node.commands.actions import ActionRunner
 from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore, StoreError
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.runtime.bus import Bus, listening
-from actors.runtime.consumer import DurableConsumer, consume_forever
+from actors.runtime.bus import DEFAULT_JS_API_PREFIX, Bus, listening
+from actors.runtime.consumer import DurableConsumer, consume_forever, pull_config
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Engine, Event, Gateway, Health, Interruption, Scheduler, notice_key
 from schemas.messages import Command, Cordon, Deregister, Heartbeat, command_digest
 from schemas.signing import HEADER_KEY
-from schemas.subjects import EVENT_WORKLOAD_ORDER, STREAM_COMMANDS, Subjects
+from schemas.subjects import (
+    COMMAND_ACK_WAIT,
+    COMMAND_MAX_DELIVER,
+    EVENT_WORKLOAD_ORDER,
+    STREAM_COMMANDS,
+    Subjects,
+    command_consumer,
+)
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 
 log = logging.getLogger(__name__)
 
 FETCH_WAIT = 5.0
-MAX_DELIVER = 5
-"""Deliveries of one command before the server gives up on it (a command that keeps
-failing its handler is not retried for the stream's whole age)."""
 REBALANCE_TTL = 600.0
 """A rebalance or maintenance notice cordons the node for this long."""
 TERMINAL_NOTICES = ("terminate", "stop", "hibernate", "preempt")
@@ -68,17 +71,22 @@ class CommandsActor:
         self.metrics = events.metrics
         self.subjects = Subjects(config.prefix)
         self.command_subject = self.subjects.command(config.cluster, config.node_id)
+        # A node reaching JetStream through another account's imports (js_api_prefix, the
+        # shipped permissions) may not create this consumer: the aggregator creates it
+        # (actors/fleet/command_queues.py). Elsewhere the node creates it, the same.
+        durable = command_consumer(config.cluster, config.node_id)
         self.consumer = DurableConsumer(
             bus.js,
             self.subjects.stream_name(STREAM_COMMANDS),
             self.command_subject,
-            f"cmd_{config.cluster}_{config.node_id}",
-            ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
-                ack_wait=30,
-                max_deliver=MAX_DELIVER,
+            durable,
+            pull_config(
+                durable,
+                self.command_subject,
+                ack_wait=COMMAND_ACK_WAIT,
+                max_deliver=COMMAND_MAX_DELIVER,
             ),
+            create=bus.js_api_prefix == DEFAULT_JS_API_PREFIX,
         )
         self.store = CommandStore(
             Path(config.state_dir), config.max_command_lifetime + config.max_skew
@@ -104,7 +112,7 @@ class CommandsActor:
         async with listening(self.bus, routes):
             republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
             try:
-                await self.consumer.open()
+                await self.consumer.try_open()
                 await self.actions.publish_state()
                 await self.actions.resume()
                 self._fetcher = asyncio.create_task(
@@ -203,14 +211,14 @@ class CommandsActor:
         try:
             self.store.remember(command.id, command.expires_at + self.config.max_skew)
         except StoreError as exc:
-            if msg.metadata.num_delivered < MAX_DELIVER:
+            if msg.metadata.num_delivered < COMMAND_MAX_DELIVER:
                 log.error(
                     "command not saved; redelivery", extra={"id": command.id, "reason": str(exc)}
                 )
                 await msg.nak(delay=REDELIVER_AFTER)
                 return False
             log.error("command not saved; not run", extra={"id": command.id, "reason": str(exc)})
-            detail = f"not run: {exc} (tried {MAX_DELIVER} times); send it again once fixed"
+            detail = f"not run: {exc} (tried {COMMAND_MAX_DELIVER} times); send it again once fixed"
             await self.actions.result(command.id, "failed", detail, digest=digest)
             await msg.term()
             return False

@@ -1,0 +1,205 @@
+"""A real nats-server under the shipped accounts (deploy/nats/auth.conf, and what
+``fleetctl nats-config`` generates), three nodes and the provider, and an attacker holding
+node-1's key on a plain nats-py connection: what tests/security's permission tests share.
+(``auth`` and ``attacker`` are fixtures: tests/security/conftest.py lends them.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import pytest
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from actors.fleet.registry import approve
+from actors.fleet.streams import provision
+from actors.node.config import AgentConfig
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas import signing
+from schemas.subjects import (
+    BUCKET_NODES,
+    BUCKET_TRUST,
+    STREAM_ALERTS,
+    STREAM_COMMANDS,
+    STREAM_HEARTBEATS,
+    Subjects,
+)
+from tests.support.deploy import (
+    AUTH_CLUSTER,
+    AUTH_JS_API_PREFIX,
+    fleet_auth,
+    free_port,
+    render_auth,
+)
+from tests.support.fleet import Fleet, agent_config
+
+PREFIX = "fleet"
+"""auth.conf's permissions name the default prefix."""
+SUBJECTS = Subjects(PREFIX)
+NODES = ["node-1", "node-2", "node-3"]
+ATTACKER, VICTIM = NODES[0], NODES[1]
+NODE_AGENT = str(Path(sys.executable).parent / "node-agent")
+SETTLE = 0.5
+"""How long a refused (or relayed) message gets to land before its effect is checked."""
+
+
+@dataclass
+class AuthServer:
+    server: NatsServer
+    keys: dict[str, signing.KeyPair]
+    fleet: Fleet
+
+    @property
+    def admin(self) -> NatsBus:
+        return self.fleet.bus
+
+    def config(self, node: str, **settings: object) -> AgentConfig:
+        """An honest agent of ``node`` as auth.conf asks it to run, key already in place."""
+        config = agent_config(
+            self.server.url,
+            PREFIX,
+            self.fleet.state_dir,
+            node,
+            cluster=AUTH_CLUSTER,
+            nkey_auth=True,
+            js_api_prefix=AUTH_JS_API_PREFIX,
+            **settings,
+        )
+        config.key_path.parent.mkdir(parents=True, exist_ok=True)
+        config.key_path.write_text(self.keys[node].seed)
+        config.key_path.chmod(0o600)
+        return config
+
+
+def generated(
+    directory: Path,
+    store: Path,
+    aggregator: str,
+    nodes: dict[str, tuple[str, str]],
+    monitor: str,
+) -> Path:
+    """A server on loopback that includes what ``fleetctl nats-config`` generates, with a
+    monitor user."""
+    fleet_auth(directory, nodes, aggregator, "--monitor", monitor)
+    config = directory / "server.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{free_port()}\n"
+        f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n"
+        "include fleet-auth.conf\n"
+    )
+    return config
+
+
+@pytest.fixture(params=["auth.conf", "generated"])
+async def auth(
+    tmp_path: Path, state_dir: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[AuthServer]:
+    """Three nodes and the provider, streams and buckets provisioned, under the hand-written
+    auth.conf and under ``fleetctl nats-config``'s output: both must hold."""
+    keys = {node: signing.KeyPair.generate() for node in [*NODES, "aggregator", "monitor"]}
+    nodes = {node: (AUTH_CLUSTER, keys[node].public_key) for node in NODES}
+    aggregator = keys["aggregator"].public_key
+    if request.param == "generated":
+        config = generated(
+            tmp_path / "generated", tmp_path / "js", aggregator, nodes, keys["monitor"].public_key
+        )
+    else:
+        config = render_auth(
+            tmp_path / "auth.conf", free_port(), tmp_path / "js", aggregator, nodes
+        )
+    server = NatsServer(tmp_path / "server", name="auth", config_file=config).start()
+    try:
+        async with AsyncExitStack() as stack:
+            admin = await NatsBus.connect(server.url, "admin", nkey_seed=keys["aggregator"].seed)
+            stack.push_async_callback(admin.close)
+            await provision(admin.js, SUBJECTS)
+            fleet = Fleet(server.url, admin, PREFIX, state_dir, stack)
+            yield AuthServer(server, keys, fleet)
+    finally:
+        server.stop()
+
+
+@dataclass
+class Attacker:
+    """A plain nats-py client logged in with a node's key; the server's refusals land in
+    ``errors``."""
+
+    nc: Client
+    errors: list[Exception] = field(default_factory=list)
+
+    def refused(self, subject: str) -> bool:
+        # nats-py reports the server's -ERR in lower case.
+        wanted = f'permissions violation for publish to "{subject.lower()}"'
+        return any(wanted in str(e) for e in self.errors)
+
+
+@pytest.fixture
+async def attacker(auth: AuthServer) -> AsyncIterator[Attacker]:
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        auth.server.url,
+        nkeys_seed_str=auth.keys[ATTACKER].seed,
+        inbox_prefix=f"_INBOX.{ATTACKER}",
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    yield Attacker(nc, errors)
+    await nc.close()
+
+
+@dataclass
+class Snapshot:
+    """What the attacks aim at, as the provider sees it."""
+
+    trust: dict[str, bytes]
+    nodes: dict[str, bytes]
+    messages: dict[str, int]
+    consumers: dict[str, list[str]]
+
+
+async def snapshot(admin: NatsBus) -> Snapshot:
+    trust = await admin.kv(SUBJECTS.bucket_name(BUCKET_TRUST))
+    nodes = await admin.kv(SUBJECTS.bucket_name(BUCKET_NODES))
+    streams = [SUBJECTS.stream_name(s) for s in (STREAM_HEARTBEATS, STREAM_COMMANDS, STREAM_ALERTS)]
+    streams += [f"KV_{SUBJECTS.bucket_name(b)}" for b in (BUCKET_TRUST, BUCKET_NODES)]
+    messages = {s: (await admin.js.stream_info(s)).state.messages for s in streams}
+    consumers = {s: sorted(c.name for c in await admin.js.consumers_info(s)) for s in streams}
+
+    async def values(bucket: KeyValue) -> dict[str, bytes]:
+        found = {}
+        for key in NODES:
+            try:
+                found[key] = (await bucket.get(key)).value or b""
+            except nats.js.errors.KeyNotFoundError:
+                pass
+        return found
+
+    return Snapshot(await values(trust), await values(nodes), messages, consumers)
+
+
+async def provider_state(auth: AuthServer) -> Snapshot:
+    """Every node approved, an alert stored, a command queued for node-2 with its durable
+    consumer in place: what a compromised node would like to rewrite, read or delete."""
+    admin = auth.admin
+    for node in NODES:
+        await approve(admin, SUBJECTS, node, auth.keys[node].public_key)
+    await admin.js.publish(SUBJECTS.alert("stale", AUTH_CLUSTER, "node-3"), b"{}")
+    await admin.js.publish(SUBJECTS.command(AUTH_CLUSTER, VICTIM), b"{}")
+    await admin.js.add_consumer(
+        SUBJECTS.stream_name(STREAM_COMMANDS),
+        durable_name=f"cmd_{AUTH_CLUSTER}_{VICTIM}",
+        filter_subject=SUBJECTS.command(AUTH_CLUSTER, VICTIM),
+    )
+    return await snapshot(admin)
