@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors.fleet.config import ENV_PREFIX, AggregatorConfig
@@ -57,7 +59,15 @@ def test_fleetctl_aggregator_bad_setting_is_one_line_and_exit_1() -> None:
 
 
 def test_example_aggregator_config_loads() -> None:
-    """deploy/nats/aggregator.example.toml is a valid AggregatorConfig for the R3 cluster."""
+    """deploy/nats/aggregator.example.toml is a valid AggregatorConfig for the R3 cluster
+    and mentions every AggregatorConfig field, so it cannot drift from the code."""
     example = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "aggregator.example.toml"
     config = build(AggregatorConfig, ENV_PREFIX, file=example, env={})
     assert config.replicas == 3 and config.server.count("nats://") == 3
+    text = example.read_text()
+    missing = [
+        field.name
+        for field in msgspec.structs.fields(AggregatorConfig)
+        if not re.search(rf"^#? ?{field.name} = ", text, re.MULTILINE)
+    ]
+    assert missing == []
