@@ -38,12 +38,22 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tls_cert: str = ""
     """PEM client certificate (mutual TLS); needs tls_key."""
     tls_key: str = ""
+    key_file: str = ""
+    """The operator key that signs commands (``fleetctl up`` prints the line that exports
+    it); see :func:`operator_key_file`. A setting of every command, so that
+    ``FLEETCTL_KEY_FILE`` is known to all, not only to those that sign; those take
+    ``--key-file`` themselves."""
+
+
+SIGNING_ONLY = frozenset({"key_file"})
+"""ClientConfig settings that get no flag from :func:`add_server`: a command that signs
+declares its own ``--key-file``."""
 
 
 def add_server(parser: argparse.ArgumentParser) -> None:
     """--prefix and :class:`ClientConfig`'s flags, for every fleetctl command that connects."""
     parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
-    add_config_flags(parser, ClientConfig, CLIENT_ENV_PREFIX)
+    add_config_flags(parser, ClientConfig, CLIENT_ENV_PREFIX, skip=SIGNING_ONLY)
 
 
 Settings = TypeVar("Settings", bound=msgspec.Struct)
@@ -54,12 +64,16 @@ def add_config_flags(
     config_type: type[msgspec.Struct],
     env_prefix: str,
     list_flags: dict[str, str] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> None:
-    """``--config FILE`` and one flag per field of ``config_type``, so flags, env and TOML
-    can never drift apart. ``list_flags`` names the repeatable flag of each list field."""
+    """``--config FILE`` and one flag per field of ``config_type`` but those in ``skip``,
+    so flags, env and TOML can never drift apart. ``list_flags`` names the repeatable flag
+    of each list field."""
     parser.add_argument("--config", type=Path, help="TOML config file")
     list_flags = list_flags or {}
     for field in msgspec.structs.fields(config_type):
+        if field.name in skip:
+            continue
         doc = f"(env {env_prefix}{field.name.upper()})"
         if field.name in list_flags:
             # The field's own name too (``--trust-operators``): left out, argparse would
@@ -86,6 +100,8 @@ def settings_from(
     """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    # A flag typed Path (--key-file) is a str setting.
+    flags = {name: str(v) if isinstance(v, Path) else v for name, v in flags.items()}
     return build(config_type, env_prefix, file=args.config, flags=flags)
 
 
@@ -115,6 +131,13 @@ def default_operator_key() -> Path:
     """``$FLEETCTL_KEY_FILE`` if set (``fleetctl up`` prints the line that sets it), so an
     operator need not repeat ``--key-file`` on every command; else the per-user default."""
     return Path(os.environ.get(KEY_FILE_ENV) or config_home() / "fleetctl" / "operator.nk")
+
+
+def operator_key_file(args: argparse.Namespace) -> Path:
+    """The operator key a signing command uses: ``--key-file``, else ``FLEETCTL_KEY_FILE``
+    or the ``--config`` file's ``key_file``, else the per-user default."""
+    configured = settings_from(args, ClientConfig, CLIENT_ENV_PREFIX).key_file
+    return Path(configured) if configured else default_operator_key()
 
 
 def config_home() -> Path:

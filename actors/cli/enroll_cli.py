@@ -12,7 +12,14 @@ from pathlib import Path
 import msgspec
 
 from actors.cli import views
-from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_operator_key, token
+from actors.cli.common import (
+    KEY_FILE_ENV,
+    add_server,
+    connected,
+    default_operator_key,
+    operator_key_file,
+    token,
+)
 from actors.fleet import enroll
 from actors.runtime.bus import NotProvisioned
 from actors.runtime.config import DurationError, parse_duration
@@ -54,7 +61,7 @@ def not_provisioned() -> FleetError:
 
 
 async def cmd_create(args: argparse.Namespace) -> int:
-    key = signing.load_key_file(args.key_file or default_operator_key())
+    key = signing.load_key_file(operator_key_file(args))
     token_text, record = enroll.issue(key, args.cluster or "", args.ttl, args.uses)
     async with connected(args, "fleetctl") as bus:
         try:

@@ -40,6 +40,7 @@ from actors.cli.common import (
     default_operator_key,
     duration,
     fail,
+    operator_key_file,
     run_main,
     settings_from,
     stop_event,
@@ -194,7 +195,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
     """Remove a node from the fleet from the provider side (it may be dead): the record
     names the operator key that forgot it. Needs the operator key file: whoever forgets a
     node is named by it."""
-    key = signing.load_key_file(args.key_file or default_operator_key())
+    key = signing.load_key_file(operator_key_file(args))
     body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
     async with connected(args, "fleetctl") as bus:
         try:
@@ -400,6 +401,7 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
         routes: dict[str, Handler] = {}
+        watched = (["alerts"] if want_alerts else []) + (["events"] if args.events else [])
         if args.events:
             routes[subjects.events(args.node or "*")] = show_event
         async with contextlib.AsyncExitStack() as stack:
@@ -410,7 +412,11 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             elif want_alerts:
                 routes[subjects.alerts()] = alert_now
             await stack.enter_async_context(listening(bus, routes))
-            await stop_event().wait()
+            stop = stop_event()
+            # On stderr, so the lines on stdout stay alerts: what follows is live.
+            sys.stderr.write(f"watching {' and '.join(watched)} live; Ctrl-C stops\n")
+            sys.stderr.flush()
+            await stop.wait()
     return 0
 
 

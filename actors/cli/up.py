@@ -138,9 +138,9 @@ async def run_up(options: UpOptions) -> int:
         sys.stdout.write(
             f"NATS: {server.url}\ndashboard: http://127.0.0.1:{fleet_http.port}/\n"
             f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
-            f"store: {options.store}\noperator key: {options.store / 'operator.nk'}; "
-            "for fleetctl cordon/drain in another shell:\n"
-            f"  export {KEY_FILE_ENV}={shlex.quote(str(options.store / 'operator.nk'))}\n"
+            f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
+            "for fleetctl and node-agent in another shell (this server, this operator key):\n"
+            f"  {export_line(server.url, options.store / 'operator.nk')}\n"
             f"logs: {options.store / 'fleet.log'}\nCtrl-C to stop.\n\n"
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
@@ -155,6 +155,12 @@ async def run_up(options: UpOptions) -> int:
         await asyncio.to_thread(server.stop)
         sys.stdout.write("stopped.\n")
     return 0
+
+
+def export_line(url: str, key_file: Path) -> str:
+    """The shell line that points fleetctl and node-agent at this fleet: ``NATS_URL``
+    (both read it, so ``--port 0`` works too) and the operator key that signs."""
+    return f"export NATS_URL={shlex.quote(url)} {KEY_FILE_ENV}={shlex.quote(str(key_file))}"
 
 
 async def _show_fleet(

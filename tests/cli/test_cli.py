@@ -27,8 +27,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_fleetctl_up_reaches_three_active_nodes_and_stops_on_sigint(tmp_path: Path) -> None:
-    """`fleetctl up --nodes 3` shows three active nodes, the line that exports its operator
-    key for fleetctl in another shell, and exits 0 on Ctrl-C."""
+    """`fleetctl up --nodes 3` shows three active nodes, the line that exports its server
+    and operator key for fleetctl in another shell, and exits 0 on Ctrl-C."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -60,7 +60,9 @@ def test_fleetctl_up_reaches_three_active_nodes_and_stops_on_sigint(tmp_path: Pa
                 break
         assert any("3 nodes: 3 active" in line for line in seen), "".join(seen)
         assert seen[0].startswith("NATS: nats://127.0.0.1:")
-        assert f"  export FLEETCTL_KEY_FILE={tmp_path / 'operator.nk'}\n" in seen
+        url = seen[0].split()[1]
+        key = tmp_path / "operator.nk"
+        assert f"  export NATS_URL={url} FLEETCTL_KEY_FILE={key}\n" in seen
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=20)
     finally:
