@@ -125,13 +125,15 @@ RecordState = Literal[
     "stale",
     "offline",
     "deregistered",
+    "stopped",
 ]
 OpenRecordState = Annotated[
     str,
     Meta(
         max_length=32,
         description="pending, active, degraded, unhealthy, cordoned, draining, drained, "
-        "stale, offline or deregistered; readers keep a state they do not know, as it is",
+        "stale, offline, deregistered or stopped; readers keep a state they do not know, "
+        "as it is",
     ),
 ]
 """A record's state as read: a bounded string, not the closed :data:`RecordState`, so a

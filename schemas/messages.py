@@ -107,6 +107,14 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """Who made the node what ``schedulability`` says: an operator's (or the remediation
     policy's) public key, ``spot``, ``agent``, or ``slurm`` (a Slurm admin's drain); empty
     when schedulable by default or from agents that predate it."""
+    stopping: bool = False
+    """The agent is stopping on request (SIGTERM, Ctrl-C): its goodbye, the last heartbeat
+    of this boot. Aggregators mark the record ``stopped`` (an ``info`` alert), not
+    ``stale`` when its TTL runs out."""
+    previous_ts: UnixTime | None = None
+    """The ``ts`` of the heartbeat this boot sent before this one (None on a boot's
+    first): how long before this one the previous was stored, so an aggregator can tell
+    a heartbeat the node lost from one the stream replaced before it was read."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -192,6 +200,7 @@ AlertKind = Literal[
     "remediation",
     "breaker_tripped",
     "needs_attention",
+    "stopped",
 ]
 
 
@@ -287,7 +296,7 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """An aggregator's view of one node: KV bucket ``fleet_nodes``, key ``<node>``.
 
     ``state`` is derived from the other facts by the precedence
-    deregistered > offline > stale > drained > draining > cordoned > unhealthy > degraded >
+    deregistered > offline > stale > stopped > drained > draining > cordoned > unhealthy > degraded >
     active > pending: what an operator did to a node (cordon, drain) outranks its health.
     """
 
@@ -348,6 +357,9 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     registered_by: Name = ""
     """The NATS login (``ACCOUNT/USER``) that sent the registration that made this record,
     where the server says it (``Nats-Request-Info``); empty otherwise."""
+    stopped_since: UnixTime | None = None
+    """When the node's goodbye heartbeat (``stopping``) was accepted: state ``stopped``,
+    neither stale nor offline while it stays away; cleared by its next heartbeat."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

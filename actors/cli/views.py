@@ -325,6 +325,8 @@ def _why(record: NodeRecord) -> str:
         return f" (offline since {clock(record.offline_since)})"
     if record.stale_since:
         return f" (no heartbeat since {clock(record.stale_since)})"
+    if record.stopped_since:
+        return f" (stopped on request at {clock(record.stopped_since)})"
     if record.pending_since:
         return f" (awaiting approval since {clock(record.pending_since)})"
     return ""

@@ -48,6 +48,7 @@ SEVERITY: dict[AlertKind, Severity] = {
     "remediation": "info",
     "breaker_tripped": "critical",
     "needs_attention": "critical",
+    "stopped": "info",
 }
 
 

@@ -204,14 +204,24 @@ def accept(
 
 def read_in_time(caught_up: Spans | None, stored: float, heartbeat: Heartbeat) -> bool:
     """Whether a gap before ``heartbeat``, stored at ``stored``, is the node's: this
-    owner had read the partition to its end within the half interval before. The beat
-    before it, stored about an interval earlier, was then read had it been stored;
-    FLEET_HB keeps one heartbeat per node, so behind the stream a beat not yet read is
-    replaced by the next, and the gap is this owner's doing. (Beats stored closer
-    together than half an interval, as a reconnecting agent may send them, can still
-    look like a gap; server and aggregator clocks must agree to well within half an
-    interval, as NTP keeps them.)"""
-    return caught_up is not None and caught_up.within(stored - heartbeat.interval / 2, stored)
+    owner had read the partition to its end within the later half of the :func:`spacing`
+    between the beat before it and this one. That beat, stored about ``spacing`` earlier,
+    was then read had it been stored; FLEET_HB keeps one heartbeat per node, so behind
+    the stream a beat not yet read is replaced by the next, and the gap is this owner's
+    doing (a beat sent at once on a change, a moment after the last, was replaced while
+    this owner waited for its next fetch). Server and aggregator clocks must agree to well
+    within half the spacing, as NTP keeps them."""
+    half = spacing(heartbeat) / 2
+    return caught_up is not None and caught_up.within(stored - half, stored)
+
+
+def spacing(heartbeat: Heartbeat) -> float:
+    """Seconds between the node's previous beat and ``heartbeat``, by the node's clock:
+    ``previous_ts`` when the node says it (a beat sent at once on a change may follow the
+    last by far less than an interval), else its interval."""
+    if heartbeat.previous_ts is None or heartbeat.previous_ts > heartbeat.ts:
+        return heartbeat.interval
+    return heartbeat.ts - heartbeat.previous_ts
 
 
 def marker(
@@ -219,11 +229,14 @@ def marker(
 ) -> Verdict | None:
     """What a message with a TTL marker reason does: Forged if it cannot be the server's
     marker for the node's ``record``; None if it changes nothing (no live record, or one
-    already stale or deregistered); else the record gone stale at ``now``, with its
-    ``stale`` alert, written at once."""
+    already stale or deregistered, or one whose node said goodbye: the TTL of its last
+    heartbeat ran out, as it does after a requested stop); else the record gone stale at
+    ``now``, with its ``stale`` alert, written at once."""
     if not marker_is_real(record, marked_at, body):
         raise Forged
     if record is None or record.stale_since is not None or record.deregistered:
+        return None
+    if record.stopped_since is not None:
         return None
     stale = record_rules.with_state(record, stale_since=now)
     stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0

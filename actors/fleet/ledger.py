@@ -48,7 +48,7 @@ CHECKPOINTS_IN_FLIGHT = 256
 WRITE_TIMEOUT = 5.0
 """Seconds a batch of record writes waits for the server's answers (then each is written
 the careful way)."""
-SETTLED = ("stale", "offline", "deregistered", "pending")
+SETTLED = ("stale", "offline", "deregistered", "pending", "stopped")
 """Record states written when entered: no heartbeat after their checkpoint is missing."""
 
 Write = tuple[str, bytes, int, asyncio.Future[int | None]]

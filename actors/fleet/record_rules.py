@@ -41,10 +41,10 @@ holds no state of its own, so the node's other facts decide."""
 
 
 def derive_state(record: NodeRecord) -> RecordState:
-    """deregistered > offline > stale > drained > draining > cordoned > unhealthy >
-    degraded > active > pending, each from its own fact in the record. What an operator
-    did to the node (cordon, drain) outranks its health: it says the node is being dealt
-    with."""
+    """deregistered > offline > stale > stopped > drained > draining > cordoned >
+    unhealthy > degraded > active > pending, each from its own fact in the record. What
+    an operator did to the node (cordon, drain) outranks its health: it says the node is
+    being dealt with."""
     return state_of(
         record.deregistered,
         record.offline_since,
@@ -52,6 +52,7 @@ def derive_state(record: NodeRecord) -> RecordState:
         record.schedulability,
         record.health_status,
         record.last_seq,
+        record.stopped_since is not None,
     )
 
 
@@ -116,6 +117,7 @@ def accept(
         stale_since=None,
         offline_since=None,
         deregistered=heartbeat.deregistering,
+        stopped_since=stopped_since(record, heartbeat, now),
         agent_version=heartbeat.agent_version,
         heartbeat=heartbeat,
         last_stream_seq=stream_seq,
@@ -128,6 +130,14 @@ def accept(
     )
 
 
+def stopped_since(record: NodeRecord, heartbeat: Heartbeat, now: float) -> float | None:
+    """When the node said goodbye: kept from the first goodbye of its boot, None once it
+    beats without one."""
+    if not heartbeat.stopping:
+        return None
+    return record.stopped_since if record.stopped_since is not None else now
+
+
 def state_of(
     deregistered: bool,
     offline_since: float | None,
@@ -135,6 +145,7 @@ def state_of(
     schedulability: str,
     health_status: str | None,
     last_seq: int,
+    stopped: bool = False,
 ) -> RecordState:
     """:func:`derive_state` from the facts themselves (no record built first)."""
     if deregistered:
@@ -143,6 +154,8 @@ def state_of(
         return "offline"
     if stale_since is not None:
         return "stale"
+    if stopped:
+        return "stopped"
     held = HELD_STATES.get(schedulability)
     if held is not None:
         return held
@@ -185,6 +198,7 @@ def accepted(
         "stale_since": None,
         "offline_since": None,
         "deregistered": deregistering,
+        "stopped_since": stopped_since(previous, heartbeat, now),
         "agent_version": heartbeat.agent_version,
         "heartbeat": heartbeat if kept is None else kept,
         "last_stream_seq": stream_seq,
@@ -197,7 +211,13 @@ def accepted(
         "refused": "",
         "refused_at": None,
         "state": state_of(
-            deregistering, None, None, heartbeat.schedulability, status, heartbeat.seq
+            deregistering,
+            None,
+            None,
+            heartbeat.schedulability,
+            status,
+            heartbeat.seq,
+            heartbeat.stopping,
         ),
     }
     if fingerprint is not None and fingerprint != previous.gpu_fingerprint:
@@ -234,6 +254,8 @@ def is_steady(
         and (fingerprint is None or fingerprint == previous.gpu_fingerprint)
         and (heartbeat.spot is None or heartbeat.spot.notice is None)
         and not heartbeat.deregistering
+        and not heartbeat.stopping
+        and previous.stopped_since is None
         and not previous.deregistered
         and not previous.seq_reset
         and previous.stale_since is None
@@ -274,8 +296,9 @@ def steady_beat(
 
 
 def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSpec]:
-    """``interruption`` for a spot notice not in the previous heartbeat, ``deregistered``
-    when the node says it is leaving; each with a deterministic ``event`` for its id."""
+    """``interruption`` for a spot notice not in the previous heartbeat, ``stopped`` when
+    the node says goodbye, ``deregistered`` when it says it is leaving; each with a
+    deterministic ``event`` for its id."""
     alerts: list[AlertSpec] = []
     notice = heartbeat.spot.notice if heartbeat.spot else None
     spot_before = previous.heartbeat.spot if previous.heartbeat else None
@@ -286,6 +309,14 @@ def lifecycle_alerts(previous: NodeRecord, heartbeat: Heartbeat) -> list[AlertSp
         if notice.deadline is not None:
             details["deadline"] = f"{notice.deadline:.0f}"
         alerts.append(AlertSpec("interruption", f"{notice.provider} {notice.kind} notice", details))
+    if heartbeat.stopping and previous.stopped_since is None and not heartbeat.deregistering:
+        alerts.append(
+            AlertSpec(
+                "stopped",
+                "agent stopped on request (its goodbye heartbeat); not stale while it stays away",
+                {"event": f"{heartbeat.boot_id}-stop"},
+            )
+        )
     if heartbeat.deregistering and not previous.deregistered:
         alerts.append(
             AlertSpec(
@@ -307,7 +338,7 @@ def heartbeat_alerts(
     health changes, interruption and deregistered. ``gaps_are_news`` is False while the
     aggregator is behind the stream, where skipped heartbeats are its own doing."""
     alerts: list[AlertSpec] = []
-    if previous.state in ("stale", "offline"):
+    if previous.state in ("stale", "offline", "stopped") and not heartbeat.stopping:
         alerts.append(AlertSpec("recovered", f"heartbeats resumed after {previous.state}", {}))
     same_boot = previous.boot_id == heartbeat.boot_id
     if gaps_are_news and same_boot and heartbeat.seq > previous.last_seq + 1:

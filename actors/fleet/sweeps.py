@@ -38,6 +38,8 @@ def silent_without_marker(record: NodeRecord, now: float, grace: float) -> bool:
     the grace, so a slow aggregator behind the stream does not call a live node stale."""
     if record.heartbeat is None or record.stale_since is not None or record.deregistered:
         return False
+    if record.stopped_since is not None:
+        return False  # it said goodbye: silence is expected
     return now - record.last_seen > 2 * record.heartbeat.stale_after + grace
 
 

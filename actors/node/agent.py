@@ -60,15 +60,17 @@ class NodeAgent:
         self.commands: CommandsActor | None = None
         self.inventory: InventoryActor | None = None
         self.standing: StandingActor | None = None
+        self.heartbeat: HeartbeatActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
         events = NodeEvents(self.config, self.key, self.metrics)
         self.commands = CommandsActor(self.config, bus, events)
         self.inventory = InventoryActor(self.config, bus, events)
         self.standing = standing = StandingActor(self.config, bus)
+        self.heartbeat = HeartbeatActor(self.config, bus, events, self.sequence)
         return [
             self.inventory,
-            HeartbeatActor(self.config, bus, events, self.sequence),
+            self.heartbeat,
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
             LatencyActor(self.config, bus, events),
@@ -115,20 +117,25 @@ class NodeAgent:
             },
         )
 
-    async def stop(self) -> None:
+    async def stop(self, goodbye: bool = True) -> None:
         """Stop taking commands and drain, finish or deregister within the shutdown
-        timeout, then stop actors, then drain the connection, each of those two bounded by
-        STOP_STEP_TIMEOUT (systemd's TimeoutStopSec must exceed the sum)."""
+        timeout, send the goodbye heartbeat (unless not ``goodbye``: an agent that leaves
+        as a crashed one would, for tests of stale detection in one process), then stop
+        actors, then drain the connection, each of those two bounded by STOP_STEP_TIMEOUT
+        (systemd's TimeoutStopSec must exceed the sum)."""
         with logs.bound(node=self.config.node_id):
-            await self._stop()
+            await self._stop(goodbye)
 
-    async def _stop(self) -> None:
+    async def _stop(self, goodbye: bool) -> None:
         timeout = self.config.shutdown_timeout
         if self.commands is not None:
             await self.commands.shutdown(
                 timeout, self.config.deregister_on_shutdown, self.config.shutdown_drain
             )
         step = min(timeout, STOP_STEP_TIMEOUT)
+        if self.heartbeat is not None and goodbye:
+            # A requested stop is not a crash: say goodbye, so the node shows stopped.
+            await self.heartbeat.goodbye()
         if self.supervisor is not None:
             await self.supervisor.stop(step)
         if self.inventory is not None:

@@ -51,7 +51,7 @@ async def stale_cordoned(fleet: Fleet, tmp_path: Path) -> History:
     command = await send(fleet.bus, fleet.prefix, operator, Cordon(), reason="disk swap")
     assert (await results.final(command.id)).status == "done"
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "cordoned")
-    await agent.stop()
+    await agent.stop(goodbye=False)  # a crash: stale
     await wait_for(lambda: any(a.kind == "stale" for a in results.alerts), timeout=15)
     return History(fleet, command.id)
 

@@ -212,6 +212,40 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     assert back.stale_since is None
 
 
+async def test_sigtermed_agent_is_stopped_not_stale(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """SIGTERM an agent: its signed goodbye makes the node `stopped` with one `info`
+    alert; when that heartbeat's TTL runs out the server's marker is taken and changes
+    nothing (no stale, no offline); started again, the node is `recovered` and active."""
+    alerts = await watch_alerts(bus, prefix)
+    key = signing.load_or_create_key_file(fleet.state_dir / "node.nk")
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    supervisor = await fleet.start_aggregator(offline_after=1.0, sweep_interval=0.2)
+    metrics = supervisor.actors[0].metrics  # type: ignore[attr-defined]
+    process = start_agent_process(fleet)
+    await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    stopped = await wait_record(bus, prefix, "n1", lambda r: r.state == "stopped", 5.0)
+    assert stopped.stopped_since is not None and stopped.heartbeat is not None
+    assert stopped.heartbeat.stopping
+    (alert,) = await wait_for(lambda: alerts.of("stopped"))
+    assert alert.severity == "info" and "stopped on request" in alert.message
+    # The goodbye's TTL (2 s) runs out; the marker is counted as the server's.
+    await wait_for(lambda: metrics.registry.get_sample_value("fleet_ttl_markers_total"), 10)
+    await asyncio.sleep(1.5)  # past offline_after and several sweeps
+    record = await read_record(bus, Subjects(prefix), "n1")
+    assert (record.state, record.stale_since, record.offline_since) == ("stopped", None, None)
+    assert not alerts.of("stale") and not alerts.of("offline")
+
+    start_agent_process(fleet)
+    (recovered,) = await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    assert recovered.message == "heartbeats resumed after stopped"
+    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 5.0)
+    assert back.stopped_since is None and len(alerts.of("stopped")) == 1
+
+
 async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """fleetctl revoke takes effect on the node's next heartbeats (the aggregator's trust
     watch delivers it), and the record stops advancing."""

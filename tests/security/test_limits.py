@@ -531,7 +531,7 @@ async def test_a_result_flood_cannot_stop_failure_detection(
 
     after_flood = (await read_record(fleet.bus, Subjects(prefix), "n1")).last_seq
     await wait_record(fleet.bus, prefix, "n1", lambda r: r.last_seq >= after_flood + 2)
-    await agent.stop()
+    await agent.stop(goodbye=False)  # a crash: stale
     stale = await wait_record(fleet.bus, prefix, "n1", lambda r: r.state == "stale", timeout=15)
     assert stale.stale_since is not None
     print(f"flood of 48 MB in {flood_seconds:.2f}s")

@@ -99,6 +99,9 @@ class HeartbeatActor:
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
         self.workloads: list[WorkloadSummary] = []
         self.scheduler: Scheduler | None = None
+        self.stopping = False
+        """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
+        self._last_ts: float | None = None
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -157,12 +160,14 @@ class HeartbeatActor:
         # scheduler places by, next to what runs.
         waiting = sum(status.waiting or 0 for status in self.engine.engines) if self.engine else 0
         schedulability, reason, by = self.schedulability()
+        now, previous = time.time(), self._last_ts
+        self._last_ts = now
         return Heartbeat(
             node_id=self.config.node_id,
             cluster=self.config.cluster,
             seq=self.sequence.next(),
             boot_id=self.boot_id,
-            ts=time.time(),
+            ts=now,
             agent_version=AGENT_VERSION,
             interval=self.config.heartbeat_interval,
             stale_after=self.config.stale_after,
@@ -179,6 +184,8 @@ class HeartbeatActor:
             workloads=self.workloads,
             labels=node_labels(self.config.labels, self.engine, self.cloud),
             scheduler=self.scheduler,
+            stopping=self.stopping,
+            previous_ts=previous,
         )
 
     async def beat(self) -> Heartbeat | None:
@@ -207,6 +214,16 @@ class HeartbeatActor:
         self.metrics.heartbeats.inc()
         self.metrics.sequence.set(heartbeat.seq)
         return heartbeat
+
+    async def goodbye(self) -> None:
+        """The last heartbeat of this boot, marked ``stopping``, for a requested stop: the
+        aggregators mark the node ``stopped`` instead of calling it stale when the
+        heartbeat's TTL runs out. Sent only by an actor that has beaten (one that never
+        did has no record to say goodbye to); a failure is logged, as any beat's."""
+        if self._last_ts is None:
+            return
+        self.stopping = True
+        await self.beat()
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {
