@@ -296,8 +296,9 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """An aggregator's view of one node: KV bucket ``fleet_nodes``, key ``<node>``.
 
     ``state`` is derived from the other facts by the precedence
-    deregistered > offline > stale > stopped > drained > draining > cordoned > unhealthy > degraded >
-    active > pending: what an operator did to a node (cordon, drain) outranks its health.
+    deregistered > offline > stale > stopped > drained > draining > cordoned > unhealthy >
+    degraded > active > pending: what an operator did to a node (cordon, drain) outranks
+    its health.
     """
 
     node_id: NodeId
