@@ -230,10 +230,12 @@ WATCH_INTERVAL = 2.0
 """Seconds between two reads of ``fleetctl nodes --watch``."""
 
 
-def write_nodes(records: list[NodeRecord], output: str, colour: bool, rows: bool) -> None:
+def write_nodes(
+    records: list[NodeRecord], output: str, colour: bool, rows: bool, of: int | None = None
+) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
     is written record by record (the same bytes as one array), so a 100,000-node
-    listing is never one string in memory."""
+    listing is never one string in memory. ``of``: how many there were before filters."""
     if output == "json":
         sys.stdout.write("[")
         for index, record in enumerate(records):
@@ -242,7 +244,7 @@ def write_nodes(records: list[NodeRecord], output: str, colour: bool, rows: bool
     elif output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE:
         sys.stdout.write(views.fleet_summary(records))
     else:
-        sys.stdout.write(views.nodes_output(records, output, colour))
+        sys.stdout.write(views.nodes_output(records, output, colour, of))
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -257,14 +259,19 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
+        states = set(args.state or ())
         while True:
-            records = [
+            every = [
                 r
                 for r in await registry.read_records(bus, subjects)
+                if args.all or "deregistered" in states or r.state != "deregistered"
+            ]
+            records = [
+                r
+                for r in every
                 if (not args.cluster or r.cluster == args.cluster)
-                and (not args.state or r.state == args.state)
+                and (not states or r.state in states)
                 and fleet_labels.matches(r.labels, selectors)
-                and (args.all or args.state == "deregistered" or r.state != "deregistered")
             ]
             if args.limit is not None:
                 records = records[: args.limit]
@@ -273,7 +280,9 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                write_nodes(records, output, colour, rows=args.all or args.limit is not None)
+                write_nodes(
+                    records, output, colour, rows=args.all or args.limit is not None, of=len(every)
+                )
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -285,39 +294,56 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 continue
 
 
+def partition_rates(
+    first: list[lease.PartitionStatus], second: list[lease.PartitionStatus], seconds: float
+) -> list[float]:
+    """Heartbeats a second into each partition between two reads ``seconds`` apart: those
+    delivered to its consumer plus the change in those waiting for it."""
+    before = {status.partition: status for status in first}
+    rates = []
+    for status in second:
+        old = before.get(status.partition, status)
+        arrived = status.delivered - old.delivered + status.pending - old.pending
+        rates.append(max(0.0, arrived / seconds))
+    return rates
+
+
 async def cmd_aggregators(args: argparse.Namespace) -> int:
-    """Every partition of FLEET_HB: who consumes it (its lease), its rate over one second,
-    and how far behind it is (pending and unacknowledged heartbeats)."""
+    """Every partition of FLEET_HB: who consumes it (its lease), its heartbeat rate over
+    about a second, and how far behind it is (pending and unacknowledged heartbeats)."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         first = await lease.partition_status(bus, subjects, args.durable)
+        started = time.monotonic()
         await asyncio.sleep(1.0)
         statuses = await lease.partition_status(bus, subjects, args.durable)
-    before = {status.partition: status.delivered_seq for status in first}
-    rates = [
-        max(0, status.delivered_seq - before.get(status.partition, status.delivered_seq))
-        for status in statuses
-    ]
+        rates = partition_rates(first, statuses, time.monotonic() - started)
     if args.json:
         for status, rate in zip(statuses, rates, strict=True):
-            body = msgspec.to_builtins(status) | {"rate": rate}
+            body = msgspec.to_builtins(status) | {"rate": round(rate, 1)}
             sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
         return 0
-    lines = ["PARTITION  HOLDER  RENEWED  RATE  PENDING  UNACKED"]
-    by_holder: dict[str, list[int]] = {}
+    rows = [("PARTITION", "HOLDER", "RENEWED", "RATE", "PENDING", "UNACKED")]
+    by_holder: dict[str, tuple[int, float, int]] = {}
     for status, rate in zip(statuses, rates, strict=True):
-        holder = views.printable(status.holder) if status.holder else "(nobody)"
+        holder = status.holder or "(nobody)"
         renewed = f"{status.renewed_ago:.1f}s ago" if status.holder else "-"
-        lines.append(
-            f"{status.partition}  {holder}  {renewed}  {rate}/s  {status.pending}  {status.unacked}"
+        rows.append(
+            (
+                status.partition,
+                holder,
+                renewed,
+                f"{rate:.1f}/s",
+                str(status.pending),
+                str(status.unacked),
+            )
         )
-        totals = by_holder.setdefault(holder, [0, 0, 0])
-        totals[0] += 1
-        totals[1] += rate
-        totals[2] += status.pending
+        held, total, pending = by_holder.get(holder, (0, 0.0, 0))
+        by_holder[holder] = (held + 1, total + rate, pending + status.pending)
     # Then one line per aggregator: how many partitions it holds, its rate and backlog.
-    lines += ["", "AGGREGATOR  PARTITIONS  RATE  PENDING"]
-    lines += [f"{h}  {n}  {r}/s  {p}" for h, (n, r, p) in sorted(by_holder.items())]
+    totals = [("AGGREGATOR", "PARTITIONS", "RATE", "PENDING")]
+    totals += [(h, str(n), f"{r:.1f}/s", str(p)) for h, (n, r, p) in sorted(by_holder.items())]
+    lines = [*views.grid(rows, indent=""), "", *views.grid(totals, indent="")]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -434,11 +460,15 @@ async def cmd_describe(args: argparse.Namespace) -> int:
 
 
 async def cmd_events(args: argparse.Namespace) -> int:
-    """A node's alerts and command results from the streams, oldest first."""
+    """A node's alerts and command results from the streams, oldest first; a node with
+    neither and no record is unknown (exit 1)."""
     subjects = Subjects(args.prefix)
     since = None if args.since is None else time.time() - args.since
     async with connected(args, "fleetctl") as bus:
         alerts, results = await history.node_history(bus, subjects, args.node, since)
+        if not alerts and not results:
+            # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
+            await registry.read_record(bus, subjects, args.node)
     for entry in history.merged(alerts, results):
         sys.stdout.write((views.event_json(entry) if args.json else views.event_line(entry)) + "\n")
     return 0
@@ -591,7 +621,12 @@ def parser() -> argparse.ArgumentParser:
 
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster", help="only nodes of this cluster")
-    nodes.add_argument("--state", choices=get_args(RecordState), help="only nodes in this state")
+    nodes.add_argument(
+        "--state",
+        action="append",
+        choices=get_args(RecordState),
+        help="only nodes in this state (repeatable: any of them)",
+    )
     nodes.add_argument(
         "-l",
         "--label",

@@ -23,6 +23,9 @@ WIDE_COLUMNS = (*COLUMNS, "SEQ", "REASON")
 REASON_WIDTH = 80
 COLOURS = {"active": "32", "degraded": "33", "unhealthy": "31", "stale": "33", "offline": "31"}
 """ANSI colour of the STATE cell per state (green, yellow, red); others stay plain."""
+UNKNOWN_NOW = frozenset({"stale", "offline", "stopped", "deregistered", "pending"})
+"""States in which nothing the node reported holds now: its schedulability and health are
+shown as unknown (``-``), not as what its last heartbeat said."""
 
 
 def printable(text: str) -> str:
@@ -44,13 +47,10 @@ def _escape(char: str) -> str:
 
 
 def age(seconds: float) -> str:
+    """How long ago, in :func:`span`'s units: ``42s ago``, ``17m ago``, ``3d ago``."""
     if seconds < 0:
         return "now"
-    if seconds < 90:
-        return f"{seconds:.0f}s ago"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
+    return f"{span(seconds)} ago"
 
 
 def span(seconds: float) -> str:
@@ -73,12 +73,18 @@ def reason(record: NodeRecord, now: float) -> str:
     if record.deregistered:
         return "deregistered itself"
     if record.state in ("offline", "stale"):
-        silent = f"no heartbeat for {age(now - record.last_seen).removesuffix(' ago')}"
+        silent = f"no heartbeat for {span(now - record.last_seen)}"
         return silent + (f" (refused: {printable(record.refused)})" if record.refused else "")
+    if record.state == "stopped":
+        return "agent stopped on request"
     if record.state == "pending":
-        return "registered, awaiting approval"
+        return (
+            "registered, awaiting approval"
+            if record.pending_since
+            else "approved, no heartbeat yet"
+        )
     parts = []
-    if beat is not None and beat.schedulability_reason:
+    if beat is not None and beat.schedulability_reason and record.schedulability != "schedulable":
         parts.append(beat.schedulability_reason)
     if beat is not None and beat.health is not None:
         parts += [f"{c.name}: {c.reason}" for c in beat.health.checks if c.status != "ok"]
@@ -89,14 +95,15 @@ def reason(record: NodeRecord, now: float) -> str:
 
 
 def row(record: NodeRecord, now: float, wide: bool = False) -> tuple[str, ...]:
+    known = record.state not in UNKNOWN_NOW
     health = "-"
-    if record.health_status is not None:
+    if record.health_status is not None and known:
         health = f"{record.health_status} {record.health_score}"
     cells = (
         record.node_id,
         record.cluster,
         record.state,
-        record.schedulability,
+        record.schedulability if known else "-",
         health,
         str(record.gpus_total),
         age(now - record.last_seen) if record.last_seen else "never",
@@ -127,12 +134,24 @@ def table(
     return "\n".join(lines)
 
 
-def summary(records: list[NodeRecord]) -> str:
+def nodes(count: int) -> str:
+    """``1 node``, ``3 nodes``."""
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
+def summary(records: list[NodeRecord], of: int | None = None) -> str:
+    """``3 nodes: 2 active, 1 stale``; ``3 of 299 nodes: ...`` when ``of`` (the nodes
+    before a filter) is more than shown."""
     counts: dict[str, int] = {}
     for record in records:
         counts[record.state] = counts.get(record.state, 0) + 1
     parts = [f"{count} {state}" for state, count in sorted(counts.items())]
-    return f"{len(records)} nodes" + (f": {', '.join(parts)}" if parts else "")
+    total = (
+        nodes(len(records))
+        if of is None or of == len(records)
+        else f"{len(records)} of {nodes(of)}"
+    )
+    return total + (f": {', '.join(parts)}" if parts else "")
 
 
 def change_key(record: NodeRecord) -> tuple[object, ...]:
@@ -150,15 +169,17 @@ def change_key(record: NodeRecord) -> tuple[object, ...]:
     )
 
 
-def nodes_output(records: list[NodeRecord], output: str, colour: bool = False) -> str:
-    """``fleetctl nodes`` output, newline-terminated: a table with its summary line, or
-    the records as a JSON array or a YAML list."""
+def nodes_output(
+    records: list[NodeRecord], output: str, colour: bool = False, of: int | None = None
+) -> str:
+    """``fleetctl nodes`` output, newline-terminated: a table with its summary line (of
+    ``of`` nodes before filtering), or the records as a JSON array or a YAML list."""
     if output == "json":
         return msgspec.json.encode(records).decode() + "\n"
     if output == "yaml":
         return yaml(msgspec.to_builtins(records))
     wide = output == "wide"
-    return table(records, wide=wide, colour=colour) + "\n" + summary(records) + "\n"
+    return table(records, wide=wide, colour=colour) + "\n" + summary(records, of) + "\n"
 
 
 def yaml(value: Any) -> str:
@@ -279,6 +300,8 @@ def describe(
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
     lines += remediation or []
+    if record.state in UNKNOWN_NOW and beat is not None:
+        lines.append(f"Reported:        what follows is from its last heartbeat, {clock(beat.ts)}")
     lines.append(f"Labels:          {labels_text(record.labels)}")
     lines += _lifecycle(record)
     if beat is None:
@@ -287,7 +310,7 @@ def describe(
         return "\n".join(printable(line) for line in lines)
     if beat.sample is not None and beat.sample.hostname:
         lines.insert(2, f"Hostname:        {beat.sample.hostname}")
-    lines += _health(beat.health)
+    lines += _health(beat.health, record.state)
     lines += _gpus(beat.sample)
     lines += _host(beat.sample.host if beat.sample is not None else None)
     lines += _engines(beat.engine)
@@ -324,7 +347,8 @@ def _why(record: NodeRecord) -> str:
     if record.offline_since:
         return f" (offline since {clock(record.offline_since)})"
     if record.stale_since:
-        return f" (no heartbeat since {clock(record.stale_since)})"
+        last = clock(record.last_seen) if record.last_seen else "never"
+        return f" (no heartbeat since {last}; stale since {clock(record.stale_since)})"
     if record.stopped_since:
         return f" (stopped on request at {clock(record.stopped_since)})"
     if record.pending_since:
@@ -337,17 +361,28 @@ NODE_ACTIONS = ("spot:", "shutdown")
 
 
 def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
-    """The schedulability, its reason, and what set it. Completed results report the
-    schedulability the node had when they ended; the one credited is the first of the
-    latest run of such results that all report this schedulability (later ones, a stop
-    on a cordoned node say, found it so). A schedulability the node changed by itself
-    without a result (the last completed result reports another) is credited to nobody,
-    and what the node did on its own (spot notices, its shutdown) to the node."""
+    """The schedulability, its reason, who made it so (the heartbeat's
+    ``schedulability_by``) and what set it. Completed results report the schedulability
+    the node had when they ended; the one credited is the first of the latest run of such
+    results that all report this schedulability (later ones, a stop on a cordoned node
+    say, found it so). A schedulability the node changed by itself without a result (the
+    last completed result reports another) is credited to nobody, and what the node did
+    on its own (spot notices, its shutdown) to the node. Unknown (``-``) while no
+    heartbeat says what it is now, with what it last said."""
+    beat = record.heartbeat
     text = record.schedulability
-    if record.heartbeat is not None and record.heartbeat.schedulability_reason:
-        text += f" (reason: {record.heartbeat.schedulability_reason})"
-    if record.heartbeat is not None and record.heartbeat.schedulability_by:
-        text += f", by {record.heartbeat.schedulability_by}"
+    if beat is not None and beat.schedulability_reason:
+        text += f" (reason: {beat.schedulability_reason})"
+    if beat is not None and beat.schedulability_by:
+        text += f", by {beat.schedulability_by}"
+    text += _credited(record, results)
+    if record.state in UNKNOWN_NOW:
+        return f"- (unknown while {record.state}; last reported {text})"
+    return text
+
+
+def _credited(record: NodeRecord, results: list[Entry]) -> str:
+    """``, set by ...`` from the completed results (see :func:`_schedulability`)."""
     done = [
         entry.message
         for entry in results
@@ -356,24 +391,30 @@ def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
         and entry.message.schedulability is not None
     ]
     if not done or done[-1].schedulability != record.schedulability:
-        return text
+        return ""
     setter = done[-1]
     for result in reversed(done[:-1]):
         if result.schedulability != setter.schedulability:
             break
         setter = result
-    who = (
-        f"the node itself ({setter.command_id})"
-        if setter.command_id.startswith(NODE_ACTIONS)
-        else f"command {setter.command_id}"
-    )
-    return text + f", set by {who} at {clock(setter.ts)}"
+    return f", set by {_setter(setter.command_id)} at {clock(setter.ts)}"
 
 
-def _health(health: Health | None) -> list[str]:
+def _setter(command_id: str) -> str:
+    if command_id.startswith(NODE_ACTIONS):
+        return f"the node itself ({command_id})"
+    return f"command {command_id}"
+
+
+def _health(health: Health | None, state: str) -> list[str]:
     if health is None:
         return ["Health:          not reported"]
     lines = [f"Health:          {health.status}, score {health.score}/100"]
+    if state in UNKNOWN_NOW:
+        lines = [
+            f"Health:          - (unknown while {state}; last reported {health.status}, "
+            f"score {health.score}/100)"
+        ]
     if health.checks:
         lines.append("Checks:")
         lines += grid(
@@ -475,15 +516,20 @@ def _latency(latency: Latency | None) -> list[str]:
     if latency is None:
         return ["Latency:         not reported"]
     lines = [
-        f"Latency:         gateway {_opt(latency.gateway_rtt_us, 'us')}, "
-        f"peers avg {_opt(latency.avg_peer_rtt_us, 'us')}, loss {latency.loss_pct:g}%"
+        f"Latency:         nats {_ms(latency.gateway_rtt_us)}, "
+        f"peers avg {_ms(latency.avg_peer_rtt_us)}, loss {latency.loss_pct:g}%"
     ]
     if latency.peers:
         lines += grid(
             [("PEER", "RTT", "LOSS")]
-            + [(p.target_node_id, _opt(p.rtt_us, "us"), f"{p.loss_pct:g}%") for p in latency.peers]
+            + [(p.target_node_id, _ms(p.rtt_us), f"{p.loss_pct:g}%") for p in latency.peers]
         )
     return lines
+
+
+def _ms(microseconds: float | None) -> str:
+    """A round trip in milliseconds, as ``node-agent status`` writes it."""
+    return "-" if microseconds is None else f"{microseconds / 1000:.2f}ms"
 
 
 def _spot(spot: SpotStatus | None) -> str:

@@ -210,8 +210,10 @@ class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Heartbeats of the partition in FLEET_HB not yet delivered to its consumer."""
     unacked: int
     """Heartbeats delivered to the holder and not yet settled."""
-    delivered_seq: int
-    """The stream sequence last delivered: read twice, its difference is the rate."""
+    delivered: int
+    """Heartbeats of the partition delivered to its consumer so far (the consumer's own
+    sequence; the stream's counts every partition's): read twice, with ``pending``, the
+    partition's rate."""
 
 
 async def partition_status(bus: Bus, subjects: Subjects, durable: str) -> list[PartitionStatus]:
@@ -232,7 +234,7 @@ async def partition_status(bus: Bus, subjects: Subjects, durable: str) -> list[P
                 stream, subjects.partition_consumer(durable, partition)
             )
             pending, unacked = info.num_pending or 0, info.num_ack_pending or 0
-            delivered = info.delivered.stream_seq if info.delivered else 0
+            delivered = info.delivered.consumer_seq if info.delivered else 0
         except nats.js.errors.NotFoundError:
             pass
         return PartitionStatus(
@@ -242,7 +244,7 @@ async def partition_status(bus: Bus, subjects: Subjects, durable: str) -> list[P
             ttl=current.ttl if current else 0.0,
             pending=pending,
             unacked=unacked,
-            delivered_seq=delivered or 0,
+            delivered=delivered or 0,
         )
 
     return list(await asyncio.gather(*(one(p) for p in range(count))))

@@ -54,9 +54,12 @@ def login_of(headers: Mapping[str, str] | None) -> str:
     return f"{info.acc}/{info.user}"[:MAX_NAME]
 
 
-def new_record(node: str, cluster: str, public_key: str, login: str, now: float) -> NodeRecord:
-    """The pending record a first registration makes."""
-    record = record_rules.pending_record(node, cluster, public_key, since=now)
+def new_record(
+    node: str, cluster: str, public_key: str, login: str, now: float, approved: bool = False
+) -> NodeRecord:
+    """The pending record a first registration makes; one whose key is ``approved`` (an
+    enrollment token, an earlier approve) awaits only its first heartbeat, not approval."""
+    record = record_rules.pending_record(node, cluster, public_key, since=now, approved=approved)
     return msgspec.structs.replace(record, registered_by=login)
 
 

@@ -63,8 +63,15 @@ def with_state(record: NodeRecord, **changes: object) -> NodeRecord:
 
 
 def pending_record(
-    node_id: str, cluster: str, public_key: str = "", since: float | None = None
+    node_id: str,
+    cluster: str,
+    public_key: str = "",
+    since: float | None = None,
+    approved: bool = False,
 ) -> NodeRecord:
+    """A record before the node's first heartbeat. ``pending_since`` (awaiting approval,
+    expired by the sweep) only if its key is not ``approved`` yet: an approved (enrolled)
+    node waits for nobody but itself."""
     return NodeRecord(
         node_id=node_id,
         cluster=cluster,
@@ -72,7 +79,7 @@ def pending_record(
         last_seq=0,
         last_seen=0.0,
         public_key=public_key,
-        pending_since=since,
+        pending_since=None if approved else since,
         created=since,
     )
 

@@ -126,7 +126,9 @@ class Registrar:
             if record is None:
                 if new_refusal:
                     return None
-                return pending.new_record(node, registration.cluster, signer, login, now)
+                return pending.new_record(
+                    node, registration.cluster, signer, login, now, approved=status == "active"
+                )
             if candidate_refusal or status == "active":
                 return None
             return pending.with_candidate(record, signer, registration.cluster, now, login)

@@ -9,7 +9,7 @@ import pytest
 from actors.fleet.aggregator import AggregatorActor
 from actors.runtime.bus import NatsBus
 from tests.cli.test_fleetctl_listing import fleetctl
-from tests.support.fleet import TEST_LIMITS, Fleet, wait_for
+from tests.support.fleet import TEST_LIMITS, Fleet, wait_for, wait_record
 
 
 @pytest.mark.slow
@@ -41,3 +41,30 @@ async def test_aggregators_lists_every_partition_and_its_holder(
     assert code == 0 and len(rows) == count and all(holder in row for row in rows)
     # The summary: one aggregator, holding every partition.
     assert aggregators.splitlines()[1].split()[:2] == [holder, str(count)]
+
+
+@pytest.mark.slow
+async def test_aggregators_rate_is_the_partitions_heartbeat_rate(fleet: Fleet) -> None:
+    """Three agents beating every 0.5 s send 6 heartbeats a second in all: the partitions'
+    rates add up to about that (not the whole stream's rate on every partition, as the
+    stream's sequence gave), and the columns of both tables are aligned."""
+    supervisor = await fleet.start_aggregator()
+    actor = supervisor.actors[0]
+    assert isinstance(actor, AggregatorActor)
+    for node in ("n1", "n2", "n3"):
+        await fleet.start_agent(fleet.config(node))
+    for node in ("n1", "n2", "n3"):
+        await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.last_seq >= 3)
+    where = ("--server", fleet.url, "--prefix", fleet.prefix)
+    code, out, err = await fleetctl("aggregators", *where, "--json")
+    assert (code, err) == (0, "")
+    statuses = [json.loads(line) for line in out.splitlines()]
+    busy = [status for status in statuses if status["rate"] > 0]
+    assert len(busy) >= 2  # the three nodes are not all in one partition
+    assert 3.0 <= sum(status["rate"] for status in statuses) <= 9.0, statuses
+    code, out, _ = await fleetctl("aggregators", *where)
+    for table in out.split("\n\n"):
+        lines = table.splitlines()
+        header = lines[0]
+        rate = header.index("RATE")
+        assert all(line[rate - 2 : rate] == "  " and line[rate] != " " for line in lines[1:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import time
@@ -290,6 +291,8 @@ async def test_rebalance_notice_cordons_with_ttl(
     await fleet.publish_event(EVENT_INTERRUPTION, notice)
     final = await results.final("spot:aws:rebalance:r1")
     assert final.schedulability == "cordoned" and "uncordons at" in final.detail
+    # A time with its zone, as every time fleetctl prints: 2026-11-26T14:03:22Z.
+    assert re.search(r"uncordons at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", final.detail)
     assert results.statuses("spot:aws:rebalance:r1").count("accepted") == 1
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
     assert record.heartbeat is not None and record.heartbeat.schedulability_by == "spot"

@@ -291,7 +291,7 @@ class ActionRunner:
         await self._set_state("cordoned", command_id, reason, until=until)
         if until is not None:
             self._arm_ttl(until, command_id)
-        lifted = f"; uncordons at {time.strftime('%H:%M:%S', time.localtime(until))}"
+        lifted = f"; uncordons at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))}"
         await self.result(command_id, "done", "cordoned" + (lifted if until else "") + notes)
 
     async def _uncordon(self, command_id: str, reason: str) -> None:
