@@ -140,6 +140,18 @@ def operator_key_file(args: argparse.Namespace) -> Path:
     return Path(configured) if configured else default_operator_key()
 
 
+def operator_key(args: argparse.Namespace) -> signing.KeyPair:
+    """The operator key pair of :func:`operator_key_file`; a missing one is an error that
+    says how to make one (or where ``fleetctl up`` keeps its own)."""
+    path = operator_key_file(args)
+    if not path.exists():
+        raise FleetError(
+            f"operator key {path} not found: create one with 'fleetctl keys init', or "
+            "export FLEETCTL_KEY_FILE (the line 'fleetctl up' prints), or pass --key-file"
+        )
+    return signing.load_key_file(path)
+
+
 def config_home() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base)
@@ -165,13 +177,27 @@ def add_version(parser: argparse.ArgumentParser) -> None:
 def strict(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``root`` and every subcommand parser under it with abbreviations turned off, so
     ``--dead`` is an error rather than a silent ``--deadline`` (and a flag added later
-    cannot change what an old abbreviation meant). Walks the tree, so no parser is missed."""
+    cannot change what an old abbreviation meant), each knowing itself for :func:`parse`.
+    Walks the tree, so no parser is missed."""
     root.allow_abbrev = False
     for action in root._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
+                # The deepest subcommand parsed sets it last: its usage is shown by parse().
+                sub.set_defaults(usage_parser=sub)
                 strict(sub)
     return root
+
+
+def parse(root: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``root.parse_args(argv)``, but an unknown flag is reported by the subcommand it was
+    given to, with that subcommand's usage (argparse leaves it to the root, whose usage
+    lists every subcommand and none of its flags)."""
+    args, unknown = root.parse_known_args(argv)
+    if unknown:
+        used: argparse.ArgumentParser = getattr(args, "usage_parser", root)
+        used.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def token(what: str) -> Callable[[str], str]:

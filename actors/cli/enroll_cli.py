@@ -17,13 +17,12 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    operator_key_file,
+    operator_key,
     token,
 )
 from actors.fleet import enroll
 from actors.runtime.bus import NotProvisioned
 from actors.runtime.config import DurationError, parse_duration
-from schemas import signing
 from schemas.errors import FleetError
 from schemas.messages import EnrollRecord
 from schemas.subjects import Subjects
@@ -61,7 +60,7 @@ def not_provisioned() -> FleetError:
 
 
 async def cmd_create(args: argparse.Namespace) -> int:
-    key = signing.load_key_file(operator_key_file(args))
+    key = operator_key(args)
     token_text, record = enroll.issue(key, args.cluster or "", args.ttl, args.uses)
     async with connected(args, "fleetctl") as bus:
         try:

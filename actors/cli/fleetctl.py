@@ -40,7 +40,8 @@ from actors.cli.common import (
     default_operator_key,
     duration,
     fail,
-    operator_key_file,
+    operator_key,
+    parse,
     run_main,
     settings_from,
     stop_event,
@@ -195,7 +196,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
     """Remove a node from the fleet from the provider side (it may be dead): the record
     names the operator key that forgot it. Needs the operator key file: whoever forgets a
     node is named by it."""
-    key = signing.load_key_file(operator_key_file(args))
+    key = operator_key(args)
     body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
     async with connected(args, "fleetctl") as bus:
         try:
@@ -782,7 +783,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     root = parser()
     argcomplete.autocomplete(root)
-    args = root.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        root.print_help()
+        return 0
+    args = parse(root, argv)
     func: Command = args.func
     return run_main(lambda: func(args))
 

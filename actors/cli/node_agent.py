@@ -22,6 +22,7 @@ from actors.cli.common import (
     add_version,
     duration,
     fail,
+    parse,
     run_main,
     settings_from,
     stop_event,
@@ -451,7 +452,11 @@ def _us(value: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     root = parser()
     argcomplete.autocomplete(root)
-    args = root.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        root.print_help()
+        return 0
+    args = parse(root, argv)
     handlers = {
         "init": cmd_init,
         "key": cmd_key_show,

@@ -33,7 +33,7 @@ from actors.cli.common import (
     connected,
     default_operator_key,
     fail,
-    operator_key_file,
+    operator_key,
     stop_event,
     token,
 )
@@ -311,7 +311,7 @@ async def follow(
 
 
 async def cmd_send(args: argparse.Namespace) -> int:
-    key = signing.load_key_file(operator_key_file(args))
+    key = operator_key(args)
     subjects = Subjects(args.prefix)
     stop = stop_event()
     async with connected(args, "fleetctl") as bus:

@@ -300,8 +300,6 @@ def describe(
     ]
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
     lines += remediation or []
-    if record.state in UNKNOWN_NOW and beat is not None:
-        lines.append(f"Reported:        what follows is from its last heartbeat, {clock(beat.ts)}")
     lines.append(f"Labels:          {labels_text(record.labels)}")
     lines += _lifecycle(record)
     if beat is None:
@@ -310,6 +308,8 @@ def describe(
         return "\n".join(printable(line) for line in lines)
     if beat.sample is not None and beat.sample.hostname:
         lines.insert(2, f"Hostname:        {beat.sample.hostname}")
+    if record.state in UNKNOWN_NOW:
+        lines.append(f"Reported:        what follows is from its last heartbeat, {clock(beat.ts)}")
     lines += _health(beat.health, record.state)
     lines += _gpus(beat.sample)
     lines += _host(beat.sample.host if beat.sample is not None else None)

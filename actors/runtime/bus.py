@@ -55,6 +55,23 @@ class BusError(FleetError):
         super().__init__(f"cannot reach NATS at {server}: {reason}")
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The URL schemes nats-py connects with; a URL without one is taken as nats://."""
+
+
+def check_urls(server: str) -> None:
+    """Refuse a URL list with another scheme (``http://`` pasted from the fleet API line)
+    before connecting, saying what a NATS URL looks like."""
+    for url in server.split(","):
+        scheme, sep, _ = url.strip().partition("://")
+        if sep and scheme.lower() not in NATS_SCHEMES:
+            raise BusError(
+                server,
+                f"{scheme}:// is not a NATS URL; NATS URLs are nats://HOST:PORT or "
+                "tls://HOST:PORT (ws:// and wss:// for websockets)",
+            )
+
+
 class NotProvisioned(FleetError):
     """A stream or bucket of the wire contract does not exist yet on this server."""
 
@@ -130,6 +147,7 @@ class NatsBus:
         imports it from another (deploy/nats/auth.conf). ``tls`` (from
         :func:`actors.runtime.tls.client_context`) is used for ``tls://`` URLs and for
         ``nats://`` servers that require TLS."""
+        check_urls(server)
         wants_tls = tls is not None or any(url.startswith("tls://") for url in server.split(","))
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:

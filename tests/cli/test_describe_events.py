@@ -92,8 +92,11 @@ async def test_describe_explains_state_and_history(stale_cordoned: History) -> N
     [state] = [line for line in lines if line.startswith("State:")]
     assert state.startswith("State:           stale (no heartbeat since 20")
     [sched] = [line for line in lines if line.startswith("Schedulability:")]
-    # Who cordoned (the operator's key) and the command that did.
-    assert sched.startswith("Schedulability:  cordoned (reason: disk swap), by U")
+    # Stale: what the node reported is not known to hold now, and is said as the last:
+    # who cordoned (the operator's key) and the command that did.
+    assert sched.startswith(
+        "Schedulability:  - (unknown while stale; last reported cordoned (reason: disk swap), by U"
+    )
     assert ", set by command " in sched and command_id in sched
     assert lines[lines.index("Checks:") + 1].split() == ["CHECK", "STATUS", "REASON", "ACTION"]
     gpus = lines.index("GPUs:            2 (fake)")

@@ -189,9 +189,9 @@ async def test_watch_prints_again_on_change_and_exits_0_on_ctrl_c(
     )
     assert process.stdout is not None
     try:
-        first = await asyncio.wait_for(process.stdout.readuntil(b"1 nodes: 1 active\n"), 20)
+        first = await asyncio.wait_for(process.stdout.readuntil(b"1 node: 1 active\n"), 20)
         await put(bus, prefix, record("n1", "degraded", XID))
-        second = await asyncio.wait_for(process.stdout.readuntil(b"1 nodes: 1 degraded\n"), 20)
+        second = await asyncio.wait_for(process.stdout.readuntil(b"1 node: 1 degraded\n"), 20)
         process.send_signal(signal.SIGINT)
         rest, err = await asyncio.wait_for(process.communicate(), 20)
     finally:
