@@ -52,9 +52,8 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, fl
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **env}
     with log_path.open("ab") as log:
-        log.write(
-            f"--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} start: {argv}\n".encode()
-        )
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log.write(f"--- {started} start: {argv}\n".encode())
         log.flush()
         child = subprocess.Popen(
             argv,
