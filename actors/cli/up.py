@@ -32,6 +32,7 @@ from actors.runtime.config import ConfigError
 from actors.runtime.embedded import NatsServer, ServerError
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
+from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -163,20 +164,43 @@ def export_line(url: str, key_file: Path) -> str:
     return f"export NATS_URL={shlex.quote(url)} {KEY_FILE_ENV}={shlex.quote(str(key_file))}"
 
 
+def fleet_view(records: list[NodeRecord], lines: int) -> str:
+    """The live view in at most ``lines`` lines: the table and its summary line, or, for
+    a fleet taller than that, the nodes counted by cluster and state (as ``fleetctl
+    nodes`` does above a screenful)."""
+    if len(records) + 2 <= lines:
+        return views.table(records) + "\n" + views.summary(records) + "\n"
+    return views.fleet_summary(records, hint="'fleetctl nodes --all' lists them")
+
+
+def view_lines(interactive: bool) -> int:
+    """Lines the live view may take: the terminal's height less the line the cursor rests
+    on (a taller redraw cannot move back over what scrolled away, and would fill the
+    scrollback), or, piped, a screenful."""
+    if interactive:
+        try:
+            # The terminal's own size, not $LINES (a value exported before a resize lies).
+            return max(1, os.get_terminal_size(sys.stdout.fileno()).lines - 1)
+        except OSError:
+            pass
+    return views.SUMMARY_ABOVE + 2
+
+
 async def _show_fleet(
     bus: NatsBus, subjects: Subjects, stop: asyncio.Event, refresh: float
 ) -> None:
-    """Redraw the table in place on a terminal; append a table per refresh otherwise."""
+    """Redraw the view in place on a terminal; append one per change of the fleet's shape
+    otherwise."""
     interactive = sys.stdout.isatty()
     text = last_summary = ""
     while not stop.is_set():
         records = await registry.read_records(bus, subjects)
         summary = views.summary(records)
-        text = views.table(records) + "\n" + summary + "\n"
+        text = fleet_view(records, view_lines(interactive))
         if interactive:
             sys.stdout.write("\x1b[J" + text + f"\x1b[{text.count(chr(10))}A")
         elif summary != last_summary:
-            # Piped output gets a new table only when the fleet's shape changes.
+            # Piped output gets a new view only when the fleet's shape changes.
             sys.stdout.write(text + "\n")
         last_summary = summary
         sys.stdout.flush()

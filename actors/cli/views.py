@@ -555,9 +555,10 @@ SUMMARY_ABOVE = 50
 screenful), unless ``--all`` or ``--limit`` asks for rows."""
 
 
-def fleet_summary(records: list[NodeRecord]) -> str:
+def fleet_summary(records: list[NodeRecord], hint: str | None = None) -> str:
     """Nodes counted by cluster and state: one row per cluster, one column per state
-    present, a total row; newline-terminated, with the way to list rows."""
+    present, a total row; newline-terminated, with the way to list rows (``hint``, else
+    ``fleetctl nodes``' flags)."""
     states = sorted({record.state for record in records})
     counts: dict[str, dict[str, int]] = {}
     for record in records:
@@ -575,8 +576,7 @@ def fleet_summary(records: list[NodeRecord]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
         for line in [header, *rows]
     ]
-    hint = (
-        f"{len(records)} nodes, summarised; list them with --all or --limit N, "
-        "narrow with --state or --cluster"
+    hint = f"{nodes(len(records))}, summarised; " + (
+        hint or "list them with --all or --limit N, narrow with --state or --cluster"
     )
     return "\n".join(printable(line.rstrip()) for line in lines) + "\n" + hint + "\n"

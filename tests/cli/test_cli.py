@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
+from actors.cli.up import fleet_view
+from actors.fleet import record_rules
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, heartbeat, wait_record
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -153,3 +159,50 @@ def test_up_on_a_taken_port_says_what_to_do(nats_server: NatsServer, tmp_path: P
     assert result.returncode == 1
     assert "is taken" in result.stderr and "--port 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_fleetctl_up_on_a_short_terminal_summarises_in_place(tmp_path: Path) -> None:
+    """On a terminal 5 lines tall, 3 nodes (a table of 5 lines) are shown as the counts by
+    cluster and state, and every redraw fits above the cursor's line: nothing is pushed
+    into the scrollback."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 5, 120, 0, 0))
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "actors.cli.fleetctl", "up", "--port", "0"),
+            *("--store", str(tmp_path), "--heartbeat-interval", "0.5", "--stale-after", "3"),
+        ],
+        stdout=follower,
+        stderr=follower,
+        # As a shell runs it: pytest's LINES and COLUMNS (24 x 80) are not the terminal's.
+        env={k: v for k, v in os.environ.items() if k not in ("LINES", "COLUMNS")},
+    )
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"3 nodes, summarised" not in seen.split(b"Ctrl-C to stop.")[-1]:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            seen += os.read(leader, 65536)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+        process.wait()
+        os.close(leader)
+    frames = seen.split(b"Ctrl-C to stop.")[-1].split(b"\x1b[J")[1:]
+    assert all(frame.count(b"\n") <= 4 for frame in frames), frames
+    first = next(i for i, frame in enumerate(frames) if b"3 nodes, summarised" in frame)
+    assert frames[first].startswith(b"CLUSTER  ACTIVE  TOTAL\r\nlocal    3       3\r\n")
+
+
+def test_the_live_view_fits_the_lines_it_has() -> None:
+    """fleet_view: the table while it fits, else the counts by cluster and state."""
+    records = [
+        record_rules.accept(record_rules.pending_record(f"n{i}", "c1"), heartbeat(f"n{i}"), "U", 1)
+        for i in range(10)
+    ]
+    assert fleet_view(records, 12).splitlines()[-1] == "10 nodes: 10 active"
+    summary = fleet_view(records, 11).splitlines()
+    assert summary[0].split() == ["CLUSTER", "ACTIVE", "TOTAL"]
+    assert summary[-1] == "10 nodes, summarised; 'fleetctl nodes --all' lists them"
