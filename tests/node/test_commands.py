@@ -104,6 +104,28 @@ async def test_drain_deadline_passes(
     assert "deadline passed with 5 in flight" in final.detail
 
 
+async def test_a_deregistered_agent_stops_without_draining_again(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    results: Results,
+) -> None:
+    """A deregistration whose drain ran to its deadline with work in flight: the agent,
+    finished, stops without the shutdown drain of up to shutdown_timeout (6 s) that would
+    wait for the same work again (a --deadline 20 took 50 s)."""
+    agent = await trusting_agent(fleet, operator, shutdown_timeout=6.0)
+    await set_in_flight(bus, prefix, fleet.node_key(), 5)
+    leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
+    final = await results.final(leave.id, timeout=20)
+    assert (final.status, final.detail) == ("done", "deregistered")
+    assert agent.supervisor is not None
+    await asyncio.wait_for(agent.supervisor.finished.wait(), 5)
+    stopping = time.monotonic()
+    await agent.stop()
+    assert time.monotonic() - stopping < 3.0
+
+
 async def test_refused_commands_change_nothing(
     fleet: Fleet,
     bus: NatsBus,

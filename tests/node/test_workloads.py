@@ -3,6 +3,7 @@ llama.cpp launch template, deployed and stopped by signed commands to a real age
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from actors.node.workloads import listeners, processes
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Workload, Workloads
-from schemas.messages import Cordon, Drain, Heartbeat
+from schemas.messages import Cordon, Deregister, Drain, Heartbeat
 from schemas.subjects import EVENT_WORKLOAD_ORDER, EVENT_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 from tests.support.commanding import Results, send
@@ -493,3 +494,38 @@ async def test_a_workload_on_loopback_passes_the_listening_check(
     port = int(final.detail.rsplit(":", 1)[1])
     assert listeners.listening(pid) == [("127.0.0.1", port)]
     assert listeners.strays(pid) == []
+
+
+@pytest.mark.slow
+async def test_deregistering_ends_every_workload_before_the_agent_exits(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    watch: Watch,
+) -> None:
+    """Deregister: the workload's whole process group is ended before the agent finishes
+    (its GPUs free, nothing saved for a next agent to adopt)."""
+    started = await agent(fleet, operator, standin)
+    deploy = await send(bus, prefix, operator, chat("--spawn-child"))
+    assert (await results.final(deploy.id, timeout=20)).status == "done"
+    state_dir = Path(fleet.config().state_dir)
+    pid = pid_of(state_dir)
+    group = await wait_for(
+        lambda: (lambda g: g if len(g) >= 2 else None)(processes.group_pids(pid))
+    )
+    leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
+    final = await results.final(leave.id, timeout=30)
+    assert (final.status, final.detail) == ("done", "deregistered")
+    # The agent was told it is finished only once a beat showed no workload left.
+    assert processes.group_pids(pid) == []
+    for member in group:
+        assert not psutil.pid_exists(member) or psutil.Process(member).status() == "zombie"
+    assert any(b.deregistering and not b.workloads for b in watch.beats)
+    assert (
+        codec.decode((state_dir / "workloads.json").read_bytes(), dict[str, Any])["workloads"] == []
+    )
+    assert started.supervisor is not None
+    await asyncio.wait_for(started.supervisor.finished.wait(), 5)

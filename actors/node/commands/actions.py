@@ -71,6 +71,9 @@ class ActionRunner:
         """The scheduler actor's latest word: whether Slurm is this node's scheduler."""
         self._engine_changed = asyncio.Event()
         self._deregistered_beat = asyncio.Event()
+        self._leaving: events.NodeState | None = None
+        """The deregistering state while a deregistration waits for its heartbeat: what is
+        republished then (the stored state is the drained one a restart comes back to)."""
         self._work: asyncio.Task[None] | None = None
         self._work_id = ""
         self._ttl: asyncio.Task[None] | None = None
@@ -149,7 +152,8 @@ class ActionRunner:
             return None
 
     def observe_deregistering_beat(self) -> None:
-        """A heartbeat carrying ``deregistering`` went out: the aggregators are told."""
+        """A heartbeat carrying ``deregistering`` and no workload went out: the aggregators
+        are told, and the workload actor has ended every workload."""
         self._deregistered_beat.set()
 
     async def start(
@@ -352,7 +356,8 @@ class ActionRunner:
         await self._deregister(command_id, reason)
 
     async def _deregister(self, command_id: str, reason: str) -> None:
-        """Tell the aggregators through a heartbeat that says so, then end the agent."""
+        """Tell the aggregators through a heartbeat that says so and shows the workloads
+        ended (the workload actor stops them all on this state), then end the agent."""
         self._deregistered_beat.clear()
         state = events.NodeState(
             ts=time.time(),
@@ -361,8 +366,10 @@ class ActionRunner:
             command_id=command_id,
             deregistering=True,
         )
+        self._leaving = state
         await self.publish_state(state)
-        wait = 2 * self.config.heartbeat_interval + 5.0
+        # Two beats, and the workloads' stop: a grace, then the SIGKILL's wait.
+        wait = 2 * self.config.heartbeat_interval + 5.0 + self.config.workload_stop_grace + 5.0
         if await wait_or_timeout(self._deregistered_beat, wait):
             detail = "deregistered"
         else:
@@ -435,10 +442,12 @@ class ActionRunner:
         log.info("schedulability changed", extra={"state": schedulability, "id": command_id})
 
     async def publish_state(self, state: events.NodeState | None = None) -> None:
-        """Publish ``state`` (default: the stored one) as the node's ``state`` event."""
+        """Publish ``state`` (default: the one of a deregistration under way, else the
+        stored one) as the node's ``state`` event."""
         try:
             subject = self.subjects.event(self.config.node_id, EVENT_STATE)
-            await publish_signed_event(self.bus, subject, state or self.store.state, self.key)
+            current = state or self._leaving or self.store.state
+            await publish_signed_event(self.bus, subject, current, self.key)
         except nats.errors.Error as exc:
             log.warning("state not published", extra={"reason": str(exc)})
 

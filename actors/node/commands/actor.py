@@ -167,7 +167,8 @@ class CommandsActor:
         if deregister and not self.actions.finished.is_set() and not self.store.deregister:
             async with self.actions.lock:
                 await self.actions.deregister_at_shutdown(timeout / 2)
-        elif drain and not self.actions.busy():
+        elif drain and not self.actions.busy() and not self.actions.finished.is_set():
+            # Not after a deregistration, whose drain ran already (and the node is gone).
             await self.actions.drain_at_shutdown(timeout)
         await self.actions.wait_for_work(max(0.0, deadline - time.monotonic()))
 
@@ -310,7 +311,8 @@ class CommandsActor:
             heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
         except DecodeError:
             return
-        if heartbeat.deregistering:
+        # Told, and nothing of the node's workloads left running: it may exit.
+        if heartbeat.deregistering and not heartbeat.workloads:
             self.actions.observe_deregistering_beat()
 
     async def _republish_forever(self) -> None:

@@ -140,6 +140,9 @@ class WorkloadsActor:
                 self.gpus = {gpu.index for gpu in event.gpus}
             case NodeState():
                 self.schedulability = event.schedulability
+                if event.deregistering and self.running:
+                    # The node leaves the fleet: nothing of it may keep running or hold GPUs.
+                    await self._stop_all(f"node deregistering ({event.command_id})")
             case WorkloadOrder():
                 await self._on_order(event)
 
@@ -395,6 +398,31 @@ class WorkloadsActor:
         await self.result(
             order.command_id, "done" if not left else "failed", detail, order.command_digest
         )
+
+    async def _stop_all(self, reason: str) -> None:
+        """End every workload (process groups ended, GPUs freed) and forget them, so no
+        later agent adopts one; each stop runs beside the others, within one grace."""
+        workloads = list(self.running.values())
+        log.info("stopping every workload", extra={"reason": reason, "count": len(workloads)})
+        for workload in workloads:
+            if workload.task is not None:
+                workload.task.cancel()
+        await asyncio.gather(
+            *(w.task for w in workloads if w.task is not None), return_exceptions=True
+        )
+        lefts = await asyncio.gather(*(self._kill(w.entry.pid) for w in workloads))
+        for workload, left in zip(workloads, lefts, strict=True):
+            processes.reap(workload.entry.pid)
+            await self._answer(workload, "failed", reason)
+            if left:
+                log.error(
+                    "workload would not die",
+                    extra={"workload": workload.deploy.name, "pids": left},
+                )
+            if self.running.get(workload.deploy.name) is workload:
+                del self.running[workload.deploy.name]
+        self._save()
+        await self.publish()
 
     async def _kill(self, pgid: int) -> list[int]:
         """SIGTERM the group, SIGKILL it after the grace period; the pids still alive."""
