@@ -39,6 +39,8 @@ RECREATE_RETRY = 1.0
 """Seconds before the first attempt to create a missing consumer again (its stream may be
 gone, or only another may create it); each failed attempt doubles the wait."""
 RECREATE_RETRY_MAX = 15.0
+STREAM_NOT_FOUND = 10059
+"""JetStream's error code for a stream that does not exist."""
 PULL_MAX_WAITING = 4
 PULL_MAX_ACK_PENDING = 64
 """What one reader of a :func:`pull_config` consumer may hold: pulls waiting at once,
@@ -156,15 +158,23 @@ class DurableConsumer:
         return True
 
     async def _recreate(self) -> bool:
+        """Open the consumer; on failure say why in ``missing``, and in the log once per
+        cause, not at every retry (an agent started before any aggregator created the
+        fleet's streams waits quietly, however long)."""
         try:
             await self.open()
         except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.APIError) as exc:
-            why = "cannot be created" if self.create else "is not there (its provider creates it)"
-            self.missing = f"consumer {self.durable} {why}: {exc}"
-            log.warning(
-                f"durable consumer {why}",
-                extra={"consumer": self.durable, "reason": str(exc)},
-            )
+            if getattr(exc, "err_code", None) == STREAM_NOT_FOUND:
+                what = "stream does not exist yet; waiting for an aggregator to create it"
+                missing = f"stream {self.stream} does not exist yet: start an aggregator"
+            else:
+                why = (
+                    "cannot be created" if self.create else "is not there (its provider creates it)"
+                )
+                what, missing = f"durable consumer {why}", f"consumer {self.durable} {why}: {exc}"
+            if missing != self.missing:
+                log.warning(what, extra={"consumer": self.durable, "reason": str(exc)})
+            self.missing = missing
             return False
         log.info("durable consumer created again", extra={"consumer": self.durable})
         return True

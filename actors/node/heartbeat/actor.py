@@ -42,6 +42,10 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+NOT_ACKNOWLEDGED_HINT = (
+    " (has an aggregator created the fleet's streams?); retried every beat, logged again "
+    "when the cause changes"
+)
 FIRST_SAMPLE_WAIT = 2.0
 """Seconds the first beat waits for the inventory's first sample and the command
 executor's first state (each its own wait, within this bound)."""
@@ -102,6 +106,8 @@ class HeartbeatActor:
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
         self._last_ts: float | None = None
+        self._failing = ""
+        """Why the last beat was not acknowledged ("" when it was)."""
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -202,11 +208,20 @@ class HeartbeatActor:
             )
         except (nats.errors.Error, TimeoutError) as exc:
             self.metrics.heartbeat_failures.inc()
-            log.warning(
-                "heartbeat not acknowledged",
-                extra={"seq": heartbeat.seq, "reason": str(exc) or type(exc).__name__},
+            reason = str(exc) or type(exc).__name__
+            # Once per cause, not once per beat: a server without FLEET_HB yet (no
+            # aggregator started) would otherwise log every beat until one comes.
+            level = logging.WARNING if reason != self._failing else logging.DEBUG
+            self._failing = reason
+            log.log(
+                level,
+                "heartbeat not acknowledged" + NOT_ACKNOWLEDGED_HINT,
+                extra={"seq": heartbeat.seq, "reason": reason},
             )
             return None
+        if self._failing:
+            log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
+            self._failing = ""
         log.debug(
             "heartbeat sent and acknowledged",
             extra={"seq": heartbeat.seq, "stream_seq": ack.seq, "bytes": size},
