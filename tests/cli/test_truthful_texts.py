@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from actors.cli import views
-from actors.fleet import record_rules
+from actors.fleet import record_rules, sweeps
 from actors.fleet.history import Entry
 from schemas import codec
 from schemas.events import Health, Latency
@@ -66,7 +66,7 @@ def test_pending_records_say_whether_they_wait_for_approval() -> None:
     assert views.reason(waiting, NOW) == "registered, awaiting approval"
     assert views.reason(enrolled, NOW) == "approved, no heartbeat yet"
     assert "awaiting approval" not in views.describe(enrolled, [], [], NOW)
-    assert enrolled.created == NOW and not record_rules.pending_expired(enrolled, NOW + 1e6, 1)
+    assert enrolled.created == NOW and not sweeps.pending_expired(enrolled, NOW + 1e6, 1)
 
 
 def test_counts_and_ages_read_right() -> None:
