@@ -13,9 +13,11 @@ import logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import msgspec
+import nats.errors
 
 from actors.cli import views
 from actors.cli.common import KEY_FILE_ENV, stop_event
@@ -32,6 +34,7 @@ from actors.runtime.config import ConfigError
 from actors.runtime.embedded import NatsServer, ServerError
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
+from schemas.errors import FleetError
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
@@ -149,6 +152,9 @@ async def run_up(options: UpOptions) -> int:
         sys.stdout.write("\nstopping fleet...\n")
         for agent in agents:
             await agent.stop()
+        if aggregator is not None and bus is not None and agents:
+            nodes = {agent.config.node_id for agent in agents}
+            sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
         if aggregator is not None:
             await aggregator.stop()
         if bus is not None:
@@ -156,6 +162,27 @@ async def run_up(options: UpOptions) -> int:
         await asyncio.to_thread(server.stop)
         sys.stdout.write("stopped.\n")
     return 0
+
+
+GOODBYE_WAIT = 5.0
+"""Seconds ``fleetctl up`` waits at most, once its agents stopped, for its aggregator to
+record their goodbyes (so the next start finds them stopped, not stale)."""
+
+
+async def goodbyes_taken(bus: NatsBus, subjects: Subjects, nodes: set[str], within: float) -> str:
+    """The summary of ``nodes`` once the aggregator has recorded each as ``stopped`` (their
+    agents' goodbyes), or as it is after ``within`` seconds; a failing read ends the wait."""
+    deadline = time.monotonic() + within
+    records: list[NodeRecord] = []
+    while True:
+        try:
+            records = [r for r in await registry.read_records(bus, subjects) if r.node_id in nodes]
+        except (FleetError, nats.errors.Error, TimeoutError):
+            break
+        if all(r.state == "stopped" for r in records) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return views.summary(records)
 
 
 def export_line(url: str, key_file: Path) -> str:

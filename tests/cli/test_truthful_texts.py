@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -23,7 +24,7 @@ from tests.support.fleet import Fleet, heartbeat, wait_record
 NOW = 1_800_000_000.0
 
 
-def record(state_fact: dict[str, object] | None = None, **beat: object) -> NodeRecord:
+def record(state_fact: dict[str, Any] | None = None, **beat: Any) -> NodeRecord:
     """An active, healthy, cordoned-by-command node; then ``state_fact`` applied."""
     health = Health(status="healthy", score=95, ts=NOW)
     sent = heartbeat(ts=NOW - 5, health=health, **beat)
@@ -31,7 +32,7 @@ def record(state_fact: dict[str, object] | None = None, **beat: object) -> NodeR
     return record_rules.with_state(accepted, **(state_fact or {}))
 
 
-UNKNOWN = {
+UNKNOWN: dict[str, dict[str, Any]] = {
     "stale": {"stale_since": NOW - 1},
     "offline": {"stale_since": NOW - 400, "offline_since": NOW - 1},
     "stopped": {"stopped_since": NOW - 1},
