@@ -100,11 +100,9 @@ def stored(result: CommandResult) -> Entry:
 
 
 def test_describe_names_the_command_that_set_schedulability() -> None:
-    """The command the heartbeat names set it, not the latest result that happens to
-    report the same schedulability (a workload stop)."""
-    node = record(
-        schedulability="cordoned", schedulability_reason="disk", schedulability_command="cmd-1"
-    )
+    """The cordon that set it is named, not the later result (a workload stop) that
+    found the node cordoned and reports the same schedulability."""
+    node = record(schedulability="cordoned", schedulability_reason="disk")
     cordon = CommandResult(
         command_id="cmd-1",
         node_id="n1",
