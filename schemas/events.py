@@ -415,6 +415,9 @@ class Gateway(Wire, frozen=True, kw_only=True):
     """Requests passed to a workload and not yet answered in full (streams included)."""
     waiting: Count = 0
     """Requests accepted and queued for a busy workload."""
+    endpoint: Text = ""
+    """The gateway's URL for clients outside the node (``https://host:port``); empty while
+    it listens on loopback only or not at all."""
 
 
 class SchedulerJobs(Wire, frozen=True, kw_only=True):

@@ -115,6 +115,11 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """The ``ts`` of the heartbeat this boot sent before this one (None on a boot's
     first): how long before this one the previous was stored, so an aggregator can tell
     a heartbeat the node lost from one the stream replaced before it was read."""
+    endpoint: Text = ""
+    """The URL of the node's OpenAI-compatible gateway for clients outside the node
+    (``https://host:port``, API key or client certificate required), where a dispatcher
+    routes requests for its workloads; empty when the gateway is the node's own (loopback)
+    or not listening."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

@@ -1,10 +1,12 @@
-"""``node-agent``: the node-side command line (init, start, register, status, inject)."""
+"""``node-agent``: the node-side command line (init, start, register, status, inject,
+gateway-key)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -29,7 +31,7 @@ from actors.cli.common import (
     strict,
 )
 from actors.fleet import registry
-from actors.node import deregistration
+from actors.node import deregistration, gateway_access
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.deregistration import EXIT_DEREGISTERED
@@ -124,6 +126,20 @@ def parser() -> argparse.ArgumentParser:
             help=f"as for start (env {ENV_PREFIX}{setting.upper()})",
         )
 
+    gateway_key = commands.add_parser(
+        "gateway-key",
+        help="make an API key for the gateway: the key on stdout (shown once), its hash "
+        "appended to the keys file",
+    )
+    gateway_key.add_argument("name", help="whose key (letters, digits, ., _ and -)")
+    gateway_key.add_argument(
+        "--keys-file",
+        type=Path,
+        required=True,
+        help="the gateway_keys_file to append NAME:sha256$<hash> to (a running gateway "
+        "reads it again; remove a line to revoke a key)",
+    )
+
     status = commands.add_parser("status", help="the local agent's /status, readable")
     status.add_argument(
         "--url",
@@ -176,6 +192,23 @@ async def cmd_key_show(args: argparse.Namespace) -> int:
     pair = signing.load_key_file(key_path(args))
     sys.stdout.write(f"{pair.public_key}\n")
     sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
+    return 0
+
+
+async def cmd_gateway_key(args: argparse.Namespace) -> int:
+    """A new key on stdout; only its hash goes into the file (mode 0600 when created)."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.name):
+        return fail(f"key name {args.name!r}: use letters, digits, ., _ and - (at most 64)")
+    key = gateway_access.new_key()
+    path: Path = args.keys_file
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(descriptor, "a") as handle:
+            handle.write(gateway_access.key_line(args.name, key) + "\n")
+    except OSError as exc:
+        return fail(f"--keys-file {path}: {exc.strerror or exc}")
+    sys.stdout.write(f"{key}\n")
+    sys.stderr.write(f"key {args.name} added to {path}; it is shown only now\n")
     return 0
 
 
@@ -464,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "register": cmd_register,
         "inject": cmd_inject,
         "status": cmd_status,
+        "gateway-key": cmd_gateway_key,
     }
     return run_main(lambda: handlers[args.command](args))
 

@@ -4,6 +4,7 @@ TOML key, merged and validated by the runtime's layered loader (:mod:`actors.run
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -53,6 +54,13 @@ WorkloadEnv = Annotated[str, Meta(pattern=rf"^{_ENGINES}=[A-Za-z_][A-Za-z0-9_]*$
 
 VERSION_PROGRAMS = ("nvidia-smi", "slurmd", "docker", "podman")
 """Programs whose version a sample reports unless version_programs says otherwise."""
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def default_state_dir() -> str:
@@ -228,6 +236,29 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Largest request body (a prompt) the gateway takes; larger ones get 413."""
     gateway_max_connections: Annotated[int, Meta(ge=1)] = 256
     """Connections the gateway holds at once; more are answered 503 and closed."""
+    gateway_host: str = "127.0.0.1"
+    """Address the gateway listens on (``0.0.0.0`` for every interface). Beyond loopback
+    it needs gateway_tls_cert/gateway_tls_key and a client check: gateway_keys_file,
+    gateway_tls_client_ca, or both."""
+    gateway_tls_cert: str = ""
+    """PEM certificate the gateway serves TLS with (needs gateway_tls_key)."""
+    gateway_tls_key: str = ""
+    """PEM private key of gateway_tls_cert."""
+    gateway_tls_client_ca: str = ""
+    """PEM CA whose client certificates the gateway requires (mutual TLS)."""
+    gateway_keys_file: str = ""
+    """API keys the gateway requires (``Authorization: Bearer KEY``), one
+    ``name:sha256$<hex>`` line each (``node-agent gateway-key NAME`` adds one); read again
+    when it changes, so keys are rotated without a restart."""
+    gateway_rate_limit: Annotated[float, Meta(ge=0)] = 20.0
+    """Requests a second one client (API key or certificate) may send; 0: no limit."""
+    gateway_rate_burst: Annotated[int, Meta(ge=1)] = 40
+    """Requests one client may send at once before gateway_rate_limit paces it."""
+    gateway_advertise_url: Annotated[
+        str, Meta(pattern=r"^(https?://\S+)?$", max_length=MAX_URL)
+    ] = ""
+    """The gateway's URL as the heartbeat advertises it to dispatchers; default
+    ``https://<gateway_host or this host's name>:<port>`` with TLS, none without."""
     workload_engines: list[WorkloadEngineName] = msgspec.field(
         default_factory=lambda: list(DEFAULT_WORKLOAD_ENGINES)
     )
@@ -266,6 +297,28 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         from actors.node.gpu_health import parse_gpu_thresholds
 
         parse_gpu_thresholds(self.gpu_thresholds)
+        self._check_gateway()
+
+    def _check_gateway(self) -> None:
+        """A gateway beyond loopback serves TLS and checks its clients."""
+        if bool(self.gateway_tls_cert) != bool(self.gateway_tls_key):
+            raise ValueError("gateway_tls_cert and gateway_tls_key go together")
+        if self.gateway_tls_client_ca and not self.gateway_tls_cert:
+            raise ValueError("gateway_tls_client_ca needs gateway_tls_cert (mutual TLS)")
+        host = self.gateway_host
+        loopback = host == "localhost" or _is_loopback_ip(host)
+        if loopback:
+            return
+        if not self.gateway_tls_cert:
+            raise ValueError(
+                f"gateway_host {host} is beyond loopback: set gateway_tls_cert and "
+                "gateway_tls_key (the gateway serves TLS there)"
+            )
+        if not (self.gateway_keys_file or self.gateway_tls_client_ca):
+            raise ValueError(
+                f"gateway_host {host} is beyond loopback: set gateway_keys_file or "
+                "gateway_tls_client_ca (the gateway checks its clients there)"
+            )
 
     @property
     def slurm_node(self) -> str:

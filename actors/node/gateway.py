@@ -1,10 +1,13 @@
 """Gateway actor: a local OpenAI-compatible API in front of the node's workloads.
 
 Clients on the node (or a proxy in front of it) call one port, ``127.0.0.1:gateway_port``,
-whatever engine serves a model and wherever it listens. ``GET /v1/models`` lists the models
-of the ready workloads; ``POST /v1/chat/completions`` and ``/v1/completions`` are passed,
-body untouched, to a ready workload serving the requested ``model`` (its ``model`` or its
-``name``), and the answer comes back as the workload sends it, chunk by chunk (server-sent
+whatever engine serves a model and wherever it listens; beyond loopback (``gateway_host``)
+it serves TLS and checks API keys or client certificates (:mod:`actors.node.gateway_access`)
+and its URL goes out in the ``gateway`` event, for the heartbeat to advertise.
+``GET /v1/models`` lists the models of the ready workloads; ``POST /v1/chat/completions``
+and ``/v1/completions`` are passed, body untouched, to a ready workload serving the
+requested ``model`` (its ``model`` or its ``name``), and the answer comes back as the
+workload sends it, chunk by chunk (server-sent
 events are never buffered). The workload is chosen by: fewest requests in flight and
 waiting at the gateway, then most free memory on its GPUs. Each workload takes
 ``gateway_max_in_flight`` requests at once; up to its ``max_pending`` more wait; beyond
@@ -34,6 +37,7 @@ from aiohttp import hdrs, web
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.gateway_access import Access, Refusal
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
@@ -44,8 +48,8 @@ from schemas.subjects import EVENT_GATEWAY, Subjects
 
 log = logging.getLogger(__name__)
 
-HOST: Final = "127.0.0.1"
-"""The gateway has no authentication of its own: it is for the node only."""
+WORKLOAD_HOST: Final = "127.0.0.1"
+"""Where every workload listens (the node binds them there)."""
 PORT_FILE: Final = "gateway.port"
 PROXIED: Final = ("/v1/chat/completions", "/v1/completions")
 REFUSING: Final = ("draining", "drained")
@@ -67,26 +71,6 @@ class _Body(msgspec.Struct):
     """What routing reads of a request body; the body itself is passed on untouched."""
 
     model: str = ""
-
-
-class Refusal(Exception):
-    """A request the gateway answers itself, in OpenAI's error format."""
-
-    def __init__(
-        self, status: int, message: str, kind: str, code: str, retry_after: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.code = code
-        self.retry_after = retry_after
-
-    def response(self) -> web.Response:
-        error = {"message": self.message, "type": self.kind, "param": None, "code": self.code}
-        body = {"error": error}
-        headers = {hdrs.RETRY_AFTER: str(self.retry_after)} if self.retry_after else None
-        return web.json_response(body, status=self.status, headers=headers)
 
 
 @dataclass
@@ -111,7 +95,7 @@ def served_as(workload: Workload) -> str:
 
 class GatewayActor:
     """Subscribes to fleet.evt.<node>.*; publishes Gateway on fleet.evt.<node>.gateway and
-    serves the OpenAI-compatible API on 127.0.0.1:gateway_port."""
+    serves the OpenAI-compatible API on gateway_host:gateway_port."""
 
     name = "gateway"
 
@@ -122,6 +106,7 @@ class GatewayActor:
         self.metrics = events.metrics.gateway
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_GATEWAY)
+        self.access = Access(config)
         self.lanes: dict[str, Lane] = {}
         self.schedulability = "schedulable"
         self.deregistering = False
@@ -335,10 +320,10 @@ class GatewayActor:
     ) -> web.StreamResponse:
         """Send ``body`` to the workload and its answer back, chunk by chunk as it comes."""
         assert self._session is not None
-        url = f"http://{HOST}:{workload.port}{request.path}"
-        headers = {
-            name: request.headers[name] for name in PASSED_HEADERS if name in request.headers
-        }
+        url = f"http://{WORKLOAD_HOST}:{workload.port}{request.path}"
+        # A gateway that checks API keys keeps them: the engine never sees a client's key.
+        passed = [n for n in PASSED_HEADERS if not (self.access.keys and n == hdrs.AUTHORIZATION)]
+        headers = {name: request.headers[name] for name in passed if name in request.headers}
         response = web.StreamResponse()
         # One request per connection (runtime.web), said in the headers before they are
         # sent: a client that kept the connection would find it closed under its next one.
@@ -393,7 +378,10 @@ class GatewayActor:
         return response
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.gateway_max_request_bytes)
+        middlewares = [self.access.middleware()] if self.access.checks else []
+        app = web.Application(
+            client_max_size=self.config.gateway_max_request_bytes, middlewares=middlewares
+        )
         app.router.add_get("/v1/models", self.models)
         for path in PROXIED:
             app.router.add_post(path, self.proxy)
@@ -446,7 +434,13 @@ class GatewayActor:
         while True:
             await self._wanted.wait()
             try:
-                async with serving(self.app(), HOST, self.config.gateway_port, limits) as port:
+                async with serving(
+                    self.app(),
+                    self.config.gateway_host,
+                    self.config.gateway_port,
+                    limits,
+                    self.access.tls,
+                ) as port:
                     self.port = port
                     self._problem = ""
                     backoff.reset()
@@ -483,6 +477,7 @@ class GatewayActor:
                 serving=self.port is not None,
                 in_flight=self.in_flight,
                 waiting=self.waiting,
+                endpoint=self.access.endpoint(self.port) if self.port is not None else "",
             )
             try:
                 await self.events.publish(self.bus, self.subject, event)

@@ -27,6 +27,7 @@ from schemas.events import (
     CloudFacts,
     Engine,
     Event,
+    Gateway,
     Health,
     Interruption,
     Jobs,
@@ -102,6 +103,8 @@ class HeartbeatActor:
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
         self.workloads: list[WorkloadSummary] = []
+        self.endpoint = ""
+        """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
@@ -130,6 +133,8 @@ class HeartbeatActor:
                 self._beat_now.set()
             case Workloads():
                 self.workloads = summarise(event)
+            case Gateway():
+                self.endpoint = event.endpoint if event.serving else ""
             case Scheduler():
                 before = self.schedulability()
                 self.scheduler = event if event.kind == "slurm" else None
@@ -192,6 +197,7 @@ class HeartbeatActor:
             scheduler=self.scheduler,
             stopping=self.stopping,
             previous_ts=previous,
+            endpoint=self.endpoint,
         )
 
     async def beat(self) -> Heartbeat | None:

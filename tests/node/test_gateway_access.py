@@ -1,0 +1,220 @@
+"""The gateway reachable from outside the node: TLS on a configured address, API keys
+stored as hashes and rotated without a restart, client certificates, a rate limit per key,
+and the endpoint URL advertised in the heartbeat; the default stays loopback, no auth."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, redirect_stdout
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+
+from actors.cli import node_agent
+from actors.node.gateway import GatewayActor
+from actors.node.gateway_access import ApiKeys, key_line, new_key
+from tests.node.test_gateway import FakeLlama, chat, is_openai_error, publish_workloads, workload
+from tests.support.fleet import Fleet, node_events, wait_for, wait_record
+from tests.support.pki import Pki
+
+HOST = "127.0.0.2"
+"""A loopback address other than the default: the gateway listens where it is told."""
+
+
+class RecordingLlama(FakeLlama):
+    """The fake engine, remembering the Authorization header each request brought."""
+
+    authorizations: list[str | None]
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
+        self.release.set()
+        return await super().complete(request)
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[AsyncExitStack]:
+    async with AsyncExitStack() as exits:
+        yield exits
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    authority = Pki(tmp_path / "pki")
+    authority.issue("gateway", HOST, "127.0.0.1")
+    return authority
+
+
+def tls_settings(pki: Pki, **settings: Any) -> dict[str, Any]:
+    return {
+        "gateway_host": HOST,
+        "gateway_tls_cert": str(pki.dir / "gateway.pem"),
+        "gateway_tls_key": str(pki.dir / "gateway-key.pem"),
+        **settings,
+    }
+
+
+async def start(fleet: Fleet, stack: AsyncExitStack, **settings: Any) -> tuple[RecordingLlama, str]:
+    """A listening gateway with one ready workload behind it: the engine, the base URL."""
+    values: dict[str, Any] = {"gateway": "on", "gateway_port": 0}
+    config = fleet.config(**(values | settings))
+    gateway = GatewayActor(config, fleet.bus, node_events(config))
+    await fleet.start_supervisor(gateway)
+    port = await wait_for(lambda: gateway.port)
+    engine = await RecordingLlama.started(stack)
+    engine.authorizations = []
+    engine.release.set()
+    await publish_workloads(fleet, gateway, workload("a", engine.port))
+    return engine, f"https://{HOST}:{port}"
+
+
+async def ask(
+    url: str, context: ssl.SSLContext, key: str = "", path: str = "/v1/chat/completions"
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """One request with a plain aiohttp client, with ``key`` as a bearer token if given."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
+        if path == "/v1/models":
+            request = client.get(url + path, headers=headers, ssl=context)
+        else:
+            request = client.post(url + path, json=chat(), headers=headers, ssl=context)
+        async with request as response:
+            return response.status, await response.json(), dict(response.headers)
+
+
+async def test_key_required_over_tls_on_a_configured_address(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
+) -> None:
+    """On 127.0.0.2 with TLS and a keys file: no key or a wrong key is 401 in OpenAI's
+    format, the right key 200; the engine never sees the client's key."""
+    key = new_key()
+    keys = tmp_path / "keys"
+    keys.write_text(f"# gateway keys\n{key_line('alice', key)}\n")
+    engine, url = await start(fleet, stack, **tls_settings(pki, gateway_keys_file=str(keys)))
+    context = pki.client()
+    status, body, headers = await ask(url, context)
+    assert status == 401 and is_openai_error(body, "invalid_api_key")
+    assert headers["WWW-Authenticate"].startswith("Bearer")
+    status, body, _ = await ask(url, context, "nak_wrong")
+    assert status == 401 and is_openai_error(body, "invalid_api_key")
+    status, _, _ = await ask(url, context, key, "/v1/models")
+    assert status == 200
+    status, body, _ = await ask(url, context, key)
+    assert status == 200 and body["choices"][0]["message"]["content"] == "hi"
+    assert engine.authorizations == [None]
+    assert key not in keys.read_text()
+    with pytest.raises(aiohttp.ClientError):  # TLS only: plain HTTP is not answered
+        async with (
+            aiohttp.ClientSession() as client,
+            client.get(url.replace("https", "http") + "/v1/models") as response,
+        ):
+            await response.read()
+
+
+async def test_keys_rotate_without_restart(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
+) -> None:
+    """A key added to the file works at once; a key removed is refused at once."""
+    old, new = new_key(), new_key()
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("old", old) + "\n")
+    _, url = await start(fleet, stack, **tls_settings(pki, gateway_keys_file=str(keys)))
+    context = pki.client()
+    assert (await ask(url, context, new))[0] == 401
+    keys.write_text(key_line("old", old) + "\n" + key_line("new", new) + "\n")
+    assert (await ask(url, context, new))[0] == 200
+    replacement = tmp_path / "keys.new"
+    replacement.write_text(key_line("new", new) + "\n")
+    replacement.replace(keys)  # as an editor or config manager replaces a file
+    assert (await ask(url, context, old))[0] == 401
+    assert (await ask(url, context, new))[0] == 200
+
+
+async def test_rate_limited_per_key(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
+) -> None:
+    """A key past its burst gets 429 with Retry-After; another key is not held back."""
+    busy, quiet = new_key(), new_key()
+    keys = tmp_path / "keys"
+    keys.write_text(f"{key_line('busy', busy)}\n{key_line('quiet', quiet)}\n")
+    settings = tls_settings(
+        pki, gateway_keys_file=str(keys), gateway_rate_limit=0.01, gateway_rate_burst=2
+    )
+    _, url = await start(fleet, stack, **settings)
+    context = pki.client()
+    assert [(await ask(url, context, busy))[0] for _ in range(2)] == [200, 200]
+    status, body, headers = await ask(url, context, busy)
+    assert status == 429 and is_openai_error(body, "rate_limit_exceeded")
+    assert int(headers["Retry-After"]) >= 1
+    assert (await ask(url, context, quiet))[0] == 200
+
+
+async def test_mutual_tls_requires_a_client_certificate(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki
+) -> None:
+    """With gateway_tls_client_ca a client without a certificate of that CA is refused in
+    the handshake; one with a certificate is served."""
+    settings = tls_settings(pki, gateway_tls_client_ca=str(pki.ca_file))
+    _, url = await start(fleet, stack, **settings)
+    with pytest.raises(aiohttp.ClientError):
+        await ask(url, pki.client())
+    status, _, _ = await ask(url, pki.client("dispatcher"))
+    assert status == 200
+
+
+async def test_endpoint_advertised_in_the_heartbeat(fleet: Fleet, pki: Pki, tmp_path: Path) -> None:
+    """A node whose gateway listens on 127.0.0.2 with TLS advertises
+    https://127.0.0.2:<port> in its heartbeat; the default gateway advertises nothing."""
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("a", new_key()) + "\n")
+    # A record that only beats is written every checkpoint_interval: one second here.
+    await fleet.start_aggregator(checkpoint_interval=1.0)
+    config = fleet.config(
+        gateway="on", **tls_settings(pki, gateway_keys_file=str(keys))
+    )  # fmt: skip
+    await fleet.start_agent(config)
+    record = await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: bool(r.heartbeat.endpoint))
+    port = int((Path(config.state_dir) / "gateway.port").read_text())
+    assert record.heartbeat.endpoint == f"https://{HOST}:{port}"
+    await fleet.start_agent(fleet.config("n2", gateway="on"))
+    plain = await wait_record(fleet.bus, fleet.prefix, "n2", lambda r: r.heartbeat.seq > 2)
+    assert plain.heartbeat.endpoint == ""
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"gateway_host": "0.0.0.0"}, "gateway_tls_cert"),
+        (
+            {"gateway_host": "0.0.0.0", "gateway_tls_cert": "c", "gateway_tls_key": "k"},
+            "gateway_keys_file or gateway_tls_client_ca",
+        ),
+        ({"gateway_tls_cert": "c"}, "go together"),
+    ],
+)
+def test_beyond_loopback_needs_tls_and_a_client_check(
+    fleet: Fleet, settings: dict[str, Any], says: str
+) -> None:
+    """A gateway on 0.0.0.0 without TLS, or without keys or client CA, is a config error."""
+    with pytest.raises((ValueError, msgspec.ValidationError), match=says):
+        fleet.config(**settings)
+
+
+def test_gateway_key_command_stores_only_the_hash(tmp_path: Path) -> None:
+    """``node-agent gateway-key`` prints a new key and appends only its hash to the file,
+    which the gateway then accepts the key by."""
+    keys = tmp_path / "keys"
+    out = StringIO()
+    with redirect_stdout(out):
+        assert node_agent.main(["gateway-key", "ops", "--keys-file", str(keys)]) == 0
+    key = out.getvalue().strip()
+    assert key.startswith("nak_") and key not in keys.read_text()
+    assert keys.stat().st_mode & 0o777 == 0o600
+    assert ApiKeys(str(keys)).name_of(key) == "ops"
+    assert ApiKeys(str(keys)).name_of(key + "x") is None
