@@ -395,6 +395,8 @@ class Workload(Wire, frozen=True, kw_only=True):
     reason: Text = ""
     max_pending: Count = 8
     """Requests the node's gateway lets wait for it beyond those in flight."""
+    container: Name = ""
+    """The podman container's id, for a workload deployed with an image."""
 
 
 class Workloads(Wire, frozen=True, kw_only=True):
@@ -415,6 +417,9 @@ class Gateway(Wire, frozen=True, kw_only=True):
     """Requests passed to a workload and not yet answered in full (streams included)."""
     waiting: Count = 0
     """Requests accepted and queued for a busy workload."""
+    held_by_port: Annotated[dict[Count, Count], Meta(max_length=MAX_WORKLOADS)] = {}
+    """Requests held (in flight or waiting) per workload port, where any: a model switch
+    stops a workload once the gateway holds none of its requests."""
     endpoint: Text = ""
     """The gateway's URL for clients outside the node (``https://host:port``); empty while
     it listens on loopback only or not at all."""

@@ -64,6 +64,8 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     model: Name = ""
     restarts: Count = 0
     reason: Name = ""
+    container: Name = ""
+    """The podman container's id, for a workload deployed with an image."""
 
 
 AGENT_VERSION = "0.1.0"

@@ -59,6 +59,9 @@ class Deploy(Wire, frozen=True, kw_only=True, tag="deploy", tag_field="kind"):
     max_pending: Count = 8
     share: bool = False
     """Allow GPUs another workload already uses."""
+    image: Text = ""
+    """Run the workload in this container image (podman) instead of on the host: the
+    engine's server command (or, for ``process``, ``args``) inside it."""
 
 
 class Stop(Wire, frozen=True, kw_only=True, tag="stop", tag_field="kind"):

@@ -66,6 +66,7 @@ def summarise(event: Workloads) -> list[WorkloadSummary]:
             model=workload.model[-128:],
             restarts=workload.restarts,
             reason=workload.reason[:128],
+            container=workload.container[:128],
         )
         for workload in event.workloads[:MAX_HEARTBEAT_WORKLOADS]
     ]
