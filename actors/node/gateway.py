@@ -33,11 +33,12 @@ from typing import Final
 import aiohttp
 import msgspec
 import nats.errors
-from aiohttp import hdrs, web
+from aiohttp import web
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gateway_access import Access, Refusal
+from actors.node.gateway_upstream import pass_through
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
@@ -48,8 +49,6 @@ from schemas.subjects import EVENT_GATEWAY, Subjects
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_HOST: Final = "127.0.0.1"
-"""Where every workload listens (the node binds them there)."""
 PORT_FILE: Final = "gateway.port"
 PROXIED: Final = ("/v1/chat/completions", "/v1/completions")
 REFUSING: Final = ("draining", "drained")
@@ -63,8 +62,6 @@ UNKNOWN_MODEL: Final = "unknown"
 BIND_RETRY_MAX: Final = 60.0
 PUBLISH_MIN_INTERVAL: Final = 0.1
 """Least seconds between two ``gateway`` events (a drain sees a change at most that late)."""
-PASSED_HEADERS: Final = (hdrs.CONTENT_TYPE, hdrs.AUTHORIZATION, hdrs.ACCEPT)
-"""Request headers passed to the workload (an engine started with an API key wants it)."""
 
 
 class _Body(msgspec.Struct):
@@ -113,6 +110,8 @@ class GatewayActor:
         self.free_memory: dict[int, int] = {}
         self.in_flight = 0
         self.waiting = 0
+        self.held_by_port: dict[int, int] = {}
+        """Requests held per workload port (a lane replaced by a restart keeps counting)."""
         self.port: int | None = None
         """The bound port while serving (``gateway_port = 0`` picks a free one)."""
         self._problem = ""
@@ -158,6 +157,9 @@ class GatewayActor:
             lane.workload = workload
             lanes[workload.name] = lane
         self.lanes = lanes
+        # A workload leaving ``ready`` (a model switch) waits for what the gateway holds
+        # of it: say it now, not at the next period.
+        self._changed.set()
         if self.config.gateway != "auto" or bool(lanes) == self._wanted.is_set():
             return
         if lanes:
@@ -300,7 +302,16 @@ class GatewayActor:
             self._count(lane, label, waiting=-1)
         self._count(lane, label, in_flight=1)
         try:
-            return await self._pass(request, lane.workload, body)
+            assert self._session is not None
+            # A gateway that checks API keys keeps them: the engine never sees a client's key.
+            return await pass_through(
+                self._session,
+                request,
+                lane.workload,
+                body,
+                keep_authorization=self.access.keys is None,
+                read_timeout=self.config.gateway_read_timeout,
+            )
         finally:
             lane.slots.release()
             self._count(lane, label, in_flight=-1)
@@ -308,74 +319,18 @@ class GatewayActor:
     def _count(self, lane: Lane, label: str, *, in_flight: int = 0, waiting: int = 0) -> None:
         lane.in_flight += in_flight
         lane.waiting += waiting
+        port = lane.workload.port
+        held = self.held_by_port.get(port, 0) + in_flight + waiting
+        if held:
+            self.held_by_port[port] = held
+        else:
+            self.held_by_port.pop(port, None)
         self.in_flight += in_flight
         self.waiting += waiting
         self.metrics.in_flight.labels(label).inc(in_flight)
         self.metrics.queue_depth.labels(label).inc(waiting)
         self._changed.set()
         self._wake.set()
-
-    async def _pass(
-        self, request: web.Request, workload: Workload, body: bytes
-    ) -> web.StreamResponse:
-        """Send ``body`` to the workload and its answer back, chunk by chunk as it comes."""
-        assert self._session is not None
-        url = f"http://{WORKLOAD_HOST}:{workload.port}{request.path}"
-        # A gateway that checks API keys keeps them: the engine never sees a client's key.
-        passed = [n for n in PASSED_HEADERS if not (self.access.keys and n == hdrs.AUTHORIZATION)]
-        headers = {name: request.headers[name] for name in passed if name in request.headers}
-        response = web.StreamResponse()
-        # One request per connection (runtime.web), said in the headers before they are
-        # sent: a client that kept the connection would find it closed under its next one.
-        response.force_close()
-        try:
-            async with self._session.post(url, data=body, headers=headers) as upstream:
-                response.set_status(upstream.status, upstream.reason)
-                if hdrs.CONTENT_TYPE in upstream.headers:
-                    response.headers[hdrs.CONTENT_TYPE] = upstream.headers[hdrs.CONTENT_TYPE]
-                response.headers[hdrs.CACHE_CONTROL] = "no-cache"
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
-        except aiohttp.ClientConnectorError as exc:
-            if not response.prepared:
-                raise Refusal(
-                    502,
-                    f"workload {workload.name!r} cannot be reached: {exc.os_error.strerror or exc}",
-                    "server_error",
-                    "upstream_unreachable",
-                ) from None
-            reason = str(exc)
-        except TimeoutError:
-            if not response.prepared:
-                raise Refusal(
-                    504,
-                    f"workload {workload.name!r} did not answer within "
-                    f"{self.config.gateway_read_timeout:g}s",
-                    "server_error",
-                    "upstream_timeout",
-                ) from None
-            reason = f"silent for {self.config.gateway_read_timeout:g}s"
-        except ConnectionResetError:
-            # The client left; leaving the upstream context closes its connection, which
-            # stops the engine's generation too.
-            reason = "client disconnected"
-        except aiohttp.ClientError as exc:
-            if not response.prepared:
-                raise Refusal(
-                    502,
-                    f"workload {workload.name!r} failed: {type(exc).__name__}",
-                    "server_error",
-                    "upstream_error",
-                ) from None
-            reason = f"{type(exc).__name__}: {exc}"
-        log.warning(
-            "gateway answer cut short",
-            extra={"workload": workload.name, "path": request.path, "reason": reason},
-        )
-        return response
 
     def app(self) -> web.Application:
         middlewares = [self.access.middleware()] if self.access.checks else []
@@ -477,6 +432,7 @@ class GatewayActor:
                 serving=self.port is not None,
                 in_flight=self.in_flight,
                 waiting=self.waiting,
+                held_by_port=dict(self.held_by_port),
                 endpoint=self.access.endpoint(self.port) if self.port is not None else "",
             )
             try:
