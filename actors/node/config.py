@@ -273,6 +273,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload_env: list[WorkloadEnv] = []
     """Environment variables a deploy may set besides the built-in allow-list,
     ``ENGINE=NAME``: ``vllm=VLLM_USE_DEEP_GEMM``."""
+    workload_switch_grace: Positive = 120.0
+    """Seconds a workload switched out for another model's deploy has to answer the
+    requests the gateway holds of it (it takes no new ones) before it is stopped."""
     workload_stop_grace: Positive = 10.0
     """Seconds between SIGTERM and SIGKILL of a stopping workload's process group."""
     workload_crash_limit: Annotated[int, Meta(ge=1)] = 5

@@ -529,3 +529,51 @@ async def test_deregistering_ends_every_workload_before_the_agent_exits(
     )
     assert started.supervisor is not None
     await asyncio.wait_for(started.supervisor.finished.wait(), 5)
+
+
+async def test_another_model_switches_an_idle_gpu_after_its_requests(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    watch: Watch,
+) -> None:
+    """A deploy of another model onto a GPU whose workload is ready switches it: the
+    stream the gateway holds of the old one finishes, the old one is stopped, the new one
+    goes through loading to ready and the gateway serves it; the same model is refused."""
+    started = await agent(fleet, operator, standin, gateway="on", gateway_port=0)
+    first = await send(bus, prefix, operator, chat("--chunk-delay", "0.4"))
+    assert (await results.final(first.id, timeout=20)).status == "done"
+    await watch.state("chat", "ready")
+    old_pid = pid_of(Path(started.config.state_dir))
+    gateway_port = int((Path(started.config.state_dir) / "gateway.port").read_text())
+    url = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "/models/x.gguf", "stream": True, "messages": []}
+        async with session.post(url, json=body) as response:
+            assert response.status == 200
+            switch = await send(
+                bus,
+                prefix,
+                operator,
+                chat("--load-time", "1", name="chat2", model="/models/y.gguf"),
+            )
+            chunks = [line async for line in response.content if line.startswith(b"data:")]
+    assert chunks[-1].strip() == b"data: [DONE]"
+    final = await results.final(switch.id, timeout=30)
+    assert final.status == "done" and "ready" in final.detail, final.detail
+    details = [r.detail for r in results.of(switch.id)]
+    assert any("switching" in d and "takes no new requests" in d for d in details)
+    assert any(d.startswith("loading") for d in details), details
+    assert watch.latest("chat") is None and not psutil.pid_exists(old_pid)
+    new = await watch.state("chat2", "ready")
+    assert new.model == "/models/y.gguf" and new.gpus == [1]
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "/models/y.gguf", "messages": []}
+        async with session.post(url, json=body) as response:
+            assert response.status == 200
+    same = await send(bus, prefix, operator, chat(name="chat3", model="/models/y.gguf"))
+    refused = await results.final(same.id)
+    assert refused.status == "rejected" and "GPU 1 already used by workload chat2" in refused.detail

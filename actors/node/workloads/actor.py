@@ -7,7 +7,11 @@ other workload uses unless shared, a free name and port), started with
 ``/v1/models`` names the model, within the deploy's ready timeout; every step is a signed
 CommandResult. A workload that exits is restarted after a capped backoff, and left in
 ``crashloop`` after ``workload_crash_limit`` exits within ``workload_crash_window``. Stop
-is SIGTERM to the process group, SIGKILL after ``workload_stop_grace``. The desired set is
+is SIGTERM to the process group, SIGKILL after ``workload_stop_grace``. A deploy of another
+model onto the GPUs (or the name) of a workload that is not loading switches it
+(:mod:`actors.node.workloads.admission`): the old one goes ``stopping`` (the gateway
+routes it nothing new), the requests the gateway holds of it finish, it is stopped, and
+the new one starts and goes through readiness like any deploy. The desired set is
 saved in the state dir; a new agent adopts the processes still running (pid and start
 time) and starts the others again. Every change publishes ``Workloads`` (and so does each
 heartbeat period, so a restarted heartbeat actor learns the set).
@@ -16,11 +20,9 @@ heartbeat period, so a restarted heartbeat actor learns the set).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,13 +32,16 @@ import nats.errors
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.workloads import listeners, processes
+from actors.node.workloads.admission import admit
 from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, command_line
+from actors.node.workloads.readiness import readiness
+from actors.node.workloads.running import Running
 from actors.node.workloads.store import Entry, WorkloadStore
 from actors.runtime.bus import Bus, listening, publish_signed
-from actors.runtime.schedule import Backoff
+from actors.runtime.schedule import Backoff, wait_or_timeout
 from schemas.base import Schedulability
-from schemas.events import Event, NodeState, Sample, Workload, Workloads, WorkloadState
-from schemas.messages import MAX_HEARTBEAT_WORKLOADS, CommandResult, CommandStatus
+from schemas.events import Event, Gateway, NodeState, Sample, Workloads, WorkloadState
+from schemas.messages import CommandResult, CommandStatus
 from schemas.subjects import EVENT_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 
@@ -49,40 +54,6 @@ KILL_WAIT = 5.0
 """Seconds to wait for a SIGKILLed group to be gone."""
 LISTEN_CHECK_EVERY = 8
 """Looks at a running workload (POLL apart) between two checks of where it listens."""
-FINAL_STATES = ("failed", "crashloop", "stopped")
-
-
-class Running:
-    """One workload as the actor supervises it."""
-
-    def __init__(self, entry: Entry) -> None:
-        self.entry = entry
-        self.state: WorkloadState = "starting"
-        self.since = time.time()
-        self.reason = ""
-        self.crashes: deque[float] = deque()
-        self.command_id = ""
-        """The deploy whose final result is still to come ("" after a restart)."""
-        self.digest = ""
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def deploy(self) -> Deploy:
-        return self.entry.deploy
-
-    def describe(self) -> Workload:
-        return Workload(
-            name=self.deploy.name,
-            engine=self.deploy.engine,
-            state=self.state,
-            since=self.since,
-            port=self.entry.port,
-            gpus=list(self.deploy.gpus),
-            model=self.deploy.model,
-            restarts=self.entry.restarts,
-            reason=self.reason[:1024],
-            max_pending=self.deploy.max_pending,
-        )
 
 
 class WorkloadsActor:
@@ -103,6 +74,9 @@ class WorkloadsActor:
         self.gpus: set[int] | None = None
         """GPU indices of the last inventory sample (None until one arrives)."""
         self.schedulability: Schedulability = "schedulable"
+        self.gateway = Gateway(ts=0.0)
+        """The gateway's latest event: which workloads it holds requests of."""
+        self._gateway_said = asyncio.Event()
         self._counts: dict[tuple[str, str], int] = {}
         self._session: aiohttp.ClientSession | None = None
         self._stops: set[asyncio.Task[None]] = set()
@@ -143,6 +117,9 @@ class WorkloadsActor:
                 if event.deregistering and self.running:
                     # The node leaves the fleet: nothing of it may keep running or hold GPUs.
                     await self._stop_all(f"node deregistering ({event.command_id})")
+            case Gateway():
+                self.gateway = event
+                self._gateway_said.set()
             case WorkloadOrder():
                 await self._on_order(event)
 
@@ -151,7 +128,8 @@ class WorkloadsActor:
         if isinstance(action, Stop):
             await self._stop(order, action)
             return
-        refusal = self._refusal(action)
+        admission = admit(action, self.running, self.gpus)
+        refusal = admission.refusal
         port = action.port or processes.free_port()
         if not refusal:
             try:
@@ -166,53 +144,28 @@ class WorkloadsActor:
             order.command_id, "accepted", f"deploy {action.name}", order.command_digest
         )
         old = self.running.pop(action.name, None)
-        if old is not None and old.task is not None:
+        if old is not None and old.task is not None and old not in admission.displaced:
             old.task.cancel()
         workload = Running(Entry(deploy=action, port=port))
         workload.command_id, workload.digest = order.command_id, order.command_digest
-        self._supervise(workload, adopt=False)
+        self._supervise(workload, adopt=False, displacing=admission.displaced)
         self._save()
-
-    def _refusal(self, deploy: Deploy) -> str:
-        """Why the node cannot run ``deploy`` ("" when it can)."""
-        existing = self.running.get(deploy.name)
-        if existing is not None and existing.state not in FINAL_STATES:
-            return f"a workload named {deploy.name} already runs ({existing.state}); stop it first"
-        active = [w for w in self.running.values() if w.state not in FINAL_STATES]
-        if len(active) >= MAX_HEARTBEAT_WORKLOADS:
-            return f"this node runs at most {MAX_HEARTBEAT_WORKLOADS} workloads"
-        if deploy.gpus:
-            if self.gpus is None:
-                return "GPU inventory not known yet; send the deploy again"
-            missing = sorted(set(deploy.gpus) - self.gpus)
-            if missing:
-                have = ",".join(str(i) for i in sorted(self.gpus)) or "none"
-                return f"no GPU {','.join(map(str, missing))} on this node (it has {have})"
-            for other in active:
-                # Sharing takes both: one that asked for a GPU of its own keeps it.
-                shared = sorted(set(deploy.gpus) & set(other.deploy.gpus))
-                if shared and not (deploy.share and other.deploy.share):
-                    return (
-                        f"GPU {','.join(map(str, shared))} already used by workload "
-                        f"{other.deploy.name} (both must be deployed with --share)"
-                    )
-        if deploy.port:
-            if any(w.entry.port == deploy.port for w in active):
-                return f"port {deploy.port} already used by another workload"
-            if processes.port_in_use(deploy.port):
-                return f"port {deploy.port} in use on 127.0.0.1"
-        return ""
 
     # Supervision -----------------------------------------------------------------------
 
-    def _supervise(self, workload: Running, adopt: bool) -> None:
+    def _supervise(
+        self, workload: Running, adopt: bool, displacing: list[Running] | None = None
+    ) -> None:
         self.running[workload.deploy.name] = workload
         workload.task = asyncio.create_task(
-            self._keep(workload, adopt), name=f"workload-{workload.deploy.name}"
+            self._keep(workload, adopt, displacing or []), name=f"workload-{workload.deploy.name}"
         )
 
-    async def _keep(self, workload: Running, adopt: bool) -> None:
-        """Start (or adopt), wait for readiness, watch, restart after a crash, give up."""
+    async def _keep(self, workload: Running, adopt: bool, displacing: list[Running]) -> None:
+        """Switch out what it replaces, start (or adopt), wait for readiness, watch,
+        restart after a crash, give up."""
+        for old in displacing:
+            await self._switch_out(old, workload.deploy, workload)
         entry = workload.entry
         backoff = Backoff(1.0, self.config.workload_backoff_max)
         log_path = self.store.log_path(workload.deploy.name)
@@ -299,7 +252,8 @@ class WorkloadsActor:
         while time.monotonic() < deadline:
             if not processes.alive(entry.pid, entry.started):
                 return True  # _until_exit returns at once and the crash is counted
-            status = await self._readiness(workload)
+            assert self._session is not None
+            status = await readiness(self._session, workload.entry.port, workload.deploy.model)
             checked = status == "ready" or looks % LISTEN_CHECK_EVERY == 0
             looks += 1
             if checked and listeners.strays(entry.pid):
@@ -324,31 +278,6 @@ class WorkloadsActor:
             f"not ready within {workload.deploy.ready_timeout:g}s; log: {tail}",
         )
         return False
-
-    async def _readiness(self, workload: Running) -> str:
-        """``ready``, or what the endpoints say while loading ("" while nothing answers)."""
-        assert self._session is not None
-        base = f"http://127.0.0.1:{workload.entry.port}"
-        try:
-            async with self._session.get(f"{base}/health") as response:
-                if response.status != 200:
-                    return f"/health: HTTP {response.status}"
-            async with self._session.get(f"{base}/v1/models") as response:
-                if response.status != 200:
-                    return f"/v1/models: HTTP {response.status}"
-                body = json.loads(await response.text())
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return ""
-        model = workload.deploy.model
-        try:
-            ids = [str(item["id"]) for item in body["data"]]
-        except (KeyError, TypeError):
-            return "/v1/models: not an OpenAI model list"
-        if not model and ids:
-            return "ready"
-        if any(served == model or Path(served).name == Path(model).name for served in ids):
-            return "ready"
-        return f"/v1/models does not name {model}"
 
     async def _until_exit(self, workload: Running, log_path: Path) -> list[str]:
         """Watch until the workload exits ([]) or is found listening beyond loopback
@@ -380,13 +309,32 @@ class WorkloadsActor:
         task.add_done_callback(self._stops.discard)
 
     async def _stopping(self, order: WorkloadOrder, workload: Running) -> None:
-        if workload.task is not None:
+        await self.result(order.command_id, "in_progress", "SIGTERM sent", order.command_digest)
+        left = await self._halt(workload, f"stop {order.command_id}")
+        detail = "stopped" if not left else f"stopped; {len(left)} processes would not die"
+        await self.result(
+            order.command_id, "done" if not left else "failed", detail, order.command_digest
+        )
+
+    async def _switch_out(self, old: Running, deploy: Deploy, new: Running) -> None:
+        """Stop ``old`` for ``deploy``: no new requests (it is ``stopping``), those the
+        gateway holds of it answered first (up to workload_switch_grace), then its group."""
+        what = f"{old.deploy.name} (model {old.deploy.model or '-'})"
+        await self._progress(new, f"switching: {what} takes no new requests")
+        await self._halt(old, f"switching to {deploy.model}", drain=True)
+        await self._progress(new, f"switching: {what} stopped")
+
+    async def _halt(self, workload: Running, why: str, drain: bool = False) -> list[int]:
+        """Stop supervising ``workload``, say it is stopping, (with ``drain``) wait for
+        the gateway's requests of it, kill its group, forget it; the pids left alive."""
+        if workload.task is not None and workload.task is not asyncio.current_task():
             workload.task.cancel()
             await asyncio.gather(workload.task, return_exceptions=True)
         if workload.command_id:
-            await self._answer(workload, "failed", f"stopped by {order.command_id}")
-        await self._set(workload, "stopping", f"stop {order.command_id}")
-        await self.result(order.command_id, "in_progress", "SIGTERM sent", order.command_digest)
+            await self._answer(workload, "failed", f"stopped: {why}")
+        await self._set(workload, "stopping", why)
+        if drain:
+            await self._until_gateway_lets_go(workload)
         left = await self._kill(workload.entry.pid)
         processes.reap(workload.entry.pid)
         await self._set(workload, "stopped", "")
@@ -394,9 +342,27 @@ class WorkloadsActor:
             del self.running[workload.deploy.name]
         self._save()
         await self.publish()
-        detail = "stopped" if not left else f"stopped; {len(left)} processes would not die"
-        await self.result(
-            order.command_id, "done" if not left else "failed", detail, order.command_digest
+        return left
+
+    async def _until_gateway_lets_go(self, workload: Running) -> None:
+        """Wait until a gateway event sent after ``workload`` became ``stopping`` holds no
+        request of its port (or the gateway is not serving), at most workload_switch_grace;
+        a gateway silent for two heartbeat periods is taken for none."""
+        port = workload.entry.port
+        deadline = time.monotonic() + self.config.workload_switch_grace
+        silent = 2 * self.config.heartbeat_interval
+        while (left := deadline - time.monotonic()) > 0:
+            self._gateway_said.clear()
+            if not await wait_or_timeout(self._gateway_said, min(left, silent)):
+                if left > silent:
+                    log.info("no gateway event; switching", extra={"port": port})
+                    return
+                break
+            if not self.gateway.serving or not self.gateway.held_by_port.get(port):
+                return
+        log.warning(
+            "switching with requests still held",
+            extra={"workload": workload.deploy.name, "grace": self.config.workload_switch_grace},
         )
 
     async def _stop_all(self, reason: str) -> None:
