@@ -236,6 +236,17 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Largest request body (a prompt) the gateway takes; larger ones get 413."""
     gateway_max_connections: Annotated[int, Meta(ge=1)] = 256
     """Connections the gateway holds at once; more are answered 503 and closed."""
+    gateway_autostart: bool = False
+    """Asked for a model no workload serves but model_dir holds, the gateway starts a
+    server for it (docs/commands.md, "On-demand servers")."""
+    model_dir: str = ""
+    """The node's model directory: the files gateway_autostart may serve."""
+    gateway_autostart_engine: WorkloadEngineName = "llamacpp"
+    """The engine of the servers gateway_autostart starts (listed in workload_engines)."""
+    gateway_servers_per_gpu: Annotated[int, Meta(ge=1)] = 1
+    """Servers gateway_autostart runs on one GPU at most."""
+    gateway_autostart_timeout: Positive = 600.0
+    """Seconds such a server has to become ready (and a request to wait for it)."""
     gateway_host: str = "127.0.0.1"
     """Address the gateway listens on (``0.0.0.0`` for every interface). Beyond loopback
     it needs gateway_tls_cert/gateway_tls_key and a client check: gateway_keys_file,

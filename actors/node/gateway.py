@@ -38,6 +38,7 @@ from aiohttp import web
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gateway_access import Access, Refusal
+from actors.node.gateway_autostart import Autostart
 from actors.node.gateway_upstream import pass_through
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
@@ -104,6 +105,8 @@ class GatewayActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_GATEWAY)
         self.access = Access(config)
+        self.autostart = Autostart(config, bus, events) if config.gateway_autostart else None
+        self._lanes_changed = asyncio.Event()
         self.lanes: dict[str, Lane] = {}
         self.schedulability = "schedulable"
         self.deregistering = False
@@ -157,6 +160,7 @@ class GatewayActor:
             lane.workload = workload
             lanes[workload.name] = lane
         self.lanes = lanes
+        self._lanes_changed.set()
         # A workload leaving ``ready`` (a model switch) waits for what the gateway holds
         # of it: say it now, not at the next period.
         self._changed.set()
@@ -221,11 +225,53 @@ class GatewayActor:
         return min(room, key=lambda lane: (lane.load, -self._free(lane.workload)))
 
     def _matching(self, model: str) -> list[Lane]:
-        return [
-            lane
-            for lane in self.lanes.values()
-            if model in (served_as(lane.workload), lane.workload.name)
-        ]
+        """Lanes serving ``model``: by their model, its file name or stem, or their name."""
+        found = []
+        for lane in self.lanes.values():
+            served = served_as(lane.workload)
+            path = Path(served)
+            if model in (served, lane.workload.name, path.name, path.stem):
+                found.append(lane)
+        return found
+
+    async def _autostarted(self, model: str, autostart: Autostart) -> None:
+        """Have a server for ``model`` started if nothing serves it and model_dir holds it,
+        and wait (at most gateway_autostart_timeout) until one serving it is ready or
+        failed; :meth:`choose` then answers as for any model."""
+        deadline = time.monotonic() + self.config.gateway_autostart_timeout
+        name = ""
+        while (left := deadline - time.monotonic()) > 0:
+            states = {lane.workload.state for lane in self._matching(model)}
+            if "ready" in states or (states and "starting" not in states):
+                return
+            if not states:
+                if self.schedulability in REFUSING or self.deregistering:
+                    return
+                if not name:
+                    path = autostart.model_file(model)
+                    if path is None:
+                        return
+                    if self.schedulability != "schedulable":
+                        raise Refusal(
+                            503,
+                            f"this node is {self.schedulability}: it starts no new server",
+                            "unavailable_error",
+                            "node_cordoned",
+                            RETRY_LATER,
+                        )
+                    workloads = [lane.workload for lane in self.lanes.values()]
+                    name = await autostart.order(path, autostart.gpu(workloads, self.free_memory))
+                elif autostart.overdue(name):
+                    raise Refusal(
+                        503,
+                        f"the server for {model!r} was not started (the node's command "
+                        "results say why)",
+                        "unavailable_error",
+                        "model_unavailable",
+                        RETRY_LATER,
+                    )
+            self._lanes_changed.clear()
+            await wait_or_timeout(self._lanes_changed, min(left, 1.0))
 
     def _free(self, workload: Workload) -> int:
         return sum(self.free_memory.get(gpu, 0) for gpu in workload.gpus)
@@ -265,6 +311,8 @@ class GatewayActor:
                 raise Refusal(
                     400, "the request names no model", "invalid_request_error", "model_missing"
                 )
+            if self.autostart is not None:
+                await self._autostarted(model, self.autostart)
             matching = self._matching(model)
             if matching:  # one label per model, whether asked for by model or by name
                 label = served_as(matching[0].workload)

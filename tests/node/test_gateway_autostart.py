@@ -1,0 +1,99 @@
+"""On-demand servers: a real agent whose gateway, asked for a model its model directory
+holds, starts the llama.cpp stand-in for it on the GPU with the most free memory and
+answers the request; what is not on disk, or beyond the per-GPU bound, is refused."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from actors.node.agent import NodeAgent
+from actors.node.gateway_autostart import Autostart
+from schemas.events import Workload
+from tests.support.fleet import Fleet, node_events, wait_for
+from tests.support.workloads import killing_leftovers, standin_script
+
+
+@pytest.fixture(autouse=True)
+def no_orphans() -> Iterator[None]:
+    with killing_leftovers():
+        yield
+
+
+async def agent(fleet: Fleet, tmp_path: Path, **settings: Any) -> tuple[NodeAgent, str]:
+    """An agent with gateway_autostart over ``tmp_path/models``; its gateway's URL."""
+    standin = standin_script(tmp_path / "bin")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny.gguf").write_bytes(b"GGUF")
+    (tmp_path / "secret.gguf").write_bytes(b"GGUF")
+    values: dict[str, Any] = dict(
+        workload_binaries=[f"llamacpp={standin}"],
+        gateway="on",
+        gateway_autostart=True,
+        model_dir=str(models),
+        gateway_autostart_timeout=30.0,
+    )
+    started = await fleet.start_agent(fleet.config(**(values | settings)))
+    assert started.supervisor is not None and await started.supervisor.wait_ready(10)
+    port_file = Path(started.config.state_dir) / "gateway.port"
+    await wait_for(port_file.exists)
+    return started, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+async def ask(url: str, model: str) -> tuple[int, dict[str, Any]]:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=40)) as session,
+        session.post(url + "/v1/chat/completions", json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def test_a_model_on_disk_is_started_and_answered(fleet: Fleet, tmp_path: Path) -> None:
+    """The first request for ``tiny.gguf`` starts a server for it and is answered 200;
+    the server is the ``auto-tiny`` workload on one GPU; the next request reuses it."""
+    started, url = await agent(fleet, tmp_path)
+    status, body = await ask(url, "tiny.gguf")
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"]
+    saved = (Path(started.config.state_dir) / "workloads.json").read_text()
+    assert '"name":"auto-tiny"' in saved and '"share":true' in saved
+    status, _ = await ask(url, "tiny")
+    assert status == 200
+    saved = (Path(started.config.state_dir) / "workloads.json").read_text()
+    assert saved.count('"name":') == 1
+
+
+async def test_what_is_not_in_the_model_directory_is_404(fleet: Fleet, tmp_path: Path) -> None:
+    """A model not in model_dir, or a path out of it, starts nothing and is 404."""
+    started, url = await agent(fleet, tmp_path)
+    for model in ("missing.gguf", "../secret.gguf", str(tmp_path / "secret.gguf"), ".hidden"):
+        status, body = await ask(url, model)
+        assert status == 404 and body["error"]["code"] == "model_not_found", model
+    assert not (Path(started.config.state_dir) / "workloads.json").exists()
+
+
+def test_gpu_with_most_free_memory_and_room(fleet: Fleet) -> None:
+    """The server goes on the GPU with the most free memory among those running fewer
+    than gateway_servers_per_gpu such servers and no operator's workload; none: 503."""
+    config = fleet.config(gateway_autostart=True, gateway_servers_per_gpu=1)
+    autostart = Autostart(config, fleet.bus, node_events(config))
+    free = {0: 10, 1: 70, 2: 40}
+
+    def running(name: str, gpu: int) -> Workload:
+        return Workload(
+            name=name, engine="llamacpp", state="ready", since=time.time(), port=1, gpus=[gpu]
+        )
+
+    assert autostart.gpu([], free) == 1
+    assert autostart.gpu([running("auto-a", 1)], free) == 2
+    assert autostart.gpu([running("auto-a", 1), running("chat", 2)], free) == 0
+    with pytest.raises(Exception, match="no GPU has room") as refused:
+        autostart.gpu([running("auto-a", 1), running("chat", 2), running("auto-b", 0)], free)
+    assert getattr(refused.value, "status", None) == 503
