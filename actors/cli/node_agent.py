@@ -67,6 +67,7 @@ LIST_FLAGS = {
     "workload_binaries": "workload-binary",
     "workload_args": "workload-arg",
     "workload_env": "workload-env",
+    "workload_images": "workload-image",
     "labels": "label",
     "version_programs": "version-program",
 }

@@ -70,6 +70,7 @@ def deploy_action(args: argparse.Namespace) -> Action:
         ready_timeout=args.ready_timeout,
         max_pending=args.max_pending,
         share=args.share,
+        image=args.image,
     )
 
 
@@ -178,6 +179,13 @@ def add_workload_parsers(
     )
     deploy.add_argument(
         "--share", action="store_true", help="allow GPUs another workload already uses"
+    )
+    deploy.add_argument(
+        "--image",
+        default="",
+        help="run it in this container image through podman (the node's workload_images "
+        "must allow it): the engine's server inside it, or for --engine process the --arg "
+        "argv (none: the image's own command)",
     )
     stop = commands.add_parser(
         "stop",

@@ -284,6 +284,15 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload_env: list[WorkloadEnv] = []
     """Environment variables a deploy may set besides the built-in allow-list,
     ``ENGINE=NAME``: ``vllm=VLLM_USE_DEEP_GEMM``."""
+    workload_images: list[str] = []
+    """Container images a deploy may run (``--image``): ``registry/repo`` allows any tag
+    or digest of it, ``registry/repo:tag`` that tag only; empty: no containers."""
+    workload_podman: str = "podman"
+    """The podman executable container workloads run through."""
+    workload_image_pull: Literal["missing", "never", "always"] = "missing"
+    """Pull a deploy's image when it is not on the node, never, or at every start."""
+    workload_pull_timeout: Positive = 1800.0
+    """Seconds an image pull may take."""
     workload_switch_grace: Positive = 120.0
     """Seconds a workload switched out for another model's deploy has to answer the
     requests the gateway holds of it (it takes no new ones) before it is stopped."""

@@ -31,7 +31,7 @@ import nats.errors
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.node.workloads import listeners, processes
+from actors.node.workloads import container, listeners, processes
 from actors.node.workloads.admission import admit
 from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, command_line
 from actors.node.workloads.readiness import readiness
@@ -178,7 +178,7 @@ class WorkloadsActor:
             if not adopt:
                 try:
                     await self._start(workload, log_path)
-                except (OSError, NotAllowed) as exc:
+                except (OSError, NotAllowed, container.ContainerError) as exc:
                     await self._final(workload, "failed", f"cannot start: {exc}")
                     return
             else:
@@ -190,7 +190,7 @@ class WorkloadsActor:
                 return
             strays = await self._until_exit(workload, log_path)
             if strays:
-                await self._kill(entry.pid)
+                await self._end(workload)
                 processes.reap(entry.pid)
                 await self._final(
                     workload,
@@ -202,7 +202,7 @@ class WorkloadsActor:
             exit_code = processes.reap(entry.pid)
             # What the leader left behind (an engine's workers) would hold its GPUs and
             # port against the restart.
-            await self._kill(entry.pid)
+            await self._end(workload)
             now = time.time()
             workload.crashes.append(now)
             while (
@@ -236,7 +236,19 @@ class WorkloadsActor:
             **LOOPBACK_ENV,
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in deploy.gpus),
         }
+        if deploy.image:
+            await container.ensure_image(
+                self.config, deploy.image, lambda line: self._progress(workload, line)
+            )
+            cidfile = self.store.cid_path(deploy.name)
+            cidfile.unlink(missing_ok=True)
+            cdi = container.cdi_available()
+            argv = container.run_argv(
+                self.config, deploy, entry.port, argv, cidfile, {**deploy.env, **LOOPBACK_ENV}, cdi
+            )
+            env = {}
         entry.pid, entry.started = processes.spawn(argv, env, log_path)
+        workload.container = ""
         self._save()
         log.info("workload started", extra={"workload": deploy.name, "pid": entry.pid})
         await self._set(workload, "starting", f"pid {entry.pid}")
@@ -254,6 +266,8 @@ class WorkloadsActor:
                 return True  # _until_exit returns at once and the crash is counted
             assert self._session is not None
             status = await readiness(self._session, workload.entry.port, workload.deploy.model)
+            if workload.deploy.image and not workload.container:
+                workload.container = container.container_id(self.store.cid_path(entry.deploy.name))
             checked = status == "ready" or looks % LISTEN_CHECK_EVERY == 0
             looks += 1
             if checked and listeners.strays(entry.pid):
@@ -269,7 +283,7 @@ class WorkloadsActor:
                 loading_said = True
                 await self._progress(workload, f"loading: {status}")
             await asyncio.sleep(POLL)
-        await self._kill(entry.pid)
+        await self._end(workload)
         processes.reap(entry.pid)
         tail = processes.tail(log_path)
         await self._final(
@@ -335,7 +349,7 @@ class WorkloadsActor:
         await self._set(workload, "stopping", why)
         if drain:
             await self._until_gateway_lets_go(workload)
-        left = await self._kill(workload.entry.pid)
+        left = await self._end(workload)
         processes.reap(workload.entry.pid)
         await self._set(workload, "stopped", "")
         if self.running.get(workload.deploy.name) is workload:
@@ -376,7 +390,7 @@ class WorkloadsActor:
         await asyncio.gather(
             *(w.task for w in workloads if w.task is not None), return_exceptions=True
         )
-        lefts = await asyncio.gather(*(self._kill(w.entry.pid) for w in workloads))
+        lefts = await asyncio.gather(*(self._end(w) for w in workloads))
         for workload, left in zip(workloads, lefts, strict=True):
             processes.reap(workload.entry.pid)
             await self._answer(workload, "failed", reason)
@@ -389,6 +403,13 @@ class WorkloadsActor:
                 del self.running[workload.deploy.name]
         self._save()
         await self.publish()
+
+    async def _end(self, workload: Running) -> list[int]:
+        """Kill the workload's group (and remove its container); the pids left alive."""
+        left = await self._kill(workload.entry.pid)
+        if workload.deploy.image:
+            await container.remove(self.config, workload.deploy)
+        return left
 
     async def _kill(self, pgid: int) -> list[int]:
         """SIGTERM the group, SIGKILL it after the grace period; the pids still alive."""

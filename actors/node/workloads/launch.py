@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from actors.node.config import AgentConfig
+from actors.node.workloads.container import allowed_image
 from schemas.workloads import Deploy
 
 ENGINE_BINARIES: dict[str, str] = {"llamacpp": "llama-server", "vllm": "vllm", "sglang": "python"}
@@ -120,6 +121,11 @@ BIND_FLAGS = frozenset({"--host", "--port"})
 the port the node allocates."""
 
 
+CONTAINER_HOST = "0.0.0.0"
+"""Where an engine in a container listens: every address of the container's own network
+namespace, reached only through the port podman publishes on 127.0.0.1."""
+
+
 class NotAllowed(Exception):
     """The node's config does not let this deploy run; the message says why."""
 
@@ -208,11 +214,14 @@ def _is_number(arg: str) -> bool:
 
 
 def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
-    """The argv to start ``deploy`` on ``port``; NotAllowed when the node forbids it."""
+    """The argv to start ``deploy`` on ``port`` (for a deploy with an image, the command
+    inside it); NotAllowed when the node forbids it."""
     if deploy.engine not in config.workload_engines:
         allowed = ", ".join(config.workload_engines) or "none"
         raise NotAllowed(f"engine {deploy.engine} not allowed on this node (allowed: {allowed})")
     check_env(config, deploy)
+    if deploy.image:
+        return _in_image(config, deploy, port)
     if deploy.engine == "process":
         if not deploy.args:
             raise NotAllowed("a process workload needs its command line (--arg)")
@@ -228,3 +237,22 @@ def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
     binary = overrides(config).get(deploy.engine, ENGINE_BINARIES[deploy.engine])
     template = [substitute(arg, port, deploy) for arg in TEMPLATES[deploy.engine]]
     return [binary, *template, *(substitute(arg, port, deploy) for arg in deploy.args)]
+
+
+def _in_image(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
+    """The command inside an allowed image: the engine's server listening on every
+    address of the container's own network namespace (podman publishes the port on
+    127.0.0.1 only), or a ``process`` deploy's argv (none: the image's own command)."""
+    if not allowed_image(config, deploy.image):
+        raise NotAllowed(f"image {deploy.image} not in this node's workload_images")
+    if deploy.engine == "process":
+        return [substitute(arg, port, deploy) for arg in deploy.args]
+    if not deploy.model:
+        raise NotAllowed(f"engine {deploy.engine} needs --model")
+    check_args(config, deploy)
+    template = [
+        CONTAINER_HOST if arg == "127.0.0.1" else substitute(arg, port, deploy)
+        for arg in TEMPLATES[deploy.engine]
+    ]
+    extra = [substitute(arg, port, deploy) for arg in deploy.args]
+    return [ENGINE_BINARIES[deploy.engine], *template, *extra]

@@ -30,6 +30,8 @@ class Running:
         """The deploy whose final result is still to come ("" after a restart)."""
         self.digest = ""
         self.task: asyncio.Task[None] | None = None
+        self.container = ""
+        """The podman container's id, once podman has written it."""
 
     @property
     def deploy(self) -> Deploy:
@@ -47,4 +49,5 @@ class Running:
             restarts=self.entry.restarts,
             reason=self.reason[:1024],
             max_pending=self.deploy.max_pending,
+            container=self.container,
         )

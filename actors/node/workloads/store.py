@@ -59,3 +59,7 @@ class WorkloadStore:
 
     def log_path(self, name: str) -> Path:
         return self.logs / f"{name}.log"
+
+    def cid_path(self, name: str) -> Path:
+        """Where podman writes the id of the workload's container."""
+        return self.logs / f"{name}.cid"
