@@ -35,3 +35,17 @@ def killing_leftovers() -> Iterator[None]:
         for pid in set(processes._children) - before:
             processes.signal_group(pid, signal.SIGKILL)
             processes._children.pop(pid).wait(timeout=5)
+
+
+def fake_podman_script(directory: Path, state: Path) -> Path:
+    """``directory/podman``, running :mod:`tests.support.fake_podman` with its state in
+    ``state`` (for ``workload_podman``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "podman"
+    module = "tests.support.fake_podman"
+    script.write_text(
+        f"#!/bin/sh\nFAKE_PODMAN_DIR={state} PYTHONPATH={REPO} "
+        f'exec {sys.executable} -m {module} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
