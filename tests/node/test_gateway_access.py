@@ -19,7 +19,14 @@ from aiohttp import web
 from actors.cli import node_agent
 from actors.node.gateway import GatewayActor
 from actors.node.gateway_access import ApiKeys, key_line, new_key
-from tests.node.test_gateway import FakeLlama, chat, is_openai_error, publish_workloads, workload
+from tests.node.test_gateway import (
+    MODEL,
+    FakeLlama,
+    chat,
+    is_openai_error,
+    publish_workloads,
+    workload,
+)
 from tests.support.fleet import Fleet, node_events, wait_for, wait_record
 from tests.support.pki import Pki
 
@@ -30,7 +37,9 @@ HOST = "127.0.0.2"
 class RecordingLlama(FakeLlama):
     """The fake engine, remembering the Authorization header each request brought."""
 
-    authorizations: list[str | None]
+    def __init__(self, model: str = MODEL) -> None:
+        super().__init__(model)
+        self.authorizations: list[str | None] = []
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
         self.authorizations.append(request.headers.get("Authorization"))
@@ -68,7 +77,7 @@ async def start(fleet: Fleet, stack: AsyncExitStack, **settings: Any) -> tuple[R
     await fleet.start_supervisor(gateway)
     port = await wait_for(lambda: gateway.port)
     engine = await RecordingLlama.started(stack)
-    engine.authorizations = []
+    assert isinstance(engine, RecordingLlama)
     engine.release.set()
     await publish_workloads(fleet, gateway, workload("a", engine.port))
     return engine, f"https://{HOST}:{port}"
@@ -179,12 +188,20 @@ async def test_endpoint_advertised_in_the_heartbeat(fleet: Fleet, pki: Pki, tmp_
         gateway="on", **tls_settings(pki, gateway_keys_file=str(keys))
     )  # fmt: skip
     await fleet.start_agent(config)
-    record = await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: bool(r.heartbeat.endpoint))
+    record = await wait_record(
+        fleet.bus,
+        fleet.prefix,
+        "n1",
+        lambda r: r.heartbeat is not None and bool(r.heartbeat.endpoint),
+    )
     port = int((Path(config.state_dir) / "gateway.port").read_text())
+    assert record.heartbeat is not None
     assert record.heartbeat.endpoint == f"https://{HOST}:{port}"
     await fleet.start_agent(fleet.config("n2", gateway="on"))
-    plain = await wait_record(fleet.bus, fleet.prefix, "n2", lambda r: r.heartbeat.seq > 2)
-    assert plain.heartbeat.endpoint == ""
+    plain = await wait_record(
+        fleet.bus, fleet.prefix, "n2", lambda r: r.heartbeat is not None and r.heartbeat.seq > 2
+    )
+    assert plain.heartbeat is not None and plain.heartbeat.endpoint == ""
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["run"]:
         (state / "run.json").write_text(json.dumps(argv))
-        options, i = {}, 1
+        options: dict[str, list[str]] = {}
+        i = 1
         while i < len(argv) and argv[i].startswith("--"):
             if argv[i] in VALUED:
                 options.setdefault(argv[i], []).append(argv[i + 1])
