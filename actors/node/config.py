@@ -269,7 +269,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         str, Meta(pattern=r"^(https?://\S+)?$", max_length=MAX_URL)
     ] = ""
     """The gateway's URL as the heartbeat advertises it to dispatchers; default
-    ``https://<gateway_host or this host's name>:<port>`` with TLS, none without."""
+    ``https://<gateway_host or this host's name>:<port>`` with TLS, none without (for
+    0.0.0.0 the host name as ``hostname`` says: set this where dispatchers need a DNS name)."""
     workload_engines: list[WorkloadEngineName] = msgspec.field(
         default_factory=lambda: list(DEFAULT_WORKLOAD_ENGINES)
     )

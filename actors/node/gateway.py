@@ -259,8 +259,8 @@ class GatewayActor:
                             "node_cordoned",
                             RETRY_LATER,
                         )
-                    workloads = [lane.workload for lane in self.lanes.values()]
-                    name = await autostart.order(path, autostart.gpu(workloads, self.free_memory))
+                    loads = [(lane.workload, lane.load) for lane in self.lanes.values()]
+                    name = await autostart.order(path, autostart.gpu(loads, self.free_memory))
                 elif autostart.overdue(name):
                     raise Refusal(
                         503,

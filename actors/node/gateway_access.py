@@ -254,7 +254,7 @@ class Access:
         if is_loopback(host) and self.tls is None:
             return ""
         if host in WILDCARDS:
-            host = socket.getfqdn()
+            host = socket.gethostname()  # no DNS lookup on the event loop
         if ":" in host:
             host = f"[{host}]"
         scheme = "https" if self.tls is not None else "http"

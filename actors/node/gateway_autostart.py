@@ -4,8 +4,11 @@ model directory holds, has one started (``gateway_autostart``, off by default).
 The model is a file directly in ``model_dir`` named by the request (``x.gguf``, or ``x``
 for ``x.gguf``; no path, nothing hidden, nothing outside the directory, symlinks
 resolved). The server is a workload like any deploy, named ``auto-<file stem>``, of
-``gateway_autostart_engine``, shared (``--share``) on the GPU with the most free memory
-among those that run only such servers and fewer than ``gateway_servers_per_gpu`` of them.
+``gateway_autostart_engine``, on the GPU with the most free memory among those that run
+only such servers and fewer than ``gateway_servers_per_gpu`` of them (shared when that is
+more than one). With one server a GPU and none free, a ready server holding no request is
+switched out for it, as a deploy of another model switches a GPU
+(:mod:`actors.node.workloads.admission`).
 The gateway asks for it as the command executor does, with a node-signed
 ``workload_order`` event, so the workload actor checks, starts, watches and reports it as
 any other; the request waits (at most ``gateway_autostart_timeout``) until it is ready.
@@ -74,28 +77,44 @@ class Autostart:
                 return path
         return None
 
-    def gpu(self, workloads: Iterable[Workload], free_memory: dict[int, int]) -> int:
-        """The GPU a new server goes on; Refusal 503 when none has room."""
-        servers: dict[int, int] = dict.fromkeys(free_memory, 0)
-        for workload in workloads:
+    def gpu(self, workloads: Iterable[tuple[Workload, int]], free_memory: dict[int, int]) -> int:
+        """The GPU a new server goes on, given each workload and the requests the gateway
+        holds of it. With one server a GPU and every GPU full, the GPU of a server that is
+        ready and holds no request (the one with the most free memory): the deploy there
+        switches that server out. Refusal 503 when there is none."""
+        servers: dict[int, list[tuple[Workload, int]]] = {gpu: [] for gpu in free_memory}
+        blocked: set[int] = set()
+        for workload, load in workloads:
             if workload.state not in LIVE:
                 continue
             for gpu in workload.gpus:
                 if not workload.name.startswith(PREFIX):
-                    servers.pop(gpu, None)  # an operator's workload keeps its GPU
+                    blocked.add(gpu)  # an operator's workload keeps its GPU
                 elif gpu in servers:
-                    servers[gpu] += 1
-        room = [g for g, n in servers.items() if n < self.config.gateway_servers_per_gpu]
-        if not room:
-            raise Refusal(
-                503,
-                f"no GPU has room for another server ({self.config.gateway_servers_per_gpu} "
-                "a GPU, GPUs of deployed workloads excluded)",
-                "unavailable_error",
-                "no_capacity",
-                30,
-            )
-        return max(room, key=lambda g: (free_memory[g], -g))
+                    servers[gpu].append((workload, load))
+        usable = {gpu: held for gpu, held in servers.items() if gpu not in blocked}
+        per_gpu = self.config.gateway_servers_per_gpu
+        room = [gpu for gpu, held in usable.items() if len(held) < per_gpu]
+        if room:
+            return max(room, key=lambda g: (free_memory[g], -g))
+        idle = [
+            (gpu, workload.name)
+            for gpu, held in usable.items()
+            for workload, load in held
+            if per_gpu == 1 and workload.state == "ready" and load == 0
+        ]
+        if idle:
+            gpu, name = max(idle, key=lambda entry: (free_memory[entry[0]], -entry[0]))
+            log.info("gateway switches a server out", extra={"gpu": gpu, "name": name})
+            return gpu
+        raise Refusal(
+            503,
+            f"no GPU has room for another server ({per_gpu} a GPU, every one busy; GPUs of "
+            "deployed workloads excluded)",
+            "unavailable_error",
+            "no_capacity",
+            30,
+        )
 
     async def order(self, path: Path, gpu: int) -> str:
         """Ask the workload actor for a server of ``path`` on ``gpu``, once while it
@@ -109,7 +128,9 @@ class Autostart:
             engine=self.config.gateway_autostart_engine,
             model=str(path),
             gpus=[gpu],
-            share=True,
+            # One server a GPU: its own GPU, so a deploy onto a full one switches the
+            # idle server there out (stop after its requests, then start).
+            share=self.config.gateway_servers_per_gpu > 1,
             ready_timeout=self.config.gateway_autostart_timeout,
         )
         order = WorkloadOrder(

@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 
 from actors.node.agent import NodeAgent
+from actors.node.gateway_access import Refusal
 from actors.node.gateway_autostart import Autostart
-from schemas.events import Workload
+from schemas.events import Workload, WorkloadState
 from tests.support.fleet import Fleet, node_events, wait_for
 from tests.support.workloads import killing_leftovers, standin_script
 
@@ -57,13 +58,13 @@ async def ask(url: str, model: str) -> tuple[int, dict[str, Any]]:
 
 async def test_a_model_on_disk_is_started_and_answered(fleet: Fleet, tmp_path: Path) -> None:
     """The first request for ``tiny.gguf`` starts a server for it and is answered 200;
-    the server is the ``auto-tiny`` workload on one GPU; the next request reuses it."""
+    the server is the ``auto-tiny`` workload on a GPU of its own; the next reuses it."""
     started, url = await agent(fleet, tmp_path)
     status, body = await ask(url, "tiny.gguf")
     assert status == 200, body
     assert body["choices"][0]["message"]["content"]
     saved = (Path(started.config.state_dir) / "workloads.json").read_text()
-    assert '"name":"auto-tiny"' in saved and '"share":true' in saved
+    assert '"name":"auto-tiny"' in saved and '"share":false' in saved  # one a GPU: its own
     status, _ = await ask(url, "tiny")
     assert status == 200
     saved = (Path(started.config.state_dir) / "workloads.json").read_text()
@@ -81,19 +82,41 @@ async def test_what_is_not_in_the_model_directory_is_404(fleet: Fleet, tmp_path:
 
 def test_gpu_with_most_free_memory_and_room(fleet: Fleet) -> None:
     """The server goes on the GPU with the most free memory among those running fewer
-    than gateway_servers_per_gpu such servers and no operator's workload; none: 503."""
+    than gateway_servers_per_gpu such servers and no operator's workload; with every GPU
+    full, on the GPU of an idle ready server (switched out there); all busy: 503."""
     config = fleet.config(gateway_autostart=True, gateway_servers_per_gpu=1)
     autostart = Autostart(config, fleet.bus, node_events(config))
     free = {0: 10, 1: 70, 2: 40}
 
-    def running(name: str, gpu: int) -> Workload:
-        return Workload(
-            name=name, engine="llamacpp", state="ready", since=time.time(), port=1, gpus=[gpu]
+    def running(
+        name: str, gpu: int, load: int = 1, state: WorkloadState = "ready"
+    ) -> tuple[Workload, int]:
+        workload = Workload(
+            name=name, engine="llamacpp", state=state, since=time.time(), port=1, gpus=[gpu]
         )
+        return workload, load
 
     assert autostart.gpu([], free) == 1
     assert autostart.gpu([running("auto-a", 1)], free) == 2
     assert autostart.gpu([running("auto-a", 1), running("chat", 2)], free) == 0
-    with pytest.raises(Exception, match="no GPU has room") as refused:
-        autostart.gpu([running("auto-a", 1), running("chat", 2), running("auto-b", 0)], free)
-    assert getattr(refused.value, "status", None) == 503
+    full = [running("auto-a", 1), running("chat", 2), running("auto-b", 0)]
+    with pytest.raises(Refusal, match="no GPU has room") as refused:
+        autostart.gpu(full, free)
+    assert refused.value.status == 503
+    idle = [running("auto-a", 1, load=0), running("chat", 2, load=0), running("auto-b", 0, 0)]
+    assert autostart.gpu(idle, free) == 1
+    loading = [running("auto-a", 1, 0, "starting"), running("chat", 2), running("auto-b", 0)]
+    with pytest.raises(Refusal):
+        autostart.gpu(loading, free)
+
+
+async def test_a_full_gpu_switches_its_idle_server(fleet: Fleet, tmp_path: Path) -> None:
+    """With one GPU and one server a GPU, a request for a second model on disk switches
+    the idle server out (stopped, its GPU given to the new one) and is answered."""
+    started, url = await agent(fleet, tmp_path, fake_gpus=1)
+    (tmp_path / "models" / "other.gguf").write_bytes(b"GGUF")
+    assert (await ask(url, "tiny.gguf"))[0] == 200
+    status, body = await ask(url, "other.gguf")
+    assert status == 200, body
+    saved = (Path(started.config.state_dir) / "workloads.json").read_text()
+    assert '"name":"auto-other"' in saved and "auto-tiny" not in saved

@@ -165,7 +165,9 @@ class WorkloadsActor:
         """Switch out what it replaces, start (or adopt), wait for readiness, watch,
         restart after a crash, give up."""
         for old in displacing:
-            await self._switch_out(old, workload.deploy, workload)
+            # Shielded: a stop of the new workload meanwhile must not leave the old one
+            # half stopped and unsupervised.
+            await asyncio.shield(self._switch_out(old, workload.deploy, workload))
         entry = workload.entry
         backoff = Backoff(1.0, self.config.workload_backoff_max)
         log_path = self.store.log_path(workload.deploy.name)
