@@ -186,7 +186,11 @@ class Access:
         self.limit = RateLimit(config.gateway_rate_limit, config.gateway_rate_burst)
         self.tls: ssl.SSLContext | None = None
         if config.gateway_tls_cert:
-            self.tls = server_context(config.gateway_tls_cert, config.gateway_tls_key)
+            self.tls = server_context(
+                config.gateway_tls_cert,
+                config.gateway_tls_key,
+                ("gateway_tls_cert", "gateway_tls_key"),
+            )
             if config.gateway_tls_client_ca:
                 try:
                     self.tls.load_verify_locations(cafile=config.gateway_tls_client_ca)

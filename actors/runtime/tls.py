@@ -50,17 +50,19 @@ def _check_readable(setting: str, path: str) -> None:
         raise ConfigError(f"{setting}: cannot read {path}: {exc.strerror}") from None
 
 
-def server_context(cert: str, key: str) -> ssl.SSLContext:
+def server_context(
+    cert: str, key: str, settings: tuple[str, str] = ("http_tls_cert", "http_tls_key")
+) -> ssl.SSLContext:
     """A context serving TLS with ``cert`` and ``key`` (PEM files); ConfigError for an
-    unreadable or mismatched pair."""
-    _check_readable("http_tls_cert", cert)
-    _check_readable("http_tls_key", key)
+    unreadable or mismatched pair, naming ``settings`` (the two settings they come from)."""
+    _check_readable(settings[0], cert)
+    _check_readable(settings[1], key)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(certfile=cert, keyfile=key)
     except ssl.SSLError:
         raise ConfigError(
-            f"http_tls_cert/http_tls_key: {cert} and {key} are not a PEM certificate and its "
+            f"{settings[0]}/{settings[1]}: {cert} and {key} are not a PEM certificate and its "
             "private key"
         ) from None
     return context

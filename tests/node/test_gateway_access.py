@@ -19,6 +19,7 @@ from aiohttp import web
 from actors.cli import node_agent
 from actors.node.gateway import GatewayActor
 from actors.node.gateway_access import ApiKeys, key_line, new_key
+from actors.runtime.config import ConfigError
 from tests.node.test_gateway import (
     MODEL,
     FakeLlama,
@@ -235,3 +236,29 @@ def test_gateway_key_command_stores_only_the_hash(tmp_path: Path) -> None:
     assert keys.stat().st_mode & 0o777 == 0o600
     assert ApiKeys(str(keys)).name_of(key) == "ops"
     assert ApiKeys(str(keys)).name_of(key + "x") is None
+
+
+def test_unreadable_tls_or_keys_file_is_a_one_line_config_error(
+    fleet: Fleet, pki: Pki, tmp_path: Path
+) -> None:
+    """A keys file, certificate or client CA that cannot be read stops the start with a
+    ConfigError naming the setting and the file, not a traceback from ssl."""
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("a", new_key()) + "\n")
+    cases = [
+        (tls_settings(pki, gateway_keys_file=str(tmp_path / "none")), "gateway_keys_file"),
+        (
+            tls_settings(
+                pki, gateway_tls_cert=str(tmp_path / "none.pem"), gateway_keys_file=str(keys)
+            ),
+            "gateway_tls_cert: file .*none.pem not found",
+        ),
+        (
+            tls_settings(pki, gateway_tls_client_ca=str(pki.dir / "gateway-key.pem")),
+            "gateway_tls_client_ca: .*no PEM certificate",
+        ),
+    ]
+    for settings, says in cases:
+        config = fleet.config(**settings)
+        with pytest.raises(ConfigError, match=says):
+            GatewayActor(config, fleet.bus, node_events(config))
