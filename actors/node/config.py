@@ -214,7 +214,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gateway: Literal["auto", "on", "off"] = "auto"
     """The local OpenAI-compatible gateway on 127.0.0.1:gateway_port: ``on`` listens from
     the start, ``off`` never, ``auto`` while the node runs a workload (and until the
-    requests it holds are answered)."""
+    requests it holds are answered), or from the start with gateway_autostart."""
     gateway_port: Port = 8081
     gateway_max_in_flight: Annotated[int, Meta(ge=1)] = 4
     """Requests the gateway passes to one workload at once; more wait (up to the

@@ -119,7 +119,11 @@ class GatewayActor:
         """The bound port while serving (``gateway_port = 0`` picks a free one)."""
         self._problem = ""
         self._wanted = asyncio.Event()
-        if config.gateway == "on":
+        self.always = config.gateway == "on" or (
+            config.gateway == "auto" and self.autostart is not None
+        )
+        """Listening from the start: ``on``, or ``auto`` with servers started on demand."""
+        if self.always:
             self._wanted.set()
         self._changed = asyncio.Event()
         """Set when what the gateway holds changes (the publisher waits for it)."""
@@ -164,7 +168,7 @@ class GatewayActor:
         # A workload leaving ``ready`` (a model switch) waits for what the gateway holds
         # of it: say it now, not at the next period.
         self._changed.set()
-        if self.config.gateway != "auto" or bool(lanes) == self._wanted.is_set():
+        if self.config.gateway != "auto" or self.always or bool(lanes) == self._wanted.is_set():
             return
         if lanes:
             log.info("gateway starts: the node runs a workload")

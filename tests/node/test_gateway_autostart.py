@@ -72,8 +72,9 @@ async def test_a_model_on_disk_is_started_and_answered(fleet: Fleet, tmp_path: P
 
 
 async def test_what_is_not_in_the_model_directory_is_404(fleet: Fleet, tmp_path: Path) -> None:
-    """A model not in model_dir, or a path out of it, starts nothing and is 404."""
-    started, url = await agent(fleet, tmp_path)
+    """A model not in model_dir, or a path out of it, starts nothing and is 404; under
+    ``gateway = auto`` the gateway listens from the start to take such requests."""
+    started, url = await agent(fleet, tmp_path, gateway="auto")
     for model in ("missing.gguf", "../secret.gguf", str(tmp_path / "secret.gguf"), ".hidden"):
         status, body = await ask(url, model)
         assert status == 404 and body["error"]["code"] == "model_not_found", model
