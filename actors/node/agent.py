@@ -13,6 +13,7 @@ from actors.node.config import AgentConfig
 from actors.node.engine import EngineActor
 from actors.node.events import NodeEvents
 from actors.node.gateway import GatewayActor
+from actors.node.gateway_access import Access
 from actors.node.health.actor import HealthActor
 from actors.node.heartbeat.actor import HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
@@ -52,6 +53,7 @@ class NodeAgent:
         self.config = config
         self.key = load_key_file(config.key_path)
         self.tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+        self.gateway_access = Access(config)
         self.sequence = SequenceStore(Path(config.state_dir))
         self.metrics = AgentMetrics()
         self.metrics.identify(config.node_id, config.cluster)
@@ -79,7 +81,7 @@ class NodeAgent:
             WorkloadsActor(self.config, bus, events),
             self.commands,
             SpotActor(self.config, bus, events),
-            GatewayActor(self.config, bus, events),
+            GatewayActor(self.config, bus, events, self.gateway_access),
             SchedulerActor(self.config, bus, events),
             standing,
         ]

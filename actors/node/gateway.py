@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +38,7 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gateway_access import Access, Refusal
 from actors.node.gateway_autostart import Autostart
+from actors.node.gateway_lanes import Lane, matching, served_as
 from actors.node.gateway_upstream import pass_through
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
@@ -71,40 +71,24 @@ class _Body(msgspec.Struct):
     model: str = ""
 
 
-@dataclass
-class Lane:
-    """One workload as the gateway uses it: its slots, and the requests holding or
-    waiting for one."""
-
-    workload: Workload
-    slots: asyncio.Semaphore
-    in_flight: int = 0
-    waiting: int = 0
-
-    @property
-    def load(self) -> int:
-        return self.in_flight + self.waiting
-
-
-def served_as(workload: Workload) -> str:
-    """The model id a workload is listed and addressed by: its model, else its name."""
-    return workload.model or workload.name
-
-
 class GatewayActor:
     """Subscribes to fleet.evt.<node>.*; publishes Gateway on fleet.evt.<node>.gateway and
     serves the OpenAI-compatible API on gateway_host:gateway_port."""
 
     name = "gateway"
 
-    def __init__(self, config: AgentConfig, bus: Bus, events: NodeEvents) -> None:
+    def __init__(
+        self, config: AgentConfig, bus: Bus, events: NodeEvents, access: Access | None = None
+    ) -> None:
         self.config = config
         self.bus = bus
         self.events = events
         self.metrics = events.metrics.gateway
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_GATEWAY)
-        self.access = Access(config)
+        self.access = access or Access(config)
+        """TLS and client checks (built by the agent before it connects, so a bad file is
+        a one-line error at start)."""
         self.autostart = Autostart(config, bus, events) if config.gateway_autostart else None
         self._lanes_changed = asyncio.Event()
         self.lanes: dict[str, Lane] = {}
@@ -229,14 +213,7 @@ class GatewayActor:
         return min(room, key=lambda lane: (lane.load, -self._free(lane.workload)))
 
     def _matching(self, model: str) -> list[Lane]:
-        """Lanes serving ``model``: by their model, its file name or stem, or their name."""
-        found = []
-        for lane in self.lanes.values():
-            served = served_as(lane.workload)
-            path = Path(served)
-            if model in (served, lane.workload.name, path.name, path.stem):
-                found.append(lane)
-        return found
+        return matching(self.lanes.values(), model)
 
     async def _autostarted(self, model: str, autostart: Autostart) -> None:
         """Have a server for ``model`` started if nothing serves it and model_dir holds it,
