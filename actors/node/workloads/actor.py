@@ -143,6 +143,9 @@ class WorkloadsActor:
         await self.result(
             order.command_id, "accepted", f"deploy {action.name}", order.command_digest
         )
+        for displaced in admission.displaced:
+            # Taken at once: a second deploy meanwhile must not switch it out again.
+            displaced.state = "stopping"
         old = self.running.pop(action.name, None)
         if old is not None and old.task is not None and old not in admission.displaced:
             old.task.cancel()
