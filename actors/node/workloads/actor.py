@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +49,6 @@ log = logging.getLogger(__name__)
 POLL = 0.25
 """Seconds between two looks at a workload's process (and, while starting, its endpoints)."""
 HTTP_TIMEOUT = 2.0
-KILL_WAIT = 5.0
-"""Seconds to wait for a SIGKILLed group to be gone."""
 LISTEN_CHECK_EVERY = 8
 """Looks at a running workload (POLL apart) between two checks of where it listens."""
 
@@ -417,24 +414,7 @@ class WorkloadsActor:
         return left
 
     async def _kill(self, pgid: int) -> list[int]:
-        """SIGTERM the group, SIGKILL it after the grace period; the pids still alive."""
-        if pgid <= 0:
-            return []
-        processes.signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.config.workload_stop_grace
-        while processes.group_pids(pgid) and time.monotonic() < deadline:
-            processes.reap(pgid)
-            await asyncio.sleep(POLL)
-        left = processes.group_pids(pgid)
-        if left:
-            log.warning("workload ignored SIGTERM; SIGKILL", extra={"pgid": pgid, "pids": left})
-            processes.signal_group(pgid, signal.SIGKILL)
-            deadline = time.monotonic() + KILL_WAIT
-            while left and time.monotonic() < deadline:
-                processes.reap(pgid)
-                await asyncio.sleep(POLL / 5)
-                left = processes.group_pids(pgid)
-        return left
+        return await processes.end_group(pgid, self.config.workload_stop_grace)
 
     # Reporting -------------------------------------------------------------------------
 

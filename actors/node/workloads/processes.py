@@ -10,7 +10,9 @@ reused). Its log is rotated by copy-and-truncate, which the child, writing with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -20,6 +22,12 @@ from pathlib import Path
 
 import psutil
 
+log = logging.getLogger(__name__)
+
+GROUP_POLL = 0.25
+"""Seconds between two looks at a stopping group."""
+KILL_WAIT = 5.0
+"""Seconds to wait for a SIGKILLed group to be gone."""
 TAIL_CHARS = 600
 """Characters of a workload's log quoted in a failure result (a result's detail is 1024)."""
 
@@ -107,6 +115,27 @@ def group_pids(pgid: int) -> list[int]:
         except (OSError, psutil.Error):
             continue
     return pids
+
+
+async def end_group(pgid: int, grace: float) -> list[int]:
+    """SIGTERM the group, SIGKILL it after ``grace`` seconds; the pids still alive."""
+    if pgid <= 0:
+        return []
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while group_pids(pgid) and time.monotonic() < deadline:
+        reap(pgid)
+        await asyncio.sleep(GROUP_POLL)
+    left = group_pids(pgid)
+    if left:
+        log.warning("workload ignored SIGTERM; SIGKILL", extra={"pgid": pgid, "pids": left})
+        signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT
+        while left and time.monotonic() < deadline:
+            reap(pgid)
+            await asyncio.sleep(GROUP_POLL / 5)
+            left = group_pids(pgid)
+    return left
 
 
 def signal_group(pgid: int, signum: signal.Signals) -> None:
