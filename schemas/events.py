@@ -397,6 +397,8 @@ class Workload(Wire, frozen=True, kw_only=True):
     """Requests the node's gateway lets wait for it beyond those in flight."""
     container: Name = ""
     """The podman container's id, for a workload deployed with an image."""
+    placed: bool = False
+    """Deployed by fleet placement (``Deploy.placed``): a drain waits until it is stopped."""
 
 
 class Workloads(Wire, frozen=True, kw_only=True):

@@ -66,6 +66,8 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     reason: Name = ""
     container: Name = ""
     """The podman container's id, for a workload deployed with an image."""
+    placed: bool = False
+    """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
 
 AGENT_VERSION = "0.1.0"

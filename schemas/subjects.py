@@ -30,6 +30,8 @@ BUCKET_MAINTENANCE: Final = "fleet_maintenance"
 """Maintenance windows in force (``MaintenanceWindow``), key = window id."""
 BUCKET_POLICY: Final = "fleet_policy"
 """The remediation policy's record per cluster (``PolicyRecord``), key = cluster."""
+BUCKET_WORKLOADS: Final = "fleet_workloads"
+"""Workloads placed by the fleet (``PlacedWorkload``), key = the workload's name."""
 MAX_PARTITIONS: Final = 256
 """FLEET_HB is split into at most this many partitions (see :func:`partition_of`)."""
 _FNV_OFFSET: Final = 0x811C9DC5

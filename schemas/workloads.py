@@ -62,6 +62,10 @@ class Deploy(Wire, frozen=True, kw_only=True, tag="deploy", tag_field="kind"):
     image: Text = ""
     """Run the workload in this container image (podman) instead of on the host: the
     engine's server command (or, for ``process``, ``args``) inside it."""
+    placed: bool = False
+    """Sent by fleet placement (``fleetctl deploy`` without a node, or the workload
+    reconciler): the fleet moves this workload when the node drains, so a drain waits
+    (within its deadline) until it has been stopped here."""
 
 
 class Stop(Wire, frozen=True, kw_only=True, tag="stop", tag_field="kind"):

@@ -1,7 +1,7 @@
 """The provider side's actors as one process runs them (``fleetctl aggregator`` and
 ``fleetctl up``): the aggregator, the signed-request services beside it, its HTTP API
-and, when configured, the Alertmanager forwarder and the remediation policy, under one
-supervisor."""
+and, when configured, the Alertmanager forwarder, the remediation policy and the workload
+reconciler, under one supervisor."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from actors.fleet.forget_service import ForgetActor
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.placement.actor import ReconcilerActor
+from actors.fleet.placement.reconcile import Timing
 from actors.fleet.remediation.actor import RemediationActor
 from actors.fleet.remediation.policy import PolicyConfig
 from actors.runtime.bus import Bus
@@ -44,6 +46,13 @@ class ProviderActors:
         ]
         if policy is not None:
             actors.append(RemediationActor(policy, bus, config.prefix, metrics))
+        if config.workloads_key_file:
+            timing = Timing(grace=config.workloads_grace, handoff=config.workloads_handoff)
+            actors.append(
+                ReconcilerActor(
+                    bus, config.prefix, config.workloads_key_file, config.workloads_interval, timing
+                )
+            )
         self.http: FleetApiActor | None = None
         if config.http_port >= 0:
             # /healthz asks the supervisor, made below, once serving; /nodes answers from

@@ -193,3 +193,16 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     policy_file: str = ""
     """The remediation policy (TOML, docs/remediation.md) this aggregator runs; empty:
     none. Every aggregator may run it: they share its breaker through KV."""
+    workloads_key_file: str = ""
+    """The operator key (nkey seed file) this aggregator's workload reconciler signs its
+    deploys and stops with (nodes must trust its public key); empty: it does not keep
+    placed workloads (``fleetctl deploy`` without a node) running. Every aggregator may
+    run it: they share each workload's record by compare-and-set."""
+    workloads_interval: Positive = 5.0
+    """Seconds between two reconciler rounds."""
+    workloads_grace: Positive = 60.0
+    """Seconds a node may be stale, offline or deregistered (and a deploy unreported by
+    its node) before its replica is placed elsewhere."""
+    workloads_handoff: Positive = 120.0
+    """Seconds a draining node's copy of a replica waits for its replacement to be ready
+    before it is stopped anyway."""

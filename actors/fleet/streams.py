@@ -36,6 +36,7 @@ from schemas.subjects import (
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
     BUCKET_TRUST,
+    BUCKET_WORKLOADS,
     STREAM_ALERTS,
     STREAM_COMMANDS,
     STREAM_EVENTS,
@@ -80,6 +81,8 @@ MAINTENANCE_KEEP = 31 * DAY
 days (:data:`actors.fleet.maintenance.MAX_WINDOW`)."""
 MAX_MAINTENANCE_SIZE = 64 * KIB
 """A window naming its 1,000 nodes fits."""
+MAX_PLACED_SIZE = 128 * KIB
+"""A placed workload's record: 64 replicas with their reasons and avoided nodes fit."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
@@ -260,6 +263,17 @@ def bucket_configs(
             max_bytes=MIB_LEASES,
             max_value_size=MAX_MAINTENANCE_SIZE,
             ttl=MAINTENANCE_KEEP,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_WORKLOADS),
+            description="workloads placed by the fleet: desired replicas and where they run",
+            history=1,
+            direct=True,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            # Fixed like fleet_maintenance: a record is 1-5 KB (hundreds of workloads fit).
+            max_bytes=MIB_LEASES,
+            max_value_size=MAX_PLACED_SIZE,
         ),
     ]
 

@@ -67,6 +67,8 @@ class ActionRunner:
         self.finished = asyncio.Event()
         """Set once the node has deregistered: the agent's work is over."""
         self.in_flight = 0
+        self.placed = 0
+        """Workloads placed by the fleet still here: a drain waits for the fleet to move them."""
         self.scheduler: Scheduler | None = None
         """The scheduler actor's latest word: whether Slurm is this node's scheduler."""
         self._engine_changed = asyncio.Event()
@@ -86,6 +88,11 @@ class ActionRunner:
     def observe_in_flight(self, in_flight: int) -> None:
         """The engines' in-flight request count changed (a drain waits for it to reach 0)."""
         self.in_flight = in_flight
+        self._engine_changed.set()
+
+    def observe_placed(self, placed: int) -> None:
+        """The count of fleet-placed workloads on the node changed (a drain waits for 0)."""
+        self.placed = placed
         self._engine_changed.set()
 
     def observe_scheduler(self, scheduler: Scheduler) -> None:
@@ -314,15 +321,18 @@ class ActionRunner:
         self.store.deregister = deregister
         if self.store.state.schedulability != "drained" or resumed:
             await self._set_state("draining", command_id, reason)
-        reported: tuple[int, int | None] = (-1, None)
+        reported: tuple[int, int, int | None] = (-1, -1, None)
         reported_at = 0.0
         jobs = await self._slurm_jobs()
-        while (self.in_flight > 0 or (jobs or 0) > 0) and time.time() < deadline:
+        while (self.in_flight or self.placed or jobs) and time.time() < deadline:
             now = time.time()
-            if reported != (self.in_flight, jobs) or now - reported_at >= PROGRESS_EVERY:
-                reported, reported_at = (self.in_flight, jobs), now
+            counts = (self.in_flight, self.placed, jobs)
+            if reported != counts or now - reported_at >= PROGRESS_EVERY:
+                reported, reported_at = counts, now
                 left = deadline - now
                 running = "" if jobs is None else f", {jobs} Slurm jobs running"
+                if self.placed:
+                    running += f", {self.placed} placed workloads to move"
                 await self.result(
                     command_id,
                     "in_progress",
@@ -339,6 +349,8 @@ class ActionRunner:
                 polled = await self._slurm_jobs()
                 jobs = jobs if polled is None else polled
         left_over = self.in_flight
+        if self.placed:
+            notes += f"; {self.placed} placed workloads not moved by the deadline"
         notes += await self._hook("drained", command_id, reason, deadline)
         self.store.drain_deadline = None
         await self._set_state("drained", command_id, reason)

@@ -36,7 +36,16 @@ from actors.runtime.bus import DEFAULT_JS_API_PREFIX, Bus, listening
 from actors.runtime.consumer import DurableConsumer, consume_forever, pull_config
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Engine, Event, Gateway, Health, Interruption, Scheduler, notice_key
+from schemas.events import (
+    Engine,
+    Event,
+    Gateway,
+    Health,
+    Interruption,
+    Scheduler,
+    Workloads,
+    notice_key,
+)
 from schemas.messages import Command, Cordon, Deregister, Heartbeat, command_digest
 from schemas.signing import HEADER_KEY
 from schemas.subjects import (
@@ -275,6 +284,11 @@ class CommandsActor:
                 await self._on_interruption(event)
             case Scheduler():
                 self.actions.observe_scheduler(event)
+            case Workloads():
+                # The fleet moves placed workloads off a draining node: the drain waits
+                # for them to be stopped here.
+                placed = [w for w in event.workloads if w.placed and w.state != "stopped"]
+                self.actions.observe_placed(len(placed))
 
     async def _on_interruption(self, notice: Interruption) -> None:
         """A termination notice drains before its deadline and deregisters; a rebalance

@@ -67,6 +67,7 @@ def summarise(event: Workloads) -> list[WorkloadSummary]:
             restarts=workload.restarts,
             reason=workload.reason[:128],
             container=workload.container[:128],
+            placed=workload.placed,
         )
         for workload in event.workloads[:MAX_HEARTBEAT_WORKLOADS]
     ]

@@ -50,4 +50,5 @@ class Running:
             reason=self.reason[:1024],
             max_pending=self.deploy.max_pending,
             container=self.container,
+            placed=self.deploy.placed,
         )

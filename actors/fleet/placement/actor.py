@@ -1,0 +1,93 @@
+"""Workload reconciler actor: keeps every workload of ``fleet_workloads`` running.
+
+Every ``interval`` it reads the nodes' records and every placed workload with its
+revision, decides for each (:func:`actors.fleet.placement.reconcile.decide`), writes the
+new record by compare-and-set and only then sends the deploys and stops, signed with its
+operator key (``workloads_key_file``: the nodes must trust that key). A write that loses
+(another aggregator's reconciler, or ``fleetctl``, wrote first) sends nothing; the next
+round decides again from what the winner wrote. So any number of aggregators may run it,
+and each replica is moved once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+
+from actors.fleet import registry
+from actors.fleet.placement import store
+from actors.fleet.placement.choose import taken_by
+from actors.fleet.placement.reconcile import Timing, decide
+from actors.runtime.bus import Bus
+from actors.runtime.schedule import jittered
+from schemas import codec
+from schemas.errors import FleetError
+from schemas.signing import load_key_file
+from schemas.subjects import BUCKET_WORKLOADS, Subjects
+
+log = logging.getLogger(__name__)
+
+
+class ReconcilerActor:
+    """Reads fleet_nodes and fleet_workloads; writes fleet_workloads; sends signed Deploy
+    and Stop commands."""
+
+    name = "reconciler"
+
+    def __init__(
+        self,
+        bus: Bus,
+        prefix: str,
+        key_file: str,
+        interval: float = 5.0,
+        timing: Timing | None = None,
+    ) -> None:
+        self.bus = bus
+        self.subjects = Subjects(prefix)
+        self.key = load_key_file(Path(key_file))
+        self.interval = interval
+        self.timing = timing or Timing()
+        self.rounds = 0
+        self.sent = 0
+        """Commands this reconciler sent after winning the write (deploys and stops)."""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
+        ready()
+        while True:
+            try:
+                await self.round()
+            except (nats.errors.Error, TimeoutError, FleetError) as exc:
+                log.warning("reconciler round failed", extra={"reason": str(exc)})
+            await asyncio.sleep(jittered(self.interval))
+
+    async def round(self) -> None:
+        """Decide once for every placed workload."""
+        placed = await store.read_all(self.bus, self.subjects)
+        if not placed:
+            self.rounds += 1
+            return
+        records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
+        taken = taken_by(workload for workload, _ in placed.values())
+        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
+        now = time.time()
+        for name, (workload, revision) in placed.items():
+            decision = decide(workload, records, taken, now, self.timing, self.key.public_key)
+            if decision.workload == workload:
+                continue
+            try:
+                await bucket.update(name, codec.encode(decision.workload), last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                log.info("another writer changed the workload first", extra={"workload": name})
+                continue
+            for note in decision.notes:
+                log.warning("workload reconciled", extra={"workload": name, "decision": note})
+            await store.send(self.bus, self.subjects, self.key, decision.orders)
+            self.sent += len(decision.orders)
+        self.rounds += 1

@@ -1,0 +1,235 @@
+"""The reconciler's decisions for one placed workload: a pure function of its record, the
+nodes' records and the time.
+
+- A replica whose node is stale, offline, deregistered or gone for ``grace`` seconds is
+  placed elsewhere; its copy there is stopped if the node comes back.
+- A replica whose node drains is placed elsewhere at once, and its copy on the draining
+  node stopped once the new one is ready (or ``handoff`` seconds passed): the node's
+  drain waits for that stop, so the work moves before the drain finishes.
+- A replica that crash-loops or failed on its node, or that its node does not report
+  ``grace`` seconds after the deploy (refused, or stopped by hand), is stopped there and
+  tried on another node, never that one again.
+- A pending replica (no node fitted) is placed as soon as one fits.
+
+Nothing here sends anything: the caller writes the new record by compare-and-set and only
+then sends the orders, so of two reconcilers deciding at once only one moves a replica.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+
+from actors.fleet.placement.choose import Choice, Taken, choose, clip
+from actors.fleet.placement.store import Order
+from schemas.events import WorkloadState
+from schemas.messages import NodeRecord, WorkloadSummary
+from schemas.placement import MAX_AVOID, MAX_LEFTOVERS, Leftover, PlacedWorkload, Replica
+from schemas.workloads import Stop
+
+LOST_STATES = frozenset({"stale", "offline"})
+FAILED_STATES: frozenset[WorkloadState] = frozenset({"crashloop", "failed"})
+LEFTOVER_KEEP = 86_400.0
+"""A copy on a node that never reports again is forgotten after a day."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    grace: float = 60.0
+    """Seconds a node may be lost (or a deploy unreported) before its replica moves."""
+    handoff: float = 120.0
+    """Seconds a draining node's copy waits for its replacement to be ready."""
+    restop: float = 60.0
+    """A copy still listed this long after its Stop gets another."""
+
+
+@dataclass
+class Decision:
+    workload: PlacedWorkload
+    orders: list[Order] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def listed(record: NodeRecord | None, name: str) -> WorkloadSummary | None:
+    """The workload named ``name`` in the node's last heartbeat."""
+    beat = record.heartbeat if record is not None else None
+    if beat is None:
+        return None
+    return next((w for w in beat.workloads if w.name == name), None)
+
+
+def trouble(
+    workload: PlacedWorkload, replica: Replica, record: NodeRecord | None, now: float, t: Timing
+) -> tuple[str, bool, bool] | None:
+    """Why ``replica`` must leave its node now: (reason, failed there, draining); None
+    while it stays."""
+    if record is None:
+        return "its node's record is gone", False, False
+    if record.deregistered:
+        since = record.deregistered_at or record.last_seen
+        return ("its node deregistered", False, False) if now - since >= t.grace else None
+    if record.state in LOST_STATES:
+        since = record.stale_since or record.last_seen
+        if now - since < t.grace:
+            return None
+        return f"its node is {record.state} since {now - since:.0f}s", False, False
+    beat = record.heartbeat
+    if beat is None:
+        return None
+    if beat.schedulability in ("draining", "drained"):
+        return f"its node is {beat.schedulability}", False, True
+    running = listed(record, workload.name)
+    if running is not None and running.state in FAILED_STATES:
+        return f"{running.state} there: {running.reason}", True, False
+    deployed = replica.deployed_at or 0.0
+    if (running is None or running.state == "stopped") and now - deployed >= t.grace:
+        if beat.ts > deployed:
+            return "its node does not run it (deploy refused, or stopped by hand)", True, False
+    return None
+
+
+def deploy_order(workload: PlacedWorkload, choice: Choice, command_id: str, why: str) -> Order:
+    action = msgspec.structs.replace(workload.deploy, gpus=choice.gpus, placed=True)
+    return Order(choice.node, choice.cluster, action, command_id, why)
+
+
+def decide(
+    workload: PlacedWorkload,
+    records: dict[str, NodeRecord],
+    taken: Taken,
+    now: float,
+    t: Timing,
+    by: str,
+) -> Decision:
+    """The next record of ``workload`` and the commands to send once it is written.
+    ``taken`` (every placed workload's GPUs) is updated with what this decision places."""
+    batch = uuid.uuid4().hex[:16]
+    decision = Decision(workload)
+    replicas = list(workload.replicas)
+    leftovers = list(workload.leftovers)
+    for position, replica in enumerate(replicas):
+        current = msgspec.structs.replace(workload, replicas=replicas)
+        command_id = f"{workload.name}-{replica.index}-{batch}"
+        if not replica.node:
+            found = choose(current, records, taken, replica.avoid)
+            if isinstance(found, str):
+                replicas[position] = msgspec.structs.replace(replica, why=found)
+                continue
+            taken.add(found.node, found.gpus)
+            replicas[position] = msgspec.structs.replace(
+                replica,
+                node=found.node,
+                cluster=found.cluster,
+                gpus=found.gpus,
+                deployed_at=now,
+                command_id=command_id,
+                why=found.why,
+            )
+            decision.orders.append(deploy_order(workload, found, command_id, "placed"))
+            decision.notes.append(f"replica {replica.index} placed on {found.node}")
+            continue
+        problem = trouble(workload, replica, records.get(replica.node), now, t)
+        if problem is None:
+            continue
+        reason, failed_here, draining = problem
+        avoid = list(replica.avoid)
+        if failed_here and replica.node not in avoid:
+            avoid = [*avoid, replica.node][-MAX_AVOID:]
+        found = choose(current, records, taken, avoid)
+        if isinstance(found, str) and draining:
+            why = clip(f"cannot leave {replica.node} ({reason}): {found}")
+            replicas[position] = msgspec.structs.replace(replica, why=why)
+            continue
+        leftovers = [lo for lo in leftovers if lo.node != replica.node][-(MAX_LEFTOVERS - 1) :]
+        leftovers.append(
+            Leftover(
+                node=replica.node,
+                cluster=replica.cluster,
+                index=replica.index,
+                since=now,
+                stop_by=now + t.handoff if draining and not isinstance(found, str) else now,
+                reason=clip(reason),
+            )
+        )
+        moved = f"moved off {replica.node}: {reason}"
+        if isinstance(found, str):
+            replicas[position] = Replica(
+                index=replica.index,
+                moves=replica.moves + 1,
+                avoid=avoid,
+                why=clip(f"{moved}; {found}"),
+            )
+            decision.notes.append(f"replica {replica.index} left {replica.node}; no node fits")
+            continue
+        taken.add(found.node, found.gpus)
+        replicas[position] = Replica(
+            index=replica.index,
+            node=found.node,
+            cluster=found.cluster,
+            gpus=found.gpus,
+            deployed_at=now,
+            command_id=command_id,
+            why=clip(f"{moved}; {found.why}"),
+            moves=replica.moves + 1,
+            avoid=avoid,
+        )
+        decision.orders.append(deploy_order(workload, found, command_id, moved))
+        decision.notes.append(f"replica {replica.index} moved from {replica.node} to {found.node}")
+    leftovers = stops(workload, replicas, leftovers, records, now, t, batch, decision)
+    decision.workload = msgspec.structs.replace(workload, replicas=replicas, leftovers=leftovers)
+    if decision.workload != workload:
+        decision.workload = msgspec.structs.replace(
+            decision.workload, updated_at=now, updated_by=by
+        )
+    return decision
+
+
+def stops(
+    workload: PlacedWorkload,
+    replicas: list[Replica],
+    leftovers: list[Leftover],
+    records: dict[str, NodeRecord],
+    now: float,
+    t: Timing,
+    batch: str,
+    decision: Decision,
+) -> list[Leftover]:
+    """The leftovers still to watch; a Stop ordered for each that is due."""
+    kept = []
+    placed_on = {replica.node for replica in replicas if replica.node}
+    for leftover in leftovers:
+        record = records.get(leftover.node)
+        if record is None or record.deregistered or now - leftover.since > LEFTOVER_KEEP:
+            continue
+        if leftover.node in placed_on:
+            continue  # a replica runs there again: never stop it
+        beat = record.heartbeat
+        if record.state in LOST_STATES or beat is None or beat.ts <= leftover.since:
+            kept.append(leftover)
+            continue
+        running = listed(record, workload.name)
+        if running is None:
+            continue  # gone from the node: done
+        replacement = next((r for r in replicas if r.index == leftover.index), None)
+        ready = replacement is not None and replacement.node != ""
+        if ready and replacement is not None:
+            there = listed(records.get(replacement.node), workload.name)
+            ready = there is not None and there.state == "ready"
+        due = now >= leftover.stop_by or ready or running.state in FAILED_STATES
+        resend = leftover.stopped_at is None or now - leftover.stopped_at >= t.restop
+        if due and resend:
+            decision.orders.append(
+                Order(
+                    leftover.node,
+                    leftover.cluster,
+                    Stop(name=workload.name),
+                    f"{workload.name}-{leftover.index}-stop-{batch}",
+                    f"replica {leftover.index} moved: {leftover.reason}",
+                )
+            )
+            decision.notes.append(f"stop replica {leftover.index}'s old copy on {leftover.node}")
+            leftover = msgspec.structs.replace(leftover, stopped_at=now)
+        kept.append(leftover)
+    return kept
