@@ -23,6 +23,7 @@ from actors.cli import (
     dashboard_cli,
     enroll_cli,
     maintenance_cli,
+    placement_cli,
     policy_cli,
     rolling,
     send,
@@ -776,6 +777,7 @@ def parser() -> argparse.ArgumentParser:
     send.add_command_parsers(commands)
     workloads.add_workload_parsers(commands, duration)
     rolling.add_rolling(commands)
+    placement_cli.add_parsers(commands)
     enroll_cli.add_parsers(commands)
     maintenance_cli.add_parsers(commands)
     policy_cli.add_parsers(commands)

@@ -12,16 +12,29 @@ from collections.abc import Callable
 
 import msgspec
 
-from actors.cli import send, views
+from actors.cli import placement_cli, send, views
 from actors.cli.common import add_server, connected, token
 from actors.fleet import registry
 from schemas.messages import Action, NodeRecord
+from schemas.placement import PlacedWorkload
 from schemas.subjects import Subjects
 from schemas.workloads import Deploy, Stop
 
 ENGINES = ["llamacpp", "vllm", "sglang", "process"]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-COLUMNS = ("NODE", "NAME", "ENGINE", "STATE", "GPUS", "PORT", "RESTARTS", "SINCE", "MODEL")
+COLUMNS = (
+    "NODE",
+    "NAME",
+    "ENGINE",
+    "STATE",
+    "GPUS",
+    "PORT",
+    "RESTARTS",
+    "REPLICA",
+    "ENDPOINT",
+    "SINCE",
+    "MODEL",
+)
 
 
 def gpu_list(text: str) -> list[int]:
@@ -95,44 +108,98 @@ async def cmd_workloads(args: argparse.Namespace) -> int:
             records = [await registry.read_record(bus, subjects, args.node)]
         else:
             records = await registry.read_records(bus, subjects)
-    sys.stdout.write(workloads_output(records, args.json))
+        placed = await placement_cli.read_placed(bus, subjects)
+    if args.node:
+        placed = [
+            msgspec.structs.replace(w, replicas=[r for r in w.replicas if r.node == args.node])
+            for w in placed
+        ]
+    sys.stdout.write(workloads_output(records, args.json, placed, args.why))
     return 0
 
 
-def workloads_output(records: list[NodeRecord], as_json: bool) -> str:
-    """The workloads of each node's last heartbeat, as a table or one JSON list."""
+def endpoint(record: NodeRecord, port: int) -> str:
+    """Where a client reaches the workload: the node's advertised gateway URL when its
+    heartbeat has one (``Heartbeat.endpoint``, from agents with an outside gateway), else
+    its port on the node's loopback."""
+    advertised = getattr(record.heartbeat, "endpoint", "") if record.heartbeat else ""
+    return str(advertised) or f"127.0.0.1:{port}"
+
+
+def workloads_output(
+    records: list[NodeRecord],
+    as_json: bool,
+    placed: list[PlacedWorkload] | None = None,
+    why: bool = False,
+) -> str:
+    """The workloads of each node's last heartbeat, and the placed replicas no node
+    reports yet (pending or deploying), as a table or one JSON list."""
+    placed = placed or []
     rows = [
-        (record.node_id, workload)
+        (record, workload, placement_cli.placement_of(placed, record.node_id, workload.name))
         for record in sorted(records, key=lambda r: r.node_id)
         if record.heartbeat is not None
         for workload in record.heartbeat.workloads
     ]
+    waiting = placement_cli.unplaced(placed, records)
     if as_json:
-        items = [{"node": node, **msgspec.to_builtins(workload)} for node, workload in rows]
+        items = [
+            {
+                "node": record.node_id,
+                **msgspec.to_builtins(workload),
+                "endpoint": endpoint(record, workload.port),
+                **({"replica": msgspec.to_builtins(replica)} if replica is not None else {}),
+            }
+            for record, workload, replica in rows
+        ]
+        items += [
+            {
+                "node": replica.node,
+                "name": name,
+                "state": "deploying" if replica.node else "pending",
+                "gpus": replica.gpus,
+                "replica": msgspec.to_builtins(replica),
+            }
+            for name, replica in waiting
+        ]
         return msgspec.json.encode(items).decode() + "\n"
-    if not rows:
+    if not rows and not waiting:
         return "no workloads\n"
     now = time.time()
-    table = [COLUMNS] + [
-        (
-            node,
-            w.name,
-            w.engine,
-            w.state + (f" ({w.reason})" if w.reason and w.state != "ready" else ""),
-            ",".join(str(g) for g in w.gpus) or "-",
-            str(w.port),
-            str(w.restarts),
-            views.age(now - w.since),
-            w.model or "-",
+    table: list[tuple[str, ...]] = [COLUMNS]
+    notes: list[str | None] = [None]
+    for record, w, replica in rows:
+        table.append(
+            (
+                record.node_id,
+                w.name,
+                w.engine,
+                w.state + (f" ({w.reason})" if w.reason and w.state != "ready" else ""),
+                ",".join(str(g) for g in w.gpus) or "-",
+                str(w.port),
+                str(w.restarts),
+                str(replica.index) if replica is not None else "-",
+                endpoint(record, w.port),
+                views.age(now - w.since),
+                w.model or "-",
+            )
         )
-        for node, w in rows
-    ]
+        notes.append(replica.why if why and replica is not None else None)
+    for name, replica in waiting:
+        state = "deploying" if replica.node else "pending"
+        gpus = ",".join(str(g) for g in replica.gpus) or "-"
+        since = views.age(now - replica.deployed_at) if replica.deployed_at else "-"
+        node = replica.node or "-"
+        table.append((node, name, "-", state, gpus, "-", "-", str(replica.index), "-", since, "-"))
+        notes.append(replica.why if why or not replica.node else None)
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    return "".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        + "\n"
-        for row in table
-    )
+    lines = []
+    for row, note in zip(table, notes, strict=True):
+        cells = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        lines.append(views.printable(cells.rstrip()) + "\n")
+        if note:
+            lines.append(views.printable(f"    why: {note}") + "\n")
+    return "".join(lines)
 
 
 def add_workload_parsers(
@@ -144,7 +211,11 @@ def add_workload_parsers(
         "deploy",
         help="start an inference engine (or an allowed process) on a node's GPUs",
         description="Start a workload bound to 127.0.0.1 on the node, pinned to its GPUs "
-        "with CUDA_VISIBLE_DEVICES. " + send.EXIT_STATUSES,
+        "with CUDA_VISIBLE_DEVICES. Without a node (and without -l, or with --replicas) the "
+        "fleet places it: it chooses --replicas schedulable, healthy nodes with --gpus free "
+        "GPUs (and -l labels, --cluster), records the workload in fleet_workloads and sends "
+        "the deploys; aggregators run with --workloads-key-file keep it running "
+        "(fleetctl workloads --why, fleetctl undeploy). " + send.EXIT_STATUSES,
     )
     deploy.add_argument(
         "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
@@ -152,7 +223,11 @@ def add_workload_parsers(
     deploy.add_argument("name", type=workload_name, help="the workload's name on that node")
     deploy.add_argument("--engine", choices=ENGINES, required=True, help="launch template")
     deploy.add_argument(
-        "--gpus", type=gpu_list, default=[], help="GPU indices, e.g. 0,1 (default: none)"
+        "--gpus",
+        type=gpu_list,
+        default=[],
+        help="GPU indices, e.g. 0,1 (default: none); without a node: how many GPUs each "
+        "replica needs, e.g. 2",
     )
     deploy.add_argument("--model", default="", help="model path or name the engine serves")
     deploy.add_argument(
@@ -207,7 +282,11 @@ def add_workload_parsers(
         sub.set_defaults(func=send.cmd_send, build_action=build)
 
     listing = commands.add_parser(
-        "workloads", help="the workloads each node's last heartbeat reported"
+        "workloads",
+        help="the workloads each node's last heartbeat reported, and the placed replicas",
+        description="Every workload the nodes report (REPLICA: the replica of a workload the "
+        "fleet placed), then the placed replicas no node reports yet (pending: no node "
+        "fits; deploying: sent, not reported yet).",
     )
     listing.add_argument("node", nargs="?", type=token("node id"), help="only this node")
     listing.add_argument("--json", action="store_true", help="one JSON list")
