@@ -1,0 +1,230 @@
+"""Placed workloads against real servers: ``fleetctl deploy`` without a node on fake-GPU
+agents running the llama.cpp stand-in, and workload reconcilers moving replicas off a
+node that stops, and off a node that drains before its drain finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+
+from actors.fleet.placement import store
+from actors.fleet.placement.actor import ReconcilerActor
+from actors.fleet.placement.reconcile import Timing
+from actors.node.agent import NodeAgent
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas import codec, signing
+from schemas.events import Inject
+from schemas.messages import Command, Cordon, Drain, NodeRecord
+from schemas.placement import PlacedWorkload
+from schemas.subjects import EVENT_INJECT, Subjects
+from schemas.workloads import Deploy
+from tests.cli.test_fleetctl_commands import finish, fleetctl
+from tests.cli.test_workloads_cli import workloads
+from tests.support.commanding import Results, send
+from tests.support.fleet import Fleet, wait_record
+from tests.support.workloads import killing_leftovers, standin_script
+
+pytestmark = pytest.mark.slow
+
+DEPLOY = (
+    "--engine",
+    "llamacpp",
+    "--model",
+    "/models/m.gguf",
+    "--gpus",
+    "1",
+    "--ready-timeout",
+    "30s",
+)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans() -> Iterator[None]:
+    with killing_leftovers():
+        yield
+
+
+class Keys:
+    def __init__(self, tmp_path: Path) -> None:
+        self.operator_file = tmp_path / "operator.nk"
+        self.operator = signing.create_key_file(self.operator_file)
+        self.reconciler_file = tmp_path / "reconciler.nk"
+        self.reconciler = signing.create_key_file(self.reconciler_file)
+
+
+async def start_nodes(
+    fleet: Fleet, keys: Keys, tmp_path: Path, *names: str
+) -> dict[str, NodeAgent]:
+    """Agents trusting both keys, with the stand-in as llama-server, each active."""
+    script = standin_script(tmp_path / "bin")
+    agents = {}
+    for name in names:
+        config = fleet.config(
+            name,
+            trust_operators=[keys.operator.public_key, keys.reconciler.public_key],
+            workload_binaries=[f"llamacpp={script}"],
+            workload_args=["llamacpp=--load-time=0.2"],
+            workload_stop_grace=2.0,
+            shutdown_drain=False,
+        )
+        agents[name] = await fleet.start_agent(config)
+    for name in names:
+        await wait_record(fleet.bus, fleet.prefix, name, lambda r: r.state == "active")
+    return agents
+
+
+async def placed(bus: NatsBus, prefix: str, name: str) -> PlacedWorkload:
+    found = await store.read_all(bus, Subjects(prefix))
+    return found[name][0]
+
+
+def running(record: NodeRecord, name: str, state: str = "ready") -> bool:
+    beat = record.heartbeat
+    return beat is not None and any(w.name == name and w.state == state for w in beat.workloads)
+
+
+async def ready_on(bus: NatsBus, prefix: str, node: str, name: str) -> NodeRecord:
+    return await wait_record(bus, prefix, node, lambda r: running(r, name), timeout=30)
+
+
+class Deploys:
+    """Every command published for the test's prefix, decoded (the stream keeps them)."""
+
+    def __init__(self) -> None:
+        self.commands: list[Command] = []
+
+    async def start(self, bus: NatsBus, prefix: str) -> Deploys:
+        await bus.subscribe(Subjects(prefix).commands(), self._on)
+        await bus.flush()
+        return self
+
+    async def _on(self, msg: Msg) -> None:
+        self.commands.append(codec.decode(msg.data, Command, msg.subject))
+
+    def deploys(self, node: str | None = None) -> list[Command]:
+        return [
+            c for c in self.commands if isinstance(c.action, Deploy) and node in (None, c.node_id)
+        ]
+
+
+def reconciler(bus: NatsBus, prefix: str, keys: Keys, **timing: Any) -> ReconcilerActor:
+    values: dict[str, Any] = {"grace": 2.0, "handoff": 20.0, "restop": 5.0, **timing}
+    return ReconcilerActor(bus, prefix, str(keys.reconciler_file), 0.3, Timing(**values))
+
+
+async def test_two_replicas_land_on_free_nodes_not_cordoned_or_unhealthy(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """A 2-replica deploy with no node named lands on the two schedulable healthy nodes
+    (each its own GPU, ready there), never on the cordoned one or the one with XID 79;
+    ``workloads --why`` says why, and a second deploy of the name is refused."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator()
+    await start_nodes(fleet, keys, tmp_path, "n1", "n2", "n3", "n4")
+    await send(bus, prefix, keys.operator, Cordon(), node="n1")
+    inject = Inject(ts=time.time(), node_id="n2", fault="xid", value=79)
+    await fleet.publish_event(EVENT_INJECT, inject, "n2")
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "unhealthy")
+    code, out, err = await finish(
+        await fleetctl(
+            nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY,
+            "--replicas", "2", "--why", "--wait",
+        )
+    )  # fmt: skip
+    assert code == 0, out + err
+    workload = await placed(bus, prefix, "chat")
+    assert sorted(r.node for r in workload.replicas) == ["n3", "n4"]
+    assert all(len(r.gpus) == 1 for r in workload.replicas)
+    for replica in workload.replicas:
+        record = await ready_on(bus, prefix, replica.node, "chat")
+        assert record.heartbeat is not None
+        [listed] = [w for w in record.heartbeat.workloads if w.name == "chat"]
+        assert listed.gpus == replica.gpus and listed.placed
+        assert "n1: cordoned" in replica.why and "n2: unhealthy" in replica.why
+    code, out, err = await workloads(nats_server, prefix, "--why")
+    assert code == 0, err
+    assert "why: n3: GPUs" in out or "why: n4: GPUs" in out
+    code, _, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY)
+    )
+    assert code == 1 and "placed already" in err
+
+
+async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """The node of one replica stops beating: after it goes stale and the grace passes,
+    the replica is deployed on the spare node exactly once though two reconcilers run,
+    and is ready there."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator()
+    agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2", "n3")
+    deploys = await Deploys().start(bus, prefix)
+    code, out, err = await finish(
+        await fleetctl(
+            nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY,
+            "--replicas", "2", "--wait",
+        )
+    )  # fmt: skip
+    assert code == 0, out + err
+    first = await placed(bus, prefix, "chat")
+    nodes = {r.node for r in first.replicas}
+    [spare] = {"n1", "n2", "n3"} - nodes
+    victim = first.replicas[0].node
+    other = await fleet.connect("second-reconciler")
+    actors = [reconciler(bus, prefix, keys), reconciler(other, prefix, keys)]
+    await fleet.start_supervisor(*actors)
+    await agents[victim].stop()
+    stale = await wait_record(bus, prefix, victim, lambda r: r.state == "stale", timeout=15)
+    await ready_on(bus, prefix, spare, "chat")
+    moved_at = time.time()
+    after = await placed(bus, prefix, "chat")
+    assert {r.node for r in after.replicas} == {spare, first.replicas[1].node}
+    assert after.replicas[0].moves == 1 and f"moved off {victim}" in after.replicas[0].why
+    assert stale.stale_since is not None and moved_at - stale.stale_since < 2.0 + 15.0
+    await asyncio.sleep(1.5)  # more rounds of both reconcilers: nothing more is sent
+    assert len(deploys.deploys(spare)) == 1
+    assert len(deploys.deploys()) == 3
+    assert sum(actor.sent for actor in actors) == 1
+
+
+async def test_a_drain_moves_placed_work_before_it_finishes(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Draining the node of a placed replica: the reconciler deploys it on the other node,
+    stops the old copy once the new one is ready, and only then does the drain finish
+    (done, drained, well before its deadline)."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator()
+    await start_nodes(fleet, keys, tmp_path, "n1", "n2")
+    results = await Results().start(bus, prefix)
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
+    )
+    assert code == 0, out + err
+    [replica] = (await placed(bus, prefix, "chat")).replicas
+    source = replica.node
+    [target] = {"n1", "n2"} - {source}
+    await fleet.start_supervisor(reconciler(bus, prefix, keys))
+    drain = await send(bus, prefix, keys.operator, Drain(deadline=60.0), node=source)
+    final = await results.final(drain.id, timeout=45)
+    assert final.status == "done" and final.detail.startswith("drained"), final.detail
+    # The old copy is stopped at once when the new one is ready, or after the 20 s
+    # handoff: a drain done sooner waited for the move, not for the handoff.
+    assert final.ts - drain.issued_at < 20.0
+    moving = [r.detail for r in results.of(drain.id) if r.status == "in_progress"]
+    assert any("1 placed workloads to move" in detail for detail in moving)
+    await ready_on(bus, prefix, target, "chat")
+    source_record = await wait_record(bus, prefix, source, lambda r: r.state == "drained")
+    assert source_record.heartbeat is not None
+    assert not any(w.name == "chat" for w in source_record.heartbeat.workloads)
+    [moved] = (await placed(bus, prefix, "chat")).replicas
+    assert moved.node == target and "draining" in moved.why
