@@ -21,7 +21,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.events import Inject
-from schemas.messages import Command, Cordon, Drain, NodeRecord
+from schemas.messages import Command, Cordon, Drain, NodeRecord, Uncordon
 from schemas.placement import PlacedWorkload
 from schemas.subjects import EVENT_INJECT, Subjects
 from schemas.workloads import Deploy
@@ -70,7 +70,6 @@ async def start_nodes(
             name,
             trust_operators=[keys.operator.public_key, keys.reconciler.public_key],
             workload_binaries=[f"llamacpp={script}"],
-            workload_args=["llamacpp=--load-time=0.2"],
             workload_stop_grace=2.0,
             shutdown_drain=False,
         )
@@ -228,3 +227,47 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
     assert not any(w.name == "chat" for w in source_record.heartbeat.workloads)
     [moved] = (await placed(bus, prefix, "chat")).replicas
     assert moved.node == target and "draining" in moved.why
+
+
+async def test_a_replica_crash_looping_on_one_node_is_tried_on_another(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """A replica that crash-loops on n1 (its llama-server exits at once there) is
+    placed on n2, where it is ready, and its copy on n1 is stopped; n1 is remembered as a
+    node the replica failed on."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator()
+    broken = tmp_path / "broken" / "llama-server"
+    broken.parent.mkdir()
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    trusted = [keys.operator.public_key, keys.reconciler.public_key]
+    crashing = fleet.config(
+        "n1",
+        trust_operators=trusted,
+        workload_binaries=[f"llamacpp={broken}"],
+        workload_crash_limit=2,
+    )
+    await fleet.start_agent(crashing)
+    await start_nodes(fleet, keys, tmp_path, "n2")
+    await send(bus, prefix, keys.operator, Cordon(), node="n2")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "cordoned")
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY)
+    )
+    assert code == 0 and "replica 0: n1" in out, out + err
+    await send(bus, prefix, keys.operator, Uncordon(), node="n2")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "active")
+    await fleet.start_supervisor(reconciler(bus, prefix, keys))
+    await ready_on(bus, prefix, "n2", "chat")
+    await wait_record(
+        bus,
+        prefix,
+        "n1",
+        lambda r: (
+            r.heartbeat is not None and not any(w.name == "chat" for w in r.heartbeat.workloads)
+        ),
+        timeout=20,
+    )
+    [replica] = (await placed(bus, prefix, "chat")).replicas
+    assert replica.node == "n2" and replica.avoid == ["n1"] and "crashloop there" in replica.why
