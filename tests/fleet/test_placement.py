@@ -1,0 +1,182 @@
+"""Placement and reconciliation decisions as pure functions of records: which GPUs are
+free, which node is chosen and why, when a replica moves; and an unreadable record in
+``fleet_workloads`` left alone."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from actors.fleet.placement import store
+from actors.fleet.placement.choose import Choice, Taken, choose, free_gpus
+from actors.fleet.placement.reconcile import Timing, decide
+from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.events import Capacity, Gpu, Sample
+from schemas.messages import NodeRecord, WorkloadSummary
+from schemas.placement import PlacedWorkload, Replica
+from schemas.subjects import BUCKET_WORKLOADS, Subjects
+from schemas.workloads import Deploy, Stop
+from tests.support.fleet import heartbeat
+
+GIB = 1024**3
+
+
+def gpu(index: int, used: int = 10 * GIB, **changes: Any) -> Gpu:
+    values: dict[str, Any] = {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "name": "H100",
+        "pci_bus_id": f"0:{index}",
+        "memory_total": 80 * GIB,
+        "memory_used": used,
+        "utilization_pct": 10.0,
+        **changes,
+    }
+    return Gpu(**values)
+
+
+def node(
+    name: str,
+    gpus: list[Gpu] | None = None,
+    state: str = "active",
+    workloads: list[WorkloadSummary] | None = None,
+    **changes: Any,
+) -> NodeRecord:
+    """An active node of cluster c1 with ``gpus`` (two idle H100s by default)."""
+    gpus = gpus if gpus is not None else [gpu(0), gpu(1)]
+    capacity = Capacity(
+        cpu_cores=8, cpu_percent=1.0, load_avg_1m=0.1, memory_total=1, memory_available=1,
+        gpus_total=len(gpus), gpus_available=len(gpus), storage_total=1, storage_available=1,
+    )  # fmt: skip
+    sample = Sample(ts=time.time(), capacity=capacity, gpus=gpus)
+    beat = heartbeat(name, sample=sample, workloads=workloads or [])
+    record = NodeRecord(
+        node_id=name,
+        cluster="c1",
+        state=state,
+        last_seq=1,
+        last_seen=time.time(),
+        heartbeat=beat,
+        health_score=100,
+    )
+    return msgspec.structs.replace(record, **changes)
+
+
+def workload(gpus: int = 1, **changes: Any) -> PlacedWorkload:
+    deploy = Deploy(name="chat", engine="llamacpp", model="/m.gguf", placed=True)
+    return PlacedWorkload(name="chat", deploy=deploy, gpus=gpus, created_at=1.0, **changes)
+
+
+def running(name: str, gpus: list[int], state: str = "ready") -> WorkloadSummary:
+    return WorkloadSummary(
+        name=name, engine="llamacpp", state=state, since=1.0, port=1, gpus=gpus, placed=True
+    )  # type: ignore[arg-type]
+
+
+def test_free_gpus_leave_out_lost_busy_held_and_placed_ones() -> None:
+    """Of four GPUs: a lost one, a 95 % busy one, one a running workload holds and one a
+    placed (not yet reported) replica holds are not free; a failed workload holds none."""
+    record = node(
+        "n1",
+        [gpu(0, lost=True), gpu(1, utilization_pct=95.0), gpu(2), gpu(3), gpu(4)],
+        workloads=[running("other", [2]), running("dead", [4], "crashloop")],
+    )
+    taken = Taken()
+    taken.add("n1", [3])
+    assert free_gpus(record, workload(), taken) == [4]
+    assert free_gpus(record, workload(gpus=2), taken) == "1 of 5 GPUs free, 2 needed"
+
+
+def test_gpu_memory_is_checked_where_asked() -> None:
+    """With gpu_memory, a GPU with less free memory does not count, and the reason says so."""
+    record = node("n1", [gpu(0, used=60 * GIB), gpu(1, used=10 * GIB)])
+    assert free_gpus(record, workload(gpu_memory=40 * GIB), Taken()) == [1]
+    reason = free_gpus(record, workload(gpus=2, gpu_memory=40 * GIB), Taken())
+    assert reason == "1 of 2 GPUs free, 1 more with less than 40.0 GiB free, 2 needed"
+
+
+def test_choose_skips_unfit_nodes_and_spreads() -> None:
+    """Cordoned, unhealthy, stale, other-cluster, unlabelled and GPU-less nodes are passed
+    over with their reasons; among fitting nodes the one with fewer placed replicas wins."""
+    records = {
+        "a": node("a", state="cordoned"),
+        "b": node("b", state="unhealthy"),
+        "c": node("c", state="stale"),
+        "d": node("d", cluster="c2"),
+        "e": node("e", gpus=[], labels={"pool": "x"}),
+        "f": node("f", labels={"pool": "x"}),
+        "g": node("g", labels={"pool": "x"}),
+    }
+    taken = Taken()
+    taken.add("f", [])
+    found = choose(workload(cluster="c1", selector={"pool": "x"}), records, taken)
+    assert isinstance(found, Choice) and found.node == "g" and found.gpus == [0]
+    for reason in ("a: cordoned", "b: unhealthy", "c: stale", "d: cluster c2", "e: 0 of 0"):
+        assert reason in found.why
+    only_labelled = choose(workload(selector={"pool": "y"}), {"f": records["f"]}, Taken())
+    assert only_labelled == "no node fits: f: labels do not match"
+
+
+def test_replicas_never_share_a_node() -> None:
+    """A node running a replica already is passed over for the next one."""
+    placed = workload(replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0])])
+    found = choose(placed, {"n1": node("n1")}, Taken())
+    assert found == "no node fits: n1: runs a replica already"
+
+
+def test_a_stale_node_s_replica_waits_for_the_grace_then_moves() -> None:
+    """Stale for less than the grace: nothing changes; past it: the replica is deployed on
+    the other node (placed, with its GPUs) and the old node kept as a leftover to stop."""
+    now = time.time()
+    placed = workload(
+        replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=now - 100)]
+    )
+    early = {"n1": node("n1", state="stale", stale_since=now - 5), "n2": node("n2")}
+    assert decide(placed, early, Taken(), now, Timing(grace=10), "me").workload == placed
+    late = {"n1": node("n1", state="stale", stale_since=now - 11), "n2": node("n2")}
+    decision = decide(placed, late, Taken(), now, Timing(grace=10), "me")
+    [replica] = decision.workload.replicas
+    assert (replica.node, replica.moves) == ("n2", 1)
+    [order] = decision.orders
+    assert order.node == "n2" and isinstance(order.action, Deploy) and order.action.placed
+    assert order.action.gpus == replica.gpus == [0]
+    [leftover] = decision.workload.leftovers
+    assert leftover.node == "n1" and decision.workload.updated_by == "me"
+
+
+def test_a_copy_left_on_a_node_that_returns_is_stopped() -> None:
+    """The old node reports again, still running the replica's copy: it gets a Stop once,
+    and once more only after ``restop``; when it no longer lists it, it is forgotten."""
+    now = time.time()
+    placed = workload(replicas=[Replica(index=0, node="n2", cluster="c1", gpus=[0])])
+    moved = decide(
+        workload(replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0])]),
+        {"n1": node("n1", state="offline", stale_since=now - 100), "n2": node("n2")},
+        Taken(),
+        now - 10,
+        Timing(grace=10),
+        "me",
+    ).workload
+    placed = msgspec.structs.replace(placed, leftovers=moved.leftovers)
+    back = {"n1": node("n1", workloads=[running("chat", [0])]), "n2": node("n2")}
+    first = decide(placed, back, Taken(), now, Timing(restop=60), "me")
+    assert [(o.node, type(o.action)) for o in first.orders] == [("n1", Stop)]
+    again = decide(first.workload, back, Taken(), now + 1, Timing(restop=60), "me")
+    assert again.orders == []
+    gone = {"n1": node("n1"), "n2": node("n2")}
+    assert decide(first.workload, gone, Taken(), now + 2, Timing(), "me").workload.leftovers == []
+
+
+async def test_an_unreadable_record_is_left_out(bus: NatsBus, prefix: str) -> None:
+    """A value in fleet_workloads that is not a PlacedWorkload is skipped (and stays as
+    it is); the readable one is read."""
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_WORKLOADS))
+    await bucket.put("bad", b'{"name": 5}')
+    await bucket.put("chat", codec.encode(workload()))
+    found = await store.read_all(bus, Subjects(prefix))
+    assert list(found) == ["chat"] and found["chat"][0] == workload()
+    entry = await bucket.get("bad")
+    assert entry.value == b'{"name": 5}'
