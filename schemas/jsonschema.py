@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import events, messages, remediation
+from schemas import events, messages, placement, remediation
 
 JSON_DIR = Path(__file__).parent / "json"
 README = Path(__file__).parent.parent / "docs" / "wire-contract.md"
@@ -53,6 +53,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.EnrollRecord,
     messages.AggregatorLease,
     remediation.PolicyRecord,
+    placement.PlacedWorkload,
 )
 
 

@@ -81,8 +81,9 @@ MAINTENANCE_KEEP = 31 * DAY
 days (:data:`actors.fleet.maintenance.MAX_WINDOW`)."""
 MAX_MAINTENANCE_SIZE = 64 * KIB
 """A window naming its 1,000 nodes fits."""
-MAX_PLACED_SIZE = 128 * KIB
-"""A placed workload's record: 64 replicas with their reasons and avoided nodes fit."""
+MAX_PLACED_SIZE = 256 * KIB
+"""A placed workload's record: 64 replicas with their reasons, avoided nodes and copies to
+stop fit (about 200 KiB at most with 64-character node names)."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
