@@ -14,7 +14,7 @@ from actors.fleet.placement.choose import Choice, Taken, choose, free_gpus
 from actors.fleet.placement.reconcile import Timing, decide
 from actors.runtime.bus import NatsBus
 from schemas import codec
-from schemas.events import Capacity, Gpu, Sample
+from schemas.events import Capacity, Gpu, Sample, WorkloadState
 from schemas.messages import NodeRecord, WorkloadSummary
 from schemas.placement import PlacedWorkload, Replica
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
@@ -70,10 +70,10 @@ def workload(gpus: int = 1, **changes: Any) -> PlacedWorkload:
     return PlacedWorkload(name="chat", deploy=deploy, gpus=gpus, created_at=1.0, **changes)
 
 
-def running(name: str, gpus: list[int], state: str = "ready") -> WorkloadSummary:
+def running(name: str, gpus: list[int], state: WorkloadState = "ready") -> WorkloadSummary:
     return WorkloadSummary(
         name=name, engine="llamacpp", state=state, since=1.0, port=1, gpus=gpus, placed=True
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_free_gpus_leave_out_lost_busy_held_and_placed_ones() -> None:

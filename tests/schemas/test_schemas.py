@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, jsonschema, messages, remediation
+from schemas import codec, events, jsonschema, messages, placement, remediation
 from schemas.errors import DecodeError
 from schemas.workloads import Deploy
 
@@ -201,6 +201,18 @@ EXAMPLES: list[msgspec.Struct] = [
         tripped_at=NOW,
         would=["cordon n2"],
         limit=2,
+    ),
+    placement.PlacedWorkload(
+        name="chat",
+        deploy=Deploy(name="chat", engine="llamacpp", model="/m.gguf", placed=True),
+        gpus=1,
+        selector={"pool": "a"},
+        replicas=[
+            placement.Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=NOW),
+            placement.Replica(index=1, why="no node fits: n2: cordoned", avoid=["n3"]),
+        ],
+        leftovers=[placement.Leftover(node="n3", cluster="c1", index=1, since=NOW, stop_by=NOW)],
+        created_at=NOW,
     ),
 ]
 
