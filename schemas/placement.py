@@ -6,6 +6,10 @@ must offer, and where each replica runs now and why. Aggregators running the wor
 reconciler keep it true (they move replicas off lost, drained and failing nodes), and
 every change is a compare-and-set on the record's revision, so two aggregators never both
 move one replica. Replicas run on distinct nodes, under the workload's own name there.
+
+What to run is signed by the operator who placed it (``spec_sig`` over :func:`spec_body`):
+a reconciler signs deploys only for a workload an operator it trusts signed, so whoever
+can write the bucket cannot have it sign a deploy of their own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from msgspec import Meta
+
+import msgspec
 
 from schemas.base import MAX_GPUS, Bytes, Count, Id, Labels, Name, NodeId, Text, UnixTime, Wire
 from schemas.workloads import Deploy
@@ -85,3 +91,25 @@ class PlacedWorkload(Wire, frozen=True, kw_only=True):
     updated_at: UnixTime | None = None
     updated_by: Name = ""
     """Who wrote this revision: ``fleetctl`` or the reconciler's public key."""
+    spec_sig: Name = ""
+    """Base64 Ed25519 signature by ``created_by`` over :func:`spec_body`."""
+
+
+def spec_body(workload: PlacedWorkload) -> bytes:
+    """The bytes ``spec_sig`` signs: what to run and where it may run, and how many
+    replicas (never where they run now, which reconcilers change): a JSON list of name,
+    deploy, gpus, gpu_memory, cluster, the selector's pairs sorted, the replica count,
+    created_at and created_by."""
+    return msgspec.json.encode(
+        [
+            workload.name,
+            workload.deploy,
+            workload.gpus,
+            workload.gpu_memory,
+            workload.cluster,
+            sorted(workload.selector.items()),
+            len(workload.replicas),
+            workload.created_at,
+            workload.created_by,
+        ]
+    )

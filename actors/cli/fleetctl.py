@@ -547,11 +547,15 @@ def parser() -> argparse.ArgumentParser:
         help="run an aggregator until SIGINT/SIGTERM",
         description="Flags beat FLEET_AGGREGATOR_<SETTING> variables, which beat --config. "
         "With --workloads-key-file (an operator key the nodes trust) it also keeps workloads "
-        "placed by 'fleetctl deploy' without a node running: it moves them off lost, "
-        "draining and failing nodes (docs/commands.md, 'Placed workloads').",
+        "placed by 'fleetctl deploy' without a node running, those signed by a "
+        "--workloads-operator key: it moves them off lost, draining and failing nodes "
+        "(docs/commands.md, 'Placed workloads').",
     )
     add_config_flags(
-        aggregator, AggregatorConfig, AGGREGATOR_ENV_PREFIX, {"trust_operators": "trust-operator"}
+        aggregator,
+        AggregatorConfig,
+        AGGREGATOR_ENV_PREFIX,
+        {"trust_operators": "trust-operator", "workloads_operators": "workloads-operator"},
     )
     aggregator.set_defaults(func=cmd_aggregator)
 

@@ -33,7 +33,7 @@ from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.messages import NodeRecord
-from schemas.placement import MAX_REPLICAS, PlacedWorkload, Replica
+from schemas.placement import MAX_REPLICAS, PlacedWorkload, Replica, spec_body
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop
 
@@ -134,6 +134,8 @@ async def cmd_place(args: argparse.Namespace) -> int:
             )
             orders.append(deploy_order(workload, found, command_id, args.reason or "placed"))
         workload = msgspec.structs.replace(workload, replicas=replicas)
+        signature = key.headers(spec_body(workload))[signing.HEADER_SIG]
+        workload = msgspec.structs.replace(workload, spec_sig=signature)
         try:
             await bucket.create(args.name, codec.encode(workload))
         except nats.js.errors.KeyWrongLastSequenceError:

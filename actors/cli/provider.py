@@ -50,7 +50,12 @@ class ProviderActors:
             timing = Timing(grace=config.workloads_grace, handoff=config.workloads_handoff)
             actors.append(
                 ReconcilerActor(
-                    bus, config.prefix, config.workloads_key_file, config.workloads_interval, timing
+                    bus,
+                    config.prefix,
+                    config.workloads_key_file,
+                    config.workloads_interval,
+                    timing,
+                    config.workloads_operators,
                 )
             )
         self.http: FleetApiActor | None = None

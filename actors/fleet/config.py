@@ -198,6 +198,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     deploys and stops with (nodes must trust its public key); empty: it does not keep
     placed workloads (``fleetctl deploy`` without a node) running. Every aggregator may
     run it: they share each workload's record by compare-and-set."""
+    workloads_operators: list[str] = []
+    """Operator public keys whose placed workloads (signed by ``fleetctl deploy``) the
+    reconciler keeps running, besides its own key's; a workload signed by another key is
+    left alone (logged): writing ``fleet_workloads`` is not enough to have it deploy."""
     workloads_interval: Positive = 5.0
     """Seconds between two reconciler rounds."""
     workloads_grace: Positive = 60.0

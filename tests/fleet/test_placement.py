@@ -1,25 +1,29 @@
 """Placement and reconciliation decisions as pure functions of records: which GPUs are
-free, which node is chosen and why, when a replica moves; and an unreadable record in
-``fleet_workloads`` left alone."""
+free, which node is chosen and why, when a replica moves; and what a reconciler does
+with hostile records in ``fleet_workloads`` (unreadable, unsigned, signed by a stranger,
+changed after signing): nothing."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.aio.msg import Msg
 
 from actors.fleet.placement import store
+from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.choose import Choice, Taken, choose, free_gpus
 from actors.fleet.placement.reconcile import Timing, decide
 from actors.runtime.bus import NatsBus
-from schemas import codec
+from schemas import codec, signing
 from schemas.events import Capacity, Gpu, Sample, WorkloadState
-from schemas.messages import NodeRecord, WorkloadSummary
-from schemas.placement import PlacedWorkload, Replica
-from schemas.subjects import BUCKET_WORKLOADS, Subjects
+from schemas.messages import Command, NodeRecord, WorkloadSummary
+from schemas.placement import PlacedWorkload, Replica, spec_body
+from schemas.subjects import BUCKET_NODES, BUCKET_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop
-from tests.support.fleet import heartbeat
+from tests.support.fleet import heartbeat, wait_for
 
 GIB = 1024**3
 
@@ -180,3 +184,51 @@ async def test_an_unreadable_record_is_left_out(bus: NatsBus, prefix: str) -> No
     assert list(found) == ["chat"] and found["chat"][0] == workload()
     entry = await bucket.get("bad")
     assert entry.value == b'{"name": 5}'
+
+
+async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
+    bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Written straight into fleet_workloads with a plain client: an unsigned workload, one
+    signed by a stranger and a trusted one with a replica added after signing are left
+    as they are and get no command; the trusted operator's signed one is placed."""
+    subjects = Subjects(prefix)
+    operator, stranger = signing.KeyPair.generate(), signing.KeyPair.generate()
+    signing.create_key_file(tmp_path / "reconciler.nk")
+    nodes = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    await nodes.put("n1", codec.encode(node("n1")))
+    sent: list[str] = []
+
+    async def on_command(msg: Msg) -> None:
+        sent.append(codec.decode(msg.data, Command, msg.subject).action.name)  # type: ignore[union-attr]
+
+    await bus.subscribe(subjects.commands(), on_command)
+    await bus.flush()
+
+    def signed(name: str, key: signing.KeyPair, replicas: int = 1) -> PlacedWorkload:
+        deploy = Deploy(name=name, engine="llamacpp", placed=True)
+        spec = PlacedWorkload(
+            name=name, deploy=deploy, gpus=1, created_at=1.0, created_by=key.public_key,
+            replicas=[Replica(index=i) for i in range(replicas)],
+        )  # fmt: skip
+        signature = key.headers(spec_body(spec))[signing.HEADER_SIG]
+        return msgspec.structs.replace(spec, spec_sig=signature)
+
+    grown = signed("grown", operator)
+    hostile = {
+        "unsigned": msgspec.structs.replace(signed("unsigned", operator), spec_sig=""),
+        "stranger": signed("stranger", stranger),
+        "grown": msgspec.structs.replace(grown, replicas=[*grown.replicas, Replica(index=1)]),
+    }
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
+    for name, value in {**hostile, "good": signed("good", operator)}.items():
+        await bucket.put(name, codec.encode(value))
+    actor = ReconcilerActor(
+        bus, prefix, str(tmp_path / "reconciler.nk"), operators=[operator.public_key]
+    )
+    await actor.round()
+    found = await store.read_all(bus, subjects)
+    assert found["good"][0].replicas[0].node == "n1"
+    for name, value in hostile.items():
+        assert found[name][0] == value
+    await wait_for(lambda: sent == ["good"])

@@ -115,7 +115,9 @@ class Deploys:
 
 def reconciler(bus: NatsBus, prefix: str, keys: Keys, **timing: Any) -> ReconcilerActor:
     values: dict[str, Any] = {"grace": 2.0, "handoff": 20.0, "restop": 5.0, **timing}
-    return ReconcilerActor(bus, prefix, str(keys.reconciler_file), 0.3, Timing(**values))
+    return ReconcilerActor(
+        bus, prefix, str(keys.reconciler_file), 0.3, Timing(**values), [keys.operator.public_key]
+    )
 
 
 async def test_two_replicas_land_on_free_nodes_not_cordoned_or_unhealthy(

@@ -3,7 +3,9 @@
 Every ``interval`` it reads the nodes' records and every placed workload with its
 revision, decides for each (:func:`actors.fleet.placement.reconcile.decide`), writes the
 new record by compare-and-set and only then sends the deploys and stops, signed with its
-operator key (``workloads_key_file``: the nodes must trust that key). A write that loses
+operator key (``workloads_key_file``: the nodes must trust that key), for the workloads
+whose spec an operator it trusts signed (``workloads_operators``, and its own key): one
+signed by anyone else is left alone and logged. A write that loses
 (another aggregator's reconciler, or ``fleetctl``, wrote first) sends nothing; the next
 round decides again from what the winner wrote. So any number of aggregators may run it,
 and each replica is moved once.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import nats.errors
@@ -26,12 +28,16 @@ from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
-from schemas import codec
-from schemas.errors import FleetError
+from schemas import codec, signing
+from schemas.errors import FleetError, SignatureError
+from schemas.placement import PlacedWorkload, spec_body
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
 
 log = logging.getLogger(__name__)
+
+REFUSALS_REMEMBERED = 1024
+"""Untrusted (workload, revision) pairs remembered, so each is logged once."""
 
 
 class ReconcilerActor:
@@ -47,12 +53,16 @@ class ReconcilerActor:
         key_file: str,
         interval: float = 5.0,
         timing: Timing | None = None,
+        operators: Iterable[str] = (),
     ) -> None:
         self.bus = bus
         self.subjects = Subjects(prefix)
         self.key = load_key_file(Path(key_file))
         self.interval = interval
         self.timing = timing or Timing()
+        self.operators = {*operators, self.key.public_key}
+        """Keys whose signed workloads this reconciler keeps running."""
+        self._refused: set[tuple[str, int]] = set()
         self.rounds = 0
         self.sent = 0
         """Commands this reconciler sent after winning the write (deploys and stops)."""
@@ -78,6 +88,8 @@ class ReconcilerActor:
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
         now = time.time()
         for name, (workload, revision) in placed.items():
+            if not self.trusted(name, workload, revision):
+                continue
             decision = decide(workload, records, taken, now, self.timing, self.key.public_key)
             if decision.workload == workload:
                 continue
@@ -91,3 +103,22 @@ class ReconcilerActor:
             await store.send(self.bus, self.subjects, self.key, decision.orders)
             self.sent += len(decision.orders)
         self.rounds += 1
+
+    def trusted(self, name: str, workload: PlacedWorkload, revision: int) -> bool:
+        """Whether an operator this reconciler trusts signed the workload's spec; a
+        refusal is logged once per revision."""
+        headers = {signing.HEADER_KEY: workload.created_by, signing.HEADER_SIG: workload.spec_sig}
+        try:
+            signer = signing.verify(headers, spec_body(workload))
+        except SignatureError as exc:
+            why = f"spec signature: {exc}"
+        else:
+            if signer in self.operators:
+                return True
+            why = f"signed by {signer}, not a workloads operator"
+        if (name, revision) not in self._refused:
+            self._refused.add((name, revision))
+            log.error(
+                "placed workload not trusted: left alone", extra={"workload": name, "reason": why}
+            )
+        return False
