@@ -1,7 +1,8 @@
 """Workload reconciler actor: keeps every workload of ``fleet_workloads`` running.
 
-Every ``interval`` it reads the nodes' records and every placed workload with its
-revision, decides for each (:func:`actors.fleet.placement.reconcile.decide`), writes the
+Every ``interval`` it reads every placed workload with its revision and the records of
+the nodes they run on (every node's record only when a replica needs a node chosen),
+decides for each (:func:`actors.fleet.placement.reconcile.decide`), writes the
 new record by compare-and-set and only then sends the deploys and stops, signed with its
 operator key (``workloads_key_file``: the nodes must trust that key), for the workloads
 whose spec an operator it trusts signed (``workloads_operators``, and its own key): one
@@ -25,11 +26,12 @@ import nats.js.errors
 from actors.fleet import registry
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
-from actors.fleet.placement.reconcile import Timing, decide
+from actors.fleet.placement.reconcile import Timing, decide, needs_choice
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
 from schemas import codec, signing
 from schemas.errors import FleetError, SignatureError
+from schemas.messages import NodeRecord
 from schemas.placement import PlacedWorkload, spec_body
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
@@ -83,13 +85,18 @@ class ReconcilerActor:
         if not placed:
             self.rounds += 1
             return
-        records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
-        taken = taken_by(workload for workload, _ in placed.values())
-        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
         now = time.time()
-        for name, (workload, revision) in placed.items():
-            if not self.trusted(name, workload, revision):
-                continue
+        trusted = {
+            name: (workload, revision)
+            for name, (workload, revision) in placed.items()
+            if self.trusted(name, workload, revision)
+        }
+        records = await self.records_of(trusted.values())
+        if any(needs_choice(w, records, now, self.timing) for w, _ in trusted.values()):
+            records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
+        taken = taken_by(workload for workload, _ in trusted.values())
+        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
+        for name, (workload, revision) in trusted.items():
             decision = decide(workload, records, taken, now, self.timing, self.key.public_key)
             if decision.workload == workload:
                 continue
@@ -103,6 +110,23 @@ class ReconcilerActor:
             await store.send(self.bus, self.subjects, self.key, decision.orders)
             self.sent += len(decision.orders)
         self.rounds += 1
+
+    async def records_of(
+        self, placed: Iterable[tuple[PlacedWorkload, int]]
+    ) -> dict[str, NodeRecord]:
+        """The records of the nodes the workloads run on (or left copies on), each read by
+        key: a round that chooses no node reads no other record."""
+        nodes = set()
+        for workload, _ in placed:
+            nodes |= {replica.node for replica in workload.replicas if replica.node}
+            nodes |= {leftover.node for leftover in workload.leftovers}
+        records = {}
+        for node in sorted(nodes):
+            try:
+                records[node] = await registry.read_record(self.bus, self.subjects, node)
+            except registry.NotFound:
+                continue
+        return records
 
     def trusted(self, name: str, workload: PlacedWorkload, revision: int) -> bool:
         """Whether an operator this reconciler trusts signed the workload's spec; a

@@ -90,6 +90,17 @@ def trouble(
     return None
 
 
+def needs_choice(
+    workload: PlacedWorkload, records: dict[str, NodeRecord], now: float, t: Timing
+) -> bool:
+    """Whether a replica of ``workload`` needs a node chosen now (pending, or in trouble):
+    only then must the reconciler read every node's record."""
+    return any(
+        not replica.node or trouble(workload, replica, records.get(replica.node), now, t)
+        for replica in workload.replicas
+    )
+
+
 def deploy_order(workload: PlacedWorkload, choice: Choice, command_id: str, why: str) -> Order:
     action = msgspec.structs.replace(workload.deploy, gpus=choice.gpus, placed=True)
     return Order(choice.node, choice.cluster, action, command_id, why)
