@@ -16,11 +16,12 @@ import asyncio
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import msgspec
 import nats.js.errors
 
-from actors.cli.common import add_server, connected, default_operator_key, fail
+from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_operator_key, fail
 from actors.cli.rolling import cmd_one_or_rolling, positive_int
 from actors.cli.send import EXIT_DONE, EXIT_FAILED, EXIT_TIMEOUT
 from actors.fleet import registry
@@ -287,8 +288,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     undeploy.add_argument("--reason", default="", help="recorded with the stop commands")
     undeploy.add_argument(
         "--key-file",
+        type=Path,
         default=None,
-        help=f"operator key (default {default_operator_key()})",
+        help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
     add_server(undeploy)
     undeploy.set_defaults(func=cmd_undeploy)

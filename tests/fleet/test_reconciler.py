@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
+from actors.cli.provider import ProviderActors
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
@@ -157,6 +160,30 @@ async def test_two_replicas_land_on_free_nodes_not_cordoned_or_unhealthy(
         await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY)
     )
     assert code == 1 and "placed already" in err
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "undeploy", "chat")
+    )
+    assert code == 0 and out.count("stop sent") == 2, out + err
+    assert "chat" not in await store.read_all(bus, Subjects(prefix))
+    for name in ("n3", "n4"):
+        await wait_record(bus, prefix, name, lambda r: not running(r, "chat"), timeout=15)
+
+
+async def test_an_aggregator_with_a_workloads_key_runs_the_reconciler(
+    bus: NatsBus, tmp_path: Path
+) -> None:
+    """workloads_key_file puts a reconciler, signing with that key and trusting the
+    workloads operators, among the aggregator process's actors; without it, none."""
+    key = signing.create_key_file(tmp_path / "reconciler.nk")
+    operator = signing.KeyPair.generate().public_key
+    config = AggregatorConfig(
+        workloads_key_file=str(tmp_path / "reconciler.nk"), workloads_operators=[operator]
+    )
+    actors = ProviderActors(config, bus, AggregatorMetrics()).supervisor.actors
+    [found] = [actor for actor in actors if isinstance(actor, ReconcilerActor)]
+    assert found.key.public_key == key.public_key and found.operators == {key.public_key, operator}
+    plain = ProviderActors(AggregatorConfig(), bus, AggregatorMetrics()).supervisor.actors
+    assert not any(isinstance(actor, ReconcilerActor) for actor in plain)
 
 
 async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
