@@ -29,7 +29,7 @@ from actors.fleet.labels import parse_selectors
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import choose, taken_by
 from actors.fleet.placement.reconcile import FAILED_STATES, deploy_order, listed
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, NotProvisioned
 from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
 from schemas.errors import FleetError
@@ -232,7 +232,12 @@ async def cmd_undeploy(args: argparse.Namespace) -> int:
 
 
 async def read_placed(bus: Bus, subjects: Subjects) -> list[PlacedWorkload]:
-    """Every placed workload (none where no aggregator provisioned the bucket yet)."""
+    """Every placed workload (none where no aggregator provisioned the bucket yet: one
+    older than placement)."""
+    try:
+        await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
+    except NotProvisioned:
+        return []
     return [workload for workload, _ in (await store.read_all(bus, subjects)).values()]
 
 
