@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from msgspec import Meta
-
 import msgspec
+from msgspec import Meta
 
 from schemas.base import MAX_GPUS, Bytes, Count, Id, Labels, Name, NodeId, Text, UnixTime, Wire
 from schemas.workloads import Deploy
