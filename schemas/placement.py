@@ -7,7 +7,7 @@ reconciler keep it true (they move replicas off lost, drained and failing nodes)
 every change is a compare-and-set on the record's revision, so two aggregators never both
 move one replica. Replicas run on distinct nodes, under the workload's own name there.
 
-What to run is signed by the operator who placed it (``spec_sig`` over :func:`spec_body`):
+What to run is signed by the operator who placed it (``spec_sig`` over ``spec``):
 a reconciler signs deploys only for a workload an operator it trusts signed, so whoever
 can write the bucket cannot have it sign a deploy of their own.
 """
@@ -28,6 +28,9 @@ MAX_AVOID = 16
 """Nodes one replica remembers it failed on (and is not placed on again)."""
 MAX_LEFTOVERS = 64
 """Copies of replicas still to stop on nodes they were moved off."""
+MAX_SPEC = 192 * 1024
+"""Characters of a placed workload's signed spec (a deploy's arguments and environment
+at their bounds fit)."""
 
 GpuIndex = Annotated[int, Meta(ge=0, lt=MAX_GPUS)]
 
@@ -90,25 +93,44 @@ class PlacedWorkload(Wire, frozen=True, kw_only=True):
     updated_at: UnixTime | None = None
     updated_by: Name = ""
     """Who wrote this revision: ``fleetctl`` or the reconciler's public key."""
+    spec: Annotated[str, Meta(max_length=MAX_SPEC)] = ""
+    """The exact JSON text ``spec_sig`` signs (:func:`spec_body`): what to run, where it
+    may run and how many replicas. Kept as signed, so a reader of a newer or older
+    version verifies the very bytes, then checks that they say what this record says."""
     spec_sig: Name = ""
-    """Base64 Ed25519 signature by ``created_by`` over :func:`spec_body`."""
+    """Base64 Ed25519 signature by ``created_by`` over ``spec``."""
+
+
+SpecFields = tuple[str, Deploy, int, int, str, list[tuple[str, str]], int, float, str]
+
+
+def spec_fields(workload: PlacedWorkload) -> SpecFields:
+    """What the signature covers: name, deploy, gpus, gpu_memory, cluster, the selector's
+    pairs sorted, the replica count, created_at and created_by (never where replicas run
+    now, which reconcilers change)."""
+    return (
+        workload.name,
+        workload.deploy,
+        workload.gpus,
+        workload.gpu_memory,
+        workload.cluster,
+        sorted(workload.selector.items()),
+        len(workload.replicas),
+        workload.created_at,
+        workload.created_by,
+    )
 
 
 def spec_body(workload: PlacedWorkload) -> bytes:
-    """The bytes ``spec_sig`` signs: what to run and where it may run, and how many
-    replicas (never where they run now, which reconcilers change): a JSON list of name,
-    deploy, gpus, gpu_memory, cluster, the selector's pairs sorted, the replica count,
-    created_at and created_by."""
-    return msgspec.json.encode(
-        [
-            workload.name,
-            workload.deploy,
-            workload.gpus,
-            workload.gpu_memory,
-            workload.cluster,
-            sorted(workload.selector.items()),
-            len(workload.replicas),
-            workload.created_at,
-            workload.created_by,
-        ]
-    )
+    """The bytes ``fleetctl deploy`` signs and stores as ``spec``: :func:`spec_fields` as
+    one JSON list."""
+    return msgspec.json.encode(spec_fields(workload))
+
+
+def spec_matches(workload: PlacedWorkload) -> bool:
+    """Whether the record's own fields are what its (verified) ``spec`` says."""
+    try:
+        signed: SpecFields = msgspec.json.decode(workload.spec, type=SpecFields)
+    except msgspec.DecodeError:  # ValidationError is one too
+        return False
+    return signed == spec_fields(workload)

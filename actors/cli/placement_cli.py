@@ -135,8 +135,9 @@ async def cmd_place(args: argparse.Namespace) -> int:
             )
             orders.append(deploy_order(workload, found, command_id, args.reason or "placed"))
         workload = msgspec.structs.replace(workload, replicas=replicas)
-        signature = key.headers(spec_body(workload))[signing.HEADER_SIG]
-        workload = msgspec.structs.replace(workload, spec_sig=signature)
+        spec = spec_body(workload)
+        signature = key.headers(spec)[signing.HEADER_SIG]
+        workload = msgspec.structs.replace(workload, spec=spec.decode(), spec_sig=signature)
         try:
             await bucket.create(args.name, codec.encode(workload))
         except nats.js.errors.KeyWrongLastSequenceError:

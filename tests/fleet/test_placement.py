@@ -190,8 +190,9 @@ async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
     bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """Written straight into fleet_workloads with a plain client: an unsigned workload, one
-    signed by a stranger and a trusted one with a replica added after signing are left
-    as they are and get no command; the trusted operator's signed one is placed."""
+    signed by a stranger, and trusted ones with a replica added or the deploy rewritten
+    after signing are left as they are and get no command; the trusted operator's signed
+    one is placed."""
     subjects = Subjects(prefix)
     operator, stranger = signing.KeyPair.generate(), signing.KeyPair.generate()
     signing.create_key_file(tmp_path / "reconciler.nk")
@@ -211,11 +212,14 @@ async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
             name=name, deploy=deploy, gpus=1, created_at=1.0, created_by=key.public_key,
             replicas=[Replica(index=i) for i in range(replicas)],
         )  # fmt: skip
-        signature = key.headers(spec_body(spec))[signing.HEADER_SIG]
-        return msgspec.structs.replace(spec, spec_sig=signature)
+        body = spec_body(spec)
+        signature = key.headers(body)[signing.HEADER_SIG]
+        return msgspec.structs.replace(spec, spec=body.decode(), spec_sig=signature)
 
-    grown = signed("grown", operator)
+    grown, rewritten = signed("grown", operator), signed("rewritten", operator)
+    evil = msgspec.structs.replace(rewritten.deploy, args=["--evil"])
     hostile = {
+        "rewritten": msgspec.structs.replace(rewritten, deploy=evil),
         "unsigned": msgspec.structs.replace(signed("unsigned", operator), spec_sig=""),
         "stranger": signed("stranger", stranger),
         "grown": msgspec.structs.replace(grown, replicas=[*grown.replicas, Replica(index=1)]),

@@ -32,7 +32,7 @@ from actors.runtime.schedule import jittered
 from schemas import codec, signing
 from schemas.errors import FleetError, SignatureError
 from schemas.messages import NodeRecord
-from schemas.placement import PlacedWorkload, spec_body
+from schemas.placement import PlacedWorkload, spec_matches
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
 
@@ -133,13 +133,16 @@ class ReconcilerActor:
         refusal is logged once per revision."""
         headers = {signing.HEADER_KEY: workload.created_by, signing.HEADER_SIG: workload.spec_sig}
         try:
-            signer = signing.verify(headers, spec_body(workload))
+            signer = signing.verify(headers, workload.spec.encode())
         except SignatureError as exc:
             why = f"spec signature: {exc}"
         else:
-            if signer in self.operators:
+            if signer not in self.operators:
+                why = f"signed by {signer}, not a workloads operator"
+            elif not spec_matches(workload):
+                why = "the record says other than its signed spec"
+            else:
                 return True
-            why = f"signed by {signer}, not a workloads operator"
         if (name, revision) not in self._refused:
             self._refused.add((name, revision))
             log.error(
