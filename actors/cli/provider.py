@@ -56,6 +56,7 @@ class ProviderActors:
                     config.workloads_interval,
                     timing,
                     config.workloads_operators,
+                    metrics,
                 )
             )
         self.http: FleetApiActor | None = None

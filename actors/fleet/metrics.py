@@ -183,6 +183,25 @@ class AggregatorMetrics:
             ["cluster"],
             registry=self.registry,
         )
+        self.workload_replicas = Gauge(
+            "fleet_workload_replicas",
+            "Replicas of each placed workload the reconciler keeps, by state: placed (on a "
+            "node) or pending (no node fits); rewritten each round",
+            ["workload", "state"],
+            registry=self.registry,
+        )
+        self.workload_commands = Counter(
+            "fleet_workload_commands",
+            "Deploys and stops the workload reconciler sent after writing its decision, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.workload_untrusted = Gauge(
+            "fleet_workload_untrusted",
+            "Placed workloads the reconciler leaves alone: not signed by an operator it "
+            "trusts, or changed since signed",
+            registry=self.registry,
+        )
         self.am_sent = Counter(
             "fleet_alertmanager_sent",
             "Alerts Alertmanager accepted, by Alertmanager URL",

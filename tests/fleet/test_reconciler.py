@@ -222,6 +222,14 @@ async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     assert len(deploys.deploys(spare)) == 1
     assert len(deploys.deploys()) == 3
     assert sum(actor.sent for actor in actors) == 1
+    sent = [
+        actor.metrics.registry.get_sample_value("fleet_workload_commands_total", {"kind": "deploy"})
+        for actor in actors
+    ]
+    assert sorted(value or 0.0 for value in sent) == [0.0, 1.0]
+    for actor in actors:
+        placed_now = {"workload": "chat", "state": "placed"}
+        assert actor.metrics.registry.get_sample_value("fleet_workload_replicas", placed_now) == 2
 
 
 async def test_a_drain_moves_placed_work_before_it_finishes(

@@ -24,6 +24,7 @@ import nats.errors
 import nats.js.errors
 
 from actors.fleet import registry
+from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide, needs_choice
@@ -35,6 +36,7 @@ from schemas.messages import NodeRecord
 from schemas.placement import PlacedWorkload, spec_matches
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_WORKLOADS, Subjects
+from schemas.workloads import Deploy
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,14 @@ class ReconcilerActor:
         interval: float = 5.0,
         timing: Timing | None = None,
         operators: Iterable[str] = (),
+        metrics: AggregatorMetrics | None = None,
     ) -> None:
         self.bus = bus
         self.subjects = Subjects(prefix)
         self.key = load_key_file(Path(key_file))
         self.interval = interval
         self.timing = timing or Timing()
+        self.metrics = metrics or AggregatorMetrics()
         self.operators = {*operators, self.key.public_key}
         """Keys whose signed workloads this reconciler keeps running."""
         self._refused: set[tuple[str, int]] = set()
@@ -91,6 +95,7 @@ class ReconcilerActor:
             for name, (workload, revision) in placed.items()
             if self.trusted(name, workload, revision)
         }
+        self.metrics.workload_untrusted.set(len(placed) - len(trusted))
         records = await self.records_of(trusted.values())
         if any(needs_choice(w, records, now, self.timing) for w, _ in trusted.values()):
             records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
@@ -109,6 +114,16 @@ class ReconcilerActor:
                 log.warning("workload reconciled", extra={"workload": name, "decision": note})
             await store.send(self.bus, self.subjects, self.key, decision.orders)
             self.sent += len(decision.orders)
+            for order in decision.orders:
+                kind = "deploy" if isinstance(order.action, Deploy) else "stop"
+                self.metrics.workload_commands.labels(kind).inc()
+            trusted[name] = (decision.workload, revision)
+        self.metrics.workload_replicas.clear()
+        for name, (workload, _) in trusted.items():
+            placed_count = sum(1 for replica in workload.replicas if replica.node)
+            self.metrics.workload_replicas.labels(name, "placed").set(placed_count)
+            pending = len(workload.replicas) - placed_count
+            self.metrics.workload_replicas.labels(name, "pending").set(pending)
         self.rounds += 1
 
     async def records_of(
