@@ -205,8 +205,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     workloads_interval: Positive = 5.0
     """Seconds between two reconciler rounds."""
     workloads_grace: Positive = 60.0
-    """Seconds a node may be stale, offline or deregistered (and a deploy unreported by
-    its node) before its replica is placed elsewhere."""
+    """Seconds a node may be stale, offline, stopped or deregistered (and a deploy
+    unreported by its node) before its replica is placed elsewhere."""
     workloads_handoff: Positive = 120.0
     """Seconds a draining node's copy of a replica waits for its replacement to be ready
     before it is stopped anyway."""

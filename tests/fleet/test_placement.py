@@ -151,6 +151,16 @@ def test_a_stale_node_s_replica_waits_for_the_grace_then_moves() -> None:
     assert leftover.node == "n1" and decision.workload.updated_by == "me"
 
 
+def test_a_node_that_said_goodbye_loses_its_replica_after_the_grace() -> None:
+    """A stopped node (its agent's goodbye) counts from stopped_since like a stale one."""
+    now = time.time()
+    placed = workload(replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0])])
+    for stopped_since, moved in ((now - 5, False), (now - 11, True)):
+        records = {"n1": node("n1", state="stopped", stopped_since=stopped_since), "n2": node("n2")}
+        decision = decide(placed, records, Taken(), now, Timing(grace=10), "me")
+        assert (decision.workload.replicas[0].node == "n2") is moved
+
+
 def test_a_copy_left_on_a_node_that_returns_is_stopped() -> None:
     """The old node reports again, still running the replica's copy: it gets a Stop once,
     and once more only after ``restop``; when it no longer lists it, it is forgotten."""

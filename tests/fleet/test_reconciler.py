@@ -210,7 +210,7 @@ async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     other = await fleet.connect("second-reconciler")
     actors = [reconciler(bus, prefix, keys), reconciler(other, prefix, keys)]
     await fleet.start_supervisor(*actors)
-    await agents[victim].stop()
+    await agents[victim].stop(goodbye=False)  # as if killed: no goodbye heartbeat
     stale = await wait_record(bus, prefix, victim, lambda r: r.state == "stale", timeout=15)
     await ready_on(bus, prefix, spare, "chat")
     moved_at = time.time()

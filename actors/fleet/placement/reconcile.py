@@ -1,8 +1,8 @@
 """The reconciler's decisions for one placed workload: a pure function of its record, the
 nodes' records and the time.
 
-- A replica whose node is stale, offline, deregistered or gone for ``grace`` seconds is
-  placed elsewhere; its copy there is stopped if the node comes back.
+- A replica whose node is stale, offline, stopped, deregistered or gone for ``grace``
+  seconds is placed elsewhere; its copy there is stopped if the node comes back.
 - A replica whose node drains is placed elsewhere at once, and its copy on the draining
   node stopped once the new one is ready (or ``handoff`` seconds passed): the node's
   drain waits for that stop, so the work moves before the drain finishes.
@@ -29,7 +29,9 @@ from schemas.messages import NodeRecord, WorkloadSummary
 from schemas.placement import MAX_AVOID, MAX_LEFTOVERS, Leftover, PlacedWorkload, Replica
 from schemas.workloads import Stop
 
-LOST_STATES = frozenset({"stale", "offline"})
+LOST_STATES = frozenset({"stale", "offline", "stopped"})
+"""Record states of a node whose agent does not report: stopped is a goodbye (a requested
+stop), stale and offline a silence."""
 FAILED_STATES: frozenset[WorkloadState] = frozenset({"crashloop", "failed"})
 LEFTOVER_KEEP = 86_400.0
 """A copy on a node that never reports again is forgotten after a day."""
@@ -71,7 +73,8 @@ def trouble(
         since = record.deregistered_at or record.last_seen
         return ("its node deregistered", False, False) if now - since >= t.grace else None
     if record.state in LOST_STATES:
-        since = record.stale_since or record.last_seen
+        since = record.stale_since if record.state != "stopped" else record.stopped_since
+        since = since or record.last_seen
         if now - since < t.grace:
             return None
         return f"its node is {record.state} since {now - since:.0f}s", False, False
