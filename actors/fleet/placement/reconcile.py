@@ -73,8 +73,8 @@ def trouble(
         since = record.deregistered_at or record.last_seen
         return ("its node deregistered", False, False) if now - since >= t.grace else None
     if record.state in LOST_STATES:
-        since = record.stale_since if record.state != "stopped" else record.stopped_since
-        since = since or record.last_seen
+        began = record.stopped_since if record.state == "stopped" else record.stale_since
+        since = began or record.last_seen
         if now - since < t.grace:
             return None
         return f"its node is {record.state} since {now - since:.0f}s", False, False
