@@ -130,16 +130,17 @@ async def test_rolling_drain_never_more_than_max_unavailable(
 async def test_rolling_needs_a_node_or_a_selector(
     nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
-    """cordon or deploy with neither a node nor -l (or both) is a one-line usage error; a
-    selector no node matches is one line too."""
+    """cordon with neither a node nor -l (or both) is a one-line usage error; a selector no
+    node matches is one line too. deploy with neither is a placed deploy (docs/commands.md,
+    "Placed workloads"): with no node in the fleet its replica is pending."""
     key_file = tmp_path / "operator.nk"
     signing.create_key_file(key_file)
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon")
     assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
-    code, _, err = await fleetctl(
+    code, out, err = await fleetctl(
         nats_server, prefix, key_file, "deploy", "llm", "--engine", "vllm"
     )
-    assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
+    assert code == 0 and out.startswith("replica 0: pending"), out + err
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "n1", "-l", "a=b")
     assert code == 2 and "not both" in err
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "-l", "rack=none")
