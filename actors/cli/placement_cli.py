@@ -76,18 +76,11 @@ async def cmd_deploy(args: argparse.Namespace) -> int:
 def workload_of(args: argparse.Namespace, key: str) -> PlacedWorkload:
     if len(args.gpus) > 1:
         raise FleetError("without a node, --gpus is how many GPUs each replica needs (e.g. 2)")
-    deploy = Deploy(
-        name=args.name,
-        engine=args.engine,
-        model=args.model,
-        port=args.port,
-        args=list(args.arg),
-        env=dict(args.env),
-        ready_timeout=args.ready_timeout,
-        max_pending=args.max_pending,
-        share=args.share,
-        placed=True,
-    )
+    # The deploy a named node would get (every deploy option, --image included), less
+    # the GPUs: each replica's node gets its own.
+    built = args.build_action(args)
+    assert isinstance(built, Deploy)
+    deploy = msgspec.structs.replace(built, gpus=[], placed=True)
     return PlacedWorkload(
         name=args.name,
         deploy=deploy,

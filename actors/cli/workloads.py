@@ -122,8 +122,8 @@ def endpoint(record: NodeRecord, port: int) -> str:
     """Where a client reaches the workload: the node's advertised gateway URL when its
     heartbeat has one (``Heartbeat.endpoint``, from agents with an outside gateway), else
     its port on the node's loopback."""
-    advertised = getattr(record.heartbeat, "endpoint", "") if record.heartbeat else ""
-    return str(advertised) or f"127.0.0.1:{port}"
+    advertised = record.heartbeat.endpoint if record.heartbeat else ""
+    return advertised or f"127.0.0.1:{port}"
 
 
 def workloads_output(
