@@ -448,6 +448,20 @@ def render_status(status: dict[str, Any]) -> str:
             )
         else:
             lines.append(f"slurm     not answering: {scheduler.get('reason')}")
+    workloads = status.get("workloads") or []
+    lines.append(f"workloads {len(workloads) or 'none'}")
+    lines += _aligned(
+        [
+            item["name"],
+            item["state"] + (f" ({item['reason']})" if item.get("reason") else ""),
+            f"{item['engine']} {item.get('model') or ''}".strip(),
+            "gpus " + (",".join(map(str, item.get("gpus", []))) or "-"),
+            f"port {item['port']}",
+            f"restarts {item.get('restarts', 0)}",
+            "placed" if item.get("placed") else "",
+        ]
+        for item in workloads
+    )
     lines.append("actors")
     lines += _aligned(
         [

@@ -12,7 +12,7 @@ import msgspec
 
 from actors.fleet.history import Entry
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
-from schemas.messages import Alert, CommandResult, NodeRecord
+from schemas.messages import Alert, CommandResult, NodeRecord, WorkloadSummary
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -314,6 +314,7 @@ def describe(
     lines += _gpus(beat.sample)
     lines += _host(beat.sample.host if beat.sample is not None else None)
     lines += _engines(beat.engine)
+    lines += _workloads(beat.workloads)
     lines += _latency(beat.latency)
     lines.append(f"Spot:            {_spot(beat.spot)}")
     if beat.scheduler is not None:
@@ -321,6 +322,28 @@ def describe(
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)
+
+
+def _workloads(workloads: list[WorkloadSummary]) -> list[str]:
+    """The node's workloads as its heartbeat lists them (``fleetctl workloads`` has the
+    fleet's, placed replicas included)."""
+    if not workloads:
+        return ["Workloads:       none"]
+    rows = [("NAME", "STATE", "ENGINE", "MODEL", "GPUS", "PORT", "RESTARTS", "")]
+    rows += [
+        (
+            w.name,
+            w.state + (f" ({w.reason})" if w.reason else ""),
+            w.engine,
+            w.model or "-",
+            ",".join(map(str, w.gpus)) or "-",
+            str(w.port),
+            str(w.restarts),
+            "placed" if w.placed else "",
+        )
+        for w in workloads
+    ]
+    return ["Workloads:", *grid(rows)]
 
 
 def labels_text(labels: dict[str, str]) -> str:

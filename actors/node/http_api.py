@@ -26,7 +26,16 @@ from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import HttpLimits, health_page, prometheus_page, serving
-from schemas.events import Engine, Event, Health, Latency, NodeState, Sample, Scheduler
+from schemas.events import (
+    Engine,
+    Event,
+    Health,
+    Latency,
+    NodeState,
+    Sample,
+    Scheduler,
+    Workloads,
+)
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
@@ -63,6 +72,7 @@ class HttpApiActor:
         self.latency: Latency | None = None
         self.state: NodeState | None = None
         self.scheduler: Scheduler | None = None
+        self.workloads: Workloads | None = None
         self.gpus_seen_at: float | None = None
 
     async def _on_event(self, event: Event) -> None:
@@ -82,6 +92,8 @@ class HttpApiActor:
                 self.state = event
             case Scheduler():
                 self.scheduler = event if event.kind == "slurm" else None
+            case Workloads():
+                self.workloads = event
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return prometheus_page(self.metrics.registry)
@@ -104,6 +116,7 @@ class HttpApiActor:
             "engine": self.engine,
             "latency": self.latency,
             "scheduler": self.scheduler,
+            "workloads": self.workloads.workloads if self.workloads else [],
             "actors": {
                 name: {
                     "phase": s.phase,

@@ -14,8 +14,11 @@ from actors.node.agent import NodeAgent
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from tests.cli.test_fleetctl_commands import FLEETCTL, finish, fleetctl
+
 from tests.support.fleet import Fleet, wait_record
 from tests.support.workloads import killing_leftovers, standin_script
+
+NODE_AGENT = str(Path(FLEETCTL).with_name("node-agent"))
 
 
 async def workloads(server: NatsServer, prefix: str, *args: str) -> tuple[int, str, str]:
@@ -54,7 +57,8 @@ async def test_deploy_wait_workloads_and_stop(
     nats_server: NatsServer, fleet: Fleet, prefix: str, operator_file: Path, gpu_node: NodeAgent
 ) -> None:
     """deploy --wait shows each step live and exits 0 once ready; workloads lists it from
-    the heartbeat (table and JSON); stop --wait exits 0 and the listing empties."""
+    the heartbeat (table and JSON), describe and node-agent status show it too; stop
+    --wait exits 0 and the listing empties."""
     code, out, err = await finish(
         await fleetctl(
             nats_server, prefix, operator_file, "deploy", "n1", "chat", "--engine", "llamacpp",
@@ -84,6 +88,22 @@ async def test_deploy_wait_workloads_and_stop(
     code, out, err = await workloads(nats_server, prefix, "n1")
     assert out.splitlines()[0].split()[:4] == ["NODE", "NAME", "ENGINE", "STATE"]
     assert out.splitlines()[1].split()[:4] == ["n1", "chat", "llamacpp", "ready"]
+    described = await asyncio.create_subprocess_exec(
+        FLEETCTL, "describe", "n1", "--server", nats_server.url, "--prefix", prefix,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    code, out, err = await finish(described)
+    assert code == 0, err
+    section = out.split("Workloads:", 1)[1].splitlines()
+    assert section[1].split()[:5] == ["NAME", "STATE", "ENGINE", "MODEL", "GPUS"]
+    assert section[2].split()[:5] == ["chat", "ready", "llamacpp", "/models/x.gguf", "0"]
+    status = await asyncio.create_subprocess_exec(
+        NODE_AGENT, "status", "--state-dir", gpu_node.config.state_dir,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    code, out, err = await finish(status)
+    assert code == 0, err
+    assert "workloads 1" in out and "chat  ready  llamacpp /models/x.gguf  gpus 0" in out
 
     code, out, err = await finish(
         await fleetctl(nats_server, prefix, operator_file, "stop", "n1", "chat", "--wait")
