@@ -14,7 +14,6 @@ from actors.node.agent import NodeAgent
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from tests.cli.test_fleetctl_commands import FLEETCTL, finish, fleetctl
-
 from tests.support.fleet import Fleet, wait_record
 from tests.support.workloads import killing_leftovers, standin_script
 
