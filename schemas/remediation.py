@@ -19,6 +19,8 @@ MAX_HISTORY = 64
 """Remediations remembered per node (within the policy's window)."""
 MAX_WOULD = 32
 """Would-be actions a tripped breaker lists."""
+MAX_HOOKS = 16
+"""Last-mile hooks one hold runs at most."""
 
 ReasonClass = Literal["gpu", "xid", "engine", "dependency", "slurm"]
 """Why a node is unhealthy, as the policy's configuration names it: ``gpu`` (the boot,
@@ -39,6 +41,18 @@ class Hold(Wire, frozen=True, kw_only=True):
     needs_attention: bool = False
     """Remediated ``max_remediations`` times within the window: it stays cordoned, and the
     policy leaves it to an operator (``fleetctl policy clear NODE``)."""
+    hooks_done: Annotated[list[Name], Meta(max_length=MAX_HOOKS)] = []
+    """The last-mile hooks (the policy file's ``hook_after``) that ran and succeeded."""
+    hook_running: Name = ""
+    """The hook an aggregator claimed (compare-and-set) and runs now, since hook_started."""
+    hook_started: UnixTime | None = None
+    """When hook_running was claimed; for a reboot hook, when it succeeded."""
+    rebooting: Name = ""
+    """A reboot hook that succeeded and waits for the node to beat with a new boot id."""
+    reboot_from: Name = ""
+    """The node's boot id when the reboot hook ran: another one confirms the reboot."""
+    hook_error: Text = ""
+    """Why the last hook failed (then ``needs_attention``)."""
 
 
 class PolicyRecord(Wire, frozen=True, kw_only=True):

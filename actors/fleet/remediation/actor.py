@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
@@ -27,6 +28,7 @@ from nats.js.kv import KeyValue
 from actors.fleet import registry
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.remediation.hooks import environment, run_hook
 from actors.fleet.remediation.policy import Order, Plan, PolicyConfig, decide
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -34,8 +36,8 @@ from actors.runtime.commands import new_command, publish_command
 from actors.runtime.schedule import jittered
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import Action, Cordon, Drain, NodeRecord, Uncordon
-from schemas.remediation import PolicyRecord
+from schemas.messages import Action, AlertKind, Cordon, Drain, NodeRecord, Uncordon
+from schemas.remediation import Hold, PolicyRecord
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_POLICY, Subjects
 
@@ -44,6 +46,12 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 POLICY_BUCKET_BYTES = 8 * MIB
 POLICY_VALUE_BYTES = MIB
+
+
+MAX_HOOKS_RUNNING = 8
+"""Hooks one aggregator runs at once; more wait for a later round."""
+FINISH_ATTEMPTS = 5
+"""Compare-and-set tries to record a hook's result."""
 
 
 def policy_bucket(subjects: Subjects, replicas: int = 1) -> KeyValueConfig:
@@ -88,6 +96,8 @@ class RemediationActor:
         self.alerts = AlertPublisher(bus, self.subjects)
         self.bucket: KeyValue | None = None
         self.rounds = 0
+        self.hook_tasks: set[asyncio.Task[None]] = set()
+        """Hooks running now (at most MAX_HOOKS_RUNNING), each claimed in fleet_policy."""
 
     async def open(self) -> KeyValue:
         if self.bucket is None:
@@ -97,12 +107,17 @@ class RemediationActor:
     async def run(self, ready: Callable[[], None]) -> None:
         await self.open()
         ready()
-        while True:
-            try:
-                await self.round()
-            except (nats.errors.Error, TimeoutError, FleetError) as exc:
-                log.warning("policy round failed", extra={"reason": str(exc)})
-            await asyncio.sleep(jittered(self.config.interval))
+        try:
+            while True:
+                try:
+                    await self.round()
+                except (nats.errors.Error, TimeoutError, FleetError) as exc:
+                    log.warning("policy round failed", extra={"reason": str(exc)})
+                await asyncio.sleep(jittered(self.config.interval))
+        finally:
+            for task in self.hook_tasks:
+                task.cancel()
+            await asyncio.gather(*self.hook_tasks, return_exceptions=True)
 
     async def round(self) -> None:
         """Decide once for every cluster the policy covers."""
@@ -129,6 +144,7 @@ class RemediationActor:
         self.metrics.policy_holds.labels(cluster).set(len(plan.record.holds))
         self.metrics.policy_limit.labels(cluster).set(plan.record.limit)
         if self.config.dry_run:
+            plan.notes += [("remediation", h.node, f"run hook {h.hook}") for h in plan.hooks]
             await self._report(cluster, plan, now, dry=True)
             return
         if plan.record != current:
@@ -153,6 +169,80 @@ class RemediationActor:
             except FleetError as exc:
                 log.error("policy command not sent", extra={"node": order.node, "reason": str(exc)})
         await self._report(cluster, plan, now, dry=False)
+        for wanted in plan.hooks:
+            record = next((m for m in members if m.node_id == wanted.node), None)
+            if record is not None and len(self.hook_tasks) < MAX_HOOKS_RUNNING:
+                await self._start_hook(bucket, cluster, record, wanted.hook)
+
+    async def _start_hook(
+        self, bucket: KeyValue, cluster: str, record: NodeRecord, hook: str
+    ) -> None:
+        """Claim the hook in the cluster's record (compare-and-set: one aggregator runs
+        it), then run it in the background."""
+        current, revision = await kv.read_with_revision(bucket, cluster, PolicyRecord)
+        hold = current.holds.get(record.node_id) if current is not None else None
+        if current is None or hold is None or hold.hook_running or hold.needs_attention:
+            return
+        claimed = msgspec.structs.replace(
+            hold, hook_running=hook, hook_started=time.time(), hook_error=""
+        )
+        holds = {**current.holds, record.node_id: claimed}
+        try:
+            await bucket.update(
+                cluster, codec.encode(msgspec.structs.replace(current, holds=holds)), last=revision
+            )
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return  # another aggregator claimed it (or changed the record): its turn
+        task = asyncio.create_task(
+            self._run_hook(bucket, cluster, record, claimed, hook), name=f"hook-{hook}"
+        )
+        self.hook_tasks.add(task)
+        task.add_done_callback(self.hook_tasks.discard)
+
+    async def _run_hook(
+        self, bucket: KeyValue, cluster: str, record: NodeRecord, hold: Hold, hook: str
+    ) -> None:
+        node = record.node_id
+        log.info("policy hook started", extra={"node": node, "hook": hook})
+        result = await run_hook(
+            self.config.hooks[hook], environment(record, hold, hook), self.config.hook_timeout
+        )
+        now = time.time()
+        for _ in range(FINISH_ATTEMPTS):
+            current, revision = await kv.read_with_revision(bucket, cluster, PolicyRecord)
+            held = current.holds.get(node) if current is not None else None
+            if current is None or held is None or held.hook_running != hook:
+                return  # released meanwhile (an operator took the node over, say)
+            if not result.ok:
+                done = msgspec.structs.replace(
+                    held, hook_running="", needs_attention=True, hook_error=result.detail[:1024]
+                )
+            elif hook in self.config.reboot_hooks:
+                done = msgspec.structs.replace(
+                    held, hook_running="", rebooting=hook, reboot_from=record.boot_id,
+                    hook_started=now,
+                )  # fmt: skip
+            else:
+                done = msgspec.structs.replace(
+                    held, hook_running="", hook_started=None, hooks_done=[*held.hooks_done, hook]
+                )
+            updated = msgspec.structs.replace(current, holds={**current.holds, node: done})
+            try:
+                await bucket.update(cluster, codec.encode(updated), last=revision)
+                break
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+        kind: AlertKind = "remediation" if result.ok else "needs_attention"
+        message = f"hook {hook}: {result.detail}"
+        if not result.ok:
+            message += "; stays cordoned until an operator clears it (fleetctl policy clear)"
+        log.log(
+            logging.INFO if result.ok else logging.ERROR,
+            "policy hook finished",
+            extra={"node": node, "hook": hook, "result": result.detail},
+        )
+        event = f"hook-{hook}-{hold.hook_started or now:.0f}"
+        await self.alerts.publish(kind, cluster, node, message[:1024], event, {"hook": hook})
 
     async def _report(self, cluster: str, plan: Plan, now: float, dry: bool) -> None:
         prefix = "dry run, would: " if dry else ""

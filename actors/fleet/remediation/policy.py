@@ -58,12 +58,31 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     interval: Positive = 15.0
     grace: Positive = 60.0
     """How long a new hold waits for the node's heartbeat to show the policy's cordon."""
+    hooks: dict[str, list[str]] = {}
+    """Last-mile hooks by name (GPU reset, reboot, ticket): the command run on the
+    aggregator, as a list (no shell), the node's facts in FLEET_* variables."""
+    hook_after: dict[ReasonClass, list[str]] = {}
+    """Hooks run in order on a node the policy took out for that reason class, once its
+    cordon (or drain) took effect; the node is returned only after all succeeded."""
+    reboot_hooks: list[str] = []
+    """Hooks that reboot the node: done only once it beats with a new boot id."""
+    hook_timeout: Positive = 300.0
+    """Seconds a hook may run; then its process group is killed and the node needs
+    attention."""
+    reboot_confirm: Positive = 900.0
+    """Seconds a reboot hook's node has to come back with a new boot id."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.breaker_percent <= 100:
             raise ValueError("breaker_percent must be within 0 to 100")
         if self.breaker_max < 0 or self.max_remediations < 1:
             raise ValueError("breaker_max must be >= 0 and max_remediations >= 1")
+        named = {name for names in self.hook_after.values() for name in names}
+        unknown = sorted((named | set(self.reboot_hooks)) - set(self.hooks))
+        if unknown:
+            raise ValueError(f"hooks {', '.join(unknown)} are named but not in [hooks]")
+        if any(not argv for argv in self.hooks.values()):
+            raise ValueError("a hook's command is a non-empty list")
 
 
 @dataclass
@@ -77,9 +96,18 @@ class Order:
 
 
 @dataclass
+class HookOrder:
+    """A last-mile hook to run on one held node (after the aggregator claimed it)."""
+
+    node: str
+    hook: str
+
+
+@dataclass
 class Plan:
     record: PolicyRecord
     orders: list[Order] = field(default_factory=list)
+    hooks: list[HookOrder] = field(default_factory=list)
     notes: list[tuple[AlertKind, str, str]] = field(default_factory=list)
     """(alert kind, node, message) for what was done, or would be in a dry run."""
     tripped: bool = False
@@ -125,6 +153,41 @@ def classify(record: NodeRecord, classes: list[ReasonClass]) -> tuple[ReasonClas
     return None
 
 
+def hook_step(
+    config: PolicyConfig, hold: Hold, record: NodeRecord, key: str, now: float, plan: Plan
+) -> tuple[Hold, str | None]:
+    """Where the hold's last-mile hooks are: the hold as it now stands, and the next hook
+    to run (None: none now). Hooks wait for the policy's own cordon to show in the node's
+    heartbeat; a reboot is confirmed by a new boot id, or times out into needs_attention."""
+    beat = record.heartbeat
+    if beat is None or beat.schedulability_by != key or beat.schedulability == "schedulable":
+        return hold, None
+    if hold.rebooting:
+        if record.boot_id and record.boot_id != hold.reboot_from:
+            message = f"{hold.rebooting}: rebooted (boot {hold.reboot_from} -> {record.boot_id})"
+            plan.notes.append(("remediation", record.node_id, message))
+            done = [*hold.hooks_done, hold.rebooting]
+            hold = msgspec.structs.replace(hold, hooks_done=done, rebooting="", reboot_from="")
+            return hold, None
+        if now - (hold.hook_started or now) > config.reboot_confirm:
+            message = (
+                f"{hold.rebooting}: no new boot id within {config.reboot_confirm:g}s: the "
+                "reboot is not confirmed; stays cordoned until an operator clears it"
+            )
+            plan.notes.append(("needs_attention", record.node_id, message))
+            return msgspec.structs.replace(hold, needs_attention=True, hook_error=message), None
+        return hold, None
+    if hold.hook_running:
+        # A claim older than the hook's own bound belongs to an aggregator that died.
+        if now - (hold.hook_started or now) <= config.hook_timeout + config.interval:
+            return hold, None
+        hold = msgspec.structs.replace(hold, hook_running="", hook_started=None)
+    for name in config.hook_after.get(hold.reason_class, []):
+        if name not in hold.hooks_done:
+            return hold, name
+    return hold, None
+
+
 def breaker_limit(config: PolicyConfig, nodes: int) -> int:
     """Nodes the policy may hold at once in a cluster of ``nodes``."""
     return min(config.breaker_max, math.floor(nodes * config.breaker_percent / 100))
@@ -162,6 +225,12 @@ def decide(
             plan.notes.append(("remediation", node, f"released: set by {owner or 'nobody'}"))
             continue
         if hold.needs_attention or record.state not in REPORTING:
+            continue
+        hold, hook = hook_step(config, hold, record, key, now, plan)
+        holds[node] = hold
+        if hook is not None or hold.hook_running or hold.rebooting or hold.needs_attention:
+            if hook is not None:
+                plan.hooks.append(HookOrder(node, hook))
             continue
         if classify(record, config.classes) is not None:
             holds[node] = msgspec.structs.replace(hold, healthy_since=None)
@@ -207,6 +276,7 @@ def decide(
                     "no action until fleetctl policy reset",
                 )
             )
+        plan.hooks = []  # tripped: no action at all, hooks included
         plan.record = msgspec.structs.replace(
             current,
             holds=dict(current.holds),
