@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -28,9 +26,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.fleet.dashboard.history import History
-from actors.runtime.embedded import NatsServer
-from tests.bench.bench_metrics import BUDGETS, scrape, wait_owning
-from tests.support.deploy import free_port
+from tests.bench.bench_metrics import simulated_fleet
 from tests.support.fleet import heartbeat
 
 
@@ -84,49 +80,15 @@ def main() -> int:
         f"history: {per_node:.0f} bytes a node for {args.points} points "
         f"({per_node * args.nodes / 2**20:.1f} MiB for {args.nodes} nodes)\n"
     )
-    with tempfile.TemporaryDirectory() as store:
-        server = NatsServer(Path(store) / "nats")
-        server.start()
-        port = free_port()
-        aggregator = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "actors.cli.fleetctl", "aggregator"),
-                *("--server", server.url, "--http-port", str(port), "--log-level", "error"),
-                *BUDGETS,
-            ],
-            stdout=subprocess.DEVNULL,
+    with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
+        rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
+        times = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
+        after = psutil.Process(aggregator.pid).memory_info().rss / 2**20
+        sys.stdout.write(
+            f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
+            f"min {min(times):.2f}s, max {max(times):.2f}s ({args.loads} loads)\n"
+            f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
         )
-        try:
-            wait_owning(port)
-            duration = max(30.0, 1.5 * args.nodes / args.rate)
-            simulated = subprocess.run(
-                [
-                    *(sys.executable, "-m", "actors.cli.fleetctl", "simulate"),
-                    *("--server", server.url, "--nodes", str(args.nodes)),
-                    *("--rate", f"{args.rate:g}", "--duration", f"{duration:g}"),
-                    *("--gpus", "1", "--processes", "2"),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=duration + 900,
-            )
-            if simulated.returncode != 0 and simulated.stderr.strip():
-                sys.stderr.write(f"error: fleetctl simulate failed: {simulated.stderr.strip()}\n")
-                return 1
-            body, _ = scrape(port)
-            rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-            times = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
-            after = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-            sys.stdout.write(
-                f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
-                f"min {min(times):.2f}s, max {max(times):.2f}s ({args.loads} loads)\n"
-                f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
-            )
-            del body
-        finally:
-            aggregator.terminate()
-            aggregator.wait(30)
-            server.stop()
     return 0
 
 

@@ -10,12 +10,14 @@ beside the aggregator's RSS. Run: ``python tests/bench/bench_metrics.py --nodes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -54,18 +56,12 @@ def wait_owning(port: int, timeout: float = 120.0) -> None:
     raise SystemExit(f"error: the aggregator on :{port} holds no partition after {timeout:g}s")
 
 
-def held(body: bytes) -> int:
-    return sum(1 for line in body.splitlines() if line.startswith(b"fleet_node_state{"))
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=10_000)
-    parser.add_argument("--rate", type=float, default=3000.0, help="heartbeats/s in all")
-    parser.add_argument("--scrapes", type=int, default=5)
-    args = parser.parse_args()
-    if args.nodes < 1 or args.scrapes < 1 or args.rate <= 0:
-        parser.error("--nodes, --scrapes and --rate must be positive")
+@contextlib.contextmanager
+def simulated_fleet(nodes: int, rate: float) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """An embedded nats-server, one ``fleetctl aggregator`` process holding every
+    partition, and ``fleetctl simulate`` run to its end (one fake GPU a node, each node
+    beating at least once): the aggregator's HTTP port and its process. SystemExit with
+    one line if simulate fails."""
     with tempfile.TemporaryDirectory() as store:
         server = NatsServer(Path(store) / "nats")
         server.start()
@@ -80,13 +76,13 @@ def main() -> int:
         )
         try:
             wait_owning(port)
-            duration = max(30.0, 1.5 * args.nodes / args.rate)
-            sys.stdout.write(f"simulating {args.nodes} nodes for {duration:.0f}s ...\n")
+            duration = max(30.0, 1.5 * nodes / rate)
+            sys.stdout.write(f"simulating {nodes} nodes for {duration:.0f}s ...\n")
             simulated = subprocess.run(
                 [
                     *(sys.executable, "-m", "actors.cli.fleetctl", "simulate"),
-                    *("--server", server.url, "--nodes", str(args.nodes)),
-                    *("--rate", f"{args.rate:g}", "--duration", f"{duration:g}"),
+                    *("--server", server.url, "--nodes", str(nodes)),
+                    *("--rate", f"{rate:g}", "--duration", f"{duration:g}"),
                     *("--gpus", "1", "--processes", "2"),
                 ],
                 capture_output=True,
@@ -94,36 +90,51 @@ def main() -> int:
                 timeout=duration + 900,
             )
             # Exit 1 with nothing on stderr: not every record current within simulate's own
-            # wait, which this script waits out below.
+            # wait, which the callers wait out.
             if simulated.returncode != 0 and simulated.stderr.strip():
-                sys.stderr.write(f"error: fleetctl simulate failed: {simulated.stderr.strip()}\n")
-                return 1
+                raise SystemExit(f"error: fleetctl simulate failed: {simulated.stderr.strip()}")
             sys.stdout.write(simulated.stdout)
-            deadline = time.monotonic() + 300
-            body, _ = scrape(port)
-            while held(body) < args.nodes and time.monotonic() < deadline:
-                time.sleep(2)
-                body, _ = scrape(port)
-            times = []
-            for _ in range(args.scrapes):
-                body, seconds = scrape(port)
-                times.append(seconds)
-            nodes = held(body)
-            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-            per_node = sum(1 for line in body.splitlines() if line.startswith(b"fleet_node_"))
-            rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-            sys.stdout.write(
-                f"nodes held: {nodes} of {args.nodes}\n"
-                f"exposition: {len(body) / 2**20:.1f} MiB, {series} samples "
-                f"({per_node} per-node, {len(body) / max(nodes, 1):.0f} bytes a node)\n"
-                f"scrape wall time: median {statistics.median(times):.2f}s, "
-                f"min {min(times):.2f}s, max {max(times):.2f}s ({args.scrapes} scrapes)\n"
-                f"aggregator RSS: {rss:.0f} MiB\n"
-            )
+            yield port, aggregator
         finally:
             aggregator.terminate()
             aggregator.wait(30)
             server.stop()
+
+
+def held(body: bytes) -> int:
+    return sum(1 for line in body.splitlines() if line.startswith(b"fleet_node_state{"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--rate", type=float, default=3000.0, help="heartbeats/s in all")
+    parser.add_argument("--scrapes", type=int, default=5)
+    args = parser.parse_args()
+    if args.nodes < 1 or args.scrapes < 1 or args.rate <= 0:
+        parser.error("--nodes, --scrapes and --rate must be positive")
+    with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
+        deadline = time.monotonic() + 300
+        body, _ = scrape(port)
+        while held(body) < args.nodes and time.monotonic() < deadline:
+            time.sleep(2)
+            body, _ = scrape(port)
+        times = []
+        for _ in range(args.scrapes):
+            body, seconds = scrape(port)
+            times.append(seconds)
+        nodes = held(body)
+        series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        per_node = sum(1 for line in body.splitlines() if line.startswith(b"fleet_node_"))
+        rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
+        sys.stdout.write(
+            f"nodes held: {nodes} of {args.nodes}\n"
+            f"exposition: {len(body) / 2**20:.1f} MiB, {series} samples "
+            f"({per_node} per-node, {len(body) / max(nodes, 1):.0f} bytes a node)\n"
+            f"scrape wall time: median {statistics.median(times):.2f}s, "
+            f"min {min(times):.2f}s, max {max(times):.2f}s ({args.scrapes} scrapes)\n"
+            f"aggregator RSS: {rss:.0f} MiB\n"
+        )
     return 0
 
 
