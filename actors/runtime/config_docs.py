@@ -22,8 +22,8 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)`'\"][.;])\s+(?=[A-Z`(])")
 
 @functools.cache
 def setting_docs(config_type: type[msgspec.Struct]) -> Mapping[str, str]:
-    """Each field's docstring (the string literal right under it), on one line, with the
-    reStructuredText quotes of ``code`` dropped."""
+    """Each field's docstring (the string literal right under it) on one line, its
+    reStructuredText ````code```` written as Markdown's `code`."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(config_type)))
     [definition] = tree.body
     assert isinstance(definition, ast.ClassDef)
@@ -36,13 +36,13 @@ def setting_docs(config_type: type[msgspec.Struct]) -> Mapping[str, str]:
             and isinstance(after.value, ast.Constant)
             and isinstance(after.value.value, str)
         ):
-            found[statement.target.id] = plain(after.value.value)
+            found[statement.target.id] = " ".join(after.value.value.split()).replace("``", "`")
     return found
 
 
 def plain(text: str) -> str:
-    """``text`` on one line, ````code```` written ``code``."""
-    return " ".join(text.replace("``", "").split())
+    """``text`` on one line without code quotes, for a terminal."""
+    return " ".join(text.replace("`", "").split())
 
 
 def summary(text: str) -> str:
@@ -94,6 +94,6 @@ def duration_text(seconds: float) -> str:
 
 def flag_help(config_type: type[msgspec.Struct], name: str, env_prefix: str) -> str:
     """One flag's ``--help`` line: what the setting means, its default, its variable."""
-    meaning = summary(setting_docs(config_type).get(name, ""))
+    meaning = plain(summary(setting_docs(config_type).get(name, "")))
     env = f"{env_prefix}{name.upper()}"
     return f"{meaning} Default: {default_text(config_type, name)}. Env {env}."
