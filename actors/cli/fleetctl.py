@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from actors.cli import (
     dashboard_cli,
     enroll_cli,
+    gpus,
     maintenance_cli,
     placement_cli,
     policy_cli,
@@ -809,6 +810,7 @@ def parser() -> argparse.ArgumentParser:
     maintenance_cli.add_parsers(commands)
     policy_cli.add_parsers(commands)
     dashboard_cli.add_parsers(commands)
+    gpus.add_parser(commands)
     return strict(root)
 
 
