@@ -55,9 +55,20 @@ declares its own ``--key-file``."""
 
 
 def add_server(parser: argparse.ArgumentParser) -> None:
-    """--prefix and :class:`ClientConfig`'s flags, for every fleetctl command that connects."""
-    parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
+    """--context, --prefix and :class:`ClientConfig`'s flags, for every fleetctl command
+    that connects (:mod:`actors.cli.contexts` fills in what the context gives)."""
+    add_context_flag(parser)
+    parser.add_argument(
+        "--prefix", help="subject prefix of the fleet (default: the context's, else fleet)"
+    )
     add_config_flags(parser, ClientConfig, CLIENT_ENV_PREFIX, skip=SIGNING_ONLY)
+
+
+def add_context_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context",
+        help=f"the context of {contexts_path()} to use (default: its current-context)",
+    )
 
 
 Settings = TypeVar("Settings", bound=msgspec.Struct)
@@ -125,12 +136,14 @@ def add_config_flags(
 def settings_from(
     args: argparse.Namespace, config_type: type[Settings], env_prefix: str
 ) -> Settings:
-    """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``."""
+    """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``,
+    over fleetctl's context (``args.context_settings``, set by :mod:`actors.cli.contexts`)."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     # A flag typed Path (--key-file) is a str setting.
     flags = {name: str(v) if isinstance(v, Path) else v for name, v in flags.items()}
-    return build(config_type, env_prefix, file=args.config, flags=flags)
+    base = getattr(args, "context_settings", None)
+    return build(config_type, env_prefix, file=args.config, flags=flags, base=base)
 
 
 @asynccontextmanager
@@ -183,6 +196,11 @@ def operator_key(args: argparse.Namespace) -> signing.KeyPair:
 def config_home() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base)
+
+
+def contexts_path() -> Path:
+    """fleetctl's contexts file (:mod:`actors.cli.contexts`)."""
+    return config_home() / "fleetctl" / "config.toml"
 
 
 def version() -> str:

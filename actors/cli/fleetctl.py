@@ -20,6 +20,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import (
+    contexts,
     dashboard_cli,
     enroll_cli,
     gpus,
@@ -36,6 +37,7 @@ from actors.cli.common import (
     KEY_FILE_ENV,
     ClientConfig,
     add_config_flags,
+    add_context_flag,
     add_server,
     add_version,
     connected,
@@ -128,6 +130,15 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
         f"operator seed written to {path} (mode 0600); trust it on agents with\n"
         f"  node-agent start --trust-operator {pair.public_key}\n"
     )
+    return 0
+
+
+async def cmd_keys_show(args: argparse.Namespace) -> int:
+    """The operator's public key on stdout (for scripts, and for agents'
+    --trust-operator), its fingerprint on stderr, as 'node-agent key show' does."""
+    pair = signing.load_key_file(args.key_file or default_operator_key())
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
     return 0
 
 
@@ -586,7 +597,20 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help=f"where to write it (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
+    add_context_flag(keys_init)
     keys_init.set_defaults(func=cmd_keys_init)
+    keys_show = keys_commands.add_parser(
+        "show", help="print the operator's public key (stdout) and its fingerprint (stderr)"
+    )
+    keys_show.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"the operator key (env {KEY_FILE_ENV}; default: the context's, else "
+        f"{default_operator_key()})",
+    )
+    add_context_flag(keys_show)
+    keys_show.set_defaults(func=cmd_keys_show)
 
     approve = commands.add_parser(
         "approve",
@@ -811,6 +835,7 @@ def parser() -> argparse.ArgumentParser:
     policy_cli.add_parsers(commands)
     dashboard_cli.add_parsers(commands)
     gpus.add_parser(commands)
+    contexts.add_parsers(commands)
     return strict(root)
 
 
@@ -823,7 +848,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse(root, argv)
     func: Command = args.func
-    return run_main(lambda: func(args))
+
+    async def entry() -> int:
+        if args.command not in ("up", "aggregator", "config"):
+            contexts.apply(args)
+        return await func(args)
+
+    return run_main(entry)
 
 
 if __name__ == "__main__":

@@ -177,9 +177,11 @@ def build(
     file: Path | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> C:
-    """Merge the layers and validate once; raise ConfigError naming the bad field."""
-    merged: dict[str, Any] = {}
+    """Merge the layers and validate once; raise ConfigError naming the bad field.
+    ``base`` lies under the file (fleetctl's context)."""
+    merged: dict[str, Any] = dict(base or {})
     if file is not None:
         merged.update(read_toml(file))
     merged.update(from_env(config_type, env_prefix, os.environ if env is None else env))
