@@ -20,6 +20,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import (
+    completion,
     contexts,
     dashboard_cli,
     enroll_cli,
@@ -549,7 +550,9 @@ async def cmd_nats_config(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="fleetctl", description="operate a nats-node-agent fleet")
+    root = completion.SuggestingParser(
+        prog="fleetctl", description="operate a nats-node-agent fleet"
+    )
     add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
@@ -836,6 +839,7 @@ def parser() -> argparse.ArgumentParser:
     dashboard_cli.add_parsers(commands)
     gpus.add_parser(commands)
     contexts.add_parsers(commands)
+    completion.add_node_completers(root)
     return strict(root)
 
 

@@ -30,6 +30,7 @@ from actors.cli.common import (
     stop_event,
     strict,
 )
+from actors.cli.completion import SuggestingParser
 from actors.fleet import registry
 from actors.node import deregistration, gateway_access
 from actors.node.agent import NodeAgent, inbox_prefix
@@ -56,7 +57,7 @@ REGISTER_TIMEOUT = 5.0
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
+    root = SuggestingParser(prog="node-agent", description="GPU/HPC fleet node agent")
     add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
