@@ -98,6 +98,15 @@ def aggregator_settings(args: argparse.Namespace) -> AggregatorConfig:
     return build(AggregatorConfig, AGGREGATOR_ENV_PREFIX, args.config, env, flags)
 
 
+def gpus_per_node(text: str) -> int | str:
+    """An argparse type: ``real``, ``auto`` or a number of simulated GPUs, 0 to 64."""
+    if text in ("real", "auto"):
+        return text
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: use real, auto or a number from 0 to 64")
+    return int(text)
+
+
 async def cmd_aggregator(args: argparse.Namespace) -> int:
     config = aggregator_settings(args)
     logs.setup(config.log_level, config.log_format)
@@ -573,7 +582,13 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--stale-after", type=duration, help="heartbeat TTL (default 3 x --heartbeat-interval)"
     )
-    up.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
+    up.add_argument(
+        "--gpus-per-node",
+        type=gpus_per_node,
+        default=8,
+        help="N simulated GPUs per agent (default 8); real: this machine's GPUs through "
+        "NVML (an error without NVML); auto: real if NVML works, else 8 simulated",
+    )
     up.set_defaults(func=cmd_up)
 
     aggregator = commands.add_parser(
