@@ -559,7 +559,7 @@ async def cmd_nats_config(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = completion.SuggestingParser(
+    root: argparse.ArgumentParser = completion.SuggestingParser(
         prog="fleetctl", description="operate a nats-node-agent fleet"
     )
     add_version(root)

@@ -119,7 +119,7 @@ def with_tables(text: str, generated: dict[str, str]) -> str:
         pattern = re.compile(
             rf"(<!-- {name}:start [^>]*-->\n).*?(<!-- {name}:end -->)", flags=re.DOTALL
         )
-        text = pattern.sub(lambda match, table=table: match.group(1) + table + match.group(2), text)
+        text = pattern.sub(r"\g<1>" + table.replace("\\", "\\\\") + r"\g<2>", text)
     return text
 
 

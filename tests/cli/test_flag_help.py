@@ -57,11 +57,8 @@ def test_every_setting_has_a_docstring(config_type: type[msgspec.Struct]) -> Non
 
 def test_setting_help_is_the_docstring_and_the_default() -> None:
     """--help of a setting shows its docstring's first sentence, default and variable."""
-    [action] = [
-        a
-        for a in node_agent.parser()._subparsers._group_actions[0].choices["start"]._actions
-        if a.dest == "heartbeat_interval"
-    ]
+    start = dict(parsers(node_agent.parser(), "node-agent"))["node-agent start"]
+    [action] = [a for a in start._actions if a.dest == "heartbeat_interval"]
     assert action.help == (
         "Seconds between two heartbeats (each jittered by up to 10 %%). Default: 10s. "
         "Env NODE_AGENT_HEARTBEAT_INTERVAL."

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import msgspec
+
 from actors.cli import gpus
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -48,7 +50,7 @@ def record(node: str, state: str, cluster: str, gpu_list: list[Gpu], **beat: obj
         state=state,
         last_seq=1,
         last_seen=time.time(),
-        heartbeat=heartbeat(node, sample=sample, cluster=cluster, **beat),
+        heartbeat=msgspec.structs.replace(heartbeat(node, sample=sample, cluster=cluster), **beat),
         labels={"zone": "a"} if node == "a1" else {},
     )
 

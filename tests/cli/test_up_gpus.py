@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from actors.cli import up
+from schemas.errors import FleetError
 
 NVML_COUNT, NVML_ERROR = up.nvml_gpus()
 NO_NVML = pytest.mark.skipif(NVML_COUNT > 0, reason="this machine has GPUs NVML can read")
@@ -92,7 +93,7 @@ def test_choice_follows_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert up.choose_gpus(4) == (4, "4 simulated per agent")
     monkeypatch.setattr(up, "nvml_gpus", lambda: (0, ""))
     assert up.choose_gpus("auto") == (8, "8 simulated per agent (auto: NVML sees no GPU)")
-    with pytest.raises(up.FleetError, match="real: NVML sees no GPU"):
+    with pytest.raises(FleetError, match="real: NVML sees no GPU"):
         up.choose_gpus("real")
 
 
