@@ -55,7 +55,7 @@ from actors.cli.common import (
 )
 from actors.cli.provider import ProviderActors
 from actors.cli.simulate import SimOptions, simulate
-from actors.cli.up import UpOptions, default_store, run_up
+from actors.cli.up import UpOptions, default_store, gpus_per_node, run_up
 from actors.fleet import history, lease, nats_config, pending, registry
 from actors.fleet import labels as fleet_labels
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
@@ -96,15 +96,6 @@ def aggregator_settings(args: argparse.Namespace) -> AggregatorConfig:
     names = {field.name for field in msgspec.structs.fields(AggregatorConfig)}
     flags = {name: getattr(args, name) for name in names}
     return build(AggregatorConfig, AGGREGATOR_ENV_PREFIX, args.config, env, flags)
-
-
-def gpus_per_node(text: str) -> int | str:
-    """An argparse type: ``real``, ``auto`` or a number of simulated GPUs, 0 to 64."""
-    if text in ("real", "auto"):
-        return text
-    if not text.isdigit() or not 0 <= int(text) <= 64:
-        raise argparse.ArgumentTypeError(f"{text!r}: use real, auto or a number from 0 to 64")
-    return int(text)
 
 
 async def cmd_aggregator(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -90,6 +91,15 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         gateway_port=0,
         trust_operators=[operator],
     )
+
+
+def gpus_per_node(text: str) -> int | str:
+    """An argparse type: ``real``, ``auto`` or a number of simulated GPUs, 0 to 64."""
+    if text in ("real", "auto"):
+        return text
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: use real, auto or a number from 0 to 64")
+    return int(text)
 
 
 def nvml_gpus() -> tuple[int, str]:
