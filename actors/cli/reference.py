@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.cli.common import CLIENT_ENV_PREFIX, SINGULAR_FLAGS, ClientConfig
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
 from actors.runtime.config_docs import default_text, setting_docs
+from schemas.messages import NodeRecord
 
 DOCS = Path(__file__).parents[2] / "docs"
 SETTINGS_DOC = DOCS / "settings.md"
@@ -64,25 +66,49 @@ def settings_table(config_type: type[msgspec.Struct], env_prefix: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _series(registry: CollectorRegistry) -> Iterator[tuple[str, str, list[str], str]]:
-    """(name, type, labels, help) of each metric a registry holds, registered metrics
-    and custom collectors alike. prometheus_client has no public list of a registry's
-    collectors nor of a metric's label names, so this reads its attributes."""
+Series = tuple[str, str, list[str], str]
+"""A metric family: name, type, label names, help."""
+STANDARD = (ProcessCollector, PlatformCollector)
+"""Collectors of every program's standard series (:mod:`actors.runtime.prometheus`),
+listed once for both programs."""
+
+
+def _series(registry: CollectorRegistry, standard: bool = False) -> Iterator[Series]:
+    """Each metric family a registry holds, registered metrics and custom collectors
+    alike: only the standard collectors' with ``standard``, else all but theirs.
+    prometheus_client has no public list of a registry's collectors nor of a metric's
+    label names, so this reads its attributes."""
     collectors: list[Any] = list(registry._collector_to_names)
     for collector in collectors:
-        if isinstance(collector, MetricWrapperBase):
+        if isinstance(collector, STANDARD) != standard:
+            continue
+        if isinstance(collector, MetricWrapperBase) and collector._type != "info":
             wrapper: Any = collector
             yield wrapper._name, wrapper._type, list(wrapper._labelnames), wrapper._documentation
-        else:
+        else:  # collectors, and an Info, whose labels are its value's
             for family in collector.collect():
-                yield family.name, family.type, list(family._labelnames), family.documentation
+                yield from _families([family])
 
 
-def metrics_table(registry: CollectorRegistry, where: str) -> str:
+def _families(families: Iterable[Any]) -> Iterator[Series]:
+    for family in families:
+        labels = list(family.samples[0].labels) if family.samples else []
+        kind = "gauge" if family.type == "info" else family.type
+        name = f"{family.name}_info" if family.type == "info" else family.name
+        yield name, kind, list(getattr(family, "_labelnames", ())) or labels, family.documentation
+
+
+def _text_series(text: bytes) -> Iterator[Series]:
+    """The families of series written as exposition text (the aggregator's per-node
+    series, :func:`actors.fleet.metrics.node_series`)."""
+    yield from _families(text_string_to_metric_families(text.decode()))
+
+
+def metrics_table(series: Iterable[Series], where: str) -> str:
     """One row per series a scrape can show (a counter's ``_total``, a histogram's
     ``_bucket``, ``_sum`` and ``_count``), in registration order."""
     lines = [f"| series ({where}) | type | meaning |", "|---|---|---|"]
-    for name, kind, labels, text in _series(registry):
+    for name, kind, labels, text in series:
         if kind == "counter":
             rows = [(f"{name}_total", labels, text)]
         elif kind == "histogram":
@@ -93,10 +119,16 @@ def metrics_table(registry: CollectorRegistry, where: str) -> str:
             ]
         else:
             rows = [(name, labels, text)]
-        for series, names, meaning in rows:
+        for row, names, meaning in rows:
             label_text = "{" + ",".join(names) + "}" if names else ""
-            lines.append(f"| `{series}{label_text}` | {kind} | {_cell(meaning)} |")
+            lines.append(f"| `{row}{label_text}` | {kind} | {_cell(meaning)} |")
     return "\n".join(lines) + "\n"
+
+
+EXAMPLE_RECORD = NodeRecord(
+    node_id="n", cluster="c", state="active", last_seq=1, last_seen=0.0, health_score=100
+)
+"""A record that gives every per-node family of the aggregator a series."""
 
 
 def tables() -> dict[str, str]:
@@ -105,9 +137,14 @@ def tables() -> dict[str, str]:
         f"settings-{name}": settings_table(config_type, prefix)
         for name, _, config_type, prefix in SETTINGS
     }
-    found["metrics-agent"] = metrics_table(AgentMetrics().registry, "agent, `:9091/metrics`")
+    agent = AgentMetrics()
+    agent.identify("n", "c")
+    aggregator = AggregatorMetrics()
+    found["metrics-both"] = metrics_table(_series(agent.registry, standard=True), "both")
+    found["metrics-agent"] = metrics_table(_series(agent.registry), "agent, `:9091/metrics`")
     found["metrics-aggregator"] = metrics_table(
-        AggregatorMetrics().registry, "aggregator, `:9092/metrics`"
+        [*_series(aggregator.registry), *_text_series(node_series([EXAMPLE_RECORD]))],
+        "aggregator, `:9092/metrics`",
     )
     return found
 
