@@ -17,7 +17,9 @@ import msgspec
 
 from actors.runtime.config import duration_fields
 
-_SENTENCE_END = re.compile(r"(?<=[a-z0-9)`'\"][.;])\s+(?=[A-Z`(])")
+MIB = 1024 * 1024
+
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9)`'\"]\.)\s+(?=[A-Z`(])")
 
 
 @functools.cache
@@ -68,6 +70,8 @@ def default_text(config_type: type[msgspec.Struct], name: str) -> str:
         value = field.default
     if name in duration_fields(config_type) and isinstance(value, int | float):
         return duration_text(float(value))
+    if name.endswith("_bytes") and isinstance(value, int) and value >= MIB and not value % MIB:
+        return f"{value} ({value // MIB} MiB)"
     return value_text(value)
 
 
@@ -78,6 +82,8 @@ def value_text(value: object) -> str:
         return "on" if value else "off"
     if value == "":
         return "empty"
+    if isinstance(value, float):
+        return f"{value:g}"
     if isinstance(value, list):
         return ",".join(str(item) for item in value)
     return str(value)
