@@ -136,8 +136,9 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
 
 async def cmd_keys_show(args: argparse.Namespace) -> int:
     """The operator's public key on stdout (for scripts, and for agents'
-    --trust-operator), its fingerprint on stderr, as 'node-agent key show' does."""
-    pair = signing.load_key_file(args.key_file or default_operator_key())
+    --trust-operator), its fingerprint on stderr, as 'node-agent key show' does; the key
+    found as every signing command finds it (:func:`operator_key`)."""
+    pair = operator_key(args)
     sys.stdout.write(f"{pair.public_key}\n")
     sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
     return 0
@@ -619,7 +620,7 @@ def parser() -> argparse.ArgumentParser:
         f"{default_operator_key()})",
     )
     add_context_flag(keys_show)
-    keys_show.set_defaults(func=cmd_keys_show)
+    keys_show.set_defaults(func=cmd_keys_show, config=None)
 
     approve = commands.add_parser(
         "approve",
