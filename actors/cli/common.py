@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 
+from actors.runtime import config_docs
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import DEFAULT_SERVER, DurationError, build, parse_duration
 from actors.runtime.tls import client_context
@@ -31,6 +32,8 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ``NATS_URL``) and a key of ``--config``, through the same loader as the daemons."""
 
     server: str = DEFAULT_SERVER
+    """NATS URL(s) of the fleet, comma-separated (``NATS_URL`` also sets it): ``nats://`` or
+    ``tls://`` (TLS required)."""
     nkey_file: str = ""
     """Authenticate to NATS with this nkey seed (servers configured like auth.conf)."""
     tls_ca: str = ""
@@ -38,6 +41,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tls_cert: str = ""
     """PEM client certificate (mutual TLS); needs tls_key."""
     tls_key: str = ""
+    """PEM private key of tls_cert."""
     key_file: str = ""
     """The operator key that signs commands (``fleetctl up`` prints the line that exports
     it); see :func:`operator_key_file`. A setting of every command, so that
@@ -51,58 +55,95 @@ declares its own ``--key-file``."""
 
 
 def add_server(parser: argparse.ArgumentParser) -> None:
-    """--prefix and :class:`ClientConfig`'s flags, for every fleetctl command that connects."""
-    parser.add_argument("--prefix", default="fleet", help="subject prefix (default fleet)")
+    """--context, --prefix and :class:`ClientConfig`'s flags, for every fleetctl command
+    that connects (:mod:`actors.cli.contexts` fills in what the context gives)."""
+    add_context_flag(parser)
+    parser.add_argument(
+        "--prefix", help="subject prefix of the fleet (default: the context's, else fleet)"
+    )
     add_config_flags(parser, ClientConfig, CLIENT_ENV_PREFIX, skip=SIGNING_ONLY)
 
 
+def add_context_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context",
+        help=f"the context of {contexts_path()} to use (default: its current-context)",
+    )
+
+
 Settings = TypeVar("Settings", bound=msgspec.Struct)
+
+
+SINGULAR_FLAGS = {
+    "engines": "engine",
+    "peers": "peer",
+    "trust_operators": "trust-operator",
+    "workloads_operators": "workloads-operator",
+    "required_binaries": "require-binary",
+    "required_modules": "require-module",
+    "xid_thresholds": "xid-threshold",
+    "gpu_thresholds": "gpu-threshold",
+    "workload_engines": "workload-engine",
+    "workload_binaries": "workload-binary",
+    "workload_args": "workload-arg",
+    "workload_env": "workload-env",
+    "workload_images": "workload-image",
+    "labels": "label",
+    "version_programs": "version-program",
+}
+"""The repeatable flag of each list setting, in the singular (``--engine vllm=URL
+--engine sglang=URL``), the same in both CLIs; the plural (the setting's own name, as
+``--trust-operators``) stays accepted, hidden from ``--help``."""
 
 
 def add_config_flags(
     parser: argparse.ArgumentParser,
     config_type: type[msgspec.Struct],
     env_prefix: str,
-    list_flags: dict[str, str] | None = None,
     skip: frozenset[str] = frozenset(),
 ) -> None:
     """``--config FILE`` and one flag per field of ``config_type`` but those in ``skip``,
-    so flags, env and TOML can never drift apart. ``list_flags`` names the repeatable flag
-    of each list field."""
-    parser.add_argument("--config", type=Path, help="TOML config file")
-    list_flags = list_flags or {}
+    so flags, env and TOML can never drift apart; each flag's help is the setting's own
+    docstring and default (:mod:`actors.runtime.config_docs`)."""
+    parser.add_argument(
+        "--config", type=Path, help="TOML file of settings (flags and env variables beat it)"
+    )
     for field in msgspec.structs.fields(config_type):
         if field.name in skip:
             continue
-        doc = f"(env {env_prefix}{field.name.upper()})"
-        if field.name in list_flags:
-            # The field's own name too (``--trust-operators``): left out, argparse would
-            # take it for an abbreviation of a longer flag (``--trust-operators-file``).
-            names = dict.fromkeys(
-                [f"--{list_flags[field.name]}", f"--{field.name.replace('_', '-')}"]
+        doc = config_docs.flag_help(config_type, field.name, env_prefix).replace("%", "%%")
+        flag = f"--{field.name.replace('_', '-')}"
+        if field.name in SINGULAR_FLAGS:
+            singular = f"--{SINGULAR_FLAGS[field.name]}"
+            metavar = SINGULAR_FLAGS[field.name].replace("-", "_").upper()
+            parser.add_argument(
+                singular, dest=field.name, action="append", metavar=metavar, help=doc
             )
-            parser.add_argument(*names, dest=field.name, action="append", help=f"repeatable {doc}")
+            if flag != singular:
+                parser.add_argument(flag, dest=field.name, action="append", help=argparse.SUPPRESS)
         elif field.type is bool:
             parser.add_argument(
-                f"--{field.name.replace('_', '-')}",
+                flag,
                 dest=field.name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=doc,
             )
         else:
-            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, help=doc)
+            parser.add_argument(flag, dest=field.name, help=doc)
 
 
 def settings_from(
     args: argparse.Namespace, config_type: type[Settings], env_prefix: str
 ) -> Settings:
-    """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``."""
+    """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``,
+    over fleetctl's context (``args.context_settings``, set by :mod:`actors.cli.contexts`)."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     # A flag typed Path (--key-file) is a str setting.
     flags = {name: str(v) if isinstance(v, Path) else v for name, v in flags.items()}
-    return build(config_type, env_prefix, file=args.config, flags=flags)
+    base = getattr(args, "context_settings", None)
+    return build(config_type, env_prefix, file=args.config, flags=flags, base=base)
 
 
 @asynccontextmanager
@@ -155,6 +196,11 @@ def operator_key(args: argparse.Namespace) -> signing.KeyPair:
 def config_home() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base)
+
+
+def contexts_path() -> Path:
+    """fleetctl's contexts file (:mod:`actors.cli.contexts`)."""
+    return config_home() / "fleetctl" / "config.toml"
 
 
 def version() -> str:

@@ -20,8 +20,11 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli import (
+    completion,
+    contexts,
     dashboard_cli,
     enroll_cli,
+    gpus,
     maintenance_cli,
     placement_cli,
     policy_cli,
@@ -35,6 +38,7 @@ from actors.cli.common import (
     KEY_FILE_ENV,
     ClientConfig,
     add_config_flags,
+    add_context_flag,
     add_server,
     add_version,
     connected,
@@ -51,7 +55,7 @@ from actors.cli.common import (
 )
 from actors.cli.provider import ProviderActors
 from actors.cli.simulate import SimOptions, simulate
-from actors.cli.up import UpOptions, default_store, run_up
+from actors.cli.up import UpOptions, default_store, gpus_per_node, run_up
 from actors.fleet import history, lease, nats_config, pending, registry
 from actors.fleet import labels as fleet_labels
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
@@ -60,6 +64,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.remediation.policy import load_policy
 from actors.runtime import logs
 from actors.runtime.bus import Bus, Handler, NatsBus, listening
+from actors.runtime.config import build
 from actors.runtime.tls import client_context
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -82,8 +87,19 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return await run_up(options)
 
 
+def aggregator_settings(args: argparse.Namespace) -> AggregatorConfig:
+    """The aggregator's settings; FLEETCTL_SERVER gives the server when
+    FLEET_AGGREGATOR_SERVER does not, as for every fleetctl command."""
+    env = dict(os.environ)
+    if "FLEETCTL_SERVER" in env:
+        env.setdefault(f"{AGGREGATOR_ENV_PREFIX}SERVER", env["FLEETCTL_SERVER"])
+    names = {field.name for field in msgspec.structs.fields(AggregatorConfig)}
+    flags = {name: getattr(args, name) for name in names}
+    return build(AggregatorConfig, AGGREGATOR_ENV_PREFIX, args.config, env, flags)
+
+
 async def cmd_aggregator(args: argparse.Namespace) -> int:
-    config = settings_from(args, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
+    config = aggregator_settings(args)
     logs.setup(config.log_level, config.log_format)
     policy = load_policy(Path(config.policy_file)) if config.policy_file else None
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
@@ -115,6 +131,16 @@ async def cmd_keys_init(args: argparse.Namespace) -> int:
         f"operator seed written to {path} (mode 0600); trust it on agents with\n"
         f"  node-agent start --trust-operator {pair.public_key}\n"
     )
+    return 0
+
+
+async def cmd_keys_show(args: argparse.Namespace) -> int:
+    """The operator's public key on stdout (for scripts, and for agents'
+    --trust-operator), its fingerprint on stderr, as 'node-agent key show' does; the key
+    found as every signing command finds it (:func:`operator_key`)."""
+    pair = operator_key(args)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
     return 0
 
 
@@ -525,38 +551,51 @@ async def cmd_nats_config(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="fleetctl", description="operate a nats-node-agent fleet")
+    root: argparse.ArgumentParser = completion.SuggestingParser(
+        prog="fleetctl", description="operate a nats-node-agent fleet"
+    )
     add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="embedded nats-server + aggregator + N fake-GPU agents")
     up.add_argument("--nodes", type=int, default=3, help="agents to run (default 3)")
-    up.add_argument("--port", type=int, default=4222, help="client port (0: any free port)")
-    up.add_argument("--store", type=Path, default=None, help=f"default {default_store()}")
+    up.add_argument(
+        "--port", type=int, default=4222, help="NATS client port (default 4222; 0: any free port)"
+    )
+    up.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help=f"where the fleet keeps NATS data, keys and logs (default {default_store()})",
+    )
     up.add_argument(
         "--heartbeat-interval", type=duration, default=2.0, help="agents' beat period (default 2s)"
     )
     up.add_argument(
         "--stale-after", type=duration, help="heartbeat TTL (default 3 x --heartbeat-interval)"
     )
-    up.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
+    up.add_argument(
+        "--gpus-per-node",
+        type=gpus_per_node,
+        default=8,
+        help="N simulated GPUs per agent (default 8); real: this machine's GPUs through "
+        "NVML (an error without NVML); auto: real if NVML works, else 8 simulated",
+    )
     up.set_defaults(func=cmd_up)
 
     aggregator = commands.add_parser(
         "aggregator",
         help="run an aggregator until SIGINT/SIGTERM",
-        description="Flags beat FLEET_AGGREGATOR_<SETTING> variables, which beat --config. "
+        description="Flags beat FLEET_AGGREGATOR_<SETTING> variables, which beat --config "
+        "(docs/settings.md). FLEETCTL_SERVER gives the server when FLEET_AGGREGATOR_SERVER "
+        "does not; the contexts of fleetctl's config.toml are not read: a service's settings "
+        "must not change with the context an operator selected last. "
         "With --workloads-key-file (an operator key the nodes trust) it also keeps workloads "
         "placed by 'fleetctl deploy' without a node running, those signed by a "
         "--workloads-operator key: it moves them off lost, draining and failing nodes "
         "(docs/commands.md, 'Placed workloads').",
     )
-    add_config_flags(
-        aggregator,
-        AggregatorConfig,
-        AGGREGATOR_ENV_PREFIX,
-        {"trust_operators": "trust-operator", "workloads_operators": "workloads-operator"},
-    )
+    add_config_flags(aggregator, AggregatorConfig, AGGREGATOR_ENV_PREFIX)
     aggregator.set_defaults(func=cmd_aggregator)
 
     keys = commands.add_parser("keys", help="operator keys")
@@ -568,7 +607,20 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help=f"where to write it (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
+    add_context_flag(keys_init)
     keys_init.set_defaults(func=cmd_keys_init)
+    keys_show = keys_commands.add_parser(
+        "show", help="print the operator's public key (stdout) and its fingerprint (stderr)"
+    )
+    keys_show.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"the operator key (env {KEY_FILE_ENV}; default: the context's, else "
+        f"{default_operator_key()})",
+    )
+    add_context_flag(keys_show)
+    keys_show.set_defaults(func=cmd_keys_show, config=None)
 
     approve = commands.add_parser(
         "approve",
@@ -616,7 +668,10 @@ def parser() -> argparse.ArgumentParser:
         help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
     forget.add_argument(
-        "--timeout", type=duration, default=10.0, help="how long to wait for an aggregator's answer"
+        "--timeout",
+        type=duration,
+        default=10.0,
+        help="how long to wait for an aggregator's answer (default 10s)",
     )
     add_server(forget)
     forget.set_defaults(func=cmd_forget)
@@ -728,13 +783,16 @@ def parser() -> argparse.ArgumentParser:
         "written from it (a new boot is a state change, so it is written at once; later "
         "heartbeats reach fleet_nodes only at checkpoints and are not measured).",
     )
-    sim.add_argument("--nodes", type=int, required=True, help="simulated nodes")
+    sim.add_argument("--nodes", type=int, required=True, help="how many simulated nodes (required)")
     sim.add_argument("--rate", type=float, default=None, help="heartbeats/s in all (N / 10)")
     sim.add_argument("--duration", type=duration, default=30.0, help="how long (default 30s)")
     sim.add_argument("--cluster", default="sim", help="their cluster (default sim)")
     sim.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     sim.add_argument(
-        "--wait", type=duration, default=60.0, help="catch-up bound after the last publish"
+        "--wait",
+        type=duration,
+        default=60.0,
+        help="catch-up bound after the last publish (default 60s)",
     )
     sim.add_argument(
         "--kill",
@@ -773,7 +831,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["nkey", "cert"],
         default="nkey",
         help=f"nodes log in with their nkey, or a client certificate whose email SAN is "
-        f"<node>@{nats_config.CERT_DOMAIN} (server tls verify_and_map)",
+        f"<node>@{nats_config.CERT_DOMAIN} (server tls verify_and_map); default nkey",
     )
     config.add_argument("--output", type=Path, help="write here instead of stdout")
     add_server(config)
@@ -786,6 +844,9 @@ def parser() -> argparse.ArgumentParser:
     maintenance_cli.add_parsers(commands)
     policy_cli.add_parsers(commands)
     dashboard_cli.add_parsers(commands)
+    gpus.add_parser(commands)
+    contexts.add_parsers(commands)
+    completion.add_node_completers(root)
     return strict(root)
 
 
@@ -798,7 +859,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse(root, argv)
     func: Command = args.func
-    return run_main(lambda: func(args))
+
+    async def entry() -> int:
+        if args.command not in ("up", "aggregator", "config"):
+            contexts.apply(args)
+        return await func(args)
+
+    return run_main(entry)
 
 
 if __name__ == "__main__":

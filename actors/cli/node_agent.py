@@ -30,13 +30,14 @@ from actors.cli.common import (
     stop_event,
     strict,
 )
+from actors.cli.completion import SuggestingParser
 from actors.fleet import registry
 from actors.node import deregistration, gateway_access
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.node.http_api import PORT_FILE
-from actors.runtime import logs
+from actors.runtime import config_docs, logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
 from actors.runtime.config import DEFAULT_SERVER, build
 from actors.runtime.tls import client_context
@@ -51,30 +52,12 @@ log = logging.getLogger(__name__)
 INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
 DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
 
-# Repeatable flags read better in the singular: --engine vllm=URL --engine sglang=URL.
 REGISTER_TIMEOUT = 5.0
 """How long `node-agent register` waits for an aggregator's answer."""
 
-LIST_FLAGS = {
-    "engines": "engine",
-    "peers": "peer",
-    "trust_operators": "trust-operator",
-    "required_binaries": "require-binary",
-    "required_modules": "require-module",
-    "xid_thresholds": "xid-threshold",
-    "gpu_thresholds": "gpu-threshold",
-    "workload_engines": "workload-engine",
-    "workload_binaries": "workload-binary",
-    "workload_args": "workload-arg",
-    "workload_env": "workload-env",
-    "workload_images": "workload-image",
-    "labels": "label",
-    "version_programs": "version-program",
-}
-
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="node-agent", description="GPU/HPC fleet node agent")
+    root = SuggestingParser(prog="node-agent", description="GPU/HPC fleet node agent")
     add_version(root)
     commands = root.add_subparsers(dest="command", required=True)
 
@@ -88,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     add_key_flags(show)
 
     start = commands.add_parser("start", help="run the node's actors until SIGINT/SIGTERM")
-    add_config_flags(start, AgentConfig, ENV_PREFIX, LIST_FLAGS)
+    add_config_flags(start, AgentConfig, ENV_PREFIX)
     start.add_argument(
         "--rejoin",
         action="store_true",
@@ -97,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     register = commands.add_parser("register", help="ask the aggregators to admit this node")
-    add_config_flags(register, AgentConfig, ENV_PREFIX, LIST_FLAGS)
+    add_config_flags(register, AgentConfig, ENV_PREFIX)
 
     inject = commands.add_parser(
         "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
@@ -124,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
         inject.add_argument(
             f"--{setting.replace('_', '-')}",
             dest=setting,
-            help=f"as for start (env {ENV_PREFIX}{setting.upper()})",
+            help=config_docs.flag_help(AgentConfig, setting, ENV_PREFIX),
         )
 
     gateway_key = commands.add_parser(

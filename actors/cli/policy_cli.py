@@ -176,13 +176,17 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reset = subs.add_parser(
         "reset", help="close a tripped breaker (the policy then acts on current state only)"
     )
-    reset.add_argument("--cluster", type=token("cluster"), required=True, help="the cluster")
+    reset.add_argument(
+        "--cluster", type=token("cluster"), required=True, help="the cluster whose breaker closes"
+    )
     add_server(reset)
     reset.set_defaults(func=cmd_reset)
     clear = subs.add_parser(
         "clear", help="forget a node the policy holds (needs_attention) and its history"
     )
     clear.add_argument("node", type=token("node id"), help="the node's id")
-    clear.add_argument("--cluster", type=token("cluster"), required=True, help="its cluster")
+    clear.add_argument(
+        "--cluster", type=token("cluster"), required=True, help="the cluster of the node"
+    )
     add_server(clear)
     clear.set_defaults(func=cmd_clear)

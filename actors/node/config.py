@@ -64,11 +64,13 @@ def _is_loopback_ip(host: str) -> bool:
 
 
 def default_state_dir() -> str:
+    """``$XDG_STATE_HOME/node-agent`` (``~/.local/state/node-agent``)"""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return str(Path(base) / "node-agent")
 
 
 def default_node_id() -> str:
+    """the short hostname"""
     host = socket.gethostname().split(".")[0]
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", host)[:64]
     return cleaned if is_token(cleaned) else "node"
@@ -83,14 +85,21 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """stale_after, unless set, is 3 x heartbeat_interval (read by the runtime's loader)."""
 
     server: str = DEFAULT_SERVER
+    """NATS URL(s) to connect to, comma-separated (``NATS_URL`` also sets it); ``tls://``
+    requires TLS."""
     node_id: NodeId = msgspec.field(default_factory=default_node_id)
+    """This node's id in the fleet, ``[A-Za-z0-9_-]{1,64}``."""
     cluster: Cluster = "default"
+    """The cluster this node belongs to, ``[A-Za-z0-9_-]{1,64}``."""
     state_dir: str = msgspec.field(default_factory=default_state_dir)
+    """Where the agent keeps its sequence numbers, command state and key (node.nk)."""
     key_file: str = ""
     """Node nkey seed; empty means ``<state_dir>/node.nk``."""
     nkey_auth: bool = False
     """Authenticate to NATS with the node key (servers configured as in deploy/nats/auth)."""
     prefix: str = "fleet"
+    """Subject prefix of the fleet (``fleet.hb.*``, ``fleet.cmd.*``): one NATS can host several
+    fleets."""
     js_api_prefix: str = "$JS.API"
     """Where the JetStream API is reached: ``JS.FLEET.API`` under deploy/nats/auth.conf,
     whose nodes live in an account without JetStream and import the fleet's API there.
@@ -104,7 +113,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     tls_key: str = ""
     """PEM private key of tls_cert."""
     connect_timeout: Positive = 5.0
+    """Seconds each attempt to connect to NATS may take."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged: debug, info, warning or error."""
     log_format: LogFormat = "auto"
     """Logs on stdout as ``json`` or ``text`` lines; ``auto``: text on a terminal, else JSON."""
     enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
@@ -116,16 +127,26 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     separated) or a TOML ``[labels]`` table; they win over the automatic ones."""
 
     heartbeat_interval: Positive = 10.0
+    """Seconds between two heartbeats (each jittered by up to 10 %)."""
     stale_after: Positive = 30.0
+    """Seconds without a heartbeat before JetStream (the heartbeat's Nats-TTL) marks the node
+    stale."""
     sample_interval: Positive = 5.0
+    """Seconds between two samples of the GPUs and the host."""
     health_interval: Positive = 5.0
+    """Seconds between two health reports (jittered)."""
 
     fake_gpus: Annotated[int, Meta(ge=0, le=64)] | Literal["auto"] | None = None
     """N: simulate N GPUs (fleetctl up, demos, tests); 0: no GPUs; unset or "auto": NVML,
     never simulated: a failing NVML is reported unhealthy (actors.node.inventory.actor)."""
     expected_gpus: Annotated[int, Meta(ge=0)] | None = None
+    """GPUs this node must have: fewer fail the boot and nvml checks; unset: whatever is
+    found."""
     required_binaries: list[str] = []
+    """Programs that must be on PATH, else the dependencies check fails (repeatable)."""
     required_modules: list[str] = []
+    """Kernel modules that must be loaded (/proc/modules, /sys/module), else the dependencies
+    check fails (repeatable)."""
     storage_path: str = ""
     """The file system the sample measures (capacity.storage_*, host.storage_*), e.g. where
     models and datasets live; empty: the state dir (or / when it does not exist)."""
@@ -139,23 +160,36 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds between two readings of the versions (they are cached in between)."""
 
     engines: Annotated[list[EngineSpec], Meta(max_length=MAX_ENGINES)] = []
+    """Inference engines to probe, KIND=URL with KIND vllm, sglang or llamacpp (repeatable)."""
     engine_interval: Positive = 5.0
+    """Seconds between two probes of the engines."""
     engine_timeout: Positive = 2.0
+    """Seconds each engine probe may take before the engine counts as unhealthy."""
 
     peers: Annotated[list[PeerId], Meta(max_length=MAX_PEERS)] = []
+    """Node ids whose round trip this node measures (repeatable); none: up to max_peers live
+    nodes of its cluster."""
     max_peers: Annotated[int, Meta(ge=0, le=MAX_PEERS)] = 8
+    """Most peers probed when ``peers`` is not given (0: none)."""
     probe_interval: Positive = 10.0
+    """Seconds between two rounds of latency probes."""
     probe_timeout: Positive = 1.0
+    """Seconds a probe waits for its answer before it counts as lost."""
 
     http_host: str = "127.0.0.1"
+    """Address the HTTP server (/metrics, /healthz, /status) listens on."""
     http_port: Port = 9091
+    """Port of the HTTP server; 0 picks a free one (written to <state_dir>/http.port)."""
     http_max_connections: Annotated[int, Meta(ge=1)] = 256
     """Connections the HTTP server holds at once; more are answered 503 and closed."""
     http_request_timeout: Positive = 10.0
     """Seconds an HTTP connection has to send its request and be answered."""
 
     trust_operators: list[str] = []
+    """Operator public keys (U...) whose signed commands and fault injections this node obeys
+    (repeatable)."""
     trust_operators_file: str = ""
+    """A file of trusted operator keys, one a line (# comments), read at each command."""
     max_command_lifetime: Positive = 86400.0
     """Longest a command may stay valid (expires_at - issued_at): a command id is remembered
     until its command expires, so this bounds the remembered ids, and a captured command
@@ -163,15 +197,26 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_skew: Positive = 300.0
     """How far ahead of this node's clock a command's issued_at may be (clock skew)."""
     hooks_timeout: Positive = 30.0
+    """Seconds a hook (on_cordon, on_drain, ...) may run before it is killed."""
     on_cordon: str = ""
+    """Shell command run when the node is cordoned (e.g. to tell a load balancer); empty:
+    none."""
     on_drain: str = ""
+    """Shell command run when a drain starts; empty: none."""
     on_drained: str = ""
+    """Shell command run when a drain finished; empty: none."""
     on_uncordon: str = ""
+    """Shell command run when the node is uncordoned; empty: none."""
 
     spot_provider: Literal["aws", "gcp", "azure", "auto", "none"] = "none"
+    """Cloud whose spot/preemption notices are watched: aws, gcp, azure, auto (find out) or
+    none."""
     metadata_url: str = ""
+    """Base URL of the cloud's metadata service; empty: the provider's usual address."""
     spot_poll_interval: Positive = 1.0
+    """Seconds between two looks at the metadata service for a notice."""
     spot_safety_margin: NonNegativeDuration = 15.0
+    """Seconds before a termination notice's deadline by which the drain must be over."""
 
     scheduler: Literal["slurm", "none", "auto"] = "auto"
     """Workload manager to report and drain through: ``auto`` uses Slurm when ``scontrol``
@@ -185,6 +230,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds each Slurm tool (scontrol, squeue, sacct) has to answer before it is killed."""
 
     deregister_on_shutdown: bool = False
+    """SIGTERM also deregisters the node from the fleet (it leaves, rather than going stale)."""
     shutdown_timeout: Positive = 30.0
     """Longest SIGTERM waits for in-flight work (the shutdown drain, or a drain or
     deregistration in progress) before the actors stop."""
@@ -216,6 +262,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     the start, ``off`` never, ``auto`` while the node runs a workload (and until the
     requests it holds are answered), or from the start with gateway_autostart."""
     gateway_port: Port = 8081
+    """Port of the local OpenAI-compatible gateway on 127.0.0.1; 0 picks a free one."""
     gateway_max_in_flight: Annotated[int, Meta(ge=1)] = 4
     """Requests the gateway passes to one workload at once; more wait (up to the
     workload's ``max_pending``), and beyond that are answered 429."""
@@ -300,6 +347,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload_stop_grace: Positive = 10.0
     """Seconds between SIGTERM and SIGKILL of a stopping workload's process group."""
     workload_crash_limit: Annotated[int, Meta(ge=1)] = 5
+    """Crashes within workload_crash_window after which a workload is left in ``crashloop``."""
     workload_crash_window: Positive = 300.0
     """A workload that crashes workload_crash_limit times within this many seconds is left
     in ``crashloop`` instead of being restarted again."""

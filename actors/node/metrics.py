@@ -48,16 +48,23 @@ class GpuCollector(Collector):
         def gauge(name: str, text: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, text, labels=GPU_LABELS)
 
-        temperature = gauge("node_agent_gpu_temperature_celsius", "GPU temperature")
-        utilization = gauge("node_agent_gpu_utilization_percent", "GPU utilization")
-        used = gauge("node_agent_gpu_memory_used_bytes", "GPU memory in use")
+        temperature = gauge(
+            "node_agent_gpu_temperature_celsius", "GPU temperature in degrees C (NaN: no reading)"
+        )
+        utilization = gauge(
+            "node_agent_gpu_utilization_percent", "GPU utilization in percent (NaN: no reading)"
+        )
+        used = gauge(
+            "node_agent_gpu_memory_used_bytes", "GPU memory in use (NaN once the GPU is lost)"
+        )
         total = gauge("node_agent_gpu_memory_total_bytes", "GPU memory in all")
-        power = gauge("node_agent_gpu_power_watts", "GPU power draw")
-        limit = gauge("node_agent_gpu_power_limit_watts", "GPU power limit")
+        power = gauge("node_agent_gpu_power_watts", "GPU power draw (NaN: no reading)")
+        limit = gauge("node_agent_gpu_power_limit_watts", "GPU power limit (NaN: no reading)")
         lost = gauge("node_agent_gpu_lost", "1 once the GPU stopped answering, else 0")
         ecc = CounterMetricFamily(
             "node_agent_gpu_ecc_errors",
-            "ECC errors the driver counted, by type (corrected, uncorrected)",
+            "ECC errors the driver counted, by type (corrected, uncorrected); absent when "
+            "the GPU does not say",
             labels=[*GPU_LABELS, "type"],
         )
         xids = CounterMetricFamily(

@@ -7,11 +7,12 @@ the field (``ConfigError``), never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -139,7 +140,9 @@ def from_env(
             continue
         name = key[len(env_prefix) :].lower()
         if name not in names:
-            raise ConfigError(f"unknown environment variable {key}")
+            close = difflib.get_close_matches(name, sorted(names), n=1)
+            hint = f"; did you mean {env_prefix}{close[0].upper()}?" if close else ""
+            raise ConfigError(f"unknown environment variable {key}{hint}")
         values[name] = [item for item in raw.split(",") if item] if name in lists else raw
     return values
 
@@ -177,9 +180,11 @@ def build(
     file: Path | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> C:
-    """Merge the layers and validate once; raise ConfigError naming the bad field."""
-    merged: dict[str, Any] = {}
+    """Merge the layers and validate once; raise ConfigError naming the bad field.
+    ``base`` lies under the file (fleetctl's context)."""
+    merged: dict[str, Any] = dict(base or {})
     if file is not None:
         merged.update(read_toml(file))
     merged.update(from_env(config_type, env_prefix, os.environ if env is None else env))
@@ -202,7 +207,18 @@ def build(
     try:
         return msgspec.convert(merged, config_type, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_explain(str(exc))) from None
+        message = _explain(str(exc))
+        unknown = re.fullmatch(r"unknown setting `(.+)`", message)
+        if unknown:
+            names = {field.name for field in msgspec.structs.fields(config_type)}
+            message += did_you_mean(unknown.group(1), names)
+        raise ConfigError(message) from None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'server'?"`` for the closest of ``choices`` (difflib), else ""."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _explain(message: str) -> str:
