@@ -10,15 +10,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from actors.runtime import direct_get
 from actors.runtime.bus import Bus, unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
@@ -28,32 +28,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WATCHER_STOP_TIMEOUT = 2.0
-END_OF_BATCH = "204"
-"""The status of the message that ends a batched direct get (description ``EOB``)."""
-NO_MESSAGES = "404"
-"""The status a batched direct get answers when the bucket holds no key at all."""
-
-
-class BatchError(nats.errors.Error):
-    """A batched direct get was refused, or answered more than it was asked for."""
-
-
-PAGE_KEYS = 1000
-"""Messages asked for per batched direct get."""
-PAGE_BYTES = 8 * 1024 * 1024
-"""Bytes the server sends at most per page; half the client's pending-bytes budget of a
-subscription, so one page never overflows it."""
-
-
-class _Page(msgspec.Struct):
-    """One batched direct get's answers, in stream order, and what its end said."""
-
-    entries: list[tuple[str, bytes | None]]
-    """(key, value) per message; None for a delete or purge marker."""
-    revisions: list[int] = []
-    """The stream sequence (the entry's revision) of each of ``entries``."""
-    last_seq: int = 0
-    pending: int = 0
+PAGE_KEYS = direct_get.PAGE_KEYS
+BatchError = direct_get.BatchError
+"""A batched direct get was refused, or answered more than it was asked for."""
 
 
 async def latest_values(
@@ -125,25 +102,18 @@ async def latest_pages(
     the scan comes again later (its last value is the current one). The next page is
     asked for, and the request is at the server, before this one is handed over: the
     server reads it while the caller takes this one in (at most two pages held)."""
-    stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    asked: _Asked | None = await _ask_page(bus, stream, prefix, 1)
-    try:
-        while asked is not None:
-            current, asked = asked, None  # _page_read unsubscribes it, whatever happens
-            page = await _page_read(current, max(deadline - loop.time(), 0.0))
-            if page.pending:
-                asked = await _ask_page(bus, stream, prefix, page.last_seq + 1)
-                await bus.flush(max(deadline - loop.time(), 0.001))
-            yield [
-                (key, value, revision)
-                for (key, value), revision in zip(page.entries, page.revisions, strict=True)
-            ]
-    finally:
-        if asked is not None:  # a caller that stopped early leaves no subscription behind
-            await unsubscribe_quietly(asked.subscription)
+    async for messages in direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout):
+        yield [
+            _entry(message, prefix) for message in messages if message.subject.startswith(prefix)
+        ]
+
+
+def _entry(message: direct_get.Stored, prefix: str) -> tuple[str, bytes | None, int]:
+    """(key, value, revision) of a stored KV message; value None for a delete or purge."""
+    deleted = message.headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
+    value = None if deleted or not message.data else message.data
+    return message.subject.removeprefix(prefix), value, message.seq
 
 
 async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes | None:
@@ -151,94 +121,20 @@ async def latest_value(bus: Bus, bucket: str, key: str, timeout: float) -> bytes
     the same batched direct get as :func:`latest_values`, filtered to the key's subject:
     the one read a node may make of ``fleet_nodes`` (deploy/nats/auth.conf), so it can
     read its own record without reading the fleet's."""
-    stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
     value: bytes | None = None
-    deadline = asyncio.get_running_loop().time() + timeout
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     seq = 1
     while True:
-        left = deadline - asyncio.get_running_loop().time()
-        page = await _direct_page(bus, stream, prefix, seq, max(left, 0.0), prefix + key)
-        for _, entry in page.entries:
-            value = entry
+        request = {"seq": seq, "next_by_subj": prefix + key}
+        asked = await direct_get.ask(bus, f"KV_{bucket}", request)
+        page = await direct_get.read(asked, max(deadline - loop.time(), 0.0))
+        for message in page.messages:
+            value = _entry(message, prefix)[1]
         if page.pending == 0:
             return value
         seq = page.last_seq + 1
-
-
-class _Asked(NamedTuple):
-    """One batched direct get sent: the page its answers fill, done when they end."""
-
-    page: _Page
-    finished: asyncio.Future[None]
-    subscription: Subscription
-
-
-async def _direct_page(
-    bus: Bus, stream: str, prefix: str, seq: int, timeout: float, subjects: str = ""
-) -> _Page:
-    """Up to PAGE_KEYS messages of ``stream`` from ``seq`` on: one batched direct get."""
-    return await _page_read(await _ask_page(bus, stream, prefix, seq, subjects), timeout)
-
-
-async def _ask_page(bus: Bus, stream: str, prefix: str, seq: int, subjects: str = "") -> _Asked:
-    """Send the batched direct get of up to PAGE_KEYS messages of ``stream`` from ``seq``
-    on. nats-py does not wrap the batched form, so this sends the request itself on a
-    fresh inbox and collects the answers: one message per stored message in stream
-    order, then a status 204 "EOB" message (404 when nothing is stored from ``seq`` on)."""
-    page = _Page(entries=[])
-    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def on_message(msg: Msg) -> None:
-        if finished.done():
-            return
-        headers = msg.headers or {}
-        status = headers.get("Status", "")
-        if status == END_OF_BATCH:
-            page.pending = int(headers.get("Nats-Num-Pending", "0"))
-            page.last_seq = int(headers.get("Nats-Last-Sequence", "0"))
-            finished.set_result(None)
-        elif status == NO_MESSAGES:
-            finished.set_result(None)
-        elif status:
-            finished.set_exception(
-                BatchError(f"direct get on {stream}: {status} {headers.get('Description', '')}")
-            )
-        elif len(page.entries) >= PAGE_KEYS:
-            finished.set_exception(BatchError(f"direct get on {stream}: over {PAGE_KEYS} answers"))
-        else:
-            subject = headers.get("Nats-Subject", "")
-            if subject.startswith(prefix):
-                deleted = headers.get("KV-Operation") in (KV_DEL, KV_PURGE)
-                value = None if deleted or not msg.data else msg.data
-                page.entries.append((subject.removeprefix(prefix), value))
-                page.revisions.append(int(headers.get("Nats-Sequence", "0")))
-
-    inbox = bus.new_inbox()
-    subscription = await bus.subscribe(inbox, on_message)
-    try:
-        request = {
-            "seq": seq,
-            "next_by_subj": subjects or f"{prefix}>",
-            "batch": PAGE_KEYS,
-            "max_bytes": PAGE_BYTES,
-        }
-        subject = f"{bus.js_api_prefix}.DIRECT.GET.{stream}"
-        await bus.publish(subject, msgspec.json.encode(request), reply=inbox)
-    except BaseException:
-        await unsubscribe_quietly(subscription)
-        raise
-    return _Asked(page, finished, subscription)
-
-
-async def _page_read(asked: _Asked, timeout: float) -> _Page:
-    """The page of a direct get sent, once its answers ended (within ``timeout``)."""
-    try:
-        async with asyncio.timeout(timeout):
-            await asked.finished
-    finally:
-        await unsubscribe_quietly(asked.subscription)
-    return asked.page
 
 
 class _ApiError(msgspec.Struct):
