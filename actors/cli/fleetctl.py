@@ -56,7 +56,7 @@ from actors.cli.common import (
 from actors.cli.provider import ProviderActors
 from actors.cli.simulate import SimOptions, simulate
 from actors.cli.up import UpOptions, default_store, gpus_per_node, run_up
-from actors.fleet import history, lease, nats_config, pending, registry
+from actors.fleet import history, lease, live, nats_config, pending, registry
 from actors.fleet import labels as fleet_labels
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
@@ -258,6 +258,12 @@ WATCH_INTERVAL = 2.0
 """Seconds between two reads of ``fleetctl nodes --watch``."""
 
 
+def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
+    """Whether ``fleetctl nodes`` prints the summary by cluster and state (no heartbeat
+    parts, so nothing to read live)."""
+    return output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE
+
+
 def write_nodes(
     records: list[NodeRecord], output: str, colour: bool, rows: bool, of: int | None = None
 ) -> None:
@@ -269,7 +275,7 @@ def write_nodes(
         for index, record in enumerate(records):
             sys.stdout.write(("," if index else "") + codec.encode(record).decode())
         sys.stdout.write("]\n")
-    elif output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE:
+    elif summarised(records, output, rows):
         sys.stdout.write(views.fleet_summary(records))
     else:
         sys.stdout.write(views.nodes_output(records, output, colour, of))
@@ -303,14 +309,16 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             ]
             if args.limit is not None:
                 records = records[: args.limit]
+            rows = args.all or args.limit is not None
+            if not summarised(records, output, rows):
+                # Heartbeat parts as of each node's latest accepted heartbeat (issue 33).
+                records = list(await live.overlay(bus, subjects, records))
             key = [views.change_key(r) for r in records]
             if key != shown:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                write_nodes(
-                    records, output, colour, rows=args.all or args.limit is not None, of=len(every)
-                )
+                write_nodes(records, output, colour, rows, of=len(every))
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -378,7 +386,7 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
 
 async def cmd_node(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
-        record = await registry.read_record(bus, Subjects(args.prefix), args.node)
+        record = await live.read_node(bus, Subjects(args.prefix), args.node)
     if args.json:
         sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
     else:
@@ -478,7 +486,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     """The human view of one node: its record explained, then its recent history."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        record = await registry.read_record(bus, subjects, args.node)
+        record = await live.read_node(bus, subjects, args.node)
         alerts, results = await history.node_history(bus, subjects, args.node, limit=views.RECENT)
         policies = await policy_cli.read_policies(bus, subjects)
     now = time.time()

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from actors.fleet.history import Entry
+from actors.fleet.live import LiveRecord
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import Alert, CommandResult, NodeRecord, WorkloadSummary
 
@@ -21,6 +22,8 @@ COLUMNS = ("NODE", "CLUSTER", "STATE", "SCHED", "HEALTH", "GPUS", "LAST SEEN", "
 WIDE_COLUMNS = (*COLUMNS, "SEQ", "REASON")
 """``-o wide`` adds the last accepted seq and why the node is in its state."""
 REASON_WIDTH = 80
+NOTES_SHOWN = 3
+"""Nodes the footnote of not-live rows names (with why)."""
 COLOURS = {"active": "32", "degraded": "33", "unhealthy": "31", "stale": "33", "offline": "31"}
 """ANSI colour of the STATE cell per state (green, yellow, red); others stay plain."""
 UNKNOWN_NOW = frozenset({"stale", "offline", "stopped", "deregistered", "pending"})
@@ -106,13 +109,35 @@ def row(record: NodeRecord, now: float, wide: bool = False) -> tuple[str, ...]:
         record.schedulability if known else "-",
         health,
         str(record.gpus_total),
-        age(now - record.last_seen) if record.last_seen else "never",
+        (age(now - record.last_seen) if record.last_seen else "never") + _not_live(record),
         span(now - record.created) if record.created is not None else "-",
         record.agent_version or "-",
     )
     if not wide:
         return cells
     return (*cells, str(record.last_seq), reason(record, now))
+
+
+def _not_live(record: NodeRecord) -> str:
+    """``*`` after LAST SEEN where the record's checkpoint is shown, not a live read."""
+    return "*" if isinstance(record, LiveRecord) and not record.live else ""
+
+
+def not_live_note(records: list[NodeRecord]) -> str:
+    """The footnote of the ``*`` marks (newline-terminated), or "" when there are none:
+    how many, and why for the first few."""
+    marked = [r for r in records if isinstance(r, LiveRecord) and not r.live]
+    if not marked:
+        return ""
+    why = "; ".join(f"{r.node_id}: {r.live_note}" for r in marked[:NOTES_SHOWN])
+    more = f"; and {len(marked) - NOTES_SHOWN} more" if len(marked) > NOTES_SHOWN else ""
+    return (
+        printable(
+            f"* {len(marked)} node(s) show their last checkpoint, not a live heartbeat "
+            f"({why}{more})"
+        )
+        + "\n"
+    )
 
 
 def table(
@@ -179,7 +204,13 @@ def nodes_output(
     if output == "yaml":
         return yaml(msgspec.to_builtins(records))
     wide = output == "wide"
-    return table(records, wide=wide, colour=colour) + "\n" + summary(records, of) + "\n"
+    return (
+        table(records, wide=wide, colour=colour)
+        + "\n"
+        + summary(records, of)
+        + "\n"
+        + not_live_note(records)
+    )
 
 
 def yaml(value: Any) -> str:
@@ -298,6 +329,8 @@ def describe(
         f"Last seen:       {age(now - record.last_seen) if record.last_seen else 'never'}"
         f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
     ]
+    if isinstance(record, LiveRecord):
+        lines.append(f"Heartbeat:       {_liveness(record, now)}")
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
     lines += remediation or []
     lines.append(f"Labels:          {labels_text(record.labels)}")
@@ -344,6 +377,16 @@ def _workloads(workloads: list[WorkloadSummary]) -> list[str]:
         for w in workloads
     ]
     return ["Workloads:", *grid(rows)]
+
+
+def _liveness(record: LiveRecord, now: float) -> str:
+    """Whether describe shows the node's latest accepted heartbeat, read just now."""
+    if record.live:
+        return "the latest accepted, read live from FLEET_HB"
+    return (
+        f"NOT LIVE ({record.live_note}): the record's checkpoint is shown, "
+        f"{age(now - record.last_seen) if record.last_seen else 'never'}"
+    )
 
 
 def labels_text(labels: dict[str, str]) -> str:

@@ -8,13 +8,13 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 
 from actors.cli import placement_cli, send, views
 from actors.cli.common import add_server, connected, token
-from actors.fleet import registry
+from actors.fleet import live
 from schemas.messages import Action, NodeRecord
 from schemas.placement import PlacedWorkload
 from schemas.subjects import Subjects
@@ -105,9 +105,9 @@ async def cmd_workloads(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         if args.node:
-            records = [await registry.read_record(bus, subjects, args.node)]
+            records = [await live.read_node(bus, subjects, args.node)]
         else:
-            records = await registry.read_records(bus, subjects)
+            records = list(await live.read_fleet(bus, subjects))
         placed = await placement_cli.read_placed(bus, subjects)
     if args.node:
         placed = [
@@ -127,7 +127,7 @@ def endpoint(record: NodeRecord, port: int) -> str:
 
 
 def workloads_output(
-    records: list[NodeRecord],
+    records: Sequence[NodeRecord],
     as_json: bool,
     placed: list[PlacedWorkload] | None = None,
     why: bool = False,

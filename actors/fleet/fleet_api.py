@@ -31,7 +31,7 @@ import msgspec
 from aiohttp import web
 from nats.js.kv import KeyValue
 
-from actors.fleet import labels
+from actors.fleet import labels, live
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.labels import Selector
@@ -309,7 +309,7 @@ class FleetApiActor:
                 headers["Next-After"] = page[-1].node_id
             found = page
         return web.Response(
-            body=msgspec.json.encode([self.whole(record) for record in found]),
+            body=msgspec.json.encode(await self.live_records(found)),
             content_type="application/json",
             headers=headers,
         )
@@ -318,7 +318,25 @@ class FleetApiActor:
         record = self.record(request.match_info["node"])
         if record is None:
             return web.json_response({"error": "no such node"}, status=404)
-        return web.Response(body=codec.encode(record), content_type="application/json")
+        (answer,) = await self.live_records([record])
+        return web.Response(body=codec.encode(answer), content_type="application/json")
+
+    async def live_records(self, records: list[NodeRecord]) -> list[live.LiveRecord]:
+        """``records`` with each node's latest accepted heartbeat: from the aggregator
+        beside this API for the nodes it holds (its memory is that heartbeat), read from
+        FLEET_HB for the rest (:mod:`actors.fleet.live`)."""
+        held: dict[str, live.LiveRecord] = {}
+        others: list[NodeRecord] = []
+        for record in records:
+            state = self.live.get(record.node_id) if self.live else None
+            if self.live is not None and state is not None:
+                whole = self.live.whole(state)
+                held[record.node_id] = msgspec.structs.replace(live.as_live(whole), live=True)
+            else:
+                others.append(record)
+        read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
+        held.update((record.node_id, record) for record in read)
+        return [held[record.node_id] for record in records]
 
     async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
         """``records`` whole, with the latest heartbeat this API knows of each node."""

@@ -161,6 +161,8 @@ def stream_configs(
             max_bytes=limits.heartbeats_max_bytes,
             max_msgs=MAX_NODES,
             max_msg_size=MAX_HEARTBEAT_SIZE,
+            # The views read each node's latest heartbeat by direct get (actors/fleet/live.py).
+            allow_direct=True,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_COMMANDS),
