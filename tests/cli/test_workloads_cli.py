@@ -8,13 +8,15 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from actors.fleet.metrics import AggregatorMetrics
 from actors.node.agent import NodeAgent
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from tests.cli.test_fleetctl_commands import FLEETCTL, finish, fleetctl
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, new_fleet_api, wait_record
 from tests.support.workloads import killing_leftovers, standin_script
 
 NODE_AGENT = str(Path(FLEETCTL).with_name("node-agent"))
@@ -139,3 +141,47 @@ async def test_bad_gpu_list_is_a_usage_error(
         )
     )  # fmt: skip
     assert code == 2 and "not a list of GPU indices" in err
+
+
+async def test_workloads_and_free_gpus_show_right_after_deploy(
+    nats_server: NatsServer, fleet: Fleet, prefix: str, operator_file: Path, tmp_path: Path
+) -> None:
+    """With the default 60 s checkpoint, right after `deploy --gpus 0 --wait` is done:
+    `fleetctl workloads` lists it (issue 33 saw "no workloads"), and the GPU it pins is
+    not available in `fleetctl nodes -o json` nor in GET /nodes/n1 (2 fake GPUs, 1 free)."""
+    await fleet.start_aggregator(checkpoint_interval=60.0)
+    api = new_fleet_api(fleet.bus, prefix, AggregatorMetrics())
+    await fleet.start_supervisor(api)
+    operator = signing.load_key_file(operator_file)
+    config = fleet.config(
+        trust_operators=[operator.public_key],
+        workload_binaries=[f"llamacpp={standin_script(tmp_path / 'bin')}"],
+        workload_stop_grace=2.0,
+        heartbeat_interval=1.0,
+    )
+    await fleet.start_agent(config)
+    await wait_record(fleet.bus, prefix, "n1", lambda r: r.state == "active")
+    code, out, err = await finish(
+        await fleetctl(
+            nats_server, prefix, operator_file, "deploy", "n1", "chat", "--engine", "llamacpp",
+            "--model", "/models/x.gguf", "--gpus", "0", "--arg=--load-time", "--arg=0.2",
+            "--ready-timeout", "30s", "--wait",
+        )
+    )  # fmt: skip
+    assert code == 0 and out.splitlines()[-1].startswith("done: ready"), out + err
+    await asyncio.sleep(1.0 + 1.0)  # within one interval (1 s) and a second of the change
+    code, out, err = await workloads(nats_server, prefix, "--json")
+    assert code == 0, err
+    assert [(w["name"], w["state"], w["gpus"]) for w in json.loads(out)] == [("chat", "ready", [0])]
+    process = await asyncio.create_subprocess_exec(
+        FLEETCTL, "nodes", "-o", "json", "--server", nats_server.url, "--prefix", prefix,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    code, out, err = await finish(process)
+    [listed] = json.loads(out)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{api.port}/nodes/n1") as response:
+            answered = await response.json()
+    for record in (listed, answered):
+        capacity = record["heartbeat"]["sample"]["capacity"]
+        assert (capacity["gpus_total"], capacity["gpus_available"]) == (2, 1)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import nats.errors
 
+from actors.node.capacity import with_workloads
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.heartbeat.sequence import SequenceStore
@@ -187,7 +188,7 @@ class HeartbeatActor:
             schedulability=schedulability,
             schedulability_reason=reason,
             schedulability_by=by,
-            sample=self.sample,
+            sample=with_workloads(self.sample, self.workloads) if self.sample else None,
             health=self.health,
             latency=self.latency,
             engine=self.engine,

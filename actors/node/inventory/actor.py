@@ -25,6 +25,7 @@ from typing import Literal, NamedTuple, Protocol
 
 import psutil
 
+from actors.node.capacity import free_gpus
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
@@ -245,7 +246,6 @@ class InventoryActor:
             fabric_manager = process_running(process)
         memory = psutil.virtual_memory()
         disk = self._disk()
-        busy = sum(1 for gpu in gpus if gpu.lost or (gpu.utilization_pct or 0) >= 90)
         capacity = Capacity(
             cpu_cores=psutil.cpu_count() or 0,
             cpu_percent=self.cpu.read(),
@@ -253,7 +253,7 @@ class InventoryActor:
             memory_total=memory.total,
             memory_available=memory.available,
             gpus_total=len(gpus),
-            gpus_available=len(gpus) - busy,
+            gpus_available=free_gpus(gpus, set()),
             storage_total=disk.total,
             storage_available=disk.free,
         )
