@@ -210,6 +210,8 @@ AlertKind = Literal[
     "breaker_tripped",
     "needs_attention",
     "stopped",
+    "forgotten",
+    "revoked",
 ]
 
 
@@ -370,6 +372,10 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     stopped_since: UnixTime | None = None
     """When the node's goodbye heartbeat (``stopping``) was accepted: state ``stopped``,
     neither stale nor offline while it stays away; cleared by its next heartbeat."""
+    gpus_seen: bool = False
+    """``gpu_fingerprint`` comes from a sample: an empty one means the node reported no
+    GPU (NVML failing), not that no sample came yet; so a set that goes from none to some
+    raises ``hardware_changed`` too. Records of older aggregators lack it (false)."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

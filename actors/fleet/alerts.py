@@ -49,18 +49,37 @@ SEVERITY: dict[AlertKind, Severity] = {
     "breaker_tripped": "critical",
     "needs_attention": "critical",
     "stopped": "info",
+    "forgotten": "warning",
+    "revoked": "warning",
 }
 
 
 LIMITED: frozenset[AlertKind] = frozenset(
-    {"anomaly", "sequence_gap", "replay", "bad_signature", "unknown_node", "clock_skew"}
+    {
+        "anomaly",
+        "sequence_gap",
+        "replay",
+        "bad_signature",
+        "unknown_node",
+        "clock_skew",
+        "revoked",
+        "forgotten",
+    }
 )
 """Kinds raised per message refused or judged odd, which a sender can repeat at will.
 Lifecycle kinds (stale, offline, recovered, ...) follow state changes of a node's record
 and are not limited: suppressing one would hide a change."""
 DEFAULT_WINDOW = 60.0
 REFUSALS: frozenset[AlertKind] = frozenset(
-    {"replay", "bad_signature", "unknown_node", "clock_skew", "sequence_gap"}
+    {
+        "replay",
+        "bad_signature",
+        "unknown_node",
+        "clock_skew",
+        "sequence_gap",
+        "revoked",
+        "forgotten",
+    }
 )
 """Limited kinds whose window is ``repeat`` (a refused heartbeat, sent again every beat).
 ``sequence_gap`` is one too: a jump refused sends it at every beat."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from nats.aio.msg import Msg
 
 from actors.fleet import registry
+from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.runtime.bus import Bus, listening
 from schemas import codec, signing
@@ -26,6 +27,8 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_CLUSTER = "unknown"
+"""The cluster an alert names for a node forgotten with a key and no record."""
 MAX_REMEMBERED = 10_000
 """Request digests kept to refuse a replay inside the skew window; the oldest go first."""
 
@@ -38,6 +41,7 @@ class ForgetActor:
     def __init__(self, config: AggregatorConfig, bus: Bus) -> None:
         self.config = config
         self.bus = bus
+        self.alerts = AlertPublisher(bus, Subjects(config.prefix))
         self.subjects = Subjects(config.prefix)
         self.seen: dict[str, float] = {}
         """Digests of the requests acted on, with when: a copy sent again is refused."""
@@ -87,11 +91,28 @@ class ForgetActor:
                 node_id=node, status="rejected", reason=f"node {node} has no record and no key"
             )
         self.seen[digest] = now
+        if not done.already:
+            await self._raise(node, done, signer, request.reason, digest)
         return ForgetReply(
             node_id=node,
             status="already" if done.already else "forgotten",
             revoked=done.revoked,
             purged=bool(done.purged),
+        )
+
+    async def _raise(
+        self, node: str, done: registry.Forgotten, by: str, reason: str, digest: str
+    ) -> None:
+        """The ``forgotten`` alert (who, why): in FLEET_ALERTS, so it is among the node's
+        events. Its id names the request, so a retried answer stores it once."""
+        cluster = done.record.cluster if done.record is not None else UNKNOWN_CLUSTER
+        await self.alerts.publish(
+            "forgotten",
+            cluster,
+            node,
+            f"forgotten by operator {by}: {reason or 'no reason given'}",
+            f"forget-{digest[:16]}",
+            {"by": by, "reason": reason, "revoked": str(done.revoked).lower()},
         )
 
     def _forget_old(self, now: float) -> None:

@@ -62,8 +62,12 @@ class NodeStore:
         the trust watch's copy unless ``fresh`` (or the copy is not complete yet)."""
         if self._trusted is not None and not fresh:
             return self._trusted.get(node)
+        return registry.approved_key(await self.trust_entry(node))
+
+    async def trust_entry(self, node: str) -> TrustEntry | None:
+        """The node's trust entry read afresh, revoked or not; None if none or unreadable."""
         try:
-            return registry.approved_key(await registry.trust_entry(self.bus, self.subjects, node))
+            return await registry.trust_entry(self.bus, self.subjects, node)
         except DecodeError as exc:
             log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
             return None

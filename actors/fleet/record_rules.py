@@ -227,8 +227,11 @@ def accepted(
             heartbeat.stopping,
         ),
     }
-    if fingerprint is not None and fingerprint != previous.gpu_fingerprint:
+    if fingerprint is not None and (
+        fingerprint != previous.gpu_fingerprint or not previous.gpus_seen
+    ):
         changes["gpu_fingerprint"] = fingerprint
+        changes["gpus_seen"] = True
     if deregistering and not previous.deregistered:
         changes["deregistered_by"] = "node"
         changes["deregistered_reason"] = heartbeat.schedulability_reason
@@ -258,7 +261,9 @@ def is_steady(
         and heartbeat.schedulability == previous.schedulability
         and heartbeat.agent_version == previous.agent_version
         and (health is None or health.status == previous.health_status)
-        and (fingerprint is None or fingerprint == previous.gpu_fingerprint)
+        and (
+            fingerprint is None or (fingerprint == previous.gpu_fingerprint and previous.gpus_seen)
+        )
         and (heartbeat.spot is None or heartbeat.spot.notice is None)
         and not heartbeat.deregistering
         and not heartbeat.stopping
@@ -370,8 +375,13 @@ def heartbeat_alerts(
                 {},
             )
         )
-    if previous.health_status is not None and updated.health_status != previous.health_status:
-        alerts.append(health_alert(previous.health_status, updated, heartbeat.health))
+    first = previous.health_status is None
+    if updated.health_status != previous.health_status and (
+        not first or updated.health_status not in (None, "healthy")
+    ):
+        # A node unhealthy (or degraded) from its first report is news: it joined broken.
+        before = previous.health_status or "none"
+        alerts.append(health_alert(before, updated, heartbeat.health))
     return alerts + lifecycle_alerts(previous, heartbeat)
 
 
@@ -450,8 +460,11 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     changes: dict[str, object] = {}
     if updated.refused or updated.refused_at is not None:
         changes["refused"], changes["refused_at"] = "", None
-    if fingerprint is not None and fingerprint != updated.gpu_fingerprint:
+    if fingerprint is not None and (
+        fingerprint != updated.gpu_fingerprint or not updated.gpus_seen
+    ):
         changes["gpu_fingerprint"] = fingerprint
+        changes["gpus_seen"] = True
     if heartbeat.deregistering and not previous.deregistered:
         changes["deregistered_by"] = "node"
         changes["deregistered_reason"] = heartbeat.schedulability_reason
@@ -473,7 +486,8 @@ def hardware_alert(
     ``fingerprint``: :func:`gpu_fingerprint` of ``heartbeat``, if already computed."""
     after = fingerprint if fingerprint is not None else gpu_fingerprint(heartbeat)
     before = list(previous.gpu_fingerprint)
-    if after is None or not before or after == before:
+    # An empty set is news only when a sample said so (NVML failing), not before any.
+    if after is None or (not before and not previous.gpus_seen) or after == before:
         return None
     gone = sorted(set(before) - set(after))
     new = sorted(set(after) - set(before))

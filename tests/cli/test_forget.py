@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats.js.errors
 import pytest
 
 from actors.cli.fleetctl import main
+from actors.fleet import history
 from actors.fleet.registry import NotFound, read_record, trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.commands import new_command, publish_command
 from schemas import signing
-from schemas.messages import Cordon
+from schemas.messages import Alert, Cordon
 from schemas.subjects import STREAM_COMMANDS, Subjects
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 
 async def fleetctl(
@@ -109,3 +111,78 @@ async def test_forget_without_an_aggregator_is_one_error_line(
         "error: no aggregator is running to take the request",
         "error: no aggregator answered within 1s",
     )
+
+
+async def alerts_of(bus: NatsBus, prefix: str, node: str = "n1") -> list[Alert]:
+    alerts, _ = await history.node_history(bus, Subjects(prefix), node)
+    return [entry.message for entry in alerts if isinstance(entry.message, Alert)]
+
+
+async def test_forget_raises_forgotten_and_its_beats_are_refused_as_forgotten(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    node: NodeAgent,
+    operator_file: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """forget of a node that still beats: a `forgotten` alert naming the operator key and
+    the reason is among the node's events, and its next heartbeats are refused as
+    `forgotten` (not `unknown_node`)."""
+    operator = signing.load_key_file(operator_file)
+    key = ["--key-file", str(operator_file)]
+    code, _, err = await fleetctl(capsys, fleet, "forget", "n1", "--reason", "rma", *key)
+    assert (code, err) == (0, "")
+
+    def kinds(alerts: list[Alert]) -> list[tuple[str, str]]:
+        return [(a.kind, a.id.rsplit(":", 1)[1][:7]) for a in alerts]
+
+    found = await wait_for(
+        lambda: _with(alerts_of(bus, prefix), lambda a: ("forgotten", "forget-") in kinds(a)
+                      and any(k == "forgotten" and e.startswith("s") for k, e in kinds(a))),
+        timeout=15,
+    )  # fmt: skip
+    lifecycle = next(a for a in found if a.id.rsplit(":", 1)[1].startswith("forget-"))
+    assert lifecycle.details["by"] == operator.public_key and lifecycle.details["reason"] == "rma"
+    assert "rma" in lifecycle.message
+    assert "unknown_node" not in [a.kind for a in found]
+    code, out, _ = await fleetctl(capsys, fleet, "events", "n1")
+    assert code == 0 and "forgotten: forgotten by operator" in out
+
+
+async def test_a_revoked_node_that_beats_is_refused_as_revoked(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    node: NodeAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fleetctl revoke` of a beating node: its heartbeats are refused as `revoked`."""
+    code, _, err = await fleetctl(capsys, fleet, "revoke", "n1")
+    assert (code, err) == (0, "")
+    found = await wait_for(
+        lambda: _with(alerts_of(bus, prefix), lambda a: "revoked" in [x.kind for x in a]), 15
+    )
+    assert "unknown_node" not in [a.kind for a in found]
+
+
+async def test_a_node_unhealthy_from_its_first_heartbeat_raises_health(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """An agent whose boot check fails from the start (4 GPUs expected, 2 present): its
+    first health report raises a critical `health` alert (none -> unhealthy)."""
+    await fleet.start_aggregator()
+    await fleet.start_agent(fleet.config(expected_gpus=4))
+    found = await wait_for(
+        lambda: _with(alerts_of(bus, prefix), lambda a: "health" in [x.kind for x in a]), 15
+    )
+    alert = next(a for a in found if a.kind == "health")
+    assert alert.details["from"] == "none" and alert.details["to"] == "unhealthy"
+    assert alert.severity == "critical"
+
+
+async def _with(
+    read: Awaitable[list[Alert]], check: Callable[[list[Alert]], bool]
+) -> list[Alert] | None:
+    alerts = await read
+    return alerts if check(alerts) else None

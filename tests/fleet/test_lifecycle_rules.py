@@ -8,7 +8,7 @@ import msgspec
 from actors.fleet import record_rules
 from actors.fleet.refusals import MAX_TRACKED, RefusalTracker, mark_refused
 from actors.fleet.sweeps import refused_silent
-from schemas.events import Capacity, Gpu, Sample
+from schemas.events import Capacity, Gpu, Health, Sample
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
 
@@ -140,3 +140,31 @@ def test_refusal_tracker_notes_boots_and_stays_bounded() -> None:
     for index in range(MAX_TRACKED + 5):
         tracker.on_refused(f"n{index}")
     assert len(tracker.refused) == MAX_TRACKED and "n0" not in tracker.refused
+
+
+def test_a_gpu_set_from_none_to_some_is_a_hardware_change() -> None:
+    """A node whose samples named no GPU (NVML failing) and then name some raises
+    hardware_changed; before any sample, a first set is not a change."""
+    failing = accepted(heartbeat(seq=1, sample=gpus()))
+    assert failing.gpus_seen and failing.gpu_fingerprint == []
+    back = record_rules.hardware_alert(failing, heartbeat(seq=2, sample=gpus("GPU-a")))
+    assert back is not None and back.details["new"] == "GPU-a" and back.details["before"] == ""
+    unsampled = accepted(heartbeat(seq=1))
+    assert not unsampled.gpus_seen
+    assert record_rules.hardware_alert(unsampled, heartbeat(seq=2, sample=gpus("GPU-a"))) is None
+
+
+def test_a_node_unhealthy_from_its_first_report_raises_health() -> None:
+    """A first health report that is not healthy raises `health` (none -> unhealthy);
+    a healthy first report raises nothing."""
+    pending = record_rules.pending_record("n1", "c1", "U")
+    sick = heartbeat(seq=1, health=Health(ts=1.0, status="unhealthy", score=10))
+    after = record_rules.accept(pending, sick, "U", 100.0)
+    kinds = [
+        (a.kind, a.details.get("from"), a.severity)
+        for a in record_rules.heartbeat_alerts(pending, after, sick)
+    ]
+    assert ("health", "none", "critical") in kinds
+    well = heartbeat(seq=1, health=Health(ts=1.0, status="healthy", score=100))
+    after = record_rules.accept(pending, well, "U", 100.0)
+    assert [a.kind for a in record_rules.heartbeat_alerts(pending, after, well)] == []

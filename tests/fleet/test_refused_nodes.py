@@ -29,8 +29,8 @@ async def test_a_refused_node_goes_stale_learns_it_and_gets_one_alert_then_summa
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """An agent that keeps beating with a revoked key is stale within stale_after + 2 s of
-    its last accepted beat; unknown_node is raised once, then as summaries with a count;
-    the agent reads the refusal from its record and says so."""
+    its last accepted beat; revoked (issue 33: not unknown_node) is raised once, then as
+    summaries with a count; the agent reads the refusal from its record and says so."""
     alerts = await watch_alerts(bus, prefix)
     await fleet.start_aggregator(sweep_interval=0.2, alert_repeat=1.0, refused_note_every=0.5)
     agent = await fleet.start_agent()
@@ -39,18 +39,18 @@ async def test_a_refused_node_goes_stale_learns_it_and_gets_one_alert_then_summa
     stale = await wait_record(bus, prefix, "n1", lambda r: r.state == "stale", timeout=8)
     assert stale.stale_since is not None
     assert stale.stale_since - stale.last_seen <= 2.0 + 2.0  # stale_after + 2 s
-    assert stale.refused == "unknown_node"
+    assert stale.refused == "revoked"
     await wait_for(lambda: alerts.of("stale"))
 
-    await wait_for(lambda: summaries(alerts.of("unknown_node")), timeout=8)
-    refusals = alerts.of("unknown_node")
+    await wait_for(lambda: summaries(alerts.of("revoked")), timeout=8)
+    refusals = alerts.of("revoked")
     firsts = [alert for alert in refusals if "suppressed" not in alert.details]
     assert len(firsts) == 1 and refusals[0] is firsts[0]
     assert int(summaries(refusals)[0].details["suppressed"]) >= 1
 
     assert agent.standing is not None
     await wait_for(lambda: agent.standing is not None and agent.standing.refused, timeout=8)
-    assert agent.standing.message() == "heartbeats refused by the aggregator: unknown_node"
+    assert agent.standing.message() == "heartbeats refused by the aggregator: revoked"
 
 
 async def test_a_deregistered_node_beating_is_refused_once_per_boot_until_readmitted(
