@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors.node.health import checks, scoring
@@ -134,6 +135,18 @@ def test_no_gpus_scores_full() -> None:
     sample = make_sample([])
     assert scoring.temperature_component(sample, "").points == 20
     assert scoring.vram_component(sample, "").points == 15
+
+
+def test_unreadable_gpus_say_nvmls_error_in_the_components() -> None:
+    """NVML failing (no GPUs, its error in the sample): the GPU components score 0 and
+    say "GPUs unreadable: <error>", not "no GPUs on node" at full points."""
+    sample = msgspec.structs.replace(make_sample([]), gpu_error="NVML_ERROR_DRIVER_NOT_LOADED")
+    for component in (
+        scoring.temperature_component(sample, ""),
+        scoring.vram_component(sample, ""),
+    ):
+        assert component.points == 0
+        assert component.reason == "GPUs unreadable: NVML_ERROR_DRIVER_NOT_LOADED"
 
 
 @pytest.mark.parametrize(

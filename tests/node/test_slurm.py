@@ -245,6 +245,13 @@ async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "drained", timeout=20)
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
+    # Where an operator looks (issue 33): REASON of -o wide and describe, marked Slurm's.
+    code, out, err = await finish(await fleetctl(nats_server, prefix, None, "nodes", "-o", "wide"))
+    assert code == 0, err
+    assert out.splitlines()[1].split()[2] == "drained"
+    assert out.splitlines()[1].endswith("slurm: bad DIMM")
+    code, out, err = await finish(await fleetctl(nats_server, prefix, None, "describe", "n1"))
+    assert code == 0 and "Schedulability:  drained (reason: slurm: bad DIMM)" in out, err
 
     operator = signing.load_key_file(operator_file)
     uncordon = await send(bus, prefix, operator, Uncordon())

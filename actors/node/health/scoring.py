@@ -16,7 +16,7 @@ agree: an alert on the score never stays quiet on an unhealthy node.
 
 from __future__ import annotations
 
-from schemas.base import CheckStatus, HealthStatus
+from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import Engine, Gpu, HealthCheck, HealthComponent, Latency, Sample
 
 ENGINE_POINTS = 50
@@ -51,6 +51,15 @@ def engine_component(engine: Engine | None, expected: int, missing: str) -> Heal
     return HealthComponent(name=name, points=points, max_points=top, reason=reason)
 
 
+def _no_gpus(name: str, top: int, sample: Sample) -> HealthComponent:
+    """A GPU component of a sample without GPUs: none to judge (full points), unless the
+    GPU source failed: then nothing is known, and the reason says NVML's error."""
+    if sample.gpu_error:
+        reason = f"GPUs unreadable: {sample.gpu_error}"[:MAX_TEXT]
+        return HealthComponent(name=name, points=0, max_points=top, reason=reason)
+    return HealthComponent(name=name, points=top, max_points=top, reason="no GPUs on node")
+
+
 def _answering(sample: Sample) -> list[Gpu]:
     return [gpu for gpu in sample.gpus if not gpu.lost]
 
@@ -60,7 +69,7 @@ def temperature_component(sample: Sample | None, missing: str) -> HealthComponen
     if sample is None:
         return HealthComponent(name=name, points=0, max_points=top, reason=missing)
     if not sample.gpus:
-        return HealthComponent(name=name, points=top, max_points=top, reason="no GPUs on node")
+        return _no_gpus(name, top, sample)
     readings = [gpu for gpu in _answering(sample) if gpu.temperature_c is not None]
     if not readings:
         reason = "no GPU reports a temperature"
@@ -84,7 +93,7 @@ def vram_component(sample: Sample | None, missing: str) -> HealthComponent:
     if sample is None:
         return HealthComponent(name=name, points=0, max_points=top, reason=missing)
     if not sample.gpus:
-        return HealthComponent(name=name, points=top, max_points=top, reason="no GPUs on node")
+        return _no_gpus(name, top, sample)
     sized = [gpu for gpu in _answering(sample) if gpu.memory_total > 0]
     if not sized:
         reason = "no GPU reports its memory"
