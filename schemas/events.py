@@ -177,6 +177,10 @@ class Gpu(Wire, frozen=True, kw_only=True):
     """True once the device stopped answering (NVML GpuIsLost, or injected)."""
     health: GpuHealth | None = None
     """The deep health readings (NVML only; None for simulated GPUs and lost ones)."""
+    memory_reserved: Bytes | None = None
+    """Memory the driver reserves for itself, reported beside ``memory_used``, which then
+    leaves it out (nvidia-smi's count; ``nvmlDeviceGetMemoryInfo_v2``). None where the
+    driver only answers the v1 call, whose ``memory_used`` includes it."""
 
 
 class Dependency(Wire, frozen=True, kw_only=True):

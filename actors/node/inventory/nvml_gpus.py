@@ -115,6 +115,12 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _reserved(memory: Any) -> int | None:
+    """The driver-reserved bytes of a v2 memory answer; None for a v1 answer."""
+    reserved = getattr(memory, "reserved", None)
+    return int(reserved) if reserved is not None else None
+
+
 class NvmlGpus:
     """Every GPU NVML sees, read on demand; ``nvml`` replaces pynvml in tests."""
 
@@ -159,6 +165,9 @@ class NvmlGpus:
         """Readings that cannot change while the driver runs, read once per GPU."""
         self.static_unread: dict[int, dict[str, str]] = {}
         """Why static (and identity) readings are None: every sample says it again."""
+        self.memory_v2 = hasattr(self.nvml, "nvmlMemory_v2")
+        """Whether to read memory with ``nvmlDeviceGetMemoryInfo_v2`` (off once the
+        driver says it lacks it)."""
         self.xids: dict[int, dict[int, XidCount]] = {}
         self.dedup = XidDedup()
         self.versions = nvml_readings.versions(self._call)
@@ -315,7 +324,7 @@ class NvmlGpus:
         self._unread = dict(self.static_unread[index])
         static = dict(self.static[index])
         links = static.pop("links")
-        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        memory = self._memory(handle)
         if memory is not None:
             self.memory_total[index] = int(memory.total)
         temperature = self._call("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
@@ -336,6 +345,7 @@ class NvmlGpus:
             pci_bus_id=pci,
             memory_total=self.memory_total.get(index, 0),
             memory_used=int(memory.used) if memory is not None else 0,
+            memory_reserved=_reserved(memory),
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=power_mw / 1000.0 if power_mw is not None else None,
             power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
@@ -355,6 +365,24 @@ class NvmlGpus:
             **nvml_readings.link_readings(self._call, nvml, handle, links),
             unread=self._unread,
         )
+
+    def _memory(self, handle: Any) -> Any:
+        """The device's memory: the v2 answer (``used`` without the driver's reserved
+        memory, ``reserved`` beside it, as nvidia-smi counts) where the driver has it, else
+        the v1 answer (``used`` with it); None when NVML cannot say."""
+        if self.memory_v2:
+            try:
+                return self._invoke("nvmlDeviceGetMemoryInfo", handle, self.nvml.nvmlMemory_v2)
+            except self.nvml.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == self.nvml.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost from None
+                missing = ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED", "ARGUMENT_VERSION_MISMATCH")
+                if code not in [getattr(self.nvml, f"NVML_ERROR_{name}", -1) for name in missing]:
+                    return None
+                log.info("no nvmlDeviceGetMemoryInfo_v2; memory used includes reserved")
+                self.memory_v2 = False
+        return self._call("nvmlDeviceGetMemoryInfo", handle)
 
     def close(self) -> None:
         """Free the event set and shut NVML down, once; errors on the way out are logged.
