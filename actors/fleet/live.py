@@ -32,7 +32,7 @@ spot) come from the live read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 
 import msgspec
 import nats.errors
@@ -119,6 +119,9 @@ async def overlay(
 async def _overlay(
     bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str
 ) -> list[LiveRecord]:
+    """Each message is judged as its page comes (only the decoded heartbeats are kept,
+    never the fleet's bytes), against the floors read before the scan; those above them
+    are waited for, read again and judged again (see the module's docstring)."""
     if not records:
         return []
     partitions = await heartbeat_partitions(bus.js, subjects)
@@ -126,29 +129,34 @@ async def _overlay(
         subjects.stored_heartbeat(record.cluster, record.node_id, partitions): record
         for record in records
     }
-    nodes = [record.node_id for record in records]
-    keys = await _approved_keys(bus, subjects, nodes)
-    stored = await _stored(bus, subjects, list(by_subject), scan=len(records) > SCAN_ABOVE)
+    keys = await _approved_keys(bus, subjects, [record.node_id for record in records])
+    floors = await _read_floors(bus, subjects, durable, range(partitions))
     found: dict[str, LiveRecord] = {}
     waiting: dict[str, Stored] = {}
+    wanted = list(by_subject)
+    scan = len(records) > SCAN_ABOVE
     loop = asyncio.get_running_loop()
     deadline = loop.time() + JUDGE_WAIT
     while True:
-        floors = await _floors(bus, subjects, durable, stored, by_subject)
-        for subject, message in stored.items():
+        async for page in _stored(bus, subjects, wanted, scan):
+            for message in page:
+                record = by_subject[message.subject]
+                shown = _judged(record, message, keys.get(record.node_id), floors)
+                found[record.node_id] = shown
+                if shown.live_note == _PENDING:
+                    waiting[message.subject] = message
+        for subject in wanted:
             record = by_subject[subject]
-            found[record.node_id] = _judged(record, message, keys.get(record.node_id), floors)
-        waiting = {
-            subject: message
-            for subject, message in stored.items()
-            if message is not None and found[by_subject[subject].node_id].live_note == _PENDING
-        }
+            if record.node_id not in found:  # nothing stored on its subject
+                found[record.node_id] = _judged(record, None, None, floors)
         if not waiting or loop.time() >= deadline:
             break
-        await _judged_past(bus, subjects, durable, waiting, deadline)
+        floors = await _judged_past(bus, subjects, durable, waiting, deadline)
         # Read again: each waited-for message is still there (then judged and not
         # refused), or a newer one replaced it (judged or not, as the floors say).
-        stored = await _stored(bus, subjects, list(waiting), scan=False)
+        wanted, scan, waiting = list(waiting), False, {}
+        for subject in wanted:
+            del found[by_subject[subject].node_id]
     return [found[record.node_id] for record in records]
 
 
@@ -262,21 +270,17 @@ async def _approved_keys(bus: Bus, subjects: Subjects, nodes: list[str]) -> dict
 
 async def _stored(
     bus: Bus, subjects: Subjects, wanted: list[str], scan: bool
-) -> dict[str, Stored | None]:
-    """The message FLEET_HB holds on each of ``wanted`` (stored subjects), None if none."""
+) -> AsyncGenerator[list[Stored]]:
+    """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
+    by page: a scan of the stream, or ``multi_last`` requests."""
     stream = subjects.stream_name(STREAM_HEARTBEATS)
-    found: dict[str, Stored | None] = dict.fromkeys(wanted)
-    prefix = f"{subjects.prefix}.hb."
+    wanted_set = set(wanted)
     if scan:
-        async for page in direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT):
-            for message in page:
-                if message.subject in found:
-                    found[message.subject] = message
+        async for page in direct_get.pages(bus, stream, f"{subjects.prefix}.hb.>", READ_TIMEOUT):
+            yield [message for message in page if message.subject in wanted_set]
     else:
-        for message in await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT):
-            if message.subject in found:
-                found[message.subject] = message
-    return found
+        found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
+        yield [message for message in found if message.subject in wanted_set]
 
 
 async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> list[Stored]:
@@ -287,23 +291,6 @@ async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> li
     async for page in direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT):
         latest.update((message.subject, message) for message in page)
     return list(latest.values())
-
-
-async def _floors(
-    bus: Bus,
-    subjects: Subjects,
-    durable: str,
-    stored: dict[str, Stored | None],
-    by_subject: dict[str, NodeRecord],
-) -> dict[int, int]:
-    """The ack floor (stream seq) of each partition's consumer that ``stored`` needs: a
-    message at or below it has been judged. 0 where the consumer cannot be read."""
-    needed = {
-        int(subject.split(".")[-3])
-        for subject, message in stored.items()
-        if message is not None and message.seq > by_subject[subject].last_stream_seq
-    }
-    return await _read_floors(bus, subjects, durable, needed)
 
 
 async def _read_floors(
@@ -329,17 +316,17 @@ async def _judged_past(
     durable: str,
     waiting: dict[str, Stored],
     deadline: float,
-) -> None:
+) -> dict[int, int]:
     """Wait until every partition's floor has passed its waited-for messages, or the
-    deadline."""
+    deadline; the floors last read."""
     need: dict[int, int] = {}
     for subject, message in waiting.items():
         partition = int(subject.split(".")[-3])
         need[partition] = max(need.get(partition, 0), message.seq)
     loop = asyncio.get_running_loop()
-    while loop.time() < deadline:
+    floors: dict[int, int] = {}
+    while True:
         floors = await _read_floors(bus, subjects, durable, need)
-        need = {p: seq for p, seq in need.items() if floors.get(p, 0) < seq}
-        if not need:
-            return
+        if all(floors.get(p, 0) >= seq for p, seq in need.items()) or loop.time() >= deadline:
+            return floors
         await asyncio.sleep(min(FLOOR_POLL, max(deadline - loop.time(), 0.0)))

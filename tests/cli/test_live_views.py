@@ -4,6 +4,7 @@ heartbeat from FLEET_HB, never a refused one, whatever the checkpoint schedule."
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 
@@ -14,9 +15,10 @@ import nats.js.errors
 import pytest
 
 from actors.cli import node_agent as node_cli
+from actors.cli.simulate import SimOptions, simulate
 from actors.fleet import live
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve, read_record
+from actors.fleet.registry import approve, read_record, read_records
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject
@@ -170,3 +172,34 @@ async def test_a_forged_or_replayed_heartbeat_never_shows(
 async def _shown_seq(bus: NatsBus, prefix: str, seq: int) -> live.LiveRecord | None:
     record = await live.read_node(bus, Subjects(prefix), "n1")
     return record if record.last_seq == seq else None
+
+
+@pytest.mark.parametrize("scan_above", [0, live.SCAN_ABOVE])
+async def test_a_listing_reads_every_beating_node_live(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch, scan_above: int
+) -> None:
+    """30 simulated nodes beating through a real aggregator with a 60 s checkpoint: the
+    listing (as a scan of FLEET_HB, and as multi_last requests) shows every node live,
+    each at or past the seq its stored record holds, most of them past it."""
+    monkeypatch.setattr(live, "SCAN_ABOVE", scan_above)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    options = SimOptions(nodes=30, rate=60.0, duration=6.0, gpus=2, prefix=prefix, wait=0.5)
+    load = asyncio.create_task(simulate(bus, options, io.StringIO()))
+    subjects = Subjects(prefix)
+    await wait_for(lambda: _all_beyond_first(bus, subjects), timeout=15)
+    await asyncio.sleep(1.5)  # three more beats of each node, none of them checkpointed
+    shown = await live.read_fleet(bus, subjects)
+    stored = {r.node_id: r for r in await read_records(bus, subjects)}
+    assert not load.done(), "the load ended before the read"
+    # 1: the simulator's records never all carried their last seq (a 60 s checkpoint).
+    assert await load in (0, 1)
+    assert len(shown) == 30 and all(record.live for record in shown), [
+        record.live_note for record in shown if not record.live
+    ]
+    assert all(record.last_seq >= stored[record.node_id].last_seq for record in shown)
+    assert sum(record.last_seq > stored[record.node_id].last_seq for record in shown) > 15
+
+
+async def _all_beyond_first(bus: NatsBus, subjects: Subjects) -> bool:
+    records = await read_records(bus, subjects)
+    return len(records) == 30 and all(r.last_seq >= 1 for r in records)
