@@ -161,7 +161,7 @@ class FleetApiActor:
 
     def current(self) -> dict[str, NodeRecord]:
         """Every record: the live one where the aggregator beside this API owns the node
-        (slim: see :meth:`whole`), else the one in ``fleet_nodes``."""
+        (slim: :meth:`live_records` answers it whole), else the one in ``fleet_nodes``."""
         live: Mapping[str, NodeState] = self.live or {}
         merged = self.records.readable(live)
         merged.update((node, state.record) for node, state in live.items())
@@ -170,14 +170,6 @@ class FleetApiActor:
     def record(self, node: str) -> NodeRecord | None:
         state = self.live.get(node) if self.live else None
         return self.live.whole(state) if self.live and state else self.records.get(node)
-
-    def whole(self, record: NodeRecord) -> NodeRecord:
-        """The whole record of one :meth:`current` gave: a live one is kept slim (its
-        heartbeat encoded beside it) and is decoded only to be answered."""
-        state = self.live.get(record.node_id) if self.live else None
-        if self.live is not None and state is not None and state.record is record:
-            return self.live.whole(state)
-        return record
 
     async def _follow(self, bucket: KeyValue) -> None:
         """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops
