@@ -329,7 +329,7 @@ def describe(
         f"Last seen:       {age(now - record.last_seen) if record.last_seen else 'never'}"
         f" (seq {record.last_seq}, agent {record.agent_version or '-'})",
     ]
-    if isinstance(record, LiveRecord):
+    if isinstance(record, LiveRecord) and beat is not None:
         lines.append(f"Heartbeat:       {_liveness(record, now)}")
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
     lines += remediation or []
