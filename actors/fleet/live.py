@@ -20,8 +20,10 @@ stored subject is the node's latest accepted heartbeat when all of these hold:
    still stored was accepted. A replay of a heartbeat newer than the last checkpoint
    passes 1 to 4 and is caught here.
 
-A message not judged yet is waited for (its partition's floor read again every
-FLOOR_POLL, up to JUDGE_WAIT in all), then read again. Where no accepted heartbeat can be
+The floors are read before each page of messages is asked for, so a message at or below
+them was judged before it was read. A message not judged yet is waited for (its
+partition's floor read again every FLOOR_POLL, up to JUDGE_WAIT from the end of the
+first read), then read again. Where no accepted heartbeat can be
 read (refused, not judged in time, expired, unreadable), the record's own checkpoint is
 shown and marked: ``live`` false and ``live_note`` saying why. The node's state stays
 the aggregator's verdict from ``fleet_nodes``; only the parts a heartbeat carries
@@ -32,7 +34,8 @@ spot) come from the live read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 import msgspec
 import nats.errors
@@ -130,15 +133,21 @@ async def _overlay(
         for record in records
     }
     keys = await _approved_keys(bus, subjects, [record.node_id for record in records])
-    floors = await _read_floors(bus, subjects, durable, range(partitions))
+    # The floors each page is judged by, read before the page is asked for (see 5.).
+    floors_read: deque[dict[int, int]] = deque()
+
+    async def read_floors() -> None:
+        floors_read.append(await _read_floors(bus, subjects, durable, range(partitions)))
+
     found: dict[str, LiveRecord] = {}
     waiting: dict[str, Stored] = {}
     wanted = list(by_subject)
     scan = len(records) > SCAN_ABOVE
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + JUDGE_WAIT
+    deadline: float | None = None
     while True:
-        async for page in _stored(bus, subjects, wanted, scan):
+        async for page in _stored(bus, subjects, wanted, scan, read_floors):
+            floors = floors_read.popleft()
             for message in page:
                 record = by_subject[message.subject]
                 shown = _judged(record, message, keys.get(record.node_id), floors)
@@ -148,10 +157,12 @@ async def _overlay(
         for subject in wanted:
             record = by_subject[subject]
             if record.node_id not in found:  # nothing stored on its subject
-                found[record.node_id] = _judged(record, None, None, floors)
+                found[record.node_id] = _judged(record, None, None, {})
+        # The wait for judgements starts once they are known (a scan may take long).
+        deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
         if not waiting or loop.time() >= deadline:
             break
-        floors = await _judged_past(bus, subjects, durable, waiting, deadline)
+        await _judged_past(bus, subjects, durable, waiting, deadline)
         # Read again: each waited-for message is still there (then judged and not
         # refused), or a newer one replaced it (judged or not, as the floors say).
         wanted, scan, waiting = list(waiting), False, {}
@@ -269,16 +280,23 @@ async def _approved_keys(bus: Bus, subjects: Subjects, nodes: list[str]) -> dict
 
 
 async def _stored(
-    bus: Bus, subjects: Subjects, wanted: list[str], scan: bool
+    bus: Bus,
+    subjects: Subjects,
+    wanted: list[str],
+    scan: bool,
+    before: Callable[[], Awaitable[None]],
 ) -> AsyncGenerator[list[Stored]]:
     """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
-    by page: a scan of the stream, or ``multi_last`` requests."""
+    by page: a scan of the stream, or ``multi_last`` requests; ``before`` is awaited
+    before each page is asked for."""
     stream = subjects.stream_name(STREAM_HEARTBEATS)
     wanted_set = set(wanted)
     if scan:
-        async for page in direct_get.pages(bus, stream, f"{subjects.prefix}.hb.>", READ_TIMEOUT):
+        filter_ = f"{subjects.prefix}.hb.>"
+        async for page in direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before):
             yield [message for message in page if message.subject in wanted_set]
     else:
+        await before()
         found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
         yield [message for message in found if message.subject in wanted_set]
 
@@ -311,22 +329,17 @@ async def _read_floors(
 
 
 async def _judged_past(
-    bus: Bus,
-    subjects: Subjects,
-    durable: str,
-    waiting: dict[str, Stored],
-    deadline: float,
-) -> dict[int, int]:
+    bus: Bus, subjects: Subjects, durable: str, waiting: dict[str, Stored], deadline: float
+) -> None:
     """Wait until every partition's floor has passed its waited-for messages, or the
-    deadline; the floors last read."""
+    deadline."""
     need: dict[int, int] = {}
     for subject, message in waiting.items():
         partition = int(subject.split(".")[-3])
         need[partition] = max(need.get(partition, 0), message.seq)
     loop = asyncio.get_running_loop()
-    floors: dict[int, int] = {}
-    while True:
+    while loop.time() < deadline:
         floors = await _read_floors(bus, subjects, durable, need)
-        if all(floors.get(p, 0) >= seq for p, seq in need.items()) or loop.time() >= deadline:
-            return floors
+        if all(floors.get(p, 0) >= seq for p, seq in need.items()):
+            return
         await asyncio.sleep(min(FLOOR_POLL, max(deadline - loop.time(), 0.0)))

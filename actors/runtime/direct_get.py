@@ -11,7 +11,7 @@ then a status 204 "EOB" message (404 when nothing matches).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import datetime
 from typing import NamedTuple
 
@@ -29,6 +29,8 @@ NO_MESSAGES = "404"
 PAGE_KEYS = 1000
 """Messages asked for per batched direct get (and subjects per ``multi_last`` request:
 the server answers 413 above 1,024 results)."""
+IN_FLIGHT = 4
+""":func:`last_of`'s requests in flight at once."""
 PAGE_BYTES = 8 * 1024 * 1024
 """Bytes the server sends at most per page; half the client's pending-bytes budget of a
 subscription, so one page never overflows it."""
@@ -134,21 +136,30 @@ async def read(asked: Asked, timeout: float) -> Page:
 
 
 async def pages(
-    bus: Bus, stream: str, subjects: str, timeout: float
+    bus: Bus,
+    stream: str,
+    subjects: str,
+    timeout: float,
+    before_ask: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[list[Stored]]:
     """Every message of ``stream`` on ``subjects`` (a filter), read forward in pages
     (``seq`` + ``next_by_subj``) until the server says nothing is pending, within
     ``timeout`` in all. The next page is asked for, and the request is at the server,
     before this one is handed over: the server reads it while the caller takes this one
-    in (at most two pages held)."""
+    in (at most two pages held). ``before_ask`` is awaited before each page is asked for
+    (a reader that must know what was true before each page was read)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    if before_ask is not None:
+        await before_ask()
     asked: Asked | None = await ask(bus, stream, {"seq": 1, "next_by_subj": subjects})
     try:
         while asked is not None:
             current, asked = asked, None  # read() unsubscribes it, whatever happens
             page = await read(current, max(deadline - loop.time(), 0.0))
             if page.pending:
+                if before_ask is not None:
+                    await before_ask()
                 request = {"seq": page.last_seq + 1, "next_by_subj": subjects}
                 asked = await ask(bus, stream, request)
                 await bus.flush(max(deadline - loop.time(), 0.001))
@@ -160,14 +171,25 @@ async def pages(
 
 async def last_of(bus: Bus, stream: str, subjects: list[str], timeout: float) -> list[Stored]:
     """The last message of each of ``subjects`` (exact subjects, or filters each matching
-    few) that has one, by ``multi_last`` requests of PAGE_KEYS subjects each, all in
-    flight at once, within ``timeout``."""
-    chunks = [subjects[start : start + PAGE_KEYS] for start in range(0, len(subjects), PAGE_KEYS)]
-    asked = [await ask(bus, stream, {"multi_last": chunk}) for chunk in chunks]
-    try:
-        async with asyncio.timeout(timeout):
-            read_pages = await asyncio.gather(*(read(one, timeout) for one in asked))
-    finally:
-        for one in asked:
-            await unsubscribe_quietly(one.subscription)
-    return [message for page in read_pages for message in page.messages]
+    few) that has one, by ``multi_last`` requests of PAGE_KEYS subjects each, at most
+    IN_FLIGHT at once (each may answer PAGE_BYTES), within ``timeout`` in all."""
+    found: list[Stored] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    step = PAGE_KEYS * IN_FLIGHT
+    for start in range(0, len(subjects), step):
+        chunks = [
+            subjects[at : at + PAGE_KEYS]
+            for at in range(start, min(start + step, len(subjects)), PAGE_KEYS)
+        ]
+        asked: list[Asked] = []
+        try:
+            for chunk in chunks:
+                asked.append(await ask(bus, stream, {"multi_last": chunk}))
+            left = max(deadline - loop.time(), 0.0)
+            for page in await asyncio.gather(*(read(one, left) for one in asked)):
+                found += page.messages
+        finally:
+            for one in asked:
+                await unsubscribe_quietly(one.subscription)
+    return found

@@ -28,6 +28,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -88,8 +89,9 @@ def wait_records(bench: Bench, cluster: Cluster, nodes: int, timeout: float) -> 
     return time.monotonic() - started
 
 
-async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, int]:
-    """(wall s, payload bytes read, server CPU s net of the moment before, records, live)."""
+async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]:
+    """(wall s, payload bytes read, server CPU s net of the moment before, records, how
+    many were read live and why the others were not)."""
     bus = await NatsBus.connect(cluster.url, "bench-reader")
     try:
         before = server_cpu(cluster)
@@ -101,10 +103,14 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, int]
         subjects = Subjects(PREFIX)
         if how == "records":
             records = await registry.read_records(bus, subjects)
-            shown = 0
+            shown = ""
         else:
             found = await live.read_fleet(bus, subjects)
-            records, shown = found, sum(1 for record in found if record.live)
+            records = found
+            notes = Counter(record.live_note for record in found if not record.live)
+            shown = f"{len(found) - sum(notes.values())} live" + "".join(
+                f"; {count} {note}" for note, count in notes.most_common(3)
+            )
         wall = time.monotonic() - started
         net = server_cpu(cluster) - cpu - idle_rate * wall
         return wall, bus.nc.stats["in_bytes"] - in_bytes, net, len(records), shown
@@ -152,7 +158,7 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
                     f"{nodes}: {what}",
                     "",
                     f"{wall:.2f} s, {got / 2**20:.0f} MiB read, server CPU {net:.2f} s, "
-                    f"{count} records" + (f", {shown} live" if how == "live" else ""),
+                    f"{count} records" + (f", {shown}" if shown else ""),
                 )
             wall, size, code = fleetctl(cluster, "nodes", "-o", "json", "--all")
             bench.row(
