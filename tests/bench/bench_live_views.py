@@ -7,9 +7,9 @@ every node has a record:
 
 - the listing, in this process: ``registry.read_records`` alone (what every view read
   before issue 33) and ``live.read_fleet`` (records + each node's latest accepted
-  heartbeat from FLEET_HB): wall time, payload bytes read, nats-server CPU (its CPU over
-  the read less what it used in as long a moment just before, under the same load), and
-  how many nodes were read live;
+  heartbeat from FLEET_HB): wall time, payload bytes read, nats-server CPU over the read
+  (the load's share included: its rate alone, 2 s before, is printed), and how many
+  nodes were read live;
 - ``fleetctl nodes -o json --all`` and ``fleetctl describe <node>`` as an operator runs
   them (wall time, output size);
 - the aggregator's CPU per accepted heartbeat over ``--window`` seconds without a view,
@@ -90,13 +90,14 @@ def wait_records(bench: Bench, cluster: Cluster, nodes: int, timeout: float) -> 
 
 
 async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]:
-    """(wall s, payload bytes read, server CPU s net of the moment before, records, how
-    many were read live and why the others were not)."""
+    """(wall s, payload bytes read, server CPU s over the read, records, how many were
+    read live and why the others were not); the server's CPU rate under the load alone
+    (2 s before the read) is printed beside."""
     bus = await NatsBus.connect(cluster.url, "bench-reader")
     try:
         before = server_cpu(cluster)
         await asyncio.sleep(2.0)
-        idle_rate = (server_cpu(cluster) - before) / 2.0
+        print(f"  server CPU under the load alone: {(server_cpu(cluster) - before) / 2:.2f} s/s")
         in_bytes = bus.nc.stats["in_bytes"]
         cpu = server_cpu(cluster)
         started = time.monotonic()
@@ -112,8 +113,8 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]
                 f"; {count} {note}" for note, count in notes.most_common(3)
             )
         wall = time.monotonic() - started
-        net = server_cpu(cluster) - cpu - idle_rate * wall
-        return wall, bus.nc.stats["in_bytes"] - in_bytes, net, len(records), shown
+        used = server_cpu(cluster) - cpu
+        return wall, bus.nc.stats["in_bytes"] - in_bytes, used, len(records), shown
     finally:
         await bus.close()
 
@@ -152,12 +153,12 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
             )
             time.sleep(interval / 2)  # every node beaten again since its record was written
             for how in ("records", "live"):
-                wall, got, net, count, shown = asyncio.run(read(cluster, how))
+                wall, got, used, count, shown = asyncio.run(read(cluster, how))
                 what = "read_records (before)" if how == "records" else "live.read_fleet"
                 bench.row(
                     f"{nodes}: {what}",
                     "",
-                    f"{wall:.2f} s, {got / 2**20:.0f} MiB read, server CPU {net:.2f} s, "
+                    f"{wall:.2f} s, {got / 2**20:.0f} MiB read, server CPU {used:.2f} s over the read, "
                     f"{count} records" + (f", {shown}" if shown else ""),
                 )
             wall, size, code = fleetctl(cluster, "nodes", "-o", "json", "--all")
@@ -194,7 +195,7 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
                 view_cpu, view_accepted = cpu_window(cluster, window)
                 viewer = psutil.Process(view.pid).cpu_times()
             finally:
-                view.terminate()
+                view.kill()  # it may be in the middle of a read
                 view.wait(10)
             quiet = 1e6 * quiet_cpu / quiet_accepted if quiet_accepted else float("nan")
             viewed = 1e6 * view_cpu / view_accepted if view_accepted else float("nan")
