@@ -158,7 +158,8 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
                 bench.row(
                     f"{nodes}: {what}",
                     "",
-                    f"{wall:.2f} s, {got / 2**20:.0f} MiB read, server CPU {used:.2f} s over the read, "
+                    f"{wall:.2f} s, {got / 2**20:.0f} MiB read, "
+                    f"server CPU {used:.2f} s over the read, "
                     f"{count} records" + (f", {shown}" if shown else ""),
                 )
             wall, size, code = fleetctl(cluster, "nodes", "-o", "json", "--all")
