@@ -330,10 +330,12 @@ class HeartbeatPath:
         return self._steps(cluster, node, verdict)
 
     def _refused(self, cluster: str, node: str, refusal: Refused, stream_seq: int) -> list[Step]:
-        """The I/O a refusal needs: its alert, and the write of the refusal noted in the
-        node's record (as :meth:`Ledger.refused` says)."""
+        """The I/O a refusal needs: the refused heartbeat deleted from FLEET_HB, its alert,
+        and the write of the refusal noted in the node's record (as :meth:`Ledger.refused`
+        says)."""
         alert, noted = self.ledger.refused(node, refusal.kind, refusal.details.get("boot_id", ""))
-        steps: list[Step] = []
+        # First, and before the fetch is acked: see Ownership.drop.
+        steps: list[Step] = [partial(self.ownership.drop, node, stream_seq)]
         if alert:
             refusal.details.setdefault("event", f"s{stream_seq}")
             spec = AlertSpec(refusal.kind, refusal.message, refusal.details)

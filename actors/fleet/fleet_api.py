@@ -313,11 +313,12 @@ class FleetApiActor:
         (answer,) = await self.live_records([record])
         return web.Response(body=codec.encode(answer), content_type="application/json")
 
-    async def live_records(self, records: list[NodeRecord]) -> list[live.LiveRecord]:
-        """``records`` with each node's latest accepted heartbeat: from the aggregator
-        beside this API for the nodes it holds (its memory is that heartbeat), read from
-        FLEET_HB for the rest (:mod:`actors.fleet.live`)."""
-        held: dict[str, live.LiveRecord] = {}
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        """``records`` (as :class:`live.LiveRecord`) with each node's latest accepted
+        heartbeat: from the aggregator beside this API for the nodes it holds (its memory
+        is that heartbeat), read from FLEET_HB for the rest (:mod:`actors.fleet.live`).
+        The dashboard's pages read through here too."""
+        held: dict[str, NodeRecord] = {}
         others: list[NodeRecord] = []
         for record in records:
             state = self.live.get(record.node_id) if self.live else None
@@ -329,10 +330,6 @@ class FleetApiActor:
         read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
         held.update((record.node_id, record) for record in read)
         return [held[record.node_id] for record in records]
-
-    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
-        """``records`` whole, with the latest heartbeat this API knows of each node."""
-        return [self.whole(record) for record in records]
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         live: Mapping[str, NodeState] = self.live or {}

@@ -62,15 +62,18 @@ class NodeStore:
         the trust watch's copy unless ``fresh`` (or the copy is not complete yet)."""
         if self._trusted is not None and not fresh:
             return self._trusted.get(node)
-        return registry.approved_key(await self.trust_entry(node))
+        key, _ = await self.fresh_standing(node)
+        return key
 
-    async def trust_entry(self, node: str) -> TrustEntry | None:
-        """The node's trust entry read afresh, revoked or not; None if none or unreadable."""
+    async def fresh_standing(self, node: str) -> tuple[str | None, bool]:
+        """(the node's approved key, whether it has a trust entry that is revoked), read
+        afresh; (None, False) when there is none or it is unreadable."""
         try:
-            return await registry.trust_entry(self.bus, self.subjects, node)
+            entry = await registry.trust_entry(self.bus, self.subjects, node)
         except DecodeError as exc:
             log.error("unreadable trust entry", extra={"node": node, "reason": str(exc)})
-            return None
+            return None, False
+        return registry.approved_key(entry), entry is not None and entry.revoked
 
     def cached_key(self, node: str) -> str | None:
         """The node's approved key from the trust watch's copy, without a round trip;

@@ -43,6 +43,9 @@ from schemas.subjects import BUCKET_LEASES, STREAM_HEARTBEATS, Subjects, partiti
 
 log = logging.getLogger(__name__)
 
+NO_MESSAGE_FOUND = 10057
+"""JetStream's error code for deleting a message that is not (or no longer) stored."""
+
 Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
 
 
@@ -149,6 +152,22 @@ class Ownership:
             state.partition = partition
         # Interned: kept per node, as the records and tables beside it keep the same.
         return partition, sys.intern(cluster), sys.intern(node)
+
+    async def drop(self, node: str, stream_seq: int) -> None:
+        """Delete a refused heartbeat from FLEET_HB, before its fetch is acked: a judged
+        heartbeat still stored was then accepted, which is how the views' live reads tell
+        (actors/fleet/live.py). Gone already if a newer one replaced it; a failure is
+        logged (the views' own checks still refuse most such messages)."""
+        stream = self.subjects.stream_name(STREAM_HEARTBEATS)
+        try:
+            await self.bus.js.delete_msg(stream, stream_seq)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != NO_MESSAGE_FOUND:
+                log.warning(
+                    "refused heartbeat not deleted", extra={"node": node, "reason": str(exc)}
+                )
+        except nats.errors.Error as exc:
+            log.warning("refused heartbeat not deleted", extra={"node": node, "reason": str(exc)})
 
     def caught_up(self, partition: int) -> CaughtUp | None:
         """When this owner had read ``partition`` to its end (None: not consuming it)."""

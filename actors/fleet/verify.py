@@ -41,6 +41,8 @@ class Signatures:
         :meth:`ahead`)."""
         self.fresh: dict[str, str | None] = {}
         """Trusted keys read afresh for the slow path, while it judges again."""
+        self.revoked: set[str] = set()
+        """Nodes of ``fresh`` whose trust entry is there, revoked."""
 
     async def keys_current(self) -> None:
         """While the trust watch is behind (a bulk enrollment), wait for it, up to
@@ -87,10 +89,25 @@ class Signatures:
     async def fetch(self, node: str) -> None:
         """Read the node's trusted key afresh for the slow path (an approval or a new key
         a moment ago, before the trust watch delivered it); kept until :meth:`forget`."""
-        self.fresh[node] = await self.store.trusted_key(node, fresh=True)
+        self.fresh[node], revoked = await self.store.fresh_standing(node)
+        if revoked:
+            self.revoked.add(node)
 
     def forget(self, node: str) -> None:
         self.fresh.pop(node, None)
+        self.revoked.discard(node)
+
+    def _without_key(self, node: str, state: NodeState | None) -> Refused:
+        """The refusal of a heartbeat from a node with no approved key: ``forgotten`` (an
+        operator's ``fleetctl forget``), ``revoked`` (its key was) or ``unknown_node``."""
+        record = state.record if state is not None else None
+        if record is not None and record.deregistered and record.deregistered_by != "node":
+            by = record.deregistered_by[:12] or "an operator"
+            reason = record.deregistered_reason or "no reason given"
+            return Refused("forgotten", f"node {node} was forgotten by {by}: {reason}", by=by)
+        if node in self.revoked:
+            return Refused("revoked", f"node {node}'s approved key was revoked")
+        return Refused("unknown_node", f"node {node} has no approved key")
 
     def check(
         self,
@@ -117,7 +134,7 @@ class Signatures:
             # new key) a moment ago, before the trust watch delivered it.
             raise NeedsFetch
         if trusted is None:
-            raise Refused("unknown_node", f"node {node} has no approved key")
+            raise self._without_key(node, state)
         try:
             if signer != trusted:
                 signing.verify(headers, msg.data)
