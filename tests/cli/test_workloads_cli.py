@@ -157,6 +157,7 @@ async def test_workloads_and_free_gpus_show_right_after_deploy(
         trust_operators=[operator.public_key],
         workload_binaries=[f"llamacpp={standin_script(tmp_path / 'bin')}"],
         workload_stop_grace=2.0,
+        workload_args=["llamacpp=--load-time"],
         heartbeat_interval=1.0,
     )
     await fleet.start_agent(config)
