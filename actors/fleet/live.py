@@ -288,18 +288,27 @@ async def _stored(
     before: Callable[[], Awaitable[None]],
 ) -> AsyncGenerator[list[Stored]]:
     """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
-    by page: a scan of the stream, or ``multi_last`` requests; ``before`` is awaited
-    before each page is asked for."""
+    by page: a scan of the stream (then ``multi_last`` requests for the subjects it did
+    not meet), or ``multi_last`` requests; ``before`` is awaited before each page is
+    asked for."""
     stream = subjects.stream_name(STREAM_HEARTBEATS)
     wanted_set = set(wanted)
     if scan:
+        # Up to the last message stored when the scan starts: one stored later replaced
+        # a node's message the scan may have passed, and is read on its own below.
+        info = await bus.js.stream_info(stream)
         filter_ = f"{subjects.prefix}.hb.>"
-        async for page in direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before):
-            yield [message for message in page if message.subject in wanted_set]
-    else:
-        await before()
-        found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
-        yield [message for message in found if message.subject in wanted_set]
+        up_to = info.state.last_seq
+        async for page in direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before, up_to):
+            found = [message for message in page if message.subject in wanted_set]
+            wanted_set.difference_update(message.subject for message in found)
+            yield found
+        if not wanted_set:
+            return
+        wanted = sorted(wanted_set)
+    await before()
+    found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
+    yield [message for message in found if message.subject in wanted_set]
 
 
 async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> list[Stored]:
