@@ -4,6 +4,7 @@ JSON identical to one array."""
 from __future__ import annotations
 
 import json
+import time
 
 import msgspec
 import pytest
@@ -28,7 +29,10 @@ async def many_records(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     for i in range(COUNT):
         record = record_rules.pending_record(f"n{i:03d}", "c1" if i % 2 else "c2")
         record = record_rules.with_state(
-            record, last_seq=1, stale_since=1.0 if i % 3 == 0 else None
+            # Stale since now: one stale since 1970 is offline at the aggregator's next sweep.
+            record,
+            last_seq=1,
+            stale_since=time.time() if i % 3 == 0 else None,
         )
         await bucket.put(record.node_id, codec.encode(record))
 
