@@ -146,7 +146,7 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
         command = cluster.simulate_command(nodes, rate, 3600, "--gpus", "8", "--wait", "0.01")
         sim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            took = wait_records(bench, cluster, nodes, interval * 4 + 120)
+            took = wait_records(bench, cluster, nodes, interval * 4 + 600)
             bench.say(
                 f"{nodes} nodes at {rate:.0f}/s ({interval:g} s interval): "
                 f"every record in {took:.0f} s"
