@@ -16,9 +16,9 @@ stored subject is the node's latest accepted heartbeat when all of these hold:
    ``reset-seq``);
 5. its partition's owner has judged it: its stream seq is at or below the ack floor of
    the partition's durable consumer. An owner deletes every heartbeat it refuses from
-   FLEET_HB before it acks it (:meth:`AggregatorActor._on_refused`), so a judged message
-   still stored was accepted. A replay of a heartbeat newer than the last checkpoint
-   passes 1 to 4 and is caught here.
+   FLEET_HB before it acks it (:meth:`Ownership.drop`, the first step of a refusal), so
+   a judged message still stored was accepted. A replay of a heartbeat newer than the
+   last checkpoint passes 1 to 4 and is caught here.
 
 The floors are read before each page of messages is asked for, so a message at or below
 them was judged before it was read. A message not judged yet is waited for (its
