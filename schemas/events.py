@@ -155,6 +155,11 @@ class GpuHealth(Wire, frozen=True, kw_only=True, omit_defaults=True):
     unread: Annotated[dict[Name, Name], Meta(max_length=MAX_UNREAD)] = {}
     """NVML call -> why it gave no answer, for the readings that are None (e.g.
     ``{"nvmlDeviceGetRetiredPages": "Not Supported"}``)."""
+    memory_reserved: Bytes | None = None
+    """Memory the driver reserves for itself, reported beside the GPU's ``memory_used``,
+    which then leaves it out (nvidia-smi's count; ``nvmlDeviceGetMemoryInfo_v2``). None
+    where the driver only answers the v1 call, whose ``memory_used`` includes it. Here,
+    encoded only when known, so a heartbeat without it weighs no more."""
 
 
 class Gpu(Wire, frozen=True, kw_only=True):
@@ -177,10 +182,6 @@ class Gpu(Wire, frozen=True, kw_only=True):
     """True once the device stopped answering (NVML GpuIsLost, or injected)."""
     health: GpuHealth | None = None
     """The deep health readings (NVML only; None for simulated GPUs and lost ones)."""
-    memory_reserved: Bytes | None = None
-    """Memory the driver reserves for itself, reported beside ``memory_used``, which then
-    leaves it out (nvidia-smi's count; ``nvmlDeviceGetMemoryInfo_v2``). None where the
-    driver only answers the v1 call, whose ``memory_used`` includes it."""
 
 
 class Dependency(Wire, frozen=True, kw_only=True):

@@ -511,7 +511,11 @@ def _gpus(sample: Sample | None) -> list[str]:
                 str(gpu.index),
                 gpu.name,
                 f"{gpu.memory_used / 2**30:.1f}/{gpu.memory_total / 2**30:.1f} GiB"
-                + (f" +{gpu.memory_reserved / 2**30:.1f} rsvd" if gpu.memory_reserved else ""),
+                + (
+                    f" +{gpu.health.memory_reserved / 2**30:.1f} rsvd"
+                    if gpu.health is not None and gpu.health.memory_reserved
+                    else ""
+                ),
                 _opt(gpu.temperature_c, "C", "{:.0f}"),
                 _opt(gpu.power_w, "W", "{:.0f}"),
                 _opt(gpu.utilization_pct, "%", "{:.0f}"),

@@ -46,10 +46,10 @@ def test_a_driver_without_memory_info_v2_reads_v1() -> None:
         nvml.errors[(gpu, "nvmlDeviceGetMemoryInfo")] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     gpus = NvmlGpus(nvml=nvml)
     first = gpus.read()  # v2 refused on GPU 0: v1 from there on (the stand-in refuses both)
-    assert first[0].memory_reserved is None and not gpus.memory_v2
+    assert health_of(first[0]).memory_reserved is None and not gpus.memory_v2
     nvml.errors.clear()
     gpu = gpus.read()[0]
-    assert (gpu.memory_used, gpu.memory_reserved) == (480 * 2**20, None)
+    assert (gpu.memory_used, health_of(gpu).memory_reserved) == (480 * 2**20, None)
 
 
 def test_recorded_answers_become_gpus() -> None:
@@ -65,7 +65,7 @@ def test_recorded_answers_become_gpus() -> None:
     assert gpu.pci_bus_id == "00000000:3C:00.0"
     assert gpu.memory_total == H100_MEMORY
     # nvidia-smi's count (v2): the driver's reserved 480 MiB beside used, not in it.
-    assert (gpu.memory_used, gpu.memory_reserved) == (0, 480 * 2**20)
+    assert (gpu.memory_used, health_of(gpu).memory_reserved) == (0, 480 * 2**20)
     assert gpu.temperature_c == 39.0
     assert gpu.power_w == pytest.approx(71.514)
     assert gpu.power_limit_w == 700.0

@@ -345,18 +345,20 @@ class NvmlGpus:
             pci_bus_id=pci,
             memory_total=self.memory_total.get(index, 0),
             memory_used=int(memory.used) if memory is not None else 0,
-            memory_reserved=_reserved(memory),
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=power_mw / 1000.0 if power_mw is not None else None,
             power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
             ecc_corrected=int(corrected) if corrected is not None else None,
             ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
-            health=self._health(handle, static, links),
+            health=self._health(handle, static, links, _reserved(memory)),
         )
 
-    def _health(self, handle: Any, static: dict[str, Any], links: list[int]) -> GpuHealth:
-        """The deep readings; ``unread`` gathers why every None reading of the GPU is None."""
+    def _health(
+        self, handle: Any, static: dict[str, Any], links: list[int], reserved: int | None
+    ) -> GpuHealth:
+        """The deep readings; ``unread`` gathers why every None reading of the GPU is None;
+        ``reserved``: the driver's reserved memory (v2 memory answer)."""
         nvml = self.nvml
         return GpuHealth(
             **static,
@@ -364,6 +366,7 @@ class NvmlGpus:
             **nvml_readings.clock_readings(self._call, nvml, handle),
             **nvml_readings.link_readings(self._call, nvml, handle, links),
             unread=self._unread,
+            memory_reserved=reserved,
         )
 
     def _memory(self, handle: Any) -> Any:
