@@ -248,14 +248,14 @@ async def test_sigtermed_agent_is_stopped_not_stale(
 
 async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """fleetctl revoke takes effect on the node's next heartbeats (the aggregator's trust
-    watch delivers it), and the record stops advancing."""
+    watch delivers it), refused as `revoked` (issue 33), and the record stops advancing."""
     alerts = await watch_alerts(bus, prefix)
     # No rate limit: each refused heartbeat is an alert, so three alerts are three beats.
     await fleet.start_aggregator(alert_window=0.001, alert_repeat=0.001)
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await revoke(bus, Subjects(prefix), "n1")
-    await wait_for(lambda: alerts.of("unknown_node"), timeout=10)
+    await wait_for(lambda: alerts.of("revoked"), timeout=10)
     frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
-    await wait_for(lambda: len(alerts.of("unknown_node")) >= 3, timeout=10)
+    await wait_for(lambda: len(alerts.of("revoked")) >= 3, timeout=10)
     assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen

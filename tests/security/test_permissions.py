@@ -327,12 +327,13 @@ async def test_register_under_auth(auth: AuthServer) -> None:
 
 
 async def test_a_refused_node_reads_its_own_record_under_auth(auth: AuthServer) -> None:
-    """Issue 9: an agent whose key is revoked learns the refusal from its own record,
-    read with the one direct get a node may make; no permission violation."""
+    """Issue 9: an agent whose key is revoked learns the refusal (`revoked`, issue 33) from
+    its own record, read with the one direct get a node may make; no permission violation
+    (the aggregator's delete of each refused heartbeat included)."""
     await auth.fleet.start_aggregator(sweep_interval=0.2, refused_note_every=0.5)
     agent = await auth.fleet.start_agent(auth.config("node-1"))
     await wait_record(auth.admin, PREFIX, "node-1", lambda r: r.state == "active", timeout=20)
     await revoke(auth.admin, SUBJECTS, "node-1")
     await wait_for(lambda: agent.standing is not None and agent.standing.refused, timeout=20)
-    assert agent.standing is not None and agent.standing.refused == "unknown_node"
+    assert agent.standing is not None and agent.standing.refused == "revoked"
     assert "Violation" not in auth.server.log_file.read_text()
