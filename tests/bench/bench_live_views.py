@@ -103,18 +103,18 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]
         started = time.monotonic()
         subjects = Subjects(PREFIX)
         if how == "records":
-            records = await registry.read_records(bus, subjects)
+            count = len(await registry.read_records(bus, subjects))
             shown = ""
         else:
             found = await live.read_fleet(bus, subjects)
-            records = found
+            count = len(found)
             notes = Counter(record.live_note for record in found if not record.live)
             shown = f"{len(found) - sum(notes.values())} live" + "".join(
                 f"; {count} {note}" for note, count in notes.most_common(3)
             )
         wall = time.monotonic() - started
         used = server_cpu(cluster) - cpu
-        return wall, bus.nc.stats["in_bytes"] - in_bytes, used, len(records), shown
+        return wall, bus.nc.stats["in_bytes"] - in_bytes, used, count, shown
     finally:
         await bus.close()
 
