@@ -63,7 +63,7 @@ a 2-core machine shared with the load (docs/performance.md); one node, milliseco
 SCAN_ABOVE = 1000
 """A read of more nodes than this scans FLEET_HB and fleet_trust whole, page by page;
 fewer are read subject by subject (``multi_last``)."""
-SETTLED = ("stale", "offline", "deregistered", "pending")
+SETTLED = ("stale", "offline", "stopped", "deregistered", "pending")
 """Record states written when entered: their record holds the latest accepted heartbeat."""
 DURABLE = "aggregator"
 """The aggregators' default consumer base name (``durable``)."""
