@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import msgspec
 
@@ -104,10 +104,11 @@ def workload_name(text: str) -> str:
 async def cmd_workloads(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
+        records: list[NodeRecord] = []
         if args.node:
-            records = [await live.read_node(bus, subjects, args.node)]
+            records.append(await live.read_node(bus, subjects, args.node))
         else:
-            records = list(await live.read_fleet(bus, subjects))
+            records.extend(await live.read_fleet(bus, subjects))
         placed = await placement_cli.read_placed(bus, subjects)
     if args.node:
         placed = [
@@ -127,7 +128,7 @@ def endpoint(record: NodeRecord, port: int) -> str:
 
 
 def workloads_output(
-    records: Sequence[NodeRecord],
+    records: list[NodeRecord],
     as_json: bool,
     placed: list[PlacedWorkload] | None = None,
     why: bool = False,
