@@ -42,8 +42,8 @@ def test_a_driver_without_memory_info_v2_reads_v1() -> None:
     """A driver without nvmlDeviceGetMemoryInfo_v2: memory from v1 (used includes the
     reserved memory, none reported beside it), and v2 is not asked again."""
     nvml = two_gpus()
-    for gpu in (0, 1):
-        nvml.errors[(gpu, "nvmlDeviceGetMemoryInfo")] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    for index in (0, 1):
+        nvml.errors[(index, "nvmlDeviceGetMemoryInfo")] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     gpus = NvmlGpus(nvml=nvml)
     first = gpus.read()  # v2 refused on GPU 0: v1 from there on (the stand-in refuses both)
     assert health_of(first[0]).memory_reserved is None and not gpus.memory_v2
