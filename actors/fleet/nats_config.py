@@ -29,9 +29,12 @@ from actors.fleet import registry
 from actors.runtime.bus import Bus
 from schemas.errors import FleetError
 from schemas.subjects import (
+    BUCKET_MAINTENANCE,
     BUCKET_NODES,
+    BUCKET_TRUST,
     PROBE_INBOX,
     STREAM_COMMANDS,
+    STREAM_HEARTBEATS,
     Subjects,
     check_token,
     command_consumer,
@@ -227,15 +230,26 @@ def _monitor_permissions(subjects: Subjects) -> Permissions:
 
 
 def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
-    """What FLEET lends monitors: the node records' stream info and direct gets (one key,
-    or the batched scan), and alerts."""
-    nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
-    return [
-        {"service": f"$JS.API.STREAM.INFO.{nodes_bucket}"},
-        {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}", "response": "stream"},
-        {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}.>"},
-        {"stream": subjects.alerts()},
+    """What FLEET lends monitors: stream info and direct gets (one key, or the batched
+    scan) of the node records, and what the live views read besides (docs/live-reads.md):
+    the latest heartbeats in FLEET_HB, the approved keys they are checked against, the
+    partitions' consumer info (what was judged); maintenance windows; and alerts."""
+    reads = [
+        f"KV_{subjects.bucket_name(BUCKET_NODES)}",
+        subjects.stream_name(STREAM_HEARTBEATS),
+        f"KV_{subjects.bucket_name(BUCKET_TRUST)}",
+        f"KV_{subjects.bucket_name(BUCKET_MAINTENANCE)}",
     ]
+    exports: list[dict[str, str]] = []
+    for stream in reads:
+        exports += [
+            {"service": f"$JS.API.STREAM.INFO.{stream}"},
+            {"service": f"$JS.API.DIRECT.GET.{stream}", "response": "stream"},
+            {"service": f"$JS.API.DIRECT.GET.{stream}.>"},
+        ]
+    heartbeats = subjects.stream_name(STREAM_HEARTBEATS)
+    exports += [{"service": f"$JS.API.CONSUMER.INFO.{heartbeats}.*"}, {"stream": subjects.alerts()}]
+    return exports
 
 
 def _all_events(subjects: Subjects) -> str:

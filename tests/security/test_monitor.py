@@ -2,9 +2,11 @@
 
 A real nats-server includes the generated accounts with a monitor key; the monitor is a
 plain nats-py connection. It reads the node records (stream info, direct gets: one key
-or the batched scan), alerts and events; everything else it tries is refused by the
-server or lands nowhere: consumers on the records stream, a registration, a direct get
-whose reply names ``fleet.register`` or a trust entry, FLEET's inboxes, other streams.
+or the batched scan), what the live views read besides (the latest heartbeats, the
+approved public keys, the partitions' consumer info), alerts and events; everything else
+it tries is refused by the server or lands nowhere: consumers on the records stream, a
+registration, a direct get whose reply names ``fleet.register`` or a trust entry,
+FLEET's inboxes, other streams.
 """
 
 from __future__ import annotations
@@ -24,19 +26,26 @@ from nats.aio.msg import Msg
 
 from actors.fleet import record_rules, registry
 from actors.fleet.nats_config import JS_API_PREFIX
-from actors.fleet.streams import provision
+from actors.fleet.streams import heartbeat_partitions, provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import Alert
-from schemas.subjects import BUCKET_NODES, BUCKET_TRUST
+from schemas.subjects import (
+    BUCKET_ENROLL,
+    BUCKET_NODES,
+    BUCKET_TRUST,
+    STREAM_COMMANDS,
+    STREAM_HEARTBEATS,
+)
 from tests.security.auth_fleet import SETTLE, SUBJECTS, generated
 from tests.support.deploy import AUTH_CLUSTER
 from tests.support.fleet import wait_for
 
 NODE = "node-1"
 NODES_STREAM = f"KV_{SUBJECTS.bucket_name(BUCKET_NODES)}"
-TRUST_STREAM = f"KV_{SUBJECTS.bucket_name(BUCKET_TRUST)}"
+COMMANDS_STREAM = SUBJECTS.stream_name(STREAM_COMMANDS)
+ENROLL_STREAM = f"KV_{SUBJECTS.bucket_name(BUCKET_ENROLL)}"
 
 
 @dataclass
@@ -104,6 +113,23 @@ async def test_monitor_reads_records_alerts_and_events(monitored: Monitored) -> 
         timeout=5,
     )
     assert scan.data.startswith(b"{") and b'"node-1"' in scan.data
+    # What the live views read (docs/live-reads.md): FLEET_HB's latest heartbeat of the
+    # node, its approved key, the partition consumers' info.
+    await monitored.admin.js.publish(
+        SUBJECTS.heartbeat(AUTH_CLUSTER, NODE), b'{"node_id":"node-1"}'
+    )
+    heartbeats = SUBJECTS.stream_name(STREAM_HEARTBEATS)
+    partitions = await heartbeat_partitions(monitored.admin.js, SUBJECTS)
+    stored = SUBJECTS.stored_heartbeat(AUTH_CLUSTER, NODE, partitions)
+    latest = await monitored.monitor.request(
+        f"{JS_API_PREFIX}.DIRECT.GET.{heartbeats}",
+        msgspec.json.encode({"multi_last": [stored], "batch": 1}),
+        timeout=5,
+    )
+    assert latest.data == b'{"node_id":"node-1"}'
+    trusted = await (await js.key_value(SUBJECTS.bucket_name(BUCKET_TRUST))).get(NODE)
+    assert trusted.value is not None and monitored.node.public_key.encode() in trusted.value
+    await js.stream_info(heartbeats)
 
     heard: list[str] = []
 
@@ -159,8 +185,9 @@ async def test_monitor_writes_nothing_and_relays_nothing(monitored: Monitored) -
         f"{JS_API_PREFIX}.CONSUMER.CREATE.{NODES_STREAM}.c.$KV.fleet_nodes.>",
         f"{JS_API_PREFIX}.CONSUMER.DURABLE.CREATE.{NODES_STREAM}.c",
         "$JS.API.INFO",
-        f"{JS_API_PREFIX}.STREAM.INFO.{TRUST_STREAM}",
-        f"{JS_API_PREFIX}.DIRECT.GET.{TRUST_STREAM}",
+        f"{JS_API_PREFIX}.STREAM.INFO.{COMMANDS_STREAM}",
+        f"{JS_API_PREFIX}.DIRECT.GET.{COMMANDS_STREAM}",
+        f"{JS_API_PREFIX}.STREAM.INFO.{ENROLL_STREAM}",
         f"{JS_API_PREFIX}.STREAM.PURGE.{NODES_STREAM}",
         SUBJECTS.register(),
         f"$KV.fleet_nodes.{NODE}",
