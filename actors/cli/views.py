@@ -105,7 +105,7 @@ def row(record: NodeRecord, now: float, wide: bool = False) -> tuple[str, ...]:
     cells = (
         record.node_id,
         record.cluster,
-        record.state,
+        record.state + (",maintenance" if _in_maintenance(record) else ""),
         record.schedulability if known else "-",
         health,
         str(record.gpus_total),
@@ -116,6 +116,11 @@ def row(record: NodeRecord, now: float, wide: bool = False) -> tuple[str, ...]:
     if not wide:
         return cells
     return (*cells, str(record.last_seq), reason(record, now))
+
+
+def _in_maintenance(record: NodeRecord) -> str:
+    """The maintenance window covering the node ("" when none, or not known)."""
+    return record.maintenance if isinstance(record, LiveRecord) else ""
 
 
 def _not_live(record: NodeRecord) -> str:
@@ -152,7 +157,7 @@ def table(
     lines = []
     for number, line in enumerate(rows):
         cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
-        code = COLOURS.get(line[2]) if colour and number > 0 else None
+        code = COLOURS.get(line[2].split(",")[0]) if colour and number > 0 else None
         if code is not None:
             cells[2] = f"\x1b[{code}m{line[2]}\x1b[0m" + " " * (widths[2] - len(line[2]))
         lines.append("  ".join(cells).rstrip())
@@ -332,6 +337,11 @@ def describe(
     if isinstance(record, LiveRecord) and beat is not None:
         lines.append(f"Heartbeat:       {_liveness(record, now)}")
     lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    if _in_maintenance(record):
+        lines.append(
+            f"Maintenance:     window {_in_maintenance(record)}: alerts recorded, not forwarded "
+            "(fleetctl maintenance list)"
+        )
     lines += remediation or []
     lines.append(f"Labels:          {labels_text(record.labels)}")
     lines += _lifecycle(record)

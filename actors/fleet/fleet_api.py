@@ -318,18 +318,19 @@ class FleetApiActor:
         heartbeat: from the aggregator beside this API for the nodes it holds (its memory
         is that heartbeat), read from FLEET_HB for the rest (:mod:`actors.fleet.live`).
         The dashboard's pages read through here too."""
-        held: dict[str, NodeRecord] = {}
+        held: list[live.LiveRecord] = []
         others: list[NodeRecord] = []
         for record in records:
             state = self.live.get(record.node_id) if self.live else None
             if self.live is not None and state is not None:
                 whole = self.live.whole(state)
-                held[record.node_id] = msgspec.structs.replace(live.as_live(whole), live=True)
+                held.append(msgspec.structs.replace(live.as_live(whole), live=True))
             else:
                 others.append(record)
         read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
-        held.update((record.node_id, record) for record in read)
-        return [held[record.node_id] for record in records]
+        shown = {r.node_id: r for r in await live.in_maintenance(self.bus, self.subjects, held)}
+        shown.update((record.node_id, record) for record in read)
+        return [shown[record.node_id] for record in records]
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         live: Mapping[str, NodeState] = self.live or {}

@@ -34,6 +34,7 @@ spot) come from the live read.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
@@ -42,6 +43,7 @@ import nats.errors
 import nats.js.errors
 
 from actors.fleet import registry
+from actors.fleet.maintenance import covers, read_windows
 from actors.fleet.streams import heartbeat_partitions
 from actors.runtime import direct_get
 from actors.runtime.bus import Bus
@@ -77,6 +79,9 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     """The heartbeat parts are the node's latest accepted heartbeat, read just now."""
     live_note: str = ""
     """Why they are not (the record's checkpoint is shown instead)."""
+    maintenance: str = ""
+    """The id of the maintenance window covering the node now ("" when none covers it:
+    ``fleetctl maintenance``)."""
 
 
 class _Refused(Exception):
@@ -110,14 +115,40 @@ async def overlay(
     bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str = DURABLE
 ) -> list[LiveRecord]:
     """``records`` (in their order) with each node's latest accepted heartbeat where one
-    can be read, else the record as it is, marked. Never raises for what it reads: a
-    failed read marks every record it concerns."""
+    can be read, else the record as it is, marked; each names the maintenance window
+    covering it. Never raises for what it reads: a failed read marks every record it
+    concerns."""
     try:
         async with asyncio.timeout(READ_TIMEOUT):
-            return await _overlay(bus, subjects, records, durable)
+            shown = await _overlay(bus, subjects, records, durable)
     except (nats.errors.Error, TimeoutError, FleetError) as exc:
         note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
-        return [_marked(record, note) for record in records]
+        shown = [_marked(record, note) for record in records]
+    return await in_maintenance(bus, subjects, shown)
+
+
+async def in_maintenance(
+    bus: Bus, subjects: Subjects, records: list[LiveRecord]
+) -> list[LiveRecord]:
+    """``records`` with the maintenance window covering each (``maintenance``); as they
+    are where the windows cannot be read (no bucket yet: an older aggregator)."""
+    if not records:
+        return records
+    try:
+        windows = await read_windows(bus, subjects)
+    except (nats.errors.Error, TimeoutError, FleetError):
+        return records
+    now = time.time()
+    marked = []
+    for record in records:
+        window = next(
+            (w for w in windows if covers(w, record.node_id, record.cluster, record.labels, now)),
+            None,
+        )
+        if window is not None:
+            record = msgspec.structs.replace(record, maintenance=window.id)
+        marked.append(record)
+    return marked
 
 
 async def _overlay(

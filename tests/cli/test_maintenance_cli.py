@@ -10,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import msgspec
 
 from actors.fleet.maintenance_service import MaintenanceActor
+from actors.fleet.metrics import AggregatorMetrics
 from schemas import signing
-from tests.support.fleet import Fleet, new_aggregator
+from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_record
 
 
 def fleetctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,3 +72,37 @@ async def test_start_list_end_a_window(fleet: Fleet, tmp_path: Path) -> None:
     )
     assert too_long.returncode == 2 and "at most 30 days" in too_long.stderr
     assert "Traceback" not in unnamed.stderr + too_long.stderr
+
+
+async def test_every_view_says_maintenance(fleet: Fleet, tmp_path: Path) -> None:
+    """A node a window covers shows `maintenance` in `fleetctl nodes` (STATE), its JSON and
+    `describe`, and in the fleet API's answer; a node outside it does not."""
+    key_file = tmp_path / "operator.nk"
+    operator = signing.create_key_file(key_file)
+    aggregator = new_aggregator(fleet.bus, fleet.prefix, trust_operators=[operator.public_key])
+    metrics = aggregator.metrics
+    assert isinstance(metrics, AggregatorMetrics)
+    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.nodes)
+    await fleet.start_supervisor(aggregator, api, MaintenanceActor(aggregator.config, fleet.bus))
+    await fleet.start_agent(fleet.config("n1", labels={"rack": "r12"}))
+    await fleet.start_agent(fleet.config("n2", labels={"rack": "r13"}))
+    for node in ("n1", "n2"):
+        await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
+    where = ("--server", fleet.url, "--prefix", fleet.prefix)
+    started = await asyncio.to_thread(
+        fleetctl, "maintenance", "start", "-l", "rack=r12", "--for", "1h", "--id", "r12",
+        "--key-file", str(key_file), *where,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+
+    table = await asyncio.to_thread(fleetctl, "nodes", *where)
+    states = {line.split()[0]: line.split()[2] for line in table.stdout.splitlines()[1:] if line}
+    assert states["n1"] == "active,maintenance" and states["n2"] == "active"
+    listed = await asyncio.to_thread(fleetctl, "nodes", "-o", "json", *where)
+    by_node = {item["node_id"]: item for item in json.loads(listed.stdout)}
+    assert by_node["n1"]["maintenance"] == "r12" and by_node["n2"]["maintenance"] == ""
+    described = await asyncio.to_thread(fleetctl, "describe", "n1", *where)
+    assert "Maintenance:     window r12:" in described.stdout
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{api.port}/nodes/n1") as answer:
+            assert (await answer.json())["maintenance"] == "r12"
