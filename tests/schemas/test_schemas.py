@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import msgspec
@@ -269,3 +270,94 @@ def test_invalid_utf8_in_a_string_is_a_decode_error() -> None:
     reader catches DecodeError only, so the codec must turn it into one."""
     with pytest.raises(DecodeError, match="Command"):
         codec.decode(b'{"id":"\x80","node_id":"n1"}', messages.Command, "fleet.cmd.c1.n1")
+
+
+def _nesting(info: msgspec.inspect.Type) -> int:
+    """The deepest nesting of arrays and objects a value of this type can have."""
+    inspect = msgspec.inspect
+    if isinstance(info, inspect.StructType):
+        return 1 + max((_nesting(field.type) for field in info.fields), default=0)
+    if isinstance(info, inspect.ListType | inspect.SetType | inspect.VarTupleType):
+        return 1 + _nesting(info.item_type)
+    if isinstance(info, inspect.TupleType):
+        return 1 + max((_nesting(item) for item in info.item_types), default=0)
+    if isinstance(info, inspect.DictType):
+        return 1 + _nesting(info.value_type)
+    if isinstance(info, inspect.UnionType):
+        return max(_nesting(member) for member in info.types)
+    if isinstance(info, inspect.Metadata):
+        return _nesting(info.type)
+    assert not isinstance(info, inspect.AnyType | inspect.RawType), "unbounded nesting"
+    return 0
+
+
+@pytest.mark.parametrize("wire_type", jsonschema.WIRE_TYPES, ids=lambda t: t.__name__)
+def test_every_wire_type_nests_well_within_the_bound(wire_type: type[msgspec.Struct]) -> None:
+    """No wire type can nest deeper than a quarter of codec.MAX_DEPTH (no Any, no
+    recursion), so the bound refuses only what no honest writer sends."""
+    assert _nesting(msgspec.inspect.type_info(wire_type)) <= codec.MAX_DEPTH // 4
+
+
+def _with_field(message: msgspec.Struct, name: str, raw: bytes) -> bytes:
+    """``message`` encoded with one more field, ``name``, whose JSON is ``raw``."""
+    return codec.encode(message)[:-1] + b',"' + name.encode() + b'":' + raw + b"}"
+
+
+@pytest.mark.parametrize("depth", [codec.MAX_DEPTH, 1_000, 100_000])
+@pytest.mark.parametrize("opening", ["[", '{"a":'])
+def test_deep_nesting_is_a_decode_error_at_any_depth(depth: int, opening: str) -> None:
+    """A heartbeat with an unknown field nested past MAX_DEPTH (an issue-30 attack: 1,000
+    levels made msgspec raise RecursionError, which broke every aggregator) is a
+    DecodeError, as deep as Python's recursion limit or far deeper; the top level counts
+    as one, so an unknown field may nest MAX_DEPTH - 1 levels."""
+    closing = "]" if opening == "[" else "}"
+    for levels, refused in ((depth - 1, depth > codec.MAX_DEPTH), (depth, True)):
+        deep = (opening * levels + "1" + closing * levels).encode()
+        body = _with_field(HEARTBEAT, "unknown", deep)
+        if refused:
+            with pytest.raises(DecodeError, match="nested deeper than"):
+                codec.decode(body, messages.Heartbeat, "fleet.hb.c1.n1")
+        else:
+            assert codec.decode(body, messages.Heartbeat) == HEARTBEAT
+
+
+def test_brackets_inside_strings_neither_hide_nor_fake_depth() -> None:
+    """Strings holding brackets, quotes and escapes do not count as nesting, and cannot
+    cancel out real nesting: forty levels, each with a string that holds the closing
+    bracket of a level, are still forty."""
+    honest = msgspec.structs.replace(
+        HEARTBEAT, boot_id='[[[[{{{{"\\' * 8, agent_version="]]]]}}}}" * 8
+    )
+    assert codec.decode(codec.encode(honest), messages.Heartbeat) == honest
+    hiding = b'["]",' * 40 + b'"["' + b"]" * 40
+    with pytest.raises(DecodeError, match="nested deeper than"):
+        codec.decode(_with_field(HEARTBEAT, "x", hiding), messages.Heartbeat)
+    escaped = b'["\\"]",' * 40 + b'"\\"["' + b"]" * 40
+    with pytest.raises(DecodeError, match="nested deeper than"):
+        codec.decode(_with_field(HEARTBEAT, "x", escaped), messages.Heartbeat)
+
+
+def test_within_depth_agrees_with_a_parser() -> None:
+    """codec.within_depth measures what json.loads builds, on random documents with
+    brackets, quotes and backslashes inside their strings and keys."""
+    rng = random.Random(30)
+
+    def value(levels: int) -> object:
+        if levels == 0 or rng.random() < 0.2:
+            return rng.choice([1, None, "", "a]", "[{", 'x\\"]', '"', "}"])
+        if rng.random() < 0.5:
+            return [value(levels - 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["k", "]", "{[", "\\"]) + str(i): value(levels - 1) for i in range(3)}
+
+    def nesting(item: object) -> int:
+        if isinstance(item, list):
+            return 1 + max(map(nesting, item), default=0)
+        if isinstance(item, dict):
+            return 1 + max(map(nesting, item.values()), default=0)
+        return 0
+
+    for _ in range(2000):
+        document = value(rng.randint(0, 10))
+        data = json.dumps(document).encode()
+        for limit in (0, 1, 3, 6):
+            assert codec.within_depth(data, limit) == (nesting(document) <= limit), data
