@@ -319,11 +319,12 @@ async def listening(
     """Subscribe each subject of ``routes`` to its handler, in the mapping's order, and
     flush, so the server has every SUB before the actor says it is ready (a message
     published after ``ready()`` is never missed); then ``ready()``, unless the actor has
-    more to set up first and calls it itself. Unsubscribes quietly on the way out."""
+    more to set up first and calls it itself. Unsubscribes quietly on the way out. A
+    handler that raises drops its message, logged with the traceback (see :func:`guarded`)."""
     subscriptions: list[Subscription] = []
     try:
         for subject, handler in routes.items():
-            subscriptions.append(await bus.subscribe(subject, handler, queue))
+            subscriptions.append(await bus.subscribe(subject, guarded(subject, handler), queue))
         await bus.flush()
         if ready is not None:
             ready()
@@ -331,6 +332,24 @@ async def listening(
     finally:
         for subscription in subscriptions:
             await unsubscribe_quietly(subscription)
+
+
+def guarded(route: str, handler: Handler) -> Handler:
+    """``handler``, with whatever it raises on one message (but cancellation) logged as an
+    error and the message dropped: nats-py would hand it to the connection's error
+    callback, which logs at debug level and takes it for a connection error."""
+
+    async def on_message(msg: Msg) -> None:
+        try:
+            await handler(msg)
+        except Exception as exc:
+            log.error(
+                "message broke its handler; dropped",
+                exc_info=exc,
+                extra={"route": route, "subject": msg.subject, "reason": repr(exc)},
+            )
+
+    return on_message
 
 
 async def publish_signed(

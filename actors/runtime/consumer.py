@@ -372,7 +372,8 @@ async def consume_in_batches(
     the last message of a fetch, settles the whole fetch once every message of it is
     handled. A step that breaks on its message's content is terminated on its own
     (AckTerm) and the rest goes on, so one poison message neither stalls the consumer
-    nor is redelivered forever; a bus error is retried in place (TRANSIENT_ATTEMPTS),
+    nor is redelivered forever (nor ends the loop: see :func:`_judge`, :func:`_ack_fetch`
+    and :func:`settle`); a bus error is retried in place (TRANSIENT_ATTEMPTS),
     then raised: nothing of the fetch is acked, so the restarted actor (or another
     owner) gets it all again after ``ack_wait``. A consumer that caught up waits
     ``linger`` seconds before its next fetch, so it still handles and acks many messages
@@ -394,15 +395,60 @@ async def consume_in_batches(
             await asyncio.sleep(1.0)
             continue
         if messages:
-            chains = await handle(messages)
+            chains = await _judge(handle, messages, what, dropped)
             if chains:
                 await asyncio.gather(*(run_chain(chain, what, dropped) for chain in chains))
-            await messages[-1].ack()
+            await _ack_fetch(messages[-1], what)
         if len(messages) < batch and linger:
             # Caught up: let the next messages gather, so a fetch and an ack are paid per
             # batch. Every loop wakes on the same beat of the clock: the fetches of all of
             # an aggregator's partitions leave in one socket write, and come back together.
             await asyncio.sleep(linger - asyncio.get_running_loop().time() % linger)
+
+
+async def _judge(
+    handle: BatchHandler, messages: list[Msg], what: str, dropped: DropCounter
+) -> list[Chain]:
+    """``handle``'s chains for a fetch. A handler that breaks on the fetch (it should not:
+    it terminates a message that breaks it itself) is given the messages again one at a
+    time, and a message it still breaks on is terminated alone: one message can neither
+    end the loop nor take the rest of its fetch with it."""
+    try:
+        return await handle(messages)
+    except nats.errors.ConnectionClosedError:
+        raise
+    except (nats.errors.Error, OSError):
+        raise  # a bus error: nothing is acked, the restarted actor reads the fetch again
+    except Exception:
+        log.exception("batch broke its handler; judging its messages one by one")
+    chains: list[Chain] = []
+    for msg in messages:
+        try:
+            chains += await handle([msg])
+        except nats.errors.ConnectionClosedError:
+            raise
+        except (nats.errors.Error, OSError):
+            raise
+        except Exception as exc:
+            await _terminate(msg, exc, what, dropped)
+    return chains
+
+
+async def _ack_fetch(last: Msg, what: str) -> None:
+    """The one ack that settles a fetch (``AckPolicy.ALL``), on its last message. That
+    message may be settled already: a step that broke on it terminated it, and the
+    server takes a termination under ``AckPolicy.ALL`` as the ack of every message before
+    it too (nats-py then refuses a second settling with MsgAlreadyAckdError, which once
+    ended every partition of an aggregator). Any other failure is logged: the fetch is
+    delivered again after ``ack_wait``, and judging it again changes nothing."""
+    try:
+        await last.ack()
+    except nats.errors.MsgAlreadyAckdError:
+        pass
+    except nats.errors.ConnectionClosedError:
+        raise
+    except nats.errors.Error as exc:
+        log.warning("fetch not acknowledged", extra={"consumer": what, "reason": str(exc)})
 
 
 async def run_chain(chain: Chain, what: str, dropped: DropCounter) -> None:
@@ -415,6 +461,8 @@ async def run_chain(chain: Chain, what: str, dropped: DropCounter) -> None:
                 break
             except nats.errors.ConnectionClosedError:
                 raise
+            except nats.errors.MsgAlreadyAckdError:
+                break  # settled already (terminated by an earlier step): nothing to retry
             except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
                 dropped("transient_error")
                 log.warning(
@@ -439,6 +487,8 @@ async def settle(msg: Msg, handle: MessageHandler, what: str, dropped: DropCount
         await handle(msg)
     except nats.errors.ConnectionClosedError:
         raise
+    except nats.errors.MsgAlreadyAckdError:
+        pass  # the handler settled it before it raised: settling it again cannot help
     except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
         dropped("transient_error")
         log.warning(

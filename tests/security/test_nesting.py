@@ -1,0 +1,330 @@
+"""Issue 30, item 1: a body nested thousands of levels deep (JSON that made msgspec raise
+RecursionError) is refused like any malformed body by every actor that reads the bus, and
+restarts none: the aggregators (heartbeats, registrations), the forget service, the
+node's command consumer and event readers, and the latency prober. Each attack is sent
+with a plain nats-py client, signed where the reader checks a signature first."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from actors.cli.send import new_command
+from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.forget_service import ForgetActor
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.registry import approve
+from actors.node.agent import NodeAgent
+from actors.node.latency import LatencyActor
+from actors.runtime.bus import NatsBus
+from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
+from actors.runtime.supervisor import ActorStatus, Supervisor
+from schemas import codec, signing
+from schemas.events import EVENT_TYPES, Latency
+from schemas.messages import Cordon, ForgetReply, Probe, RegistrationReply
+from schemas.subjects import EVENT_LATENCY, Subjects, partition_of
+from tests.security.attack import attacker, counted, http_status, restarts
+from tests.support.commanding import Results
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    new_fleet_api,
+    node_events,
+    wait_for,
+    wait_record,
+)
+
+LEVELS = 5_000
+"""Past Python's recursion limit at any stack depth: msgspec raised RecursionError."""
+
+
+def deep(levels: int = LEVELS) -> bytes:
+    """JSON arrays and objects nested ``levels`` deep."""
+    half = levels // 2
+    return b"[" * half + b'{"a":' * (levels - half) + b"1" + b"}" * (levels - half) + b"]" * half
+
+
+def with_deep_field(body: bytes) -> bytes:
+    """A valid JSON object with one more (unknown) field, nested :data:`LEVELS` deep."""
+    return body[:-1] + b',"future_field":' + deep() + b"}"
+
+
+def node_in(partition: int, stem: str) -> str:
+    """A node name of ``stem`` whose heartbeats go to ``partition``."""
+    for index in range(10_000):
+        if partition_of(f"{stem}{index}", TEST_LIMITS.partitions) == partition:
+            return f"{stem}{index}"
+    raise AssertionError("no name found")
+
+
+async def beat(
+    js: JetStreamContext, prefix: str, key: signing.KeyPair, node: str, body: bytes
+) -> None:
+    headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "30"}
+    await js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
+
+
+async def test_a_deeply_nested_heartbeat_is_refused_and_the_aggregator_keeps_going(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """n2's key signs a heartbeat with an unknown field 5,000 levels deep, the last of its
+    fetch: refused as a body that is not a Heartbeat, n2's record untouched, and the
+    aggregator (every partition of it) keeps accepting n1's beats without a restart."""
+    keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
+    for node, key in keys.items():
+        await approve(bus, Subjects(prefix), node, key.public_key)
+    metrics = AggregatorMetrics()
+    supervisor = await fleet.start_supervisor(new_aggregator(bus, prefix, metrics))
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        await beat(js, prefix, keys["n2"], "n2", codec.encode(heartbeat("n2", seq=1)))
+        await wait_record(bus, prefix, "n2", lambda r: r.last_seq == 1)
+        for seq in (2, 3):
+            hostile = with_deep_field(codec.encode(heartbeat("n2", seq=seq)))
+            await beat(js, prefix, keys["n2"], "n2", hostile)
+            await wait_for(
+                lambda seq=seq: (
+                    counted(metrics.registry, "fleet_heartbeats_refused", kind="bad_signature")
+                    == seq - 1
+                )
+            )
+            await beat(js, prefix, keys["n1"], "n1", codec.encode(heartbeat("n1", seq=seq)))
+            await wait_record(bus, prefix, "n1", lambda r, seq=seq: r.last_seq == seq)
+    assert (await wait_record(bus, prefix, "n2", lambda r: True)).last_seq == 1
+    assert restarts(supervisor) == {"aggregator": 0}
+
+
+async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Issue 30's attack at its measured rate: a node-signed heartbeat 5,000 levels deep
+    every second into every partition (so into both aggregators) for six seconds. Both
+    answer /healthz 200 throughout, an honest node in every partition has each of its
+    beats accepted within two seconds, and neither aggregator restarts."""
+    honest = [node_in(p, "h") for p in range(TEST_LIMITS.partitions)]
+    hostile = [node_in(p, "x") for p in range(TEST_LIMITS.partitions)]
+    keys = {node: signing.KeyPair.generate() for node in honest + hostile}
+    for node, key in keys.items():
+        await approve(bus, Subjects(prefix), node, key.public_key)
+    supervisors: list[Supervisor] = []
+    healthz: list[str] = []
+    for name in ("first", "second"):
+        own = bus if name == "first" else await fleet.connect(name)
+        found: list[Supervisor] = []
+
+        def statuses(found: list[Supervisor] = found) -> Mapping[str, ActorStatus]:
+            return found[0].check() if found else {}
+
+        api = new_fleet_api(own, prefix, AggregatorMetrics(), statuses)
+        found.append(await fleet.start_supervisor(new_aggregator(own, prefix), api))
+        supervisors.append(found[0])
+        healthz.append(f"http://127.0.0.1:{api.port}/healthz")
+    held = [supervisor.actors[0] for supervisor in supervisors]
+    await wait_for(
+        lambda: all(
+            isinstance(a, AggregatorActor) and a.partitions and a.partitions.held for a in held
+        )
+    )
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        for seq in range(1, 7):
+            started = time.monotonic()
+            for node in hostile:
+                body = with_deep_field(codec.encode(heartbeat(node, seq=seq)))
+                await beat(js, prefix, keys[node], node, body)
+            for node in honest:
+                await beat(js, prefix, keys[node], node, codec.encode(heartbeat(node, seq=seq)))
+            for node in honest:
+                await wait_record(bus, prefix, node, lambda r, s=seq: r.last_seq == s, timeout=2)
+            assert [await http_status(url) for url in healthz] == [200, 200]
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    for supervisor in supervisors:
+        assert restarts(supervisor) == {"aggregator": 0, "fleet_api": 0}
+
+
+async def test_nested_registration_and_forget_requests_are_answered_rejected(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """The aggregator's registration service and the forget service answer a 5,000-level
+    body ``rejected`` (signed or not) and restart neither."""
+    aggregator = new_aggregator(bus, prefix)
+    supervisor = await fleet.start_supervisor(aggregator, ForgetActor(aggregator.config, bus))
+    subjects = Subjects(prefix)
+    key = signing.KeyPair.generate()
+    body = with_deep_field(b'{"node_id":"n1"}')
+    async with attacker(fleet.url) as nc:
+        for _ in range(2):
+            for headers in ({}, key.headers(body)):
+                answer = await nc.request(subjects.register(), body, timeout=5, headers=headers)
+                registered = codec.decode(answer.data, RegistrationReply)
+                assert registered.status == "rejected" and "deeper" in registered.reason
+                answer = await nc.request(subjects.forget(), body, timeout=5, headers=headers)
+                assert codec.decode(answer.data, ForgetReply).status == "rejected"
+    assert restarts(supervisor) == {"aggregator": 0, "forget": 0}
+
+
+async def test_a_nested_command_is_refused_and_the_next_one_runs(fleet: Fleet) -> None:
+    """An operator-signed command with a 5,000-level unknown field, and an unsigned bare
+    one, are refused by the node's command consumer; a valid command after them runs and
+    the commands actor never restarts."""
+    operator = signing.KeyPair.generate()
+    results = await Results().start(fleet.bus, fleet.prefix)
+    agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+    assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    subject = Subjects(fleet.prefix).command("c1", "n1")
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        hostile = with_deep_field(codec.encode(new_command("n1", "c1", Cordon(ttl=60))))
+        await js.publish(subject, hostile, headers=operator.headers(hostile))
+        await js.publish(subject, deep(2_000))
+        command = new_command("n1", "c1", Cordon(ttl=60))
+        body = codec.encode(command)
+        await js.publish(subject, body, headers=operator.headers(body))
+        await wait_for(lambda: "accepted" in results.statuses(command.id))
+    assert restarts(agent.supervisor)["commands"] == 0
+
+
+EVENT_READERS = [
+    "commands",
+    "inventory",
+    "heartbeat",
+    "health",
+    "engine",
+    "http_api",
+    "workloads",
+    "spot",
+    "gateway",
+]
+"""The node actors that read node events from the bus."""
+
+
+def malformed(agent: NodeAgent, actor: str) -> float:
+    return counted(
+        agent.metrics.registry, "node_agent_events_dropped", actor=actor, reason="malformed"
+    )
+
+
+@pytest.mark.parametrize("actor", EVENT_READERS)
+async def test_a_nested_node_event_is_dropped_by_each_reader(fleet: Fleet, actor: str) -> None:
+    """A node-signed event of every kind with a 5,000-level unknown field is dropped by
+    ``actor`` as malformed (counted), twice (its subscription lives on), and no actor of
+    the agent restarts."""
+    agent = await fleet.start_agent()
+    assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+    assert actor in agent.supervisor.status
+    key = fleet.node_key()
+    subjects = Subjects(fleet.prefix)
+    async with attacker(fleet.url) as nc:
+        for round_ in (1, 2):
+            for kind in EVENT_TYPES:
+                body = with_deep_field(b'{"ts":1.0}')
+                await nc.publish(subjects.event("n1", kind), body, headers=key.headers(body))
+            await wait_for(lambda round_=round_: malformed(agent, actor) >= round_)
+    assert set(restarts(agent.supervisor).values()) == {0}, restarts(agent.supervisor)
+
+
+async def test_a_nested_probe_and_probe_answer_leave_the_prober_running(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A peer answering every probe with a 5,000-level body (issue 30: the prober then
+    crash-looped on every node) counts as a lost probe; a nested probe to the node goes
+    unanswered; the prober keeps publishing its rounds and never restarts."""
+    subjects = Subjects(prefix)
+    rounds: list[Latency] = []
+
+    async def collect(msg: Msg) -> None:
+        rounds.append(codec.decode(msg.data, Latency, msg.subject))
+
+    async def hostile_peer(msg: Msg) -> None:
+        await msg.respond(with_deep_field(b'{"node_id":"evil"}'))
+
+    await bus.subscribe(subjects.event("n1", EVENT_LATENCY), collect)
+    await bus.subscribe(subjects.probe("evil"), hostile_peer)
+    await bus.flush()
+    config = fleet.config("n1", peers=["evil"], probe_interval=0.2, probe_timeout=0.5)
+    supervisor = await fleet.start_supervisor(LatencyActor(config, bus, node_events(config)))
+    async with attacker(fleet.url) as nc:
+        with pytest.raises(TimeoutError):
+            hostile = with_deep_field(b'{"from_node":"x"}')
+            await nc.request(subjects.probe("n1"), hostile, timeout=0.5)
+        probe = codec.encode(Probe(from_node="x", nonce="1", sent_at=time.time()))
+        assert (await nc.request(subjects.probe("n1"), probe, timeout=2)).data
+    await wait_for(lambda: len(rounds) >= 3)
+    peer = rounds[-1].peers[0]
+    assert peer.target_node_id == "evil" and peer.rtt_us is None and peer.loss_pct == 100.0
+    assert restarts(supervisor) == {"latency": 0}
+
+
+async def test_the_batch_loop_survives_a_message_settled_twice_and_a_broken_handler(
+    bus: NatsBus, prefix: str
+) -> None:
+    """The aggregator's consume loop (AckPolicy.ALL), whatever its handler does on one
+    message: a step that breaks on the last message of a fetch terminates it, and the
+    fetch's one ack on that same message (nats-py: MsgAlreadyAckdError, which ended every
+    partition of an aggregator) changes nothing; a handler that raises on a whole fetch
+    is given its messages one by one and only the one it breaks on is terminated. The
+    loop runs on, and the consumer ends with nothing pending or unacknowledged."""
+    stream = f"NEST_{prefix}"
+    await bus.js.add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.nest.>"]))
+    consumer = DurableConsumer(
+        bus.js,
+        stream,
+        f"{prefix}.nest.>",
+        "nest",
+        ConsumerConfig(ack_policy=AckPolicy.ALL, ack_wait=30),
+    )
+    await consumer.open()
+    handled: list[bytes] = []
+    dropped: list[str] = []
+
+    async def broken_step(msg: Msg) -> None:
+        raise ValueError(f"step broke on {msg.data!r}")
+
+    async def handle(messages: list[Msg]) -> list[Chain]:
+        if len(messages) > 1 and any(msg.data == b"whole" for msg in messages):
+            raise RuntimeError("handler broke on the fetch")
+        chains: list[Chain] = []
+        for msg in messages:
+            if msg.data == b"whole":
+                raise RuntimeError("handler broke on this message")
+            handled.append(msg.data)
+            if msg.data == b"step":
+                chains.append([(msg, lambda msg=msg: broken_step(msg))])
+        return chains
+
+    puller = BatchPuller(bus, consumer)
+    loop = asyncio.create_task(
+        consume_in_batches(
+            puller, handle, batch=16, wait=0.5, what="test", dropped=dropped.append, linger=0.05
+        )
+    )
+    try:
+        for round_, bodies in enumerate(([b"a", b"step"], [b"b", b"whole", b"c"], [b"d"])):
+            for body in bodies:
+                await bus.js.publish(f"{prefix}.nest.{round_}", body)
+            await wait_for(lambda body=bodies[-1]: body in handled)
+        info = await bus.js.consumer_info(stream, "nest")
+        await wait_for(lambda: not loop.done())
+        assert handled == [b"a", b"step", b"b", b"c", b"d"]
+        assert dropped == ["handler_error", "handler_error"]
+        assert not loop.done()
+
+        async def settled() -> bool:
+            info = await bus.js.consumer_info(stream, "nest")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await wait_for(settled)
+        assert info.delivered.stream_seq == 6
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await puller.close()
