@@ -103,6 +103,12 @@ NodeId = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="node id")]
 Cluster = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="cluster name")]
 UnixTime = Annotated[float, Meta(ge=0, description="seconds since the Unix epoch, UTC")]
 Seconds = Annotated[float, Meta(ge=0, description="a duration in seconds")]
+MAX_STALE_AFTER = 86_400.0
+"""A day: the longest ``stale_after`` (and ``Nats-TTL``) a heartbeat may claim. Aggregators
+bound what they believe further (``max_stale_after``)."""
+Liveness = Annotated[
+    float, Meta(ge=0, le=MAX_STALE_AFTER, description="a duration in seconds, at most a day")
+]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 Count = Annotated[int, Meta(ge=0)]
 Seq = Annotated[int, Meta(ge=0, le=2**63 - 1, description="a sequence number, 63 bits")]

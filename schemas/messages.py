@@ -21,6 +21,7 @@ from schemas.base import (
     Hostname,
     Id,
     Labels,
+    Liveness,
     Name,
     NodeId,
     OpenHealthStatus,
@@ -87,9 +88,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """Random per agent start; with seq it forms the ``Nats-Msg-Id``."""
     ts: UnixTime
     agent_version: Name
-    interval: Seconds
+    interval: Liveness
     """The heartbeat period the sender uses, so readers can judge lateness."""
-    stale_after: Seconds
+    stale_after: Liveness
+    """Silence after which the node counts as gone; its ``Nats-TTL``, in whole seconds."""
     schedulability: Schedulability = "schedulable"
     sample: Sample | None = None
     health: Health | None = None

@@ -258,7 +258,10 @@ class HeartbeatPath:
         try:
             key, verifier = self.verify.check(msg, headers, node, state, fetched)
             now = time.time()
-            heartbeat = judge.read(msg.data, msg.subject, node, cluster, now, self.config.max_skew)
+            last_seq = state.record.last_seq if state is not None else -1
+            heartbeat = judge.read(
+                msg.data, msg.subject, node, cluster, now, self.config.max_skew, last_seq
+            )
             verdict = judge.accept(
                 state,
                 heartbeat,

@@ -59,6 +59,11 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     nodes)."""
     full_sweep_interval: Positive = 120.0
     """How often every record is read to find stale nodes another aggregator saw go stale."""
+    max_stale_after: Positive = 600.0
+    """The longest silence this aggregator believes a node's claimed ``stale_after`` (or a
+    ``Nats-TTL: never``) allows: the full sweep marks a node stale once it sent nothing for
+    twice the lesser of the two plus ``full_sweep_interval``. Keep it above every agent's
+    ``stale_after``."""
 
     max_seq_jump: Annotated[int, Meta(ge=1)] = 10_000
     """A heartbeat whose seq is more than this above the node's last accepted one is

@@ -69,10 +69,19 @@ class Verdict(NamedTuple):
     write: bool
 
 
-def read(body: bytes, subject: str, node: str, cluster: str, now: float, skew: float) -> Heartbeat:
+def read(
+    body: bytes,
+    subject: str,
+    node: str,
+    cluster: str,
+    now: float,
+    skew: float,
+    last_seq: int = -1,
+) -> Heartbeat:
     """The heartbeat in ``body`` (its signature already checked), if it names the node
     and cluster of its ``subject`` and its timestamp is within ``skew`` seconds of
-    ``now``; else Refused."""
+    ``now``; else Refused. One too old whose seq is not above ``last_seq`` (the node's
+    last accepted) is a ``replay``, not a clock problem."""
     try:
         heartbeat = codec.decode(body, Heartbeat, subject)
     except DecodeError as exc:
@@ -86,6 +95,13 @@ def read(body: bytes, subject: str, node: str, cluster: str, now: float, skew: f
         )
     off = heartbeat.ts - now
     if abs(off) > skew:
+        if heartbeat.seq <= last_seq:
+            raise Refused(
+                "replay",
+                f"seq {heartbeat.seq} is not above the last accepted {last_seq} "
+                f"(and {off:+.0f}s off the aggregator's clock)",
+                seq=str(heartbeat.seq),
+            )
         raise Refused(
             "clock_skew",
             f"timestamp is {off:+.0f}s off the aggregator's clock",

@@ -25,22 +25,24 @@ from actors.fleet.ledger import Ledger
 from actors.fleet.node_store import NodeStore
 from actors.fleet.ownership import Ownership
 from actors.runtime.schedule import stop_if_cancelled
+from schemas.base import MAX_STALE_AFTER
 from schemas.messages import NodeRecord
 
 log = logging.getLogger(__name__)
 
 
-def silent_without_marker(record: NodeRecord, now: float, grace: float) -> bool:
-    """A live record whose node has sent nothing for twice its ``stale_after`` plus
-    ``grace``, though no TTL marker came: the marker was lost (a node's ``Nats-Rollup:
-    all`` heartbeat purges every subject of FLEET_HB, markers pending included, and the
-    server cannot be told to refuse rollups on a stream with delete markers). Twice, and
-    the grace, so a slow aggregator behind the stream does not call a live node stale."""
+def silent_without_marker(record: NodeRecord, now: float, grace: float, bound: float) -> bool:
+    """A live record whose node has sent nothing for twice its ``stale_after`` (at most
+    ``bound``, the aggregator's ``max_stale_after``) plus ``grace``, though no TTL marker
+    came: the marker was lost (purged: a ``Nats-Rollup: all`` heartbeat did that before
+    FLEET_HB_IN refused rollups), or never comes (no ``Nats-TTL``, or one longer than the
+    node claims). Twice, and the grace, so a slow aggregator behind the stream does not
+    call a live node stale."""
     if record.heartbeat is None or record.stale_since is not None or record.deregistered:
         return False
     if record.stopped_since is not None:
         return False  # it said goodbye: silence is expected
-    return now - record.last_seen > 2 * record.heartbeat.stale_after + grace
+    return now - record.last_seen > 2 * min(record.heartbeat.stale_after, bound) + grace
 
 
 def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
@@ -53,13 +55,13 @@ def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
     )
 
 
-def refused_silent(record: NodeRecord, now: float) -> bool:
-    """A live record whose last accepted heartbeat is older than its ``stale_after``: the
-    node is stale even though messages (refused ones) keep arriving on its subject and so
-    the server's TTL marker never fires."""
+def refused_silent(record: NodeRecord, now: float, bound: float = MAX_STALE_AFTER) -> bool:
+    """A live record whose last accepted heartbeat is older than its ``stale_after`` (at
+    most ``bound``): the node is stale even though messages (refused ones) keep arriving
+    on its subject and so the server's TTL marker never fires."""
     if record.heartbeat is None or record.stale_since is not None or record.deregistered:
         return False
-    return now - record.last_seen >= record.heartbeat.stale_after
+    return now - record.last_seen >= min(record.heartbeat.stale_after, bound)
 
 
 class Sweeps:
@@ -112,7 +114,8 @@ class Sweeps:
             if record.offline_since:
                 return None
             if record.stale_since is None:
-                if everything and silent_without_marker(record, now, grace):
+                bound = self.config.max_stale_after
+                if everything and silent_without_marker(record, now, grace, bound):
                     return record_rules.with_state(record, stale_since=now)
                 return None
             if now - record.stale_since < self.config.offline_after:
@@ -185,7 +188,7 @@ class Sweeps:
                 ledger.refusals.forget(node)
                 continue
             record = state.record
-            if not refused_silent(record, now):
+            if not refused_silent(record, now, self.config.max_stale_after):
                 if record.stale_since is not None or record.deregistered:
                     ledger.refusals.forget(node)
                 continue

@@ -14,18 +14,22 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
+from actors.fleet import nats_ttl
 from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.judge import NeedsFetch, Refused, judged_before
 from actors.fleet.node_store import NodeStore
 from actors.runtime.consumer import Delivery, delivery
 from schemas import signing
+from schemas.base import MAX_STALE_AFTER
 from schemas.errors import SignatureError
 
 TRUST_WAIT = 2.0
 """Seconds a batch of heartbeats waits at most for the trust watch to catch up."""
 ROLLUP = "Nats-Rollup"
-"""No agent sends it; on FLEET_HB (where the server forces rollups on, for its delete
-markers) ``all`` purges every node's heartbeat: the sender is refused and alerted on."""
+"""No agent sends it, and FLEET_HB_IN refuses it; one that reaches FLEET_HB anyway (a
+stream of an older version, where the server forces rollups on for its delete markers)
+is refused and alerted on."""
+TTL = "Nats-TTL"
 
 
 class Signatures:
@@ -126,6 +130,12 @@ class Signatures:
                 "bad_signature",
                 "heartbeat carries a Nats-Rollup header (it purged earlier heartbeats)",
                 rollup=headers[ROLLUP][:16],
+            )
+        if not nats_ttl.ttl_within(headers.get(TTL), MAX_STALE_AFTER):
+            raise Refused(
+                "bad_signature",
+                f"heartbeat's Nats-TTL is longer than {MAX_STALE_AFTER:g}s or never",
+                ttl=headers[TTL][:16],
             )
         signer = headers.get(signing.HEADER_KEY)
         trusted = self.fresh.get(node) if fetched else self.store.cached_key(node)

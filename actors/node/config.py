@@ -22,6 +22,7 @@ from schemas.base import (
     MAX_ENGINES,
     MAX_ENROLL_TOKEN,
     MAX_PEERS,
+    MAX_STALE_AFTER,
     MAX_URL,
     Cluster,
     Labels,
@@ -364,6 +365,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         if self.stale_after < 1:
             raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
+        if self.stale_after > MAX_STALE_AFTER:
+            raise ValueError(f"stale_after must be at most {MAX_STALE_AFTER:g} seconds (a day)")
         # The table lives with the health code, which imports this module: names are
         # checked here, at load, so a typo fails the start and not the health actor.
         from actors.node.gpu_health import parse_gpu_thresholds
