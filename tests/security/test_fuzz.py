@@ -1,8 +1,10 @@
 """Property-based fuzzing of everything a hostile client can put on the wire to a node and
 to the aggregator: heartbeats, commands and node events with random bytes, random headers
 (non-ASCII values, random ``Fleet-Key``/``Fleet-Sig``, forged TTL markers), sizes up to
-~70 KB, wrong subject tokens and valid bodies mutated and re-signed with the node's key,
-an operator's key or a stranger's.
+~70 KB, wrong subject tokens, JSON nested up to 20,000 levels deep (issue 30: 1,000 made
+msgspec raise RecursionError and brought every aggregator down) and valid bodies mutated
+(a field nested that deep among them) and re-signed with the node's key, an operator's
+key or a stranger's.
 
 After each batch: no actor of the agent or the aggregator has restarted, honest traffic
 (the agent's heartbeats, a heartbeat of a second node, a signed command) is still
@@ -143,8 +145,20 @@ def random_bytes(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-bodies = st.binary(max_size=512) | st.builds(
-    random_bytes, st.integers(0, MAX_BODY), st.integers(0, 2**32)
+def nested(levels: int, opening: str) -> bytes:
+    """JSON nested ``levels`` deep: arrays, objects or both by turns."""
+    openings = {"[": "[", "{": '{"a":', "both": '[{"a":'}[opening]
+    closings = {"[": "]", "{": "}", "both": "}]"}[opening]
+    return (openings * levels + "0" + closings * levels).encode()
+
+
+nestings = st.builds(
+    nested, st.sampled_from([33, 200, 1_000, 5_000, 20_000]), st.sampled_from(["[", "{", "both"])
+)
+bodies = (
+    st.binary(max_size=512)
+    | st.builds(random_bytes, st.integers(0, MAX_BODY), st.integers(0, 2**32))
+    | nestings
 )
 
 
@@ -158,12 +172,18 @@ class Mutation:
     byte_op: Literal["none", "flip", "insert", "delete"]
     position: int
     byte: int
+    nesting: bytes = b""
+    """JSON put in ``field`` as it is (too deep for msgspec to encode), after ``value``."""
 
     def apply(self, valid: dict[str, Any]) -> bytes:
         doc = dict(valid)
         if self.field:
             doc[self.field] = self.value
-        raw = bytearray(msgspec.json.encode(doc))
+        encoded = msgspec.json.encode(doc)
+        if self.nesting:
+            name = msgspec.json.encode(self.field or "nested")
+            encoded = encoded[:-1] + b"," + name + b":" + self.nesting + b"}"
+        raw = bytearray(encoded)
         at = self.position % (len(raw) + 1)
         if self.byte_op == "flip" and at < len(raw):
             raw[at] ^= self.byte or 1
@@ -182,6 +202,7 @@ def mutations(fields: list[str]) -> st.SearchStrategy[Mutation]:
         byte_op=st.sampled_from(["none", "flip", "insert", "delete"]),
         position=st.integers(0, 10_000),
         byte=st.integers(0, 255),
+        nesting=st.just(b"") | nestings,
     )
 
 
@@ -465,6 +486,19 @@ async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
             headers={},
             mutation=Mutation(field="", value=None, byte_op="flip", position=7, byte=128),
             signer="operator",
+        )
+    ]
+)
+# Issue 30: a node-signed heartbeat with a field nested 5,000 deep stopped every aggregator.
+@example(
+    batch=[
+        Hostile(
+            target="hb",
+            tail="c1.n2",
+            mutation=Mutation(
+                field="", value=None, byte_op="none", position=0, byte=0, nesting=nested(5_000, "[")
+            ),
+            signer="node",
         )
     ]
 )
