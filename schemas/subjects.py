@@ -16,6 +16,9 @@ TOKEN_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
 _TOKEN = re.compile(TOKEN_PATTERN)
 
 STREAM_HEARTBEATS: Final = "FLEET_HB"
+STREAM_HEARTBEAT_INTAKE: Final = "FLEET_HB_IN"
+"""Where nodes' heartbeats are stored first: a stream that refuses ``Nats-Rollup`` (one
+with TTL delete markers, as FLEET_HB, cannot), which FLEET_HB sources from."""
 STREAM_COMMANDS: Final = "FLEET_CMD"
 STREAM_EVENTS: Final = "FLEET_EVENTS"
 STREAM_ALERTS: Final = "FLEET_ALERTS"
@@ -114,14 +117,15 @@ class Subjects:
         return f"{self.prefix}.hb.>"
 
     def published_heartbeats(self) -> str:
-        """What nodes publish to (``<prefix>.hb.<cluster>.<node>``): FLEET_HB's subjects.
-        Five-token subjects are not the stream's, so nobody stores into a partition
-        subject directly: only the transform below does."""
+        """What nodes publish to (``<prefix>.hb.<cluster>.<node>``): FLEET_HB_IN's
+        subjects. FLEET_HB has no subjects of its own, so nobody stores into a partition
+        subject directly: only its source's transform below does."""
         return f"{self.prefix}.hb.*.*"
 
     def heartbeat_transform(self, partitions: int) -> tuple[str, str]:
-        """FLEET_HB's subject transform (source, destination): each heartbeat is stored
-        as ``<prefix>.hb.<P>.<cluster>.<node>``, P the node token's partition."""
+        """The subject transform of FLEET_HB's source (source, destination): each
+        heartbeat is stored as ``<prefix>.hb.<P>.<cluster>.<node>``, P the node token's
+        partition."""
         return (
             self.published_heartbeats(),
             f"{self.prefix}.hb.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}"

@@ -4,6 +4,13 @@ Safe to run from every process at start-up: a stream that exists is updated to t
 settings below (failure detection needs ``allow_msg_ttl`` and delete markers), a bucket
 that exists is left alone.
 
+Nodes' heartbeats are stored first in ``FLEET_HB_IN``, which refuses ``Nats-Rollup``
+headers, and ``FLEET_HB`` sources them from there (partitioned by the source's subject
+transform). A stream with TTL delete markers cannot refuse rollups (nats-server turns
+``allow_rollup_hdrs`` on for it), and one node's ``Nats-Rollup: all`` there purged every
+node's heartbeat and pending TTL marker; in ``FLEET_HB_IN`` the server refuses it to the
+publisher, and ``FLEET_HB`` has no subject anyone can publish to.
+
 Every stream and bucket is bounded three ways: a byte budget (``max_bytes``, which the
 server reserves for it), a message count and a message size. Because every budget is
 reserved, a flood on one stream fills only that stream's budget: the store failure
@@ -26,6 +33,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
     SubjectTransform,
 )
 
@@ -40,6 +48,7 @@ from schemas.subjects import (
     STREAM_ALERTS,
     STREAM_COMMANDS,
     STREAM_EVENTS,
+    STREAM_HEARTBEAT_INTAKE,
     STREAM_HEARTBEATS,
     Subjects,
 )
@@ -47,6 +56,8 @@ from schemas.subjects import (
 log = logging.getLogger(__name__)
 
 DAY = 24 * 3600.0
+SUBJECTS_OVERLAP = 10065
+"""JetStream's error code for a stream whose subjects another stream takes already."""
 DUPLICATE_WINDOW = 300.0
 """Five minutes: replays inside it are dropped by the server itself (Nats-Msg-Id)."""
 MARKER_TTL = 3600.0
@@ -126,9 +137,10 @@ class StreamLimits:
 
     @property
     def total(self) -> int:
-        """Bytes the server reserves for one prefix: its max_file_store must exceed it."""
+        """Bytes the server reserves for one prefix: its max_file_store must exceed it.
+        Heartbeats count twice: FLEET_HB_IN and FLEET_HB each have the budget."""
         return (
-            self.heartbeats_max_bytes
+            2 * self.heartbeats_max_bytes
             + self.records_max_bytes
             + self.commands_max_bytes
             + self.results_max_bytes
@@ -147,9 +159,8 @@ def stream_configs(
     return [
         StreamConfig(
             name=subjects.stream_name(STREAM_HEARTBEATS),
-            description="signed node heartbeats; per-message TTL marks dead nodes",
-            subjects=[subjects.published_heartbeats()],
-            subject_transform=SubjectTransform(*subjects.heartbeat_transform(limits.partitions)),
+            description="signed node heartbeats by partition; per-message TTL marks dead nodes",
+            sources=[_intake_source(subjects, limits.partitions)],
             storage=StorageType.FILE,
             num_replicas=replicas,
             max_msgs_per_subject=HEARTBEATS_PER_NODE,
@@ -163,6 +174,22 @@ def stream_configs(
             max_msg_size=MAX_HEARTBEAT_SIZE,
             # The views read each node's latest heartbeat by direct get (actors/fleet/live.py).
             allow_direct=True,
+        ),
+        StreamConfig(
+            name=subjects.stream_name(STREAM_HEARTBEAT_INTAKE),
+            description="signed node heartbeats as published; FLEET_HB sources them",
+            subjects=[subjects.published_heartbeats()],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            max_msgs_per_subject=HEARTBEATS_PER_NODE,
+            max_age=0,
+            duplicate_window=DUPLICATE_WINDOW,
+            allow_msg_ttl=True,
+            allow_rollup_hdrs=False,
+            discard=DiscardPolicy.NEW,
+            max_bytes=limits.heartbeats_max_bytes,
+            max_msgs=MAX_NODES,
+            max_msg_size=MAX_HEARTBEAT_SIZE,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_COMMANDS),
@@ -295,10 +322,21 @@ async def provision(
         try:
             info = await js.stream_info(config.name or "")
         except nats.js.errors.NotFoundError:
-            await js.add_stream(config)
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != SUBJECTS_OVERLAP:
+                    raise
+                # FLEET_HB of an older version kept its subjects (its update was refused,
+                # logged above): it stores heartbeats itself, rollups not refused.
+                log.error(
+                    "stream not created: its subjects are another stream's",
+                    extra={"stream": config.name, "reason": str(exc)},
+                )
+                continue
             log.info("stream created", extra={"stream": config.name})
             continue
-        if config.subject_transform is not None:
+        if config.sources:
             config = _keep_partitions(subjects, config, info.config, limits.partitions)
         try:
             await js.update_stream(config)
@@ -317,20 +355,45 @@ async def provision(
         await _update_bucket(js, bucket)
 
 
+def _intake_source(subjects: Subjects, partitions: int) -> StreamSource:
+    """FLEET_HB's one source: FLEET_HB_IN, each heartbeat moved to its partition's subject."""
+    return StreamSource(
+        name=subjects.stream_name(STREAM_HEARTBEAT_INTAKE),
+        subject_transforms=[SubjectTransform(*subjects.heartbeat_transform(partitions))],
+    )
+
+
+def _partitions_of(subjects: Subjects, config: StreamConfig) -> int | None:
+    """N of FLEET_HB's partition transform: its source's, or the stream's own (FLEET_HB of
+    a version before FLEET_HB_IN); None if it has neither."""
+    transforms = [
+        transform
+        for source in config.sources or []
+        for transform in source.subject_transforms or []
+    ]
+    if config.subject_transform is not None:
+        transforms.append(config.subject_transform)
+    for transform in transforms:
+        found = subjects.transform_partitions(transform.dest)
+        if found is not None:
+            return found
+    return None
+
+
 def _keep_partitions(
     subjects: Subjects, wanted: StreamConfig, current: StreamConfig, partitions: int
 ) -> StreamConfig:
     """FLEET_HB's N never changes once set: another N would move every node to another
     subject (and fire a TTL marker for every node's old one). The existing transform is
-    kept, and a differing setting logged; a stream of the old layout (no transform) gets
-    one with ``partitions``."""
-    transform = current.subject_transform
-    existing = subjects.transform_partitions(transform.dest) if transform else None
+    kept (moved from the stream to its source, for a FLEET_HB of an older version), and a
+    differing setting logged; a stream of the old layout (no transform) gets one with
+    ``partitions``."""
+    existing = _partitions_of(subjects, current)
     if existing is None:
-        if transform is not None:
+        if current.subject_transform is not None or current.sources:
             log.error(
                 "FLEET_HB has a foreign subject transform; replaced by the partition one",
-                extra={"stream": wanted.name, "transform": transform.dest},
+                extra={"stream": wanted.name},
             )
         else:
             log.warning(
@@ -343,16 +406,13 @@ def _keep_partitions(
             "partitions setting differs from FLEET_HB's; the stream's is used",
             extra={"stream": wanted.name, "partitions": partitions, "stream_partitions": existing},
         )
-    return replace(
-        wanted, subject_transform=SubjectTransform(*subjects.heartbeat_transform(existing))
-    )
+    return replace(wanted, sources=[_intake_source(subjects, existing)])
 
 
 async def heartbeat_partitions(js: JetStreamContext, subjects: Subjects) -> int:
     """N of FLEET_HB as it exists (provisioned): what every aggregator partitions by."""
     info = await js.stream_info(subjects.stream_name(STREAM_HEARTBEATS))
-    transform = info.config.subject_transform
-    found = subjects.transform_partitions(transform.dest) if transform else None
+    found = _partitions_of(subjects, info.config)
     if found is None:
         raise RuntimeError("FLEET_HB has no partition transform (not provisioned)")
     return found

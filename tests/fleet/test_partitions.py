@@ -9,21 +9,43 @@ import socket
 import string
 from unittest import mock
 
+import nats.js.errors
+from nats.js.api import SubjectTransform
+
 from actors.fleet.lease import holder_id
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.fleet.streams import heartbeat_partitions, provision, stream_configs
 from actors.runtime.bus import NatsBus
 from schemas import codec
-from schemas.subjects import STREAM_HEARTBEATS, Subjects, member_key, partition_of
+from schemas.subjects import (
+    STREAM_HEARTBEAT_INTAKE,
+    STREAM_HEARTBEATS,
+    Subjects,
+    member_key,
+    partition_of,
+)
 from tests.fleet.test_aggregator import watch_alerts
-from tests.support.fleet import TEST_LIMITS, Fleet, heartbeat, new_aggregator, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    wait_for,
+    wait_record,
+)
 
 ALPHABET = string.ascii_letters + string.digits + "_-"
 
 
 async def stored_subjects(bus: NatsBus, stream: str, count: int) -> list[str]:
-    """The subjects of the first ``count`` messages of ``stream``, as stored."""
+    """The subjects of the first ``count`` messages of ``stream``, as stored (once it has
+    sourced them from FLEET_HB_IN)."""
+
+    async def sourced() -> bool:
+        return (await bus.js.stream_info(stream)).state.last_seq >= count
+
+    await wait_for(sourced)
     subjects = []
     for seq in range(1, count + 1):
         message = await bus.js.get_msg(stream, seq)
@@ -69,10 +91,58 @@ async def test_provision_never_changes_an_existing_streams_partitions(
     await provision(bus.js, subjects, limits=limits)
     assert await heartbeat_partitions(bus.js, subjects) == 8
     await bus.js.publish(subjects.heartbeat("c1", "n1"), b"{}")
-    message = await bus.js.get_last_msg(
-        subjects.stream_name(STREAM_HEARTBEATS), subjects.stored_heartbeat("c1", "n1", 8)
+
+    async def sourced() -> bytes | None:
+        try:
+            message = await bus.js.get_last_msg(
+                subjects.stream_name(STREAM_HEARTBEATS), subjects.stored_heartbeat("c1", "n1", 8)
+            )
+        except nats.js.errors.NotFoundError:
+            return None  # FLEET_HB sources it from FLEET_HB_IN a moment later
+        return message.data
+
+    assert await wait_for(sourced) == b"{}"
+
+
+async def test_a_stream_of_the_version_before_the_intake_is_moved_behind_it(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A FLEET_HB that takes heartbeats itself (its own subjects and partition transform,
+    N = 4, one heartbeat stored) is given FLEET_HB_IN as its source on provisioning: its N
+    and its heartbeat are kept, and a heartbeat published now reaches it through the
+    intake."""
+    subjects = Subjects(f"{prefix}m")
+    current = stream_configs(subjects, limits=TEST_LIMITS)[0]
+    transform = SubjectTransform(*subjects.heartbeat_transform(4))
+    await bus.js.add_stream(
+        dataclasses.replace(
+            current,
+            sources=None,
+            subjects=[subjects.published_heartbeats()],
+            subject_transform=transform,
+        )
     )
-    assert message.data == b"{}"
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+    await bus.js.publish(subjects.heartbeat("c1", "n1"), b"old")
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    info = await bus.js.stream_info(stream)
+    assert not info.config.subjects and info.config.subject_transform is None
+    assert [source.name for source in info.config.sources or []] == [
+        subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
+    ]
+    assert await heartbeat_partitions(bus.js, subjects) == 4
+    ack = await bus.js.publish(subjects.heartbeat("c1", "n2"), b"new")
+    assert ack.stream == subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
+
+    async def stored(node: str) -> bytes | None:
+        try:
+            found = await bus.js.get_last_msg(stream, subjects.stored_heartbeat("c1", node, 4))
+        except nats.js.errors.NotFoundError:
+            return None
+        return found.data
+
+    assert await wait_for(lambda: stored("n2")) == b"new"
+    assert await stored("n1") == b"old"
 
 
 async def test_old_layout_stream_is_upgraded_and_its_heartbeats_ignored(
@@ -94,7 +164,9 @@ async def test_old_layout_stream_is_upgraded_and_its_heartbeats_ignored(
 
     await provision(bus.js, subjects, limits=TEST_LIMITS)
     info = await bus.js.stream_info(stream)
-    assert info.config.subjects == [subjects.published_heartbeats()]
+    assert not info.config.subjects  # FLEET_HB_IN takes what nodes publish
+    intake = await bus.js.stream_info(subjects.stream_name(STREAM_HEARTBEAT_INTAKE))
+    assert intake.config.subjects == [subjects.published_heartbeats()]
     assert await heartbeat_partitions(bus.js, subjects) == TEST_LIMITS.partitions
     assert info.state.messages == 1  # the old message is kept, and ignored
 

@@ -7,8 +7,9 @@ import asyncio
 import os
 from functools import partial
 
+import nats.js.errors
+import pytest
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve, read_record
@@ -62,13 +63,14 @@ async def test_forged_marker_is_ignored_and_a_real_one_is_not(
     assert counted(metrics.registry, "fleet_messages_dropped", reason="forged_marker") == 2
 
 
-async def test_a_rollup_purging_every_marker_does_not_hide_a_dead_node(
+async def test_a_rollup_header_is_refused_by_the_server_and_purges_nothing(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """With n1's stolen key, a heartbeat carrying ``Nats-Rollup: all`` purges FLEET_HB,
-    the pending TTL marker of n2 (which just died) with it: the server cannot refuse
-    rollups on a stream with delete markers. The rollup is refused and alerted on, and
-    the full sweep still finds n2 silent and marks it stale."""
+    """Issue 30: with n1's stolen key, a heartbeat carrying ``Nats-Rollup: all`` (or
+    ``sub``) once purged every node's heartbeat and pending TTL marker from FLEET_HB. Now
+    the server refuses it to the publisher (FLEET_HB_IN takes no rollups, FLEET_HB has no
+    subject to publish to): n2's heartbeat stays stored, and when n2 dies the server's own
+    marker makes it stale."""
     subjects = Subjects(prefix)
     alerts: list[Alert] = []
 
@@ -80,27 +82,40 @@ async def test_a_rollup_purging_every_marker_does_not_hide_a_dead_node(
     for node, key in keys.items():
         await approve(bus, subjects, node, key.public_key)
     metrics = AggregatorMetrics()
-    aggregator = new_aggregator(bus, prefix, metrics, sweep_interval=0.2, full_sweep_interval=0.5)
-    await fleet.start_supervisor(aggregator)
+    await fleet.start_supervisor(new_aggregator(bus, prefix, metrics))
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
 
-    async def beat(nc_js: JetStreamContext, node: str, seq: int, **headers: str) -> None:
-        body = codec.encode(heartbeat(node, seq=seq, stale_after=2.0))
-        signed = {**keys[node].headers(body), "Nats-Msg-Id": os.urandom(8).hex(), **headers}
-        await nc_js.publish(subjects.heartbeat("c1", node), body, headers=signed)
+    def body(node: str, seq: int) -> bytes:
+        return codec.encode(heartbeat(node, seq=seq, stale_after=3.0))
+
+    def signed(node: str, data: bytes, **headers: str) -> dict[str, str]:
+        return {**keys[node].headers(data), "Nats-Msg-Id": os.urandom(8).hex(), **headers}
 
     async with attacker(fleet.url) as nc:
         js = nc.jetstream()
-        await beat(js, "n2", 1, **{"Nats-TTL": "2"})  # n2's last words
+        n2 = body("n2", 1)
+        await js.publish(subjects.heartbeat("c1", "n2"), n2, headers=signed("n2", n2, **TTL3))
         await wait_record(bus, prefix, "n2", lambda record: record.state == "active")
-        await beat(js, "n1", 1, **{"Nats-Rollup": "all"})
-        info = await js.stream_info(subjects.stream_name(STREAM_HEARTBEATS))
-        assert info.state.messages == 1  # n2's heartbeat is gone, and its marker with it
-    await wait_for(
-        lambda: counted(metrics.registry, "fleet_heartbeats_refused", kind="bad_signature")
-    )
+        for seq, rollup in ((1, "all"), (2, "sub")):
+            n1 = body("n1", seq)
+            with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+                await js.publish(
+                    subjects.heartbeat("c1", "n1"),
+                    n1,
+                    headers=signed("n1", n1, **{"Nats-Rollup": rollup}),
+                )
+        info = await js.stream_info(stream)
+        assert info.state.messages == 1  # n2's heartbeat, not purged
+        stored = await js.get_last_msg(stream, subjects.stored_heartbeat("c1", "n2", 8))
+        assert stored.data == n2
+    # n2 is now silent: the server's marker (not the full sweep) says so.
     record = await wait_record(
         bus, prefix, "n2", lambda record: record.state == "stale", timeout=15
     )
     assert record.state == "stale"
     stale = [alert for alert in alerts if alert.kind == "stale" and alert.node_id == "n2"]
-    assert stale and "no server marker" in stale[0].message
+    assert stale and "server marker: MaxAge" in stale[0].message
+    assert counted(metrics.registry, "fleet_ttl_markers") == 1
+
+
+TTL3 = {"Nats-TTL": "3"}
