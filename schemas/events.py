@@ -25,6 +25,7 @@ from schemas.base import (
     MAX_UNREAD,
     MAX_WORKLOADS,
     MAX_XIDS,
+    SIGNED_TYPE,
     Bytes,
     CheckStatus,
     Count,
@@ -354,7 +355,7 @@ class NodeState(Wire, frozen=True, kw_only=True):
     cordon's TTL running out); empty from agents that predate it."""
 
 
-class Inject(Wire, frozen=True, kw_only=True):
+class Inject(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="inject"):
     """A fault to inject into a fake-GPU agent (tests and demos); real GPUs ignore it."""
 
     ts: UnixTime

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from schemas import events, messages, placement, remediation
+from schemas.base import SIGNED_TYPE
 
 JSON_DIR = Path(__file__).parent / "json"
 README = Path(__file__).parent.parent / "docs" / "wire-contract.md"
@@ -61,10 +62,25 @@ def render() -> dict[str, str]:
     """File name -> file text for every wire type."""
     files = {}
     for wire_type in WIRE_TYPES:
-        schema: dict[str, Any] = msgspec.json.schema(wire_type)
+        schema: dict[str, Any] = _schema(wire_type)
         schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
         files[f"{wire_type.__name__}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     return files
+
+
+def _schema(wire_type: type[msgspec.Struct]) -> dict[str, Any]:
+    """msgspec's JSON Schema of ``wire_type``, with the signed-type tag (``SIGNED_TYPE``)
+    optional as it is when decoding (msgspec lists a struct's tag as required): a body of
+    an earlier version has none."""
+    schema: dict[str, Any] = msgspec.json.schema(wire_type)
+    for definition in schema.get("$defs", {}).values():
+        if SIGNED_TYPE in definition.get("required", []):
+            definition["required"].remove(SIGNED_TYPE)
+            definition["properties"][SIGNED_TYPE]["description"] = (
+                "what this signed body is; written always, optional when read (a body "
+                "naming another type is refused)"
+            )
+    return schema
 
 
 def write(directory: Path = JSON_DIR) -> list[Path]:
@@ -130,7 +146,7 @@ def render_tables() -> str:
     """Markdown tables of every wire type and every type nested in one, in contract order."""
     definitions: dict[str, dict[str, Any]] = {}
     for wire_type in WIRE_TYPES:
-        schema: dict[str, Any] = msgspec.json.schema(wire_type)
+        schema: dict[str, Any] = _schema(wire_type)
         definitions.setdefault(wire_type.__name__, schema["$defs"][wire_type.__name__])
         for name, definition in sorted(schema["$defs"].items()):
             definitions.setdefault(name, definition)
@@ -147,6 +163,8 @@ def render_tables() -> str:
         ]
         for field, prop in definition.get("properties", {}).items():
             presence = "required" if field in required else f"`{json.dumps(prop.get('default'))}`"
+            if field == SIGNED_TYPE and field not in required:
+                presence = "optional"
             lines.append(f"| `{field}` | {_type_of(prop)} | {presence} | {_notes(prop)} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

@@ -14,6 +14,7 @@ from schemas.base import (
     MAX_ENROLL_TOKEN,
     MAX_ENROLLED,
     MAX_GPUS,
+    SIGNED_TYPE,
     TOKEN_ID_PATTERN,
     Cluster,
     Count,
@@ -154,7 +155,7 @@ Action = Cordon | Drain | Uncordon | Deregister | Deploy | Stop
 CommandStatus = Literal["accepted", "rejected", "in_progress", "done", "failed"]
 
 
-class Command(Wire, frozen=True, kw_only=True):
+class Command(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="command"):
     """An operator's signed order to one node, on ``fleet.cmd.<cluster>.<node>``."""
 
     id: Id
@@ -231,7 +232,7 @@ class Alert(Wire, frozen=True, kw_only=True):
     details: Details = {}
 
 
-class Registration(Wire, frozen=True, kw_only=True):
+class Registration(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="registration"):
     """A node asking the aggregators to admit it (request on ``fleet.register``)."""
 
     node_id: NodeId
@@ -252,7 +253,7 @@ class RegistrationReply(Wire, frozen=True, kw_only=True):
     reason: Text = ""
 
 
-class Forget(Wire, frozen=True, kw_only=True):
+class Forget(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="forget"):
     """An operator's request to remove a node from the fleet (``fleetctl forget``), signed
     by the operator key, on ``fleet.forget``: aggregators act on it only if they trust the
     key (``trust_operators``) and its ``ts`` is within their clock skew bound."""
@@ -383,7 +384,7 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]
 
 
-class EnrollClaims(Wire, frozen=True, kw_only=True):
+class EnrollClaims(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="enroll_claims"):
     """What an enrollment token says, signed by an operator key. The token a node is given
     is ``base64url(claims JSON) "." base64url(Ed25519 signature over those bytes)``."""
 

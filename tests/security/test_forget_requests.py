@@ -14,6 +14,7 @@ from actors.fleet.registry import read_record, trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
+from schemas.events import Inject
 from schemas.messages import Forget, ForgetReply
 from schemas.subjects import Subjects
 from tests.security.attack import attacker as plain_client
@@ -94,3 +95,21 @@ async def test_stale_and_replayed_requests_are_rejected(
 
     again = await ask(attacker, prefix, body, headers)
     assert again.status == "rejected" and again.reason == "request replayed"
+
+
+async def test_an_operator_signed_inject_is_not_a_forget(
+    node: NodeAgent, bus: NatsBus, prefix: str, attacker: Client
+) -> None:
+    """Issue 30: an operator's signed ``inject`` (published on the node's event subject,
+    where others may read it) has a Forget's fields, ``node_id`` and a fresh ``ts``. Its
+    bytes sent again to ``fleet.forget`` under its signature are rejected: the body says
+    it is an ``inject``. A Forget of an earlier version (no ``type``) is still taken."""
+    inject = codec.encode(Inject(ts=time.time(), node_id="n1", fault="temp", value=90.0))
+    assert b'"type":"inject"' in inject
+    reply = await ask(attacker, prefix, inject, OPERATOR.headers(inject))
+    assert reply.status == "rejected" and "inject" in reply.reason, reply
+    await assert_unchanged(bus, prefix)
+    untyped = forget().replace(b'"type":"forget",', b"")
+    assert b'"type"' not in untyped
+    reply = await ask(attacker, prefix, untyped, OPERATOR.headers(untyped))
+    assert reply.status == "forgotten", reply
