@@ -144,8 +144,9 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     # Storage budgets: every stream and bucket has a byte budget the server reserves, so a
     # flood on one can never take the store that failure detection (FLEET_HB) needs.
-    # Sizing rule (docs/wire-contract.md, "Storage budgets"): the sum of these seven
-    # (428 MiB by default), times the prefixes a server hosts, stays below the server's
+    # Sizing rule (docs/wire-contract.md, "Storage budgets"): the sum of these seven, the
+    # heartbeats' twice (FLEET_HB_IN and FLEET_HB: 556 MiB by default), times the prefixes
+    # a server hosts, stays below the server's
     # jetstream max_file_store, and every other stream on that server has a max_bytes too.
     heartbeats_max_bytes: Annotated[int, Meta(ge=MIB)] = 128 * MIB
     """FLEET_HB: one heartbeat per node, typically 2-20 KB; 128 MiB holds over 6,000 nodes."""

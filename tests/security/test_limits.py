@@ -107,6 +107,8 @@ UNREADABLE = "fleet_records_unreadable_total"
 REFUSED = "fleet_heartbeats_refused_total"
 BIG = 2**64 - 1
 LONG_TIME = 1e18 + 0.123456789
+LONG_DURATION = 1.2345678901234567e-05
+"""A duration (at most a day) whose JSON is as long as a float's gets."""
 LONG_FLOAT = -1.2345678901234567e308
 LONG_PERCENT = 99.12345678901234
 
@@ -189,8 +191,8 @@ def maximal_heartbeat() -> Heartbeat:
         boot_id=escaped(MAX_NAME),
         ts=LONG_TIME,
         agent_version=escaped(MAX_NAME),
-        interval=LONG_TIME,
-        stale_after=LONG_TIME,
+        interval=LONG_DURATION,
+        stale_after=LONG_DURATION,
         schedulability="schedulable",
         sample=Sample(
             ts=LONG_TIME,
