@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from actors.runtime.supervisor import Supervisor
+from schemas.messages import NodeRecord
 
 
 @asynccontextmanager
@@ -27,6 +28,16 @@ async def attacker(url: str) -> AsyncIterator[Client]:
 def counted(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """The value of counter ``name`` (its ``_total`` sample) with ``labels``; 0 if unset."""
     return registry.get_sample_value(f"{name}_total", labels) or 0.0
+
+
+def count_is(registry: CollectorRegistry, name: str, value: float, **labels: str) -> bool:
+    """Whether counter ``name`` with ``labels`` is at ``value`` (a condition to wait for)."""
+    return counted(registry, name, **labels) == value
+
+
+def seq_is(seq: int, record: NodeRecord) -> bool:
+    """Whether ``record`` last accepted heartbeat ``seq`` (a record to wait for)."""
+    return record.last_seq == seq
 
 
 def restarts(supervisor: Supervisor) -> dict[str, int]:

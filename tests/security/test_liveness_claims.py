@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -18,7 +19,7 @@ from schemas import codec, signing
 from schemas.base import MAX_STALE_AFTER
 from schemas.messages import Alert
 from schemas.subjects import Subjects
-from tests.security.attack import attacker, counted, restarts
+from tests.security.attack import attacker, count_is, counted, restarts
 from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
 
 BOUND = 1.0
@@ -103,9 +104,12 @@ async def test_nats_ttl_never_and_a_huge_stale_after_are_refused(
         ):
             await publish(js, prefix, key, body, **{"Nats-TTL": ttl})
             await wait_for(
-                lambda seq=seq: (
-                    counted(metrics.registry, "fleet_heartbeats_refused", kind="bad_signature")
-                    == seq - 1
+                partial(
+                    count_is,
+                    metrics.registry,
+                    "fleet_heartbeats_refused",
+                    seq - 1,
+                    kind="bad_signature",
                 )
             )
     record = await wait_record(bus, prefix, "n1", lambda r: r.state == "stale", timeout=10)

@@ -7,9 +7,11 @@ with a plain nats-py client, signed where the reader checks a signature first.""
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import pytest
 from nats.aio.msg import Msg
@@ -30,7 +32,7 @@ from schemas import codec, signing
 from schemas.events import EVENT_TYPES, Latency
 from schemas.messages import Cordon, ForgetReply, Probe, RegistrationReply
 from schemas.subjects import EVENT_LATENCY, Subjects, partition_of
-from tests.security.attack import attacker, counted, http_status, restarts
+from tests.security.attack import attacker, count_is, counted, http_status, restarts, seq_is
 from tests.support.commanding import Results
 from tests.support.fleet import (
     TEST_LIMITS,
@@ -43,6 +45,7 @@ from tests.support.fleet import (
     wait_record,
 )
 
+REFUSED = "fleet_heartbeats_refused"
 LEVELS = 5_000
 """Past Python's recursion limit at any stack depth: msgspec raised RecursionError."""
 
@@ -92,13 +95,10 @@ async def test_a_deeply_nested_heartbeat_is_refused_and_the_aggregator_keeps_goi
             hostile = with_deep_field(codec.encode(heartbeat("n2", seq=seq)))
             await beat(js, prefix, keys["n2"], "n2", hostile)
             await wait_for(
-                lambda seq=seq: (
-                    counted(metrics.registry, "fleet_heartbeats_refused", kind="bad_signature")
-                    == seq - 1
-                )
+                partial(count_is, metrics.registry, REFUSED, seq - 1, kind="bad_signature")
             )
             await beat(js, prefix, keys["n1"], "n1", codec.encode(heartbeat("n1", seq=seq)))
-            await wait_record(bus, prefix, "n1", lambda r, seq=seq: r.last_seq == seq)
+            await wait_record(bus, prefix, "n1", partial(seq_is, seq))
     assert (await wait_record(bus, prefix, "n2", lambda r: True)).last_seq == 1
     assert restarts(supervisor) == {"aggregator": 0}
 
@@ -144,7 +144,7 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
             for node in honest:
                 await beat(js, prefix, keys[node], node, codec.encode(heartbeat(node, seq=seq)))
             for node in honest:
-                await wait_record(bus, prefix, node, lambda r, s=seq: r.last_seq == s, timeout=2)
+                await wait_record(bus, prefix, node, partial(seq_is, seq), timeout=2)
             assert [await http_status(url) for url in healthz] == [200, 200]
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     for supervisor in supervisors:
@@ -207,8 +207,8 @@ EVENT_READERS = [
 """The node actors that read node events from the bus."""
 
 
-def malformed(agent: NodeAgent, actor: str) -> float:
-    return counted(
+def malformed_at_least(agent: NodeAgent, actor: str, count: int) -> bool:
+    return count <= counted(
         agent.metrics.registry, "node_agent_events_dropped", actor=actor, reason="malformed"
     )
 
@@ -228,7 +228,7 @@ async def test_a_nested_node_event_is_dropped_by_each_reader(fleet: Fleet, actor
             for kind in EVENT_TYPES:
                 body = with_deep_field(b'{"ts":1.0}')
                 await nc.publish(subjects.event("n1", kind), body, headers=key.headers(body))
-            await wait_for(lambda round_=round_: malformed(agent, actor) >= round_)
+            await wait_for(partial(malformed_at_least, agent, actor, round_))
     assert set(restarts(agent.supervisor).values()) == {0}, restarts(agent.supervisor)
 
 
@@ -298,7 +298,7 @@ async def test_the_batch_loop_survives_a_message_settled_twice_and_a_broken_hand
                 raise RuntimeError("handler broke on this message")
             handled.append(msg.data)
             if msg.data == b"step":
-                chains.append([(msg, lambda msg=msg: broken_step(msg))])
+                chains.append([(msg, partial(broken_step, msg))])
         return chains
 
     puller = BatchPuller(bus, consumer)
@@ -311,7 +311,7 @@ async def test_the_batch_loop_survives_a_message_settled_twice_and_a_broken_hand
         for round_, bodies in enumerate(([b"a", b"step"], [b"b", b"whole", b"c"], [b"d"])):
             for body in bodies:
                 await bus.js.publish(f"{prefix}.nest.{round_}", body)
-            await wait_for(lambda body=bodies[-1]: body in handled)
+            await wait_for(partial(operator.contains, handled, bodies[-1]))
         info = await bus.js.consumer_info(stream, "nest")
         await wait_for(lambda: not loop.done())
         assert handled == [b"a", b"step", b"b", b"c", b"d"]
@@ -320,7 +320,7 @@ async def test_the_batch_loop_survives_a_message_settled_twice_and_a_broken_hand
 
         async def settled() -> bool:
             info = await bus.js.consumer_info(stream, "nest")
-            return info.num_pending == 0 and info.num_ack_pending == 0
+            return not info.num_pending and not info.num_ack_pending
 
         await wait_for(settled)
         assert info.delivered.stream_seq == 6
