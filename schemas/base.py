@@ -22,12 +22,12 @@ from schemas.subjects import TOKEN_PATTERN
 
 SIGNED_TYPE = "type"
 """The field naming what an operator- or self-signed body is (``forget``, ``inject``,
-``command``, ``enroll_claims``, ``registration``): msgspec's struct tag, so it is written
-into every such body (and covered by its signature), and a body naming another type is a
-DecodeError. A body without it (written by an earlier version) decodes as before: the
-field is optional on the wire. So an operator-signed ``inject`` cannot verify as a
-``Forget``, whose fields it has. Heartbeats and node events need none: their subject
-says what they are."""
+``command``, ``enroll_claims``, ``registration``, ``maintenance``): msgspec's struct tag,
+so it is written into every such body (and covered by its signature), and a body naming
+another type is a DecodeError. A body without it (written by an earlier version) decodes
+as before: the field is optional on the wire. So an operator-signed ``inject`` cannot
+verify as a ``Forget``, whose fields it has. Heartbeats and node events need none: their
+subject says what they are."""
 
 
 class Wire(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -430,7 +430,7 @@ MAX_MAINTENANCE_NODES = 1_000
 """Nodes one maintenance window may name (a selector names any number)."""
 
 
-class Maintenance(Wire, frozen=True, kw_only=True):
+class Maintenance(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="maintenance"):
     """An operator's request to start or end a maintenance window (``fleetctl
     maintenance``), signed by the operator key, on ``fleet.maintenance``: aggregators act
     on it only if they trust the key (``trust_operators``) and its ``ts`` is within their

@@ -13,14 +13,19 @@ import time
 from collections.abc import Mapping
 from functools import partial
 
+import msgspec
 import pytest
+from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from actors.cli.send import new_command
 from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.alertmanager import AlertmanagerActor
 from actors.fleet.forget_service import ForgetActor
+from actors.fleet.maintenance import MaintenanceWindows
+from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
@@ -30,7 +35,14 @@ from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing
 from schemas.events import EVENT_TYPES, Latency
-from schemas.messages import Cordon, ForgetReply, Probe, RegistrationReply
+from schemas.messages import (
+    Alert,
+    Cordon,
+    ForgetReply,
+    MaintenanceReply,
+    Probe,
+    RegistrationReply,
+)
 from schemas.subjects import EVENT_LATENCY, Subjects, partition_of
 from tests.security.attack import attacker, count_is, counted, http_status, restarts, seq_is
 from tests.support.commanding import Results
@@ -151,13 +163,17 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
         assert restarts(supervisor) == {"aggregator": 0, "fleet_api": 0}
 
 
-async def test_nested_registration_and_forget_requests_are_answered_rejected(
+async def test_nested_registration_forget_and_maintenance_requests_are_answered_rejected(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """The aggregator's registration service and the forget service answer a 5,000-level
-    body ``rejected`` (signed or not) and restart neither."""
+    """The aggregator's registration service, the forget service and the maintenance
+    service answer a 5,000-level body ``rejected`` (signed or not) and restart none."""
     aggregator = new_aggregator(bus, prefix)
-    supervisor = await fleet.start_supervisor(aggregator, ForgetActor(aggregator.config, bus))
+    supervisor = await fleet.start_supervisor(
+        aggregator,
+        ForgetActor(aggregator.config, bus),
+        MaintenanceActor(aggregator.config, bus),
+    )
     subjects = Subjects(prefix)
     key = signing.KeyPair.generate()
     body = with_deep_field(b'{"node_id":"n1"}')
@@ -169,7 +185,50 @@ async def test_nested_registration_and_forget_requests_are_answered_rejected(
                 assert registered.status == "rejected" and "deeper" in registered.reason
                 answer = await nc.request(subjects.forget(), body, timeout=5, headers=headers)
                 assert codec.decode(answer.data, ForgetReply).status == "rejected"
-    assert restarts(supervisor) == {"aggregator": 0, "forget": 0}
+                answer = await nc.request(subjects.maintenance(), body, timeout=5, headers=headers)
+                assert codec.decode(answer.data, MaintenanceReply).status == "rejected"
+    assert restarts(supervisor) == {"aggregator": 0, "forget": 0, "maintenance": 0}
+
+
+async def test_a_nested_alert_is_dropped_by_the_alertmanager_forwarder(fleet: Fleet) -> None:
+    """A 5,000-level body stored in FLEET_ALERTS (by a plain client of an open server) is
+    dropped by the Alertmanager forwarder's consumer, counted, and the event alert after
+    it is still forwarded; the forwarder never restarts."""
+    received: list[object] = []
+
+    async def alerts(request: web.Request) -> web.Response:
+        received.extend(await request.json())
+        return web.Response(status=200)
+
+    url = await fleet.serve({"/api/v2/alerts": alerts})
+    config = msgspec.structs.replace(
+        new_aggregator(fleet.bus, fleet.prefix).config,
+        alertmanager_urls=[url],
+        alertmanager_durable=f"am_{fleet.prefix}",
+    )
+    metrics = AggregatorMetrics()
+    windows = MaintenanceWindows(fleet.bus, Subjects(fleet.prefix))
+    supervisor = await fleet.start_supervisor(
+        AlertmanagerActor(config, fleet.bus, metrics, list, windows)
+    )
+    subjects = Subjects(fleet.prefix)
+    alert = Alert(
+        id="a1",
+        kind="sequence_gap",
+        node_id="n7",
+        cluster="c1",
+        severity="warning",
+        message="seq 5 after 2",
+        ts=time.time(),
+    )
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        subject = subjects.alert("sequence_gap", "c1", "n7")
+        await js.publish(subject, with_deep_field(codec.encode(alert)))
+        await js.publish(subject, codec.encode(alert))
+    await wait_for(lambda: received, timeout=10)
+    assert counted(metrics.registry, "fleet_alertmanager_dropped", reason="handler_error") == 1
+    assert restarts(supervisor) == {"alertmanager": 0}
 
 
 async def test_a_nested_command_is_refused_and_the_next_one_runs(fleet: Fleet) -> None:
