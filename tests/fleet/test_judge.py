@@ -163,6 +163,16 @@ def test_read_refuses_a_body_of_another_node_a_skewed_clock_and_garbage() -> Non
         assert refused.value.kind == kind
 
 
+def test_an_old_heartbeat_not_above_the_last_seq_is_a_replay_not_a_clock_problem() -> None:
+    """Outside the skew bound, a seq at or below the node's last accepted one is a
+    replay (a captured heartbeat sent again late); a newer seq is a clock problem."""
+    body = codec.encode(beat(3))
+    for last_seq, kind in ((3, "replay"), (5, "replay"), (2, "clock_skew"), (-1, "clock_skew")):
+        with pytest.raises(Refused) as refused:
+            judge.read(body, "s", "n1", "c1", 1_100.0, 60.0, last_seq)
+        assert refused.value.kind == kind, last_seq
+
+
 def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None:
     """A marker with no body, after stale_after has run out: the record goes stale, its
     alert says when the server marked it, written at once. One with a body, or before

@@ -7,7 +7,7 @@ import msgspec
 
 from actors.fleet import record_rules
 from actors.fleet.refusals import MAX_TRACKED, RefusalTracker, mark_refused
-from actors.fleet.sweeps import refused_silent
+from actors.fleet.sweeps import refused_silent, silent_without_marker
 from schemas.events import Capacity, Gpu, Health, Sample
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
@@ -122,6 +122,18 @@ def test_refused_silent_after_stale_after() -> None:
     assert not refused_silent(record_rules.with_state(record, stale_since=101.0), 200)
     gone = msgspec.structs.replace(record, deregistered=True)
     assert not refused_silent(gone, 200.0)
+
+
+def test_silence_is_judged_by_the_aggregators_bound_not_the_nodes_claim() -> None:
+    """A node claiming a day of stale_after is silent, for both sweeps, once the
+    aggregator's bound (here 5 s) has passed: twice it plus the grace for the full sweep,
+    once it for a refused node."""
+    record = accepted(heartbeat(seq=1, stale_after=86_400.0), now=100.0)
+    assert not silent_without_marker(record, 110.9, 1.0, 5.0)
+    assert silent_without_marker(record, 111.1, 1.0, 5.0)
+    assert not silent_without_marker(record, 111.1, 1.0, 86_400.0)
+    assert not refused_silent(record, 104.9, 5.0)
+    assert refused_silent(record, 105.0, 5.0)
 
 
 def test_refusal_tracker_notes_boots_and_stays_bounded() -> None:
