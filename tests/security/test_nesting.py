@@ -23,6 +23,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from actors.cli.send import new_command
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.alertmanager import AlertmanagerActor
+from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.forget_service import ForgetActor
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.fleet.maintenance_service import MaintenanceActor
@@ -37,6 +39,7 @@ from schemas import codec, signing
 from schemas.events import EVENT_TYPES, Latency
 from schemas.messages import (
     Alert,
+    CommandResult,
     Cordon,
     ForgetReply,
     MaintenanceReply,
@@ -387,3 +390,35 @@ async def test_the_batch_loop_survives_a_message_settled_twice_and_a_broken_hand
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await puller.close()
+
+
+async def test_a_nested_result_is_ignored_by_the_dashboard(fleet: Fleet) -> None:
+    """A node-signed result with a 5,000-level field, on the node's own result subject
+    (what its stolen key may publish), is ignored by the dashboard's result feed; the
+    node's next result is kept, and no actor of the aggregator's process restarts."""
+    aggregator = new_aggregator(fleet.bus, fleet.prefix)
+    config = msgspec.structs.replace(aggregator.config, http_port=0)
+    metrics = aggregator.metrics
+    assert isinstance(metrics, AggregatorMetrics)
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes))
+    api.routes = dashboard.routes
+    supervisor = await fleet.start_supervisor(aggregator, api, dashboard)
+    subjects = Subjects(fleet.prefix)
+    key = signing.KeyPair.generate()
+    await approve(fleet.bus, subjects, "n1", key.public_key)
+    async with attacker(fleet.url) as nc:
+        js = nc.jetstream()
+        await beat(js, fleet.prefix, key, "n1", codec.encode(heartbeat("n1", seq=1)))
+        await wait_for(lambda: "n1" in api.current())
+        result = CommandResult(
+            command_id="c-1", node_id="n1", cluster="c1", status="accepted", ts=time.time()
+        )
+        hostile = with_deep_field(codec.encode(result))
+        subject = subjects.result("c1", "n1")
+        await js.publish(subject, hostile, headers=key.headers(hostile))
+        honest = codec.encode(msgspec.structs.replace(result, command_id="c-2"))
+        await js.publish(subject, honest, headers=key.headers(honest))
+    await wait_for(lambda: dashboard.results.get("n1"))
+    assert [kept.command_id for kept in dashboard.results["n1"]] == ["c-2"]
+    assert set(restarts(supervisor).values()) == {0}, restarts(supervisor)
