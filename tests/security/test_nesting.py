@@ -20,7 +20,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from actors.cli.send import new_command
 from actors.fleet.aggregator import AggregatorActor
 from actors.fleet.alertmanager import AlertmanagerActor
 from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
@@ -33,6 +32,7 @@ from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
 from actors.node.latency import LatencyActor
 from actors.runtime.bus import NatsBus
+from actors.runtime.commands import new_command
 from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing

@@ -42,6 +42,7 @@ from schemas.subjects import (
     STREAM_ALERTS,
     STREAM_COMMANDS,
     STREAM_EVENTS,
+    STREAM_HEARTBEAT_INTAKE,
     STREAM_HEARTBEATS,
     Subjects,
     probe_reply,
@@ -353,7 +354,9 @@ async def test_hub_and_leaf(
     finally:
         await local.close()
     with pytest.raises(nats.js.errors.NotFoundError):
-        await fleet.bus.js.get_last_msg(Subjects(PREFIX).stream_name(STREAM_HEARTBEATS), forged)
+        await fleet.bus.js.get_last_msg(
+            Subjects(PREFIX).stream_name(STREAM_HEARTBEAT_INTAKE), forged
+        )
 
     anonymous = leaf_config(tmp_path, pki, "anonymous")
     anonymous.write_text(anonymous.read_text().replace("nkey: $NODE_SEED", ""))
@@ -398,7 +401,7 @@ async def test_identity_from_certificates(
             js = node.jetstream(prefix=JS_API_PREFIX)
             subjects = Subjects(PREFIX)
             ack = await js.publish(subjects.heartbeat("c1", "n1"), b"{}", timeout=2)
-            assert ack.stream == subjects.stream_name(STREAM_HEARTBEATS)
+            assert ack.stream == subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
             with pytest.raises((nats.errors.Error, TimeoutError)):
                 await js.publish(subjects.heartbeat("c1", "n2"), b"{}", timeout=2)
         finally:
@@ -493,7 +496,7 @@ async def refuses_another_nodes_subjects(
         with pytest.raises((nats.errors.Error, TimeoutError)):
             await nc.jetstream().publish(forged, b"{}", timeout=2)
         with pytest.raises(nats.js.errors.NotFoundError):
-            await bus.js.get_last_msg(subjects.stream_name(STREAM_HEARTBEATS), forged)
+            await bus.js.get_last_msg(subjects.stream_name(STREAM_HEARTBEAT_INTAKE), forged)
 
         heard: list[bytes] = []
 
