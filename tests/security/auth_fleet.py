@@ -29,6 +29,7 @@ from schemas.subjects import (
     BUCKET_TRUST,
     STREAM_ALERTS,
     STREAM_COMMANDS,
+    STREAM_HEARTBEAT_INTAKE,
     STREAM_HEARTBEATS,
     Subjects,
 )
@@ -172,7 +173,8 @@ class Snapshot:
 async def snapshot(admin: NatsBus) -> Snapshot:
     trust = await admin.kv(SUBJECTS.bucket_name(BUCKET_TRUST))
     nodes = await admin.kv(SUBJECTS.bucket_name(BUCKET_NODES))
-    streams = [SUBJECTS.stream_name(s) for s in (STREAM_HEARTBEATS, STREAM_COMMANDS, STREAM_ALERTS)]
+    heartbeats = (STREAM_HEARTBEAT_INTAKE, STREAM_HEARTBEATS)
+    streams = [SUBJECTS.stream_name(s) for s in (*heartbeats, STREAM_COMMANDS, STREAM_ALERTS)]
     streams += [f"KV_{SUBJECTS.bucket_name(b)}" for b in (BUCKET_TRUST, BUCKET_NODES)]
     messages = {s: (await admin.js.stream_info(s)).state.messages for s in streams}
     consumers = {s: sorted(c.name for c in await admin.js.consumers_info(s)) for s in streams}
