@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -121,6 +122,15 @@ async def test_monitor_reads_records_alerts_and_events(monitored: Monitored) -> 
     heartbeats = SUBJECTS.stream_name(STREAM_HEARTBEATS)
     partitions = await heartbeat_partitions(monitored.admin.js, SUBJECTS)
     stored = SUBJECTS.stored_heartbeat(AUTH_CLUSTER, NODE, partitions)
+
+    async def sourced() -> bool:  # FLEET_HB takes it from FLEET_HB_IN a moment later
+        try:
+            await monitored.admin.js.get_last_msg(heartbeats, stored)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    await wait_for(sourced)
     latest = await monitored.monitor.request(
         f"{JS_API_PREFIX}.DIRECT.GET.{heartbeats}",
         msgspec.json.encode({"multi_last": [stored], "batch": 1}),
