@@ -1,0 +1,248 @@
+"""``fleetctl keys init|show``, ``approve``, ``revoke``, ``forget`` and ``reset-seq``: the
+operator's key and the trust the provider side gives each node's key."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import nats.errors
+
+from actors.cli.common import (
+    KEY_FILE_ENV,
+    add_context_flag,
+    add_server,
+    connected,
+    default_operator_key,
+    duration,
+    fail,
+    operator_key,
+    token,
+)
+from actors.fleet import pending, registry
+from actors.runtime.bus import Bus
+from schemas import codec, signing
+from schemas.errors import FleetError
+from schemas.messages import Forget, ForgetReply
+from schemas.subjects import Subjects
+
+
+async def cmd_keys_init(args: argparse.Namespace) -> int:
+    path = args.key_file or default_operator_key()
+    pair = signing.create_key_file(path)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(
+        f"operator seed written to {path} (mode 0600); trust it on agents with\n"
+        f"  node-agent start --trust-operator {pair.public_key}\n"
+    )
+    return 0
+
+
+async def cmd_keys_show(args: argparse.Namespace) -> int:
+    """The operator's public key on stdout (for scripts, and for agents'
+    --trust-operator), its fingerprint on stderr, as 'node-agent key show' does; the key
+    found as every signing command finds it (:func:`operator_key`)."""
+    pair = operator_key(args)
+    sys.stdout.write(f"{pair.public_key}\n")
+    sys.stderr.write(f"fingerprint {signing.fingerprint(pair.public_key)}\n")
+    return 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    """Approve the key given, or the one the node's pending registration carries, after
+    showing its fingerprint and asking (unless --yes): that key came over the network.
+    A name that several keys registered is approved only with the key named."""
+    if args.public_key is not None:
+        registry.check_public_key(args.public_key)
+    async with connected(args, "fleetctl") as bus:
+        subjects = Subjects(args.prefix)
+        key = args.public_key
+        if key is None:
+            keys = await pending_keys(bus, subjects, args.node)
+            for candidate in keys:
+                sys.stderr.write(
+                    f"{args.node} registered key {candidate}\n"
+                    f"  fingerprint {signing.fingerprint(candidate)}\n"
+                )
+            if len(keys) > 1:
+                return fail(
+                    f"{len(keys)} keys registered {args.node}: compare each with 'node-agent "
+                    f"key show' on the node and approve one by key (fleetctl approve "
+                    f"{args.node} KEY); --yes does not choose"
+                )
+            key = keys[0]
+            sys.stderr.write("  compare with 'node-agent key show' on the node\n")
+            if not args.yes and not confirm(f"approve this key for {args.node}?"):
+                return fail(f"{args.node} not approved")
+        await registry.approve(bus, subjects, args.node, key, by="fleetctl")
+        readmitted = await registry.readmit(bus, subjects, args.node)
+    sys.stdout.write(f"approved {args.node}\n")
+    if readmitted:
+        sys.stdout.write(
+            f"{args.node} re-admitted: its heartbeats are accepted again (on the node, "
+            "'node-agent start --rejoin' once, if it deregistered itself)\n"
+        )
+    return 0
+
+
+async def pending_keys(bus: Bus, subjects: Subjects, node: str) -> list[str]:
+    """Every public key that registered ``node`` while pending (first one first), or the
+    key of its deregistered record."""
+    try:
+        record = await registry.read_record(bus, subjects, node)
+    except registry.NotFound:
+        raise FleetError(
+            f"node {node} has not registered: give its key (fleetctl approve {node} KEY; "
+            "'node-agent key show' on the node prints it) or run 'node-agent register' there"
+        ) from None
+    if record.state not in ("pending", "deregistered") or not record.public_key:
+        raise FleetError(
+            f"node {node} has no pending registration (state {record.state}): give the key "
+            f"to approve explicitly (fleetctl approve {node} KEY)"
+        )
+    keys = pending.keys(record)
+    for key in keys:
+        registry.check_public_key(key)
+    return keys
+
+
+def confirm(question: str) -> bool:
+    """A yes from the terminal; without one (stdin not a terminal) the answer is no."""
+    if not sys.stdin.isatty():
+        sys.stderr.write(f"{question} no terminal to ask on; pass --yes to approve\n")
+        return False
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+async def cmd_revoke(args: argparse.Namespace) -> int:
+    async with connected(args, "fleetctl") as bus:
+        await registry.revoke(bus, Subjects(args.prefix), args.node)
+    sys.stdout.write(f"revoked {args.node}\n")
+    return 0
+
+
+async def cmd_forget(args: argparse.Namespace) -> int:
+    """Remove a node from the fleet from the provider side (it may be dead): the record
+    names the operator key that forgot it. Needs the operator key file: whoever forgets a
+    node is named by it."""
+    key = operator_key(args)
+    body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
+    async with connected(args, "fleetctl") as bus:
+        try:
+            msg = await bus.request(
+                Subjects(args.prefix).forget(), body, args.timeout, key.headers(body)
+            )
+        except nats.errors.TimeoutError:
+            return fail(f"no aggregator answered within {args.timeout:g}s")
+        except nats.errors.NoRespondersError:
+            return fail("no aggregator is running to take the request")
+    reply = codec.decode(msg.data, ForgetReply, msg.subject)
+    if reply.status == "rejected":
+        return fail(f"forget {args.node} refused: {reply.reason}")
+    what = (
+        "was already forgotten" if reply.status == "already" else "forgotten (state deregistered)"
+    )
+    parts = [f"{args.node} {what}"]
+    parts.append("key revoked" if reply.revoked else "no approved key left")
+    parts.append("pending commands purged" if reply.purged else "commands not purged")
+    sys.stdout.write("; ".join(parts) + "\n")
+    return 0
+
+
+async def cmd_reset_seq(args: argparse.Namespace) -> int:
+    async with connected(args, "fleetctl") as bus:
+        await registry.reset_seq(bus, Subjects(args.prefix), args.node)
+    sys.stdout.write(f"{args.node}: its next valid heartbeat is accepted whatever its seq\n")
+    return 0
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``keys``, ``approve``, ``revoke``, ``forget`` and ``reset-seq``."""
+    keys = commands.add_parser("keys", help="operator keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    keys_init = keys_commands.add_parser("init", help="create the operator key")
+    keys_init.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"where to write it (env {KEY_FILE_ENV}; default {default_operator_key()})",
+    )
+    add_context_flag(keys_init)
+    keys_init.set_defaults(func=cmd_keys_init)
+    keys_show = keys_commands.add_parser(
+        "show", help="print the operator's public key (stdout) and its fingerprint (stderr)"
+    )
+    keys_show.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"the operator key (env {KEY_FILE_ENV}; default: the context's, else "
+        f"{default_operator_key()})",
+    )
+    add_context_flag(keys_show)
+    keys_show.set_defaults(func=cmd_keys_show, config=None)
+
+    approve = commands.add_parser(
+        "approve",
+        help="approve a node's public key (given, or from its pending registration)",
+        description="Without KEY, the key of the node's pending registration is shown with "
+        "its fingerprint and approved once confirmed. When several keys registered the name "
+        "(anyone may register any name), each is shown and none is approved: give KEY.",
+    )
+    approve.add_argument("node", type=token("node id"), help="the node's id")
+    approve.add_argument(
+        "public_key",
+        nargs="?",
+        metavar="KEY",
+        help="its public key (U...; 'node-agent key show' prints it); default: the key "
+        "its pending registration carries, when only one key registered the name",
+    )
+    approve.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve the registered key without asking (refused when several keys "
+        "registered the name: give KEY)",
+    )
+    add_server(approve)
+    approve.set_defaults(func=cmd_approve)
+
+    revoke = commands.add_parser("revoke", help="revoke a node's approved key")
+    revoke.add_argument("node", type=token("node id"), help="the node's id")
+    add_server(revoke)
+    revoke.set_defaults(func=cmd_revoke)
+
+    forget = commands.add_parser(
+        "forget",
+        help="remove a node from the provider side (deregistered, key revoked, commands purged)",
+        description="A request signed by the operator key, carried out by an aggregator that "
+        "trusts the key (its trust_operators). Idempotent. The node's record becomes "
+        "deregistered naming the operator key and the reason; 'fleetctl approve NODE' admits "
+        "it again.",
+    )
+    forget.add_argument("node", type=token("node id"), help="the node's id")
+    forget.add_argument("--reason", default="", help="why, recorded in the node's record")
+    forget.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
+    )
+    forget.add_argument(
+        "--timeout",
+        type=duration,
+        default=10.0,
+        help="how long to wait for an aggregator's answer (default 10s)",
+    )
+    add_server(forget)
+    forget.set_defaults(func=cmd_forget)
+
+    reset_seq = commands.add_parser(
+        "reset-seq", help="accept a node's next heartbeat whatever its seq (re-imaged node)"
+    )
+    reset_seq.add_argument("node", type=token("node id"), help="the node's id")
+    add_server(reset_seq)
+    reset_seq.set_defaults(func=cmd_reset_seq)
