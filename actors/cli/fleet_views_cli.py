@@ -17,7 +17,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli import policy_cli, views
+from actors.cli import describe_view, policy_cli, views
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.fleet import history, lease, live, registry
 from actors.fleet import labels as fleet_labels
@@ -261,11 +261,13 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         record = await live.read_node(bus, subjects, args.node)
-        alerts, results = await history.node_history(bus, subjects, args.node, limit=views.RECENT)
+        alerts, results = await history.node_history(
+            bus, subjects, args.node, limit=describe_view.RECENT
+        )
         policies = await policy_cli.read_policies(bus, subjects)
     now = time.time()
     remediation = policy_cli.node_lines(policies, record.cluster, record.node_id, now)
-    sys.stdout.write(views.describe(record, alerts, results, now, remediation) + "\n")
+    sys.stdout.write(describe_view.describe(record, alerts, results, now, remediation) + "\n")
     return 0
 
 

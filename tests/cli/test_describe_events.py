@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import views
+from actors.cli import describe_view
 from actors.fleet.history import Entry
 from actors.fleet.record_rules import pending_record, with_state
 from schemas import signing
@@ -198,7 +198,7 @@ def schedulability_line(results: list[Entry]) -> str:
         pending_record("n1", "c1"), last_seq=1, last_seen=1.0, schedulability="cordoned",
         heartbeat=beat,
     )  # fmt: skip
-    text = views.describe(record, [], results, 1_700_000_100.0)
+    text = describe_view.describe(record, [], results, 1_700_000_100.0)
     [line] = [line for line in text.splitlines() if line.startswith("Schedulability:")]
     return line
 

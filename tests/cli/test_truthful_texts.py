@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.cli import views
+from actors.cli import describe_view, views
 from actors.fleet import record_rules, sweeps
 from actors.fleet.history import Entry
 from schemas import codec
@@ -48,7 +48,7 @@ def test_a_node_not_beating_shows_schedulability_and_health_as_unknown(state: st
     assert node.state == state and node.health_status == "healthy"
     cells = views.row(node, NOW)
     assert (cells[2], cells[3], cells[4]) == (state, "-", "-")
-    text = views.describe(node, [], [], NOW)
+    text = describe_view.describe(node, [], [], NOW)
     assert f"Schedulability:  - (unknown while {state}; last reported cordoned" in text
     assert f"Health:          - (unknown while {state}; last reported healthy, score 95" in text
 
@@ -66,7 +66,7 @@ def test_pending_records_say_whether_they_wait_for_approval() -> None:
     enrolled = record_rules.pending_record("n1", "c1", "U", since=NOW, approved=True)
     assert views.reason(waiting, NOW) == "registered, awaiting approval"
     assert views.reason(enrolled, NOW) == "approved, no heartbeat yet"
-    assert "awaiting approval" not in views.describe(enrolled, [], [], NOW)
+    assert "awaiting approval" not in describe_view.describe(enrolled, [], [], NOW)
     assert enrolled.created == NOW and not sweeps.pending_expired(enrolled, NOW + 1e6, 1)
 
 
@@ -112,7 +112,7 @@ def test_describe_names_the_command_that_set_schedulability() -> None:
         schedulability="cordoned",
     )
     stop = msgspec.structs.replace(cordon, command_id="wl-stop-9", ts=NOW - 10)
-    text = views.describe(node, [], [stored(cordon), stored(stop)], NOW)
+    text = describe_view.describe(node, [], [stored(cordon), stored(stop)], NOW)
     assert f"set by command cmd-1 at {views.clock(NOW - 60)}" in text
     assert "wl-stop-9" not in text.split("Recent command results")[0]
 
@@ -122,7 +122,7 @@ def test_describe_texts() -> None:
     last heartbeat's time; every time carries its zone."""
     latency = Latency(gateway_rtt_us=4230, avg_peer_rtt_us=6350, ts=NOW)
     node = record({"stale_since": NOW - 1, "last_seen": NOW - 7}, latency=latency)
-    text = views.describe(node, [], [], NOW)
+    text = describe_view.describe(node, [], [], NOW)
     assert "Latency:         nats 4.23ms, peers avg 6.35ms, loss 0%" in text
     assert (
         f"(no heartbeat since {views.clock(NOW - 7)}; stale since {views.clock(NOW - 1)})" in text
