@@ -46,7 +46,8 @@ from actors.cli.common import (
     strict,
 )
 from actors.cli.provider import ProviderActors
-from actors.cli.simulate import SimOptions, simulate
+from actors.cli.sim_publisher import SimOptions
+from actors.cli.simulate import simulate
 from actors.cli.up import UpOptions, default_store, gpus_per_node, run_up
 from actors.fleet import nats_config
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX

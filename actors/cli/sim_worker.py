@@ -19,15 +19,8 @@ import threading
 import msgspec
 
 from actors.cli.common import connected_to, run_main
-from actors.cli.simulate import (
-    READY,
-    SETUP_TIMEOUT,
-    WorkerGo,
-    WorkerJob,
-    build_nodes,
-    own_indices,
-    publish_slice,
-)
+from actors.cli.sim_processes import READY, SETUP_TIMEOUT, WorkerGo, WorkerJob, own_indices
+from actors.cli.sim_publisher import build_nodes, publish_slice
 from schemas.errors import FleetError
 
 ORPHANED = 3

@@ -45,7 +45,7 @@ from nats.aio.subscription import Subscription
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.cli.simulate import SimNode, SimOptions, template
+from actors.cli.sim_publisher import SimNode, SimOptions, template
 from actors.fleet.registry import approve
 from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus

@@ -13,7 +13,8 @@ import sys
 import time
 
 from actors.cli import views
-from actors.cli.simulate import SimOptions, simulate
+from actors.cli.sim_publisher import SimOptions
+from actors.cli.simulate import simulate
 from actors.fleet import record_rules
 from actors.fleet.registry import read_records
 from actors.runtime.bus import NatsBus

@@ -15,7 +15,8 @@ import nats.js.errors
 import pytest
 
 from actors.cli import node_agent as node_cli
-from actors.cli.simulate import SimOptions, simulate
+from actors.cli.sim_publisher import SimOptions
+from actors.cli.simulate import simulate
 from actors.fleet import live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve, read_record, read_records

@@ -9,7 +9,7 @@ import sys
 
 import msgspec
 
-from actors.cli.simulate import SimOptions, template
+from actors.cli.sim_publisher import SimOptions, template
 from actors.fleet.registry import read_records
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

@@ -14,7 +14,9 @@ import psutil
 import pytest
 
 from actors.cli.common import ClientConfig
-from actors.cli.simulate import Progress, SimOptions, WorkerFailed, _in_workers
+from actors.cli.sim_processes import WorkerFailed
+from actors.cli.sim_publisher import SimOptions
+from actors.cli.simulate import Progress, _in_workers
 from actors.fleet.registry import read_records
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects

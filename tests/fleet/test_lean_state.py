@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli.simulate import SimOptions, template
+from actors.cli.sim_publisher import SimOptions, template
 from actors.fleet import hot_state, record_rules
 from actors.fleet.fleet_api import EncodedRecords, RecordSummary
 from schemas import codec
