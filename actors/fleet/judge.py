@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple, Protocol
 
-from actors.fleet import record_rules
+from actors.fleet import alert_rules, record_rules
 from actors.fleet.hot_state import NodeState, slim_heartbeat
 from actors.fleet.record_rules import AlertSpec
 from schemas import codec
@@ -183,7 +183,7 @@ def accept(
             **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
         )
     # After the seq checks, so a late delivery stays one.
-    left = record_rules.deregistered_refusal(previous, heartbeat)
+    left = alert_rules.deregistered_refusal(previous, heartbeat)
     if left is not None:
         if not fetched:
             # Always read afresh (no REFRESH_INTERVAL): an operator may have re-admitted
@@ -208,8 +208,8 @@ def accept(
     gaps = not (state is not None and state.fresh) and (
         heartbeat.seq <= previous.last_seq + 1 or read_in_time(caught_up, stored, heartbeat)
     )
-    alerts = record_rules.heartbeat_alerts(previous, after, heartbeat, gaps_are_news=gaps)
-    hardware = record_rules.hardware_alert(previous, heartbeat, fingerprint)
+    alerts = alert_rules.heartbeat_alerts(previous, after, heartbeat, gaps_are_news=gaps)
+    hardware = alert_rules.hardware_alert(previous, heartbeat, fingerprint)
     if hardware:
         alerts.append(hardware)
     for alert in alerts:

@@ -8,7 +8,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.cli import node_agent as node_cli
-from actors.fleet import record_rules
+from actors.fleet import alert_rules, record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.base import HealthStatus
@@ -61,7 +61,7 @@ def step(record: NodeRecord, heartbeat: Heartbeat) -> tuple[NodeRecord, list[Ale
             ts=1.0,
             details=spec.details,
         )
-        for spec in record_rules.heartbeat_alerts(record, after, heartbeat)
+        for spec in alert_rules.heartbeat_alerts(record, after, heartbeat)
         if spec.kind == "health"
     ]
     return after, alerts

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.cli.sim_publisher import SimOptions, template
-from actors.fleet import hot_state, record_rules
+from actors.fleet import alert_rules, hot_state, record_rules
 from actors.fleet.fleet_api import EncodedRecords, RecordSummary
 from schemas import codec
 from schemas.events import Health, Interruption, SpotStatus
@@ -160,9 +160,9 @@ def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) 
     assert steady == (mark == "" and change in ("", "score", "no_sample"))
     if steady:
         assert record_rules.judge_seq(previous, beat.seq, 1000, key) == "next"
-        assert record_rules.deregistered_refusal(previous, beat) is None
-        assert record_rules.heartbeat_alerts(previous, whole, beat) == []
-        assert record_rules.hardware_alert(previous, beat, fingerprint) is None
+        assert alert_rules.deregistered_refusal(previous, beat) is None
+        assert alert_rules.heartbeat_alerts(previous, whole, beat) == []
+        assert alert_rules.hardware_alert(previous, beat, fingerprint) is None
         assert not record_rules.is_transition(previous, whole)
         short = record_rules.steady_beat(previous, beat, 100.0, 9, 99.0, kept)
         assert short == whole

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.fleet import record_rules
+from actors.fleet import alert_rules, record_rules
 from actors.fleet.refusals import MAX_TRACKED, RefusalTracker, mark_refused
 from actors.fleet.sweeps import refused_silent, silent_without_marker
 from schemas.events import Capacity, Gpu, Health, Sample
@@ -66,9 +66,9 @@ def test_a_deregistered_record_refuses_all_but_deregistering_beats() -> None:
     left = accepted(heartbeat(seq=2, deregistering=True, schedulability_reason="bye"))
     assert left.deregistered and left.deregistered_by == "node"
     assert left.deregistered_reason == "bye"
-    assert record_rules.deregistered_refusal(record, heartbeat(seq=3)) is None
-    assert record_rules.deregistered_refusal(left, heartbeat(seq=3, deregistering=True)) is None
-    spec = record_rules.deregistered_refusal(left, heartbeat(seq=3, boot_id="b2"))
+    assert alert_rules.deregistered_refusal(record, heartbeat(seq=3)) is None
+    assert alert_rules.deregistered_refusal(left, heartbeat(seq=3, deregistering=True)) is None
+    spec = alert_rules.deregistered_refusal(left, heartbeat(seq=3, boot_id="b2"))
     assert spec is not None and spec.kind == "deregistered_node_beating"
     assert spec.details["event"] == "b2"
 
@@ -79,14 +79,14 @@ def test_hardware_change_names_before_and_after() -> None:
     record = accepted(heartbeat(seq=1, sample=gpus("GPU-a", "GPU-b")))
     assert record.gpu_fingerprint == ["GPU-a", "GPU-b"]
     same = heartbeat(seq=2, sample=gpus("GPU-b", "GPU-a"))
-    assert record_rules.hardware_alert(record, same) is None
-    assert record_rules.hardware_alert(record, heartbeat(seq=2)) is None  # no sample
-    swapped = record_rules.hardware_alert(record, heartbeat(seq=2, sample=gpus("GPU-a", "GPU-c")))
+    assert alert_rules.hardware_alert(record, same) is None
+    assert alert_rules.hardware_alert(record, heartbeat(seq=2)) is None  # no sample
+    swapped = alert_rules.hardware_alert(record, heartbeat(seq=2, sample=gpus("GPU-a", "GPU-c")))
     assert swapped is not None and swapped.kind == "hardware_changed"
     assert swapped.details["before"] == "GPU-a,GPU-b"
     assert swapped.details["after"] == "GPU-a,GPU-c"
     assert swapped.details["gone"] == "GPU-b" and swapped.details["new"] == "GPU-c"
-    gone = record_rules.hardware_alert(record, heartbeat(seq=2, sample=gpus("GPU-a")))
+    gone = alert_rules.hardware_alert(record, heartbeat(seq=2, sample=gpus("GPU-a")))
     assert gone is not None and gone.details["after"] == "GPU-a" and gone.severity == "critical"
     updated = record_rules.with_lifecycle(
         record,
@@ -159,11 +159,11 @@ def test_a_gpu_set_from_none_to_some_is_a_hardware_change() -> None:
     hardware_changed; before any sample, a first set is not a change."""
     failing = accepted(heartbeat(seq=1, sample=gpus()))
     assert failing.gpus_seen and failing.gpu_fingerprint == []
-    back = record_rules.hardware_alert(failing, heartbeat(seq=2, sample=gpus("GPU-a")))
+    back = alert_rules.hardware_alert(failing, heartbeat(seq=2, sample=gpus("GPU-a")))
     assert back is not None and back.details["new"] == "GPU-a" and back.details["before"] == ""
     unsampled = accepted(heartbeat(seq=1))
     assert not unsampled.gpus_seen
-    assert record_rules.hardware_alert(unsampled, heartbeat(seq=2, sample=gpus("GPU-a"))) is None
+    assert alert_rules.hardware_alert(unsampled, heartbeat(seq=2, sample=gpus("GPU-a"))) is None
 
 
 def test_a_node_unhealthy_from_its_first_report_raises_health() -> None:
@@ -174,9 +174,9 @@ def test_a_node_unhealthy_from_its_first_report_raises_health() -> None:
     after = record_rules.accept(pending, sick, "U", 100.0)
     kinds = [
         (a.kind, a.details.get("from"), a.severity)
-        for a in record_rules.heartbeat_alerts(pending, after, sick)
+        for a in alert_rules.heartbeat_alerts(pending, after, sick)
     ]
     assert ("health", "none", "critical") in kinds
     well = heartbeat(seq=1, health=Health(ts=1.0, status="healthy", score=100))
     after = record_rules.accept(pending, well, "U", 100.0)
-    assert [a.kind for a in record_rules.heartbeat_alerts(pending, after, well)] == []
+    assert [a.kind for a in alert_rules.heartbeat_alerts(pending, after, well)] == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.fleet import record_rules
+from actors.fleet import alert_rules, record_rules
 from schemas.events import Interruption, SpotStatus
 from schemas.messages import Heartbeat
 
@@ -29,17 +29,17 @@ def test_interruption_alert_once_per_notice() -> None:
     later heartbeats raises none; a different notice raises another."""
     notice = Interruption(ts=1.0, provider="aws", kind="terminate", deadline=2000.0, event_id="e1")
     record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
-    first = record_rules.lifecycle_alerts(record, beat(2, notice))
+    first = alert_rules.lifecycle_alerts(record, beat(2, notice))
     assert [(kind, details["event"]) for kind, _, details, _ in first] == [
         ("interruption", "aws:terminate:e1")
     ]
     record = record_rules.accept(record, beat(2, notice), "U", 2.0)
     assert (
-        record_rules.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0)))
+        alert_rules.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0)))
         == []
     )
     other = msgspec.structs.replace(notice, kind="rebalance", event_id="e2")
-    assert [kind for kind, *_ in record_rules.lifecycle_alerts(record, beat(3, other))] == [
+    assert [kind for kind, *_ in alert_rules.lifecycle_alerts(record, beat(3, other))] == [
         "interruption"
     ]
 
@@ -47,11 +47,11 @@ def test_interruption_alert_once_per_notice() -> None:
 def test_deregistering_heartbeat_marks_record() -> None:
     """A heartbeat that says deregistering makes the record deregistered, with one alert."""
     record = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 1.0)
-    alerts = record_rules.lifecycle_alerts(record, beat(2, deregistering=True))
+    alerts = alert_rules.lifecycle_alerts(record, beat(2, deregistering=True))
     assert [kind for kind, *_ in alerts] == ["deregistered"]
     record = record_rules.accept(record, beat(2, deregistering=True), "U", 2.0)
     assert record.state == "deregistered"
-    assert record_rules.lifecycle_alerts(record, beat(3, deregistering=True)) == []
+    assert alert_rules.lifecycle_alerts(record, beat(3, deregistering=True)) == []
 
 
 def test_state_precedence() -> None:
@@ -83,23 +83,23 @@ def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
     active = record_rules.accept(record_rules.pending_record("n1", "c1"), beat(1), "U", 100.0)
     later = beat(5)
     after = record_rules.accept(active, later, "U", 110.0)
-    assert [k for k, *_ in record_rules.heartbeat_alerts(active, after, later)] == ["sequence_gap"]
-    assert record_rules.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
+    assert [k for k, *_ in alert_rules.heartbeat_alerts(active, after, later)] == ["sequence_gap"]
+    assert alert_rules.heartbeat_alerts(active, after, later, gaps_are_news=False) == []
 
     stalled = msgspec.structs.replace(beat(2), ts=beat(1).ts + 10.0)  # interval is 1 s
-    assert [(k, m) for k, m, *_ in record_rules.heartbeat_alerts(active, after, stalled)] == [
+    assert [(k, m) for k, m, *_ in alert_rules.heartbeat_alerts(active, after, stalled)] == [
         ("anomaly", "10.0s between consecutive heartbeats (interval 1s)")
     ]
     on_time = beat(2)
-    assert record_rules.heartbeat_alerts(active, after, on_time) == []
+    assert alert_rules.heartbeat_alerts(active, after, on_time) == []
 
     stale = record_rules.with_state(active, stale_since=105.0)
-    assert [k for k, *_ in record_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
+    assert [k for k, *_ in alert_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
 
     rebooted = msgspec.structs.replace(beat(900), boot_id="b2", ts=5000.0)
-    assert record_rules.heartbeat_alerts(active, after, rebooted) == []
+    assert alert_rules.heartbeat_alerts(active, after, rebooted) == []
 
     healthy = record_rules.with_state(active, health_status="healthy")
     sick = record_rules.with_state(active, health_status="unhealthy", health_score=40)
-    alerts = record_rules.heartbeat_alerts(healthy, sick, beat(2))
+    alerts = alert_rules.heartbeat_alerts(healthy, sick, beat(2))
     assert [(k, m) for k, m, *_ in alerts] == [("health", "health healthy -> unhealthy (score 40)")]

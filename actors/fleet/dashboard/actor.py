@@ -24,14 +24,12 @@ carries this process's random token and must come from the page's own origin.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import hashlib
 import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from importlib import resources
 from typing import Protocol
 
@@ -39,11 +37,11 @@ from aiohttp import web
 from nats.aio.msg import Msg
 
 from actors.fleet import history as streams_history
-from actors.fleet import labels as fleet_labels
 from actors.fleet import lease
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.dashboard import render
 from actors.fleet.dashboard.history import History
+from actors.fleet.dashboard.table import Snapshot, query_of, tally
 from actors.fleet.hot_state import NodeTable
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.runtime.bus import Bus, listening
@@ -109,99 +107,6 @@ class HeldNodes:
     def heartbeat(self, node: str) -> Heartbeat | None:
         state = self.table.get(node)
         return None if state is None else self.table.whole(state).heartbeat
-
-
-def query_of(request: web.Request) -> render.Query:
-    """The table's query from the URL; a value it cannot use is left out, never an error."""
-    params = request.query
-    try:
-        page = max(1, int(params.get("page", "1")))
-    except ValueError:
-        page = 1
-    sort = params.get("sort", "node")
-    labels = tuple(
-        text for value in params.getall("label", []) for text in value.split() if "=" in text
-    )
-    return render.Query(
-        state=params.get("state", "")[:64],
-        cluster=params.get("cluster", "")[:64],
-        labels=labels[:8],
-        text=params.get("q", "")[:128],
-        sort=sort if sort in render.SORTS else "node",
-        descending=params.get("order") == "desc",
-        page=page,
-    )
-
-
-def matching(records: Iterable[NodeRecord], query: render.Query) -> list[NodeRecord]:
-    """``records`` as the query filters and orders them (deregistered nodes left out)."""
-    selectors = []
-    for text in query.labels:
-        with contextlib.suppress(FleetError):
-            selectors.append(fleet_labels.parse_selector(text))
-    needle = query.text.lower()
-    found = [
-        record
-        for record in records
-        if record.state != "deregistered"
-        and (not query.state or record.state == query.state)
-        and (not query.cluster or record.cluster == query.cluster)
-        and fleet_labels.matches(record.labels, selectors)
-        and (
-            not needle
-            or needle in record.node_id.lower()
-            or any(needle in f"{k}={v}".lower() for k, v in record.labels.items())
-        )
-    ]
-    keys: dict[str, Callable[[NodeRecord], tuple[object, ...]]] = {
-        "node": lambda r: (r.node_id,),
-        "cluster": lambda r: (r.cluster, r.node_id),
-        "state": lambda r: (r.state, r.node_id),
-        "health": lambda r: (r.health_score if r.health_score is not None else -1, r.node_id),
-        "gpus": lambda r: (r.gpus_total, r.node_id),
-        "seen": lambda r: (r.last_stored or r.last_seen, r.node_id),
-    }
-    found.sort(key=keys[query.sort], reverse=query.descending)
-    return found
-
-
-def tally(records: Iterable[NodeRecord]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    by_state: dict[str, int] = {}
-    by_cluster: dict[str, dict[str, int]] = {}
-    for record in records:
-        if record.state == "deregistered":
-            continue
-        by_state[record.state] = by_state.get(record.state, 0) + 1
-        cluster = by_cluster.setdefault(record.cluster, {})
-        cluster[record.state] = cluster.get(record.state, 0) + 1
-    return by_state, by_cluster
-
-
-class Snapshot:
-    """The records every page reads in one refresh, their tally, and each query's rows
-    (found once per snapshot, whatever the number of pages asking)."""
-
-    def __init__(
-        self,
-        records: list[NodeRecord],
-        by_state: dict[str, int],
-        by_cluster: dict[str, dict[str, int]],
-        built: float,
-        refresh: float,
-    ) -> None:
-        self.records = records
-        self.by_state = by_state
-        self.by_cluster = by_cluster
-        self.built = built
-        self.refresh = refresh
-        self._found: dict[render.Query, list[NodeRecord]] = {}
-
-    def matching(self, query: render.Query) -> list[NodeRecord]:
-        key = dataclasses.replace(query, page=1)
-        found = self._found.get(key)
-        if found is None:
-            found = self._found[key] = matching(self.records, query)
-        return found
 
 
 def event(name: str, data: str) -> bytes:
