@@ -19,9 +19,9 @@ from nats.aio.msg import Msg
 from actors.fleet import registry
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.operator_requests import RequestRefused, verified
 from actors.runtime.bus import Bus, listening
-from schemas import codec, signing
-from schemas.errors import DecodeError, SignatureError
+from schemas import codec
 from schemas.messages import Forget, ForgetReply
 from schemas.subjects import Subjects
 
@@ -62,24 +62,14 @@ class ForgetActor:
     ) -> ForgetReply:
         """Verify, then forget; every refusal is a reply saying why, never an exception."""
         try:
-            signer = signing.verify(headers, body)
-            request = codec.decode(body, Forget, subject)
-        except (SignatureError, DecodeError) as exc:
-            return ForgetReply(node_id="unknown", status="rejected", reason=str(exc))
+            signer, request = verified(
+                subject, body, headers, Forget, self.config.operator_keys(), self.config.max_skew
+            )
+        except RequestRefused as refused:
+            node = refused.request.node_id if refused.request is not None else "unknown"
+            return ForgetReply(node_id=node, status="rejected", reason=refused.reason)
         node = request.node_id
-        if signer not in self.config.operator_keys():
-            return ForgetReply(
-                node_id=node,
-                status="rejected",
-                reason="signed by a key the aggregators do not trust (trust_operators)",
-            )
         now = time.time()
-        if abs(request.ts - now) > self.config.max_skew:
-            return ForgetReply(
-                node_id=node,
-                status="rejected",
-                reason=f"request is {request.ts - now:+.0f}s off the aggregator's clock",
-            )
         digest = hashlib.sha256(body).hexdigest()
         self._forget_old(now)
         if digest in self.seen:

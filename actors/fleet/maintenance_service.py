@@ -18,9 +18,10 @@ from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.maintenance import MAX_WINDOW
+from actors.fleet.operator_requests import RequestRefused, verified
 from actors.runtime.bus import Bus, listening
-from schemas import codec, signing
-from schemas.errors import DecodeError, SignatureError
+from schemas import codec
+from schemas.errors import DecodeError
 from schemas.messages import Maintenance, MaintenanceReply, MaintenanceWindow
 from schemas.subjects import BUCKET_MAINTENANCE, Subjects
 
@@ -57,18 +58,18 @@ class MaintenanceActor:
     ) -> MaintenanceReply:
         """Verify, then start or end the window; every refusal is a reply saying why."""
         try:
-            signer = signing.verify(headers, body)
-            request = codec.decode(body, Maintenance, subject)
-        except (SignatureError, DecodeError) as exc:
-            return MaintenanceReply(id="unknown", status="rejected", reason=str(exc))
-        if signer not in self.config.operator_keys():
-            return self._refuse(
-                request, "signed by a key the aggregators do not trust (trust_operators)"
+            signer, request = verified(
+                subject,
+                body,
+                headers,
+                Maintenance,
+                self.config.operator_keys(),
+                self.config.max_skew,
             )
+        except RequestRefused as refused:
+            window = refused.request.id if refused.request is not None else "unknown"
+            return MaintenanceReply(id=window, status="rejected", reason=refused.reason)
         now = time.time()
-        if abs(request.ts - now) > self.config.max_skew:
-            off = f"{request.ts - now:+.0f}s"
-            return self._refuse(request, f"request is {off} off the aggregator's clock")
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_MAINTENANCE))
         if request.action == "start":
             if not (request.selector or request.nodes):
