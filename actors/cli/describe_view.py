@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from actors.cli.views import (
     UNKNOWN_NOW,
-    age,
     clock,
     event_line,
     grid,
     in_maintenance,
     printable,
-    span,
 )
 from actors.fleet.history import Entry
 from actors.fleet.live import LiveRecord
+from actors.runtime.spans import age, span
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import CommandResult, NodeRecord, WorkloadSummary
 

@@ -14,7 +14,7 @@ from nats.js.kv import KeyValue
 
 from actors.cli import views
 from actors.cli.common import add_server, connected, token
-from actors.runtime import kv
+from actors.runtime import kv, spans
 from actors.runtime.bus import Bus, NotProvisioned
 from schemas import codec
 from schemas.errors import FleetError
@@ -52,7 +52,7 @@ def status_text(records: list[PolicyRecord], now: float) -> str:
     lines: list[str] = []
     for record in records:
         breaker = (
-            f"TRIPPED {views.age(now - record.tripped_at)} ago (fleetctl policy reset "
+            f"TRIPPED {spans.age(now - record.tripped_at)} (fleetctl policy reset "
             f"--cluster {record.cluster})"
             if record.tripped_at is not None
             else "closed"
@@ -67,7 +67,7 @@ def status_text(records: list[PolicyRecord], now: float) -> str:
         for node, hold in sorted(record.holds.items()):
             status = "needs attention" if hold.needs_attention else "held"
             if hold.healthy_since is not None and not hold.needs_attention:
-                status = f"healthy {views.age(now - hold.healthy_since)}"
+                status = f"healthy for {spans.span(now - hold.healthy_since)}"
             rows.append(
                 (node, hold.action, views.clock(hold.since), hold.reason_class, status, hold.reason)
             )

@@ -18,7 +18,6 @@ import asyncio
 import sys
 import time
 
-from actors.cli import views
 from actors.cli.common import connected, default_operator_key, fail
 from actors.cli.send import (
     EXIT_DONE,
@@ -30,6 +29,7 @@ from actors.cli.send import (
 )
 from actors.fleet import registry
 from actors.fleet.labels import matches, parse_selectors
+from actors.runtime import spans
 from actors.runtime.bus import Bus, listening
 from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
@@ -142,7 +142,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
             now = time.time()
             for record in chosen:
                 skip = "" if record in todo else "  (skip: already done)"
-                seen = views.age(now - record.last_seen) if record.last_seen else "never"
+                seen = spans.age(now - record.last_seen) if record.last_seen else "never"
                 sys.stdout.write(
                     f"{record.node_id}  {record.cluster}  {record.state}  seen {seen}{skip}\n"
                 )

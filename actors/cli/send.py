@@ -26,7 +26,6 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from actors.cli import views
 from actors.cli.common import (
     KEY_FILE_ENV,
     add_server,
@@ -39,6 +38,7 @@ from actors.cli.common import (
 )
 from actors.fleet import registry
 from actors.node.commands.checks import MAX_ACTION_SECONDS, SAFE_ID
+from actors.runtime import spans
 from actors.runtime.bus import Bus, listening, unsubscribe_quietly
 from actors.runtime.commands import new_command, publish_command
 from actors.runtime.config import DurationError, parse_duration
@@ -259,7 +259,7 @@ async def target_cluster(bus: Bus, subjects: Subjects, node: str, cluster: str |
             f"queued for {cluster}/{node}, which that node does not read"
         )
     if record.state in ("stale", "offline", "deregistered"):
-        seen = views.age(time.time() - record.last_seen) if record.last_seen else "never"
+        seen = spans.age(time.time() - record.last_seen) if record.last_seen else "never"
         warn(
             f"node {node} is {record.state} (last seen {seen}): the command waits in its "
             "queue until the node reads it"

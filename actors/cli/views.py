@@ -13,6 +13,7 @@ import msgspec
 
 from actors.fleet.history import Entry
 from actors.fleet.live import LiveRecord
+from actors.runtime.spans import age, span
 from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
@@ -47,22 +48,6 @@ def _escape(char: str) -> str:
     if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
-
-
-def age(seconds: float) -> str:
-    """How long ago, in :func:`span`'s units: ``42s ago``, ``17m ago``, ``3d ago``."""
-    if seconds < 0:
-        return "now"
-    return f"{span(seconds)} ago"
-
-
-def span(seconds: float) -> str:
-    """A duration as kubectl's AGE writes it: ``42s``, ``17m``, ``5h``, ``3d``."""
-    seconds = max(0.0, seconds)
-    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120), ("h", 3600, 48)):
-        if seconds < size * up_to:
-            return f"{seconds // size:.0f}{unit}"
-    return f"{seconds // 86400:.0f}d"
 
 
 def reason(record: NodeRecord, now: float) -> str:

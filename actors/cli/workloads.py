@@ -15,6 +15,7 @@ import msgspec
 from actors.cli import placement_cli, send, views
 from actors.cli.common import add_server, connected, token
 from actors.fleet import live
+from actors.runtime import spans
 from schemas.messages import Action, NodeRecord
 from schemas.placement import PlacedWorkload
 from schemas.subjects import Subjects
@@ -181,7 +182,7 @@ def workloads_output(
                 str(w.restarts),
                 str(replica.index) if replica is not None else "-",
                 endpoint(record, w.port),
-                views.age(now - w.since),
+                spans.age(now - w.since),
                 w.model or "-",
             )
         )
@@ -189,7 +190,7 @@ def workloads_output(
     for name, replica in waiting:
         state = "deploying" if replica.node else "pending"
         gpus = ",".join(str(g) for g in replica.gpus) or "-"
-        since = views.age(now - replica.deployed_at) if replica.deployed_at else "-"
+        since = spans.age(now - replica.deployed_at) if replica.deployed_at else "-"
         node = replica.node or "-"
         table.append((node, name, "-", state, gpus, "-", "-", str(replica.index), "-", since, "-"))
         notes.append(replica.why if why or not replica.node else None)

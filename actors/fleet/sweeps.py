@@ -25,6 +25,7 @@ from actors.fleet.ledger import Ledger
 from actors.fleet.node_store import NodeStore
 from actors.fleet.ownership import Ownership
 from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.spans import span
 from schemas.base import MAX_STALE_AFTER
 from schemas.messages import NodeRecord
 
@@ -157,7 +158,7 @@ class Sweeps:
                     "offline",
                     after.cluster,
                     node,
-                    f"stale for more than {self.config.offline_after:g}s",
+                    f"stale for more than {span(self.config.offline_after)}",
                     f"q{after.last_seq}",
                 )
             elif after is not None:
@@ -167,7 +168,7 @@ class Sweeps:
                     "stale",
                     after.cluster,
                     node,
-                    f"no heartbeat for {silent:.0f}s and no server marker (lost or purged)",
+                    f"no heartbeat for {span(silent)} and no server marker (lost or purged)",
                     f"q{after.last_seq}",
                     {"last_seq": str(after.last_seq)},
                 )
@@ -200,7 +201,7 @@ class Sweeps:
                 "stale",
                 stale.cluster,
                 node,
-                f"no accepted heartbeat for {stale_after:g}s (its heartbeats are refused: "
+                f"no accepted heartbeat for {span(stale_after)} (its heartbeats are refused: "
                 f"{stale.refused or 'unknown'})",
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},

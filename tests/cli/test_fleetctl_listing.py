@@ -17,6 +17,7 @@ from actors.cli.sim_publisher import SimOptions
 from actors.cli.simulate import simulate
 from actors.fleet import record_rules
 from actors.fleet.registry import read_records
+from actors.runtime import spans
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.events import Health, HealthCheck
@@ -152,7 +153,7 @@ def test_colour_keeps_columns_aligned() -> None:
 
 
 def test_age_is_written_as_kubectl_does() -> None:
-    assert [views.span(s) for s in (-1, 42, 119, 120, 7199, 7200, 172799, 172800)] == [
+    assert [spans.span(s) for s in (-1, 42, 119, 120, 7199, 7200, 172799, 172800)] == [
         "0s",
         "42s",
         "119s",

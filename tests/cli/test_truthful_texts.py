@@ -14,6 +14,7 @@ import pytest
 from actors.cli import describe_view, views
 from actors.fleet import record_rules, sweeps
 from actors.fleet.history import Entry
+from actors.runtime import spans
 from schemas import codec
 from schemas.events import Health, Latency
 from schemas.messages import CommandResult, NodeRecord
@@ -76,13 +77,13 @@ def test_counts_and_ages_read_right() -> None:
     assert views.summary(one) == "1 node: 1 active"
     assert views.summary(one * 3, of=299) == "3 of 299 nodes: 3 active"
     assert views.summary(one * 3, of=3) == "3 nodes: 3 active"
-    assert [views.age(s) for s in (45, 600, 7200, 3 * 86400)] == [
+    assert [spans.age(s) for s in (45, 600, 7200, 3 * 86400)] == [
         "45s ago",
         "10m ago",
         "2h ago",
         "3d ago",
     ]
-    assert views.age(3 * 86400) == f"{views.span(3 * 86400)} ago"
+    assert spans.age(3 * 86400) == f"{spans.span(3 * 86400)} ago"
 
 
 def test_wide_reason_shows_nothing_stale() -> None:

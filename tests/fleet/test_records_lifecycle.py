@@ -35,8 +35,7 @@ def test_interruption_alert_once_per_notice() -> None:
     ]
     record = record_rules.accept(record, beat(2, notice), "U", 2.0)
     assert (
-        alert_rules.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0)))
-        == []
+        alert_rules.lifecycle_alerts(record, beat(3, msgspec.structs.replace(notice, ts=9.0))) == []
     )
     other = msgspec.structs.replace(notice, kind="rebalance", event_id="e2")
     assert [kind for kind, *_ in alert_rules.lifecycle_alerts(record, beat(3, other))] == [

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from actors.fleet.dashboard.history import SERIES
 from actors.fleet.history import Entry
 from actors.fleet.lease import PartitionStatus
+from actors.runtime.spans import age
 from schemas.events import Gpu, Health
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
 
@@ -69,15 +70,7 @@ def age_cell(ts: float | None, now: float) -> str:
     """A cell whose age ticks in the browser (``data-ts``); ``-`` without a time."""
     if ts is None:
         return "<td>-</td>"
-    return f'<td class="age" data-ts="{ts:.3f}">{esc(ago(now - ts))}</td>'
-
-
-def ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120), ("h", 3600, 48)):
-        if seconds < size * up_to:
-            return f"{seconds // size:.0f}{unit} ago"
-    return f"{seconds // 86400:.0f}d ago"
+    return f'<td class="age" data-ts="{ts:.3f}">{esc(age(now - ts))}</td>'
 
 
 def state_badge(state: str) -> str:
@@ -301,7 +294,7 @@ def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None
         f"<p>{state_badge(record.state)}{maintenance_badge(window)} in {esc(record.cluster)}, "
         "last heartbeat "
         f'<span class="age" data-ts="{(record.last_stored or record.last_seen):.3f}">'
-        f"{esc(ago(now - (record.last_stored or record.last_seen)))}</span> (seq "
+        f"{esc(age(now - (record.last_stored or record.last_seen)))}</span> (seq "
         f"{record.last_seq}), {esc(record.schedulability)}</p>"
     ]
     if beat is None:

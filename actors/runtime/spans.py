@@ -1,0 +1,22 @@
+"""Durations as people read them, in the largest sensible unit, as kubectl's AGE writes
+them (``42s``, ``17m``, ``5h``, ``3d``): every view and alert text says a duration this
+way (parsing one back is :func:`actors.runtime.config.parse_duration`)."""
+
+from __future__ import annotations
+
+
+def span(seconds: float) -> str:
+    """``seconds`` as ``42s``, ``17m``, ``5h`` or ``3d`` (rounded down)."""
+    seconds = max(0.0, seconds)
+    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120), ("h", 3600, 48)):
+        if seconds < size * up_to:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds // 86400:.0f}d"
+
+
+def age(seconds: float) -> str:
+    """How long ago, in :func:`span`'s units: ``42s ago``, ``3d ago``; ``now`` for a time
+    ahead of the clock."""
+    if seconds < 0:
+        return "now"
+    return f"{span(seconds)} ago"
