@@ -147,7 +147,7 @@ async def keep_forever(
                 log.warning("command consumers not checked", extra={"reason": str(exc)})
             else:
                 if created:
-                    log.info("command consumers created", extra={"created": created})
+                    log.info("command consumers created", extra={"consumers": created})
                 ensured = (ensured | todo) & nodes
                 if full:
                     last_full = now

@@ -105,7 +105,7 @@ class Autostart:
         ]
         if idle:
             gpu, name = max(idle, key=lambda entry: (free_memory[entry[0]], -entry[0]))
-            log.info("gateway switches a server out", extra={"gpu": gpu, "name": name})
+            log.info("gateway switches a server out", extra={"gpu": gpu, "workload": name})
             return gpu
         raise Refusal(
             503,
@@ -143,7 +143,9 @@ class Autostart:
                 503, f"cannot start {path.name}: {exc}", "unavailable_error", "model_unavailable", 5
             ) from None
         self.ordered[name] = time.monotonic()
-        log.info("gateway starts a server", extra={"model": str(path), "gpu": gpu, "name": name})
+        log.info(
+            "gateway starts a server", extra={"model": str(path), "gpu": gpu, "workload": name}
+        )
         return name
 
     def overdue(self, name: str) -> bool:

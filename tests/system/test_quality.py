@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import logging
 import os
 import shutil
 import subprocess
@@ -78,3 +80,30 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
     assert "actors.fleet.judge -> actors.runtime.bus" in result.stdout
     assert "actors.fleet.ledger -> actors.fleet.ownership" in result.stdout
     assert "3 kept, 2 broken" in result.stdout
+
+
+RESERVED_LOG_KEYS = frozenset(logging.LogRecord("n", 0, "p", 0, "m", None, None).__dict__) | {
+    "message",
+    "asctime",
+}
+"""Attributes every LogRecord has: a log call whose ``extra`` names one raises KeyError
+(and with it the actor that logged), once its level is enabled."""
+
+
+def test_no_log_call_overwrites_a_log_record_attribute() -> None:
+    """No logging call in actors/ passes ``extra`` with a key a LogRecord already has
+    (``created``, ``name``, ...): it would raise only when that level is on, as in
+    production, where it crashed an aggregator's command-consumer loop."""
+    found = []
+    for path in (ROOT / "actors").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            for keyword in node.keywords:
+                if keyword.arg == "extra" and isinstance(keyword.value, ast.Dict):
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {key.value}"
+                        for key in keyword.value.keys
+                        if isinstance(key, ast.Constant) and key.value in RESERVED_LOG_KEYS
+                    ]
+    assert found == []
