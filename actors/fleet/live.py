@@ -34,6 +34,7 @@ spot) come from the live read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
@@ -178,14 +179,16 @@ async def _overlay(
     loop = asyncio.get_running_loop()
     deadline: float | None = None
     while True:
-        async for page in _stored(bus, subjects, wanted, scan, read_floors):
-            floors = floors_read.popleft()
-            for message in page:
-                record = by_subject[message.subject]
-                shown = _judged(record, message, keys.get(record.node_id), floors)
-                found[record.node_id] = shown
-                if shown.live_note == _PENDING:
-                    waiting[message.subject] = message
+        stored = _stored(bus, subjects, wanted, scan, read_floors)
+        async with contextlib.aclosing(stored) as pages:
+            async for page in pages:
+                floors = floors_read.popleft()
+                for message in page:
+                    record = by_subject[message.subject]
+                    shown = _judged(record, message, keys.get(record.node_id), floors)
+                    found[record.node_id] = shown
+                    if shown.live_note == _PENDING:
+                        waiting[message.subject] = message
         for subject in wanted:
             record = by_subject[subject]
             if record.node_id not in found:  # nothing stored on its subject
@@ -330,10 +333,12 @@ async def _stored(
         info = await bus.js.stream_info(stream)
         filter_ = f"{subjects.prefix}.hb.>"
         up_to = info.state.last_seq
-        async for page in direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before, up_to):
-            found = [message for message in page if message.subject in wanted_set]
-            wanted_set.difference_update(message.subject for message in found)
-            yield found
+        scanned = direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before, up_to)
+        async with contextlib.aclosing(scanned) as pages:  # closed with this generator, as it stops
+            async for page in pages:
+                found = [message for message in page if message.subject in wanted_set]
+                wanted_set.difference_update(message.subject for message in found)
+                yield found
         if not wanted_set:
             return
         wanted = sorted(wanted_set)

@@ -78,14 +78,15 @@ async def latest_entries(
     """:func:`latest_values` with each value's revision (for compare-and-set)."""
     latest: dict[str, tuple[bytes | None, int]] = {}
     partial = False
-    async for entries in latest_pages(bus, bucket, timeout):
-        for key, value, revision in entries:
-            if keep is not None and not keep(key):
-                continue
-            if key in latest or len(latest) < limit:
-                latest[key] = (value, revision)
-            else:
-                partial = True
+    async with contextlib.aclosing(latest_pages(bus, bucket, timeout)) as pages:
+        async for entries in pages:
+            for key, value, revision in entries:
+                if keep is not None and not keep(key):
+                    continue
+                if key in latest or len(latest) < limit:
+                    latest[key] = (value, revision)
+                else:
+                    partial = True
     if partial:
         log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
     return {
@@ -103,10 +104,17 @@ async def latest_pages(
     asked for, and the request is at the server, before this one is handed over: the
     server reads it while the caller takes this one in (at most two pages held)."""
     prefix = f"$KV.{bucket}."
-    async for messages in direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout):
-        yield [
-            _entry(message, prefix) for message in messages if message.subject.startswith(prefix)
-        ]
+    # Closed with this generator, not whenever it is collected: a caller that stops early
+    # leaves no subscription behind for the next page's answers.
+    async with contextlib.aclosing(
+        direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout)
+    ) as pages:
+        async for messages in pages:
+            yield [
+                _entry(message, prefix)
+                for message in messages
+                if message.subject.startswith(prefix)
+            ]
 
 
 def _entry(message: direct_get.Stored, prefix: str) -> tuple[str, bytes | None, int]:
