@@ -173,7 +173,8 @@ async def _overlay(
         floors_read.append(await _read_floors(bus, subjects, durable, range(partitions)))
 
     found: dict[str, LiveRecord] = {}
-    waiting: dict[str, Stored] = {}
+    waiting: dict[str, int] = {}
+    """Subjects whose message was not judged yet, with that message's stream seq."""
     wanted = list(by_subject)
     scan = len(records) > SCAN_ABOVE
     loop = asyncio.get_running_loop()
@@ -188,7 +189,7 @@ async def _overlay(
                     shown = _judged(record, message, keys.get(record.node_id), floors)
                     found[record.node_id] = shown
                     if shown.live_note == _PENDING:
-                        waiting[message.subject] = message
+                        waiting[message.subject] = message.seq
         for subject in wanted:
             record = by_subject[subject]
             if record.node_id not in found:  # nothing stored on its subject
@@ -375,14 +376,14 @@ async def _read_floors(
 
 
 async def _judged_past(
-    bus: Bus, subjects: Subjects, durable: str, waiting: dict[str, Stored], deadline: float
+    bus: Bus, subjects: Subjects, durable: str, waiting: dict[str, int], deadline: float
 ) -> None:
-    """Wait until every partition's floor has passed its waited-for messages, or the
-    deadline."""
+    """Wait until every partition's floor has passed its waited-for messages (subject:
+    stream seq), or the deadline."""
     need: dict[int, int] = {}
-    for subject, message in waiting.items():
+    for subject, seq in waiting.items():
         partition = int(subject.split(".")[-3])
-        need[partition] = max(need.get(partition, 0), message.seq)
+        need[partition] = max(need.get(partition, 0), seq)
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
         floors = await _read_floors(bus, subjects, durable, need)

@@ -211,17 +211,19 @@ class Aggregator:
         )
         self.ps = psutil.Process(self.process.pid)
 
-    def metrics(self) -> str | None:
+    def metrics(self, timeout: float = 5.0) -> str | None:
+        url = f"http://127.0.0.1:{self.port}/metrics"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as p:
+            with urllib.request.urlopen(url, timeout=timeout) as p:
                 text: str = p.read().decode()
                 return text
         except OSError:
             return None
 
-    def metric(self, name: str) -> float | None:
-        """The sum of every sample of ``name`` (any labels); None if it does not answer."""
-        text = self.metrics()
+    def metric(self, name: str, timeout: float = 5.0) -> float | None:
+        """The sum of every sample of ``name`` (any labels); None if it does not answer
+        within ``timeout``."""
+        text = self.metrics(timeout)
         if text is None:
             return None
         found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([\d.e+-]+|NaN)$", text, re.M)

@@ -10,12 +10,16 @@ every node has a record:
   heartbeat from FLEET_HB): wall time, payload bytes read, nats-server CPU over the read
   (the load's share included: its rate alone, 2 s before, is printed), and how many
   nodes were read live;
+- agreement: right after the live listing, each node's latest heartbeat in FLEET_HB
+  (what the simulated node last sent: its own ``node-agent status``) is read raw, and
+  every node's listed SEQ compared with it: how many are within one heartbeat;
 - ``fleetctl nodes -o json --all`` and ``fleetctl describe <node>`` as an operator runs
   them (wall time, output size);
 - the aggregator's CPU per accepted heartbeat over ``--window`` seconds without a view,
   then over ``--window`` seconds with ``fleetctl nodes --watch`` (2 s) beside the load, and
-  their ratio (same run, same machine). The view lists ``--watch-limit`` nodes as rows
-  (0: every node, ``--all -o json``).
+  their ratio (same run, same machine), with the rate it accepted in each window (a
+  ratio means something only while it keeps up with the rate published). The view lists
+  ``--watch-limit`` nodes as rows (0: every node, ``--all -o json``).
 
 Run: ``python tests/bench/bench_live_views.py`` (about 15 minutes on 2 shared cores), or
 e.g. ``--nodes 10000 --window 20``.
@@ -35,9 +39,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import msgspec
+
 from actors.fleet import live, registry
+from actors.runtime import direct_get
 from actors.runtime.bus import NatsBus
-from schemas.subjects import BUCKET_NODES, Subjects
+from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
 from tests.bench.bench_aggregator import ACCEPTED, Bench, Cluster, servers
 
 PREFIX = "fleet"
@@ -58,6 +65,9 @@ def options() -> argparse.ArgumentParser:
         "--watch-limit",
         default="0,1000",
         help="rows the --watch view lists, per fleet size (0: every node; default 0,1000)",
+    )
+    parser.add_argument(
+        "--gpus", default="8", help="fake GPUs a node, per fleet size (default 8: 5 KB a beat)"
     )
     parser.add_argument("--processes", type=int, default=2, help="fleetctl simulate --processes")
     parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
@@ -89,10 +99,47 @@ def wait_records(bench: Bench, cluster: Cluster, nodes: int, timeout: float) -> 
     return time.monotonic() - started
 
 
+class _Sent(msgspec.Struct):
+    """What the agreement check reads of a heartbeat body."""
+
+    node_id: str
+    seq: int
+
+
+async def latest_sent(bus: NatsBus) -> dict[str, int]:
+    """Each node's latest heartbeat seq in FLEET_HB, read raw (no judgement): what the
+    node itself last sent."""
+    subjects = Subjects(PREFIX)
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+    info = await bus.js.stream_info(stream)
+    latest: dict[str, int] = {}
+    filter_ = f"{PREFIX}.hb.>"
+    pages = direct_get.pages(bus, stream, filter_, 600.0, up_to=info.state.last_seq)
+    async for page in pages:
+        for message in page:
+            if message.data:
+                sent = msgspec.json.decode(message.data, type=_Sent)
+                latest[sent.node_id] = max(latest.get(sent.node_id, 0), sent.seq)
+    return latest
+
+
+def agreement(found: list[live.LiveRecord], sent: dict[str, int]) -> str:
+    """How many listed SEQs are within one heartbeat of the node's latest sent."""
+    gaps = [(record.live, sent.get(record.node_id, 0) - record.last_seq) for record in found]
+    within = [live_ for live_, gap in gaps if gap <= 1]
+    marked = sum(1 for live_, _ in gaps if not live_)
+    return (
+        f"{len(within)} of {len(gaps)} within one heartbeat of the node's latest "
+        f"(live {sum(within)} of {len(gaps) - marked}; marked {within.count(False)} of "
+        f"{marked}); largest gap {max((gap for _, gap in gaps), default=0)} beats"
+    )
+
+
 async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]:
     """(wall s, payload bytes read, server CPU s over the read, records, how many were
-    read live and why the others were not); the server's CPU rate under the load alone
-    (2 s before the read) is printed beside."""
+    read live and why the others were not, and how the listed SEQs agree with what each
+    node last sent); the server's CPU rate under the load alone (2 s before the read) is
+    printed beside."""
     bus = await NatsBus.connect(cluster.url, "bench-reader")
     try:
         before = server_cpu(cluster)
@@ -114,7 +161,10 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]
             )
         wall = time.monotonic() - started
         used = server_cpu(cluster) - cpu
-        return wall, bus.nc.stats["in_bytes"] - in_bytes, used, count, shown
+        got = bus.nc.stats["in_bytes"] - in_bytes
+        if how == "live":
+            shown += "; " + agreement(found, await latest_sent(bus))
+        return wall, got, used, count, shown
     finally:
         await bus.close()
 
@@ -130,25 +180,39 @@ def fleetctl(cluster: Cluster, *args: str) -> tuple[float, int, int]:
     return time.monotonic() - started, len(done.stdout), done.returncode
 
 
-def cpu_window(cluster: Cluster, seconds: float) -> tuple[float, float]:
-    """(aggregator CPU s, heartbeats accepted) over ``seconds``."""
+def accepted(cluster: Cluster) -> float:
+    """The aggregator's heartbeats accepted so far (its /metrics, which a busy aggregator
+    may take seconds to answer at 100,000 nodes)."""
     (aggregator,) = cluster.aggregators
-    cpu, accepted = aggregator.cpu(), aggregator.metric(ACCEPTED) or 0.0
+    for _ in range(3):
+        count = aggregator.metric(ACCEPTED, timeout=30.0)
+        if count is not None:
+            return count
+    raise RuntimeError("the aggregator's /metrics did not answer")
+
+
+def cpu_window(cluster: Cluster, seconds: float) -> tuple[float, float, float]:
+    """(aggregator CPU s, heartbeats accepted, seconds) over at least ``seconds``,
+    between two reads of its counter."""
+    (aggregator,) = cluster.aggregators
+    first = accepted(cluster)
+    cpu, started = aggregator.cpu(), time.monotonic()
     time.sleep(seconds)
-    return aggregator.cpu() - cpu, (aggregator.metric(ACCEPTED) or 0.0) - accepted
+    last = accepted(cluster)
+    return aggregator.cpu() - cpu, last - first, time.monotonic() - started
 
 
-def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
+def run(bench: Bench, nodes: int, interval: float, watch_limit: int, gpus: int) -> None:
     window = bench.args.window
     with servers(bench) as cluster:
         cluster.start_aggregator()
         rate = nodes / interval
-        command = cluster.simulate_command(nodes, rate, 3600, "--gpus", "8", "--wait", "0.01")
+        command = cluster.simulate_command(nodes, rate, 3600, "--gpus", str(gpus), "--wait", "0.01")
         sim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             took = wait_records(bench, cluster, nodes, interval * 4 + 600)
             bench.say(
-                f"{nodes} nodes at {rate:.0f}/s ({interval:g} s interval): "
+                f"{nodes} nodes of {gpus} GPUs at {rate:.0f}/s ({interval:g} s interval): "
                 f"every record in {took:.0f} s"
             )
             time.sleep(interval / 2)  # every node beaten again since its record was written
@@ -171,7 +235,7 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
             wall, size, code = fleetctl(cluster, "describe", "sim-00001")
             bench.row(f"{nodes}: fleetctl describe sim-00001", "", f"{wall:.2f} s, exit {code}")
 
-            quiet_cpu, quiet_accepted = cpu_window(cluster, window)
+            quiet_cpu, quiet_accepted, quiet_took = cpu_window(cluster, window)
             rows = (
                 ["--all", "-o", "json"]
                 if watch_limit == 0
@@ -193,7 +257,7 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
             )
             try:
                 time.sleep(3.0)  # the view's first read under way
-                view_cpu, view_accepted = cpu_window(cluster, window)
+                view_cpu, view_accepted, view_took = cpu_window(cluster, window)
                 viewer = psutil.Process(view.pid).cpu_times()
             finally:
                 view.kill()  # it may be in the middle of a read
@@ -203,8 +267,9 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int) -> None:
             bench.row(
                 f"{nodes}: aggregator CPU per accepted heartbeat",
                 "no worse with a view",
-                f"{quiet:.1f} us without a view ({quiet_accepted:.0f} accepted in {window:g} s), "
-                f"{viewed:.1f} us with `nodes --watch {' '.join(rows)}` ({view_accepted:.0f}); "
+                f"{quiet:.1f} us without a view ({quiet_accepted / quiet_took:.0f}/s accepted "
+                f"of {rate:.0f}/s), {viewed:.1f} us with `nodes --watch {' '.join(rows)}` "
+                f"({view_accepted / view_took:.0f}/s); "
                 f"ratio {viewed / quiet:.3f}; "
                 f"the view used {viewer.user + viewer.system:.1f} CPU s",
             )
@@ -223,12 +288,14 @@ def main() -> int:
     sizes = [int(n) for n in args.nodes.split(",")]
     intervals = [float(s) for s in args.interval.split(",")]
     limits = [int(n) for n in args.watch_limit.split(",")]
+    gpus = [int(n) for n in args.gpus.split(",")]
     for index, nodes in enumerate(sizes):
         run(
             bench,
             nodes,
             intervals[min(index, len(intervals) - 1)],
             limits[min(index, len(limits) - 1)],
+            gpus[min(index, len(gpus) - 1)],
         )
     bench.say("\n| figure | target | measured |\n|---|---|---|")
     for row in bench.rows:
