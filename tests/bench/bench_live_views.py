@@ -16,9 +16,10 @@ every node has a record:
 - ``fleetctl nodes -o json --all`` and ``fleetctl describe <node>`` as an operator runs
   them (wall time, output size);
 - the aggregator's CPU per accepted heartbeat over ``--window`` seconds without a view,
-  then over ``--window`` seconds with ``fleetctl nodes --watch`` (2 s) beside the load, and
-  their ratio (same run, same machine), with the rate it accepted in each window (a
-  ratio means something only while it keeps up with the rate published). The view lists
+  then over ``--window`` seconds with ``fleetctl nodes --watch`` (2 s) beside the load,
+  ``--rounds`` times in turn, and their ratios (same run, same machine: median and
+  range), with the rate it accepted in each window (a ratio means something only while it
+  keeps up with the rate published). The view lists
   ``--watch-limit`` nodes as rows (0: every node, ``--all -o json``).
 
 Run: ``python tests/bench/bench_live_views.py`` (about 15 minutes on 2 shared cores), or
@@ -29,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -61,6 +64,12 @@ def options() -> argparse.ArgumentParser:
         help="seconds between two beats of a node, per fleet size (default 30,60)",
     )
     parser.add_argument("--window", type=float, default=30.0, help="seconds per CPU window")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="CPU windows without, then with, a view, in turn (default 3: the spread shows)",
+    )
     parser.add_argument(
         "--watch-limit",
         default="0,1000",
@@ -202,6 +211,42 @@ def cpu_window(cluster: Cluster, seconds: float) -> tuple[float, float, float]:
     return aggregator.cpu() - cpu, last - first, time.monotonic() - started
 
 
+class Window(NamedTuple):
+    """The aggregator over one CPU window."""
+
+    cpu: float
+    accepted: float
+    seconds: float
+
+    @property
+    def per_heartbeat(self) -> float:
+        """CPU µs per accepted heartbeat (NaN when none was)."""
+        return 1e6 * self.cpu / self.accepted if self.accepted else float("nan")
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.seconds
+
+
+def watched(cluster: Cluster, rows: list[str], window: float) -> tuple[Window, float]:
+    """A CPU window with ``fleetctl nodes --watch`` (every 2 s) running beside the load,
+    and the CPU seconds the view itself used."""
+    command = [sys.executable, "-m", "actors.cli.fleetctl", "nodes", "--watch", *rows]
+    view = subprocess.Popen(
+        [*command, "--server", cluster.url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(3.0)  # the view's first read under way
+        measured = Window(*cpu_window(cluster, window))
+        viewer = psutil.Process(view.pid).cpu_times()
+    finally:
+        view.kill()  # it may be in the middle of a read
+        view.wait(10)
+    return measured, float(viewer.user + viewer.system)
+
+
 def run(bench: Bench, nodes: int, interval: float, watch_limit: int, gpus: int) -> None:
     window = bench.args.window
     with servers(bench) as cluster:
@@ -235,43 +280,31 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int, gpus: int) 
             wall, size, code = fleetctl(cluster, "describe", "sim-00001")
             bench.row(f"{nodes}: fleetctl describe sim-00001", "", f"{wall:.2f} s, exit {code}")
 
-            quiet_cpu, quiet_accepted, quiet_took = cpu_window(cluster, window)
             rows = (
                 ["--all", "-o", "json"]
                 if watch_limit == 0
                 else ["--limit", str(watch_limit), "-o", "wide"]
             )
-            view = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "actors.cli.fleetctl",
-                    "nodes",
-                    "--watch",
-                    *rows,
-                    "--server",
-                    cluster.url,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                time.sleep(3.0)  # the view's first read under way
-                view_cpu, view_accepted, view_took = cpu_window(cluster, window)
-                viewer = psutil.Process(view.pid).cpu_times()
-            finally:
-                view.kill()  # it may be in the middle of a read
-                view.wait(10)
-            quiet = 1e6 * quiet_cpu / quiet_accepted if quiet_accepted else float("nan")
-            viewed = 1e6 * view_cpu / view_accepted if view_accepted else float("nan")
+            ratios, quiets, views = [], [], []
+            for turn in range(1, bench.args.rounds + 1):
+                quiet = Window(*cpu_window(cluster, window))
+                viewed, viewer_cpu = watched(cluster, rows, window)
+                ratios.append(viewed.per_heartbeat / quiet.per_heartbeat)
+                quiets.append(quiet.per_heartbeat)
+                views.append(viewed.per_heartbeat)
+                bench.say(
+                    f"  round {turn}: {quiet.per_heartbeat:.1f} us without a view "
+                    f"({quiet.rate:.0f}/s accepted of {rate:.0f}/s), "
+                    f"{viewed.per_heartbeat:.1f} us with one ({viewed.rate:.0f}/s); "
+                    f"ratio {ratios[-1]:.3f}; the view used {viewer_cpu:.1f} CPU s"
+                )
             bench.row(
-                f"{nodes}: aggregator CPU per accepted heartbeat",
+                f"{nodes}: aggregator CPU per accepted heartbeat, with / without a view",
                 "no worse with a view",
-                f"{quiet:.1f} us without a view ({quiet_accepted / quiet_took:.0f}/s accepted "
-                f"of {rate:.0f}/s), {viewed:.1f} us with `nodes --watch {' '.join(rows)}` "
-                f"({view_accepted / view_took:.0f}/s); "
-                f"ratio {viewed / quiet:.3f}; "
-                f"the view used {viewer.user + viewer.system:.1f} CPU s",
+                f"{statistics.median(views):.0f} / {statistics.median(quiets):.0f} us (medians); "
+                f"ratio median {statistics.median(ratios):.3f} "
+                f"(range {min(ratios):.3f} to {max(ratios):.3f}, {len(ratios)} rounds of "
+                f"{window:g} s each way, view `nodes --watch {' '.join(rows)}`)",
             )
         finally:
             sim.terminate()
