@@ -17,9 +17,11 @@ every node has a record:
   them (wall time, output size);
 - the aggregator's CPU per accepted heartbeat over ``--window`` seconds without a view,
   then over ``--window`` seconds with ``fleetctl nodes --watch`` (2 s) beside the load,
-  ``--rounds`` times in turn, and their ratios (same run, same machine: median and
-  range), with the rate it accepted in each window (a ratio means something only while it
-  keeps up with the rate published). The view lists
+  then with a process that only burns as much of a core as the view used (the control:
+  on shared cores any process beside the aggregator moves its CPU per heartbeat),
+  ``--rounds`` times in turn, and the ratios to the window without (same run, same
+  machine: median and range), with the rate it accepted in each window (a ratio means
+  something only while it keeps up with the rate published). The view lists
   ``--watch-limit`` nodes as rows (0: every node, ``--all -o json``).
 
 Run: ``python tests/bench/bench_live_views.py`` (about 15 minutes on 2 shared cores), or
@@ -228,23 +230,34 @@ class Window(NamedTuple):
         return self.accepted / self.seconds
 
 
-def watched(cluster: Cluster, rows: list[str], window: float) -> tuple[Window, float]:
-    """A CPU window with ``fleetctl nodes --watch`` (every 2 s) running beside the load,
-    and the CPU seconds the view itself used."""
-    command = [sys.executable, "-m", "actors.cli.fleetctl", "nodes", "--watch", *rows]
-    view = subprocess.Popen(
-        [*command, "--server", cluster.url],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+BURNER = """
+import sys, time
+duty = min(float(sys.argv[1]), 1.0)
+while True:
+    started = time.perf_counter()
+    while time.perf_counter() - started < duty * 0.01:
+        pass
+    time.sleep((1.0 - duty) * 0.01)
+"""
+"""A process that burns ``duty`` of one core and touches nothing else: the control for
+what a view costs the aggregator by sharing the cores alone."""
+
+
+def beside(cluster: Cluster, command: list[str], window: float) -> tuple[Window, float]:
+    """A CPU window with ``command`` running beside the load, and the share of a core
+    the command itself used over the window."""
+    side = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(3.0)  # the view's first read under way
+        time.sleep(3.0)  # a view's first read under way
+        process = psutil.Process(side.pid)
+        before = process.cpu_times()
         measured = Window(*cpu_window(cluster, window))
-        viewer = psutil.Process(view.pid).cpu_times()
+        after = process.cpu_times()
     finally:
-        view.kill()  # it may be in the middle of a read
-        view.wait(10)
-    return measured, float(viewer.user + viewer.system)
+        side.kill()  # a view may be in the middle of a read
+        side.wait(10)
+    used = after.user + after.system - before.user - before.system
+    return measured, float(used) / measured.seconds
 
 
 def run(bench: Bench, nodes: int, interval: float, watch_limit: int, gpus: int) -> None:
@@ -285,26 +298,35 @@ def run(bench: Bench, nodes: int, interval: float, watch_limit: int, gpus: int) 
                 if watch_limit == 0
                 else ["--limit", str(watch_limit), "-o", "wide"]
             )
-            ratios, quiets, views = [], [], []
+            view = [sys.executable, "-m", "actors.cli.fleetctl", "nodes", "--watch", *rows]
+            view += ["--server", cluster.url]
+            quiets, views, burns = [], [], []
             for turn in range(1, bench.args.rounds + 1):
                 quiet = Window(*cpu_window(cluster, window))
-                viewed, viewer_cpu = watched(cluster, rows, window)
-                ratios.append(viewed.per_heartbeat / quiet.per_heartbeat)
+                viewed, share = beside(cluster, view, window)
+                burned, burner = beside(
+                    cluster, [sys.executable, "-c", BURNER, f"{share:.3f}"], window
+                )
                 quiets.append(quiet.per_heartbeat)
-                views.append(viewed.per_heartbeat)
+                views.append(viewed.per_heartbeat / quiet.per_heartbeat)
+                burns.append(burned.per_heartbeat / quiet.per_heartbeat)
                 bench.say(
                     f"  round {turn}: {quiet.per_heartbeat:.1f} us without a view "
-                    f"({quiet.rate:.0f}/s accepted of {rate:.0f}/s), "
-                    f"{viewed.per_heartbeat:.1f} us with one ({viewed.rate:.0f}/s); "
-                    f"ratio {ratios[-1]:.3f}; the view used {viewer_cpu:.1f} CPU s"
+                    f"({quiet.rate:.0f}/s accepted of {rate:.0f}/s); "
+                    f"{viewed.per_heartbeat:.1f} us with the view ({viewed.rate:.0f}/s; "
+                    f"it used {share:.2f} of a core); {burned.per_heartbeat:.1f} us with a "
+                    f"burner of {burner:.2f} of a core instead ({burned.rate:.0f}/s); "
+                    f"ratios {views[-1]:.3f} and {burns[-1]:.3f}"
                 )
             bench.row(
-                f"{nodes}: aggregator CPU per accepted heartbeat, with / without a view",
-                "no worse with a view",
-                f"{statistics.median(views):.0f} / {statistics.median(quiets):.0f} us (medians); "
-                f"ratio median {statistics.median(ratios):.3f} "
-                f"(range {min(ratios):.3f} to {max(ratios):.3f}, {len(ratios)} rounds of "
-                f"{window:g} s each way, view `nodes --watch {' '.join(rows)}`)",
+                f"{nodes}: aggregator CPU per accepted heartbeat: with a view / without; "
+                "with a burner of the view's CPU / without",
+                "view no worse than the burner",
+                f"{statistics.median(quiets):.0f} us without (median); view ratio median "
+                f"{statistics.median(views):.3f} (range {min(views):.3f} to {max(views):.3f}); "
+                f"burner ratio median {statistics.median(burns):.3f} (range "
+                f"{min(burns):.3f} to {max(burns):.3f}); {len(views)} rounds of {window:g} s "
+                f"each; view `nodes --watch {' '.join(rows)}`",
             )
         finally:
             sim.terminate()
