@@ -13,6 +13,7 @@ seen through the trust watch). Judges nothing and raises no alert.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -191,37 +192,42 @@ class Ledger:
         floors: dict[int, int] = {}
         self.nodes.loading = True
         try:
-            async for entries in kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT):
-                for node, value, revision in entries:
-                    partition = partition_of(node, count)
-                    if partition not in wanted:
-                        continue
-                    # A key rewritten during the scan comes again: its last value counts.
-                    self.nodes.pop(node, None)
-                    self.stale.discard(node)
-                    if value is None or len(self.nodes) >= MAX_NODES:
-                        continue
-                    try:
-                        state = hot_state.from_stored(
-                            node, value, spread_written(now, interval), self.nodes.bodies
-                        )
-                    except DecodeError as exc:
-                        self.metrics.records_unreadable.inc()
-                        log.error(
-                            "unreadable record skipped", extra={"node": node, "reason": str(exc)}
-                        )
-                        continue
-                    state.revision = revision
-                    self.nodes[node] = state
-                    loaded += 1
-                    record = state.record
-                    if record.stale_since is not None and record.offline_since is None:
-                        self.stale.add(node)
-                    if record.last_stream_seq and record.state not in SETTLED:
-                        # An earlier value of a key rewritten during the scan may lower
-                        # the floor: judging more again is safe, less is not.
-                        floor = floors.get(partition, record.last_stream_seq + 1)
-                        floors[partition] = min(floor, record.last_stream_seq + 1)
+            scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT)
+            async with contextlib.aclosing(
+                scan
+            ) as pages:  # closed as the loop stops, even by a raise
+                async for entries in pages:
+                    for node, value, revision in entries:
+                        partition = partition_of(node, count)
+                        if partition not in wanted:
+                            continue
+                        # A key rewritten during the scan comes again: its last value counts.
+                        self.nodes.pop(node, None)
+                        self.stale.discard(node)
+                        if value is None or len(self.nodes) >= MAX_NODES:
+                            continue
+                        try:
+                            state = hot_state.from_stored(
+                                node, value, spread_written(now, interval), self.nodes.bodies
+                            )
+                        except DecodeError as exc:
+                            self.metrics.records_unreadable.inc()
+                            log.error(
+                                "unreadable record skipped",
+                                extra={"node": node, "reason": str(exc)},
+                            )
+                            continue
+                        state.revision = revision
+                        self.nodes[node] = state
+                        loaded += 1
+                        record = state.record
+                        if record.stale_since is not None and record.offline_since is None:
+                            self.stale.add(node)
+                        if record.last_stream_seq and record.state not in SETTLED:
+                            # An earlier value of a key rewritten during the scan may lower
+                            # the floor: judging more again is safe, less is not.
+                            floor = floors.get(partition, record.last_stream_seq + 1)
+                            floors[partition] = min(floor, record.last_stream_seq + 1)
         finally:
             self.nodes.loading = False
         return loaded, floors
@@ -232,20 +238,24 @@ class Ledger:
         now = time.monotonic()
         taken: set[str] = set()
         """Nodes taken in by this scan: a later value of theirs in it replaces them."""
-        async for entries in kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT):
-            for node, value, _ in entries:
-                if not owns(node) or (node in self.nodes and node not in taken):
-                    continue
-                if node in taken:
-                    self.nodes.pop(node, None)
-                    taken.discard(node)
-                if value is None or len(self.nodes) >= MAX_NODES:
-                    continue
-                try:
-                    self.nodes[node] = hot_state.from_stored(node, value, now, self.nodes.bodies)
-                except DecodeError:
-                    continue  # counted when it was loaded or fetched
-                taken.add(node)
+        scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT)
+        async with contextlib.aclosing(scan) as pages:  # closed as the loop stops, even by a raise
+            async for entries in pages:
+                for node, value, _ in entries:
+                    if not owns(node) or (node in self.nodes and node not in taken):
+                        continue
+                    if node in taken:
+                        self.nodes.pop(node, None)
+                        taken.discard(node)
+                    if value is None or len(self.nodes) >= MAX_NODES:
+                        continue
+                    try:
+                        self.nodes[node] = hot_state.from_stored(
+                            node, value, now, self.nodes.bodies
+                        )
+                    except DecodeError:
+                        continue  # counted when it was loaded or fetched
+                    taken.add(node)
 
     async def refresh(self, node: str) -> bool:
         """The slow path's read: the node's record afresh (an approval or an operator's

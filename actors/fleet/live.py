@@ -353,8 +353,10 @@ async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> li
     if len(wanted) <= SCAN_ABOVE:
         return await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
     latest: dict[str, Stored] = {}
-    async for page in direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT):
-        latest.update((message.subject, message) for message in page)
+    scan = direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT)
+    async with contextlib.aclosing(scan) as pages:  # closed as the loop stops, even by a raise
+        async for page in pages:
+            latest.update((message.subject, message) for message in page)
     return list(latest.values())
 
 

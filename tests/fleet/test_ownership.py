@@ -10,7 +10,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -305,9 +305,10 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
     real_pages = kv.latest_pages
 
     async def slow_pages(*args: Any) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
-        async for page in real_pages(*args):
-            await asyncio.sleep(1.0)
-            yield page
+        async with aclosing(real_pages(*args)) as pages:
+            async for page in pages:
+                await asyncio.sleep(1.0)
+                yield page
 
     monkeypatch.setattr(kv, "latest_pages", slow_pages)
     aggregator = new_aggregator(bus, prefix)
