@@ -16,7 +16,6 @@ no counter names is a message that could vanish unnoticed; that is the property 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import random
 import time
@@ -406,18 +405,20 @@ async def publish(
 
 async def learn_listeners(scene: Scene, nc: Client) -> dict[str, set[str]]:
     """Which actors take in each event kind: publish one unsigned event of each and see
-    whose drop counter moves."""
+    whose drop counter moves, until the set of them is the same three reads in a row
+    (every listener, not only the first, on a machine however loaded)."""
     listeners: dict[str, set[str]] = {}
     for kind in EVENT_KINDS:
         before = by_actor(scene.agent)
+        seen: list[set[str]] = []
 
-        def moved(before: Counter[str] = before) -> bool:
-            return by_actor(scene.agent) != before
+        def steady(before: Counter[str] = before, seen: list[set[str]] = seen) -> bool:
+            seen.append(set((by_actor(scene.agent) - before).keys()))
+            return bool(seen[-1]) and seen[-3:] == [seen[-1]] * 3
 
         await nc.publish(f"{scene.fleet.prefix}.evt.n1.{kind}", b"{}")
-        await wait_for(moved)
-        await asyncio.sleep(0.2)  # every listener, not only the first
-        listeners[kind] = set((by_actor(scene.agent) - before).keys())
+        await wait_for(steady, interval=0.2)
+        listeners[kind] = seen[-1]
     return listeners
 
 
