@@ -193,10 +193,11 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     await wait_for(lambda: alerts.of("stale"), timeout=10)
     # The alert is published before the record is written (a crash between the two
     # raises it again, never loses it): the record follows within a write's time.
-    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None, 2.0)
+    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None, 10.0)
     assert last.state == "stale" and last.stale_since is not None
-    assert last.stale_since - last.last_seen <= 2.0 + 2.0
-    assert time.time() - killed_at <= 2.0 + 2.0 + 1.0
+    # stale_after + 2 s, and a margin for a loaded machine (as in test_under_attack).
+    assert last.stale_since - last.last_seen <= 2.0 + 2.0 + 5.0
+    assert time.time() - killed_at <= 2.0 + 2.0 + 1.0 + 5.0
     stale = alerts.of("stale")[0]
     assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
     # When the server stored its marker: after the last heartbeat, before the alert.
@@ -208,7 +209,7 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     start_agent_process(fleet)
     await wait_for(lambda: alerts.of("recovered"), timeout=10)
     # As with stale: the alert goes out first, the record follows within a write's time.
-    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 2.0)
+    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 10.0)
     assert back.stale_since is None
 
 

@@ -90,7 +90,7 @@ async def test_rows_follow_the_fleet_live(fleet: Fleet, browser: Any, tmp_path: 
         started = time.monotonic()
         await page.goto(url + "/")
         await page.wait_for_selector("tr[data-node='n3']")
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 15  # a sanity bound, for a loaded machine
         await page.wait_for_selector("#live.on", timeout=10_000)
         assert await page.locator("#rows tr").count() == 3
 

@@ -116,10 +116,10 @@ async def test_a_reimaged_node_is_accepted_at_once_under_its_new_key(
     new = signing.load_key_file(config.key_path)
     assert new.public_key != old.public_key
     record = await wait_record(
-        bus, prefix, "n1", lambda r: r.public_key == new.public_key, timeout=5
+        bus, prefix, "n1", lambda r: r.public_key == new.public_key, timeout=15
     )
     assert record.last_seq < 5_000 and record.state == "active"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # a sanity bound: a refusal would last forever
     assert not alerts.of("replay")
 
     replay = codec.encode(heartbeat(seq=6_000, boot_id="old"))

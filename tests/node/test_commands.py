@@ -112,9 +112,9 @@ async def test_a_deregistered_agent_stops_without_draining_again(
     results: Results,
 ) -> None:
     """A deregistration whose drain ran to its deadline with work in flight: the agent,
-    finished, stops without the shutdown drain of up to shutdown_timeout (6 s) that would
+    finished, stops without the shutdown drain of up to shutdown_timeout (30 s) that would
     wait for the same work again (a --deadline 20 took 50 s)."""
-    agent = await trusting_agent(fleet, operator, shutdown_timeout=6.0)
+    agent = await trusting_agent(fleet, operator, shutdown_timeout=30.0)
     await set_in_flight(bus, prefix, fleet.node_key(), 5)
     leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
     final = await results.final(leave.id, timeout=20)
@@ -123,7 +123,7 @@ async def test_a_deregistered_agent_stops_without_draining_again(
     await asyncio.wait_for(agent.supervisor.finished.wait(), 5)
     stopping = time.monotonic()
     await agent.stop()
-    assert time.monotonic() - stopping < 3.0
+    assert time.monotonic() - stopping < 10.0  # a loaded machine's stop, a third of a drain
 
 
 async def test_refused_commands_change_nothing(

@@ -48,12 +48,13 @@ async def test_probes_are_answered_and_silent_peers_count_as_loss(
     await bus.subscribe(Subjects(prefix).event("n1", EVENT_LATENCY), collect)
     await silent_peer(bus, prefix, "ghost")
     await bus.flush()
-    settings: dict[str, Any] = dict(probe_interval=0.2, probe_timeout=0.3)
+    # A timeout generous for a loaded machine: a live peer's answer is never counted lost.
+    settings: dict[str, Any] = dict(probe_interval=0.2, probe_timeout=2.0)
     await fleet.start_supervisor(
         prober(fleet, "n1", peers=["n2", "ghost"], **settings),
         prober(fleet, "n2", peers=[], max_peers=0, **settings),
     )
-    await wait_for(lambda: len(got) >= 2)
+    await wait_for(lambda: len(got) >= 2, timeout=30)  # the ghost costs 2 s a round
     latest = got[-1]
     peers = {peer.target_node_id: peer for peer in latest.peers}
     assert peers["n2"].rtt_us is not None and peers["n2"].loss_pct == 0.0
@@ -65,7 +66,7 @@ async def test_probes_are_answered_and_silent_peers_count_as_loss(
 
 async def test_loss_is_over_a_sliding_window(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     """Loss counts only the last LOSS_WINDOW probes, so an old outage ages out."""
-    actor = prober(fleet, "n1", peers=["n2"], probe_timeout=0.3)
+    actor = prober(fleet, "n1", peers=["n2"], probe_timeout=2.0)
     for _ in range(2):  # nobody answers as n2 yet
         await actor.measure()
     answering = prober(fleet, "n2")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -545,14 +546,17 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
 ) -> None:
     """300 unsigned heartbeats a second for two seconds: every one the aggregator reads is
     refused (FLEET_HB keeps one per node, and a caught-up aggregator takes what is there
-    once per ``fetch_linger``, 0.02 s here: a hundred at most), but the node gets one alert
-    per window and a summary counting the ones held back."""
+    once per ``fetch_linger``, 0.02 s here: a hundred at most), but the node gets one alert,
+    then at most one summary per window, counting the ones held back."""
+    window = 1.0
     subjects = Subjects(prefix)
     key = signing.KeyPair.generate()
     await approve(bus, subjects, "n1", key.public_key)
     metrics = AggregatorMetrics()
     await fleet.start_supervisor(
-        new_aggregator(bus, prefix, metrics, alert_window=1.0, alert_repeat=1.0, sweep_interval=0.1)
+        new_aggregator(
+            bus, prefix, metrics, alert_window=window, alert_repeat=window, sweep_interval=0.1
+        )
     )
     alerts: list[Alert] = []
 
@@ -571,6 +575,7 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
             subjects.heartbeat("c1", "n1"), body, headers={"Nats-Msg-Id": os.urandom(8).hex()}
         )
         await asyncio.sleep(max(0.0, started + (sent + 1) / 300 - time.monotonic()))
+    publishing = time.monotonic() - started
     await attacker.close()
 
     def refused() -> float:
@@ -583,9 +588,13 @@ async def test_a_refusal_flood_makes_a_bounded_number_of_alerts(
 
     await wait_for(lambda: refused() > 0 and accounted() == refused(), timeout=10)
     assert {alert.kind for alert in alerts} == {"bad_signature"}
-    assert len(alerts) <= 6  # two or three windows, each one alert and one summary
-    assert refused() >= 50
-    print(f"{refused():.0f} refusals, {len(alerts)} alerts")
+    # The first alert, then a summary per window the refusals spanned at most: those of the
+    # flood's time (two or three on an idle machine), and two more for the last heartbeat's
+    # way to a busy aggregator. Refusals taken: a hundred at most, far fewer when loaded.
+    windows = math.ceil(publishing / window) + 2
+    assert len(alerts) <= 1 + windows, (len(alerts), publishing)
+    assert refused() >= 10
+    print(f"{refused():.0f} refusals, {len(alerts)} alerts in {publishing:.2f}s")
 
 
 def test_the_agent_reports_the_most_recent_xid_codes() -> None:

