@@ -68,7 +68,9 @@ async def test_views_show_the_latest_heartbeat_not_the_checkpoint(
     await node_cli.publish_inject(bus, prefix, fault, fleet.node_key())
 
     async def injected() -> bool:
-        return set(temperatures(await live.read_node(bus, Subjects(prefix), "n1"))) == {95.0}
+        beat = (await live.read_node(bus, Subjects(prefix), "n1")).heartbeat
+        gpus = beat.sample.gpus if beat is not None and beat.sample is not None else []
+        return {gpu.temperature_c for gpu in gpus} == {95.0}
 
     await wait_for(injected, timeout=15)
     base = ("--server", fleet.url, "--prefix", prefix)
