@@ -106,7 +106,7 @@ async def test_idle_connections_neither_starve_nor_stall_the_agent(fleet: Fleet)
         )
         # It kept beating meanwhile, serves new requests, and no actor restarted.
         await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.last_seq >= seq + 2)
-        status = await wait_for(lambda: get_status(port), timeout=5)
+        status = await wait_for(lambda: get_status(port), timeout=15)
         actors = status["actors"]
         assert isinstance(actors, dict)
         assert {name: actor["restarts"] for name, actor in actors.items()} == dict.fromkeys(
@@ -154,7 +154,8 @@ async def test_slow_headers_are_cut_off(fleet: Fleet) -> None:
         cut_off = True
     finally:
         writer.close()
-    assert cut_off and time.monotonic() - start < 3.0
+    # Cut off at 0.5 s; the bound leaves a loaded machine room, far below the 10 s it takes.
+    assert cut_off and time.monotonic() - start < 6.0
 
 
 def test_world_readable_key_file_is_warned_about(
