@@ -243,7 +243,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Good samples in a row before a health condition clears (hysteresis)."""
     xid_thresholds: list[XidThreshold] = []
     """Per-code XID threshold overrides, CODE=COUNT/WINDOW_S: "13=5/600" makes XID 13 a
-    finding at 5 occurrences on one GPU within 600 s (defaults in actors/node/xid.py)."""
+    finding at 5 occurrences on one GPU within 600 s (defaults in schemas/xid_catalog.py)."""
     xid_log_path: str = "/dev/kmsg"
     """Kernel log read for XIDs beside NVML's events (deduplicated; the only source for
     GPUs whose NVML events are unavailable); "" disables."""

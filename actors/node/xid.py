@@ -1,11 +1,9 @@
-"""The one NVIDIA XID table, how GPU sources count XIDs, and the tracker for the ``xid`` check.
+"""How GPU sources count XIDs, and the tracker for the ``xid`` check.
 
-Meanings and actions follow NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors).
-Every code has a count/window threshold: an XID is a finding only when it was seen at
-least ``count`` times within ``window_s`` seconds on one GPU. Application-level codes
-(13, 31, 43, 45) are caused by the workload, so one of them is not a node problem; only a
-burst is. Hardware codes are findings at the first occurrence. Operators override the
-thresholds per code with ``xid_thresholds = ["13=5/600"]`` (CODE=COUNT/WINDOW_S).
+What each code means and how bad it is lives in :mod:`schemas.xid_catalog`. Every code has
+a count/window threshold: an XID is a finding only when it was seen at least ``count``
+times within ``window_s`` seconds on one GPU. Operators override the thresholds per code
+with ``xid_thresholds = ["13=5/600"]`` (CODE=COUNT/WINDOW_S).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from typing import Literal
 
 import msgspec
 
@@ -21,131 +18,9 @@ from actors.node.config import XID_THRESHOLD_PATTERN
 from actors.node.gpu_health import memory_summary, nvlink_summary
 from schemas.base import MAX_TEXT, MAX_XIDS
 from schemas.events import Gpu, HealthCheck, XidCount
+from schemas.xid_catalog import Finding, XidRule, rule_of
 
-Finding = Literal["degraded", "unhealthy"]
-
-HOUR = 3600.0
 _SPEC = re.compile(XID_THRESHOLD_PATTERN)
-
-
-class XidRule(msgspec.Struct, frozen=True, kw_only=True):
-    """What one XID code means, how bad it is, what to do, and when it counts."""
-
-    meaning: str
-    status: Finding
-    """The check status once the threshold is reached."""
-    action: str
-    count: int = 1
-    window_s: float = HOUR
-    reading: Literal["", "memory", "nvlink"] = ""
-    """The GPU reading the XID check quotes beside this code (row remap, NVLink)."""
-
-
-_APP_ACTION = "usually the workload's fault: check the application; repeated bursts on one GPU"
-_APP_ACTION += " across workloads point at the GPU (reset it)"
-
-XID_TABLE: dict[int, XidRule] = {
-    13: XidRule(
-        meaning="graphics engine exception (application)",
-        status="degraded",
-        action=_APP_ACTION,
-        count=10,
-        window_s=300.0,
-    ),
-    31: XidRule(
-        meaning="GPU memory page fault (application)",
-        status="degraded",
-        action=_APP_ACTION,
-        count=10,
-        window_s=300.0,
-    ),
-    43: XidRule(
-        meaning="GPU stopped processing (application)",
-        status="degraded",
-        action=_APP_ACTION,
-        count=10,
-        window_s=300.0,
-    ),
-    45: XidRule(
-        meaning="preemptive cleanup after earlier errors (application)",
-        status="degraded",
-        action=_APP_ACTION,
-        count=10,
-        window_s=300.0,
-    ),
-    48: XidRule(
-        meaning="double-bit ECC error",
-        status="unhealthy",
-        action="drain, then reset the GPU; RMA if it recurs",
-        reading="memory",
-    ),
-    61: XidRule(
-        meaning="internal micro-controller breakpoint/warning",
-        status="degraded",
-        action="reset the GPU when drained; contact NVIDIA support if it persists",
-    ),
-    62: XidRule(
-        meaning="internal micro-controller halt",
-        status="unhealthy",
-        action="drain, then reset the GPU; contact NVIDIA support if it persists",
-    ),
-    63: XidRule(
-        meaning="ECC page retirement / row remapping recorded",
-        status="degraded",
-        action="drain and reset the GPU so the pending remap takes effect",
-        reading="memory",
-    ),
-    64: XidRule(
-        meaning="ECC page retirement / row remapping failed",
-        status="unhealthy",
-        action="drain, reset the GPU; RMA if remapping fails again",
-        reading="memory",
-    ),
-    74: XidRule(
-        meaning="NVLink error",
-        status="unhealthy",
-        action="drain, reset the GPU and check NVLink/NVSwitch; RMA if it persists",
-        reading="nvlink",
-    ),
-    79: XidRule(
-        meaning="GPU has fallen off the bus",
-        status="unhealthy",
-        action="drain the node and reboot; RMA if it recurs",
-    ),
-    92: XidRule(
-        meaning="high single-bit ECC error rate",
-        status="degraded",
-        action="watch the ECC counters; reset the GPU when drained, RMA if the rate stays high",
-    ),
-    94: XidRule(
-        meaning="contained ECC error (only the affected application was stopped)",
-        status="degraded",
-        action="drain and reset the GPU when convenient",
-        reading="memory",
-    ),
-    95: XidRule(
-        meaning="uncontained ECC error (every application on the GPU is affected)",
-        status="unhealthy",
-        action="drain, then reset the GPU",
-        reading="memory",
-    ),
-    119: XidRule(
-        meaning="GSP RPC timeout",
-        status="unhealthy",
-        action="drain, reset the GPU or reboot; update driver/firmware if it recurs",
-    ),
-    120: XidRule(
-        meaning="GSP error",
-        status="unhealthy",
-        action="drain, reset the GPU or reboot; update driver/firmware if it recurs",
-    ),
-}
-
-UNKNOWN_RULE = XidRule(
-    meaning="XID not in the agent's table",
-    status="degraded",
-    action="look the code up in NVIDIA's XID catalog",
-)
 
 _RANK = {"ok": 0, "degraded": 1, "unhealthy": 2}
 # Occurrences kept per GPU and code: bounds memory under an XID storm. A threshold above
@@ -217,7 +92,7 @@ def parse_thresholds(specs: Iterable[str]) -> dict[int, tuple[int, float]]:
 
 def rule_for(code: int, thresholds: dict[int, tuple[int, float]] | None = None) -> XidRule:
     """The table's rule for ``code``, with the operator's count/window override if any."""
-    rule = XID_TABLE.get(code, UNKNOWN_RULE)
+    rule = rule_of(code)
     if thresholds and code in thresholds:
         count, window = thresholds[code]
         rule = msgspec.structs.replace(rule, count=count, window_s=window)

@@ -28,9 +28,10 @@ from actors.fleet.registry import approve
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
-from schemas.events import Health, HealthCheck, Inject
+from schemas.events import Capacity, Gpu, Health, HealthCheck, Inject, Sample, XidCount
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.subjects import BUCKET_MAINTENANCE, Subjects
+from schemas.xid_catalog import XID_TABLE
 from tests.support.fleet import (
     Fleet,
     heartbeat,
@@ -173,6 +174,44 @@ def test_a_nodes_own_words_are_text_on_the_page() -> None:
     )  # fmt: skip
     for html in (render.node_row(record, 2.0), render.node_detail(record, 2.0)):
         assert hostile not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_a_nodes_xids_show_their_severity_and_meaning() -> None:
+    """The node page lists each GPU's XIDs with the catalog's severity, meaning and
+    action (79 unhealthy, 13 degraded, an unknown code marked as such); no XIDs, no
+    table."""
+    xids = [
+        XidCount(code=79, count=1, last_at=1.0),
+        XidCount(code=13, count=4, last_at=2.0),
+        XidCount(code=999, count=1, last_at=3.0),
+    ]
+    gpu = Gpu(
+        index=0, uuid="GPU-0", name="H100", pci_bus_id="0", memory_total=1, memory_used=0,
+        xids=xids,
+    )  # fmt: skip
+    capacity = Capacity(
+        cpu_cores=1, cpu_percent=0.0, load_avg_1m=0.0, memory_total=1, memory_available=1,
+        storage_total=1, storage_available=1, gpus_total=1, gpus_available=1,
+    )  # fmt: skip
+    beat = heartbeat("n1", sample=Sample(ts=1.0, capacity=capacity, gpus=[gpu]))
+    record = NodeRecord(
+        node_id="n1", cluster="c1", state="active", last_seq=1, last_seen=1.0, heartbeat=beat
+    )  # fmt: skip
+    page = render.node_detail(record, 2.0)
+    rows = page.split("<h3>XIDs</h3>", 1)[1].split("</tbody>", 1)[0].split("<tr>")[2:]
+    assert [row.split("</td>")[1:4] for row in rows] == [
+        ["<td>79", "<td>1", '<td class="unhealthy">unhealthy'],
+        ["<td>13", "<td>4", '<td class="degraded">degraded'],
+        ["<td>999", "<td>1", '<td class="degraded">degraded'],
+    ]
+    assert render.esc(XID_TABLE[79].meaning) in rows[0]
+    assert render.esc(XID_TABLE[13].action) in rows[1]
+    assert "not in the agent&#x27;s table" in rows[2]
+    bare = msgspec.structs.replace(gpu, xids=[])
+    plain = msgspec.structs.replace(beat, sample=Sample(ts=1.0, capacity=capacity, gpus=[bare]))
+    assert "<h3>XIDs</h3>" not in render.node_detail(
+        msgspec.structs.replace(record, heartbeat=plain), 2.0
+    )
 
 
 async def test_queries_never_fail_and_are_escaped(fleet: Fleet) -> None:

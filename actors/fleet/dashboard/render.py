@@ -19,6 +19,7 @@ from actors.fleet.lease import PartitionStatus
 from actors.runtime.spans import age
 from schemas.events import Gpu, Health
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
+from schemas.xid_catalog import rule_of
 
 PAGE_SIZE = 50
 SORTS = ("node", "cluster", "state", "health", "gpus", "seen")
@@ -326,6 +327,7 @@ def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None
             "<th>Power</th><th>Memory</th><th>ECC (unc.)</th><th>XIDs</th><th></th></tr>"
             f"</thead><tbody>{rows}</tbody></table>"
         )
+        parts.append(xid_table(gpus))
     if beat.engine is not None and beat.engine.engines:
         engines = "".join(
             f"<li>{esc(e.kind)} {esc(e.url)}: {'healthy' if e.healthy else 'unhealthy'}</li>"
@@ -381,4 +383,26 @@ def page(title: str, body: str, stream: str) -> str:
         f'<span id="live" class="live">connecting…</span></header>'
         f"<main>{body}</main>"
         '<script src="/ui/static/dashboard.js"></script></body></html>'
+    )
+
+
+def xid_table(gpus: Sequence[Gpu]) -> str:
+    """Every XID the node's GPUs reported, with its severity, meaning and action from the
+    XID catalog (what the node's ``xid`` check judges by once a code's count within its
+    window is reached); empty when there are none."""
+    rows = "".join(
+        f"<tr><td>{g.index}</td><td>{x.code}</td><td>{x.count}</td>"
+        f'<td class="{esc(rule.status)}">{esc(rule.status)}</td><td>{esc(rule.meaning)}</td>'
+        f"<td>{esc(rule.action)}</td>"
+        f"<td>{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(x.last_at))}</td></tr>"
+        for g in gpus
+        for x in g.xids
+        for rule in (rule_of(x.code),)
+    )
+    if not rows:
+        return ""
+    return (
+        "<h3>XIDs</h3><table><thead><tr><th>GPU</th><th>XID</th><th>Seen</th><th>Severity</th>"
+        "<th>Meaning</th><th>Action</th><th>Last</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
     )
