@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ from actors.node.inventory import nvml_gpus
 from actors.node.inventory.actor import InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.kmsg import KmsgXids, parse_xid_line, pci_key
-from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
+from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable, open_within
+from actors.node.inventory.watchdog import GpuWatchdog
 from schemas import codec
 from schemas.events import HealthCheck, RowRemap, Sample
 from tests.support.fleet import Fleet, agent_config, wait_for
@@ -230,6 +233,48 @@ def test_failing_nvml_is_retried_until_it_works() -> None:
     assert [gpu.index for gpu in failed.read()] == [0, 1] and failed.error == ""
     failed.close()
     assert nvml.shutdowns == 1
+
+
+async def test_an_init_that_hangs_never_holds_the_start() -> None:
+    """nvmlInit hanging: the open gives up at its deadline with a failing source naming
+    the hang (the sample's gpu_error, and the watchdog's ``hung`` that /healthz reports);
+    once the init returns, the GPUs are read and the error is gone."""
+    nvml = two_gpus()
+    nvml.init_release = threading.Event()
+    started = time.monotonic()
+    source = open_within(lambda: NvmlGpus(nvml=nvml), 0.2)
+    assert time.monotonic() - started < 5.0
+    assert isinstance(source, FailedNvml) and source.error.startswith("nvmlInit hung for ")
+    watchdog = GpuWatchdog(source, 0.2)
+    assert await watchdog.read() == [] and watchdog.hung.startswith("nvmlInit hung for ")
+    nvml.init_release.set()
+    await wait_for(lambda: nvml.initialised == 1)
+
+    async def gpus_read() -> bool:
+        return [gpu.index for gpu in await watchdog.read()] == [0, 1]
+
+    await wait_for(gpus_read)
+    assert (watchdog.hung, source.error) == ("", "")
+    source.close()
+    assert nvml.shutdowns == 1
+
+
+async def test_an_init_that_returns_after_the_agent_stopped_is_shut_down() -> None:
+    """A hung nvmlInit that returns after the source was closed is shut down again."""
+    nvml = two_gpus()
+    nvml.init_release = threading.Event()
+    source = open_within(lambda: NvmlGpus(nvml=nvml), 0.2)
+    watchdog = GpuWatchdog(source, 0.2)
+    assert await watchdog.read() == []
+    source.close()
+    nvml.init_release.set()
+    await wait_for(lambda: nvml.shutdowns == 1)
+
+
+def test_an_init_that_fails_in_time_is_unavailable() -> None:
+    """open_within passes an init that fails before its deadline on as NvmlUnavailable."""
+    with pytest.raises(NvmlUnavailable, match="Driver Not Loaded"):
+        open_within(lambda: NvmlGpus(nvml=failing_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)), 5)
 
 
 def test_device_count_short_of_expected_is_unhealthy(tmp_path: Path) -> None:

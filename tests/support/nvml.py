@@ -107,6 +107,8 @@ class RecordedNvml:
             device["PciInfo"] = {"value": {**device["PciInfo"]["value"], "busId": bus}}
             self.devices.append(device)
         self.init_error: int | None = None
+        self.init_release: threading.Event | None = None
+        """Set: nvmlInit blocks until it is (a driver that hangs)."""
         self.errors: dict[tuple[int, str], int] = {}
         """(GPU, NVML function) -> NVML error code every such call raises."""
         self.hanging: dict[tuple[int, str], threading.Event] = {}
@@ -184,6 +186,8 @@ class RecordedNvml:
         return value
 
     def nvmlInit(self) -> None:
+        if self.init_release is not None:
+            self.init_release.wait()
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
         self.initialised += 1

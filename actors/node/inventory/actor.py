@@ -29,7 +29,7 @@ from actors.node.capacity import free_gpus
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable
+from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable, open_within
 from actors.node.inventory.versions import read_versions
 from actors.node.inventory.watchdog import GpuWatchdog
 from actors.runtime.bus import Bus, listening
@@ -71,7 +71,8 @@ class GpuSource(Protocol):
 
 def choose_gpus(config: AgentConfig) -> GpuSource | None:
     """Simulated GPUs only when ``fake_gpus`` asks (0: none); otherwise NVML, never a
-    simulation standing in for a broken driver."""
+    simulation standing in for a broken driver, opened within ``nvml_deadline`` (an init
+    that hangs leaves a failing source that names it and reads the GPUs once it returns)."""
     if config.fake_gpus == 0:
         return None
     if isinstance(config.fake_gpus, int):
@@ -82,7 +83,7 @@ def choose_gpus(config: AgentConfig) -> GpuSource | None:
         return NvmlGpus(xid_log_path=config.xid_log_path, kmsg_cursor=cursor)
 
     try:
-        return open_nvml()
+        return open_within(open_nvml, config.nvml_deadline)
     except NvmlUnavailable as exc:
         if exc.library_missing and not config.expected_gpus:
             log.info("no NVML library: a node without GPUs", extra={"reason": exc.reason})

@@ -52,12 +52,54 @@ NVML_RETRY = 60.0
 """Seconds between two attempts to open a failing NVML (a driver reloaded by hand)."""
 
 
+class Opening:
+    """An open of NVML (``nvmlInit``, the device handles, XID event registration) running
+    in a daemon thread of its own: an init that hangs never holds the agent's start."""
+
+    def __init__(self, open_nvml: Callable[[], NvmlGpus]) -> None:
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.result: NvmlGpus | NvmlUnavailable | None = None
+
+        def work() -> None:
+            try:
+                self.result = open_nvml()
+            except NvmlUnavailable as exc:
+                self.result = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=work, name="nvml-open", daemon=True).start()
+
+    def hung(self) -> str:
+        """What the open waits on, for how long ("" once it returned)."""
+        if self.done.is_set():
+            return ""
+        return f"nvmlInit hung for {time.monotonic() - self.started:.0f} s"
+
+
+def open_within(open_nvml: Callable[[], NvmlGpus], deadline: float) -> NvmlGpus | FailedNvml:
+    """NVML opened, waiting at most ``deadline`` seconds: NvmlUnavailable if it fails in
+    time; a FailedNvml saying the init hangs if it does not return, which takes the GPUs
+    over once it does."""
+    opening = Opening(open_nvml)
+    if not opening.done.wait(deadline):
+        log.error("NVML init hangs", extra={"reason": opening.hung()})
+        return FailedNvml(opening.hung(), reopen=open_nvml, opening=opening)
+    if isinstance(opening.result, NvmlUnavailable):
+        raise opening.result
+    assert opening.result is not None
+    return opening.result
+
+
 class FailedNvml:
-    """NVML is there but does not work (init or the device count failed): no GPUs, and
-    the NVML error in each sample (``Sample.gpu_error``), so the health checks say
-    unhealthy with NVML's own words instead of a node that looks GPU-less or healthy.
-    ``reopen`` is tried again every ``retry_every`` seconds; once it works, its GPUs are
-    read from then on."""
+    """NVML is there but does not work (init or the device count failed, or the init
+    hangs): no GPUs, and the NVML error in each sample (``Sample.gpu_error``), so the
+    health checks say unhealthy with NVML's own words instead of a node that looks
+    GPU-less or healthy. ``reopen`` is tried again every ``retry_every`` seconds; once it
+    works, its GPUs are read from then on. An ``opening`` that hangs is waited for by the
+    read (in the inventory's watchdog thread, which names it while it hangs) and its GPUs
+    are read once it returns."""
 
     source: Final = "nvml"
 
@@ -66,26 +108,39 @@ class FailedNvml:
         error: str,
         reopen: Callable[[], NvmlGpus] | None = None,
         retry_every: float = NVML_RETRY,
+        opening: Opening | None = None,
     ) -> None:
         self._error = error
         self.reopen = reopen
         self.retry_every = retry_every
         self._next_try = time.monotonic() + retry_every
         self.opened: NvmlGpus | None = None
+        self.opening = opening
+        self._closed = False
         self._lock = threading.Lock()
 
     @property
     def error(self) -> str:
-        return self.opened.error if self.opened is not None else self._error
+        if self.opened is not None:
+            return self.opened.error
+        opening = self.opening
+        return (opening.hung() if opening is not None else "") or self._error
 
     @property
     def versions(self) -> tuple[str, str]:
         return self.opened.versions if self.opened is not None else ("", "")
 
     def hung(self, deadline: float) -> str:
+        opening = self.opening
+        if opening is not None and time.monotonic() - opening.started >= deadline:
+            return opening.hung()
         return self.opened.hung(deadline) if self.opened is not None else ""
 
     def read(self) -> list[Gpu]:
+        opening = self.opening
+        if opening is not None:
+            opening.done.wait()  # in the watchdog's thread: it names the hang meanwhile
+            self._take(opening)
         with self._lock:
             if self.opened is None and self.reopen is not None:
                 if time.monotonic() >= self._next_try:
@@ -98,10 +153,25 @@ class FailedNvml:
             opened = self.opened
         return opened.read() if opened is not None else []
 
+    def _take(self, opening: Opening) -> None:
+        """What a hung open came back with: its GPUs, or why NVML fails."""
+        with self._lock:
+            self.opening = None
+            if isinstance(opening.result, NvmlGpus):
+                if self._closed:
+                    opening.result.close()
+                    return
+                self.opened = opening.result
+                log.warning("NVML init returned", extra={"reason": self._error})
+            elif opening.result is not None:
+                self._error = opening.result.reason
+
     def close(self) -> None:
-        """Shut down NVML if a retry opened it; otherwise nothing was initialised."""
+        """Shut down NVML if a retry opened it; otherwise nothing was initialised (an
+        open still hanging shuts down when it returns, if the process still runs)."""
         with self._lock:
             self.reopen = None
+            self._closed = True
             if self.opened is not None:
                 self.opened.close()
 
