@@ -262,13 +262,16 @@ def fleet_view(records: list[NodeRecord], lines: int) -> str:
 def view_lines(interactive: bool) -> int:
     """Lines the live view may take: the terminal's height less the line the cursor rests
     on (a taller redraw cannot move back over what scrolled away, and would fill the
-    scrollback), or, piped, a screenful."""
+    scrollback), or, piped or on a terminal that reports no size (0 lines: `script`, some
+    serial consoles and container ttys), a screenful."""
     if interactive:
         try:
             # The terminal's own size, not $LINES (a value exported before a resize lies).
-            return max(1, os.get_terminal_size(sys.stdout.fileno()).lines - 1)
+            height = os.get_terminal_size(sys.stdout.fileno()).lines
         except OSError:
-            pass
+            height = 0
+        if height > 0:
+            return max(1, height - 1)
     return views.SUMMARY_ABOVE + 2
 
 

@@ -14,6 +14,9 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
+from actors.cli import up, views
 from actors.cli.up import fleet_view
 from actors.fleet import record_rules
 from actors.runtime.bus import NatsBus
@@ -194,6 +197,17 @@ def test_fleetctl_up_on_a_short_terminal_summarises_in_place(tmp_path: Path) -> 
     assert all(frame.count(b"\n") <= 4 for frame in frames), frames
     first = next(i for i, frame in enumerate(frames) if b"3 nodes, summarised" in frame)
     assert frames[first].startswith(b"CLUSTER  ACTIVE  TOTAL\r\nlocal    3       3\r\n")
+
+
+def test_a_terminal_without_a_size_gets_a_screenful(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal reporting 0 lines (``script``, some container ttys) is one of unknown
+    size: the live view gets a screenful, not one line (3 nodes summarised); a real
+    height is the height less the cursor's line."""
+    sizes = iter([os.terminal_size((0, 0)), os.terminal_size((80, 40))])
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: next(sizes))
+    assert up.view_lines(interactive=True) == views.SUMMARY_ABOVE + 2
+    assert up.view_lines(interactive=True) == 39
+    assert up.view_lines(interactive=False) == views.SUMMARY_ABOVE + 2
 
 
 def test_the_live_view_fits_the_lines_it_has() -> None:
