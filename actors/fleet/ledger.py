@@ -192,10 +192,9 @@ class Ledger:
         floors: dict[int, int] = {}
         self.nodes.loading = True
         try:
+            # Closed as the loop stops, even by a raise: no page's inbox left subscribed.
             scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT)
-            async with contextlib.aclosing(
-                scan
-            ) as pages:  # closed as the loop stops, even by a raise
+            async with contextlib.aclosing(scan) as pages:
                 async for entries in pages:
                     for node, value, revision in entries:
                         partition = partition_of(node, count)
@@ -239,7 +238,7 @@ class Ledger:
         taken: set[str] = set()
         """Nodes taken in by this scan: a later value of theirs in it replaces them."""
         scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT)
-        async with contextlib.aclosing(scan) as pages:  # closed as the loop stops, even by a raise
+        async with contextlib.aclosing(scan) as pages:  # closed as the loop stops (see load)
             async for entries in pages:
                 for node, value, _ in entries:
                     if not owns(node) or (node in self.nodes and node not in taken):

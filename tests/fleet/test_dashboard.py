@@ -178,12 +178,12 @@ def test_a_nodes_own_words_are_text_on_the_page() -> None:
 
 def test_a_nodes_xids_show_their_severity_and_meaning() -> None:
     """The node page lists each GPU's XIDs with the catalog's severity, meaning and
-    action (79 unhealthy, 13 degraded, an unknown code marked as such); no XIDs, no
-    table."""
+    action (79 unhealthy, 13 degraded, an unknown code marked as such) and when each was
+    last seen ("-" for a node's time past any calendar); no XIDs, no table."""
     xids = [
         XidCount(code=79, count=1, last_at=1.0),
         XidCount(code=13, count=4, last_at=2.0),
-        XidCount(code=999, count=1, last_at=3.0),
+        XidCount(code=999, count=1, last_at=1e300),
     ]
     gpu = Gpu(
         index=0, uuid="GPU-0", name="H100", pci_bus_id="0", memory_total=1, memory_used=0,
@@ -207,6 +207,8 @@ def test_a_nodes_xids_show_their_severity_and_meaning() -> None:
     assert render.esc(XID_TABLE[79].meaning) in rows[0]
     assert render.esc(XID_TABLE[13].action) in rows[1]
     assert "not in the agent&#x27;s table" in rows[2]
+    assert rows[0].split("</td>")[-2] == "<td>1970-01-01 00:00:01 UTC"
+    assert rows[2].split("</td>")[-2] == "<td>-", "a time past any calendar is '-'"
     bare = msgspec.structs.replace(gpu, xids=[])
     plain = msgspec.structs.replace(beat, sample=Sample(ts=1.0, capacity=capacity, gpus=[bare]))
     assert "<h3>XIDs</h3>" not in render.node_detail(

@@ -108,6 +108,15 @@ def gpu_bars(gpus: Sequence[Gpu]) -> str:
     return "".join(out) or "-"
 
 
+def clock(ts: float, pattern: str) -> str:
+    """``ts`` (Unix seconds, UTC) in ``pattern``; "-" for a time no calendar holds (a
+    node's own timestamps are bounded below only: 1e300 is a valid one)."""
+    try:
+        return time.strftime(pattern, time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "-"
+
+
 def fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -240,7 +249,7 @@ def aggregators(rows: Sequence[PartitionStatus]) -> str:
 
 
 def alert_item(alert: Alert) -> str:
-    when = time.strftime("%H:%M:%S", time.gmtime(alert.ts))
+    when = clock(alert.ts, "%H:%M:%S")
     return (
         f'<li class="{esc(alert.severity)}"><time>{when}Z</time> '
         f'<a href="/ui/nodes/{esc(alert.node_id)}">{esc(alert.node_id)}</a> '
@@ -249,7 +258,7 @@ def alert_item(alert: Alert) -> str:
 
 
 def result_item(result: CommandResult) -> str:
-    when = time.strftime("%H:%M:%S", time.gmtime(result.ts))
+    when = clock(result.ts, "%H:%M:%S")
     return (
         f"<li><time>{when}Z</time> {esc(result.command_id[:8])}… "
         f"<b>{esc(result.status)}</b> {esc(result.detail)}</li>"
@@ -394,7 +403,7 @@ def xid_table(gpus: Sequence[Gpu]) -> str:
         f"<tr><td>{g.index}</td><td>{x.code}</td><td>{x.count}</td>"
         f'<td class="{esc(rule.status)}">{esc(rule.status)}</td><td>{esc(rule.meaning)}</td>'
         f"<td>{esc(rule.action)}</td>"
-        f"<td>{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(x.last_at))}</td></tr>"
+        f"<td>{clock(x.last_at, '%Y-%m-%d %H:%M:%S UTC')}</td></tr>"
         for g in gpus
         for x in g.xids
         for rule in (rule_of(x.code),)
