@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from actors.cli.views import (
     UNKNOWN_NOW,
-    clock,
     event_line,
     grid,
     in_maintenance,
@@ -14,7 +13,7 @@ from actors.cli.views import (
 )
 from actors.fleet.history import Entry
 from actors.fleet.live import LiveRecord
-from actors.runtime.spans import age, span
+from actors.runtime.spans import age, clock, span
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import CommandResult, NodeRecord, WorkloadSummary
 

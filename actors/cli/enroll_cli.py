@@ -23,6 +23,7 @@ from actors.cli.common import (
 from actors.fleet import enroll
 from actors.runtime.bus import NotProvisioned
 from actors.runtime.config import DurationError, parse_duration
+from actors.runtime.spans import clock
 from schemas.errors import FleetError
 from schemas.messages import EnrollRecord
 from schemas.subjects import Subjects
@@ -71,7 +72,7 @@ async def cmd_create(args: argparse.Namespace) -> int:
     scope = f"cluster {record.cluster}" if record.cluster else "any cluster"
     sys.stderr.write(
         f"token {record.id}: {record.uses} use(s), {scope}, expires "
-        f"{views.clock(record.expires_at)}; aggregators honour it only with "
+        f"{clock(record.expires_at)}; aggregators honour it only with "
         f"--trust-operator {key.public_key}\n"
         "  on each node: node-agent start --enroll-token <token>\n"
     )
@@ -91,7 +92,7 @@ def _row(record: EnrollRecord, now: float) -> tuple[str, ...]:
         record.id,
         record.cluster or "*",
         f"{record.used}/{record.uses}",
-        views.clock(record.expires_at),
+        clock(record.expires_at),
         status,
     )
 

@@ -26,6 +26,7 @@ from actors.cli.common import (
 from actors.fleet import labels as fleet_labels
 from actors.fleet.maintenance import MAX_WINDOW, read_windows
 from actors.runtime.bus import NotProvisioned
+from actors.runtime.spans import clock
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.messages import Maintenance, MaintenanceReply, MaintenanceWindow
@@ -74,7 +75,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
     if reply.status == "rejected":
         return fail(f"maintenance {request.id} refused: {reply.reason}")
     sys.stdout.write(
-        f"maintenance {reply.id} started: until {views.clock(request.until)} "
+        f"maintenance {reply.id} started: until {clock(request.until)} "
         f"({describe_scope(request.selector, request.cluster, request.nodes)})\n"
     )
     return 0
@@ -105,7 +106,7 @@ def _row(window: MaintenanceWindow, now: float) -> tuple[str, ...]:
     return (
         window.id,
         describe_scope(window.selector, window.cluster, window.nodes),
-        views.clock(window.until),
+        clock(window.until),
         status,
         signing.fingerprint(window.by) if window.by else "-",
         views.printable(window.reason) or "-",

@@ -16,6 +16,7 @@ from actors.cli import views
 from actors.cli.common import add_server, connected, token
 from actors.runtime import kv, spans
 from actors.runtime.bus import Bus, NotProvisioned
+from actors.runtime.spans import clock
 from schemas import codec
 from schemas.errors import FleetError
 from schemas.remediation import PolicyRecord
@@ -69,7 +70,7 @@ def status_text(records: list[PolicyRecord], now: float) -> str:
             if hold.healthy_since is not None and not hold.needs_attention:
                 status = f"healthy for {spans.span(now - hold.healthy_since)}"
             rows.append(
-                (node, hold.action, views.clock(hold.since), hold.reason_class, status, hold.reason)
+                (node, hold.action, clock(hold.since), hold.reason_class, status, hold.reason)
             )
         if len(rows) > 1:
             lines += views.grid(rows)
@@ -86,14 +87,13 @@ def node_lines(records: list[PolicyRecord], cluster: str, node: str, now: float)
         if hold is not None:
             note = "; needs attention (fleetctl policy clear)" if hold.needs_attention else ""
             lines.append(
-                f"Remediation:     {hold.action} by policy since {views.clock(hold.since)} "
+                f"Remediation:     {hold.action} by policy since {clock(hold.since)} "
                 f"({hold.reason}){note}"
             )
         times = record.history.get(node, [])
         if times:
             lines.append(
-                f"Remediated:      {len(times)} times: "
-                + ", ".join(views.clock(at) for at in times[-5:])
+                f"Remediated:      {len(times)} times: " + ", ".join(clock(at) for at in times[-5:])
             )
     return lines
 

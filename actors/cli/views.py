@@ -13,7 +13,7 @@ import msgspec
 
 from actors.fleet.history import Entry
 from actors.fleet.live import LiveRecord
-from actors.runtime.spans import age, span
+from actors.runtime.spans import age, clock, span
 from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
@@ -245,11 +245,6 @@ def _scalar(value: Any) -> str:
 
 
 # --- events and watch (the fleet's history) ---
-
-
-def clock(ts: float) -> str:
-    """A time as ``2026-11-21T11:52:03Z`` (UTC, so lines from several hosts compare)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def grid(rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:

@@ -1,8 +1,21 @@
 """Durations as people read them, in the largest sensible unit, as kubectl's AGE writes
 them (``42s``, ``17m``, ``5h``, ``3d``): every view and alert text says a duration this
-way (parsing one back is :func:`actors.runtime.config.parse_duration`)."""
+way (parsing one back is :func:`actors.runtime.config.parse_duration`); and times of day
+in UTC, whatever value a node sent."""
 
 from __future__ import annotations
+
+import time
+
+
+def clock(ts: float, pattern: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    """``ts`` (Unix seconds) in UTC as ``pattern`` (``2026-11-21T11:52:03Z``: lines from
+    several hosts compare); "-" for a time no calendar holds (a node's own timestamps are
+    bounded below only: 1e300 is a valid one)."""
+    try:
+        return time.strftime(pattern, time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "-"
 
 
 def span(seconds: float) -> str:

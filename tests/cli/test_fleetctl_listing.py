@@ -169,6 +169,13 @@ def test_age_is_written_as_kubectl_does() -> None:
     ]
 
 
+def test_times_a_node_sends_never_break_a_view() -> None:
+    """Times are UTC ISO in every view; a node's time no calendar holds (its timestamps
+    are bounded below only) is '-', not a traceback."""
+    assert spans.clock(0.0) == "1970-01-01T00:00:00Z"
+    assert spans.clock(1e300) == "-" and spans.clock(1e300, "%H:%M") == "-"
+
+
 def test_a_record_is_created_once() -> None:
     """``created``: the registration's time, else the first accepted heartbeat's; kept."""
     registered = record_rules.pending_record("n1", "c1", since=10.0)

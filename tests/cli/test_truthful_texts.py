@@ -15,6 +15,7 @@ from actors.cli import describe_view, views
 from actors.fleet import record_rules, sweeps
 from actors.fleet.history import Entry
 from actors.runtime import spans
+from actors.runtime.spans import clock
 from schemas import codec
 from schemas.events import Health, Latency
 from schemas.messages import CommandResult, NodeRecord
@@ -114,7 +115,7 @@ def test_describe_names_the_command_that_set_schedulability() -> None:
     )
     stop = msgspec.structs.replace(cordon, command_id="wl-stop-9", ts=NOW - 10)
     text = describe_view.describe(node, [], [stored(cordon), stored(stop)], NOW)
-    assert f"set by command cmd-1 at {views.clock(NOW - 60)}" in text
+    assert f"set by command cmd-1 at {clock(NOW - 60)}" in text
     assert "wl-stop-9" not in text.split("Recent command results")[0]
 
 
@@ -125,9 +126,7 @@ def test_describe_texts() -> None:
     node = record({"stale_since": NOW - 1, "last_seen": NOW - 7}, latency=latency)
     text = describe_view.describe(node, [], [], NOW)
     assert "Latency:         nats 4.23ms, peers avg 6.35ms, loss 0%" in text
-    assert (
-        f"(no heartbeat since {views.clock(NOW - 7)}; stale since {views.clock(NOW - 1)})" in text
-    )
+    assert f"(no heartbeat since {clock(NOW - 7)}; stale since {clock(NOW - 1)})" in text
     for stamp in re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\s;)]*", text):
         assert stamp.endswith("Z"), stamp
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -16,7 +15,7 @@ from urllib.parse import urlencode
 from actors.fleet.dashboard.history import SERIES
 from actors.fleet.history import Entry
 from actors.fleet.lease import PartitionStatus
-from actors.runtime.spans import age
+from actors.runtime.spans import age, clock
 from schemas.events import Gpu, Health
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
 from schemas.xid_catalog import rule_of
@@ -106,15 +105,6 @@ def gpu_bars(gpus: Sequence[Gpu]) -> str:
             f"{''.join(bars)}</svg>"
         )
     return "".join(out) or "-"
-
-
-def clock(ts: float, pattern: str) -> str:
-    """``ts`` (Unix seconds, UTC) in ``pattern``; "-" for a time no calendar holds (a
-    node's own timestamps are bounded below only: 1e300 is a valid one)."""
-    try:
-        return time.strftime(pattern, time.gmtime(ts))
-    except (OverflowError, OSError, ValueError):
-        return "-"
 
 
 def fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
