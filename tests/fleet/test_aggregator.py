@@ -227,8 +227,10 @@ async def test_sigtermed_agent_is_stopped_not_stale(
     process = start_agent_process(fleet)
     await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == 0
-    stopped = await wait_record(bus, prefix, "n1", lambda r: r.state == "stopped", 5.0)
+    # Waited for off the event loop: the aggregator under test shares it, and a blocking
+    # wait through the agent's drain outlasts its 1.5 s leases.
+    assert await asyncio.to_thread(process.wait, 20) == 0
+    stopped = await wait_record(bus, prefix, "n1", lambda r: r.state == "stopped", 10.0)
     assert stopped.stopped_since is not None and stopped.heartbeat is not None
     assert stopped.heartbeat.stopping
     (alert,) = await wait_for(lambda: alerts.of("stopped"))
