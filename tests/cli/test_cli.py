@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -110,17 +111,11 @@ async def test_nodes_lists_the_fleet(fleet: Fleet, bus: NatsBus, prefix: str) ->
     await fleet.start_aggregator()
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
-    table = run("actors.cli.fleetctl", "nodes", "--server", fleet.url, "--prefix", prefix)
+    # In a thread: the aggregator and agent under test share this event loop.
+    where = ("--server", fleet.url, "--prefix", prefix)
+    table = await asyncio.to_thread(run, "actors.cli.fleetctl", "nodes", *where)
     assert table.returncode == 0 and "n1" in table.stdout and "active" in table.stdout
-    listed = run(
-        "actors.cli.fleetctl",
-        "nodes",
-        "--json",
-        "--server",
-        fleet.url,
-        "--prefix",
-        prefix,
-    )
+    listed = await asyncio.to_thread(run, "actors.cli.fleetctl", "nodes", "--json", *where)
     assert [node["node_id"] for node in json.loads(listed.stdout)] == ["n1"]
 
 

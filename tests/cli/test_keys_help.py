@@ -5,6 +5,7 @@ abbreviations and shell completion."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import os
 import subprocess
@@ -151,18 +152,18 @@ async def test_approve_takes_the_key_of_the_pending_registration(
     await nodes.put("n9", codec.encode(pending_record("n9", "c1", key.public_key, time.time())))
     server = ("--server", fleet.url, "--prefix", prefix)
 
-    refused = run("fleetctl", "approve", "n9", *server, stdin="")
+    refused = await asyncio.to_thread(run, "fleetctl", "approve", "n9", *server, stdin="")
     assert refused.returncode == 1, refused.stderr
     assert f"fingerprint {signing.fingerprint(key.public_key)}" in refused.stderr
     assert refused.stderr.splitlines()[-1] == "error: n9 not approved"
     assert await registry.trust_entry(bus, Subjects(prefix), "n9") is None
 
-    approved = run("fleetctl", "approve", "n9", "--yes", *server)
+    approved = await asyncio.to_thread(run, "fleetctl", "approve", "n9", "--yes", *server)
     assert approved.returncode == 0 and approved.stdout == "approved n9\n", approved.stderr
     entry = await registry.trust_entry(bus, Subjects(prefix), "n9")
     assert entry is not None and entry.public_key == key.public_key
 
-    unknown = run("fleetctl", "approve", "n8", "--yes", *server)
+    unknown = await asyncio.to_thread(run, "fleetctl", "approve", "n8", "--yes", *server)
     assert unknown.returncode == 1
     assert unknown.stderr.startswith("error: node n8 has not registered")
 

@@ -4,6 +4,7 @@ phase, its first connection's retries included."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -147,7 +148,10 @@ async def test_inject_into_an_unknown_node_or_gpu(
     gpu: str,
     message: str,
 ) -> None:
-    result = run(
+    """inject naming a node the fleet does not know, or a GPU its node lacks, is one
+    error line saying which."""
+    result = await asyncio.to_thread(
+        run,
         "actors.cli.node_agent",
         "inject",
         *("temp", "90", "--gpu", gpu, "--node-id", node),
