@@ -4,18 +4,21 @@ Every ``interval`` seconds the sampler takes one point of every node it is given
 nodes this aggregator holds): health score, hottest GPU temperature, mean GPU
 utilisation, GPU power in all, and the heartbeat interval seen since the last point
 (time between the two heartbeats over the seqs between them). Points of all nodes share
-one clock (:attr:`History.times`), so a node keeps only its values: :data:`SERIES`
-unsigned 16-bit numbers (tenths; :data:`MISSING` where the node said nothing) per point,
-in one ``bytearray`` used as a ring. With the default 60 points that is 600 bytes of
-values a node (about 700 with the bytearray and its dict entry): 70 MB at 100,000 nodes,
-reported by ``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
+one clock (:attr:`History.times`), so a node keeps only its values, packed as
+:data:`POINT` says (7 bytes a point, each figure at the precision its source has: NVML
+reads whole degrees, percent and watts), in one ``bytearray`` used as a ring, behind the
+(ts, seq) of the heartbeat its last point came from. With the default 60 points that is
+436 bytes a node (about 500 with the bytearray and its dict entry): 50 MB at 100,000
+nodes, reported by ``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
 """
 
 from __future__ import annotations
 
 import array
 import math
+import struct
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.messages import Heartbeat
@@ -28,11 +31,37 @@ SERIES = (
     "heartbeat interval s",
 )
 """What each point holds, in order."""
-MISSING = 0xFFFF
-SCALE = 10.0
-"""Values are kept in tenths."""
-LIMIT = (MISSING - 1) / SCALE
-"""The largest value kept (6,553.4): more is kept as this."""
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How one figure is kept: an unsigned integer of ``bits`` bits in units of ``1 /
+    scale``; its largest value means "not said", values above the next are kept as it."""
+
+    bits: int
+    scale: float
+
+    @property
+    def missing(self) -> int:
+        return (1 << self.bits) - 1
+
+    def pack(self, value: float | None) -> int:
+        if value is None or math.isnan(value):
+            return self.missing
+        return round(min(max(value * self.scale, 0.0), self.missing - 1))
+
+    def unpack(self, raw: int) -> float | None:
+        return None if raw == self.missing else raw / self.scale
+
+
+PACKINGS = (Packing(8, 1.0), Packing(8, 1.0), Packing(8, 1.0), Packing(16, 1.0), Packing(16, 10.0))
+"""Per :data:`SERIES`: score 0-100, °C 0-254, % 0-100 and W 0-65,534 in whole units (what
+NVML reports), the interval in tenths of a second up to 6,553.4 s."""
+POINT = struct.Struct("<" + "".join("B" if p.bits == 8 else "H" for p in PACKINGS))
+"""One point's bytes."""
+LAST = struct.Struct("<dQ")
+"""The (ts, seq) of the heartbeat a node's last point came from, ahead of its points."""
+EMPTY = POINT.pack(*(packing.missing for packing in PACKINGS))
 
 
 @dataclass(frozen=True)
@@ -68,12 +97,6 @@ def point(beat: Heartbeat, previous: tuple[float, int] | None) -> Point:
     )
 
 
-def _pack(value: float | None) -> int:
-    if value is None or math.isnan(value):
-        return MISSING
-    return round(min(max(value, 0.0), LIMIT) * SCALE)
-
-
 class History:
     """The last ``points`` samples of every node, on one shared clock."""
 
@@ -83,60 +106,60 @@ class History:
         """When each slot was sampled (NaN: not yet)."""
         self.head = 0
         """The slot the next sample goes to."""
-        self.values: dict[str, array.array[int]] = {}
-        self.last: dict[str, tuple[float, int]] = {}
-        """Per node, (ts, seq) of the heartbeat its last point came from."""
-        self._width = len(SERIES)
+        self.nodes: dict[str, bytearray] = {}
+        """Per node, :data:`LAST` then ``points`` points of :data:`POINT`."""
 
     def begin(self, now: float) -> int:
         """Start a round of samples taken at ``now``; the slot they go to."""
         slot = self.head
         self.times[slot] = now
         self.head = (slot + 1) % self.points
-        for values in self.values.values():
-            for i in range(self._width):
-                values[slot * self._width + i] = MISSING
+        offset = LAST.size + slot * POINT.size
+        for ring in self.nodes.values():
+            ring[offset : offset + POINT.size] = EMPTY
         return slot
 
     def put(self, slot: int, node: str, beat: Heartbeat) -> None:
         """Node ``node``'s point of the round at ``slot``, from its latest heartbeat."""
-        values = self.values.get(node)
-        if values is None:
-            values = array.array("H", [MISSING] * (self.points * self._width))
-            self.values[sys.intern(node)] = values
-        sample = point(beat, self.last.get(node))
-        self.last[node] = (beat.ts, beat.seq)
-        for i, value in enumerate(sample.values()):
-            values[slot * self._width + i] = _pack(value)
+        ring = self.nodes.get(node)
+        previous: tuple[float, int] | None = None
+        if ring is None:
+            ring = bytearray(LAST.size) + EMPTY * self.points
+            self.nodes[sys.intern(node)] = ring
+        else:
+            previous = LAST.unpack_from(ring)
+        sample = point(beat, previous)
+        LAST.pack_into(ring, 0, beat.ts, beat.seq)
+        figures = zip(PACKINGS, sample.values(), strict=True)
+        packed = (packing.pack(value) for packing, value in figures)
+        POINT.pack_into(ring, LAST.size + slot * POINT.size, *packed)
 
     def keep_only(self, nodes: set[str]) -> None:
         """Forget the nodes not in ``nodes`` (gone, or no longer held)."""
-        for node in [node for node in self.values if node not in nodes]:
-            del self.values[node]
-            self.last.pop(node, None)
+        for node in [node for node in self.nodes if node not in nodes]:
+            del self.nodes[node]
 
     def series(self, node: str) -> list[list[tuple[float, float]]]:
         """Per :data:`SERIES`, the node's (time, value) points, oldest first."""
-        values = self.values.get(node)
+        ring = self.nodes.get(node)
         out: list[list[tuple[float, float]]] = [[] for _ in SERIES]
-        if values is None:
+        if ring is None:
             return out
         for step in range(self.points):
             slot = (self.head + step) % self.points
             when = self.times[slot]
             if math.isnan(when):
                 continue
-            for i in range(self._width):
-                raw = values[slot * self._width + i]
-                if raw != MISSING:
-                    out[i].append((when, raw / SCALE))
+            raws: Sequence[int] = POINT.unpack_from(ring, LAST.size + slot * POINT.size)
+            for values, packing, raw in zip(out, PACKINGS, raws, strict=True):
+                value = packing.unpack(raw)
+                if value is not None:
+                    values.append((when, value))
         return out
 
     def bytes_per_node(self) -> int:
-        """Bytes one node's history holds in its own objects (its values' array and its
-        last (ts, seq)); the dicts' entries come on top (measured by the benchmark)."""
-        if not self.values:
+        """Bytes one node's history holds in its own object (its bytearray); the dict's
+        entry comes on top (measured by the benchmark)."""
+        if not self.nodes:
             return 0
-        node, values = next(iter(self.values.items()))
-        last = self.last.get(node, (0.0, 0))
-        return sys.getsizeof(values) + sys.getsizeof(last) + sum(map(sys.getsizeof, last))
+        return sys.getsizeof(next(iter(self.nodes.values())))

@@ -1,0 +1,92 @@
+"""The dashboard's history ring: what a point keeps, how the ring wraps, what is forgotten."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from actors.fleet.dashboard.history import SERIES, History, Packing
+from schemas.events import Health
+from schemas.messages import Heartbeat
+from tests.fleet.test_lean_state import SIM_BEAT
+
+
+def beat(seq: int, ts: float, **gpu: float) -> Heartbeat:
+    """The simulated 8-GPU heartbeat at ``seq``/``ts``, every GPU with ``gpu``'s figures."""
+    sample = SIM_BEAT.sample
+    assert sample is not None
+    gpus = [msgspec.structs.replace(one, **gpu) for one in sample.gpus]
+    health = Health(ts=ts, status="healthy", score=87)
+    return msgspec.structs.replace(
+        SIM_BEAT, seq=seq, ts=ts, health=health, sample=msgspec.structs.replace(sample, gpus=gpus)
+    )
+
+
+def test_a_point_keeps_each_figure_at_its_sources_precision() -> None:
+    """Score, hottest °C, mean %, total W exactly as NVML's whole units give them; the
+    interval seen since the last point in tenths of a second."""
+    history = History(4)
+    figures = {"temperature_c": 71.0, "utilization_pct": 93, "power_w": 699.6}
+    history.put(history.begin(100.0), "n1", beat(10, 1000.0, **figures))
+    history.put(history.begin(130.0), "n1", beat(20, 1030.0, **figures))
+    score, hottest, utilisation, power, interval = history.series("n1")
+    assert score == [(100.0, 87.0), (130.0, 87.0)]
+    assert hottest == [(100.0, 71.0), (130.0, 71.0)]
+    assert utilisation == [(100.0, 93.0), (130.0, 93.0)]
+    assert power == [(100.0, 5597.0), (130.0, 5597.0)]  # 8 GPUs at 699.6 W, to the watt
+    assert interval == [(130.0, 3.0)]  # 30 s over 10 seqs; the first point has none
+
+
+def test_the_ring_keeps_the_last_points_oldest_first() -> None:
+    """With 3 points and 5 rounds the first two are gone; a round a node missed is a gap
+    in its series, not a repeat of the point before."""
+    history = History(3)
+    for round_ in range(5):
+        slot = history.begin(float(round_))
+        if round_ != 3:
+            history.put(slot, "n1", beat(round_ + 1, 10.0 * round_, temperature_c=60.0 + round_))
+    hottest = history.series("n1")[SERIES.index("hottest GPU °C")]
+    assert hottest == [(2.0, 62.0), (4.0, 64.0)]
+
+
+def test_figures_out_of_range_are_clamped_and_unsaid_ones_missing() -> None:
+    """Above the top is kept as the top, below zero as zero, NaN and None as not said."""
+    watts = Packing(16, 1.0)
+    assert watts.pack(1e300) == watts.pack(math.inf) == 65_534
+    assert watts.pack(-5.0) == 0
+    assert watts.pack(math.nan) == watts.pack(None) == watts.missing
+    assert watts.unpack(watts.missing) is None
+    history = History(2)
+    quiet = msgspec.structs.replace(SIM_BEAT, health=None, sample=None)
+    history.put(history.begin(1.0), "n1", quiet)
+    assert history.series("n1") == [[] for _ in SERIES]
+
+
+def test_a_restarted_agent_has_no_interval_until_its_seq_grows() -> None:
+    """A seq lower than the last point's (a restart) gives no interval, not a negative."""
+    history = History(3)
+    history.put(history.begin(1.0), "n1", beat(500, 100.0))
+    history.put(history.begin(2.0), "n1", beat(1, 101.0))
+    history.put(history.begin(3.0), "n1", beat(3, 105.0))
+    assert history.series("n1")[SERIES.index("heartbeat interval s")] == [(3.0, 2.0)]
+
+
+def test_nodes_no_longer_held_are_forgotten() -> None:
+    """keep_only drops the others' rings; an unknown node has empty series."""
+    history = History(2)
+    slot = history.begin(1.0)
+    for node in ("n1", "n2"):
+        history.put(slot, node, beat(1, 1.0))
+    history.keep_only({"n2"})
+    assert history.series("n1") == [[] for _ in SERIES]
+    assert history.series("n2")[0] == [(1.0, 87.0)]
+    assert list(history.nodes) == ["n2"]
+
+
+def test_a_node_costs_its_ring_and_no_more() -> None:
+    """60 points: the (ts, seq) and 60 points of 7 bytes, in one bytearray."""
+    history = History(60)
+    history.put(history.begin(1.0), "n1", beat(1, 1.0))
+    assert len(history.nodes["n1"]) == 16 + 60 * 7
+    assert history.bytes_per_node() < 500
