@@ -45,7 +45,9 @@ async def stored_subjects(bus: NatsBus, stream: str, count: int) -> list[str]:
     async def sourced() -> bool:
         return (await bus.js.stream_info(stream)).state.last_seq >= count
 
-    await wait_for(sourced)
+    # 30 s: with both cores busy the server's first sourcing of a new stream once took
+    # over 10 s (tests/security/test_monitor.py, 1 of 30 runs).
+    await wait_for(sourced, 30)
     subjects = []
     for seq in range(1, count + 1):
         message = await bus.js.get_msg(stream, seq)
@@ -101,7 +103,7 @@ async def test_provision_never_changes_an_existing_streams_partitions(
             return None  # FLEET_HB sources it from FLEET_HB_IN a moment later
         return message.data
 
-    assert await wait_for(sourced) == b"{}"
+    assert await wait_for(sourced, 30) == b"{}"  # as in stored_subjects
 
 
 async def test_a_stream_of_the_version_before_the_intake_is_moved_behind_it(
