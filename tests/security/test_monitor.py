@@ -166,7 +166,7 @@ async def test_monitor_reads_records_alerts_and_events(monitored: Monitored) -> 
 
     async def heard_both() -> bool:
         # Published until heard: with both cores busy, the first alert after the monitor's
-        # flushed subscription through the import went undelivered in 3 of 39 runs (the
+        # flushed subscription through the import went undelivered in 3 of 55 runs (the
         # event never did); what is pinned is that both reach the monitor.
         if alert not in heard:
             await monitored.admin.js.publish(alert, codec.encode(body))
