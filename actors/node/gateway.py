@@ -45,6 +45,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
 from actors.runtime.supervisor import FatalError
 from actors.runtime.web import HttpLimits, serving
+from schemas.base import MAX_TEXT
 from schemas.events import Event, Gateway, NodeState, Sample, Workload, Workloads
 from schemas.subjects import EVENT_GATEWAY, Subjects
 
@@ -241,7 +242,7 @@ class GatewayActor:
                             RETRY_LATER,
                         )
                     loads = [(lane.workload, lane.load) for lane in self.lanes.values()]
-                    name = await autostart.order(path, autostart.gpu(loads, self.free_memory))
+                    name = await autostart.start(path, loads, self.free_memory)
                 elif autostart.overdue(name):
                     raise Refusal(
                         503,
@@ -291,6 +292,14 @@ class GatewayActor:
             if not model:
                 raise Refusal(
                     400, "the request names no model", "invalid_request_error", "model_missing"
+                )
+            if len(model) > MAX_TEXT or not model.isprintable():
+                raise Refusal(
+                    400,
+                    f"a model's name is at most {MAX_TEXT} printable characters (no control "
+                    "characters, NUL included)",
+                    "invalid_request_error",
+                    "invalid_model",
                 )
             if self.autostart is not None:
                 await self._autostarted(model, self.autostart)

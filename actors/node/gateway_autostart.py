@@ -3,12 +3,15 @@ model directory holds, has one started (``gateway_autostart``, off by default).
 
 The model is a file directly in ``model_dir`` named by the request (``x.gguf``, or ``x``
 for ``x.gguf``; no path, nothing hidden, nothing outside the directory, symlinks
-resolved). The server is a workload like any deploy, named ``auto-<file stem>``, of
-``gateway_autostart_engine``, on the GPU with the most free memory among those that run
-only such servers and fewer than ``gateway_servers_per_gpu`` of them (shared when that is
-more than one). With one server a GPU and none free, a ready server holding no request is
-switched out for it, as a deploy of another model switches a GPU
-(:mod:`actors.node.workloads.admission`).
+resolved), passed to the engine by its absolute path. The server is a workload like any
+deploy, named ``auto-<file stem>`` (a stem that is not a workload name as it stands gets a
+hash of the file name, so two files never share a name), of ``gateway_autostart_engine``,
+on the GPU with the most free memory among those that run only such servers and fewer
+than ``gateway_servers_per_gpu`` of them (shared when that is more than one); a server
+ordered and not yet in the workloads event counts on its GPU, so requests for many models
+at once start no more than that bound a GPU. With one server a GPU and none free, a
+ready server holding no request is switched out for it, as a deploy of another model
+switches a GPU (:mod:`actors.node.workloads.admission`).
 The gateway asks for it as the command executor does, with a node-signed
 ``workload_order`` event, so the workload actor checks, starts, watches and reports it as
 any other; the request waits (at most ``gateway_autostart_timeout``) until it is ready.
@@ -16,11 +19,13 @@ any other; the request waits (at most ``gateway_autostart_timeout``) until it is
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -45,10 +50,28 @@ actor refused never does."""
 LIVE: Final = ("starting", "ready", "stopping")
 
 
+PLAIN_STEM: Final = re.compile(r"[A-Za-z0-9_-]{1,58}")
+"""A ``.gguf`` file's stem that is a workload name after ``auto-`` as it stands."""
+HASHED_STEM: Final = 49
+"""Characters of any other stem kept, before ``-`` and 8 hex digits of its file name's hash."""
+
+
 def workload_name(path: Path) -> str:
-    """``auto-`` and the file's stem, cut to a workload name's 63 characters."""
-    stem = re.sub(r"[^A-Za-z0-9_-]", "-", path.stem) or "model"
-    return (PREFIX + stem)[:63]
+    """``auto-`` and the file's stem for ``<stem>.gguf`` with a plain stem; for any other
+    file name (other characters, too long, no ``.gguf``) the stem made plain and cut,
+    and a hash of the whole name, so two files never map to one server's name."""
+    if path.suffix == MODEL_SUFFIX and PLAIN_STEM.fullmatch(path.stem):
+        return PREFIX + path.stem
+    plain = re.sub(r"[^A-Za-z0-9_-]", "-", path.stem)[:HASHED_STEM] or "model"
+    return f"{PREFIX}{plain}-{hashlib.sha256(path.name.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class Order:
+    """A server the gateway asked for: its GPU, and when (monotonic)."""
+
+    gpu: int
+    at: float
 
 
 class Autostart:
@@ -59,31 +82,50 @@ class Autostart:
         self.bus = bus
         self.events = events
         self.subject = Subjects(config.prefix).event(config.node_id, EVENT_WORKLOAD_ORDER)
-        self.ordered: dict[str, float] = {}
-        """Workload name -> monotonic time its order went out (so one is asked for once)."""
+        self.ordered: dict[str, Order] = {}
+        """Workload name -> its order, while it may still show up (so one is asked for
+        once, and counted on its GPU until the workloads event has it)."""
 
     def model_file(self, model: str) -> Path | None:
-        """The file in model_dir ``model`` names, None when there is none."""
-        directory = Path(self.config.model_dir)
+        """The file in model_dir ``model`` names, by its path in the resolved directory
+        (absolute: never read as an engine's option); None when there is none."""
         if not self.config.model_dir or not model or "/" in model or model.startswith("."):
             return None
+        try:
+            base = Path(self.config.model_dir).resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None
         for name in (model, model + MODEL_SUFFIX):
-            path = directory / name
+            path = base / name
             try:
-                resolved, base = path.resolve(strict=True), directory.resolve(strict=True)
-            except (OSError, RuntimeError):
+                resolved = path.resolve(strict=True)
+            except (OSError, RuntimeError, ValueError):  # ValueError: a NUL in the name
                 continue
             if resolved.parent == base and resolved.is_file():
                 return path
         return None
+
+    def _reserved(self, workloads: list[tuple[Workload, int]]) -> dict[str, int]:
+        """Servers ordered and not yet among ``workloads`` -> their GPU (orders that
+        never showed within APPEAR_WITHIN are forgotten: the workload actor refused them)."""
+        now = time.monotonic()
+        self.ordered = {
+            name: order for name, order in self.ordered.items() if now - order.at <= APPEAR_WITHIN
+        }
+        seen = {workload.name for workload, _ in workloads}
+        return {name: order.gpu for name, order in self.ordered.items() if name not in seen}
 
     def gpu(self, workloads: Iterable[tuple[Workload, int]], free_memory: dict[int, int]) -> int:
         """The GPU a new server goes on, given each workload and the requests the gateway
         holds of it. With one server a GPU and every GPU full, the GPU of a server that is
         ready and holds no request (the one with the most free memory): the deploy there
         switches that server out. Refusal 503 when there is none."""
-        servers: dict[int, list[tuple[Workload, int]]] = {gpu: [] for gpu in free_memory}
+        workloads = list(workloads)
+        servers: dict[int, list[tuple[Workload, int] | None]] = {gpu: [] for gpu in free_memory}
         blocked: set[int] = set()
+        for gpu in self._reserved(workloads).values():
+            if gpu in servers:
+                servers[gpu].append(None)  # on its way: counts, and is switched out by none
         for workload, load in workloads:
             if workload.state not in LIVE:
                 continue
@@ -98,10 +140,11 @@ class Autostart:
         if room:
             return max(room, key=lambda g: (free_memory[g], -g))
         idle = [
-            (gpu, workload.name)
+            (gpu, server[0].name)
             for gpu, held in usable.items()
-            for workload, load in held
-            if per_gpu == 1 and workload.state == "ready" and load == 0
+            if per_gpu == 1 and None not in held
+            for server in held
+            if server is not None and server[0].state == "ready" and server[1] == 0
         ]
         if idle:
             gpu, name = max(idle, key=lambda entry: (free_memory[entry[0]], -entry[0]))
@@ -116,13 +159,17 @@ class Autostart:
             30,
         )
 
-    async def order(self, path: Path, gpu: int) -> str:
-        """Ask the workload actor for a server of ``path`` on ``gpu``, once while it
-        comes up; the workload's name."""
+    async def start(
+        self, path: Path, workloads: list[tuple[Workload, int]], free_memory: dict[int, int]
+    ) -> str:
+        """Ask the workload actor for a server of ``path`` on the GPU :meth:`gpu` picks,
+        once while it comes up; the workload's name. The GPU is reserved before the
+        order goes out, so a request arriving meanwhile counts it."""
         name = workload_name(path)
-        asked = self.ordered.get(name)
-        if asked is not None and time.monotonic() - asked < APPEAR_WITHIN:
+        if not self.overdue(name):
             return name
+        gpu = self.gpu(workloads, free_memory)
+        self.ordered[name] = Order(gpu, time.monotonic())
         deploy = Deploy(
             name=name,
             engine=self.config.gateway_autostart_engine,
@@ -139,10 +186,10 @@ class Autostart:
         try:
             await self.events.publish(self.bus, self.subject, order)
         except nats.errors.Error as exc:
+            del self.ordered[name]
             raise Refusal(
                 503, f"cannot start {path.name}: {exc}", "unavailable_error", "model_unavailable", 5
             ) from None
-        self.ordered[name] = time.monotonic()
         log.info(
             "gateway starts a server", extra={"model": str(path), "gpu": gpu, "workload": name}
         )
@@ -150,5 +197,5 @@ class Autostart:
 
     def overdue(self, name: str) -> bool:
         """Whether the order for ``name`` went out long enough ago that it should show."""
-        asked = self.ordered.get(name)
-        return asked is None or time.monotonic() - asked > APPEAR_WITHIN
+        order = self.ordered.get(name)
+        return order is None or time.monotonic() - order.at > APPEAR_WITHIN

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from actors.node.agent import NodeAgent
 from actors.node.gateway_access import Refusal
-from actors.node.gateway_autostart import Autostart
+from actors.node.gateway_autostart import Autostart, workload_name
 from schemas.events import Workload, WorkloadState
+from schemas.workloads import Deploy
 from tests.support.fleet import Fleet, node_events, wait_for
 from tests.support.workloads import killing_leftovers, standin_script
 
@@ -109,6 +111,50 @@ def test_gpu_with_most_free_memory_and_room(fleet: Fleet) -> None:
     loading = [running("auto-a", 1, 0, "starting"), running("chat", 2), running("auto-b", 0)]
     with pytest.raises(Refusal):
         autostart.gpu(loading, free)
+
+
+async def test_a_server_ordered_counts_on_its_gpu_before_it_shows(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Orders not yet in the workloads event count on their GPU: two GPUs and one server
+    a GPU take two models, the third is 503 (nor is a coming server switched out); the
+    same model asked for again while it comes up is not ordered twice."""
+    config = fleet.config(gateway_autostart=True, gateway_servers_per_gpu=1)
+    autostart = Autostart(config, fleet.bus, node_events(config))
+    free = {0: 10, 1: 70}
+    assert await autostart.start(tmp_path / "a.gguf", [], free) == "auto-a"
+    assert await autostart.start(tmp_path / "a.gguf", [], free) == "auto-a"
+    assert {name: order.gpu for name, order in autostart.ordered.items()} == {"auto-a": 1}
+    assert await autostart.start(tmp_path / "b.gguf", [], free) == "auto-b"
+    assert autostart.ordered["auto-b"].gpu == 0
+    with pytest.raises(Refusal, match="no GPU has room") as refused:
+        await autostart.start(tmp_path / "c.gguf", [], free)
+    assert refused.value.status == 503 and "auto-c" not in autostart.ordered
+
+
+def test_every_model_file_has_a_server_name_of_its_own(tmp_path: Path) -> None:
+    """Files whose stems read alike (``a b`` and ``a-b``, ``x`` and ``x.gguf``, long names
+    sharing their start) get distinct workload names, each a valid one."""
+    names = ["a b.gguf", "a-b.gguf", "x", "x.gguf", "x.bin", "a.b.gguf", "é.gguf"]
+    names += ["l" * 70 + ".gguf", "l" * 70 + "m.gguf"]
+    made = [workload_name(tmp_path / name) for name in names]
+    assert len(set(made)) == len(made), made
+    assert made[1] == "auto-a-b" and made[3] == "auto-x"
+    for name in made:  # decoding checks the name against the wire's pattern
+        wire = msgspec.json.encode(Deploy(name=name, engine="llamacpp"))
+        assert msgspec.json.decode(wire, type=Deploy).name == name
+
+
+def test_a_model_is_passed_by_its_absolute_path(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a relative model_dir of ``.``, a file named ``-x.gguf`` is passed as an
+    absolute path, never as something an engine would read as an option."""
+    (tmp_path / "-x.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    config = fleet.config(gateway_autostart=True, model_dir=".")
+    path = Autostart(config, fleet.bus, node_events(config)).model_file("-x")
+    assert path == tmp_path.resolve() / "-x.gguf"
 
 
 async def test_a_full_gpu_switches_its_idle_server(fleet: Fleet, tmp_path: Path) -> None:
