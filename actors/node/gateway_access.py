@@ -7,8 +7,10 @@ check: API keys (``gateway_keys_file``), client certificates signed by
 ``gateway_tls_client_ca`` (mutual TLS), or both (then both are required). Keys are sent as
 ``Authorization: Bearer KEY`` (OpenAI's clients do) and stored only as SHA-256 hashes, a
 line ``name:sha256$<hex>`` each (``node-agent gateway-key NAME`` makes one): a key is 32
-random bytes, so a fast hash suffices and a request costs no key stretching. The file is
-read again whenever it changes, so a key is added, rotated or revoked without a restart.
+random bytes, so a fast hash suffices and a request costs no key stretching; a key is
+looked up by its digest alone (no comparison over the key, so none stops early on a
+prefix). The file is read again whenever it changes, so a key is added, rotated or revoked
+without a restart.
 Each client (its key's name, else its certificate's subject) gets a token bucket of
 ``gateway_rate_limit`` requests a second, ``gateway_rate_burst`` at once; beyond, 429.
 """
@@ -41,6 +43,11 @@ KEY_PREFIX: Final = "nak_"
 """Marks a node-agent gateway key (a secret scanner can look for it)."""
 MAX_KEYS: Final = 10_000
 """Lines of a keys file read; the rest are ignored (and logged)."""
+SETTLED_NS: Final = 2_000_000_000
+"""A keys file read this long after its modification time is trusted to be unchanged
+while its stamp is (2 s: the coarsest timestamps of a common file system). One read
+sooner is read again at the next request: a rewrite within the same timestamp tick and
+of the same size (a key replaced by another) leaves the stamp as it was."""
 MAX_CLIENTS: Final = 10_000
 """Rate-limit buckets kept; the least recently used one goes first."""
 WILDCARDS: Final = ("0.0.0.0", "::", "")
@@ -79,26 +86,62 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def digest(key: str) -> bytes:
+    """The SHA-256 of ``key``'s bytes as they came (a header's bytes that are not UTF-8
+    arrive as surrogates: they hash as those bytes, never raise)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
 def key_line(name: str, key: str) -> str:
     """The keys file's line for ``key``: its name and hash, never the key."""
-    return f"{name}:{SCHEME}${hashlib.sha256(key.encode()).hexdigest()}"
+    return f"{name}:{SCHEME}${digest(key).hex()}"
+
+
+def parse_keys(lines: list[str]) -> tuple[dict[bytes, str], list[str]]:
+    """A keys file's lines: digest -> name, and what is wrong with the lines left out."""
+    names: dict[bytes, str] = {}
+    problems: list[str] = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if len(names) >= MAX_KEYS:
+            problems.append(f"only the first {MAX_KEYS} keys are read")
+            break
+        name, _, stored = line.partition(":")
+        scheme, _, hexdigest = stored.partition("$")
+        try:
+            raw = bytes.fromhex(hexdigest)
+        except ValueError:
+            raw = b""
+        if not name or scheme != SCHEME or len(raw) != 32:
+            problems.append(f"line {number} is not NAME:sha256$<64 hex>")
+            continue
+        names[raw] = name
+    return names, problems
 
 
 class ApiKeys:
-    """The keys file, by hash, read again whenever it changes (inode, size or mtime)."""
+    """The keys file, by hash, read again whenever it changes (inode, size or mtime, and
+    at every use while it changed less than SETTLED_NS before it was read)."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self._stamp: tuple[int, int, int] | None = None
+        self._settled = False
+        """Whether the file was read SETTLED_NS or more after it last changed."""
         self._names: dict[bytes, str] = {}
+        """SHA-256 digest of a key -> its name: a key is looked up by its digest, so no
+        comparison ever runs over the key itself (nor stops early on its prefix)."""
         self._read(at_start=True)
 
     def _read(self, at_start: bool = False) -> None:
         try:
             info = os.stat(self.path)
             stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
-            if stamp == self._stamp:
+            if stamp == self._stamp and self._settled:
                 return
+            settled = time.time_ns() - info.st_mtime_ns >= SETTLED_NS
             lines = self.path.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
@@ -108,34 +151,20 @@ class ApiKeys:
             # every client, and an unreadable one is said in the log.
             log.error("gateway keys file unreadable", extra={"reason": reason})
             return
-        names: dict[bytes, str] = {}
-        for number, line in enumerate(lines, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if len(names) >= MAX_KEYS:
-                log.error("gateway keys file: only the first %d keys are read", MAX_KEYS)
-                break
-            name, _, stored = line.partition(":")
-            scheme, _, digest = stored.partition("$")
-            try:
-                raw = bytes.fromhex(digest)
-            except ValueError:
-                raw = b""
-            if not name or scheme != SCHEME or len(raw) != 32:
-                log.error("gateway keys file: line %d is not NAME:sha256$<64 hex>", number)
-                continue
-            names[raw] = name
+        names, problems = parse_keys(lines)
+        if stamp != self._stamp:  # said once a change, not at every read until settled
+            for problem in problems:
+                log.error("gateway keys file: %s", problem)
         if at_start:
             log.info("gateway keys read", extra={"keys": len(names)})
-        else:
+        elif names != self._names:
             log.info("gateway keys file changed; read again", extra={"keys": len(names)})
-        self._names, self._stamp = names, stamp
+        self._names, self._stamp, self._settled = names, stamp, settled
 
     def name_of(self, key: str) -> str | None:
         """The name of ``key``, None when it is not (or no longer) in the file."""
         self._read()
-        return self._names.get(hashlib.sha256(key.encode()).digest())
+        return self._names.get(digest(key))
 
 
 class RateLimit:

@@ -4,12 +4,16 @@ and the endpoint URL advertised in the heartbeat; the default stays loopback, no
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import os
 import ssl
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, redirect_stdout
 from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import msgspec
@@ -146,6 +150,100 @@ async def test_keys_rotate_without_restart(
     assert (await ask(url, context, new))[0] == 200
 
 
+async def test_a_key_replaced_within_one_timestamp_tick_is_refused(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
+) -> None:
+    """A key rewritten in place by another of the same length with the same modification
+    time (a rewrite within one timestamp tick; set in the future here so it stays within
+    the tick however slow the run) is refused at once, the new one accepted."""
+    old, new = new_key(), new_key()
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("ops", old) + "\n")
+    tick = time.time_ns() + 3600 * 10**9
+    os.utime(keys, ns=(tick, tick))
+    _, url = await start(fleet, stack, **tls_settings(pki, gateway_keys_file=str(keys)))
+    context = pki.client()
+    assert (await ask(url, context, old))[0] == 200
+    inode = keys.stat().st_ino
+    with keys.open("r+") as rewrite:  # in place: same inode, same size
+        rewrite.write(key_line("ops", new) + "\n")
+    os.utime(keys, ns=(tick, tick))
+    assert (keys.stat().st_ino, keys.stat().st_mtime_ns) == (inode, tick)
+    assert (await ask(url, context, old))[0] == 401
+    assert (await ask(url, context, new))[0] == 200
+
+
+def test_keys_are_looked_up_by_their_digest_only(tmp_path: Path) -> None:
+    """The constant-time mechanism: the only lookup is of the SHA-256 digest of what the
+    client sent in a table of 32-byte digests, so no comparison runs over a key (or stops
+    early on a prefix it shares); an unknown key and one differing in its last character
+    look up unrelated digests."""
+    key = new_key()
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(key_line("ops", key) + "\n")
+    os.utime(keys_file, (time.time() - 3600, time.time() - 3600))  # settled: not read again
+    keys = ApiKeys(str(keys_file))
+    assert all(isinstance(d, bytes) and len(d) == 32 for d in keys._names)
+
+    class Recording(dict[bytes, str]):
+        looked_up: ClassVar[list[bytes]] = []
+
+        def get(self, digest: bytes, default: Any = None) -> Any:
+            self.looked_up.append(digest)
+            return super().get(digest, default)
+
+    keys._names = Recording(keys._names)
+    near = key[:-1] + ("A" if key[-1] != "A" else "B")
+    sent = [key, near, new_key(), "", "\udcff"]
+    assert [keys.name_of(k) for k in sent] == ["ops", None, None, None, None]
+    assert Recording.looked_up == [
+        hashlib.sha256(k.encode("utf-8", "surrogateescape")).digest() for k in sent
+    ]
+    assert Recording.looked_up[0][:4] != Recording.looked_up[1][:4]
+
+
+async def test_unknown_and_near_miss_keys_are_answered_alike(
+    fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
+) -> None:
+    """A random key, the key with its last character changed, the stored digest, a raw key
+    pasted into the file in place of its hash, and bytes that are not UTF-8 each get the
+    same 401 (status, body, headers but Date), never a 500."""
+    key, pasted = new_key(), new_key()
+    keys = tmp_path / "keys"
+    stored = key_line("ops", key)
+    keys.write_text(f"{stored}\nraw:{pasted}\n")
+    _, url = await start(fleet, stack, **tls_settings(pki, gateway_keys_file=str(keys)))
+    context = pki.client()
+    near = key[:-1] + ("A" if key[-1] != "A" else "B")
+    answers = []
+    for sent in (new_key(), near, stored.partition("$")[2], pasted):
+        status, body, headers = await ask(url, context, sent)
+        answers.append((status, body, headers.get("WWW-Authenticate")))
+    assert answers == [answers[0]] * 4 and answers[0][0] == 401, answers
+    raw = await raw_request(url, context, b"Authorization: Bearer nak_\xff\xfe\xc3(")
+    assert raw.startswith(b"HTTP/1.1 401 "), raw
+    assert (await ask(url, context, key))[0] == 200
+
+
+async def raw_request(url: str, context: ssl.SSLContext, header: bytes) -> bytes:
+    """The status line answering a chat request sent over TLS with ``header`` as raw bytes
+    (a client aiohttp's own would not send)."""
+    host, _, port = url.removeprefix("https://").rpartition(":")
+    body = msgspec.json.encode(chat())
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + header
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode() + b"\r\n\r\n" + body
+    )  # fmt: skip
+    reader, writer = await asyncio.open_connection(host, int(port), ssl=context)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(10):
+            return await reader.readline()
+    finally:
+        writer.close()
+
+
 async def test_rate_limited_per_key(
     fleet: Fleet, stack: AsyncExitStack, pki: Pki, tmp_path: Path
 ) -> None:
@@ -158,6 +256,8 @@ async def test_rate_limited_per_key(
     )
     _, url = await start(fleet, stack, **settings)
     context = pki.client()
+    # Refused keys take nothing from a bucket: a flood of wrong keys leaves busy's burst.
+    assert {(await ask(url, context, busy[:-1] + "!"))[0] for _ in range(5)} == {401}
     assert [(await ask(url, context, busy))[0] for _ in range(2)] == [200, 200]
     status, body, headers = await ask(url, context, busy)
     assert status == 429 and is_openai_error(body, "rate_limit_exceeded")
