@@ -95,6 +95,11 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
             {},
             "argument --, -1e5, -inf may not be given",
         ),
+        (
+            Deploy(name="w", engine="vllm", model="--trust-remote-code"),
+            {},
+            "model '--trust-remote-code' starts with '-'",
+        ),
     ],
     ids=[
         "process-off",
@@ -107,6 +112,7 @@ def test_binary_override_and_process_substitution(tmp_path: Path) -> None:
         "remote-code",
         "file",
         "not-numbers",
+        "model-as-flag",
     ],
 )
 def test_refusals(deploy: Deploy, settings: dict[str, object], reason: str) -> None:

@@ -2,7 +2,10 @@
 (or a ``process`` deploy's argv) inside that image through ``podman run``.
 
 Only images the node lists in ``workload_images`` run (``registry/repo`` allows any tag
-or digest of it; ``registry/repo:tag`` only that tag). The container gets its own network
+or digest of it; ``registry/repo:tag`` only that tag), each an image reference in the
+registry's own grammar (lowercase repository path, no ``..``, nothing that starts with
+``-``); ``--`` ends podman's options before the image, so neither the image nor anything
+after it (the container's own command) is read as an option. The container gets its own network
 namespace with its port published on 127.0.0.1 only (``--publish 127.0.0.1:P:P``; the
 engine inside listens on 0.0.0.0 of that namespace, which nothing outside reaches), no
 capabilities and no new privileges; it runs as the agent's user, so rootless when the
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
@@ -38,18 +42,41 @@ COMMAND_TIMEOUT: Final = 30.0
 """Seconds ``podman image exists`` and ``podman rm`` may take."""
 
 
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
+_TAG = r":\w[\w.-]{0,127}"
+_DIGEST = r"@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+TAG_OR_DIGEST: Final = re.compile(rf"(?:{_TAG})?(?:{_DIGEST})?", re.ASCII)
+REFERENCE: Final = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*){TAG_OR_DIGEST.pattern}",
+    re.ASCII,
+)
+"""``name[:tag][@digest]`` in the grammar of distribution's ``reference`` package
+(regexp.go), which podman and the registries follow."""
+MAX_NAME: Final = 255
+"""Characters of an image's name at most (the same package's NameTotalLengthMax)."""
+
+
 class ContainerError(Exception):
     """podman could not do what the workload needs; the message says what and why."""
 
 
+def is_reference(image: str) -> bool:
+    """Whether ``image`` is ``name[:tag][@digest]`` in the registry's grammar."""
+    match = REFERENCE.fullmatch(image)
+    return match is not None and len(match["name"]) <= MAX_NAME
+
+
 def allowed_image(config: AgentConfig, image: str) -> bool:
-    """Whether ``image`` is on the node's ``workload_images``."""
+    """Whether ``image`` is on the node's ``workload_images``: the entry itself, or for an
+    entry naming a repository only, that repository with a tag or digest."""
     for entry in config.workload_images:
         if image == entry:
             return True
         if ":" not in entry.rpartition("/")[2] and "@" not in entry:
             rest = image.removeprefix(entry)
-            if rest != image and rest[:1] in (":", "@"):
+            if rest != image and rest and TAG_OR_DIGEST.fullmatch(rest):
                 return True
     return False
 
@@ -107,7 +134,8 @@ def run_argv(
         env = {**env, "NVIDIA_VISIBLE_DEVICES": gpus or "void", "CUDA_VISIBLE_DEVICES": gpus}
     for name, value in sorted({**env, "PORT": str(port)}.items()):
         argv += ["--env", f"{name}={value}"]
-    return [*argv, deploy.image, *inner]
+    # "--" ends podman's options: the image and the command after it are never options.
+    return [*argv, "--", deploy.image, *inner]
 
 
 def container_id(cidfile: Path) -> str:
@@ -154,7 +182,7 @@ async def ensure_image(
     passed to ``progress`` (at most one a PROGRESS_EVERY, and the last); ContainerError
     when it is missing and may not be pulled, or the pull fails."""
     policy = config.workload_image_pull
-    if policy != "always" and await _podman(config, "image", "exists", image) == 0:
+    if policy != "always" and await _podman(config, "image", "exists", "--", image) == 0:
         return
     if policy == "never":
         raise ContainerError(f"image {image} is not on this node (workload_image_pull = never)")
@@ -162,6 +190,7 @@ async def ensure_image(
     process = await asyncio.create_subprocess_exec(
         config.workload_podman,
         "pull",
+        "--",
         image,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,

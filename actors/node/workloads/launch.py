@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from actors.node.config import AgentConfig
-from actors.node.workloads.container import allowed_image
+from actors.node.workloads.container import allowed_image, is_reference
 from schemas.workloads import Deploy
 
 ENGINE_BINARIES: dict[str, str] = {"llamacpp": "llama-server", "vllm": "vllm", "sglang": "python"}
@@ -205,6 +205,18 @@ def check_args(config: AgentConfig, deploy: Deploy) -> None:
         )
 
 
+def check_model(deploy: Deploy) -> None:
+    """NotAllowed unless an engine's deploy names a model that no engine reads as an
+    option (``vllm serve`` takes it as a positional, so ``--trust-remote-code`` would be
+    one, past the flags' allow-list)."""
+    if not deploy.model:
+        raise NotAllowed(f"engine {deploy.engine} needs --model")
+    if deploy.model.startswith("-"):
+        raise NotAllowed(
+            f"model {deploy.model!r} starts with '-' (an engine would read it as an option)"
+        )
+
+
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 """What argparse takes for a negative number rather than a flag (its own pattern)."""
 
@@ -231,8 +243,7 @@ def command_line(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
         if not candidates & allowed_executables(config):
             raise NotAllowed(f"executable {argv[0]} not in this node's workload_binaries")
         return argv
-    if not deploy.model:
-        raise NotAllowed(f"engine {deploy.engine} needs --model")
+    check_model(deploy)
     check_args(config, deploy)
     binary = overrides(config).get(deploy.engine, ENGINE_BINARIES[deploy.engine])
     template = [substitute(arg, port, deploy) for arg in TEMPLATES[deploy.engine]]
@@ -243,12 +254,16 @@ def _in_image(config: AgentConfig, deploy: Deploy, port: int) -> list[str]:
     """The command inside an allowed image: the engine's server listening on every
     address of the container's own network namespace (podman publishes the port on
     127.0.0.1 only), or a ``process`` deploy's argv (none: the image's own command)."""
+    if not is_reference(deploy.image):
+        raise NotAllowed(
+            f"image {deploy.image!r} is not an image reference (name[:tag][@digest]: a "
+            "lowercase repository path, no '..', nothing starting with '-')"
+        )
     if not allowed_image(config, deploy.image):
         raise NotAllowed(f"image {deploy.image} not in this node's workload_images")
     if deploy.engine == "process":
         return [substitute(arg, port, deploy) for arg in deploy.args]
-    if not deploy.model:
-        raise NotAllowed(f"engine {deploy.engine} needs --model")
+    check_model(deploy)
     check_args(config, deploy)
     template = [
         CONTAINER_HOST if arg == "127.0.0.1" else substitute(arg, port, deploy)
