@@ -125,9 +125,9 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     dashboard_history_points: Annotated[int, Meta(ge=2, le=1440)] = 60
     """Points each node's charts keep (with the interval: how far back they go)."""
     dashboard_streams_per_client: Annotated[int, Meta(ge=1, le=64)] = 4
-    """Live-update streams (open pages) one client holds at once: one login session, or
-    one address where the port needs no login; more are answered 429. All clients
-    together hold at most 64."""
+    """Live-update streams (open pages) one login session holds at once; more are answered
+    429. All together hold at most 64 (on a read-only loopback port without logins, where
+    no viewer can be told from another, only that bounds them)."""
     dashboard_stream_lifetime: Annotated[float, Meta(ge=1, le=3600)] = 300.0
     """Seconds a page's live-update stream stays open; then the server closes it and the
     page opens another (its login checked again, its slot contended for again), so a

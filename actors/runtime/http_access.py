@@ -126,12 +126,6 @@ def session_of(request: web.Request) -> Session | None:
     return request.get(_SESSION)
 
 
-def client_key(request: web.Request) -> str:
-    """Whom a request is counted as: its session, else its address (IPv6: its /64)."""
-    session = session_of(request)
-    return f"session {session.key[:16]}" if session else address_key(request.remote)
-
-
 class Access:
     """The checks of the module docstring, as one middleware; :meth:`install` adds it."""
 

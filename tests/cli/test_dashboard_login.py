@@ -40,9 +40,9 @@ async def test_up_prints_a_one_time_link_and_dashboard_another(tmp_path: Path) -
     banner: list[str] = []
     try:
         while not banner or not banner[-1].startswith("Ctrl-C"):
-            line = await asyncio.wait_for(up.stdout.readline(), timeout=60)
-            assert line and len(banner) < 20, "".join(banner)
-            banner.append(line.decode())
+            read = await asyncio.wait_for(up.stdout.readline(), timeout=60)
+            assert read and len(banner) < 20, "".join(banner)
+            banner.append(read.decode())
         (line,) = [line for line in banner if line.startswith("dashboard: ")]
         first = line.removeprefix("dashboard: ").strip()
         url = first.split("/ui/login?t=")[0]

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
+from aiohttp import web
 from nats.aio.msg import Msg
 
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.fleet_api import exposure
 from actors.runtime.http_login import hash_password
+from actors.runtime.supervisor import FatalError
 from schemas import codec
 from schemas.messages import Command, Cordon
 from schemas.subjects import Subjects
@@ -27,6 +32,7 @@ from tests.support.dashboard import (
     start_dashboard,
 )
 from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.pki import Pki
 
 PASSWORD = "correct horse battery"
 
@@ -236,3 +242,42 @@ async def test_guessing_passwords_gets_429(fleet: Fleet, tmp_path: Path) -> None
     status, retry = await attempt("127.0.0.3", "alice", PASSWORD)
     assert status == 429 and int(retry) > 0
     assert await attempt("127.0.0.3", "bob", PASSWORD) == (200, "")
+
+
+async def test_a_session_ends_with_its_user(fleet: Fleet, tmp_path: Path) -> None:
+    """Over TLS beyond loopback, a basic-auth login starts a session whose cookie is
+    HttpOnly, SameSite=Strict and Secure, and which lets the client in without its
+    password; once the user is removed from the users file the cookie is refused."""
+    pki = Pki(tmp_path / "tls")
+    users = users_file(tmp_path, "alice", "bob")
+    url, _ = await start_dashboard(
+        fleet,
+        http_host="0.0.0.0",
+        http_tls_cert=str(pki.dir / "server.pem"),
+        http_tls_key=str(pki.dir / "server-key.pem"),
+        http_users_file=str(users),
+    )
+    https = url.replace("http://", "https://")
+    connector = aiohttp.TCPConnector(ssl=pki.client())
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=jar) as session:
+        async with session.get(
+            https + "/nodes", headers={"Authorization": basic("alice", PASSWORD)}
+        ) as first:
+            assert first.status == 200
+            cookie = first.headers["Set-Cookie"]
+        assert cookie.startswith("fleet_session_")
+        for flag in ("HttpOnly", "SameSite=Strict", "Secure", "Path=/", "Max-Age=43200"):
+            assert flag in cookie.split("; "), cookie
+        async with session.get(https + "/nodes") as again:
+            assert again.status == 200, "the session, without the password"
+        users.write_text(users.read_text().split("\n", 1)[1])  # alice's line gone
+        async with session.get(https + "/nodes") as removed:
+            assert removed.status == 401
+
+
+def test_a_public_name_that_is_not_a_host_stops_the_start() -> None:
+    """http_public_names holding a URL (not a host name) is a one-line fatal error."""
+    config = AggregatorConfig(http_public_names=["https://fleet.example.com/"])
+    with pytest.raises(FatalError, match="not a host name or address"):
+        exposure(config, web.Application())

@@ -23,10 +23,11 @@ the browser and sent as the same signed commands ``fleetctl`` sends, from a form
 carries its session's current token (replaced after every post) and must come from the
 page's own origin.
 
-Event streams are bounded: at most ``dashboard_streams_per_client`` per client (its login
-session, or its address where the port needs no login) and :data:`MAX_STREAMS` in all,
-each closed after ``dashboard_stream_lifetime`` seconds (the page opens another), when
-its session ends, or when its reader stops reading.
+Event streams are bounded: at most ``dashboard_streams_per_client`` per login session
+and :data:`MAX_STREAMS` in all, each closed after ``dashboard_stream_lifetime`` seconds
+(the page opens another), when its session ends, or when its reader stops reading. On a
+port without logins (read-only, on loopback) every local process is trusted to read, and
+none can be told from another (one address): only the total and the lifetime bound them.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from actors.fleet.hot_state import NodeTable
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.runtime.bus import Bus, listening
 from actors.runtime.commands import new_command, publish_command
-from actors.runtime.http_access import ACCESS, client_key, session_of
+from actors.runtime.http_access import ACCESS, session_of
 from actors.runtime.login_links import LOGIN_PATH
 from actors.runtime.web import kept_open
 from schemas import codec, signing
@@ -152,7 +153,7 @@ class DashboardActor:
         self.results: dict[str, deque[CommandResult]] = {}
         self.partitions: list[lease.PartitionStatus] = []
         self.streams: Counter[str] = Counter()
-        """Open event streams by client (:func:`client_key`)."""
+        """Open event streams by session key ("" for those of a port without logins)."""
         self._snapshot: Snapshot | None = None
         self.windows = MaintenanceWindows(bus, self.subjects)
 
@@ -281,10 +282,11 @@ class DashboardActor:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """The page's live parts, re-rendered every PUSH_EVERY seconds and sent when they
         changed, and each new alert (overview) or result (node page) as it comes."""
-        client = client_key(request)
-        if self.streams[client] >= self.config.dashboard_streams_per_client:
+        session = session_of(request)
+        client = session.key if session is not None else ""
+        if client and self.streams[client] >= self.config.dashboard_streams_per_client:
             raise web.HTTPTooManyRequests(
-                headers={"Retry-After": "5"}, text="too many live pages open from this client\n"
+                headers={"Retry-After": "5"}, text="too many live pages open in this login\n"
             )
         if self.streams.total() >= MAX_STREAMS:
             raise web.HTTPServiceUnavailable(text="too many live pages open\n")
