@@ -40,6 +40,9 @@ from actors.runtime.login_links import LOGIN_PATH, LinkTokens
 log = logging.getLogger(__name__)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+HASHES_AT_ONCE = 2
+"""Password hashes (a few tenths of a second of CPU each) run at once, in threads; more
+logins wait their turn, so a flood of them cannot take the process's thread pool."""
 _NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -144,6 +147,7 @@ class Access:
         self.throttle = throttle
         self.secure = secure
         self.links = LinkTokens()
+        self._hashing = asyncio.Semaphore(HASHES_AT_ONCE)
 
     def install(self, app: web.Application) -> None:
         app.middlewares.insert(0, self.middleware)
@@ -205,8 +209,12 @@ class Access:
                 headers={"Retry-After": str(seconds)},
                 text=f"too many failed logins: try again in {seconds} s\n",
             )
-        if not await asyncio.to_thread(self.users.check, name, password):
-            self.throttle.failed(keys)
+        self.throttle.tried(keys)
+        async with self._hashing:
+            right = await asyncio.to_thread(self.users.check, name, password)
+        if right:
+            self.throttle.passed(keys)
+        else:
             log.warning(
                 "http login refused",
                 extra={"user": name[:64], "client": address_key(request.remote)},

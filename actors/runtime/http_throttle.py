@@ -51,8 +51,10 @@ class LoginThrottle:
                 longest = max(longest, failures[0] + WINDOW - now)
         return max(0.0, longest)
 
-    def failed(self, keys: Iterable[str]) -> None:
-        """Count one failed login against each of ``keys``."""
+    def tried(self, keys: Iterable[str]) -> None:
+        """Count a login try against each of ``keys`` as failed until :meth:`passed` takes
+        it back: tries running at once (their hashes take a while) are counted as they
+        start, so a burst of them cannot pass the check before any has failed."""
         now = self.clock()
         for key in keys:
             failures = self._failures.pop(key, None)
@@ -63,3 +65,10 @@ class LoginThrottle:
             failures.append(now)
             # Re-inserted last: the table stays ordered by last failure, oldest first.
             self._failures[key] = failures
+
+    def passed(self, keys: Iterable[str]) -> None:
+        """A try of each of ``keys`` succeeded: it no longer counts."""
+        for key in keys:
+            failures = self._failures.get(key)
+            if failures:
+                failures.pop()

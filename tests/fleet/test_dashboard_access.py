@@ -220,7 +220,8 @@ async def test_a_stream_closes_after_its_lifetime(fleet: Fleet) -> None:
 async def test_guessing_passwords_gets_429(fleet: Fleet, tmp_path: Path) -> None:
     """With http_login_attempts = 3: a fourth try from an address that failed three times
     is 429 with Retry-After, even with the right password; a user name that failed three
-    times (from another address) is 429 from anywhere; another user is let in."""
+    times (from another address) is 429 from anywhere; another user is let in; of ten
+    tries sent at once from a fresh address three are checked, seven refused."""
     url, _ = await start_dashboard(
         fleet,
         http_users_file=str(users_file(tmp_path, "alice", "bob")),
@@ -242,6 +243,8 @@ async def test_guessing_passwords_gets_429(fleet: Fleet, tmp_path: Path) -> None
     status, retry = await attempt("127.0.0.3", "alice", PASSWORD)
     assert status == 429 and int(retry) > 0
     assert await attempt("127.0.0.3", "bob", PASSWORD) == (200, "")
+    burst = await asyncio.gather(*(attempt("127.0.0.4", f"user{n}", "guess") for n in range(10)))
+    assert sorted(status for status, _ in burst) == [401] * 3 + [429] * 7
 
 
 async def test_a_session_ends_with_its_user(fleet: Fleet, tmp_path: Path) -> None:
@@ -281,3 +284,21 @@ def test_a_public_name_that_is_not_a_host_stops_the_start() -> None:
     config = AggregatorConfig(http_public_names=["https://fleet.example.com/"])
     with pytest.raises(FatalError, match="not a host name or address"):
         exposure(config, web.Application())
+
+
+async def test_a_page_follows_its_streams_across_their_lifetimes(
+    fleet: Fleet, browser: Any
+) -> None:
+    """With streams lasting a second, a page opens one after another by itself and stays
+    live: a node that joins after several have ended still shows."""
+    url, key = await start_dashboard(
+        fleet, allow_ui_commands=True, dashboard_stream_lifetime=1.0, dashboard_streams_per_client=1
+    )
+    page = await browser.new_page()
+    opened: list[str] = []
+    page.on("request", lambda r: opened.append(r.url) if "/ui/events" in r.url else None)
+    await page.goto(link(url, key))
+    await wait_for(lambda: len(opened) >= 4, timeout=30)
+    await fleet.start_agent(fleet.config("n1"))
+    await page.wait_for_selector("tr[data-node='n1']", timeout=20_000)
+    await page.wait_for_selector("#live.on", timeout=10_000)

@@ -139,13 +139,20 @@ def test_failed_logins_are_counted_per_address_and_name() -> None:
     keys = ("address 192.0.2.1", "user alice")
     for _ in range(3):
         assert throttle.wait(keys) == 0
-        throttle.failed(keys)
+        throttle.tried(keys)
         clock.now += 1
     assert throttle.wait(["user alice"]) == pytest.approx(WINDOW - 3)
     assert throttle.wait(["address 192.0.2.1", "user bob"]) > 0
     assert throttle.wait(["address 192.0.2.2", "user bob"]) == 0
     clock.now += WINDOW
     assert throttle.wait(keys) == 0
+    throttle.tried(["user carol"])
+    throttle.tried(["user carol"])
+    throttle.passed(["user carol"])
+    throttle.tried(["user carol"])
+    assert throttle.wait(["user carol"]) == 0, "a passed try does not count"
+    throttle.tried(["user carol"])
+    assert throttle.wait(["user carol"]) > 0
     assert address_key("2001:db8:1:2::7") == address_key("2001:db8:1:2:ffff::1")
     assert address_key("2001:db8:1:3::7") != address_key("2001:db8:1:2::7")
     assert address_key("::ffff:192.0.2.1") == address_key("192.0.2.1") == "address 192.0.2.1"
