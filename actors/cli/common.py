@@ -78,6 +78,7 @@ SINGULAR_FLAGS = {
     "engines": "engine",
     "peers": "peer",
     "trust_operators": "trust-operator",
+    "http_public_names": "http-public-name",
     "workloads_operators": "workloads-operator",
     "required_binaries": "require-binary",
     "required_modules": "require-module",

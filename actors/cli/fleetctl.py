@@ -72,6 +72,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         stale_after=args.stale_after or 3 * args.heartbeat_interval,
         gpus_per_node=args.gpus_per_node,
+        allow_ui_commands=args.allow_ui_commands,
     )
     return await run_up(options)
 
@@ -190,6 +191,12 @@ def parser() -> argparse.ArgumentParser:
         default=8,
         help="N simulated GPUs per agent (default 8); real: this machine's GPUs through "
         "NVML (an error without NVML); auto: real if NVML works, else 8 simulated",
+    )
+    up.add_argument(
+        "--allow-ui-commands",
+        action="store_true",
+        help="the dashboard sends cordon, drain and uncordon (signed with the operator "
+        "key) after a login: the banner prints a one-time login link",
     )
     up.set_defaults(func=cmd_up)
 

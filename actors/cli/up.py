@@ -5,7 +5,9 @@ with fake GPUs (or, with ``--gpus-per-node real``/``auto``, this machine's own G
 through NVML by every agent), auto-approved, in this process. The operator key
 ``STORE/operator.nk`` is trusted by every agent, so fleetctl commands work against the
 embedded fleet at once; the aggregator runs the workload reconciler with it (placed
-workloads are kept running).
+workloads are kept running). With ``--allow-ui-commands`` the dashboard sends cordon,
+drain and uncordon signed with that key too, and needs a login: the banner prints a
+one-time link.
 Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
 """
 
@@ -38,6 +40,7 @@ from actors.runtime import logs
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError
 from actors.runtime.embedded import NatsServer, ServerError
+from actors.runtime.login_links import login_link
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
 from schemas.errors import FleetError
@@ -61,6 +64,8 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     gpus_per_node: GpusPerNode = 8
     """N simulated GPUs per agent, ``real`` (NVML) or ``auto`` (real if NVML works)."""
     refresh: float = 1.0
+    allow_ui_commands: bool = False
+    """The dashboard sends commands (signed with the operator key), after a login."""
 
 
 def default_store() -> Path:
@@ -184,6 +189,8 @@ async def run_up(options: UpOptions) -> int:
             http_port=0,
             trust_operators=[operator.public_key],
             workloads_key_file=str(options.store / "operator.nk"),
+            allow_ui_commands=options.allow_ui_commands,
+            ui_key_file=str(options.store / "operator.nk") if options.allow_ui_commands else "",
         )
         provider = ProviderActors(aggregator_config, bus, metrics)
         fleet_http = provider.http
@@ -199,7 +206,7 @@ async def run_up(options: UpOptions) -> int:
             await agent.start()
             agents.append(agent)
         sys.stdout.write(
-            f"NATS: {server.url}\ndashboard: http://127.0.0.1:{fleet_http.port}/\n"
+            f"NATS: {server.url}\n{dashboard_lines(fleet_http.port, operator, options)}"
             f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
             "for fleetctl and node-agent in another shell (this server, this operator key):\n"
@@ -221,6 +228,18 @@ async def run_up(options: UpOptions) -> int:
         await asyncio.to_thread(server.stop)
         sys.stdout.write("stopped.\n")
     return 0
+
+
+def dashboard_lines(port: int | None, key: signing.KeyPair, options: UpOptions) -> str:
+    """The banner's dashboard line: its URL, or with commands on a one-time login link
+    and how to print another."""
+    url = f"http://127.0.0.1:{port}"
+    if not options.allow_ui_commands:
+        return f"dashboard: {url}/\n"
+    return (
+        f"dashboard: {login_link(url, key, time.time())}\n"
+        f"  (a one-time login link; another: fleetctl dashboard --url {url})\n"
+    )
 
 
 GOODBYE_WAIT = 5.0

@@ -124,11 +124,27 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     holds gets one point per interval)."""
     dashboard_history_points: Annotated[int, Meta(ge=2, le=1440)] = 60
     """Points each node's charts keep (with the interval: how far back they go)."""
+    dashboard_streams_per_client: Annotated[int, Meta(ge=1, le=64)] = 4
+    """Live-update streams (open pages) one login session holds at once; more are answered
+    429. All together hold at most 64 (on a read-only loopback port without logins, where
+    no viewer can be told from another, only that bounds them)."""
+    dashboard_stream_lifetime: Annotated[float, Meta(ge=1, le=3600)] = 300.0
+    """Seconds a page's live-update stream stays open; then the server closes it and the
+    page opens another (its login checked again, its slot contended for again), so a
+    page left open or a client gone away holds its slot no longer than this."""
     allow_ui_commands: bool = False
     """Let the dashboard send cordon, drain and uncordon, signed with ``ui_key_file``,
-    after a confirmation in the browser. Off: the page is read-only."""
+    after a confirmation in the browser. Off: the page is read-only. On: every request to
+    the HTTP port, from loopback too, needs a login: a one-time link (``fleetctl
+    dashboard``) or a user of http_users_file."""
     ui_key_file: str = ""
-    """The operator key (nkey seed file) that signs the dashboard's commands."""
+    """The operator key (nkey seed file) that signs the dashboard's commands, and the
+    one-time login links ``fleetctl dashboard`` prints."""
+    ui_session_lifetime: Annotated[float, Meta(ge=60, le=7 * 86_400)] = 43_200.0
+    """Seconds a dashboard login (its session cookie) lasts at most, however used."""
+    ui_session_idle: Annotated[float, Meta(ge=60, le=7 * 86_400)] = 3600.0
+    """Seconds a dashboard login lasts without a request (an open page's stream, opened
+    again every dashboard_stream_lifetime, counts)."""
     http_tls_cert: str = ""
     """PEM certificate the HTTP port serves TLS with (needs http_tls_key); required,
     with http_users_file, when http_host is not a loopback address."""
@@ -137,8 +153,16 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     http_users_file: str = ""
     """Users who may open the HTTP port, one ``name:pbkdf2_sha256$...`` line each
     (``fleetctl ui-user NAME`` writes one); read again when it changes."""
+    http_login_attempts: Annotated[int, Meta(ge=1, le=1000)] = 10
+    """Failed logins (http_users_file) allowed per minute from one client address (an
+    IPv6 /64) and for one user name; beyond, tries are answered 429 with Retry-After."""
     http_host: str = "127.0.0.1"
     """Address the HTTP server (``/nodes``, ``/metrics``, ``/healthz``) listens on."""
+    http_public_names: list[str] = []
+    """Host names (or addresses) clients reach the HTTP port by, beyond http_host, the
+    address a connection arrives on and ``localhost``: a request whose ``Host`` is none
+    of these is refused (421), which stops DNS rebinding. Names only, no scheme or port:
+    ``fleet.example.com``."""
     http_port: Annotated[int, Meta(ge=-1, le=65535)] = 9092
     """``/nodes``, ``/nodes/<id>`` and ``/metrics``; 0 picks a free port, -1 serves nothing."""
 

@@ -38,7 +38,10 @@ from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NotProvisioned
-from actors.runtime.http_login import Users, is_loopback, login_required
+from actors.runtime.http_access import Access, Hosts
+from actors.runtime.http_login import Users, is_loopback
+from actors.runtime.http_sessions import Sessions
+from actors.runtime.http_throttle import LoginThrottle
 from actors.runtime.supervisor import FatalError, StatusSource
 from actors.runtime.tls import server_context
 from actors.runtime.web import health_page, prometheus_page, serving
@@ -111,19 +114,29 @@ class EncodedRecords(MutableMapping[str, NodeRecord]):
 
 
 def exposure(config: AggregatorConfig, app: web.Application) -> ssl.SSLContext | None:
-    """TLS and the login check for the HTTP port, as configured. Served beyond loopback
-    with the dashboard on, both are required: a FatalError says what to set."""
+    """TLS and the access checks of the HTTP port (:mod:`actors.runtime.http_access`), as
+    configured: the Host of every request; a login for every request with a users file,
+    or with the dashboard's commands on (loopback too). Served beyond loopback with the
+    dashboard on, TLS and a users file are required: a FatalError says what to set."""
     tls = None
     if config.http_tls_cert or config.http_tls_key:
         tls = server_context(config.http_tls_cert, config.http_tls_key)
-    if config.http_users_file:
-        app.middlewares.insert(0, login_required(Users(config.http_users_file)))
     if config.dashboard and not is_loopback(config.http_host):
         if tls is None or not config.http_users_file:
             raise FatalError(
                 f"http_host {config.http_host} serves the dashboard beyond this machine: set "
                 "http_tls_cert, http_tls_key and http_users_file (or dashboard = false)"
             )
+    users = Users(config.http_users_file) if config.http_users_file else None
+    sessions = None
+    if users is not None or (config.dashboard and config.allow_ui_commands):
+        sessions = Sessions(config.ui_session_lifetime, config.ui_session_idle)
+    try:
+        hosts = Hosts(config.http_host, config.http_public_names)
+    except ValueError as exc:
+        raise FatalError(f"http_public_names: {exc}") from None
+    throttle = LoginThrottle(config.http_login_attempts)
+    Access(hosts, sessions, users, throttle, secure=tls is not None).install(app)
     return tls
 
 

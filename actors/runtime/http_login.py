@@ -1,8 +1,10 @@
-"""Who may open an HTTP port exposed beyond loopback (the aggregator's): users in a file,
+"""Who may log in to an HTTP port with a password (the aggregator's): users in a file,
 each a line ``name:pbkdf2_sha256$<iterations>$<salt>$<hash>`` (``fleetctl ui-user NAME``
-writes one), checked by HTTP basic auth over TLS. The file is read again when it
-changes, so a user is added or removed without a restart. Passwords are never stored,
-only PBKDF2-SHA256 hashes (hashlib), compared in constant time."""
+writes one), checked by HTTP basic auth. The file is read again when it changes, so a
+user is added or removed without a restart. Passwords are never stored, only
+PBKDF2-SHA256 hashes (hashlib), compared in constant time; a name that is not in the
+file is hashed against a dummy line of the same cost, so the answer's timing does not
+say whether the user exists. Failed logins are counted by :mod:`.http_throttle`."""
 
 from __future__ import annotations
 
@@ -15,15 +17,13 @@ import os
 import secrets
 from pathlib import Path
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-
 from actors.runtime.config import ConfigError
 
 ITERATIONS = 600_000
 """OWASP's figure for PBKDF2-HMAC-SHA256 (2023)."""
 SCHEME = "pbkdf2_sha256"
 REALM = 'Basic realm="fleet", charset="UTF-8"'
+_DUMMY_SALT = secrets.token_hex(16)
 
 
 def hash_password(password: str, iterations: int = ITERATIONS) -> str:
@@ -44,6 +44,18 @@ def check_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(got, expected)
 
 
+def credentials(header: str) -> tuple[str, str] | None:
+    """(name, password) of a ``Basic`` Authorization value; None for anything else."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        name, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (name, password) if sep and name else None
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -60,6 +72,8 @@ class Users:
         self.path = Path(path)
         self._stamp: int | None = None
         self._users: dict[str, str] = {}
+        self._dummy = f"{SCHEME}${ITERATIONS}${_DUMMY_SALT}${'00' * 32}"
+        """Checked for a name not in the file: the cost of the file's first user's hash."""
         self._read()
 
     def _read(self) -> None:
@@ -75,29 +89,20 @@ class Users:
             name, sep, stored = line.strip().partition(":")
             if sep and name and not name.startswith("#"):
                 users[name] = stored
+        iterations = next(
+            (s.split("$")[1] for s in users.values() if s.count("$") == 3), str(ITERATIONS)
+        )
+        self._dummy = f"{SCHEME}${iterations}${_DUMMY_SALT}${'00' * 32}"
         self._users, self._stamp = users, stamp
 
-    def allows(self, header: str) -> bool:
-        """``header`` (an Authorization value) names a user with the right password."""
+    def stored(self, name: str) -> str | None:
+        """``name``'s hash line as the file says now; None if it names no user."""
         self._read()
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            name, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        stored = self._users.get(name)
-        return stored is not None and check_password(password, stored)
+        return self._users.get(name)
 
-
-def login_required(users: Users) -> Middleware:
-    """A middleware answering 401 (with the realm, so browsers ask) without a user's login."""
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not users.allows(request.headers.get("Authorization", "")):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": REALM})
-        return await handler(request)
-
-    return check
+    def check(self, name: str, password: str) -> bool:
+        """``name`` is a user and ``password`` is theirs. Takes one PBKDF2 hash whether
+        the user exists or not (blocking: call it in a thread)."""
+        stored = self.stored(name)
+        right = check_password(password, self._dummy if stored is None else stored)
+        return stored is not None and right

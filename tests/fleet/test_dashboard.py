@@ -5,11 +5,8 @@ page reaches the node and its result shows."""
 
 from __future__ import annotations
 
-import base64
-import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +18,7 @@ from aiohttp import web
 from actors.cli import node_agent as node_cli
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.dashboard import render
-from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
-from actors.fleet.fleet_api import FleetApiActor, exposure
-from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.fleet_api import exposure
 from actors.fleet.registry import approve
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
@@ -32,47 +27,10 @@ from schemas.events import Capacity, Gpu, Health, HealthCheck, Inject, Sample, X
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.subjects import BUCKET_MAINTENANCE, Subjects
 from schemas.xid_catalog import XID_TABLE
-from tests.support.fleet import (
-    Fleet,
-    heartbeat,
-    new_aggregator,
-    wait_for,
-    wait_record,
-)
+from tests.support.dashboard import basic, client, link, logged_in, start_dashboard
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
 from tests.support.observability import agent_process
 from tests.support.pki import Pki
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    """Headless Chromium, or a skip saying why there is none."""
-    path = shutil.which("chromium")
-    if path is None:
-        pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (the test extra brings it)")
-    async with async_playwright() as driver:
-        launched = await driver.chromium.launch(executable_path=path, args=["--no-sandbox"])
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
-    """An aggregator, its fleet API and the dashboard on it; the page's base URL."""
-    aggregator = new_aggregator(fleet.bus, fleet.prefix, **settings)
-    metrics = aggregator.metrics
-    assert isinstance(metrics, AggregatorMetrics)
-    config = msgspec.structs.replace(aggregator.config, http_port=0)
-    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
-    key = signing.KeyPair.generate() if settings.get("allow_ui_commands") else None
-    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes), key)
-    api.routes = dashboard.routes
-    await fleet.start_supervisor(aggregator, api, dashboard)
-    return f"http://127.0.0.1:{api.port}", key
 
 
 async def test_rows_follow_the_fleet_live(fleet: Fleet, browser: Any, tmp_path: Path) -> None:
@@ -113,6 +71,7 @@ async def test_node_page_charts_and_a_cordon_from_the_page(fleet: Fleet, browser
     await fleet.start_agent(config)
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active", 30)
     page = await browser.new_page()
+    await page.goto(link(url, key))  # the one-time link logs the browser in
     await page.goto(url + "/ui/nodes/n1")
 
     async def charted() -> bool:
@@ -133,22 +92,28 @@ async def test_node_page_charts_and_a_cordon_from_the_page(fleet: Fleet, browser
 
 
 async def test_commands_are_refused_without_the_setting_or_the_page_token(fleet: Fleet) -> None:
-    """Read-only by default (403, no buttons); with commands on, a post without the page's
-    token or from another site is refused."""
+    """Read-only by default (403, no buttons); with commands on, a logged-in post without
+    the page's token or from another site is refused."""
     url, _ = await start_dashboard(fleet)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + "/ui/nodes/n1/command", data={"action": "drain"}) as off:
-            assert off.status == 403
-    url, _ = await start_dashboard(fleet, allow_ui_commands=True)
-    async with aiohttp.ClientSession() as session:
+    async with client() as session:
         async with session.post(
-            url + "/ui/nodes/n1/command", data={"action": "drain", "token": "guess"}
+            url + "/ui/nodes/n1/command", data={"action": "drain"}, headers={"Origin": url}
+        ) as off:
+            assert off.status == 403
+            assert "commands from the page are off" in await off.text()
+    url, key = await start_dashboard(fleet, allow_ui_commands=True)
+    async with client() as session:
+        await logged_in(session, url, key)
+        async with session.post(
+            url + "/ui/nodes/n1/command",
+            data={"action": "drain", "token": "guess"},
+            headers={"Origin": url},
         ) as forged:
             assert forged.status == 403
         async with session.post(
             url + "/ui/nodes/n1/command",
             data={"action": "drain"},
-            headers={"Sec-Fetch-Site": "cross-site"},
+            headers={"Sec-Fetch-Site": "cross-site", "Origin": url},
         ) as foreign:
             assert foreign.status == 403
 
@@ -239,10 +204,6 @@ def test_passwords_are_hashed_and_checked() -> None:
     stored = hash_password("s3cret", iterations=1000)
     assert check_password("s3cret", stored) and not check_password("other", stored)
     assert not check_password("s3cret", "md5$1$00$00")
-
-
-def basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def test_exposed_without_tls_and_login_is_refused() -> None:

@@ -16,9 +16,18 @@ latest command results per node (``fleet.result.>``), the partitions' holders an
 holds (:mod:`.history`, sampled every ``dashboard_history_interval``).
 
 Read-only unless the aggregator runs with ``allow_ui_commands`` and an operator key
-(``ui_key_file``): then a node page has cordon, drain and uncordon buttons, confirmed in
+(``ui_key_file``): then every request needs a login (the port's access checks,
+:mod:`actors.runtime.http_access`: a one-time link redeemed at ``/ui/login``, or a user
+of the users file), and a node page has cordon, drain and uncordon buttons, confirmed in
 the browser and sent as the same signed commands ``fleetctl`` sends, from a form that
-carries this process's random token and must come from the page's own origin.
+carries its session's current token (replaced after every post) and must come from the
+page's own origin.
+
+Event streams are bounded: at most ``dashboard_streams_per_client`` per login session
+and :data:`MAX_STREAMS` in all, each closed after ``dashboard_stream_lifetime`` seconds
+(the page opens another), when its session ends, or when its reader stops reading. On a
+port without logins (read-only, on loopback) every local process is trusted to read, and
+none can be told from another (one address): only the total and the lifetime bound them.
 """
 
 from __future__ import annotations
@@ -26,9 +35,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from importlib import resources
 from typing import Protocol
@@ -46,6 +54,8 @@ from actors.fleet.hot_state import NodeTable
 from actors.fleet.maintenance import MaintenanceWindows
 from actors.runtime.bus import Bus, listening
 from actors.runtime.commands import new_command, publish_command
+from actors.runtime.http_access import ACCESS, session_of
+from actors.runtime.login_links import LOGIN_PATH
 from actors.runtime.web import kept_open
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, SignatureError
@@ -83,6 +93,8 @@ SAMPLE_CHUNK = 1000
 """Nodes sampled between two yields to the event loop."""
 MAX_STREAMS = 64
 """Event streams open at once; more are answered 503 (each holds a connection)."""
+WRITE_TIMEOUT = 10.0
+"""Seconds one write to an event stream may wait for its reader; then it is closed."""
 STATIC = ("dashboard.css", "dashboard.js")
 
 
@@ -140,9 +152,8 @@ class DashboardActor:
         self._alert_seq = 0
         self.results: dict[str, deque[CommandResult]] = {}
         self.partitions: list[lease.PartitionStatus] = []
-        self.token = secrets.token_urlsafe(24)
-        """Carried by the page's command form: a form posted from elsewhere lacks it."""
-        self.streams = 0
+        self.streams: Counter[str] = Counter()
+        """Open event streams by session key ("" for those of a port without logins)."""
         self._snapshot: Snapshot | None = None
         self.windows = MaintenanceWindows(bus, self.subjects)
 
@@ -157,6 +168,18 @@ class DashboardActor:
         app.router.add_get("/ui/events", self.events)
         app.router.add_post("/ui/nodes/{node}/command", self.command)
         app.router.add_get("/ui/static/{name}", self.static)
+        if self.key is not None:
+            app.router.add_get(LOGIN_PATH, self.login)
+
+    async def login(self, request: web.Request) -> web.Response:
+        """A one-time link (``fleetctl dashboard``) exchanged for a session cookie."""
+        assert self.key is not None  # routed only with commands on
+        if not request.app[ACCESS].log_in_with_link(request, self.key.public_key):
+            raise web.HTTPForbidden(
+                text="this login link is used, expired or not this dashboard's: "
+                "print another with 'fleetctl dashboard'\n"
+            )
+        raise web.HTTPSeeOther("/", headers={"Cache-Control": "no-store"})
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -238,9 +261,10 @@ class DashboardActor:
         )
         history = render.entries(streams_history.merged(alerts, results))
         actions = ""
-        if self.key is not None:
+        session = session_of(request)
+        if self.key is not None and session is not None:
             actions = (
-                f"<section><h2>Actions</h2>{render.actions_form(node, self.token)}"
+                f"<section><h2>Actions</h2>{render.actions_form(node, session.form_token)}"
                 f'<h3>Results</h3><ul id="results">{parts["results"]}</ul></section>'
             )
         notice = request.query.get("sent", "")
@@ -258,29 +282,51 @@ class DashboardActor:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """The page's live parts, re-rendered every PUSH_EVERY seconds and sent when they
         changed, and each new alert (overview) or result (node page) as it comes."""
-        if self.streams >= MAX_STREAMS:
-            raise web.HTTPServiceUnavailable(text="too many live pages open")
+        session = session_of(request)
+        client = session.key if session is not None else ""
+        if client and self.streams[client] >= self.config.dashboard_streams_per_client:
+            raise web.HTTPTooManyRequests(
+                headers={"Retry-After": "5"}, text="too many live pages open in this login\n"
+            )
+        if self.streams.total() >= MAX_STREAMS:
+            raise web.HTTPServiceUnavailable(text="too many live pages open\n")
         node = request.query.get("node", "")
         query = query_of(request)
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
         )
-        await response.prepare(request)
-        self.streams += 1
+        self.streams[client] += 1
         try:
+            await response.prepare(request)
             with kept_open(request):
-                await self._stream(response, node, query)
-        except ConnectionResetError:
-            pass  # the page went away
+                await self._stream(request, response, node, query)
+        except (ConnectionResetError, TimeoutError):
+            pass  # the page went away, or stopped reading
         finally:
-            self.streams -= 1
+            self.streams[client] -= 1
+            if not self.streams[client]:
+                del self.streams[client]
         return response
 
-    async def _stream(self, response: web.StreamResponse, node: str, query: render.Query) -> None:
+    def _streaming(self, request: web.Request, until: float) -> bool:
+        """The stream of ``request`` may go on: within its lifetime, its session live."""
+        session = session_of(request)
+        if session is not None and not request.app[ACCESS].alive(session):
+            return False
+        return time.monotonic() < until
+
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
+        async with asyncio.timeout(WRITE_TIMEOUT):
+            await response.write(data)
+
+    async def _stream(
+        self, request: web.Request, response: web.StreamResponse, node: str, query: render.Query
+    ) -> None:
         sent: dict[str, str] = {}
         seen = self._alert_seq
-        await response.write(b"retry: 2000\n\n")
-        while True:
+        until = time.monotonic() + self.config.dashboard_stream_lifetime
+        await self._write(response, b"retry: 2000\n\n")
+        while self._streaming(request, until):
             names: tuple[str, ...]
             if node:
                 parts = await self._node_parts(node) or {}
@@ -291,14 +337,16 @@ class DashboardActor:
             for name in names:
                 digest = hashlib.sha256(parts.get(name, "").encode()).hexdigest()
                 if sent.get(name) != digest:
-                    await response.write(event(name, parts.get(name, "")))
+                    await self._write(response, event(name, parts.get(name, "")))
                     sent[name] = digest
             if not node:
                 for number, alert in list(self.alerts):
                     if number > seen:
-                        await response.write(event("alert", render.alert_item(alert)))
+                        await self._write(response, event("alert", render.alert_item(alert)))
                 seen = self._alert_seq
-            await asyncio.sleep(self.fleet().refresh)
+            await asyncio.sleep(max(0.0, min(self.fleet().refresh, until - time.monotonic())))
+        # The page opens a new stream at once (its login and its slot checked again).
+        await self._write(response, event("reconnect", ""))
 
     async def command(self, request: web.Request) -> web.Response:
         """A confirmed cordon, drain or uncordon from a node page, sent signed."""
@@ -309,8 +357,9 @@ class DashboardActor:
             )
         if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
             raise web.HTTPForbidden(text="a command must come from this dashboard's own page")
+        session = session_of(request)
         form = await request.post()
-        if not secrets.compare_digest(str(form.get("token", "")), self.token):
+        if session is None or not session.take_form_token(str(form.get("token", ""))):
             raise web.HTTPForbidden(text="stale or foreign form: reload the page")
         action_name = str(form.get("action", ""))
         actions: dict[str, Action] = {"cordon": Cordon(), "drain": Drain(), "uncordon": Uncordon()}

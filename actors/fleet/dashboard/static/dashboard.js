@@ -27,27 +27,38 @@
   });
 
   if (!stream) return;
-  // EventSource reconnects by itself after an error; the banner says while it is down.
-  const source = new EventSource(stream);
-  source.onopen = () => {
-    live.textContent = "live";
-    live.className = "live on";
-  };
-  source.onerror = () => {
-    live.textContent = "disconnected: reconnecting…";
-    live.className = "live off";
-  };
-  for (const id of ["rows", "pager", "counts", "aggregators", "detail", "charts", "results"]) {
-    source.addEventListener(id, (event) => {
-      const element = document.getElementById(id);
-      if (element) element.innerHTML = event.data;
-      tick();
+  // EventSource reconnects by itself after a dropped connection; after a refusal (too
+  // many pages open, the login ended) it gives up, so the page tries again in 5 s. The
+  // server ends each stream after a while with a "reconnect" event: a new one opens at
+  // once. The banner says while the stream is down.
+  function connect() {
+    const source = new EventSource(stream);
+    source.onopen = () => {
+      live.textContent = "live";
+      live.className = "live on";
+    };
+    source.onerror = () => {
+      live.textContent = "disconnected: reconnecting…";
+      live.className = "live off";
+      if (source.readyState === EventSource.CLOSED) setTimeout(connect, 5000);
+    };
+    source.addEventListener("reconnect", () => {
+      source.close();
+      connect();
+    });
+    for (const id of ["rows", "pager", "counts", "aggregators", "detail", "charts", "results"]) {
+      source.addEventListener(id, (event) => {
+        const element = document.getElementById(id);
+        if (element) element.innerHTML = event.data;
+        tick();
+      });
+    }
+    source.addEventListener("alert", (event) => {
+      const feed = document.getElementById("alerts");
+      if (!feed) return;
+      feed.insertAdjacentHTML("afterbegin", event.data);
+      while (feed.children.length > 50) feed.lastElementChild.remove();
     });
   }
-  source.addEventListener("alert", (event) => {
-    const feed = document.getElementById("alerts");
-    if (!feed) return;
-    feed.insertAdjacentHTML("afterbegin", event.data);
-    while (feed.children.length > 50) feed.lastElementChild.remove();
-  });
+  connect();
 })();

@@ -1,0 +1,90 @@
+"""The dashboard as the tests run it: an aggregator, its fleet API and the dashboard on a
+free loopback port, headless Chromium (Debian's ``chromium`` through Playwright's
+``executable_path``), and the logins a test needs (a one-time link, basic auth)."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.fleet_api import FleetApiActor
+from actors.fleet.metrics import AggregatorMetrics
+from actors.runtime.login_links import login_link
+from schemas import signing
+from tests.support.fleet import Fleet, new_aggregator
+
+
+async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
+    """An aggregator, its fleet API and the dashboard on it; the page's base URL and,
+    with ``allow_ui_commands``, the key it signs commands and login links with."""
+    aggregator = new_aggregator(fleet.bus, fleet.prefix, **settings)
+    metrics = aggregator.metrics
+    assert isinstance(metrics, AggregatorMetrics)
+    config = msgspec.structs.replace(aggregator.config, http_port=0)
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
+    key = signing.KeyPair.generate() if settings.get("allow_ui_commands") else None
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes), key)
+    api.routes = dashboard.routes
+    await fleet.start_supervisor(aggregator, api, dashboard)
+    return f"http://127.0.0.1:{api.port}", key
+
+
+@asynccontextmanager
+async def launched_browser() -> AsyncIterator[Any]:
+    """Headless Chromium, or a skip saying why there is none."""
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (the test extra brings it)")
+    async with async_playwright() as driver:
+        launched = await driver.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+def link(url: str, key: signing.KeyPair) -> str:
+    """A fresh one-time login link to the dashboard at ``url``."""
+    return login_link(url, key, time.time())
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def client() -> aiohttp.ClientSession:
+    """A plain client that keeps cookies of an IP-addressed host (aiohttp's default jar
+    drops them), with a bound on each request."""
+    return aiohttp.ClientSession(
+        cookie_jar=aiohttp.CookieJar(unsafe=True),
+        timeout=aiohttp.ClientTimeout(total=30),
+        connector=aiohttp.TCPConnector(limit=0),
+    )
+
+
+async def logged_in(session: aiohttp.ClientSession, url: str, key: signing.KeyPair) -> None:
+    """``session`` holds a dashboard login: a one-time link redeemed, its cookie kept."""
+    async with session.get(link(url, key), allow_redirects=False) as answer:
+        assert answer.status == 303, await answer.text()
+    assert any(cookie.key.startswith("fleet_session_") for cookie in session.cookie_jar)
+
+
+async def form_token(session: aiohttp.ClientSession, url: str, node: str) -> str:
+    """The command form's token on ``node``'s page, as the session sees it now."""
+    async with session.get(f"{url}/ui/nodes/{node}") as page:
+        text = await page.text()
+        assert page.status == 200, text
+    return text.split('name="token" value="', 1)[1].split('"', 1)[0]
