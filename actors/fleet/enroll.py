@@ -225,11 +225,15 @@ async def _admit(
     taken = await _take_use(bus, subjects, claims.id, node)
     if taken:
         return Decision(False, taken)
+    now = time.time()
     entry = TrustEntry(
         node_id=node,
         public_key=registration.public_key,
-        approved_at=time.time(),
+        approved_at=now,
         approved_by=f"enroll:{claims.id}",
+        identity=registration.identity,
+        identity_by=f"enroll:{claims.id}" if registration.identity is not None else "",
+        identity_at=now if registration.identity is not None else None,
     )
     try:
         await trust.create(node, codec.encode(entry))

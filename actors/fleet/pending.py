@@ -25,7 +25,7 @@ import msgspec
 
 from actors.fleet import record_rules
 from schemas.base import MAX_NAME
-from schemas.messages import MAX_CANDIDATES, Candidate, NodeRecord
+from schemas.messages import MAX_CANDIDATES, Candidate, NodeIdentity, NodeRecord
 
 REQUEST_INFO = "Nats-Request-Info"
 LOGIN = "login:"
@@ -55,12 +55,29 @@ def login_of(headers: Mapping[str, str] | None) -> str:
 
 
 def new_record(
-    node: str, cluster: str, public_key: str, login: str, now: float, approved: bool = False
+    node: str,
+    cluster: str,
+    public_key: str,
+    login: str,
+    now: float,
+    approved: bool = False,
+    identity: NodeIdentity | None = None,
 ) -> NodeRecord:
-    """The pending record a first registration makes; one whose key is ``approved`` (an
-    enrollment token, an earlier approve) awaits only its first heartbeat, not approval."""
+    """The pending record a first registration makes, with the ``identity`` it carried;
+    one whose key is ``approved`` (an enrollment token, an earlier approve) awaits only
+    its first heartbeat, not approval."""
     record = record_rules.pending_record(node, cluster, public_key, since=now, approved=approved)
-    return msgspec.structs.replace(record, registered_by=login)
+    return msgspec.structs.replace(record, registered_by=login, registered_identity=identity)
+
+
+def identity_of_key(record: NodeRecord, public_key: str) -> NodeIdentity | None:
+    """The identity the registration of ``public_key`` carried, while ``record`` is
+    pending; None otherwise."""
+    if record.state != "pending":
+        return None
+    if record.public_key == public_key:
+        return record.registered_identity
+    return next((c.identity for c in record.candidates if c.public_key == public_key), None)
 
 
 def keys(record: NodeRecord) -> list[str]:
@@ -78,13 +95,21 @@ def _open_to(record: NodeRecord, public_key: str) -> bool:
 
 
 def with_candidate(
-    record: NodeRecord, public_key: str, cluster: str, now: float, login: str = ""
+    record: NodeRecord,
+    public_key: str,
+    cluster: str,
+    now: float,
+    login: str = "",
+    identity: NodeIdentity | None = None,
 ) -> NodeRecord | None:
-    """``record`` with ``public_key`` added as a candidate; None when it is one already,
-    the record is not an unapproved pending one, or it holds MAX_CANDIDATES."""
+    """``record`` with ``public_key`` added as a candidate (with the ``identity`` its
+    registration carried); None when it is one already, the record is not an unapproved
+    pending one, or it holds MAX_CANDIDATES."""
     if not _open_to(record, public_key) or len(record.candidates) >= MAX_CANDIDATES:
         return None
-    added = Candidate(public_key=public_key, cluster=cluster, since=now, registered_by=login)
+    added = Candidate(
+        public_key=public_key, cluster=cluster, since=now, registered_by=login, identity=identity
+    )
     return msgspec.structs.replace(record, candidates=[*record.candidates, added])
 
 

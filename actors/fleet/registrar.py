@@ -127,11 +127,19 @@ class Registrar:
                 if new_refusal:
                     return None
                 return pending.new_record(
-                    node, registration.cluster, signer, login, now, approved=status == "active"
+                    node,
+                    registration.cluster,
+                    signer,
+                    login,
+                    now,
+                    approved=status == "active",
+                    identity=registration.identity,
                 )
             if candidate_refusal or status == "active":
                 return None
-            return pending.with_candidate(record, signer, registration.cluster, now, login)
+            return pending.with_candidate(
+                record, signer, registration.cluster, now, login, registration.identity
+            )
 
         before, written, revision = await self.store.update(node, change)
         if written is not None:
