@@ -93,6 +93,12 @@ class NodeIdentity(Wire, frozen=True, kw_only=True):
     gpu_count: Count = 0
 
 
+MAX_IDENTITY_BYTES = 4096
+"""The most bytes an identity is recorded with (encoded): a 64-GPU node's takes about
+3 KB. A larger one (only a forger's) is not recorded, so pending records and trust
+entries stay small whatever a registration or a heartbeat says."""
+
+
 def identity_of(hostname: str, gpus: list[Gpu]) -> NodeIdentity:
     """The identity a host name and GPU readings give (a registration, a heartbeat's
     sample)."""
@@ -335,8 +341,6 @@ class Candidate(Wire, frozen=True, kw_only=True):
     registered_by: Name = ""
     """The NATS login that sent the registration (``ACCOUNT/USER``), where the server
     says it; empty otherwise."""
-    identity: NodeIdentity | None = None
-    """The identity the registration with this key carried."""
 
 
 class NodeRecord(Wire, frozen=True, kw_only=True):
@@ -413,9 +417,9 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     GPU (NVML failing), not that no sample came yet; so a set that goes from none to some
     raises ``hardware_changed`` too. Records of older aggregators lack it (false)."""
     registered_identity: NodeIdentity | None = None
-    """While pending: the identity the registration of ``public_key`` carried, which
-    ``fleetctl approve`` records as the node's enrolled identity (the candidates carry
-    their own). Cleared when a heartbeat is accepted."""
+    """While pending: the identity the registration of ``public_key`` carried (at most
+    ``MAX_IDENTITY_BYTES``), which ``fleetctl approve`` records as the node's enrolled
+    identity; the candidates' are not kept. Cleared when a heartbeat is accepted."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]

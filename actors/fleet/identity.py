@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 
 from schemas import codec
-from schemas.messages import NodeIdentity, NodeRecord, identity_of
+from schemas.messages import MAX_IDENTITY_BYTES, NodeIdentity, NodeRecord, identity_of
 
 
 def claimed(record: NodeRecord) -> NodeIdentity | None:
@@ -38,6 +38,13 @@ def differences(enrolled: NodeIdentity | None, claims: NodeIdentity | None) -> l
     if new:
         found.append(f"GPU {', '.join(new)} (not enrolled)")
     return found
+
+
+def recordable(identity: NodeIdentity | None) -> NodeIdentity | None:
+    """``identity`` if it may be recorded (at most MAX_IDENTITY_BYTES encoded), else None."""
+    if identity is None or len(codec.encode(identity)) > MAX_IDENTITY_BYTES:
+        return None
+    return identity
 
 
 def digest(claims: NodeIdentity | None) -> str:

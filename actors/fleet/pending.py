@@ -63,7 +63,8 @@ def new_record(
     approved: bool = False,
     identity: NodeIdentity | None = None,
 ) -> NodeRecord:
-    """The pending record a first registration makes, with the ``identity`` it carried;
+    """The pending record a first registration makes, with the ``identity`` it carried
+    (:func:`actors.fleet.identity.recordable`);
     one whose key is ``approved`` (an enrollment token, an earlier approve) awaits only
     its first heartbeat, not approval."""
     record = record_rules.pending_record(node, cluster, public_key, since=now, approved=approved)
@@ -72,12 +73,12 @@ def new_record(
 
 def identity_of_key(record: NodeRecord, public_key: str) -> NodeIdentity | None:
     """The identity the registration of ``public_key`` carried, while ``record`` is
-    pending; None otherwise."""
-    if record.state != "pending":
+    pending and it is the key of its first registration; None otherwise (a candidate's is
+    not kept: nine identities a name would let registrations, which cost nothing, fill
+    ``fleet_nodes``)."""
+    if record.state != "pending" or record.public_key != public_key:
         return None
-    if record.public_key == public_key:
-        return record.registered_identity
-    return next((c.identity for c in record.candidates if c.public_key == public_key), None)
+    return record.registered_identity
 
 
 def keys(record: NodeRecord) -> list[str]:
@@ -95,21 +96,13 @@ def _open_to(record: NodeRecord, public_key: str) -> bool:
 
 
 def with_candidate(
-    record: NodeRecord,
-    public_key: str,
-    cluster: str,
-    now: float,
-    login: str = "",
-    identity: NodeIdentity | None = None,
+    record: NodeRecord, public_key: str, cluster: str, now: float, login: str = ""
 ) -> NodeRecord | None:
-    """``record`` with ``public_key`` added as a candidate (with the ``identity`` its
-    registration carried); None when it is one already, the record is not an unapproved
-    pending one, or it holds MAX_CANDIDATES."""
+    """``record`` with ``public_key`` added as a candidate; None when it is one already,
+    the record is not an unapproved pending one, or it holds MAX_CANDIDATES."""
     if not _open_to(record, public_key) or len(record.candidates) >= MAX_CANDIDATES:
         return None
-    added = Candidate(
-        public_key=public_key, cluster=cluster, since=now, registered_by=login, identity=identity
-    )
+    added = Candidate(public_key=public_key, cluster=cluster, since=now, registered_by=login)
     return msgspec.structs.replace(record, candidates=[*record.candidates, added])
 
 

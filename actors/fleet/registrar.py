@@ -21,7 +21,7 @@ from typing import Literal
 
 from nats.aio.msg import Msg
 
-from actors.fleet import enroll, hot_state, pending
+from actors.fleet import enroll, hot_state, identity, pending
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -133,13 +133,11 @@ class Registrar:
                     login,
                     now,
                     approved=status == "active",
-                    identity=registration.identity,
+                    identity=identity.recordable(registration.identity),
                 )
             if candidate_refusal or status == "active":
                 return None
-            return pending.with_candidate(
-                record, signer, registration.cluster, now, login, registration.identity
-            )
+            return pending.with_candidate(record, signer, registration.cluster, now, login)
 
         before, written, revision = await self.store.update(node, change)
         if written is not None:

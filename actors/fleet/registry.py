@@ -16,7 +16,7 @@ from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import NodeIdentity, NodeRecord, TrustEntry
+from schemas.messages import MAX_IDENTITY_BYTES, NodeIdentity, NodeRecord, TrustEntry
 from schemas.subjects import (
     BUCKET_NODES,
     BUCKET_TRUST,
@@ -92,8 +92,14 @@ async def confirm_identity(
     bus: Bus, subjects: Subjects, node: str, identity: NodeIdentity, by: str
 ) -> None:
     """Record ``identity`` as the enrolled identity of ``node``, whose key must be
-    approved (compare-and-set, so a revocation meanwhile is not undone)."""
+    approved (compare-and-set, so a revocation meanwhile is not undone); one over
+    MAX_IDENTITY_BYTES is refused."""
     check_token("node id", node)
+    size = len(codec.encode(identity))
+    if size > MAX_IDENTITY_BYTES:
+        raise FleetError(
+            f"{node}'s claimed identity is {size} bytes, over {MAX_IDENTITY_BYTES}: not recorded"
+        )
     trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     for _ in range(CAS_ATTEMPTS):
         current, revision = await kv.read_with_revision(trust, node, TrustEntry)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from actors.fleet import enroll, identity, pending
-from actors.fleet.registry import approve, confirm_identity, revoke, trust_entry
+from actors.fleet.registry import approve, confirm_identity, read_record, revoke, trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import FleetError
@@ -46,17 +46,22 @@ def test_claims_differ_only_where_they_name_another_machine(
 
 
 async def test_approval_records_the_identity_of_the_key_approved(bus: NatsBus, prefix: str) -> None:
-    """Each key that registered a pending name keeps its registration's identity, and
-    the one approved becomes the enrolled identity; approving the same key again keeps
-    it, a new key starts without one; only an operator's confirmation replaces it, and
-    it needs an approved, unrevoked key."""
+    """A pending name keeps its first registration's identity, for that key only (a
+    candidate key's is not kept), and the one approved becomes the enrolled identity;
+    approving the same key again keeps it, a new key starts without one; only an
+    operator's confirmation replaces it, and it needs an approved, unrevoked key and an
+    identity of at most MAX_IDENTITY_BYTES."""
     subjects = Subjects(prefix)
     first, second = signing.KeyPair.generate(), signing.KeyPair.generate()
     record = pending.new_record("n1", "c1", first.public_key, "", 1.0, identity=ONE)
-    with_two = pending.with_candidate(record, second.public_key, "c1", 2.0, identity=TWO)
+    with_two = pending.with_candidate(record, second.public_key, "c1", 2.0)
     assert with_two is not None
     assert pending.identity_of_key(with_two, first.public_key) == ONE
-    assert pending.identity_of_key(with_two, second.public_key) == TWO
+    assert pending.identity_of_key(with_two, second.public_key) is None
+    huge = NodeIdentity(hostname="h", gpus=["GPU-" + "\x00" * 120] * 64)
+    assert identity.recordable(huge) is None and identity.recordable(ONE) == ONE
+    with pytest.raises(FleetError, match="over 4096: not recorded"):
+        await confirm_identity(bus, subjects, "n1", huge, by="fleetctl")
     await approve(bus, subjects, "n1", second.public_key, by="fleetctl", identity=TWO)
     entry = await trust_entry(bus, subjects, "n1")
     assert entry is not None and entry.identity == TWO and entry.identity_by == "fleetctl"
@@ -81,13 +86,14 @@ async def test_a_token_enrollment_records_the_registrations_identity(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """A registration with a valid enrollment token approves its key and records the
-    identity it carried, named after the token; one without an identity enrolls with
-    none."""
+    identity it carried, named after the token; one without an identity, or with one over
+    MAX_IDENTITY_BYTES (a pending record would keep none either), enrolls with none."""
     await fleet.start_aggregator(trust_operators=[OPERATOR.public_key])
-    token, record = enroll.issue(OPERATOR, "c1", 3600.0, 2)
+    token, record = enroll.issue(OPERATOR, "c1", 3600.0, 3)
     await enroll.store(bus, Subjects(prefix), record)
+    huge = NodeIdentity(hostname="h", gpus=["GPU-" + "\x00" * 120] * 64)
     async with attacker(fleet.url) as nc:
-        for node, carried in (("n1", ONE), ("n2", None)):
+        for node, carried in (("n1", ONE), ("n2", None), ("n3", huge)):
             key = signing.KeyPair.generate()
             registration = Registration(
                 node_id=node,
@@ -105,5 +111,35 @@ async def test_a_token_enrollment_records_the_registrations_identity(
     one = await trust_entry(bus, Subjects(prefix), "n1")
     assert one is not None and one.identity == ONE
     assert one.identity_by == f"enroll:{record.id}" and one.identity_at is not None
-    two = await trust_entry(bus, Subjects(prefix), "n2")
-    assert two is not None and two.identity is None and two.identity_by == ""
+    for node in ("n2", "n3"):
+        none = await trust_entry(bus, Subjects(prefix), node)
+        assert none is not None and none.identity is None and none.identity_by == ""
+
+
+async def test_a_pending_record_keeps_a_registrations_identity_within_its_bound(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A registration's identity is kept in the pending record it makes, for ``fleetctl
+    approve``; one over MAX_IDENTITY_BYTES is not (the registration is still taken), so
+    registrations, which cost nothing, cannot fill fleet_nodes with identities."""
+    await fleet.start_aggregator()
+    huge = NodeIdentity(hostname="h", gpus=["GPU-" + "\x00" * 120] * 64)
+    async with attacker(fleet.url) as nc:
+        for node, carried in (("n1", ONE), ("n2", huge)):
+            key = signing.KeyPair.generate()
+            registration = Registration(
+                node_id=node,
+                cluster="c1",
+                public_key=key.public_key,
+                ts=time.time(),
+                identity=carried,
+            )
+            body = codec.encode(registration)
+            reply = await nc.request(
+                Subjects(prefix).register(), body, timeout=5, headers=key.headers(body)
+            )
+            assert codec.decode(reply.data, RegistrationReply).status == "pending"
+    kept = await read_record(bus, Subjects(prefix), "n1")
+    dropped = await read_record(bus, Subjects(prefix), "n2")
+    assert kept.registered_identity == ONE and dropped.registered_identity is None
+    assert len(codec.encode(dropped)) < 1024
