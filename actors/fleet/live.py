@@ -45,7 +45,7 @@ import nats.js.errors
 
 from actors.fleet import registry
 from actors.fleet.maintenance import covers, read_windows
-from actors.fleet.remediation.holds import hold_of, read_policies
+from actors.fleet.remediation.holds import read_policies
 from actors.fleet.streams import heartbeat_partitions
 from actors.runtime import direct_get
 from actors.runtime.bus import Bus
@@ -150,13 +150,13 @@ async def held_by_policy(
         policies = await read_policies(bus, subjects)
     except (nats.errors.Error, TimeoutError, FleetError):
         return records
-    marked = []
-    for record in records:
-        hold = hold_of(policies, record.cluster, record.node_id)
-        if hold is not None:
-            record = msgspec.structs.replace(record, policy_hold=hold.action)
-        marked.append(record)
-    return marked
+    holds = {(p.cluster, node): hold.action for p in policies for node, hold in p.holds.items()}
+    return [
+        msgspec.structs.replace(record, policy_hold=action)
+        if (action := holds.get((record.cluster, record.node_id)))
+        else record
+        for record in records
+    ]
 
 
 async def in_maintenance(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NotProvisioned
 from schemas import codec
-from schemas.remediation import Hold, PolicyRecord
+from schemas.remediation import PolicyRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 
 MAX_CLUSTERS = 10_000
@@ -31,14 +31,6 @@ async def read_policies(bus: Bus, subjects: Subjects) -> list[PolicyRecord]:
         codec.decode(value, PolicyRecord, f"{name} key {cluster}")
         for cluster, value in sorted(values.items())
     ]
-
-
-def hold_of(records: list[PolicyRecord], cluster: str, node: str) -> Hold | None:
-    """The policy's hold of ``node`` in ``cluster``; None when it holds nothing of it."""
-    for record in records:
-        if record.cluster == cluster and node in record.holds:
-            return record.holds[node]
-    return None
 
 
 def policy_keys(records: list[PolicyRecord]) -> set[str]:
