@@ -38,6 +38,7 @@ from schemas.base import (
 )
 from schemas.events import (
     Engine,
+    Gpu,
     Health,
     Jobs,
     Latency,
@@ -78,6 +79,37 @@ GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
 """GPU uuids, sorted: a node's hardware fingerprint."""
 
 
+class NodeIdentity(Wire, frozen=True, kw_only=True):
+    """What a machine is: its host name and GPUs. As a node says it (its registration,
+    its heartbeats' sample) it is the node's claim; recorded in its trust entry when an
+    operator (or an enrollment token) approved it, it is the node's enrolled identity,
+    the one the fleet acts on (docs/security.md). Grows with the inventory."""
+
+    hostname: Hostname = ""
+    gpus: GpuIds = []
+    """The GPUs' uuids, sorted."""
+    gpu_product: Name = ""
+    """The first GPU's product name (``NVIDIA H100 80GB HBM3``)."""
+    gpu_count: Count = 0
+
+
+MAX_IDENTITY_BYTES = 4096
+"""The most bytes an identity is recorded with (encoded): a 64-GPU node's takes about
+3 KB. A larger one (only a forger's) is not recorded, so pending records and trust
+entries stay small whatever a registration or a heartbeat says."""
+
+
+def identity_of(hostname: str, gpus: list[Gpu]) -> NodeIdentity:
+    """The identity a host name and GPU readings give (a registration, a heartbeat's
+    sample)."""
+    return NodeIdentity(
+        hostname=hostname,
+        gpus=sorted(gpu.uuid for gpu in gpus),
+        gpu_product=gpus[0].name if gpus else "",
+        gpu_count=len(gpus),
+    )
+
+
 class Heartbeat(Wire, frozen=True, kw_only=True):
     """A node's signed liveness report on ``fleet.hb.<cluster>.<node>``."""
 
@@ -111,9 +143,11 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """The workload manager's view of the node (Slurm state, jobs, services); None when
     the agent runs no scheduler actor."""
     schedulability_by: Name = ""
-    """Who made the node what ``schedulability`` says: an operator's (or the remediation
-    policy's) public key, ``spot``, ``agent``, or ``slurm`` (a Slurm admin's drain); empty
-    when schedulable by default or from agents that predate it."""
+    """Who made the node what ``schedulability`` says, as the node says it: an operator's
+    (or the remediation policy's) public key, ``spot``, ``agent``, or ``slurm`` (a Slurm
+    admin's drain); empty when schedulable by default or from agents that predate it. The
+    node's claim: views label it so, and the policy knows what it cordoned from its own
+    record (``fleet_policy``), never from this."""
     stopping: bool = False
     """The agent is stopping on request (SIGTERM, Ctrl-C): its goodbye, the last heartbeat
     of this boot. Aggregators mark the record ``stopped`` (an ``info`` alert), not
@@ -245,6 +279,9 @@ class Registration(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="
     enroll_token: Annotated[str, Meta(max_length=MAX_ENROLL_TOKEN)] = ""
     """An operator's enrollment token (``fleetctl enroll-token create``): aggregators
     approve ``public_key`` at once if it is valid for this cluster (docs/security.md)."""
+    identity: NodeIdentity | None = None
+    """The node's host name and GPUs as it says at registration: recorded as its enrolled
+    identity when its key is approved (``fleetctl approve``, an enrollment token)."""
 
 
 class RegistrationReply(Wire, frozen=True, kw_only=True):
@@ -379,6 +416,10 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     """``gpu_fingerprint`` comes from a sample: an empty one means the node reported no
     GPU (NVML failing), not that no sample came yet; so a set that goes from none to some
     raises ``hardware_changed`` too. Records of older aggregators lack it (false)."""
+    registered_identity: NodeIdentity | None = None
+    """While pending: the identity the registration of ``public_key`` carried (at most
+    ``MAX_IDENTITY_BYTES``), which ``fleetctl approve`` records as the node's enrolled
+    identity; the candidates' are not kept. Cleared when a heartbeat is accepted."""
 
 
 EnrollTokenId = Annotated[str, Meta(pattern=TOKEN_ID_PATTERN, description="token id")]
@@ -424,6 +465,17 @@ class TrustEntry(Wire, frozen=True, kw_only=True):
     approved_at: UnixTime
     approved_by: Name = ""
     revoked: bool = False
+    identity: NodeIdentity | None = None
+    """The node's enrolled identity: what its registration said when its key was
+    approved, or what it claimed when an operator confirmed it (``fleetctl approve
+    --identity``). Hooks act on it, never on what the node claims now; a node whose
+    claims name another host or a GPU not in it gets no hook until confirmed. None: the
+    key was approved without one (``fleetctl approve NODE KEY``, an older registration)."""
+    identity_by: Name = ""
+    """Who recorded ``identity``: ``fleetctl`` (approve, approve --identity),
+    ``enroll:<token id>``."""
+    identity_at: UnixTime | None = None
+    """When ``identity`` was recorded."""
 
 
 MAX_MAINTENANCE_NODES = 1_000

@@ -53,6 +53,11 @@ class Hold(Wire, frozen=True, kw_only=True):
     """The node's boot id when the reboot hook ran: another one confirms the reboot."""
     hook_error: Text = ""
     """Why the last hook failed (then ``needs_attention``)."""
+    identity_withheld: Name = ""
+    """The node's claimed identity (a digest) for which its next hook was withheld: it
+    names another host, or a GPU not in, its enrolled identity. Its ``hardware_changed``
+    alert was raised once; cleared when an operator confirms (``fleetctl approve
+    --identity``) or the claims match again."""
 
 
 class PolicyRecord(Wire, frozen=True, kw_only=True):

@@ -1,8 +1,12 @@
 """``fleetctl describe``'s rendering: one node's record explained top to bottom (state and
 why, schedulability and who set it, health, GPUs, host, engines, workloads, latency, spot,
-Slurm), then its recent alerts and command results."""
+Slurm), then its recent alerts and command results. What only the node says (who set its
+state, its host name) is labelled as its claim; what the fleet recorded itself (the
+policy's hold, the enrolled identity) is said as a fact."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from actors.cli.views import (
     UNKNOWN_NOW,
@@ -12,10 +16,11 @@ from actors.cli.views import (
     printable,
 )
 from actors.fleet.history import Entry
+from actors.fleet.identity import claimed, differences, summary
 from actors.fleet.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
-from schemas.messages import CommandResult, NodeRecord, WorkloadSummary
+from schemas.messages import CommandResult, NodeRecord, TrustEntry, WorkloadSummary
 
 RECENT = 10
 """How many alerts and command results ``fleetctl describe`` shows."""
@@ -31,9 +36,14 @@ def describe(
     results: list[Entry],
     now: float,
     remediation: list[str] | None = None,
+    identity: list[str] | None = None,
+    policy_keys: Collection[str] = (),
 ) -> str:
     """``fleetctl describe``: the record and why it is in its state, read top to bottom;
-    ``remediation``: what the remediation policy holds of the node and did to it."""
+    ``remediation``: what the remediation policy holds of the node and did to it;
+    ``identity``: its enrolled identity against its claims (:func:`identity_lines`);
+    ``policy_keys``: the keys the policy signs with (a node naming one while the policy
+    holds nothing of it is said to)."""
     beat = record.heartbeat
     lines = [
         f"Node:            {record.node_id}",
@@ -44,7 +54,7 @@ def describe(
     ]
     if isinstance(record, LiveRecord) and beat is not None:
         lines.append(f"Heartbeat:       {_liveness(record, now)}")
-    lines.append(f"Schedulability:  {_schedulability(record, results)}")
+    lines.append(f"Schedulability:  {_schedulability(record, results, policy_keys)}")
     if in_maintenance(record):
         lines.append(
             f"Maintenance:     window {in_maintenance(record)}: alerts recorded, not forwarded "
@@ -52,13 +62,14 @@ def describe(
         )
     lines += remediation or []
     lines.append(f"Labels:          {labels_text(record.labels)}")
+    lines += identity or []
     lines += _lifecycle(record)
     if beat is None:
         lines.append("No heartbeat accepted yet.")
         lines += _recent(alerts, results)
         return "\n".join(printable(line) for line in lines)
     if beat.sample is not None and beat.sample.hostname:
-        lines.insert(2, f"Hostname:        {beat.sample.hostname}")
+        lines.insert(2, f"Hostname:        {beat.sample.hostname} ({CLAIM})")
     if record.state in UNKNOWN_NOW:
         lines.append(f"Reported:        what follows is from its last heartbeat, {clock(beat.ts)}")
     lines += _health(beat.health, record.state)
@@ -140,13 +151,42 @@ def _why(record: NodeRecord) -> str:
     return ""
 
 
+CLAIM = "the node's claim"
+"""What a value only the node says (its signed heartbeats and results) is labelled."""
+
+
+def identity_lines(entry: TrustEntry | None, record: NodeRecord) -> list[str]:
+    """The node's enrolled identity (its trust entry: what the fleet acts on), and its
+    claims where they name another machine."""
+    enrolled = entry.identity if entry is not None else None
+    if enrolled is None:
+        return [
+            "Identity:        none enrolled (hooks get none; fleetctl approve --identity "
+            f"{record.node_id} records what it claims)"
+        ]
+    when = f" at {clock(entry.identity_at)}" if entry is not None and entry.identity_at else ""
+    by = entry.identity_by if entry is not None else ""
+    lines = [f"Identity:        enrolled {summary(enrolled)} (by {by or '-'}{when})"]
+    found = differences(enrolled, claimed(record))
+    if found:
+        lines.append(
+            f"  DIFFERS:       the node claims {'; '.join(found)}: no hook runs until "
+            f"confirmed (fleetctl approve --identity {record.node_id})"
+        )
+    return lines
+
+
 NODE_ACTIONS = ("spot:", "shutdown")
 """Command ids a node gives what it does by itself (a spot notice, its own shutdown)."""
 
 
-def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
+def _schedulability(
+    record: NodeRecord, results: list[Entry], policy_keys: Collection[str] = ()
+) -> str:
     """The schedulability, its reason, who made it so (the heartbeat's
-    ``schedulability_by``) and what set it. Completed results report the schedulability
+    ``schedulability_by``, labelled the node's claim) and what set it (the node's results,
+    labelled so too), then the remediation policy's hold where its own record has one:
+    the one "who" the fleet knows itself. Completed results report the schedulability
     the node had when they ended; the one credited is the first of the latest run of such
     results that all report this schedulability (later ones, a stop on a cordoned node
     say, found it so). A schedulability the node changed by itself without a result (the
@@ -157,11 +197,16 @@ def _schedulability(record: NodeRecord, results: list[Entry]) -> str:
     text = record.schedulability
     if beat is not None and beat.schedulability_reason:
         text += f" (reason: {beat.schedulability_reason})"
+    hold = record.policy_hold if isinstance(record, LiveRecord) else ""
     if beat is not None and beat.schedulability_by:
-        text += f", by {beat.schedulability_by}"
+        by = beat.schedulability_by
+        unheld = by in policy_keys and not hold
+        text += f", by {by} ({CLAIM}{': the policy holds no record of it' if unheld else ''})"
     text += _credited(record, results)
     if record.state in UNKNOWN_NOW:
-        return f"- (unknown while {record.state}; last reported {text})"
+        text = f"- (unknown while {record.state}; last reported {text})"
+    if hold:
+        text += f"; held by the remediation policy ({hold}: its own record)"
     return text
 
 
@@ -181,7 +226,7 @@ def _credited(record: NodeRecord, results: list[Entry]) -> str:
         if result.schedulability != setter.schedulability:
             break
         setter = result
-    return f", set by {_setter(setter.command_id)} at {clock(setter.ts)}"
+    return f", set by {_setter(setter.command_id)} at {clock(setter.ts)} (the node's result)"
 
 
 def _setter(command_id: str) -> str:

@@ -21,10 +21,11 @@ from actors.cli import describe_view, policy_cli, views
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.fleet import history, lease, live, registry
 from actors.fleet import labels as fleet_labels
+from actors.fleet.remediation import holds
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
 from schemas.base import RecordState
-from schemas.errors import FleetError, SignatureError
+from schemas.errors import DecodeError, FleetError, SignatureError
 from schemas.messages import Alert, NodeRecord
 from schemas.subjects import Subjects
 
@@ -264,10 +265,25 @@ async def cmd_describe(args: argparse.Namespace) -> int:
         alerts, results = await history.node_history(
             bus, subjects, args.node, limit=describe_view.RECENT
         )
-        policies = await policy_cli.read_policies(bus, subjects)
+        policies = await holds.read_policies(bus, subjects)
+        try:
+            enrolled = describe_view.identity_lines(
+                await registry.trust_entry(bus, subjects, args.node), record
+            )
+        except DecodeError as exc:
+            enrolled = [f"Identity:        unknown: {exc}"]
     now = time.time()
     remediation = policy_cli.node_lines(policies, record.cluster, record.node_id, now)
-    sys.stdout.write(describe_view.describe(record, alerts, results, now, remediation) + "\n")
+    text = describe_view.describe(
+        record,
+        alerts,
+        results,
+        now,
+        remediation,
+        enrolled,
+        holds.policy_keys(policies),
+    )
+    sys.stdout.write(text + "\n")
     return 0
 
 

@@ -37,6 +37,7 @@ from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.node.http_api import PORT_FILE
+from actors.node.inventory.actor import read_identity
 from actors.runtime import config_docs, logs
 from actors.runtime.bus import Bus, NatsBus, publish_signed_event
 from actors.runtime.config import DEFAULT_SERVER, build
@@ -232,8 +233,9 @@ async def cmd_register(args: argparse.Namespace) -> int:
 
 
 async def register(config: AgentConfig) -> RegistrationReply | None:
-    """Send this node's signed registration (with its enrollment token, if any); the
-    aggregator's reply, or None when none answered in REGISTER_TIMEOUT."""
+    """Send this node's signed registration (with its enrollment token, if any, and its
+    identity: host name and GPUs); the aggregator's reply, or None when none answered in
+    REGISTER_TIMEOUT."""
     key = signing.load_key_file(config.key_path)
     registration = Registration(
         node_id=config.node_id,
@@ -242,6 +244,7 @@ async def register(config: AgentConfig) -> RegistrationReply | None:
         ts=time.time(),
         hostname=socket.gethostname()[:255],
         enroll_token=config.enroll_token,
+        identity=await read_identity(config),
     )
     body = codec.encode(registration)
     # Logged in as the agent itself logs in, so auth.conf's node permissions apply.

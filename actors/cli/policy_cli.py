@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import msgspec
 import nats.js.errors
-from nats.js.kv import KeyValue
 
 from actors.cli import views
 from actors.cli.common import add_server, connected, token
+from actors.fleet.remediation.holds import read_policies
 from actors.runtime import kv, spans
 from actors.runtime.bus import Bus, NotProvisioned
 from actors.runtime.spans import clock
@@ -23,27 +23,6 @@ from schemas.remediation import PolicyRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 
 CAS_ATTEMPTS = 10
-
-
-async def read_policies(bus: Bus, subjects: Subjects) -> list[PolicyRecord]:
-    """Every cluster's policy record; none when no aggregator ever ran the policy."""
-    try:
-        bucket = await bus.kv(subjects.bucket_name(BUCKET_POLICY))
-    except NotProvisioned:
-        return []
-    records = []
-    for key in await _keys(bucket):
-        record = await kv.read(bucket, key, PolicyRecord)
-        if record is not None:
-            records.append(record)
-    return records
-
-
-async def _keys(bucket: KeyValue) -> list[str]:
-    try:
-        return sorted(await bucket.keys())
-    except nats.js.errors.NoKeysError:
-        return []
 
 
 def status_text(records: list[PolicyRecord], now: float) -> str:

@@ -4,6 +4,7 @@ operator's key and the trust the provider side gives each node's key."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -21,11 +22,12 @@ from actors.cli.common import (
     operator_key,
     token,
 )
-from actors.fleet import pending, registry
+from actors.cli.views import printable
+from actors.fleet import identity, live, pending, registry
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import FleetError
-from schemas.messages import Forget, ForgetReply
+from schemas.messages import Forget, ForgetReply, NodeRecord
 from schemas.subjects import Subjects
 
 
@@ -52,31 +54,27 @@ async def cmd_keys_show(args: argparse.Namespace) -> int:
 
 async def cmd_approve(args: argparse.Namespace) -> int:
     """Approve the key given, or the one the node's pending registration carries, after
-    showing its fingerprint and asking (unless --yes): that key came over the network.
-    A name that several keys registered is approved only with the key named."""
+    showing its fingerprint and the identity it registered with, and asking (unless
+    --yes): that key came over the network. A name that several keys registered is
+    approved only with the key named. The identity the approved key's registration
+    carried becomes the node's enrolled identity; ``--identity`` records what the node
+    claims now instead (:func:`cmd_approve_identity`)."""
+    if args.identity:
+        return await cmd_approve_identity(args)
     if args.public_key is not None:
         registry.check_public_key(args.public_key)
     async with connected(args, "fleetctl") as bus:
         subjects = Subjects(args.prefix)
         key = args.public_key
+        record: NodeRecord | None = None
         if key is None:
-            keys = await pending_keys(bus, subjects, args.node)
-            for candidate in keys:
-                sys.stderr.write(
-                    f"{args.node} registered key {candidate}\n"
-                    f"  fingerprint {signing.fingerprint(candidate)}\n"
-                )
-            if len(keys) > 1:
-                return fail(
-                    f"{len(keys)} keys registered {args.node}: compare each with 'node-agent "
-                    f"key show' on the node and approve one by key (fleetctl approve "
-                    f"{args.node} KEY); --yes does not choose"
-                )
-            key = keys[0]
-            sys.stderr.write("  compare with 'node-agent key show' on the node\n")
-            if not args.yes and not confirm(f"approve this key for {args.node}?"):
-                return fail(f"{args.node} not approved")
-        await registry.approve(bus, subjects, args.node, key, by="fleetctl")
+            registered = await pending_record(bus, subjects, args.node)
+            key, record = chosen_key(args.node, registered, args.yes), registered
+        else:
+            with contextlib.suppress(FleetError):  # a key given needs no registration
+                record = await pending_record(bus, subjects, args.node)
+        enrolled = pending.identity_of_key(record, key) if record is not None else None
+        await registry.approve(bus, subjects, args.node, key, by="fleetctl", identity=enrolled)
         readmitted = await registry.readmit(bus, subjects, args.node)
     sys.stdout.write(f"approved {args.node}\n")
     if readmitted:
@@ -87,9 +85,63 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def pending_keys(bus: Bus, subjects: Subjects, node: str) -> list[str]:
-    """Every public key that registered ``node`` while pending (first one first), or the
-    key of its deregistered record."""
+def chosen_key(node: str, record: NodeRecord, yes: bool) -> str:
+    """The one key that registered ``node`` (in ``record``), once shown with its
+    fingerprint and identity and confirmed; FleetError when several did or no one said
+    yes."""
+    keys = pending.keys(record)
+    for candidate in keys:
+        registry.check_public_key(candidate)
+        registered = pending.identity_of_key(record, candidate)
+        sys.stderr.write(
+            f"{node} registered key {candidate}\n"
+            f"  fingerprint {signing.fingerprint(candidate)}\n"
+            + printable(f"  identity {identity.summary(registered)}")
+            + "\n"
+        )
+    if len(keys) > 1:
+        raise FleetError(
+            f"{len(keys)} keys registered {node}: compare each with 'node-agent key show' on "
+            f"the node and approve one by key (fleetctl approve {node} KEY); --yes does not "
+            "choose"
+        )
+    sys.stderr.write("  compare with 'node-agent key show' on the node\n")
+    if not yes and not confirm(f"approve this key for {node}?"):
+        raise FleetError(f"{node} not approved")
+    return keys[0]
+
+
+async def cmd_approve_identity(args: argparse.Namespace) -> int:
+    """``approve --identity NODE``: record the host name and GPUs the node's latest
+    accepted heartbeat claims as its enrolled identity, after showing both and asking
+    (unless --yes). What a hardware change (or a forged heartbeat) made the remediation
+    policy withhold runs once this is done: only an operator says which machine a node is."""
+    if args.public_key is not None:
+        return fail("--identity takes no KEY: it records what the approved node claims now")
+    async with connected(args, "fleetctl") as bus:
+        subjects = Subjects(args.prefix)
+        record = await live.read_node(bus, subjects, args.node)
+        claims = identity.claimed(record)
+        if claims is None:
+            return fail(f"{args.node} has sent no heartbeat with its host name and GPUs yet")
+        entry = await registry.trust_entry(bus, subjects, args.node)
+        enrolled = entry.identity if entry is not None else None
+        sys.stderr.write(
+            printable(f"{args.node} enrolled as {identity.summary(enrolled)}")
+            + "\n"
+            + printable(f"{args.node} claims   {identity.summary(claims)}")
+            + "\n"
+        )
+        if not args.yes and not confirm(f"record what {args.node} claims as its identity?"):
+            return fail(f"identity of {args.node} not recorded")
+        await registry.confirm_identity(bus, subjects, args.node, claims, by="fleetctl")
+    sys.stdout.write(f"identity of {args.node} recorded: {printable(identity.summary(claims))}\n")
+    return 0
+
+
+async def pending_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+    """The node's pending (or deregistered) record, whose keys an approval without a key
+    chooses from, and whose registrations carried the identities."""
     try:
         record = await registry.read_record(bus, subjects, node)
     except registry.NotFound:
@@ -102,10 +154,7 @@ async def pending_keys(bus: Bus, subjects: Subjects, node: str) -> list[str]:
             f"node {node} has no pending registration (state {record.state}): give the key "
             f"to approve explicitly (fleetctl approve {node} KEY)"
         )
-    keys = pending.keys(record)
-    for key in keys:
-        registry.check_public_key(key)
-    return keys
+    return record
 
 
 def confirm(question: str) -> bool:
@@ -190,10 +239,20 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "approve",
         help="approve a node's public key (given, or from its pending registration)",
         description="Without KEY, the key of the node's pending registration is shown with "
-        "its fingerprint and approved once confirmed. When several keys registered the name "
-        "(anyone may register any name), each is shown and none is approved: give KEY.",
+        "its fingerprint and the identity it registered with (host name, GPUs) and approved "
+        "once confirmed; that identity becomes the node's enrolled identity, the one hooks "
+        "act on. When several keys registered the name (anyone may register any name), each "
+        "is shown and none is approved: give KEY. With --identity, what the approved node "
+        "claims now is recorded as its identity instead.",
     )
     approve.add_argument("node", type=token("node id"), help="the node's id")
+    approve.add_argument(
+        "--identity",
+        action="store_true",
+        help="record the host name and GPUs the approved node claims now as its enrolled "
+        "identity (after a hardware change; the remediation policy runs no hook for a node "
+        "whose claims differ from it until then)",
+    )
     approve.add_argument(
         "public_key",
         nargs="?",
@@ -205,7 +264,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--yes",
         action="store_true",
         help="approve the registered key without asking (refused when several keys "
-        "registered the name: give KEY)",
+        "registered the name: give KEY); with --identity, record it without asking",
     )
     add_server(approve)
     approve.set_defaults(func=cmd_approve)

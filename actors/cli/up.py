@@ -36,6 +36,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.streams import provision
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
+from actors.node.inventory.actor import read_identity
 from actors.runtime import logs
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError
@@ -201,7 +202,14 @@ async def run_up(options: UpOptions) -> int:
         for index in range(1, options.nodes + 1):
             config = agent_config(options, server.url, index, operator.public_key)
             key = signing.load_or_create_key_file(config.key_path)
-            await registry.approve(bus, subjects, config.node_id, key.public_key, by="fleetctl up")
+            await registry.approve(
+                bus,
+                subjects,
+                config.node_id,
+                key.public_key,
+                by="fleetctl up",
+                identity=await read_identity(config),
+            )
             agent = NodeAgent(config)
             await agent.start()
             agents.append(agent)

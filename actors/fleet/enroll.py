@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import msgspec
 import nats.js.errors
 
+from actors.fleet import identity
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
@@ -225,11 +226,16 @@ async def _admit(
     taken = await _take_use(bus, subjects, claims.id, node)
     if taken:
         return Decision(False, taken)
+    now = time.time()
+    enrolled = identity.recordable(registration.identity)
     entry = TrustEntry(
         node_id=node,
         public_key=registration.public_key,
-        approved_at=time.time(),
+        approved_at=now,
         approved_by=f"enroll:{claims.id}",
+        identity=enrolled,
+        identity_by=f"enroll:{claims.id}" if enrolled is not None else "",
+        identity_at=now if enrolled is not None else None,
     )
     try:
         await trust.create(node, codec.encode(entry))

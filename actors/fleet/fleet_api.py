@@ -341,7 +341,7 @@ class FleetApiActor:
             else:
                 others.append(record)
         read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
-        shown = {r.node_id: r for r in await live.in_maintenance(self.bus, self.subjects, held)}
+        shown = {r.node_id: r for r in await live.fleet_facts(self.bus, self.subjects, held)}
         shown.update((record.node_id, record) for record in read)
         return [shown[record.node_id] for record in records]
 

@@ -45,6 +45,7 @@ import nats.js.errors
 
 from actors.fleet import registry
 from actors.fleet.maintenance import covers, read_windows
+from actors.fleet.remediation.holds import read_policies
 from actors.fleet.streams import heartbeat_partitions
 from actors.runtime import direct_get
 from actors.runtime.bus import Bus
@@ -83,6 +84,10 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     maintenance: str = ""
     """The id of the maintenance window covering the node now ("" when none covers it:
     ``fleetctl maintenance``)."""
+    policy_hold: str = ""
+    """``cordon`` or ``drain`` while the remediation policy's own record (``fleet_policy``)
+    holds the node: who set its state as the fleet itself knows it. ``heartbeat``'s
+    ``schedulability_by`` is what the node says."""
 
 
 class _Refused(Exception):
@@ -125,7 +130,33 @@ async def overlay(
     except (nats.errors.Error, TimeoutError, FleetError) as exc:
         note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
         shown = [_marked(record, note) for record in records]
-    return await in_maintenance(bus, subjects, shown)
+    return await fleet_facts(bus, subjects, shown)
+
+
+async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
+    """``records`` with what the fleet knows of each beside its heartbeat: the
+    maintenance window covering it and the remediation policy's hold."""
+    return await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+
+
+async def held_by_policy(
+    bus: Bus, subjects: Subjects, records: list[LiveRecord]
+) -> list[LiveRecord]:
+    """``records`` with the remediation policy's hold of each (``policy_hold``); as they
+    are where the policy's records cannot be read."""
+    if not records:
+        return records
+    try:
+        policies = await read_policies(bus, subjects)
+    except (nats.errors.Error, TimeoutError, FleetError):
+        return records
+    holds = {(p.cluster, node): hold.action for p in policies for node, hold in p.holds.items()}
+    return [
+        msgspec.structs.replace(record, policy_hold=action)
+        if (action := holds.get((record.cluster, record.node_id)))
+        else record
+        for record in records
+    ]
 
 
 async def in_maintenance(

@@ -25,7 +25,7 @@ import msgspec
 
 from actors.fleet import record_rules
 from schemas.base import MAX_NAME
-from schemas.messages import MAX_CANDIDATES, Candidate, NodeRecord
+from schemas.messages import MAX_CANDIDATES, Candidate, NodeIdentity, NodeRecord
 
 REQUEST_INFO = "Nats-Request-Info"
 LOGIN = "login:"
@@ -55,12 +55,30 @@ def login_of(headers: Mapping[str, str] | None) -> str:
 
 
 def new_record(
-    node: str, cluster: str, public_key: str, login: str, now: float, approved: bool = False
+    node: str,
+    cluster: str,
+    public_key: str,
+    login: str,
+    now: float,
+    approved: bool = False,
+    identity: NodeIdentity | None = None,
 ) -> NodeRecord:
-    """The pending record a first registration makes; one whose key is ``approved`` (an
-    enrollment token, an earlier approve) awaits only its first heartbeat, not approval."""
+    """The pending record a first registration makes, with the ``identity`` it carried
+    (:func:`actors.fleet.identity.recordable`);
+    one whose key is ``approved`` (an enrollment token, an earlier approve) awaits only
+    its first heartbeat, not approval."""
     record = record_rules.pending_record(node, cluster, public_key, since=now, approved=approved)
-    return msgspec.structs.replace(record, registered_by=login)
+    return msgspec.structs.replace(record, registered_by=login, registered_identity=identity)
+
+
+def identity_of_key(record: NodeRecord, public_key: str) -> NodeIdentity | None:
+    """The identity the registration of ``public_key`` carried, while ``record`` is
+    pending and it is the key of its first registration; None otherwise (a candidate's is
+    not kept: nine identities a name would let registrations, which cost nothing, fill
+    ``fleet_nodes``)."""
+    if record.state != "pending" or record.public_key != public_key:
+        return None
+    return record.registered_identity
 
 
 def keys(record: NodeRecord) -> list[str]:

@@ -132,6 +132,7 @@ def accept(
         seq_reset=False,
         created=record.created if record.created is not None else now,
         candidates=[],
+        registered_identity=None,
         labels=heartbeat.labels,
     )
 
@@ -213,6 +214,7 @@ def accepted(
         "seq_reset": False,
         "created": previous.created if previous.created is not None else now,
         "candidates": [],
+        "registered_identity": None,
         "labels": heartbeat.labels,
         "refused": "",
         "refused_at": None,

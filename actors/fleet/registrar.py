@@ -21,7 +21,7 @@ from typing import Literal
 
 from nats.aio.msg import Msg
 
-from actors.fleet import enroll, hot_state, pending
+from actors.fleet import enroll, hot_state, identity, pending
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -127,7 +127,13 @@ class Registrar:
                 if new_refusal:
                     return None
                 return pending.new_record(
-                    node, registration.cluster, signer, login, now, approved=status == "active"
+                    node,
+                    registration.cluster,
+                    signer,
+                    login,
+                    now,
+                    approved=status == "active",
+                    identity=identity.recordable(registration.identity),
                 )
             if candidate_refusal or status == "active":
                 return None

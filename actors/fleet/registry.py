@@ -16,7 +16,7 @@ from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import NodeRecord, TrustEntry
+from schemas.messages import MAX_IDENTITY_BYTES, NodeIdentity, NodeRecord, TrustEntry
 from schemas.subjects import (
     BUCKET_NODES,
     BUCKET_TRUST,
@@ -55,13 +55,65 @@ def check_public_key(public_key: str) -> None:
         raise FleetError(f"public key {public_key!r}: {exc}") from None
 
 
-async def approve(bus: Bus, subjects: Subjects, node: str, public_key: str, by: str = "") -> None:
-    """Record ``public_key`` as the approved key of ``node``."""
+async def approve(
+    bus: Bus,
+    subjects: Subjects,
+    node: str,
+    public_key: str,
+    by: str = "",
+    identity: NodeIdentity | None = None,
+) -> None:
+    """Record ``public_key`` as the approved key of ``node``, with ``identity`` as its
+    enrolled identity; without one, the identity already recorded for the same key is
+    kept (approving a node again), and a new key has none."""
     check_token("node id", node)
     check_public_key(public_key)
-    entry = TrustEntry(node_id=node, public_key=public_key, approved_at=time.time(), approved_by=by)
+    now = time.time()
+    entry = TrustEntry(node_id=node, public_key=public_key, approved_at=now, approved_by=by)
+    if identity is not None:
+        entry = msgspec.structs.replace(entry, identity=identity, identity_by=by, identity_at=now)
+    else:
+        try:
+            existing = await trust_entry(bus, subjects, node)
+        except DecodeError:
+            existing = None  # replaced, as approving always replaced it
+        if existing is not None and existing.public_key == public_key:
+            entry = msgspec.structs.replace(
+                entry,
+                identity=existing.identity,
+                identity_by=existing.identity_by,
+                identity_at=existing.identity_at,
+            )
     trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
     await trust.put(node, codec.encode(entry))
+
+
+async def confirm_identity(
+    bus: Bus, subjects: Subjects, node: str, identity: NodeIdentity, by: str
+) -> None:
+    """Record ``identity`` as the enrolled identity of ``node``, whose key must be
+    approved (compare-and-set, so a revocation meanwhile is not undone); one over
+    MAX_IDENTITY_BYTES is refused."""
+    check_token("node id", node)
+    size = len(codec.encode(identity))
+    if size > MAX_IDENTITY_BYTES:
+        raise FleetError(
+            f"{node}'s claimed identity is {size} bytes, over {MAX_IDENTITY_BYTES}: not recorded"
+        )
+    trust = await bus.kv(subjects.bucket_name(BUCKET_TRUST))
+    for _ in range(CAS_ATTEMPTS):
+        current, revision = await kv.read_with_revision(trust, node, TrustEntry)
+        if current is None or revision is None or current.revoked:
+            raise FleetError(f"{node} has no approved key: approve it first (fleetctl approve)")
+        updated = msgspec.structs.replace(
+            current, identity=identity, identity_by=by, identity_at=time.time()
+        )
+        try:
+            await trust.update(node, codec.encode(updated), last=revision)
+            return
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise FleetError(f"trust entry of {node} kept changing; try again")
 
 
 async def revoke(bus: Bus, subjects: Subjects, node: str) -> None:

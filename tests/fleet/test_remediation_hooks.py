@@ -14,12 +14,15 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet import identity
 from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.remediation.hooks import environment, run_hook
 from actors.fleet.remediation.policy import PolicyConfig, decide, load_policy
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
-from schemas.events import Health, HealthCheck
-from schemas.messages import NodeRecord
+from schemas import signing
+from schemas.events import Capacity, Gpu, Health, HealthCheck, Sample
+from schemas.messages import NodeIdentity, NodeRecord, TrustEntry
 from schemas.remediation import Hold, PolicyRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 from tests.fleet.test_remediation import policy, put_records
@@ -220,3 +223,98 @@ def test_the_documented_policy_file_loads(tmp_path: Path) -> None:
     loaded = load_policy(tmp_path / "policy.toml")
     assert loaded.hook_after["xid"] == ["ticket", "gpu_reset"] and loaded.hook_timeout == 300
     assert loaded.reboot_hooks == ["reboot"] and loaded.dry_run
+
+
+ENROLLED = NodeIdentity(hostname="node-2.example", gpus=["GPU-n2"], gpu_count=1)
+EVIL = "$(touch /tmp/pwned) `id` \x1b[31mred\x00 \u202eevil\u2028end"
+
+
+def sample_claiming(hostname: str, uuids: list[str]) -> Sample:
+    """A sample whose host name and GPU uuids are what a node (or its stolen key) says."""
+    capacity = Capacity(
+        cpu_cores=1, cpu_percent=0.0, load_avg_1m=0.0, memory_total=1, memory_available=1,
+        gpus_total=len(uuids), gpus_available=len(uuids), storage_total=1, storage_available=1,
+    )  # fmt: skip
+    gpus = [
+        Gpu(index=i, uuid=u, name="H100", pci_bus_id=f"0:{i}", memory_total=1, memory_used=0)
+        for i, u in enumerate(uuids)
+    ]
+    return Sample(ts=time.time(), capacity=capacity, gpus=gpus, hostname=hostname)
+
+
+def claiming(
+    hostname: str, uuids: list[str], reason: str = "XID 79", sick: bool = True
+) -> NodeRecord:
+    """``record(sick, KEY)`` (cordoned by the policy) whose heartbeat claims ``hostname``
+    and GPUs ``uuids``, its xid check failing for ``reason``."""
+    base = record(sick, KEY)
+    assert base.heartbeat is not None and base.heartbeat.health is not None
+    checks = [HealthCheck(name="xid", status="unhealthy", reason=reason)] if sick else []
+    health = msgspec.structs.replace(base.heartbeat.health, checks=checks)
+    beat = msgspec.structs.replace(
+        base.heartbeat, sample=sample_claiming(hostname, uuids), health=health
+    )
+    return msgspec.structs.replace(base, heartbeat=beat)
+
+
+def test_hooks_are_withheld_while_the_claims_name_another_machine() -> None:
+    """A held node claiming another host name or a GPU it was not enrolled with gets no
+    hook and one hardware_changed note per claim (none in the next rounds), and is not
+    returned unfixed when healthy again; once the enrolled identity names the claims (an
+    operator confirmed them) the hook runs. A GPU gone is no other machine; without an
+    enrolled identity hooks run as before."""
+    cfg = config()
+    enrolled = {"n1": ENROLLED}
+    for host, gpus in (("node-1-bmc.example", ["GPU-n2"]), ("node-2.example", ["GPU-n1"])):
+        other = claiming(host, gpus)
+        first = decide(cfg, KEY, held(), [other], 100.0, "x", enrolled)
+        assert first.hooks == [] and first.orders == []
+        [(kind, node, message)] = first.notes
+        assert (kind, node) == ("hardware_changed", "n1")
+        assert "fleetctl approve --identity n1" in message
+        assert first.record.holds["n1"].identity_withheld
+        again = decide(cfg, KEY, first.record, [other], 200.0, "x", enrolled)
+        assert again.hooks == [] and again.notes == [] and again.orders == []
+        healthy = [claiming(host, gpus, sick=False)]
+        later = decide(cfg, KEY, again.record, healthy, 9999.0, "x", enrolled)
+        assert later.orders == [] and "n1" in later.record.holds
+        confirmed = {"n1": identity.claimed(other)}
+        after = decide(cfg, KEY, again.record, [other], 300.0, "x", confirmed)
+        assert [h.hook for h in after.hooks] == ["ticket"]
+        assert after.record.holds["n1"].identity_withheld == ""
+    fewer = decide(cfg, KEY, held(), [claiming("node-2.example", [])], 100.0, "x", enrolled)
+    assert [h.hook for h in fewer.hooks] == ["ticket"]
+    unenrolled = decide(cfg, KEY, held(), [claiming("node-1-bmc.example", ["GPU-n1"])], 1.0, "x")
+    assert [h.hook for h in unenrolled.hooks] == ["ticket"]
+
+
+def test_hooks_get_the_enrolled_identity_and_the_claims_apart_and_clean() -> None:
+    """FLEET_HOSTNAME and FLEET_GPUS are the enrolled identity, FLEET_PUBLIC_KEY and its
+    fingerprint the approved key; what the node says is in FLEET_CLAIMED_* (and the older
+    FLEET_REASON, FLEET_BOOT_ID); no value keeps a control or format character (NUL, ESC,
+    bidi override, line separator); without an enrolled identity the facts are empty."""
+    key = signing.KeyPair.generate().public_key
+    entry = TrustEntry(node_id="n1", public_key=key, approved_at=1.0, identity=ENROLLED)
+    node = claiming("node-1-bmc.example\x1b", ["GPU-n1"], reason=EVIL)
+    hold = Hold(reason_class="xid", reason=EVIL, action="cordon", command_id="c", since=1.0)
+    env = environment(node, hold, "bmc", entry)
+    assert (env["FLEET_HOSTNAME"], env["FLEET_GPUS"]) == ("node-2.example", "GPU-n2")
+    assert env["FLEET_PUBLIC_KEY"] == key
+    assert env["FLEET_KEY_FINGERPRINT"] == signing.fingerprint(key)
+    assert env["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
+    assert env["FLEET_CLAIMED_GPUS"] == "GPU-n1"
+    clean_reason = "$(touch /tmp/pwned) `id` [31mred evilend"
+    assert env["FLEET_CLAIMED_REASON"] == env["FLEET_REASON"] == clean_reason
+    assert env["FLEET_CLAIMED_BOOT_ID"] == env["FLEET_BOOT_ID"] == "b1"
+    ours = {name: value for name, value in env.items() if name.startswith("FLEET_")}
+    assert all(value.isprintable() for value in ours.values()), ours
+    bare = environment(node, hold, "bmc", None)
+    assert bare["FLEET_HOSTNAME"] == bare["FLEET_GPUS"] == ""
+    assert bare["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
+
+
+async def test_a_nul_in_a_hooks_environment_fails_the_hook_without_raising() -> None:
+    """A NUL the environment cannot carry makes the hook a failure with the reason (the
+    node needs attention), not an exception out of the policy's hook task."""
+    result = await run_hook(["true"], {"FLEET_REASON": "a\x00b"}, 5.0)
+    assert not result.ok and result.detail.startswith("cannot start true:")

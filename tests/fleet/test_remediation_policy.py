@@ -154,3 +154,25 @@ def test_policy_file_is_checked(tmp_path: Path) -> None:
         load_policy(path)
     path.write_text('key_file = "k"\nclasses = ["xid"]\nrecover_after = 300\n')
     assert load_policy(path).classes == ["xid"]
+
+
+def test_a_heartbeat_naming_the_policys_key_does_not_make_the_node_its_own() -> None:
+    """A node whose heartbeat claims ``schedulability_by`` = the policy's key, cordoned or
+    drained, sick or healthy, while the policy holds nothing of it: no command (no
+    uncordon however long it stays healthy), no hold, no hook, no history; the policy's
+    own record is what says it cordoned a node."""
+    cfg = config(
+        classes=["xid"],
+        recover_after=1.0,
+        hooks={"reset": ["true"]},
+        hook_after={"xid": ["reset"]},
+    )
+    for sick in ("", "xid"):
+        for schedulability in ("cordoned", "drained"):
+            claimed = node("n1", sick, schedulability, by=POLICY, state=schedulability)
+            current = PolicyRecord(cluster="c1")
+            for at in (NOW, NOW + 3600, NOW + 86400):
+                plan = decide(cfg, POLICY, current, fleet(20, n1=claimed), at, "x")
+                assert plan.orders == [] and plan.hooks == [] and plan.notes == []
+                assert plan.record.holds == {} and plan.record.history == {}
+                current = plan.record

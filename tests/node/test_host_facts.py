@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from actors.node.inventory.actor import InventoryActor, cpu_model, mean_utilization
+from actors.node.inventory.actor import (
+    InventoryActor,
+    cpu_model,
+    mean_utilization,
+    read_identity,
+)
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.versions import read_versions, version_of
 from schemas import codec
@@ -144,3 +151,15 @@ def test_storage_path_that_is_not_there_still_samples(tmp_path: Path) -> None:
     sample = InventoryActor(config, None, None, FakeGpus(1, "n1")).sample()  # type: ignore[arg-type]
     assert sample.capacity.storage_total == 0 and sample.host is not None
     assert sample.host.storage_path == str(missing) and sample.host.storage_used_pct == 0
+
+
+async def test_the_registration_identity_is_this_hosts_name_and_gpus(tmp_path: Path) -> None:
+    """What ``node-agent register`` sends as the node's identity: this host's name and its
+    GPUs' uuids (sorted), product and count, as its samples say them; none without GPUs."""
+    config = agent_config("nats://127.0.0.1:4222", "p", tmp_path, "n1", fake_gpus=2)
+    found = await read_identity(config)
+    gpus = FakeGpus(2, "n1").read()
+    assert found.hostname == socket.gethostname() and found.gpu_count == 2
+    assert found.gpus == sorted(gpu.uuid for gpu in gpus) and found.gpu_product == gpus[0].name
+    bare = await read_identity(msgspec.structs.replace(config, fake_gpus=0))
+    assert (bare.gpus, bare.gpu_count, bare.gpu_product) == ([], 0, "")

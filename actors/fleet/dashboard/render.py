@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 from actors.fleet.dashboard.history import SERIES
 from actors.fleet.history import Entry
 from actors.fleet.lease import PartitionStatus
+from actors.fleet.live import LiveRecord
 from actors.runtime.spans import age, clock
 from schemas.events import Gpu, Health
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
@@ -287,6 +288,18 @@ def charts(series: Sequence[Sequence[tuple[float, float]]], now: float) -> str:
     return "".join(chart(title, points, now) for title, points in zip(SERIES, series, strict=True))
 
 
+def who_set(record: NodeRecord) -> str:
+    """Who set the node's schedulability: the remediation policy where its own record
+    holds the node (a fact), and who the node says (its claim, labelled so)."""
+    parts = []
+    if isinstance(record, LiveRecord) and record.policy_hold:
+        parts.append(f"held by the remediation policy ({record.policy_hold})")
+    by = record.heartbeat.schedulability_by if record.heartbeat is not None else ""
+    if by:
+        parts.append(f"node says: by {by}")
+    return f" <small>({esc('; '.join(parts))})</small>" if parts else ""
+
+
 def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None = None) -> str:
     """The latest heartbeat, readable: checks, XIDs, GPUs, engines, workloads, Slurm, latency."""
     beat = record.heartbeat
@@ -295,7 +308,7 @@ def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None
         "last heartbeat "
         f'<span class="age" data-ts="{(record.last_stored or record.last_seen):.3f}">'
         f"{esc(age(now - (record.last_stored or record.last_seen)))}</span> (seq "
-        f"{record.last_seq}), {esc(record.schedulability)}</p>"
+        f"{record.last_seq}), {esc(record.schedulability)}{who_set(record)}</p>"
     ]
     if beat is None:
         return "".join(parts) + "<p>No heartbeat kept.</p>"

@@ -7,12 +7,15 @@ compare-and-set and only then sends the commands, signed with the policy's key. 
 that loses (another aggregator decided first) sends nothing: the next round decides
 again from what the winner wrote, so two aggregators never both take the last breaker
 slot. In ``dry_run`` nothing is written or sent; what would be done is logged and
-raised as ``remediation`` alerts.
+raised as ``remediation`` alerts. Where hooks are configured, each round reads the trust
+entries of the nodes it holds (one get each, at most the breaker's limit): their
+enrolled identity gates the hooks and is what the hooks are given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -36,7 +39,7 @@ from actors.runtime.commands import new_command, publish_command
 from actors.runtime.schedule import jittered
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import Action, AlertKind, Cordon, Drain, NodeRecord, Uncordon
+from schemas.messages import Action, AlertKind, Cordon, Drain, NodeRecord, TrustEntry, Uncordon
 from schemas.remediation import Hold, PolicyRecord
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_POLICY, Subjects
@@ -138,8 +141,12 @@ class RemediationActor:
             log.error("policy record unreadable: no action", extra={"reason": str(exc)})
             return
         current = current or PolicyRecord(cluster=cluster)
+        entries = await self._trust_entries(current)
+        enrolled = {node: entry.identity if entry else None for node, entry in entries.items()}
         now = time.time()
-        plan = decide(self.config, self.key.public_key, current, members, now, uuid.uuid4().hex)
+        plan = decide(
+            self.config, self.key.public_key, current, members, now, uuid.uuid4().hex, enrolled
+        )
         self.metrics.breaker.labels(cluster).set(1 if plan.record.tripped_at else 0)
         self.metrics.policy_holds.labels(cluster).set(len(plan.record.holds))
         self.metrics.policy_limit.labels(cluster).set(plan.record.limit)
@@ -172,10 +179,29 @@ class RemediationActor:
         for wanted in plan.hooks:
             record = next((m for m in members if m.node_id == wanted.node), None)
             if record is not None and len(self.hook_tasks) < MAX_HOOKS_RUNNING:
-                await self._start_hook(bucket, cluster, record, wanted.hook)
+                entry = entries.get(wanted.node)
+                await self._start_hook(bucket, cluster, record, wanted.hook, entry)
+
+    async def _trust_entries(self, current: PolicyRecord) -> dict[str, TrustEntry | None]:
+        """The trust entries of the nodes ``current`` holds, where hooks are configured
+        (an unreadable one is logged and left out: that node's hooks get no identity)."""
+        entries: dict[str, TrustEntry | None] = {}
+        if not self.config.hooks:
+            return entries
+        for node in current.holds:
+            try:
+                entries[node] = await registry.trust_entry(self.bus, self.subjects, node)
+            except DecodeError as exc:
+                log.error("trust entry unreadable", extra={"node": node, "reason": str(exc)})
+        return entries
 
     async def _start_hook(
-        self, bucket: KeyValue, cluster: str, record: NodeRecord, hook: str
+        self,
+        bucket: KeyValue,
+        cluster: str,
+        record: NodeRecord,
+        hook: str,
+        entry: TrustEntry | None,
     ) -> None:
         """Claim the hook in the cluster's record (compare-and-set: one aggregator runs
         it), then run it in the background."""
@@ -194,19 +220,24 @@ class RemediationActor:
         except nats.js.errors.KeyWrongLastSequenceError:
             return  # another aggregator claimed it (or changed the record): its turn
         task = asyncio.create_task(
-            self._run_hook(bucket, cluster, record, claimed, hook), name=f"hook-{hook}"
+            self._run_hook(bucket, cluster, record, claimed, hook, entry), name=f"hook-{hook}"
         )
         self.hook_tasks.add(task)
         task.add_done_callback(self.hook_tasks.discard)
 
     async def _run_hook(
-        self, bucket: KeyValue, cluster: str, record: NodeRecord, hold: Hold, hook: str
+        self,
+        bucket: KeyValue,
+        cluster: str,
+        record: NodeRecord,
+        hold: Hold,
+        hook: str,
+        entry: TrustEntry | None,
     ) -> None:
         node = record.node_id
         log.info("policy hook started", extra={"node": node, "hook": hook})
-        result = await run_hook(
-            self.config.hooks[hook], environment(record, hold, hook), self.config.hook_timeout
-        )
+        env = environment(record, hold, hook, entry)
+        result = await run_hook(self.config.hooks[hook], env, self.config.hook_timeout)
         now = time.time()
         for _ in range(FINISH_ATTEMPTS):
             current, revision = await kv.read_with_revision(bucket, cluster, PolicyRecord)
@@ -255,6 +286,8 @@ class RemediationActor:
             event = {
                 "breaker_tripped": f"{plan.record.tripped_at or now:.0f}",
                 "needs_attention": f"{cluster}-{node}",
+                # One per claim: the message names the claim and the enrolled identity.
+                "hardware_changed": "identity-" + hashlib.sha256(message.encode()).hexdigest()[:16],
             }.get(kind, f"{now:.0f}-{message[:48]}")
             if dry:
                 event = f"dry-{event}-{int(now // 300)}"

@@ -12,6 +12,14 @@ what each record says now, so a breaker reset or an aggregator restart replays n
 - The policy only undoes what it did: a held node whose heartbeat says someone else set
   its schedulability (an operator's key, a spot notice, a Slurm admin) is dropped from
   the holds untouched, and nodes it does not hold are never uncordoned.
+- Whether the policy cordoned a node is its own record (its holds in ``fleet_policy``):
+  a heartbeat naming the policy's key (``schedulability_by``) is the node's claim, read
+  only to see that a cordon the policy holds took effect, or that someone else took the
+  node over (then the hold is let go); it never makes the policy take a node as its own.
+- A held node whose claims name another machine than its enrolled identity (another
+  host, a GPU not enrolled: :mod:`actors.fleet.identity`) gets no hook: one
+  ``hardware_changed`` alert per claim, and the node stays held until an operator
+  confirms the identity (``fleetctl approve --identity``) or clears the hold.
 - The breaker: the policy holds at most ``min(breaker_max, breaker_percent % of the
   cluster's nodes)`` at once. Needing more trips it: no action at all, one alert listing
   what it would have done, until ``fleetctl policy reset``.
@@ -20,14 +28,17 @@ what each record says now, so a breaker reset or an aggregator restart replays n
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from actors.fleet import identity
+from actors.fleet.remediation.hooks import clean
 from actors.runtime.config import ConfigError, Positive, build
-from schemas.messages import AlertKind, NodeRecord
+from schemas.messages import AlertKind, NodeIdentity, NodeRecord
 from schemas.remediation import MAX_HISTORY, MAX_WOULD, Hold, PolicyRecord, ReasonClass
 
 GPU_CHECKS = frozenset(
@@ -154,11 +165,19 @@ def classify(record: NodeRecord, classes: list[ReasonClass]) -> tuple[ReasonClas
 
 
 def hook_step(
-    config: PolicyConfig, hold: Hold, record: NodeRecord, key: str, now: float, plan: Plan
+    config: PolicyConfig,
+    hold: Hold,
+    record: NodeRecord,
+    key: str,
+    now: float,
+    plan: Plan,
+    enrolled: NodeIdentity | None = None,
 ) -> tuple[Hold, str | None]:
     """Where the hold's last-mile hooks are: the hold as it now stands, and the next hook
     to run (None: none now). Hooks wait for the policy's own cordon to show in the node's
-    heartbeat; a reboot is confirmed by a new boot id, or times out into needs_attention."""
+    heartbeat; a reboot is confirmed by a new boot id, or times out into needs_attention;
+    the next hook is withheld while the node's claims name another machine than
+    ``enrolled`` (:func:`identity_gate`)."""
     beat = record.heartbeat
     if beat is None or beat.schedulability_by != key or beat.schedulability == "schedulable":
         return hold, None
@@ -184,7 +203,31 @@ def hook_step(
         hold = msgspec.structs.replace(hold, hook_running="", hook_started=None)
     for name in config.hook_after.get(hold.reason_class, []):
         if name not in hold.hooks_done:
-            return hold, name
+            return identity_gate(hold, record, enrolled, name, plan)
+    return hold, None
+
+
+def identity_gate(
+    hold: Hold, record: NodeRecord, enrolled: NodeIdentity | None, hook: str, plan: Plan
+) -> tuple[Hold, str | None]:
+    """``hook`` if the node's claims name the machine it was enrolled as (or nothing is
+    enrolled); else the hook withheld, the claim noted in the hold (``identity_withheld``)
+    and, the first time for this claim, a ``hardware_changed`` note."""
+    claims = identity.claimed(record)
+    found = identity.differences(enrolled, claims)
+    if not found:
+        if hold.identity_withheld:
+            hold = msgspec.structs.replace(hold, identity_withheld="")
+        return hold, hook
+    withheld = identity.digest(claims)
+    if hold.identity_withheld != withheld:
+        message = (
+            f"hook {hook} withheld: the node claims {'; '.join(found)}; hooks act on the "
+            f"enrolled identity only once an operator confirms (fleetctl approve --identity "
+            f"{record.node_id}) or clears the hold"
+        )
+        plan.notes.append(("hardware_changed", record.node_id, clean(message)[:1000]))
+        hold = msgspec.structs.replace(hold, identity_withheld=withheld)
     return hold, None
 
 
@@ -200,9 +243,12 @@ def decide(
     records: list[NodeRecord],
     now: float,
     new_id: str,
+    enrolled: Mapping[str, NodeIdentity | None] | None = None,
 ) -> Plan:
     """The next record and orders for one cluster; ``key`` is the policy's public key,
-    ``new_id`` a fresh prefix for command ids."""
+    ``new_id`` a fresh prefix for command ids, ``enrolled`` the enrolled identity of the
+    held nodes (from their trust entries; a node missing has none)."""
+    enrolled = enrolled or {}
     by_node = {record.node_id: record for record in records if not record.deregistered}
     holds = dict(current.holds)
     history = {
@@ -226,9 +272,10 @@ def decide(
             continue
         if hold.needs_attention or record.state not in REPORTING:
             continue
-        hold, hook = hook_step(config, hold, record, key, now, plan)
+        hold, hook = hook_step(config, hold, record, key, now, plan, enrolled.get(node))
         holds[node] = hold
-        if hook is not None or hold.hook_running or hold.rebooting or hold.needs_attention:
+        busy = hold.hook_running or hold.rebooting or hold.needs_attention
+        if hook is not None or busy or hold.identity_withheld:
             if hook is not None:
                 plan.hooks.append(HookOrder(node, hook))
             continue

@@ -36,6 +36,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
 from schemas.events import Capacity, Dependency, Event, Gpu, HostFacts, Inject, Sample
+from schemas.messages import NodeIdentity, identity_of
 from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,20 @@ class CpuMeter:
         if total_delta <= 0:
             return 0.0
         return round(min(100.0, max(0.0, 100.0 * busy_delta / total_delta)), 1)
+
+
+async def read_identity(config: AgentConfig) -> NodeIdentity:
+    """This machine's host name and GPUs, read once (each GPU read bounded by
+    ``nvml_deadline``): the identity ``node-agent register`` sends, which an approval
+    records as the node's enrolled identity. No GPUs when they cannot be read in time."""
+    source = choose_gpus(config)
+    gpus: list[Gpu] = []
+    if source is not None:
+        watchdog = GpuWatchdog(source, config.nvml_deadline)
+        gpus = await watchdog.read()
+        if not watchdog.hung:
+            source.close()  # a hung read keeps its source: the process is about to exit
+    return identity_of(socket.gethostname()[:255], gpus[:MAX_GPUS])
 
 
 def host_identity() -> list[str]:
