@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.metrics import AgentMetrics
-from actors.runtime.bus import NatsBus, publish_signed_event
+from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
 from schemas.events import Event
@@ -171,6 +171,9 @@ class Fleet:
     prefix: str
     state_dir: Path
     stack: AsyncExitStack
+    channels: dict[str, tuple[NodeEvents, NatsBus]] = field(default_factory=dict)
+    """Each node's event channel and the connection its actors publish on, for the agents
+    and actors started here: what :meth:`publish_event` speaks through."""
 
     def config(self, node: str = "n1", **settings: Any) -> AgentConfig:
         return agent_config(self.url, self.prefix, self.state_dir, node, **settings)
@@ -180,17 +183,28 @@ class Fleet:
         twice is harmless, so a test may stop it itself (to restart it, say)."""
         agent = await approved_agent(self.bus, config or self.config())
         self.stack.push_async_callback(agent.stop)
+        assert agent.bus is not None
+        self.channels[agent.config.node_id] = (agent.events, agent.bus)
         return agent
+
+    def node_events(self, config: AgentConfig) -> NodeEvents:
+        """The event channel for node actors a test runs directly on this fleet's bus, as
+        :func:`node_events` makes it; :meth:`publish_event` speaks through it."""
+        events = node_events(config)
+        self.channels[config.node_id] = (events, self.bus)
+        return events
 
     def node_key(self, node: str = "n1") -> signing.KeyPair:
         """The key node ``node``'s agent signs with (created if it does not exist yet)."""
         return signing.load_or_create_key_file(self.config(node).key_path)
 
     async def publish_event(self, kind: str, event: Event, node: str = "n1") -> None:
-        """Publish ``event`` as node ``node``'s own actor would: signed with its key."""
-        subject = Subjects(self.prefix).event(node, kind)
-        await publish_signed_event(self.bus, subject, event, self.node_key(node))
-        await self.bus.flush()
+        """Publish ``event`` as node ``node``'s own actor would: signed with its key and
+        tagged by its process, on its connection (the agent, or the actors, this fleet
+        started for ``node``), so its actors act on it."""
+        events, bus = self.channels[node]
+        await events.publish(bus, Subjects(self.prefix).event(node, kind), event)
+        await bus.flush()
 
     async def start_aggregator(
         self, bus: NatsBus | None = None, ready_timeout: float = 10.0, **settings: Any
