@@ -10,8 +10,9 @@ and is not a replay (:mod:`actors.node.session`). The one exception is a fault i
 node key alone is not enough: a copy of the key may sign from another machine.
 
 Every event is also published signed with the node key (``Fleet-Key``/``Fleet-Sig``):
-readers outside this process (``fleetctl watch --events``, the monitor, the heartbeat the
-events are folded into) read it as what the node claims, never as an instruction.
+readers outside this process (``fleetctl watch --events``, the monitor) read it as what the
+node claims, as the fleet reads the heartbeat the events are folded into; never as an
+instruction.
 
 Anything else is dropped: counted once per message (not once per actor it reached) in
 ``node_agent_events_dropped_total``, by reason, under the first actor it reached, and
