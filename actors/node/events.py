@@ -154,34 +154,35 @@ class NodeEvents:
     def _admit(self, actor: str, msg: Msg, replay: Replay) -> Event | str:
         """The event if ``actor`` may act on ``msg``, else why not."""
         headers = msg.headers or {}
-        operator = HEADER_SESSION_SEQ not in headers and HEADER_SESSION_TAG not in headers
-        if operator:
-            reason = self._operator_signed(event_kind(msg.subject), headers, msg.data)
-        else:
+        tagged = HEADER_SESSION_SEQ in headers or HEADER_SESSION_TAG in headers
+        if tagged:
             reason = self.session.check(msg.subject, headers, msg.data, replay)
+        else:
+            reason = self._untagged_refusal(event_kind(msg.subject), headers, msg.data)
         if reason:
             return reason
         try:
             event = decode_event(msg.subject, msg.data)
         except DecodeError:
             return "malformed"
-        if operator and isinstance(event, Inject):
+        if not tagged and isinstance(event, Inject):  # an operator's: admitted once, in time
             return self._inject_refusal(actor, event, msg.data) or event
         return event
 
     def _untagged(self, headers: Mapping[str, str]) -> str:
-        """Why a message without a session tag is refused: unsigned, signed by a key that
-        may not send it, or (signed by the node key) not this process's."""
+        """Why a message without a session tag, and not an operator's inject, is refused:
+        unsigned, signed by a key that may not send it, or (signed by the node key) not
+        this process's."""
         if signing.HEADER_KEY not in headers or signing.HEADER_SIG not in headers:
             return "unsigned"
         if headers[signing.HEADER_KEY] != self.key.public_key:
             return "untrusted_key"
         return "no_session"
 
-    def _operator_signed(self, kind: str, headers: Mapping[str, str], body: bytes) -> str:
-        """ "" if an untagged ``body`` is an inject signed by a trusted operator, else why it
-        is refused. The claimed signer is checked first, so a flood under other keys costs
-        no Ed25519."""
+    def _untagged_refusal(self, kind: str, headers: Mapping[str, str], body: bytes) -> str:
+        """Why a message without a session tag is refused; nothing ("") for an inject a
+        trusted operator signed. The claimed signer is checked first, so a flood under
+        other keys costs no Ed25519."""
         signer = headers.get(signing.HEADER_KEY)
         if kind != EVENT_INJECT or signer not in self.config.operator_keys():
             return self._untagged(headers)

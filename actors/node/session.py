@@ -65,9 +65,10 @@ class Session:
         return Replay(self._seq)
 
     def check(self, subject: str, headers: Mapping[str, str], body: bytes, replay: Replay) -> str:
-        """ "" if this process tagged ``body`` for ``subject`` and ``replay`` has not taken
-        it; else the reason: ``no_session`` (no tag), ``bad_session`` (a tag this process
-        did not make), ``replayed`` (taken before, or published before the subscription)."""
+        """Why ``body`` on ``subject`` is not this process's to take through ``replay``:
+        ``no_session`` (no tag), ``bad_session`` (a tag this process did not make),
+        ``replayed`` (taken before, or published before the subscription); "" if it is
+        (``replay`` then remembers it as taken)."""
         seq, tag = headers.get(HEADER_SESSION_SEQ), headers.get(HEADER_SESSION_TAG)
         if seq is None or tag is None:
             return "no_session"

@@ -41,7 +41,7 @@ from schemas.subjects import (
     Subjects,
 )
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_for
+from tests.support.fleet import Fleet, node_events, wait_for
 
 MODEL = "tiny.gguf"
 GIB = 1024**3
@@ -158,7 +158,7 @@ async def start_gateway(fleet: Fleet, **settings: Any) -> tuple[GatewayActor, st
     """A gateway actor of node n1 (listening from the start) and its base URL."""
     values: dict[str, Any] = {"gateway": "on", "gateway_port": 0, "gateway_max_in_flight": 1}
     config = fleet.config(**(values | settings))
-    gateway = GatewayActor(config, fleet.bus, fleet.node_events(config))
+    gateway = GatewayActor(config, fleet.bus, node_events(config))
     await fleet.start_supervisor(gateway)
     port = await wait_for(lambda: gateway.port)
     return gateway, f"http://127.0.0.1:{port}"
@@ -335,7 +335,7 @@ async def test_auto_gateway_listens_once_a_workload_exists(fleet: Fleet) -> None
     """``gateway = auto`` does not listen on a node without workloads, does once the node
     runs one (writing its port file), and stops when none is left."""
     config = fleet.config(gateway="auto", gateway_port=0)
-    gateway = GatewayActor(config, fleet.bus, fleet.node_events(config))
+    gateway = GatewayActor(config, fleet.bus, node_events(config))
     await fleet.start_supervisor(gateway)
     port_file = Path(config.state_dir) / PORT_FILE
     assert gateway.port is None and not port_file.exists()

@@ -242,9 +242,7 @@ async def test_actor_publishes_explained_health(fleet: Fleet, bus: NatsBus, pref
         received.put_nowait(codec.decode(msg.data, Health))  # type: ignore[attr-defined]
 
     await bus.subscribe(subjects.event("n1", EVENT_HEALTH), on_health)
-    await fleet.start_supervisor(
-        HealthActor(config, bus, fleet.node_events(config)), ready_timeout=5
-    )
+    await fleet.start_supervisor(HealthActor(config, bus, node_events(config)), ready_timeout=5)
     hot = make_sample([make_gpu(0), make_gpu(1, temperature_c=95.0)])
     await fleet.publish_event(EVENT_SAMPLE, hot)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -144,10 +145,17 @@ def agent_config(
     return AgentConfig(**values)
 
 
+DIRECT_CHANNELS: weakref.WeakValueDictionary[Path, NodeEvents] = weakref.WeakValueDictionary()
+"""The event channel :func:`node_events` last made for each node key file (while actors
+use it), which :meth:`Fleet.publish_event` speaks through to actors a test runs directly."""
+
+
 def node_events(config: AgentConfig) -> NodeEvents:
     """The node's event channel as its agent builds it, for actors a test runs directly;
     the node key is the agent's own (created if missing), so the two agree."""
-    return NodeEvents(config, signing.load_or_create_key_file(config.key_path), AgentMetrics())
+    key = signing.load_or_create_key_file(config.key_path)
+    events = DIRECT_CHANNELS[config.key_path] = NodeEvents(config, key, AgentMetrics())
+    return events
 
 
 async def approved_agent(bus: NatsBus, config: AgentConfig) -> NodeAgent:
@@ -173,7 +181,7 @@ class Fleet:
     stack: AsyncExitStack
     channels: dict[str, tuple[NodeEvents, NatsBus]] = field(default_factory=dict)
     """Each node's event channel and the connection its actors publish on, for the agents
-    and actors started here: what :meth:`publish_event` speaks through."""
+    started here: what :meth:`publish_event` speaks through."""
 
     def config(self, node: str = "n1", **settings: Any) -> AgentConfig:
         return agent_config(self.url, self.prefix, self.state_dir, node, **settings)
@@ -187,22 +195,19 @@ class Fleet:
         self.channels[agent.config.node_id] = (agent.events, agent.bus)
         return agent
 
-    def node_events(self, config: AgentConfig) -> NodeEvents:
-        """The event channel for node actors a test runs directly on this fleet's bus, as
-        :func:`node_events` makes it; :meth:`publish_event` speaks through it."""
-        events = node_events(config)
-        self.channels[config.node_id] = (events, self.bus)
-        return events
-
     def node_key(self, node: str = "n1") -> signing.KeyPair:
         """The key node ``node``'s agent signs with (created if it does not exist yet)."""
         return signing.load_or_create_key_file(self.config(node).key_path)
 
     async def publish_event(self, kind: str, event: Event, node: str = "n1") -> None:
         """Publish ``event`` as node ``node``'s own actor would: signed with its key and
-        tagged by its process, on its connection (the agent, or the actors, this fleet
-        started for ``node``), so its actors act on it."""
-        events, bus = self.channels[node]
+        tagged by its process (the agent this fleet started for ``node``, on its connection;
+        else the channel :func:`node_events` made for actors run directly on this bus), so
+        its actors act on it."""
+        events, bus = self.channels.get(node) or (
+            DIRECT_CHANNELS[self.config(node).key_path],
+            self.bus,
+        )
         await events.publish(bus, Subjects(self.prefix).event(node, kind), event)
         await bus.flush()
 
