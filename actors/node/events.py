@@ -26,13 +26,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, TypeVar
+from typing import Final
 
 from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
 from actors.node.session import Replay, Session
+from actors.runtime.bounded import remember
 from actors.runtime.bus import Bus, Handler
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
@@ -49,8 +50,6 @@ from schemas.subjects import EVENT_INJECT, event_kind
 log = logging.getLogger(__name__)
 
 EventHandler = Callable[[Event], Awaitable[None]]
-K = TypeVar("K")
-V = TypeVar("V")
 
 DROP_LOG_INTERVAL: Final = 60.0
 """Seconds between two warnings about dropped events for one reason."""
@@ -58,9 +57,12 @@ VERIFIED_MEMORY: Final = 64
 """Recently verified operator signatures remembered, so each inject is verified once, not
 once per actor."""
 REFUSED_MEMORY: Final = 1024
-"""Recently refused messages remembered (a digest, and how many copies each actor refused),
-so a refusal is counted and logged once, not by each actor it reached. A subscription that
-falls further behind than this may count a message again."""
+"""Recently refused messages remembered (a mark, and how many of its messages each actor
+refused), so a refusal is counted and logged once, not by each actor it reached. A
+subscription that falls further behind than this may count a message again."""
+MARK_TEXT: Final = 128
+"""Characters of the subject and of each signature header, and bytes of each end of the
+body, that make a refused message's mark."""
 INJECT_MEMORY: Final = 1024
 """Operator-signed injects each actor took (by body digest), so one sent again within its
 lifetime is refused; the oldest is forgotten first."""
@@ -237,13 +239,17 @@ class NodeEvents:
 
     def _new_refusal(self, actor: str, msg: Msg) -> bool:
         """Whether ``actor`` refusing ``msg`` is a message no actor refused yet: each
-        subscription gets every copy of a message once, so a copy is new when this actor
-        has now refused more copies of these exact bytes and headers than any other."""
+        subscription gets every message once, in order, so a message is new when this
+        actor has now refused more messages of its mark than any other actor has.
+
+        The mark need not tell messages apart: two that share one are counted as two, as
+        the same bytes sent twice are (so a flood costs no hash of whole bodies)."""
         headers = msg.headers or {}
         names = (signing.HEADER_KEY, signing.HEADER_SIG, HEADER_SESSION_SEQ, HEADER_SESSION_TAG)
-        digest = hashlib.blake2b(repr((msg.subject, *map(headers.get, names))).encode())
-        digest.update(msg.data)
-        mark = digest.digest()
+        values = [(headers.get(name) or "")[:MARK_TEXT] for name in names]
+        about = repr((msg.subject[:MARK_TEXT], *values, len(msg.data))).encode()
+        ends = msg.data[:MARK_TEXT] + msg.data[-MARK_TEXT:]
+        mark = hashlib.blake2b(about + ends, digest_size=16).digest()
         copies = self._refused.get(mark)
         if copies is None:
             copies = {}
@@ -251,10 +257,3 @@ class NodeEvents:
         count = copies.get(actor, 0) + 1
         copies[actor] = count
         return all(count > n for other, n in copies.items() if other != actor)
-
-
-def remember(memory: dict[K, V], key: K, value: V, limit: int) -> None:
-    """Put ``key`` in ``memory``, forgetting the oldest entry when it holds ``limit``."""
-    if key not in memory and len(memory) >= limit:
-        del memory[next(iter(memory))]
-    memory[key] = value

@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 
 from actors.node.events import NodeEvents
 from actors.node.metrics import AgentMetrics
+from actors.node.session import Session
 from schemas import codec, signing
 from schemas.events import HEADER_SESSION_SEQ, HEADER_SESSION_TAG, Event, Inject, NodeState
 from tests.support.fleet import agent_config
@@ -237,7 +238,7 @@ async def test_a_refusal_is_counted_and_logged_once_for_all_actors(
 ) -> None:
     """A forged message reaching nine actors is one refusal (one count, one warning) under
     the first actor it reached; the same bytes sent three times are three, however the
-    actors' copies interleave."""
+    actors' copies interleave, and so are two bodies alike but in the middle."""
     events, metrics = channel(tmp_path)
     handlers = [events.decoding(f"actor{n}", Seen().handle) for n in range(9)]
     body = codec.encode(NodeState(ts=1.0, schedulability="drained", deregistering=True))
@@ -254,6 +255,12 @@ async def test_a_refusal_is_counted_and_logged_once_for_all_actors(
         await handler(forged)
         await handler(forged)
     assert dropped(metrics, "no_session") == 3
+    # Two bodies alike but in the middle (one mark): two messages, whatever the order.
+    alike = [b"a" * 200 + middle + b"a" * 200 for middle in (b"x", b"y")]
+    for handler in handlers:
+        for body in alike:
+            await handler(message(STATE, body))
+    assert dropped(metrics, "unsigned") == 2
 
 
 async def test_own_passes_only_this_process_s_messages(tmp_path: Path) -> None:
@@ -304,3 +311,30 @@ async def test_an_operator_inject_is_verified_once_for_all_actors(
     assert dropped(metrics, "bad_signature") == 1
     await handler(tagged(events, STATE, codec.encode(NodeState(ts=1.0, schedulability="drained"))))
     assert len(seen.events) == 5 and len(calls) == 2
+
+
+async def test_a_tagged_event_is_checked_once_for_all_actors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same tagged bytes reaching several actors cost one HMAC; other bytes under the
+    same counter and tag are checked again, and refused."""
+    events, metrics = channel(tmp_path)
+    calls: list[bytes] = []
+    tag = Session._tag
+
+    def counting(session: Session, subject: str, seq: str, body: bytes) -> str:
+        calls.append(body)
+        return tag(session, subject, seq, body)
+
+    monkeypatch.setattr(Session, "_tag", counting)
+    seen = Seen()
+    handlers = [events.decoding(actor, seen.handle) for actor in ("heartbeat", "spot", "gateway")]
+    own = tagged(events, STATE, codec.encode(NodeState(ts=1.0, schedulability="cordoned")))
+    calls.clear()  # the tagging itself
+    for handler in handlers:
+        await handler(own)
+    assert len(seen.events) == 3 and len(calls) == 1
+    forged = codec.encode(NodeState(ts=2.0, schedulability="drained"))
+    await handlers[0](Msg(None, subject=STATE, data=forged, headers=own.headers))  # type: ignore[arg-type]
+    assert len(seen.events) == 3 and len(calls) == 2
+    assert dropped(metrics, "bad_session") == 1
