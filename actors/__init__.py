@@ -7,7 +7,8 @@ General layout
               skeleton ``listening``), durable consumers that settle every message and come
               back when deleted (``consumer``), KV helpers, the layered config loader, TLS
               client contexts, the supervisor, schedule and backoff, atomic files, logs,
-              systemd notifications, serving aiohttp (bounded), and an embedded nats-server.
+              bounded memories, systemd notifications, serving aiohttp (bounded), and an
+              embedded nats-server.
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
               ``config.py`` and ``metrics.py`` are the node's, ``xid.py`` is the XID table the
               inventory counts with and health judges by.
@@ -28,8 +29,12 @@ The actors and what they say to each other
 ==========================================
 
 Subjects below use the default prefix ``fleet``; ``<node>`` and ``<cluster>`` are the
-node's own. Events (``fleet.evt.<node>.<kind>``) are core NATS, local to the node, and
-signed with the node's key; every actor verifies what it decodes (``node/events.py``).
+node's own. Events (``fleet.evt.<node>.<kind>``) are core NATS, local to the node, signed
+with the node's key and tagged with the agent process's session (``node/session.py``): an
+actor acts only on an event its own process published (or a trusted operator's signed
+``inject``), never on one merely signed with the node key, which a copy of the key can
+sign anywhere (``node/events.py``). Readers outside the process take events, like the
+heartbeat, as the node's signed claims.
 
 Node (``actors/node``):
 
@@ -46,8 +51,9 @@ Node (``actors/node``):
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
                   (stream ``FLEET_CMD``), listens to
                   ``evt.<node>.{engine,gateway,health,interruption,scheduler}`` and its own
-                  heartbeats; publishes ``NodeState`` on ``evt.<node>.state`` and signed
-                  ``CommandResult`` on ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``);
+                  heartbeats (those its process tagged); publishes ``NodeState`` on
+                  ``evt.<node>.state`` and signed ``CommandResult`` on
+                  ``fleet.result.<cluster>.<node>`` (``FLEET_EVENTS``);
                   hands deploy and stop to the workload actor on ``evt.<node>.workload_order``.
 - ``workloads/``  listens to ``evt.<node>.{workload_order,sample,state}``; runs deployed
                   engines as process groups; publishes ``Workloads`` on

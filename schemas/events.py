@@ -60,6 +60,17 @@ from schemas.subjects import (
 )
 from schemas.workloads import WorkloadOrder
 
+HEADER_SESSION_SEQ: Final = "Fleet-Session-Seq"
+"""Optional header on node events and heartbeats: the publishing agent process's message
+counter, in decimal, strictly increasing over everything that process publishes."""
+HEADER_SESSION_TAG: Final = "Fleet-Session-Tag"
+"""Optional header beside ``Fleet-Session-Seq``: lower-case hex of HMAC-SHA256, under a
+secret the agent process made at its start and never stores or sends, of the subject, a
+NUL byte, the counter in decimal, a NUL byte and the body. Only that process can check it,
+and its actors act on an event only if it does (or, for ``inject``, if a trusted operator
+signed it); every other reader ignores both headers and reads the ``Fleet-Key`` /
+``Fleet-Sig`` signature: what the node claims."""
+
 
 class Capacity(Wire, frozen=True, kw_only=True):
     """What the node has and what is free right now."""
@@ -527,6 +538,8 @@ def decode_event(subject: str, data: bytes) -> Event:
 
 __all__ = [
     "EVENT_TYPES",
+    "HEADER_SESSION_SEQ",
+    "HEADER_SESSION_TAG",
     "Capacity",
     "CloudFacts",
     "Dependency",

@@ -2,9 +2,10 @@
 
 ``Deploy`` and ``Stop`` are members of the signed ``Command.action`` union
 (:mod:`schemas.messages`); ``WorkloadOrder`` is how the node's command executor hands an
-accepted one to its workload actor, as a node-signed event on
-``fleet.evt.<node>.workload_order`` (node actors never import each other). They live here,
-not in ``messages``, because ``events`` needs the order and ``messages`` imports ``events``.
+accepted one to its workload actor, as an event on ``fleet.evt.<node>.workload_order``
+which the workload actor takes only from its own agent process (node actors never import
+each other). They live here, not in ``messages``, because ``events`` needs the order and
+``messages`` imports ``events``.
 """
 
 from __future__ import annotations

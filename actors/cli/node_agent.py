@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument(
         "--key-file",
         type=Path,
-        help="the node's key or a trusted operator's key, which signs the fault "
-        "(default: the node's key, as 'start' finds it)",
+        help="a trusted operator's key (one in the agent's trust_operators), which signs "
+        "the fault: required, the agent takes no fault signed by its own node key",
     )
     for setting in ("tls_ca", "tls_cert", "tls_key"):
         inject.add_argument(
@@ -294,7 +294,8 @@ async def enroll_at_start(config: AgentConfig) -> None:
 
 async def publish_inject(bus: Bus, prefix: str, inject: Inject, key: signing.KeyPair) -> None:
     """Publish one fault, signed by ``key``, to the node's inject subject and make sure the
-    server has it. The agent takes it only when signed by its own or a trusted operator key."""
+    server has it. The agent takes it only when signed by a trusted operator key, once,
+    within max_command_lifetime."""
     subject = Subjects(prefix).event(inject.node_id, EVENT_INJECT)
     await publish_signed_event(bus, subject, inject, key)
     await bus.flush()
@@ -308,18 +309,28 @@ async def cmd_inject(args: argparse.Namespace) -> int:
         return fail(f"inject {args.fault} takes no value")
     if args.gpu is not None and args.gpu < 0:
         return fail("--gpu must be a GPU index (0 or more)")
+    if args.key_file is None:
+        return fail(
+            "inject needs --key-file: an operator key the agent trusts (trust_operators); "
+            "it takes no fault signed by its own node key"
+        )
     inject = Inject(
         ts=time.time(), node_id=args.node_id, fault=args.fault, gpu=args.gpu, value=args.value
     )
     subject = Subjects(args.prefix).event(args.node_id, EVENT_INJECT)  # refuses bad tokens
     tls_flags = {setting: getattr(args, setting) for setting in ("tls_ca", "tls_cert", "tls_key")}
     settings = build(AgentConfig, ENV_PREFIX, flags=tls_flags)
-    key = signing.load_key_file(args.key_file or settings.key_path)
+    key = signing.load_key_file(args.key_file)
     tls = client_context(settings.tls_ca, settings.tls_cert, settings.tls_key)
     bus = await NatsBus.connect(args.server, "node-agent-inject", tls=tls)
     try:
         # A fault for a node or GPU that is not there would be published to nobody.
         record = await registry.read_record(bus, Subjects(args.prefix), args.node_id)
+        if record.public_key == key.public_key:
+            return fail(
+                f"--key-file is node {args.node_id}'s own key: the agent takes faults only "
+                "signed by a trusted operator's key"
+            )
         if args.gpu is not None and record.gpus_total and args.gpu >= record.gpus_total:
             return fail(
                 f"node {args.node_id} has {record.gpus_total} GPUs "

@@ -57,6 +57,8 @@ class NodeAgent:
         self.sequence = SequenceStore(Path(config.state_dir))
         self.metrics = AgentMetrics()
         self.metrics.identify(config.node_id, config.cluster)
+        self.events = NodeEvents(config, self.key, self.metrics)
+        """The actors' event channel, with this process's session: what they act on."""
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
@@ -65,7 +67,7 @@ class NodeAgent:
         self.heartbeat: HeartbeatActor | None = None
 
     def build_actors(self, bus: NatsBus) -> list[Actor]:
-        events = NodeEvents(self.config, self.key, self.metrics)
+        events = self.events
         self.commands = CommandsActor(self.config, bus, events)
         self.inventory = InventoryActor(self.config, bus, events)
         self.standing = standing = StandingActor(self.config, bus)

@@ -161,8 +161,9 @@ class AgentMetrics:
         )
         self.events_dropped = Counter(
             "node_agent_events_dropped",
-            "Node events a consuming actor refused (unsigned, bad_signature, untrusted_key, "
-            "malformed); each consuming actor counts its own",
+            "Messages on the node's event subjects (and its own heartbeat's, which the command "
+            "executor reads) that node actors refused, by reason (see docs/node.md); each "
+            "message counted once, under the first actor it reached",
             ["actor", "reason"],
             registry=self.registry,
         )

@@ -360,15 +360,18 @@ async def publish_signed(
     msg_id: str,
     *,
     headers: dict[str, str] | None = None,
+    tag: Callable[[str, bytes], dict[str, str]] | None = None,
     timeout: float = PUBLISH_TIMEOUT,
 ) -> tuple[PubAck, int]:
     """Store ``message`` in JetStream signed by ``key``, under ``Nats-Msg-Id: msg_id`` (the
-    stream drops a repeat), plus ``headers``; the stream's acknowledgement and the body's
-    size in bytes. Raises nats.errors.Error or TimeoutError."""
+    stream drops a repeat), plus ``headers`` and those ``tag`` makes of the subject and the
+    body; the stream's acknowledgement and the body's size in bytes. Raises
+    nats.errors.Error or TimeoutError."""
     body = codec.encode(message)
     signed = key.headers(body)
     signed["Nats-Msg-Id"] = msg_id
     signed.update(headers or {})
+    signed.update(tag(subject, body) if tag is not None else {})
     ack = await bus.js.publish(subject, body, timeout=timeout, headers=signed)
     return ack, len(body)
 

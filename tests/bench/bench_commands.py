@@ -25,17 +25,27 @@ from nats.aio.msg import Msg
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.fleet.streams import provision
+from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.commands import new_command, publish_command
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
+from schemas.events import Engine
 from schemas.messages import CommandResult, Drain
-from schemas.subjects import Subjects
-from tests.support.commanding import set_in_flight
+from schemas.subjects import EVENT_ENGINE, Subjects
 from tests.support.fleet import agent_config, approved_agent, start_aggregator, wait_record
 from tests.support.metadata_fakes import FakeAws
 
 PREFIX = "bench"
+
+
+async def set_in_flight(agent: NodeAgent, count: int) -> None:
+    """Pretend to be the agent's engine actor reporting ``count`` in-flight requests: through
+    its process's event channel, on its connection, as its actors take events."""
+    assert agent.bus is not None
+    subject = Subjects(PREFIX).event(agent.config.node_id, EVENT_ENGINE)
+    await agent.events.publish(agent.bus, subject, Engine(ts=time.time(), in_flight=count))
+    await agent.bus.flush()
 
 
 def percentiles(samples: list[float]) -> str:
@@ -67,7 +77,7 @@ async def notice_to_draining(server: NatsServer, bus: NatsBus, store: Path, tria
             await wait_record(bus, PREFIX, node, lambda r: r.state == "active")
             # Work in flight keeps the node draining while we look; the notice lands at a
             # random point of the 1 s poll period.
-            await set_in_flight(bus, PREFIX, agent.key, 1, node)
+            await set_in_flight(agent, 1)
             await asyncio.sleep(random.uniform(0, 1))
             start = time.perf_counter()
             fake.action = {
@@ -76,7 +86,7 @@ async def notice_to_draining(server: NatsServer, bus: NatsBus, store: Path, tria
             }
             await wait_record(bus, PREFIX, node, lambda r: r.state == "draining", 10)
             samples.append(time.perf_counter() - start)
-            await set_in_flight(bus, PREFIX, agent.key, 0, node)
+            await set_in_flight(agent, 0)
             assert agent.supervisor is not None
             await asyncio.wait_for(agent.supervisor.finished.wait(), 10)
         finally:

@@ -133,7 +133,7 @@ async def test_drain_deadline_passed_with_work_in_flight_exits_3(
 ) -> None:
     """A drain whose deadline passes with requests still in flight is `done` on the node,
     but fleetctl exits 3, not 0; `fleetctl command` says the same later."""
-    await set_in_flight(bus, prefix, fleet.node_key(), 2)
+    await set_in_flight(fleet, 2)
     code, out, err = await run(
         fleet, operator_file, "drain", "n1", "--deadline", "1", "--wait", "--timeout", "20"
     )

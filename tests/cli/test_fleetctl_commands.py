@@ -54,12 +54,12 @@ async def test_drain_wait_shows_progress_and_exits_zero(
     """drain --wait prints a labelled line with the command id, a progress line per result
     and exits 0 once the node is drained; the cluster comes from fleet_nodes."""
     results = await Results().start(bus, prefix)
-    await set_in_flight(bus, prefix, fleet.node_key(), 2)
+    await set_in_flight(fleet, 2)
     process = await fleetctl(
         nats_server, prefix, operator_file, "drain", "n1", "--deadline", "30", "--wait"
     )
     await wait_for(lambda: any(r.in_flight == 2 for r in results.results), timeout=15)
-    await set_in_flight(bus, prefix, fleet.node_key(), 0)
+    await set_in_flight(fleet, 0)
     code, out, err = await finish(process)
     lines = out.splitlines()
     assert code == 0, err

@@ -14,7 +14,6 @@ import nats
 import nats.js.errors
 import pytest
 
-from actors.cli import node_agent as node_cli
 from actors.cli.sim_publisher import SimOptions
 from actors.cli.simulate import simulate
 from actors.fleet import live
@@ -24,7 +23,7 @@ from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject
 from schemas.messages import Heartbeat, NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import EVENT_INJECT, Subjects
 from tests.cli.test_fleetctl_listing import fleetctl
 from tests.support.fleet import Fleet, heartbeat, new_fleet_api, wait_for, wait_record
 
@@ -65,7 +64,7 @@ async def test_views_show_the_latest_heartbeat_not_the_checkpoint(
     first = await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     await wait_for(lambda: _past(bus, prefix, first), 10)
     fault = Inject(ts=time.time(), node_id="n1", fault="temp", value=95.0)
-    await node_cli.publish_inject(bus, prefix, fault, fleet.node_key())
+    await fleet.publish_event(EVENT_INJECT, fault)
 
     async def injected() -> bool:
         beat = (await live.read_node(bus, Subjects(prefix), "n1")).heartbeat

@@ -70,7 +70,7 @@ async def test_rolling_drain_never_more_than_max_unavailable(
 
     async def finish_work(node: str) -> None:
         await asyncio.sleep(0.3)
-        await set_in_flight(bus, prefix, fleet.node_key(node), 0, node)
+        await set_in_flight(fleet, 0, node)
 
     async def on_result(msg: Msg) -> None:
         nonlocal most
@@ -87,7 +87,7 @@ async def test_rolling_drain_never_more_than_max_unavailable(
     await bus.flush()
     for node in RACK:
         # Each node has work in flight: its drain lasts until the work finishes.
-        await set_in_flight(bus, prefix, fleet.node_key(node), 1, node)
+        await set_in_flight(fleet, 1, node)
     code, out, err = await fleetctl(
         nats_server,
         prefix,

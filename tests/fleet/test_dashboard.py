@@ -15,7 +15,6 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from actors.cli import node_agent as node_cli
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.dashboard import render
 from actors.fleet.fleet_api import exposure
@@ -25,7 +24,7 @@ from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.events import Capacity, Gpu, Health, HealthCheck, Inject, Sample, XidCount
 from schemas.messages import MaintenanceWindow, NodeRecord
-from schemas.subjects import BUCKET_MAINTENANCE, Subjects
+from schemas.subjects import BUCKET_MAINTENANCE, EVENT_INJECT, Subjects
 from schemas.xid_catalog import XID_TABLE
 from tests.support.dashboard import basic, client, link, logged_in, start_dashboard
 from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
@@ -54,7 +53,7 @@ async def test_rows_follow_the_fleet_live(fleet: Fleet, browser: Any, tmp_path: 
         assert await page.locator("#rows tr").count() == 3
 
         hot = Inject(ts=time.time(), node_id="n1", fault="temp", gpu=0, value=95.0)
-        await node_cli.publish_inject(fleet.bus, fleet.prefix, hot, fleet.node_key("n1"))
+        await fleet.publish_event(EVENT_INJECT, hot, "n1")
         await page.wait_for_selector("tr[data-node='n1'] .badge.warn", timeout=15_000)
 
         process.send_signal(signal.SIGKILL)

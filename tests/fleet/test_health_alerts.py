@@ -7,14 +7,13 @@ import time
 import pytest
 from nats.aio.msg import Msg
 
-from actors.cli import node_agent as node_cli
 from actors.fleet import alert_rules, record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.base import HealthStatus
 from schemas.events import Health, HealthCheck, HealthComponent, Inject
 from schemas.messages import Alert, Heartbeat, NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import EVENT_INJECT, Subjects
 from tests.support.fleet import Fleet, wait_for, wait_record
 
 XID_79 = HealthCheck(
@@ -144,7 +143,7 @@ async def test_injected_xid_79_raises_one_critical_alert_naming_the_check(
     agent = await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-    await node_cli.publish_inject(bus, prefix, fault, fleet.node_key())
+    await fleet.publish_event(EVENT_INJECT, fault)
     broken = await wait_record(bus, prefix, "n1", lambda r: r.state == "unhealthy", timeout=15)
     assert broken.health_status == "unhealthy"
     assert broken.health_score is not None and broken.health_score < 50

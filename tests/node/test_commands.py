@@ -70,13 +70,13 @@ async def test_cordon_drain_uncordon(
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_by == operator.public_key
 
-    await set_in_flight(bus, prefix, fleet.node_key(), 3)
+    await set_in_flight(fleet, 3)
     drain = await send(bus, prefix, operator, Drain(deadline=30))
     await wait_record(bus, prefix, "n1", lambda r: r.state == "draining")
     await wait_for(lambda: any(r.in_flight == 3 for r in results.of(drain.id)))
-    await set_in_flight(bus, prefix, fleet.node_key(), 1)
+    await set_in_flight(fleet, 1)
     await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
-    await set_in_flight(bus, prefix, fleet.node_key(), 0)
+    await set_in_flight(fleet, 0)
     final = await results.final(drain.id)
     assert final.status == "done" and final.schedulability == "drained"
     assert "in_progress" in results.statuses(drain.id)
@@ -97,7 +97,7 @@ async def test_drain_deadline_passes(
 ) -> None:
     """A drain whose work never finishes ends drained at its deadline and says so."""
     await trusting_agent(fleet, operator)
-    await set_in_flight(bus, prefix, fleet.node_key(), 5)
+    await set_in_flight(fleet, 5)
     drain = await send(bus, prefix, operator, Drain(deadline=0.5))
     final = await results.final(drain.id)
     assert final.status == "done" and final.schedulability == "drained"
@@ -115,7 +115,7 @@ async def test_a_deregistered_agent_stops_without_draining_again(
     finished, stops without the shutdown drain of up to shutdown_timeout (30 s) that would
     wait for the same work again (a --deadline 20 took 50 s)."""
     agent = await trusting_agent(fleet, operator, shutdown_timeout=30.0)
-    await set_in_flight(bus, prefix, fleet.node_key(), 5)
+    await set_in_flight(fleet, 5)
     leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
     final = await results.final(leave.id, timeout=20)
     assert (final.status, final.detail) == ("done", "deregistered")
@@ -373,7 +373,7 @@ async def test_drain_resumes_after_restart(
 ) -> None:
     """A drain interrupted by a restart resumes under the same command id and finishes."""
     agent = await trusting_agent(fleet, operator, shutdown_timeout=0.5)
-    await set_in_flight(bus, prefix, fleet.node_key(), 4)
+    await set_in_flight(fleet, 4)
     drain = await send(bus, prefix, operator, Drain(deadline=60))
     await wait_for(lambda: any(r.in_flight == 4 for r in results.of(drain.id)))
     await agent.stop()

@@ -165,7 +165,7 @@ async def start_gateway(fleet: Fleet, **settings: Any) -> tuple[GatewayActor, st
 
 
 async def publish_workloads(fleet: Fleet, gateway: GatewayActor, *workloads: Workload) -> None:
-    """Publish the node's workloads, signed as its own workload actor would, and wait until
+    """Publish the node's workloads, as its own workload actor would, and wait until
     the gateway knows them."""
     await fleet.publish_event(EVENT_WORKLOADS, Workloads(ts=time.time(), workloads=[*workloads]))
     names = {(w.name, w.state, w.port) for w in workloads if w.state != "stopped"}

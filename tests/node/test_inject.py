@@ -12,11 +12,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.cli import node_agent as node_cli
+from actors.node.agent import NodeAgent
 from actors.node.inventory.actor import CpuMeter, InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import NvmlGpus
 from actors.runtime.bus import NatsBus
-from schemas import codec
+from schemas import codec, signing
 from schemas.events import Inject
 from schemas.messages import Heartbeat, NodeRecord
 from schemas.subjects import Subjects
@@ -42,11 +43,25 @@ def hot_beat(beat: Heartbeat) -> bool:
     return any(c.name == "gpu_temperature" and c.points == 0 for c in components)
 
 
-async def inject_cli(fleet: Fleet, *args: str) -> int:
-    """``node-agent inject`` for node n1, signed with n1's own key."""
-    key_file = str(fleet.config().key_path)
+def operator_file(fleet: Fleet) -> Path:
+    """The key file of the operator whose faults the test's agent takes (made if missing)."""
+    path = fleet.state_dir / "operator.nk"
+    signing.load_or_create_key_file(path)
+    return path
+
+
+async def faulty_agent(fleet: Fleet) -> NodeAgent:
+    """Agent n1, trusting the test's operator with faults."""
+    operator = signing.load_key_file(operator_file(fleet))
+    return await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
+
+
+async def inject_cli(fleet: Fleet, *args: str, key_file: Path | None = None) -> int:
+    """``node-agent inject`` for node n1, signed with the test's operator key (or
+    ``key_file``)."""
+    key = str(key_file or operator_file(fleet))
     argv = ["inject", *args, "--server", fleet.url, "--node-id", "n1", "--prefix", fleet.prefix]
-    argv += ["--key-file", key_file]
+    argv += ["--key-file", key]
     # main() runs its own event loop, so it runs in a thread like a separate process would.
     return await asyncio.to_thread(node_cli.main, argv)
 
@@ -62,7 +77,7 @@ async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, pr
     await bus.subscribe(Subjects(prefix).heartbeats(), collect)
     await bus.flush()
     await fleet.start_aggregator()
-    await fleet.start_agent()
+    await faulty_agent(fleet)
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     assert await inject_cli(fleet, "temp", "95", "--gpu", "1") == 0
     injected_after = len(beats)
@@ -89,21 +104,34 @@ async def test_xid_and_lost_gpu_make_node_unhealthy(
 ) -> None:
     """An injected XID 79 makes the xid check unhealthy; a lost GPU the nvml check."""
     await fleet.start_aggregator()
-    await fleet.start_agent()
+    await faulty_agent(fleet)
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
+    operator = signing.load_key_file(operator_file(fleet))
     fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-    await node_cli.publish_inject(bus, prefix, fault, fleet.node_key())
+    await node_cli.publish_inject(bus, prefix, fault, operator)
     broken = await wait_record(
         bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
     )
     assert broken.health_status == "unhealthy"
     lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
-    await node_cli.publish_inject(bus, prefix, lost, fleet.node_key())
+    await node_cli.publish_inject(bus, prefix, lost, operator)
     gone = await wait_record(
         bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
     )
     assert gone.heartbeat and gone.heartbeat.sample
     assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
+
+
+async def test_inject_signed_with_the_nodes_own_key_is_refused(
+    fleet: Fleet, bus: NatsBus, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inject --key-file`` naming the node's own key is one error line and exit 1: the
+    agent takes faults only from its operators, so it would be dropped unseen."""
+    await fleet.start_aggregator()
+    await faulty_agent(fleet)
+    await wait_record(bus, prefix, "n1", lambda r: r.public_key != "")
+    assert await inject_cli(fleet, "clear", key_file=fleet.config().key_path) == 1
+    assert "--key-file is node n1's own key" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -112,6 +140,7 @@ async def test_xid_and_lost_gpu_make_node_unhealthy(
         (["temp"], "inject temp needs a value"),
         (["clear", "3"], "inject clear takes no value"),
         (["gpu-lost", "--gpu", "-1"], "--gpu must be a GPU index"),
+        (["clear"], "inject needs --key-file: an operator key the agent trusts"),
     ],
 )
 def test_inject_cli_refuses_bad_input(

@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.cli import node_agent as node_cli
 from actors.node.agent import NodeAgent
 from actors.node.http_api import HttpApiActor
 from actors.runtime.bus import NatsBus
 from schemas.events import Inject
+from schemas.subjects import EVENT_INJECT
 from tests.support.fleet import Fleet, wait_for, wait_record
 
 README = Path(__file__).parents[2] / "docs" / "metrics.md"
@@ -90,11 +90,10 @@ async def test_lost_gpu_and_xid_79_show_in_metrics_with_agreeing_score(
     assert values(healthy, "node_agent_gpu_ecc_errors_total", type="uncorrected") == [0, 0]
     assert values(healthy, "node_agent_gpu_lost") == [0, 0]
 
-    key = fleet.node_key()
     xid = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-    await node_cli.publish_inject(bus, prefix, xid, key)
+    await fleet.publish_event(EVENT_INJECT, xid)
     lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
-    await node_cli.publish_inject(bus, prefix, lost, key)
+    await fleet.publish_event(EVENT_INJECT, lost)
 
     def broken(samples: Samples) -> bool:
         return values(samples, "node_agent_health_check", check="nvml", status="unhealthy") == [

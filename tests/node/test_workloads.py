@@ -355,7 +355,7 @@ async def test_gpu_shared_only_when_asked(
     assert final.status == "rejected" and "already runs" in final.detail
 
 
-@pytest.mark.parametrize("signer", ["operator", "none"])
+@pytest.mark.parametrize("signer", ["operator", "none", "node"])
 async def test_a_workload_order_not_signed_by_the_node_is_dropped(
     fleet: Fleet,
     bus: NatsBus,
@@ -365,20 +365,27 @@ async def test_a_workload_order_not_signed_by_the_node_is_dropped(
     results: Results,
     signer: str,
 ) -> None:
-    """A workload_order event that the node did not sign (even one signed by a trusted
-    operator, who must go through a command) starts nothing and answers nothing."""
+    """A workload_order event that the node's process did not publish (even one signed by
+    a trusted operator, who must go through a command, or by the node's key from outside
+    the process) starts nothing and answers nothing."""
     started = await agent(fleet, operator, standin)
     order = WorkloadOrder(ts=time.time(), command_id="forged", action=chat())
     body = codec.encode(order)
-    headers = operator.headers(body) if signer == "operator" else {}
+    keys = {"operator": operator, "node": fleet.node_key()}
+    headers = keys[signer].headers(body) if signer in keys else {}
     await bus.publish(Subjects(prefix).event("n1", EVENT_WORKLOAD_ORDER), body, headers=headers)
     await bus.flush()
-    reason = "untrusted_key" if signer == "operator" else "unsigned"
-    labels = {"actor": "workloads", "reason": reason}
-    registry = started.metrics.registry
-    await wait_for(
-        lambda: (registry.get_sample_value("node_agent_events_dropped_total", labels) or 0) >= 1
-    )
+    reason = {"operator": "untrusted_key", "node": "no_session"}.get(signer, "unsigned")
+
+    def dropped() -> float:
+        return sum(
+            sample.value
+            for metric in started.metrics.events_dropped.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.labels["reason"] == reason
+        )
+
+    await wait_for(lambda: dropped() >= 1)
     assert results.of("forged") == []
     assert not (Path(fleet.config().state_dir) / "workloads.json").exists()
 

@@ -1,14 +1,17 @@
 """A real nats-server under the shipped accounts (deploy/nats/auth.conf, and what
 ``fleetctl nats-config`` generates), three nodes and the provider, and an attacker holding
-node-1's key on a plain nats-py connection: what tests/security's permission tests share.
-(``auth`` and ``attacker`` are fixtures: tests/security/conftest.py lends them.)"""
+node-1's key on a plain nats-py connection: what tests/security's permission tests share;
+``tls_auth`` is the same server over mutual TLS, as hub.conf and single.conf run it.
+(``auth``, ``tls_auth`` and ``attacker`` are fixtures: tests/security/conftest.py lends
+them.)"""
 
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from tests.support.deploy import (
     render_auth,
 )
 from tests.support.fleet import Fleet, agent_config
+from tests.support.pki import Pki
 
 PREFIX = "fleet"
 """auth.conf's permissions name the default prefix."""
@@ -57,13 +61,33 @@ class AuthServer:
     server: NatsServer
     keys: dict[str, signing.KeyPair]
     fleet: Fleet
+    pki: Pki | None = None
+    """The fleet CA when the server requires mutual TLS; each node's certificate is
+    ``<node>.pem`` / ``<node>-key.pem`` in its directory."""
 
     @property
     def admin(self) -> NatsBus:
         return self.fleet.bus
 
+    def tls(self, node: str) -> ssl.SSLContext | None:
+        """A client context presenting ``node``'s certificate (None without TLS)."""
+        if self.pki is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.pki.ca_file))
+        context.load_cert_chain(self.pki.dir / f"{node}.pem", self.pki.dir / f"{node}-key.pem")
+        return context
+
     def config(self, node: str, **settings: object) -> AgentConfig:
-        """An honest agent of ``node`` as auth.conf asks it to run, key already in place."""
+        """An honest agent of ``node`` as auth.conf asks it to run, key (and certificate,
+        under TLS) already in place."""
+        tls: dict[str, object] = {}
+        if self.pki is not None:
+            directory = self.pki.dir
+            tls = {
+                "tls_ca": str(self.pki.ca_file),
+                "tls_cert": str(directory / f"{node}.pem"),
+                "tls_key": str(directory / f"{node}-key.pem"),
+            }
         config = agent_config(
             self.server.url,
             PREFIX,
@@ -72,6 +96,7 @@ class AuthServer:
             cluster=AUTH_CLUSTER,
             nkey_auth=True,
             js_api_prefix=AUTH_JS_API_PREFIX,
+            **tls,
             **settings,
         )
         config.key_path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,16 +124,51 @@ def generated(
     return config
 
 
+def mutual_tls(config: Path, pki: Pki) -> Path:
+    """A server config beside ``config`` that includes it and requires every client to
+    present a certificate of ``pki``'s CA, as hub.conf's ``tls`` block does."""
+    files = {"cert_file": "server.pem", "key_file": "server-key.pem", "ca_file": "ca.pem"}
+    lines = [f"  {name}: {json.dumps(str(pki.dir / file))}" for name, file in files.items()]
+    wrapper = config.parent / f"tls-{config.name}"
+    wrapper.write_text(
+        f"include {json.dumps(config.name)}\ntls {{\n" + "\n".join(lines) + "\n  verify: true\n}\n"
+    )
+    return wrapper
+
+
 @pytest.fixture(params=["auth.conf", "generated"])
 async def auth(
     tmp_path: Path, state_dir: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[AuthServer]:
     """Three nodes and the provider, streams and buckets provisioned, under the hand-written
     auth.conf and under ``fleetctl nats-config``'s output: both must hold."""
+    async with auth_server(tmp_path, state_dir, request.param) as server:
+        yield server
+
+
+@pytest.fixture(params=["auth.conf", "generated"])
+async def tls_auth(
+    tmp_path: Path, state_dir: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[AuthServer]:
+    """``auth`` over mutual TLS: every client (the provider, each node, an attacker)
+    presents a certificate of the fleet CA, one per node and one for the provider."""
+    pki = Pki(tmp_path / "tls")
+    for node in NODES:
+        pki.issue(node)
+    async with auth_server(tmp_path, state_dir, request.param, pki) as server:
+        yield server
+
+
+@asynccontextmanager
+async def auth_server(
+    tmp_path: Path, state_dir: Path, kind: str, pki: Pki | None = None
+) -> AsyncIterator[AuthServer]:
+    """The server of ``kind`` (``auth.conf`` or ``generated``), over mutual TLS with
+    ``pki``'s CA when given, its streams provisioned, stopped on the way out."""
     keys = {node: signing.KeyPair.generate() for node in [*NODES, "aggregator", "monitor"]}
     nodes = {node: (AUTH_CLUSTER, keys[node].public_key) for node in NODES}
     aggregator = keys["aggregator"].public_key
-    if request.param == "generated":
+    if kind == "generated":
         config = generated(
             tmp_path / "generated", tmp_path / "js", aggregator, nodes, keys["monitor"].public_key
         )
@@ -116,14 +176,19 @@ async def auth(
         config = render_auth(
             tmp_path / "auth.conf", free_port(), tmp_path / "js", aggregator, nodes
         )
+    if pki is not None:
+        config = mutual_tls(config, pki)
     server = NatsServer(tmp_path / "server", name="auth", config_file=config).start()
     try:
         async with AsyncExitStack() as stack:
-            admin = await NatsBus.connect(server.url, "admin", nkey_seed=keys["aggregator"].seed)
+            tls = pki.client("provider") if pki is not None else None
+            admin = await NatsBus.connect(
+                server.url, "admin", nkey_seed=keys["aggregator"].seed, tls=tls
+            )
             stack.push_async_callback(admin.close)
             await provision(admin.js, SUBJECTS)
             fleet = Fleet(server.url, admin, PREFIX, state_dir, stack)
-            yield AuthServer(server, keys, fleet)
+            yield AuthServer(server, keys, fleet, pki)
     finally:
         server.stop()
 

@@ -1,12 +1,16 @@
 """Node events from the attacker's side: anyone who can publish on ``fleet.evt.<node>.*``
-(an open server, another node's stolen key on a permissive one) tries to drive a node's
-actions and its signed heartbeat with forged events. Plain nats-py clients, no helpers of
-the project's bus."""
+(an open server, or the node's own stolen seed and certificate under the shipped
+accounts) tries to drive a node's actions and its signed heartbeat with forged events,
+and to replay the node's own. Plain nats-py clients, no helpers of the project's bus."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -15,11 +19,52 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from actors.fleet.registry import approve
+from actors.node import deregistration
 from actors.node.agent import NodeAgent
 from schemas import codec, signing
-from schemas.events import Capacity, Inject, Interruption, NodeState, Sample
+from schemas.events import (
+    EVENT_TYPES,
+    HEADER_SESSION_TAG,
+    Capacity,
+    CloudFacts,
+    Engine,
+    Event,
+    Gateway,
+    Health,
+    HealthCheck,
+    Inject,
+    Interruption,
+    Latency,
+    NodeState,
+    Sample,
+    Scheduler,
+    Workload,
+    Workloads,
+    decode_event,
+)
 from schemas.messages import Heartbeat
+from schemas.subjects import (
+    EVENT_CLOUD,
+    EVENT_ENGINE,
+    EVENT_GATEWAY,
+    EVENT_HEALTH,
+    EVENT_INJECT,
+    EVENT_INTERRUPTION,
+    EVENT_LATENCY,
+    EVENT_SAMPLE,
+    EVENT_SCHEDULER,
+    EVENT_STATE,
+    EVENT_WORKLOAD_ORDER,
+    EVENT_WORKLOADS,
+)
+from schemas.workloads import Deploy, Stop, WorkloadOrder
+from tests.node.test_workloads import STANDIN_FLAGS
+from tests.security.auth_fleet import NODES, PREFIX, SUBJECTS, VICTIM, AuthServer
+from tests.support.commanding import Results, send
+from tests.support.deploy import AUTH_CLUSTER
 from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.workloads import killing_leftovers, standin_script
 
 QUIET_S = 2.0
 """How long a node is watched for the effect of a forged event: four heartbeat intervals."""
@@ -161,8 +206,8 @@ async def test_inject_signed_by_a_trusted_operator_is_accepted(
 
 
 async def test_honest_traffic_still_flows(fleet: Fleet) -> None:
-    """The node's own signed events all reach its heartbeat with nothing dropped, and a
-    notice the node itself signs still drains it."""
+    """The node's own events all reach its heartbeat with nothing dropped, and a notice its
+    own process publishes (as its spot watcher would) still drains it."""
     agent = await running_agent(fleet)
     record = await wait_record(
         fleet.bus,
@@ -186,8 +231,9 @@ async def test_honest_traffic_still_flows(fleet: Fleet) -> None:
 async def test_a_captured_notice_replayed_after_the_command_lifetime_does_nothing(
     fleet: Fleet, attacker: Client
 ) -> None:
-    """The node remembers a notice's key for max_command_lifetime: a properly signed
-    terminate notice older than that (captured, sent again) neither drains nor stops it."""
+    """A terminate notice signed with the node's key and older than max_command_lifetime
+    (captured, sent again) neither drains nor stops it: refused as not the process's own,
+    and too old besides (the node remembers a notice's key only that long)."""
     agent = await running_agent(fleet, max_command_lifetime=60.0)
     old = msgspec.structs.replace(terminate_notice(), ts=time.time() - 120)
     body = codec.encode(old)
@@ -196,3 +242,281 @@ async def test_a_captured_notice_replayed_after_the_command_lifetime_does_nothin
     )
     await attacker.flush()
     await assert_untouched(fleet, agent)
+
+
+# A stolen node key, from another machine, under the shipped accounts over mutual TLS ------
+
+
+STOLEN = VICTIM
+"""The node whose seed and client certificate the attacker holds, and whose real agent
+runs: everything below is sent on that node's own subjects, which it may publish on."""
+FORGED_MARK = "forged"
+
+
+@dataclass
+class Victim:
+    """The real agent of the stolen node, a ready workload it runs for an operator, and
+    the attacker's connection with the node's seed and certificate."""
+
+    auth: AuthServer
+    agent: NodeAgent
+    operator: signing.KeyPair
+    results: Results
+    nc: Client
+    beats: list[Heartbeat] = field(default_factory=list)
+    captured: list[Msg] = field(default_factory=list)
+    """Every event of the node's the attacker heard (it may read its own subjects)."""
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.agent.config.state_dir)
+
+    async def deploy(self, action: Deploy | Stop) -> None:
+        """An operator's signed deploy or stop through FLEET_CMD, done."""
+        command = await send(
+            self.auth.admin, PREFIX, self.operator, action, node=STOLEN, cluster=AUTH_CLUSTER
+        )
+        final = await self.results.final(command.id, timeout=30)
+        assert final.status == "done", final.detail
+
+    async def beats_after(self, seq: int, count: int) -> list[Heartbeat]:
+        """The agent's next ``count`` heartbeats after ``seq`` (waited for, not slept)."""
+        await wait_for(lambda: len([b for b in self.beats if b.seq > seq]) >= count, timeout=20)
+        return [beat for beat in self.beats if beat.seq > seq]
+
+    async def _on_beat(self, msg: Msg) -> None:
+        self.beats.append(codec.decode(msg.data, Heartbeat, msg.subject))
+
+    async def _on_event(self, msg: Msg) -> None:
+        self.captured.append(msg)
+
+
+def refused(agent: NodeAgent) -> dict[str, float]:
+    """The agent's refusals so far, by reason (every actor's together)."""
+    counts: dict[str, float] = {}
+    for metric in agent.metrics.events_dropped.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                reason = sample.labels["reason"]
+                counts[reason] = counts.get(reason, 0) + sample.value
+    return counts
+
+
+@pytest.fixture
+def no_orphans() -> Iterator[None]:
+    """Kill the workloads a test's agent left running, once the agent has stopped."""
+    with killing_leftovers():
+        yield
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Path:
+    """An executable ``llama-server`` that runs the stand-in, for the llama.cpp template."""
+    return standin_script(tmp_path / "bin")
+
+
+@pytest.fixture
+async def victim(no_orphans: None, tls_auth: AuthServer, standin: Path) -> AsyncIterator[Victim]:
+    """The stolen node's agent, approved, trusting an operator, running the workload
+    ``chat`` that operator deployed; the attacker connected from elsewhere with nothing but
+    the node's seed and client certificate, listening to the node's heartbeats and events."""
+    auth = tls_auth
+    operator = signing.KeyPair.generate()
+    results = await Results().start(auth.admin, PREFIX)
+    for node in NODES:
+        await approve(auth.admin, SUBJECTS, node, auth.keys[node].public_key)
+    await auth.fleet.start_aggregator()
+    config = auth.config(
+        STOLEN,
+        probe_interval=60.0,
+        trust_operators=[operator.public_key],
+        workload_binaries=[f"llamacpp={standin}"],
+        workload_args=[f"llamacpp={flag}" for flag in STANDIN_FLAGS],
+        workload_stop_grace=2.0,
+    )
+    agent = await auth.fleet.start_agent(config)
+    await wait_record(auth.admin, PREFIX, STOLEN, lambda r: r.state == "active", timeout=20)
+    nc = await nats.connect(
+        auth.server.url,
+        nkeys_seed_str=auth.keys[STOLEN].seed,
+        tls=auth.tls(STOLEN),
+        inbox_prefix=f"_INBOX.{STOLEN}",
+        allow_reconnect=False,
+    )
+    auth.fleet.stack.push_async_callback(nc.close)
+    scene = Victim(auth, agent, operator, results, nc)
+    await nc.subscribe(SUBJECTS.heartbeat(AUTH_CLUSTER, STOLEN), cb=scene._on_beat)
+    await nc.subscribe(SUBJECTS.events(STOLEN), cb=scene._on_event)
+    await nc.flush()
+    await scene.deploy(chat())
+    yield scene
+
+
+def chat(name: str = "chat", gpus: tuple[int, ...] = (1,)) -> Deploy:
+    return Deploy(
+        name=name, engine="llamacpp", model="/models/x.gguf", gpus=[*gpus], ready_timeout=15.0
+    )
+
+
+def forgeries(state_dir: Path, operator: str) -> list[tuple[str, Event]]:
+    """One message of every event kind, each with the worst content the kind can carry:
+    orders to run a shell on both GPUs and to stop the operator's workload, a deregistering
+    drained state set ``by`` the operator, a terminate notice, a lost GPU, and claims
+    (sample, health, latency, engine, cloud, Slurm, workloads, gateway) that would show
+    in the node's heartbeat."""
+    now = time.time()
+    shell = Deploy(
+        name="evil",
+        engine="process",
+        args=["/bin/sh", "-c", f"touch {state_dir / 'pwned'}"],
+        gpus=[0, 1],
+        share=True,
+        ready_timeout=5.0,
+    )
+    capacity = Capacity(
+        cpu_cores=1,
+        cpu_percent=100.0,
+        load_avg_1m=99.0,
+        memory_total=1,
+        memory_available=0,
+        gpus_total=0,
+        gpus_available=0,
+        storage_total=1,
+        storage_available=0,
+    )
+    unhealthy = HealthCheck(name="boot", status="unhealthy", reason="$(touch /tmp/x)`id`\x1b[2J")
+    workload = Workload(name="evil", engine="process", state="ready", since=now, port=1)
+    return [
+        (EVENT_WORKLOAD_ORDER, WorkloadOrder(ts=now, command_id=f"{FORGED_MARK}-1", action=shell)),
+        (
+            EVENT_WORKLOAD_ORDER,
+            WorkloadOrder(ts=now, command_id=f"{FORGED_MARK}-2", action=Stop(name="chat")),
+        ),
+        (
+            EVENT_STATE,
+            NodeState(
+                ts=now,
+                schedulability="drained",
+                reason=FORGED_MARK,
+                command_id=FORGED_MARK,
+                deregistering=True,
+                by=operator,
+            ),
+        ),
+        (
+            EVENT_INTERRUPTION,
+            Interruption(
+                ts=now, provider="aws", kind="terminate", deadline=now, event_id=FORGED_MARK
+            ),
+        ),
+        (EVENT_INJECT, Inject(ts=now, node_id=STOLEN, fault="gpu-lost")),
+        (EVENT_SAMPLE, Sample(ts=now + 60, capacity=capacity, hostname="node-1-bmc.example")),
+        (EVENT_HEALTH, Health(ts=now + 60, status="unhealthy", score=0, checks=[unhealthy])),
+        (EVENT_LATENCY, Latency(ts=now + 60, gateway_rtt_us=123_456_789, loss_pct=100.0)),
+        (EVENT_ENGINE, Engine(ts=now + 60, in_flight=999)),
+        (EVENT_CLOUD, CloudFacts(ts=now, provider="aws", region=FORGED_MARK, lifecycle="spot")),
+        (
+            EVENT_SCHEDULER,
+            Scheduler(ts=now, kind="slurm", reachable=True, drain=True, state_reason=FORGED_MARK),
+        ),
+        (EVENT_WORKLOADS, Workloads(ts=now + 60, workloads=[workload])),
+        (EVENT_GATEWAY, Gateway(ts=now + 60, serving=True, endpoint="https://evil.example")),
+    ]
+
+
+def forged_traces(beat: Heartbeat) -> list[str]:
+    """What of the forgeries a heartbeat of the node shows (nothing, if none was taken)."""
+    sample, health = beat.sample, beat.health
+    traces = {
+        "state": beat.schedulability != "schedulable" or beat.deregistering,
+        "workload_order": [(w.name, w.state) for w in beat.workloads] != [("chat", "ready")],
+        "interruption": beat.spot is not None and beat.spot.notice is not None,
+        "inject": sample is not None and any(gpu.lost for gpu in sample.gpus),
+        "sample": sample is not None and sample.hostname == "node-1-bmc.example",
+        "health": health is not None and health.status == "unhealthy",
+        "latency": beat.latency is not None and beat.latency.gateway_rtt_us == 123_456_789,
+        "engine": beat.engine is not None and beat.engine.in_flight == 999,
+        "cloud": beat.labels.get("region") == FORGED_MARK,
+        "scheduler": beat.scheduler is not None,
+        "gateway": beat.endpoint == "https://evil.example",
+    }
+    return [kind for kind, shown in traces.items() if shown]
+
+
+@pytest.mark.slow
+async def test_a_stolen_node_key_cannot_make_its_node_act(
+    victim: Victim, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With only the node's seed and client certificate, under both shipped account
+    configurations over mutual TLS, every event kind (worst-case content) signed with the
+    node's key on its own subjects, and a deregistering heartbeat on its heartbeat subject:
+    the real agent starts and stops nothing, does not drain, deregister or exit, its
+    heartbeats carry none of the forged values, and each message is refused, counted and
+    logged once (``no_session``); an operator's deploy through FLEET_CMD still runs."""
+    caplog.set_level(logging.DEBUG, logger="actors.node.events")
+    agent, key = victim.agent, victim.auth.keys[STOLEN]
+    forged = forgeries(victim.state_dir, victim.operator.public_key)
+    assert {kind for kind, _ in forged} == set(EVENT_TYPES)
+    workloads = (victim.state_dir / "workloads.json").read_bytes()
+    last = (await victim.beats_after(0, 1))[-1]
+    for kind, event in forged:
+        body = codec.encode(event)
+        await victim.nc.publish(SUBJECTS.event(STOLEN, kind), body, headers=key.headers(body))
+    # A heartbeat saying the deregistration is over: the command executor's cue to exit.
+    beat = msgspec.structs.replace(last, seq=1, deregistering=True, workloads=[], ts=time.time())
+    body = codec.encode(beat)
+    headers = {**key.headers(body), "Nats-Msg-Id": f"{STOLEN}:{beat.boot_id}:1"}
+    await victim.nc.publish(SUBJECTS.heartbeat(AUTH_CLUSTER, STOLEN), body, headers=headers)
+    await victim.nc.flush()
+    sent = len(forged) + 1
+    await wait_for(lambda: refused(agent) == {"no_session": sent}, timeout=20)
+
+    after = await victim.beats_after(last.seq, 4)
+    assert [forged_traces(beat) for beat in after] == [[]] * len(after)
+    record = await wait_record(victim.auth.admin, PREFIX, STOLEN, lambda r: r.last_seq > last.seq)
+    assert (record.state, record.schedulability) == ("active", "schedulable")
+    assert (victim.state_dir / "workloads.json").read_bytes() == workloads
+    assert not (victim.state_dir / "pwned").exists()
+    assert victim.results.of(f"{FORGED_MARK}-1") == victim.results.of(f"{FORGED_MARK}-2") == []
+    assert agent.supervisor is not None and not agent.supervisor.finished.is_set()
+    assert not deregistration.marker_path(victim.state_dir).exists()
+    assert refused(agent) == {"no_session": sent}
+    logged = [r for r in caplog.records if r.getMessage() == "node event dropped"]
+    assert len(logged) == sent
+
+    await victim.deploy(chat("chat2", gpus=(0,)))
+    await wait_for(
+        lambda: any(
+            {(w.name, w.state) for w in beat.workloads} == {("chat", "ready"), ("chat2", "ready")}
+            for beat in victim.beats
+        ),
+        timeout=20,
+    )
+
+
+def is_stop_order(msg: Msg) -> bool:
+    if not msg.subject.endswith(f".{EVENT_WORKLOAD_ORDER}"):
+        return False
+    order = decode_event(msg.subject, msg.data)
+    return isinstance(order, WorkloadOrder) and isinstance(order.action, Stop)
+
+
+@pytest.mark.slow
+async def test_a_captured_event_of_the_node_sent_again_is_refused(victim: Victim) -> None:
+    """The node's own event, captured as the stolen key may (its ``workload_order`` stopping
+    ``chat``, its ``state``), sent again exactly as captured, tag included, once the operator
+    has deployed ``chat`` anew: refused as ``replayed``, counted once each, and ``chat``
+    keeps running."""
+    await victim.deploy(Stop(name="chat"))
+    await victim.deploy(chat())
+    stop = next(m for m in victim.captured if is_stop_order(m))
+    state = next(m for m in reversed(victim.captured) if m.subject.endswith(f".{EVENT_STATE}"))
+    last = (await victim.beats_after(0, 1))[-1]
+    for msg in (stop, state):
+        assert msg.headers is not None and HEADER_SESSION_TAG in msg.headers
+        await victim.nc.publish(msg.subject, msg.data, headers=msg.headers)
+    await victim.nc.flush()
+    await wait_for(lambda: refused(victim.agent) == {"replayed": 2}, timeout=20)
+    after = await victim.beats_after(last.seq, 4)
+    assert all([(w.name, w.state) for w in beat.workloads] == [("chat", "ready")] for beat in after)
+    assert refused(victim.agent) == {"replayed": 2}

@@ -7,13 +7,13 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus, publish_signed_event
+from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
 from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
 from schemas.events import Engine
 from schemas.messages import Action, Alert, Command, CommandResult
 from schemas.subjects import EVENT_ENGINE, Subjects
-from tests.support.fleet import wait_for
+from tests.support.fleet import Fleet, wait_for
 
 
 class Results:
@@ -77,11 +77,7 @@ async def send_raw(
     await bus.js.publish(subject, body, headers=headers, timeout=PUBLISH_TIMEOUT)
 
 
-async def set_in_flight(
-    bus: NatsBus, prefix: str, key: signing.KeyPair, count: int, node: str = "n1"
-) -> None:
-    """Pretend to be the engine actor of ``node`` (whose key is ``key``) reporting ``count``
-    in-flight requests."""
-    engine = Engine(ts=time.time(), in_flight=count)
-    await publish_signed_event(bus, Subjects(prefix).event(node, EVENT_ENGINE), engine, key)
-    await bus.flush()
+async def set_in_flight(fleet: Fleet, count: int, node: str = "n1") -> None:
+    """Pretend to be the engine actor of ``node`` (an agent ``fleet`` started) reporting
+    ``count`` in-flight requests."""
+    await fleet.publish_event(EVENT_ENGINE, Engine(ts=time.time(), in_flight=count), node)

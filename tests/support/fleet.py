@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.metrics import AgentMetrics
-from actors.runtime.bus import NatsBus, publish_signed_event
+from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
 from schemas.events import Event
@@ -144,10 +145,17 @@ def agent_config(
     return AgentConfig(**values)
 
 
+DIRECT_CHANNELS: weakref.WeakValueDictionary[Path, NodeEvents] = weakref.WeakValueDictionary()
+"""The event channel :func:`node_events` last made for each node key file (while actors
+use it), which :meth:`Fleet.publish_event` speaks through to actors a test runs directly."""
+
+
 def node_events(config: AgentConfig) -> NodeEvents:
     """The node's event channel as its agent builds it, for actors a test runs directly;
     the node key is the agent's own (created if missing), so the two agree."""
-    return NodeEvents(config, signing.load_or_create_key_file(config.key_path), AgentMetrics())
+    key = signing.load_or_create_key_file(config.key_path)
+    events = DIRECT_CHANNELS[config.key_path] = NodeEvents(config, key, AgentMetrics())
+    return events
 
 
 async def approved_agent(bus: NatsBus, config: AgentConfig) -> NodeAgent:
@@ -171,6 +179,9 @@ class Fleet:
     prefix: str
     state_dir: Path
     stack: AsyncExitStack
+    channels: dict[str, tuple[NodeEvents, NatsBus]] = field(default_factory=dict)
+    """Each node's event channel and the connection its actors publish on, for the agents
+    started here: what :meth:`publish_event` speaks through."""
 
     def config(self, node: str = "n1", **settings: Any) -> AgentConfig:
         return agent_config(self.url, self.prefix, self.state_dir, node, **settings)
@@ -180,6 +191,8 @@ class Fleet:
         twice is harmless, so a test may stop it itself (to restart it, say)."""
         agent = await approved_agent(self.bus, config or self.config())
         self.stack.push_async_callback(agent.stop)
+        assert agent.bus is not None
+        self.channels[agent.config.node_id] = (agent.events, agent.bus)
         return agent
 
     def node_key(self, node: str = "n1") -> signing.KeyPair:
@@ -187,10 +200,16 @@ class Fleet:
         return signing.load_or_create_key_file(self.config(node).key_path)
 
     async def publish_event(self, kind: str, event: Event, node: str = "n1") -> None:
-        """Publish ``event`` as node ``node``'s own actor would: signed with its key."""
-        subject = Subjects(self.prefix).event(node, kind)
-        await publish_signed_event(self.bus, subject, event, self.node_key(node))
-        await self.bus.flush()
+        """Publish ``event`` as node ``node``'s own actor would: signed with its key and
+        tagged by its process (the agent this fleet started for ``node``, on its connection;
+        else the channel :func:`node_events` made for actors run directly on this bus), so
+        its actors act on it."""
+        events, bus = self.channels.get(node) or (
+            DIRECT_CHANNELS[self.config(node).key_path],
+            self.bus,
+        )
+        await events.publish(bus, Subjects(self.prefix).event(node, kind), event)
+        await bus.flush()
 
     async def start_aggregator(
         self, bus: NatsBus | None = None, ready_timeout: float = 10.0, **settings: Any

@@ -25,7 +25,8 @@ from actors.node import deregistration, slurm
 from actors.node.commands.hooks import run_hook
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
-from actors.runtime.bus import Bus, publish_signed, publish_signed_event
+from actors.node.events import NodeEvents
+from actors.runtime.bus import Bus, publish_signed
 from actors.runtime.schedule import wait_or_timeout
 from schemas import events
 from schemas.base import Schedulability
@@ -39,7 +40,6 @@ from schemas.messages import (
     Drain,
     Uncordon,
 )
-from schemas.signing import KeyPair
 from schemas.subjects import EVENT_STATE, Subjects
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,15 @@ Work = Coroutine[Any, Any, None]
 class ActionRunner:
     """The node's schedulability: the action in progress, its TTL timer, its reports."""
 
-    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair, store: CommandStore) -> None:
+    def __init__(
+        self, config: AgentConfig, bus: Bus, node_events: NodeEvents, store: CommandStore
+    ) -> None:
         self.config = config
         self.bus = bus
-        self.key = key
+        self.node_events = node_events
+        """Where the node's state is published: tagged by this process, which its actors
+        act on."""
+        self.key = node_events.key
         self.store = store
         self.subjects = Subjects(config.prefix)
         self.result_subject = self.subjects.result(config.cluster, config.node_id)
@@ -459,7 +464,7 @@ class ActionRunner:
         try:
             subject = self.subjects.event(self.config.node_id, EVENT_STATE)
             current = state or self._leaving or self.store.state
-            await publish_signed_event(self.bus, subject, current, self.key)
+            await self.node_events.publish(self.bus, subject, current)
         except nats.errors.Error as exc:
             log.warning("state not published", extra={"reason": str(exc)})
 

@@ -12,8 +12,10 @@ message is redelivered and runs then, or, still unwritable at its last delivery,
 answered ``failed`` saying so. The node's schedulability persists too, so a restart
 keeps a cordon, its TTL and a drain's deadline.
 This module decides what to run; :mod:`actors.node.commands.actions` runs it and reports.
-A ``deploy`` or ``stop`` is handed to the workload actor as a node-signed ``workload_order``
-event (a deploy is refused here first when the node is not schedulable or is unhealthy).
+A ``deploy`` or ``stop`` is handed to the workload actor as a ``workload_order`` event,
+tagged by this process (a deploy is refused here first when the node is not schedulable or
+is unhealthy): the workload actor takes orders from this process only, so an operator's
+deploy or stop reaches it through these checks or not at all.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class CommandsActor:
             Path(config.state_dir), config.max_command_lifetime + config.max_skew
         )
         self.events = events
-        self.actions = ActionRunner(config, bus, events.key, self.store)
+        self.actions = ActionRunner(config, bus, events, self.store)
         self._fetcher: asyncio.Task[None] | None = None
         self._engine_in_flight = 0
         self._gateway_in_flight = 0
@@ -116,7 +118,9 @@ class CommandsActor:
             self.subjects.events(self.config.node_id): self.events.decoding(
                 self.name, self._on_event
             ),
-            self.subjects.heartbeat(self.config.cluster, self.config.node_id): self._on_beat,
+            self.subjects.heartbeat(self.config.cluster, self.config.node_id): self.events.own(
+                self.name, self._on_beat
+            ),
         }
         async with listening(self.bus, routes):
             republisher = asyncio.create_task(self._republish_forever(), name="commands-state")
@@ -321,6 +325,8 @@ class CommandsActor:
                 await self.actions.start(command_id, reason, Cordon(ttl=REBALANCE_TTL))
 
     async def _on_beat(self, msg: Msg) -> None:
+        """This process's own heartbeat, as it went out (``events.own`` passes no other: a
+        copy of the node key may publish on this subject too)."""
         try:
             heartbeat = codec.decode(msg.data, Heartbeat, msg.subject)
         except DecodeError:

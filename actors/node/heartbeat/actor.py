@@ -214,6 +214,9 @@ class HeartbeatActor:
                 self.key,
                 f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
                 headers={"Nats-TTL": self.ttl},
+                # The command executor waits for its deregistering beat: tagged, it can
+                # tell this process's beat from one sent with a copy of the node key.
+                tag=self.events.session.headers,
             )
         except (nats.errors.Error, TimeoutError) as exc:
             self.metrics.heartbeat_failures.inc()
