@@ -5,7 +5,6 @@ TOML key, merged and validated by the runtime's layered loader (:mod:`actors.run
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import re
 import socket
@@ -15,7 +14,13 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
+from actors.runtime.config import (
+    DEFAULT_SERVER,
+    NonNegativeDuration,
+    Port,
+    Positive,
+    read_keys,
+)
 from actors.runtime.logs import LogFormat
 from schemas.base import (
     MAX_DEPENDENCIES,
@@ -29,8 +34,6 @@ from schemas.base import (
     NodeId,
 )
 from schemas.subjects import TOKEN_PATTERN, is_token
-
-log = logging.getLogger(__name__)
 
 ENV_PREFIX = "NODE_AGENT_"
 
@@ -408,14 +411,4 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def operator_keys(self) -> set[str]:
         """The trusted operator keys: ``trust_operators`` plus the trust file, read at each
         call so an operator key can be added or removed without a restart."""
-        keys = set(self.trust_operators)
-        if self.trust_operators_file:
-            try:
-                text = Path(self.trust_operators_file).read_text()
-            except OSError as exc:
-                log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
-                return keys
-            keys.update(
-                line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"
-            )
-        return keys
+        return read_keys(self.trust_operators, self.trust_operators_file)

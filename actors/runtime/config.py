@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from schemas.errors import FleetError
+from schemas.file_modes import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
@@ -180,20 +181,25 @@ def read_keys(keys: list[str], file: str) -> set[str]:
         except OSError as exc:
             log.error("cannot read key file", extra={"file": file, "reason": str(exc)})
             return found
+        warn_if_exposed(Path(file), "steering")
         found.update(line.strip() for line in text.splitlines() if line.strip()[:1] not in "#")
     return found
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file of settings (``--config``, fleetctl's contexts, a policy), warned about
+    when group or others may write it (:mod:`schemas.file_modes`)."""
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            found = tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"file {path} not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"file {path}: {exc.strerror}") from None
+    warn_if_exposed(path, "steering")
+    return found
 
 
 def build(
