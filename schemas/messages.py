@@ -6,7 +6,7 @@ The events a heartbeat is built from live in :mod:`schemas.events`.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta
 
@@ -351,6 +351,13 @@ class NodeRecord(Wire, frozen=True, kw_only=True):
     degraded > active > pending: what an operator did to a node (cordon, drain) outranks
     its health.
     """
+
+    embeds_at: ClassVar[int] = 1
+    """``heartbeat`` is the node's accepted heartbeat as the bytes it came in, one level
+    into the record (the aggregator splices them in, unknown fields and all): a record may
+    nest this much deeper than :data:`schemas.codec.MAX_DEPTH`, so the heartbeat in it is
+    held to the bound it was accepted under, and every accepted heartbeat makes a record
+    every reader can read."""
 
     node_id: NodeId
     cluster: Cluster

@@ -10,10 +10,8 @@ import base64
 import binascii
 import hashlib
 import importlib.util
-import logging
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
@@ -23,8 +21,7 @@ import nacl.bindings
 import nacl.signing
 
 from schemas.errors import KeyFileError, SignatureError
-
-log = logging.getLogger(__name__)
+from schemas.file_modes import warn_if_exposed
 
 HEADER_KEY: Final = "Fleet-Key"
 HEADER_SIG: Final = "Fleet-Sig"
@@ -217,18 +214,12 @@ def load_key_file(path: Path) -> KeyPair:
     """The key pair in ``path``; a file that group or others may access still loads (so a
     fleet is not cut off by a chmod) but is warned about loudly: its seed is the identity."""
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
         seed = path.read_text().strip()
     except FileNotFoundError:
         raise KeyFileError(str(path), "not found (create it with 'init')") from None
     except OSError as exc:
         raise KeyFileError(str(path), exc.strerror or str(exc)) from None
-    if mode & 0o077:
-        log.warning(
-            "KEY FILE IS ACCESSIBLE BY GROUP OR OTHERS: anyone who reads it can act as "
-            "this key; chmod 600 it",
-            extra={"path": str(path), "mode": f"{mode:04o}"},
-        )
+    warn_if_exposed(path, "key")
     try:
         return KeyPair(seed)
     except ValueError as exc:

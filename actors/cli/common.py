@@ -18,7 +18,13 @@ import nats.errors
 
 from actors.runtime import config_docs
 from actors.runtime.bus import NatsBus
-from actors.runtime.config import DEFAULT_SERVER, DurationError, build, parse_duration
+from actors.runtime.config import (
+    DEFAULT_SERVER,
+    DurationError,
+    build,
+    list_fields,
+    parse_duration,
+)
 from actors.runtime.tls import client_context
 from schemas import signing
 from schemas.errors import FleetError, InvalidToken
@@ -91,10 +97,18 @@ SINGULAR_FLAGS = {
     "workload_images": "workload-image",
     "labels": "label",
     "version_programs": "version-program",
+    "alertmanager_urls": "alertmanager-url",
 }
-"""The repeatable flag of each list setting, in the singular (``--engine vllm=URL
---engine sglang=URL``), the same in both CLIs; the plural (the setting's own name, as
-``--trust-operators``) stays accepted, hidden from ``--help``."""
+"""The name of each list setting's flag in the singular (``--engine vllm=URL --engine
+sglang=URL``), the same in both CLIs; the plural (the setting's own name, as
+``--trust-operators``) stays accepted, hidden from ``--help``. A list setting not named
+here gets its flag under its own name: every list setting is repeatable and takes
+comma-separated items either way (:func:`actors.runtime.config.list_fields`)."""
+
+
+def flag_name(name: str) -> str:
+    """The flag ``--help`` shows for setting ``name``: ``--trust-operator``, ``--server``."""
+    return f"--{SINGULAR_FLAGS.get(name, name).replace('_', '-')}"
 
 
 def add_config_flags(
@@ -109,18 +123,18 @@ def add_config_flags(
     parser.add_argument(
         "--config", type=Path, help="TOML file of settings (flags and env variables beat it)"
     )
+    lists = list_fields(config_type)
     for field in msgspec.structs.fields(config_type):
         if field.name in skip:
             continue
         doc = config_docs.flag_help(config_type, field.name, env_prefix).replace("%", "%%")
         flag = f"--{field.name.replace('_', '-')}"
-        if field.name in SINGULAR_FLAGS:
-            singular = f"--{SINGULAR_FLAGS[field.name]}"
-            metavar = SINGULAR_FLAGS[field.name].replace("-", "_").upper()
-            parser.add_argument(
-                singular, dest=field.name, action="append", metavar=metavar, help=doc
-            )
-            if flag != singular:
+        if field.name in lists:
+            # Each use appends its text; build() splits the items on commas.
+            shown = flag_name(field.name)
+            metavar = shown.removeprefix("--").replace("-", "_").upper()
+            parser.add_argument(shown, dest=field.name, action="append", metavar=metavar, help=doc)
+            if flag != shown:
                 parser.add_argument(flag, dest=field.name, action="append", help=argparse.SUPPRESS)
         elif field.type is bool:
             parser.add_argument(

@@ -29,7 +29,11 @@ from schemas.subjects import Subjects
 
 
 class ProviderActors:
-    """The actors of one aggregator process and the supervisor that runs them."""
+    """The actors of one aggregator process and the supervisor that runs them: the
+    aggregator first, the others once it is ready. The aggregator provisions the fleet's
+    streams and buckets before it says so, and the others read them as they start (the
+    reconciler its bucket, the dashboard and the Alertmanager forwarder FLEET_ALERTS, the
+    HTTP API fleet_nodes): started together on a fresh server, each crashed once."""
 
     def __init__(
         self,
@@ -39,11 +43,7 @@ class ProviderActors:
         policy: PolicyConfig | None = None,
     ) -> None:
         self.aggregator = AggregatorActor(config, bus, metrics)
-        actors: list[Actor] = [
-            self.aggregator,
-            ForgetActor(config, bus),
-            MaintenanceActor(config, bus),
-        ]
+        actors: list[Actor] = [ForgetActor(config, bus), MaintenanceActor(config, bus)]
         if policy is not None:
             actors.append(RemediationActor(policy, bus, config.prefix, metrics))
         if config.workloads_key_file:
@@ -81,7 +81,7 @@ class ProviderActors:
         if config.alertmanager_urls:
             windows = MaintenanceWindows(bus, Subjects(config.prefix))
             actors.append(AlertmanagerActor(config, bus, metrics, self.held, windows))
-        self.supervisor = Supervisor(actors)
+        self.supervisor = Supervisor([self.aggregator], then=actors)
 
     def held(self) -> list[NodeRecord]:
         """The records of the nodes the aggregator holds now."""

@@ -18,13 +18,14 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.cli.common import CLIENT_ENV_PREFIX, SINGULAR_FLAGS, ClientConfig
+from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, flag_name
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
+from actors.runtime.config import list_fields
 from actors.runtime.config_docs import default_text, setting_docs
 from schemas.messages import NodeRecord
 
@@ -52,10 +53,11 @@ def _cell(text: str) -> str:
 def settings_table(config_type: type[msgspec.Struct], env_prefix: str) -> str:
     """One row per setting: TOML key, flag, variable, default and the whole docstring."""
     docs = setting_docs(config_type)
+    lists = list_fields(config_type)
     lines = ["| setting | flag | env | default | meaning |", "|---|---|---|---|---|"]
     for field in msgspec.structs.fields(config_type):
-        flag = f"--{SINGULAR_FLAGS.get(field.name, field.name).replace('_', '-')}"
-        if field.name in SINGULAR_FLAGS:
+        flag = flag_name(field.name)
+        if field.name in lists:
             flag += " (repeatable)"
         default = default_text(config_type, field.name)
         default_cell = _cell(default) if " " in default else f"`{_cell(default)}`"

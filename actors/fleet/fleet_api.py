@@ -37,7 +37,7 @@ from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.runtime import kv
-from actors.runtime.bus import Bus, NotProvisioned
+from actors.runtime.bus import Bus
 from actors.runtime.http_access import Access, Hosts
 from actors.runtime.http_login import Users, is_loopback
 from actors.runtime.http_sessions import Sessions
@@ -57,8 +57,6 @@ MAX_PAGE = 10_000
 RESYNC_CHECK = 1.0
 """Seconds between checks whether the aggregator beside this API let its nodes go (lost
 the heartbeat lease): the records it held are then read from ``fleet_nodes`` again."""
-PROVISION_POLL = 0.5
-"""Seconds between looks for ``fleet_nodes`` on a server no aggregator provisioned yet."""
 
 log = logging.getLogger(__name__)
 
@@ -366,23 +364,8 @@ class FleetApiActor:
     async def healthz(self, request: web.Request) -> web.Response:
         return health_page(self.actor_status())
 
-    async def _nodes_bucket(self) -> KeyValue:
-        """``fleet_nodes`` once it exists. The aggregator beside this API creates it as it
-        starts, so on a fresh server it is missing for a moment: waited for, said once,
-        not a crash and a traceback in the log."""
-        name = self.subjects.bucket_name(BUCKET_NODES)
-        said = False
-        while True:
-            try:
-                return await self.bus.kv(name)
-            except NotProvisioned as exc:
-                if not said:
-                    log.info("waiting for the fleet's buckets", extra={"reason": str(exc)})
-                    said = True
-                await asyncio.sleep(PROVISION_POLL)
-
     async def run(self, ready: Callable[[], None]) -> None:
-        bucket = await self._nodes_bucket()
+        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
         follower = asyncio.create_task(self._follow(bucket), name="fleet-http-kv")
         app = web.Application()
         app.router.add_get("/nodes", self.nodes_page)

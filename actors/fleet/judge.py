@@ -83,9 +83,7 @@ def read(
     ``now``; else Refused. One too old whose seq is not above ``last_seq`` (the node's
     last accepted) is a ``replay``, not a clock problem."""
     try:
-        # Unbounded: the depth scan would cost the hot path 6 % (codec.decode says why
-        # the interpreter's own refusal of what is too deep is enough here).
-        heartbeat = codec.decode(body, Heartbeat, subject, bounded=False)
+        heartbeat = codec.decode(body, Heartbeat, subject)
     except DecodeError as exc:
         raise Refused("bad_signature", f"signed body is not a Heartbeat: {exc.reason}") from None
     if heartbeat.node_id != node or heartbeat.cluster != cluster:

@@ -5,7 +5,6 @@ TOML key, merged and validated by the runtime's layered loader (:mod:`actors.run
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import re
 import socket
@@ -15,7 +14,13 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Port, Positive
+from actors.runtime.config import (
+    DEFAULT_SERVER,
+    NonNegativeDuration,
+    Port,
+    Positive,
+    read_keys,
+)
 from actors.runtime.logs import LogFormat
 from schemas.base import (
     MAX_DEPENDENCIES,
@@ -29,8 +34,6 @@ from schemas.base import (
     NodeId,
 )
 from schemas.subjects import TOKEN_PATTERN, is_token
-
-log = logging.getLogger(__name__)
 
 ENV_PREFIX = "NODE_AGENT_"
 
@@ -124,8 +127,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ``register`` present it, so an aggregator that trusts its issuer approves this node's
     key at once. A node already approved spends no use."""
     labels: Labels = {}
-    """Placement labels, KEY=VALUE: ``--label`` (repeatable), NODE_AGENT_LABELS (comma
-    separated) or a TOML ``[labels]`` table; they win over the automatic ones."""
+    """Placement labels, KEY=VALUE: ``--label`` (repeated, or comma-separated),
+    NODE_AGENT_LABELS (comma-separated) or a TOML ``[labels]`` table; they win over the
+    automatic ones."""
 
     heartbeat_interval: Positive = 10.0
     """Seconds between two heartbeats (each jittered by up to 10 %)."""
@@ -144,10 +148,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """GPUs this node must have: fewer fail the boot and nvml checks; unset: whatever is
     found."""
     required_binaries: list[str] = []
-    """Programs that must be on PATH, else the dependencies check fails (repeatable)."""
+    """Programs that must be on PATH, else the dependencies check fails."""
     required_modules: list[str] = []
     """Kernel modules that must be loaded (/proc/modules, /sys/module), else the dependencies
-    check fails (repeatable)."""
+    check fails."""
     storage_path: str = ""
     """The file system the sample measures (capacity.storage_*, host.storage_*), e.g. where
     models and datasets live; empty: the state dir (or / when it does not exist)."""
@@ -161,14 +165,14 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds between two readings of the versions (they are cached in between)."""
 
     engines: Annotated[list[EngineSpec], Meta(max_length=MAX_ENGINES)] = []
-    """Inference engines to probe, KIND=URL with KIND vllm, sglang or llamacpp (repeatable)."""
+    """Inference engines to probe, KIND=URL with KIND vllm, sglang or llamacpp."""
     engine_interval: Positive = 5.0
     """Seconds between two probes of the engines."""
     engine_timeout: Positive = 2.0
     """Seconds each engine probe may take before the engine counts as unhealthy."""
 
     peers: Annotated[list[PeerId], Meta(max_length=MAX_PEERS)] = []
-    """Node ids whose round trip this node measures (repeatable); none: up to max_peers live
+    """Node ids whose round trip this node measures; none: up to max_peers live
     nodes of its cluster."""
     max_peers: Annotated[int, Meta(ge=0, le=MAX_PEERS)] = 8
     """Most peers probed when ``peers`` is not given (0: none)."""
@@ -187,8 +191,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds an HTTP connection has to send its request and be answered."""
 
     trust_operators: list[str] = []
-    """Operator public keys (U...) whose signed commands and fault injections this node obeys
-    (repeatable)."""
+    """Operator public keys (U...) whose signed commands and fault injections this node
+    obeys."""
     trust_operators_file: str = ""
     """A file of trusted operator keys, one a line (# comments), read at each command."""
     max_command_lifetime: Positive = 86400.0
@@ -407,14 +411,4 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def operator_keys(self) -> set[str]:
         """The trusted operator keys: ``trust_operators`` plus the trust file, read at each
         call so an operator key can be added or removed without a restart."""
-        keys = set(self.trust_operators)
-        if self.trust_operators_file:
-            try:
-                text = Path(self.trust_operators_file).read_text()
-            except OSError as exc:
-                log.error("cannot read trust_operators_file", extra={"reason": str(exc)})
-                return keys
-            keys.update(
-                line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"
-            )
-        return keys
+        return read_keys(self.trust_operators, self.trust_operators_file)

@@ -3,14 +3,19 @@ a torn mix: write a scratch file beside it, fsync it, rename it over the origina
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` (its directory must exist); raises OSError."""
+    """Replace ``path`` with ``data`` (its directory must exist), keeping the permission
+    bits ``path`` had (a file an operator narrowed stays narrow); raises OSError."""
     scratch = path.with_suffix(".tmp")
     with scratch.open("wb") as handle:
+        with contextlib.suppress(FileNotFoundError):
+            os.fchmod(handle.fileno(), stat.S_IMODE(path.stat().st_mode))
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from schemas.errors import FleetError
+from schemas.file_modes import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,28 @@ def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> set[str]:
     return found
 
 
-def _list_fields(config_type: type[msgspec.Struct]) -> set[str]:
-    """List settings: an environment variable gives them comma-separated (a bounded list,
+def list_fields(config_type: type[msgspec.Struct]) -> set[str]:
+    """Settings given as items: lists, and mappings as ``KEY=VALUE`` items (``labels``).
+    A variable or a flag gives them comma-separated, a flag also repeated (a bounded list,
     ``engines``, was missed when this looked at the annotation's text)."""
-    return _fields_of_kind(config_type, msgspec.inspect.ListType)
+    return _fields_of_kind(config_type, msgspec.inspect.ListType) | _dict_fields(config_type)
+
+
+def split_items(name: str, given: str | list[str]) -> list[str]:
+    """The items of a list setting as a variable (``a,b``) or a flag gives them (each
+    repeat of the flag comma-separated too: ``--peer a,b --peer c``), the one reader of
+    both. An empty item (``a,,b``, a trailing comma, ``--peer ''``) is a ConfigError: it
+    is a typo, not a value, and dropping it silently would hide which one was meant."""
+    items: list[str] = []
+    for value in [given] if isinstance(given, str) else given:
+        parts = str(value).split(",")
+        if not all(part.strip() for part in parts):
+            raise ConfigError(
+                f"{name}: {value!r} has an empty item; give items comma-separated "
+                "(a,b) or repeat the flag"
+            )
+        items.extend(part.strip() for part in parts)
+    return items
 
 
 def from_env(
@@ -131,7 +150,7 @@ def from_env(
 ) -> dict[str, Any]:
     """``<env_prefix><FIELD>`` values (lists comma-separated), plus ``NATS_URL`` for server."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
-    lists = _list_fields(config_type) | _dict_fields(config_type)
+    lists = list_fields(config_type)
     values: dict[str, Any] = {}
     if "NATS_URL" in env and "server" in names:
         values["server"] = env["NATS_URL"]
@@ -143,7 +162,11 @@ def from_env(
             close = difflib.get_close_matches(name, sorted(names), n=1)
             hint = f"; did you mean {env_prefix}{close[0].upper()}?" if close else ""
             raise ConfigError(f"unknown environment variable {key}{hint}")
-        values[name] = [item for item in raw.split(",") if item] if name in lists else raw
+        if name in lists:
+            # An empty variable is an empty list (how a unit file clears a setting).
+            values[name] = split_items(key, raw) if raw.strip() else []
+        else:
+            values[name] = raw
     return values
 
 
@@ -158,20 +181,25 @@ def read_keys(keys: list[str], file: str) -> set[str]:
         except OSError as exc:
             log.error("cannot read key file", extra={"file": file, "reason": str(exc)})
             return found
+        warn_if_exposed(Path(file), "steering")
         found.update(line.strip() for line in text.splitlines() if line.strip()[:1] not in "#")
     return found
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file of settings (``--config``, fleetctl's contexts, a policy), warned about
+    when group or others may write it (:mod:`schemas.file_modes`)."""
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            found = tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"file {path} not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"file {path}: {exc.strerror}") from None
+    warn_if_exposed(path, "steering")
+    return found
 
 
 def build(
@@ -188,7 +216,10 @@ def build(
     if file is not None:
         merged.update(read_toml(file))
     merged.update(from_env(config_type, env_prefix, os.environ if env is None else env))
-    merged.update({key: value for key, value in (flags or {}).items() if value is not None})
+    lists = list_fields(config_type)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            merged[key] = split_items(key, value) if key in lists else value
     for name in _dict_fields(config_type):
         if isinstance(merged.get(name), list):
             merged[name] = key_values(name, merged[name])

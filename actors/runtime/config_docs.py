@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from actors.runtime.config import duration_fields
+from actors.runtime.config import duration_fields, list_fields
 
 MIB = 1024 * 1024
 
@@ -99,7 +99,9 @@ def duration_text(seconds: float) -> str:
 
 
 def flag_help(config_type: type[msgspec.Struct], name: str, env_prefix: str) -> str:
-    """One flag's ``--help`` line: what the setting means, its default, its variable."""
+    """One flag's ``--help`` line: what the setting means, its default, its variable (and
+    for a list setting that the flag repeats or takes items comma-separated)."""
     meaning = plain(summary(setting_docs(config_type).get(name, "")))
     env = f"{env_prefix}{name.upper()}"
-    return f"{meaning} Default: {default_text(config_type, name)}. Env {env}."
+    items = " Repeatable, or items comma-separated." if name in list_fields(config_type) else ""
+    return f"{meaning}{items} Default: {default_text(config_type, name)}. Env {env}."

@@ -69,30 +69,52 @@ def unhealthy(statuses: Mapping[str, ActorStatus]) -> dict[str, str]:
 
 
 class Supervisor:
-    """Runs actors as tasks; restarts each on failure with exponential backoff."""
+    """Runs actors as tasks; restarts each on failure with exponential backoff.
+
+    ``then`` are actors that need what the first ones make before they start (the
+    streams and buckets the aggregator provisions): they start once each of ``actors``
+    has been ready once, and are then kept like the others. Each actor says it is ready
+    only after its own start-up, so this orders the start by readiness itself, not by
+    a delay or by a retry of the actors that would have read too early."""
 
     def __init__(
         self,
         actors: list[Actor],
         *,
+        then: list[Actor] | None = None,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         healthy_after: float = 60.0,
     ) -> None:
-        self.actors = actors
+        self.first = list(actors)
+        self.actors = self.first + (then or [])
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.healthy_after = healthy_after
-        self.status = {actor.name: ActorStatus(name=actor.name) for actor in actors}
+        self.status = {actor.name: ActorStatus(name=actor.name) for actor in self.actors}
         self._tasks: list[asyncio.Task[None]] = []
+        self._first_ready = asyncio.Event()
         self.finished = asyncio.Event()
         """Set when an actor returns on its own (e.g. after deregistering) or fails fatally."""
         self.fatal = ""
         """Why an actor raised :class:`FatalError`; "" while none has."""
 
     def start(self) -> None:
-        for actor in self.actors:
-            self._tasks.append(asyncio.create_task(self._keep(actor), name=f"actor:{actor.name}"))
+        if not self.first:
+            self._first_ready.set()
+        for actor in self.first:
+            self._keep_task(actor)
+        if len(self.actors) > len(self.first):
+            self._tasks.append(asyncio.create_task(self._then(), name="actors:then"))
+
+    def _keep_task(self, actor: Actor) -> None:
+        self._tasks.append(asyncio.create_task(self._keep(actor), name=f"actor:{actor.name}"))
+
+    async def _then(self) -> None:
+        """Start the ``then`` actors once every first actor has been ready."""
+        await self._first_ready.wait()
+        for actor in self.actors[len(self.first) :]:
+            self._keep_task(actor)
 
     def check(self) -> dict[str, ActorStatus]:
         """Every actor's status, with the problems of self-checking actors asked afresh."""
@@ -133,6 +155,8 @@ class Supervisor:
 
             def ready(status: ActorStatus = status) -> None:
                 status.phase = "running"
+                if all(self.status[first.name].phase == "running" for first in self.first):
+                    self._first_ready.set()
 
             try:
                 await actor.run(ready)

@@ -35,6 +35,7 @@ def write_contexts(home: Path, fleet_url: str, prefix: str, key: Path) -> Path:
         "[contexts.prod]  # not reachable from a test\n"
         f'server = "{REFUSED}"\n'
     )
+    path.chmod(0o644)  # whatever the umask: only its owner may write it
     return path
 
 
@@ -150,3 +151,41 @@ async def test_malformed_file_is_one_line(tmp_path: Path) -> None:
     assert code == 1
     assert err.startswith(f"error: config: {path}: ") and "sevrer" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+async def test_contexts_file_others_may_write_is_warned_about(home: Path, mode: int) -> None:
+    """A contexts file that group or others may write still works but is warned about in
+    one line naming it and its mode, as a key file others may read is; 0644 is not."""
+    path = home / "fleetctl" / "config.toml"
+    code, out, err = await fleetctl(home, "config", "current-context")
+    assert (code, out, err) == (0, "lab\n", "")
+    path.chmod(mode)
+    code, out, err = await fleetctl(home, "config", "current-context")
+    assert (code, out) == (0, "lab\n")
+    assert err == (
+        f"SETTINGS FILE {path} IS WRITABLE BY GROUP OR OTHERS (mode {mode:04o}): anyone who "
+        "writes it chooses what this program connects to, trusts and runs; chmod go-w it\n"
+    )
+
+
+async def test_use_context_keeps_the_file_mode(home: Path) -> None:
+    """use-context rewrites the file with the mode it had: a file narrowed to 0600 is not
+    widened to the umask's."""
+    path = home / "fleetctl" / "config.toml"
+    path.chmod(0o600)
+    code, _, err = await fleetctl(home, "config", "use-context", "prod")
+    assert (code, err) == (0, "")
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+async def test_config_file_others_may_write_is_warned_about(
+    home: Path, tmp_path: Path, fleet: Fleet
+) -> None:
+    """fleetctl's --config file is checked as the contexts file is."""
+    config = tmp_path / "fleetctl.toml"
+    config.write_text(f'server = "{fleet.url}"\n')
+    config.chmod(0o666)
+    code, _, err = await fleetctl(home, "nodes", "--config", str(config))
+    assert code == 0
+    assert err.startswith(f"SETTINGS FILE {config} IS WRITABLE BY GROUP OR OTHERS (mode 0666)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
@@ -10,11 +9,8 @@ import aiohttp
 from actors.fleet import record_rules
 from actors.fleet.hot_state import NodeState, NodeTable
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.streams import provision
 from actors.runtime.bus import NatsBus
-from actors.runtime.supervisor import Supervisor
-from schemas.subjects import Subjects
-from tests.support.fleet import TEST_LIMITS, Fleet, new_fleet_api
+from tests.support.fleet import Fleet, new_fleet_api
 
 
 async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
@@ -45,26 +41,3 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
         async with session.get(f"{base}/nodes", params={"limit": "x"}) as r:
             assert r.status == 400
     assert seen == [f"n{i}" for i in range(7)]
-
-
-async def test_api_started_before_any_aggregator_waits_for_the_buckets(
-    bus: NatsBus, prefix: str
-) -> None:
-    """On a server no aggregator has provisioned, the API waits for ``fleet_nodes`` (one
-    line), without crashing and restarting with a traceback; it answers once it exists."""
-    fresh = f"{prefix}fresh"
-    api = new_fleet_api(bus, fresh, AggregatorMetrics())
-    supervisor = Supervisor([api])
-    supervisor.start()
-    try:
-        await asyncio.sleep(1.5)
-        status = supervisor.check()[api.name]
-        assert (status.phase, status.restarts) == ("starting", 0)
-        await provision(bus.js, Subjects(fresh), limits=TEST_LIMITS)
-        assert await supervisor.wait_ready(10)
-        assert supervisor.check()[api.name].restarts == 0
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{api.port}/nodes") as response:
-                assert response.status == 200
-    finally:
-        await supervisor.stop()

@@ -4,18 +4,23 @@ changed on the way (no server, no clock, no table)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import msgspec
 import pytest
 
 from actors.fleet import judge, record_rules
-from actors.fleet.hot_state import NodeState, slim_heartbeat
+from actors.fleet.hot_state import Bodies, NodeState, encoded, slim_heartbeat
 from actors.fleet.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
 from schemas import codec
-from schemas.messages import Heartbeat
+from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
 
 KEY = "UKEY"
+SUBJECT = "fleet.hb.c1.n1"
+T = TypeVar("T")
 NOW = 1_000.0
 MAX_JUMP = 1_000
 
@@ -199,3 +204,41 @@ def test_judged_before_needs_both_the_sequence_and_the_time() -> None:
     assert judge.judged_before(record, 10, 990.0)
     assert not judge.judged_before(record, 11, 995.0)
     assert not judge.judged_before(record, 3, 995.0)
+
+
+def _nested_at(stack: int, call: Callable[[], T]) -> T:
+    """``call()`` run ``stack`` Python frames deeper than here: a reader deep in its stack."""
+    return call() if stack == 0 else _nested_at(stack - 1, call)
+
+
+def test_every_heartbeat_the_judge_accepts_makes_a_readable_record() -> None:
+    """A node-signed heartbeat whose unknown field nests 0 to 950 levels is accepted only
+    while the heartbeat stays within codec.MAX_DEPTH, however deep in its stack the judge
+    reads it; and the record it makes (its bytes spliced in one level down, as the
+    ledger writes them) decodes for every reader, at any stack depth. The judge decoded
+    heartbeats without the depth scan and took up to about 900 levels: records every
+    other reader refused (tests/security/test_fuzz.py failed on one)."""
+    bodies = Bodies()
+    base = codec.encode(beat(5))
+    accepted = []
+    for levels in [*range(0, 40), 100, 500, 900, 950]:
+        body = base[:-1] + b',"future":' + b"[" * levels + b"0" + b"]" * levels + b"}"
+        outcomes = set()
+        for stack in (0, 400):
+            try:
+                hb = _nested_at(stack, partial(judge.read, body, SUBJECT, "n1", "c1", NOW, 300))
+            except Refused as refused:
+                assert "nested deeper than 32 levels" in refused.message
+                outcomes.add("refused")
+                continue
+            outcomes.add("accepted")
+            record = msgspec.structs.replace(record_rules.pending_record("n1", "c1"), heartbeat=hb)
+            written = encoded(record, bodies.pack(body), bodies)
+            for reader_stack in (0, 400):
+                read = _nested_at(reader_stack, partial(codec.decode, written, NodeRecord, "kv"))
+                assert read.heartbeat == hb
+        assert len(outcomes) == 1, (levels, outcomes)
+        if outcomes == {"accepted"}:
+            accepted.append(levels)
+    # The heartbeat object is level 1: a field may nest MAX_DEPTH - 1 levels.
+    assert accepted == list(range(0, codec.MAX_DEPTH))

@@ -4,6 +4,7 @@ derived defaults, comma-separated lists and KEY=VALUE maps from the environment.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from actors.cli.common import duration
 from actors.cli.send import POSITIVE
 from actors.fleet.config import ENV_PREFIX as AGG_PREFIX
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.remediation.policy import load_policy
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.config import ConfigError, DurationError, build, parse_duration
 
@@ -127,3 +129,29 @@ def test_bounded_lists_and_maps_from_env_are_split() -> None:
     )
     assert config.engines == ["vllm=http://a:1", "sglang=http://b:2"]
     assert config.labels == {"rack": "r1", "gpu": "h100"}
+
+
+def test_every_steering_file_reader_checks_the_mode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A settings file (--config of every program), a policy file and a trust file (the
+    agent's and the aggregator's) that others may write are read, and warned about."""
+    operator = "U" + "A" * 55
+    trust = tmp_path / "trust"
+    trust.write_text(f"# operators\n{operator}\n")
+    settings = tmp_path / "agent.toml"
+    settings.write_text(f'trust_operators_file = "{trust}"\n')
+    policy = tmp_path / "policy.toml"
+    policy.write_text('key_file = "k"\n')
+    for path in (trust, settings, policy):
+        path.chmod(0o646)
+    with caplog.at_level(logging.WARNING, logger="schemas.file_modes"):
+        agent = build(AgentConfig, ENV_PREFIX, file=settings, env={})
+        assert agent.operator_keys() == {operator}
+        aggregator = build(
+            AggregatorConfig, AGG_PREFIX, env={}, base={"trust_operators_file": str(trust)}
+        )
+        assert aggregator.operator_keys() == {operator}
+        assert load_policy(policy).key_file == "k"
+    warned = {record.path for record in caplog.records}  # type: ignore[attr-defined]
+    assert warned == {str(trust), str(settings), str(policy)}

@@ -12,6 +12,7 @@ from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.node.heartbeat.sequence import SequenceError, SequenceStore
 from actors.runtime.config import ConfigError, build
 from actors.runtime.supervisor import Supervisor
+from tests.support.fleet import wait_for
 
 
 class Crasher:
@@ -66,6 +67,54 @@ async def test_supervisor_stop_cancels_everything() -> None:
     ticks = steady.ticks
     await asyncio.sleep(0.05)
     assert steady.ticks == ticks
+
+
+class Gated:
+    """An actor ready only once ``gate`` is set, like the aggregator once it provisioned
+    the streams; it notes which actors had started when it became ready."""
+
+    name = "first"
+
+    def __init__(self, started: list[str]) -> None:
+        self.gate = asyncio.Event()
+        self.started = started
+        self.seen_at_ready: list[str] = []
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.started.append(self.name)
+        await self.gate.wait()
+        self.seen_at_ready = list(self.started)
+        ready()
+        await asyncio.Event().wait()
+
+
+class Reader(Steady):
+    """An actor that notes when it starts (one that reads what the first one makes)."""
+
+    def __init__(self, started: list[str]) -> None:
+        super().__init__()
+        self.name = "reader"
+        self.started = started
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.started.append(self.name)
+        await super().run(ready)
+
+
+async def test_supervisor_starts_then_actors_once_the_first_are_ready() -> None:
+    """Actors given as ``then`` start only after every first actor said it is ready, not
+    before; the first one's restarts do not start them twice."""
+    started: list[str] = []
+    first, reader = Gated(started), Reader(started)
+    supervisor = Supervisor([first], then=[reader])
+    supervisor.start()
+    await wait_for(lambda: started)  # started together, both would be there by now
+    assert started == ["first"] and supervisor.status["reader"].phase == "starting"
+    first.gate.set()
+    assert await supervisor.wait_ready(5)
+    assert first.seen_at_ready == ["first"] and started == ["first", "reader"]
+    assert [actor.name for actor in supervisor.actors] == ["first", "reader"]
+    await supervisor.stop(timeout=1)
 
 
 def test_config_layers_flags_over_env_over_file(tmp_path: Path) -> None:

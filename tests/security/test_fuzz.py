@@ -1,17 +1,22 @@
 """Property-based fuzzing of everything a hostile client can put on the wire to a node and
-to the aggregator: heartbeats, commands and node events with random bytes, random headers
-(non-ASCII values, random ``Fleet-Key``/``Fleet-Sig``, forged TTL markers), sizes up to
-~70 KB, wrong subject tokens, JSON nested up to 20,000 levels deep (issue 30: 1,000 made
-msgspec raise RecursionError and brought every aggregator down) and valid bodies mutated
-(a field nested that deep among them) and re-signed with the node's key, an operator's
-key or a stranger's.
+to the aggregator: heartbeats, commands, node events of every kind (every tag of
+``schemas.events``) and command results, with random bytes, random headers (non-ASCII
+values, random ``Fleet-Key``/``Fleet-Sig``, forged TTL markers), sizes up to ~70 KB,
+wrong subject tokens, JSON nested up to 20,000 levels deep (issue 30: 1,000 made msgspec
+raise RecursionError and brought every aggregator down; issue 40: a heartbeat with a
+field nested 31 levels was accepted and made a record no reader could read) and valid
+bodies of each type mutated (a field nested that deep among them) and re-signed with the
+node's key, an operator's key or a stranger's.
 
-After each batch: no actor of the agent or the aggregator has restarted, honest traffic
-(the agent's heartbeats, a heartbeat of a second node, a signed command) is still
-accepted, and counters account for every message: the aggregator's counters grow by
-exactly what ``FLEET_HB`` stored, every stored command is answered exactly once by its
-digest, and every node event the node's actors refused is counted, once. A message
-no counter names is a message that could vanish unnoticed; that is the property pinned.
+After each batch: no actor of the agent, the aggregator or the dashboard (the fleet's
+reader of results) has restarted, honest traffic (the agent's heartbeats, a heartbeat of
+a second node, a signed command) is still accepted, nothing reached a bystander node
+(its record, its alerts, the results shown for it), and counters account for every
+message: the aggregator's counters grow by exactly what ``FLEET_HB`` stored, every stored
+command is answered exactly once by its digest, and every node event the node's actors
+refused is counted, once. A message no counter names is a message that could
+vanish unnoticed; that is the property pinned. Generation is derandomized (the same
+examples every run, no example database), so a run cannot pass or fail by the draw.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
+from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.registry import approve
 from actors.node.agent import NodeAgent
@@ -40,19 +47,24 @@ from actors.runtime.commands import new_command
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
-from schemas.events import Engine, Inject, decode_event
-from schemas.messages import Cordon, Uncordon, command_digest
+from schemas.events import EVENT_TYPES, Event, Inject, decode_event
+from schemas.messages import (
+    CommandResult,
+    Cordon,
+    Heartbeat,
+    NodeRecord,
+    Uncordon,
+    command_digest,
+)
 from schemas.subjects import (
-    EVENT_ENGINE,
-    EVENT_HEALTH,
     EVENT_INJECT,
     EVENT_INTERRUPTION,
-    EVENT_LATENCY,
-    EVENT_SAMPLE,
     EVENT_STATE,
+    EVENT_WORKLOAD_ORDER,
     STREAM_HEARTBEATS,
     Subjects,
 )
+from tests.schemas.test_schemas import EXAMPLES as WIRE_EXAMPLES
 from tests.security.attack import attacker, restarts
 from tests.support.commanding import Results
 from tests.support.fleet import (
@@ -64,43 +76,43 @@ from tests.support.fleet import (
     wait_record,
 )
 
-Target = Literal["hb", "cmd", "evt"]
+Target = Literal["hb", "cmd", "evt", "res"]
 Signer = Literal["node", "operator", "stranger"]
+SIGNERS: tuple[Signer, ...] = ("node", "operator", "stranger")
 
 EXAMPLES = 25
 MAX_BODY = 70_000
 """Above FLEET_CMD's 64 KiB max_msg_size, so some commands are refused by the server."""
-EVENT_KINDS = [
-    EVENT_SAMPLE,
-    EVENT_HEALTH,
-    EVENT_INTERRUPTION,
-    EVENT_LATENCY,
-    EVENT_ENGINE,
-    EVENT_STATE,
-    EVENT_INJECT,
-    "bogus",
-]
-SIGNED_EVENT_KINDS = [kind for kind in EVENT_KINDS if kind != EVENT_INTERRUPTION]
-"""A notice the node key validly signs drains and deregisters the node, as it should: a
-stolen node key may stop its own node, so the fuzz does not hand it one."""
+EVENT_KINDS = [*EVENT_TYPES, "bogus"]
+"""Every event kind of the wire contract, and one it does not know."""
+VALID_EVENTS: dict[str, Event] = {
+    kind: next(e for e in WIRE_EXAMPLES if type(e) is event_type)
+    for kind, event_type in EVENT_TYPES.items()
+}
+"""A valid event of each kind (the schema tests' examples), which a mutation starts from."""
+OBEYED: dict[str, frozenset[Signer]] = {EVENT_INJECT: frozenset({"operator"})}
+"""The signers whose valid event of a kind makes the agent act on its node: only an
+operator's inject (what injects are for). The fuzz does not sign injects with it, so that
+one example cannot change what the next one checks; the node key signs every kind, since
+the agent acts on no event from outside its own process."""
 HEARTBEAT_FIELDS = [
-    "node_id",
-    "cluster",
-    "seq",
-    "boot_id",
-    "ts",
-    "agent_version",
-    "interval",
-    "stale_after",
-    "schedulability",
-    "schedulability_reason",
-    "sample",
+    *(f.name for f in msgspec.structs.fields(Heartbeat) if f.name != "deregistering"),
     "unknown_field",
 ]
-"""Everything but ``deregistering``: a node key may take its own node out of the fleet,
+"""Every field but ``deregistering``: a node key may take its own node out of the fleet,
 after which refusing its heartbeats is right and the liveness check would not hold."""
 COMMAND_FIELDS = ["id", "node_id", "cluster", "action", "issued_at", "expires_at", "reason", "x"]
-EVENT_FIELDS = ["ts", "in_flight", "engines", "node_id", "x"]
+EVENT_FIELDS = sorted(
+    {f.name for event_type in EVENT_TYPES.values() for f in msgspec.structs.fields(event_type)}
+    | {"x"}
+)
+"""Every field of every event kind (one a kind lacks is an unknown field to it)."""
+RESULT_FIELDS = [*(f.name for f in msgspec.structs.fields(CommandResult)), "x"]
+BYSTANDER = "n4"
+"""An approved node of cluster c1 no hostile message is addressed to: nothing may change
+for it (its record, its alerts, the results the dashboard shows for it)."""
+FUZZ_RESULT = "fuzz-result"
+"""The command id of every hostile result built from a valid one."""
 HUGE = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 10**30, -(2**70)]
 HEARTBEAT_COUNTERS = (
     "fleet_heartbeats_accepted",
@@ -151,9 +163,10 @@ def nested(levels: int, opening: str) -> bytes:
     return (openings * levels + "0" + closings * levels).encode()
 
 
-nestings = st.builds(
-    nested, st.sampled_from([33, 200, 1_000, 5_000, 20_000]), st.sampled_from(["[", "{", "both"])
-)
+NESTING_LEVELS = [30, 31, 32, 33, 200, 1_000, 5_000, 20_000]
+"""Around the 32-level bound (a field nested 31 levels makes a 32-level heartbeat, the
+deepest accepted, whose record nests 33) and far past Python's recursion limit."""
+nestings = st.builds(nested, st.sampled_from(NESTING_LEVELS), st.sampled_from(["[", "{", "both"]))
 bodies = (
     st.binary(max_size=512)
     | st.builds(random_bytes, st.integers(0, MAX_BODY), st.integers(0, 2**32))
@@ -212,7 +225,7 @@ class Hostile:
 
     target: Target
     tail: str
-    """The subject after ``<prefix>.hb.``, ``<prefix>.cmd.`` or ``<prefix>.evt.``."""
+    """The subject after ``<prefix>.hb.``, ``.cmd.``, ``.evt.`` or ``.result.``."""
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     mutation: Mutation | None = None
@@ -238,10 +251,16 @@ def random_headers(target: Target) -> st.SearchStrategy[dict[str, str]]:
 
 heartbeat_tails = st.sampled_from(["c1.n2", "c2.n2", "c1.n3", "c1.n2.extra", "c1"]) | st.builds(
     lambda cluster, node: f"{cluster}.{node}", tokens, tokens
-).filter(lambda tail: tail != "c1.n1")
+).filter(lambda tail: tail not in ("c1.n1", f"c1.{BYSTANDER}"))
 """Never the agent's own subject: a hostile message there could be replaced (one per
-subject) by the agent's next heartbeat before the aggregator reads it."""
+subject) by the agent's next heartbeat before the aggregator reads it; never the
+bystander's (under the shipped permissions no other node may publish there)."""
 event_tails = st.sampled_from(EVENT_KINDS).map(lambda kind: f"n1.{kind}")
+result_tails = st.sampled_from(["c1.n2", "c1.n2", "c2.n2", "c1.n3", "c1.n2.x"]) | st.builds(
+    lambda cluster, node: f"{cluster}.{node}", tokens, tokens
+).filter(lambda tail: tail not in ("c1.n1", f"c1.{BYSTANDER}"))
+"""Mostly n2's own result subject, where its key may publish; never n1's (its results
+are the command accounting's) nor the bystander's."""
 
 
 def raw(target: Target, tails: st.SearchStrategy[str]) -> st.SearchStrategy[Hostile]:
@@ -249,15 +268,24 @@ def raw(target: Target, tails: st.SearchStrategy[str]) -> st.SearchStrategy[Host
 
 
 def resigned(
-    target: Target, tails: st.SearchStrategy[str], fields: list[str]
+    target: Target,
+    tails: st.SearchStrategy[str],
+    fields: list[str],
+    signers: tuple[Signer, ...] = SIGNERS,
 ) -> st.SearchStrategy[Hostile]:
     return st.builds(
         Hostile,
         st.just(target),
         tails,
         mutation=mutations(fields),
-        signer=st.sampled_from(["node", "operator", "stranger"]),
+        signer=st.sampled_from(signers),
     )
+
+
+def resigned_events(kind: str) -> st.SearchStrategy[Hostile]:
+    """A valid event of ``kind``, mutated, signed by each signer it does not obey."""
+    signers = tuple(s for s in SIGNERS if s not in OBEYED.get(kind, frozenset()))
+    return resigned("evt", st.just(f"n1.{kind}"), EVENT_FIELDS, signers)
 
 
 hostiles = st.one_of(
@@ -266,7 +294,9 @@ hostiles = st.one_of(
     raw("cmd", st.just("c1.n1")),
     resigned("cmd", st.just("c1.n1"), COMMAND_FIELDS),
     raw("evt", event_tails),
-    resigned("evt", st.sampled_from(SIGNED_EVENT_KINDS).map(lambda k: f"n1.{k}"), EVENT_FIELDS),
+    st.sampled_from(sorted(EVENT_TYPES)).flatmap(resigned_events),
+    raw("res", result_tails),
+    resigned("res", result_tails, RESULT_FIELDS),
 )
 
 
@@ -297,8 +327,11 @@ class Scene:
     metrics: AggregatorMetrics
     results: Results
     keys: dict[Signer, signing.KeyPair]
-    """The node key is n1's for commands and events and n2's for heartbeats."""
+    """The node key is n1's for commands and events and n2's for heartbeats and results."""
     n2_key: signing.KeyPair
+    dashboard: DashboardActor
+    bystander_key: signing.KeyPair
+    bystander_seq: int = 0
 
     @property
     def subjects(self) -> Subjects:
@@ -306,7 +339,7 @@ class Scene:
 
 
 def signer_key(scene: Scene, hostile: Hostile) -> signing.KeyPair:
-    if hostile.signer == "node" and hostile.target == "hb":
+    if hostile.signer == "node" and hostile.target in ("hb", "res"):
         return scene.n2_key
     return scene.keys[hostile.signer]
 
@@ -320,8 +353,14 @@ def message(scene: Scene, hostile: Hostile, n2_seq: int) -> tuple[bytes, dict[st
         valid = heartbeat("n2", seq=n2_seq + 1)
     elif hostile.target == "cmd":
         valid = new_command("n1", "c1", Cordon(ttl=60.0))
+    elif hostile.target == "evt":
+        valid = VALID_EVENTS[hostile.tail.rsplit(".", 1)[-1]]
     else:
-        valid = Engine(ts=time.time(), in_flight=0)
+        # n2's result claiming n1's or the bystander's command, or its own.
+        claimed = ("n2", "n1", BYSTANDER)[hostile.mutation.position % 3]
+        valid = CommandResult(
+            command_id=FUZZ_RESULT, node_id=claimed, cluster="c1", status="done", ts=time.time()
+        )
     body = hostile.mutation.apply(cast(dict[str, Any], msgspec.to_builtins(valid)))
     return body, signer_key(scene, hostile).headers(body)
 
@@ -382,7 +421,7 @@ async def publish(
     if hostile.target == "evt":
         await nc.publish(f"{prefix}.evt.{hostile.tail}", body, headers=headers)
         return None
-    subject = f"{prefix}.{hostile.target}.{hostile.tail}"
+    subject = f"{prefix}.{'result' if hostile.target == 'res' else hostile.target}.{hostile.tail}"
     try:
         ack = await js.publish(subject, body, headers=headers)
     except nats.js.errors.APIError:  # over max_msg_size: the server's refusal, not ours
@@ -392,6 +431,8 @@ async def publish(
         return None
     if hostile.target == "hb":  # one message per subject: let it be read before the next
         await heartbeats_settled(scene, js)
+        return None
+    if hostile.target == "res":
         return None
     return None if ack.duplicate else command_digest(body)
 
@@ -415,15 +456,48 @@ async def still_served(scene: Scene, js: JetStreamContext, n2_seq: int) -> None:
     await wait_for(lambda: "accepted" in scene.results.statuses(command.id))
 
 
+async def bystander_beats(scene: Scene, js: JetStreamContext) -> NodeRecord:
+    """One more honest heartbeat of the bystander; its record once it is taken in."""
+    scene.bystander_seq += 1
+    seq = scene.bystander_seq
+    # It beats once an example, so it claims a minute between beats: honest, never late.
+    beat = codec.encode(heartbeat(BYSTANDER, seq=seq, interval=60.0, stale_after=180.0))
+    subject = scene.subjects.heartbeat("c1", BYSTANDER)
+    await js.publish(subject, beat, headers=scene.bystander_key.headers(beat))
+    return await wait_record(
+        scene.fleet.bus, scene.fleet.prefix, BYSTANDER, lambda r: r.last_seq == seq
+    )
+
+
+async def results_read(scene: Scene, nc: Client, mark: str) -> None:
+    """Return once the dashboard has read every result published before: n2's own result
+    ``mark``, published last on the same connection, has reached it."""
+    result = CommandResult(
+        command_id=mark, node_id="n2", cluster="c1", status="done", ts=time.time()
+    )
+    body = codec.encode(result)
+    await nc.publish(scene.subjects.result("c1", "n2"), body, headers=scene.n2_key.headers(body))
+    await wait_for(
+        lambda: any(kept.command_id == mark for kept in scene.dashboard.results.get("n2", ()))
+    )
+
+
 @pytest.fixture
 async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
-    """An aggregator, an approved agent n1 trusting an operator key, a second approved
-    node n2 whose key the test holds (no agent: its subject is the test's alone), and
-    the attacker's plain connection."""
-    operator, stranger, n2_key = (signing.KeyPair.generate() for _ in range(3))
+    """An aggregator with its HTTP API and dashboard, an approved agent n1 trusting an
+    operator key, a second approved node n2 whose key the test holds (no agent: its
+    subject is the test's alone), an approved bystander whose heartbeats the test sends,
+    and the attacker's plain connection."""
+    operator, stranger, n2_key, bystander_key = (signing.KeyPair.generate() for _ in range(4))
     await approve(fleet.bus, Subjects(fleet.prefix), "n2", n2_key.public_key)
+    await approve(fleet.bus, Subjects(fleet.prefix), BYSTANDER, bystander_key.public_key)
     metrics = AggregatorMetrics()
-    aggregator = await fleet.start_supervisor(new_aggregator(fleet.bus, fleet.prefix, metrics))
+    aggregator = new_aggregator(fleet.bus, fleet.prefix, metrics)
+    config = msgspec.structs.replace(aggregator.config, http_port=0)
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes))
+    api.routes = dashboard.routes
+    provider = await fleet.start_supervisor(aggregator, api, dashboard)
     results = await Results().start(fleet.bus, fleet.prefix)
     agent = await fleet.start_agent(fleet.config(trust_operators=[operator.public_key]))
     assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
@@ -433,19 +507,35 @@ async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
         "stranger": stranger,
     }
     async with attacker(fleet.url) as nc:
-        built = Scene(fleet, agent, [aggregator, agent.supervisor], metrics, results, keys, n2_key)
+        built = Scene(
+            fleet,
+            agent,
+            [provider, agent.supervisor],
+            metrics,
+            results,
+            keys,
+            n2_key,
+            dashboard,
+            bystander_key,
+        )
         beat = codec.encode(heartbeat("n2", seq=1))
         await nc.jetstream().publish(
             built.subjects.heartbeat("c1", "n2"), beat, headers=n2_key.headers(beat)
         )
         await wait_record(fleet.bus, fleet.prefix, "n2", lambda r: r.last_seq == 1)
+        await bystander_beats(built, nc.jetstream())
         yield built, nc
 
 
 @pytest.mark.slow
+# 28 examples take under a minute on an idle machine; the default 120 s leaves a loaded one
+# no room (a timeout here would be the test's, not a finding).
+@pytest.mark.timeout(300)
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batch=st.lists(hostiles, min_size=1, max_size=8))
@@ -476,15 +566,40 @@ async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
         )
     ]
 )
+# Issue 40: node-signed heartbeats with an unknown field nested 31 levels (a heartbeat
+# of 32, the deepest accepted; its record nests 33) and 33 (refused); the judge took
+# both, and the records they made were unreadable to every other reader.
+@example(
+    batch=[
+        Hostile(
+            target="hb",
+            tail="c1.n2",
+            mutation=Mutation(
+                field="",
+                value=None,
+                byte_op="none",
+                position=0,
+                byte=0,
+                nesting=nested(levels, "["),
+            ),
+            signer="node",
+        )
+        for levels in (31, 33)
+    ]
+)
 async def test_hostile_traffic_is_counted_and_changes_nothing_it_must_not(
     scene: tuple[Scene, Client], batch: list[Hostile]
 ) -> None:
+    """No restart, honest traffic served, nothing changed for the bystander, and every
+    hostile message accounted for by a counter or a result."""
     fuzzed, nc = scene
     js = nc.jetstream()
     agent = fuzzed.agent
     n2_seq = (
         await wait_record(fuzzed.fleet.bus, fuzzed.fleet.prefix, "n2", lambda r: True)
     ).last_seq
+    bystander = await bystander_beats(fuzzed, js)
+    bystander_alerts = [a for a in fuzzed.results.alerts if a.node_id == BYSTANDER]
     first_result = len(fuzzed.results.results)
     events_before = events_dropped(agent)
     commands_dropped = total(agent.metrics.registry, "node_agent_messages_dropped")
@@ -518,5 +633,15 @@ async def test_hostile_traffic_is_counted_and_changes_nothing_it_must_not(
     stream_after, counted_after = await heartbeats_settled(fuzzed, js)
     assert decided() == stored
     assert counted_after - counted_before == stream_after - stream_before
+    after = await bystander_beats(fuzzed, js)
+    assert (after.state, after.refused, after.last_seq) == ("active", "", bystander.last_seq + 1)
+    assert (after.public_key, after.labels) == (bystander.public_key, bystander.labels)
+    assert [a for a in fuzzed.results.alerts if a.node_id == BYSTANDER] == bystander_alerts
+    await results_read(fuzzed, nc, f"mark-{fuzzed.bystander_seq}")
+    shown = fuzzed.dashboard.results
+    assert BYSTANDER not in shown
+    assert not [
+        r for node in shown if node != "n2" for r in shown[node] if r.command_id == FUZZ_RESULT
+    ]
     for supervisor in fuzzed.supervisors:
         assert set(restarts(supervisor).values()) == {0}, restarts(supervisor)

@@ -164,11 +164,11 @@ def test_world_readable_key_file_is_warned_about(
     """Loading a key file that group or others can read logs a warning naming the file."""
     path = tmp_path / "node.nk"
     signing.create_key_file(path)
-    with caplog.at_level(logging.WARNING, logger="schemas.signing"):
+    with caplog.at_level(logging.WARNING, logger="schemas.file_modes"):
         signing.load_key_file(path)
     assert caplog.records == []
     path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="schemas.signing"):
+    with caplog.at_level(logging.WARNING, logger="schemas.file_modes"):
         signing.load_key_file(path)
     [warning] = caplog.records
     assert warning.levelno == logging.WARNING
