@@ -6,16 +6,23 @@ streams the aggregator had not made yet, and crashed once at every fresh start).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 from pathlib import Path
 
 from actors.runtime.embedded import NatsServer
+from actors.runtime.http_login import hash_password
 from schemas import signing
 from tests.support.deploy import FLEETCTL, free_port
 from tests.support.observability import running, wait_ready
 
 STOP_TIMEOUT = 30.0
+PROBE_USER, PROBE_PASSWORD = "probe", "probe-password"
+"""The health probe's user: with the dashboard's commands on, every path needs a login."""
+PROBE_LOGIN = {
+    "Authorization": "Basic " + base64.b64encode(f"{PROBE_USER}:{PROBE_PASSWORD}".encode()).decode()
+}
 
 
 def aggregator_argv(server: str, prefix: str, tmp_path: Path, port: int) -> list[str]:
@@ -25,6 +32,8 @@ def aggregator_argv(server: str, prefix: str, tmp_path: Path, port: int) -> list
         signing.create_key_file(key)
     policy = tmp_path / "policy.toml"
     policy.write_text(f'key_file = "{key}"\n')
+    users = tmp_path / "users"
+    users.write_text(f"{PROBE_USER}:{hash_password(PROBE_PASSWORD, iterations=1000)}\n")
     return [
         FLEETCTL,
         "aggregator",
@@ -42,6 +51,8 @@ def aggregator_argv(server: str, prefix: str, tmp_path: Path, port: int) -> list
         "--allow-ui-commands",
         "--ui-key-file",
         str(key),
+        "--http-users-file",
+        str(users),
         "--alertmanager-url",
         f"http://127.0.0.1:{free_port()},http://127.0.0.1:{free_port()}",
         "--log-format",
@@ -53,7 +64,7 @@ async def run_once(argv: list[str], url: str, log: Path) -> list[dict[str, objec
     """Start the program, wait until every actor runs (/healthz 200), stop it with
     SIGTERM; its log lines."""
     with running(argv, log) as process:
-        await wait_ready(f"{url}/healthz", timeout=60)
+        await wait_ready(f"{url}/healthz", timeout=60, headers=PROBE_LOGIN)
         process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(process.wait, STOP_TIMEOUT)
     text = await asyncio.to_thread(log.read_text)

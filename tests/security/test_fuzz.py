@@ -58,9 +58,6 @@ from schemas.messages import (
 )
 from schemas.subjects import (
     EVENT_INJECT,
-    EVENT_INTERRUPTION,
-    EVENT_STATE,
-    EVENT_WORKLOAD_ORDER,
     STREAM_HEARTBEATS,
     Subjects,
 )

@@ -45,10 +45,12 @@ def program(name: str) -> str:
     return path
 
 
-async def wait_ready(url: str, timeout: float = READY_TIMEOUT) -> None:
-    """Poll ``url`` until it answers 200."""
+async def wait_ready(
+    url: str, timeout: float = READY_TIMEOUT, headers: dict[str, str] | None = None
+) -> None:
+    """Poll ``url`` (with ``headers``: a login, say) until it answers 200."""
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=headers) as session:
         while True:
             with contextlib.suppress(aiohttp.ClientError):
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as answer:
