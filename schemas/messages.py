@@ -51,7 +51,7 @@ from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
 """Workloads a heartbeat lists (and so a node runs): the heartbeat's size budget
-(``actors/fleet/streams.py``) leaves room for this many summaries, not for 64 full
+(``actors/fleet/storage/streams.py``) leaves room for this many summaries, not for 64 full
 ``Workload`` events."""
 
 

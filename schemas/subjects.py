@@ -275,5 +275,5 @@ def probe_reply_responder(reply: str) -> str | None:
 
 def command_consumer(cluster: str, node: str) -> str:
     """The durable consumer of ``node``'s commands on FLEET_CMD; the provider creates it
-    (see actors/fleet/command_queues.py), the node only reads from it."""
+    (see actors/fleet/aggregator/command_queues.py), the node only reads from it."""
     return f"cmd_{check_token('cluster', cluster)}_{check_token('node id', node)}"

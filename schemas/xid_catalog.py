@@ -1,7 +1,7 @@
 """NVIDIA's XID codes as data: what each means, how bad it is, what to do, and how many
 occurrences within what window make it a finding.
 
-The one table, read by the agent's ``xid`` check (actors/node/xid.py, which counts and
+The one table, read by the agent's ``xid`` check (actors/node/gpu/xid.py, which counts and
 judges) and by the fleet's views (the dashboard's node page shows each XID's severity and
 meaning). Meanings and actions follow NVIDIA's XID catalog
 (docs.nvidia.com/deploy/xid-errors). Application-level codes (13, 31, 43, 45) are caused

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.fleet.streams import provision
+from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects

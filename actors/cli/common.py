@@ -62,7 +62,7 @@ declares its own ``--key-file``."""
 
 def add_server(parser: argparse.ArgumentParser) -> None:
     """--context, --prefix and :class:`ClientConfig`'s flags, for every fleetctl command
-    that connects (:mod:`actors.cli.contexts` fills in what the context gives)."""
+    that connects (:mod:`actors.cli.fleetctl.contexts` fills in what the context gives)."""
     add_context_flag(parser)
     parser.add_argument(
         "--prefix", help="subject prefix of the fleet (default: the context's, else fleet)"
@@ -152,7 +152,8 @@ def settings_from(
     args: argparse.Namespace, config_type: type[Settings], env_prefix: str
 ) -> Settings:
     """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``,
-    over fleetctl's context (``args.context_settings``, set by :mod:`actors.cli.contexts`)."""
+    over fleetctl's context (``args.context_settings``, set by
+    :mod:`actors.cli.fleetctl.contexts`)."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     # A flag typed Path (--key-file) is a str setting.
@@ -214,7 +215,7 @@ def config_home() -> Path:
 
 
 def contexts_path() -> Path:
-    """fleetctl's contexts file (:mod:`actors.cli.contexts`)."""
+    """fleetctl's contexts file (:mod:`actors.cli.fleetctl.contexts`)."""
     return config_home() / "fleetctl" / "config.toml"
 
 

@@ -16,8 +16,8 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from actors.cli import contexts
 from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, connected_to, settings_from
+from actors.cli.fleetctl import contexts
 from actors.runtime import kv
 from schemas.subjects import BUCKET_NODES, Subjects
 

@@ -31,11 +31,12 @@ from actors.cli.common import (
     strict,
 )
 from actors.cli.completion import SuggestingParser
-from actors.fleet import registry
-from actors.node import deregistration, gateway_access
+from actors.fleet.storage import registry
+from actors.node import deregistration
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.deregistration import EXIT_DEREGISTERED
+from actors.node.gateway import access as gateway_access
 from actors.node.http_api import PORT_FILE
 from actors.node.inventory.actor import read_identity
 from actors.runtime import config_docs, logs

@@ -12,8 +12,8 @@ from actors.node.commands.actor import CommandsActor
 from actors.node.config import AgentConfig
 from actors.node.engine import EngineActor
 from actors.node.events import NodeEvents
-from actors.node.gateway import GatewayActor
-from actors.node.gateway_access import Access
+from actors.node.gateway.access import Access
+from actors.node.gateway.actor import GatewayActor
 from actors.node.health.actor import HealthActor
 from actors.node.heartbeat.actor import HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore

@@ -42,10 +42,10 @@ EngineSpec = Annotated[
 ]
 PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
-"""CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.xid)."""
+"""CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.gpu.xid)."""
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
 GPU_THRESHOLD_PATTERN = r"^[a-z_]{1,64}=(\d+(\.\d+)?|off)$"
-"""NAME=LIMIT or NAME=off, e.g. pcie_replays_per_min=20 (read by actors.node.gpu_health)."""
+"""NAME=LIMIT or NAME=off, e.g. pcie_replays_per_min=20 (read by actors.node.gpu.thresholds)."""
 GpuThreshold = Annotated[str, Meta(pattern=GPU_THRESHOLD_PATTERN)]
 WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
 DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
@@ -254,7 +254,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gpu_thresholds: list[GpuThreshold] = []
     """Overrides of the GPU health table, NAME=LIMIT or NAME=off: "pcie_replays_per_min=20"
     raises that limit, "persistence_off=off" drops that finding (table in
-    actors/node/gpu_health.py and docs/node.md)."""
+    actors/node/gpu/thresholds.py and docs/node.md)."""
     nvml_deadline: Positive = 10.0
     """Seconds one NVML call may take before the nvml check says it hung (and /healthz
     fails); the sample goes out meanwhile with the GPUs' last readings."""
@@ -373,7 +373,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(f"stale_after must be at most {MAX_STALE_AFTER:g} seconds (a day)")
         # The table lives with the health code, which imports this module: names are
         # checked here, at load, so a typo fails the start and not the health actor.
-        from actors.node.gpu_health import parse_gpu_thresholds
+        from actors.node.gpu.thresholds import parse_gpu_thresholds
 
         parse_gpu_thresholds(self.gpu_thresholds)
         self._check_gateway()

@@ -78,7 +78,7 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.cli.sim_publisher import SimOptions, template
+from actors.cli.simulate.publisher import SimOptions, template
 from actors.fleet.config import AggregatorConfig
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -982,8 +982,8 @@ async def wait_first_stale(url: str, timeout: float) -> float | None:
 async def fill_records(url: str, nodes: int) -> None:
     """``nodes`` records of active 1-GPU simulated nodes (their last heartbeat whole) put
     straight into fleet_nodes."""
-    from actors.cli.sim_publisher import SEQ_MARK, TS_MARK
-    from actors.fleet import record_rules
+    from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK
+    from actors.fleet.aggregator import record_rules
     from schemas import codec
     from schemas.messages import Heartbeat
     from schemas.subjects import BUCKET_NODES

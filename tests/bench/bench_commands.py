@@ -24,10 +24,10 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.fleet.streams import provision
+from actors.fleet.operator.commands import new_command, publish_command
+from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command, publish_command
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.events import Engine

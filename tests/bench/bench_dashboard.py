@@ -25,7 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.fleet.dashboard.history import History
+from actors.fleet.views.dashboard.history import History
 from tests.bench.bench_metrics import simulated_fleet
 from tests.support.fleet import heartbeat
 

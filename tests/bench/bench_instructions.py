@@ -45,9 +45,9 @@ from nats.aio.subscription import Subscription
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.cli.sim_publisher import SimNode, SimOptions, template
-from actors.fleet.registry import approve
-from actors.fleet.streams import provision
+from actors.cli.simulate.publisher import SimNode, SimOptions, template
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects, partition_of

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import up, views
-from actors.cli.up import fleet_view
-from actors.fleet import record_rules
+from actors.cli.fleetctl import up
+from actors.cli.fleetctl.up import fleet_view
+from actors.cli.render import tables as views
+from actors.fleet.aggregator import record_rules
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing

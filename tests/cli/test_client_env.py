@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.cli import fleetctl
 from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, operator_key_file, settings_from
+from actors.cli.fleetctl import main as fleetctl
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from actors.cli.up import UpOptions, dashboard_lines
+from actors.cli.fleetctl.up import UpOptions, dashboard_lines
 from schemas import signing
 from tests.support.dashboard import client
 

@@ -9,11 +9,11 @@ import os
 
 import aiohttp
 
-from actors.fleet import live
-from actors.fleet.dashboard import render
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
 from actors.fleet.remediation.actor import policy_bucket
+from actors.fleet.storage.registry import approve
+from actors.fleet.views import live
+from actors.fleet.views.dashboard import render
 from schemas import codec, signing
 from schemas.messages import Heartbeat
 from schemas.remediation import Hold, PolicyRecord

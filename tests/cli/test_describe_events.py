@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import describe_view
-from actors.fleet.history import Entry
-from actors.fleet.record_rules import pending_record, with_state
+from actors.cli.render import describe as describe_view
+from actors.fleet.aggregator.record_rules import pending_record, with_state
+from actors.fleet.views.history import Entry
 from schemas import signing
 from schemas.base import Schedulability
 from schemas.messages import CommandResult, CommandStatus, Cordon

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from actors.cli import describe_view
+from actors.cli.render import describe as describe_view
 from schemas.events import Capacity, Dependency, HostFacts, Sample
 
 CAPACITY = Capacity(

@@ -9,8 +9,9 @@ import re
 import msgspec
 import pytest
 
-from actors.cli import fleetctl, node_agent
+from actors.cli import node_agent
 from actors.cli.common import SINGULAR_FLAGS, ClientConfig
+from actors.cli.fleetctl import main as fleetctl
 from actors.fleet.config import AggregatorConfig
 from actors.node.config import AgentConfig
 from actors.runtime import config_docs

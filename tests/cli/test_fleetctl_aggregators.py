@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.aggregator.actor import AggregatorActor
 from actors.runtime.bus import NatsBus
 from tests.cli.test_fleetctl_listing import fleetctl
 from tests.support.fleet import TEST_LIMITS, Fleet, wait_for, wait_record

@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from actors.cli import gpus
+from actors.cli.fleetctl import gpus
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.events import Gpu, Sample, XidCount

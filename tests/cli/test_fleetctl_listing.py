@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 
-from actors.cli import views
-from actors.cli.sim_publisher import SimOptions
-from actors.cli.simulate import simulate
-from actors.fleet import record_rules
-from actors.fleet.registry import read_records
+from actors.cli.render import tables as views
+from actors.cli.simulate.publisher import SimOptions
+from actors.cli.simulate.run import simulate
+from actors.fleet.aggregator import record_rules
+from actors.fleet.storage.registry import read_records
 from actors.runtime import spans
 from actors.runtime.bus import NatsBus
 from schemas import codec

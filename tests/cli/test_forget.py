@@ -10,12 +10,12 @@ from pathlib import Path
 import nats.js.errors
 import pytest
 
-from actors.cli.fleetctl import main
-from actors.fleet import history
-from actors.fleet.registry import NotFound, read_record, trust_entry
+from actors.cli.fleetctl.main import main
+from actors.fleet.operator.commands import new_command, publish_command
+from actors.fleet.storage.registry import NotFound, read_record, trust_entry
+from actors.fleet.views import history
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command, publish_command
 from schemas import signing
 from schemas.messages import Alert, Cordon
 from schemas.subjects import STREAM_COMMANDS, Subjects

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import fleetctl, node_agent
+from actors.cli import node_agent
 from actors.cli.common import settings_from
-from actors.fleet import registry
+from actors.cli.fleetctl import main as fleetctl
+from actors.fleet.aggregator.record_rules import pending_record
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.record_rules import pending_record
+from actors.fleet.storage import registry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.subjects import BUCKET_NODES, Subjects

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from actors.cli import fleetctl, node_agent
+from actors.cli import node_agent
 from actors.cli.common import settings_from
+from actors.cli.fleetctl import main as fleetctl
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX

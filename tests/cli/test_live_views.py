@@ -14,11 +14,11 @@ import nats
 import nats.js.errors
 import pytest
 
-from actors.cli.sim_publisher import SimOptions
-from actors.cli.simulate import simulate
-from actors.fleet import live
+from actors.cli.simulate.publisher import SimOptions
+from actors.cli.simulate.run import simulate
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve, read_record, read_records
+from actors.fleet.storage.registry import approve, read_record, read_records
+from actors.fleet.views import live
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject

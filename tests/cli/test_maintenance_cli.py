@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.operator.maintenance import MaintenanceActor
 from schemas import signing
 from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_record
 

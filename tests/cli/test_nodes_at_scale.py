@@ -9,8 +9,8 @@ import time
 import msgspec
 import pytest
 
-from actors.cli import views
-from actors.fleet import record_rules
+from actors.cli.render import tables as views
+from actors.fleet.aggregator import record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.subjects import BUCKET_NODES, Subjects

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.cli import policy_cli
+from actors.cli.fleetctl import policy as policy_cli
 from actors.fleet.remediation.actor import policy_bucket
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus

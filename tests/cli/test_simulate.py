@@ -9,8 +9,8 @@ import sys
 
 import msgspec
 
-from actors.cli.sim_publisher import SimOptions, template
-from actors.fleet.registry import read_records
+from actors.cli.simulate.publisher import SimOptions, template
+from actors.fleet.storage.registry import read_records
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import Heartbeat

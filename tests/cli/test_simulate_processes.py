@@ -14,10 +14,10 @@ import psutil
 import pytest
 
 from actors.cli.common import ClientConfig
-from actors.cli.sim_processes import WorkerFailed
-from actors.cli.sim_publisher import SimOptions
-from actors.cli.simulate import Progress, _in_workers
-from actors.fleet.registry import read_records
+from actors.cli.simulate.processes import WorkerFailed
+from actors.cli.simulate.publisher import SimOptions
+from actors.cli.simulate.run import Progress, _in_workers
+from actors.fleet.storage.registry import read_records
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet
@@ -54,7 +54,7 @@ async def test_two_processes_publish_every_nodes_beats(
 
 def _workers_of(parent: psutil.Process) -> list[psutil.Process]:
     try:
-        return [p for p in parent.children() if "actors.cli.sim_worker" in p.cmdline()]
+        return [p for p in parent.children() if "actors.cli.simulate.worker" in p.cmdline()]
     except psutil.Error:
         return []
 

@@ -8,8 +8,8 @@ import time
 
 from nats.aio.msg import Msg
 
-from actors.cli.sim_publisher import SimOptions
-from actors.cli.simulate import StaleAlerts, simulate
+from actors.cli.simulate.publisher import SimOptions
+from actors.cli.simulate.run import StaleAlerts, simulate
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.messages import Alert

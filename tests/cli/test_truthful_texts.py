@@ -11,9 +11,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.cli import describe_view, views
-from actors.fleet import record_rules, sweeps
-from actors.fleet.history import Entry
+from actors.cli.render import describe as describe_view
+from actors.cli.render import tables as views
+from actors.fleet.aggregator import record_rules, sweeps
+from actors.fleet.views.history import Entry
 from actors.runtime import spans
 from actors.runtime.spans import clock
 from schemas import codec

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import up
+from actors.cli.fleetctl import up
 from schemas.errors import FleetError
 
 NVML_COUNT, NVML_ERROR = up.nvml_gpus()

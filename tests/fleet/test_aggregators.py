@@ -8,10 +8,10 @@ import aiohttp
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.fleet import record_rules
-from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.aggregator import record_rules
+from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve, read_record
+from actors.fleet.storage.registry import approve, read_record
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.subjects import Subjects

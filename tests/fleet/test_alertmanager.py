@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from actors.fleet.alertmanager import (
+from actors.fleet.alerts.alertmanager import (
     AlertmanagerActor,
     Outbox,
     alertname,
@@ -23,10 +23,10 @@ from actors.fleet.alertmanager import (
     conditions,
 )
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.maintenance import MaintenanceWindows, covers
-from actors.fleet.maintenance_service import MaintenanceActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
+from actors.fleet.operator.maintenance import MaintenanceActor
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.windows import MaintenanceWindows, covers
 from actors.runtime.config import ConfigError
 from schemas import codec, signing
 from schemas.messages import Alert, Maintenance, MaintenanceWindow, NodeRecord

@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.dashboard import render
-from actors.fleet.fleet_api import exposure
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
+from actors.fleet.views.api import exposure
+from actors.fleet.views.dashboard import render
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing

@@ -17,7 +17,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.fleet_api import exposure
+from actors.fleet.views.api import exposure
 from actors.runtime.http_login import hash_password
 from actors.runtime.supervisor import FatalError
 from schemas import codec

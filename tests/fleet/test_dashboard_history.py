@@ -6,7 +6,7 @@ import math
 
 import msgspec
 
-from actors.fleet.dashboard.history import SERIES, History, Packing
+from actors.fleet.views.dashboard.history import SERIES, History, Packing
 from schemas.events import Health
 from schemas.messages import Heartbeat
 from tests.fleet.test_lean_state import SIM_BEAT

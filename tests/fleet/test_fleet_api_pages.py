@@ -6,8 +6,8 @@ import time
 
 import aiohttp
 
-from actors.fleet import record_rules
-from actors.fleet.hot_state import NodeState, NodeTable
+from actors.fleet.aggregator import record_rules
+from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import NatsBus
 from tests.support.fleet import Fleet, new_fleet_api

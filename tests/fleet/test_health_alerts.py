@@ -7,7 +7,7 @@ import time
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet import alert_rules, record_rules
+from actors.fleet.aggregator import alert_rules, record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.base import HealthStatus

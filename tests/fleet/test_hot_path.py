@@ -11,10 +11,10 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet import hot_state, record_rules
-from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.hot_state import CheckpointQueue, NodeState, slim
-from actors.fleet.registry import NotFound, approve, forget, read_record
+from actors.fleet.aggregator import hot_state, record_rules
+from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
+from actors.fleet.storage.registry import NotFound, approve, forget, read_record
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NatsBus
 from actors.runtime.consumer import Step, delivery

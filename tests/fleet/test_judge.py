@@ -11,9 +11,9 @@ from typing import TypeVar
 import msgspec
 import pytest
 
-from actors.fleet import judge, record_rules
-from actors.fleet.hot_state import Bodies, NodeState, encoded, slim_heartbeat
-from actors.fleet.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
+from actors.fleet.aggregator import judge, record_rules
+from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
+from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat

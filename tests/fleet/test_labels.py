@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import pytest
 
-from actors.cli import describe_view
+from actors.cli.render import describe as describe_view
 from actors.fleet.labels import BadSelector, matches, parse_selector, parse_selectors
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import NatsBus

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli.sim_publisher import SimOptions, template
-from actors.fleet import alert_rules, hot_state, record_rules
-from actors.fleet.fleet_api import EncodedRecords, RecordSummary
+from actors.cli.simulate.publisher import SimOptions, template
+from actors.fleet.aggregator import alert_rules, hot_state, record_rules
+from actors.fleet.views.api import EncodedRecords, RecordSummary
 from schemas import codec
 from schemas.events import Health, Interruption, SpotStatus
 from schemas.messages import Heartbeat, NodeRecord

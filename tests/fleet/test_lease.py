@@ -8,7 +8,7 @@ import asyncio
 import nats.js.errors
 import pytest
 
-from actors.fleet.lease import Lease
+from actors.fleet.aggregator.lease import Lease
 from actors.runtime.bus import NatsBus
 from schemas.subjects import BUCKET_LEASES, Subjects, lease_key
 

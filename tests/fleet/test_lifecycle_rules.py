@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.fleet import alert_rules, record_rules
-from actors.fleet.refusals import MAX_TRACKED, RefusalTracker, mark_refused
-from actors.fleet.sweeps import refused_silent, silent_without_marker
+from actors.fleet.aggregator import alert_rules, record_rules
+from actors.fleet.aggregator.refusals import MAX_TRACKED, RefusalTracker, mark_refused
+from actors.fleet.aggregator.sweeps import refused_silent, silent_without_marker
 from schemas.events import Capacity, Gpu, Health, Sample
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat

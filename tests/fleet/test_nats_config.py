@@ -11,9 +11,9 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from actors.fleet import nats_config, registry
-from actors.fleet.nats_config import NodeUser, Users
-from actors.fleet.streams import provision
+from actors.fleet.storage import nats_config, registry
+from actors.fleet.storage.nats_config import NodeUser, Users
+from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer, find_binary
 from schemas import signing

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from nats.js.kv import KeyValue
 
-from actors.fleet import fleet_api, lease, record_rules
-from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.registry import approve
+from actors.fleet.aggregator import lease, record_rules
+from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.storage.registry import approve
+from actors.fleet.views import api as fleet_api
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from actors.runtime.schedule import stop_if_cancelled

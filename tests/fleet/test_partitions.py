@@ -12,10 +12,10 @@ from unittest import mock
 import nats.js.errors
 from nats.js.api import SubjectTransform
 
-from actors.fleet.lease import holder_id
+from actors.fleet.aggregator.lease import holder_id
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
-from actors.fleet.streams import heartbeat_partitions, provision, stream_configs
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.streams import heartbeat_partitions, provision, stream_configs
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.subjects import (

@@ -3,7 +3,7 @@ per key, and a record's candidates gone once a heartbeat is accepted."""
 
 from __future__ import annotations
 
-from actors.fleet import pending, record_rules
+from actors.fleet.aggregator import pending, record_rules
 from schemas import signing
 from schemas.messages import MAX_CANDIDATES
 from tests.support.fleet import heartbeat

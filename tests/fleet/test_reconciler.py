@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from actors.cli.provider import ProviderActors
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
+from actors.fleet.process import ProviderActors
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.fleet import alert_rules, record_rules
+from actors.fleet.aggregator import alert_rules, record_rules
 from schemas.events import Interruption, SpotStatus
 from schemas.messages import Heartbeat
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
-from actors.fleet import history, registry
 from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.storage import registry
+from actors.fleet.views import history
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Health, HealthCheck

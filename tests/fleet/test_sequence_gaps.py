@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from actors.runtime.consumer import Chain
 from actors.runtime.supervisor import Supervisor

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.fleet import registry
-from actors.fleet.node_store import NodeStore
+from actors.fleet.storage import registry
+from actors.fleet.storage.node_store import NodeStore
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import signing

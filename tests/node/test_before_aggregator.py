@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from actors.node.agent import NodeAgent
 from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus

@@ -14,7 +14,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from actors.node.agent import NodeAgent
 from actors.node.commands.actor import CommandsActor
 from actors.runtime.bus import NatsBus

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.fleet.registry import approve, readmit
+from actors.fleet.storage.registry import approve, readmit
 from actors.node import deregistration
 from actors.node.deregistration import EXIT_DEREGISTERED
 from actors.runtime.bus import NatsBus

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from actors.node.gateway import PORT_FILE, GatewayActor
+from actors.node.gateway.actor import PORT_FILE, GatewayActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing

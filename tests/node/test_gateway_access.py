@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from actors.cli import node_agent
-from actors.node.gateway import GatewayActor
-from actors.node.gateway_access import ApiKeys, key_line, new_key
+from actors.node.gateway.access import ApiKeys, key_line, new_key
+from actors.node.gateway.actor import GatewayActor
 from actors.runtime.config import ConfigError
 from tests.node.test_gateway import (
     MODEL,

@@ -14,8 +14,8 @@ import msgspec
 import pytest
 
 from actors.node.agent import NodeAgent
-from actors.node.gateway_access import Refusal
-from actors.node.gateway_autostart import Autostart, workload_name
+from actors.node.gateway.access import Refusal
+from actors.node.gateway.autostart import Autostart, workload_name
 from schemas.events import Workload, WorkloadState
 from schemas.workloads import Deploy
 from tests.support.fleet import Fleet, node_events, wait_for

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from actors.node.config import ENV_PREFIX, AgentConfig
-from actors.node.gpu_health import GPU_THRESHOLDS, parse_gpu_thresholds
+from actors.node.gpu.thresholds import GPU_THRESHOLDS, parse_gpu_thresholds
 from actors.node.health.actor import HealthActor
 from actors.node.health.gpu_checks import CHECK_NAMES, GpuJudge
 from actors.node.http_api import HttpApiActor

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from schemas import codec, signing
 from schemas.messages import Heartbeat
 from schemas.subjects import Subjects

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.node.config import ENV_PREFIX, AgentConfig
-from actors.node.xid import XidTracker, parse_thresholds, rule_for
+from actors.node.gpu.xid import XidTracker, parse_thresholds, rule_for
 from actors.runtime.config import ConfigError, build
 from schemas.events import Gpu, XidCount
 from schemas.xid_catalog import XID_TABLE

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.cli.common import duration
-from actors.cli.send import POSITIVE
+from actors.cli.fleetctl.send import POSITIVE
 from actors.fleet.config import ENV_PREFIX as AGG_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.remediation.policy import load_policy

@@ -21,8 +21,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from actors.fleet.registry import approve
-from actors.fleet.streams import provision
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.streams import provision
 from actors.node.config import AgentConfig
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

@@ -16,12 +16,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from actors.cli.send import ResultFollower
+from actors.cli.fleetctl.send import ResultFollower
+from actors.fleet.operator.commands import new_command, publish_command
 from actors.node.agent import NodeAgent
 from actors.node.commands import store
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command, publish_command
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.errors import FleetError

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 import nats.js.errors
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.streams import provision
+from actors.fleet.operator.commands import new_command
+from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.node.http_api import HttpApiActor
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing
 from schemas.messages import Cordon

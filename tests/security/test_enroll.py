@@ -11,8 +11,8 @@ import time
 import msgspec
 from nats.aio.client import Client
 
-from actors.fleet import enroll
-from actors.fleet.registry import approve, revoke, trust_entry
+from actors.fleet.operator import enroll
+from actors.fleet.storage.registry import approve, revoke, trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import EnrollClaims, EnrollRecord, Registration, RegistrationReply

@@ -38,12 +38,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
-from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
-from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
+from actors.fleet.operator.commands import new_command
+from actors.fleet.storage.registry import approve
+from actors.fleet.views.api import FleetApiActor
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.node.agent import NodeAgent
-from actors.runtime.commands import new_command
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError

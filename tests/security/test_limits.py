@@ -26,8 +26,8 @@ from nats.js.api import DiscardPolicy, KeyValueConfig
 
 from actors.fleet.config import MIB
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve, read_record
-from actors.fleet.streams import (
+from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.streams import (
     MAX_ALERT_SIZE,
     MAX_HEARTBEAT_SIZE,
     MAX_RECORD_SIZE,
@@ -36,9 +36,9 @@ from actors.fleet.streams import (
     provision,
 )
 from actors.node.config import AgentConfig
+from actors.node.gpu.xid import in_code_order
 from actors.node.inventory.actor import InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.node.xid import in_code_order
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing

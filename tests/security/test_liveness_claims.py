@@ -11,9 +11,9 @@ from functools import partial
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from actors.fleet.aggregator.nats_ttl import ttl_within
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.nats_ttl import ttl_within
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.base import MAX_STALE_AFTER

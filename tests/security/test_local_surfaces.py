@@ -16,8 +16,8 @@ import aiohttp
 import nats
 import pytest
 
-from actors.cli.views import printable
-from actors.fleet.registry import approve
+from actors.cli.render.tables import printable
+from actors.fleet.storage.registry import approve
 from actors.node.http_api import HttpApiActor
 from schemas import signing
 from schemas.subjects import Subjects

@@ -12,7 +12,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve, read_record
+from actors.fleet.storage.registry import approve, read_record
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Alert

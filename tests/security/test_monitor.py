@@ -25,9 +25,10 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from actors.fleet import record_rules, registry
-from actors.fleet.nats_config import JS_API_PREFIX
-from actors.fleet.streams import heartbeat_partitions, provision
+from actors.fleet.aggregator import record_rules
+from actors.fleet.storage import registry
+from actors.fleet.storage.nats_config import JS_API_PREFIX
+from actors.fleet.storage.streams import heartbeat_partitions, provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing

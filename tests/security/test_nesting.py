@@ -19,19 +19,19 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.alertmanager import AlertmanagerActor
-from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
-from actors.fleet.fleet_api import FleetApiActor
-from actors.fleet.forget_service import ForgetActor
-from actors.fleet.maintenance import MaintenanceWindows
-from actors.fleet.maintenance_service import MaintenanceActor
+from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.alerts.alertmanager import AlertmanagerActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
+from actors.fleet.operator.commands import new_command
+from actors.fleet.operator.forget import ForgetActor
+from actors.fleet.operator.maintenance import MaintenanceActor
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.windows import MaintenanceWindows
+from actors.fleet.views.api import FleetApiActor
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.node.agent import NodeAgent
 from actors.node.latency import LatencyActor
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command
 from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing

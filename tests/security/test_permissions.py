@@ -19,8 +19,8 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet import command_queues
-from actors.fleet.registry import revoke
+from actors.fleet.aggregator import command_queues
+from actors.fleet.storage.registry import revoke
 from schemas import codec
 from schemas.events import Latency
 from schemas.messages import Probe, ProbeReply

@@ -9,9 +9,9 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, StreamConfig
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
+from actors.fleet.operator.commands import new_command
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
-from actors.runtime.commands import new_command
 from actors.runtime.consumer import DurableConsumer, consume_forever
 from schemas import codec, signing
 from schemas.errors import SignatureError

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from actors.cli.fleetctl import main
-from actors.fleet import pending
-from actors.fleet.registry import read_record, read_records, trust_entry
+from actors.cli.fleetctl.main import main
+from actors.fleet.aggregator import pending
+from actors.fleet.storage.registry import read_record, read_records, trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import MAX_CANDIDATES, NodeRecord, Registration, RegistrationReply

@@ -20,9 +20,9 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from actors.fleet import pending
-from actors.fleet.registry import read_record
-from actors.fleet.streams import provision
+from actors.fleet.aggregator import pending
+from actors.fleet.storage.registry import read_record
+from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing

@@ -9,7 +9,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.registry import approve, read_record, reset_seq
+from actors.fleet.storage.registry import approve, read_record, reset_seq
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError

@@ -19,7 +19,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from actors.node import deregistration
 from actors.node.agent import NodeAgent
 from schemas import codec, signing

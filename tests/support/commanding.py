@@ -7,8 +7,8 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from actors.fleet.operator.commands import new_command, publish_command
 from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
-from actors.runtime.commands import new_command, publish_command
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
 from schemas.events import Engine

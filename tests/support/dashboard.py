@@ -15,9 +15,9 @@ import aiohttp
 import msgspec
 import pytest
 
-from actors.fleet.dashboard.actor import DashboardActor, HeldNodes
-from actors.fleet.fleet_api import FleetApiActor
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.views.api import FleetApiActor
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.login_links import login_link
 from schemas import signing
 from tests.support.fleet import Fleet, new_aggregator

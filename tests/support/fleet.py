@@ -16,14 +16,14 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client
 
-from actors.fleet.aggregator import AggregatorActor
+from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.config import MIB, AggregatorConfig
-from actors.fleet.fleet_api import FleetApiActor
-from actors.fleet.forget_service import ForgetActor
-from actors.fleet.hot_state import NodeTable
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import NotFound, approve, read_record
-from actors.fleet.streams import StreamLimits
+from actors.fleet.operator.forget import ForgetActor
+from actors.fleet.storage.registry import NotFound, approve, read_record
+from actors.fleet.storage.streams import StreamLimits
+from actors.fleet.views.api import FleetApiActor
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents

@@ -26,9 +26,9 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.nats_config import JS_API_PREFIX
-from actors.fleet.registry import read_record
-from actors.fleet.streams import provision
+from actors.fleet.storage.nats_config import JS_API_PREFIX
+from actors.fleet.storage.registry import read_record
+from actors.fleet.storage.streams import provision
 from actors.node.agent import STOP_STEP_TIMEOUT, NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.bus import BusError, NatsBus

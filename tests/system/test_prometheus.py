@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.registry import approve
+from actors.fleet.storage.registry import approve
 from schemas import signing
 from schemas.subjects import Subjects
 from tests.support.deploy import free_port

@@ -56,10 +56,11 @@ def test_import_contracts_catch_a_forbidden_import(tmp_path: Path) -> None:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     latency = tmp_path / "actors" / "node" / "latency.py"
-    latency.write_text(latency.read_text() + "\nfrom actors.fleet import registry  # noqa\n")
+    injected = "\nfrom actors.fleet.storage import registry  # noqa\n"
+    latency.write_text(latency.read_text() + injected)
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "actors.node.latency -> actors.fleet.registry" in result.stdout
+    assert "actors.node.latency -> actors.fleet.storage.registry" in result.stdout
 
 
 def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_path: Path) -> None:
@@ -68,8 +69,11 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
     for package in ("actors", "schemas"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    for module, imported in (("judge", "actors.runtime.bus"), ("ledger", "actors.fleet.ownership")):
-        path = tmp_path / "actors" / "fleet" / f"{module}.py"
+    for module, imported in (
+        ("judge", "actors.runtime.bus"),
+        ("ledger", "actors.fleet.aggregator.ownership"),
+    ):
+        path = tmp_path / "actors" / "fleet" / "aggregator" / f"{module}.py"
         path.write_text(path.read_text() + f"\nimport {imported}  # noqa\n")
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -77,8 +81,8 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
         "The judge is pure: no bus, no KV, no runtime, no other part of the aggregator BROKEN"
         in (" ".join(result.stdout.split()))
     )
-    assert "actors.fleet.judge -> actors.runtime.bus" in result.stdout
-    assert "actors.fleet.ledger -> actors.fleet.ownership" in result.stdout
+    assert "actors.fleet.aggregator.judge -> actors.runtime.bus" in result.stdout
+    assert "actors.fleet.aggregator.ledger -> actors.fleet.aggregator.ownership" in result.stdout
     assert "3 kept, 2 broken" in result.stdout
 
 

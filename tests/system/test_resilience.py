@@ -7,8 +7,8 @@ import asyncio
 import socket
 from pathlib import Path
 
-from actors.fleet.registry import approve
-from actors.fleet.streams import provision
+from actors.fleet.storage.registry import approve
+from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import trustme
 
-from actors.cli import fleetctl, node_agent
+from actors.cli import node_agent
 from actors.cli.common import settings_from
+from actors.cli.fleetctl import main as fleetctl
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.streams import provision
+from actors.fleet.storage.streams import provision
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.bus import BusError, NatsBus
 from actors.runtime.config import ConfigError

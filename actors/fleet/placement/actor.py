@@ -23,11 +23,11 @@ from pathlib import Path
 import nats.errors
 import nats.js.errors
 
-from actors.fleet import registry
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide, needs_choice
+from actors.fleet.storage import registry
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
 from schemas import codec, signing

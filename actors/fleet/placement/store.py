@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from actors.fleet.operator.commands import new_command, publish_command
 from actors.runtime import kv
 from actors.runtime.bus import Bus
-from actors.runtime.commands import new_command, publish_command
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
 from schemas.placement import PlacedWorkload

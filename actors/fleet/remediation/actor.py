@@ -28,14 +28,14 @@ import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from actors.fleet import registry
-from actors.fleet.alerts import AlertPublisher
+from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.remediation.hooks import environment, run_hook
 from actors.fleet.remediation.policy import Order, Plan, PolicyConfig, decide
+from actors.fleet.storage import registry
 from actors.runtime import kv
 from actors.runtime.bus import Bus
-from actors.runtime.commands import new_command, publish_command
 from actors.runtime.schedule import jittered
 from schemas import codec
 from schemas.errors import DecodeError, FleetError

@@ -84,7 +84,7 @@ class CommandsActor:
         self.command_subject = self.subjects.command(config.cluster, config.node_id)
         # A node reaching JetStream through another account's imports (js_api_prefix, the
         # shipped permissions) may not create this consumer: the aggregator creates it
-        # (actors/fleet/command_queues.py). Elsewhere the node creates it, the same.
+        # (actors/fleet/aggregator/command_queues.py). Elsewhere the node creates it, the same.
         durable = command_consumer(config.cluster, config.node_id)
         self.consumer = DurableConsumer(
             bus.js,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.node.gpu_health import parse_gpu_thresholds
+from actors.node.gpu.thresholds import parse_gpu_thresholds
+from actors.node.gpu.xid import XidTracker, parse_thresholds
 from actors.node.health import checks, gpu_checks, scoring
-from actors.node.xid import XidTracker, parse_thresholds
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample, Scheduler

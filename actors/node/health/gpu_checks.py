@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from actors.node.gpu_health import (
+from actors.node.gpu.thresholds import (
     HARMFUL_CLOCK_REASONS,
     IDLE,
     Threshold,

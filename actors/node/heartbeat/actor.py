@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import nats.errors
 
-from actors.node.capacity import with_workloads
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import cloud_labels, node_labels
 from actors.runtime.bus import Bus, listening, publish_signed

@@ -25,9 +25,9 @@ from typing import Literal, NamedTuple, Protocol
 
 import psutil
 
-from actors.node.capacity import free_gpus
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.gpu.capacity import free_gpus
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable, open_within
 from actors.node.inventory.versions import read_versions

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Final
 
-from actors.node.xid import count_xid, in_code_order
+from actors.node.gpu.xid import count_xid, in_code_order
 from schemas.events import Gpu, Inject, XidCount
 
 H100_MEMORY = 80 * 1024**3

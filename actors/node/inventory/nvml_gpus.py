@@ -7,7 +7,7 @@ kept (``calling``), so a call that hangs is named (``hung``). A field NVML canno
 by NVML call; ``GpuIsLost`` marks the device lost for good (only a reset or reboot brings
 it back, and the agent restarts with those). XIDs come from an NVML event set polled with
 timeout 0 and from the kernel log (:mod:`actors.node.inventory.kmsg`), one XID seen by
-both counted once (:class:`actors.node.xid.XidDedup`).
+both counted once (:class:`actors.node.gpu.xid.XidDedup`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, Final
 import msgspec
 import pynvml
 
+from actors.node.gpu.xid import XidDedup, count_xid, in_code_order
 from actors.node.inventory import nvml_readings
 from actors.node.inventory.kmsg import KmsgXids, pci_key
-from actors.node.xid import XidDedup, count_xid, in_code_order
 from schemas.base import MAX_UNREAD
 from schemas.errors import FleetError
 from schemas.events import Gpu, GpuHealth, XidCount

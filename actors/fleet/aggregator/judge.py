@@ -1,0 +1,293 @@
+"""Judging one heartbeat, pure: the node's state and a delivered heartbeat in, a verdict
+out (accept it, with the record after it and the alerts it raises; refuse it, with the
+reason; or leave it as delivered late, or needing the node's key and record read afresh).
+
+No I/O, no clock, no table: the time, the limits and whether the owner was reading its
+partition in time come in as values, and nothing here changes the state it is given
+(the ledger applies a verdict, the aggregator turns its alerts into I/O). Signatures are
+checked before this (:mod:`actors.fleet.aggregator.verify`); the rules themselves are in
+:mod:`actors.fleet.aggregator.record_rules`. Tested with plain values (tests/fleet/test_judge.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple, Protocol
+
+from actors.fleet.aggregator import alert_rules, record_rules
+from actors.fleet.aggregator.hot_state import NodeState, slim_heartbeat
+from actors.fleet.aggregator.record_rules import AlertSpec
+from schemas import codec
+from schemas.errors import DecodeError
+from schemas.messages import AlertKind, Heartbeat, NodeRecord
+
+REFRESH_INTERVAL = 5.0
+"""A refused node's record is read afresh at most this often (a reset-seq shows then)."""
+
+
+MARKER_TOLERANCE = 1.0
+"""Seconds a TTL marker may come before its heartbeat's ``stale_after`` ran out (clocks
+of the servers of a cluster differ a little)."""
+
+
+class NeedsFetch(Exception):
+    """The judgement needs the node's key or record read afresh (the slow path)."""
+
+
+class Refused(Exception):
+    """A heartbeat that must not change state; carries the alert to raise."""
+
+    def __init__(self, kind: AlertKind, message: str, **details: str) -> None:
+        self.kind: AlertKind = kind
+        self.message = message
+        self.details = details
+        super().__init__(message)
+
+
+class LateDelivery(Exception):
+    """An older heartbeat delivered after a newer one (another aggregator was faster)."""
+
+
+class Forged(Exception):
+    """A TTL marker that cannot be the server's (see :func:`marker_is_real`)."""
+
+
+class Spans(Protocol):
+    """When the owner had read a partition to its end (:class:`CaughtUp`)."""
+
+    def within(self, after: float, before: float) -> bool: ...
+
+
+class Verdict(NamedTuple):
+    """What a heartbeat (or a TTL marker) does to its node: ``record`` is the node's
+    record after it, ``alerts`` the alerts it raises (``event`` in each one's details),
+    ``write`` whether the record is written at once (a transition, or alerts raised
+    first) rather than at the node's next checkpoint."""
+
+    record: NodeRecord
+    alerts: list[AlertSpec]
+    write: bool
+
+
+def read(
+    body: bytes,
+    subject: str,
+    node: str,
+    cluster: str,
+    now: float,
+    skew: float,
+    last_seq: int = -1,
+) -> Heartbeat:
+    """The heartbeat in ``body`` (its signature already checked), if it names the node
+    and cluster of its ``subject`` and its timestamp is within ``skew`` seconds of
+    ``now``; else Refused. One too old whose seq is not above ``last_seq`` (the node's
+    last accepted) is a ``replay``, not a clock problem."""
+    try:
+        heartbeat = codec.decode(body, Heartbeat, subject)
+    except DecodeError as exc:
+        raise Refused("bad_signature", f"signed body is not a Heartbeat: {exc.reason}") from None
+    if heartbeat.node_id != node or heartbeat.cluster != cluster:
+        raise Refused(
+            "bad_signature",
+            "body names another node or cluster than its subject",
+            body_node=heartbeat.node_id,
+            body_cluster=heartbeat.cluster,
+        )
+    off = heartbeat.ts - now
+    if abs(off) > skew:
+        if heartbeat.seq <= last_seq:
+            raise Refused(
+                "replay",
+                f"seq {heartbeat.seq} is not above the last accepted {last_seq} "
+                f"(and {off:+.0f}s off the aggregator's clock)",
+                seq=str(heartbeat.seq),
+            )
+        raise Refused(
+            "clock_skew",
+            f"timestamp is {off:+.0f}s off the aggregator's clock",
+            seq=str(heartbeat.seq),
+        )
+    return heartbeat
+
+
+STEADY: list[AlertSpec] = []
+"""A steady beat's alerts: none (one list for all, never added to)."""
+
+
+def accept(
+    state: NodeState | None,
+    heartbeat: Heartbeat,
+    public_key: str,
+    stream_seq: int,
+    stored: float,
+    now: float,
+    monotonic: float,
+    fetched: bool,
+    max_jump: int,
+    caught_up: Spans | None,
+) -> Verdict:
+    """The verdict on a verified ``heartbeat`` signed by ``public_key`` (FLEET_HB stored
+    it at ``stream_seq``, at ``stored``) for a node in ``state`` (None: none in memory),
+    at wall-clock ``now`` and ``monotonic``; or Refused, LateDelivery, NeedsFetch.
+    ``fetched``: the node's key and record were just read afresh. ``caught_up``: when
+    this owner had read the heartbeat's partition to its end (None: never)."""
+    fingerprint = record_rules.gpu_fingerprint(heartbeat)
+    if state is not None and record_rules.is_steady(
+        state.record, heartbeat, public_key, fingerprint
+    ):
+        # Most heartbeats: no alert, no transition, only the next checkpoint to make.
+        record = record_rules.steady_beat(
+            state.record,
+            heartbeat,
+            now,
+            stream_seq,
+            stored,
+            slim_heartbeat(heartbeat, state.record),
+        )
+        return Verdict(record, STEADY, False)
+    previous = (
+        state.record
+        if state is not None
+        # Interned as the table's key is: the record keeps one string per node.
+        else record_rules.pending_record(
+            sys.intern(heartbeat.node_id), heartbeat.cluster, public_key
+        )
+    )
+    verdict = record_rules.judge_seq(previous, heartbeat.seq, max_jump, public_key)
+    if verdict != "next":
+        if stream_seq <= previous.last_stream_seq:
+            # Delivered again (a redelivery after a failover) or late: already seen.
+            raise LateDelivery
+        refreshed = state.refreshed if state is not None else 0.0
+        if not fetched and monotonic - refreshed > REFRESH_INTERVAL:
+            raise NeedsFetch  # an operator's reset-seq may be waiting in fleet_nodes
+    elif not fetched and record_rules.new_key_epoch(previous, public_key):
+        # A re-imaged node's first beat under its new key: the operator's reset-seq
+        # that may come with it is in fleet_nodes only, and this beat uses it up.
+        raise NeedsFetch
+    if verdict == "replay":
+        raise Refused(
+            "replay",
+            f"seq {heartbeat.seq} is not above the last accepted {previous.last_seq}",
+            seq=str(heartbeat.seq),
+        )
+    if verdict == "jump":
+        raise Refused(
+            "sequence_gap",
+            f"seq {heartbeat.seq} jumps more than {max_jump} above "
+            f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
+            "lets the node in)",
+            refused="true",
+            **{"from": str(previous.last_seq), "to": str(heartbeat.seq)},
+        )
+    # After the seq checks, so a late delivery stays one.
+    left = alert_rules.deregistered_refusal(previous, heartbeat)
+    if left is not None:
+        if not fetched:
+            # Always read afresh (no REFRESH_INTERVAL): an operator may have re-admitted
+            # the node a moment ago, and a deregistered node beats only a few times
+            # (its agent exits on learning it).
+            raise NeedsFetch
+        raise Refused(left.kind, left.message, **left.details)
+    # The record kept in memory is slim; the heartbeat's bytes are kept beside it.
+    after = record_rules.accepted(
+        previous,
+        heartbeat,
+        public_key,
+        now,
+        stream_seq,
+        stored,
+        fingerprint,
+        slim_heartbeat(heartbeat, previous),
+    )
+    transition = state is None or record_rules.is_transition(previous, after)
+    # The first heartbeat after a load may follow heartbeats accepted but not yet
+    # checkpointed by the previous owner: no gap to report.
+    gaps = not (state is not None and state.fresh) and (
+        heartbeat.seq <= previous.last_seq + 1 or read_in_time(caught_up, stored, heartbeat)
+    )
+    alerts = alert_rules.heartbeat_alerts(previous, after, heartbeat, gaps_are_news=gaps)
+    hardware = alert_rules.hardware_alert(previous, heartbeat, fingerprint)
+    if hardware:
+        alerts.append(hardware)
+    for alert in alerts:
+        # Lifecycle alerts name their own event, so every aggregator derives one id.
+        alert.details.setdefault("event", f"q{heartbeat.seq}")
+    # Alerts before the write: a crash between the two raises the alert again (same id,
+    # dropped by JetStream), never loses it.
+    return Verdict(after, alerts, transition or bool(alerts))
+
+
+def read_in_time(caught_up: Spans | None, stored: float, heartbeat: Heartbeat) -> bool:
+    """Whether a gap before ``heartbeat``, stored at ``stored``, is the node's: this
+    owner had read the partition to its end within the later half of the :func:`spacing`
+    between the beat before it and this one. That beat, stored about ``spacing`` earlier,
+    was then read had it been stored; FLEET_HB keeps one heartbeat per node, so behind
+    the stream a beat not yet read is replaced by the next, and the gap is this owner's
+    doing (a beat sent at once on a change, a moment after the last, was replaced while
+    this owner waited for its next fetch). Server and aggregator clocks must agree to well
+    within half the spacing, as NTP keeps them."""
+    half = spacing(heartbeat) / 2
+    return caught_up is not None and caught_up.within(stored - half, stored)
+
+
+def spacing(heartbeat: Heartbeat) -> float:
+    """Seconds between the node's previous beat and ``heartbeat``, by the node's clock:
+    ``previous_ts`` when the node says it (a beat sent at once on a change may follow the
+    last by far less than an interval), else its interval."""
+    if heartbeat.previous_ts is None or heartbeat.previous_ts > heartbeat.ts:
+        return heartbeat.interval
+    return heartbeat.ts - heartbeat.previous_ts
+
+
+def marker(
+    record: NodeRecord | None, reason: str, marked_at: float, body: bytes, now: float
+) -> Verdict | None:
+    """What a message with a TTL marker reason does: Forged if it cannot be the server's
+    marker for the node's ``record``; None if it changes nothing (no live record, or one
+    already stale or deregistered, or one whose node said goodbye: the TTL of its last
+    heartbeat ran out, as it does after a requested stop); else the record gone stale at
+    ``now``, with its ``stale`` alert, written at once."""
+    if not marker_is_real(record, marked_at, body):
+        raise Forged
+    if record is None or record.stale_since is not None or record.deregistered:
+        return None
+    if record.stopped_since is not None:
+        return None
+    stale = record_rules.with_state(record, stale_since=now)
+    stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+    alert = AlertSpec(
+        "stale",
+        f"no heartbeat for {stale_after:g}s (server marker: {reason})",
+        # When the server stored its marker: how long after the TTL ran out the server
+        # marked the node, and how long the alert took after that.
+        {
+            "event": f"q{stale.last_seq}",
+            "last_seq": str(stale.last_seq),
+            "marked_at": f"{marked_at:.3f}",
+        },
+    )
+    return Verdict(stale, [alert], True)
+
+
+def judged_before(record: NodeRecord, stream_seq: int, stored: float) -> bool:
+    """Whether the heartbeat FLEET_HB stored at ``stream_seq``, at ``stored``, was stored
+    no later than the last one accepted into ``record``: a redelivery, or a new owner
+    reading again from its partition's oldest checkpoint. It can change nothing, so it
+    is dropped before its signature is checked (a cold start reads up to a checkpoint
+    interval of heartbeats again). Both are compared, the sequence and the time: a
+    FLEET_HB deleted and made again numbers from 1 again, and its heartbeats, stored
+    later, are judged as ever instead of locking every node out."""
+    last = record.last_stored
+    return last is not None and stream_seq <= record.last_stream_seq and stored <= last
+
+
+def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:
+    """Whether a message with ``Nats-Marker-Reason`` can be the server's TTL marker for
+    ``record``'s node: real markers have no body and come only once the last accepted
+    heartbeat's ``stale_after`` has run out since the stream stored it. Any client may
+    publish such a header, so one on a live node is a forgery."""
+    if body or record is None or record.heartbeat is None:
+        return False
+    stored = record.last_stored if record.last_stored is not None else record.last_seen
+    return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE

@@ -1,0 +1,209 @@
+"""The owner's sweeps: what changes about its nodes when no heartbeat comes.
+
+Every ``sweep_interval``: stale records older than ``offline_after`` become offline (the
+nodes seen going stale only), and refused nodes silent for their ``stale_after`` become
+stale (their refused messages keep the TTL marker from firing). Every
+``full_sweep_interval``, the full sweep: every record, the silent nodes whose TTL marker
+never came marked stale, records registered elsewhere taken in, pending registrations
+expired and the pending ones counted. The rules run on the owner's in-memory records
+(:mod:`actors.fleet.aggregator.record_rules`); the changes are written through the ledger, with
+their alerts. Owns the sweep schedule; does not judge heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import nats.errors
+
+from actors.fleet.aggregator import record_rules
+from actors.fleet.aggregator.ledger import Ledger
+from actors.fleet.aggregator.ownership import Ownership
+from actors.fleet.alerts.publisher import AlertPublisher
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.storage.node_store import NodeStore
+from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.spans import span
+from schemas.base import MAX_STALE_AFTER
+from schemas.messages import NodeRecord
+
+log = logging.getLogger(__name__)
+
+
+def silent_without_marker(record: NodeRecord, now: float, grace: float, bound: float) -> bool:
+    """A live record whose node has sent nothing for twice its ``stale_after`` (at most
+    ``bound``, the aggregator's ``max_stale_after``) plus ``grace``, though no TTL marker
+    came: the marker was lost (purged: a ``Nats-Rollup: all`` heartbeat did that before
+    FLEET_HB_IN refused rollups), or never comes (no ``Nats-TTL``, or one longer than the
+    node claims). Twice, and the grace, so a slow aggregator behind the stream does not
+    call a live node stale."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    if record.stopped_since is not None:
+        return False  # it said goodbye: silence is expected
+    return now - record.last_seen > 2 * min(record.heartbeat.stale_after, bound) + grace
+
+
+def pending_expired(record: NodeRecord, now: float, after: float) -> bool:
+    """A registration nobody approved (no heartbeat ever accepted) older than ``after``."""
+    return (
+        record.state == "pending"
+        and record.last_seq == 0
+        and record.pending_since is not None
+        and now - record.pending_since > after
+    )
+
+
+def refused_silent(record: NodeRecord, now: float, bound: float = MAX_STALE_AFTER) -> bool:
+    """A live record whose last accepted heartbeat is older than its ``stale_after`` (at
+    most ``bound``): the node is stale even though messages (refused ones) keep arriving
+    on its subject and so the server's TTL marker never fires."""
+    if record.heartbeat is None or record.stale_since is not None or record.deregistered:
+        return False
+    return now - record.last_seen >= min(record.heartbeat.stale_after, bound)
+
+
+class Sweeps:
+    """The sweeps of the nodes in ``ledger``, which ``ownership`` says are whose."""
+
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        ledger: Ledger,
+        ownership: Ownership,
+        store: NodeStore,
+        alerts: AlertPublisher,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.ownership = ownership
+        self.store = store
+        self.alerts = alerts
+
+    async def run(self) -> None:
+        """Sweep every ``sweep_interval`` (in full every ``full_sweep_interval``) until
+        cancelled; a sweep the server fails is tried again at the next."""
+        last_full = 0.0
+        while True:
+            stop_if_cancelled()
+            await asyncio.sleep(self.config.sweep_interval)
+            everything = time.monotonic() - last_full >= self.config.full_sweep_interval
+            try:
+                await self.sweep(everything)
+                await self.sweep_refused()
+                await self.alerts.flush()
+            except nats.errors.Error as exc:
+                log.warning("offline sweep failed", extra={"reason": str(exc)})
+                continue
+            if everything:
+                last_full = time.monotonic()
+
+    async def sweep(self, everything: bool = False) -> None:
+        """Stale records older than ``offline_after`` become offline. Only the nodes this
+        aggregator saw go stale are checked, unless ``everything``: then every record is
+        read (batched direct gets), records registered since are taken into memory, the
+        silent nodes whose TTL marker never came are marked stale (see
+        :func:`silent_without_marker`), pending records older than
+        ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
+        registrations). The rules run on the owner's in-memory records."""
+        now = time.time()
+        grace = self.config.full_sweep_interval
+
+        def change(record: NodeRecord) -> NodeRecord | None:
+            if record.offline_since:
+                return None
+            if record.stale_since is None:
+                bound = self.config.max_stale_after
+                if everything and silent_without_marker(record, now, grace, bound):
+                    return record_rules.with_state(record, stale_since=now)
+                return None
+            if now - record.stale_since < self.config.offline_after:
+                return None
+            return record_rules.with_state(record, offline_since=now)
+
+        ledger = self.ledger
+        if everything and self.ownership.working():
+            await ledger.take_in_new(self.ownership.owns)
+        candidates = list(ledger.nodes) if everything else list(ledger.stale)
+        expire_after = self.config.pending_expire_after
+        pending: list[NodeRecord] = []
+        for node in candidates:
+            state = ledger.nodes.get(node)
+            if state is None:
+                ledger.stale.discard(node)
+                continue
+            before = state.record
+            if pending_expired(before, now, expire_after):
+                if await self.store.delete_if(
+                    node, lambda record: pending_expired(record, now, expire_after)
+                ):
+                    log.info("pending registration expired", extra={"node": node})
+                    ledger.nodes.pop(node, None)
+                    continue
+            if before.state == "pending":
+                pending.append(before)
+            after = change(before)
+            if after is not None:
+                state.record = after
+                state.dirty = True
+            current = after or before
+            if current.stale_since is not None and not current.offline_since:
+                ledger.stale.add(node)  # stale, not offline yet: check again at the next sweep
+            else:
+                ledger.stale.discard(node)
+            if after is not None and after.offline_since:
+                await self.alerts.publish(
+                    "offline",
+                    after.cluster,
+                    node,
+                    f"stale for more than {span(self.config.offline_after)}",
+                    f"q{after.last_seq}",
+                )
+            elif after is not None:
+                silent = now - after.last_seen
+                log.warning("node silent but no TTL marker came", extra={"node": node})
+                await self.alerts.publish(
+                    "stale",
+                    after.cluster,
+                    node,
+                    f"no heartbeat for {span(silent)} and no server marker (lost or purged)",
+                    f"q{after.last_seq}",
+                    {"last_seq": str(after.last_seq)},
+                )
+            if after is not None:
+                await ledger.write(node)
+        if everything:
+            ledger.pending.recount(pending)
+
+    async def sweep_refused(self) -> None:
+        """Refused nodes whose last accepted heartbeat is older than its ``stale_after``
+        become stale: their refused messages keep the TTL marker from firing. Judged on
+        the owner's in-memory records, the stale state written at once."""
+        now = time.time()
+        ledger = self.ledger
+        for node in list(ledger.refusals.refused):
+            state = ledger.nodes.get(node)
+            if state is None:
+                ledger.refusals.forget(node)
+                continue
+            record = state.record
+            if not refused_silent(record, now, self.config.max_stale_after):
+                if record.stale_since is not None or record.deregistered:
+                    ledger.refusals.forget(node)
+                continue
+            stale = record_rules.with_state(record, stale_since=now)
+            ledger.mark_stale(node, state, stale)
+            ledger.refusals.forget(node)
+            stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
+            await self.alerts.publish(
+                "stale",
+                stale.cluster,
+                node,
+                f"no accepted heartbeat for {span(stale_after)} (its heartbeats are refused: "
+                f"{stale.refused or 'unknown'})",
+                f"q{stale.last_seq}",
+                {"last_seq": str(stale.last_seq), "refused": stale.refused},
+            )
+            await ledger.write(node)

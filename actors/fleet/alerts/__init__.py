@@ -1,0 +1,2 @@
+"""Alerts: publishing them with deterministic ids (``publisher``) and forwarding them to
+Alertmanager (``alertmanager``)."""

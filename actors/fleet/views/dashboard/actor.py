@@ -1,0 +1,462 @@
+"""The fleet dashboard: a live web page at ``/`` on the aggregator's HTTP port.
+
+It reads what the fleet API reads (:class:`FleetView`: every node's record, and the
+latest accepted heartbeat of the nodes a page shows) and renders HTML on the server
+(:mod:`.render`). Each open page holds one server-sent event stream: every
+:data:`PUSH_EVERY` seconds the server renders the page's live parts again and sends those
+that changed, and the alert feed is pushed as alerts are stored. The fleet the pages
+read is one snapshot for all of them (:class:`Snapshot`), kept longer when building it
+costs more (at most :data:`MAX_SHARE` of the time), so open pages cost a bounded share
+of the aggregator whatever the fleet's size. The table sorts, filters and pages on
+the server (50 rows a page), so the browser never holds the fleet.
+
+Background work: the alert feed (``FLEET_ALERTS`` from an hour back, then as stored), the
+latest command results per node (``fleet.result.>``), the partitions' holders and lag
+(every :data:`PARTITIONS_EVERY` s) and the charts' history of the nodes this aggregator
+holds (:mod:`.history`, sampled every ``dashboard_history_interval``).
+
+Read-only unless the aggregator runs with ``allow_ui_commands`` and an operator key
+(``ui_key_file``): then every request needs a login (the port's access checks,
+:mod:`actors.runtime.http_access`: a one-time link redeemed at ``/ui/login``, or a user
+of the users file), and a node page has cordon, drain and uncordon buttons, confirmed in
+the browser and sent as the same signed commands ``fleetctl`` sends, from a form that
+carries its session's current token (replaced after every post) and must come from the
+page's own origin.
+
+Event streams are bounded: at most ``dashboard_streams_per_client`` per login session
+and :data:`MAX_STREAMS` in all, each closed after ``dashboard_stream_lifetime`` seconds
+(the page opens another), when its session ends, or when its reader stops reading. On a
+port without logins (read-only, on loopback) every local process is trusted to read, and
+none can be told from another (one address): only the total and the lifetime bound them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from importlib import resources
+from typing import Protocol
+
+from aiohttp import web
+from nats.aio.msg import Msg
+
+from actors.fleet.aggregator import lease
+from actors.fleet.aggregator.hot_state import NodeTable
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.operator.commands import new_command, publish_command
+from actors.fleet.storage.windows import MaintenanceWindows
+from actors.fleet.views import history as streams_history
+from actors.fleet.views.dashboard import render
+from actors.fleet.views.dashboard.history import History
+from actors.fleet.views.dashboard.table import Snapshot, query_of, tally
+from actors.runtime.bus import Bus, listening
+from actors.runtime.http_access import ACCESS, session_of
+from actors.runtime.login_links import LOGIN_PATH
+from actors.runtime.web import kept_open
+from schemas import codec, signing
+from schemas.errors import DecodeError, FleetError, SignatureError
+from schemas.messages import (
+    Action,
+    Alert,
+    CommandResult,
+    Cordon,
+    Drain,
+    Heartbeat,
+    MaintenanceWindow,
+    NodeRecord,
+    Uncordon,
+)
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+PUSH_EVERY = 1.0
+"""Seconds between two renders of a page's live parts."""
+MAX_SHARE = 0.1
+"""The share of the aggregator's time the pages' renders may take: a snapshot that took
+``t`` to build is kept ``t / MAX_SHARE`` seconds (at least PUSH_EVERY)."""
+PARTITIONS_EVERY = 5.0
+ALERT_FEED = 200
+"""Alerts kept for the feed (the newest)."""
+FEED_SINCE = 3600.0
+RESULTS_PER_NODE = 10
+RESULT_NODES = 10_000
+"""Nodes whose latest results are kept (the least recently updated go first)."""
+FIRST_SAMPLE = 5.0
+"""Seconds after start of the charts' first point."""
+SAMPLE_CHUNK = 1000
+"""Nodes sampled between two yields to the event loop."""
+MAX_STREAMS = 64
+"""Event streams open at once; more are answered 503 (each holds a connection)."""
+WRITE_TIMEOUT = 10.0
+"""Seconds one write to an event stream may wait for its reader; then it is closed."""
+STATIC = ("dashboard.css", "dashboard.js")
+
+
+class FleetView(Protocol):
+    """What the dashboard reads, as the fleet API reads it."""
+
+    def current(self) -> dict[str, NodeRecord]: ...
+
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]: ...
+
+
+class HeldNodes:
+    """The nodes this aggregator holds (its table), and each one's latest accepted
+    heartbeat, decoded from the bytes the table keeps."""
+
+    def __init__(self, table: NodeTable) -> None:
+        self.table = table
+
+    def nodes(self) -> list[str]:
+        return list(self.table)
+
+    def heartbeat(self, node: str) -> Heartbeat | None:
+        state = self.table.get(node)
+        return None if state is None else self.table.whole(state).heartbeat
+
+
+def event(name: str, data: str) -> bytes:
+    """One server-sent event; each line of ``data`` its own ``data:`` line."""
+    lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"event: {name}\n{lines}\n".encode()
+
+
+class DashboardActor:
+    """Serves the page's routes (added to the fleet API's app by :meth:`routes`) and keeps
+    the feeds they show; publishes only the commands an operator confirms."""
+
+    name = "dashboard"
+
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        bus: Bus,
+        view: FleetView,
+        held: HeldNodes,
+        key: KeyPair | None = None,
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.view = view
+        self.held = held
+        self.key = key if config.allow_ui_commands else None
+        self.subjects = Subjects(config.prefix)
+        self.history = History(config.dashboard_history_points)
+        self.alerts: deque[tuple[int, Alert]] = deque(maxlen=ALERT_FEED)
+        self._alert_seq = 0
+        self.results: dict[str, deque[CommandResult]] = {}
+        self.partitions: list[lease.PartitionStatus] = []
+        self.streams: Counter[str] = Counter()
+        """Open event streams by session key ("" for those of a port without logins)."""
+        self._snapshot: Snapshot | None = None
+        self.windows = MaintenanceWindows(bus, self.subjects)
+
+    def _covering(self, record: NodeRecord) -> MaintenanceWindow | None:
+        return self.windows.covering(record, time.time())
+
+    # ----------------------------------------------------------------- routes
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.overview)
+        app.router.add_get("/ui/nodes/{node}", self.node_page)
+        app.router.add_get("/ui/events", self.events)
+        app.router.add_post("/ui/nodes/{node}/command", self.command)
+        app.router.add_get("/ui/static/{name}", self.static)
+        if self.key is not None:
+            app.router.add_get(LOGIN_PATH, self.login)
+
+    async def login(self, request: web.Request) -> web.Response:
+        """A one-time link (``fleetctl dashboard``) exchanged for a session cookie."""
+        assert self.key is not None  # routed only with commands on
+        if not request.app[ACCESS].log_in_with_link(request, self.key.public_key):
+            raise web.HTTPForbidden(
+                text="this login link is used, expired or not this dashboard's: "
+                "print another with 'fleetctl dashboard'\n"
+            )
+        raise web.HTTPSeeOther("/", headers={"Cache-Control": "no-store"})
+
+    async def static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound()
+        text = resources.files("actors.fleet.views.dashboard").joinpath("static", name).read_text()
+        kind = "text/css" if name.endswith(".css") else "text/javascript"
+        return web.Response(text=text, content_type=kind)
+
+    def fleet(self) -> Snapshot:
+        """The fleet as the pages show it now: built at most once per ``refresh`` for every
+        open page together, and at most a tenth of the time (a build at 100,000 nodes
+        takes a few tenths of a second: pages then update every few seconds)."""
+        now = time.monotonic()
+        if self._snapshot is None or now - self._snapshot.built >= self._snapshot.refresh:
+            records = list(self.view.current().values())
+            by_state, by_cluster = tally(records)
+            cost = time.monotonic() - now
+            self._snapshot = Snapshot(
+                records, by_state, by_cluster, now, max(PUSH_EVERY, cost / MAX_SHARE)
+            )
+        return self._snapshot
+
+    async def _overview_parts(self, query: render.Query) -> dict[str, str]:
+        snapshot = self.fleet()
+        found = snapshot.matching(query)
+        start = (query.page - 1) * render.PAGE_SIZE
+        page, total = found[start : start + render.PAGE_SIZE], len(found)
+        shown = await self.view.live_records(page)
+        now = time.time()
+        by_state, by_cluster = snapshot.by_state, snapshot.by_cluster
+        body = render.table(query, render.table_body(shown, now, self._covering), total)
+        rows_start = body.index('<tbody id="rows">') + len('<tbody id="rows">')
+        rows_end = body.index("</tbody>", rows_start)
+        pager = '<p class="pager" id="pager">'
+        pager_start = body.index(pager) + len(pager)
+        return {
+            "counts": render.counts(by_state, by_cluster),
+            "aggregators": render.aggregators(self.partitions),
+            "table": body,
+            "rows": body[rows_start:rows_end],
+            "pager": body[pager_start : body.index("</p>", pager_start)],
+        }
+
+    async def overview(self, request: web.Request) -> web.Response:
+        query = query_of(request)
+        parts = await self._overview_parts(query)
+        feed = "".join(render.alert_item(alert) for _, alert in reversed(self.alerts))
+        body = (
+            f'<section><h2>Fleet</h2><div id="counts">{parts["counts"]}</div></section>'
+            f'<section><h2>Alerts</h2><ul id="alerts">{feed}</ul></section>'
+            f"<section><h2>Nodes</h2>{parts['table']}</section>"
+            f'<section><h2>Aggregators</h2><div id="aggregators">{parts["aggregators"]}</div>'
+            "</section>"
+        )
+        stream = "/ui/events" + query.url()
+        return web.Response(text=render.page("GPU fleet", body, stream), content_type="text/html")
+
+    async def _node_parts(self, node: str) -> dict[str, str] | None:
+        record = self.view.current().get(node)
+        if record is None:
+            return None
+        (whole,) = await self.view.live_records([record])
+        now = time.time()
+        recent = list(self.results.get(node, ()))
+        return {
+            "detail": render.node_detail(whole, now, self._covering(whole)),
+            "charts": render.charts(self.history.series(node), now),
+            "results": "".join(render.result_item(r) for r in reversed(recent)),
+        }
+
+    async def node_page(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        parts = await self._node_parts(node)
+        if parts is None:
+            raise web.HTTPNotFound(text=f"no node {node} in the fleet")
+        alerts, results = await streams_history.node_history(
+            self.bus, self.subjects, node, limit=20
+        )
+        history = render.entries(streams_history.merged(alerts, results))
+        actions = ""
+        session = session_of(request)
+        if self.key is not None and session is not None:
+            actions = (
+                f"<section><h2>Actions</h2>{render.actions_form(node, session.form_token)}"
+                f'<h3>Results</h3><ul id="results">{parts["results"]}</ul></section>'
+            )
+        notice = request.query.get("sent", "")
+        sent = f'<p class="notice">{render.esc(notice)}</p>' if notice else ""
+        body = (
+            f"<section><h2>{render.esc(node)}</h2>{sent}"
+            f'<div id="detail">{parts["detail"]}</div></section>'
+            f'<section><h2>Last hour</h2><div class="charts" id="charts">{parts["charts"]}</div>'
+            f"</section>{actions}"
+            f'<section><h2>Recent alerts and results</h2><ul id="history">{history}</ul></section>'
+        )
+        stream = "/ui/events?node=" + render.esc(node)
+        return web.Response(text=render.page(node, body, stream), content_type="text/html")
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """The page's live parts, re-rendered every PUSH_EVERY seconds and sent when they
+        changed, and each new alert (overview) or result (node page) as it comes."""
+        session = session_of(request)
+        client = session.key if session is not None else ""
+        if client and self.streams[client] >= self.config.dashboard_streams_per_client:
+            raise web.HTTPTooManyRequests(
+                headers={"Retry-After": "5"}, text="too many live pages open in this login\n"
+            )
+        if self.streams.total() >= MAX_STREAMS:
+            raise web.HTTPServiceUnavailable(text="too many live pages open\n")
+        node = request.query.get("node", "")
+        query = query_of(request)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
+        self.streams[client] += 1
+        try:
+            await response.prepare(request)
+            with kept_open(request):
+                await self._stream(request, response, node, query)
+        except (ConnectionResetError, TimeoutError):
+            pass  # the page went away, or stopped reading
+        finally:
+            self.streams[client] -= 1
+            if not self.streams[client]:
+                del self.streams[client]
+        return response
+
+    def _streaming(self, request: web.Request, until: float) -> bool:
+        """The stream of ``request`` may go on: within its lifetime, its session live."""
+        session = session_of(request)
+        if session is not None and not request.app[ACCESS].alive(session):
+            return False
+        return time.monotonic() < until
+
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
+        async with asyncio.timeout(WRITE_TIMEOUT):
+            await response.write(data)
+
+    async def _stream(
+        self, request: web.Request, response: web.StreamResponse, node: str, query: render.Query
+    ) -> None:
+        sent: dict[str, str] = {}
+        seen = self._alert_seq
+        until = time.monotonic() + self.config.dashboard_stream_lifetime
+        await self._write(response, b"retry: 2000\n\n")
+        while self._streaming(request, until):
+            names: tuple[str, ...]
+            if node:
+                parts = await self._node_parts(node) or {}
+                names = ("detail", "charts", "results")
+            else:
+                parts = await self._overview_parts(query)
+                names = ("counts", "aggregators", "rows", "pager")
+            for name in names:
+                digest = hashlib.sha256(parts.get(name, "").encode()).hexdigest()
+                if sent.get(name) != digest:
+                    await self._write(response, event(name, parts.get(name, "")))
+                    sent[name] = digest
+            if not node:
+                for number, alert in list(self.alerts):
+                    if number > seen:
+                        await self._write(response, event("alert", render.alert_item(alert)))
+                seen = self._alert_seq
+            await asyncio.sleep(max(0.0, min(self.fleet().refresh, until - time.monotonic())))
+        # The page opens a new stream at once (its login and its slot checked again).
+        await self._write(response, event("reconnect", ""))
+
+    async def command(self, request: web.Request) -> web.Response:
+        """A confirmed cordon, drain or uncordon from a node page, sent signed."""
+        node = request.match_info["node"]
+        if self.key is None:
+            raise web.HTTPForbidden(
+                text="commands from the page are off (aggregator without --allow-ui-commands)"
+            )
+        if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            raise web.HTTPForbidden(text="a command must come from this dashboard's own page")
+        session = session_of(request)
+        form = await request.post()
+        if session is None or not session.take_form_token(str(form.get("token", ""))):
+            raise web.HTTPForbidden(text="stale or foreign form: reload the page")
+        action_name = str(form.get("action", ""))
+        actions: dict[str, Action] = {"cordon": Cordon(), "drain": Drain(), "uncordon": Uncordon()}
+        if action_name not in actions:
+            raise web.HTTPBadRequest(text=f"unknown action {action_name[:32]!r}")
+        record = self.view.current().get(node)
+        if record is None:
+            raise web.HTTPNotFound(text=f"no node {node} in the fleet")
+        reason = str(form.get("reason", ""))[:200] or "from the dashboard"
+        command = new_command(node, record.cluster, actions[action_name], reason)
+        try:
+            await publish_command(self.bus, self.subjects, self.key, command)
+        except FleetError as exc:
+            raise web.HTTPBadGateway(text=str(exc)) from None
+        log.info(
+            "command sent from the dashboard",
+            extra={"node": node, "action": action_name, "command": command.id},
+        )
+        notice = f"{action_name} sent: id={command.id}"
+        raise web.HTTPSeeOther(f"/ui/nodes/{node}?sent={notice}")
+
+    # ----------------------------------------------------------------- feeds
+
+    async def _on_alert(self, entry: streams_history.Entry) -> None:
+        if isinstance(entry.message, Alert):
+            self._alert_seq += 1
+            self.alerts.append((self._alert_seq, entry.message))
+
+    async def _on_result(self, msg: Msg) -> None:
+        """A node's signed result, kept only if it verifies against the node's approved key
+        and came on the node's own subject."""
+        try:
+            signer = signing.verify(msg.headers, msg.data)
+            result = codec.decode(msg.data, CommandResult, msg.subject)
+        except (DecodeError, SignatureError):
+            return
+        record = self.view.current().get(result.node_id)
+        if (
+            record is None
+            or record.public_key != signer
+            or msg.subject != self.subjects.result(record.cluster, record.node_id)
+        ):
+            return
+        kept = self.results.pop(result.node_id, None) or deque(maxlen=RESULTS_PER_NODE)
+        kept.append(result)
+        self.results[result.node_id] = kept
+        if len(self.results) > RESULT_NODES:
+            del self.results[next(iter(self.results))]
+
+    async def _follow_partitions(self) -> None:
+        while True:
+            try:
+                self.partitions = await lease.partition_status(
+                    self.bus, self.subjects, self.config.durable
+                )
+            except (FleetError, TimeoutError, OSError) as exc:
+                log.warning("partitions not read", extra={"reason": str(exc)})
+            await asyncio.sleep(PARTITIONS_EVERY)
+
+    async def _sample(self) -> None:
+        """One point of every held node's figures, in chunks between which the event loop
+        runs (decoding a heartbeat takes tens of µs: 100,000 of them take seconds)."""
+        slot = self.history.begin(time.time())
+        nodes = self.held.nodes()
+        for start in range(0, len(nodes), SAMPLE_CHUNK):
+            for node in nodes[start : start + SAMPLE_CHUNK]:
+                beat = self.held.heartbeat(node)
+                if beat is not None:
+                    self.history.put(slot, node, beat)
+            await asyncio.sleep(0)
+        self.history.keep_only(set(nodes))
+
+    async def _sample_forever(self) -> None:
+        # The first round once the aggregator has had a moment to load what it holds.
+        await asyncio.sleep(min(FIRST_SAMPLE, self.config.dashboard_history_interval))
+        while True:
+            await self._sample()
+            await asyncio.sleep(self.config.dashboard_history_interval)
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        routes = {self.subjects.results(): self._on_result}
+        since = time.time() - FEED_SINCE
+        async with (
+            listening(self.bus, routes),
+            streams_history.following_alerts(self.bus, self.subjects, since, self._on_alert),
+        ):
+            tasks = [
+                asyncio.create_task(self._follow_partitions(), name="dashboard-partitions"),
+                asyncio.create_task(self._sample_forever(), name="dashboard-history"),
+                asyncio.create_task(self.windows.follow(), name="dashboard-maintenance"),
+            ]
+            ready()
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)

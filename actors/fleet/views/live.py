@@ -1,0 +1,425 @@
+"""Live reads for the views: each node's latest *accepted* heartbeat, read from FLEET_HB.
+
+``fleet_nodes`` is written on state changes and at checkpoints (``checkpoint_interval``),
+so its ``last_seen``, ``last_seq`` and embedded heartbeat may be a minute old. FLEET_HB
+keeps each node's latest message (one per subject); this module reads it and shows it
+only if the aggregators accepted it (docs/live-reads.md). A message M on the node's
+stored subject is the node's latest accepted heartbeat when all of these hold:
+
+1. it is a heartbeat: a body, no ``Nats-Marker-Reason``, no ``Nats-Rollup``;
+2. it is signed (``Fleet-Key``/``Fleet-Sig``, over the bytes stored) by the node's
+   approved, unrevoked key in ``fleet_trust``;
+3. its body is a Heartbeat naming the subject's node and cluster, its ``ts`` within
+   MAX_SKEW of the time the stream stored it;
+4. the record is not deregistered, and its seq is above the record's ``last_seq`` (or M
+   is the very message the record holds; or the record carries an operator's
+   ``reset-seq``);
+5. its partition's owner has judged it: its stream seq is at or below the ack floor of
+   the partition's durable consumer. An owner deletes every heartbeat it refuses from
+   FLEET_HB before it acks it (:meth:`Ownership.drop`, the first step of a refusal), so
+   a judged message still stored was accepted. A replay of a heartbeat newer than the
+   last checkpoint passes 1 to 4 and is caught here.
+
+The floors are read before each page of messages is asked for, so a message at or below
+them was judged before it was read. A message not judged yet is waited for (its
+partition's floor read again every FLOOR_POLL, up to JUDGE_WAIT from the end of the
+first read), then read again. Where no accepted heartbeat can be
+read (refused, not judged in time, expired, unreadable), the record's own checkpoint is
+shown and marked: ``live`` false and ``live_note`` saying why. The node's state stays
+the aggregator's verdict from ``fleet_nodes``; only the parts a heartbeat carries
+(LAST SEEN from the store time, SEQ, health, GPUs, engines, workloads, jobs, latency,
+spot) come from the live read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+
+import msgspec
+import nats.errors
+import nats.js.errors
+
+from actors.fleet.storage import registry
+from actors.fleet.storage.policy_holds import read_policies
+from actors.fleet.storage.streams import heartbeat_partitions
+from actors.fleet.storage.windows import covers, read_windows
+from actors.runtime import direct_get
+from actors.runtime.bus import Bus
+from actors.runtime.direct_get import Stored
+from schemas import codec, signing
+from schemas.errors import DecodeError, FleetError, SignatureError
+from schemas.messages import Heartbeat, NodeRecord, TrustEntry
+from schemas.subjects import BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+
+MAX_SKEW = 300.0
+"""Seconds a heartbeat's ``ts`` may be off its store time (the aggregators' default
+``max_skew``)."""
+JUDGE_WAIT = 3.0
+"""Seconds a read waits at most for the owners to judge the heartbeats it found."""
+FLOOR_POLL = 0.1
+READ_TIMEOUT = 300.0
+"""Seconds a live read may take in all: a 100,000-node listing took about two minutes on
+a 2-core machine shared with the load (docs/performance.md); one node, milliseconds."""
+SCAN_ABOVE = 1000
+"""A read of more nodes than this scans FLEET_HB and fleet_trust whole, page by page;
+fewer are read subject by subject (``multi_last``)."""
+SETTLED = ("stale", "offline", "stopped", "deregistered", "pending")
+"""Record states written when entered: their record holds the latest accepted heartbeat."""
+DURABLE = "aggregator"
+"""The aggregators' default consumer base name (``durable``)."""
+
+
+class LiveRecord(NodeRecord, frozen=True, kw_only=True):
+    """A ``NodeRecord`` as a view shows it (not a wire type): the record from
+    ``fleet_nodes`` with its heartbeat's parts from the latest accepted heartbeat."""
+
+    live: bool = False
+    """The heartbeat parts are the node's latest accepted heartbeat, read just now."""
+    live_note: str = ""
+    """Why they are not (the record's checkpoint is shown instead)."""
+    maintenance: str = ""
+    """The id of the maintenance window covering the node now ("" when none covers it:
+    ``fleetctl maintenance``)."""
+    policy_hold: str = ""
+    """``cordon`` or ``drain`` while the remediation policy's own record (``fleet_policy``)
+    holds the node: who set its state as the fleet itself knows it. ``heartbeat``'s
+    ``schedulability_by`` is what the node says."""
+
+
+class _Refused(Exception):
+    """The stored message is not an accepted heartbeat: why."""
+
+
+class _Pending(Exception):
+    """The stored message passes every check but its owner has not judged it yet."""
+
+
+def as_live(record: NodeRecord) -> LiveRecord:
+    """``record`` as a :class:`LiveRecord` not read live yet."""
+    fields = {name: getattr(record, name) for name in record.__struct_fields__}
+    return LiveRecord(**fields)
+
+
+async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
+    """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
+    accepted heartbeat (see the module's docstring)."""
+    records = await registry.read_records(bus, subjects)
+    return await overlay(bus, subjects, records)
+
+
+async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
+    """The record of ``node`` with its latest accepted heartbeat; NotFound without one."""
+    record = await registry.read_record(bus, subjects, node)
+    return (await overlay(bus, subjects, [record]))[0]
+
+
+async def overlay(
+    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str = DURABLE
+) -> list[LiveRecord]:
+    """``records`` (in their order) with each node's latest accepted heartbeat where one
+    can be read, else the record as it is, marked; each names the maintenance window
+    covering it. Never raises for what it reads: a failed read marks every record it
+    concerns."""
+    try:
+        async with asyncio.timeout(READ_TIMEOUT):
+            shown = await _overlay(bus, subjects, records, durable)
+    except (nats.errors.Error, TimeoutError, FleetError) as exc:
+        note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
+        shown = [_marked(record, note) for record in records]
+    return await fleet_facts(bus, subjects, shown)
+
+
+async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
+    """``records`` with what the fleet knows of each beside its heartbeat: the
+    maintenance window covering it and the remediation policy's hold."""
+    return await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+
+
+async def held_by_policy(
+    bus: Bus, subjects: Subjects, records: list[LiveRecord]
+) -> list[LiveRecord]:
+    """``records`` with the remediation policy's hold of each (``policy_hold``); as they
+    are where the policy's records cannot be read."""
+    if not records:
+        return records
+    try:
+        policies = await read_policies(bus, subjects)
+    except (nats.errors.Error, TimeoutError, FleetError):
+        return records
+    holds = {(p.cluster, node): hold.action for p in policies for node, hold in p.holds.items()}
+    return [
+        msgspec.structs.replace(record, policy_hold=action)
+        if (action := holds.get((record.cluster, record.node_id)))
+        else record
+        for record in records
+    ]
+
+
+async def in_maintenance(
+    bus: Bus, subjects: Subjects, records: list[LiveRecord]
+) -> list[LiveRecord]:
+    """``records`` with the maintenance window covering each (``maintenance``); as they
+    are where the windows cannot be read (no bucket yet: an older aggregator)."""
+    if not records:
+        return records
+    try:
+        windows = await read_windows(bus, subjects)
+    except (nats.errors.Error, TimeoutError, FleetError):
+        return records
+    now = time.time()
+    marked = []
+    for record in records:
+        window = next(
+            (w for w in windows if covers(w, record.node_id, record.cluster, record.labels, now)),
+            None,
+        )
+        if window is not None:
+            record = msgspec.structs.replace(record, maintenance=window.id)
+        marked.append(record)
+    return marked
+
+
+async def _overlay(
+    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str
+) -> list[LiveRecord]:
+    """Each message is judged as its page comes (only the decoded heartbeats are kept,
+    never the fleet's bytes), against the floors read before the scan; those above them
+    are waited for, read again and judged again (see the module's docstring)."""
+    if not records:
+        return []
+    partitions = await heartbeat_partitions(bus.js, subjects)
+    by_subject = {
+        subjects.stored_heartbeat(record.cluster, record.node_id, partitions): record
+        for record in records
+    }
+    keys = await _approved_keys(bus, subjects, [record.node_id for record in records])
+    # The floors each page is judged by, read before the page is asked for (see 5.).
+    floors_read: deque[dict[int, int]] = deque()
+
+    async def read_floors() -> None:
+        floors_read.append(await _read_floors(bus, subjects, durable, range(partitions)))
+
+    found: dict[str, LiveRecord] = {}
+    waiting: dict[str, int] = {}
+    """Subjects whose message was not judged yet, with that message's stream seq."""
+    wanted = list(by_subject)
+    scan = len(records) > SCAN_ABOVE
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    while True:
+        stored = _stored(bus, subjects, wanted, scan, read_floors)
+        async with contextlib.aclosing(stored) as pages:
+            async for page in pages:
+                floors = floors_read.popleft()
+                for message in page:
+                    record = by_subject[message.subject]
+                    shown = _judged(record, message, keys.get(record.node_id), floors)
+                    found[record.node_id] = shown
+                    if shown.live_note == _PENDING:
+                        waiting[message.subject] = message.seq
+        for subject in wanted:
+            record = by_subject[subject]
+            if record.node_id not in found:  # nothing stored on its subject
+                found[record.node_id] = _judged(record, None, None, {})
+        # The wait for judgements starts once they are known (a scan may take long).
+        deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
+        if not waiting or loop.time() >= deadline:
+            break
+        await _judged_past(bus, subjects, durable, waiting, deadline)
+        # Read again: each waited-for message is still there (then judged and not
+        # refused), or a newer one replaced it (judged or not, as the floors say).
+        wanted, scan, waiting = list(waiting), False, {}
+        for subject in wanted:
+            del found[by_subject[subject].node_id]
+    return [found[record.node_id] for record in records]
+
+
+_PENDING = "latest heartbeat not judged by an aggregator yet"
+
+
+def _judged(
+    record: NodeRecord,
+    message: Stored | None,
+    key: str | None,
+    floors: dict[int, int],
+) -> LiveRecord:
+    """The record with ``message`` as its heartbeat if that was accepted, else marked."""
+    try:
+        heartbeat = _accepted(record, message, key, floors)
+    except _Pending:
+        return _marked(record, _PENDING)
+    except _Refused as refused:
+        return _marked(record, str(refused))
+    if heartbeat is None or message is None:
+        return _marked(record, "")
+    health = heartbeat.health
+    return LiveRecord(
+        **{name: getattr(record, name) for name in record.__struct_fields__}
+        | {
+            "last_seq": heartbeat.seq,
+            "last_seen": message.stored,
+            "heartbeat": heartbeat,
+            "health_status": health.status if health else record.health_status,
+            "health_score": health.score if health else record.health_score,
+            "gpus_total": len(heartbeat.sample.gpus) if heartbeat.sample else 0,
+            "agent_version": heartbeat.agent_version,
+            "last_stream_seq": message.seq,
+            "last_stored": message.stored,
+            "live": True,
+        }
+    )
+
+
+def _accepted(
+    record: NodeRecord, message: Stored | None, key: str | None, floors: dict[int, int]
+) -> Heartbeat | None:
+    """The heartbeat of ``message`` if it is the node's latest accepted one; None when
+    the record's own is (it was written with it, or in a settled state nothing came
+    since); _Refused or _Pending otherwise."""
+    if message is None or message.seq <= record.last_stream_seq:
+        if record.state in SETTLED or (
+            message is not None and message.seq == record.last_stream_seq
+        ):
+            return None
+        raise _Refused("no heartbeat in FLEET_HB (expired or deleted)")
+    headers = message.headers
+    if "Nats-Marker-Reason" in headers or not message.data:
+        if record.state in SETTLED:
+            return None
+        raise _Refused("latest heartbeat expired (stale marker)")
+    if "Nats-Rollup" in headers:
+        raise _Refused("latest message refused: carries Nats-Rollup")
+    if key is None:
+        raise _Refused("latest heartbeat refused: the node has no approved key")
+    try:
+        signer = signing.verify(headers, message.data)
+    except SignatureError as exc:
+        raise _Refused(f"latest heartbeat refused: {exc.reason}") from None
+    if signer != key:
+        raise _Refused("latest heartbeat refused: not signed by the node's approved key")
+    try:
+        heartbeat = codec.decode(message.data, Heartbeat, message.subject)
+    except DecodeError as exc:
+        raise _Refused(f"latest heartbeat refused: {exc.reason}") from None
+    if heartbeat.node_id != record.node_id or heartbeat.cluster != record.cluster:
+        raise _Refused("latest heartbeat refused: names another node or cluster")
+    if record.deregistered:
+        raise _Refused("latest heartbeat refused: the node is deregistered")
+    if heartbeat.seq <= record.last_seq and not record.seq_reset:
+        raise _Refused(f"latest heartbeat refused: seq {heartbeat.seq} is a replay")
+    if abs(heartbeat.ts - message.stored) > MAX_SKEW:
+        raise _Refused("latest heartbeat refused: its clock is off")
+    partition = int(message.subject.split(".")[-3])
+    if message.seq > floors.get(partition, 0):
+        raise _Pending
+    return heartbeat
+
+
+def _marked(record: NodeRecord, note: str) -> LiveRecord:
+    """The record as stored: ``live`` when its own heartbeat is the latest accepted."""
+    live = as_live(record)
+    return msgspec.structs.replace(live, live=not note, live_note=note)
+
+
+async def _approved_keys(bus: Bus, subjects: Subjects, nodes: list[str]) -> dict[str, str]:
+    """The approved, unrevoked key of each of ``nodes`` that has one."""
+    bucket = subjects.bucket_name(BUCKET_TRUST)
+    wanted = set(nodes)
+    prefix = f"$KV.{bucket}."
+    keys: dict[str, str] = {}
+    for message in await _messages(bus, f"KV_{bucket}", [prefix + n for n in nodes], prefix):
+        node = message.subject.removeprefix(prefix)
+        if node not in wanted or not message.data:
+            continue
+        try:
+            key = registry.approved_key(codec.decode(message.data, TrustEntry, node))
+        except DecodeError:
+            key = None
+        if key is None:
+            keys.pop(node, None)
+        else:
+            keys[node] = key
+    return keys
+
+
+async def _stored(
+    bus: Bus,
+    subjects: Subjects,
+    wanted: list[str],
+    scan: bool,
+    before: Callable[[], Awaitable[None]],
+) -> AsyncGenerator[list[Stored]]:
+    """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
+    by page: a scan of the stream (then ``multi_last`` requests for the subjects it did
+    not meet), or ``multi_last`` requests; ``before`` is awaited before each page is
+    asked for."""
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+    wanted_set = set(wanted)
+    if scan:
+        # Up to the last message stored when the scan starts: one stored later replaced
+        # a node's message the scan may have passed, and is read on its own below.
+        info = await bus.js.stream_info(stream)
+        filter_ = f"{subjects.prefix}.hb.>"
+        up_to = info.state.last_seq
+        scanned = direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before, up_to)
+        async with contextlib.aclosing(scanned) as pages:  # closed with this generator, as it stops
+            async for page in pages:
+                found = [message for message in page if message.subject in wanted_set]
+                wanted_set.difference_update(message.subject for message in found)
+                yield found
+        if not wanted_set:
+            return
+        wanted = sorted(wanted_set)
+    await before()
+    found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
+    yield [message for message in found if message.subject in wanted_set]
+
+
+async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> list[Stored]:
+    """The latest message of each of ``wanted``: a scan above SCAN_ABOVE subjects."""
+    if len(wanted) <= SCAN_ABOVE:
+        return await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
+    latest: dict[str, Stored] = {}
+    scan = direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT)
+    async with contextlib.aclosing(scan) as pages:  # closed as the loop stops, even by a raise
+        async for page in pages:
+            latest.update((message.subject, message) for message in page)
+    return list(latest.values())
+
+
+async def _read_floors(
+    bus: Bus, subjects: Subjects, durable: str, partitions: Iterable[int]
+) -> dict[int, int]:
+    stream = subjects.stream_name(STREAM_HEARTBEATS)
+
+    async def floor(partition: int) -> int:
+        name = subjects.partition_consumer(durable, partition)
+        try:
+            info = await bus.js.consumer_info(stream, name, timeout=2.0)
+        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+            return 0
+        return info.ack_floor.stream_seq if info.ack_floor else 0
+
+    wanted = sorted(set(partitions))
+    return dict(zip(wanted, await asyncio.gather(*(floor(p) for p in wanted)), strict=True))
+
+
+async def _judged_past(
+    bus: Bus, subjects: Subjects, durable: str, waiting: dict[str, int], deadline: float
+) -> None:
+    """Wait until every partition's floor has passed its waited-for messages (subject:
+    stream seq), or the deadline."""
+    need: dict[int, int] = {}
+    for subject, seq in waiting.items():
+        partition = int(subject.split(".")[-3])
+        need[partition] = max(need.get(partition, 0), seq)
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        floors = await _read_floors(bus, subjects, durable, need)
+        if all(floors.get(p, 0) >= seq for p, seq in need.items()):
+            return
+        await asyncio.sleep(min(FLOOR_POLL, max(deadline - loop.time(), 0.0)))
