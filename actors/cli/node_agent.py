@@ -36,7 +36,7 @@ from actors.node import deregistration
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
 from actors.node.deregistration import EXIT_DEREGISTERED
-from actors.node.gateway import access as gateway_access
+from actors.node.gateway import access
 from actors.node.http_api import PORT_FILE
 from actors.node.inventory.actor import read_identity
 from actors.runtime import config_docs, logs
@@ -185,12 +185,12 @@ async def cmd_gateway_key(args: argparse.Namespace) -> int:
     """A new key on stdout; only its hash goes into the file (mode 0600 when created)."""
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.name):
         return fail(f"key name {args.name!r}: use letters, digits, ., _ and - (at most 64)")
-    key = gateway_access.new_key()
+    key = access.new_key()
     path: Path = args.keys_file
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(descriptor, "a") as handle:
-            handle.write(gateway_access.key_line(args.name, key) + "\n")
+            handle.write(access.key_line(args.name, key) + "\n")
     except OSError as exc:
         return fail(f"--keys-file {path}: {exc.strerror or exc}")
     sys.stdout.write(f"{key}\n")

@@ -19,7 +19,7 @@ import pytest
 
 from actors.cli.fleetctl import up
 from actors.cli.fleetctl.up import fleet_view
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet.aggregator import record_rules
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -201,9 +201,9 @@ def test_a_terminal_without_a_size_gets_a_screenful(monkeypatch: pytest.MonkeyPa
     height is the height less the cursor's line."""
     sizes = iter([os.terminal_size((0, 0)), os.terminal_size((80, 40))])
     monkeypatch.setattr(os, "get_terminal_size", lambda fd: next(sizes))
-    assert up.view_lines(interactive=True) == views.SUMMARY_ABOVE + 2
+    assert up.view_lines(interactive=True) == tables.SUMMARY_ABOVE + 2
     assert up.view_lines(interactive=True) == 39
-    assert up.view_lines(interactive=False) == views.SUMMARY_ABOVE + 2
+    assert up.view_lines(interactive=False) == tables.SUMMARY_ABOVE + 2
 
 
 def test_the_live_view_fits_the_lines_it_has() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli.render import describe as describe_view
+from actors.cli.render import describe
 from actors.fleet.aggregator.record_rules import pending_record, with_state
 from actors.fleet.views.history import Entry
 from schemas import signing
@@ -198,7 +198,7 @@ def schedulability_line(results: list[Entry]) -> str:
         pending_record("n1", "c1"), last_seq=1, last_seen=1.0, schedulability="cordoned",
         heartbeat=beat,
     )  # fmt: skip
-    text = describe_view.describe(record, [], results, 1_700_000_100.0)
+    text = describe.describe(record, [], results, 1_700_000_100.0)
     [line] = [line for line in text.splitlines() if line.startswith("Schedulability:")]
     return line
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from actors.cli.render import describe as describe_view
+from actors.cli.render import describe
 from schemas.events import Capacity, Dependency, HostFacts, Sample
 
 CAPACITY = Capacity(
@@ -26,9 +26,9 @@ def test_failing_nvml_is_not_shown_as_no_gpus() -> None:
     failing = Sample(
         ts=time.time(), capacity=CAPACITY, gpu_source="nvml", gpu_error="Driver Not Loaded"
     )
-    assert describe_view._gpus(failing) == ["GPUs:            none (nvml fails: Driver Not Loaded)"]
+    assert describe._gpus(failing) == ["GPUs:            none (nvml fails: Driver Not Loaded)"]
     none = Sample(ts=time.time(), capacity=CAPACITY)
-    assert describe_view._gpus(none) == ["GPUs:            none"]
+    assert describe._gpus(none) == ["GPUs:            none"]
 
 
 def test_host_facts_and_versions_lines() -> None:
@@ -45,9 +45,9 @@ def test_host_facts_and_versions_lines() -> None:
             Dependency(name="docker", version="Docker version 27.1.1"),
         ],
     )
-    assert describe_view._host(host) == [
+    assert describe._host(host) == [
         "Host:            up 3d, memory 42% used, GPU util 72% (mean), /data 55% used, "
         "CPU AMD EPYC 9654",
         "Versions:        slurm 23.02.7; Docker version 27.1.1",
     ]
-    assert describe_view._host(None) == []
+    assert describe._host(None) == []

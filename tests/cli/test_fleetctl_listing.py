@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from actors.fleet.aggregator import record_rules
@@ -146,14 +146,14 @@ async def test_output_options(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
 
 def test_colour_keeps_columns_aligned() -> None:
     """The STATE cell is coloured, padded outside the escape codes."""
-    text = views.table([record("n1"), record("n2", "degraded", XID)], colour=True)
+    text = tables.table([record("n1"), record("n2", "degraded", XID)], colour=True)
     lines = text.splitlines()
     assert "\x1b[32mactive\x1b[0m" in lines[1] and "\x1b[33mdegraded\x1b[0m" in lines[2]
     plain = [
         line.replace("\x1b[32m", "").replace("\x1b[33m", "").replace("\x1b[0m", "")
         for line in lines
     ]
-    assert plain == views.table([record("n1"), record("n2", "degraded", XID)]).splitlines()
+    assert plain == tables.table([record("n1"), record("n2", "degraded", XID)]).splitlines()
 
 
 def test_age_is_written_as_kubectl_does() -> None:
@@ -188,7 +188,7 @@ def test_a_record_is_created_once() -> None:
 
 def test_yaml_quotes_and_escapes() -> None:
     """Odd keys are quoted, empty containers inline, control characters escaped."""
-    text = views.yaml([{"a": {"b c": [1, None]}, "d": [], "e": "x\x1by"}])
+    text = tables.yaml([{"a": {"b c": [1, None]}, "d": [], "e": "x\x1by"}])
     assert text == '- a:\n    "b c":\n      - 1\n      - null\n  d: []\n  e: "x\\u001by"\n'
 
 

@@ -9,7 +9,7 @@ import time
 import msgspec
 import pytest
 
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet.aggregator import record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -17,7 +17,7 @@ from schemas.subjects import BUCKET_NODES, Subjects
 from tests.cli.test_fleetctl_listing import fleetctl
 from tests.support.fleet import Fleet
 
-COUNT = views.SUMMARY_ABOVE + 10
+COUNT = tables.SUMMARY_ABOVE + 10
 
 
 async def many_records(fleet: Fleet, bus: NatsBus, prefix: str) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.cli.fleetctl import policy as policy_cli
+from actors.cli.fleetctl import policy
 from actors.fleet.remediation.actor import policy_bucket
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
@@ -84,7 +84,7 @@ async def test_status_reset_and_clear(nats_server: NatsServer, bus: NatsBus, pre
     assert list(stored.holds) == ["n1"] and "n2" not in stored.history
     code, _, err = await fleetctl(nats_server, prefix, "policy", "clear", "n9", "--cluster", "c1")
     assert code != 0 and "holds nothing of n9" in err and "Traceback" not in err
-    lines = policy_cli.node_lines([stored], "c1", "n1", NOW)
+    lines = policy.node_lines([stored], "c1", "n1", NOW)
     assert lines[0].startswith("Remediation:     cordon by policy since")
     assert lines[1].startswith("Remediated:      1 times")
 

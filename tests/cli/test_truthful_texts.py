@@ -11,8 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.cli.render import describe as describe_view
-from actors.cli.render import tables as views
+from actors.cli.render import describe, tables
 from actors.fleet.aggregator import record_rules, sweeps
 from actors.fleet.views.history import Entry
 from actors.runtime import spans
@@ -49,16 +48,16 @@ def test_a_node_not_beating_shows_schedulability_and_health_as_unknown(state: st
     the last heartbeat said; describe says unknown and what was last reported."""
     node = record(UNKNOWN[state], schedulability="cordoned", schedulability_reason="disk")
     assert node.state == state and node.health_status == "healthy"
-    cells = views.row(node, NOW)
+    cells = tables.row(node, NOW)
     assert (cells[2], cells[3], cells[4]) == (state, "-", "-")
-    text = describe_view.describe(node, [], [], NOW)
+    text = describe.describe(node, [], [], NOW)
     assert f"Schedulability:  - (unknown while {state}; last reported cordoned" in text
     assert f"Health:          - (unknown while {state}; last reported healthy, score 95" in text
 
 
 def test_a_beating_node_shows_what_it_reports() -> None:
     """An active node's SCHED and HEALTH are its heartbeat's."""
-    cells = views.row(record(), NOW)
+    cells = tables.row(record(), NOW)
     assert (cells[2], cells[3], cells[4]) == ("active", "schedulable", "healthy 95")
 
 
@@ -67,18 +66,18 @@ def test_pending_records_say_whether_they_wait_for_approval() -> None:
     beaten yet is not 'awaiting approval'."""
     waiting = record_rules.pending_record("n1", "c1", "U", since=NOW)
     enrolled = record_rules.pending_record("n1", "c1", "U", since=NOW, approved=True)
-    assert views.reason(waiting, NOW) == "registered, awaiting approval"
-    assert views.reason(enrolled, NOW) == "approved, no heartbeat yet"
-    assert "awaiting approval" not in describe_view.describe(enrolled, [], [], NOW)
+    assert tables.reason(waiting, NOW) == "registered, awaiting approval"
+    assert tables.reason(enrolled, NOW) == "approved, no heartbeat yet"
+    assert "awaiting approval" not in describe.describe(enrolled, [], [], NOW)
     assert enrolled.created == NOW and not sweeps.pending_expired(enrolled, NOW + 1e6, 1)
 
 
 def test_counts_and_ages_read_right() -> None:
     """`1 node`, `3 of 299 nodes`; ages in the largest sensible unit (never `72.0h`)."""
     one = [record()]
-    assert views.summary(one) == "1 node: 1 active"
-    assert views.summary(one * 3, of=299) == "3 of 299 nodes: 3 active"
-    assert views.summary(one * 3, of=3) == "3 nodes: 3 active"
+    assert tables.summary(one) == "1 node: 1 active"
+    assert tables.summary(one * 3, of=299) == "3 of 299 nodes: 3 active"
+    assert tables.summary(one * 3, of=3) == "3 nodes: 3 active"
     assert [spans.age(s) for s in (45, 600, 7200, 3 * 86400)] == [
         "45s ago",
         "10m ago",
@@ -91,9 +90,9 @@ def test_counts_and_ages_read_right() -> None:
 def test_wide_reason_shows_nothing_stale() -> None:
     """A schedulable node whose cordon TTL ran out: REASON `-`, not 'cordon TTL expired'."""
     node = record(schedulability="schedulable", schedulability_reason="cordon TTL expired")
-    assert views.reason(node, NOW) == "-"
+    assert tables.reason(node, NOW) == "-"
     cordoned = record(schedulability="cordoned", schedulability_reason="disk swap")
-    assert views.reason(cordoned, NOW) == "disk swap"
+    assert tables.reason(cordoned, NOW) == "disk swap"
 
 
 def stored(result: CommandResult) -> Entry:
@@ -115,7 +114,7 @@ def test_describe_names_the_command_that_set_schedulability() -> None:
         schedulability="cordoned",
     )
     stop = msgspec.structs.replace(cordon, command_id="wl-stop-9", ts=NOW - 10)
-    text = describe_view.describe(node, [], [stored(cordon), stored(stop)], NOW)
+    text = describe.describe(node, [], [stored(cordon), stored(stop)], NOW)
     assert f"set by command cmd-1 at {clock(NOW - 60)}" in text
     assert "wl-stop-9" not in text.split("Recent command results")[0]
 
@@ -125,7 +124,7 @@ def test_describe_texts() -> None:
     last heartbeat's time; every time carries its zone."""
     latency = Latency(gateway_rtt_us=4230, avg_peer_rtt_us=6350, ts=NOW)
     node = record({"stale_since": NOW - 1, "last_seen": NOW - 7}, latency=latency)
-    text = describe_view.describe(node, [], [], NOW)
+    text = describe.describe(node, [], [], NOW)
     assert "Latency:         nats 4.23ms, peers avg 6.35ms, loss 0%" in text
     assert f"(no heartbeat since {clock(NOW - 7)}; stale since {clock(NOW - 1)})" in text
     for stamp in re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\s;)]*", text):

@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import pytest
 
-from actors.cli.render import describe as describe_view
+from actors.cli.render import describe
 from actors.fleet.labels import BadSelector, matches, parse_selector, parse_selectors
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import NatsBus
@@ -117,5 +117,5 @@ async def test_labels_reach_records_and_filter_listings(
     code, out, err = await fleetctl("nodes", "--server", fleet.url, "-l", "bad")
     assert code == 1 and err.startswith("error: label selector 'bad'")
     assert "Labels:          gpu=h100 model=meta-llama/Llama-3.1-8B-Instruct rack=r1" in (
-        describe_view.describe(n1, [], [], n1.last_seen)
+        describe.describe(n1, [], [], n1.last_seen)
     )

@@ -19,7 +19,7 @@ from actors.cli.common import (
     operator_key,
     token,
 )
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet.operator import enroll
 from actors.runtime.bus import NotProvisioned
 from actors.runtime.config import DurationError, parse_duration
@@ -108,7 +108,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     rows = [("ID", "CLUSTER", "USED", "EXPIRES", "STATUS"), *(_row(r, now) for r in found)]
-    sys.stdout.write("\n".join(views.grid(rows, indent="")) + "\n")
+    sys.stdout.write("\n".join(tables.grid(rows, indent="")) + "\n")
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from actors.cli.common import add_server, connected, token
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import registry
 from actors.runtime.bus import Bus
@@ -155,7 +155,7 @@ def table(rows: list[GpuRow]) -> str:
                 holder,
             )
         )
-    return "\n".join(views.grid(cells, indent="")) + "\n"
+    return "\n".join(tables.grid(cells, indent="")) + "\n"
 
 
 def _count(value: int | None) -> str:

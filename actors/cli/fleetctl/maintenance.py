@@ -22,7 +22,7 @@ from actors.cli.common import (
     fail,
     token,
 )
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage.windows import MAX_WINDOW, read_windows
 from actors.runtime.bus import NotProvisioned
@@ -109,7 +109,7 @@ def _row(window: MaintenanceWindow, now: float) -> tuple[str, ...]:
         clock(window.until),
         status,
         signing.fingerprint(window.by) if window.by else "-",
-        views.printable(window.reason) or "-",
+        tables.printable(window.reason) or "-",
     )
 
 
@@ -132,7 +132,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
         sys.stdout.write("no maintenance windows in force\n")
         return 0
     rows = [("ID", "NODES", "UNTIL", "STATUS", "BY", "REASON"), *(_row(w, now) for w in windows)]
-    sys.stdout.write("\n".join(views.grid(rows, indent="")) + "\n")
+    sys.stdout.write("\n".join(tables.grid(rows, indent="")) + "\n")
     return 0
 
 

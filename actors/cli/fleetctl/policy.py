@@ -12,7 +12,7 @@ import msgspec
 import nats.js.errors
 
 from actors.cli.common import add_server, connected, token
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet.storage.policy_holds import read_policies
 from actors.runtime import kv, spans
 from actors.runtime.bus import Bus, NotProvisioned
@@ -52,8 +52,8 @@ def status_text(records: list[PolicyRecord], now: float) -> str:
                 (node, hold.action, clock(hold.since), hold.reason_class, status, hold.reason)
             )
         if len(rows) > 1:
-            lines += views.grid(rows)
-    return "\n".join(views.printable(line) for line in lines)
+            lines += tables.grid(rows)
+    return "\n".join(tables.printable(line) for line in lines)
 
 
 def node_lines(records: list[PolicyRecord], cluster: str, node: str, now: float) -> list[str]:

@@ -28,7 +28,7 @@ import nats.errors
 import pynvml
 
 from actors.cli.common import KEY_FILE_ENV, stop_event
-from actors.cli.render import tables as views
+from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
@@ -268,7 +268,7 @@ async def goodbyes_taken(bus: NatsBus, subjects: Subjects, nodes: set[str], with
         if all(r.state == "stopped" for r in records) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
-    return views.summary(records)
+    return tables.summary(records)
 
 
 def export_line(url: str, key_file: Path) -> str:
@@ -282,8 +282,8 @@ def fleet_view(records: list[NodeRecord], lines: int) -> str:
     a fleet taller than that, the nodes counted by cluster and state (as ``fleetctl
     nodes`` does above a screenful)."""
     if len(records) + 2 <= lines:
-        return views.table(records) + "\n" + views.summary(records) + "\n"
-    return views.fleet_summary(records, hint="'fleetctl nodes --all' lists them")
+        return tables.table(records) + "\n" + tables.summary(records) + "\n"
+    return tables.fleet_summary(records, hint="'fleetctl nodes --all' lists them")
 
 
 def view_lines(interactive: bool) -> int:
@@ -299,7 +299,7 @@ def view_lines(interactive: bool) -> int:
             height = 0
         if height > 0:
             return max(1, height - 1)
-    return views.SUMMARY_ABOVE + 2
+    return tables.SUMMARY_ABOVE + 2
 
 
 async def _show_fleet(
@@ -311,7 +311,7 @@ async def _show_fleet(
     text = last_summary = ""
     while not stop.is_set():
         records = await registry.read_records(bus, subjects)
-        summary = views.summary(records)
+        summary = tables.summary(records)
         text = fleet_view(records, view_lines(interactive))
         if interactive:
             sys.stdout.write("\x1b[J" + text + f"\x1b[{text.count(chr(10))}A")

@@ -18,13 +18,11 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
-from actors.cli.fleetctl import policy as policy_cli
-from actors.cli.render import describe as describe_view
-from actors.cli.render import tables as views
+from actors.cli.fleetctl import policy
+from actors.cli.render import describe, tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.aggregator import lease
-from actors.fleet.storage import policy_holds as holds
-from actors.fleet.storage import registry
+from actors.fleet.storage import policy_holds, registry
 from actors.fleet.views import history, live
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
@@ -40,7 +38,7 @@ WATCH_INTERVAL = 2.0
 def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
     """Whether ``fleetctl nodes`` prints the summary by cluster and state (no heartbeat
     parts, so nothing to read live)."""
-    return output in ("table", "wide") and not rows and len(records) > views.SUMMARY_ABOVE
+    return output in ("table", "wide") and not rows and len(records) > tables.SUMMARY_ABOVE
 
 
 def write_nodes(
@@ -55,9 +53,9 @@ def write_nodes(
             sys.stdout.write(("," if index else "") + codec.encode(record).decode())
         sys.stdout.write("]\n")
     elif summarised(records, output, rows):
-        sys.stdout.write(views.fleet_summary(records))
+        sys.stdout.write(tables.fleet_summary(records))
     else:
-        sys.stdout.write(views.nodes_output(records, output, colour, of))
+        sys.stdout.write(tables.nodes_output(records, output, colour, of))
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -92,7 +90,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             if not summarised(records, output, rows):
                 # Heartbeat parts as of each node's latest accepted heartbeat (issue 33).
                 records = list(await live.overlay(bus, subjects, records))
-            key = [views.change_key(r) for r in records]
+            key = [tables.change_key(r) for r in records]
             if key != shown:
                 if shown is not None:
                     sys.stdout.write("\n")
@@ -158,7 +156,7 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
     # Then one line per aggregator: how many partitions it holds, its rate and backlog.
     totals = [("AGGREGATOR", "PARTITIONS", "RATE", "PENDING")]
     totals += [(h, str(n), f"{r:.1f}/s", str(p)) for h, (n, r, p) in sorted(by_holder.items())]
-    lines = [*views.grid(rows, indent=""), "", *views.grid(totals, indent="")]
+    lines = [*tables.grid(rows, indent=""), "", *tables.grid(totals, indent="")]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -217,9 +215,9 @@ async def cmd_watch(args: argparse.Namespace) -> int:
         signers = EventSigners(bus, subjects)
 
         async def show_alert(entry: history.Entry) -> None:
-            if args.node and views.event_fields(entry)[1] != args.node:
+            if args.node and tables.event_fields(entry)[1] != args.node:
                 return
-            line = views.event_json(entry) if args.json else views.event_line(entry)
+            line = tables.event_json(entry) if args.json else tables.event_line(entry)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
@@ -237,7 +235,7 @@ async def cmd_watch(args: argparse.Namespace) -> int:
                     ensure_ascii=True,
                 )
             else:
-                line = views.printable(f"{msg.subject} {verdict} {body}")
+                line = tables.printable(f"{msg.subject} {verdict} {body}")
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
@@ -267,25 +265,25 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         record = await live.read_node(bus, subjects, args.node)
         alerts, results = await history.node_history(
-            bus, subjects, args.node, limit=describe_view.RECENT
+            bus, subjects, args.node, limit=describe.RECENT
         )
-        policies = await holds.read_policies(bus, subjects)
+        policies = await policy_holds.read_policies(bus, subjects)
         try:
-            enrolled = describe_view.identity_lines(
+            enrolled = describe.identity_lines(
                 await registry.trust_entry(bus, subjects, args.node), record
             )
         except DecodeError as exc:
             enrolled = [f"Identity:        unknown: {exc}"]
     now = time.time()
-    remediation = policy_cli.node_lines(policies, record.cluster, record.node_id, now)
-    text = describe_view.describe(
+    remediation = policy.node_lines(policies, record.cluster, record.node_id, now)
+    text = describe.describe(
         record,
         alerts,
         results,
         now,
         remediation,
         enrolled,
-        holds.policy_keys(policies),
+        policy_holds.policy_keys(policies),
     )
     sys.stdout.write(text + "\n")
     return 0
@@ -302,7 +300,9 @@ async def cmd_events(args: argparse.Namespace) -> int:
             # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
             await registry.read_record(bus, subjects, args.node)
     for entry in history.merged(alerts, results):
-        sys.stdout.write((views.event_json(entry) if args.json else views.event_line(entry)) + "\n")
+        sys.stdout.write(
+            (tables.event_json(entry) if args.json else tables.event_line(entry)) + "\n"
+        )
     return 0
 
 
@@ -330,12 +330,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--all",
         action="store_true",
         help="every node, in full: deregistered (forgotten) ones included, and as rows "
-        f"even above {views.SUMMARY_ABOVE} (else a summary)",
+        f"even above {tables.SUMMARY_ABOVE} (else a summary)",
     )
     nodes.add_argument(
         "-o",
         "--output",
-        choices=views.NODE_OUTPUTS,
+        choices=tables.NODE_OUTPUTS,
         default="table",
         help="table (default), wide (adds SEQ and REASON), json or yaml",
     )
@@ -382,12 +382,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_server(watch)
     watch.set_defaults(func=cmd_watch)
 
-    describe = commands.add_parser(
+    describe_parser = commands.add_parser(
         "describe", help="one node explained: state, checks, GPUs, recent alerts and results"
     )
-    describe.add_argument("node", type=token("node id"), help="the node's id")
-    add_server(describe)
-    describe.set_defaults(func=cmd_describe)
+    describe_parser.add_argument("node", type=token("node id"), help="the node's id")
+    add_server(describe_parser)
+    describe_parser.set_defaults(func=cmd_describe)
 
     events = commands.add_parser(
         "events", help="a node's alerts and command results from the streams, oldest first"

@@ -13,9 +13,8 @@ from collections.abc import Callable
 import msgspec
 
 from actors.cli.common import add_server, connected, token
-from actors.cli.fleetctl import placement as placement_cli
-from actors.cli.fleetctl import send
-from actors.cli.render import tables as views
+from actors.cli.fleetctl import placement, send
+from actors.cli.render import tables
 from actors.fleet.views import live
 from actors.runtime import spans
 from schemas.messages import Action, NodeRecord
@@ -112,7 +111,7 @@ async def cmd_workloads(args: argparse.Namespace) -> int:
             records.append(await live.read_node(bus, subjects, args.node))
         else:
             records.extend(await live.read_fleet(bus, subjects))
-        placed = await placement_cli.read_placed(bus, subjects)
+        placed = await placement.read_placed(bus, subjects)
     if args.node:
         placed = [
             msgspec.structs.replace(w, replicas=[r for r in w.replicas if r.node == args.node])
@@ -140,12 +139,12 @@ def workloads_output(
     reports yet (pending or deploying), as a table or one JSON list."""
     placed = placed or []
     rows = [
-        (record, workload, placement_cli.placement_of(placed, record.node_id, workload.name))
+        (record, workload, placement.placement_of(placed, record.node_id, workload.name))
         for record in sorted(records, key=lambda r: r.node_id)
         if record.heartbeat is not None
         for workload in record.heartbeat.workloads
     ]
-    waiting = placement_cli.unplaced(placed, records)
+    waiting = placement.unplaced(placed, records)
     if as_json:
         items = [
             {
@@ -200,9 +199,9 @@ def workloads_output(
     lines = []
     for row, note in zip(table, notes, strict=True):
         cells = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        lines.append(views.printable(cells.rstrip()) + "\n")
+        lines.append(tables.printable(cells.rstrip()) + "\n")
         if note:
-            lines.append(views.printable(f"    why: {note}") + "\n")
+            lines.append(tables.printable(f"    why: {note}") + "\n")
     return "".join(lines)
 
 
