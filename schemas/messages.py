@@ -251,6 +251,20 @@ AlertKind = Literal[
     "revoked",
 ]
 
+REFUSALS: frozenset[AlertKind] = frozenset(
+    {
+        "replay",
+        "bad_signature",
+        "unknown_node",
+        "clock_skew",
+        "sequence_gap",
+        "revoked",
+        "forgotten",
+    }
+)
+"""The kinds an aggregator raises when it refuses a heartbeat (``sequence_gap`` too: a
+jump is refused, and raised again at every beat until an operator's ``reset-seq``)."""
+
 
 class Alert(Wire, frozen=True, kw_only=True):
     """Raised by aggregators on ``fleet.alert.<kind>.<cluster>.<node>``."""

@@ -12,10 +12,9 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from actors.fleet.alerts.publisher import REFUSALS
 from actors.runtime.consumer import LOOP_DROP_REASONS
 from actors.runtime.prometheus import standard_series
-from schemas.messages import NodeRecord
+from schemas.messages import REFUSALS, NodeRecord
 
 DROP_REASONS = (
     *LOOP_DROP_REASONS,

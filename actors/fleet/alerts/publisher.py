@@ -25,7 +25,7 @@ import nats.errors
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
 from schemas import codec
 from schemas.base import MAX_DETAILS, MAX_ID, MAX_NAME, MAX_TEXT
-from schemas.messages import Alert, AlertKind, Severity
+from schemas.messages import REFUSALS, Alert, AlertKind, Severity
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -70,19 +70,6 @@ LIMITED: frozenset[AlertKind] = frozenset(
 Lifecycle kinds (stale, offline, recovered, ...) follow state changes of a node's record
 and are not limited: suppressing one would hide a change."""
 DEFAULT_WINDOW = 60.0
-REFUSALS: frozenset[AlertKind] = frozenset(
-    {
-        "replay",
-        "bad_signature",
-        "unknown_node",
-        "clock_skew",
-        "sequence_gap",
-        "revoked",
-        "forgotten",
-    }
-)
-"""Limited kinds whose window is ``repeat`` (a refused heartbeat, sent again every beat).
-``sequence_gap`` is one too: a jump refused sends it at every beat."""
 
 WindowKey = tuple[AlertKind, str, str]
 """(kind, cluster, node)"""
@@ -112,6 +99,7 @@ class AlertPublisher:
 
     def window_of(self, kind: AlertKind) -> float:
         """The rate-limit window of ``kind``: ``repeat`` for refusals, else ``window``."""
+        # A refused heartbeat is sent again every beat: its kinds' window is ``repeat``.
         return self.repeat if kind in REFUSALS else self.window
 
     async def publish(
