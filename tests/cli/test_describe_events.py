@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from actors.cli.render import describe
-from actors.fleet.aggregator.record_rules import pending_record, with_state
+from actors.fleet.aggregator.record_rules import pending_record
+from actors.fleet.record_state import with_state
 from actors.fleet.views.history import Entry
 from schemas import signing
 from schemas.base import Schedulability

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from actors.cli.render import tables
+from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -28,7 +29,7 @@ async def many_records(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
     for i in range(COUNT):
         record = record_rules.pending_record(f"n{i:03d}", "c1" if i % 2 else "c2")
-        record = record_rules.with_state(
+        record = record_state.with_state(
             # Stale since now: one stale since 1970 is offline at the aggregator's next sweep.
             record,
             last_seq=1,

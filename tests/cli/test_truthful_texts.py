@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from actors.cli.render import describe, tables
+from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules, sweeps
 from actors.fleet.views.history import Entry
 from actors.runtime import spans
@@ -31,7 +32,7 @@ def record(state_fact: dict[str, Any] | None = None, **beat: Any) -> NodeRecord:
     health = Health(status="healthy", score=95, ts=NOW)
     sent = heartbeat(ts=NOW - 5, health=health, **beat)
     accepted = record_rules.accept(record_rules.pending_record("n1", "c1"), sent, "U", NOW - 5)
-    return record_rules.with_state(accepted, **(state_fact or {}))
+    return record_state.with_state(accepted, **(state_fact or {}))
 
 
 UNKNOWN: dict[str, dict[str, Any]] = {

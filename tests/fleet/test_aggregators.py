@@ -8,6 +8,7 @@ import aiohttp
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.metrics import AggregatorMetrics
@@ -161,7 +162,7 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     made offline; the frequent sweep alone only checks nodes it saw go stale."""
     alerts = await watch_alerts(bus, prefix)
     subjects = Subjects(prefix)
-    stale_long_ago = record_rules.with_state(
+    stale_long_ago = record_state.with_state(
         record_rules.accept(record_rules.pending_record("n1", "c1"), heartbeat(), "U", 1.0),
         stale_since=time.time() - 60,
     )

@@ -6,6 +6,7 @@ import time
 
 import aiohttp
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.metrics import AggregatorMetrics
@@ -22,8 +23,8 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
     for i in range(7):
         record = record_rules.pending_record(f"n{i}", "c1")
         live[record.node_id] = NodeState(record, time.monotonic())
-    api.records["n0"] = record_rules.with_state(live["n0"].record, last_seq=99)
-    live["n0"].record = record_rules.with_state(live["n0"].record, last_seq=100)
+    api.records["n0"] = record_state.with_state(live["n0"].record, last_seq=99)
+    live["n0"].record = record_state.with_state(live["n0"].record, last_seq=100)
     await fleet.start_supervisor(api)
     base = f"http://127.0.0.1:{api.port}"
     seen: list[str] = []

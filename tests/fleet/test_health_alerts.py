@@ -7,6 +7,7 @@ import time
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -122,7 +123,7 @@ def test_state_unhealthy_is_shown_apart_from_degraded() -> None:
     assert record.state == "unhealthy"
     record, _ = step(record, beat(3, health("degraded", 70, HOT)))
     assert record.state == "degraded"
-    cordoned = record_rules.with_state(record, health_status="unhealthy", schedulability="cordoned")
+    cordoned = record_state.with_state(record, health_status="unhealthy", schedulability="cordoned")
     assert cordoned.state == "cordoned"
 
 

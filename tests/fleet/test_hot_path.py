@@ -11,6 +11,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import hot_state, record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
@@ -263,13 +264,13 @@ def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> N
     leaves its own as it is; one an operator deregistered since gives the deregistration;
     one changed elsewhere but not in its deregistration leaves its own."""
     known = record_rules.pending_record("n1", "c1", "K")
-    mine = record_rules.with_state(known, last_seq=9)
+    mine = record_state.with_state(known, last_seq=9)
     digest = hot_state.digest(known)
     assert hot_state.operator_changes(mine, known, digest) is mine
-    forgotten = record_rules.with_state(known, deregistered=True, deregistered_by="operator")
+    forgotten = record_state.with_state(known, deregistered=True, deregistered_by="operator")
     taken = hot_state.operator_changes(mine, forgotten, digest)
     assert taken.deregistered and taken.deregistered_by == "operator" and taken.last_seq == 9
-    elsewhere = record_rules.with_state(known, last_seq=3)
+    elsewhere = record_state.with_state(known, last_seq=3)
     assert hot_state.operator_changes(mine, elsewhere, digest) is mine
 
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 import msgspec
 import pytest
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import judge, record_rules
 from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
 from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
@@ -142,7 +143,7 @@ def test_a_deregistered_node_beating_is_refused_after_a_fresh_read() -> None:
     """A deregistered record takes no other heartbeat: read afresh first (it may have
     been re-admitted), then refused, its alert naming the boot."""
     state = state_after(2)
-    state.record = record_rules.with_state(state.record, deregistered=True)
+    state.record = record_state.with_state(state.record, deregistered=True)
     with pytest.raises(NeedsFetch):
         verdict(state, beat(3))
     with pytest.raises(Refused) as refused:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.cli.simulate.publisher import SimOptions, template
+from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, hot_state, record_rules
 from actors.fleet.views.api import EncodedRecords, RecordSummary
 from schemas import codec
@@ -68,7 +69,7 @@ def previous_records(draw: st.DrawFn) -> NodeRecord:
     changes["seq_reset"] = draw(st.booleans())
     changes["health_status"] = draw(st.sampled_from([None, "healthy", "degraded"]))
     changes["created"] = draw(st.sampled_from([None, 40.0]))
-    return record_rules.with_state(record, **changes)
+    return record_state.with_state(record, **changes)
 
 
 @st.composite
@@ -150,7 +151,7 @@ def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) 
         49.0,
         record_rules.gpu_fingerprint(first),
     )
-    previous = record_rules.with_state(previous, **MARKS[mark])
+    previous = record_state.with_state(previous, **MARKS[mark])
     beat = msgspec.structs.replace(first, **{"seq": 6, "ts": 1000.4, **NEXT_BEATS[change]})
     key = "UNEW" if change == "key" else "UOLD"
     fingerprint = record_rules.gpu_fingerprint(beat)
@@ -294,7 +295,7 @@ def test_encoded_records_decode_on_access() -> None:
     records = EncodedRecords()
     one = record_rules.pending_record("n1", "c1")
     records["n1"] = one
-    records["n2"] = record_rules.with_state(one, node_id="n2", cluster="c2")
+    records["n2"] = record_state.with_state(one, node_id="n2", cluster="c2")
     records.raw["n3"] = b'{"node_id": "n3", "state": 7}'
     assert records["n1"] == one and isinstance(records.raw["n1"], bytes)
     assert sorted(records.readable({"n2": None})) == ["n1"]

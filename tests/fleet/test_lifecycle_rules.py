@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
 from actors.fleet.aggregator.refusals import MAX_TRACKED, RefusalTracker, mark_refused
 from actors.fleet.aggregator.sweeps import refused_silent, silent_without_marker
@@ -119,7 +120,7 @@ def test_refused_silent_after_stale_after() -> None:
     record = accepted(heartbeat(seq=1, stale_after=2.0), now=100.0)
     assert not refused_silent(record, 101.9)
     assert refused_silent(record, 102.0)
-    assert not refused_silent(record_rules.with_state(record, stale_since=101.0), 200)
+    assert not refused_silent(record_state.with_state(record, stale_since=101.0), 200)
     gone = msgspec.structs.replace(record, deregistered=True)
     assert not refused_silent(gone, 200.0)
 

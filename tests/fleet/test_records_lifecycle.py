@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
 from schemas.events import Interruption, SpotStatus
 from schemas.messages import Heartbeat
@@ -71,7 +72,7 @@ def test_state_precedence() -> None:
     ]
     record = base
     for expected, change in layers:
-        record = record_rules.with_state(record, **change)
+        record = record_state.with_state(record, **change)
         assert record.state == expected
 
 
@@ -92,13 +93,13 @@ def test_heartbeat_alerts_recovered_gap_anomaly_health() -> None:
     on_time = beat(2)
     assert alert_rules.heartbeat_alerts(active, after, on_time) == []
 
-    stale = record_rules.with_state(active, stale_since=105.0)
+    stale = record_state.with_state(active, stale_since=105.0)
     assert [k for k, *_ in alert_rules.heartbeat_alerts(stale, after, beat(2))] == ["recovered"]
 
     rebooted = msgspec.structs.replace(beat(900), boot_id="b2", ts=5000.0)
     assert alert_rules.heartbeat_alerts(active, after, rebooted) == []
 
-    healthy = record_rules.with_state(active, health_status="healthy")
-    sick = record_rules.with_state(active, health_status="unhealthy", health_score=40)
+    healthy = record_state.with_state(active, health_status="healthy")
+    sick = record_state.with_state(active, health_status="unhealthy", health_score=40)
     alerts = alert_rules.heartbeat_alerts(healthy, sick, beat(2))
     assert [(k, m) for k, m, *_ in alerts] == [("health", "health healthy -> unhealthy (score 40)")]

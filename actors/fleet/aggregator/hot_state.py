@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import msgspec
 import zstandard
 
-from actors.fleet.aggregator import record_rules
+from actors.fleet import record_state
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 
@@ -359,7 +359,7 @@ def operator_changes(
     changes: dict[str, object] = {name: getattr(stored, name) for name in DEREGISTRATION_FIELDS}
     if mine.deregistered and not stored.deregistered:
         changes["refused"], changes["refused_at"] = stored.refused, stored.refused_at
-    return record_rules.with_state(mine, **changes)
+    return record_state.with_state(mine, **changes)
 
 
 def checkpoint(stored_reset: bool, mine: NodeRecord, reset_consumed: bool) -> NodeRecord:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple, Protocol
 
+from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
 from actors.fleet.aggregator.hot_state import NodeState, slim_heartbeat
 from actors.fleet.aggregator.record_rules import AlertSpec
@@ -254,7 +255,7 @@ def marker(
         return None
     if record.stopped_since is not None:
         return None
-    stale = record_rules.with_state(record, stale_since=now)
+    stale = record_state.with_state(record, stale_since=now)
     stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0
     alert = AlertSpec(
         "stale",

@@ -18,7 +18,7 @@ import time
 
 import nats.errors
 
-from actors.fleet.aggregator import record_rules
+from actors.fleet import record_state
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.alerts.publisher import AlertPublisher
@@ -117,11 +117,11 @@ class Sweeps:
             if record.stale_since is None:
                 bound = self.config.max_stale_after
                 if everything and silent_without_marker(record, now, grace, bound):
-                    return record_rules.with_state(record, stale_since=now)
+                    return record_state.with_state(record, stale_since=now)
                 return None
             if now - record.stale_since < self.config.offline_after:
                 return None
-            return record_rules.with_state(record, offline_since=now)
+            return record_state.with_state(record, offline_since=now)
 
         ledger = self.ledger
         if everything and self.ownership.working():
@@ -193,7 +193,7 @@ class Sweeps:
                 if record.stale_since is not None or record.deregistered:
                     ledger.refusals.forget(node)
                 continue
-            stale = record_rules.with_state(record, stale_since=now)
+            stale = record_state.with_state(record, stale_since=now)
             ledger.mark_stale(node, state, stale)
             ledger.refusals.forget(node)
             stale_after = stale.heartbeat.stale_after if stale.heartbeat else 0.0

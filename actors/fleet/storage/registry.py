@@ -11,7 +11,7 @@ from collections.abc import Callable
 import msgspec
 import nats.js.errors
 
-from actors.fleet.aggregator import record_rules
+from actors.fleet import record_state
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from schemas import codec, signing
@@ -248,7 +248,7 @@ async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str =
     def change(record: NodeRecord) -> NodeRecord | None:
         if record.deregistered and record.deregistered_by == by:
             return None
-        return record_rules.with_state(
+        return record_state.with_state(
             record,
             deregistered=True,
             deregistered_by=by,
@@ -290,7 +290,7 @@ async def readmit(bus: Bus, subjects: Subjects, node: str) -> bool:
     def change(record: NodeRecord) -> NodeRecord | None:
         if not record.deregistered:
             return None
-        return record_rules.with_state(
+        return record_state.with_state(
             record,
             deregistered=False,
             deregistered_by="",
