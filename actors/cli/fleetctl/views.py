@@ -21,8 +21,7 @@ from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.render import describe, tables
 from actors.fleet import labels as fleet_labels
-from actors.fleet.aggregator import lease
-from actors.fleet.storage import policy_holds, registry
+from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.views import history, live
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
@@ -108,7 +107,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def partition_rates(
-    first: list[lease.PartitionStatus], second: list[lease.PartitionStatus], seconds: float
+    first: list[leases.PartitionStatus], second: list[leases.PartitionStatus], seconds: float
 ) -> list[float]:
     """Heartbeats a second into each partition between two reads ``seconds`` apart: those
     delivered to its consumer plus the change in those waiting for it."""
@@ -126,10 +125,10 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
     about a second, and how far behind it is (pending and unacknowledged heartbeats)."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        first = await lease.partition_status(bus, subjects, args.durable)
+        first = await leases.partition_status(bus, subjects, args.durable)
         started = time.monotonic()
         await asyncio.sleep(1.0)
-        statuses = await lease.partition_status(bus, subjects, args.durable)
+        statuses = await leases.partition_status(bus, subjects, args.durable)
         rates = partition_rates(first, statuses, time.monotonic() - started)
     if args.json:
         for status, rate in zip(statuses, rates, strict=True):

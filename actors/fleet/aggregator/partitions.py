@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.js.kv import KeyValue
 
-from actors.fleet.aggregator.lease import Lease, decode_lease
+from actors.fleet.aggregator.lease import Lease
+from actors.fleet.storage.leases import decode_lease
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import stop_if_cancelled

@@ -44,10 +44,10 @@ from typing import Protocol
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from actors.fleet.aggregator import lease
 from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.operator.commands import new_command, publish_command
+from actors.fleet.storage import leases
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views import history as streams_history
 from actors.fleet.views.dashboard import render
@@ -151,7 +151,7 @@ class DashboardActor:
         self.alerts: deque[tuple[int, Alert]] = deque(maxlen=ALERT_FEED)
         self._alert_seq = 0
         self.results: dict[str, deque[CommandResult]] = {}
-        self.partitions: list[lease.PartitionStatus] = []
+        self.partitions: list[leases.PartitionStatus] = []
         self.streams: Counter[str] = Counter()
         """Open event streams by session key ("" for those of a port without logins)."""
         self._snapshot: Snapshot | None = None
@@ -412,7 +412,7 @@ class DashboardActor:
     async def _follow_partitions(self) -> None:
         while True:
             try:
-                self.partitions = await lease.partition_status(
+                self.partitions = await leases.partition_status(
                     self.bus, self.subjects, self.config.durable
                 )
             except (FleetError, TimeoutError, OSError) as exc:

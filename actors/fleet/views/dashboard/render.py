@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from actors.fleet.aggregator.lease import PartitionStatus
+from actors.fleet.storage.leases import PartitionStatus
 from actors.fleet.views.dashboard.history import SERIES
 from actors.fleet.views.history import Entry
 from actors.fleet.views.live import LiveRecord
