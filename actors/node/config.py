@@ -14,6 +14,8 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
+from actors.node.gpu.thresholds import GPU_THRESHOLD_PATTERN, parse_gpu_thresholds
+from actors.node.gpu.xid import XID_THRESHOLD_PATTERN
 from actors.runtime.config import (
     DEFAULT_SERVER,
     NonNegativeDuration,
@@ -41,11 +43,7 @@ EngineSpec = Annotated[
     str, Meta(pattern=r"^(vllm|sglang|llamacpp)=https?://\S+$", max_length=MAX_URL)
 ]
 PeerId = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
-XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
-"""CODE=COUNT/WINDOW_S, e.g. 13=5/600 (read by actors.node.gpu.xid)."""
 XidThreshold = Annotated[str, Meta(pattern=XID_THRESHOLD_PATTERN)]
-GPU_THRESHOLD_PATTERN = r"^[a-z_]{1,64}=(\d+(\.\d+)?|off)$"
-"""NAME=LIMIT or NAME=off, e.g. pcie_replays_per_min=20 (read by actors.node.gpu.thresholds)."""
 GpuThreshold = Annotated[str, Meta(pattern=GPU_THRESHOLD_PATTERN)]
 WorkloadEngineName = Literal["llamacpp", "vllm", "sglang", "process"]
 DEFAULT_WORKLOAD_ENGINES: list[WorkloadEngineName] = ["llamacpp", "vllm", "sglang"]
@@ -371,10 +369,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError("stale_after must be at least 1 second (Nats-TTL granularity)")
         if self.stale_after > MAX_STALE_AFTER:
             raise ValueError(f"stale_after must be at most {MAX_STALE_AFTER:g} seconds (a day)")
-        # The table lives with the health code, which imports this module: names are
-        # checked here, at load, so a typo fails the start and not the health actor.
-        from actors.node.gpu.thresholds import parse_gpu_thresholds
-
+        # Names are checked against the table here, at load, so a typo fails the start
+        # and not the health actor.
         parse_gpu_thresholds(self.gpu_thresholds)
         self._check_gateway()
 

@@ -15,10 +15,11 @@ from typing import Literal
 
 import msgspec
 
-from actors.node.config import GPU_THRESHOLD_PATTERN
 from schemas.events import GpuHealth
 
 Finding = Literal["degraded", "unhealthy"]
+GPU_THRESHOLD_PATTERN = r"^[a-z_]{1,64}=(\d+(\.\d+)?|off)$"
+"""An override of ``gpu_thresholds``: NAME=LIMIT or NAME=off, e.g. pcie_replays_per_min=20."""
 _SPEC = re.compile(GPU_THRESHOLD_PATTERN)
 
 HARMFUL_CLOCK_REASONS: dict[int, str] = {

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 
 import msgspec
 
-from actors.node.config import XID_THRESHOLD_PATTERN
 from actors.node.gpu.thresholds import memory_summary, nvlink_summary
 from schemas.base import MAX_TEXT, MAX_XIDS
 from schemas.events import Gpu, HealthCheck, XidCount
 from schemas.xid_catalog import Finding, XidRule, rule_of
 
+XID_THRESHOLD_PATTERN = r"^\d+=\d+/\d+(\.\d+)?$"
+"""An override of ``xid_thresholds``: CODE=COUNT/WINDOW_S, e.g. 13=5/600."""
 _SPEC = re.compile(XID_THRESHOLD_PATTERN)
 
 _RANK = {"ok": 0, "degraded": 1, "unhealthy": 2}
