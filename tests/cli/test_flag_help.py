@@ -12,6 +12,7 @@ import pytest
 from actors.cli import node_agent
 from actors.cli.common import SINGULAR_FLAGS, ClientConfig
 from actors.cli.fleetctl import main as fleetctl
+from actors.cli.fleetctl.aggregator import aggregator_settings
 from actors.fleet.config import AggregatorConfig
 from actors.node.config import AgentConfig
 from actors.runtime import config_docs
@@ -98,8 +99,8 @@ def test_aggregator_reads_fleetctl_server(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("FLEETCTL_SERVER", "nats://from-fleetctl:4222")
     monkeypatch.delenv("FLEET_AGGREGATOR_SERVER", raising=False)
     args = fleetctl.parser().parse_args(["aggregator"])
-    assert fleetctl.aggregator_settings(args).server == "nats://from-fleetctl:4222"
+    assert aggregator_settings(args).server == "nats://from-fleetctl:4222"
     monkeypatch.setenv("FLEET_AGGREGATOR_SERVER", "nats://own:4222")
-    assert fleetctl.aggregator_settings(args).server == "nats://own:4222"
+    assert aggregator_settings(args).server == "nats://own:4222"
     args = fleetctl.parser().parse_args(["aggregator", "--server", "nats://flag:4222"])
-    assert fleetctl.aggregator_settings(args).server == "nats://flag:4222"
+    assert aggregator_settings(args).server == "nats://flag:4222"

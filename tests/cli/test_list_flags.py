@@ -15,6 +15,7 @@ import pytest
 from actors.cli import node_agent
 from actors.cli.common import settings_from
 from actors.cli.fleetctl import main as fleetctl
+from actors.cli.fleetctl.aggregator import aggregator_settings
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX
@@ -63,7 +64,7 @@ PROGRAMS: list[tuple[str, argparse.ArgumentParser, type[msgspec.Struct], str, Se
         fleetctl.parser(),
         AggregatorConfig,
         AGGREGATOR_ENV_PREFIX,
-        fleetctl.aggregator_settings,
+        aggregator_settings,
     ),
 ]
 

@@ -186,7 +186,7 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gpus = commands.add_parser(
         "gpus",
         help="every GPU of the fleet in one table, like nvidia-smi across nodes",

@@ -168,7 +168,7 @@ async def cmd_one_or_rolling(args: argparse.Namespace) -> int:
     return await cmd_send(args)
 
 
-def add_rolling(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``-l`` and its options on cordon, drain, uncordon (added by send) and deploy (by
     workloads)."""
     for name in (*DONE_STATES, "deploy"):

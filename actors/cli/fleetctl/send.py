@@ -380,7 +380,7 @@ def add_signed_command_options(sub: argparse.ArgumentParser) -> None:
     add_server(sub)
 
 
-def add_command_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add cordon, drain, uncordon, deregister and command to fleetctl's subcommands."""
     helps = {
         "cordon": "stop scheduling work on a node",

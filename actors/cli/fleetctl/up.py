@@ -27,7 +27,7 @@ import msgspec
 import nats.errors
 import pynvml
 
-from actors.cli.common import KEY_FILE_ENV, stop_event
+from actors.cli.common import KEY_FILE_ENV, duration, stop_event
 from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -327,3 +327,51 @@ async def _show_fleet(
             pass
     if interactive:
         sys.stdout.write("\x1b[J" + text)
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    options = UpOptions(
+        nodes=args.nodes,
+        port=args.port,
+        store=args.store or default_store(),
+        heartbeat_interval=args.heartbeat_interval,
+        stale_after=args.stale_after or 3 * args.heartbeat_interval,
+        gpus_per_node=args.gpus_per_node,
+        allow_ui_commands=args.allow_ui_commands,
+    )
+    return await run_up(options)
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``up`` to fleetctl's subcommands."""
+    up = commands.add_parser("up", help="embedded nats-server + aggregator + N fake-GPU agents")
+    up.add_argument("--nodes", type=int, default=3, help="agents to run (default 3)")
+    up.add_argument(
+        "--port", type=int, default=4222, help="NATS client port (default 4222; 0: any free port)"
+    )
+    up.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help=f"where the fleet keeps NATS data, keys and logs (default {default_store()})",
+    )
+    up.add_argument(
+        "--heartbeat-interval", type=duration, default=2.0, help="agents' beat period (default 2s)"
+    )
+    up.add_argument(
+        "--stale-after", type=duration, help="heartbeat TTL (default 3 x --heartbeat-interval)"
+    )
+    up.add_argument(
+        "--gpus-per-node",
+        type=gpus_per_node,
+        default=8,
+        help="N simulated GPUs per agent (default 8); real: this machine's GPUs through "
+        "NVML (an error without NVML); auto: real if NVML works, else 8 simulated",
+    )
+    up.add_argument(
+        "--allow-ui-commands",
+        action="store_true",
+        help="the dashboard sends cordon, drain and uncordon (signed with the operator "
+        "key) after a login: the banner prints a one-time login link",
+    )
+    up.set_defaults(func=cmd_up)

@@ -8,11 +8,10 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
 
 import msgspec
 
-from actors.cli.common import add_server, connected, token
+from actors.cli.common import add_server, connected, duration, token
 from actors.cli.fleetctl import placement, send
 from actors.cli.render import tables
 from actors.fleet.views import live
@@ -205,10 +204,7 @@ def workloads_output(
     return "".join(lines)
 
 
-def add_workload_parsers(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    duration: Callable[[str], float],
-) -> None:
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add deploy, stop and workloads to fleetctl's subcommands."""
     deploy = commands.add_parser(
         "deploy",
