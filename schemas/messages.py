@@ -6,6 +6,7 @@ The events a heartbeat is built from live in :mod:`schemas.events`.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta
@@ -187,6 +188,13 @@ class Deregister(Wire, frozen=True, kw_only=True, tag="deregister", tag_field="k
 
 Action = Cordon | Drain | Uncordon | Deregister | Deploy | Stop
 CommandStatus = Literal["accepted", "rejected", "in_progress", "done", "failed"]
+FINAL_STATUSES: frozenset[CommandStatus] = frozenset({"done", "failed", "rejected"})
+"""A command's last result: no other follows it."""
+SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+"""Command ids go into Nats-Msg-Id headers; a node refuses any other as malformed."""
+MAX_ACTION_SECONDS = 30 * 86400.0
+"""Longest cordon TTL or drain deadline a node takes: past it a time is absurd (and 1e30
+overflows when the node formats it), so it is refused before the node acts."""
 
 
 class Command(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="command"):

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
-from schemas.messages import CommandResult
+from schemas.messages import FINAL_STATUSES, CommandResult
 from schemas.subjects import Subjects
 from tests.support.commanding import set_in_flight
 from tests.support.fleet import Fleet, wait_record
@@ -80,7 +80,7 @@ async def test_rolling_drain_never_more_than_max_unavailable(
             draining.add(result.node_id)
             most = max(most, len(draining))
             work.append(asyncio.create_task(finish_work(result.node_id)))
-        elif result.status in ("done", "failed", "rejected"):
+        elif result.status in FINAL_STATUSES:
             draining.discard(result.node_id)
 
     await bus.subscribe(Subjects(prefix).results(), on_result)

@@ -12,7 +12,7 @@ from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
 from schemas.events import Engine
-from schemas.messages import Action, Alert, Command, CommandResult
+from schemas.messages import FINAL_STATUSES, Action, Alert, Command, CommandResult
 from schemas.subjects import EVENT_ENGINE, Subjects
 from tests.support.fleet import Fleet, wait_for
 
@@ -53,7 +53,7 @@ class Results:
         """The final result naming ``command_id`` or digest, once there is one."""
 
         def check() -> CommandResult | None:
-            done = [r for r in self.of(command_id) if r.status in ("done", "failed", "rejected")]
+            done = [r for r in self.of(command_id) if r.status in FINAL_STATUSES]
             return done[-1] if done else None
 
         found: CommandResult = await wait_for(check, timeout)

@@ -38,13 +38,15 @@ from actors.cli.common import (
 )
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
-from actors.node.commands.checks import MAX_ACTION_SECONDS, SAFE_ID
 from actors.runtime import spans
 from actors.runtime.bus import Bus, listening, unsubscribe_quietly
 from actors.runtime.config import DurationError, parse_duration
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
 from schemas.messages import (
+    FINAL_STATUSES,
+    MAX_ACTION_SECONDS,
+    SAFE_ID,
     Action,
     CommandResult,
     Cordon,
@@ -55,8 +57,6 @@ from schemas.messages import (
     command_digest,
 )
 from schemas.subjects import STREAM_EVENTS, Subjects
-
-FINAL = ("done", "failed", "rejected")
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -163,12 +163,12 @@ class ResultFollower:
                 return None
             if show:
                 line = describe(result)
-                if interactive and result.status not in FINAL:
+                if interactive and result.status not in FINAL_STATUSES:
                     sys.stdout.write("\r\x1b[K" + line)
                 else:
                     sys.stdout.write(("\r\x1b[K" if interactive else "") + line + "\n")
                 sys.stdout.flush()
-            if result.status in FINAL:
+            if result.status in FINAL_STATUSES:
                 return result
 
     def exit_status(self, final: CommandResult) -> int:

@@ -26,14 +26,15 @@ from actors.node.commands.hooks import run_hook
 from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.runtime.bus import Bus, publish_signed
+from actors.node.results import ResultPublisher
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import wait_or_timeout
 from schemas import events
 from schemas.base import Schedulability
 from schemas.events import Scheduler
 from schemas.messages import (
+    FINAL_STATUSES,
     Action,
-    CommandResult,
     CommandStatus,
     Cordon,
     Deregister,
@@ -63,10 +64,9 @@ class ActionRunner:
         self.node_events = node_events
         """Where the node's state is published: tagged by this process, which its actors
         act on."""
-        self.key = node_events.key
         self.store = store
         self.subjects = Subjects(config.prefix)
-        self.result_subject = self.subjects.result(config.cluster, config.node_id)
+        self.results = ResultPublisher(config, bus, node_events.key)
         self.lock = asyncio.Lock()
         """Held from deciding on an action until it has started, so decisions never interleave."""
         self.finished = asyncio.Event()
@@ -84,7 +84,6 @@ class ActionRunner:
         self._work: asyncio.Task[None] | None = None
         self._work_id = ""
         self._ttl: asyncio.Task[None] | None = None
-        self._counts: dict[tuple[str, str], int] = {}
         self._digests: dict[str, str] = {}
         self._by: dict[str, str] = {}
         """Command id -> the key that signed it, for NodeState.by (dropped with the digest)."""
@@ -477,33 +476,20 @@ class ActionRunner:
         digest: str = "",
         jobs_running: int | None = None,
     ) -> None:
-        """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised.
+        """Publish a node-signed CommandResult (:class:`ResultPublisher`).
         ``digest`` defaults to that of the command started under ``command_id``. A refusal
         of a message with no usable id is published under its digest, so the stream keeps
         one refusal per distinct message within its duplicate window."""
         digest = digest or self._digests.get(command_id, "")
-        n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
-        if status in ("rejected", "done", "failed"):
+        if status in FINAL_STATUSES:
             self._digests.pop(command_id, None)
             self._by.pop(command_id, None)
-            for other in ("accepted", "in_progress", status):
-                self._counts.pop((command_id, other), None)
-        result = CommandResult(
-            command_id=command_id,
-            node_id=self.config.node_id,
-            cluster=self.config.cluster,
-            status=status,
-            ts=time.time(),
-            detail=detail,
+        await self.results.publish(
+            command_id,
+            status,
+            detail,
+            digest=digest,
             schedulability=self.store.state.schedulability,
             in_flight=in_flight,
-            command_digest=digest,
             jobs_running=jobs_running,
         )
-        msg_id = f"{command_id or digest}:{status}:{n}"
-        try:
-            await publish_signed(self.bus, self.result_subject, result, self.key, msg_id)
-        except (nats.errors.Error, TimeoutError) as exc:
-            log.warning(
-                "command result not published", extra={"id": command_id, "reason": str(exc)}
-            )

@@ -10,7 +10,6 @@ can make the node sign a rejection under the id of a command it did not refuse.
 
 from __future__ import annotations
 
-import re
 import time
 
 from nats.aio.msg import Msg
@@ -19,15 +18,9 @@ from actors.node.commands.store import CommandStore
 from actors.node.config import AgentConfig
 from schemas import codec, signing
 from schemas.errors import DecodeError, InvalidToken, SignatureError
-from schemas.messages import Command, Cordon, Deregister, Drain
+from schemas.messages import MAX_ACTION_SECONDS, SAFE_ID, Command, Cordon, Deregister, Drain
 from schemas.subjects import Subjects
 from schemas.workloads import Deploy
-
-SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-"""Command ids go into Nats-Msg-Id headers; anything else is refused as malformed."""
-MAX_ACTION_SECONDS = 30 * 86400.0
-"""Longest cordon TTL or drain deadline: past it a time is absurd (and 1e30 overflows
-when the node formats it), so it is refused before the node acts."""
 
 
 class Rejection(Exception):

@@ -30,17 +30,18 @@ import nats.errors
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.results import ResultPublisher
 from actors.node.workloads import container, listeners, processes
 from actors.node.workloads.admission import admit
 from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, command_line
 from actors.node.workloads.readiness import readiness
 from actors.node.workloads.running import Running
 from actors.node.workloads.store import Entry, WorkloadStore
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
 from schemas.base import Schedulability
 from schemas.events import Event, Gateway, NodeState, Sample, Workloads, WorkloadState
-from schemas.messages import CommandResult, CommandStatus
+from schemas.messages import CommandStatus
 from schemas.subjects import EVENT_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop, WorkloadOrder
 
@@ -65,7 +66,7 @@ class WorkloadsActor:
         self.events = events
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_WORKLOADS)
-        self.result_subject = self.subjects.result(config.cluster, config.node_id)
+        self.results = ResultPublisher(config, bus, events.key)
         self.store = WorkloadStore(Path(config.state_dir))
         self.running: dict[str, Running] = {}
         self.gpus: set[int] | None = None
@@ -74,7 +75,6 @@ class WorkloadsActor:
         self.gateway = Gateway(ts=0.0)
         """The gateway's latest event: which workloads it holds requests of."""
         self._gateway_said = asyncio.Event()
-        self._counts: dict[tuple[str, str], int] = {}
         self._session: aiohttp.ClientSession | None = None
         self._stops: set[asyncio.Task[None]] = set()
 
@@ -459,26 +459,7 @@ class WorkloadsActor:
     async def result(
         self, command_id: str, status: CommandStatus, detail: str, digest: str
     ) -> None:
-        """A node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised."""
-        n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
-        if status in ("rejected", "done", "failed"):
-            for other in ("accepted", "in_progress", status):
-                self._counts.pop((command_id, other), None)
-        result = CommandResult(
-            command_id=command_id,
-            node_id=self.config.node_id,
-            cluster=self.config.cluster,
-            status=status,
-            ts=time.time(),
-            detail=detail[:1024],
-            schedulability=self.schedulability,
-            command_digest=digest,
+        """A node-signed CommandResult (:class:`ResultPublisher`)."""
+        await self.results.publish(
+            command_id, status, detail, digest=digest, schedulability=self.schedulability
         )
-        try:
-            await publish_signed(
-                self.bus, self.result_subject, result, self.events.key, f"{command_id}:{status}:{n}"
-            )
-        except (nats.errors.Error, TimeoutError) as exc:
-            log.warning(
-                "command result not published", extra={"id": command_id, "reason": str(exc)}
-            )

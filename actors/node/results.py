@@ -1,0 +1,74 @@
+"""The node's answers to commands: signed ``CommandResult`` messages on
+``fleet.result.<cluster>.<node>`` (FLEET_EVENTS), published one way for the commands actor
+and the workload actor.
+
+A result's ``Nats-Msg-Id`` is ``<command id>:<status>:<n>`` (the refused message's digest
+stands in for an id the node could not read), ``n`` counting that command's results of
+that status: the stream drops a copy sent twice, never a second report of progress. A
+final status (:data:`schemas.messages.FINAL_STATUSES`) ends the command's counts. The
+detail is cut to the wire's bound for free text."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import nats.errors
+
+from actors.node.config import AgentConfig
+from actors.runtime.bus import Bus, publish_signed
+from schemas.base import MAX_TEXT, Schedulability
+from schemas.messages import FINAL_STATUSES, CommandResult, CommandStatus
+from schemas.signing import KeyPair
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+class ResultPublisher:
+    """Signs and publishes one node's command results; a failure is logged, not raised."""
+
+    def __init__(self, config: AgentConfig, bus: Bus, key: KeyPair) -> None:
+        self.bus = bus
+        self.key = key
+        self.node_id = config.node_id
+        self.cluster = config.cluster
+        self.subject = Subjects(config.prefix).result(config.cluster, config.node_id)
+        self._counts: dict[tuple[str, str], int] = {}
+
+    async def publish(
+        self,
+        command_id: str,
+        status: CommandStatus,
+        detail: str,
+        *,
+        digest: str,
+        schedulability: Schedulability,
+        in_flight: int | None = None,
+        jobs_running: int | None = None,
+    ) -> None:
+        """Publish ``command_id``'s result (``digest``: of the command body it answers)
+        with the node's ``schedulability`` now."""
+        n = self._counts[command_id, status] = self._counts.get((command_id, status), 0) + 1
+        if status in FINAL_STATUSES:
+            for other in ("accepted", "in_progress", status):
+                self._counts.pop((command_id, other), None)
+        result = CommandResult(
+            command_id=command_id,
+            node_id=self.node_id,
+            cluster=self.cluster,
+            status=status,
+            ts=time.time(),
+            detail=detail[:MAX_TEXT],
+            schedulability=schedulability,
+            in_flight=in_flight,
+            command_digest=digest,
+            jobs_running=jobs_running,
+        )
+        msg_id = f"{command_id or digest}:{status}:{n}"
+        try:
+            await publish_signed(self.bus, self.subject, result, self.key, msg_id)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning(
+                "command result not published", extra={"id": command_id, "reason": str(exc)}
+            )
