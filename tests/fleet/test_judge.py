@@ -14,7 +14,15 @@ import pytest
 from actors.fleet import record_state
 from actors.fleet.aggregator import judge, record_rules
 from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
-from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
+from actors.fleet.aggregator.judge import (
+    Forged,
+    LateDelivery,
+    Moment,
+    NeedsFetch,
+    Refused,
+    Stored,
+    Verdict,
+)
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
@@ -59,6 +67,24 @@ class Spans:
         return self.start < before and self.end > after
 
 
+def moment(
+    now: float,
+    skew: float = 60.0,
+    monotonic: float = 100.0,
+    fetched: bool = False,
+    caught_up: Spans | None = None,
+) -> Moment:
+    """The owner's moment: its clocks at ``now`` (and ``monotonic``), skew bound ``skew``."""
+    return Moment(
+        now=now,
+        monotonic=monotonic,
+        max_skew=skew,
+        max_jump=MAX_JUMP,
+        fetched=fetched,
+        caught_up=caught_up,
+    )
+
+
 def verdict(
     state: NodeState | None,
     hb: Heartbeat,
@@ -69,7 +95,11 @@ def verdict(
     caught_up: Spans | None = None,
 ) -> Verdict:
     return judge.accept(
-        state, hb, KEY, stream_seq, stored, NOW, monotonic, fetched, MAX_JUMP, caught_up
+        state,
+        hb,
+        KEY,
+        Stored(stream_seq=stream_seq, at=stored),
+        moment(NOW, monotonic=monotonic, fetched=fetched, caught_up=caught_up),
     )
 
 
@@ -156,7 +186,7 @@ def test_read_refuses_a_body_of_another_node_a_skewed_clock_and_garbage() -> Non
     """The signed body must be a Heartbeat naming the subject's node and cluster, its
     timestamp within the skew bound."""
     body = codec.encode(beat(1))
-    assert judge.read(body, "s", "n1", "c1", 950.0, 60.0).seq == 1
+    assert judge.read(body, "s", "n1", "c1", moment(950.0)).seq == 1
     cases = [
         (body, "n2", "c1", 950.0, "bad_signature"),
         (body, "n1", "c2", 950.0, "bad_signature"),
@@ -165,7 +195,7 @@ def test_read_refuses_a_body_of_another_node_a_skewed_clock_and_garbage() -> Non
     ]
     for data, node, cluster, now, kind in cases:
         with pytest.raises(Refused) as refused:
-            judge.read(data, "s", node, cluster, now, 60.0)
+            judge.read(data, "s", node, cluster, moment(now))
         assert refused.value.kind == kind
 
 
@@ -175,7 +205,7 @@ def test_an_old_heartbeat_not_above_the_last_seq_is_a_replay_not_a_clock_problem
     body = codec.encode(beat(3))
     for last_seq, kind in ((3, "replay"), (5, "replay"), (2, "clock_skew"), (-1, "clock_skew")):
         with pytest.raises(Refused) as refused:
-            judge.read(body, "s", "n1", "c1", 1_100.0, 60.0, last_seq)
+            judge.read(body, "s", "n1", "c1", moment(1_100.0), last_seq=last_seq)
         assert refused.value.kind == kind, last_seq
 
 
@@ -186,7 +216,7 @@ def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None
     record = state_after(2).record
     stale_after = beat(2).stale_after
     at = 990.0 + stale_after
-    result = judge.marker(record, "MaxAge", at, b"", NOW)
+    result = judge.marker(record, "MaxAge", b"", Stored(stream_seq=11, at=at), moment(NOW))
     assert result is not None and result.write
     assert result.record.stale_since == NOW and result.record.state == "stale"
     (alert,) = result.alerts
@@ -194,17 +224,18 @@ def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None
     assert alert.details == {"event": "q2", "last_seq": "2", "marked_at": f"{at:.3f}"}
     for body, marked in ((b"x", at), (b"", 990.0)):
         with pytest.raises(Forged):
-            judge.marker(record, "MaxAge", marked, body, NOW)
-    assert judge.marker(result.record, "MaxAge", at, b"", NOW) is None
+            judge.marker(record, "MaxAge", body, Stored(stream_seq=11, at=marked), moment(NOW))
+    again = Stored(stream_seq=12, at=at)
+    assert judge.marker(result.record, "MaxAge", b"", again, moment(NOW)) is None
 
 
 def test_judged_before_needs_both_the_sequence_and_the_time() -> None:
     """A heartbeat at or before the last accepted stream seq and stored no later was
     judged before; a stream made again (seqs from 1, stored later) was not."""
     record = msgspec.structs.replace(state_after(1).record, last_stream_seq=10, last_stored=990.0)
-    assert judge.judged_before(record, 10, 990.0)
-    assert not judge.judged_before(record, 11, 995.0)
-    assert not judge.judged_before(record, 3, 995.0)
+    assert judge.judged_before(record, Stored(stream_seq=10, at=990.0))
+    assert not judge.judged_before(record, Stored(stream_seq=11, at=995.0))
+    assert not judge.judged_before(record, Stored(stream_seq=3, at=995.0))
 
 
 def _nested_at(stack: int, call: Callable[[], T]) -> T:
@@ -227,7 +258,9 @@ def test_every_heartbeat_the_judge_accepts_makes_a_readable_record() -> None:
         outcomes = set()
         for stack in (0, 400):
             try:
-                hb = _nested_at(stack, partial(judge.read, body, SUBJECT, "n1", "c1", NOW, 300))
+                hb = _nested_at(
+                    stack, partial(judge.read, body, SUBJECT, "n1", "c1", moment(NOW, 300))
+                )
             except Refused as refused:
                 assert "nested deeper than 32 levels" in refused.message
                 outcomes.add("refused")

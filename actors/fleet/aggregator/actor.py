@@ -36,7 +36,14 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import command_queues, judge
-from actors.fleet.aggregator.judge import LateDelivery, NeedsFetch, Refused, Verdict
+from actors.fleet.aggregator.judge import (
+    LateDelivery,
+    Moment,
+    NeedsFetch,
+    Refused,
+    Stored,
+    Verdict,
+)
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.partitions import Partitions
@@ -236,8 +243,9 @@ class HeartbeatPath:
             log.warning("heartbeat on a malformed subject", extra={"subject": msg.subject})
             return []
         ahead = self.verify.verified.get(id(msg))
-        stream_seq, stored, pending = delivery(msg) if ahead is None else ahead[1]
-        self._last_delivery = (stored, pending, partition)
+        stream_seq, at, pending = delivery(msg) if ahead is None else ahead[1]
+        stored = Stored(stream_seq=stream_seq, at=at)
+        self._last_delivery = (at, pending, partition)
         headers = msg.headers or {}
         state = self.ledger.nodes.get(node)
         marker = headers.get(MARKER_REASON)
@@ -252,29 +260,16 @@ class HeartbeatPath:
             # to read (only a pending one a registration made, which accepting replaces).
             return [partial(self._fetch_and_judge, msg, node)]
         if marker is not None:
-            return self._marker(cluster, node, marker, stored, msg.data)
-        if state is not None and judge.judged_before(state.record, stream_seq, stored):
+            return self._marker(cluster, node, marker, stored, msg.data, partition)
+        if state is not None and judge.judged_before(state.record, stored):
             self.metrics.dropped.labels("late_delivery").inc()
             return []
         try:
             key, verifier = self.verify.check(msg, headers, node, state, fetched)
-            now = time.time()
+            moment = self._moment(fetched, partition)
             last_seq = state.record.last_seq if state is not None else -1
-            heartbeat = judge.read(
-                msg.data, msg.subject, node, cluster, now, self.config.max_skew, last_seq
-            )
-            verdict = judge.accept(
-                state,
-                heartbeat,
-                key,
-                stream_seq,
-                stored,
-                now,
-                time.monotonic(),
-                fetched,
-                self.config.max_seq_jump,
-                self.ownership.caught_up(partition),
-            )
+            heartbeat = judge.read(msg.data, msg.subject, node, cluster, moment, last_seq=last_seq)
+            verdict = judge.accept(state, heartbeat, key, stored, moment)
             self.ledger.accept(state, verdict, heartbeat, msg.data, key, verifier)
             return self._steps(cluster, node, verdict) if verdict.write else []
         except NeedsFetch:
@@ -290,6 +285,18 @@ class HeartbeatPath:
             self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
             return []
+
+    def _moment(self, fetched: bool, partition: int) -> Moment:
+        """What the judge is told of this moment: the clocks, the limits, whether the
+        node was just read afresh and when ``partition`` was last read to its end."""
+        return Moment(
+            now=time.time(),
+            monotonic=time.monotonic(),
+            max_skew=self.config.max_skew,
+            max_jump=self.config.max_seq_jump,
+            fetched=fetched,
+            caught_up=self.ownership.caught_up(partition),
+        )
 
     async def _fetch_and_judge(self, msg: Msg, node: str) -> None:
         """The slow path: read the node's trusted key and record afresh (an approval, a
@@ -314,15 +321,14 @@ class HeartbeatPath:
             self._last_delivery = None
 
     def _marker(
-        self, cluster: str, node: str, reason: str, marked_at: float, body: bytes
+        self, cluster: str, node: str, reason: str, stored: Stored, body: bytes, partition: int
     ) -> list[Step]:
         """A TTL marker makes the node stale, if it can be the server's; a forged one is
         counted and ignored."""
         state = self.ledger.nodes.get(node)
+        moment = self._moment(False, partition)
         try:
-            verdict = judge.marker(
-                state.record if state else None, reason, marked_at, body, time.time()
-            )
+            verdict = judge.marker(state.record if state else None, reason, body, stored, moment)
         except judge.Forged:
             self.metrics.dropped.labels("forged_marker").inc()
             log.warning("forged TTL marker ignored", extra={"node": node, "reason": reason})

@@ -1,18 +1,43 @@
 """Judging one heartbeat, pure: the node's state and a delivered heartbeat in, a verdict
-out (accept it, with the record after it and the alerts it raises; refuse it, with the
-reason; or leave it as delivered late, or needing the node's key and record read afresh).
+out.
 
-No I/O, no clock, no table: the time, the limits and whether the owner was reading its
-partition in time come in as values, and nothing here changes the state it is given
-(the ledger applies a verdict, the aggregator turns its alerts into I/O). Signatures are
-checked before this (:mod:`actors.fleet.aggregator.verify`); the rules themselves are in
-:mod:`actors.fleet.aggregator.record_rules`. Tested with plain values (tests/fleet/test_judge.py).
+Inputs: the node's :class:`NodeState` (None: none in memory), the heartbeat and the key
+that signed it, where FLEET_HB stored it (:class:`Stored`) and what the owner knows as
+it judges (:class:`Moment`: its clocks, its limits, whether the node's key and record
+were just read afresh, when it had read the partition to its end). No I/O, no clock, no
+table, and nothing here changes the state it is given.
+
+Outcomes, every one of them (the heartbeat path in :mod:`actors.fleet.aggregator.actor`
+acts on each):
+
+- :class:`Verdict` (:func:`accept`): accepted. ``record`` is the node's record after it
+  (:mod:`~actors.fleet.aggregator.record_rules`, its state by
+  :mod:`actors.fleet.record_state`; the heartbeat kept slim, as
+  :mod:`~actors.fleet.aggregator.hot_state` keeps it), ``alerts`` the alerts it raises
+  (:mod:`~actors.fleet.aggregator.alert_rules`), ``write`` whether the record is
+  written at once rather than at the node's next checkpoint. The ledger takes it in;
+  the path publishes the alerts, then writes.
+- :class:`Refused` (:func:`read`, :func:`accept`): the heartbeat changes nothing; it
+  carries the alert to raise (kind, message, details). The path deletes it from FLEET_HB,
+  raises the alert and notes the refusal in the record (:meth:`Ledger.refused`).
+- :class:`LateDelivery`: an older heartbeat delivered after a newer one, or one judged
+  before (:func:`judged_before`, checked ahead of the signature): dropped and counted.
+- :class:`NeedsFetch`: the judgement needs the node's key and record read afresh (an
+  approval, a new key, an operator's ``reset-seq``, a re-admission); the path reads
+  them and judges again with ``Moment.fetched``.
+- :func:`marker`: a TTL marker's :class:`Verdict` (the record gone stale), None when it
+  changes nothing, or :class:`Forged` when it cannot be the server's.
+
+Signatures are checked before this (:mod:`actors.fleet.aggregator.verify`). Tested with
+plain values (tests/fleet/test_judge.py).
 """
 
 from __future__ import annotations
 
 import sys
 from typing import NamedTuple, Protocol
+
+import msgspec
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
@@ -59,6 +84,29 @@ class Spans(Protocol):
     def within(self, after: float, before: float) -> bool: ...
 
 
+class Stored(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Where and when FLEET_HB stored a message: its stream sequence and the time, in epoch
+    seconds, the stream stored it (the server's clock)."""
+
+    stream_seq: int
+    at: float
+
+
+class Moment(msgspec.Struct, frozen=True, kw_only=True):
+    """What the owner knows as it judges one message: its clocks (``now``, epoch seconds;
+    ``monotonic``), its limits (``max_skew`` seconds off its clock, ``max_jump`` seqs
+    above the last accepted), whether the node's key and record were just read afresh
+    (``fetched``) and when it had read the message's partition to its end
+    (``caught_up``; None: never)."""
+
+    now: float
+    monotonic: float
+    max_skew: float
+    max_jump: int
+    fetched: bool = False
+    caught_up: Spans | None = None
+
+
 class Verdict(NamedTuple):
     """What a heartbeat (or a TTL marker) does to its node: ``record`` is the node's
     record after it, ``alerts`` the alerts it raises (``event`` in each one's details),
@@ -71,18 +119,12 @@ class Verdict(NamedTuple):
 
 
 def read(
-    body: bytes,
-    subject: str,
-    node: str,
-    cluster: str,
-    now: float,
-    skew: float,
-    last_seq: int = -1,
+    body: bytes, subject: str, node: str, cluster: str, moment: Moment, *, last_seq: int = -1
 ) -> Heartbeat:
     """The heartbeat in ``body`` (its signature already checked), if it names the node
-    and cluster of its ``subject`` and its timestamp is within ``skew`` seconds of
-    ``now``; else Refused. One too old whose seq is not above ``last_seq`` (the node's
-    last accepted) is a ``replay``, not a clock problem."""
+    and cluster of its ``subject`` and its timestamp is within ``moment.max_skew`` seconds
+    of ``moment.now``; else Refused. One too old whose seq is not above ``last_seq`` (the
+    node's last accepted) is a ``replay``, not a clock problem."""
     try:
         heartbeat = codec.decode(body, Heartbeat, subject)
     except DecodeError as exc:
@@ -94,8 +136,8 @@ def read(
             body_node=heartbeat.node_id,
             body_cluster=heartbeat.cluster,
         )
-    off = heartbeat.ts - now
-    if abs(off) > skew:
+    off = heartbeat.ts - moment.now
+    if abs(off) > moment.max_skew:
         if heartbeat.seq <= last_seq:
             raise Refused(
                 "replay",
@@ -119,19 +161,12 @@ def accept(
     state: NodeState | None,
     heartbeat: Heartbeat,
     public_key: str,
-    stream_seq: int,
-    stored: float,
-    now: float,
-    monotonic: float,
-    fetched: bool,
-    max_jump: int,
-    caught_up: Spans | None,
+    stored: Stored,
+    moment: Moment,
 ) -> Verdict:
-    """The verdict on a verified ``heartbeat`` signed by ``public_key`` (FLEET_HB stored
-    it at ``stream_seq``, at ``stored``) for a node in ``state`` (None: none in memory),
-    at wall-clock ``now`` and ``monotonic``; or Refused, LateDelivery, NeedsFetch.
-    ``fetched``: the node's key and record were just read afresh. ``caught_up``: when
-    this owner had read the heartbeat's partition to its end (None: never)."""
+    """The verdict on a verified ``heartbeat`` signed by ``public_key``, as FLEET_HB
+    ``stored`` it, for a node in ``state`` (None: none in memory); or Refused,
+    LateDelivery, NeedsFetch."""
     fingerprint = record_rules.gpu_fingerprint(heartbeat)
     if state is not None and record_rules.is_steady(
         state.record, heartbeat, public_key, fingerprint
@@ -140,9 +175,9 @@ def accept(
         record = record_rules.steady_beat(
             state.record,
             heartbeat,
-            now,
-            stream_seq,
-            stored,
+            moment.now,
+            stored.stream_seq,
+            stored.at,
             slim_heartbeat(heartbeat, state.record),
         )
         return Verdict(record, STEADY, False)
@@ -154,15 +189,15 @@ def accept(
             sys.intern(heartbeat.node_id), heartbeat.cluster, public_key
         )
     )
-    verdict = record_rules.judge_seq(previous, heartbeat.seq, max_jump, public_key)
+    verdict = record_rules.judge_seq(previous, heartbeat.seq, moment.max_jump, public_key)
     if verdict != "next":
-        if stream_seq <= previous.last_stream_seq:
+        if stored.stream_seq <= previous.last_stream_seq:
             # Delivered again (a redelivery after a failover) or late: already seen.
             raise LateDelivery
         refreshed = state.refreshed if state is not None else 0.0
-        if not fetched and monotonic - refreshed > REFRESH_INTERVAL:
+        if not moment.fetched and moment.monotonic - refreshed > REFRESH_INTERVAL:
             raise NeedsFetch  # an operator's reset-seq may be waiting in fleet_nodes
-    elif not fetched and record_rules.new_key_epoch(previous, public_key):
+    elif not moment.fetched and record_rules.new_key_epoch(previous, public_key):
         # A re-imaged node's first beat under its new key: the operator's reset-seq
         # that may come with it is in fleet_nodes only, and this beat uses it up.
         raise NeedsFetch
@@ -175,7 +210,7 @@ def accept(
     if verdict == "jump":
         raise Refused(
             "sequence_gap",
-            f"seq {heartbeat.seq} jumps more than {max_jump} above "
+            f"seq {heartbeat.seq} jumps more than {moment.max_jump} above "
             f"the last accepted {previous.last_seq}; refused (fleetctl reset-seq "
             "lets the node in)",
             refused="true",
@@ -184,7 +219,7 @@ def accept(
     # After the seq checks, so a late delivery stays one.
     left = alert_rules.deregistered_refusal(previous, heartbeat)
     if left is not None:
-        if not fetched:
+        if not moment.fetched:
             # Always read afresh (no REFRESH_INTERVAL): an operator may have re-admitted
             # the node a moment ago, and a deregistered node beats only a few times
             # (its agent exits on learning it).
@@ -195,9 +230,9 @@ def accept(
         previous,
         heartbeat,
         public_key,
-        now,
-        stream_seq,
-        stored,
+        moment.now,
+        stored.stream_seq,
+        stored.at,
         fingerprint,
         slim_heartbeat(heartbeat, previous),
     )
@@ -205,7 +240,8 @@ def accept(
     # The first heartbeat after a load may follow heartbeats accepted but not yet
     # checkpointed by the previous owner: no gap to report.
     gaps = not (state is not None and state.fresh) and (
-        heartbeat.seq <= previous.last_seq + 1 or read_in_time(caught_up, stored, heartbeat)
+        heartbeat.seq <= previous.last_seq + 1
+        or read_in_time(moment.caught_up, stored.at, heartbeat)
     )
     alerts = alert_rules.heartbeat_alerts(previous, after, heartbeat, gaps_are_news=gaps)
     hardware = alert_rules.hardware_alert(previous, heartbeat, fingerprint)
@@ -242,13 +278,14 @@ def spacing(heartbeat: Heartbeat) -> float:
 
 
 def marker(
-    record: NodeRecord | None, reason: str, marked_at: float, body: bytes, now: float
+    record: NodeRecord | None, reason: str, body: bytes, stored: Stored, moment: Moment
 ) -> Verdict | None:
-    """What a message with a TTL marker reason does: Forged if it cannot be the server's
-    marker for the node's ``record``; None if it changes nothing (no live record, or one
-    already stale or deregistered, or one whose node said goodbye: the TTL of its last
-    heartbeat ran out, as it does after a requested stop); else the record gone stale at
-    ``now``, with its ``stale`` alert, written at once."""
+    """What a message with a TTL marker reason does, as FLEET_HB ``stored`` it: Forged if
+    it cannot be the server's marker for the node's ``record``; None if it changes nothing
+    (no live record, or one already stale or deregistered, or one whose node said goodbye:
+    the TTL of its last heartbeat ran out, as it does after a requested stop); else the
+    record gone stale at ``moment.now``, with its ``stale`` alert, written at once."""
+    marked_at, now = stored.at, moment.now
     if not marker_is_real(record, marked_at, body):
         raise Forged
     if record is None or record.stale_since is not None or record.deregistered:
@@ -271,16 +308,16 @@ def marker(
     return Verdict(stale, [alert], True)
 
 
-def judged_before(record: NodeRecord, stream_seq: int, stored: float) -> bool:
-    """Whether the heartbeat FLEET_HB stored at ``stream_seq``, at ``stored``, was stored
-    no later than the last one accepted into ``record``: a redelivery, or a new owner
+def judged_before(record: NodeRecord, stored: Stored) -> bool:
+    """Whether the heartbeat FLEET_HB ``stored`` was stored no later than the last one
+    accepted into ``record``: a redelivery, or a new owner
     reading again from its partition's oldest checkpoint. It can change nothing, so it
     is dropped before its signature is checked (a cold start reads up to a checkpoint
     interval of heartbeats again). Both are compared, the sequence and the time: a
     FLEET_HB deleted and made again numbers from 1 again, and its heartbeats, stored
     later, are judged as ever instead of locking every node out."""
     last = record.last_stored
-    return last is not None and stream_seq <= record.last_stream_seq and stored <= last
+    return last is not None and stored.stream_seq <= record.last_stream_seq and stored.at <= last
 
 
 def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> bool:

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import nats_ttl
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
-from actors.fleet.aggregator.judge import NeedsFetch, Refused, judged_before
+from actors.fleet.aggregator.judge import NeedsFetch, Refused, Stored, judged_before
 from actors.fleet.storage.node_store import NodeStore
 from actors.runtime.consumer import Delivery, delivery
 from schemas import signing
@@ -80,7 +80,7 @@ class Signatures:
                 continue
             try:
                 read = delivery(msg)
-                if judged_before(state.record, read[0], read[1]):
+                if judged_before(state.record, Stored(stream_seq=read[0], at=read[1])):
                     continue
                 signing.verify_with(state.verifier, state.key, headers, msg.data)
             except Exception:
