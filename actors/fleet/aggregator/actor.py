@@ -16,7 +16,9 @@ reads top to bottom in :meth:`HeartbeatPath.judge`:
   heartbeat is;
 - :mod:`~actors.fleet.aggregator.verify`: keys and signatures, ahead of judging;
 - :mod:`~actors.fleet.aggregator.judge`: the verdict, pure (no I/O);
-- :mod:`~actors.fleet.aggregator.ledger`: the node table and the record writes;
+- :mod:`~actors.fleet.aggregator.ledger`: the node table, which takes verdicts in;
+  :mod:`~actors.fleet.aggregator.reads` and :mod:`~actors.fleet.aggregator.writes`:
+  its records read from and written to ``fleet_nodes``;
 - beside the path, :mod:`~actors.fleet.aggregator.sweeps` (stale, offline, refused, full) and
   :mod:`~actors.fleet.aggregator.registrar` (``fleet.register``).
 
@@ -47,10 +49,12 @@ from actors.fleet.aggregator.judge import (
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.partitions import Partitions
+from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.record_rules import AlertSpec
 from actors.fleet.aggregator.registrar import Registrar
 from actors.fleet.aggregator.sweeps import Sweeps
 from actors.fleet.aggregator.verify import Signatures
+from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -85,9 +89,11 @@ class AggregatorActor:
         self.metrics = metrics = metrics or AggregatorMetrics()
         self.alerts = AlertPublisher(bus, subjects, config.alert_window, config.alert_repeat)
         self.store = store = NodeStore(bus, subjects, metrics)
-        self.ledger = ledger = Ledger(config, bus, subjects, metrics, store)
-        self.ownership = Ownership(config, bus, subjects, metrics, ledger)
-        self.sweeps = Sweeps(config, ledger, self.ownership, store, self.alerts)
+        self.ledger = ledger = Ledger(config, metrics)
+        self.reads = reads = RecordReads(config, bus, subjects, metrics, ledger)
+        self.writes = writes = RecordWrites(bus, subjects, metrics, store, ledger)
+        self.ownership = Ownership(config, bus, subjects, metrics, ledger, reads, writes)
+        self.sweeps = Sweeps(config, ledger, reads, writes, self.ownership, store, self.alerts)
         self.registrar = Registrar(
             config, bus, subjects, metrics, store, ledger, self.ownership.owns
         )
@@ -98,12 +104,14 @@ class AggregatorActor:
             self.ownership,
             Signatures(store, ledger.nodes),
             ledger,
+            reads,
+            writes,
         )
         # What the HTTP API beside it, the tests and the benchmarks read and call.
         self.nodes = ledger.nodes
         self.stale = ledger.stale
         self.owns = self.ownership.owns
-        self.write = ledger.write
+        self.write = writes.write
         self.sweep = self.sweeps.sweep
 
     @property
@@ -146,11 +154,11 @@ class AggregatorActor:
             listening(self.bus, routes, ready, queue="aggregators"),
             asyncio.TaskGroup() as group,
         ):
-            group.create_task(self.store.follow_trust(self.ledger.on_trust_change))
+            group.create_task(self.store.follow_trust(self.reads.on_trust_change))
             group.create_task(self.ownership.run(group, self.handle_batch))
             group.create_task(self.sweeps.run())
-            group.create_task(self.ledger.checkpoint_forever())
-            group.create_task(self.ledger.reread_forever())
+            group.create_task(self.writes.checkpoint_forever())
+            group.create_task(self.reads.reread_forever())
             group.create_task(
                 command_queues.keep_forever(
                     self.bus,
@@ -174,7 +182,7 @@ class AggregatorActor:
 class HeartbeatPath:
     """A heartbeat's way through the parts, top to bottom: ``ownership`` says whose it
     is, ``verify`` checks its signature, :mod:`~actors.fleet.aggregator.judge` gives the verdict,
-    ``ledger`` takes it in; what is left is I/O (alerts, writes, fresh reads), returned
+    ``ledger`` takes it in; what is left is I/O (alerts, ``writes``, fresh ``reads``), returned
     as steps for the consume loop to run."""
 
     def __init__(
@@ -185,6 +193,8 @@ class HeartbeatPath:
         ownership: Ownership,
         verify: Signatures,
         ledger: Ledger,
+        reads: RecordReads,
+        writes: RecordWrites,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -192,6 +202,8 @@ class HeartbeatPath:
         self.ownership = ownership
         self.verify = verify
         self.ledger = ledger
+        self.reads = reads
+        self.writes = writes
         self._last_delivery: tuple[float, int, int] | None = None
 
     async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
@@ -302,7 +314,7 @@ class HeartbeatPath:
         """The slow path: read the node's trusted key and record afresh (an approval, a
         new key or an operator's ``reset-seq`` a moment ago), then judge again."""
         await self.verify.fetch(node)
-        if not await self.ledger.refresh(node):
+        if not await self.reads.refresh(node):
             return
         try:
             steps = self.judge(msg, fetched=True)
@@ -351,14 +363,14 @@ class HeartbeatPath:
             spec = AlertSpec(refusal.kind, refusal.message, refusal.details)
             steps.append(self._alert(cluster, node, spec))
         if noted:
-            steps.append(partial(self.ledger.write_quietly, node, "refusal not noted"))
+            steps.append(partial(self.writes.write_quietly, node, "refusal not noted"))
         return steps
 
     def _steps(self, cluster: str, node: str, verdict: Verdict) -> list[Step]:
         """A verdict's I/O: its alerts, then the record's write (a crash between the two
         raises the alerts again, with the same ids, which JetStream drops)."""
         steps = [self._alert(cluster, node, alert) for alert in verdict.alerts]
-        steps.append(partial(self.ledger.write, node))
+        steps.append(partial(self.writes.write, node))
         return steps
 
     def _alert(self, cluster: str, node: str, alert: AlertSpec) -> Step:

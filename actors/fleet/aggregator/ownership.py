@@ -26,6 +26,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from actors.fleet.aggregator.lease import holder_id
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.partitions import Partitions
+from actors.fleet.aggregator.reads import RecordReads
+from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.streams import heartbeat_partitions
@@ -51,7 +53,7 @@ Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
 
 class Ownership:
     """One aggregator's partitions of FLEET_HB and their consumers; ``ledger`` holds the
-    nodes of those partitions."""
+    nodes of those partitions (read in by ``reads``, written by ``writes``)."""
 
     def __init__(
         self,
@@ -60,12 +62,16 @@ class Ownership:
         subjects: Subjects,
         metrics: AggregatorMetrics,
         ledger: Ledger,
+        reads: RecordReads,
+        writes: RecordWrites,
     ) -> None:
         self.config = config
         self.bus = bus
         self.subjects = subjects
         self.metrics = metrics
         self.ledger = ledger
+        self.reads = reads
+        self.writes = writes
         self.partition_count = config.partitions
         """N of FLEET_HB (the stream's, once :meth:`prepare`\\ d)."""
         self.partitions: Partitions | None = None
@@ -247,11 +253,11 @@ class Ownership:
             await self.partitions.release(failed)
 
     async def load(self, partitions: set[int]) -> None:
-        """The records of ``partitions`` into the ledger (:meth:`Ledger.load`), each
+        """The records of ``partitions`` into the ledger (:meth:`RecordReads.load`), each
         partition's resume floor noted; what was taken in of a partition lost meanwhile
         goes again."""
         count = self.partition_count
-        loaded, floors = await self.ledger.load(partitions, count)
+        loaded, floors = await self.reads.load(partitions, count)
         for partition, floor in floors.items():
             self._resume_floor[partition] = min(floor, self._resume_floor.get(partition, floor))
         wanted = partitions
@@ -316,7 +322,7 @@ class Ownership:
         dropped = [node for node in nodes if partition_of(node, count) in partitions]
         self.ledger.drop(dropped)
         nodes.released += 1
-        await self.ledger.writes_done(dropped, self.config.lease_ttl / 4)
+        await self.writes.writes_done(dropped, self.config.lease_ttl / 4)
         log.info("partitions stopped", extra={"partitions": sorted(partitions)})
 
     async def _resume_point(self, partition: int) -> int:

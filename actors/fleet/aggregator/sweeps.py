@@ -6,8 +6,9 @@ stale (their refused messages keep the TTL marker from firing). Every
 ``full_sweep_interval``, the full sweep: every record, the silent nodes whose TTL marker
 never came marked stale, records registered elsewhere taken in, pending registrations
 expired and the pending ones counted. The rules run on the owner's in-memory records
-(:mod:`actors.fleet.aggregator.record_rules`); the changes are written through the ledger, with
-their alerts. Owns the sweep schedule; does not judge heartbeats.
+(:mod:`actors.fleet.aggregator.record_rules`); the changes are written
+(:mod:`~actors.fleet.aggregator.writes`), with their alerts. Owns the sweep schedule;
+does not judge heartbeats.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import nats.errors
 from actors.fleet import record_state
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
+from actors.fleet.aggregator.reads import RecordReads
+from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.storage.node_store import NodeStore
@@ -72,12 +75,16 @@ class Sweeps:
         self,
         config: AggregatorConfig,
         ledger: Ledger,
+        reads: RecordReads,
+        writes: RecordWrites,
         ownership: Ownership,
         store: NodeStore,
         alerts: AlertPublisher,
     ) -> None:
         self.config = config
         self.ledger = ledger
+        self.reads = reads
+        self.writes = writes
         self.ownership = ownership
         self.store = store
         self.alerts = alerts
@@ -125,7 +132,7 @@ class Sweeps:
 
         ledger = self.ledger
         if everything and self.ownership.working():
-            await ledger.take_in_new(self.ownership.owns)
+            await self.reads.take_in_new(self.ownership.owns)
         candidates = list(ledger.nodes) if everything else list(ledger.stale)
         expire_after = self.config.pending_expire_after
         pending: list[NodeRecord] = []
@@ -173,7 +180,7 @@ class Sweeps:
                     {"last_seq": str(after.last_seq)},
                 )
             if after is not None:
-                await ledger.write(node)
+                await self.writes.write(node)
         if everything:
             ledger.pending.recount(pending)
 
@@ -206,4 +213,4 @@ class Sweeps:
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
-            await ledger.write(node)
+            await self.writes.write(node)

@@ -143,7 +143,7 @@ class NodeStore:
         effects beyond its return value. An unreadable record returns (None, None, None)
         without calling ``change``: writing over it blindly could undo what a newer
         aggregator knows. (The partition owner's writes over a record it knows go out
-        without a read first: ``Ledger._write_known``.)"""
+        without a read first: ``RecordWrites._write_known``.)"""
         nodes = await self._nodes()
         for _ in range(CAS_ATTEMPTS):
             try:
