@@ -64,7 +64,7 @@ class ProviderActors:
             # /healthz asks the supervisor, made below, once serving; /nodes answers from
             # the aggregator's live records.
             self.http = FleetApiActor(
-                config, bus, metrics, lambda: self.supervisor.check(), self.aggregator.nodes
+                config, bus, metrics, lambda: self.supervisor.check(), self.aggregator.view
             )
             actors.append(self.http)
             if config.dashboard:
@@ -74,7 +74,7 @@ class ProviderActors:
                         raise ConfigError("allow_ui_commands needs ui_key_file (an operator key)")
                     key = signing.load_key_file(Path(config.ui_key_file))
                 dashboard = DashboardActor(
-                    config, bus, self.http, HeldNodes(self.aggregator.nodes), key
+                    config, bus, self.http, HeldNodes(self.aggregator.view), key
                 )
                 self.http.routes = dashboard.routes
                 actors.append(dashboard)
@@ -85,4 +85,4 @@ class ProviderActors:
 
     def held(self) -> list[NodeRecord]:
         """The records of the nodes the aggregator holds now."""
-        return [state.record for state in self.aggregator.nodes.values()]
+        return [record for _, record in self.aggregator.view.items()]

@@ -123,7 +123,7 @@ async def judge_rounds(url: str, counted: int, rounds: int, nodes: int) -> None:
         for sim in sims:
             body, headers = sim.beat(repr(time.time()).encode())
             sequence += 1
-            partition = partition_of(sim.node_id, aggregator.partition_count)
+            partition = partition_of(sim.node_id, aggregator.ownership.partition_count)
             subject = f"{subjects.prefix}.hb.{partition}.{options.cluster}.{sim.node_id}"
             reply = f"$JS.ACK.{stream}.i.1.{sequence}.{sequence}.{time.time_ns()}.0"
             frames.append(frame(1, subject, reply, body, headers))

@@ -37,7 +37,7 @@ async def test_a_forged_by_is_shown_as_the_nodes_claim(fleet: Fleet) -> None:
     aggregator = new_aggregator(fleet.bus, fleet.prefix)
     metrics = aggregator.metrics
     assert isinstance(metrics, AggregatorMetrics)
-    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.nodes)
+    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.view)
     await fleet.start_supervisor(aggregator, api)
     hold = Hold(reason_class="xid", reason="XID 79", action="cordon", command_id="c", since=1.0)
     bucket = await fleet.bus.js.create_key_value(policy_bucket(subjects))

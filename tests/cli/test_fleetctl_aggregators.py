@@ -23,11 +23,15 @@ async def test_aggregators_lists_every_partition_and_its_holder(
     supervisor = await fleet.start_aggregator(partitions=4)
     actor = supervisor.actors[0]
     assert isinstance(actor, AggregatorActor)
-    count = actor.partition_count
+    count = actor.ownership.partition_count
     assert count == TEST_LIMITS.partitions == 8  # the stream's N, not the differing setting
-    await wait_for(lambda: actor.partitions is not None and len(actor.partitions.held) == count)
-    assert actor.partitions is not None
-    holder = actor.partitions.holder
+    await wait_for(
+        lambda: (
+            actor.ownership.partitions is not None and len(actor.ownership.partitions.held) == count
+        )
+    )
+    assert actor.ownership.partitions is not None
+    holder = actor.ownership.partitions.holder
     where = ("--server", fleet.url, "--prefix", prefix)
     code, out, err = await fleetctl("aggregators", *where, "--json")
     assert (code, err) == (0, "")

@@ -82,7 +82,7 @@ async def test_every_view_says_maintenance(fleet: Fleet, tmp_path: Path) -> None
     aggregator = new_aggregator(fleet.bus, fleet.prefix, trust_operators=[operator.public_key])
     metrics = aggregator.metrics
     assert isinstance(metrics, AggregatorMetrics)
-    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.nodes)
+    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.view)
     await fleet.start_supervisor(aggregator, api, MaintenanceActor(aggregator.config, fleet.bus))
     await fleet.start_agent(fleet.config("n1", labels={"rack": "r12"}))
     await fleet.start_agent(fleet.config("n2", labels={"rack": "r13"}))

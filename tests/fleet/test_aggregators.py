@@ -62,8 +62,8 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
         body = codec.encode(heartbeat(seq=seq))
         return body, key.headers(body)
 
-    await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=20))
-    await aggregator.handle(delivered(bus, prefix, *beat(1), stream_seq=19))
+    await aggregator.path.handle(delivered(bus, prefix, *beat(2), stream_seq=20))
+    await aggregator.path.handle(delivered(bus, prefix, *beat(1), stream_seq=19))
     assert (await read_record(bus, subjects, "n1")).last_seq == 2
     await bus.flush()
     assert alerts.alerts == []
@@ -72,7 +72,7 @@ async def test_late_delivery_is_ignored_but_replay_is_refused(bus: NatsBus, pref
     )
     assert late == 1  # counted, so every message of the stream is accounted for
 
-    await aggregator.handle(delivered(bus, prefix, *beat(2), stream_seq=21))
+    await aggregator.path.handle(delivered(bus, prefix, *beat(2), stream_seq=21))
     await wait_for(lambda: alerts.of("replay"))
     assert (await read_record(bus, subjects, "n1")).last_stream_seq == 20
 
@@ -97,13 +97,15 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
     actors = []
     for supervisor in (first, second):
         actor = supervisor.actors[0]
-        assert isinstance(actor, AggregatorActor) and actor.partitions is not None
+        assert isinstance(actor, AggregatorActor) and actor.ownership.partitions is not None
         actors.append(actor)
     # The partitions split evenly; each node is in exactly one aggregator's memory.
-    assert sorted(len(actor.partitions.held) for actor in actors if actor.partitions) == [4, 4]
+    assert sorted(
+        len(actor.ownership.partitions.held) for actor in actors if actor.ownership.partitions
+    ) == [4, 4]
     for node in ("n2", "n3"):
-        assert [node in actor.nodes for actor in actors].count(True) == 1
-        assert [actor.owns(node) for actor in actors].count(True) == 1
+        assert [node in actor.ledger.nodes for actor in actors].count(True) == 1
+        assert [actor.ownership.owns(node) for actor in actors].count(True) == 1
 
 
 async def test_stale_node_goes_offline_then_recovers(
@@ -169,9 +171,9 @@ async def test_full_sweep_finds_nodes_another_aggregator_saw_go_stale(
     aggregator = new_aggregator(bus, prefix, offline_after=30)
     await aggregator.store.update("n1", lambda _: stale_long_ago)
 
-    await aggregator.sweep()
+    await aggregator.sweeps.sweep()
     assert (await read_record(bus, subjects, "n1")).state == "stale"
-    await aggregator.sweep(everything=True)
+    await aggregator.sweeps.sweep(everything=True)
     assert (await read_record(bus, subjects, "n1")).state == "offline"
     await wait_for(lambda: alerts.of("offline"))
-    assert aggregator.stale == set()
+    assert aggregator.ledger.stale == set()

@@ -190,7 +190,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
         windows = MaintenanceWindows(fleet.bus, Subjects(fleet.prefix))
 
         def held() -> list[NodeRecord]:
-            return [state.record for state in aggregator.nodes.values()]
+            return [record for _, record in aggregator.view.items()]
 
         await fleet.start_supervisor(
             aggregator,

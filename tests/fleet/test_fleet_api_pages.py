@@ -9,6 +9,7 @@ import aiohttp
 from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
+from actors.fleet.aggregator.view import View
 from actors.fleet.metrics import AggregatorMetrics
 from actors.runtime.bus import NatsBus
 from tests.support.fleet import Fleet, new_fleet_api
@@ -19,7 +20,7 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
     page); a live record of the aggregator beside the API wins over fleet_nodes."""
     live = NodeTable()
     api = new_fleet_api(bus, prefix, AggregatorMetrics())
-    api.live = live
+    api.live = View(live)
     for i in range(7):
         record = record_rules.pending_record(f"n{i}", "c1")
         live[record.node_id] = NodeState(record, time.monotonic())

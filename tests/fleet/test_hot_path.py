@@ -68,7 +68,7 @@ async def beat_until_checkpointed(
         await beat(bus, prefix, key, seq)
 
         def accepted(seq: int = seq) -> bool:
-            state = aggregator_of(owner).nodes.get("n1")
+            state = aggregator_of(owner).ledger.nodes.get("n1")
             return state is not None and state.record.last_seq == seq
 
         await wait_for(accepted)
@@ -100,11 +100,11 @@ async def test_steady_heartbeats_are_not_written_one_by_one(
         await beat(bus, prefix, key, seq)
 
         def accepted(seq: int = seq) -> bool:
-            return actor.nodes["n1"].record.last_seq == seq
+            return actor.ledger.nodes["n1"].record.last_seq == seq
 
         await wait_for(accepted)
     assert count(actor, "fleet_heartbeats_accepted_total") == 10
-    assert actor.nodes["n1"].dirty
+    assert actor.ledger.nodes["n1"].dirty
     assert count(actor, "fleet_record_writes_total") == 1
     assert await stored_seq(bus, prefix) == 1
 
@@ -148,12 +148,12 @@ async def test_new_owner_resumes_from_the_checkpoint_and_refuses_older_replays(
     await beat_until_checkpointed(bus, prefix, key, first, 5)
     await first.stop()
     second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
-    await wait_for(lambda: "n1" in second.nodes)  # the lease taken, the records loaded
-    assert second.nodes["n1"].record.last_seq == 5
+    await wait_for(lambda: "n1" in second.ledger.nodes)  # the lease taken, the records loaded
+    assert second.ledger.nodes["n1"].record.last_seq == 5
     await beat(bus, prefix, key, 3)  # captured earlier, published again
     await wait_for(lambda: alerts.of("replay"))
     await beat(bus, prefix, key, 8)
-    await wait_for(lambda: second.nodes["n1"].record.last_seq == 8)
+    await wait_for(lambda: second.ledger.nodes["n1"].record.last_seq == 8)
     await bus.flush()
     assert not alerts.of("sequence_gap")
     assert [alert.details.get("seq") for alert in alerts.of("replay")] == ["3"]
@@ -167,8 +167,8 @@ async def test_redelivered_heartbeat_is_not_a_replay(bus: NatsBus, prefix: str) 
     await approve(bus, Subjects(prefix), "n1", key.public_key)
     aggregator = new_aggregator(bus, prefix)
     body = codec.encode(heartbeat(seq=1))
-    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
-    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
+    await aggregator.path.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
+    await aggregator.path.handle(delivered(bus, prefix, body, key.headers(body), stream_seq=7))
     await bus.flush()
     assert alerts.of("replay") == []
     late = aggregator.metrics.registry.get_sample_value(
@@ -189,20 +189,20 @@ async def test_a_heartbeat_judged_before_is_dropped_before_its_signature_is_chec
     aggregator = new_aggregator(bus, prefix)
     stored = time.time_ns()
     body = codec.encode(heartbeat(seq=2))
-    await aggregator.handle(delivered(bus, prefix, body, key.headers(body), 7, stored))
+    await aggregator.path.handle(delivered(bus, prefix, body, key.headers(body), 7, stored))
     older = codec.encode(heartbeat(seq=1))
     broken = {**key.headers(older), signing.HEADER_SIG: key.headers(body)[signing.HEADER_SIG]}
     for stream_seq, stored_ns in ((7, stored), (6, stored - 10**9)):
-        await aggregator.handle(delivered(bus, prefix, older, broken, stream_seq, stored_ns))
+        await aggregator.path.handle(delivered(bus, prefix, older, broken, stream_seq, stored_ns))
     await bus.flush()
     assert alerts.of("bad_signature") == [] and alerts.of("replay") == []
     late = aggregator.metrics.registry.get_sample_value(
         "fleet_messages_dropped_total", {"reason": "late_delivery"}
     )
     assert late == 2
-    assert aggregator.nodes["n1"].record.last_seq == 2
+    assert aggregator.ledger.nodes["n1"].record.last_seq == 2
     # Stored later under a lower sequence: not judged before (see the next test).
-    await aggregator.handle(delivered(bus, prefix, older, broken, 6, stored + 10**9))
+    await aggregator.path.handle(delivered(bus, prefix, older, broken, 6, stored + 10**9))
     await wait_for(lambda: alerts.of("bad_signature"))
 
 
@@ -217,10 +217,10 @@ async def test_a_heartbeat_stream_made_again_does_not_lock_nodes_out(
     stored = time.time_ns()
     for seq, stream_seq, stored_ns in ((1, 500, stored), (2, 3, stored + 10**9)):
         body = codec.encode(heartbeat(seq=seq))
-        await aggregator.handle(
+        await aggregator.path.handle(
             delivered(bus, prefix, body, key.headers(body), stream_seq, stored_ns)
         )
-    record = aggregator.nodes["n1"].record
+    record = aggregator.ledger.nodes["n1"].record
     assert (record.last_seq, record.last_stream_seq) == (2, 3)
 
 
@@ -243,11 +243,11 @@ async def test_a_heartbeat_stream_deleted_by_an_operator_locks_no_node_out(
     finally:
         await operator.close()
     second = aggregator_of(await fleet.start_aggregator(checkpoint_interval=0.5))
-    await wait_for(lambda: "n1" in second.nodes)
-    assert second.nodes["n1"].record.last_stream_seq >= 1
+    await wait_for(lambda: "n1" in second.ledger.nodes)
+    assert second.ledger.nodes["n1"].record.last_stream_seq >= 1
     await beat(bus, prefix, key, 4)
-    await wait_for(lambda: second.nodes["n1"].record.last_seq == 4)
-    assert second.nodes["n1"].record.last_stream_seq in (1, 2)
+    await wait_for(lambda: second.ledger.nodes["n1"].record.last_seq == 4)
+    assert second.ledger.nodes["n1"].record.last_stream_seq in (1, 2)
 
 
 def test_checkpoint_keeps_an_operator_reset_not_yet_used() -> None:
@@ -359,7 +359,9 @@ async def test_stored_message_with_a_status_header_is_judged(
 
     await wait_for(lambda: refused() == 1)
     await beat(bus, prefix, key, 1)
-    await wait_for(lambda: "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == 1)
+    await wait_for(
+        lambda: "n1" in actor.ledger.nodes and actor.ledger.nodes["n1"].record.last_seq == 1
+    )
 
 
 async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful_way(
@@ -377,7 +379,9 @@ async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful
     for node, key in keys.items():
         body = codec.encode(heartbeat(node=node, seq=1, stale_after=60.0, interval=30.0))
         await publish(bus, prefix, body, key.headers(body), node=node)
-    await wait_for(lambda: all(actor.nodes.get(n) and actor.nodes[n].revision for n in nodes))
+    await wait_for(
+        lambda: all(actor.ledger.nodes.get(n) and actor.ledger.nodes[n].revision for n in nodes)
+    )
     await forget(bus, subjects, "n3", by="UOPERATOR", reason="retired")
     batches: list[list[str]] = []
     update_many = kv.update_many
@@ -389,7 +393,7 @@ async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful
         return await update_many(bus, bucket, writes, timeout)
 
     monkeypatch.setattr(kv, "update_many", counted)
-    await asyncio.gather(*(actor.write(node) for node in nodes))
+    await asyncio.gather(*(actor.writes.write(node) for node in nodes))
     assert batches == [nodes]
     forgotten = await read_record(bus, subjects, "n3")
     assert forgotten.deregistered and forgotten.deregistered_by == "UOPERATOR"
@@ -406,9 +410,9 @@ async def test_a_subject_is_checked_against_the_nodes_state_or_in_full(
     full."""
     actor = new_aggregator(bus, prefix)
     node = "n-split"
-    partition = partition_of(node, actor.partition_count)
+    partition = partition_of(node, actor.ownership.partition_count)
     good = f"{prefix}.hb.{partition}.c1.{node}"
-    other = (partition + 1) % actor.partition_count
+    other = (partition + 1) % actor.ownership.partition_count
     wrong = [
         f"{prefix}.hb.{other}.c1.{node}",
         f"x{prefix}.hb.{partition}.c1.{node}",
@@ -416,9 +420,9 @@ async def test_a_subject_is_checked_against_the_nodes_state_or_in_full(
         f"{prefix}.hb.c1.{node}",
     ]
     assert actor.ownership.split(good) == (partition, "c1", node)  # unknown: in full
-    actor.nodes[node] = NodeState(record_rules.pending_record(node, "c1"), 1.0)
+    actor.ledger.nodes[node] = NodeState(record_rules.pending_record(node, "c1"), 1.0)
     assert actor.ownership.split(good) == (partition, "c1", node)
-    assert actor.nodes[node].partition == partition
+    assert actor.ledger.nodes[node].partition == partition
     assert actor.ownership.split(good) == (partition, "c1", node)  # from the state
     for subject in wrong:
         with pytest.raises(InvalidToken):
@@ -440,13 +444,13 @@ async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
         await beat(bus, prefix, key, seq)
 
         def accepted(seq: int = seq) -> bool:
-            return "n1" in actor.nodes and actor.nodes["n1"].record.last_seq == seq
+            return "n1" in actor.ledger.nodes and actor.ledger.nodes["n1"].record.last_seq == seq
 
         await wait_for(accepted)
-    state = actor.nodes["n1"]
+    state = actor.ledger.nodes["n1"]
     assert state.dirty
     kept = state.record
-    await actor.write("n1")
+    await actor.writes.write("n1")
     stored = await read_record(bus, Subjects(prefix), "n1")
     assert stored.last_seq == 2 and not state.dirty
     assert state.record is kept
@@ -507,7 +511,7 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
 
         first = [message("n1", 1, 1, stored), message("n2", 1, 2, stored)]
         for msg in first:
-            await aggregator.handle(msg)
+            await aggregator.path.handle(msg)
         checked: list[bytes] = []
         verify_with = signing.verify_with
 
@@ -523,15 +527,15 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         chains = await aggregator.handle_batch([good, forged, again])
         assert [chain[0][0] for chain in chains] == [forged]  # its refusal's alert
         assert checked == [good.data, forged.data, forged.data]
-        assert aggregator.nodes["n1"].record.last_seq == 2
-        assert aggregator.nodes["n2"].record.last_seq == 1
+        assert aggregator.ledger.nodes["n1"].record.last_seq == 2
+        assert aggregator.ledger.nodes["n2"].record.last_seq == 1
         refused = aggregator.metrics.registry.get_sample_value(
             "fleet_heartbeats_refused_total", {"kind": "bad_signature"}
         )
         assert refused == 1
-        state = aggregator.nodes["n1"]
+        state = aggregator.ledger.nodes["n1"]
         assert state.body is not None
-        assert aggregator.nodes.bodies.unpack(state.body) == good.data
+        assert aggregator.ledger.nodes.bodies.unpack(state.body) == good.data
 
         # A check ahead under another key counts for nothing: judged, n1's forged beat
         # is checked under its own key, and refused.
@@ -544,7 +548,7 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
             "fleet_heartbeats_refused_total", {"kind": "bad_signature"}
         )
         assert refused == 2
-        assert aggregator.nodes["n1"].record.last_seq == 2
+        assert aggregator.ledger.nodes["n1"].record.last_seq == 2
 
         # A message that breaks a check ahead breaks no batch: the judge meets it again
         # and terminates it alone. (A reply subject no server sends: a heartbeat subject
@@ -554,7 +558,7 @@ async def test_a_fetchs_signatures_are_checked_ahead_once_each_and_only_for_thei
         fine = message("n2", 2, 7, stored + 3 * 10**9)
         chains = await aggregator.handle_batch([broken, fine])
         assert chains[0] == [(broken, broken.term)]
-        assert aggregator.nodes["n2"].record.last_seq == 2
+        assert aggregator.ledger.nodes["n2"].record.last_seq == 2
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)

@@ -53,7 +53,7 @@ def actor_of(supervisor: Supervisor) -> AggregatorActor:
 
 
 def held(actor: AggregatorActor) -> set[int]:
-    return set(actor.partitions.held) if actor.partitions is not None else set()
+    return set(actor.ownership.partitions.held) if actor.ownership.partitions is not None else set()
 
 
 def split(actors: list[AggregatorActor]) -> list[int]:
@@ -196,7 +196,7 @@ async def test_two_then_three_aggregators_split_evenly_and_an_added_one_rebalanc
         actors += third
         await wait_for(lambda: split(actors) == [2, 3, 3] and served(actors), timeout=4 * TTL)
         for node in NODES:  # each node owned by exactly one aggregator
-            assert [actor.owns(node) for actor in actors].count(True) == 1
+            assert [actor.ownership.owns(node) for actor in actors].count(True) == 1
         mark = dict(nodes.seq)
         await wait_for(
             lambda: all(records.records[n].last_seq > mark[n] for n in NODES), timeout=10
@@ -223,8 +223,8 @@ async def test_killed_aggregator_partitions_pass_on_and_stale_alerts_are_raised_
         victim = max(actors, key=lambda actor: len(held(actor)))
         # Stop nodes of the victim's partitions (their markers fire during the handover)
         # and others.
-        doomed = [n for n in NODES if victim.owns(n)][:2] + [
-            n for n in NODES if not victim.owns(n)
+        doomed = [n for n in NODES if victim.ownership.owns(n)][:2] + [
+            n for n in NODES if not victim.ownership.owns(n)
         ][:2]
         assert len(doomed) == 4
         nodes.stopped.update(doomed)
@@ -276,7 +276,7 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         await wait_for(lambda: split(actors) == [4, 4] and served(actors), timeout=6 * TTL)
         await wait_for(lambda: records.current(nodes))
         leaving, staying = actors
-        node = next(n for n in NODES if leaving.owns(n))
+        node = next(n for n in NODES if leaving.ownership.owns(n))
         captured = nodes.sent[node][-1]
         old_seq = nodes.seq[node]
         caplog.set_level(logging.WARNING, logger=lease.__name__)
@@ -298,7 +298,7 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         headers = {**signed, "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
         await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
         await wait_for(lambda: [a for a in alerts.of("replay") if a.node_id == node], timeout=10)
-        assert node in staying.nodes and staying.nodes[node].record.last_seq > old_seq
+        assert node in staying.ledger.nodes and staying.ledger.nodes[node].record.last_seq > old_seq
     assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
     assert records.records[node].last_seq > old_seq
 
@@ -325,7 +325,7 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
 
     monkeypatch.setattr(kv, "latest_pages", slow_pages)
     aggregator = new_aggregator(bus, prefix)
-    api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.nodes)
+    api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.view)
     during_load: list[str] = []
     after_load: list[str] = []
     real_follow = kv.follow
@@ -334,7 +334,7 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
         watched: KeyValue, kind: Any, on_change: Callable[[str, Any], None], **rest: Any
     ) -> None:
         def counted(node: str, value: Any) -> None:
-            (during_load if aggregator.nodes.loading else after_load).append(node)
+            (during_load if aggregator.ledger.nodes.loading else after_load).append(node)
             on_change(node, value)
 
         await real_follow(watched, kind, counted, **rest)
@@ -342,7 +342,7 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
     monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
     await fleet.start_supervisor(api, aggregator)
     await wait_for(lambda: set(api.current()) == set(nodes), timeout=10)
-    assert aggregator.nodes.everything
+    assert aggregator.ledger.nodes.everything
     await asyncio.sleep(3 * fleet_api.RESYNC_CHECK)
     assert during_load == [] and after_load == []
     stream = f"KV_{Subjects(prefix).bucket_name(BUCKET_NODES)}"
@@ -363,15 +363,15 @@ async def test_fleet_api_beside_an_aggregator_still_lists_the_nodes_of_a_partiti
     slow = {"checkpoint_interval": 120.0, "lease_ttl": 30.0}
     async with nodes.beating():
         aggregator = actor_of(await fleet.start_aggregator(await fleet.connect("agg"), **slow))
-        api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.nodes)
+        api = new_fleet_api(bus, prefix, aggregator.metrics, live=aggregator.view)
         await fleet.start_supervisor(api)
         await wait_for(lambda: split([aggregator]) == [N] and served([aggregator]))
-        await wait_for(lambda: set(aggregator.nodes) == set(NODES))
+        await wait_for(lambda: set(aggregator.ledger.nodes) == set(NODES))
         await wait_for(lambda: set(api.current()) == set(NODES))
         assert api.records.raw == {}  # every node answered from memory
         lost = partition_of(NODES[0], N)
-        assert aggregator.partitions is not None
-        await aggregator.partitions._drop({lost})
-        assert NODES[0] not in aggregator.nodes
+        assert aggregator.ownership.partitions is not None
+        await aggregator.ownership.partitions._drop({lost})
+        assert NODES[0] not in aggregator.ledger.nodes
         await wait_for(lambda: set(api.current()) == set(NODES), timeout=5)
         assert NODES[0] in api.records.raw

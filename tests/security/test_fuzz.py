@@ -491,8 +491,8 @@ async def scene(fleet: Fleet) -> AsyncIterator[tuple[Scene, Client]]:
     metrics = AggregatorMetrics()
     aggregator = new_aggregator(fleet.bus, fleet.prefix, metrics)
     config = msgspec.structs.replace(aggregator.config, http_port=0)
-    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
-    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes))
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.view)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.view))
     api.routes = dashboard.routes
     provider = await fleet.start_supervisor(aggregator, api, dashboard)
     results = await Results().start(fleet.bus, fleet.prefix)

@@ -147,7 +147,10 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
     held = [supervisor.actors[0] for supervisor in supervisors]
     await wait_for(
         lambda: all(
-            isinstance(a, AggregatorActor) and a.partitions and a.partitions.held for a in held
+            isinstance(a, AggregatorActor)
+            and a.ownership.partitions
+            and a.ownership.partitions.held
+            for a in held
         )
     )
     async with attacker(fleet.url) as nc:
@@ -412,8 +415,8 @@ async def test_a_nested_result_is_ignored_by_the_dashboard(fleet: Fleet) -> None
     config = msgspec.structs.replace(aggregator.config, http_port=0)
     metrics = aggregator.metrics
     assert isinstance(metrics, AggregatorMetrics)
-    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
-    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes))
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.view)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.view))
     api.routes = dashboard.routes
     supervisor = await fleet.start_supervisor(aggregator, api, dashboard)
     subjects = Subjects(fleet.prefix)

@@ -30,9 +30,9 @@ async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
     metrics = aggregator.metrics
     assert isinstance(metrics, AggregatorMetrics)
     config = msgspec.structs.replace(aggregator.config, http_port=0)
-    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.nodes)
+    api = FleetApiActor(config, fleet.bus, metrics, dict, aggregator.view)
     key = signing.KeyPair.generate() if settings.get("allow_ui_commands") else None
-    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.nodes), key)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.view), key)
     api.routes = dashboard.routes
     await fleet.start_supervisor(aggregator, api, dashboard)
     return f"http://127.0.0.1:{api.port}", key

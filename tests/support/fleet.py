@@ -17,13 +17,13 @@ import nats.errors
 from nats.aio.client import Client
 
 from actors.fleet.aggregator.actor import AggregatorActor
-from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.storage.registry import NotFound, approve, read_record
 from actors.fleet.storage.streams import StreamLimits
 from actors.fleet.views.api import FleetApiActor
+from actors.fleet.views.held import Held
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
@@ -88,11 +88,11 @@ def new_fleet_api(
     prefix: str,
     metrics: AggregatorMetrics,
     actor_status: StatusSource = dict,
-    live: NodeTable | None = None,
+    live: Held | None = None,
 ) -> FleetApiActor:
     """The fleet HTTP API on a free loopback port, built in one place like the aggregator;
-    its /healthz asks ``actor_status``; ``live``: the in-memory records of the aggregator
-    beside it."""
+    its /healthz asks ``actor_status``; ``live``: the nodes the aggregator beside it holds
+    (its ``view``)."""
     config = AggregatorConfig(prefix=prefix, http_port=0)
     return FleetApiActor(config, bus, metrics, actor_status, live)
 

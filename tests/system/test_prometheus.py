@@ -64,7 +64,7 @@ async def test_prometheus_fires_stale_for_a_sigkilled_agent(fleet: Fleet, tmp_pa
     aggregator = new_aggregator(fleet.bus, fleet.prefix)
     metrics = aggregator.metrics
     assert isinstance(metrics, AggregatorMetrics)
-    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.nodes)
+    api = new_fleet_api(fleet.bus, fleet.prefix, metrics, live=aggregator.view)
     await fleet.start_supervisor(aggregator, api)
     node = fleet.config("n1")
     key = signing.load_or_create_key_file(node.key_path)

@@ -48,12 +48,12 @@ from actors.fleet.aggregator.judge import (
 )
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
-from actors.fleet.aggregator.partitions import Partitions
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.record_rules import AlertSpec
 from actors.fleet.aggregator.registrar import Registrar
 from actors.fleet.aggregator.sweeps import Sweeps
 from actors.fleet.aggregator.verify import Signatures
+from actors.fleet.aggregator.view import View
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
@@ -107,20 +107,8 @@ class AggregatorActor:
             reads,
             writes,
         )
-        # What the HTTP API beside it, the tests and the benchmarks read and call.
-        self.nodes = ledger.nodes
-        self.stale = ledger.stale
-        self.owns = self.ownership.owns
-        self.write = writes.write
-        self.sweep = self.sweeps.sweep
-
-    @property
-    def partitions(self) -> Partitions | None:
-        return self.ownership.partitions
-
-    @property
-    def partition_count(self) -> int:
-        return self.ownership.partition_count
+        self.view = View(ledger.nodes)
+        """What the views in this process read of the nodes it holds."""
 
     def problem(self) -> str:
         return self.ownership.problem()
@@ -129,9 +117,6 @@ class AggregatorActor:
         """One fetch of FLEET_HB through :class:`HeartbeatPath` (what the consume loops
         call; a test may wrap it before the actor runs)."""
         return await self.path.handle_batch(messages)
-
-    async def handle(self, msg: Msg) -> None:
-        await self.path.handle(msg)
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:
@@ -174,8 +159,8 @@ class AggregatorActor:
         deregistered: those whose command consumer it keeps (see command_queues)."""
         return [
             (state.record.cluster, node)
-            for node, state in list(self.nodes.items())
-            if state.record.state not in command_queues.NOT_ADMITTED and self.owns(node)
+            for node, state in list(self.ledger.nodes.items())
+            if state.record.state not in command_queues.NOT_ADMITTED and self.ownership.owns(node)
         ]
 
 

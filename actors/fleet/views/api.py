@@ -24,7 +24,7 @@ import contextlib
 import logging
 import ssl
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Container, Iterator, MutableMapping
 from typing import get_args
 
 import msgspec
@@ -32,11 +32,11 @@ from aiohttp import web
 from nats.js.kv import KeyValue
 
 from actors.fleet import labels
-from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.labels import Selector
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.fleet.views import live
+from actors.fleet.views.held import Held
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from actors.runtime.http_access import Access, Hosts
@@ -92,7 +92,7 @@ class EncodedRecords(MutableMapping[str, NodeRecord]):
     def __len__(self) -> int:
         return len(self.raw)
 
-    def readable(self, skip: Mapping[str, object]) -> dict[str, NodeRecord]:
+    def readable(self, skip: Container[str]) -> dict[str, NodeRecord]:
         """Every record of a node not in ``skip``, decoded; an unreadable one left out
         (it was counted when it came)."""
         found: dict[str, NodeRecord] = {}
@@ -102,7 +102,7 @@ class EncodedRecords(MutableMapping[str, NodeRecord]):
                     found[node] = self[node]
         return found
 
-    def summaries(self, skip: Mapping[str, object]) -> list[RecordSummary]:
+    def summaries(self, skip: Container[str]) -> list[RecordSummary]:
         """:class:`RecordSummary` of every record of a node not in ``skip``."""
         found: list[RecordSummary] = []
         for node, value in self.raw.items():
@@ -151,7 +151,7 @@ class FleetApiActor:
         bus: Bus,
         metrics: AggregatorMetrics,
         actor_status: StatusSource,
-        live: NodeTable | None = None,
+        live: Held | None = None,
         routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.config = config
@@ -169,19 +169,19 @@ class FleetApiActor:
         self._missed = False
         """A record was left out while the aggregator was loading."""
         self.live = live
-        """The in-process aggregator's acceptance state (its ``nodes``), if there is one."""
+        """The nodes the aggregator in this process holds (its ``view``), if there is one."""
 
     def current(self) -> dict[str, NodeRecord]:
         """Every record: the live one where the aggregator beside this API owns the node
         (slim: :meth:`live_records` answers it whole), else the one in ``fleet_nodes``."""
-        live: Mapping[str, NodeState] = self.live or {}
-        merged = self.records.readable(live)
-        merged.update((node, state.record) for node, state in live.items())
+        held = self.live.items() if self.live is not None else []
+        merged = self.records.readable(self.live or ())
+        merged.update(held)
         return merged
 
     def record(self, node: str) -> NodeRecord | None:
-        state = self.live.get(node) if self.live else None
-        return self.live.whole(state) if self.live and state else self.records.get(node)
+        whole = self.live.whole(node) if self.live else None
+        return whole if whole is not None else self.records.get(node)
 
     async def _follow(self, bucket: KeyValue) -> None:
         """Mirror ``fleet_nodes`` into ``records``; a deleted or unreadable record drops
@@ -259,7 +259,7 @@ class FleetApiActor:
                 # Not even decoded: the aggregator's own write of a node it holds.
                 self.records.raw.pop(node, None)
                 self._skipped = True
-            elif getattr(self.live, "loading", False):
+            elif self.live is not None and self.live.loading:
                 # The aggregator is loading every record: the watch starts again once it
                 # is done (see _follow), for the records it did not take.
                 self.records.raw.pop(node, None)
@@ -333,9 +333,8 @@ class FleetApiActor:
         held: list[live.LiveRecord] = []
         others: list[NodeRecord] = []
         for record in records:
-            state = self.live.get(record.node_id) if self.live else None
-            if self.live is not None and state is not None:
-                whole = self.live.whole(state)
+            whole = self.live.whole(record.node_id) if self.live is not None else None
+            if whole is not None:
                 held.append(msgspec.structs.replace(live.as_live(whole), live=True))
             else:
                 others.append(record)
@@ -345,9 +344,8 @@ class FleetApiActor:
         return [shown[record.node_id] for record in records]
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        live: Mapping[str, NodeState] = self.live or {}
-        records: list[RecordSummary | NodeRecord] = [*self.records.summaries(live)]
-        held = [state.record for state in live.values()]
+        records: list[RecordSummary | NodeRecord] = [*self.records.summaries(self.live or ())]
+        held = [record for _, record in self.live.items()] if self.live is not None else []
         records += held
         counts = Tally(record.state for record in records)
         for state in STATES:

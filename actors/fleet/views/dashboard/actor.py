@@ -44,7 +44,6 @@ from typing import Protocol
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import leases
@@ -53,6 +52,7 @@ from actors.fleet.views import history as streams_history
 from actors.fleet.views.dashboard import render
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.table import Snapshot, query_of, tally
+from actors.fleet.views.held import Held
 from actors.runtime.bus import Bus, listening
 from actors.runtime.http_access import ACCESS, session_of
 from actors.runtime.login_links import LOGIN_PATH
@@ -107,18 +107,18 @@ class FleetView(Protocol):
 
 
 class HeldNodes:
-    """The nodes this aggregator holds (its table), and each one's latest accepted
-    heartbeat, decoded from the bytes the table keeps."""
+    """The nodes the aggregator in this process holds, and each one's latest accepted
+    heartbeat, decoded from the bytes it keeps."""
 
-    def __init__(self, table: NodeTable) -> None:
-        self.table = table
+    def __init__(self, held: Held) -> None:
+        self.held = held
 
     def nodes(self) -> list[str]:
-        return list(self.table)
+        return [node for node, _ in self.held.items()]
 
     def heartbeat(self, node: str) -> Heartbeat | None:
-        state = self.table.get(node)
-        return None if state is None else self.table.whole(state).heartbeat
+        whole = self.held.whole(node)
+        return None if whole is None else whole.heartbeat
 
 
 def event(name: str, data: str) -> bytes:
