@@ -10,15 +10,18 @@ General layout
               bounded memories, systemd notifications, serving aiohttp (bounded), and an
               embedded nats-server.
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
-              ``config.py`` and ``metrics.py`` are the node's, ``xid.py`` is the XID table the
-              inventory counts with and health judges by.
-``fleet/``    the provider side: the aggregator (its parts: ownership, verify, judge,
-              ledger, sweeps, registrar) and its record rules, node store, alerts and
-              stream provisioning; the fleet HTTP API; trust and registry operations; reading
-              a node's history from the streams; rendering nats-server users and permissions
-              (``nats_config``); the aggregator's config and metrics.
-``cli/``      the command lines: ``node-agent`` and ``fleetctl`` (``up``, ``simulate``,
-              signed commands, views), and what both share.
+              ``config.py`` and ``metrics.py`` are the node's, ``gpu/`` is what the node knows
+              of GPUs (health thresholds, the XID table, capacity), ``results.py`` publishes
+              its signed answers to commands.
+``fleet/``    the provider side, in wings (``fleet/__init__.py`` maps them): ``process.py``
+              puts the fleet process together; ``aggregator/`` judges heartbeats;
+              ``alerts/`` publishes and forwards alerts; ``views/`` is the read side (the
+              HTTP API, live reads, history, the dashboard); ``operator/`` answers
+              operators; ``storage/`` provisions and reads the streams and buckets;
+              ``placement/`` and ``remediation/`` act on the fleet.
+``cli/``      the command lines: ``node_agent.py`` and ``fleetctl/`` (one module per group of
+              subcommands), fleetctl's renderings (``render/``) and simulator
+              (``simulate/``), and what both share.
 
 Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
 never import each other, and no actor imports another: they share only ``schemas``, the
@@ -36,7 +39,7 @@ actor acts only on an event its own process published (or a trusted operator's s
 sign anywhere (``node/events.py``). Readers outside the process take events, like the
 heartbeat, as the node's signed claims.
 
-Node (``actors/node``):
+Node (``actors/node``; ``node/agent.py`` starts them):
 
 - ``inventory/``  listens to ``evt.<node>.inject``; publishes ``Sample`` on ``evt.<node>.sample``.
 - ``health/``     listens to ``evt.<node>.{sample,engine,latency}``; publishes ``Health`` on
@@ -64,18 +67,35 @@ Node (``actors/node``):
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL; stored
                   as ``fleet.hb.<P>.<cluster>.<node>``, P the node's partition).
 - ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
-- ``gateway``     listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
+- ``gateway/``    listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
                   ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
 - ``standing``    reads its own record in KV ``fleet_nodes`` (one filtered direct get); says on
                   ``/status`` and in the log when the aggregators refuse its heartbeats.
 
-Fleet (``actors/fleet``):
+Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first):
 
-- ``aggregator``  consumes the partitions of ``FLEET_HB`` whose leases it holds
+- ``aggregator/``  consumes the partitions of ``FLEET_HB`` whose leases it holds
                   (``fleet.hb.<P>.*.*``, one durable each, KV ``fleet_leases``), answers
                   ``fleet.register``, follows KV ``fleet_trust``; writes KV ``fleet_nodes`` and
                   publishes ``Alert`` on ``fleet.alert.<kind>.<cluster>.<node>`` (``FLEET_ALERTS``).
-- ``fleet_api``   follows KV ``fleet_nodes``; serves ``/nodes``, ``/nodes/<id>``, ``/metrics``.
-- ``forget_service`` answers ``fleet.forget`` (an operator's signed ``Forget``): verified
+- ``operator/forget`` answers ``fleet.forget`` (an operator's signed ``Forget``): verified
                   against ``trust_operators``, then the node is forgotten in KV.
+- ``operator/maintenance`` answers ``fleet.maintenance`` (an operator's signed window),
+                  verified as ``forget``; writes KV ``fleet_maintenance``.
+- ``remediation/`` (with a policy file) reads KV ``fleet_nodes`` and ``fleet_policy``; writes
+                  ``fleet_policy``, publishes signed ``Command`` on ``fleet.cmd.<cluster>.<node>``
+                  and ``Alert`` (remediation, breaker_tripped, needs_attention).
+- ``placement/``  (with ``workloads_key_file``) reads KV ``fleet_nodes`` and
+                  ``fleet_workloads``; writes ``fleet_workloads``, publishes signed deploy and
+                  stop ``Command``.
+- ``views/api``   follows KV ``fleet_nodes`` (and reads the aggregator's held nodes); serves
+                  ``/nodes``, ``/nodes/<id>``, ``/metrics``, ``/healthz``.
+- ``views/dashboard/`` serves ``/`` on the API's port: reads ``FLEET_ALERTS``, ``FLEET_EVENTS``,
+                  KV ``fleet_leases`` and ``fleet_maintenance``; publishes only the signed
+                  ``Command`` an operator confirms.
+- ``alerts/alertmanager`` (with ``alertmanager_urls``) consumes ``FLEET_ALERTS`` (one durable)
+                  and reads KV ``fleet_maintenance``; posts to Alertmanager, publishes nothing.
+
+tests/system/test_actor_map.py checks both lists against the actors the two processes
+start.
 """

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -43,18 +45,25 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_contracts_are_kept() -> None:
-    """The rooms import one way, actors never import each other, the aggregator's parts
-    import only those below them and its judge is pure (pyproject contracts)."""
+    """The rooms import one way, actors never import each other, the fleet's wings and the
+    aggregator's parts import only those below them, its judge is pure, the views never
+    import the aggregator and the node's GPU knowledge imports no node module (pyproject
+    contracts)."""
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    assert "8 kept, 0 broken" in result.stdout
+
+
+def copy_of_the_code(root: Path) -> None:
+    """The packages and the contracts, copied under ``root`` to be broken there."""
+    for package in ("actors", "schemas"):
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
 
 
 def test_import_contracts_catch_a_forbidden_import(tmp_path: Path) -> None:
     """A node module importing the fleet side breaks the layers contract."""
-    for package in ("actors", "schemas"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_of_the_code(tmp_path)
     latency = tmp_path / "actors" / "node" / "latency.py"
     injected = "\nfrom actors.fleet.storage import registry  # noqa\n"
     latency.write_text(latency.read_text() + injected)
@@ -66,9 +75,7 @@ def test_import_contracts_catch_a_forbidden_import(tmp_path: Path) -> None:
 def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_path: Path) -> None:
     """The judge importing the bus breaks the purity contract; the ledger importing
     ownership (a part above it) breaks the parts' layers."""
-    for package in ("actors", "schemas"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_of_the_code(tmp_path)
     for module, imported in (
         ("judge", "actors.runtime.bus"),
         ("ledger", "actors.fleet.aggregator.ownership"),
@@ -83,7 +90,67 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
     )
     assert "actors.fleet.aggregator.judge -> actors.runtime.bus" in result.stdout
     assert "actors.fleet.aggregator.ledger -> actors.fleet.aggregator.ownership" in result.stdout
-    assert "3 kept, 2 broken" in result.stdout
+    assert "6 kept, 2 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract", "chain"),
+    [
+        (
+            "fleet/storage/registry.py",
+            "import actors.fleet.aggregator.hot_state",
+            "The fleet's wings import only the wings below them; every module of the fleet is "
+            "in one",
+            "actors.fleet.storage.registry -> actors.fleet.aggregator.hot_state",
+        ),
+        (
+            "fleet/views/live.py",
+            "import actors.fleet.aggregator.hot_state",
+            "The views never import the aggregator: they read what it holds through views.held",
+            "actors.fleet.views.live -> actors.fleet.aggregator.hot_state",
+        ),
+        (
+            "node/gpu/xid.py",
+            "import actors.node.config",
+            "The node's GPU knowledge is shared, not owned: gpu/ imports no other node module",
+            "actors.node.gpu.xid -> actors.node.config",
+        ),
+        (
+            "fleet/aggregator/reads.py",
+            "import actors.fleet.aggregator.writes",
+            "The aggregator's parts import only the parts below them (actor.py wires them; none "
+            "calls back up)",
+            "actors.fleet.aggregator.reads -> actors.fleet.aggregator.writes",
+        ),
+    ],
+)
+def test_fleet_and_node_contracts_catch_an_import_against_them(
+    tmp_path: Path, module: str, line: str, contract: str, chain: str
+) -> None:
+    """A wing importing one above it, a view importing the aggregator, the GPU knowledge
+    importing the node's config and one of the aggregator's parts importing its sibling
+    each break their contract, which names the import."""
+    copy_of_the_code(tmp_path)
+    path = tmp_path / "actors" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    # Compared without whitespace: lint-imports wraps long contract names anywhere.
+    assert "".join(f"{contract} BROKEN".split()) in "".join(result.stdout.split())
+    assert chain in result.stdout
+
+
+def test_a_fleet_module_outside_every_wing_breaks_the_wings_contract(tmp_path: Path) -> None:
+    """The fleet's wings are exhaustive: a new module at the fleet's top (or the
+    aggregator's) that no layer names is reported, so its place is chosen, not drifted
+    into."""
+    copy_of_the_code(tmp_path)
+    for place in ("fleet", "fleet/aggregator"):
+        (tmp_path / "actors" / place / "stray.py").write_text('"""A module in no layer."""\n')
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert "actors.fleet.stray" in text and "actors.fleet.aggregator.stray" in text
 
 
 RESERVED_LOG_KEYS = frozenset(logging.LogRecord("n", 0, "p", 0, "m", None, None).__dict__) | {
