@@ -52,6 +52,12 @@ def summary(text: str) -> str:
     return _SENTENCE_END.split(text, maxsplit=1)[0].rstrip(".;") + "."
 
 
+@functools.cache
+def _fields_by_name(config_type: type[msgspec.Struct]) -> Mapping[str, msgspec.structs.FieldInfo]:
+    """``config_type``'s fields by name, read once per type (a parser asks for each)."""
+    return {field.name: field for field in msgspec.structs.fields(config_type)}
+
+
 def default_text(config_type: type[msgspec.Struct], name: str) -> str:
     """The default of setting ``name`` as a person writes it: ``10s``, ``none``, ``off``,
     ``3 x heartbeat_interval``; a default computed at start (the hostname) in the
@@ -60,7 +66,7 @@ def default_text(config_type: type[msgspec.Struct], name: str) -> str:
     if name in derived:
         source, factor = derived[name]
         return f"{factor:g} x {source}"
-    [field] = [f for f in msgspec.structs.fields(config_type) if f.name == name]
+    field = _fields_by_name(config_type)[name]
     if field.default_factory is not msgspec.NODEFAULT:
         factory: Any = field.default_factory
         value = factory()
