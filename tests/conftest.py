@@ -3,10 +3,13 @@ a ``fleet`` whose factories start agents, aggregators and servers that the fixtu
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -17,6 +20,34 @@ from schemas.subjects import Subjects
 from tests.support.fleet import TEST_LIMITS, Fleet
 
 _prefixes = itertools.count(1)
+
+SERVER_FIXTURES = frozenset({"nats_server", "auth", "tls_auth", "attacker"})
+"""Fixtures that start a nats-server (tests/security's under the shipped accounts)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by what it starts, from its fixtures (through other fixtures too)
+    and its module, never by hand: ``server`` if it uses a fixture that starts a
+    nats-server or its module starts one itself (it holds ``NatsServer``); ``browser`` if
+    it drives a browser; ``programs`` if its module runs programs as processes (its code
+    names ``subprocess``: the CLIs, ruff, mypy, Slurm's tools...). The tests with none of
+    the three are the quick loop's (``python -m tests.quick``)."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        if fixtures & SERVER_FIXTURES or hasattr(module, "NatsServer"):
+            item.add_marker("server")
+        if "browser" in fixtures:
+            item.add_marker("browser")
+        if module is not None and runs_programs(module):
+            item.add_marker("programs")
+
+
+@functools.cache
+def runs_programs(module: ModuleType) -> bool:
+    """Whether a test module starts processes (``subprocess``, or asyncio's
+    ``create_subprocess_exec``)."""
+    return "subprocess" in inspect.getsource(module)
 
 
 @pytest.fixture(scope="module")
