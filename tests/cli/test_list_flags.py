@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "workload_env": ("vllm=VLLM_USE_DEEP_GEMM", "process=OMP_NUM_THREADS"),
     "workload_images": ("registry.example/vllm", "registry.example/sglang:v1"),
     "alertmanager_urls": ("http://am-1:9093", "http://am-2:9093"),
+    "http_public_names": ("fleet.example.com", "dash.example.com"),
     "workloads_operators": ("UC" + "C" * 54, "UD" + "D" * 54),
     "xid_thresholds": ("13=5/600", "79=1/60"),
 }
