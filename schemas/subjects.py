@@ -76,7 +76,7 @@ def is_token(value: str) -> bool:
 def partition_of(node: str, partitions: int) -> int:
     """The partition of FLEET_HB a node's heartbeats are stored in: what nats-server's
     ``{{partition(N, 2)}}`` subject transform computes from the node id token, FNV-1a
-    32-bit over the token's bytes, modulo N (``tests/schemas/test_partition_hash.py``
+    32-bit over the token's bytes, modulo N (``tests/fleet/test_partitions.py``
     checks it against a real server). Written once here, so a record key alone says which
     aggregator owns the node."""
     digest = _FNV_OFFSET

@@ -1,1 +1,29 @@
-"""The provider side: the aggregator, its record rules and stores, alerts, the fleet HTTP API."""
+"""The provider side, in wings; each wing imports only those below it (pyproject's
+import contracts), and every module is in one.
+
+``process.py``       the fleet process put together: the actors ``fleetctl aggregator``
+                     and ``fleetctl up`` start, the aggregator first.
+``views/``           the read side: the HTTP API (``api``), live reads of each node's
+                     latest accepted heartbeat (``live``), a node's history from the
+                     streams (``history``), the dashboard; what they read of the
+                     aggregator beside them is ``held.Held``, never the aggregator itself.
+``placement/``       placed workloads: choosing nodes, their records, the reconciler.
+``remediation/``     the remediation policy: decisions, the breaker, hooks.
+``aggregator/``      the heartbeat path: where a heartbeat is judged (``judge``, pure),
+                     from a partition of FLEET_HB (``ownership``, ``partitions``,
+                     ``lease``) through ``verify`` to the node table (``ledger``, with
+                     ``reads`` and ``writes``), the sweeps and ``fleet.register``.
+``operator/``        what answers operators: the check of a signed request
+                     (``requests``), ``forget``, ``maintenance``, enrollment tokens
+                     (``enroll``) and a signed command to a node (``commands``).
+``alerts/``          where alerts are raised (``publisher``: deterministic ids, rate
+                     limits) and forwarded (``alertmanager``).
+``storage/``         what the fleet keeps: streams and buckets provisioned (``streams``),
+                     node records (``node_store``), trust and its operations
+                     (``registry``), leases as readers see them (``leases``), maintenance
+                     windows (``windows``), the policy's holds (``policy_holds``), the
+                     servers' users and permissions (``nats_config``).
+shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
+                     (selectors), ``identity`` (enrolled identity against claims),
+                     ``record_state`` (what a record's state is).
+"""

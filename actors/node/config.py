@@ -98,7 +98,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     key_file: str = ""
     """Node nkey seed; empty means ``<state_dir>/node.nk``."""
     nkey_auth: bool = False
-    """Authenticate to NATS with the node key (servers configured as in deploy/nats/auth)."""
+    """Authenticate to NATS with the node key (servers configured as in deploy/nats/auth.conf)."""
     prefix: str = "fleet"
     """Subject prefix of the fleet (``fleet.hb.*``, ``fleet.cmd.*``): one NATS can host several
     fleets."""

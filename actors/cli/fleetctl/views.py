@@ -87,7 +87,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 records = records[: args.limit]
             rows = args.all or args.limit is not None
             if not summarised(records, output, rows):
-                # Heartbeat parts as of each node's latest accepted heartbeat (issue 33).
+                # Heartbeat parts as of each node's latest accepted heartbeat.
                 records = list(await live.overlay(bus, subjects, records))
             key = [tables.change_key(r) for r in records]
             if key != shown:

@@ -126,7 +126,7 @@ def health_alert(before: str, updated: NodeRecord, health: Health | None) -> Ale
     return AlertSpec("health", message, details, HEALTH_SEVERITY.get(after, "warning"))
 
 
-# Lifecycle rules (issue 9): terminal deregistration, key epochs, refused nodes, hardware.
+# Lifecycle rules: terminal deregistration, key epochs, refused nodes, hardware.
 
 
 def deregistered_refusal(record: NodeRecord, heartbeat: Heartbeat) -> AlertSpec | None:

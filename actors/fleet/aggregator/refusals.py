@@ -1,4 +1,4 @@
-"""What an aggregator remembers about nodes whose heartbeats it refuses (issue 9).
+"""What an aggregator remembers about nodes whose heartbeats it refuses.
 
 A node whose heartbeats are all refused still puts messages on its subject, each replacing
 the last, so the server's TTL marker never fires and the record would stay ``active``

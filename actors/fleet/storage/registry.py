@@ -200,7 +200,7 @@ async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
     return current
 
 
-# Lifecycle (issue 9): forgetting a node and admitting it again.
+# Lifecycle: forgetting a node and admitting it again.
 
 
 async def _change_record(
