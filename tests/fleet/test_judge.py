@@ -14,15 +14,7 @@ import pytest
 from actors.fleet import record_state
 from actors.fleet.aggregator import judge, record_rules
 from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
-from actors.fleet.aggregator.judge import (
-    Forged,
-    LateDelivery,
-    Moment,
-    NeedsFetch,
-    Refused,
-    Stored,
-    Verdict,
-)
+from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
@@ -73,9 +65,9 @@ def moment(
     monotonic: float = 100.0,
     fetched: bool = False,
     caught_up: Spans | None = None,
-) -> Moment:
+) -> judge.Moment:
     """The owner's moment: its clocks at ``now`` (and ``monotonic``), skew bound ``skew``."""
-    return Moment(
+    return judge.Moment(
         now=now,
         monotonic=monotonic,
         max_skew=skew,
@@ -98,7 +90,7 @@ def verdict(
         state,
         hb,
         KEY,
-        Stored(stream_seq=stream_seq, at=stored),
+        judge.Stored(stream_seq=stream_seq, at=stored),
         moment(NOW, monotonic=monotonic, fetched=fetched, caught_up=caught_up),
     )
 
@@ -216,7 +208,7 @@ def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None
     record = state_after(2).record
     stale_after = beat(2).stale_after
     at = 990.0 + stale_after
-    result = judge.marker(record, "MaxAge", b"", Stored(stream_seq=11, at=at), moment(NOW))
+    result = judge.marker(record, "MaxAge", b"", judge.Stored(stream_seq=11, at=at), moment(NOW))
     assert result is not None and result.write
     assert result.record.stale_since == NOW and result.record.state == "stale"
     (alert,) = result.alerts
@@ -224,8 +216,10 @@ def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None
     assert alert.details == {"event": "q2", "last_seq": "2", "marked_at": f"{at:.3f}"}
     for body, marked in ((b"x", at), (b"", 990.0)):
         with pytest.raises(Forged):
-            judge.marker(record, "MaxAge", body, Stored(stream_seq=11, at=marked), moment(NOW))
-    again = Stored(stream_seq=12, at=at)
+            judge.marker(
+                record, "MaxAge", body, judge.Stored(stream_seq=11, at=marked), moment(NOW)
+            )
+    again = judge.Stored(stream_seq=12, at=at)
     assert judge.marker(result.record, "MaxAge", b"", again, moment(NOW)) is None
 
 
@@ -233,9 +227,9 @@ def test_judged_before_needs_both_the_sequence_and_the_time() -> None:
     """A heartbeat at or before the last accepted stream seq and stored no later was
     judged before; a stream made again (seqs from 1, stored later) was not."""
     record = msgspec.structs.replace(state_after(1).record, last_stream_seq=10, last_stored=990.0)
-    assert judge.judged_before(record, Stored(stream_seq=10, at=990.0))
-    assert not judge.judged_before(record, Stored(stream_seq=11, at=995.0))
-    assert not judge.judged_before(record, Stored(stream_seq=3, at=995.0))
+    assert judge.judged_before(record, judge.Stored(stream_seq=10, at=990.0))
+    assert not judge.judged_before(record, judge.Stored(stream_seq=11, at=995.0))
+    assert not judge.judged_before(record, judge.Stored(stream_seq=3, at=995.0))
 
 
 def _nested_at(stack: int, call: Callable[[], T]) -> T:

@@ -90,8 +90,8 @@ class AggregatorActor:
         self.alerts = AlertPublisher(bus, subjects, config.alert_window, config.alert_repeat)
         self.store = store = NodeStore(bus, subjects, metrics)
         self.ledger = ledger = Ledger(config, metrics)
-        self.reads = reads = RecordReads(config, bus, subjects, metrics, ledger)
-        self.writes = writes = RecordWrites(bus, subjects, metrics, store, ledger)
+        self.reads = reads = RecordReads(ledger, bus, subjects)
+        self.writes = writes = RecordWrites(ledger, bus, subjects, store)
         self.ownership = Ownership(config, bus, subjects, metrics, ledger, reads, writes)
         self.sweeps = Sweeps(config, ledger, reads, writes, self.ownership, store, self.alerts)
         self.registrar = Registrar(

@@ -18,8 +18,6 @@ import nats.errors
 from actors.fleet.aggregator import hot_state
 from actors.fleet.aggregator.hot_state import NodeState, slim, spread_written
 from actors.fleet.aggregator.ledger import Ledger
-from actors.fleet.config import AggregatorConfig
-from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.streams import MAX_NODES
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -37,22 +35,15 @@ SETTLED = ("stale", "offline", "deregistered", "pending", "stopped")
 
 
 class RecordReads:
-    """Reads of ``fleet_nodes`` into ``ledger``'s table."""
+    """Reads of ``fleet_nodes`` into ``ledger``'s table (an unreadable record counted in
+    the ledger's metrics)."""
 
-    def __init__(
-        self,
-        config: AggregatorConfig,
-        bus: Bus,
-        subjects: Subjects,
-        metrics: AggregatorMetrics,
-        ledger: Ledger,
-    ) -> None:
-        self.config = config
-        self.bus = bus
-        self.metrics = metrics
-        self.bucket = subjects.bucket_name(BUCKET_NODES)
+    def __init__(self, ledger: Ledger, bus: Bus, subjects: Subjects) -> None:
         self.ledger = ledger
         self.nodes = ledger.nodes
+        self.metrics = ledger.metrics
+        self.bus = bus
+        self.bucket = subjects.bucket_name(BUCKET_NODES)
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
@@ -65,7 +56,7 @@ class RecordReads:
         checkpoints spread. Returns the records loaded and each partition's resume floor:
         the oldest stream seq its live records' checkpoints need."""
         now = time.monotonic()
-        interval = self.config.checkpoint_interval
+        interval = self.ledger.checkpoints.interval
         loaded = 0
         floors: dict[int, int] = {}
         self.nodes.loading = True

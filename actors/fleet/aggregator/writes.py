@@ -15,7 +15,6 @@ import nats.errors
 from actors.fleet.aggregator import hot_state
 from actors.fleet.aggregator.hot_state import NodeState, slim
 from actors.fleet.aggregator.ledger import Ledger
-from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.node_store import NodeStore
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -37,22 +36,15 @@ Write = tuple[str, bytes, int, asyncio.Future[int | None]]
 
 class RecordWrites:
     """``ledger``'s records written to ``fleet_nodes`` (through ``store`` and batched KV
-    updates)."""
+    updates; each write counted in the ledger's metrics)."""
 
-    def __init__(
-        self,
-        bus: Bus,
-        subjects: Subjects,
-        metrics: AggregatorMetrics,
-        store: NodeStore,
-        ledger: Ledger,
-    ) -> None:
-        self.bus = bus
-        self.metrics = metrics
-        self.store = store
-        self.bucket = subjects.bucket_name(BUCKET_NODES)
+    def __init__(self, ledger: Ledger, bus: Bus, subjects: Subjects, store: NodeStore) -> None:
         self.nodes = ledger.nodes
         self.checkpoints = ledger.checkpoints
+        self.metrics = ledger.metrics
+        self.bus = bus
+        self.bucket = subjects.bucket_name(BUCKET_NODES)
+        self.store = store
         self._writing: dict[str, asyncio.Future[None]] = {}
         """Record writes in flight, by node: a lost partition waits for its nodes' ones."""
         self._batch: list[Write] = []
