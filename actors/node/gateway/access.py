@@ -13,6 +13,14 @@ prefix). The file is read again whenever it changes, so a key is added, rotated 
 without a restart.
 Each client (its key's name, else its certificate's subject) gets a token bucket of
 ``gateway_rate_limit`` requests a second, ``gateway_rate_burst`` at once; beyond, 429.
+
+Web pages are kept out (:meth:`Access.browser_guard`, on every gateway): a page the node's
+user opens may send requests to 127.0.0.1, and a DNS-rebinding page may even read the
+answers as its own site's. So a request a browser marks as another site's
+(``Sec-Fetch-Site: cross-site``, or an ``Origin`` other than the request's own host) is
+403, and on loopback a ``Host`` other than the bound address, the address the connection
+arrived on or ``localhost`` is 421. Programs (OpenAI's clients, curl) send neither header
+and are not affected.
 """
 
 from __future__ import annotations
@@ -27,12 +35,14 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from actors.node.config import AgentConfig
 from actors.runtime.config import ConfigError
+from actors.runtime.http_access import Hosts, host_name
 from actors.runtime.http_login import is_loopback
 from actors.runtime.tls import server_context
 
@@ -254,6 +264,40 @@ class Access:
                 )
             who = "key:" + name
         return who
+
+    def browser_guard(self) -> Middleware:
+        """Refuses what a web page sends (module docstring): 421 for a foreign ``Host`` on
+        loopback, 403 for another site's request."""
+        loopback = is_loopback(self.config.gateway_host)
+        hosts = Hosts(self.config.gateway_host, ())
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+            host = request.headers.get(hdrs.HOST, "")
+            transport = request.transport
+            local = transport.get_extra_info("sockname") if transport is not None else None
+            arrived_on = str(local[0]) if isinstance(local, tuple) and local else None
+            if loopback and not hosts.allows(host, arrived_on):
+                return Refusal(
+                    421,
+                    "the gateway on loopback answers only to its own address or localhost",
+                    "invalid_request_error",
+                    "misdirected_request",
+                ).response()
+            origin = request.headers.get(hdrs.ORIGIN)
+            cross_site = request.headers.get("Sec-Fetch-Site", "") == "cross-site"
+            if cross_site or (
+                origin is not None and host_name(urlsplit(origin).netloc) != host_name(host)
+            ):
+                return Refusal(
+                    403,
+                    "requests from another site's web page are refused",
+                    "invalid_request_error",
+                    "cross_site_request",
+                ).response()
+            return await handler(request)
+
+        return guard
 
     def middleware(self) -> Middleware:
         """Refuses requests without a valid key (401) or beyond the client's rate (429)."""
