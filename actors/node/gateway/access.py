@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import socket
 import ssl
@@ -42,6 +41,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from actors.node.config import AgentConfig
 from actors.runtime.config import ConfigError
+from actors.runtime.file_stamp import FileStamp
 from actors.runtime.http_access import Hosts, host_name
 from actors.runtime.http_login import is_loopback
 from actors.runtime.tls import server_context
@@ -53,11 +53,6 @@ KEY_PREFIX: Final = "nak_"
 """Marks a node-agent gateway key (a secret scanner can look for it)."""
 MAX_KEYS: Final = 10_000
 """Lines of a keys file read; the rest are ignored (and logged)."""
-SETTLED_NS: Final = 2_000_000_000
-"""A keys file read this long after its modification time is trusted to be unchanged
-while its stamp is (2 s: the coarsest timestamps of a common file system). One read
-sooner is read again at the next request: a rewrite within the same timestamp tick and
-of the same size (a key replaced by another) leaves the stamp as it was."""
 MAX_CLIENTS: Final = 10_000
 """Rate-limit buckets kept; the least recently used one goes first."""
 WILDCARDS: Final = ("0.0.0.0", "::", "")
@@ -132,14 +127,11 @@ def parse_keys(lines: list[str]) -> tuple[dict[bytes, str], list[str]]:
 
 
 class ApiKeys:
-    """The keys file, by hash, read again whenever it changes (inode, size or mtime, and
-    at every use while it changed less than SETTLED_NS before it was read)."""
+    """The keys file, by hash, read again whenever it changes (:mod:`.file_stamp`)."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int, int] | None = None
-        self._settled = False
-        """Whether the file was read SETTLED_NS or more after it last changed."""
+        self._file = FileStamp(self.path)
         self._names: dict[bytes, str] = {}
         """SHA-256 digest of a key -> its name: a key is looked up by its digest, so no
         comparison ever runs over the key itself (nor stops early on its prefix)."""
@@ -147,11 +139,9 @@ class ApiKeys:
 
     def _read(self, at_start: bool = False) -> None:
         try:
-            info = os.stat(self.path)
-            stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
-            if stamp == self._stamp and self._settled:
+            stamp = self._file.due()
+            if stamp is None:
                 return
-            settled = time.time_ns() - info.st_mtime_ns >= SETTLED_NS
             lines = self.path.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
@@ -162,14 +152,15 @@ class ApiKeys:
             log.error("gateway keys file unreadable", extra={"reason": reason})
             return
         names, problems = parse_keys(lines)
-        if stamp != self._stamp:  # said once a change, not at every read until settled
+        if self._file.is_new(stamp):  # said once a change, not at every read until settled
             for problem in problems:
                 log.error("gateway keys file: %s", problem)
         if at_start:
             log.info("gateway keys read", extra={"keys": len(names)})
         elif names != self._names:
             log.info("gateway keys file changed; read again", extra={"keys": len(names)})
-        self._names, self._stamp, self._settled = names, stamp, settled
+        self._names = names
+        self._file.read(stamp)
 
     def name_of(self, key: str) -> str | None:
         """The name of ``key``, None when it is not (or no longer) in the file."""
