@@ -180,8 +180,9 @@ class EventSigners:
         self.approved: dict[str, str | None] = {}
 
     async def verdict(self, msg: Msg) -> str:
-        """``verified`` (the node's approved key), ``signed-by=<key>`` (another valid key,
-        e.g. an operator's inject), ``unsigned`` or ``bad-signature``."""
+        """``node-claim`` (signed with the node's approved key: what the node says, which a
+        stolen node key can say too), ``signed-by=<key>`` (another valid key, e.g. an
+        operator's inject), ``unsigned`` or ``bad-signature``."""
         headers = msg.headers or {}
         if signing.HEADER_KEY not in headers or signing.HEADER_SIG not in headers:
             return "unsigned"
@@ -192,7 +193,7 @@ class EventSigners:
         node = msg.subject.split(".")[-2]
         if self.approved.get(node) != signer:
             self.approved[node] = await self._read_approved(node)
-        return "verified" if self.approved[node] == signer else f"signed-by={signer}"
+        return "node-claim" if self.approved[node] == signer else f"signed-by={signer}"
 
     async def _read_approved(self, node: str) -> str | None:
         try:
@@ -205,8 +206,8 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts (and with --events, node events) as they arrive, one line each. An
     alert is time, severity, node, kind and message (``--json``: the stored JSON); with
     ``--since`` the alerts stored in that window come first, from FLEET_ALERTS. A node
-    event is its subject, whether it verified, then its JSON body. Anything that could
-    drive the terminal is escaped."""
+    event is its subject, who signed it (:meth:`EventSigners.verdict`), then its JSON
+    body. Anything that could drive the terminal is escaped."""
     subjects = Subjects(args.prefix)
     want_alerts = args.alerts or not args.events
 
@@ -371,7 +372,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     watch.add_argument(
         "--events",
         action="store_true",
-        help="node events (core NATS, live), with whether each verified",
+        help="node events (core NATS, live), with who signed each (node-claim: the node's own key)",
     )
     watch.add_argument("--node", help="only this node")
     watch.add_argument(
