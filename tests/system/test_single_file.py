@@ -98,13 +98,14 @@ async def test_an_agent_and_an_aggregator_from_the_artifact_see_each_other(
 ) -> None:
     """Against a real nats-server, all from the one file: the aggregator starts, the node's
     key is made and registered (pending), approved, and the started agent's heartbeats make
-    it active with its GPUs in the fleet the aggregator records."""
+    it active with its GPUs in the fleet the aggregator records; `fleetctl simulate` runs
+    its worker processes from the file too."""
     server = ("--server", nats_server.url, "--prefix", prefix)
     node = ("--node-id", "n1", "--cluster", "c1", "--state-dir", str(tmp_path / "n1"))
     aggregator_log = tmp_path / "aggregator.log"
     aggregator = fresh.popen(
         "fleetctl", "aggregator", *server, "--replicas", "1", "--http-port", "-1",
-        log=aggregator_log,
+        "--checkpoint-interval", "1", log=aggregator_log,
     )  # fmt: skip
     agent_log = tmp_path / "agent.log"
     agent: subprocess.Popen[bytes] | None = None
@@ -137,6 +138,12 @@ async def test_an_agent_and_an_aggregator_from_the_artifact_see_each_other(
         assert (record["node_id"], record["gpus_total"], record["public_key"]) == ("n1", 2, key)
         stop(agent, agent_log)
         agent = None
+        simulated = fresh.run(
+            "fleetctl", "simulate", *server, "--processes", "2", "--nodes", "2",
+            "--rate", "4", "--duration", "1", "--gpus", "1", "--wait", "30",
+        )  # fmt: skip
+        assert simulated.returncode == 0, simulated.stdout + simulated.stderr
+        assert "from 2 nodes" in simulated.stdout and "by 2 processes" in simulated.stdout
     finally:
         if agent is not None:
             agent.kill()
