@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def cannot_load(exc: ImportError, deploy: Path = DEPLOY) -> str:
         built = (deploy / "built-for").read_text().strip()
     except OSError:
         built = "another Python"
-    here = f"CPython {sys.version_info.major}.{sys.version_info.minor}"
-    return f"this file was built for {built} and cannot load its modules with {here} ({exc})"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    here = f"CPython {version} on {sysconfig.get_platform()}"
+    return f"cannot load this file's compiled modules ({exc}): built for {built}, this is {here}"
 
 
 def install(args: list[str], deploy: Path = DEPLOY) -> int:

@@ -5,6 +5,7 @@ modules is told so in one line."""
 from __future__ import annotations
 
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,12 @@ def test_a_python_that_cannot_load_the_modules_is_told_which_it_needs(tmp_path: 
     """The message names the Python the file was built for and the one running it."""
     (tmp_path / "built-for").write_text("CPython 3.99 on linux-x86_64\n")
     message = single_file.cannot_load(ImportError("no module msgspec._core"), tmp_path)
-    here = f"CPython {sys.version_info.major}.{sys.version_info.minor}"
+    here = (
+        f"CPython {sys.version_info.major}.{sys.version_info.minor} on {sysconfig.get_platform()}"
+    )
     assert message == (
-        "this file was built for CPython 3.99 on linux-x86_64 and cannot load its modules "
-        f"with {here} (no module msgspec._core)"
+        "cannot load this file's compiled modules (no module msgspec._core): "
+        f"built for CPython 3.99 on linux-x86_64, this is {here}"
     )
 
 
