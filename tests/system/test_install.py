@@ -242,7 +242,8 @@ def test_cloud_init_files_then_its_install_line_make_a_node(fresh: Fresh, target
     """As at first boot: cloud-init's files written as root with their modes, then its
     install line (into the temporary root, not started): the config and the TLS files are
     kept with their modes set for the service, and the config loads with the real loader.
-    Its download names the file this checkout builds."""
+    Its download names the file this checkout builds, and its checksum is checked before
+    anything runs."""
     config = cloud_config()
     for entry in config["write_files"]:
         path = target / entry["path"].lstrip("/")
@@ -251,6 +252,8 @@ def test_cloud_init_files_then_its_install_line_make_a_node(fresh: Fresh, target
         path.chmod(int(entry["permissions"], 8))
     (script,) = config["runcmd"]
     assert f"/{fresh.artifact.name}\n" in script
+    assert script.startswith("set -eu\n"), "a failed download or checksum stops the script"
+    assert script.index("| sha256sum -c -") < script.index(".pyz install ")
     words = install_line(script)
     assert words[:3] == ["python3", "/run/nats-node-agent.pyz", "install"]
     assert words[-1] == "--start"
