@@ -21,7 +21,8 @@ General layout
               ``placement/`` and ``remediation/`` act on the fleet.
 ``cli/``      the command lines: ``node_agent.py`` and ``fleetctl/`` (one module per group of
               subcommands), fleetctl's renderings (``render/``) and simulator
-              (``simulate/``), and what both share.
+              (``simulate/``), what both share, and ``single_file.py``, the entry point
+              of the single-file artifact (``python -m deploy.build``).
 
 Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
 never import each other, and no actor imports another: they share only ``schemas``, the
