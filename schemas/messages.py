@@ -74,7 +74,9 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.5.0"
+"""The version every heartbeat, /status and the build-info metric carry: the package's
+(tests/system/test_habits.py holds them together)."""
 
 GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
 """GPU uuids, sorted: a node's hardware fingerprint."""
