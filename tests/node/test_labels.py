@@ -10,10 +10,10 @@ import pytest
 
 from actors.cli.common import settings_from
 from actors.cli.node_agent import parser
+from actors.node.cloud import Metadata, Provider
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.node.engine import EngineActor
-from actors.node.labels import cloud_labels, node_labels, served_models
-from actors.node.spot import Provider, SpotActor
+from actors.node.labels import cloud_labels, found_labels, node_labels, served_models
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError, build
 from schemas.events import Engine, EngineStatus
@@ -70,8 +70,9 @@ def test_models_label_is_cleaned_sorted_and_bounded() -> None:
     assert served_models(engine) == "a_b+b/model_one"
     assert served_models(engine_with(["x" * 100, "y" * 100])) == "x" * 100
     assert served_models(None) == ""
-    labels = node_labels({"model": "pinned", "gpu": "h100"}, engine, {"zone": "z 1"})
-    assert labels == {"zone": "z_1", "model": "pinned", "gpu": "h100"}
+    found = found_labels(None, {"zone": "z_1"}, engine)
+    labels = node_labels({"model": "pinned", "gpu": "h100"}, found)
+    assert labels == {"model": "pinned", "gpu": "h100", "zone": "z_1"}
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang", "llamacpp"])
@@ -107,22 +108,25 @@ async def test_cloud_facts_from_each_metadata_service(fleet: Fleet, bus: NatsBus
     async with aiohttp.ClientSession() as session:
         for provider, fake in fakes:
             config = fleet.config(spot_provider=provider, metadata_url=fake.url)
-            spot = SpotActor(config, bus, node_events(config))
-            got[provider] = cloud_labels(await spot.facts(session, provider, fake.url))
+            metadata = Metadata(config, aiohttp.ClientTimeout(total=2))
+            got[provider] = cloud_labels(await metadata.facts(session, provider))
     assert got == {
         "aws": {
+            "provider": "aws",
             "region": "us-east-1",
             "zone": "us-east-1a",
             "instance_type": "p5.48xlarge",
             "lifecycle": "spot",
         },
         "gcp": {
+            "provider": "gcp",
             "region": "us-central1",
             "zone": "us-central1-a",
             "instance_type": "a3-highgpu-8g",
             "lifecycle": "on-demand",
         },
         "azure": {
+            "provider": "azure",
             "region": "eastus",
             "zone": "2",
             "instance_type": "Standard_ND96isr_H100_v5",
@@ -145,9 +149,13 @@ async def test_cloud_labels_reach_the_record_despite_metadata_errors(
     await fleet.start_agent(config)
     record = await wait_record(bus, prefix, "n1", lambda r: "zone" in r.labels, timeout=15)
     assert record.labels == {
+        "team": "ml",
+        "gpu.count": "2",
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpu.memory": "81559",
+        "provider": "aws",
         "region": "us-east-1",
         "zone": "us-east-1a",
         "instance_type": "p5.48xlarge",
         "lifecycle": "spot",
-        "team": "ml",
     }
