@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from actors.node.health.actor import HealthActor
-from actors.node.inventory.actor import InventoryActor, read_identity
 from actors.node.inventory import nvml_gpus
+from actors.node.inventory.actor import InventoryActor, read_identity
 from actors.node.inventory.nvml_gpus import NvmlGpus
 from actors.node.inventory.pci import passthrough_gpus
 from actors.node.labels import found_labels
