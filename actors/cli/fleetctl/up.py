@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -161,23 +162,17 @@ async def run_up(options: UpOptions) -> int:
     options = msgspec.structs.replace(options, gpus_per_node=gpus)
     _log_to_file(options.store / "fleet.log")
     server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
-    try:
-        await asyncio.to_thread(server.start)
-    except ServerError as exc:
-        if "address already in use" in str(exc):
-            # Not "--port 0" alone: a second server on the same store would share its
-            # JetStream directory with the first.
-            raise ServerError(
-                f"port {options.port} is taken (another nats-server, or fleetctl up "
-                "already running?): stop it, or use --port 0 with another --store"
-            ) from None
-        raise
-    operator = signing.load_or_create_key_file(options.store / "operator.nk")
+    # The server runs in a process group of its own: a terminal's Ctrl-C (SIGINT to its
+    # whole group) reaches this process alone, which stops the agents (their goodbyes
+    # need the server), then the aggregator, then the server. A second Ctrl-C or a hangup
+    # of the terminal still takes the server down with it.
+    stop = stop_event(server.kill, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     agents: list[NodeAgent] = []
     bus: NatsBus | None = None
     aggregator: Supervisor | None = None
-    stop = stop_event()
+    await start_server(server, options.port)
     try:
+        operator = signing.load_or_create_key_file(options.store / "operator.nk")
         bus = await NatsBus.connect(server.url, "fleetctl-up")
         subjects = Subjects()
         await provision(bus.js, subjects)
@@ -223,19 +218,42 @@ async def run_up(options: UpOptions) -> int:
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
     finally:
-        sys.stdout.write("\nstopping fleet...\n")
-        for agent in agents:
-            await agent.stop()
-        if aggregator is not None and bus is not None and agents:
-            nodes = {agent.config.node_id for agent in agents}
-            sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
-        if aggregator is not None:
-            await aggregator.stop()
-        if bus is not None:
-            await bus.close()
-        await asyncio.to_thread(server.stop)
-        sys.stdout.write("stopped.\n")
+        await stop_fleet(server, agents, aggregator, bus)
     return 0
+
+
+async def start_server(server: NatsServer, port: int) -> None:
+    """Start the embedded server; a taken port is one line saying what to do."""
+    try:
+        await asyncio.to_thread(server.start)
+    except ServerError as exc:
+        if "address already in use" in str(exc):
+            # Not "--port 0" alone: a second server on the same store would share its
+            # JetStream directory with the first.
+            raise ServerError(
+                f"port {port} is taken (another nats-server, or fleetctl up "
+                "already running?): stop it, or use --port 0 with another --store"
+            ) from None
+        raise
+
+
+async def stop_fleet(
+    server: NatsServer, agents: list[NodeAgent], aggregator: Supervisor | None, bus: NatsBus | None
+) -> None:
+    """Agents first (each says goodbye over the server), then, once the aggregator has
+    recorded those goodbyes or GOODBYE_WAIT has passed, the aggregator, then the server."""
+    sys.stdout.write("\nstopping fleet...\n")
+    for agent in agents:
+        await agent.stop()
+    if aggregator is not None and bus is not None and agents:
+        nodes = {agent.config.node_id for agent in agents}
+        sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
+    if aggregator is not None:
+        await aggregator.stop()
+    if bus is not None:
+        await bus.close()
+    await asyncio.to_thread(server.stop)
+    sys.stdout.write("stopped.\n")
 
 
 def dashboard_lines(port: int | None, key: signing.KeyPair, options: UpOptions) -> str:
