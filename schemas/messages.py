@@ -191,6 +191,9 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     (``https://host:port``, API key or client certificate required), where a dispatcher
     routes requests for its workloads; empty when the gateway is the node's own (loopback)
     or not listening."""
+    started: UnixTime | None = None
+    """When this boot of the agent started (the node's clock): the agent's uptime, beside
+    the host's in ``sample.host``. None from agents that predate it."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

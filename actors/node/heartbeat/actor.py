@@ -233,6 +233,7 @@ class HeartbeatActor:
             stopping=self.stopping,
             previous_ts=previous,
             endpoint=self.endpoint,
+            started=self.metrics.started,
         )
 
     async def beat(self) -> Heartbeat | None:
