@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -44,6 +46,21 @@ CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
 TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
+PING_INTERVAL = 2.0
+MAX_OUTSTANDING_PINGS = 2
+"""A server that answers no PING for (MAX_OUTSTANDING_PINGS + 1) x PING_INTERVAL seconds
+(6 s: frozen, or cut off) is left for another of the list; nats-py's default is 2
+minutes x 2. Each connection sends one PING every PING_INTERVAL seconds while idle."""
+MOVE_AFTER = 3.0
+"""Seconds of JetStream calls timing out through one server, with none answered between
+(and at least two failures), after which the connection moves to another server of its
+list: a server that answers PINGs but has lost its quorum (cut off from the rest of
+its cluster) answers no JetStream call, and nats-py never leaves it on its own."""
+MOVE_BACKOFF_INITIAL = 10.0
+MOVE_BACKOFF_MAX = 60.0
+"""After a move, the next waits this long (doubling while JetStream keeps failing): while
+the whole cluster elects a leader, moving helps nobody, and a fleet moving at once is a
+reconnection storm."""
 
 
 class BusError(FleetError):
@@ -115,6 +132,12 @@ class Bus(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    def jetstream_answered(self, answered: bool) -> None:
+        """Say whether a JetStream call made at a steady pace (a heartbeat, a lease
+        renewal) was answered; calls that time out for :data:`MOVE_AFTER` seconds move
+        the connection to another server."""
+        ...
+
 
 class NatsBus:
     """:class:`Bus` over one nats-py connection."""
@@ -128,6 +151,11 @@ class NatsBus:
         self.js_api_prefix = js_api_prefix
         self._js = nc.jetstream(timeout=5.0, prefix=js_api_prefix)
         self._buckets: dict[str, KeyValue] = {}
+        self._failing_since: float | None = None
+        self._failures = 0
+        self._next_move = 0.0
+        self._move_backoff = Backoff(MOVE_BACKOFF_INITIAL, MOVE_BACKOFF_MAX)
+        self._moving: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -149,6 +177,10 @@ class NatsBus:
         ``nats://`` servers that require TLS."""
         check_urls(server)
         wants_tls = tls is not None or any(url.startswith("tls://") for url in server.split(","))
+        # Shuffled here, not by nats-py: its reconnects then go round the list in order,
+        # so leaving a server (a move, a lost connection) never picks the same one again.
+        urls = server.split(",")
+        random.shuffle(urls)
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
@@ -158,12 +190,15 @@ class NatsBus:
                 # for reconnects); the deadline turns that into a clear answer.
                 async with asyncio.timeout(connect_timeout):
                     await nc.connect(
-                        servers=server.split(","),
+                        servers=urls,
                         name=name,
                         connect_timeout=max(1, round(connect_timeout)),
                         allow_reconnect=True,
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=2,
+                        dont_randomize=True,
+                        ping_interval=PING_INTERVAL,  # type: ignore[arg-type]  # a float works: it is slept
+                        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                         nkeys_seed_str=nkey_seed,
                         inbox_prefix=inbox_prefix,
                         tls=tls,
@@ -202,6 +237,36 @@ class NatsBus:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    def jetstream_answered(self, answered: bool) -> None:
+        now = time.monotonic()
+        if answered:
+            self._failing_since, self._failures = None, 0
+            self._move_backoff.reset()
+            return
+        if self._failing_since is None:
+            self._failing_since = now
+        self._failures += 1
+        moving = self._moving is not None and not self._moving.done()
+        if (
+            self._failures >= 2
+            and now - self._failing_since >= MOVE_AFTER
+            and now >= self._next_move
+            and not moving
+            and len(self.nc.servers) > 1
+        ):
+            self._failing_since, self._failures = None, 0
+            self._next_move = now + self._move_backoff.next()
+            self._moving = asyncio.create_task(self._move(), name="nats-move")
+
+    async def _move(self) -> None:
+        """Leave the current server for the next of the list (see :data:`MOVE_AFTER`)."""
+        current = self.nc.connected_url
+        log.warning(
+            "JetStream not answering through this server; moving to another",
+            extra={"server": current.netloc if current else "", "after_s": MOVE_AFTER},
+        )
+        await self.nc.force_reconnect()
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None, reply: str = ""
@@ -281,6 +346,8 @@ class NatsBus:
 
     async def close(self, timeout: float = 5.0) -> None:
         """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        if self._moving is not None:
+            self._moving.cancel()
         if self.nc.is_closed:
             return
         self._events.up = False
@@ -350,6 +417,34 @@ def guarded(route: str, handler: Handler) -> Handler:
             )
 
     return on_message
+
+
+def bus_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the bus failing (a timeout, no server, no responders, a closed
+    connection), not a defect: what a fault of the cluster makes any actor see, logged as
+    what it is, without a traceback. A group (a TaskGroup's) is one if all it holds are."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(bus_fault(inner) for inner in exc.exceptions)
+    return unanswered(exc) or isinstance(
+        exc,
+        nats.errors.ConnectionClosedError
+        | nats.errors.NoServersError
+        | nats.errors.StaleConnectionError
+        | nats.errors.OutboundBufferLimitError
+        | nats.js.errors.ServiceUnavailableError,
+    )
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether a JetStream call failed for want of an answer (a timeout, no responders),
+    not with one: what :meth:`Bus.jetstream_answered` is told."""
+    return isinstance(
+        exc,
+        TimeoutError
+        | nats.errors.TimeoutError
+        | nats.errors.NoRespondersError
+        | nats.js.errors.NoStreamResponseError,
+    )
 
 
 async def publish_signed(
