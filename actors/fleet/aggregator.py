@@ -45,6 +45,7 @@ from actors.fleet.ownership import Ownership
 from actors.fleet.partitions import Partitions
 from actors.fleet.record_rules import AlertSpec
 from actors.fleet.registrar import Registrar
+from actors.fleet.silence import Held
 from actors.fleet.streams import StreamLimits, provision
 from actors.fleet.sweeps import Sweeps
 from actors.fleet.verify import Signatures
@@ -240,6 +241,8 @@ class HeartbeatPath:
         headers = msg.headers or {}
         state = self.ledger.nodes.get(node)
         marker = headers.get(MARKER_REASON)
+        if marker is None:
+            self.ledger.pulse.stored(stored)
         if (
             state is None
             and not fetched
@@ -328,6 +331,16 @@ class HeartbeatPath:
             return []
         self.metrics.markers.inc()
         if state is None or verdict is None:
+            return []
+        beat = state.record.heartbeat
+        if beat is not None and self.ledger.pulse.silent(marked_at, beat.stale_after):
+            # The whole stream was silent before this marker: the bus's silence, maybe
+            # not the node's. Held until heartbeats flow again (actors.fleet.silence).
+            log.info(
+                "TTL marker after a silence of the stream; held",
+                extra={"node": node, "marked_at": round(marked_at, 3)},
+            )
+            self.ledger.held.hold(node, Held(marked_at, reason, beat.stale_after, beat.interval))
             return []
         self.ledger.mark_stale(node, state, verdict.record)
         return self._steps(cluster, node, verdict)

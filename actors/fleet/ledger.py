@@ -30,6 +30,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.node_store import NodeStore
 from actors.fleet.pending import PendingCounts
 from actors.fleet.refusals import RefusalTracker, mark_refused
+from actors.fleet.silence import HeldMarkers, StreamPulse
 from actors.fleet.streams import MAX_NODES
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -94,6 +95,10 @@ class Ledger:
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
+        self.pulse = StreamPulse()
+        """When FLEET_HB stored the heartbeats judged here (see actors.fleet.silence)."""
+        self.held = HeldMarkers()
+        """TTL markers that came after a silence of the whole stream, not yet believed."""
 
     # Verdicts into the table ----------------------------------------------------------------
 
@@ -118,6 +123,7 @@ class Ledger:
                 state.reset_consumed = True
             state.record = verdict.record
         self.refusals.on_accepted(node)
+        self.held.release(node)
         self._to_pack.append((state, body or codec.encode(heartbeat)))
         state.fresh = False
         state.dirty = True

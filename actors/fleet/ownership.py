@@ -18,12 +18,14 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.hot_state import NodeState
 from actors.fleet.lease import holder_id
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -38,8 +40,15 @@ from actors.runtime.consumer import (
     DurableConsumer,
     consume_in_batches,
 )
-from schemas.errors import InvalidToken
-from schemas.subjects import BUCKET_LEASES, STREAM_HEARTBEATS, Subjects, partition_of
+from schemas import signing
+from schemas.errors import InvalidToken, SignatureError
+from schemas.subjects import (
+    BUCKET_LEASES,
+    STREAM_HEARTBEAT_INTAKE,
+    STREAM_HEARTBEATS,
+    Subjects,
+    partition_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,14 @@ NO_MESSAGE_FOUND = 10057
 """JetStream's error code for deleting a message that is not (or no longer) stored."""
 
 Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
+UPSTREAM_TIMEOUT = 2.0
+"""Seconds a read of a node's latest heartbeat in FLEET_HB_IN may take."""
+
+
+class _Seq(msgspec.Struct):
+    """The one field of a heartbeat :meth:`Ownership.beating_upstream` reads."""
+
+    seq: int
 
 
 class Ownership:
@@ -78,6 +95,7 @@ class Ownership:
         """Per partition gained: the oldest stream seq its live records' checkpoints need."""
         self._group: asyncio.TaskGroup | None = None
         self._handle: Handler | None = None
+        self._intake = subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
         self._heartbeat_base = f"{subjects.prefix}.hb"
 
     def consumer(self, partition: int, start: int = 1) -> DurableConsumer:
@@ -168,6 +186,24 @@ class Ownership:
                 )
         except nats.errors.Error as exc:
             log.warning("refused heartbeat not deleted", extra={"node": node, "reason": str(exc)})
+
+    async def beating_upstream(self, node: str, state: NodeState) -> bool:
+        """Whether FLEET_HB_IN, which FLEET_HB sources, holds a heartbeat of ``node``
+        newer than its last accepted one, signed by its trusted key: the node beats, and
+        FLEET_HB is behind its source (nats-server re-establishes a source whose stream
+        changed leader only at its next 10 s stall check, sometimes tens of seconds
+        later). False when unreadable or not so."""
+        record = state.record
+        subject = self.subjects.heartbeat(record.cluster, node)
+        try:
+            async with asyncio.timeout(UPSTREAM_TIMEOUT):
+                msg = await self.bus.js.get_msg(self._intake, subject=subject)
+            if signing.verify(msg.headers, msg.data or b"") != state.key:
+                return False
+            beat = msgspec.json.decode(msg.data or b"", type=_Seq)
+        except (nats.errors.Error, TimeoutError, SignatureError, msgspec.DecodeError):
+            return False
+        return beat.seq > record.last_seq
 
     def caught_up(self, partition: int) -> CaughtUp | None:
         """When this owner had read ``partition`` to its end (None: not consuming it)."""

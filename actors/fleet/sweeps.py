@@ -18,7 +18,7 @@ import time
 
 import nats.errors
 
-from actors.fleet import record_rules
+from actors.fleet import judge, record_rules
 from actors.fleet.alerts import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.ledger import Ledger
@@ -93,6 +93,7 @@ class Sweeps:
             try:
                 await self.sweep(everything)
                 await self.sweep_refused()
+                await self.sweep_held()
                 await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
@@ -206,4 +207,34 @@ class Sweeps:
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
+            await ledger.write(node)
+
+    async def sweep_held(self) -> None:
+        """TTL markers held through a silence of the stream (actors.fleet.silence) whose
+        node has not beaten since the stream stored heartbeats again: stale now, with the
+        marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
+        the node (FLEET_HB fell behind its source): then held on."""
+        ledger = self.ledger
+        for node, held in ledger.held.due(ledger.pulse, time.time()):
+            state = ledger.nodes.get(node)
+            if state is None:
+                continue
+            if await self.ownership.beating_upstream(node, state):
+                # Its heartbeats reach the intake; FLEET_HB is what fell behind.
+                log.info("node beats into FLEET_HB_IN; marker still held", extra={"node": node})
+                ledger.held.hold(node, held)
+                continue
+            try:
+                verdict = judge.marker(state.record, held.reason, held.marked_at, b"", time.time())
+            except judge.Forged:
+                continue  # a heartbeat was accepted since: nothing to mark
+            if verdict is None:
+                continue
+            ledger.mark_stale(node, state, verdict.record)
+            for alert in verdict.alerts:
+                details = dict(alert.details)
+                event = details.pop("event")
+                await self.alerts.publish(
+                    alert.kind, verdict.record.cluster, node, alert.message, event, details
+                )
             await ledger.write(node)
