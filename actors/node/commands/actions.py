@@ -44,6 +44,11 @@ from schemas.subjects import EVENT_STATE, Subjects
 
 log = logging.getLogger(__name__)
 
+RESULT_TRIES = 4
+RESULT_RETRY_AFTER = 1.0
+"""A result the stream does not acknowledge (its leader being elected, the server cut
+off and the connection moving) is sent again after 1, 2, 3 s: about 26 s in all with
+the publishes' own timeouts, in which a fault of one server has passed."""
 PROGRESS_EVERY = 2.0
 """A drain reports progress at least this often, and whenever in-flight work changes."""
 SLURM_POLL = 1.0
@@ -472,7 +477,8 @@ class ActionRunner:
         digest: str = "",
         jobs_running: int | None = None,
     ) -> None:
-        """Publish a node-signed CommandResult on FLEET_EVENTS; a failure is logged, not raised.
+        """Publish a node-signed CommandResult on FLEET_EVENTS, sent again while it is not
+        acknowledged (:data:`RESULT_TRIES`); a failure then is logged, not raised.
         ``digest`` defaults to that of the command started under ``command_id``. A refusal
         of a message with no usable id is published under its digest, so the stream keeps
         one refusal per distinct message within its duplicate window."""
@@ -496,9 +502,22 @@ class ActionRunner:
             jobs_running=jobs_running,
         )
         msg_id = f"{command_id or digest}:{status}:{n}"
-        try:
-            await publish_signed(self.bus, self.result_subject, result, self.key, msg_id)
-        except (nats.errors.Error, TimeoutError) as exc:
-            log.warning(
-                "command result not published", extra={"id": command_id, "reason": str(exc)}
-            )
+        for attempt in range(1, RESULT_TRIES + 1):
+            try:
+                await publish_signed(self.bus, self.result_subject, result, self.key, msg_id)
+                return
+            except (nats.errors.Error, TimeoutError) as exc:
+                reason = str(exc) or type(exc).__name__
+                if attempt == RESULT_TRIES:
+                    log.error(
+                        "command result not published",
+                        extra={"id": command_id, "status": status, "reason": reason},
+                    )
+                    return
+                # Sent again under the same Nats-Msg-Id: a copy stored but not
+                # acknowledged is dropped, never doubled.
+                log.warning(
+                    "command result not acknowledged; sending it again",
+                    extra={"id": command_id, "status": status, "reason": reason},
+                )
+                await asyncio.sleep(RESULT_RETRY_AFTER * attempt)
