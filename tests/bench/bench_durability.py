@@ -1,0 +1,135 @@
+"""What durability costs (a script, not collected by pytest): heartbeats per second a
+three-server cluster acknowledges under each ``sync_interval``.
+
+Starts ``deploy/nats/cluster/n1-3.conf`` on loopback (TLS routes, the generated
+accounts, stores on this machine's disk, not tmpfs: an fsync must reach a disk to cost
+anything), provisions the fleet's streams R3, and has ``--publishers`` concurrent
+publishers send signed heartbeats of ``--nodes`` nodes (each acknowledged by FLEET_HB_IN,
+then sourced into FLEET_HB) for ``--seconds``; prints acknowledged heartbeats per second
+and the acknowledgement's p50 and p99 for each setting: ``always`` (the shipped one: an
+fsync before every acknowledgement), ``1s`` and nats-server's default ``2m``.
+
+Run: ``python tests/bench/bench_durability.py [--seconds 20] [--publishers 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from actors.fleet.streams import StreamLimits, provision
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas import codec, signing
+from schemas.subjects import Subjects
+from tests.support.deploy import STORE, fleet_auth, free_port, render
+from tests.support.fleet import TEST_BUDGETS, heartbeat
+from tests.support.pki import TLS_DIR, Pki
+
+SHIPPED = "sync_interval: always"
+SETTINGS = {"always": SHIPPED, "1s": "sync_interval: 1s", "2m (default)": "sync_interval: 2m"}
+
+
+def start_cluster(directory: Path, pki: Pki, aggregator: str, sync: str) -> list[NatsServer]:
+    fleet_auth(directory, {}, aggregator)
+    routes = [free_port() for _ in range(3)]
+    servers = []
+    for n in range(1, 4):
+        replacements = {
+            f"10.0.0.1{n}:4222": f"127.0.0.1:{free_port()}",
+            f"10.0.0.1{n}:6222": f"127.0.0.1:{routes[n - 1]}",
+            "ROUTE_PASSWORD": "bench",
+            TLS_DIR: str(pki.dir),
+            STORE: str(directory / f"js{n}"),
+            SHIPPED: sync,
+        }
+        for peer in range(1, 4):
+            replacements[f"@fleet-n{peer}:6222"] = f"@127.0.0.1:{routes[peer - 1]}"
+        config = render(f"cluster/n{n}.conf", directory / f"n{n}.conf", replacements)
+        servers.append(NatsServer(directory / f"n{n}", name=f"n{n}", config_file=config))
+    for server in servers:
+        server.start(timeout=30)
+    return servers
+
+
+async def measure(url: str, seed: str, pki: Pki, args: argparse.Namespace) -> tuple[float, list[float]]:
+    bus = await NatsBus.connect(url, "bench", nkey_seed=seed, tls=pki.client("bench"))
+    subjects = Subjects("fleet")
+    for attempt in range(30):
+        try:
+            await provision(bus.js, subjects, replicas=3, limits=StreamLimits.of(TEST_BUDGETS))
+            break
+        except Exception:  # no meta leader yet
+            await asyncio.sleep(1.0 + attempt * 0)
+    keys = [signing.KeyPair.generate() for _ in range(args.nodes)]
+    bodies = [codec.encode(heartbeat(node=f"b{i}", seq=1)) for i in range(args.nodes)]
+    latencies: list[float] = []
+    done = 0
+    deadline = time.monotonic() + args.seconds
+
+    async def publisher(index: int) -> None:
+        nonlocal done
+        seq = 0
+        while time.monotonic() < deadline:
+            node = (index + seq * args.publishers) % args.nodes
+            seq += 1
+            body = bodies[node]
+            headers = {
+                **keys[node].headers(body),
+                "Nats-Msg-Id": os.urandom(8).hex(),
+                "Nats-TTL": "30",
+            }
+            start = time.monotonic()
+            try:
+                await bus.js.publish(
+                    subjects.heartbeat("c1", f"b{node}"), body, headers=headers, timeout=5
+                )
+            except Exception:
+                continue
+            latencies.append(time.monotonic() - start)
+            done += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(publisher(i) for i in range(args.publishers)))
+    rate = done / (time.monotonic() - started)
+    await bus.close()
+    return rate, latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--publishers", type=int, default=64)
+    parser.add_argument("--nodes", type=int, default=1000)
+    args = parser.parse_args()
+    aggregator = signing.KeyPair.generate()
+    print(f"{args.publishers} publishers, {args.nodes} nodes, {args.seconds:g} s each; load {os.getloadavg()[0]:.2f}")
+    for name, sync in SETTINGS.items():
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            directory = Path(tmp)
+            pki = Pki(directory / "tls")
+            servers = start_cluster(directory, pki, aggregator.public_key, sync)
+            try:
+                url = ",".join(server.url for server in servers)
+                rate, latencies = asyncio.run(measure(url, aggregator.seed, pki, args))
+            finally:
+                for server in servers:
+                    server.stop()
+        ordered = sorted(latencies) or [0.0]
+        p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+        print(
+            f"sync_interval {name:<13} {rate:8.0f} heartbeats/s acknowledged; ack p50 "
+            f"{statistics.median(ordered) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
