@@ -178,12 +178,10 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
                         f"over {bounds.detect:g}s",
                     )
             if found:
-                since = max(found[0].ts, fault.healed)
-                back = [
-                    a
-                    for a in recovered.get(node, [])
-                    if found[0].ts <= a.ts <= since + bounds.recover
-                ]
+                # Its recovery: after its stale alert, before its next one (a later fault's).
+                later = [a.ts for a in stale[node] if a.ts > found[-1].ts]
+                until = min([max(found[0].ts, fault.healed) + bounds.recover, *later])
+                back = [a for a in recovered.get(node, []) if found[0].ts <= a.ts < until]
                 if len(back) != 1:
                     report.add(
                         "recovered", f"{what}: {len(back)} recovered alerts after its stale one"

@@ -195,3 +195,17 @@ def test_an_overloaded_machine_is_named() -> None:
     assert overloaded(history) == (
         "CPU 97% busy, load average up to 6 on 2 cores, the harness's own timers up to 1.5s late"
     )
+
+
+def test_each_stop_is_judged_with_its_own_recovery() -> None:
+    """A node stopped twice has one stale and one recovered alert per stop: the second
+    stop's recovery is not counted against the first; a stop with two is reported."""
+    history = clean()
+    history.faults.append(Fault("agent_pause", "g1", T0 + 30, T0 + 40, stopped=["g1"], converged=1))
+    history.alerts += [
+        StoredAlert("stale:c1:g1:q30", "stale", "g1", T0 + 35.5),
+        StoredAlert("recovered:c1:g1:q31", "recovered", "g1", T0 + 41),
+    ]
+    assert check(history).violations == []
+    history.alerts.append(StoredAlert("recovered:c1:g1:q32", "recovered", "g1", T0 + 42))
+    assert [v.kind for v in check(history).violations] == ["recovered"]
