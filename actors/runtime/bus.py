@@ -47,11 +47,13 @@ CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
 TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
 PING_INTERVAL = 2.0
-MAX_OUTSTANDING_PINGS = 2
-"""A server that answers no PING for (MAX_OUTSTANDING_PINGS + 1) x PING_INTERVAL seconds
-(6 s: frozen, or cut off) is left for another of the list; nats-py's default is 2
-minutes x 2. Each connection sends one PING every PING_INTERVAL seconds while idle."""
-MOVE_AFTER = 3.0
+PINGS_MISSED = 2
+"""Every connection sends a PING every PING_INTERVAL seconds and waits as long for its
+PONG; after PINGS_MISSED unanswered in a row (4 to 8 s: the server frozen, or the link
+cut) it leaves that server for the next of its list. nats-py's own PINGs (every 2
+minutes) would notice after minutes, and then wait up to 30 s more on the dead server
+for TLS to close: leaving here drops the connection at once."""
+MOVE_AFTER = 2.0
 """Seconds of JetStream calls timing out through one server, with none answered between
 (and at least two failures), after which the connection moves to another server of its
 list: a server that answers PINGs but has lost its quorum (cut off from the rest of
@@ -155,7 +157,8 @@ class NatsBus:
         self._failures = 0
         self._next_move = 0.0
         self._move_backoff = Backoff(MOVE_BACKOFF_INITIAL, MOVE_BACKOFF_MAX)
-        self._moving: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._leaving: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -197,8 +200,6 @@ class NatsBus:
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=2,
                         dont_randomize=True,
-                        ping_interval=PING_INTERVAL,  # type: ignore[arg-type]  # a float works: it is slept
-                        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                         nkeys_seed_str=nkey_seed,
                         inbox_prefix=inbox_prefix,
                         tls=tls,
@@ -211,7 +212,9 @@ class NatsBus:
                 if wants_tls and not nc._server_info.get("tls_required"):
                     raise ConnectionError(TLS_NOT_OFFERED)
                 events.up = True
-                return cls(nc, server, events, js_api_prefix)
+                bus = cls(nc, server, events, js_api_prefix)
+                bus._watching = asyncio.create_task(bus._watch(), name="nats-watch")
+                return bus
             except asyncio.CancelledError:
                 await nc.close()
                 raise
@@ -247,26 +250,49 @@ class NatsBus:
         if self._failing_since is None:
             self._failing_since = now
         self._failures += 1
-        moving = self._moving is not None and not self._moving.done()
         if (
             self._failures >= 2
             and now - self._failing_since >= MOVE_AFTER
             and now >= self._next_move
-            and not moving
             and len(self.nc.servers) > 1
         ):
             self._failing_since, self._failures = None, 0
             self._next_move = now + self._move_backoff.next()
-            self._moving = asyncio.create_task(self._move(), name="nats-move")
+            self._leave("JetStream not answering through this server")
 
-    async def _move(self) -> None:
-        """Leave the current server for the next of the list (see :data:`MOVE_AFTER`)."""
+    def _leave(self, why: str) -> None:
+        """Drop the connection to the current server at once, without the TLS goodbye a
+        frozen server would never answer (asyncio waits 30 s for it); nats-py sees the
+        connection gone and reconnects to the next server of the list."""
+        if not self.nc.is_connected:
+            return
         current = self.nc.connected_url
         log.warning(
-            "JetStream not answering through this server; moving to another",
-            extra={"server": current.netloc if current else "", "after_s": MOVE_AFTER},
+            f"{why}; leaving it for another", extra={"server": current.netloc if current else ""}
         )
-        await self.nc.force_reconnect()
+        writer = getattr(self.nc._transport, "_io_writer", None)
+        if writer is not None:
+            writer.transport.abort()
+        else:  # a websocket: no socket of its own to drop, so nats-py's own way
+            self._leaving = asyncio.create_task(self.nc.force_reconnect(), name="nats-leave")
+
+    async def _watch(self) -> None:
+        """PING the server every PING_INTERVAL, waiting as long for each PONG; leave it
+        after PINGS_MISSED in a row go unanswered (a server frozen, or cut off)."""
+        missed = 0
+        while True:
+            await asyncio.sleep(PING_INTERVAL)
+            if not self.nc.is_connected:
+                missed = 0
+                continue
+            try:
+                await self._round_trip(PING_INTERVAL)
+                missed = 0
+            except (nats.errors.Error, TimeoutError):
+                missed += 1
+                if missed >= PINGS_MISSED:
+                    missed = 0
+                    self._leave("the server answers no PING")
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None, reply: str = ""
@@ -346,8 +372,8 @@ class NatsBus:
 
     async def close(self, timeout: float = 5.0) -> None:
         """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
-        if self._moving is not None:
-            self._moving.cancel()
+        if self._watching is not None:
+            self._watching.cancel()
         if self.nc.is_closed:
             return
         self._events.up = False
