@@ -5,11 +5,12 @@ Starts ``deploy/nats/cluster/n1-3.conf`` on loopback (TLS routes, the generated
 accounts, stores on this machine's disk, not tmpfs: an fsync must reach a disk to cost
 anything), provisions the fleet's streams R3, and has ``--publishers`` concurrent
 publishers send signed heartbeats of ``--nodes`` nodes (each acknowledged by FLEET_HB_IN,
-then sourced into FLEET_HB) for ``--seconds``; prints acknowledged heartbeats per second
-and the acknowledgement's p50 and p99 for each setting: ``always`` (the shipped one: an
-fsync before every acknowledgement), ``1s`` and nats-server's default ``2m``.
+then sourced into FLEET_HB) for ``--seconds``; for each setting, ``always`` (the shipped
+one: an fsync before every acknowledgement), ``1s`` and nats-server's default ``2m``,
+run ``--rounds`` times interleaved on a fresh cluster, prints the heartbeats per second
+acknowledged, the servers' CPU per heartbeat, and the acknowledgement's p50 and p99.
 
-Run: ``python tests/bench/bench_durability.py [--seconds 20] [--publishers 64]``.
+Run: ``python tests/bench/bench_durability.py [--seconds 20] [--publishers 256] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -60,15 +63,17 @@ def start_cluster(directory: Path, pki: Pki, aggregator: str, sync: str) -> list
     return servers
 
 
-async def measure(url: str, seed: str, pki: Pki, args: argparse.Namespace) -> tuple[float, list[float]]:
+async def measure(
+    url: str, seed: str, pki: Pki, args: argparse.Namespace
+) -> tuple[float, list[float]]:
     bus = await NatsBus.connect(url, "bench", nkey_seed=seed, tls=pki.client("bench"))
     subjects = Subjects("fleet")
-    for attempt in range(30):
+    for _ in range(30):
         try:
             await provision(bus.js, subjects, replicas=3, limits=StreamLimits.of(TEST_BUDGETS))
             break
         except Exception:  # no meta leader yet
-            await asyncio.sleep(1.0 + attempt * 0)
+            await asyncio.sleep(1.0)
     keys = [signing.KeyPair.generate() for _ in range(args.nodes)]
     bodies = [codec.encode(heartbeat(node=f"b{i}", seq=1)) for i in range(args.nodes)]
     latencies: list[float] = []
@@ -104,30 +109,62 @@ async def measure(url: str, seed: str, pki: Pki, args: argparse.Namespace) -> tu
     return rate, latencies
 
 
+def server_cpu(servers: list[NatsServer]) -> float:
+    """CPU seconds the servers have used so far."""
+    total = 0.0
+    for server in servers:
+        assert server.process is not None
+        times = psutil.Process(server.process.pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def one_round(
+    sync: str, aggregator: signing.KeyPair, args: argparse.Namespace
+) -> tuple[float, float, list[float]]:
+    """(heartbeats/s acknowledged, server CPU µs per heartbeat, ack latencies) of one run
+    of a fresh cluster under ``sync``."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        directory = Path(tmp)
+        pki = Pki(directory / "tls")
+        servers = start_cluster(directory, pki, aggregator.public_key, sync)
+        try:
+            url = ",".join(server.url for server in servers)
+            before = server_cpu(servers)
+            rate, latencies = asyncio.run(measure(url, aggregator.seed, pki, args))
+            cpu = server_cpu(servers) - before
+        finally:
+            for server in servers:
+                server.stop()
+    return rate, 1e6 * cpu / max(1.0, rate * args.seconds), latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--publishers", type=int, default=64)
+    parser.add_argument("--publishers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each setting, interleaved")
     args = parser.parse_args()
     aggregator = signing.KeyPair.generate()
-    print(f"{args.publishers} publishers, {args.nodes} nodes, {args.seconds:g} s each; load {os.getloadavg()[0]:.2f}")
-    for name, sync in SETTINGS.items():
-        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-            directory = Path(tmp)
-            pki = Pki(directory / "tls")
-            servers = start_cluster(directory, pki, aggregator.public_key, sync)
-            try:
-                url = ",".join(server.url for server in servers)
-                rate, latencies = asyncio.run(measure(url, aggregator.seed, pki, args))
-            finally:
-                for server in servers:
-                    server.stop()
-        ordered = sorted(latencies) or [0.0]
+    print(
+        f"{args.publishers} publishers, {args.nodes} nodes, {args.rounds} x {args.seconds:g} s "
+        f"per setting; load average {os.getloadavg()[0]:.2f} at the start"
+    )
+    results: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in SETTINGS}
+    for _ in range(args.rounds):
+        for name, sync in SETTINGS.items():
+            results[name].append(one_round(sync, aggregator, args))
+    for name, runs in results.items():
+        rates = [rate for rate, _, _ in runs]
+        cpu = statistics.median(per for _, per, _ in runs)
+        ordered = sorted(latency for _, _, latencies in runs for latency in latencies) or [0.0]
         p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
         print(
-            f"sync_interval {name:<13} {rate:8.0f} heartbeats/s acknowledged; ack p50 "
-            f"{statistics.median(ordered) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+            f"sync_interval {name:<13} median {statistics.median(rates):6.0f} heartbeats/s "
+            f"(runs {', '.join(f'{rate:.0f}' for rate in rates)}); servers' CPU "
+            f"{cpu:.0f} µs a heartbeat; ack p50 {statistics.median(ordered) * 1000:.1f} ms, "
+            f"p99 {p99 * 1000:.1f} ms"
         )
 
 
