@@ -342,8 +342,27 @@ class HeartbeatPath:
             )
             self.ledger.held.hold(node, Held(marked_at, reason, beat.stale_after, beat.interval))
             return []
+        held = Held(marked_at, reason, beat.stale_after, beat.interval) if beat else None
+        return [partial(self._confirm_stale, cluster, node, verdict, held)]
+
+    async def _confirm_stale(
+        self, cluster: str, node: str, verdict: Verdict, held: Held | None
+    ) -> None:
+        """Make the node stale as its marker says, unless FLEET_HB_IN holds a newer
+        heartbeat of it (FLEET_HB fell behind its source while others' heartbeats were
+        still stored: the node beats): then the marker is held instead."""
+        state = self.ledger.nodes.get(node)
+        if state is None:
+            return
+        key = await self.verify.store.trusted_key(node)
+        if held is not None and key is not None:
+            if await self.ownership.beating_upstream(state.record, key):
+                log.info("node beats into FLEET_HB_IN; marker held", extra={"node": node})
+                self.ledger.held.hold(node, held)
+                return
         self.ledger.mark_stale(node, state, verdict.record)
-        return self._steps(cluster, node, verdict)
+        for step in self._steps(cluster, node, verdict):
+            await step()
 
     def _refused(self, cluster: str, node: str, refusal: Refused, stream_seq: int) -> list[Step]:
         """The I/O a refusal needs: the refused heartbeat deleted from FLEET_HB, its alert,

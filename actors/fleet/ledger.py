@@ -2,12 +2,14 @@
 ``fleet_nodes`` in step with it.
 
 Holds every owned node's :class:`NodeState` (:mod:`actors.fleet.hot_state`), the nodes
-seen going stale, the refused ones (:class:`RefusalTracker`) and the count of pending
-records; applies verdicts to the table (:meth:`Ledger.accept`); writes records by
-compare-and-set (:meth:`Ledger.write`), those whose stored revision it knows batched per
-turn of the event loop, the steady ones once per ``checkpoint_interval``; reads records
-into the table (a cold start's scan, the slow path's fresh read, an operator's change
-seen through the trust watch). Judges nothing and raises no alert.
+seen going stale, the refused ones (:class:`RefusalTracker`), the count of pending
+records, and when the stream stored what was judged with the TTL markers held through a
+silence of it (:mod:`actors.fleet.silence`); applies verdicts to the table
+(:meth:`Ledger.accept`); writes records by compare-and-set (:meth:`Ledger.write`), those
+whose stored revision it knows batched per turn of the event loop, the steady ones once
+per ``checkpoint_interval``; reads records into the table (a cold start's scan, the slow
+path's fresh read, an operator's change seen through the trust watch). Judges nothing
+and raises no alert.
 """
 
 from __future__ import annotations

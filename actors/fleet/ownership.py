@@ -25,7 +25,6 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.hot_state import NodeState
 from actors.fleet.lease import holder_id
 from actors.fleet.ledger import Ledger
 from actors.fleet.metrics import AggregatorMetrics
@@ -42,6 +41,7 @@ from actors.runtime.consumer import (
 )
 from schemas import signing
 from schemas.errors import InvalidToken, SignatureError
+from schemas.messages import NodeRecord
 from schemas.subjects import (
     BUCKET_LEASES,
     STREAM_HEARTBEAT_INTAKE,
@@ -96,6 +96,7 @@ class Ownership:
         self._group: asyncio.TaskGroup | None = None
         self._handle: Handler | None = None
         self._intake = subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
+        self._intake_seq = 0
         self._heartbeat_base = f"{subjects.prefix}.hb"
 
     def consumer(self, partition: int, start: int = 1) -> DurableConsumer:
@@ -187,23 +188,39 @@ class Ownership:
         except nats.errors.Error as exc:
             log.warning("refused heartbeat not deleted", extra={"node": node, "reason": str(exc)})
 
-    async def beating_upstream(self, node: str, state: NodeState) -> bool:
-        """Whether FLEET_HB_IN, which FLEET_HB sources, holds a heartbeat of ``node``
-        newer than its last accepted one, signed by its trusted key: the node beats, and
-        FLEET_HB is behind its source (nats-server re-establishes a source whose stream
-        changed leader only at its next 10 s stall check, sometimes tens of seconds
-        later). False when unreadable or not so."""
-        record = state.record
-        subject = self.subjects.heartbeat(record.cluster, node)
+    async def beating_upstream(self, record: NodeRecord, key: str) -> bool:
+        """Whether FLEET_HB_IN, which FLEET_HB sources, holds a heartbeat of ``record``'s
+        node newer than its last accepted one, signed by ``key`` (its trusted key): the
+        node beats, and FLEET_HB is behind its source (nats-server re-establishes a
+        source whose stream changed leader only at its next 10 s stall check, sometimes
+        tens of seconds later). False when unreadable or not so."""
+        subject = self.subjects.heartbeat(record.cluster, record.node_id)
         try:
             async with asyncio.timeout(UPSTREAM_TIMEOUT):
                 msg = await self.bus.js.get_msg(self._intake, subject=subject)
-            if signing.verify(msg.headers, msg.data or b"") != state.key:
+            if signing.verify(msg.headers, msg.data or b"") != key:
                 return False
             beat = msgspec.json.decode(msg.data or b"", type=_Seq)
         except (nats.errors.Error, TimeoutError, SignatureError, msgspec.DecodeError):
             return False
         return beat.seq > record.last_seq
+
+    async def intake_stored(self) -> float | None:
+        """When FLEET_HB_IN last stored a heartbeat, if it stored one since the last call
+        (None: nothing new, or unreadable): what the pulse learns of the nodes the other
+        aggregators own, so one node dying alone in this owner's partitions is not taken
+        for a silence of the whole stream."""
+        try:
+            async with asyncio.timeout(UPSTREAM_TIMEOUT):
+                info = await self.bus.js.stream_info(self._intake)
+                last = info.state.last_seq
+                if last == self._intake_seq:
+                    return None
+                self._intake_seq = last
+                msg = await self.bus.js.get_msg(self._intake, seq=last)
+        except (nats.errors.Error, TimeoutError):
+            return None
+        return msg.time.timestamp() if msg.time is not None else None
 
     def caught_up(self, partition: int) -> CaughtUp | None:
         """When this owner had read ``partition`` to its end (None: not consuming it)."""

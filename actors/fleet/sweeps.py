@@ -90,6 +90,9 @@ class Sweeps:
             stop_if_cancelled()
             await asyncio.sleep(self.config.sweep_interval)
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
+            stored = await self.ownership.intake_stored()
+            if stored is not None:
+                self.ledger.pulse.stored(stored)
             try:
                 await self.sweep(everything)
                 await self.sweep_refused()
@@ -219,7 +222,8 @@ class Sweeps:
             state = ledger.nodes.get(node)
             if state is None:
                 continue
-            if await self.ownership.beating_upstream(node, state):
+            key = await self.store.trusted_key(node)
+            if key is not None and await self.ownership.beating_upstream(state.record, key):
                 # Its heartbeats reach the intake; FLEET_HB is what fell behind.
                 log.info("node beats into FLEET_HB_IN; marker still held", extra={"node": node})
                 ledger.held.hold(node, held)

@@ -48,9 +48,9 @@ CONNECT_BACKOFF_MAX = 15.0
 TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
 PING_INTERVAL = 2.0
 PINGS_MISSED = 2
-"""Every connection sends a PING every PING_INTERVAL seconds and waits as long for its
-PONG; after PINGS_MISSED unanswered in a row (4 to 8 s: the server frozen, or the link
-cut) it leaves that server for the next of its list. nats-py's own PINGs (every 2
+"""Every connection to a cluster sends a PING every PING_INTERVAL seconds and waits as long
+for its PONG; after PINGS_MISSED unanswered in a row (4 to 8 s: the server frozen, or the
+link cut) it leaves that server for the next of its list. nats-py's own PINGs (every 2
 minutes) would notice after minutes, and then wait up to 30 s more on the dead server
 for TLS to close: leaving here drops the connection at once."""
 MOVE_AFTER = 2.0
@@ -278,12 +278,13 @@ class NatsBus:
 
     async def _watch(self) -> None:
         """PING the server every PING_INTERVAL, waiting as long for each PONG; leave it
-        after PINGS_MISSED in a row go unanswered (a server frozen, or cut off)."""
+        after PINGS_MISSED in a row go unanswered (a server frozen, or cut off). Only
+        while the list (with the servers the cluster announced) has another server."""
         missed = 0
         while True:
             await asyncio.sleep(PING_INTERVAL)
-            if not self.nc.is_connected:
-                missed = 0
+            if not self.nc.is_connected or len(self.nc.servers) < 2:
+                missed = 0  # with one server there is nowhere to go: nats-py's own PINGs
                 continue
             try:
                 await self._round_trip(PING_INTERVAL)

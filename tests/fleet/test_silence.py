@@ -10,7 +10,6 @@ import os
 import msgspec
 
 from actors.fleet.aggregator import AggregatorActor
-from actors.fleet.hot_state import NodeState
 from actors.fleet.registry import approve, read_record
 from actors.fleet.silence import Held, HeldMarkers, StreamPulse, grace
 from actors.runtime.bus import NatsBus
@@ -152,12 +151,11 @@ async def test_a_node_beating_into_the_intake_is_alive_though_fleet_hb_is_behind
     signed by its key, says the node beats (FLEET_HB fell behind its source); an older
     one, or one signed by another key, does not."""
     aggregator, keys = await two_nodes(fleet, bus, prefix)
-    state = aggregator.ledger.nodes["n1"]
-    # The owner's view as of seq 3, whatever it accepts meanwhile.
-    view = NodeState(msgspec.structs.replace(state.record, last_seq=3), 0.0)
-    view.key = state.key
-    assert not await aggregator.ownership.beating_upstream("n1", view)
+    # The owner's record as of seq 3, whatever it accepts meanwhile.
+    record = msgspec.structs.replace(aggregator.ledger.nodes["n1"].record, last_seq=3)
+    key = keys["n1"].public_key
+    assert not await aggregator.ownership.beating_upstream(record, key)
     await beat(bus, prefix, keys["n1"], "n1", 4)
-    assert await aggregator.ownership.beating_upstream("n1", view)
+    assert await aggregator.ownership.beating_upstream(record, key)
     await beat(bus, prefix, signing.KeyPair.generate(), "n1", 5)
-    assert not await aggregator.ownership.beating_upstream("n1", view)
+    assert not await aggregator.ownership.beating_upstream(record, key)
