@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import random
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -169,13 +170,20 @@ class Nemesis:
             case "server_disk_full":
                 (c.store(target) / "filler").unlink(missing_ok=True)
                 # nats-server disables JetStream on a write error and keeps it off once
-                # the space is back (docs/failure-detection.md): the operator's remedy
-                # is a restart, done here so the next faults have three servers again.
+                # the space is back; restarted on the store the full disk damaged, a
+                # member came back inconsistent and lost an acknowledged write when it
+                # led (docs/failure-detection.md). The operator's remedy, done here: a
+                # restart on an empty store, which the other two fill again.
                 log = c.servers[target].log.read_bytes()[self._log_at :]
                 if JETSTREAM_DISABLED in log:
                     c.servers[target].stop()
+                    for entry in c.store(target).iterdir():
+                        if entry.is_dir():
+                            shutil.rmtree(entry)
+                        else:
+                            entry.unlink()
                     c.start_server(target)
-                    fault.note += "; JetStream disabled on the full disk: server restarted"
+                    fault.note += "; JetStream disabled on the full disk: restarted empty"
             case "aggregator_pause":
                 c.aggregators[target].resume()
             case "aggregators_pause":
