@@ -15,7 +15,9 @@ TLS_DIR = "/etc/nats/tls"
 
 
 class Pki:
-    def __init__(self, directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> None:
+    def __init__(
+        self, directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> None:
         """Certificates for servers and routes valid for ``hosts`` (names or addresses)."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
