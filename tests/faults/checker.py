@@ -13,7 +13,8 @@ What it holds the fleet to (the bounds are :class:`Bounds`, from the fleet's set
   ``recovered``); any other ``stale`` alert is false: the node was alive and a quorum
   could reach it;
 - **ownership**: no partition consumer of FLEET_HB acknowledged by one loop, then another,
-  then the first again (two owners' acks interleaved);
+  then the first again (two owners' acks interleaved), and no node's record written back
+  to an older heartbeat than one written before (a heartbeat judged twice);
 - **alerts**: none stored twice under one ``Nats-Msg-Id``; every alert publish seen on the
   wire, and every one a process logged as not published, is stored in the end; every
   record that went ``stale`` has its ``stale`` alert;
@@ -230,6 +231,24 @@ def _owners(history: History, report: Report) -> None:
                 finished.add(current)
             current = ack.owner
     report.figures["double_owners"] = doubles
+    _regressions(history, report)
+
+
+def _regressions(history: History, report: Report) -> None:
+    """A node's record written with a lower ``last_seq`` than an earlier write of it: a
+    heartbeat judged again after a newer one (two judges, or one judging backwards).
+    Sequence numbers only grow, across restarts too."""
+    newest: dict[str, RecordWrite] = {}
+    for write in sorted(history.records, key=lambda write: write.at):
+        before = newest.get(write.node)
+        if before is not None and write.last_seq < before.last_seq:
+            report.add(
+                "judged_twice",
+                f"{write.node}'s record went back from seq {before.last_seq} "
+                f"({_at(history, before.at)}) to {write.last_seq} ({_at(history, write.at)})",
+            )
+        if before is None or write.last_seq > before.last_seq:
+            newest[write.node] = write
 
 
 def _unique(alerts: list[StoredAlert]) -> list[StoredAlert]:

@@ -116,6 +116,16 @@ def test_two_owners_at_once_are_reported() -> None:
     assert report.figures["double_owners"] == 1
 
 
+def test_a_record_written_back_to_an_older_heartbeat_is_reported() -> None:
+    """A write of a node's record with a lower seq than one written before it (an old
+    owner judging after the new one) is a heartbeat judged twice."""
+    history = clean()
+    history.records.append(RecordWrite(T0 + 23, "g1", "active", 10))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["judged_twice"]
+    assert "from seq 11" in report.violations[0].detail
+
+
 def test_a_live_node_called_stale_is_reported() -> None:
     """A stale alert for a node no fault stopped or cut off is false (here g2, alive while
     a server was paused), and its record's stale write is no excuse."""
