@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 
 import msgspec
@@ -102,10 +103,10 @@ class Wiretap:
         self.alert_publishes: dict[str, float] = {}
         self.records: dict[tuple[str, int, str], RecordWrite] = {}
 
-    async def start(self, urls: list[str], seed: str, tls: object) -> None:
+    async def start(self, urls: list[str], seed: str, tls: ssl.SSLContext) -> None:
         subjects = Subjects(PREFIX)
         for url in urls:
-            bus = await NatsBus.connect(url, "flt-wiretap", nkey_seed=seed, tls=tls)  # type: ignore[arg-type]
+            bus = await NatsBus.connect(url, "flt-wiretap", nkey_seed=seed, tls=tls)
             self.buses.append(bus)
             await bus.subscribe(f"{ACK_PREFIX}>", self._on_ack)
             await bus.subscribe("_INBOX.>", self._on_delivery)

@@ -12,12 +12,15 @@ import io
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 import nats.errors
@@ -27,6 +30,7 @@ from nats.aio.msg import Msg
 from actors.fleet.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec
+from schemas.errors import DecodeError, FleetError
 from schemas.messages import AggregatorLease, CommandResult
 from schemas.subjects import BUCKET_LEASES, BUCKET_NODES, Subjects, lease_key
 from tests.faults import collect
@@ -94,8 +98,8 @@ class Run:
                 for agent in AGENTS:
                     key = c.node_keys[agent].public_key
                     await approve(bus, self.subjects, agent, key)
-            except Exception:  # not provisioned yet, or a timeout while it settles
-                return False
+            except (FleetError, nats.errors.Error, TimeoutError):
+                return False  # not provisioned yet, or a timeout while the cluster settles
             return True
 
         await until(approved_all, "streams provisioned and nodes approved")
@@ -106,11 +110,12 @@ class Run:
     async def on_result(self, msg: Msg) -> None:
         try:
             result = codec.decode(msg.data, CommandResult, msg.subject)
-        except Exception:
+        except DecodeError:
             return
         self.results.setdefault(result.command_id, set()).add(result.status)
 
     async def nodes_live(self) -> bool:
+        """Whether every agent's record in ``fleet_nodes`` says it is live."""
         assert self.bus is not None
         try:
             nodes = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
@@ -122,11 +127,12 @@ class Run:
                 )
                 if state in NOT_LIVE or state is None:
                     return False
-        except (nats.errors.Error, TimeoutError):
-            return False
+        except (nats.errors.Error, TimeoutError, msgspec.DecodeError):
+            return False  # unreadable while the cluster settles
         return True
 
     async def partitions_held(self) -> bool:
+        """Whether every partition's lease is held and was renewed within two ttls."""
         assert self.bus is not None
         try:
             leases = await self.bus.kv(self.subjects.bucket_name(BUCKET_LEASES))
@@ -136,13 +142,12 @@ class Run:
                 lease = codec.decode(entry.value or b"", AggregatorLease, lease_key(partition))
                 if time.time() - lease.renewed > 2 * self.cluster.timing.lease_ttl:
                     return False
-        except (nats.errors.Error, TimeoutError, msgspec.DecodeError):
-            return False
-        except Exception:  # a key deleted on release: not held
-            return False
+        except (nats.errors.Error, TimeoutError, DecodeError):
+            return False  # missing (deleted on a release), or unreadable while it settles
         return True
 
     def results_in(self, operator: Operator) -> bool:
+        """Whether every command FLEET_CMD acknowledged has its final result."""
         finals = {"done", "failed", "rejected"}
         return all(
             self.results.get(command.id, set()) & finals
@@ -162,8 +167,6 @@ class Run:
             [c.url(s) for s in SERVERS], c.aggregator_key.seed, c.pki.client("wiretap")
         )
         meter = collect.LoadMeter()
-        import random
-
         operator = Operator(bus, c.operator_key, AGENTS, random.Random(self.seed))
         stop = asyncio.Event()
 
@@ -207,19 +210,23 @@ class Run:
         return history, failure
 
 
-async def until(condition: object, what: str, timeout: float = START_TIMEOUT) -> None:
+async def until(
+    condition: Callable[[], Awaitable[bool]], what: str, timeout: float = START_TIMEOUT
+) -> None:
+    """Wait for ``condition``, bounded: the fleet's start, each step of it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await condition():  # type: ignore[operator]
+        if await condition():
             return
         await asyncio.sleep(0.5)
     raise RuntimeError(f"{what}: not within {timeout:g}s")
 
 
-async def _answers(request: object) -> bool:
+async def _answers(request: Awaitable[object]) -> bool:
+    """Whether ``request`` got an answer (JetStream up), within 3 s."""
     try:
         async with asyncio.timeout(3.0):
-            await request  # type: ignore[misc]
+            await request
     except (nats.errors.Error, TimeoutError, nats.js.errors.APIError):
         return False
     return True
@@ -234,8 +241,8 @@ def read_logs(history: History, cluster: Cluster) -> None:
         history.not_published += lost
 
 
-def print_report(report: Report, history: History, failure: str, out: object = sys.stdout) -> None:
-    write = out.write  # type: ignore[attr-defined]
+def print_report(report: Report, history: History, failure: str, out: TextIO) -> None:
+    write = out.write
     f = report.figures
     write(f"fault run: {f['minutes']} min, faults {f['faults']}\n")
     write(f"commands: {f['commands']}\n")
