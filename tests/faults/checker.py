@@ -143,10 +143,10 @@ def _of_kind(alerts: list[StoredAlert], kind: str) -> dict[str, list[StoredAlert
 def _stale(history: History, bounds: Bounds, report: Report) -> None:
     stale = _of_kind(_unique(history.alerts), "stale")
     recovered = _of_kind(_unique(history.alerts), "recovered")
+    windows = _windows(history, bounds)
     allowed: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for fault in history.faults:
-        for node in fault.stopped + fault.cut:
-            allowed[node].append((fault.started, fault.healed + bounds.cut_grace))
+    for (node, _), window in windows.items():
+        allowed[node].append(window)
     false = missed = 0
     for node, alerts in stale.items():
         for alert in alerts:
@@ -157,9 +157,9 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
                     f"{node} called stale at {_at(history, alert.ts)} "
                     f"({_during(history, alert.ts)})",
                 )
-    for fault in history.faults:
+    for index, fault in enumerate(history.faults):
         for node in fault.stopped + fault.cut:
-            window = fault.started, fault.healed + bounds.cut_grace
+            window = windows[node, index]
             found = [a for a in stale.get(node, []) if window[0] <= a.ts <= window[1]]
             what = (
                 f"{node} ({fault.kind} at {_at(history, fault.started)}, "
@@ -194,6 +194,25 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
 def _at(history: History, at: float) -> str:
     """A time as seconds from the run's start (the timeline's)."""
     return f"+{at - history.started:.1f}s"
+
+
+def _windows(history: History, bounds: Bounds) -> dict[tuple[str, int], tuple[float, float]]:
+    """Per (node, fault index) of a fault that stopped or cut the node off: when a stale
+    alert of the node belongs to it, from its start to its heal plus the grace, or to the
+    start of the node's next such fault if that comes first."""
+    windows: dict[tuple[str, int], tuple[float, float]] = {}
+    for index, fault in enumerate(history.faults):
+        for node in fault.stopped + fault.cut:
+            later = [
+                other.started
+                for other in history.faults[index + 1 :]
+                if node in other.stopped + other.cut
+            ]
+            windows[node, index] = (
+                fault.started,
+                min([fault.healed + bounds.cut_grace, *later[:1]]),
+            )
+    return windows
 
 
 def _during(history: History, at: float) -> str:

@@ -55,8 +55,9 @@ class Plan:
 
 
 def schedule(seed: int, minutes: float, stale_after: float, lease_ttl: float) -> list[Plan]:
-    """Rounds of every kind, shuffled by ``seed``, until their lengths fill ``minutes``
-    (at least one round)."""
+    """Rounds of every kind, shuffled by ``seed``, until their lengths alone fill
+    ``minutes`` (at least one round): more than a run has time for, since each fault also
+    waits for convergence and a calm; :meth:`Nemesis.run` stops at its deadline."""
     rng = random.Random(seed)
     plans: list[Plan] = []
     budget = minutes * 60.0
@@ -74,8 +75,6 @@ def schedule(seed: int, minutes: float, stale_after: float, lease_ttl: float) ->
         "agent_isolate": stale_after + 5.0,
         "agent_clock_jump": 8.0,
     }
-    # What a fault costs beyond its length: convergence and the calm after it.
-    overhead = 12.0
     while not plans or budget > 0:
         kinds = list(KINDS)
         rng.shuffle(kinds)
@@ -84,7 +83,7 @@ def schedule(seed: int, minutes: float, stale_after: float, lease_ttl: float) ->
             pool = AGGREGATORS if kind.startswith("aggregator") else pool
             target = "all" if kind == "aggregators_pause" else rng.choice(pool)
             plans.append(Plan(kind, target, lengths[kind]))
-            budget -= lengths[kind] + overhead
+            budget -= lengths[kind]
         if budget <= 0:
             break
     return plans
@@ -99,8 +98,12 @@ class Nemesis:
         self.faults: list[Fault] = []
         self._log_at = 0
 
-    async def run(self, plans: list[Plan]) -> None:
-        for plan in plans:
+    async def run(self, plans: list[Plan], minutes: float) -> None:
+        """Each plan in turn, until ``minutes`` have passed (the first round whatever)."""
+        deadline = time.time() + 60.0 * minutes
+        for index, plan in enumerate(plans):
+            if index >= len(KINDS) and time.time() >= deadline:
+                break
             fault = Fault(plan.kind, plan.target, time.time())
             self.faults.append(fault)
             log.info("fault %s of %s for %gs", plan.kind, plan.target, plan.length)

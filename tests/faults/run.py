@@ -181,7 +181,8 @@ class Run:
         tasks = [asyncio.create_task(meter.run()), asyncio.create_task(operator.run(stop))]
         failure = ""
         try:
-            await nemesis.run(schedule(self.seed, self.minutes, t.stale_after, t.lease_ttl))
+            plans = schedule(self.seed, self.minutes, t.stale_after, t.lease_ttl)
+            await nemesis.run(plans, self.minutes)
         except Exception as exc:  # the run is reported, with what broke it
             failure = f"nemesis stopped: {exc!r}"
             await asyncio.to_thread(nemesis.heal_everything)

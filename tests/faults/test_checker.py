@@ -219,3 +219,20 @@ def test_each_stop_is_judged_with_its_own_recovery() -> None:
     assert check(history).violations == []
     history.alerts.append(StoredAlert("recovered:c1:g1:q32", "recovered", "g1", T0 + 42))
     assert [v.kind for v in check(history).violations] == ["recovered"]
+
+
+def test_a_stale_alert_belongs_to_the_node_s_latest_fault() -> None:
+    """A node paused, then killed soon after its heal: each fault has its own stale and
+    recovered alerts, none counted twice."""
+    history = clean()
+    history.faults += [
+        Fault("agent_pause", "g2", T0 + 50, T0 + 60, stopped=["g2"], converged=0.3),
+        Fault("agent_kill", "g2", T0 + 64, T0 + 74, stopped=["g2"], converged=2),
+    ]
+    history.alerts += [
+        StoredAlert("stale:c1:g2:q50", "stale", "g2", T0 + 55),
+        StoredAlert("recovered:c1:g2:q51", "recovered", "g2", T0 + 60.2),
+        StoredAlert("stale:c1:g2:q54", "stale", "g2", T0 + 69),
+        StoredAlert("recovered:c1:g2:q1001", "recovered", "g2", T0 + 76),
+    ]
+    assert check(history).violations == []
