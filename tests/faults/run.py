@@ -1,7 +1,8 @@
 """``python -m tests.faults.run --minutes M --seed S``: the fault harness, its nemesis and
 its checker, end to end (as root). Prints the checker's figures and every violation, and
 exits 0 when there is none, 1 when there is one, 2 when the run itself could not be made
-(not root, a tool missing, the fleet not starting).
+(not root, a tool missing, the fleet not starting). One run at a time on a machine: a run
+starts by removing what any earlier one left (namespaces ``flt-*``, their processes).
 """
 
 from __future__ import annotations
