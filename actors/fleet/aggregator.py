@@ -350,14 +350,17 @@ class HeartbeatPath:
     ) -> None:
         """Make the node stale as its marker says, unless FLEET_HB_IN holds a newer
         heartbeat of it (FLEET_HB fell behind its source while others' heartbeats were
-        still stored: the node beats): then the marker is held instead."""
+        still stored: the node beats) or cannot be read: then the marker is held."""
         state = self.ledger.nodes.get(node)
         if state is None:
             return
         key = await self.verify.store.trusted_key(node)
         if held is not None and key is not None:
-            if await self.ownership.beating_upstream(state.record, key):
-                log.info("node beats into FLEET_HB_IN; marker held", extra={"node": node})
+            if await self.ownership.beating_upstream(state.record, key) in (True, None):
+                log.info(
+                    "marker held: FLEET_HB_IN says the node beats, or cannot say",
+                    extra={"node": node},
+                )
                 self.ledger.held.hold(node, held)
                 return
         self.ledger.mark_stale(node, state, verdict.record)

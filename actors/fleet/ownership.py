@@ -188,20 +188,26 @@ class Ownership:
         except nats.errors.Error as exc:
             log.warning("refused heartbeat not deleted", extra={"node": node, "reason": str(exc)})
 
-    async def beating_upstream(self, record: NodeRecord, key: str) -> bool:
+    async def beating_upstream(self, record: NodeRecord, key: str) -> bool | None:
         """Whether FLEET_HB_IN, which FLEET_HB sources, holds a heartbeat of ``record``'s
         node newer than its last accepted one, signed by ``key`` (its trusted key): the
         node beats, and FLEET_HB is behind its source (nats-server re-establishes a
         source whose stream changed leader only at its next 10 s stall check, sometimes
-        tens of seconds later). False when unreadable or not so."""
+        tens of seconds later). None when the intake cannot be read (it has no leader
+        either): nobody can tell, so nobody is accused."""
         subject = self.subjects.heartbeat(record.cluster, record.node_id)
         try:
             async with asyncio.timeout(UPSTREAM_TIMEOUT):
                 msg = await self.bus.js.get_msg(self._intake, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return False  # nothing there: its last heartbeat expired in the intake too
+        except (nats.errors.Error, TimeoutError):
+            return None
+        try:
             if signing.verify(msg.headers, msg.data or b"") != key:
                 return False
             beat = msgspec.json.decode(msg.data or b"", type=_Seq)
-        except (nats.errors.Error, TimeoutError, SignatureError, msgspec.DecodeError):
+        except (SignatureError, msgspec.DecodeError):
             return False
         return beat.seq > record.last_seq
 

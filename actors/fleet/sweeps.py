@@ -216,16 +216,20 @@ class Sweeps:
         """TTL markers held through a silence of the stream (actors.fleet.silence) whose
         node has not beaten since the stream stored heartbeats again: stale now, with the
         marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
-        the node (FLEET_HB fell behind its source): then held on."""
+        the node (FLEET_HB fell behind its source) or cannot be read: then held on."""
         ledger = self.ledger
         for node, held in ledger.held.due(ledger.pulse, time.time()):
             state = ledger.nodes.get(node)
             if state is None:
                 continue
             key = await self.store.trusted_key(node)
-            if key is not None and await self.ownership.beating_upstream(state.record, key):
-                # Its heartbeats reach the intake; FLEET_HB is what fell behind.
-                log.info("node beats into FLEET_HB_IN; marker still held", extra={"node": node})
+            if key is not None and await self.ownership.beating_upstream(state.record, key) in (
+                True,
+                None,
+            ):
+                # Its heartbeats reach the intake (FLEET_HB is what fell behind), or the
+                # intake cannot be read: not stale on what nobody can tell.
+                log.info("marker still held", extra={"node": node})
                 ledger.held.hold(node, held)
                 continue
             try:

@@ -8,7 +8,7 @@ FLEET_CMD acknowledged it: a publish that times out is sent again under the same
 The wiretap holds one connection per server (that server only), so it sees what each
 server sees, partitioned or not, and records: every acknowledgement of a FLEET_HB
 partition consumer with the inbox its delivery went to (whose loop acked it), every
-publish of an alert, and every write of a node record.
+publish of an alert, and every write of a node record the stream acknowledged.
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ class Wiretap:
         self.deliveries: dict[str, str] = {}
         self.alert_publishes: dict[str, float] = {}
         self.records: dict[tuple[str, int, str], RecordWrite] = {}
+        self._writes: dict[str, RecordWrite] = {}
+        """Record writes seen, by the reply subject their answer will come on: a write
+        counts once the stream acknowledged it (a compare-and-set refused is no write)."""
 
     async def start(self, urls: list[str], seed: str, tls: ssl.SSLContext) -> None:
         subjects = Subjects(PREFIX)
@@ -130,6 +133,9 @@ class Wiretap:
     async def _on_delivery(self, msg: Msg) -> None:
         if msg.reply.startswith(ACK_PREFIX):
             self.deliveries.setdefault(msg.reply, msg.subject)
+        write = self._writes.pop(msg.subject, None)
+        if write is not None and b'"error"' not in msg.data:
+            self.records.setdefault((write.node, write.last_seq, write.state), write)
 
     async def _on_alert(self, msg: Msg) -> None:
         msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
@@ -142,10 +148,8 @@ class Wiretap:
             record = msgspec.json.decode(msg.data, type=_Record)
         except msgspec.DecodeError:
             return
-        key = (record.node_id, record.last_seq, record.state)
-        self.records.setdefault(
-            key, RecordWrite(time.time(), record.node_id, record.state, record.last_seq)
-        )
+        write = RecordWrite(time.time(), record.node_id, record.state, record.last_seq)
+        self._writes.setdefault(msg.reply, write)
 
     def ack_list(self) -> list[Ack]:
         """Every ack, its owner filled in from deliveries seen after it (by another tap)."""
