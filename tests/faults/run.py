@@ -117,14 +117,16 @@ class Run:
             async with asyncio.timeout(5.0):
                 last = (await self.bus.js.stream_info(stream)).state.last_seq
                 while self.results_seq < last:
-                    self.results_seq += 1
                     try:
-                        msg = await self.bus.js.get_msg(stream, self.results_seq)
-                    except nats.js.errors.NotFoundError:
-                        continue
-                    result = codec.decode(msg.data or b"", CommandResult, msg.subject or "")
-                    self.results.setdefault(result.command_id, set()).add(result.status)
-        except (nats.errors.Error, TimeoutError, DecodeError) as exc:
+                        msg = await self.bus.js.get_msg(stream, self.results_seq + 1)
+                        result = codec.decode(msg.data or b"", CommandResult, msg.subject or "")
+                        self.results.setdefault(result.command_id, set()).add(result.status)
+                    except (nats.js.errors.NotFoundError, DecodeError):
+                        pass
+                    # Past a message only once it was read (or is not there): a read that
+                    # timed out is tried again at the next call.
+                    self.results_seq += 1
+        except (nats.errors.Error, TimeoutError) as exc:
             # The harness is a client like any: it leaves a server that lost its quorum.
             if unanswered(exc):
                 self.bus.jetstream_answered(False)

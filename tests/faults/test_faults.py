@@ -5,8 +5,10 @@ against a real three-server cluster, failing on any violation the checker finds.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,9 @@ def test_one_round_of_every_fault_breaks_no_promise(tmp_path: Path) -> None:
             "--seed",
             str(SEED),
             "--dir",
-            str(tmp_path / f"{RUN_MARK}ci"),
+            # Not under tmp_path: pytest keeps only its last few, and a failed run's
+            # timeline, report and history are what says why.
+            str(Path(tempfile.gettempdir()) / f"{RUN_MARK}ci-{os.getpid()}"),
             "--json",
             str(report),
         ],
