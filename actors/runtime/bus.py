@@ -244,7 +244,9 @@ class NatsBus:
     def jetstream_answered(self, answered: bool) -> None:
         now = time.monotonic()
         if answered:
-            self._failing_since, self._failures = None, 0
+            # The backoff holds moves back while JetStream keeps failing; once it answers,
+            # the next failure (another fault) may move at once.
+            self._failing_since, self._failures, self._next_move = None, 0, 0.0
             self._move_backoff.reset()
             return
         if self._failing_since is None:
