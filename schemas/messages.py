@@ -289,6 +289,7 @@ AlertKind = Literal[
     "stopped",
     "forgotten",
     "revoked",
+    "bus_outage",
 ]
 
 REFUSALS: frozenset[AlertKind] = frozenset(
