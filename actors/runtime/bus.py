@@ -392,7 +392,9 @@ class NatsBus:
         return cached
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        """Drain (deliver what is buffered, then close), bounded by ``timeout``. A
+        connection the server has gone from (stopped, restarting) is closed all the same:
+        nats-py's flush of its socket then raises ConnectionResetError, which is no news."""
         if self._watching is not None:
             self._watching.cancel()
         if self.nc.is_closed:
@@ -401,9 +403,12 @@ class NatsBus:
         try:
             async with asyncio.timeout(timeout):
                 await self.nc.drain()
-        except (TimeoutError, nats.errors.Error) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except OSError:
+                pass  # the socket was gone already: closed is what it is
 
 
 UNSUBSCRIBE_TIMEOUT = 2.0
