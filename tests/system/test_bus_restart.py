@@ -26,7 +26,14 @@ PREFIX = "outage"
 NODES = [f"n{index}" for index in range(1, 6)]
 OUTAGE = 10.0
 """Seconds the server is down: several of the agents' stale_after."""
-PER_NODE = {"stale", "recovered", "anomaly", "sequence_gap", "health"}
+PER_NODE = {"stale", "recovered", "anomaly", "sequence_gap"}
+
+
+def outage_alert(alert: Alert) -> bool:
+    """An alert the outage itself would cause per node: a lifecycle or gap alert, or a
+    health change for a stale feed (a busy test machine's CPU and latency findings are
+    true, and not the outage's)."""
+    return alert.kind in PER_NODE or (alert.kind == "health" and "probe_freshness" in alert.message)
 
 
 @pytest.mark.timeout(180)
@@ -86,5 +93,5 @@ async def test_a_server_restart_is_one_alert_and_a_dead_node_is_still_stale(
     [outage] = [alert for alert in alerts if alert.kind == "bus_outage"]
     assert outage.details["nodes"] == "4", outage.message
     assert int(outage.details["seconds"]) >= OUTAGE - 2, outage.details
-    storm = [(a.kind, a.node_id, a.message) for a in alerts if a.kind in PER_NODE]
+    storm = [(a.kind, a.node_id, a.message) for a in alerts if outage_alert(a)]
     assert storm == [("stale", NODES[-1], storm[0][2])], storm

@@ -33,6 +33,7 @@ from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
+from actors.fleet.remediation.policy import PolicyConfig, load_policy
 from actors.fleet.storage import registry
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
@@ -45,9 +46,10 @@ from actors.runtime.embedded import NatsServer, ServerError
 from actors.runtime.login_links import login_link
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
-from schemas.errors import FleetError
+from schemas.base import Labels
+from schemas.errors import FleetError, InvalidToken
 from schemas.messages import NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,11 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     refresh: float = 1.0
     allow_ui_commands: bool = False
     """The dashboard sends commands (signed with the operator key), after a login."""
+    policy_file: Path | None = None
+    """A remediation policy the aggregator runs, as ``fleetctl aggregator --policy-file``;
+    the agents trust its key too."""
+    labels: dict[str, dict[str, str]] = {}
+    """Labels per node id, ``""`` for every agent (a node's own win)."""
 
 
 def default_store() -> Path:
@@ -84,7 +91,9 @@ def _log_to_file(path: Path) -> None:
     logging.getLogger().handlers[:] = [handler]
 
 
-def agent_config(options: UpOptions, server: str, index: int, operator: str) -> AgentConfig:
+def agent_config(
+    options: UpOptions, server: str, index: int, operator: str, *trusted: str
+) -> AgentConfig:
     node = f"node-{index}"
     return AgentConfig(
         server=server,
@@ -96,8 +105,32 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         fake_gpus=None if options.gpus_per_node == "real" else options.gpus_per_node,
         http_port=0,
         gateway_port=0,
-        trust_operators=[operator],
+        trust_operators=[operator, *trusted],
+        labels={**options.labels.get("", {}), **options.labels.get(node, {})},
     )
+
+
+def node_label(text: str) -> tuple[str, str, str]:
+    """An argparse type: ``KEY=VALUE`` (every agent) or ``NODE:KEY=VALUE`` (one), as
+    (node or "", key, value), checked as a node's labels are."""
+    pair, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE or NODE:KEY=VALUE")
+    node, _, key = pair.rpartition(":")
+    try:
+        msgspec.convert({key: value}, Labels)
+        if node:
+            check_token("node id", node)
+    except (msgspec.ValidationError, InvalidToken) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return node, key, value
+
+
+def labels_by_node(given: list[tuple[str, str, str]]) -> dict[str, dict[str, str]]:
+    by_node: dict[str, dict[str, str]] = {}
+    for node, key, value in given:
+        by_node.setdefault(node, {})[key] = value
+    return by_node
 
 
 def gpus_per_node(text: str) -> int | str:
@@ -173,6 +206,9 @@ async def run_up(options: UpOptions) -> int:
     await start_server(server, options.port)
     try:
         operator = signing.load_or_create_key_file(options.store / "operator.nk")
+        policy = load_policy(options.policy_file) if options.policy_file else None
+        # The policy signs its cordons with its own key: the agents trust it too.
+        trusted = [signing.load_key_file(Path(policy.key_file)).public_key] if policy else []
         bus = await NatsBus.connect(server.url, "fleetctl-up")
         subjects = Subjects()
         await provision(bus.js, subjects)
@@ -183,19 +219,19 @@ async def run_up(options: UpOptions) -> int:
         # fleetctl deploy without a node is kept running here too.
         aggregator_config = AggregatorConfig(
             http_port=0,
-            trust_operators=[operator.public_key],
+            trust_operators=[operator.public_key, *trusted],
             workloads_key_file=str(options.store / "operator.nk"),
             allow_ui_commands=options.allow_ui_commands,
             ui_key_file=str(options.store / "operator.nk") if options.allow_ui_commands else "",
         )
-        provider = ProviderActors(aggregator_config, bus, metrics)
+        provider = ProviderActors(aggregator_config, bus, metrics, policy)
         fleet_http = provider.http
         assert fleet_http is not None  # http_port=0: served
         aggregator = provider.supervisor
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):
-            config = agent_config(options, server.url, index, operator.public_key)
+            config = agent_config(options, server.url, index, operator.public_key, *trusted)
             key = signing.load_or_create_key_file(config.key_path)
             await registry.approve(
                 bus,
@@ -214,7 +250,8 @@ async def run_up(options: UpOptions) -> int:
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
             "for fleetctl and node-agent in another shell (this server, this operator key):\n"
             f"  {export_line(server.url, options.store / 'operator.nk')}\n"
-            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\nCtrl-C to stop.\n\n"
+            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\n"
+            f"{policy_line(options.policy_file, policy)}Ctrl-C to stop.\n\n"
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
     finally:
@@ -254,6 +291,14 @@ async def stop_fleet(
         await bus.close()
     await asyncio.to_thread(server.stop)
     sys.stdout.write("stopped.\n")
+
+
+def policy_line(path: Path | None, policy: PolicyConfig | None) -> str:
+    """The banner's line about the remediation policy, when one runs."""
+    if path is None or policy is None:
+        return ""
+    mode = "dry run: says what it would do" if policy.dry_run else "acting"
+    return f"policy: {path} ({mode}; fleetctl policy status)\n"
 
 
 def dashboard_lines(port: int | None, key: signing.KeyPair, options: UpOptions) -> str:
@@ -356,6 +401,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
         stale_after=args.stale_after or 3 * args.heartbeat_interval,
         gpus_per_node=args.gpus_per_node,
         allow_ui_commands=args.allow_ui_commands,
+        policy_file=args.policy_file,
+        labels=labels_by_node(args.label or []),
     )
     return await run_up(options)
 
@@ -391,5 +438,19 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="the dashboard sends cordon, drain and uncordon (signed with the operator "
         "key) after a login: the banner prints a one-time login link",
+    )
+    up.add_argument(
+        "--policy-file",
+        type=Path,
+        help="a remediation policy (TOML, docs/remediation.md) the aggregator runs, as "
+        "'fleetctl aggregator --policy-file'; the agents trust its key_file's key",
+    )
+    up.add_argument(
+        "-l",
+        "--label",
+        type=node_label,
+        action="append",
+        help="a label KEY=VALUE for every agent, or NODE:KEY=VALUE for one (node-2:rack=b); "
+        "repeatable",
     )
     up.set_defaults(func=cmd_up)
