@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
-from actors.cli.render import describe, tables
+from actors.cli.render import columns, describe, tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.views import history, live
@@ -47,6 +47,7 @@ def write_nodes(
     rows: bool,
     of: int | None = None,
     pending: bool = False,
+    extra: list[columns.Column] | None = None,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
     is written record by record (the same bytes as one array), so a 100,000-node
@@ -63,7 +64,7 @@ def write_nodes(
     elif pending and output in ("table", "wide"):
         sys.stdout.write(tables.pending_table(records))
     else:
-        sys.stdout.write(tables.nodes_output(records, output, colour, of))
+        sys.stdout.write(tables.nodes_output(records, output, colour, of, extra or []))
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -75,6 +76,11 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
     selectors = fleet_labels.parse_selectors(args.label or [])
+    extra = columns.label_columns(columns.label_keys(args.label_columns or []), args.show_labels)
+    if output.startswith(columns.CUSTOM_PREFIX):
+        columns.custom_columns(output)  # a wrong spec is refused before any read
+    if args.sort_by:
+        columns.path_of(args.sort_by)
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
@@ -92,6 +98,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 and (not states or r.state in states)
                 and fleet_labels.matches(r.labels, selectors)
             ]
+            if args.sort_by:
+                records = columns.sort_records(records, args.sort_by)
             if args.limit is not None:
                 records = records[: args.limit]
             rows = args.all or args.limit is not None
@@ -104,7 +112,13 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                     sys.stdout.write("\n")
                 shown = key
                 write_nodes(
-                    records, output, colour, rows, of=len(every), pending=states == {"pending"}
+                    records,
+                    output,
+                    colour,
+                    rows,
+                    of=len(every),
+                    pending=states == {"pending"},
+                    extra=extra,
                 )
                 sys.stdout.flush()
             if stop is None:
@@ -317,6 +331,15 @@ async def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def node_output(text: str) -> str:
+    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
+    if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
+    )
+
+
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``nodes``, ``aggregators``, ``node``, ``watch``, ``describe`` and ``events``."""
     nodes = commands.add_parser("nodes", help="list the fleet")
@@ -347,9 +370,27 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     nodes.add_argument(
         "-o",
         "--output",
-        choices=tables.NODE_OUTPUTS,
+        type=node_output,
         default="table",
-        help="table (default), wide (adds SEQ and REASON), json or yaml",
+        help="table (default), wide (adds SEQ and REASON), json, yaml, or "
+        "custom-columns=NAME:.path,... (JSON paths into each record, as -o json shows it: "
+        "custom-columns=NODE:.node_id,HOST:.heartbeat.sample.hostname)",
+    )
+    nodes.add_argument(
+        "--sort-by",
+        metavar="FIELD",
+        help=f"order by a column ({', '.join(columns.SORT_FIELDS)}) or a JSON path "
+        "(.heartbeat.sample.hostname), ascending; nodes without it last",
+    )
+    nodes.add_argument(
+        "-L",
+        "--label-columns",
+        action="append",
+        metavar="KEY[,KEY]",
+        help="a column for each of these labels (repeatable)",
+    )
+    nodes.add_argument(
+        "--show-labels", action="store_true", help="a LABELS column with every label"
     )
     nodes.add_argument(
         "--watch",
