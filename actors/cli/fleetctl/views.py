@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
+from actors.cli.node_names import did_you_mean
 from actors.cli.render import columns, describe, tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import leases, policy_holds, registry
@@ -187,7 +188,7 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
 
 async def cmd_node(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
-        record = await live.read_node(bus, Subjects(args.prefix), args.node)
+        record = await node_record(bus, Subjects(args.prefix), args.node)
     if args.json:
         sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
     else:
@@ -288,7 +289,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     """The human view of one node: its record explained, then its recent history."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        record = await live.read_node(bus, subjects, args.node)
+        record = await node_record(bus, subjects, args.node)
         alerts, results = await history.node_history(
             bus, subjects, args.node, limit=describe.RECENT
         )
@@ -314,6 +315,16 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecord:
+    """The node's record, read live; an unknown node is one line naming the known ones
+    closest to it (did you mean ...?)."""
+    try:
+        return await live.read_node(bus, subjects, node)
+    except registry.NotFound as exc:
+        known = [record.node_id for record in await registry.read_records(bus, subjects)]
+        raise FleetError(f"{exc}{did_you_mean(node, known)}") from None
+
+
 async def cmd_events(args: argparse.Namespace) -> int:
     """A node's alerts and command results from the streams, oldest first; a node with
     neither and no record is unknown (exit 1)."""
@@ -323,7 +334,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
         alerts, results = await history.node_history(bus, subjects, args.node, since)
         if not alerts and not results:
             # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
-            await registry.read_record(bus, subjects, args.node)
+            await node_record(bus, subjects, args.node)
     for entry in history.merged(alerts, results):
         sys.stdout.write(
             (tables.event_json(entry) if args.json else tables.event_line(entry)) + "\n"
