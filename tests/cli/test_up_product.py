@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,3 +87,20 @@ def test_up_runs_a_policy_and_labels_its_agents(tmp_path: Path) -> None:
     finally:
         process.kill()
     assert process.returncode == 0
+    # The dashboard's port is kept for the next up of this store (a bookmark keeps working).
+    [dashboard] = [line for line in banner if line.startswith("dashboard: ")]
+    port = int(dashboard.split(":")[-1].strip().rstrip("/"))
+    assert up.last_port(tmp_path / "store") == port
+
+
+def test_the_dashboard_port_is_kept_unless_taken(tmp_path: Path) -> None:
+    """The stored port is used again while it is free; taken, unreadable or absent: 0."""
+    assert up.last_port(tmp_path) == 0
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        up.keep_port(tmp_path, port)
+        assert up.last_port(tmp_path) == 0  # taken now
+    assert up.last_port(tmp_path) == port
+    (tmp_path / up.PORT_FILE).write_text("http\n")
+    assert up.last_port(tmp_path) == 0

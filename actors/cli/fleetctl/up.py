@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -218,7 +220,7 @@ async def run_up(options: UpOptions) -> int:
         # The workload reconciler signs with the operator key every agent trusts, so
         # fleetctl deploy without a node is kept running here too.
         aggregator_config = AggregatorConfig(
-            http_port=0,
+            http_port=last_port(options.store),
             trust_operators=[operator.public_key, *trusted],
             workloads_key_file=str(options.store / "operator.nk"),
             allow_ui_commands=options.allow_ui_commands,
@@ -244,6 +246,7 @@ async def run_up(options: UpOptions) -> int:
             agent = NodeAgent(config)
             await agent.start()
             agents.append(agent)
+        keep_port(options.store, fleet_http.port)
         sys.stdout.write(
             f"NATS: {server.url}\n{dashboard_lines(fleet_http.port, operator, options)}"
             f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
@@ -291,6 +294,35 @@ async def stop_fleet(
         await bus.close()
     await asyncio.to_thread(server.stop)
     sys.stdout.write("stopped.\n")
+
+
+PORT_FILE = "dashboard.port"
+"""Where the store keeps the dashboard's port, so the next ``up`` serves it there too
+(a bookmark keeps working)."""
+
+
+def last_port(store: Path) -> int:
+    """The port the last ``up`` of this store served its dashboard on, if it is free now;
+    else 0 (any free port)."""
+    try:
+        port = int((store / PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    if not 0 < port < 65536:
+        return 0
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
+def keep_port(store: Path, port: int | None) -> None:
+    """Remember the dashboard's port for the next ``up`` (best effort)."""
+    if port:
+        with contextlib.suppress(OSError):
+            (store / PORT_FILE).write_text(f"{port}\n")
 
 
 def policy_line(path: Path | None, policy: PolicyConfig | None) -> str:
