@@ -43,6 +43,7 @@ from schemas.base import (
     Wire,
 )
 from schemas.errors import DecodeError
+from schemas.settings import Settings
 from schemas.subjects import (
     EVENT_CLOUD,
     EVENT_ENGINE,
@@ -53,6 +54,7 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_SCHEDULER,
+    EVENT_SETTINGS,
     EVENT_STATE,
     EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
@@ -506,6 +508,7 @@ Event = (
     | Gateway
     | CloudFacts
     | Scheduler
+    | Settings
 )
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
@@ -522,6 +525,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_GATEWAY: Gateway,
     EVENT_CLOUD: CloudFacts,
     EVENT_SCHEDULER: Scheduler,
+    EVENT_SETTINGS: Settings,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -562,6 +566,7 @@ __all__ = [
     "Scheduler",
     "SchedulerJobs",
     "SchedulerServices",
+    "Settings",
     "SpotStatus",
     "Workload",
     "WorkloadOrder",

@@ -48,6 +48,7 @@ from schemas.events import (
     SpotStatus,
     WorkloadState,
 )
+from schemas.settings import SettingsStatus
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -162,6 +163,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     (``https://host:port``, API key or client certificate required), where a dispatcher
     routes requests for its workloads; empty when the gateway is the node's own (loopback)
     or not listening."""
+    settings: SettingsStatus | None = None
+    """What the node made of the fleet's settings (KV ``fleet_settings``): the revision it
+    reached, the keys in force and their entries, those waiting for a restart and those
+    refused; None from agents that predate fleet settings."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

@@ -9,7 +9,7 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, jsonschema, messages, placement, remediation
+from schemas import codec, events, jsonschema, messages, placement, remediation, settings
 from schemas.errors import DecodeError
 from schemas.workloads import Deploy
 
@@ -214,6 +214,24 @@ EXAMPLES: list[msgspec.Struct] = [
         ],
         leftovers=[placement.Leftover(node="n3", cluster="c1", index=1, since=NOW, stop_by=NOW)],
         created_at=NOW,
+    ),
+    settings.SettingsEntry(
+        scope="selector",
+        revision=7,
+        issued_at=NOW,
+        values={"heartbeat_interval": "10s", "gpu_thresholds.temperature": "88"},
+        selector={"pool": "inference"},
+        reason="cooler room",
+    ),
+    settings.Settings(
+        ts=NOW,
+        status=settings.SettingsStatus(
+            revision=7,
+            applied={"heartbeat_interval": "cluster.c1"},
+            restart=["shutdown_timeout"],
+            refused={"server": "not settable from the fleet (the node's own file sets it)"},
+        ),
+        live={"heartbeat_interval": 10.0, "peers": ["n2"], "expected_gpus": None, "max_peers": 8},
     ),
 ]
 
