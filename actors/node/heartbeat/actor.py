@@ -21,6 +21,7 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import cloud_labels, node_labels
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
@@ -40,6 +41,7 @@ from schemas.events import (
     Workloads,
 )
 from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,6 @@ class HeartbeatActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
-        self.ttl = str(math.ceil(config.stale_after))
         self.sample: Sample | None = None
         self.health: Health | None = None
         self.latency: Latency | None = None
@@ -109,6 +110,8 @@ class HeartbeatActor:
         self.endpoint = ""
         """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
+        self.settings: SettingsStatus | None = None
+        """What the node made of the fleet's settings (from the settings actor)."""
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
         self._last_ts: float | None = None
@@ -144,6 +147,10 @@ class HeartbeatActor:
                 # Slurm's own drains change what the heartbeat says at once.
                 if self.schedulability() != before:
                     self._beat_now.set()
+            case Settings():
+                # heartbeat_interval and stale_after are read at each beat.
+                self.config = retuned(self.config, event)
+                self.settings = event.status
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -201,6 +208,7 @@ class HeartbeatActor:
             stopping=self.stopping,
             previous_ts=previous,
             endpoint=self.endpoint,
+            settings=self.settings,
         )
 
     async def beat(self) -> Heartbeat | None:
@@ -213,7 +221,7 @@ class HeartbeatActor:
                 heartbeat,
                 self.key,
                 f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
-                headers={"Nats-TTL": self.ttl},
+                headers={"Nats-TTL": str(math.ceil(self.config.stale_after))},
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,

@@ -1,0 +1,165 @@
+"""What a node runs with, given the fleet's entries it holds: every fleet value judged by
+the rules of the node's own config, through the same layered loader.
+
+Precedence, weakest first: defaults and the node's file, the fleet's entries in
+:func:`schemas.settings.in_force`'s order (fleet, cluster, selectors), then the node's
+environment and flags. A key is refused, and reported with why, when the fleet may not
+set it (:mod:`.table`), when the node's flags or environment set it, or when the config
+refuses its value: first alone, then beside the others (a key whose value is fine alone
+but not with the rest, ``heartbeat_interval`` above a ``stale_after`` the node's file
+sets, say, is refused and the rest taken).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import msgspec
+
+from actors.node.config import AgentConfig
+from actors.node.settings.table import (
+    FLEET_SETTABLE,
+    ITEMIZED,
+    LIVE,
+    item_of,
+    setting_of,
+    why_not,
+)
+from actors.runtime.config import ConfigError, Layers, split_items
+from schemas.base import MAX_NAME
+from schemas.settings import (
+    InForce,
+    LiveValue,
+    SettingsEntry,
+    SettingsStatus,
+    in_force,
+    reaches,
+)
+
+
+class Outcome(NamedTuple):
+    """One judgment of the fleet's settings for this node."""
+
+    config: AgentConfig
+    """The node's config with every value taken, those for the next start included."""
+    status: SettingsStatus
+    live: dict[str, LiveValue]
+    """The value of each live setting in ``config``."""
+
+
+def judge(
+    layers: Layers[AgentConfig],
+    entries: Iterable[tuple[str, SettingsEntry]],
+    labels: Mapping[str, str],
+    started: AgentConfig | None = None,
+) -> Outcome:
+    """Judge ``entries`` for a node with these ``layers`` and ``labels``. ``started``:
+    the config the agent started with (a value read only at start that differs from it
+    waits for the next start); None at the start itself."""
+    own = layers.build()
+    entries = list(entries)
+    reaching = [entry for _, entry in entries if reaches(entry, own.cluster, labels)]
+    force = in_force(entries, own.cluster, labels)
+    refused: dict[str, str] = {}
+    candidates: dict[str, str] = {}
+    pinned = layers.pinned()
+    for key, found in sorted(force.items()):
+        why = why_not(key, pinned)
+        if why:
+            refused[key] = why
+        else:
+            candidates[key] = found.value
+    taken, not_valid = _valid(layers, own, candidates)
+    refused.update(not_valid)
+    config = layers.build(pushed(taken, own))
+    applied, restart = _in_effect(taken, force, config, started)
+    status = SettingsStatus(
+        revision=max((entry.revision for entry in reaching), default=0),
+        applied=applied,
+        restart=restart,
+        refused={key: refused[key] for key in sorted(refused)},
+    )
+    live = {name: msgspec.to_builtins(getattr(config, name)) for name in LIVE}
+    return Outcome(config, status, live)
+
+
+def pushed(values: Mapping[str, str], own: AgentConfig) -> dict[str, Any]:
+    """The fleet's layer of the config from ``values``: whole settings as written, and
+    items (``gpu_thresholds.temperature=88``) over the list the node would run with
+    otherwise (the fleet's whole list, else its own), replacing the item of that name."""
+    layer: dict[str, Any] = {key: value for key, value in values.items() if not item_of(key)}
+    for name in ITEMIZED:
+        items = {item_of(key): value for key, value in values.items() if setting_of(key) == name}
+        if not items:
+            continue
+        given = layer.get(name)
+        base: list[str] = getattr(own, name) if given is None else _items(name, given)
+        merged = {item.partition("=")[0]: item for item in base}
+        merged.update({item: f"{item}={value}" for item, value in items.items()})
+        layer[name] = list(merged.values())
+    return layer
+
+
+def _items(name: str, value: str) -> list[str]:
+    return split_items(name, value) if value.strip() else []
+
+
+def _valid(
+    layers: Layers[AgentConfig], own: AgentConfig, candidates: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(taken, refused with why): each key alone first, then the rest together, then, if
+    they do not go together, one by one in order."""
+    refused: dict[str, str] = {}
+    alone: dict[str, str] = {}
+    for key, value in candidates.items():
+        why = _refusal(layers, own, {key: value})
+        if why:
+            refused[key] = why
+        else:
+            alone[key] = value
+    if not _refusal(layers, own, alone):
+        return alone, refused
+    taken: dict[str, str] = {}
+    for key, value in alone.items():
+        why = _refusal(layers, own, {**taken, key: value})
+        if why:
+            refused[key] = why
+        else:
+            taken[key] = value
+    return taken, refused
+
+
+def _refusal(layers: Layers[AgentConfig], own: AgentConfig, values: dict[str, str]) -> str:
+    """Why the config refuses ``values`` over the node's own ("" if it takes them)."""
+    try:
+        layers.build(pushed(values, own))
+    except ConfigError as exc:
+        return str(exc).removeprefix("config: ")[:MAX_NAME]
+    return ""
+
+
+def _in_effect(
+    taken: Mapping[str, str],
+    force: Mapping[str, InForce],
+    config: AgentConfig,
+    started: AgentConfig | None,
+) -> tuple[dict[str, str], list[str]]:
+    """(applied: key -> its entry's bucket key; keys waiting for the next start: taken
+    ones whose value differs from the one the agent started with, and settings the fleet
+    no longer sets that still run with its value)."""
+    applied: dict[str, str] = {}
+    restart: list[str] = []
+
+    def waits(name: str) -> bool:
+        at_start = FLEET_SETTABLE[name] == "restart" and started is not None
+        return at_start and getattr(started, name) != getattr(config, name)
+
+    for key in sorted(taken):
+        if waits(setting_of(key)):
+            restart.append(key)
+        else:
+            applied[key] = force[key].source
+    names = {setting_of(key) for key in taken}
+    restart += [name for name in FLEET_SETTABLE if name not in names and waits(name)]
+    return applied, restart
