@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from actors.node.config import AgentConfig
+from actors.node.gpu.thresholds import parse_gpu_thresholds
 from actors.node.settings.table import (
     FLEET_SETTABLE,
     ITEMIZED,
@@ -26,7 +27,7 @@ from actors.node.settings.table import (
     setting_of,
     why_not,
 )
-from actors.runtime.config import ConfigError, Layers, split_items
+from actors.runtime.config import ConfigError, Layers, did_you_mean, split_items
 from schemas.base import MAX_NAME
 from schemas.settings import (
     InForce,
@@ -84,13 +85,47 @@ def judge(
     return Outcome(config, status, live)
 
 
+def value_refusal(key: str, value: str) -> str:
+    """Why every node refuses ``value`` for ``key`` ("" when a node may take it): the
+    fleet may not set it, or the value fails its setting's own type, bounds or items.
+    What ``fleetctl settings set`` checks before it signs; a node also checks the value
+    against the rest of its config (a ``stale_after`` above its ``heartbeat_interval``)."""
+    name = setting_of(key)
+    if name not in _FIELDS:
+        return "not a setting of node-agent" + did_you_mean(name, FLEET_SETTABLE)
+    return why_not(key, frozenset()) or _alone(key, value)
+
+
+_FIELDS = {field.name: field for field in msgspec.structs.fields(AgentConfig)}
+
+
+def _alone(key: str, value: str) -> str:
+    """Why ``value`` fails its setting's own type, bounds or items, whatever the rest of
+    the config ("" if it does not)."""
+    name = setting_of(key)
+    alone = msgspec.defstruct("FleetValue", [(name, _FIELDS[name].type)], kw_only=True)
+    try:
+        taken = Layers(alone, {}, {}, {}).build(pushed({key: value}, AgentConfig()))
+        if name == "gpu_thresholds":
+            parse_gpu_thresholds(getattr(taken, name))
+    except ConfigError as exc:
+        return str(exc).removeprefix("config: ")[:MAX_NAME]
+    except ValueError as exc:
+        return str(exc)[:MAX_NAME]
+    return ""
+
+
 def pushed(values: Mapping[str, str], own: AgentConfig) -> dict[str, Any]:
     """The fleet's layer of the config from ``values``: whole settings as written, and
     items (``gpu_thresholds.temperature=88``) over the list the node would run with
     otherwise (the fleet's whole list, else its own), replacing the item of that name."""
     layer: dict[str, Any] = {key: value for key, value in values.items() if not item_of(key)}
     for name in ITEMIZED:
-        items = {item_of(key): value for key, value in values.items() if setting_of(key) == name}
+        items = {
+            item_of(key): value
+            for key, value in values.items()
+            if setting_of(key) == name and item_of(key)
+        }
         if not items:
             continue
         given = layer.get(name)
@@ -108,25 +143,29 @@ def _items(name: str, value: str) -> list[str]:
 def _valid(
     layers: Layers[AgentConfig], own: AgentConfig, candidates: dict[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(taken, refused with why): each key alone first, then the rest together, then, if
-    they do not go together, one by one in order."""
-    refused: dict[str, str] = {}
-    alone: dict[str, str] = {}
-    for key, value in candidates.items():
-        why = _refusal(layers, own, {key: value})
-        if why:
-            refused[key] = why
-        else:
-            alone[key] = value
-    if not _refusal(layers, own, alone):
-        return alone, refused
+    """(taken, refused with why): all together if the config takes them so; else without
+    the values that fail on their own; else added one by one, twice round (a value that
+    needs another, ``heartbeat_interval`` a raised ``stale_after``, gets its chance once
+    the other is in)."""
+    if not _refusal(layers, own, candidates):
+        return dict(candidates), {}
+    refused = {key: why for key, value in candidates.items() if (why := _alone(key, value))}
+    rest = {key: value for key, value in candidates.items() if key not in refused}
+    if not _refusal(layers, own, rest):
+        return rest, refused
     taken: dict[str, str] = {}
-    for key, value in alone.items():
-        why = _refusal(layers, own, {**taken, key: value})
-        if why:
-            refused[key] = why
-        else:
-            taken[key] = value
+    waiting = list(rest)
+    for _ in range(2):
+        later = []
+        for key in waiting:
+            why = _refusal(layers, own, {**taken, key: rest[key]})
+            if why:
+                later.append(key)
+                refused[key] = why
+            else:
+                taken[key] = rest[key]
+                refused.pop(key, None)
+        waiting = later
     return taken, refused
 
 
