@@ -182,6 +182,7 @@ __all__ = [
     "FLEET_KEY",
     "MAX_SETTINGS",
     "InForce",
+    "Scope",
     "Settings",
     "SettingsEntry",
     "SettingsStatus",

@@ -22,7 +22,8 @@ import contracts), and every module is in one.
                      node records (``node_store``), trust and its operations
                      (``registry``), leases as readers see them (``leases``), maintenance
                      windows (``windows``), the policy's holds (``policy_holds``), the
-                     servers' users and permissions (``nats_config``).
+                     fleet's signed settings as stored (``settings``), the servers' users
+                     and permissions (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
                      ``record_state`` (what a record's state is).

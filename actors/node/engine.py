@@ -110,11 +110,8 @@ class EngineActor:
         if isinstance(event, Workloads):
             self.workloads = workload_engines(event)
         elif isinstance(event, Settings):
-            # The fleet's probe targets and timing; interval and timeout are read per probe.
-            config = retuned(self.config, event)
-            if config is not self.config:
-                self.config = config
-                self.engines = parse_specs(config.engines)
+            # The fleet's timing: interval and timeout are read at each probe.
+            self.config = retuned(self.config, event)
 
     async def _get(self, session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         timeout = aiohttp.ClientTimeout(total=self.config.engine_timeout)

@@ -117,47 +117,43 @@ async def test_cluster_and_selector_settings_reach_three_agents_live(fleet: Flee
 
 async def test_refused_values_and_probe_targets_in_the_heartbeat(fleet: Fleet) -> None:
     """The heartbeat lists each key the node refuses with why (a value its config
-    refuses, a setting the fleet may not set, one its own flag sets) beside those it
-    applied; a new probe target is probed at once (the engine it names shows in the
-    heartbeat)."""
+    refuses, settings the fleet may not set, one its own flag sets) beside those it
+    applied; a new probe target is probed at the next round (the peer it names shows in
+    the heartbeat's latency)."""
     await fleet.start_aggregator()
     operator = KeyPair.generate()
-    config = trusting(fleet, "n1", operator)
-    given = layers(
-        AgentConfig,
-        ENV_PREFIX,
-        env={},
-        flags={"probe_interval": "3"},
-        base=msgspec.to_builtins(config),
-    )
+    config = trusting(fleet, "n1", operator, probe_interval=0.3)
+    flags = {"health_interval": "0.5"}
+    given = layers(AgentConfig, ENV_PREFIX, env={}, flags=flags, base=msgspec.to_builtins(config))
     agent = await approved_agent(fleet.bus, config, given)
     fleet.stack.push_async_callback(agent.stop)
-    engine = "vllm=http://127.0.0.1:9"
     values = {
         "engine_timeout": "never",
         "server": "nats://elsewhere:4222",
-        "probe_interval": "1s",
-        "engines": engine,
+        "engines": "vllm=http://169.254.169.254",
+        "health_interval": "1s",
+        "peers": "n9",
     }
     await put_settings(fleet.bus, fleet.prefix, operator, values)
     beat = await wait_settings(fleet.bus, fleet.prefix, "n1", lambda s, _: bool(s.refused))
     assert beat.settings is not None
     assert beat.settings.refused == {
         "engine_timeout": "engine_timeout: 'never' is not a duration (use 30, 30s, 500ms, 2m, 1h)",
-        "probe_interval": PINNED,
+        "engines": NOT_SETTABLE,
+        "health_interval": PINNED,
         "server": NOT_SETTABLE,
     }
-    assert beat.settings.applied == {"engines": FLEET_KEY}
+    assert beat.settings.applied == {"peers": FLEET_KEY}
     probed = await wait_settings(
         fleet.bus,
         fleet.prefix,
         "n1",
-        lambda _, beat: beat.engine is not None and len(beat.engine.engines) == 1,
+        lambda _, beat: beat.latency is not None and len(beat.latency.peers) == 1,
     )
-    assert probed.engine is not None
-    (status,) = probed.engine.engines
-    assert (status.kind, status.url, status.healthy) == ("vllm", "http://127.0.0.1:9", False)
-    assert agent.metrics.value("node_agent_settings_refused") == 3
+    assert probed.latency is not None
+    assert [peer.target_node_id for peer in probed.latency.peers] == ["n9"]
+    assert probed.engine is None or probed.engine.engines == []
+    assert agent.metrics.value("node_agent_settings_refused") == 4
 
 
 async def test_a_setting_read_at_start_is_applied_at_the_next_start(fleet: Fleet) -> None:

@@ -1,11 +1,12 @@
 """Which of the agent's settings the fleet may set, and how each takes effect.
 
-Only tuning: intervals, timeouts, thresholds, what to probe and the log level. Nothing
-that says who the node is or how it connects (server, node id, cluster, keys, TLS),
-whom it obeys (trusted operator keys, command lifetimes), or what it runs, reads or opens
-(hooks, workload allow-lists, the gateway, HTTP addresses, files): those stay in the
-node's own file, so an operator key can tune a node through the fleet but never make it
-run, read or trust anything its owner did not configure.
+Only tuning: intervals, timeouts, thresholds, which fleet peers to probe and the log
+level. Nothing that says who the node is or how it connects (server, node id, cluster,
+keys, TLS), whom it obeys (trusted operator keys, command lifetimes), or what it runs,
+reads, fetches or opens (hooks, workload allow-lists, engine URLs, the gateway, HTTP
+addresses, files): those stay in the node's own file, so an operator key can tune a node
+through the fleet but never make it run, read, reach or trust anything its owner did not
+configure.
 
 ``live`` settings change while the agent runs (the actors that read them take the
 settings event); ``restart`` ones are read once at start and so take effect at the
@@ -32,8 +33,7 @@ FLEET_SETTABLE: Final[dict[str, Effect]] = {
     "required_modules": "live",
     "xid_thresholds": "live",
     "gpu_thresholds": "live",
-    # The engine prober (probe targets).
-    "engines": "live",
+    # The engine prober's timing (not its targets: URLs the node would fetch and report).
     "engine_interval": "live",
     "engine_timeout": "live",
     # The latency prober (probe targets).
