@@ -26,7 +26,7 @@ from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
-from actors.node.settings.table import FLEET_SETTABLE, ITEMIZED
+from actors.node.settings.table import FLEET_SETTABLE, FLOORS, ITEMIZED
 from actors.runtime.config import list_fields
 from actors.runtime.config_docs import default_text, setting_docs
 from schemas.messages import NodeRecord
@@ -130,13 +130,14 @@ def metrics_table(series: Iterable[Series], where: str) -> str:
 
 
 def fleet_settable_table() -> str:
-    """One row per setting ``fleetctl settings`` may set: when a node applies it, and
-    whether it takes items one by one."""
-    lines = ["| setting | applied | set by item |", "|---|---|---|"]
+    """One row per setting ``fleetctl settings`` may set: when a node applies it, whether
+    it takes items one by one, and the shortest period the fleet may set."""
+    lines = ["| setting | applied | set by item | shortest |", "|---|---|---|---|"]
     for name, effect in FLEET_SETTABLE.items():
         when = "live" if effect == "live" else "at the agent's next start"
         items = f"`{name}.NAME=VALUE`" if name in ITEMIZED else "-"
-        lines.append(f"| `{name}` | {when} | {items} |")
+        floor = f"{FLOORS[name]:g} s" if name in FLOORS else "-"
+        lines.append(f"| `{name}` | {when} | {items} | {floor} |")
     return "\n".join(lines) + "\n"
 
 

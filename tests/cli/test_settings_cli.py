@@ -111,8 +111,8 @@ async def test_a_value_no_node_takes_is_refused_before_it_is_signed(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     """A setting the fleet may not set, a misspelt one, a value of the wrong kind, an
-    unknown GPU threshold and two scopes at once are one-line errors, and nothing is
-    written."""
+    unknown GPU threshold, a period under the fleet's floor and two scopes at once are
+    one-line errors, and nothing is written."""
     key_file = tmp_path / "operator.nk"
     signing.create_key_file(key_file)
     await fleet.start_aggregator()
@@ -123,6 +123,7 @@ async def test_a_value_no_node_takes_is_refused_before_it_is_signed(
         ("hearbeat_interval=5s",): "did you mean 'heartbeat_interval'?",
         ("heartbeat_interval=soon",): "'soon' is not a duration",
         ("gpu_thresholds.hot=80",): "gpu threshold 'hot' is not one of",
+        ("settings_interval=1s",): "below 5s, the shortest the fleet may set",
         ("-l", "pool=a", "--cluster", "c1", "sample_interval=1s"): "one scope at a time",
     }
     for args, said in cases.items():

@@ -86,9 +86,10 @@ def test_the_nodes_flags_and_environment_beat_the_fleet_and_say_so() -> None:
 
 def test_refused_values_are_named_with_why_and_the_rest_taken() -> None:
     """A value the config refuses alone, one it refuses beside the node's own settings,
-    a setting the fleet may not set and an unknown threshold item are each refused with
-    the config's own words; the valid ones are taken."""
+    a setting the fleet may not set, an unknown threshold item and a period under the
+    fleet's floor are each refused with why; the valid ones are taken."""
     values = {
+        "sample_interval": "1ms",
         "heartbeat_interval": "soon",
         "stale_after": "5s",
         "trust_operators": OPERATOR.public_key,
@@ -103,6 +104,7 @@ def test_refused_values_are_named_with_why_and_the_rest_taken() -> None:
     assert refused["stale_after"] == "stale_after (5s) must be longer than heartbeat_interval (10s)"
     assert refused["trust_operators"] == NOT_SETTABLE
     assert refused["gpu_thresholds.hot"].startswith("gpu threshold 'hot' is not one of")
+    assert refused["sample_interval"] == "sample_interval: below 1s, the shortest the fleet may set"
     assert outcome.status.applied == {"engine_interval": FLEET_KEY}
     assert outcome.config.engine_interval == 3.0
 

@@ -21,6 +21,7 @@ from actors.node.config import AgentConfig
 from actors.node.gpu.thresholds import parse_gpu_thresholds
 from actors.node.settings.table import (
     FLEET_SETTABLE,
+    FLOORS,
     ITEMIZED,
     LIVE,
     item_of,
@@ -112,6 +113,9 @@ def _alone(key: str, value: str) -> str:
         return str(exc).removeprefix("config: ")[:MAX_NAME]
     except ValueError as exc:
         return str(exc)[:MAX_NAME]
+    floor = FLOORS.get(name)
+    if floor is not None and getattr(taken, name) < floor:
+        return f"{name}: below {floor:g}s, the shortest the fleet may set"
     return ""
 
 

@@ -60,6 +60,20 @@ FLEET_SETTABLE: Final[dict[str, Effect]] = {
 }
 """Every setting the fleet may set, and whether it changes live or at the next start."""
 
+FLOORS: Final[dict[str, float]] = {
+    "heartbeat_interval": 1.0,
+    "sample_interval": 1.0,
+    "health_interval": 1.0,
+    "engine_interval": 1.0,
+    "probe_interval": 1.0,
+    "spot_poll_interval": 1.0,
+    "scheduler_interval": 5.0,
+    "settings_interval": 5.0,
+}
+"""The shortest period the fleet may set, in seconds (a node's own file may set less): a
+typo of ``1ms`` for ``1m`` sent to a whole fleet must not have every node beat, sample or
+read the bucket a thousand times a second."""
+
 ITEMIZED: Final = frozenset({"gpu_thresholds", "xid_thresholds"})
 """List settings of ``NAME=VALUE`` items the fleet may also set one item at a time
 (``gpu_thresholds.temperature=88``): each item over the node's own list, so scopes that
