@@ -148,12 +148,13 @@ class SettingsActor:
 
 
 def record(metrics: AgentMetrics, counts: Mapping[str, int], held: Held) -> None:
-    """Count what a read ignored, and keep what it took."""
-    for reason, count in counts.items():
-        if reason == TAKEN:
-            continue
+    """Count what a read ignored (one log line for the read, each stored message once),
+    and keep what it took."""
+    ignored = {reason: count for reason, count in counts.items() if reason != TAKEN}
+    for reason, count in ignored.items():
         metrics.settings_ignored.labels(reason).inc(count)
-        log.warning("fleet settings entry ignored", extra={"reason": reason, "count": count})
+    if ignored:
+        log.warning("fleet settings entries ignored", extra={"ignored": ignored})
     if counts.get(TAKEN):
         held.save()
 

@@ -5,13 +5,14 @@ Precedence, weakest first: defaults and the node's file, the fleet's entries in
 :func:`schemas.settings.in_force`'s order (fleet, cluster, selectors), then the node's
 environment and flags. A key is refused, and reported with why, when the fleet may not
 set it (:mod:`.table`), when the node's flags or environment set it, or when the config
-refuses its value: first alone, then beside the others (a key whose value is fine alone
-but not with the rest, ``heartbeat_interval`` above a ``stale_after`` the node's file
-sets, say, is refused and the rest taken).
+refuses its value, alone (or under the fleet's floor) or beside the rest of the node's
+settings (a ``heartbeat_interval`` not below the ``stale_after`` the node's file sets,
+say): that key is refused and the rest taken.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -90,7 +91,8 @@ def value_refusal(key: str, value: str) -> str:
     """Why every node refuses ``value`` for ``key`` ("" when a node may take it): the
     fleet may not set it, or the value fails its setting's own type, bounds or items.
     What ``fleetctl settings set`` checks before it signs; a node also checks the value
-    against the rest of its config (a ``stale_after`` above its ``heartbeat_interval``)."""
+    against the rest of its config (a ``stale_after`` not above its
+    ``heartbeat_interval``)."""
     name = setting_of(key)
     if name not in _FIELDS:
         return "not a setting of node-agent" + did_you_mean(name, FLEET_SETTABLE)
@@ -100,13 +102,25 @@ def value_refusal(key: str, value: str) -> str:
 _FIELDS = {field.name: field for field in msgspec.structs.fields(AgentConfig)}
 
 
+@functools.cache
+def _one_setting(name: str) -> Layers[msgspec.Struct]:
+    """A config of setting ``name`` alone, made once per setting (the loader keeps what
+    it learns of each type)."""
+    alone = msgspec.defstruct("FleetValue", [(name, _FIELDS[name].type)], kw_only=True)
+    return Layers(alone, {}, {}, {})
+
+
+@functools.cache
+def _defaults() -> AgentConfig:
+    return AgentConfig()
+
+
 def _alone(key: str, value: str) -> str:
     """Why ``value`` fails its setting's own type, bounds or items, whatever the rest of
     the config ("" if it does not)."""
     name = setting_of(key)
-    alone = msgspec.defstruct("FleetValue", [(name, _FIELDS[name].type)], kw_only=True)
     try:
-        taken = Layers(alone, {}, {}, {}).build(pushed({key: value}, AgentConfig()))
+        taken = _one_setting(name).build(pushed({key: value}, _defaults()))
         if name == "gpu_thresholds":
             parse_gpu_thresholds(getattr(taken, name))
     except ConfigError as exc:
