@@ -303,7 +303,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _add_signing(set_)
     set_.set_defaults(func=cmd_set)
     unset = subs.add_parser("unset", help="remove values from a scope (nodes go back to theirs)")
-    unset.add_argument("keys", nargs="+", metavar="KEY")
+    unset.add_argument("keys", nargs="+", metavar="KEY", help="e.g. heartbeat_interval")
     _add_scope(unset)
     _add_signing(unset)
     unset.set_defaults(func=cmd_unset)
@@ -314,7 +314,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     diff = subs.add_parser(
         "diff", help="what set (KEY=VALUE, --unset) or rollback (--to) would change; writes nothing"
     )
-    diff.add_argument("values", nargs="*", metavar="KEY=VALUE")
+    diff.add_argument("values", nargs="*", metavar="KEY=VALUE", help="values set would write")
     diff.add_argument("--unset", action="append", metavar="KEY", help="a key unset would remove")
     diff.add_argument("--to", type=int, help="the kept revision rollback --to would go back to")
     _add_scope(diff)
