@@ -114,6 +114,8 @@ class SchedulerActor:
             ours=info.ours,
             jobs=jobs,
             services=services,
+            cpus_total=info.cpus_total,
+            cpus_allocated=info.cpus_allocated,
         )
 
     async def _on_settings(self, event: Event) -> None:

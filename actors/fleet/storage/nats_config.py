@@ -31,6 +31,7 @@ from schemas.errors import FleetError
 from schemas.subjects import (
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
+    BUCKET_POLICY,
     BUCKET_SETTINGS,
     BUCKET_TRUST,
     PROBE_INBOX,
@@ -237,13 +238,15 @@ def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
     """What FLEET lends monitors: stream info and direct gets (one key, or the batched
     scan) of the node records, and what the live views read besides (docs/live-reads.md):
     the latest heartbeats in FLEET_HB, the approved keys they are checked against, the
-    partitions' consumer info (what was judged); maintenance windows; the fleet's settings
+    partitions' consumer info (what was judged); maintenance windows; the remediation
+    policy's holds (``describe`` says whether the policy holds a node); the fleet's settings
     (``fleetctl describe`` shows each node's); and alerts."""
     reads = [
         f"KV_{subjects.bucket_name(BUCKET_NODES)}",
         subjects.stream_name(STREAM_HEARTBEATS),
         f"KV_{subjects.bucket_name(BUCKET_TRUST)}",
         f"KV_{subjects.bucket_name(BUCKET_MAINTENANCE)}",
+        f"KV_{subjects.bucket_name(BUCKET_POLICY)}",
         f"KV_{subjects.bucket_name(BUCKET_SETTINGS)}",
     ]
     exports: list[dict[str, str]] = []
