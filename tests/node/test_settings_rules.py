@@ -156,6 +156,22 @@ def test_a_setting_read_at_start_waits_for_the_next_start() -> None:
     assert dropped.status.restart == ["shutdown_timeout"]
 
 
+def test_the_workload_readiness_interval_is_set_at_start_above_its_floor() -> None:
+    """workload_ready_interval, which the workload actor reads from the config it started
+    with, waits for the next start; a value under 0.1 s (a typo, probing a starting
+    workload every millisecond) is refused, also alone in its entry, where the config
+    itself would take it."""
+    started = AgentConfig(node_id="n1", cluster="c1")
+    running = judge(own(), keyed(entry({"workload_ready_interval": "2s"})), {}, started=started)
+    assert running.status.restart == ["workload_ready_interval"]
+    at_start = judge(own(), keyed(entry({"workload_ready_interval": "2s"})), {})
+    assert at_start.config.workload_ready_interval == 2.0
+    typo = judge(own(), keyed(entry({"workload_ready_interval": "1ms"})), {})
+    floor = "workload_ready_interval: below 0.1s, the shortest the fleet may set"
+    assert typo.status.refused == {"workload_ready_interval": floor}
+    assert typo.config.workload_ready_interval == 0.25
+
+
 def stored(body: SettingsEntry, key: KeyPair | None = OPERATOR) -> tuple[dict[str, str], bytes]:
     data = codec.encode(body)
     return (key.headers(data) if key is not None else {}), data

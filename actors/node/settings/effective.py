@@ -161,12 +161,11 @@ def _items(name: str, value: str) -> list[str]:
 def _valid(
     layers: Layers[AgentConfig], own: AgentConfig, candidates: dict[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(taken, refused with why): all together if the config takes them so; else without
-    the values that fail on their own; else added one by one, twice round (a value that
+    """(taken, refused with why): the values that fail on their own (their type, bounds or
+    the fleet's floor, which the config alone would not refuse) never; the rest all
+    together if the config takes them so; else added one by one, twice round (a value that
     needs another, ``heartbeat_interval`` a raised ``stale_after``, gets its chance once
     the other is in)."""
-    if not _refusal(layers, own, candidates):
-        return dict(candidates), {}
     refused = {key: why for key, value in candidates.items() if (why := _alone(key, value))}
     rest = {key: value for key, value in candidates.items() if key not in refused}
     if not _refusal(layers, own, rest):

@@ -57,6 +57,7 @@ FLEET_SETTABLE: Final[dict[str, Effect]] = {
     "shutdown_timeout": "restart",
     "shutdown_drain": "restart",
     "deregister_on_shutdown": "restart",
+    "workload_ready_interval": "restart",
 }
 """Every setting the fleet may set, and whether it changes live or at the next start."""
 
@@ -69,6 +70,7 @@ FLOORS: Final[dict[str, float]] = {
     "spot_poll_interval": 1.0,
     "scheduler_interval": 5.0,
     "settings_interval": 5.0,
+    "workload_ready_interval": 0.1,
 }
 """The shortest period the fleet may set, in seconds (a node's own file may set less): a
 typo of ``1ms`` for ``1m`` sent to a whole fleet must not have every node beat, sample or
