@@ -177,3 +177,29 @@ async def test_a_setting_read_at_start_is_applied_at_the_next_start(fleet: Fleet
     assert beat.settings is not None and beat.settings.revision == entry.revision
     assert beat.settings.applied == {"shutdown_timeout": FLEET_KEY}
     assert beat.settings.restart == []
+
+
+async def test_a_selector_on_the_nodes_own_gpu_labels_needs_no_hand_written_label(
+    fleet: Fleet,
+) -> None:
+    """A selector on gpu.count, a label the agent sets itself from its GPUs, reaches the
+    node with two GPUs and not the one with one, though neither file has a label (the
+    one-GPU node's read that takes a later fleet entry saw the selector's too)."""
+    await fleet.start_aggregator()
+    operator = KeyPair.generate()
+    await fleet.start_agent(trusting(fleet, "n1", operator, fake_gpus=2))
+    await fleet.start_agent(trusting(fleet, "n2", operator, fake_gpus=1))
+    two_gpus = {"gpu.count": "2"}
+    await put_settings(
+        fleet.bus, fleet.prefix, operator, {"sample_interval": "2s"}, selector=two_gpus
+    )
+    await put_settings(fleet.bus, fleet.prefix, operator, {"probe_interval": "4s"})
+
+    both = {"sample_interval", "probe_interval"}
+    n1 = await wait_settings(fleet.bus, fleet.prefix, "n1", applying(both))
+    assert n1.labels.get("gpu.count") == "2"
+    assert n1.settings is not None
+    assert n1.settings.applied["sample_interval"] == selector_key(two_gpus)
+    n2 = await wait_settings(fleet.bus, fleet.prefix, "n2", applying({"probe_interval"}))
+    assert n2.labels["gpu.count"] == "1"
+    assert n2.settings is not None and n2.settings.applied == {"probe_interval": FLEET_KEY}
