@@ -23,7 +23,7 @@ from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
 from schemas.events import (
@@ -54,6 +54,11 @@ NOT_ACKNOWLEDGED_HINT = (
 FIRST_SAMPLE_WAIT = 2.0
 """Seconds the first beat waits for the inventory's first sample and the command
 executor's first state (each its own wait, within this bound)."""
+ACK_WAIT_FRACTION = 0.5
+"""A beat waits for its acknowledgement at most this fraction of the interval (and never
+more than the bus's publish timeout): the next beat is due one interval after this one
+started, acknowledged or not, so a stream without a leader for a few seconds costs the
+beats of those seconds, not an interval plus a timeout each."""
 
 
 def summarise(event: Workloads) -> list[WorkloadSummary]:
@@ -243,6 +248,12 @@ class HeartbeatActor:
             settings=self.settings,
         )
 
+    @property
+    def ack_wait(self) -> float:
+        """How long a beat waits for its acknowledgement: a fraction of the interval in
+        force (the fleet may change it live), at most a publish's timeout."""
+        return min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * self.config.heartbeat_interval)
+
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
         self.metrics.observe_heartbeat(heartbeat)
@@ -257,8 +268,11 @@ class HeartbeatActor:
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,
+                timeout=self.ack_wait,
             )
         except (nats.errors.Error, TimeoutError) as exc:
+            if unanswered(exc):
+                self.bus.jetstream_answered(False)
             self.metrics.heartbeat_failures.inc()
             reason = str(exc) or type(exc).__name__
             # Once per cause, not once per beat: a server without FLEET_HB yet (no
@@ -271,6 +285,7 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": reason},
             )
             return None
+        self.bus.jetstream_answered(True)
         if self._failing:
             log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
             self._failing = ""
@@ -313,7 +328,9 @@ class HeartbeatActor:
             # command executor publishes the state it restored when it starts.
             if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
                 log.warning("no node state from the command executor yet; beating without it")
+            loop = asyncio.get_running_loop()
             while True:
                 self._beat_now.clear()
+                due = loop.time() + jittered(self.config.heartbeat_interval)
                 await self.beat()
-                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
+                await wait_or_timeout(self._beat_now, max(0.0, due - loop.time()))
