@@ -51,7 +51,11 @@ async def test_the_ack_wait_follows_a_heartbeat_interval_the_fleet_sets(
     wait with it (it was fixed at the interval the agent started with)."""
     config = agent_config(fleet.url, "retuned", tmp_path, heartbeat_interval=0.5)
     actor = HeartbeatActor(config, fleet.bus, node_events(config), SequenceStore(tmp_path))
-    live = {"heartbeat_interval": 2.0, "stale_after": 30.0}
-    await actor._on_event(Settings(ts=time.time(), status=SettingsStatus(), live=live))
+    settings = Settings(
+        ts=time.time(),
+        status=SettingsStatus(),
+        live={"heartbeat_interval": 2.0, "stale_after": 30.0},
+    )
+    await actor._on_event(settings)
     assert actor.config.heartbeat_interval == 2.0
     assert actor.ack_wait == ACK_WAIT_FRACTION * 2.0
