@@ -16,7 +16,7 @@ from actors.fleet.operator.maintenance import MaintenanceActor
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.remediation.policy import PolicyConfig
+from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes

@@ -9,7 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.fleet.remediation.policy import PolicyConfig, classify, decide, load_policy
+from actors.fleet.remediation.config import PolicyConfig, load_policy
+from actors.fleet.remediation.findings import classify
+from actors.fleet.remediation.policy import decide
 from actors.runtime.config import ConfigError
 from schemas.events import Health, HealthCheck
 from schemas.messages import NodeRecord
@@ -68,7 +70,9 @@ def test_classes_not_configured_are_left_alone() -> None:
         "x",
     )
     assert plan.orders == [] and plan.record.holds == {}
-    assert classify(node("n1", "gpu_nvlink"), ["gpu"]) == ("gpu", "gpu_nvlink: gpu_nvlink broke")
+    found = classify(node("n1", "gpu_nvlink"), ["gpu"])
+    assert found is not None
+    assert (found.reason_class, found.detail) == ("gpu", "gpu_nvlink: gpu_nvlink broke")
 
 
 def held(records: list[NodeRecord], current: PolicyRecord, at: float) -> PolicyRecord:
