@@ -16,8 +16,8 @@ from nats.aio.msg import Msg
 
 from actors.fleet import identity
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.remediation.hooks import environment, run_hook
 from actors.fleet.remediation.config import PolicyConfig, load_policy
+from actors.fleet.remediation.hooks import environment, run_hook
 from actors.fleet.remediation.policy import decide
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
