@@ -27,6 +27,7 @@ from actors.cli.fleetctl.send import (
     cmd_send,
     describe,
 )
+from actors.cli.fleetctl.signer import check_signer
 from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
@@ -148,6 +149,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
                 )
             return EXIT_DONE
         key = signing.load_key_file(args.key_file or default_operator_key())
+        await check_signer(bus, subjects, key, args.yes)
         skipped = len(chosen) - len(todo)
         sys.stdout.write(
             f"{args_what(args)}: {len(todo)} nodes, at most {args.max_unavailable} at a time"
