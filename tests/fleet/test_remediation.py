@@ -160,9 +160,7 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
         assert value("fleet_policy_hold_limit", {"cluster": "c1"}) == 2
 
 
-async def test_dry_run_records_what_it_would_do_and_sends_nothing(
-    bus: NatsBus, prefix: str, tmp_path: Path
-) -> None:
+async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
     """In a dry run the policy sends no command and holds nothing; it records the would-be
     action per node (what ``policy status`` shows) and says it once in a remediation
     alert, however many rounds run, without the class word twice."""
