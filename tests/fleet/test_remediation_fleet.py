@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.views import live
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
@@ -91,9 +92,10 @@ async def test_a_node_refusing_the_policys_key_is_no_phantom(
     fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """p1 and p2 do not trust the policy's key: each answers its cordon rejected, ends a
-    refused hold needing attention with exactly one alert, gets the cordon once (not again
-    every round) and is not counted by the breaker: two real XIDs then fit a breaker of 3
-    (counting the two phantoms, four would trip it), and exactly those two are cordoned."""
+    refused hold needing attention (so the views say) with exactly one alert, gets the
+    cordon once (not again every round) and is not counted by the breaker: two real XIDs
+    then fit a breaker of 3 (counting the two phantoms, four would trip it), and exactly
+    those two are cordoned."""
     operator = signing.KeyPair.generate()
     second = await two_aggregators(fleet)
     seen = await Seen().start(bus, prefix)
@@ -115,6 +117,8 @@ async def test_a_node_refusing_the_policys_key_is_no_phantom(
     for name in ("p1", "p2"):
         hold = current.holds[name]
         assert hold.needs_attention and "signed by an untrusted key" in hold.refused
+        shown = await live.read_node(bus, Subjects(prefix), name)
+        assert shown.policy_hold == "cordon refused: needs attention"
     for name in ("n1", "n2"):
         await inject(fleet, name, "xid", 79)
     for name in ("n1", "n2"):
