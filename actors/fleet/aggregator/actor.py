@@ -51,6 +51,7 @@ from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.record_rules import AlertSpec
 from actors.fleet.aggregator.registrar import Registrar
+from actors.fleet.aggregator.retirement import Retirement
 from actors.fleet.aggregator.sweeps import Sweeps
 from actors.fleet.aggregator.verify import Signatures
 from actors.fleet.aggregator.view import View
@@ -93,7 +94,12 @@ class AggregatorActor:
         self.reads = reads = RecordReads(ledger, bus, subjects)
         self.writes = writes = RecordWrites(ledger, bus, subjects, store)
         self.ownership = Ownership(config, bus, subjects, metrics, ledger, reads, writes)
-        self.sweeps = Sweeps(config, ledger, reads, writes, self.ownership, store, self.alerts)
+        retirement = Retirement(
+            config, bus, subjects, ledger, self.ownership, writes, self.alerts, metrics
+        )
+        self.sweeps = Sweeps(
+            config, ledger, reads, writes, self.ownership, store, self.alerts, retirement
+        )
         self.registrar = Registrar(
             config, bus, subjects, metrics, store, ledger, self.ownership.owns
         )

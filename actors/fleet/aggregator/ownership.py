@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -78,6 +79,9 @@ class Ownership:
         self.consumers: dict[int, DurableConsumer] = {}
         """The consumer of every partition this aggregator works on."""
         self.work: dict[int, asyncio.Task[None]] = {}
+        self.since: dict[int, float] = {}
+        """When this aggregator started consuming each partition it works on (wall clock):
+        it has watched that partition's nodes since then."""
         self._pullers: dict[int, BatchPuller] = {}
         """Each consumed partition's puller: when it had read its partition to the end."""
         self._resume_floor: dict[int, int] = {}
@@ -127,6 +131,13 @@ class Ownership:
         return self.partitions is None or self.partitions.holds(
             partition_of(node, self.partition_count)
         )
+
+    def watched_since(self, node: str) -> float | None:
+        """Since when this aggregator has consumed ``node``'s partition (None: it does not;
+        driven directly, holding no leases, since it started: 0)."""
+        if self.partitions is None:
+            return 0.0
+        return self.since.get(partition_of(node, self.partition_count))
 
     def working(self) -> bool:
         """Whether this aggregator holds a partition (or, driven directly, all)."""
@@ -248,6 +259,7 @@ class Ownership:
                 return
             self.consumers[partition] = consumer
             self.work[partition] = task
+            self.since[partition] = time.time()
             self.metrics.owns(partition)
         if failed:
             await self.partitions.release(failed)
@@ -315,6 +327,7 @@ class Ownership:
             consumer = self.consumers.pop(partition, None)
             if consumer is not None:
                 await consumer.close()
+            self.since.pop(partition, None)
             self.metrics.forget(partition)
             self._resume_floor.pop(partition, None)
         count = self.partition_count

@@ -5,7 +5,8 @@ nodes seen going stale only), and refused nodes silent for their ``stale_after``
 stale (their refused messages keep the TTL marker from firing). Every
 ``full_sweep_interval``, the full sweep: every record, the silent nodes whose TTL marker
 never came marked stale, records registered elsewhere taken in, pending registrations
-expired and the pending ones counted. The rules run on the owner's in-memory records
+expired and the pending ones counted, and nodes offline past ``retire_offline_after``
+retired (:mod:`~actors.fleet.aggregator.retirement`). The rules run on the owner's in-memory records
 (:mod:`actors.fleet.aggregator.record_rules`); the changes are written
 (:mod:`~actors.fleet.aggregator.writes`), with their alerts. Owns the sweep schedule;
 does not judge heartbeats.
@@ -23,6 +24,7 @@ from actors.fleet import record_state
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
+from actors.fleet.aggregator.retirement import Retirement
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
@@ -80,6 +82,7 @@ class Sweeps:
         ownership: Ownership,
         store: NodeStore,
         alerts: AlertPublisher,
+        retirement: Retirement,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -88,6 +91,7 @@ class Sweeps:
         self.ownership = ownership
         self.store = store
         self.alerts = alerts
+        self.retirement = retirement
 
     async def run(self) -> None:
         """Sweep every ``sweep_interval`` (in full every ``full_sweep_interval``) until
@@ -100,9 +104,12 @@ class Sweeps:
             try:
                 await self.sweep(everything)
                 await self.sweep_refused()
+                if everything:
+                    await self.retirement.sweep(time.time())
                 await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
+                self.retirement.interrupted(time.time(), f"a sweep failed: {exc}")
                 continue
             if everything:
                 last_full = time.monotonic()

@@ -14,13 +14,14 @@ import time
 import uuid
 from collections.abc import Callable
 
+import msgspec
 import nats.errors
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
-from actors.node.labels import cloud_labels, node_labels
+from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
 from actors.runtime.bus import Bus, listening, publish_signed
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
@@ -114,6 +115,8 @@ class HeartbeatActor:
         self._last_ts: float | None = None
         self._failing = ""
         """Why the last beat was not acknowledged ("" when it was)."""
+        self._clashed: set[str] = set()
+        """Label keys whose clash with the operator's label was logged."""
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -168,6 +171,35 @@ class HeartbeatActor:
             by = "slurm"
         return state, reason, by
 
+    def labels(self) -> dict[str, str]:
+        """The operator's labels, then the node's own (actors/node/labels.py); the first
+        time a node label is left out for an operator's label of another value, a warning
+        names both (the operator's is kept, whatever the node finds)."""
+        given = self.config.labels
+        found = found_labels(self.sample, self.cloud, self.engine)
+        for key, (kept, left) in clashes(given, found).items():
+            if key not in self._clashed:
+                self._clashed.add(key)
+                log.warning(
+                    "an operator's label overrides what the node found",
+                    extra={"label": key, "operator": kept, "found": left},
+                )
+        return node_labels(given, found)
+
+    def sample_now(self) -> Sample | None:
+        """The latest sample, with the GPUs the workloads pin taken and, where Slurm
+        answers, the cores its jobs have not allocated as ``cpu_cores_available`` (what
+        an HPC scheduler places by; the sample's own is the idle share)."""
+        if self.sample is None:
+            return None
+        sample = with_workloads(self.sample, self.workloads)
+        slurm = self.scheduler
+        if slurm is None or not slurm.reachable or slurm.cpus_total is None:
+            return sample
+        free = max(0, slurm.cpus_total - (slurm.cpus_allocated or 0))
+        capacity = msgspec.structs.replace(sample.capacity, cpu_cores_available=free)
+        return msgspec.structs.replace(sample, capacity=capacity)
+
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
         # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
@@ -188,7 +220,7 @@ class HeartbeatActor:
             schedulability=schedulability,
             schedulability_reason=reason,
             schedulability_by=by,
-            sample=with_workloads(self.sample, self.workloads) if self.sample else None,
+            sample=self.sample_now(),
             health=self.health,
             latency=self.latency,
             engine=self.engine,
@@ -196,7 +228,7 @@ class HeartbeatActor:
             spot=self.spot,
             deregistering=self.state.deregistering,
             workloads=self.workloads,
-            labels=node_labels(self.config.labels, self.engine, self.cloud),
+            labels=self.labels(),
             scheduler=self.scheduler,
             stopping=self.stopping,
             previous_ts=previous,
@@ -234,9 +266,16 @@ class HeartbeatActor:
         if self._failing:
             log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
             self._failing = ""
+        health = heartbeat.health
         log.debug(
             "heartbeat sent and acknowledged",
-            extra={"seq": heartbeat.seq, "stream_seq": ack.seq, "bytes": size},
+            extra={
+                "seq": heartbeat.seq,
+                "stream_seq": ack.seq,
+                "bytes": size,
+                "health": health.status if health is not None else None,
+                "health_score": health.score if health is not None else None,
+            },
         )
         self.metrics.heartbeats.inc()
         self.metrics.sequence.set(heartbeat.seq)
