@@ -488,11 +488,12 @@ class ActionRunner:
         claimed_id: str = "",
         placed: int | None = None,
     ) -> None:
-        """Publish a node-signed CommandResult (:class:`ResultPublisher`).
-        ``digest`` and ``signer`` default to those of the command started under
-        ``command_id``. A refusal of a message with no usable id is published under its
-        digest, so the stream keeps one refusal per distinct message within its duplicate
-        window; ``claimed_id`` is the id such a message claims."""
+        """Publish a node-signed CommandResult (:class:`ResultPublisher`: sent again while
+        it is not acknowledged, then a failure logged, not raised). ``digest`` and
+        ``signer`` default to those of the command started under ``command_id``. A refusal
+        of a message with no usable id is published under its digest, so the stream keeps
+        one refusal per distinct message within its duplicate window; ``claimed_id`` is the
+        id such a message claims."""
         digest = digest or self._digests.get(command_id, "")
         signer = signer or self._by.get(command_id, "")
         if status in FINAL_STATUSES:

@@ -22,7 +22,7 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
 from schemas.events import (
@@ -52,6 +52,11 @@ NOT_ACKNOWLEDGED_HINT = (
 FIRST_SAMPLE_WAIT = 2.0
 """Seconds the first beat waits for the inventory's first sample and the command
 executor's first state (each its own wait, within this bound)."""
+ACK_WAIT_FRACTION = 0.5
+"""A beat waits for its acknowledgement at most this fraction of the interval (and never
+more than the bus's publish timeout): the next beat is due one interval after this one
+started, acknowledged or not, so a stream without a leader for a few seconds costs the
+beats of those seconds, not an interval plus a timeout each."""
 
 
 def summarise(event: Workloads) -> list[WorkloadSummary]:
@@ -117,6 +122,7 @@ class HeartbeatActor:
         """Why the last beat was not acknowledged ("" when it was)."""
         self._clashed: set[str] = set()
         """Label keys whose clash with the operator's label was logged."""
+        self.ack_wait = min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * config.heartbeat_interval)
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -249,8 +255,11 @@ class HeartbeatActor:
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,
+                timeout=self.ack_wait,
             )
         except (nats.errors.Error, TimeoutError) as exc:
+            if unanswered(exc):
+                self.bus.jetstream_answered(False)
             self.metrics.heartbeat_failures.inc()
             reason = str(exc) or type(exc).__name__
             # Once per cause, not once per beat: a server without FLEET_HB yet (no
@@ -263,6 +272,7 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": reason},
             )
             return None
+        self.bus.jetstream_answered(True)
         if self._failing:
             log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
             self._failing = ""
@@ -305,7 +315,9 @@ class HeartbeatActor:
             # command executor publishes the state it restored when it starts.
             if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
                 log.warning("no node state from the command executor yet; beating without it")
+            loop = asyncio.get_running_loop()
             while True:
                 self._beat_now.clear()
+                due = loop.time() + jittered(self.config.heartbeat_interval)
                 await self.beat()
-                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
+                await wait_or_timeout(self._beat_now, max(0.0, due - loop.time()))
