@@ -94,7 +94,11 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   against ``trust_operators``, then the node is forgotten in KV.
 - ``operator/maintenance`` answers ``fleet.maintenance`` (an operator's signed window),
                   verified as ``forget``; writes KV ``fleet_maintenance``.
-- ``remediation/`` (with a policy file) reads KV ``fleet_nodes`` and ``fleet_policy``; writes
+- ``operator/policy_requests`` answers ``fleet.policy`` (an operator's signed breaker
+                  reset or hold clear), verified as ``forget``; writes KV ``fleet_policy``,
+                  publishes ``Alert`` (remediation).
+- ``remediation/`` (with a policy file) reads KV ``fleet_nodes``, ``fleet_maintenance`` and
+                  ``fleet_policy``, and its nodes' answers in ``FLEET_EVENTS``; writes
                   ``fleet_policy``, publishes signed ``Command`` on ``fleet.cmd.<cluster>.<node>``
                   and ``Alert`` (remediation, breaker_tripped, needs_attention).
 - ``placement/``  (with ``workloads_key_file``) reads KV ``fleet_nodes`` and

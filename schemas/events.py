@@ -271,6 +271,9 @@ class HealthCheck(Wire, frozen=True, kw_only=True):
     reason: Text
     action: Text = ""
     """Recommended operator action, when the check knows one (e.g. from the XID table)."""
+    gpus: Annotated[list[Count], Meta(max_length=MAX_GPUS)] = []
+    """Indices of the GPUs the check finds at fault (empty: none named, or not a per-GPU
+    finding)."""
 
 
 class Health(Wire, frozen=True, kw_only=True):

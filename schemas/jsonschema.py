@@ -46,6 +46,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.Maintenance,
     messages.MaintenanceWindow,
     messages.MaintenanceReply,
+    messages.PolicyRequest,
+    messages.PolicyReply,
     messages.Probe,
     messages.ProbeReply,
     messages.NodeRecord,

@@ -200,6 +200,10 @@ class Subjects:
         """``fleetctl maintenance``'s signed request, answered by an aggregator."""
         return f"{self.prefix}.maintenance"
 
+    def policy(self) -> str:
+        """``fleetctl policy reset|clear``'s signed request, answered by an aggregator."""
+        return f"{self.prefix}.policy"
+
     def alerts_of(self, kind: str, cluster: str) -> str:
         """Every node's alerts of one kind in one cluster (a filter, for counting)."""
         return (

@@ -277,7 +277,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         record = await live.read_node(bus, subjects, args.node)
-        alerts, results = await history.node_history(
+        alerts, results = await history.recent_history(
             bus, subjects, args.node, limit=describe.RECENT
         )
         policies = await policy_holds.read_policies(bus, subjects)

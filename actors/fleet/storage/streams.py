@@ -227,6 +227,9 @@ def stream_configs(
             max_msgs=MAX_STREAM_MSGS,
             max_msgs_per_subject=limits.results_per_node,
             max_msg_size=MAX_RESULT_SIZE,
+            # The remediation policy reads a node's answers to its cordon by direct get
+            # (actors/fleet/storage/answers.py).
+            allow_direct=True,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_ALERTS),

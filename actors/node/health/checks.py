@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from actors.node.gpu.thresholds import GPU_THRESHOLDS
-from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
+from schemas.base import MAX_GPUS, MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import HealthCheck, Sample, Scheduler
 
 HOT_GPU_C = GPU_THRESHOLDS["temperature"].limit
@@ -83,12 +83,14 @@ def nvml_check(
             status="unhealthy",
             reason=f"GPU {', '.join(map(str, lost))} lost (stopped answering)",
             action="drain the node and reboot; RMA if it recurs",
+            gpus=lost[:MAX_GPUS],
         )
-    hot = [
-        f"GPU {gpu.index} at {gpu.temperature_c:g} C"
+    hot_gpus = [
+        gpu
         for gpu in sample.gpus
         if gpu.temperature_c is not None and hot_c is not None and gpu.temperature_c > hot_c
     ]
+    hot = [f"GPU {gpu.index} at {gpu.temperature_c:g} C" for gpu in hot_gpus]
     silent = [
         gpu.index
         for gpu in sample.gpus
@@ -101,6 +103,7 @@ def nvml_check(
             status="unhealthy",
             reason=f"GPU {', '.join(map(str, silent))} answer no NVML query",
             action=NVML_ACTION,
+            gpus=silent[:MAX_GPUS],
         )
     if hot:
         return HealthCheck(
@@ -108,6 +111,7 @@ def nvml_check(
             status="degraded",
             reason="; ".join(f"{text} (> {hot_c:g} C)" for text in hot),
             action="check cooling and airflow",
+            gpus=[gpu.index for gpu in hot_gpus][:MAX_GPUS],
         )
     if not sample.gpus:
         return HealthCheck(name="nvml", status="ok", reason="no GPUs to query")
