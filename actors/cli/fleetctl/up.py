@@ -35,7 +35,7 @@ from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
-from actors.fleet.remediation.policy import PolicyConfig, load_policy
+from actors.fleet.remediation.config import PolicyConfig, load_policy
 from actors.fleet.storage import registry
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
@@ -109,6 +109,8 @@ def agent_config(
         gateway_port=0,
         trust_operators=[operator, *trusted],
         labels={**options.labels.get("", {}), **options.labels.get(node, {})},
+        # A demo sees `fleetctl settings set` take effect within seconds.
+        settings_interval=5.0,
     )
 
 
