@@ -60,7 +60,7 @@ async def test_a_bus_outage_is_one_alert_not_one_per_node(
     await wait_for(lambda: alerts.of("bus_outage"), timeout=15)
     [outage] = alerts.of("bus_outage")
     assert (outage.node_id, outage.cluster, outage.details["nodes"]) == ("_bus", "_fleet", "2")
-    assert int(outage.details["seconds"]) >= 2
+    assert int(outage.details["seconds"]) >= 1  # half stale_after at least, in whole seconds
     per_node = [a.kind for a in alerts.alerts if a.kind != "bus_outage"]
     assert per_node == [], per_node
     for node in keys:
