@@ -16,9 +16,8 @@ import msgspec
 
 from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import HealthCheck, Sample, Scheduler
+from schemas.health_limits import HOT_GPU_C
 
-HOT_GPU_C = 85.0
-"""Any GPU above this makes the nvml check degraded."""
 STALE_FACTOR = 3.0
 """A feed's event is stale once older than this many of its periods."""
 
