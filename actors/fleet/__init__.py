@@ -21,8 +21,9 @@ import contracts), and every module is in one.
 ``storage/``         what the fleet keeps: streams and buckets provisioned (``streams``),
                      node records (``node_store``), trust and its operations
                      (``registry``), leases as readers see them (``leases``), maintenance
-                     windows (``windows``), the policy's holds (``policy_holds``), the
-                     servers' users and permissions (``nats_config``).
+                     windows (``windows``), the policy's holds (``policy_holds``),
+                     placed workloads as stored (``placed``), the servers' users and
+                     permissions (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
                      ``record_state`` (what a record's state is).
