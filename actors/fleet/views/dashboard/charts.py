@@ -144,11 +144,12 @@ def render(chart: Chart, start: float, end: float) -> str:
     if not any(series.points for series in chart.series):
         now += ' <span class="empty">no points yet</span>'
     points = sum(len(series.points) for series in chart.series)
+    now_value = "" if chart.now_value is None else f' data-now="{chart.now_value:g}"'
     return (
         f'<figure class="chart" data-chart="{esc(chart.key)}" data-points="{points}" '
         f'data-unit="{esc(chart.unit)}" data-times="{",".join(f"{t:.0f}" for t in drawn)}" '
         f'data-start="{start:.0f}" data-end="{end:.0f}" data-x0="{x0}" data-x1="{x1}"'
-        f"{'' if chart.now_value is None else f' data-now={chart.now_value:g}'}{extra}>"
+        f"{now_value}{extra}>"
         f"<figcaption><b>{esc(chart.title)}</b> <small>{esc(chart.how)}</small>{now}"
         f'</figcaption><svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
         f'role="img"><title>{esc(chart.title)}, {esc(chart.how)}</title>{"".join(parts)}</svg>'
