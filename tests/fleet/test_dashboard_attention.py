@@ -56,7 +56,7 @@ def test_the_counts_say_health_policy_and_maintenance_beside_states() -> None:
     ]
     counted = tally(
         records,
-        lambda cluster, node: GAVE_UP if node == "held" else None,
+        {("c1", "held"): GAVE_UP},
         lambda made: WINDOW if made.node_id == "fixing" else None,
     )
     assert counted.by_state == {"cordoned": 1, "degraded": 1, "stale": 2, "active": 1}
@@ -77,7 +77,7 @@ def test_the_table_opens_problems_first() -> None:
         record("d-degraded-60", "degraded", health_status="degraded", health_score=60),
         record("e-fine", "active", health_status="healthy", health_score=95),
     ]
-    counted = tally(records, lambda cluster, node: None, lambda made: None)
+    counted = tally(records, {})
     order = [made.node_id for made in matching(records, Query(), counted.concerns)]
     assert order == ["c-stale", "d-degraded-60", "b-degraded-70", "a-fine", "e-fine"]
     by_name = [made.node_id for made in matching(records, Query(sort="node"), counted.concerns)]

@@ -225,9 +225,9 @@ class DashboardActor:
             windows = self.facts.in_force(wall)
 
             def window(record: NodeRecord) -> MaintenanceWindow | None:
-                return self.facts.covering(record, wall, windows) if windows else None
+                return self.facts.covering(record, wall, windows)
 
-            counted = tally(records.values(), self.facts.hold, window)
+            counted = tally(records.values(), self.facts.holds, window if windows else None)
             cost = time.monotonic() - now
             self._snapshot = Snapshot(records, counted, now, max(PUSH_EVERY, cost / MAX_SHARE))
         return self._snapshot

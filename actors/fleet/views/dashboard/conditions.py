@@ -109,6 +109,10 @@ class Conditions:
     held: dict[tuple[str, str], Condition] = field(default_factory=dict)
     dropped: int = 0
     """Conditions forgotten to keep within ``limit``."""
+    version: int = 0
+    """Alerts folded in so far: rows computed at the same version are the same."""
+    resolved: dict[tuple[str, str], None] = field(default_factory=dict)
+    """The keys of the resolved conditions, oldest resolved first (the first to drop)."""
 
     @staticmethod
     def family(kind: str) -> str:
@@ -117,6 +121,7 @@ class Conditions:
 
     def add(self, alert: Alert) -> None:
         """Fold ``alert`` in: open, repeat or resolve a condition."""
+        self.version += 1
         if alert.kind in ENDS_SILENCE:
             self._resolve((alert.node_id, "silent"), alert.ts)
             if alert.kind not in QUIET_KINDS_SHOWN:
@@ -127,7 +132,7 @@ class Conditions:
         key = (alert.node_id, self.family(alert.kind))
         held = self.held.get(key)
         if held is None or held.resolved_at is not None:
-            self.held.pop(key, None)
+            self._forget(key)
             self.held[key] = Condition(
                 node=alert.node_id,
                 cluster=alert.cluster,
@@ -147,11 +152,17 @@ class Conditions:
         held = self.held.get(key)
         if held is not None and held.resolved_at is None:
             held.resolved_at = when
+            self.resolved[key] = None
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self.held.pop(key, None)
+        self.resolved.pop(key, None)
 
     def _bound(self) -> None:
+        """Drop the oldest resolved conditions, else the oldest opened, past ``limit``
+        (each in constant time: a storm adds tens of thousands at once)."""
         while len(self.held) > self.limit:
-            resolved = next((k for k, c in self.held.items() if c.resolved_at is not None), None)
-            del self.held[resolved if resolved is not None else next(iter(self.held))]
+            self._forget(next(iter(self.resolved or self.held)))
             self.dropped += 1
 
     def settle(self, now: float, fleet: Now) -> None:
@@ -159,9 +170,9 @@ class Conditions:
         resolved more than KEEP_RESOLVED ago."""
         for key, held in list(self.held.items()):
             if held.resolved_at is None and self._over(held, now, fleet):
-                held.resolved_at = now
+                self._resolve(key, now)
             if held.resolved_at is not None and now - held.resolved_at > KEEP_RESOLVED:
-                del self.held[key]
+                self._forget(key)
 
     @staticmethod
     def _over(held: Condition, now: float, fleet: Now) -> bool:

@@ -64,7 +64,8 @@ class Facts:
         self.errors: dict[str, str] = {}
         """What could not be read at the last try, by fact (``policy``, ...)."""
         self.read_at: float | None = None
-        self._holds: dict[tuple[str, str], Hold] = {}
+        self.holds: dict[tuple[str, str], Hold] = {}
+        """The policy's holds by (cluster, node)."""
 
     async def refresh(self) -> None:
         """Read every fact again; one that fails keeps its last value."""
@@ -81,7 +82,7 @@ class Facts:
             self.placed = await read_workloads(self.bus, self.subjects)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             self.errors["workloads"] = str(exc) or type(exc).__name__
-        self._holds = {
+        self.holds = {
             (record.cluster, node): hold
             for record in self.policies
             for node, hold in record.holds.items()
@@ -98,7 +99,7 @@ class Facts:
 
     def hold(self, cluster: str, node: str) -> Hold | None:
         """The policy's hold of the node, if it holds it."""
-        return self._holds.get((cluster, node))
+        return self.holds.get((cluster, node))
 
     def in_force(self, now: float) -> list[MaintenanceWindow]:
         return [window for window in self.windows if window.since <= now < window.until]
@@ -114,7 +115,7 @@ class Facts:
 
     def needs_attention(self) -> set[tuple[str, str]]:
         """(cluster, node) of the holds the policy leaves to an operator."""
-        return {key for key, hold in self._holds.items() if hold.needs_attention}
+        return {key for key, hold in self.holds.items() if hold.needs_attention}
 
     def tripped(self) -> set[str]:
         """The clusters whose breaker is tripped."""

@@ -111,7 +111,7 @@ async def overview_parts(board: Board, query: render.Query) -> Parts:
         frozenset({query.severity}) if query.severity else frozenset(),
         frozenset({query.kind}) if query.kind else frozenset(),
     )
-    rows = board.conditions.rows(now, _now(board, snapshot), only)
+    rows = snapshot.condition_rows(board.conditions, _now(board, snapshot), only)
     kinds = sorted({held.kind for held in board.conditions.held.values()})
     return {
         "counts": panels.counts(snapshot.counted),

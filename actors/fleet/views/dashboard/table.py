@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 
 from aiohttp import web
 from multidict import MultiMapping
 
 from actors.fleet import labels as fleet_labels
 from actors.fleet.views.dashboard import render
-from actors.fleet.views.dashboard.attention import CONCERNS, Tally
+from actors.fleet.views.dashboard.attention import Tally
+from actors.fleet.views.dashboard.conditions import Conditions, Filter, Now, Row
 from actors.fleet.views.dashboard.pages import GpuQuery
 from actors.fleet.views.gpus import SORTS as GPU_SORTS
 from actors.fleet.views.gpus import GpuRow
@@ -111,40 +114,51 @@ def selectors(texts: Iterable[str]) -> list[fleet_labels.Selector]:
 def matching(
     records: Iterable[NodeRecord], query: render.Query, concerns: Mapping[str, int] | None = None
 ) -> list[NodeRecord]:
-    """``records`` as the query filters and orders them (deregistered nodes left out);
-    ``concerns`` (node to rank, :mod:`.attention`) orders them problems first."""
+    """``records`` (in node order) as the query filters and orders them (deregistered
+    nodes left out); ``concerns`` (node to rank, :mod:`.attention`) orders them problems
+    first: the few concerned nodes sorted, then the rest as they are, in node order (at
+    100,000 nodes a sort of every record by a computed key took most of a page's time)."""
     concerns = concerns or {}
-    last = len(CONCERNS)
     chosen = selectors(query.labels)
     needle = query.text.lower()
-    found = [
-        record
-        for record in records
-        if record.state != "deregistered"
-        and (not query.state or record.state == query.state)
-        and (not query.cluster or record.cluster == query.cluster)
-        and fleet_labels.matches(record.labels, chosen)
-        and (
-            not needle
-            or needle in record.node_id.lower()
-            or any(needle in f"{k}={v}".lower() for k, v in record.labels.items())
+    if not (query.state or query.cluster or chosen or needle):
+        found = [record for record in records if record.state != "deregistered"]
+    else:
+        found = [
+            record
+            for record in records
+            if record.state != "deregistered"
+            and (not query.state or record.state == query.state)
+            and (not query.cluster or record.cluster == query.cluster)
+            and fleet_labels.matches(record.labels, chosen)
+            and (
+                not needle
+                or needle in record.node_id.lower()
+                or any(needle in f"{k}={v}".lower() for k, v in record.labels.items())
+            )
+        ]
+    if query.sort == "attention":
+        first = [record for record in found if record.node_id in concerns]
+        first.sort(
+            key=lambda r: (
+                concerns[r.node_id],
+                r.health_score if r.health_score is not None else 101,
+                r.node_id,
+            )
         )
-    ]
+        rest = [record for record in found if record.node_id not in concerns]
+        found = first + rest
+        return found[::-1] if query.descending else found
     keys: dict[str, Callable[[NodeRecord], tuple[object, ...]]] = {
-        "attention": lambda r: (
-            concerns.get(r.node_id, last),
-            r.health_score if r.node_id in concerns and r.health_score is not None else 101,
-            r.node_id,
-        ),
-        "node": lambda r: (r.node_id,),
         "cluster": lambda r: (r.cluster, r.node_id),
         "state": lambda r: (r.state, r.node_id),
         "health": lambda r: (r.health_score if r.health_score is not None else -1, r.node_id),
         "gpus": lambda r: (r.gpus_total, r.node_id),
         "seen": lambda r: (r.last_stored or r.last_seen, r.node_id),
     }
-    found.sort(key=keys[query.sort], reverse=query.descending)
-    return found
+    if query.sort in keys:
+        found.sort(key=keys[query.sort])
+    return found[::-1] if query.descending else found
 
 
 class Snapshot:
@@ -154,8 +168,10 @@ class Snapshot:
     def __init__(
         self, records: dict[str, NodeRecord], counted: Tally, built: float, refresh: float
     ) -> None:
+        self.built_at = time.time()
         self.by_node = records
-        self.records = list(records.values())
+        self.records = sorted(records.values(), key=attrgetter("node_id"))
+        """Every record, in node order."""
         self.counted = counted
         self.built = built
         self.refresh = refresh
@@ -164,6 +180,18 @@ class Snapshot:
         """The GPU page's rows ordered by a reading, by query (up to its page)."""
         self.covered: dict[str, int] = {}
         """Nodes each maintenance window in force covers, by window id."""
+        self.conditions: dict[tuple[Filter, int], list[Row]] = {}
+        """The conditions' rows by filter and version of the conditions: computed once a
+        snapshot for every page showing them."""
+
+    def condition_rows(self, conditions: Conditions, now: Now, only: Filter) -> list[Row]:
+        key = (only, conditions.version)
+        rows = self.conditions.get(key)
+        if rows is None:
+            if len(self.conditions) >= MAX_QUERIES:
+                self.conditions.clear()
+            rows = self.conditions[key] = conditions.rows(self.built_at, now, only)
+        return rows
 
     def keep_gpu_rows(self, key: tuple[object, ...], rows: list[GpuRow]) -> None:
         if len(self.gpu_rows) >= MAX_QUERIES:
