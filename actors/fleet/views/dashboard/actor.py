@@ -90,8 +90,10 @@ MAX_SHARE = 0.1
 """The share of the aggregator's time the pages' renders may take: a snapshot that took
 ``t`` to build is kept ``t / MAX_SHARE`` seconds (at least PUSH_EVERY)."""
 PARTITIONS_EVERY = 5.0
-ALERT_FEED = 2000
-"""Alerts kept for the raw feed and the policy page (the newest)."""
+ALERT_FEED = 200
+"""Alerts kept for the raw feed (the newest)."""
+DECISIONS = 200
+"""The remediation policy's alerts kept for the policy page (the newest)."""
 FEED_SINCE = 3600.0
 RESULTS_PER_NODE = 10
 RESULT_NODES = 10_000
@@ -163,9 +165,9 @@ class DashboardActor:
         self.subjects = Subjects(config.prefix)
         self.history = History(config.dashboard_history_points)
         self.fleet_history = FleetHistory(points_for(config.dashboard_history_interval))
-        self.alerts: deque[tuple[int, Alert]] = deque(maxlen=ALERT_FEED)
-        self._alert_seq = 0
+        self.alerts: deque[Alert] = deque(maxlen=ALERT_FEED)
         self.conditions = Conditions()
+        self.decisions: deque[Alert] = deque(maxlen=DECISIONS)
         self.results: dict[str, deque[CommandResult]] = {}
         self.partitions: list[leases.PartitionStatus] = []
         self.streams: Counter[str] = Counter()
@@ -449,9 +451,10 @@ class DashboardActor:
 
     async def _on_alert(self, entry: streams_history.Entry) -> None:
         if isinstance(entry.message, Alert):
-            self._alert_seq += 1
-            self.alerts.append((self._alert_seq, entry.message))
+            self.alerts.append(entry.message)
             self.conditions.add(entry.message)
+            if entry.message.kind in pages.POLICY_KINDS:
+                self.decisions.append(entry.message)
 
     async def _on_result(self, msg: Msg) -> None:
         """A node's signed result, kept only if it verifies against the node's approved key

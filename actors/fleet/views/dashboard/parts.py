@@ -61,7 +61,10 @@ class Board(Protocol):
     conditions: Conditions
     history: History
     fleet_history: FleetHistory
-    alerts: deque[tuple[int, Alert]]
+    alerts: deque[Alert]
+    """The newest alerts (the raw feed), newest last."""
+    decisions: deque[Alert]
+    """The remediation policy's alerts, newest last."""
     results: dict[str, deque[CommandResult]]
     partitions: list[PartitionStatus]
 
@@ -106,7 +109,6 @@ async def overview_parts(board: Board, query: render.Query) -> Parts:
     rows_end = body.index("</tbody>", rows_start)
     pager = '<p class="pager" id="pager" data-live>'
     pager_start = body.index(pager) + len(pager)
-    alerts = [alert for _, alert in board.alerts]
     only = Filter(
         frozenset({query.severity}) if query.severity else frozenset(),
         frozenset({query.kind}) if query.kind else frozenset(),
@@ -118,7 +120,7 @@ async def overview_parts(board: Board, query: render.Query) -> Parts:
         "aggregators": panels.aggregators(board.partitions),
         "conditions": panels.filters(query, kinds)
         + panels.conditions(rows, now, board.conditions.dropped),
-        "feed": panels.feed(alerts),
+        "feed": panels.feed(board.alerts),
         "fleet-charts": fleet_charts(
             board.fleet_history,
             now,
@@ -252,9 +254,8 @@ async def workloads_parts(board: Board) -> Parts:
 
 async def policy_parts(board: Board) -> Parts:
     """The policy's records of each cluster, and its decisions from the alert feed."""
-    decisions = [alert for _, alert in board.alerts if alert.kind in pages.POLICY_KINDS]
     note = _unread(board, "policy")
-    return {"policy": note + pages.policy(board.facts.policies, decisions, time.time())}
+    return {"policy": note + pages.policy(board.facts.policies, board.decisions, time.time())}
 
 
 async def maintenance_parts(board: Board) -> Parts:
