@@ -85,11 +85,27 @@ def test_silence_resolves_by_recovered_and_by_the_record() -> None:
     first, _ = conditions.rows(120.0, silent)
     assert first.kind == "offline" and first.count == 2 and first.severity == "critical"
     conditions.add(alert("n1", "recovered", 130.0))
-    back = fleet_of(record("n1", "active"), record("n2", "active"))
+    back = fleet_of(record("n1", "active"), record("n2", "active", last_seen=135.0))
     rows = {row.nodes[0]: row for row in conditions.rows(140.0, back)}
     assert rows["n1"].resolved_at == 130.0, "the recovered alert's time"
     assert rows["n2"].resolved_at == 140.0, "the record says it is over"
     assert conditions.rows(140.0 + KEEP_RESOLVED + 1, back) == []
+
+
+def test_a_record_older_than_the_alert_settles_nothing() -> None:
+    """The pages' snapshot may predate an alert: a record still active, written before
+    the node went stale or degraded, leaves the condition firing; the node's next
+    heartbeat (a record written after the alert) resolves it."""
+    conditions = Conditions()
+    conditions.add(alert("n1", "stale", 100.0))
+    conditions.add(alert("n2", "health", 100.0, details={"to": "degraded"}))
+    before = fleet_of(record("n1", "active", last_seen=98.0), record("n2", "active"))
+    assert [row.resolved_at for row in conditions.rows(101.0, before)] == [None, None]
+    after = fleet_of(
+        record("n1", "active", last_seen=102.0),
+        record("n2", "active", health_status="healthy", last_seen=99.0, last_stored=102.5),
+    )
+    assert [row.resolved_at for row in conditions.rows(103.0, after)] == [103.0, 103.0]
 
 
 def test_health_resolves_when_healthy_again() -> None:

@@ -33,7 +33,7 @@ from schemas.subjects import (
     Subjects,
 )
 from schemas.workloads import Deploy
-from tests.support.dashboard import beat, client, logged_in, start_dashboard
+from tests.support.dashboard import beat, client, logged_in, put_fact, start_dashboard
 from tests.support.fleet import Fleet, wait_for, wait_record
 
 HANG = 30_000
@@ -194,27 +194,22 @@ async def hostile_fleet(fleet: Fleet) -> None:
         fleet, "n1", stale_after=60.0, sample=sample, workloads=[running],
         health=health("degraded", 70, HOSTILE), schedulability_reason=HOSTILE,
     )  # fmt: skip
-    subjects = Subjects(fleet.prefix)
     now = time.time()
     window = MaintenanceWindow(id="w1", since=now - 60, until=now + 3600, by="U" + "A" * 55,
                                nodes=["n2"], reason=HOSTILE)  # fmt: skip
-    await (await fleet.bus.kv(subjects.bucket_name(BUCKET_MAINTENANCE))).put(
-        "w1", codec.encode(window)
-    )
+    await put_fact(fleet, BUCKET_MAINTENANCE, "w1", window)
     hold = Hold(reason_class="gpu", reason=HOSTILE, action="cordon", command_id="c1",
                 since=now, needs_attention=True, hook_error=HOSTILE)  # fmt: skip
     policy = PolicyRecord(cluster="c1", holds={"n1": hold}, would=[HOSTILE], tripped_at=now)
-    policies = await fleet.bus.js.create_key_value(bucket=subjects.bucket_name(BUCKET_POLICY))
-    await policies.put("c1", codec.encode(policy))
+    await put_fact(fleet, BUCKET_POLICY, "c1", policy)
     deploy = Deploy(name="chat", engine="process", model=HOSTILE, placed=True)
     replica = Replica(index=0, node="n1", cluster="c1", why=HOSTILE, deployed_at=now)
     placed = PlacedWorkload(name="chat", deploy=deploy, replicas=[replica], created_at=now)
-    await (await fleet.bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))).put(
-        "chat", codec.encode(placed)
-    )
+    await put_fact(fleet, BUCKET_WORKLOADS, "chat", placed)
     decision = Alert(id="a1", kind="remediation", node_id="n1", cluster="c1", severity="info",
                      message="dry run, would: " + HOSTILE, ts=now)  # fmt: skip
-    await fleet.bus.js.publish(subjects.alert("remediation", "c1", "n1"), codec.encode(decision))
+    subject = Subjects(fleet.prefix).alert("remediation", "c1", "n1")
+    await fleet.bus.js.publish(subject, codec.encode(decision))
 
 
 async def test_every_page_shows_hostile_values_as_text(fleet: Fleet, browser: Any) -> None:

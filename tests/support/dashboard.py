@@ -1,7 +1,8 @@
 """The dashboard as the tests run it: an aggregator, its fleet API and the dashboard on a
 free loopback port, headless Chromium (Debian's ``chromium`` through Playwright's
 ``executable_path``), the logins a test needs (a one-time link, basic auth), and nodes
-that beat once, signed, without an agent (:func:`beat`)."""
+that beat once, signed, without an agent (:func:`beat`), and the fleet's facts written
+where their writers write them (:func:`put_fact`)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import msgspec
 import pytest
 
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.remediation.actor import policy_bucket
 from actors.fleet.storage.registry import approve
 from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.login_links import login_link
 from schemas import codec, signing
-from schemas.subjects import Subjects
+from schemas.subjects import BUCKET_POLICY, Subjects
 from tests.support.fleet import Fleet, heartbeat, new_aggregator
 
 
@@ -104,3 +106,15 @@ async def beat(fleet: Fleet, node: str, seq: int = 1, **changes: Any) -> signing
     headers = {**key.headers(body), "Nats-Msg-Id": f"{node}:b1:{seq}", "Nats-TTL": ttl}
     await fleet.bus.js.publish(Subjects(fleet.prefix).heartbeat("c1", node), body, headers=headers)
     return key
+
+
+async def put_fact(fleet: Fleet, bucket: str, key: str, value: Any) -> None:
+    """``value`` stored under ``key`` in the fleet's bucket ``bucket`` (maintenance windows,
+    placed workloads, ...); the policy's bucket is made as the policy makes it on its
+    first write (direct gets on, which the pages' reads use)."""
+    subjects = Subjects(fleet.prefix)
+    if bucket == BUCKET_POLICY:
+        store = await fleet.bus.js.create_key_value(config=policy_bucket(subjects))
+    else:
+        store = await fleet.bus.kv(subjects.bucket_name(bucket))
+    await store.put(key, codec.encode(value))

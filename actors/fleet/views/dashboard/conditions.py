@@ -5,8 +5,9 @@ a log of every alert. Pure: fed alerts (:meth:`Conditions.add`), asked what fire
 - A condition opens at its first alert and counts the repeats after it (eight dry-run
   lines for one node are one row, ``x8``); its severity and message are the latest's.
 - It resolves when its resolving alert comes (``recovered`` for ``stale``/``offline``,
-  a health alert back to healthy), when the fleet says it is over (the node's record is
-  no longer stale or offline, no longer unhealthy or degraded; the policy no longer
+  a health alert back to healthy), when the fleet says it is over (the node's record,
+  written after the alert, is no longer stale or offline, no longer unhealthy or
+  degraded: a snapshot older than the alert settles nothing; the policy no longer
   needs a person for it, its breaker closed), or, for kinds that are events rather than
   states (a refused heartbeat, a sequence gap, a policy action), after :data:`QUIET`
   seconds without a repeat. A resolved condition stays, greyed, :data:`KEEP_RESOLVED`
@@ -180,6 +181,8 @@ class Conditions:
             record = fleet.record(held.node)
             if record is None or record.deregistered:
                 return True
+            if max(record.last_seen, record.last_stored or 0.0) <= held.last:
+                return False  # the record predates the alert: the pages' snapshot is older
             if held.kind in SILENT:
                 return record.state not in SILENT
             return record.state in KNOWN_NOW and record.health_status not in HEALTH_BAD
