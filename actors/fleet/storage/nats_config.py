@@ -31,6 +31,7 @@ from schemas.errors import FleetError
 from schemas.subjects import (
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
+    BUCKET_POLICY,
     BUCKET_TRUST,
     PROBE_INBOX,
     STREAM_COMMANDS,
@@ -233,12 +234,14 @@ def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
     """What FLEET lends monitors: stream info and direct gets (one key, or the batched
     scan) of the node records, and what the live views read besides (docs/live-reads.md):
     the latest heartbeats in FLEET_HB, the approved keys they are checked against, the
-    partitions' consumer info (what was judged); maintenance windows; and alerts."""
+    partitions' consumer info (what was judged); maintenance windows; the remediation
+    policy's holds (``describe`` says whether the policy holds a node); and alerts."""
     reads = [
         f"KV_{subjects.bucket_name(BUCKET_NODES)}",
         subjects.stream_name(STREAM_HEARTBEATS),
         f"KV_{subjects.bucket_name(BUCKET_TRUST)}",
         f"KV_{subjects.bucket_name(BUCKET_MAINTENANCE)}",
+        f"KV_{subjects.bucket_name(BUCKET_POLICY)}",
     ]
     exports: list[dict[str, str]] = []
     for stream in reads:
