@@ -81,6 +81,10 @@ async def test_conditions_count_repeats_filter_by_severity_and_grey_the_resolved
     await beat(fleet, "q1", seq=2, stale_after=60.0)
     await page.wait_for_selector(f"{stale}.resolved", timeout=HANG)
     assert "resolved" in await page.inner_text(f"{stale}.resolved td:nth-child(5)")
+    greyed = await page.eval_on_selector(
+        f"{stale}.resolved", "row => getComputedStyle(row).opacity"
+    )
+    assert float(greyed) < 1.0, "greyed"
     await page.click("#conditions .filters a:text-is('critical')")
     await page.wait_for_url("**severity=critical**", timeout=HANG)
     await page.wait_for_selector(spot, timeout=HANG)
