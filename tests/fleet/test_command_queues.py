@@ -120,3 +120,17 @@ async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, pr
         await bus.js.delete_consumer(stream, command_consumer("c1", "n2"))
         await wait_for(lambda: admitted.rounds >= rounds + 10)
         assert not await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_many_new_nodes_are_checked_against_one_listing(bus: NatsBus, prefix: str) -> None:
+    """More nodes new at once than a listing's page (300 > 256) are checked against a
+    listing of names, not one info each, and every one gets its consumer."""
+    admitted = Nodes(("c1", "n0"))
+    async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
+        await wait_for(lambda: has_consumers(bus, prefix, 1))
+        admitted.nodes += [("c1", f"n{i}") for i in range(1, 301)]
+        await wait_for(lambda: has_consumers(bus, prefix, 301), timeout=60)
+    kinds = [subject.split(".")[3] for subject in seen]
+    assert kinds.count("CREATE") == 301
+    assert "INFO" not in kinds
+    assert kinds.count("NAMES") >= 1
