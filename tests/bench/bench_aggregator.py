@@ -6,6 +6,11 @@ own processes (``fleetctl aggregator``) and ``fleetctl simulate`` as a subproces
 Every part is selected by its flag, ``--all`` runs every one; each prints its lines as it
 goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
+- ``--fleet``: the same-run ratio as a fleet meets it (issue 48): one aggregator as
+  shipped, ``--fleet-nodes`` (5,000) nodes of 8 fake GPUs at ``--fleet-rate`` (1,500/s)
+  for ``--fleet-duration`` (30 s), ``--runs`` (5) runs on fresh servers: CPU per
+  accepted heartbeat once every node had beaten twice ÷ a bare PyNaCl verify timed in
+  the same seconds, each run's ratio, their median and range.
 - ``--ratio``: one aggregator, two nodes per heartbeat/s at each of ``--rates``. (a) the
   aggregator's CPU time per accepted heartbeat once every node had beaten twice (CPU
   seconds / the ``fleet_heartbeats_accepted`` delta, over every rate but the first, the
