@@ -22,7 +22,8 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.node.tuning import retuned
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
 from schemas.events import (
@@ -41,6 +42,7 @@ from schemas.events import (
     Workloads,
 )
 from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,11 @@ NOT_ACKNOWLEDGED_HINT = (
 FIRST_SAMPLE_WAIT = 2.0
 """Seconds the first beat waits for the inventory's first sample and the command
 executor's first state (each its own wait, within this bound)."""
+ACK_WAIT_FRACTION = 0.5
+"""A beat waits for its acknowledgement at most this fraction of the interval (and never
+more than the bus's publish timeout): the next beat is due one interval after this one
+started, acknowledged or not, so a stream without a leader for a few seconds costs the
+beats of those seconds, not an interval plus a timeout each."""
 
 
 def summarise(event: Workloads) -> list[WorkloadSummary]:
@@ -96,7 +103,6 @@ class HeartbeatActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
-        self.ttl = str(math.ceil(config.stale_after))
         self.sample: Sample | None = None
         self.health: Health | None = None
         self.latency: Latency | None = None
@@ -110,6 +116,8 @@ class HeartbeatActor:
         self.endpoint = ""
         """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
+        self.settings: SettingsStatus | None = None
+        """What the node made of the fleet's settings (from the settings actor)."""
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
         self._last_ts: float | None = None
@@ -147,6 +155,10 @@ class HeartbeatActor:
                 # Slurm's own drains change what the heartbeat says at once.
                 if self.schedulability() != before:
                     self._beat_now.set()
+            case Settings():
+                # heartbeat_interval and stale_after are read at each beat.
+                self.config = retuned(self.config, event)
+                self.settings = event.status
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -233,7 +245,14 @@ class HeartbeatActor:
             stopping=self.stopping,
             previous_ts=previous,
             endpoint=self.endpoint,
+            settings=self.settings,
         )
+
+    @property
+    def ack_wait(self) -> float:
+        """How long a beat waits for its acknowledgement: a fraction of the interval in
+        force (the fleet may change it live), at most a publish's timeout."""
+        return min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * self.config.heartbeat_interval)
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
@@ -245,12 +264,15 @@ class HeartbeatActor:
                 heartbeat,
                 self.key,
                 f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
-                headers={"Nats-TTL": self.ttl},
+                headers={"Nats-TTL": str(math.ceil(self.config.stale_after))},
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,
+                timeout=self.ack_wait,
             )
         except (nats.errors.Error, TimeoutError) as exc:
+            if unanswered(exc):
+                self.bus.jetstream_answered(False)
             self.metrics.heartbeat_failures.inc()
             reason = str(exc) or type(exc).__name__
             # Once per cause, not once per beat: a server without FLEET_HB yet (no
@@ -263,6 +285,7 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": reason},
             )
             return None
+        self.bus.jetstream_answered(True)
         if self._failing:
             log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
             self._failing = ""
@@ -305,7 +328,9 @@ class HeartbeatActor:
             # command executor publishes the state it restored when it starts.
             if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
                 log.warning("no node state from the command executor yet; beating without it")
+            loop = asyncio.get_running_loop()
             while True:
                 self._beat_now.clear()
+                due = loop.time() + jittered(self.config.heartbeat_interval)
                 await self.beat()
-                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
+                await wait_or_timeout(self._beat_now, max(0.0, due - loop.time()))
