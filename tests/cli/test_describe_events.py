@@ -138,6 +138,34 @@ async def test_events_oldest_first_in_text_and_json(stale_cordoned: History) -> 
     assert await consumers(fleet) == 0
 
 
+async def test_events_fleet_wide_filters_by_kind_severity_cluster_labels(
+    stale_cordoned: History,
+) -> None:
+    """events without a node reads the fleet's alerts and results; --kind, --severity,
+    --cluster and -l narrow them; a node list with an unknown name is one error line."""
+    fleet = stale_cordoned.fleet
+    code, everything, err = await fleetctl(fleet, "events")
+    assert code == 0, err
+    kinds = {line.split()[3] for line in everything}
+    assert {"stale:", "result:"} <= kinds
+    code, stale, err = await fleetctl(fleet, "events", "--kind", "stale")
+    assert code == 0 and stale, err
+    assert all(line.split()[1:4] == ["warning", "n1", "stale:"] for line in stale)
+    code, info, err = await fleetctl(fleet, "events", "--severity", "info", "--kind", "result")
+    assert code == 0 and info, err
+    assert all(line.split()[1] == "info" and line.split()[3] == "result:" for line in info)
+    code, both, err = await fleetctl(fleet, "events", "--kind", "stale", "--kind", "result")
+    assert code == 0 and len(both) == len(stale) + len(info), err
+    code, listed, err = await fleetctl(fleet, "events", "n[1-1]", "--cluster", "c1")
+    assert (code, listed) == (0, everything), err
+    for narrowing in (["--cluster", "c2"], ["-l", "rack=r9"], ["--kind", "offline"]):
+        code, lines, err = await fleetctl(fleet, "events", *narrowing)
+        assert (code, lines) == (0, []), (narrowing, err)
+    code, lines, err = await fleetctl(fleet, "events", "n[1-2]")
+    assert (code, lines, err) == (1, [], "error: no such node: n2\n")
+    assert await consumers(fleet) == 0
+
+
 @pytest.mark.parametrize("since", ["-5m", "soon", "0s"])
 async def test_events_refuses_a_bad_duration(fleet: Fleet, since: str) -> None:
     code, _, err = await fleetctl(fleet, "events", "n1", f"--since={since}")

@@ -1,6 +1,7 @@
-"""``fleetctl nodes``, ``aggregators``, ``node``, ``watch``, ``describe`` and ``events``: the
-fleet read from the provider side (records, heartbeat partitions, alerts, node events and
-history), each printed for operators or as JSON."""
+"""``fleetctl nodes``, ``aggregators``, ``node``, ``watch`` and ``describe`` (``events``:
+:mod:`actors.cli.fleetctl.events`): the fleet read from the provider side (records,
+heartbeat partitions, alerts, node events and history), each printed for operators or as
+JSON."""
 
 from __future__ import annotations
 
@@ -334,23 +335,6 @@ async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecor
         raise FleetError(f"{exc}{did_you_mean(node, known)}") from None
 
 
-async def cmd_events(args: argparse.Namespace) -> int:
-    """A node's alerts and command results from the streams, oldest first; a node with
-    neither and no record is unknown (exit 1)."""
-    subjects = Subjects(args.prefix)
-    since = None if args.since is None else time.time() - args.since
-    async with connected(args, "fleetctl") as bus:
-        alerts, results = await history.node_history(bus, subjects, args.node, since)
-        if not alerts and not results:
-            # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
-            await node_record(bus, subjects, args.node)
-    for entry in history.merged(alerts, results):
-        sys.stdout.write(
-            (tables.event_json(entry) if args.json else tables.event_line(entry)) + "\n"
-        )
-    return 0
-
-
 def node_output(text: str) -> str:
     """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
     if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
@@ -361,7 +345,7 @@ def node_output(text: str) -> str:
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``nodes``, ``aggregators``, ``node``, ``watch``, ``describe`` and ``events``."""
+    """``nodes``, ``aggregators``, ``node``, ``watch`` and ``describe``."""
     nodes = commands.add_parser("nodes", help="list the fleet")
     nodes.add_argument("--cluster", help="only nodes of this cluster")
     nodes.add_argument(
@@ -461,12 +445,3 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     describe_parser.add_argument("node", type=token("node id"), help="the node's id")
     add_server(describe_parser)
     describe_parser.set_defaults(func=cmd_describe)
-
-    events = commands.add_parser(
-        "events", help="a node's alerts and command results from the streams, oldest first"
-    )
-    events.add_argument("node", type=token("node id"), help="the node's id")
-    events.add_argument("--since", type=duration, help="only this recent window (30s, 10m, 1h)")
-    events.add_argument("--json", action="store_true", help="one JSON object per line")
-    add_server(events)
-    events.set_defaults(func=cmd_events)
