@@ -186,3 +186,59 @@ async def _with(
 ) -> list[Alert] | None:
     alerts = await read
     return alerts if check(alerts) else None
+
+
+async def test_forget_by_selector_lists_asks_and_forgets_only_the_chosen(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator_file: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """forget -l / --state --older-than / a range: the chosen nodes are listed first;
+    --dry-run and a refused question (no terminal, no --yes) change nothing; with --yes
+    each chosen node is forgotten and no other; an unknown listed name is an error."""
+    subjects = Subjects(prefix)
+    operator = signing.load_key_file(operator_file)
+    await fleet.start_aggregator(trust_operators=[operator.public_key])
+    agents = {}
+    for node, rack in (("n1", "r1"), ("n2", "r1"), ("n3", "r2")):
+        config = fleet.config(node, trust_operators=[operator.public_key], labels={"rack": rack})
+        agents[node] = await fleet.start_agent(config)
+        await wait_record(bus, prefix, node, lambda r: "rack" in r.labels)
+    await agents["n1"].stop()  # a goodbye: stopped
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "stopped")
+    key = ["--key-file", str(operator_file)]
+
+    async def states() -> dict[str, str]:
+        return {n: (await read_record(bus, subjects, n)).state for n in ("n1", "n2", "n3")}
+
+    before = await states()
+    code, out, err = await fleetctl(capsys, fleet, "forget", "-l", "rack=r1", "--dry-run")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "would forget 2 nodes:"
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["n1", "n2"]
+    code, out, err = await fleetctl(capsys, fleet, "forget", "-l", "rack=r1", *key)
+    assert code == 1 and out.startswith("to forget 2 nodes:")
+    assert "no terminal to ask on" in err and "error: nothing forgotten" in err
+    code, _, err = await fleetctl(
+        capsys, fleet, "forget", "--state", "stopped", "--older-than", "7d"
+    )
+    assert (code, err) == (1, "error: no node to forget matches the selector\n")
+    code, _, err = await fleetctl(capsys, fleet, "forget", "n[3-4]", "--dry-run")
+    assert (code, err) == (1, "error: no such node: n4\n")
+    assert await states() == before
+
+    stopped = ["--state", "stopped", "--older-than", "1ms", "--yes", *key]
+    code, out, err = await fleetctl(capsys, fleet, "forget", *stopped, "--reason", "gone")
+    assert (code, err) == (0, ""), err
+    assert out.splitlines()[-1].startswith("n1 forgotten (state deregistered)")
+    record = await read_record(bus, subjects, "n1")
+    assert record.deregistered_by == operator.public_key and record.deregistered_reason == "gone"
+    assert (await states())["n2"] == before["n2"]
+
+    code, out, err = await fleetctl(capsys, fleet, "forget", "-l", "rack=r1", "--yes", *key)
+    assert (code, err) == (0, ""), err
+    assert out.splitlines()[:2] == ["to forget 1 node:", out.splitlines()[1]]
+    assert out.splitlines()[1].split()[0] == "n2"
+    assert await states() == {"n1": "deregistered", "n2": "deregistered", "n3": before["n3"]}

@@ -1,15 +1,12 @@
-"""``fleetctl keys init|show``, ``approve``, ``revoke``, ``forget`` and ``reset-seq``: the
-operator's key and the trust the provider side gives each node's key."""
+"""``fleetctl keys init|show``, ``approve``, ``revoke`` and ``reset-seq`` (``forget``: its own
+module): the operator's key and the trust the provider side gives each node's key."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import sys
-import time
 from pathlib import Path
-
-import nats.errors
 
 from actors.cli.common import (
     KEY_FILE_ENV,
@@ -17,21 +14,19 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    duration,
     fail,
     operator_key,
     token,
 )
-from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.render.tables import printable
 from actors.fleet import identity
 from actors.fleet.aggregator import pending
 from actors.fleet.storage import registry
 from actors.fleet.views import live
 from actors.runtime.bus import Bus
-from schemas import codec, signing
+from schemas import signing
 from schemas.errors import FleetError
-from schemas.messages import Forget, ForgetReply, NodeRecord
+from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
 
@@ -178,35 +173,6 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_forget(args: argparse.Namespace) -> int:
-    """Remove a node from the fleet from the provider side (it may be dead): the record
-    names the operator key that forgot it. Needs the operator key file: whoever forgets a
-    node is named by it."""
-    key = operator_key(args)
-    body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
-    async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, Subjects(args.prefix), key, args.yes)
-        try:
-            msg = await bus.request(
-                Subjects(args.prefix).forget(), body, args.timeout, key.headers(body)
-            )
-        except nats.errors.TimeoutError:
-            return fail(f"no aggregator answered within {args.timeout:g}s")
-        except nats.errors.NoRespondersError:
-            return fail("no aggregator is running to take the request")
-    reply = codec.decode(msg.data, ForgetReply, msg.subject)
-    if reply.status == "rejected":
-        return fail(f"forget {args.node} refused: {reply.reason}")
-    what = (
-        "was already forgotten" if reply.status == "already" else "forgotten (state deregistered)"
-    )
-    parts = [f"{args.node} {what}"]
-    parts.append("key revoked" if reply.revoked else "no approved key left")
-    parts.append("pending commands purged" if reply.purged else "commands not purged")
-    sys.stdout.write("; ".join(parts) + "\n")
-    return 0
-
-
 async def cmd_reset_seq(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         await registry.reset_seq(bus, Subjects(args.prefix), args.node)
@@ -215,7 +181,7 @@ async def cmd_reset_seq(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``keys``, ``approve``, ``revoke``, ``forget`` and ``reset-seq``."""
+    """``keys``, ``approve``, ``revoke`` and ``reset-seq``."""
     keys = commands.add_parser("keys", help="operator keys")
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
     keys_init = keys_commands.add_parser("init", help="create the operator key")
@@ -278,32 +244,6 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     revoke.add_argument("node", type=token("node id"), help="the node's id")
     add_server(revoke)
     revoke.set_defaults(func=cmd_revoke)
-
-    forget = commands.add_parser(
-        "forget",
-        help="remove a node from the provider side (deregistered, key revoked, commands purged)",
-        description="A request signed by the operator key, carried out by an aggregator that "
-        "trusts the key (its trust_operators). Idempotent. The node's record becomes "
-        "deregistered naming the operator key and the reason; 'fleetctl approve NODE' admits "
-        "it again.",
-    )
-    forget.add_argument("node", type=token("node id"), help="the node's id")
-    forget.add_argument("--reason", default="", help="why, recorded in the node's record")
-    add_yes(forget)
-    forget.add_argument(
-        "--key-file",
-        type=Path,
-        default=None,
-        help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
-    )
-    forget.add_argument(
-        "--timeout",
-        type=duration,
-        default=10.0,
-        help="how long to wait for an aggregator's answer (default 10s)",
-    )
-    add_server(forget)
-    forget.set_defaults(func=cmd_forget)
 
     reset_seq = commands.add_parser(
         "reset-seq", help="accept a node's next heartbeat whatever its seq (re-imaged node)"
