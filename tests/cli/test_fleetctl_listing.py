@@ -236,10 +236,12 @@ def test_yaml_quotes_and_escapes() -> None:
     assert text == '- a:\n    "b c":\n      - 1\n      - null\n  d: []\n  e: "x\\u001by"\n'
 
 
-async def test_watch_prints_again_on_change_and_exits_0_on_ctrl_c(
+async def test_watch_prints_changed_rows_with_time_and_exits_0_on_ctrl_c(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """--watch prints the table, again when a node's state changes, and SIGINT ends it 0."""
+    """--watch prints the table under a TIME column, then only the rows that changed (a
+    new node, a state change; nothing for an unchanged node) and (gone) for a node that
+    left the listing; SIGINT ends it 0."""
     await put(bus, prefix, record("n1"))
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "actors.cli.fleetctl", "nodes", "--watch"),
@@ -248,19 +250,30 @@ async def test_watch_prints_again_on_change_and_exits_0_on_ctrl_c(
         stderr=subprocess.PIPE,
     )
     assert process.stdout is not None
+
+    async def line() -> list[str]:
+        assert process.stdout is not None
+        return (await asyncio.wait_for(process.stdout.readline(), 20)).decode().split()
+
     try:
-        first = await asyncio.wait_for(process.stdout.readuntil(b"1 node: 1 active\n"), 20)
+        header, first = await line(), await line()
+        await put(bus, prefix, record("n2"))
+        added = await line()
         await put(bus, prefix, record("n1", "degraded", XID))
-        second = await asyncio.wait_for(process.stdout.readuntil(b"1 node: 1 degraded\n"), 20)
+        changed = await line()
+        await put(bus, prefix, record("n2", "deregistered"))
+        gone = await line()
         process.send_signal(signal.SIGINT)
         rest, err = await asyncio.wait_for(process.communicate(), 20)
     finally:
         if process.returncode is None:
             process.kill()
-    # The first print's footnote (no heartbeat in FLEET_HB) is read with the second.
-    assert first.startswith(b"NODE") and second.startswith(b"* 1 node(s) show")
-    assert b"\n\nNODE" in second
-    assert (process.returncode, err) == (0, b"") and rest.startswith(b"* 1 node(s) show")
+    assert header[:3] == ["TIME", "NODE", "CLUSTER"]
+    assert first[0].endswith("Z") and first[1:4] == ["n1", "c1", "active"]
+    assert added[1:4] == ["n2", "c1", "active"]
+    assert changed[1:4] == ["n1", "c1", "degraded"]
+    assert gone[1:] == ["n2", "(gone)"]
+    assert (process.returncode, err, rest) == (0, b"", b"")
 
 
 async def on_a_terminal(env: dict[str, str], *args: str) -> bytes:

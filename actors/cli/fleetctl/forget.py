@@ -27,6 +27,7 @@ from actors.cli.common import (
 from actors.cli.fleetctl.signer import check_signer
 from actors.cli.fleetctl.trust import confirm
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
+from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import registry
 from actors.runtime import spans
@@ -121,7 +122,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
         nodes = chosen(records, args, now)
         if not nodes:
             return fail("no node to forget matches the selector")
-        count = f"{len(nodes)} node" + ("s" if len(nodes) > 1 else "")
+        count = tables.nodes(len(nodes))
         sys.stdout.write(f"{'would forget' if args.dry_run else 'to forget'} {count}:\n")
         sys.stdout.writelines(row(record, now) for record in nodes)
         sys.stdout.flush()

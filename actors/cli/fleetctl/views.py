@@ -71,11 +71,21 @@ def write_nodes(
         sys.stdout.write(tables.nodes_output(records, output, colour, of, extra or []))
 
 
+def by_rows(records: list[NodeRecord], output: str, rows: bool, states: set[str]) -> bool:
+    """Whether ``--watch`` prints changed rows (:func:`tables.watch_table`): a table or
+    wide table of rows; JSON, YAML, custom columns, a summary or the pending listing is
+    printed again whole on a change."""
+    plain = output in ("table", "wide") and states != {"pending"}
+    return plain and not summarised(records, output, rows)
+
+
 async def cmd_nodes(args: argparse.Namespace) -> int:
     """The fleet as a table (``-o wide`` adds SEQ and REASON) or JSON; with ``--watch``,
-    read again every WATCH_INTERVAL and printed again when a node's state, schedulability,
-    health, GPUs or version changed, until Ctrl-C (exit 0). Deregistered nodes are hidden
-    and a fleet above a screenful is summarised, unless ``--all`` (everything, as rows)."""
+    read again every WATCH_INTERVAL until Ctrl-C (exit 0): a table is printed with a TIME
+    column, then only the rows whose node's state, schedulability, health, GPUs or version
+    changed (:func:`by_rows`); other outputs again whole on such a change. Deregistered
+    nodes are hidden and a fleet above a screenful is summarised, unless ``--all``
+    (everything, as rows)."""
     output = "json" if args.json else args.output
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
@@ -88,6 +98,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
+        rows_shown: dict[str, tuple[object, ...]] | None = None
         states = set(args.state or ())
         while True:
             every = [
@@ -110,8 +121,14 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             if not summarised(records, output, rows):
                 # Heartbeat parts as of each node's latest accepted heartbeat.
                 records = list(await live.overlay(bus, subjects, records))
-            key = [tables.change_key(r) for r in records]
-            if key != shown:
+            if stop is not None and by_rows(records, output, rows, states):
+                text = tables.watch_table(
+                    records, rows_shown, time.time(), output == "wide", colour, extra
+                )
+                rows_shown = {record.node_id: tables.change_key(record) for record in records}
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            elif (key := [tables.change_key(r) for r in records]) != shown:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
@@ -399,7 +416,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     nodes.add_argument(
         "--watch",
         action="store_true",
-        help=f"read again every {WATCH_INTERVAL:g}s, print again on change, Ctrl-C stops",
+        help=f"read again every {WATCH_INTERVAL:g}s and print, after a TIME column, only the "
+        "rows that changed (state, schedulability, health, GPUs, version; a node gone: "
+        "(gone)); -o json, yaml, custom-columns or a summary is printed again whole; "
+        "Ctrl-C stops",
     )
     add_server(nodes)
     nodes.set_defaults(func=cmd_nodes)

@@ -198,6 +198,35 @@ def change_key(record: NodeRecord) -> tuple[object, ...]:
     )
 
 
+def watch_table(
+    records: list[NodeRecord],
+    shown: dict[str, tuple[object, ...]] | None,
+    now: float,
+    wide: bool = False,
+    colour: bool = False,
+    extra: Sequence[Column] = (),
+) -> str:
+    """``fleetctl nodes --watch`` as kubectl's ``get -w``: a TIME column before the table's;
+    with ``shown`` None (the first read) every row under the header, else only the rows
+    whose :func:`change_key` differs from ``shown`` (new nodes included) and a ``(gone)``
+    row for each node shown before and missing now; "" when nothing changed. Rows are
+    aligned as the whole table is now."""
+    lines = table(records, now, wide, colour, extra).split("\n")
+    stamp = clock(now)
+    if shown is None:
+        rows = [f"{'TIME':<{len(stamp)}}  {lines[0]}"]
+        rows += [f"{stamp}  {line}" for line in lines[1:]]
+        return "".join(row + "\n" for row in rows)
+    rows = [
+        f"{stamp}  {line}"
+        for record, line in zip(records, lines[1:], strict=True)
+        if shown.get(record.node_id) != change_key(record)
+    ]
+    now_known = {record.node_id for record in records}
+    rows += [f"{stamp}  {printable(node)}  (gone)" for node in shown if node not in now_known]
+    return "".join(row + "\n" for row in rows)
+
+
 PENDING_COLUMNS = (
     "NODE",
     "CLUSTER",
