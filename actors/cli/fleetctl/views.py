@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
+from actors.cli.fleetctl.storms import GROUP_WINDOW, AlertGroups
 from actors.cli.node_names import did_you_mean
 from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
@@ -250,7 +251,9 @@ class EventSigners:
 
 async def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts (and with --events, node events) as they arrive, one line each. An
-    alert is time, severity, node, kind and message (``--json``: the stored JSON); with
+    alert is time, severity, node, kind and message (``--json``: the stored JSON); alerts
+    of one kind, severity and cluster within ``--group-window`` are one line with a count
+    (:mod:`actors.cli.fleetctl.storms`) unless ``--json`` or ``--no-group``; with
     ``--since`` the alerts stored in that window come first, from FLEET_ALERTS. A node
     event is its subject, who signed it (:meth:`EventSigners.verdict`), then its JSON
     body. Anything that could drive the terminal is escaped."""
@@ -260,12 +263,19 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         signers = EventSigners(bus, subjects)
 
+        def write(line: str) -> None:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        groups = None if args.json or args.no_group else AlertGroups(args.group_window, write)
+
         async def show_alert(entry: history.Entry) -> None:
             if args.node and tables.event_fields(entry)[1] != args.node:
                 return
-            line = tables.event_json(entry) if args.json else tables.event_line(entry)
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            if groups is not None:
+                groups.add(entry)
+            else:
+                write(tables.event_json(entry) if args.json else tables.event_line(entry))
 
         async def alert_now(msg: Msg) -> None:
             await show_alert(history.live_entry(msg, Alert))
@@ -301,7 +311,11 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             # On stderr, so the lines on stdout stay alerts: what follows is live.
             sys.stderr.write(f"watching {' and '.join(watched)} live; Ctrl-C stops\n")
             sys.stderr.flush()
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                if groups is not None:
+                    groups.close()
     return 0
 
 
@@ -455,7 +469,21 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     watch.add_argument(
         "--since", type=duration, help="replay the alerts of this window first (30s, 10m, 1h)"
     )
-    watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    watch.add_argument(
+        "--json", action="store_true", help="one JSON object per line (each alert: no grouping)"
+    )
+    watch.add_argument(
+        "--group-window",
+        type=duration,
+        default=GROUP_WINDOW,
+        metavar="DURATION",
+        help="alerts of one kind, severity and cluster raised within this of the first are "
+        "one line with a count, printed when it ends "
+        f"('80 nodes stale in cluster local (sim-001 ... sim-080)'; default {GROUP_WINDOW:g}s)",
+    )
+    watch.add_argument(
+        "--no-group", action="store_true", help="print every alert on its own line, at once"
+    )
     add_server(watch)
     watch.set_defaults(func=cmd_watch)
 
