@@ -119,6 +119,24 @@ async def test_describe_unknown_node_is_one_error_line(fleet: Fleet) -> None:
     assert (code, lines, err) == (1, [], "error: node nx not found\n")
 
 
+async def test_describe_a_range_describes_each_node_or_names_the_unknown(fleet: Fleet) -> None:
+    """describe n[1-2] prints both nodes, in order, a blank line between; a range with a
+    node the fleet does not know is one error line and nothing on stdout."""
+    await fleet.start_aggregator()
+    for node in ("n1", "n2"):
+        await fleet.start_agent(fleet.config(node))
+        await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active")
+    code, lines, err = await fleetctl(fleet, "describe", "n[1-2]")
+    assert code == 0, err
+    assert [line for line in lines if line.startswith("Node:")] == [
+        "Node:            n1",
+        "Node:            n2",
+    ]
+    assert lines[lines.index("Node:            n2") - 1] == ""
+    code, lines, err = await fleetctl(fleet, "describe", "n1,n3")
+    assert (code, lines, err) == (1, [], "error: no such node: n3\n")
+
+
 async def test_events_oldest_first_in_text_and_json(stale_cordoned: History) -> None:
     """events lists command results then the stale alert, oldest first, one line each
     (time, severity, node, kind, message); --json gives the same as JSON objects."""

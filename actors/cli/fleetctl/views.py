@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.fleetctl.storms import GROUP_WINDOW, AlertGroups
-from actors.cli.node_names import did_you_mean
+from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
 from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
@@ -33,6 +33,7 @@ from schemas import codec, signing
 from schemas.base import RecordState
 from schemas.errors import DecodeError, FleetError, SignatureError
 from schemas.messages import Alert, NodeRecord
+from schemas.remediation import PolicyRecord
 from schemas.subjects import Subjects
 
 WATCH_INTERVAL = 2.0
@@ -320,29 +321,46 @@ async def cmd_watch(args: argparse.Namespace) -> int:
 
 
 async def cmd_describe(args: argparse.Namespace) -> int:
-    """The human view of one node: its record explained, then its recent history."""
+    """The human view of a node (or of each node of a list or range, a blank line between):
+    its record explained, then its recent history. A listed name the fleet has no record
+    of is an error before anything is printed."""
     subjects = Subjects(args.prefix)
+    names = expand_nodes(args.node)
     async with connected(args, "fleetctl") as bus:
-        record = await node_record(bus, subjects, args.node)
-        alerts, results = await history.recent_history(
-            bus, subjects, args.node, limit=describe.RECENT
-        )
+        if len(names) > 1:
+            known = {record.node_id for record in await registry.read_records(bus, subjects)}
+            unknown = [name for name in names if name not in known]
+            if unknown:
+                hint = did_you_mean(unknown[0], known)
+                raise FleetError(f"no such node: {', '.join(unknown)}{hint}")
         policies = await policy_holds.read_policies(bus, subjects)
         try:
-            enrolled = describe.identity_lines(
-                await registry.trust_entry(bus, subjects, args.node), record
-            )
-        except DecodeError as exc:
-            enrolled = [f"Identity:        unknown: {exc}"]
-        try:
-            settings = render_settings.settings_lines(
-                record, await settings_store.current(bus, subjects)
-            )
+            current = await settings_store.current(bus, subjects)
         except settings_store.NoSettingsBucket:
-            settings = render_settings.settings_lines(record, [])
+            current = []
+        texts = [await described(bus, subjects, name, policies, current) for name in names]
+    sys.stdout.write("\n\n".join(texts) + "\n")
+    return 0
+
+
+async def described(
+    bus: Bus,
+    subjects: Subjects,
+    node: str,
+    policies: list[PolicyRecord],
+    current: list[settings_store.StoredEntry],
+) -> str:
+    """One node's ``describe`` text, read now."""
+    record = await node_record(bus, subjects, node)
+    alerts, results = await history.recent_history(bus, subjects, node, limit=describe.RECENT)
+    try:
+        enrolled = describe.identity_lines(await registry.trust_entry(bus, subjects, node), record)
+    except DecodeError as exc:
+        enrolled = [f"Identity:        unknown: {exc}"]
+    settings = render_settings.settings_lines(record, current)
     now = time.time()
     remediation = policy.node_lines(policies, record.cluster, record.node_id, now)
-    text = describe.describe(
+    return describe.describe(
         record,
         alerts,
         results,
@@ -352,8 +370,6 @@ async def cmd_describe(args: argparse.Namespace) -> int:
         policy_holds.policy_keys(policies),
         settings,
     )
-    sys.stdout.write(text + "\n")
-    return 0
 
 
 async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecord:
@@ -490,6 +506,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     describe_parser = commands.add_parser(
         "describe", help="one node explained: state, checks, GPUs, recent alerts and results"
     )
-    describe_parser.add_argument("node", type=token("node id"), help="the node's id")
+    describe_parser.add_argument(
+        "node",
+        type=node_selection,
+        help="the node's id, or a list or range (node[1-4],gpu-a): each described in turn",
+    )
     add_server(describe_parser)
     describe_parser.set_defaults(func=cmd_describe)
