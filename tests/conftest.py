@@ -50,6 +50,18 @@ def runs_programs(module: ModuleType) -> bool:
     return "subprocess" in inspect.getsource(module)
 
 
+@pytest.fixture(autouse=True)
+def private_config_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test's own XDG_CONFIG_HOME (fleetctl's contexts and default operator key live
+    there, and ``fleetctl up`` writes a context), inherited by the programs it runs: no
+    test reads or writes the real ~/.config."""
+    home = tmp_path_factory.mktemp("config-home")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="module")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A JetStream-enabled nats-server on a free loopback port, stopped after the module."""

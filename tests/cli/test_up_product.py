@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,60 @@ def test_the_dashboard_port_is_kept_unless_taken(tmp_path: Path) -> None:
     assert up.last_port(tmp_path) == port
     (tmp_path / up.PORT_FILE).write_text("http\n")
     assert up.last_port(tmp_path) == 0
+
+
+@pytest.mark.timeout(120)
+def test_up_writes_context_up_and_keeps_the_current_one(
+    tmp_path: Path, private_config_home: Path
+) -> None:
+    """`up` writes context up (its server and operator key) and prints where; an operator's
+    current context (prod) stays current; `fleetctl --context up nodes` reads the fleet."""
+    contexts = private_config_home / "fleetctl" / "config.toml"
+    contexts.parent.mkdir(parents=True)
+    contexts.write_text(
+        'current-context = "prod"\n\n[contexts.prod]\nserver = "nats://prod.example:4222"\n'
+    )
+    store = tmp_path / "store"
+    process = subprocess.Popen(
+        fleetctl("up", "--nodes", "1", "--port", "0", "--store", str(store)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    banner: list[str] = []
+    try:
+        for line in process.stdout:
+            banner.append(line)
+            if line.startswith("Ctrl-C") or len(banner) > 20:
+                break
+        server = banner[0].removeprefix("NATS: ").strip()
+        assert f"context: up in {contexts} (fleetctl config use-context up)\n" in banner, banner
+        written = tomllib.loads(contexts.read_text())
+        assert written["current-context"] == "prod"
+        assert written["contexts"]["prod"] == {"server": "nats://prod.example:4222"}
+        assert written["contexts"]["up"] == {
+            "server": server,
+            "key_file": str(store / "operator.nk"),
+        }
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("FLEETCTL_") and k != "NATS_URL"
+        }
+        deadline = time.monotonic() + 30
+        while True:
+            listed = subprocess.run(
+                fleetctl("nodes", "--context", "up", "-o", "json"),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=env,
+            )
+            assert listed.returncode == 0, listed.stderr
+            if [r["node_id"] for r in json.loads(listed.stdout)] == ["node-1"]:
+                break
+            assert time.monotonic() < deadline, listed.stdout
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0

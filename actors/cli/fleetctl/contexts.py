@@ -188,6 +188,24 @@ def write_file(path: Path, found: ContextsFile) -> None:
     write_atomically(path, toml_text(found).encode())
 
 
+def save_context(name: str, context: Context, path: Path | None = None) -> str:
+    """Write context ``name`` (replacing one of that name), made the current one when the
+    file names none (an operator's own current context is never switched); the line to
+    print about it, which says why when the file could not be read or written."""
+    path = path or contexts_path()
+    try:
+        found = read_file(path)
+        current = found.current_context or name
+        contexts = {**found.contexts, name: context}
+        write_file(path, ContextsFile(current_context=current, contexts=contexts))
+    except ConfigError as exc:
+        return f"context {name!r} not written: {exc}"
+    except OSError as exc:
+        return f"context {name!r} not written: {path}: {exc.strerror or exc}"
+    use = "current" if current == name else f"fleetctl config use-context {name}"
+    return f"context: {name} in {path} ({use})"
+
+
 async def cmd_set_context(args: argparse.Namespace) -> int:
     """Create context NAME, or change the settings given of an existing one (kubectl
     config set-context); ``--current`` makes it the current one too."""

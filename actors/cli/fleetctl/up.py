@@ -7,7 +7,8 @@ through NVML by every agent), auto-approved, in this process. The operator key
 embedded fleet at once; the aggregator runs the workload reconciler with it (placed
 workloads are kept running). With ``--allow-ui-commands`` the dashboard sends cordon,
 drain and uncordon signed with that key too, and needs a login: the banner prints a
-one-time link.
+one-time link. It writes (and prints) the fleetctl context ``up``, its server and operator
+key, made the current context when none is (``fleetctl --context up ...``).
 Logs go to ``STORE/fleet.log``; stdout shows the live fleet table.
 """
 
@@ -31,6 +32,7 @@ import nats.errors
 import pynvml
 
 from actors.cli.common import KEY_FILE_ENV, duration, stop_event
+from actors.cli.fleetctl import contexts
 from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -77,6 +79,10 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     the agents trust its key too."""
     labels: dict[str, dict[str, str]] = {}
     """Labels per node id, ``""`` for every agent (a node's own win)."""
+
+
+UP_CONTEXT = "up"
+"""The fleetctl context ``up`` writes: its server and operator key."""
 
 
 def default_store() -> Path:
@@ -249,12 +255,15 @@ async def run_up(options: UpOptions) -> int:
             await agent.start()
             agents.append(agent)
         keep_port(options.store, fleet_http.port)
+        key_file = options.store / "operator.nk"
+        context = contexts.Context(server=server.url, key_file=str(key_file))
         sys.stdout.write(
             f"NATS: {server.url}\n{dashboard_lines(fleet_http.port, operator, options)}"
             f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
             "for fleetctl and node-agent in another shell (this server, this operator key):\n"
-            f"  {export_line(server.url, options.store / 'operator.nk')}\n"
+            f"  {export_line(server.url, key_file)}\n"
+            f"{contexts.save_context(UP_CONTEXT, context)}\n"
             f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\n"
             f"{policy_line(options.policy_file, policy)}Ctrl-C to stop.\n\n"
         )
