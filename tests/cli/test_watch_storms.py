@@ -10,6 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from actors.cli.fleetctl import storms
+from actors.cli.render import tables
+from actors.fleet.views.history import Entry
 from schemas import codec
 from schemas.messages import Alert
 from schemas.subjects import Subjects
@@ -114,3 +117,30 @@ async def test_watch_folds_a_storm_into_one_line_and_no_group_shows_each(fleet: 
     separate = await lines(each, 6)
     assert await interrupted(each) == b""
     assert sorted(line[2] for line in separate) == sorted([*STORM, "n9"])
+
+
+def test_a_group_names_nodes_once_and_counts_repeats() -> None:
+    """One node raising the same alert three times in a window is one line that says so;
+    a group of one alert is that alert's own line."""
+    entries = [
+        Entry(ts=100.0 + n, subject="s", message=alert, body=codec.encode(alert))
+        for n, alert in enumerate(
+            Alert(
+                id=f"a{n}",
+                kind="anomaly",
+                node_id="sim-001",
+                cluster="local",
+                severity="info",
+                message="late",
+                ts=100.0 + n,
+            )
+            for n in range(3)
+        )
+    ]
+    group = storms.Group(first=entries[0], count=3, nodes={"sim-001"})
+    line = storms.group_line(("info", "anomaly", "local"), group)
+    assert line.split()[1:] == [
+        *("info", "1", "node", "anomaly", "in", "cluster", "local", "(sim-001,", "3", "alerts)")
+    ]
+    lone = storms.Group(first=entries[0], nodes={"sim-001"})
+    assert storms.group_line(("info", "anomaly", "local"), lone) == tables.event_line(entries[0])

@@ -17,6 +17,10 @@ from schemas.messages import Alert
 GROUP_WINDOW = 2.0
 """Seconds of alerts folded into one line by default (``--group-window``)."""
 
+MAX_GROUP_NODES = 100_000
+"""Node names one group keeps (a fleet's worth): alerts past it are counted, not named, so
+a flood of made-up names within a window cannot grow the process without bound."""
+
 Key = tuple[str, str, str]
 """(severity, kind, cluster) of the alerts one line folds."""
 
@@ -24,7 +28,7 @@ Key = tuple[str, str, str]
 @dataclass
 class Group:
     """The alerts of one key since ``first`` (its first alert's time): the first entry,
-    how many there were, and the nodes they named (the fleet's nodes at most)."""
+    how many there were, and the nodes they named (at most MAX_GROUP_NODES)."""
 
     first: Entry
     count: int = 1
@@ -74,7 +78,8 @@ class AlertGroups:
             group.timer = asyncio.get_running_loop().call_later(self.window, self.flush, key)
         else:
             group.count += 1
-        group.nodes.add(message.node_id)
+        if len(group.nodes) < MAX_GROUP_NODES:
+            group.nodes.add(message.node_id)
 
     def flush(self, key: Key) -> None:
         group = self.open.pop(key, None)
