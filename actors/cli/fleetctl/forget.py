@@ -102,13 +102,14 @@ async def cmd_forget(args: argparse.Namespace) -> int:
         )
     subjects = Subjects(args.prefix)
     if not selecting(args):
+        [node] = expand_nodes(args.node)
         key = operator_key(args)
         async with connected(args, "fleetctl") as bus:
             await check_signer(bus, subjects, key, args.yes)
-            reply = await request_forget(bus, subjects, key, args.node, args)
+            reply = await request_forget(bus, subjects, key, node, args)
         if reply.status == "rejected":
-            return fail(f"forget {args.node} refused: {reply.reason}")
-        sys.stdout.write(reply_line(args.node, reply))
+            return fail(f"forget {node} refused: {reply.reason}")
+        sys.stdout.write(reply_line(node, reply))
         return 0
     async with connected(args, "fleetctl") as bus:
         records = await registry.read_records(bus, subjects)
