@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import msgspec
 
+from actors.fleet.live import reader as live
 from actors.fleet.storage import registry
-from actors.fleet.views import live
 from actors.runtime import direct_get
 from actors.runtime.bus import NatsBus
 from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects

@@ -18,12 +18,12 @@ from nats.aio.client import Client
 
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
+from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.storage.registry import NotFound, approve, read_record
 from actors.fleet.storage.streams import StreamLimits
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.held import Held
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents

@@ -104,10 +104,11 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
             "actors.fleet.storage.registry -> actors.fleet.aggregator.hot_state",
         ),
         (
-            "fleet/views/live.py",
+            "fleet/live/reader.py",
             "import actors.fleet.aggregator.hot_state",
-            "The views never import the aggregator: they read what it holds through views.held",
-            "actors.fleet.views.live -> actors.fleet.aggregator.hot_state",
+            "The views and the live reader never import the aggregator: they read what it "
+            "holds through live.held",
+            "actors.fleet.live.reader -> actors.fleet.aggregator.hot_state",
         ),
         (
             "node/gpu/xid.py",

@@ -25,8 +25,8 @@ from actors.cli.common import (
 from actors.cli.render.tables import printable
 from actors.fleet import identity
 from actors.fleet.aggregator import pending
+from actors.fleet.live import reader as live
 from actors.fleet.storage import registry
-from actors.fleet.views import live
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import FleetError

@@ -14,7 +14,7 @@ import msgspec
 from actors.cli.common import add_server, connected, duration, token
 from actors.cli.fleetctl import placement, send
 from actors.cli.render import tables
-from actors.fleet.views import live
+from actors.fleet.live import reader as live
 from actors.runtime import spans
 from schemas.messages import Action, NodeRecord
 from schemas.placement import PlacedWorkload

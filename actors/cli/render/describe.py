@@ -16,8 +16,8 @@ from actors.cli.render.tables import (
     printable,
 )
 from actors.fleet.identity import claimed, differences, summary
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import CommandResult, NodeRecord, TrustEntry, WorkloadSummary

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas.messages import Alert, CommandResult, NodeRecord
 

@@ -1,5 +1,5 @@
 """The aggregator's read-only window on the nodes it holds, for the views in its process
-(:class:`actors.fleet.views.held.Held`: the fleet API, the dashboard, the Alertmanager
+(:class:`actors.fleet.live.held.Held`: the fleet API, the dashboard, the Alertmanager
 forwarder): they read through it, never the table itself."""
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from nats.js.kv import KeyValue
 from actors.fleet import labels
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.labels import Selector
+from actors.fleet.live import reader as live
+from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics, node_series
-from actors.fleet.views import live
-from actors.fleet.views.held import Held
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from actors.runtime.http_access import Access, Hosts
@@ -328,7 +328,7 @@ class FleetApiActor:
     async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
         """``records`` (as :class:`live.LiveRecord`) with each node's latest accepted
         heartbeat: from the aggregator beside this API for the nodes it holds (its memory
-        is that heartbeat), read from FLEET_HB for the rest (:mod:`actors.fleet.views.live`).
+        is that heartbeat), read from FLEET_HB for the rest (:mod:`actors.fleet.live.reader`).
         The dashboard's pages read through here too."""
         held: list[live.LiveRecord] = []
         others: list[NodeRecord] = []

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.storage.leases import PartitionStatus
 from actors.fleet.views.dashboard.history import SERIES
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock
 from schemas.events import Gpu, Health
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
