@@ -31,7 +31,7 @@ from actors.cli.common import (
     strict,
 )
 from actors.cli.completion import SuggestingParser
-from actors.fleet.storage import registry
+from actors.fleet.live import reader as live
 from actors.node import deregistration
 from actors.node.agent import NodeAgent, inbox_prefix
 from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
@@ -326,7 +326,7 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     bus = await NatsBus.connect(args.server, "node-agent-inject", tls=tls)
     try:
         # A fault for a node or GPU that is not there would be published to nobody.
-        record = await registry.read_record(bus, Subjects(args.prefix), args.node_id)
+        record = await live.stored_record(bus, Subjects(args.prefix), args.node_id)
         if record.public_key == key.public_key:
             return fail(
                 f"--key-file is node {args.node_id}'s own key: the agent takes faults only "

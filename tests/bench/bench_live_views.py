@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import msgspec
 
 from actors.fleet.live import reader as live
-from actors.fleet.storage import registry
+from actors.fleet.storage import records
 from actors.runtime import direct_get
 from actors.runtime.bus import NatsBus
 from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
@@ -162,7 +162,7 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]
         started = time.monotonic()
         subjects = Subjects(PREFIX)
         if how == "records":
-            count = len(await registry.read_records(bus, subjects))
+            count = len(await records.read_records(bus, subjects))
             shown = ""
         else:
             found = await live.read_fleet(bus, subjects)

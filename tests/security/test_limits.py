@@ -26,7 +26,8 @@ from nats.js.api import DiscardPolicy, KeyValueConfig
 
 from actors.fleet.config import MIB
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import (
     MAX_ALERT_SIZE,
     MAX_HEARTBEAT_SIZE,

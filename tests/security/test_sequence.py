@@ -9,7 +9,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.storage.registry import approve, read_record, reset_seq
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve, reset_seq
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError

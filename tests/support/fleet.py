@@ -21,7 +21,8 @@ from actors.fleet.config import MIB, AggregatorConfig
 from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
-from actors.fleet.storage.registry import NotFound, approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, approve
 from actors.fleet.storage.streams import StreamLimits
 from actors.fleet.views.api import FleetApiActor
 from actors.node.agent import NodeAgent

@@ -1,8 +1,8 @@
 """``fleetctl gpus``: every GPU of the fleet (or of some nodes) as one table, like
 nvidia-smi across nodes: readings, ECC, XIDs and the workload that holds each GPU.
 
-The GPUs come from each node's last accepted heartbeat, read by :func:`fleet_records`
-alone, so the source can change (the records' embedded heartbeat today) in one place.
+The GPUs come from each node's latest accepted heartbeat, read live from FLEET_HB by
+:func:`fleet_records` alone (docs/live-reads.md), not from a record's checkpoint.
 A node whose heartbeats are not current (stale, offline, pending, deregistered, a state
 this version does not know) keeps its GPUs' names and sizes but shows no readings:
 they are not known.
@@ -20,7 +20,8 @@ import msgspec
 from actors.cli.common import add_server, connected, token
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
-from actors.fleet.storage import registry
+from actors.fleet.live import reader as live
+from actors.fleet.live.reader import LiveRecord
 from actors.runtime.bus import Bus
 from schemas.events import Gpu
 from schemas.messages import NodeRecord
@@ -59,10 +60,10 @@ class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
     """Workloads holding this GPU (starting, ready, stopping or crash-looping)."""
 
 
-async def fleet_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
-    """Every node's record with its last accepted heartbeat: the one place ``fleetctl
-    gpus`` reads the fleet from."""
-    return await registry.read_records(bus, subjects)
+async def fleet_records(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
+    """Every node's record with its latest accepted heartbeat, read live (the live
+    reader): the one place ``fleetctl gpus`` reads the fleet from."""
+    return await live.read_fleet(bus, subjects)
 
 
 def gpu_rows(records: Iterable[NodeRecord]) -> list[GpuRow]:

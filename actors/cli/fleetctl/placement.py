@@ -25,6 +25,7 @@ from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_opera
 from actors.cli.fleetctl.rolling import cmd_one_or_rolling, positive_int
 from actors.cli.fleetctl.send import EXIT_DONE, EXIT_FAILED, EXIT_TIMEOUT
 from actors.fleet.labels import parse_selectors
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import choose, taken_by
@@ -103,7 +104,7 @@ async def cmd_place(args: argparse.Namespace) -> int:
         placed = await store.read_all(bus, subjects)
         if args.name in placed:
             return fail(f"workload {args.name} is placed already (fleetctl undeploy it first)")
-        records = {r.node_id: r for r in await registry.read_records(bus, subjects)}
+        records = {r.node_id: r for r in await live.read_fleet(bus, subjects)}
         taken = taken_by(w for w, _ in placed.values())
         batch = uuid.uuid4().hex[:16]
         replicas: list[Replica] = []
@@ -174,7 +175,7 @@ async def wait_ready(bus: Bus, subjects: Subjects, name: str, timeout: float) ->
         if name not in placed:
             return fail(f"workload {name} was undeployed")
         workload, _ = placed[name]
-        records = {r.node_id: r for r in await registry.read_records(bus, subjects)}
+        records = {r.node_id: r for r in await live.read_fleet(bus, subjects)}
         ready = 0
         for replica in workload.replicas:
             running = listed(records.get(replica.node), name) if replica.node else None

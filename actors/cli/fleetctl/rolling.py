@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 from actors.cli.common import connected, default_operator_key, fail
 from actors.cli.fleetctl.send import (
@@ -28,8 +29,8 @@ from actors.cli.fleetctl.send import (
     describe,
 )
 from actors.fleet.labels import matches, parse_selectors
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
-from actors.fleet.storage import registry
 from actors.runtime import spans
 from actors.runtime.bus import Bus, listening
 from schemas import codec, signing
@@ -45,7 +46,7 @@ DONE_STATES = {
 """Schedulability in which a node needs nothing more (skipped: the resume)."""
 
 
-def targets(records: list[NodeRecord], args: argparse.Namespace) -> list[NodeRecord]:
+def targets(records: Sequence[NodeRecord], args: argparse.Namespace) -> list[NodeRecord]:
     """The nodes the selector (and --cluster) names, in node-id order."""
     selectors = parse_selectors(args.label)
     return sorted(
@@ -134,7 +135,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
     """``cordon|drain|uncordon -l ...``: see the module docstring."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        chosen = targets(await registry.read_records(bus, subjects), args)
+        chosen = targets(await live.read_fleet(bus, subjects), args)
         if not chosen:
             return fail(f"no node matches {' '.join(args.label)}")
         todo = [record for record in chosen if not done_already(record, args)]

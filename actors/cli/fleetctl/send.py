@@ -36,6 +36,7 @@ from actors.cli.common import (
     stop_event,
     token,
 )
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
@@ -240,7 +241,7 @@ async def target_cluster(bus: Bus, subjects: Subjects, node: str, cluster: str |
     before anything is sent, when the command will wait or go nowhere: a node with no
     record, a stale, offline or deregistered one, or one in another cluster than given."""
     try:
-        record: NodeRecord | None = await registry.read_record(bus, subjects, node)
+        record: NodeRecord | None = await live.stored_record(bus, subjects, node)
     except registry.NotFound:
         record = None
     if record is None:

@@ -146,7 +146,7 @@ async def pending_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
     """The node's pending (or deregistered) record, whose keys an approval without a key
     chooses from, and whose registrations carried the identities."""
     try:
-        record = await registry.read_record(bus, subjects, node)
+        record = await live.stored_record(bus, subjects, node)
     except registry.NotFound:
         raise FleetError(
             f"node {node} has not registered: give its key (fleetctl approve {node} KEY; "

@@ -21,8 +21,9 @@ from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.render import describe, tables
 from actors.fleet import labels as fleet_labels
+from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
-from actors.fleet.views import history, live
+from actors.fleet.views import history
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -73,7 +74,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         while True:
             every = [
                 r
-                for r in await registry.read_records(bus, subjects)
+                for r in await live.stored_records(bus, subjects)
                 if args.all or "deregistered" in states or r.state != "deregistered"
             ]
             records = [
@@ -298,7 +299,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
         alerts, results = await history.node_history(bus, subjects, args.node, since)
         if not alerts and not results:
             # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
-            await registry.read_record(bus, subjects, args.node)
+            await live.stored_record(bus, subjects, args.node)
     for entry in history.merged(alerts, results):
         sys.stdout.write(
             (tables.event_json(entry) if args.json else tables.event_line(entry)) + "\n"

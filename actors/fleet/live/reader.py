@@ -43,6 +43,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
+from actors.fleet.storage import records as stored
 from actors.fleet.storage import registry
 from actors.fleet.storage.policy_holds import read_policies
 from actors.fleet.storage.streams import heartbeat_partitions
@@ -107,14 +108,28 @@ def as_live(record: NodeRecord) -> LiveRecord:
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
     accepted heartbeat (see the module's docstring)."""
-    records = await registry.read_records(bus, subjects)
-    return await overlay(bus, subjects, records)
+    return await overlay(bus, subjects, await stored.read_records(bus, subjects))
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
     """The record of ``node`` with its latest accepted heartbeat; NotFound without one."""
-    record = await registry.read_record(bus, subjects, node)
+    record = await stored.read_record(bus, subjects, node)
     return (await overlay(bus, subjects, [record]))[0]
+
+
+async def stored_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
+    """Every record as ``fleet_nodes`` holds it, sorted by node id: for what a record says
+    beyond its heartbeat (its cluster, key, state, lifecycle, registrations), written when
+    it changes. Its heartbeat's parts (LAST SEEN, SEQ, health, GPUs, workloads) may be a
+    checkpoint old: :func:`overlay` them (or :func:`read_fleet`) before showing or acting
+    on them."""
+    return await stored.read_records(bus, subjects)
+
+
+async def stored_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+    """The record of ``node`` as ``fleet_nodes`` holds it (see :func:`stored_records`);
+    NotFound without one."""
+    return await stored.read_record(bus, subjects, node)
 
 
 async def overlay(

@@ -23,6 +23,7 @@ from pathlib import Path
 import nats.errors
 import nats.js.errors
 
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
@@ -98,7 +99,7 @@ class ReconcilerActor:
         self.metrics.workload_untrusted.set(len(placed) - len(trusted))
         records = await self.records_of(trusted.values())
         if any(needs_choice(w, records, now, self.timing) for w, _ in trusted.values()):
-            records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
+            records = {r.node_id: r for r in await live.stored_records(self.bus, self.subjects)}
         taken = taken_by(workload for workload, _ in trusted.values())
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
         for name, (workload, revision) in trusted.items():
@@ -138,7 +139,7 @@ class ReconcilerActor:
         records = {}
         for node in sorted(nodes):
             try:
-                records[node] = await registry.read_record(self.bus, self.subjects, node)
+                records[node] = await live.stored_record(self.bus, self.subjects, node)
             except registry.NotFound:
                 continue
         return records

@@ -29,6 +29,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from actors.fleet.alerts.publisher import AlertPublisher
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.remediation.hooks import environment, run_hook
@@ -124,7 +125,7 @@ class RemediationActor:
 
     async def round(self) -> None:
         """Decide once for every cluster the policy covers."""
-        records = await registry.read_records(self.bus, self.subjects)
+        records = await live.stored_records(self.bus, self.subjects)
         clusters: dict[str, list[NodeRecord]] = {}
         for record in records:
             if not self.config.clusters or record.cluster in self.config.clusters:
