@@ -38,6 +38,7 @@ from schemas.base import (
     Wire,
 )
 from schemas.events import (
+    Capabilities,
     Engine,
     Gpu,
     Health,
@@ -162,6 +163,11 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     (``https://host:port``, API key or client certificate required), where a dispatcher
     routes requests for its workloads; empty when the gateway is the node's own (loopback)
     or not listening."""
+    capabilities: Capabilities | None = None
+    """What the node can run (:data:`Capabilities`: ``llamacpp``, ``vllm``, ``sglang``,
+    ``process``, ``container:<engine>``), as its workload actor found at its last look;
+    the node's claim, which placement goes by and the node's own checks still decide.
+    None: not said (an agent older than this field, or no workload actor)."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):

@@ -30,6 +30,7 @@ import msgspec
 import zstandard
 
 from actors.fleet import record_state
+from actors.fleet.aggregator import record_rules
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 
@@ -73,6 +74,9 @@ class NodeState:
     revision: int | None = None
     """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
     next write reads the record first; a write knowing it costs no read)."""
+    facts: int = 0
+    """:func:`record_rules.decision_facts` of the last accepted heartbeat: a heartbeat
+    that changes them is written at once (0: none known yet)."""
 
 
 PACK_LEVEL = -1
@@ -316,8 +320,15 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
     stored = digest(kept)
+    facts = record_rules.decision_facts(beat) if beat is not None else 0
     return NodeState(
-        kept, written, fresh=True, stored=stored, stored_reset=kept.seq_reset, body=body
+        kept,
+        written,
+        fresh=True,
+        stored=stored,
+        stored_reset=kept.seq_reset,
+        body=body,
+        facts=facts,
     )
 
 

@@ -63,6 +63,8 @@ class Ledger:
             if state.record.seq_reset:
                 state.reset_consumed = True
             state.record = verdict.record
+        if verdict.facts is not None:
+            state.facts = verdict.facts
         self.refusals.on_accepted(node)
         self._to_pack.append((state, body or codec.encode(heartbeat)))
         state.fresh = False
