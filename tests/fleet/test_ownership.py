@@ -20,8 +20,8 @@ from nats.js.kv import KeyValue
 
 from actors.fleet.aggregator import lease, record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.live import feed as fleet_feed
 from actors.fleet.storage.registry import approve
-from actors.fleet.views import api as fleet_api
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from actors.runtime.schedule import stop_if_cancelled
@@ -339,11 +339,11 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
 
         await real_follow(watched, kind, counted, **rest)
 
-    monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
+    monkeypatch.setattr(fleet_feed, "kv", SimpleNamespace(follow=counted_follow))
     await fleet.start_supervisor(api, aggregator)
     await wait_for(lambda: set(api.current()) == set(nodes), timeout=10)
     assert aggregator.ledger.nodes.everything
-    await asyncio.sleep(3 * fleet_api.RESYNC_CHECK)
+    await asyncio.sleep(3 * fleet_feed.RESYNC_CHECK)
     assert during_load == [] and after_load == []
     stream = f"KV_{Subjects(prefix).bucket_name(BUCKET_NODES)}"
     assert (await bus.js.stream_info(stream)).state.consumer_count == 0
@@ -368,10 +368,10 @@ async def test_fleet_api_beside_an_aggregator_still_lists_the_nodes_of_a_partiti
         await wait_for(lambda: split([aggregator]) == [N] and served([aggregator]))
         await wait_for(lambda: set(aggregator.ledger.nodes) == set(NODES))
         await wait_for(lambda: set(api.current()) == set(NODES))
-        assert api.records.raw == {}  # every node answered from memory
+        assert api.feed.records.raw == {}  # every node answered from memory
         lost = partition_of(NODES[0], N)
         assert aggregator.ownership.partitions is not None
         await aggregator.ownership.partitions._drop({lost})
         assert NODES[0] not in aggregator.ledger.nodes
         await wait_for(lambda: set(api.current()) == set(NODES), timeout=5)
-        assert NODES[0] in api.records.raw
+        assert NODES[0] in api.feed.records.raw

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
+from actors.fleet.live.feed import NodeFeed, followed
 from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
@@ -237,6 +238,19 @@ class Fleet:
         url: str = await self.stack.enter_async_context(serve(routes))
         return url
 
+    async def follow(self, *feeds: NodeFeed) -> None:
+        """Follow each of ``feeds`` until the test ends, once each is complete: for a test
+        that calls a decision's ``round()`` itself (its actor not run, its own feed not
+        followed)."""
+        for feed in feeds:
+            await self._follow(feed)
+
+    async def _follow(self, feed: NodeFeed) -> None:
+        following = await self.stack.enter_async_context(followed(feed, own=True))
+        await wait_for(lambda: feed.complete or following.done(), timeout=10)
+        if following.done():
+            following.result()
+
     async def start_fake(self, fake: Fake) -> Fake:
         """A cloud metadata fake, started."""
         await fake.start()
@@ -275,6 +289,11 @@ async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> N
 
     await wait_for(reached, timeout=5.0)
     await subscription.unsubscribe()
+
+
+async def fed(feed: NodeFeed, records: list[NodeRecord], timeout: float = 10.0) -> None:
+    """Return once ``feed`` holds each of ``records`` as written to fleet_nodes."""
+    await wait_for(lambda: all(feed.record(r.node_id) == r for r in records), timeout)
 
 
 async def wait_record(

@@ -24,6 +24,7 @@ import math
 import random
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -145,6 +146,9 @@ class NodeTable(dict[str, NodeState]):
     def __init__(self) -> None:
         super().__init__()
         self.bodies = Bodies()
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with a node's name each time its record was written (the views'
+        ``Held.listen``)."""
 
     def __setitem__(self, node: str, state: NodeState) -> None:
         # Interned, as the record's node_id (:func:`slim`), the trust cache's keys and the

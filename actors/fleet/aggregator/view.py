@@ -4,6 +4,8 @@ forwarder): they read through it, never the table itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from actors.fleet.aggregator.hot_state import NodeTable
 from schemas.messages import NodeRecord
 
@@ -38,3 +40,6 @@ class View:
     def whole(self, node: str) -> NodeRecord | None:
         state = self._table.get(node)
         return None if state is None else self._table.whole(state)
+
+    def listen(self, written: Callable[[str], None]) -> None:
+        self._table.listeners.append(written)

@@ -8,8 +8,11 @@ nodes' records and the time.
   drain waits for that stop, so the work moves before the drain finishes.
 - A replica that crash-loops or failed on its node, or that its node does not report
   ``grace`` seconds after the deploy (refused, or stopped by hand), is stopped there and
-  tried on another node, never that one again.
-- A pending replica (no node fitted) is placed as soon as one fits.
+  tried on another node, never that one again; the failure is kept in the workload's
+  ``failures``, and no replica of it goes to that node within FAILURE_BACKOFF (a drain
+  moving another replica included).
+- A pending replica (no node fits) is placed as soon as one fits; a node in a
+  maintenance window is never chosen.
 
 Nothing here sends anything: the caller writes the new record by compare-and-set and only
 then sends the orders, so of two reconcilers deciding at once only one moves a replica.
@@ -18,15 +21,24 @@ then sends the orders, so of two reconcilers deciding at once only one moves a r
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 
-from actors.fleet.placement.choose import Choice, Taken, choose, clip
+from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, clip
 from actors.fleet.placement.store import Order
 from schemas.events import WorkloadState
 from schemas.messages import NodeRecord, WorkloadSummary
-from schemas.placement import MAX_AVOID, MAX_LEFTOVERS, Leftover, PlacedWorkload, Replica
+from schemas.placement import (
+    MAX_AVOID,
+    MAX_FAILURES,
+    MAX_LEFTOVERS,
+    Failure,
+    Leftover,
+    PlacedWorkload,
+    Replica,
+)
 from schemas.workloads import Stop
 
 LOST_STATES = frozenset({"stale", "offline", "stopped"})
@@ -116,18 +128,21 @@ def decide(
     now: float,
     t: Timing,
     by: str,
+    maintenance: Mapping[str, str] | None = None,
 ) -> Decision:
     """The next record of ``workload`` and the commands to send once it is written.
-    ``taken`` (every placed workload's GPUs) is updated with what this decision places."""
+    ``taken`` (every placed workload's GPUs) is updated with what this decision places;
+    ``maintenance`` names the window covering each node in one."""
     batch = uuid.uuid4().hex[:16]
     decision = Decision(workload)
     replicas = list(workload.replicas)
     leftovers = list(workload.leftovers)
+    failures = [f for f in workload.failures if now - f.at < FAILURE_BACKOFF]
     for position, replica in enumerate(replicas):
-        current = msgspec.structs.replace(workload, replicas=replicas)
+        current = msgspec.structs.replace(workload, replicas=replicas, failures=failures)
         command_id = f"{workload.name}-{replica.index}-{batch}"
         if not replica.node:
-            found = choose(current, records, taken, replica.avoid)
+            found = choose(current, records, taken, replica.avoid, now, maintenance)
             if isinstance(found, str):
                 replicas[position] = msgspec.structs.replace(replica, why=found)
                 continue
@@ -149,9 +164,13 @@ def decide(
             continue
         reason, failed_here, draining = problem
         avoid = list(replica.avoid)
-        if failed_here and replica.node not in avoid:
-            avoid = [*avoid, replica.node][-MAX_AVOID:]
-        found = choose(current, records, taken, avoid)
+        if failed_here:
+            if replica.node not in avoid:
+                avoid = [*avoid, replica.node][-MAX_AVOID:]
+            failure = Failure(node=replica.node, index=replica.index, at=now, reason=clip(reason))
+            failures = [*failures, failure][-MAX_FAILURES:]
+            current = msgspec.structs.replace(current, failures=failures)
+        found = choose(current, records, taken, avoid, now, maintenance)
         if isinstance(found, str) and draining:
             why = clip(f"cannot leave {replica.node} ({reason}): {found}")
             replicas[position] = msgspec.structs.replace(replica, why=why)
@@ -192,7 +211,9 @@ def decide(
         decision.orders.append(deploy_order(workload, found, command_id, moved))
         decision.notes.append(f"replica {replica.index} moved from {replica.node} to {found.node}")
     leftovers = stops(workload, replicas, leftovers, records, now, t, batch, decision)
-    decision.workload = msgspec.structs.replace(workload, replicas=replicas, leftovers=leftovers)
+    decision.workload = msgspec.structs.replace(
+        workload, replicas=replicas, leftovers=leftovers, failures=failures
+    )
     if decision.workload != workload:
         decision.workload = msgspec.structs.replace(
             decision.workload, updated_at=now, updated_by=by

@@ -1,6 +1,9 @@
 """Remediation actor: runs the policy every ``interval`` over the nodes' records.
 
-Each round reads every node record, and per cluster the shared :class:`PolicyRecord`
+Each round takes every node's record from the process's live feed
+(:class:`actors.fleet.live.feed.NodeFeed`: memory, current within a heartbeat for what
+the policy reads; no round while it is not complete), and per cluster reads the shared
+:class:`PolicyRecord`
 (KV ``fleet_policy``, key = cluster) with its revision, decides
 (:func:`actors.fleet.remediation.policy.decide`), writes the new record by
 compare-and-set and only then sends the commands, signed with the policy's key. A CAS
@@ -29,7 +32,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from actors.fleet.alerts.publisher import AlertPublisher
-from actors.fleet.live import reader as live
+from actors.fleet.live.feed import NodeFeed, followed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.remediation.hooks import environment, run_hook
@@ -52,6 +55,8 @@ POLICY_BUCKET_BYTES = 8 * MIB
 POLICY_VALUE_BYTES = MIB
 
 
+FEED_WAIT = 0.2
+"""Seconds before a round the live feed was not complete for is tried again."""
 MAX_HOOKS_RUNNING = 8
 """Hooks one aggregator runs at once; more wait for a later round."""
 FINISH_ATTEMPTS = 5
@@ -80,7 +85,7 @@ def action_of(order: Order, config: PolicyConfig) -> Action:
 
 
 class RemediationActor:
-    """Reads fleet_nodes and fleet_policy; writes fleet_policy, sends commands, raises
+    """Reads the live feed and fleet_policy; writes fleet_policy, sends commands, raises
     remediation, breaker_tripped and needs_attention alerts."""
 
     name = "remediation"
@@ -91,11 +96,15 @@ class RemediationActor:
         bus: Bus,
         prefix: str = "fleet",
         metrics: AggregatorMetrics | None = None,
+        feed: NodeFeed | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or AggregatorMetrics()
         self.bus = bus
         self.subjects = Subjects(prefix)
+        self._own_feed = feed is None
+        self.feed = feed or NodeFeed(bus, self.subjects, metrics=self.metrics)
+        """The nodes' records: the process's live feed, or one of its own."""
         self.key = load_key_file(Path(config.key_file))
         self.alerts = AlertPublisher(bus, self.subjects)
         self.bucket: KeyValue | None = None
@@ -110,22 +119,41 @@ class RemediationActor:
 
     async def run(self, ready: Callable[[], None]) -> None:
         await self.open()
-        ready()
+        async with followed(self.feed, self._own_feed) as following:
+            ready()
+            await self._rounds(following)
+
+    async def _rounds(self, following: asyncio.Future[None]) -> None:
         try:
             while True:
+                if following.done():
+                    following.result()  # its own feed's watch failed: restarted with it
                 try:
                     await self.round()
                 except (nats.errors.Error, TimeoutError, FleetError) as exc:
                     log.warning("policy round failed", extra={"reason": str(exc)})
-                await asyncio.sleep(jittered(self.config.interval))
+                # A round the feed was not complete for is tried again soon.
+                complete = self.feed.complete
+                await asyncio.sleep(jittered(self.config.interval) if complete else FEED_WAIT)
         finally:
             for task in self.hook_tasks:
                 task.cancel()
             await asyncio.gather(*self.hook_tasks, return_exceptions=True)
 
+    def records(self) -> list[NodeRecord] | None:
+        """Every node's whole record from the live feed (a decode each, from memory), in
+        node order; None while the feed is not complete (a node missing for a moment
+        would look released)."""
+        if not self.feed.complete:
+            return None
+        return [record for _, record in sorted(self.feed.whole().items())]
+
     async def round(self) -> None:
         """Decide once for every cluster the policy covers."""
-        records = await live.stored_records(self.bus, self.subjects)
+        records = self.records()
+        if records is None:
+            log.debug("policy waits for the live feed to be complete")
+            return
         clusters: dict[str, list[NodeRecord]] = {}
         for record in records:
             if not self.config.clusters or record.cluster in self.config.clusters:
