@@ -534,6 +534,10 @@ class Maintenance(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="m
     until: UnixTime = 0.0
     """When the window ends by itself (``start``)."""
     reason: Text = ""
+    drain: bool = False
+    """Move the placed replicas off the nodes it covers, as a drain does (``start
+    --drain``): each replica is placed elsewhere at once and its copy stopped once the new
+    one is ready. Without it, placement only stops choosing those nodes."""
 
 
 class MaintenanceWindow(Wire, frozen=True, kw_only=True):
@@ -552,6 +556,8 @@ class MaintenanceWindow(Wire, frozen=True, kw_only=True):
     cluster: Name = ""
     nodes: Annotated[list[NodeId], Meta(max_length=MAX_MAINTENANCE_NODES)] = []
     reason: Text = ""
+    drain: bool = False
+    """The placed replicas on the nodes it covers are moved off them, as by a drain."""
 
 
 class MaintenanceReply(Wire, frozen=True, kw_only=True):

@@ -213,6 +213,25 @@ def test_a_failed_replica_moves_and_no_replica_goes_back_there_within_the_backof
     assert stuck.node == "n3" and "n1: replica 0 failed there" in stuck.why
 
 
+def test_a_maintenance_window_with_drain_moves_the_replicas_like_a_drain() -> None:
+    """A window started with --drain moves the replica off its node at once, its copy
+    kept until the new one is ready (handoff); a window without it leaves the replica
+    where it runs (placement only chooses no node in it)."""
+    now = time.time()
+    placed = workload(
+        replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=now - 100)]
+    )
+    records = {"n1": node("n1", workloads=[running("chat", [0])]), "n2": node("n2")}
+    kept = decide(placed, records, Taken(), now, Timing(), "me", {"n1": "w1"})
+    assert kept.workload == placed and kept.orders == []
+    moved = decide(placed, records, Taken(), now, Timing(), "me", {"n1": "w1"}, {"n1": "w1"})
+    [replica] = moved.workload.replicas
+    assert replica.node == "n2" and "in maintenance (window w1, --drain)" in replica.why
+    [leftover] = moved.workload.leftovers
+    assert leftover.node == "n1" and leftover.stop_by == now + Timing().handoff
+    assert [type(order.action) for order in moved.orders] == [Deploy]
+
+
 def test_a_stale_node_s_replica_waits_for_the_grace_then_moves() -> None:
     """Stale for less than the grace: nothing changes; past it: the replica is deployed on
     the other node (placed, with its GPUs) and the old node kept as a leftover to stop."""

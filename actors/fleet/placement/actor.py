@@ -124,17 +124,17 @@ class ReconcilerActor:
             if self.trusted(name, workload, revision)
         }
         self.metrics.workload_untrusted.set(len(placed) - len(trusted))
+        await self.read_windows()
         records = self.feed.whole(self.nodes_of(workload for workload, _ in trusted.values()))
-        maintenance: dict[str, str] = {}
-        if any(needs_choice(w, records, now, self.timing) for w, _ in trusted.values()):
+        maintenance, evacuate = self.in_maintenance(records, now)
+        if any(needs_choice(w, records, now, self.timing, evacuate) for w, _ in trusted.values()):
             records = self.feed.whole()
-            maintenance = await self.in_maintenance(records, now)
+            maintenance, evacuate = self.in_maintenance(records, now)
         taken = taken_by(workload for workload, _ in trusted.values())
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
+        by = self.key.public_key
         for name, (workload, revision) in trusted.items():
-            decision = decide(
-                workload, records, taken, now, self.timing, self.key.public_key, maintenance
-            )
+            decision = decide(workload, records, taken, now, self.timing, by, maintenance, evacuate)
             if decision.workload == workload:
                 continue
             try:
@@ -169,18 +169,26 @@ class ReconcilerActor:
             nodes |= {leftover.node for leftover in workload.leftovers}
         return nodes
 
-    async def in_maintenance(self, records: dict[str, NodeRecord], now: float) -> dict[str, str]:
-        """The maintenance window covering each node in one (read afresh: a few windows);
-        none where they cannot be read (logged: placement then goes by the records)."""
+    async def read_windows(self) -> None:
+        """Read the maintenance windows afresh (a few small values); where they cannot be
+        read, the last ones read stay (logged)."""
         try:
             await self.windows.refresh()
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             log.warning("maintenance windows not read", extra={"reason": str(exc)})
-        return {
-            node: window.id
+
+    def in_maintenance(
+        self, records: dict[str, NodeRecord], now: float
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """(the window covering each node in one, the same for the windows started with
+        ``--drain``: their nodes' replicas move off them)."""
+        covered = {
+            node: window
             for node, record in records.items()
             if (window := self.windows.covering(record, now)) is not None
         }
+        every = {node: window.id for node, window in covered.items()}
+        return every, {node: window.id for node, window in covered.items() if window.drain}
 
     def trusted(self, name: str, workload: PlacedWorkload, revision: int) -> bool:
         """Whether an operator this reconciler trusts signed the workload's spec; a

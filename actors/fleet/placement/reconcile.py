@@ -3,9 +3,10 @@ nodes' records and the time.
 
 - A replica whose node is stale, offline, stopped, deregistered or gone for ``grace``
   seconds is placed elsewhere; its copy there is stopped if the node comes back.
-- A replica whose node drains is placed elsewhere at once, and its copy on the draining
-  node stopped once the new one is ready (or ``handoff`` seconds passed): the node's
-  drain waits for that stop, so the work moves before the drain finishes.
+- A replica whose node drains (or is in a maintenance window started with ``--drain``)
+  is placed elsewhere at once, and its copy on that node stopped once the new one is
+  ready (or ``handoff`` seconds passed): the node's drain waits for that stop, so the
+  work moves before the drain finishes.
 - A replica that crash-loops or failed on its node, or that its node does not report
   ``grace`` seconds after the deploy (refused, or stopped by hand), is stopped there and
   tried on another node, never that one again; the failure is kept in the workload's
@@ -75,10 +76,16 @@ def listed(record: NodeRecord | None, name: str) -> WorkloadSummary | None:
 
 
 def trouble(
-    workload: PlacedWorkload, replica: Replica, record: NodeRecord | None, now: float, t: Timing
+    workload: PlacedWorkload,
+    replica: Replica,
+    record: NodeRecord | None,
+    now: float,
+    t: Timing,
+    evacuate: Mapping[str, str] | None = None,
 ) -> tuple[str, bool, bool] | None:
     """Why ``replica`` must leave its node now: (reason, failed there, draining); None
-    while it stays."""
+    while it stays. ``evacuate``: the maintenance window moving the placed replicas off
+    each node in one started with ``--drain``."""
     if record is None:
         return "its node's record is gone", False, False
     if record.deregistered:
@@ -95,6 +102,9 @@ def trouble(
         return None
     if beat.schedulability in ("draining", "drained"):
         return f"its node is {beat.schedulability}", False, True
+    window = (evacuate or {}).get(record.node_id)
+    if window is not None:
+        return f"its node is in maintenance (window {window}, --drain)", False, True
     running = listed(record, workload.name)
     if running is not None and running.state in FAILED_STATES:
         return f"{running.state} there: {running.reason}", True, False
@@ -106,12 +116,16 @@ def trouble(
 
 
 def needs_choice(
-    workload: PlacedWorkload, records: dict[str, NodeRecord], now: float, t: Timing
+    workload: PlacedWorkload,
+    records: dict[str, NodeRecord],
+    now: float,
+    t: Timing,
+    evacuate: Mapping[str, str] | None = None,
 ) -> bool:
     """Whether a replica of ``workload`` needs a node chosen now (pending, or in trouble):
     only then must the reconciler read every node's record."""
     return any(
-        not replica.node or trouble(workload, replica, records.get(replica.node), now, t)
+        not replica.node or trouble(workload, replica, records.get(replica.node), now, t, evacuate)
         for replica in workload.replicas
     )
 
@@ -129,10 +143,12 @@ def decide(
     t: Timing,
     by: str,
     maintenance: Mapping[str, str] | None = None,
+    evacuate: Mapping[str, str] | None = None,
 ) -> Decision:
     """The next record of ``workload`` and the commands to send once it is written.
     ``taken`` (every placed workload's GPUs) is updated with what this decision places;
-    ``maintenance`` names the window covering each node in one."""
+    ``maintenance`` names the window covering each node in one, ``evacuate`` those of
+    windows started with ``--drain`` (their replicas move as off a draining node)."""
     batch = uuid.uuid4().hex[:16]
     decision = Decision(workload)
     replicas = list(workload.replicas)
@@ -159,7 +175,7 @@ def decide(
             decision.orders.append(deploy_order(workload, found, command_id, "placed"))
             decision.notes.append(f"replica {replica.index} placed on {found.node}")
             continue
-        problem = trouble(workload, replica, records.get(replica.node), now, t)
+        problem = trouble(workload, replica, records.get(replica.node), now, t, evacuate)
         if problem is None:
             continue
         reason, failed_here, draining = problem
