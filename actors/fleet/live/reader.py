@@ -43,6 +43,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
+from actors.fleet.live.workload_status import status as status_now
 from actors.fleet.storage import records as stored
 from actors.fleet.storage import registry
 from actors.fleet.storage.policy_holds import read_policies
@@ -89,6 +90,11 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     """``cordon`` or ``drain`` while the remediation policy's own record (``fleet_policy``)
     holds the node: who set its state as the fleet itself knows it. ``heartbeat``'s
     ``schedulability_by`` is what the node says."""
+    workload_status: dict[str, str] = {}
+    """Each workload the heartbeat lists, by name, as it is now
+    (:func:`actors.fleet.live.workload_status.status`): ``unknown (node stale 2m)`` on a
+    node that does not report, ``orphaned (node forgotten)``, else what the node
+    reported. The heartbeat's ``workloads`` are the node's claims as it sent them."""
 
 
 class _Refused(Exception):
@@ -150,8 +156,19 @@ async def overlay(
 
 async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
     """``records`` with what the fleet knows of each beside its heartbeat: the
-    maintenance window covering it and the remediation policy's hold."""
-    return await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+    maintenance window covering it, the remediation policy's hold and what its workloads
+    are now."""
+    marked = await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+    return [with_workload_status(record, time.time()) for record in marked]
+
+
+def with_workload_status(record: LiveRecord, now: float) -> LiveRecord:
+    """``record`` with each listed workload's status now (``workload_status``)."""
+    beat = record.heartbeat
+    if beat is None or not beat.workloads:
+        return record
+    shown = {w.name: status_now(record, w, (), now) for w in beat.workloads}
+    return msgspec.structs.replace(record, workload_status=shown)
 
 
 async def held_by_policy(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from actors.fleet.live import workload_status
 from actors.fleet.live.reader import LiveRecord
 from actors.fleet.storage.leases import PartitionStatus
 from actors.fleet.views.dashboard.history import SERIES
@@ -347,7 +348,10 @@ def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None
         )
         parts.append(f"<h3>Engines</h3><ul>{engines}</ul>")
     if beat.workloads:
-        items = "".join(f"<li>{esc(w.name)}: {esc(w.state)}</li>" for w in beat.workloads)
+        items = "".join(
+            f"<li>{esc(w.name)}: {esc(workload_status.status(record, w, (), now))}</li>"
+            for w in beat.workloads
+        )
         parts.append(f"<h3>Workloads</h3><ul>{items}</ul>")
     if beat.scheduler is not None:
         parts.append(f"<h3>Slurm</h3><pre>{esc(beat.scheduler)}</pre>")
