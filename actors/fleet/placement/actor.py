@@ -98,25 +98,28 @@ class ReconcilerActor:
             while True:
                 if following.done():
                     following.result()  # its own feed's watch failed: restarted with it
-                started, seen = loop.time(), self.feed.writes
+                started, seen, decided = loop.time(), self.feed.writes, False
                 try:
-                    await self.round()
+                    decided = await self.round()
                 except (nats.errors.Error, TimeoutError, FleetError) as exc:
                     log.warning("reconciler round failed", extra={"reason": str(exc)})
                 await asyncio.sleep(max(0.0, started + ROUND_GAP - loop.time()))
-                if self.feed.complete:
+                if decided:
+                    # A round skipped (the feed not complete yet) knows no nodes to
+                    # watch: the next comes after ROUND_GAP, not an interval later.
                     await self.feed.changed(self.watched, jittered(self.interval), seen)
 
-    async def round(self) -> None:
-        """Decide once for every placed workload (none while the feed is not complete)."""
+    async def round(self) -> bool:
+        """Decide once for every placed workload; False (nothing decided) while the feed
+        is not complete."""
         placed = await store.read_all(self.bus, self.subjects)
         if not placed:
             self.watched = set()
             self.rounds += 1
-            return
+            return True
         if not self.feed.complete:
             log.debug("reconciler waits for the live feed to be complete")
-            return
+            return False
         now = time.time()
         trusted = {
             name: (workload, revision)
@@ -158,6 +161,7 @@ class ReconcilerActor:
             pending = len(workload.replicas) - placed_count
             self.metrics.workload_replicas.labels(name, "pending").set(pending)
         self.rounds += 1
+        return True
 
     @staticmethod
     def nodes_of(placed: Iterable[PlacedWorkload]) -> set[str]:

@@ -15,6 +15,11 @@ nodes' records and the time.
 - A pending replica (no node fits) is placed as soon as one fits; a node in a
   maintenance window is never chosen.
 
+Every fact a decision reads is current within a heartbeat: the aggregators write a node's
+record at once when its state, schedulability or workloads change, so a reporting node's
+record says what it runs now, though the heartbeat in it may be a checkpoint old (GPU
+readings are written once per checkpoint_interval). No decision waits for a newer one.
+
 Nothing here sends anything: the caller writes the new record by compare-and-set and only
 then sends the orders, so of two reconcilers deciding at once only one moves a replica.
 """
@@ -109,9 +114,10 @@ def trouble(
     if running is not None and running.state in FAILED_STATES:
         return f"{running.state} there: {running.reason}", True, False
     deployed = replica.deployed_at or 0.0
+    # A reporting node's record is current in what it runs (the aggregators write a
+    # change of its workloads at once), whenever its last checkpoint was.
     if (running is None or running.state == "stopped") and now - deployed >= t.grace:
-        if beat.ts > deployed:
-            return "its node does not run it (deploy refused, or stopped by hand)", True, False
+        return "its node does not run it (deploy refused, or stopped by hand)", True, False
     return None
 
 
@@ -256,8 +262,9 @@ def stops(
             continue
         if leftover.node in placed_on:
             continue  # a replica runs there again: never stop it
-        beat = record.heartbeat
-        if record.state in LOST_STATES or beat is None or beat.ts <= leftover.since:
+        # What a reporting node runs is current in its record (written at once when it
+        # changes), however old the heartbeat in it: no need to wait for a newer one.
+        if record.state in LOST_STATES or record.heartbeat is None:
             kept.append(leftover)
             continue
         running = listed(record, workload.name)
