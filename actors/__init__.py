@@ -21,7 +21,8 @@ General layout
               ``placement/`` and ``remediation/`` act on the fleet.
 ``cli/``      the command lines: ``node_agent.py`` and ``fleetctl/`` (one module per group of
               subcommands), fleetctl's renderings (``render/``) and simulator
-              (``simulate/``), and what both share.
+              (``simulate/``), what both share, and ``single_file.py``, the entry point
+              of the single-file artifact (``python -m deploy.build``).
 
 Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
 never import each other, and no actor imports another: they share only ``schemas``, the
@@ -49,8 +50,10 @@ Node (``actors/node``; ``node/agent.py`` starts them):
                   ``evt.<node>.engine``.
 - ``latency``     answers ``fleet.probe.<node>``, probes its peers' (found in KV ``fleet_nodes``);
                   publishes ``Latency`` on ``evt.<node>.latency``.
-- ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.state``;
-                  publishes ``Interruption`` on ``evt.<node>.interruption``.
+- ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.{state,inject}``
+                  (an operator's ``inject spot`` rehearses a notice); publishes
+                  ``Interruption`` on ``evt.<node>.interruption`` and ``CloudFacts`` on
+                  ``evt.<node>.cloud``.
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
                   (stream ``FLEET_CMD``), listens to
                   ``evt.<node>.{engine,gateway,health,interruption,scheduler}`` and its own
@@ -66,7 +69,8 @@ Node (``actors/node``; ``node/agent.py`` starts them):
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL; stored
                   as ``fleet.hb.<P>.<cluster>.<node>``, P the node's partition).
-- ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
+- ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``,
+                  ``/v1/node/inventory``.
 - ``gateway/``    listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
                   ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
 - ``standing``    reads its own record in KV ``fleet_nodes`` (one filtered direct get); says on

@@ -43,6 +43,7 @@ from schemas.base import (
     Wire,
 )
 from schemas.errors import DecodeError
+from schemas.pci import PassthroughGpu
 from schemas.subjects import (
     EVENT_CLOUD,
     EVENT_ENGINE,
@@ -85,6 +86,9 @@ class Capacity(Wire, frozen=True, kw_only=True):
     gpus_available: Count
     storage_total: Bytes
     storage_available: Bytes
+    cpu_cores_available: Count | None = None
+    """Cores free for more work: those Slurm has not allocated where Slurm runs, else
+    the idle share of ``cpu_cores`` (rounded down); None from agents that predate it."""
 
 
 class XidCount(Wire, frozen=True, kw_only=True):
@@ -243,6 +247,9 @@ class Sample(Wire, frozen=True, kw_only=True):
     empty when it works. The nvml and boot checks are unhealthy while it is set."""
     host: HostFacts | None = None
     """Host uptime, memory use, CPU model, mean GPU utilization, storage, dependency versions."""
+    passthrough_gpus: Annotated[list[PassthroughGpu], Meta(max_length=MAX_GPUS)] = []
+    """NVIDIA GPUs bound to ``vfio-pci`` (given to VMs), found on the PCI bus: not in
+    ``gpus``, never health-checked nor given to workloads (schemas/pci.py)."""
 
 
 class HealthComponent(Wire, frozen=True, kw_only=True):
@@ -328,6 +335,8 @@ class Interruption(Wire, frozen=True, kw_only=True):
     """When the provider will act; None when the provider gives no time."""
     event_id: Name = ""
     detail: Text = ""
+    rehearsal: bool = False
+    """An operator's ``node-agent inject spot``, not the cloud's: acted on as a real one."""
 
 
 def notice_key(notice: Interruption) -> str:
@@ -367,15 +376,18 @@ class NodeState(Wire, frozen=True, kw_only=True):
 
 
 class Inject(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="inject"):
-    """A fault to inject into a fake-GPU agent (tests and demos); real GPUs ignore it."""
+    """A fault to inject into a fake-GPU agent (tests and demos; real GPUs ignore it), or
+    a spot notice to rehearse a reclaim on any agent."""
 
     ts: UnixTime
     node_id: NodeId
-    fault: Literal["temp", "util", "xid", "gpu-lost", "clear"]
+    fault: Literal["temp", "util", "xid", "gpu-lost", "clear", "spot"]
+    """``spot``: a rehearsal of a cloud's reclaim, taken by the spot watcher (real GPUs
+    or not): an ``Interruption`` whose deadline is ``value`` seconds after ``ts``."""
     gpu: Count | None = None
     """GPU index, or None for every GPU."""
     value: float | None = None
-    """Temperature in C, utilization in %, or the XID code."""
+    """Temperature in C, utilization in %, the XID code, or a spot notice's seconds."""
 
 
 class Jobs(Wire, frozen=True, kw_only=True):
@@ -504,6 +516,10 @@ class Scheduler(Wire, frozen=True, kw_only=True):
     """The drain carries the fleet marker (``fleet: ...``): this agent set it."""
     jobs: SchedulerJobs = msgspec.field(default_factory=SchedulerJobs)
     services: SchedulerServices = msgspec.field(default_factory=SchedulerServices)
+    cpus_total: Count | None = None
+    """``CPUTot`` of ``scontrol show node``: the CPUs Slurm schedules here."""
+    cpus_allocated: Count | None = None
+    """``CPUAlloc``: those its jobs hold now (the heartbeat's ``cpu_cores_available``)."""
 
 
 Event = (
@@ -570,6 +586,7 @@ __all__ = [
     "Jobs",
     "Latency",
     "NodeState",
+    "PassthroughGpu",
     "PeerLatency",
     "Sample",
     "Scheduler",

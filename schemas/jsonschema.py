@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import events, messages, placement, remediation
+from schemas import events, inventory, messages, placement, remediation
 from schemas.base import SIGNED_TYPE
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -55,6 +55,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.AggregatorLease,
     remediation.PolicyRecord,
     placement.PlacedWorkload,
+    inventory.NodeInventory,
 )
 
 

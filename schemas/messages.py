@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta
@@ -49,6 +50,7 @@ from schemas.events import (
     SpotStatus,
     WorkloadState,
 )
+from schemas.pci import PassthroughGpu
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -75,10 +77,16 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.5.0"
+"""The version every heartbeat, /status and the build-info metric carry: the package's
+(tests/system/test_habits.py holds them together)."""
 
 GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
 """GPU uuids, sorted: a node's hardware fingerprint."""
+MAX_IDENTITY_FACT = 64
+IdentityFact = Annotated[str, Meta(max_length=MAX_IDENTITY_FACT)]
+"""A cloud fact of an identity, cut to 64 characters (longer ones are cut, not refused):
+a 64-GPU node's identity stays within MAX_IDENTITY_BYTES with all of them."""
 
 
 class NodeIdentity(Wire, frozen=True, kw_only=True):
@@ -93,6 +101,15 @@ class NodeIdentity(Wire, frozen=True, kw_only=True):
     gpu_product: Name = ""
     """The first GPU's product name (``NVIDIA H100 80GB HBM3``)."""
     gpu_count: Count = 0
+    """Every GPU of the machine: those in ``gpus`` and the passthrough ones."""
+    gpu_passthrough: Count = 0
+    """GPUs bound to ``vfio-pci`` (given to VMs): counted, with no uuid to name them."""
+    provider: IdentityFact = ""
+    """``aws``, ``gcp`` or ``azure`` (its metadata service), or the operator's
+    ``provider`` label; empty when neither says."""
+    region: IdentityFact = ""
+    instance_type: IdentityFact = ""
+    """The cloud's instance type (``p5.48xlarge``), or the ``instance_type`` label."""
 
 
 MAX_IDENTITY_BYTES = 4096
@@ -101,14 +118,26 @@ MAX_IDENTITY_BYTES = 4096
 entries stay small whatever a registration or a heartbeat says."""
 
 
-def identity_of(hostname: str, gpus: list[Gpu]) -> NodeIdentity:
-    """The identity a host name and GPU readings give (a registration, a heartbeat's
-    sample)."""
+def identity_of(
+    hostname: str,
+    gpus: list[Gpu],
+    passthrough: list[PassthroughGpu] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> NodeIdentity:
+    """The identity a host name, GPU readings, passthrough GPUs and the node's labels
+    (``provider``, ``region``, ``instance_type``) give: a registration's, a heartbeat's."""
+    passthrough = passthrough or []
+    labels = labels or {}
+    product = gpus[0].name if gpus else (passthrough[0].name if passthrough else "")
     return NodeIdentity(
         hostname=hostname,
         gpus=sorted(gpu.uuid for gpu in gpus),
-        gpu_product=gpus[0].name if gpus else "",
-        gpu_count=len(gpus),
+        gpu_product=product,
+        gpu_count=len(gpus) + len(passthrough),
+        gpu_passthrough=len(passthrough),
+        provider=labels.get("provider", "")[:MAX_IDENTITY_FACT],
+        region=labels.get("region", "")[:MAX_IDENTITY_FACT],
+        instance_type=labels.get("instance_type", "")[:MAX_IDENTITY_FACT],
     )
 
 

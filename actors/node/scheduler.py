@@ -111,6 +111,8 @@ class SchedulerActor:
             ours=info.ours,
             jobs=jobs,
             services=services,
+            cpus_total=info.cpus_total,
+            cpus_allocated=info.cpus_allocated,
         )
 
     async def run(self, ready: Callable[[], None]) -> None:

@@ -5,7 +5,7 @@ For each of ``--nodes`` (10,000 and 100,000): a fresh embedded nats-server, one
 ``--interval`` each) as their own processes, as ``bench_aggregator.py`` runs them. Once
 every node has a record:
 
-- the listing, in this process: ``registry.read_records`` alone (what every view read
+- the listing, in this process: ``records.read_records`` alone (what every view read
   before issue 33) and ``live.read_fleet`` (records + each node's latest accepted
   heartbeat from FLEET_HB): wall time, payload bytes read, nats-server CPU over the read
   (the load's share included: its rate alone, 2 s before, is printed), and how many

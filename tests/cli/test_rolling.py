@@ -145,3 +145,61 @@ async def test_rolling_needs_a_node_or_a_selector(
     assert code == 2 and "not both" in err
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "-l", "rack=none")
     assert code == 1 and "no node matches rack=none" in err and "Traceback" not in err
+
+
+async def test_identity_labels_select_a_rolling_drain(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Agents given no labels at all (as under fleetctl up) carry their own: a rolling
+    drain -l gpu.count=8 --max-unavailable 1 drains the two 8-GPU nodes one at a time and
+    leaves the 4-GPU one; nodes -l gpu.product=... lists all three."""
+    key_file = tmp_path / "operator.nk"
+    operator = signing.create_key_file(key_file)
+    await fleet.start_aggregator()
+    sizes = {"big1": 8, "big2": 8, "small": 4}
+    for node, gpus in sizes.items():
+        config = fleet.config(node, trust_operators=[operator.public_key], fake_gpus=gpus)
+        assert config.labels == {}
+        await fleet.start_agent(config)
+    for node, gpus in sizes.items():
+        record = await wait_record(bus, prefix, node, lambda r: "gpu.count" in r.labels)
+        assert record.labels["gpu.count"] == str(gpus)
+    draining: set[str] = set()
+    most = 0
+
+    async def on_result(msg: Msg) -> None:
+        nonlocal most
+        result = codec.decode(msg.data, CommandResult, msg.subject)
+        if result.status == "accepted":
+            draining.add(result.node_id)
+            most = max(most, len(draining))
+        elif result.status in FINAL_STATUSES:
+            draining.discard(result.node_id)
+
+    await bus.subscribe(Subjects(prefix).results(), on_result)
+    await bus.flush()
+    code, out, err = await fleetctl(
+        nats_server, prefix, key_file, "drain", "-l", "gpu.count=8", "--max-unavailable", "1"
+    )
+    assert code == 0, err + out
+    assert out.count(": done: drained") == 2 and most == 1
+    for node in ("big1", "big2"):
+        await wait_record(bus, prefix, node, lambda r: r.schedulability == "drained")
+    small = await wait_record(bus, prefix, "small", lambda r: True)
+    assert small.schedulability == "schedulable"
+    listing = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        "nodes",
+        "-l",
+        "gpu.product=NVIDIA-H100-80GB-HBM3",
+        "-l",
+        "gpu.memory=81559",
+        "--server",
+        nats_server.url,
+        "--prefix",
+        prefix,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out_bytes, _ = await asyncio.wait_for(listing.communicate(), 60)
+    rows = out_bytes.decode().splitlines()[1:4]
+    assert listing.returncode == 0 and [row.split()[0] for row in rows] == sorted(sizes)

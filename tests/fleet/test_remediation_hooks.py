@@ -297,16 +297,25 @@ def test_hooks_are_withheld_while_the_claims_name_another_machine() -> None:
 
 
 def test_hooks_get_the_enrolled_identity_and_the_claims_apart_and_clean() -> None:
-    """FLEET_HOSTNAME and FLEET_GPUS are the enrolled identity, FLEET_PUBLIC_KEY and its
+    """FLEET_HOSTNAME, FLEET_GPUS and the cloud facts (FLEET_PROVIDER, FLEET_REGION,
+    FLEET_INSTANCE_TYPE) are the enrolled identity, FLEET_PUBLIC_KEY and its
     fingerprint the approved key; what the node says is in FLEET_CLAIMED_* (and the older
     FLEET_REASON, FLEET_BOOT_ID); no value keeps a control or format character (NUL, ESC,
     bidi override, line separator); without an enrolled identity the facts are empty."""
     key = signing.KeyPair.generate().public_key
-    entry = TrustEntry(node_id="n1", public_key=key, approved_at=1.0, identity=ENROLLED)
+    cloud = msgspec.structs.replace(
+        ENROLLED, provider="aws", region="us-east-1", instance_type="p5.48xlarge"
+    )
+    entry = TrustEntry(node_id="n1", public_key=key, approved_at=1.0, identity=cloud)
     node = claiming("node-1-bmc.example\x1b", ["GPU-n1"], reason=EVIL)
     hold = Hold(reason_class="xid", reason=EVIL, action="cordon", command_id="c", since=1.0)
     env = environment(node, hold, "bmc", entry)
     assert (env["FLEET_HOSTNAME"], env["FLEET_GPUS"]) == ("node-2.example", "GPU-n2")
+    assert (env["FLEET_PROVIDER"], env["FLEET_REGION"], env["FLEET_INSTANCE_TYPE"]) == (
+        "aws",
+        "us-east-1",
+        "p5.48xlarge",
+    )
     assert env["FLEET_PUBLIC_KEY"] == key
     assert env["FLEET_KEY_FINGERPRINT"] == signing.fingerprint(key)
     assert env["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
@@ -317,7 +326,7 @@ def test_hooks_get_the_enrolled_identity_and_the_claims_apart_and_clean() -> Non
     ours = {name: value for name, value in env.items() if name.startswith("FLEET_")}
     assert all(value.isprintable() for value in ours.values()), ours
     bare = environment(node, hold, "bmc", None)
-    assert bare["FLEET_HOSTNAME"] == bare["FLEET_GPUS"] == ""
+    assert bare["FLEET_HOSTNAME"] == bare["FLEET_GPUS"] == bare["FLEET_PROVIDER"] == ""
     assert bare["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
 
 

@@ -9,8 +9,9 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, jsonschema, messages, placement, remediation
+from schemas import codec, events, inventory, jsonschema, messages, placement, remediation
 from schemas.errors import DecodeError
+from schemas.pci import PassthroughGpu
 from schemas.workloads import Deploy
 
 NOW = time.time()
@@ -44,10 +45,16 @@ SAMPLE = events.Sample(
         gpus_available=1,
         storage_total=100,
         storage_available=50,
+        cpu_cores_available=7,
     ),
     gpus=[GPU],
     gpu_source="fake",
     fingerprint="ab" * 32,
+    passthrough_gpus=[
+        PassthroughGpu(
+            pci_bus_id="0000:3c:00.0", device_id="0x2330", name="NVIDIA H100", iommu_group="42"
+        )
+    ],
 )
 HEALTH = events.Health(
     ts=NOW,
@@ -70,7 +77,9 @@ ENGINE = events.Engine(
     engines=[events.EngineStatus(kind="vllm", url="http://x", healthy=True, in_flight=3)],
     in_flight=3,
 )
-NOTICE = events.Interruption(ts=NOW, provider="aws", kind="terminate", deadline=NOW + 120)
+NOTICE = events.Interruption(
+    ts=NOW, provider="aws", kind="terminate", deadline=NOW + 120, rehearsal=True
+)
 HEARTBEAT = messages.Heartbeat(
     node_id="n1",
     cluster="c1",
@@ -100,6 +109,7 @@ EXAMPLES: list[msgspec.Struct] = [
     NOTICE,
     events.NodeState(ts=NOW, schedulability="draining", reason="spot", until=NOW + 60),
     events.Inject(ts=NOW, node_id="n1", fault="xid", gpu=0, value=79),
+    events.Inject(ts=NOW, node_id="n1", fault="spot", value=120),
     events.Workloads(
         ts=NOW,
         workloads=[
@@ -133,6 +143,8 @@ EXAMPLES: list[msgspec.Struct] = [
         ours=True,
         jobs=events.SchedulerJobs(running_count=2, pending_count=1, history_reason="no sacct"),
         services=events.SchedulerServices(slurmd_running=True, slurmd_version="22.05.8"),
+        cpus_total=64,
+        cpus_allocated=24,
     ),
     messages.Command(
         id="c-1",
@@ -177,7 +189,21 @@ EXAMPLES: list[msgspec.Struct] = [
     messages.NodeRecord(
         node_id="n1", cluster="c1", state="active", last_seq=7, last_seen=NOW, heartbeat=HEARTBEAT
     ),
-    messages.TrustEntry(node_id="n1", public_key=KEY, approved_at=NOW),
+    messages.TrustEntry(
+        node_id="n1",
+        public_key=KEY,
+        approved_at=NOW,
+        identity=messages.NodeIdentity(
+            hostname="gpu7",
+            gpus=["GPU-1"],
+            gpu_product="NVIDIA H100 80GB HBM3",
+            gpu_count=2,
+            gpu_passthrough=1,
+            provider="aws",
+            region="us-east-1",
+            instance_type="p5.48xlarge",
+        ),
+    ),
     events.CloudFacts(
         ts=NOW,
         provider="aws",
@@ -216,6 +242,15 @@ EXAMPLES: list[msgspec.Struct] = [
         ],
         leftovers=[placement.Leftover(node="n3", cluster="c1", index=1, since=NOW, stop_by=NOW)],
         created_at=NOW,
+    ),
+    inventory.NodeInventory(
+        node_id="n1",
+        cluster="c1",
+        ts=NOW,
+        sample=SAMPLE,
+        engine=ENGINE,
+        labels={"rack": "r7", "gpu.count": "2"},
+        found_labels={"gpu.count": "2"},
     ),
 ]
 

@@ -42,11 +42,18 @@ def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
 
 
 def write_nodes(
-    records: list[NodeRecord], output: str, colour: bool, rows: bool, of: int | None = None
+    records: list[NodeRecord],
+    output: str,
+    colour: bool,
+    rows: bool,
+    of: int | None = None,
+    pending: bool = False,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
     is written record by record (the same bytes as one array), so a 100,000-node
-    listing is never one string in memory. ``of``: how many there were before filters."""
+    listing is never one string in memory. ``of``: how many there were before filters;
+    ``pending``: only pending nodes were asked for, shown with what their registrations
+    said of their machines."""
     if output == "json":
         sys.stdout.write("[")
         for index, record in enumerate(records):
@@ -54,6 +61,8 @@ def write_nodes(
         sys.stdout.write("]\n")
     elif summarised(records, output, rows):
         sys.stdout.write(tables.fleet_summary(records))
+    elif pending and output in ("table", "wide"):
+        sys.stdout.write(tables.pending_table(records))
     else:
         sys.stdout.write(tables.nodes_output(records, output, colour, of))
 
@@ -95,7 +104,9 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                write_nodes(records, output, colour, rows, of=len(every))
+                write_nodes(
+                    records, output, colour, rows, of=len(every), pending=states == {"pending"}
+                )
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -315,7 +326,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--state",
         action="append",
         choices=get_args(RecordState),
-        help="only nodes in this state (repeatable: any of them)",
+        help="only nodes in this state (repeatable: any of them); pending alone lists each "
+        "registration's key and the machine it says it is (host, GPUs, cloud, instance type)",
     )
     nodes.add_argument(
         "-l",

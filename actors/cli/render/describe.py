@@ -62,7 +62,8 @@ def describe(
             "(fleetctl maintenance list)"
         )
     lines += remediation or []
-    lines.append(f"Labels:          {labels_text(record.labels)}")
+    claims = f" ({CLAIM}s)" if record.labels else ""
+    lines.append(f"Labels:          {labels_text(record.labels)}{claims}")
     lines += identity or []
     lines += _lifecycle(record)
     if beat is None:
@@ -262,9 +263,28 @@ def _health(health: Health | None, state: str) -> list[str]:
 
 
 def _gpus(sample: Sample | None) -> list[str]:
-    if sample is not None and sample.gpu_error and not sample.gpus:
+    if sample is None:
+        return ["GPUs:            none"]
+    return _managed_gpus(sample) + _passthrough(sample)
+
+
+def _passthrough(sample: Sample) -> list[str]:
+    """The GPUs bound to vfio-pci: one line, each by address and product (or device id)."""
+    if not sample.passthrough_gpus:
+        return []
+    gpus = ", ".join(
+        f"{gpu.pci_bus_id} {gpu.name or gpu.device_id}"
+        + (f" (iommu group {gpu.iommu_group})" if gpu.iommu_group else "")
+        for gpu in sample.passthrough_gpus
+    )
+    count = len(sample.passthrough_gpus)
+    return [f"Passthrough:     {count} GPUs bound to vfio-pci, not this node's to use: {gpus}"]
+
+
+def _managed_gpus(sample: Sample) -> list[str]:
+    if sample.gpu_error and not sample.gpus:
         return [f"GPUs:            none ({sample.gpu_source} fails: {sample.gpu_error})"]
-    if sample is None or not sample.gpus:
+    if not sample.gpus:
         return ["GPUs:            none"]
     rows: list[tuple[str, ...]] = [
         ("GPU", "NAME", "MEMORY", "TEMP", "POWER", "UTIL", "ECC (CORR/UNCORR)", "XIDS", "LOST")

@@ -55,7 +55,8 @@ def environment(
 ) -> dict[str, str]:
     """The aggregator's environment with the node's facts (``FLEET_*``) and claims
     (``FLEET_CLAIMED_*``); ``entry`` is the node's trust entry (None: not read, or none),
-    whose identity gives ``FLEET_HOSTNAME`` and ``FLEET_GPUS`` (empty without one)."""
+    whose identity gives ``FLEET_HOSTNAME``, ``FLEET_GPUS``, ``FLEET_PROVIDER``, ... (empty
+    without one)."""
     enrolled = entry.identity if entry is not None else None
     claims = identity.claimed(record)
     key = entry.public_key if entry is not None else record.public_key
@@ -69,6 +70,9 @@ def environment(
         "FLEET_HOSTNAME": enrolled.hostname if enrolled is not None else "",
         "FLEET_GPUS": ",".join(enrolled.gpus) if enrolled is not None else "",
         "FLEET_GPU_PRODUCT": enrolled.gpu_product if enrolled is not None else "",
+        "FLEET_PROVIDER": enrolled.provider if enrolled is not None else "",
+        "FLEET_REGION": enrolled.region if enrolled is not None else "",
+        "FLEET_INSTANCE_TYPE": enrolled.instance_type if enrolled is not None else "",
         "FLEET_LABELS": json.dumps(record.labels, sort_keys=True),
         "FLEET_CLAIMED_HOSTNAME": claims.hostname if claims is not None else "",
         "FLEET_CLAIMED_GPUS": ",".join(claims.gpus) if claims is not None else "",

@@ -231,18 +231,27 @@ async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str =
     entry = await trust_entry(bus, subjects, node)
     if before is None and entry is None:
         raise NotFound(f"node {node}")
-    revoked = entry is not None and not entry.revoked
-    if revoked:
-        await revoke(bus, subjects, node)
-    purged = await bus.js.purge_stream(
-        subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
-    )
+    revoked, purged = await withdraw(bus, subjects, node, entry)
     return Forgotten(
         record=written if written is not None else before,
         already=before is not None and before.deregistered,
         revoked=revoked,
         purged=purged,
     )
+
+
+async def withdraw(
+    bus: Bus, subjects: Subjects, node: str, entry: TrustEntry | None
+) -> tuple[bool, bool]:
+    """What forgetting a node does beside its record: its approved key (``entry``, as
+    read) revoked and the commands still queued for it purged. (revoked now, purged)."""
+    revoked = entry is not None and not entry.revoked
+    if revoked:
+        await revoke(bus, subjects, node)
+    purged = await bus.js.purge_stream(
+        subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
+    )
+    return revoked, bool(purged)
 
 
 async def readmit(bus: Bus, subjects: Subjects, node: str) -> bool:

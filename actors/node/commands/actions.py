@@ -476,7 +476,8 @@ class ActionRunner:
         digest: str = "",
         jobs_running: int | None = None,
     ) -> None:
-        """Publish a node-signed CommandResult (:class:`ResultPublisher`).
+        """Publish a node-signed CommandResult (:class:`ResultPublisher`: sent again while
+        it is not acknowledged, then a failure logged, not raised).
         ``digest`` defaults to that of the command started under ``command_id``. A refusal
         of a message with no usable id is published under its digest, so the stream keeps
         one refusal per distinct message within its duplicate window."""
