@@ -66,7 +66,9 @@ async def test_policy_cordons_on_xid_79_and_returns_the_node(
 
     async def cordoned_by_policy() -> NodeRecord | None:
         await actor.round()
-        record = await wait_record(bus, prefix, "n1", lambda r: True)
+        # As written: the state and the heartbeat of one write (a live read may show a
+        # heartbeat a moment before the record its owner writes at once).
+        record = await wait_record(bus, prefix, "n1", lambda r: True, stored=True)
         beat = record.heartbeat
         return record if beat and beat.schedulability_by == key.public_key else None
 
