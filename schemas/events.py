@@ -44,6 +44,7 @@ from schemas.base import (
 )
 from schemas.errors import DecodeError
 from schemas.pci import PassthroughGpu
+from schemas.settings import Settings
 from schemas.subjects import (
     EVENT_CLOUD,
     EVENT_ENGINE,
@@ -54,6 +55,7 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_SCHEDULER,
+    EVENT_SETTINGS,
     EVENT_STATE,
     EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
@@ -269,6 +271,9 @@ class HealthCheck(Wire, frozen=True, kw_only=True):
     reason: Text
     action: Text = ""
     """Recommended operator action, when the check knows one (e.g. from the XID table)."""
+    gpus: Annotated[list[Count], Meta(max_length=MAX_GPUS)] = []
+    """Indices of the GPUs the check finds at fault (empty: none named, or not a per-GPU
+    finding)."""
 
 
 class Health(Wire, frozen=True, kw_only=True):
@@ -535,6 +540,7 @@ Event = (
     | Gateway
     | CloudFacts
     | Scheduler
+    | Settings
 )
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
@@ -551,6 +557,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_GATEWAY: Gateway,
     EVENT_CLOUD: CloudFacts,
     EVENT_SCHEDULER: Scheduler,
+    EVENT_SETTINGS: Settings,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -592,6 +599,7 @@ __all__ = [
     "Scheduler",
     "SchedulerJobs",
     "SchedulerServices",
+    "Settings",
     "SpotStatus",
     "Workload",
     "WorkloadOrder",

@@ -51,6 +51,7 @@ from schemas.events import (
     WorkloadState,
 )
 from schemas.pci import PassthroughGpu
+from schemas.settings import SettingsStatus
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -197,6 +198,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     ``process``, ``container:<engine>``), as its workload actor found at its last look;
     the node's claim, which placement goes by and the node's own checks still decide.
     None: not said (an agent older than this field, or no workload actor)."""
+    settings: SettingsStatus | None = None
+    """What the node made of the fleet's settings (KV ``fleet_settings``): the revision it
+    reached, the keys in force and their entries, those waiting for a restart and those
+    refused; None from agents that predate fleet settings."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -262,6 +267,16 @@ class CommandResult(Wire, frozen=True, kw_only=True):
     jobs_running: Count | None = None
     """Batch jobs (Slurm) still running on the node, in a drain's progress and final result;
     None when the node has no scheduler."""
+    signer: Name = ""
+    """The key that signed the command answered, where its signature verified (for a
+    rejection: whose message the node refused, trusted or not)."""
+    claimed_id: Id = ""
+    """A rejection of a message signed by a key the node does not trust: the id that
+    message claims (``command_id`` stays empty: the node names no command it did not
+    verify as an operator's). A sender following that id shows it with the signer."""
+    placed: Count | None = None
+    """Fleet-placed workloads still on the node, in a drain's progress and final result
+    (the final one: not moved by the deadline); None when the node runs none."""
 
 
 def command_digest(body: bytes) -> str:
@@ -594,6 +609,31 @@ class MaintenanceReply(Wire, frozen=True, kw_only=True):
 
     id: Id
     status: Literal["started", "ended", "rejected"]
+    reason: Text = ""
+
+
+class PolicyRequest(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="policy_request"):
+    """An operator's request to the remediation policy (``fleetctl policy reset|clear``),
+    signed by the operator key, on ``fleet.policy``: aggregators act on it only if they
+    trust the key (``trust_operators``) and its ``ts`` is within their clock skew bound.
+    It names the state it acts on (the trip it closes, the hold it clears), so a copy
+    replayed after the policy moved on changes nothing."""
+
+    action: Literal["reset", "clear"]
+    cluster: Cluster
+    ts: UnixTime
+    tripped_at: UnixTime | None = None
+    """``reset``: when the breaker it closes tripped (``PolicyRecord.tripped_at``)."""
+    node: NodeId | None = None
+    """``clear``: the node whose hold and history the policy forgets."""
+    since: UnixTime | None = None
+    """``clear``: the hold's ``since`` (None: the node has no hold, only history)."""
+
+
+class PolicyReply(Wire, frozen=True, kw_only=True):
+    """What the aggregator that took a ``PolicyRequest`` did."""
+
+    status: Literal["done", "rejected"]
     reason: Text = ""
 
 

@@ -24,6 +24,7 @@ from actors.cli.common import (
     add_version,
     duration,
     fail,
+    layers_from,
     parse,
     run_main,
     settings_from,
@@ -218,7 +219,8 @@ async def cmd_gateway_key(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
-    config = settings_from(args, AgentConfig, ENV_PREFIX)
+    layers = layers_from(args, AgentConfig, ENV_PREFIX)
+    config = layers.build()
     logs.setup(config.log_level, config.log_format)
     state_dir = Path(config.state_dir)
     if args.rejoin and deregistration.clear(state_dir):
@@ -228,7 +230,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         return fail(refused, EXIT_DEREGISTERED)
     if config.enroll_token:
         await enroll_at_start(config)
-    agent = NodeAgent(config)
+    agent = NodeAgent(config, layers)
     stop = stop_event()
     await agent.run_until(stop)
     if agent.supervisor is not None and agent.supervisor.fatal:

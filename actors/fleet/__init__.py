@@ -6,25 +6,31 @@ import contracts), and every module is in one.
 ``views/``           the read side: the HTTP API (``api``), a node's history from the
                      streams (``history``), the dashboard.
 ``placement/``       placed workloads: choosing nodes, their records, the reconciler.
-``remediation/``     the remediation policy: decisions, the breaker, hooks.
+``remediation/``     the remediation policy: its file (``config``), what a record says is
+                     wrong (``findings``), decisions and the breaker (``policy``),
+                     hooks, the actor.
 ``live/``            what is true of the nodes now, the one way the three wings above read
-                     them: each node's latest accepted heartbeat (``reader``); what they
-                     read of the aggregator beside them is ``held.Held``, never the
-                     aggregator itself.
+                     them: each node's latest accepted heartbeat (``reader``), the process's
+                     live feed (``feed``), what a listed workload is now
+                     (``workload_status``); what they read of the aggregator beside them is
+                     ``held.Held``, never the aggregator itself.
 ``aggregator/``      the heartbeat path: where a heartbeat is judged (``judge``, pure),
                      from a partition of FLEET_HB (``ownership``, ``partitions``,
                      ``lease``) through ``verify`` to the node table (``ledger``, with
                      ``reads`` and ``writes``), the sweeps and ``fleet.register``.
 ``operator/``        what answers operators: the check of a signed request
-                     (``requests``), ``forget``, ``maintenance``, enrollment tokens
-                     (``enroll``) and a signed command to a node (``commands``).
+                     (``requests``), ``forget``, ``maintenance``, the policy's reset and
+                     clear (``policy_requests``), enrollment tokens (``enroll``) and a
+                     signed command to a node (``commands``).
 ``alerts/``          where alerts are raised (``publisher``: deterministic ids, rate
                      limits) and forwarded (``alertmanager``).
 ``storage/``         what the fleet keeps: streams and buckets provisioned (``streams``),
                      node records (``node_store``), trust and its operations
                      (``registry``), leases as readers see them (``leases``), maintenance
                      windows (``windows``), the policy's holds (``policy_holds``), the
-                     servers' users and permissions (``nats_config``).
+                     fleet's signed settings as stored (``settings``), a node's answers to
+                     one command (``answers``), the servers' users and permissions
+                     (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
                      ``record_state`` (what a record's state is).

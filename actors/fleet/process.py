@@ -14,10 +14,11 @@ from actors.fleet.live.feed import NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.operator.maintenance import MaintenanceActor
+from actors.fleet.operator.policy_requests import PolicyRequestsActor
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.remediation.policy import PolicyConfig
+from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
@@ -47,7 +48,11 @@ class ProviderActors:
         subjects = Subjects(config.prefix)
         self.feed = NodeFeed(bus, subjects, self.aggregator.view, metrics, config.lease_ttl)
         """The nodes' records every reader of this process shares (one watch, one copy)."""
-        actors: list[Actor] = [ForgetActor(config, bus), MaintenanceActor(config, bus)]
+        actors: list[Actor] = [
+            ForgetActor(config, bus),
+            MaintenanceActor(config, bus),
+            PolicyRequestsActor(config, bus),
+        ]
         readers = config.http_port >= 0 or config.workloads_key_file or config.alertmanager_urls
         if policy is not None or readers:
             actors.append(self.feed)

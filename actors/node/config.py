@@ -138,6 +138,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds between two samples of the GPUs and the host."""
     health_interval: Positive = 5.0
     """Seconds between two health reports (jittered)."""
+    settings_interval: Positive = 30.0
+    """Seconds between two reads of the fleet's settings (KV fleet_settings: one batched
+    direct get; docs/settings.md, "Fleet settings")."""
 
     fake_gpus: Annotated[int, Meta(ge=0, le=64)] | Literal["auto"] | None = None
     """N: simulate N GPUs (fleetctl up, demos, tests); 0: no GPUs; unset or "auto": NVML,

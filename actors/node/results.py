@@ -58,6 +58,9 @@ class ResultPublisher:
         schedulability: Schedulability,
         in_flight: int | None = None,
         jobs_running: int | None = None,
+        signer: str = "",
+        claimed_id: str = "",
+        placed: int | None = None,
     ) -> None:
         """Publish ``command_id``'s result (``digest``: of the command body it answers)
         with the node's ``schedulability`` now, sent again while it is not acknowledged
@@ -77,6 +80,9 @@ class ResultPublisher:
             in_flight=in_flight,
             command_digest=digest,
             jobs_running=jobs_running,
+            signer=signer,
+            claimed_id=claimed_id,
+            placed=placed,
         )
         msg_id = f"{command_id or digest}:{status}:{n}"
         for attempt in range(1, RESULT_TRIES + 1):

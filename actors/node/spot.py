@@ -33,9 +33,11 @@ from actors.node.cloud import (
 )
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
 from schemas.events import Event, Inject, Interruption, NodeState
+from schemas.settings import Settings
 from schemas.subjects import EVENT_CLOUD, EVENT_INTERRUPTION, Subjects
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,11 @@ def _retry_delay(backoff: Backoff, exc: Exception) -> float:
     return delay
 
 
+def request_timeout(poll_interval: float) -> aiohttp.ClientTimeout:
+    """A metadata request's bound: twice the poll interval, from half a second to two."""
+    return aiohttp.ClientTimeout(total=max(0.5, min(2.0, 2 * poll_interval)))
+
+
 class SpotActor:
     """Subscribes to fleet.evt.<node>.*; publishes Interruption on fleet.evt.<node>.interruption."""
 
@@ -100,9 +107,7 @@ class SpotActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_INTERRUPTION)
         self.facts_subject = self.subjects.event(config.node_id, EVENT_CLOUD)
-        self.timeout = aiohttp.ClientTimeout(
-            total=max(0.5, min(2.0, 2 * config.spot_poll_interval))
-        )
+        self.timeout = request_timeout(config.spot_poll_interval)
         self.metadata = Metadata(config, self.timeout)
         self.provider: Provider | None = None
         """The cloud watched, once known (configured, or found by ``auto``)."""
@@ -184,6 +189,11 @@ class SpotActor:
                 if drained and not self.drained:
                     self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
                 self.drained = drained
+            case Settings():
+                # The poll interval is read at each poll; requests are bounded by it.
+                self.config = retuned(self.config, event)
+                self.timeout = request_timeout(self.config.spot_poll_interval)
+                self.metadata.timeout = self.timeout
 
     # Placement facts (labels) ----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 from actors.node.heartbeat.actor import ACK_WAIT_FRACTION, HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.runtime.bus import NatsBus
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet, agent_config, node_events, wait_for
 
@@ -41,3 +42,20 @@ async def test_unacknowledged_beats_keep_the_interval(
     # well under the 5.5 s a beat took when it waited for its acknowledgement.
     assert max(gaps) < 2.0, gaps
     assert actor.metrics.heartbeat_failures._value.get() >= 5
+
+
+async def test_the_ack_wait_follows_a_heartbeat_interval_the_fleet_sets(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A heartbeat_interval taken live from the fleet's settings moves the acknowledgement
+    wait with it (it was fixed at the interval the agent started with)."""
+    config = agent_config(fleet.url, "retuned", tmp_path, heartbeat_interval=0.5)
+    actor = HeartbeatActor(config, fleet.bus, node_events(config), SequenceStore(tmp_path))
+    settings = Settings(
+        ts=time.time(),
+        status=SettingsStatus(),
+        live={"heartbeat_interval": 2.0, "stale_after": 30.0},
+    )
+    await actor._on_event(settings)
+    assert actor.config.heartbeat_interval == 2.0
+    assert actor.ack_wait == ACK_WAIT_FRACTION * 2.0

@@ -121,6 +121,7 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "scheduler",
             "workloads",
             "standing",
+            "settings",
         ]
     }
 

@@ -9,7 +9,7 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, inventory, jsonschema, messages, placement, remediation
+from schemas import codec, events, inventory, jsonschema, messages, placement, remediation, settings
 from schemas.errors import DecodeError
 from schemas.pci import PassthroughGpu
 from schemas.workloads import Deploy
@@ -65,7 +65,11 @@ HEALTH = events.Health(
             name="gpu_temperature", points=15, max_points=20, reason="hottest GPU 75 C"
         )
     ],
-    checks=[events.HealthCheck(name="xid", status="unhealthy", reason="XID 79", action="drain")],
+    checks=[
+        events.HealthCheck(
+            name="xid", status="unhealthy", reason="XID 79", action="drain", gpus=[0]
+        )
+    ],
 )
 LATENCY = events.Latency(
     ts=NOW,
@@ -156,6 +160,17 @@ EXAMPLES: list[msgspec.Struct] = [
         reason="maintenance",
     ),
     messages.CommandResult(command_id="c-1", node_id="n1", cluster="c1", status="done", ts=NOW),
+    messages.CommandResult(
+        command_id="",
+        node_id="n1",
+        cluster="c1",
+        status="rejected",
+        ts=NOW,
+        detail="signed by an untrusted key",
+        signer=KEY,
+        claimed_id="c-2",
+        placed=1,
+    ),
     messages.Alert(
         id="stale:c1:n1:q7",
         kind="stale",
@@ -184,6 +199,8 @@ EXAMPLES: list[msgspec.Struct] = [
         id="r12-psu", since=NOW, until=NOW + 7200, by="U" + "A" * 55, selector={"rack": "r12"}
     ),
     messages.MaintenanceReply(id="r12-psu", status="started"),
+    messages.PolicyRequest(action="clear", cluster="c1", ts=NOW, node="n1", since=NOW),
+    messages.PolicyReply(status="rejected", reason="the hold changed since"),
     messages.Probe(from_node="n1", nonce="x", sent_at=NOW),
     messages.ProbeReply(node_id="n2", nonce="x", sent_at=NOW, replied_at=NOW),
     messages.NodeRecord(
@@ -223,13 +240,29 @@ EXAMPLES: list[msgspec.Struct] = [
         cluster="c1",
         holds={
             "n1": remediation.Hold(
-                reason_class="xid", reason="xid: XID 79", action="cordon", command_id="c", since=NOW
-            )
+                reason_class="xid", reason="XID 79", action="cordon", command_id="c", since=NOW
+            ),
+            "n3": remediation.Hold(
+                reason_class="hung",
+                reason="no heartbeat for 10m",
+                action="cordon",
+                command_id="d",
+                since=NOW,
+                command_digest="ab",
+                refused="rejected: signed by an untrusted key",
+                needs_attention=True,
+                check="xid",
+                gpus=[2],
+                back_at=NOW,
+            ),
         },
         history={"n1": [NOW]},
         tripped_at=NOW,
         would=["cordon n2"],
         limit=2,
+        base=20,
+        dry={"n4": "cordon: policy: xid: XID 79"},
+        skipped={"n5": "in maintenance (window r12)"},
     ),
     placement.PlacedWorkload(
         name="chat",
@@ -242,6 +275,24 @@ EXAMPLES: list[msgspec.Struct] = [
         ],
         leftovers=[placement.Leftover(node="n3", cluster="c1", index=1, since=NOW, stop_by=NOW)],
         created_at=NOW,
+    ),
+    settings.SettingsEntry(
+        scope="selector",
+        revision=7,
+        issued_at=NOW,
+        values={"heartbeat_interval": "10s", "gpu_thresholds.temperature": "88"},
+        selector={"pool": "inference"},
+        reason="cooler room",
+    ),
+    settings.Settings(
+        ts=NOW,
+        status=settings.SettingsStatus(
+            revision=7,
+            applied={"heartbeat_interval": "cluster.c1"},
+            restart=["shutdown_timeout"],
+            refused={"server": "not settable from the fleet (the node's own file sets it)"},
+        ),
+        live={"heartbeat_interval": 10.0, "peers": ["n2"], "expected_gpus": None, "max_peers": 8},
     ),
     inventory.NodeInventory(
         node_id="n1",

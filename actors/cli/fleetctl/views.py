@@ -20,9 +20,11 @@ from nats.aio.msg import Msg
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.render import describe, tables
+from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
 from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
+from actors.fleet.storage import settings as settings_store
 from actors.fleet.views import history
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
@@ -276,7 +278,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         record = await live.read_node(bus, subjects, args.node)
-        alerts, results = await history.node_history(
+        alerts, results = await history.recent_history(
             bus, subjects, args.node, limit=describe.RECENT
         )
         policies = await policy_holds.read_policies(bus, subjects)
@@ -286,6 +288,12 @@ async def cmd_describe(args: argparse.Namespace) -> int:
             )
         except DecodeError as exc:
             enrolled = [f"Identity:        unknown: {exc}"]
+        try:
+            settings = render_settings.settings_lines(
+                record, await settings_store.current(bus, subjects)
+            )
+        except settings_store.NoSettingsBucket:
+            settings = render_settings.settings_lines(record, [])
     now = time.time()
     remediation = policy.node_lines(policies, record.cluster, record.node_id, now)
     text = describe.describe(
@@ -296,6 +304,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
         remediation,
         enrolled,
         policy_holds.policy_keys(policies),
+        settings,
     )
     sys.stdout.write(text + "\n")
     return 0

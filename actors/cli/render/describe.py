@@ -1,8 +1,8 @@
 """``fleetctl describe``'s rendering: one node's record explained top to bottom (state and
 why, schedulability and who set it, health, GPUs, host, engines, workloads, latency, spot,
-Slurm), then its recent alerts and command results. What only the node says (who set its
-state, its host name) is labelled as its claim; what the fleet recorded itself (the
-policy's hold, the enrolled identity) is said as a fact."""
+Slurm, the fleet's settings), then its recent alerts and command results. What only the
+node says (who set its state, its host name) is labelled as its claim; what the fleet
+recorded itself (the policy's hold, the enrolled identity) is said as a fact."""
 
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def describe(
     remediation: list[str] | None = None,
     identity: list[str] | None = None,
     policy_keys: Collection[str] = (),
+    settings: list[str] | None = None,
 ) -> str:
     """``fleetctl describe``: the record and why it is in its state, read top to bottom;
     ``remediation``: what the remediation policy holds of the node and did to it;
     ``identity``: its enrolled identity against its claims (:func:`identity_lines`);
+    ``settings``: the fleet's settings for it (:mod:`actors.cli.render.settings`);
     ``policy_keys``: the keys the policy signs with (a node naming one while the policy
     holds nothing of it is said to)."""
     beat = record.heartbeat
@@ -83,6 +85,7 @@ def describe(
     lines.append(f"Spot:            {_spot(beat.spot)}")
     if beat.scheduler is not None:
         lines += _slurm(beat.scheduler)
+    lines += settings or []
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)

@@ -22,6 +22,7 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
+from actors.node.tuning import retuned
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
@@ -41,6 +42,7 @@ from schemas.events import (
     Workloads,
 )
 from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,6 @@ class HeartbeatActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
-        self.ttl = str(math.ceil(config.stale_after))
         self.sample: Sample | None = None
         self.health: Health | None = None
         self.latency: Latency | None = None
@@ -117,6 +118,8 @@ class HeartbeatActor:
         self.endpoint = ""
         """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
+        self.settings: SettingsStatus | None = None
+        """What the node made of the fleet's settings (from the settings actor)."""
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
         self._last_ts: float | None = None
@@ -124,7 +127,6 @@ class HeartbeatActor:
         """Why the last beat was not acknowledged ("" when it was)."""
         self._clashed: set[str] = set()
         """Label keys whose clash with the operator's label was logged."""
-        self.ack_wait = min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * config.heartbeat_interval)
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -156,6 +158,10 @@ class HeartbeatActor:
                 # Slurm's own drains change what the heartbeat says at once.
                 if self.schedulability() != before:
                     self._beat_now.set()
+            case Settings():
+                # heartbeat_interval and stale_after are read at each beat.
+                self.config = retuned(self.config, event)
+                self.settings = event.status
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -243,7 +249,14 @@ class HeartbeatActor:
             previous_ts=previous,
             endpoint=self.endpoint,
             capabilities=self.capabilities,
+            settings=self.settings,
         )
+
+    @property
+    def ack_wait(self) -> float:
+        """How long a beat waits for its acknowledgement: a fraction of the interval in
+        force (the fleet may change it live), at most a publish's timeout."""
+        return min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * self.config.heartbeat_interval)
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
@@ -255,7 +268,7 @@ class HeartbeatActor:
                 heartbeat,
                 self.key,
                 f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
-                headers={"Nats-TTL": self.ttl},
+                headers={"Nats-TTL": str(math.ceil(self.config.stale_after))},
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,

@@ -35,6 +35,7 @@ from actors.node.inventory.pci import passthrough_gpus
 from actors.node.inventory.versions import read_versions
 from actors.node.inventory.watchdog import GpuWatchdog
 from actors.node.labels import cloud_labels, node_labels
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
@@ -49,7 +50,8 @@ from schemas.events import (
     Sample,
 )
 from schemas.messages import NodeIdentity, identity_of
-from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
+from schemas.settings import Settings
+from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, EVENT_SETTINGS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +218,8 @@ def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
 
 
 class InventoryActor:
-    """Subscribes to fleet.evt.<node>.inject; publishes Sample on fleet.evt.<node>.sample."""
+    """Subscribes to fleet.evt.<node>.{inject,settings}; publishes Sample on
+    fleet.evt.<node>.sample."""
 
     name = "inventory"
 
@@ -230,6 +233,7 @@ class InventoryActor:
         subjects = Subjects(config.prefix)
         self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
         self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
+        self.settings_subject = subjects.event(config.node_id, EVENT_SETTINGS)
         self.disk_path = config.storage_path or (
             config.state_dir if Path(config.state_dir).exists() else "/"
         )
@@ -256,6 +260,9 @@ class InventoryActor:
                 pass  # the spot watcher's: a rehearsed notice, no GPU fault
             case Inject():
                 self._inject(event)
+            case Settings():
+                # sample_interval is read at each sample.
+                self.config = retuned(self.config, event)
 
     def _inject(self, inject: Inject) -> None:
         if not isinstance(self.gpus, FakeGpus):
@@ -365,7 +372,10 @@ class InventoryActor:
             self.gpus.close()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
+        routes = {
+            subject: self.events.decoding(self.name, self._on_inject)
+            for subject in (self.inject_subject, self.settings_subject)
+        }
         versions = asyncio.create_task(self._refresh_versions(), name="dependency-versions")
         try:
             async with listening(self.bus, routes, ready):
