@@ -149,9 +149,10 @@ class Traffic:
 
 def within_a_heartbeat(what: str, start: float, end: float) -> None:
     """Assert ``end`` came within one heartbeat interval + 2 s of ``start``, saying the
-    time measured."""
+    time measured (printed too: ``pytest -rP`` shows it when the test passes)."""
     took = end - start
     bound = INTERVAL + HANDOFF_SLACK
+    print(f"{what} {took:.2f}s after (bound {bound:.1f}s)")
     assert took <= bound, f"{what} {took:.2f}s after (bound {bound:.1f}s)"
 
 
