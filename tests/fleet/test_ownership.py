@@ -156,9 +156,16 @@ async def recording(bus: NatsBus, prefix: str) -> AsyncIterator[RecordLog]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+CHECKPOINT = 0.5
+"""These tests follow the records each owner checkpoints (every seq written, in order,
+across handovers): they are about checkpoints, so they checkpoint often."""
+
+
 async def start(fleet: Fleet, count: int) -> tuple[list[AggregatorActor], list[NatsBus]]:
     buses = [await fleet.connect(f"aggregator-{i}") for i in range(count)]
-    actors = [actor_of(await fleet.start_aggregator(bus)) for bus in buses]
+    actors = [
+        actor_of(await fleet.start_aggregator(bus, checkpoint_interval=CHECKPOINT)) for bus in buses
+    ]
     return actors, buses
 
 
