@@ -7,7 +7,6 @@ import asyncio
 import logging
 import resource
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from actors.node.http_api import HttpApiActor
 from schemas import signing
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.ports import free_port
 
 BIN = Path(sys.executable).parent
 IDLE_CONNECTIONS = 1100
@@ -30,12 +30,6 @@ AGENT_NOFILE = 1024
 idle connections exceed."""
 REQUEST_TIMEOUT = 1.0
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "systemd"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def limit_descriptors() -> None:

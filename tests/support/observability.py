@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from actors.node.config import AgentConfig
-from tests.support.deploy import free_port
+from tests.support.ports import free_port
 
 ALERTMANAGER = "prometheus-alertmanager"
 PROMETHEUS = "prometheus"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.fleet import wait_for
+from tests.support.ports import free_port
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "squeue", "sbatch", "sinfo")
 TOOL_TIMEOUT = 10.0
@@ -27,13 +28,6 @@ TOOL_TIMEOUT = 10.0
 
 def missing_binaries() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -55,12 +55,12 @@ from tests.support.deploy import (
     DEPLOY,
     STORE,
     fleet_auth,
-    free_port,
     render,
     render_auth,
 )
 from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 from tests.support.pki import TLS_DIR, Pki
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 """The configs' permissions name the default prefix, so these tests use it too (each test

@@ -16,7 +16,6 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.registry import approve
 from schemas import signing
 from schemas.subjects import Subjects
-from tests.support.deploy import free_port
 from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_for, wait_record
 from tests.support.observability import (
     PROMETHEUS,
@@ -25,6 +24,7 @@ from tests.support.observability import (
     running,
     wait_ready,
 )
+from tests.support.ports import free_port
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "prometheus"
 

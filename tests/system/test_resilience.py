@@ -4,7 +4,6 @@ back, need no hand-holding."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 from actors.fleet.storage.registry import approve
@@ -15,13 +14,7 @@ from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.subjects import Subjects
 from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_record
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.support.ports import free_port
 
 
 async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: Path) -> None:
