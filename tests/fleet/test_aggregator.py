@@ -190,7 +190,7 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = time.time()
-    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    await wait_for(lambda: alerts.of("stale"))
     # The alert is published before the record is written (a crash between the two
     # raises it again, never loses it): the record follows within a write's time.
     last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None, 10.0)
@@ -207,7 +207,7 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     assert len(alerts.of("stale")) == 1
 
     start_agent_process(fleet)
-    await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    await wait_for(lambda: alerts.of("recovered"))
     # As with stale: the alert goes out first, the record follows within a write's time.
     back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 10.0)
     assert back.stale_since is None
@@ -243,7 +243,7 @@ async def test_sigtermed_agent_is_stopped_not_stale(
     assert not alerts.of("stale") and not alerts.of("offline")
 
     start_agent_process(fleet)
-    (recovered,) = await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    (recovered,) = await wait_for(lambda: alerts.of("recovered"))
     assert recovered.message == "heartbeats resumed after stopped"
     back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 5.0)
     assert back.stopped_since is None and len(alerts.of("stopped")) == 1
@@ -258,7 +258,7 @@ async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) 
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await revoke(bus, Subjects(prefix), "n1")
-    await wait_for(lambda: alerts.of("revoked"), timeout=10)
+    await wait_for(lambda: alerts.of("revoked"))
     frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
-    await wait_for(lambda: len(alerts.of("revoked")) >= 3, timeout=10)
+    await wait_for(lambda: len(alerts.of("revoked")) >= 3)
     assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen

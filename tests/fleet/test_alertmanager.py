@@ -91,9 +91,9 @@ async def test_outbox_retries_a_failing_alertmanager_and_bounds_its_queue(fleet:
         assert [a["labels"] for a in outbox.queue] == [{"n": "1"}, {"n": "2"}]
         sender = asyncio.create_task(outbox.run())
         try:
-            await wait_for(lambda: len(received) == 2 and not outbox.queue, timeout=10)
+            await wait_for(lambda: len(received) == 2 and not outbox.queue)
             outbox.put([{"labels": {"n": "3"}}])
-            await wait_for(lambda: len(received) == 3, timeout=5)
+            await wait_for(lambda: len(received) == 3)
         finally:
             sender.cancel()
     assert received[0] == received[1] == [{"labels": {"n": "1"}}, {"labels": {"n": "2"}}]
@@ -141,7 +141,7 @@ async def test_events_are_forwarded_once_with_their_hold(fleet: Fleet) -> None:
             codec.encode(alert),
             stream=subjects.stream_name(STREAM_ALERTS),
         )
-    await wait_for(lambda: received, timeout=10)
+    await wait_for(lambda: received)
     await asyncio.sleep(0.5)
     assert len(received) == 1
     (sent,) = received
@@ -233,7 +233,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
                         return alert
                 return None
 
-            fired = await wait_for(stale_in_alertmanager, timeout=30, interval=0.5)
+            fired = await wait_for(stale_in_alertmanager, interval=0.5)
             assert fired["labels"]["node"] == "n1"
             assert fired["labels"]["label_rack"] == "r11"
             assert fired["labels"]["severity"] == "warning"
@@ -248,7 +248,6 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
             lambda: metrics.registry.get_sample_value(
                 "fleet_alertmanager_suppressed_total", {"reason": "maintenance"}
             ),
-            timeout=10,
         )
         nodes = {alert["labels"]["node"] for alert in await alertmanager_alerts(am_url)}
         assert nodes == {"n1"}
@@ -262,7 +261,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
                     for alert in await alertmanager_alerts(am_url)
                 )
 
-            await wait_for(resolved, timeout=20, interval=0.5)
+            await wait_for(resolved, interval=0.5)
 
 
 async def test_maintenance_requests_are_verified(fleet: Fleet) -> None:

@@ -77,7 +77,7 @@ async def test_node_page_charts_and_a_cordon_from_the_page(fleet: Fleet, browser
         points = await page.get_attribute("figure.chart", "data-points")
         return points is not None and int(points) >= 2
 
-    await wait_for(charted, timeout=20, interval=0.5)
+    await wait_for(charted, interval=0.5)
     page.on("dialog", lambda dialog: dialog.accept())
     await page.fill("input[name=reason]", "from the browser test")
     await page.click("button[value=cordon]")

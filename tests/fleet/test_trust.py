@@ -65,7 +65,7 @@ async def test_batches_can_wait_for_the_trust_watch_to_take_in_a_bulk_enrollment
         await store.trust_caught_up(60.0)
         assert store.trust_backlog == 0
         assert [node for node in nodes if store.cached_key(node) != key] == []
-        await wait_for(lambda: len(behind) == len(nodes), timeout=30)
+        await wait_for(lambda: len(behind) == len(nodes))
         assert behind == list(range(len(nodes) - 1, -1, -1))
     finally:
         for task in (watch, follower):

@@ -14,7 +14,7 @@ from schemas.errors import DecodeError, SignatureError
 from schemas.events import Engine
 from schemas.messages import FINAL_STATUSES, Action, Alert, Command, CommandResult
 from schemas.subjects import EVENT_ENGINE, Subjects
-from tests.support.fleet import Fleet, wait_for
+from tests.support.fleet import HANG, Fleet, wait_for
 
 
 class Results:
@@ -49,7 +49,7 @@ class Results:
     def statuses(self, command_id: str) -> list[str]:
         return [r.status for r in self.of(command_id)]
 
-    async def final(self, command_id: str, timeout: float = 10.0) -> CommandResult:
+    async def final(self, command_id: str, timeout: float = HANG) -> CommandResult:
         """The final result naming ``command_id`` or digest, once there is one."""
 
         def check() -> CommandResult | None:

@@ -243,8 +243,15 @@ class Fleet:
         return fake
 
 
-async def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy."""
+HANG = 60.0
+"""How long a test waits for a condition before it calls it a hang: only a bound, never
+how long anything should take (a test about a time measures it). Generous, so that a
+machine other work keeps busy slows a test down without failing it."""
+
+
+async def wait_for(check: Callable[[], Any], timeout: float = HANG, interval: float = 0.05) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy; AssertionError
+    after ``timeout`` (a hang)."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
@@ -272,7 +279,7 @@ async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> N
             return False
         return True
 
-    await wait_for(reached, timeout=5.0)
+    await wait_for(reached)
     await subscription.unsubscribe()
 
 
@@ -281,7 +288,7 @@ async def wait_record(
     prefix: str,
     node: str,
     predicate: Callable[[NodeRecord], bool],
-    timeout: float = 10.0,
+    timeout: float = HANG,
 ) -> NodeRecord:
     async def check() -> NodeRecord | None:
         try:

@@ -48,12 +48,10 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
         await asyncio.to_thread(server.start)
         bus = await NatsBus.connect(server.url, "test")
         aggregator = await start_aggregator(bus, "res")
-        after = await wait_record(
-            bus, "res", "n1", lambda r: r.last_seq > before.last_seq + 2, timeout=20
-        )
+        after = await wait_record(bus, "res", "n1", lambda r: r.last_seq > before.last_seq + 2)
         assert after.boot_id == before.boot_id, "the agent itself never restarted"
         # Probes missed during the outage may count against health for a few samples.
-        await wait_record(bus, "res", "n1", lambda r: r.state == "active", timeout=20)
+        await wait_record(bus, "res", "n1", lambda r: r.state == "active")
     finally:
         await agent.stop()
         await aggregator.stop()
