@@ -193,23 +193,26 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     await wait_for(lambda: alerts.of("stale"))
     # The alert is published before the record is written (a crash between the two
     # raises it again, never loses it): the record follows within a write's time.
-    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None, 10.0)
+    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None)
     assert last.state == "stale" and last.stale_since is not None
     # stale_after + 2 s, and a margin for a loaded machine (as in test_under_attack).
-    assert last.stale_since - last.last_seen <= 2.0 + 2.0 + 5.0
-    assert time.time() - killed_at <= 2.0 + 2.0 + 1.0 + 5.0
+    silent = last.stale_since - last.last_seen
+    assert silent <= 2.0 + 2.0 + 5.0, f"found stale {silent:.1f}s after its last heartbeat"
+    took = time.time() - killed_at
+    assert took <= 2.0 + 2.0 + 1.0 + 5.0, f"the record said stale {took:.1f}s after the kill"
     stale = alerts.of("stale")[0]
     assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
     # When the server stored its marker: after the last heartbeat, before the alert.
     assert last.last_seen < float(stale.details["marked_at"]) <= stale.ts + 0.01
     assert last.last_seq >= before.last_seq
-    await asyncio.sleep(1.0)
     assert len(alerts.of("stale")) == 1
 
     start_agent_process(fleet)
     await wait_for(lambda: alerts.of("recovered"))
+    # One stale alert all the while the node was down (the restart takes seconds).
+    assert len(alerts.of("stale")) == 1
     # As with stale: the alert goes out first, the record follows within a write's time.
-    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 10.0)
+    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     assert back.stale_since is None
 
 

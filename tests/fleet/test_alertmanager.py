@@ -29,7 +29,7 @@ from actors.fleet.storage.registry import approve
 from actors.fleet.storage.windows import MaintenanceWindows, covers
 from actors.runtime.config import ConfigError
 from schemas import codec, signing
-from schemas.messages import Alert, Maintenance, MaintenanceWindow, NodeRecord
+from schemas.messages import Alert, AlertKind, Maintenance, MaintenanceWindow, NodeRecord
 from schemas.subjects import STREAM_ALERTS, Subjects
 from tests.support.fleet import Fleet, new_aggregator, wait_for, wait_record
 from tests.support.observability import agent_process, alertmanager, alertmanager_alerts
@@ -126,23 +126,31 @@ async def test_events_are_forwarded_once_with_their_hold(fleet: Fleet) -> None:
     await fleet.start_supervisor(AlertmanagerActor(config, fleet.bus, metrics, list, windows))
     subjects = Subjects(fleet.prefix)
     now = time.time()
-    for kind in ("stale", "sequence_gap"):
+    # The last, n8's, is the mark: the forwarder takes FLEET_ALERTS in order, so once it
+    # has posted n8's, it has done with n7's two.
+    sent_alerts: list[tuple[AlertKind, str]] = [
+        ("stale", "n7"),
+        ("sequence_gap", "n7"),
+        ("sequence_gap", "n8"),
+    ]
+    for kind, node in sent_alerts:
         alert = Alert(
-            id=f"a-{kind}",
+            id=f"a-{kind}-{node}",
             kind=kind,
-            node_id="n7",
+            node_id=node,
             cluster="c1",
             severity="warning",
             message="seq 5 after 2",
             ts=now,
         )
         await fleet.bus.js.publish(
-            subjects.alert(kind, "c1", "n7"),
+            subjects.alert(kind, "c1", node),
             codec.encode(alert),
             stream=subjects.stream_name(STREAM_ALERTS),
         )
-    await wait_for(lambda: received)
-    await asyncio.sleep(0.5)
+    await wait_for(lambda: any(a["labels"]["node"] == "n8" for a in received))
+    assert [a["labels"]["node"] for a in received] == ["n7", "n8"]
+    received.pop()
     assert len(received) == 1
     (sent,) = received
     assert sent["labels"] == {

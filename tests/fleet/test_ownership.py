@@ -340,7 +340,16 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
     await fleet.start_supervisor(api, aggregator)
     await wait_for(lambda: set(api.current()) == set(nodes))
     assert aggregator.ledger.nodes.everything
-    await asyncio.sleep(3 * fleet_api.RESYNC_CHECK)
+    checks = 0
+    everything = api._everything
+
+    def counted_check() -> bool:
+        nonlocal checks
+        checks += 1
+        return everything()
+
+    monkeypatch.setattr(api, "_everything", counted_check)
+    await wait_for(lambda: checks >= 3)  # three more of the API's resync checks
     assert during_load == [] and after_load == []
     stream = f"KV_{Subjects(prefix).bucket_name(BUCKET_NODES)}"
     assert (await bus.js.stream_info(stream)).state.consumer_count == 0

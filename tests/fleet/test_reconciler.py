@@ -4,7 +4,6 @@ node that stops, and off a node that drains before its drain finishes."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from schemas.workloads import Deploy
 from tests.cli.test_fleetctl_commands import finish, fleetctl
 from tests.cli.test_workloads_cli import workloads
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, wait_for, wait_record
 from tests.support.workloads import killing_leftovers, standin_script
 
 pytestmark = pytest.mark.slow
@@ -218,7 +217,9 @@ async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     assert {r.node for r in after.replicas} == {spare, first.replicas[1].node}
     assert after.replicas[0].moves == 1 and f"moved off {victim}" in after.replicas[0].why
     assert stale.stale_since is not None and moved_at - stale.stale_since < 2.0 + 15.0
-    await asyncio.sleep(1.5)  # more rounds of both reconcilers: nothing more is sent
+    # Three more rounds of each reconciler: nothing more is sent.
+    marks = [actor.rounds for actor in actors]
+    await wait_for(lambda: all(a.rounds >= n + 3 for a, n in zip(actors, marks, strict=True)))
     assert len(deploys.deploys(spare)) == 1
     assert len(deploys.deploys()) == 3
     assert sum(actor.sent for actor in actors) == 1

@@ -340,4 +340,4 @@ async def test_slurm_stopped_is_a_finding_not_a_crash(
     finally:
         await asyncio.to_thread(start_daemon, slurm, "slurmctld")
         await asyncio.to_thread(start_daemon, slurm, "slurmd")
-        await slurm.until_state("idle", timeout=60)
+        await slurm.until_state("idle")

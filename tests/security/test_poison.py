@@ -168,8 +168,14 @@ async def test_a_handler_failure_terminates_only_its_message(bus: NatsBus, prefi
     )
     try:
         await wait_for(lambda: handled == [b"good"])
-        await asyncio.sleep(1.5)  # past ack_wait: a message not settled would come back
-        info = await bus.js.consumer_info(stream, "poison")
+
+        async def settled() -> ConsumerInfo | None:
+            # Nothing pending: terminated and acked both, so nothing comes back after
+            # ack_wait (the server may see the ack a moment after the handler returned).
+            info = await bus.js.consumer_info(stream, "poison")
+            return info if info.num_ack_pending == 0 else None
+
+        info = await wait_for(settled)
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)

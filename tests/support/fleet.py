@@ -264,6 +264,19 @@ async def wait_for(check: Callable[[], Any], timeout: float = HANG, interval: fl
         await asyncio.sleep(interval)
 
 
+def poll(check: Callable[[], Any], timeout: float = HANG, interval: float = 0.05) -> Any:
+    """:func:`wait_for` for code outside an event loop (a thread, a program's helper):
+    call ``check`` until it returns something truthy; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
 async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> None:
     """Return once every SUB a plain ``client`` sent so far is at the server. nats-py's
     ``flush()`` can return before they are (see :meth:`NatsBus.flush`); a ``probe``

@@ -4,7 +4,10 @@ back, need no hand-holding."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import provision
@@ -13,13 +16,27 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.subjects import Subjects
-from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    agent_config,
+    start_aggregator,
+    wait_for,
+    wait_record,
+)
 from tests.support.ports import free_port
 
 
-async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: Path) -> None:
+def logged(caplog: pytest.LogCaptureFixture, message: str) -> int:
+    """How many times the bus logged ``message`` so far."""
+    return sum(1 for r in caplog.records if r.name == "actors.runtime.bus" and r.msg == message)
+
+
+async def test_agent_waits_for_its_server_and_survives_a_server_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """An agent started while no server listens keeps retrying and beats once one is up;
     after the server is SIGKILLed and restarted on the same store, heartbeats resume."""
+    caplog.set_level(logging.INFO, logger="actors.runtime.bus")
     port = free_port()
     server = NatsServer(tmp_path / "nats", port=port)
     config = agent_config(
@@ -28,7 +45,7 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
     key = signing.load_or_create_key_file(config.key_path)
     agent = NodeAgent(config)
     starting = asyncio.create_task(agent.start())
-    await asyncio.sleep(1.5)
+    await wait_for(lambda: logged(caplog, "nats connect failed; retrying") >= 2)
     assert not starting.done(), "the agent gives up on an absent server"
 
     await asyncio.to_thread(server.start)
@@ -43,8 +60,9 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
 
         await aggregator.stop()
         await bus.close()
+        lost = logged(caplog, "disconnected from nats; reconnecting")
         server.kill()
-        await asyncio.sleep(1.0)
+        await wait_for(lambda: logged(caplog, "disconnected from nats; reconnecting") > lost)
         await asyncio.to_thread(server.start)
         bus = await NatsBus.connect(server.url, "test")
         aggregator = await start_aggregator(bus, "res")
