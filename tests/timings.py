@@ -13,13 +13,13 @@ from collections import Counter
 from pathlib import Path
 
 
-def per_file(report: Path) -> tuple[Counter[str], Counter[str]]:
+def per_file(report: Path) -> tuple[dict[str, float], Counter[str]]:
     """Seconds and test count of each test file in ``report``."""
-    seconds: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
     tests: Counter[str] = Counter()
     for case in ET.parse(report).getroot().iter("testcase"):
         name = case.get("classname", "").replace(".", "/") + ".py"
-        seconds[name] += float(case.get("time", "0"))
+        seconds[name] = seconds.get(name, 0.0) + float(case.get("time", "0"))
         tests[name] += 1
     return seconds, tests
 
@@ -27,9 +27,9 @@ def per_file(report: Path) -> tuple[Counter[str], Counter[str]]:
 def table(idle: Path, busy: Path | None, top: int) -> str:
     """The Markdown table: the ``top`` slowest files idle, their time busy beside."""
     seconds, tests = per_file(idle)
-    loaded = per_file(busy)[0] if busy else Counter[str]()
+    loaded = per_file(busy)[0] if busy else {}
     rows = ["| file | tests | idle (s) | one core busy (s) |", "|---|---:|---:|---:|"]
-    for name, took in seconds.most_common(top):
+    for name, took in sorted(seconds.items(), key=lambda item: -item[1])[:top]:
         other = f"{loaded[name]:.1f}" if name in loaded else "-"
         rows.append(f"| {name} | {tests[name]} | {took:.1f} | {other} |")
     other = f"{sum(loaded.values()):.0f}" if busy else "-"

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from actors.node.agent import NodeAgent
+from actors.node.commands.actor import CommandsActor
 from actors.runtime import spans
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, STREAM_COMMANDS, Subjects
 from tests.support.commanding import set_in_flight
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, wait_for, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 
@@ -140,6 +141,10 @@ async def test_drain_deadline_passed_with_work_in_flight_exits_3(
     """A drain whose deadline passes with requests still in flight is `done` on the node,
     but fleetctl exits 3, not 0; `fleetctl command` says the same later."""
     await set_in_flight(fleet, 2)
+    # The node's commands actor has heard of the two before the drain reaches it.
+    assert node.supervisor is not None
+    [commands] = [a for a in node.supervisor.actors if isinstance(a, CommandsActor)]
+    await wait_for(lambda: commands.actions.in_flight == 2)
     code, out, err = await run(
         fleet, operator_file, "drain", "n1", "--deadline", "1", "--wait", "--timeout", "20"
     )

@@ -512,15 +512,20 @@ async def test_a_captured_event_of_the_node_sent_again_is_refused(victim: Victim
     ``chat``, its ``state``), sent again exactly as captured, tag included, once the operator
     has deployed ``chat`` anew: refused as ``replayed``, counted once each, and ``chat``
     keeps running."""
-    await victim.deploy(Stop(name="chat"))
-    await victim.deploy(chat())
-    stop = next(m for m in victim.captured if is_stop_order(m))
-    state = next(m for m in reversed(victim.captured) if m.subject.endswith(f".{EVENT_STATE}"))
 
     def runs_chat(beat: Heartbeat) -> bool:
         return [(w.name, w.state) for w in beat.workloads] == [("chat", "ready")]
 
-    last = await victim.beat_where(runs_chat)
+    # The first chat's beats showed it ready too: the mark is a beat after its stop.
+    before = max((beat.seq for beat in victim.beats), default=0)
+    await victim.deploy(Stop(name="chat"))
+    gone = await victim.beat_where(
+        lambda beat: beat.seq > before and all(w.name != "chat" for w in beat.workloads)
+    )
+    await victim.deploy(chat())
+    stop = next(m for m in victim.captured if is_stop_order(m))
+    state = next(m for m in reversed(victim.captured) if m.subject.endswith(f".{EVENT_STATE}"))
+    last = await victim.beat_where(lambda beat: beat.seq > gone.seq and runs_chat(beat))
     for msg in (stop, state):
         assert msg.headers is not None and HEADER_SESSION_TAG in msg.headers
         await victim.nc.publish(msg.subject, msg.data, headers=msg.headers)
