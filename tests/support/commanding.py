@@ -8,6 +8,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.fleet.operator.commands import new_command, publish_command
+from actors.node.engine import EngineActor
 from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
@@ -84,5 +85,16 @@ async def send_raw(
 
 async def set_in_flight(fleet: Fleet, count: int, node: str = "n1") -> None:
     """Pretend to be the engine actor of ``node`` (an agent ``fleet`` started) reporting
-    ``count`` in-flight requests."""
+    ``count`` in-flight requests. The node's own engine actor, with no engine to probe,
+    would report none at its next round (every engine_interval) and undo the pretence in
+    the middle of a drain: it is made to report ``count`` too."""
+
+    async def pretended(session: object) -> Engine:
+        return Engine(ts=time.time(), in_flight=count)
+
+    agent = fleet.agents.get(node)
+    if agent is not None and agent.supervisor is not None:
+        for actor in agent.supervisor.actors:
+            if isinstance(actor, EngineActor):
+                setattr(actor, "check", pretended)  # noqa: B010 (an instance's method)
     await fleet.publish_event(EVENT_ENGINE, Engine(ts=time.time(), in_flight=count), node)

@@ -180,6 +180,8 @@ class Fleet:
     state_dir: Path
     stack: AsyncExitStack
     channels: dict[str, tuple[NodeEvents, NatsBus]] = field(default_factory=dict)
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    """The agents :meth:`start_agent` started, by node id."""
     """Each node's event channel and the connection its actors publish on, for the agents
     started here: what :meth:`publish_event` speaks through."""
 
@@ -193,6 +195,7 @@ class Fleet:
         self.stack.push_async_callback(agent.stop)
         assert agent.bus is not None
         self.channels[agent.config.node_id] = (agent.events, agent.bus)
+        self.agents[agent.config.node_id] = agent
         return agent
 
     def node_key(self, node: str = "n1") -> signing.KeyPair:
