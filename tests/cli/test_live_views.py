@@ -198,9 +198,11 @@ async def test_a_listing_reads_every_beating_node_live(
     reads: list[tuple[list[live.LiveRecord], dict[str, NodeRecord]]] = []
 
     async def most_past() -> bool:
-        # More beats of each node (two a second), none of them checkpointed.
-        shown = await live.read_fleet(bus, subjects)
+        # More beats of each node (two a second), none of them checkpointed. The stored
+        # records first: a checkpoint written between the two reads is then older than
+        # the live read, never newer (seen on a loaded machine).
         stored = {r.node_id: r for r in await read_records(bus, subjects)}
+        shown = await live.read_fleet(bus, subjects)
         reads.append((shown, stored))
         return sum(r.last_seq > stored[r.node_id].last_seq for r in shown) > 15
 
