@@ -12,7 +12,8 @@ General layout
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
               ``config.py`` and ``metrics.py`` are the node's, ``gpu/`` is what the node knows
               of GPUs (health thresholds, the XID table, capacity), ``results.py`` publishes
-              its signed answers to commands.
+              its signed answers to commands, ``tuning.py`` is how an actor takes the
+              fleet's live settings.
 ``fleet/``    the provider side, in wings (``fleet/__init__.py`` maps them): ``process.py``
               puts the fleet process together; ``aggregator/`` judges heartbeats;
               ``alerts/`` publishes and forwards alerts; ``views/`` is the read side (the
@@ -21,7 +22,8 @@ General layout
               ``placement/`` and ``remediation/`` act on the fleet.
 ``cli/``      the command lines: ``node_agent.py`` and ``fleetctl/`` (one module per group of
               subcommands), fleetctl's renderings (``render/``) and simulator
-              (``simulate/``), and what both share.
+              (``simulate/``), what both share, and ``single_file.py``, the entry point
+              of the single-file artifact (``python -m deploy.build``).
 
 Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
 never import each other, and no actor imports another: they share only ``schemas``, the
@@ -41,16 +43,20 @@ heartbeat, as the node's signed claims.
 
 Node (``actors/node``; ``node/agent.py`` starts them):
 
-- ``inventory/``  listens to ``evt.<node>.inject``; publishes ``Sample`` on ``evt.<node>.sample``.
-- ``health/``     listens to ``evt.<node>.{sample,engine,latency}``; publishes ``Health`` on
-                  ``evt.<node>.health``.
+- ``inventory/``  listens to ``evt.<node>.{inject,settings}``; publishes ``Sample`` on
+                  ``evt.<node>.sample``.
+- ``health/``     listens to ``evt.<node>.{sample,engine,latency,scheduler,settings}``;
+                  publishes ``Health`` on ``evt.<node>.health``.
 - ``engine``      probes the configured inference engines and the ready workloads (from
                   ``evt.<node>.workloads``) over HTTP; publishes ``Engine`` on
                   ``evt.<node>.engine``.
-- ``latency``     answers ``fleet.probe.<node>``, probes its peers' (found in KV ``fleet_nodes``);
-                  publishes ``Latency`` on ``evt.<node>.latency``.
-- ``spot``        polls the cloud's metadata service, listens to ``evt.<node>.state``;
-                  publishes ``Interruption`` on ``evt.<node>.interruption``.
+- ``latency``     answers ``fleet.probe.<node>``, probes its peers' (found in KV ``fleet_nodes``),
+                  listens to ``evt.<node>.settings``; publishes ``Latency`` on
+                  ``evt.<node>.latency``.
+- ``spot``        polls the cloud's metadata service, listens to
+                  ``evt.<node>.{state,inject,settings}`` (an operator's ``inject spot``
+                  rehearses a notice); publishes ``Interruption`` on
+                  ``evt.<node>.interruption`` and ``CloudFacts`` on ``evt.<node>.cloud``.
 - ``commands/``   consumes its node's ``Command`` from ``fleet.cmd.<cluster>.<node>``
                   (stream ``FLEET_CMD``), listens to
                   ``evt.<node>.{engine,gateway,health,interruption,scheduler}`` and its own
@@ -62,11 +68,17 @@ Node (``actors/node``; ``node/agent.py`` starts them):
                   engines as process groups; publishes ``Workloads`` on
                   ``evt.<node>.workloads`` and signed ``CommandResult`` for deploy and stop.
 - ``scheduler``   runs Slurm's tools (``node/slurm.py``, which ``commands/`` uses to drain and
-                  resume through Slurm); publishes ``Scheduler`` on ``evt.<node>.scheduler``.
+                  resume through Slurm), listens to ``evt.<node>.settings``; publishes
+                  ``Scheduler`` on ``evt.<node>.scheduler``.
+- ``settings/``   reads KV ``fleet_settings`` (one batched direct get) and its own heartbeats
+                  (its labels); publishes ``Settings`` on ``evt.<node>.settings``: the
+                  fleet's live values, which the actors that read them take
+                  (``node/tuning.py``), and the status its heartbeat carries.
 - ``heartbeat/``  listens to every ``evt.<node>.*``; publishes the signed ``Heartbeat`` on
                   ``fleet.hb.<cluster>.<node>`` (stream ``FLEET_HB``, per-message TTL; stored
                   as ``fleet.hb.<P>.<cluster>.<node>``, P the node's partition).
-- ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``.
+- ``http_api``    listens to every ``evt.<node>.*``; serves ``/metrics``, ``/healthz``, ``/status``,
+                  ``/v1/node/inventory``.
 - ``gateway/``    listens to ``evt.<node>.{workloads,state,sample}``; publishes ``Gateway`` on
                   ``evt.<node>.gateway``; serves the OpenAI-compatible API on 127.0.0.1.
 - ``standing``    reads its own record in KV ``fleet_nodes`` (one filtered direct get); says on
@@ -82,7 +94,11 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   against ``trust_operators``, then the node is forgotten in KV.
 - ``operator/maintenance`` answers ``fleet.maintenance`` (an operator's signed window),
                   verified as ``forget``; writes KV ``fleet_maintenance``.
-- ``remediation/`` (with a policy file) reads KV ``fleet_nodes`` and ``fleet_policy``; writes
+- ``operator/policy_requests`` answers ``fleet.policy`` (an operator's signed breaker
+                  reset or hold clear), verified as ``forget``; writes KV ``fleet_policy``,
+                  publishes ``Alert`` (remediation).
+- ``remediation/`` (with a policy file) reads KV ``fleet_nodes``, ``fleet_maintenance`` and
+                  ``fleet_policy``, and its nodes' answers in ``FLEET_EVENTS``; writes
                   ``fleet_policy``, publishes signed ``Command`` on ``fleet.cmd.<cluster>.<node>``
                   and ``Alert`` (remediation, breaker_tripped, needs_attention).
 - ``placement/``  (with ``workloads_key_file``) reads KV ``fleet_nodes`` and

@@ -103,8 +103,9 @@ Labels = Annotated[
     dict[LabelKey, LabelValue],
     Meta(
         max_length=MAX_LABELS,
-        description="placement labels: given by the operator, and region, zone, "
-        "instance_type, lifecycle, model filled from the cloud and the engines",
+        description="placement labels: the operator's, then the node's own claims "
+        "(gpu.product, gpu.count, gpu.memory, gpu.passthrough, driver, provider, region, "
+        "zone, instance_type, lifecycle, model) under keys the operator did not set",
     ),
 ]
 Token = Annotated[str, Meta(pattern=TOKEN_PATTERN, description="subject-safe token")]

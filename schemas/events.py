@@ -43,6 +43,8 @@ from schemas.base import (
     Wire,
 )
 from schemas.errors import DecodeError
+from schemas.pci import PassthroughGpu
+from schemas.settings import Settings
 from schemas.subjects import (
     EVENT_CLOUD,
     EVENT_ENGINE,
@@ -53,6 +55,7 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_SCHEDULER,
+    EVENT_SETTINGS,
     EVENT_STATE,
     EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
@@ -85,6 +88,9 @@ class Capacity(Wire, frozen=True, kw_only=True):
     gpus_available: Count
     storage_total: Bytes
     storage_available: Bytes
+    cpu_cores_available: Count | None = None
+    """Cores free for more work: those Slurm has not allocated where Slurm runs, else
+    the idle share of ``cpu_cores`` (rounded down); None from agents that predate it."""
 
 
 class XidCount(Wire, frozen=True, kw_only=True):
@@ -243,6 +249,9 @@ class Sample(Wire, frozen=True, kw_only=True):
     empty when it works. The nvml and boot checks are unhealthy while it is set."""
     host: HostFacts | None = None
     """Host uptime, memory use, CPU model, mean GPU utilization, storage, dependency versions."""
+    passthrough_gpus: Annotated[list[PassthroughGpu], Meta(max_length=MAX_GPUS)] = []
+    """NVIDIA GPUs bound to ``vfio-pci`` (given to VMs), found on the PCI bus: not in
+    ``gpus``, never health-checked nor given to workloads (schemas/pci.py)."""
 
 
 class HealthComponent(Wire, frozen=True, kw_only=True):
@@ -262,6 +271,9 @@ class HealthCheck(Wire, frozen=True, kw_only=True):
     reason: Text
     action: Text = ""
     """Recommended operator action, when the check knows one (e.g. from the XID table)."""
+    gpus: Annotated[list[Count], Meta(max_length=MAX_GPUS)] = []
+    """Indices of the GPUs the check finds at fault (empty: none named, or not a per-GPU
+    finding)."""
 
 
 class Health(Wire, frozen=True, kw_only=True):
@@ -328,6 +340,8 @@ class Interruption(Wire, frozen=True, kw_only=True):
     """When the provider will act; None when the provider gives no time."""
     event_id: Name = ""
     detail: Text = ""
+    rehearsal: bool = False
+    """An operator's ``node-agent inject spot``, not the cloud's: acted on as a real one."""
 
 
 def notice_key(notice: Interruption) -> str:
@@ -367,15 +381,18 @@ class NodeState(Wire, frozen=True, kw_only=True):
 
 
 class Inject(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="inject"):
-    """A fault to inject into a fake-GPU agent (tests and demos); real GPUs ignore it."""
+    """A fault to inject into a fake-GPU agent (tests and demos; real GPUs ignore it), or
+    a spot notice to rehearse a reclaim on any agent."""
 
     ts: UnixTime
     node_id: NodeId
-    fault: Literal["temp", "util", "xid", "gpu-lost", "clear"]
+    fault: Literal["temp", "util", "xid", "gpu-lost", "clear", "spot"]
+    """``spot``: a rehearsal of a cloud's reclaim, taken by the spot watcher (real GPUs
+    or not): an ``Interruption`` whose deadline is ``value`` seconds after ``ts``."""
     gpu: Count | None = None
     """GPU index, or None for every GPU."""
     value: float | None = None
-    """Temperature in C, utilization in %, or the XID code."""
+    """Temperature in C, utilization in %, the XID code, or a spot notice's seconds."""
 
 
 class Jobs(Wire, frozen=True, kw_only=True):
@@ -491,6 +508,10 @@ class Scheduler(Wire, frozen=True, kw_only=True):
     """The drain carries the fleet marker (``fleet: ...``): this agent set it."""
     jobs: SchedulerJobs = msgspec.field(default_factory=SchedulerJobs)
     services: SchedulerServices = msgspec.field(default_factory=SchedulerServices)
+    cpus_total: Count | None = None
+    """``CPUTot`` of ``scontrol show node``: the CPUs Slurm schedules here."""
+    cpus_allocated: Count | None = None
+    """``CPUAlloc``: those its jobs hold now (the heartbeat's ``cpu_cores_available``)."""
 
 
 Event = (
@@ -506,6 +527,7 @@ Event = (
     | Gateway
     | CloudFacts
     | Scheduler
+    | Settings
 )
 """Any message published on ``fleet.evt.<node>.<event>``."""
 
@@ -522,6 +544,7 @@ EVENT_TYPES: Final[dict[str, type[Event]]] = {
     EVENT_GATEWAY: Gateway,
     EVENT_CLOUD: CloudFacts,
     EVENT_SCHEDULER: Scheduler,
+    EVENT_SETTINGS: Settings,
 }
 """The one place that says which Struct each event kind carries."""
 
@@ -557,11 +580,13 @@ __all__ = [
     "Jobs",
     "Latency",
     "NodeState",
+    "PassthroughGpu",
     "PeerLatency",
     "Sample",
     "Scheduler",
     "SchedulerJobs",
     "SchedulerServices",
+    "Settings",
     "SpotStatus",
     "Workload",
     "WorkloadOrder",

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import events, messages, placement, remediation
+from schemas import events, inventory, messages, placement, remediation, settings
 from schemas.base import SIGNED_TYPE
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -46,6 +46,8 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.Maintenance,
     messages.MaintenanceWindow,
     messages.MaintenanceReply,
+    messages.PolicyRequest,
+    messages.PolicyReply,
     messages.Probe,
     messages.ProbeReply,
     messages.NodeRecord,
@@ -55,6 +57,9 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.AggregatorLease,
     remediation.PolicyRecord,
     placement.PlacedWorkload,
+    inventory.NodeInventory,
+    settings.SettingsEntry,
+    settings.Settings,
 )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta
@@ -48,6 +49,8 @@ from schemas.events import (
     SpotStatus,
     WorkloadState,
 )
+from schemas.pci import PassthroughGpu
+from schemas.settings import SettingsStatus
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -74,10 +77,16 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.5.0"
+"""The version every heartbeat, /status and the build-info metric carry: the package's
+(tests/system/test_habits.py holds them together)."""
 
 GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
 """GPU uuids, sorted: a node's hardware fingerprint."""
+MAX_IDENTITY_FACT = 64
+IdentityFact = Annotated[str, Meta(max_length=MAX_IDENTITY_FACT)]
+"""A cloud fact of an identity, cut to 64 characters (longer ones are cut, not refused):
+a 64-GPU node's identity stays within MAX_IDENTITY_BYTES with all of them."""
 
 
 class NodeIdentity(Wire, frozen=True, kw_only=True):
@@ -92,6 +101,15 @@ class NodeIdentity(Wire, frozen=True, kw_only=True):
     gpu_product: Name = ""
     """The first GPU's product name (``NVIDIA H100 80GB HBM3``)."""
     gpu_count: Count = 0
+    """Every GPU of the machine: those in ``gpus`` and the passthrough ones."""
+    gpu_passthrough: Count = 0
+    """GPUs bound to ``vfio-pci`` (given to VMs): counted, with no uuid to name them."""
+    provider: IdentityFact = ""
+    """``aws``, ``gcp`` or ``azure`` (its metadata service), or the operator's
+    ``provider`` label; empty when neither says."""
+    region: IdentityFact = ""
+    instance_type: IdentityFact = ""
+    """The cloud's instance type (``p5.48xlarge``), or the ``instance_type`` label."""
 
 
 MAX_IDENTITY_BYTES = 4096
@@ -100,14 +118,26 @@ MAX_IDENTITY_BYTES = 4096
 entries stay small whatever a registration or a heartbeat says."""
 
 
-def identity_of(hostname: str, gpus: list[Gpu]) -> NodeIdentity:
-    """The identity a host name and GPU readings give (a registration, a heartbeat's
-    sample)."""
+def identity_of(
+    hostname: str,
+    gpus: list[Gpu],
+    passthrough: list[PassthroughGpu] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> NodeIdentity:
+    """The identity a host name, GPU readings, passthrough GPUs and the node's labels
+    (``provider``, ``region``, ``instance_type``) give: a registration's, a heartbeat's."""
+    passthrough = passthrough or []
+    labels = labels or {}
+    product = gpus[0].name if gpus else (passthrough[0].name if passthrough else "")
     return NodeIdentity(
         hostname=hostname,
         gpus=sorted(gpu.uuid for gpu in gpus),
-        gpu_product=gpus[0].name if gpus else "",
-        gpu_count=len(gpus),
+        gpu_product=product,
+        gpu_count=len(gpus) + len(passthrough),
+        gpu_passthrough=len(passthrough),
+        provider=labels.get("provider", "")[:MAX_IDENTITY_FACT],
+        region=labels.get("region", "")[:MAX_IDENTITY_FACT],
+        instance_type=labels.get("instance_type", "")[:MAX_IDENTITY_FACT],
     )
 
 
@@ -162,6 +192,10 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     (``https://host:port``, API key or client certificate required), where a dispatcher
     routes requests for its workloads; empty when the gateway is the node's own (loopback)
     or not listening."""
+    settings: SettingsStatus | None = None
+    """What the node made of the fleet's settings (KV ``fleet_settings``): the revision it
+    reached, the keys in force and their entries, those waiting for a restart and those
+    refused; None from agents that predate fleet settings."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -227,6 +261,16 @@ class CommandResult(Wire, frozen=True, kw_only=True):
     jobs_running: Count | None = None
     """Batch jobs (Slurm) still running on the node, in a drain's progress and final result;
     None when the node has no scheduler."""
+    signer: Name = ""
+    """The key that signed the command answered, where its signature verified (for a
+    rejection: whose message the node refused, trusted or not)."""
+    claimed_id: Id = ""
+    """A rejection of a message signed by a key the node does not trust: the id that
+    message claims (``command_id`` stays empty: the node names no command it did not
+    verify as an operator's). A sender following that id shows it with the signer."""
+    placed: Count | None = None
+    """Fleet-placed workloads still on the node, in a drain's progress and final result
+    (the final one: not moved by the deadline); None when the node runs none."""
 
 
 def command_digest(body: bytes) -> str:
@@ -553,6 +597,31 @@ class MaintenanceReply(Wire, frozen=True, kw_only=True):
 
     id: Id
     status: Literal["started", "ended", "rejected"]
+    reason: Text = ""
+
+
+class PolicyRequest(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="policy_request"):
+    """An operator's request to the remediation policy (``fleetctl policy reset|clear``),
+    signed by the operator key, on ``fleet.policy``: aggregators act on it only if they
+    trust the key (``trust_operators``) and its ``ts`` is within their clock skew bound.
+    It names the state it acts on (the trip it closes, the hold it clears), so a copy
+    replayed after the policy moved on changes nothing."""
+
+    action: Literal["reset", "clear"]
+    cluster: Cluster
+    ts: UnixTime
+    tripped_at: UnixTime | None = None
+    """``reset``: when the breaker it closes tripped (``PolicyRecord.tripped_at``)."""
+    node: NodeId | None = None
+    """``clear``: the node whose hold and history the policy forgets."""
+    since: UnixTime | None = None
+    """``clear``: the hold's ``since`` (None: the node has no hold, only history)."""
+
+
+class PolicyReply(Wire, frozen=True, kw_only=True):
+    """What the aggregator that took a ``PolicyRequest`` did."""
+
+    status: Literal["done", "rejected"]
     reason: Text = ""
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from schemas.base import Count, Name, NodeId, Text, UnixTime, Wire
+from schemas.base import MAX_GPUS, Count, Name, NodeId, Text, UnixTime, Wire
 
 MAX_HELD = 4096
 """Nodes one cluster's policy record can hold at once (the breaker caps it far lower)."""
@@ -22,10 +22,11 @@ MAX_WOULD = 32
 MAX_HOOKS = 16
 """Last-mile hooks one hold runs at most."""
 
-ReasonClass = Literal["gpu", "xid", "engine", "dependency", "slurm"]
+ReasonClass = Literal["gpu", "xid", "engine", "dependency", "slurm", "hung"]
 """Why a node is unhealthy, as the policy's configuration names it: ``gpu`` (the boot,
 nvml and gpu_* checks), ``xid``, ``engine`` (the score's engine component at 0),
-``dependency`` (the dependencies check), ``slurm`` (Slurm reports the node down)."""
+``dependency`` (the dependencies check), ``slurm`` (Slurm reports the node down),
+``hung`` (no heartbeat for ``hung_after``: the host, not a check, is what failed)."""
 
 
 class Hold(Wire, frozen=True, kw_only=True):
@@ -58,6 +59,24 @@ class Hold(Wire, frozen=True, kw_only=True):
     names another host, or a GPU not in, its enrolled identity. Its ``hardware_changed``
     alert was raised once; cleared when an operator confirms (``fleetctl approve
     --identity``) or the claims match again."""
+    command_digest: Name = ""
+    """SHA-256 (hex) of the command body the policy sent: the node's answer names it, also
+    a rejection of a message whose id the node would not read (an untrusted signer)."""
+    applied: bool = False
+    """The node's heartbeat showed the policy's cordon (or drain); until then the hold is
+    pending, for at most ``grace`` of the node reporting."""
+    refused: Text = ""
+    """Why the node never took the policy's command: its signed rejection (with the
+    signer), or no cordon and no answer within ``grace``. Such a hold needs attention,
+    is not counted by the breaker, and nothing is sent to the node again until an
+    operator clears it (``fleetctl policy clear``)."""
+    check: Name = ""
+    """The check the node's heartbeat named unhealthy (the node's claim)."""
+    gpus: Annotated[list[Count], Meta(max_length=MAX_GPUS)] = []
+    """Indices of the GPUs that check named (the node's claim)."""
+    back_at: UnixTime | None = None
+    """``hung``: when the node beat again with another boot id than when it hung
+    (``reboot_from``); until then the hold waits for its hooks and the reboot."""
 
 
 class PolicyRecord(Wire, frozen=True, kw_only=True):
@@ -79,3 +98,11 @@ class PolicyRecord(Wire, frozen=True, kw_only=True):
     """How many nodes the breaker let the policy hold at the last decision."""
     updated_by: Name = ""
     """The aggregator (its policy key) that wrote this revision."""
+    base: Count = 0
+    """The cluster's reporting nodes (active, degraded, unhealthy, cordoned, draining,
+    drained: not pending, stale or offline) that ``limit`` was taken from."""
+    dry: Annotated[dict[NodeId, Text], Meta(max_length=MAX_HELD)] = {}
+    """A dry-run policy's would-be actions, per node (``_cluster``: the breaker), as last
+    noted: each is alerted once per change, not every round."""
+    skipped: Annotated[dict[NodeId, Text], Meta(max_length=MAX_HELD)] = {}
+    """Nodes the policy would act on but leaves alone, and why (a maintenance window)."""

@@ -35,6 +35,9 @@ BUCKET_POLICY: Final = "fleet_policy"
 """The remediation policy's record per cluster (``PolicyRecord``), key = cluster."""
 BUCKET_WORKLOADS: Final = "fleet_workloads"
 """Workloads placed by the fleet (``PlacedWorkload``), key = the workload's name."""
+BUCKET_SETTINGS: Final = "fleet_settings"
+"""Operators' signed settings (``SettingsEntry``), key = the scope (``fleet``,
+``cluster.<cluster>``, ``selector.<digest>``): see :mod:`schemas.settings`."""
 MAX_PARTITIONS: Final = 256
 """FLEET_HB is split into at most this many partitions (see :func:`partition_of`)."""
 _FNV_OFFSET: Final = 0x811C9DC5
@@ -53,6 +56,7 @@ EVENT_WORKLOAD_ORDER: Final = "workload_order"
 """The command executor hands an accepted Deploy or Stop to the workload actor here."""
 EVENT_CLOUD: Final = "cloud"
 EVENT_SCHEDULER: Final = "scheduler"
+EVENT_SETTINGS: Final = "settings"
 PROBE_INBOX: Final = "_INBOX"
 """Probe answers go to ``_INBOX.<asker>.probe.<responder>.<token>`` (:func:`probe_reply`)."""
 COMMAND_ACK_WAIT: Final = 30.0
@@ -195,6 +199,10 @@ class Subjects:
     def maintenance(self) -> str:
         """``fleetctl maintenance``'s signed request, answered by an aggregator."""
         return f"{self.prefix}.maintenance"
+
+    def policy(self) -> str:
+        """``fleetctl policy reset|clear``'s signed request, answered by an aggregator."""
+        return f"{self.prefix}.policy"
 
     def alerts_of(self, kind: str, cluster: str) -> str:
         """Every node's alerts of one kind in one cluster (a filter, for counting)."""

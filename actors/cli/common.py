@@ -18,7 +18,8 @@ from actors.runtime import config_docs
 from actors.runtime.config import (
     DEFAULT_SERVER,
     DurationError,
-    build,
+    Layers,
+    layers,
     list_fields,
     parse_duration,
 )
@@ -191,12 +192,20 @@ def settings_from(
     """The settings: the flags given, over ``<env_prefix>*`` variables, over ``--config``,
     over fleetctl's context (``args.context_settings``, set by
     :mod:`actors.cli.fleetctl.contexts`)."""
+    return layers_from(args, config_type, env_prefix).build()
+
+
+def layers_from(
+    args: argparse.Namespace, config_type: type[Settings], env_prefix: str
+) -> Layers[Settings]:
+    """The layers :func:`settings_from` merges, kept (the agent merges the fleet's
+    settings in between)."""
     names = {field.name for field in msgspec.structs.fields(config_type)}
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     # A flag typed Path (--key-file) is a str setting.
     flags = {name: str(v) if isinstance(v, Path) else v for name, v in flags.items()}
     base = getattr(args, "context_settings", None)
-    return build(config_type, env_prefix, file=args.config, flags=flags, base=base)
+    return layers(config_type, env_prefix, file=args.config, flags=flags, base=base)
 
 
 @asynccontextmanager

@@ -29,6 +29,7 @@ from actors.cli.common import (
     add_version,
     duration,
     fail,
+    layers_from,
     parse,
     run_main,
     settings_from,
@@ -58,11 +59,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear"]
+INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear", "spot"]
+SPOT_NOTICE = 120.0
+"""Seconds a rehearsed spot notice gives by default (AWS's two-minute warning)."""
 DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
 
 REGISTER_TIMEOUT = 5.0
 """How long `node-agent register` waits for an aggregator's answer."""
+FACTS_TIMEOUT = 5.0
+"""How long `node-agent register` waits for the cloud's metadata service (where the node
+runs, for its identity); on-premises, none answers and the identity names no cloud."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -92,13 +98,27 @@ def parser() -> argparse.ArgumentParser:
     add_config_flags(register, AgentConfig, ENV_PREFIX)
 
     inject = commands.add_parser(
-        "inject", help="inject a fault into a fake-GPU agent (real GPUs ignore it)"
+        "inject",
+        help="inject a fault into a fake-GPU agent (real GPUs ignore it), or a spot notice "
+        "into any agent to rehearse a reclaim",
     )
-    inject.add_argument("fault", choices=INJECT_FAULTS, help="what to inject")
+    inject.add_argument(
+        "fault",
+        choices=INJECT_FAULTS,
+        help="what to inject; spot: a termination notice the agent acts on as a cloud's "
+        "(drain, hooks, deregistration), marked a rehearsal",
+    )
     inject.add_argument(
         "value", nargs="?", type=float, help="C for temp, %% for util, the code for xid"
     )
     inject.add_argument("--gpu", type=int, help="GPU index (default: every GPU)")
+    inject.add_argument(
+        "--in",
+        dest="notice_in",
+        type=duration,
+        help=f"spot only: how long before the rehearsed termination, e.g. 120s, 2m "
+        f"(default {SPOT_NOTICE:g}s)",
+    )
     inject.add_argument(
         "--server",
         default=os.environ.get("NATS_URL", DEFAULT_SERVER),
@@ -211,7 +231,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
     from actors.node.agent import NodeAgent
     from actors.runtime import logs
 
-    config = settings_from(args, AgentConfig, ENV_PREFIX)
+    layers = layers_from(args, AgentConfig, ENV_PREFIX)
+    config = layers.build()
     logs.setup(config.log_level, config.log_format)
     state_dir = Path(config.state_dir)
     if args.rejoin and deregistration.clear(state_dir):
@@ -221,7 +242,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         return fail(refused, EXIT_DEREGISTERED)
     if config.enroll_token:
         await enroll_at_start(config)
-    agent = NodeAgent(config)
+    agent = NodeAgent(config, layers)
     stop = stop_event()
     await agent.run_until(stop)
     if agent.supervisor is not None and agent.supervisor.fatal:
@@ -247,8 +268,9 @@ async def cmd_register(args: argparse.Namespace) -> int:
 
 async def register(config: AgentConfig) -> RegistrationReply | None:
     """Send this node's signed registration (with its enrollment token, if any, and its
-    identity: host name and GPUs); the aggregator's reply, or None when none answered in
-    REGISTER_TIMEOUT."""
+    identity: host name, GPUs, cloud and instance type); the aggregator's reply, or None
+    when none answered in REGISTER_TIMEOUT."""
+    from actors.node import cloud
     from actors.node.agent import inbox_prefix
     from actors.node.inventory.actor import read_identity
     from actors.runtime.bus import NatsBus
@@ -262,7 +284,7 @@ async def register(config: AgentConfig) -> RegistrationReply | None:
         ts=time.time(),
         hostname=socket.gethostname()[:255],
         enroll_token=config.enroll_token,
-        identity=await read_identity(config),
+        identity=await read_identity(config, await cloud.read_facts(config, FACTS_TIMEOUT)),
     )
     body = codec.encode(registration)
     # Logged in as the agent itself logs in, so auth.conf's node permissions apply.
@@ -329,12 +351,19 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     from actors.runtime.tls import client_context
 
     needs_value = args.fault in ("temp", "util", "xid")
+    spot = args.fault == "spot"
     if needs_value and args.value is None:
         return fail(f"inject {args.fault} needs a value")
     if not needs_value and args.value is not None:
-        return fail(f"inject {args.fault} takes no value")
+        return fail(f"inject {args.fault} takes no value" + (" (give --in)" if spot else ""))
     if args.gpu is not None and args.gpu < 0:
         return fail("--gpu must be a GPU index (0 or more)")
+    if spot and args.gpu is not None:
+        return fail("inject spot takes no --gpu: the notice is the whole node's")
+    if not spot and args.notice_in is not None:
+        return fail("--in is for inject spot only")
+    if spot:
+        args.value = SPOT_NOTICE if args.notice_in is None else args.notice_in
     if args.key_file is None:
         return fail(
             "inject needs --key-file: an operator key the agent trusts (trust_operators); "
@@ -365,6 +394,12 @@ async def cmd_inject(args: argparse.Namespace) -> int:
         await publish_inject(bus, args.prefix, inject, key)
     finally:
         await bus.close()
+    if spot:
+        sys.stdout.write(
+            f"injected a rehearsed spot notice into {args.node_id}: terminate in "
+            f"{args.value:g}s (it drains and deregisters as for a real one) on {subject}\n"
+        )
+        return 0
     value = "" if args.value is None else f" {args.value:g}"
     target = "every GPU" if args.gpu is None else f"GPU {args.gpu}"
     sys.stdout.write(f"injected {args.fault}{value} into {args.node_id} ({target}) on {subject}\n")
@@ -458,6 +493,7 @@ def render_status(status: dict[str, Any]) -> str:
         )
     else:
         lines.append("health    (not reported yet)")
+    lines += _gpu_lines(status)
     engine = status.get("engine")
     if engine and engine.get("engines"):
         lines.append(f"engines   in flight {_n(engine.get('in_flight'))}")
@@ -520,6 +556,34 @@ def render_status(status: dict[str, Any]) -> str:
         for name, actor in status.get("actors", {}).items()
     )
     return "\n".join(lines) + "\n"
+
+
+def _gpu_lines(status: dict[str, Any]) -> list[str]:
+    """The GPUs of /status: a count and source, a row each (temperature, utilization,
+    memory, lost), and the passthrough ones (vfio-pci) on a line of their own."""
+    source = status.get("gpu_source")
+    if source is None:
+        return ["gpus      (not sampled yet)"]
+    gpus = status.get("gpus") or []
+    lines = [f"gpus      {len(gpus) or 'none'}" + (f" ({source})" if gpus else "")]
+    lines += _aligned(
+        [
+            str(gpu["index"]),
+            gpu["name"],
+            "-" if gpu.get("temperature_c") is None else f"{gpu['temperature_c']:.0f}C",
+            "-" if gpu.get("utilization_pct") is None else f"{gpu['utilization_pct']:.0f}%",
+            f"{gpu['memory_used'] / 2**30:.1f}/{gpu['memory_total'] / 2**30:.1f} GiB",
+            "LOST" if gpu.get("lost") else "",
+        ]
+        for gpu in gpus
+    )
+    passthrough = status.get("passthrough_gpus") or []
+    if passthrough:
+        named = ", ".join(
+            f"{gpu['pci_bus_id']} {gpu['name'] or gpu['device_id']}" for gpu in passthrough
+        )
+        lines.append(f"passthrough {len(passthrough)} bound to vfio-pci (for VMs): {named}")
+    return lines
 
 
 def _aligned(rows: Iterable[list[str]]) -> list[str]:

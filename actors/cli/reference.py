@@ -1,6 +1,7 @@
 """The reference tables of docs/ written from the code: every setting of the agent, the
 aggregator and fleetctl (docs/settings.md, from the settings Structs' docstrings and
-defaults) and every metric series (docs/metrics.md, from the registries' own names,
+defaults), the settings the fleet may set on its nodes (from the node's table of them)
+and every metric series (docs/metrics.md, from the registries' own names,
 types, labels and help). ``python -m actors.cli.reference`` rewrites them; a test fails
 when the files and the code disagree.
 """
@@ -25,6 +26,7 @@ from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.node.config import ENV_PREFIX as AGENT_ENV_PREFIX
 from actors.node.config import AgentConfig
 from actors.node.metrics import AgentMetrics
+from actors.node.settings.table import FLEET_SETTABLE, FLOORS, ITEMIZED
 from actors.runtime.config import list_fields
 from actors.runtime.config_docs import default_text, setting_docs
 from schemas.messages import NodeRecord
@@ -127,6 +129,18 @@ def metrics_table(series: Iterable[Series], where: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fleet_settable_table() -> str:
+    """One row per setting ``fleetctl settings`` may set: when a node applies it, whether
+    it takes items one by one, and the shortest period the fleet may set."""
+    lines = ["| setting | applied | set by item | shortest |", "|---|---|---|---|"]
+    for name, effect in FLEET_SETTABLE.items():
+        when = "live" if effect == "live" else "at the agent's next start"
+        items = f"`{name}.NAME=VALUE`" if name in ITEMIZED else "-"
+        floor = f"{FLOORS[name]:g} s" if name in FLOORS else "-"
+        lines.append(f"| `{name}` | {when} | {items} | {floor} |")
+    return "\n".join(lines) + "\n"
+
+
 EXAMPLE_RECORD = NodeRecord(
     node_id="n", cluster="c", state="active", last_seq=1, last_seen=0.0, health_score=100
 )
@@ -142,6 +156,7 @@ def tables() -> dict[str, str]:
     agent = AgentMetrics()
     agent.identify("n", "c")
     aggregator = AggregatorMetrics()
+    found["fleet-settable"] = fleet_settable_table()
     found["metrics-both"] = metrics_table(_series(agent.registry, standard=True), "both")
     found["metrics-agent"] = metrics_table(_series(agent.registry), "agent, `:9091/metrics`")
     found["metrics-aggregator"] = metrics_table(

@@ -8,21 +8,26 @@ import contracts), and every module is in one.
                      streams (``history``), the dashboard; what they read of the
                      aggregator beside them is ``held.Held``, never the aggregator itself.
 ``placement/``       placed workloads: choosing nodes, their records, the reconciler.
-``remediation/``     the remediation policy: decisions, the breaker, hooks.
+``remediation/``     the remediation policy: its file (``config``), what a record says is
+                     wrong (``findings``), decisions and the breaker (``policy``),
+                     hooks, the actor.
 ``aggregator/``      the heartbeat path: where a heartbeat is judged (``judge``, pure),
                      from a partition of FLEET_HB (``ownership``, ``partitions``,
                      ``lease``) through ``verify`` to the node table (``ledger``, with
                      ``reads`` and ``writes``), the sweeps and ``fleet.register``.
 ``operator/``        what answers operators: the check of a signed request
-                     (``requests``), ``forget``, ``maintenance``, enrollment tokens
-                     (``enroll``) and a signed command to a node (``commands``).
+                     (``requests``), ``forget``, ``maintenance``, the policy's reset and
+                     clear (``policy_requests``), enrollment tokens (``enroll``) and a
+                     signed command to a node (``commands``).
 ``alerts/``          where alerts are raised (``publisher``: deterministic ids, rate
                      limits) and forwarded (``alertmanager``).
 ``storage/``         what the fleet keeps: streams and buckets provisioned (``streams``),
                      node records (``node_store``), trust and its operations
                      (``registry``), leases as readers see them (``leases``), maintenance
                      windows (``windows``), the policy's holds (``policy_holds``), the
-                     servers' users and permissions (``nats_config``).
+                     fleet's signed settings as stored (``settings``), a node's answers to
+                     one command (``answers``), the servers' users and permissions
+                     (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
                      ``record_state`` (what a record's state is).

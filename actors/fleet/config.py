@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, Positive, read_keys
+from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Positive, read_keys
 from actors.runtime.logs import LogFormat
 
 ENV_PREFIX = "FLEET_AGGREGATOR_"
@@ -59,6 +59,16 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     nodes)."""
     full_sweep_interval: Positive = 120.0
     """How often every record is read to find stale nodes another aggregator saw go stale."""
+    retire_offline_after: NonNegativeDuration = 0.0
+    """Forget a node offline longer than this, as ``fleetctl forget`` does (record
+    deregistered by ``retirement``, key revoked, queued commands purged, a ``forgotten``
+    alert); 0: never. Counted only while this aggregator watched the node's partition
+    and the fleet beat (docs/failure-detection.md, "Automatic retirement")."""
+    retire_hold_fraction: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    """Retirement holds, and its count starts again, while more than this share of the
+    nodes this aggregator owns (of them all, or of one cluster of two or more) are stale
+    or offline: a silence that wide is the fleet's (a bus outage, a cut link), not the
+    nodes'."""
     max_stale_after: Positive = 600.0
     """The longest silence this aggregator believes a node's claimed ``stale_after`` (or a
     ``Nats-TTL: never``) allows: the full sweep marks a node stale once it sent nothing for

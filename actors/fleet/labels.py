@@ -1,18 +1,19 @@
 """Label selectors: ``key=value`` filters of ``fleetctl nodes -l`` and ``GET /nodes?label=``.
 
-Several selectors all have to match (AND). A label holding several values joined with
-``+`` (the served models of a node) matches a selector naming any one of them.
+Several selectors all have to match (AND); what matching means is
+:mod:`schemas.selectors`' (a node judges its fleet settings' selectors by it too).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from schemas.base import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, MAX_LABELS
 from schemas.errors import FleetError
+from schemas.selectors import Selector, matches
 
-Selector = tuple[str, str]
+__all__ = ["BadSelector", "Selector", "matches", "parse_selector", "parse_selectors"]
 
 _KEY = re.compile(LABEL_KEY_PATTERN)
 _VALUE = re.compile(LABEL_VALUE_PATTERN)
@@ -41,12 +42,3 @@ def parse_selectors(texts: Iterable[str]) -> list[Selector]:
     if len(selectors) > MAX_LABELS:
         raise FleetError(f"at most {MAX_LABELS} label selectors")
     return selectors
-
-
-def matches(labels: Mapping[str, str], selectors: Iterable[Selector]) -> bool:
-    """True when every selector matches ``labels``."""
-    for key, value in selectors:
-        have = labels.get(key)
-        if have is None or (have != value and value not in have.split("+")):
-            return False
-    return True

@@ -105,6 +105,11 @@ class AggregatorMetrics:
             "TTL delete markers taken as the server's (the others count as forged_marker)",
             registry=self.registry,
         )
+        self.retired = Counter(
+            "fleet_nodes_retired",
+            "Nodes this aggregator forgot for being offline longer than retire_offline_after",
+            registry=self.registry,
+        )
         self.records_unreadable = Counter(
             "fleet_records_unreadable",
             "Records in fleet_nodes skipped because they could not be decoded",

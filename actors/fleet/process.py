@@ -13,10 +13,11 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.operator.maintenance import MaintenanceActor
+from actors.fleet.operator.policy_requests import PolicyRequestsActor
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.remediation.policy import PolicyConfig
+from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
@@ -43,7 +44,11 @@ class ProviderActors:
         policy: PolicyConfig | None = None,
     ) -> None:
         self.aggregator = AggregatorActor(config, bus, metrics)
-        actors: list[Actor] = [ForgetActor(config, bus), MaintenanceActor(config, bus)]
+        actors: list[Actor] = [
+            ForgetActor(config, bus),
+            MaintenanceActor(config, bus),
+            PolicyRequestsActor(config, bus),
+        ]
         if policy is not None:
             actors.append(RemediationActor(policy, bus, config.prefix, metrics))
         if config.workloads_key_file:

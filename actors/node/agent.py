@@ -22,11 +22,14 @@ from actors.node.inventory.actor import InventoryActor
 from actors.node.latency import LatencyActor
 from actors.node.metrics import AgentMetrics
 from actors.node.scheduler import SchedulerActor
+from actors.node.settings.actor import SettingsActor, at_start
+from actors.node.settings.entries import Held
 from actors.node.spot import SpotActor
 from actors.node.standing import StandingActor
 from actors.node.workloads.actor import WorkloadsActor
 from actors.runtime import logs, notify
 from actors.runtime.bus import NatsBus
+from actors.runtime.config import Layers
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
 from actors.runtime.tls import client_context
 from schemas.signing import load_key_file
@@ -49,8 +52,12 @@ def inbox_prefix(node_id: str) -> str:
 class NodeAgent:
     """The node's actors around one NATS connection."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, layers: Layers[AgentConfig] | None = None) -> None:
         self.config = config
+        """The node's own config until it starts; from then on, with the fleet's settings
+        taken at start (what its actors start with)."""
+        self.layers = layers or Layers.of(config)
+        """Where ``config`` came from, for the fleet's settings to go in between."""
         self.key = load_key_file(config.key_path)
         self.tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         self.gateway_access = Access(config)
@@ -59,6 +66,8 @@ class NodeAgent:
         self.metrics.identify(config.node_id, config.cluster)
         self.events = NodeEvents(config, self.key, self.metrics)
         """The actors' event channel, with this process's session: what they act on."""
+        self.held = Held(Path(config.state_dir), self.key.public_key)
+        """The fleet's settings entries this node took (and keeps across restarts)."""
         self.bus: NatsBus | None = None
         self.supervisor: Supervisor | None = None
         self.commands: CommandsActor | None = None
@@ -75,6 +84,7 @@ class NodeAgent:
         return [
             self.inventory,
             self.heartbeat,
+            SettingsActor(self.config, bus, events, self.layers, self.held),
             HealthActor(self.config, bus, events),
             EngineActor(self.config, bus, events),
             LatencyActor(self.config, bus, events),
@@ -110,6 +120,7 @@ class NodeAgent:
             js_api_prefix=self.config.js_api_prefix,
             tls=self.tls,
         )
+        await self.take_fleet_settings(self.bus)
         self.supervisor = Supervisor(self.build_actors(self.bus))
         self.supervisor.start()
         log.info(
@@ -120,6 +131,23 @@ class NodeAgent:
                 "public_key": self.key.public_key,
             },
         )
+
+    async def take_fleet_settings(self, bus: NatsBus) -> None:
+        """Start with the fleet's settings for this node (those read only at start
+        included): the held ones and one read of the bucket."""
+        outcome = await at_start(bus, self.layers, self.held, self.metrics)
+        if outcome.config.log_level != self.config.log_level:
+            logging.getLogger().setLevel(outcome.config.log_level.upper())
+        self.config = outcome.config
+        if outcome.status.applied or outcome.status.refused:
+            log.info(
+                "fleet settings taken at start",
+                extra={
+                    "revision": outcome.status.revision,
+                    "applied": sorted(outcome.status.applied),
+                    "refused": outcome.status.refused,
+                },
+            )
 
     async def stop(self, goodbye: bool = True) -> None:
         """Stop taking commands and drain, finish or deregister within the shutdown

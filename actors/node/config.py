@@ -143,6 +143,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Seconds between two samples of the GPUs and the host."""
     health_interval: Positive = 5.0
     """Seconds between two health reports (jittered)."""
+    settings_interval: Positive = 30.0
+    """Seconds between two reads of the fleet's settings (KV fleet_settings: one batched
+    direct get; docs/settings.md, "Fleet settings")."""
 
     fake_gpus: Annotated[int, Meta(ge=0, le=64)] | Literal["auto"] | None = None
     """N: simulate N GPUs (fleetctl up, demos, tests); 0: no GPUs; unset or "auto": NVML,
@@ -261,6 +264,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     nvml_deadline: Positive = 10.0
     """Seconds one NVML call may take before the nvml check says it hung (and /healthz
     fails); the sample goes out meanwhile with the GPUs' last readings."""
+    sysfs_root: str = "/sys"
+    """Where sysfs is mounted: its PCI bus is searched for NVIDIA GPUs bound to vfio-pci
+    (passthrough GPUs, given to VMs: counted, never health-checked nor given to
+    workloads); "" does not search, nor does a node whose fake_gpus is set (simulated
+    GPUs, or 0: none)."""
     fabric_manager_process: str = "nv-fabricmanager"
     """Process that must run where GPUs have an NVLink fabric state (NVSwitch systems);
     "" skips the check (a container that cannot see the host's processes)."""
@@ -352,6 +360,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload_switch_grace: Positive = 120.0
     """Seconds a workload switched out for another model's deploy has to answer the
     requests the gateway holds of it (it takes no new ones) before it is stopped."""
+    workload_ready_interval: Positive = 0.25
+    """Seconds between two readiness probes of a starting workload (its ``/health`` and
+    ``/v1/models``, until it serves its model or its ready_timeout passes)."""
     workload_stop_grace: Positive = 10.0
     """Seconds between SIGTERM and SIGKILL of a stopping workload's process group."""
     workload_crash_limit: Annotated[int, Meta(ge=1)] = 5

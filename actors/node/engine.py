@@ -20,10 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas.base import MAX_ENGINES, MAX_MODELS, MAX_NAME
 from schemas.events import Engine, EngineStatus, Event, Workloads
+from schemas.settings import Settings
 from schemas.subjects import EVENT_ENGINE, Subjects
 
 log = logging.getLogger(__name__)
@@ -107,9 +109,13 @@ class EngineActor:
     async def _on_event(self, event: Event) -> None:
         if isinstance(event, Workloads):
             self.workloads = workload_engines(event)
+        elif isinstance(event, Settings):
+            # The fleet's timing: interval and timeout are read at each probe.
+            self.config = retuned(self.config, event)
 
     async def _get(self, session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
-        async with session.get(url) as response:
+        timeout = aiohttp.ClientTimeout(total=self.config.engine_timeout)
+        async with session.get(url, timeout=timeout) as response:
             return response.status, await response.text()
 
     async def _load(

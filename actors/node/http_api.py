@@ -2,9 +2,11 @@
 
 ``/metrics`` is the agent's own registry, ``/healthz`` is 200 only while every actor runs
 and none reports a problem (its command consumer missing, say: what systemd watchdogs
-and Kubernetes probes want), ``/status`` is the node as its actors
-see it, in JSON. What it shows it learns like any other actor, from the node's own events
-on the bus; actor phases come from the runtime's supervisor through ``actor_status``.
+and Kubernetes probes want), ``/status`` is the node as its actors see it, in JSON, and
+``/v1/node/inventory`` what the node has (``NodeInventory``: GPUs, passthrough GPUs,
+capacity, engines, workloads, labels). What it shows it learns like any other actor,
+from the node's own events on the bus; actor phases come from the runtime's supervisor
+through ``actor_status``.
 Bound to 127.0.0.1 by default: nothing here is meant for the network at large.
 """
 
@@ -22,11 +24,14 @@ from aiohttp import web
 
 from actors.node.config import HTTP_PORT_FILE, AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.gpu.capacity import with_workloads
+from actors.node.labels import cloud_labels, found_labels, node_labels
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.bus import Bus, listening
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import HttpLimits, health_page, prometheus_page, serving
 from schemas.events import (
+    CloudFacts,
     Engine,
     Event,
     Health,
@@ -36,6 +41,7 @@ from schemas.events import (
     Scheduler,
     Workloads,
 )
+from schemas.inventory import NodeInventory
 from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
@@ -43,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class HttpApiActor:
-    """Subscribes to fleet.evt.<node>.*; publishes nothing, serves /metrics, /healthz, /status."""
+    """Subscribes to fleet.evt.<node>.*; publishes nothing, serves /metrics, /healthz,
+    /status, /v1/node/inventory."""
 
     name = "http_api"
 
@@ -71,13 +78,18 @@ class HttpApiActor:
         self.state: NodeState | None = None
         self.scheduler: Scheduler | None = None
         self.workloads: Workloads | None = None
+        self.sample: Sample | None = None
+        self.cloud: dict[str, str] = {}
         self.gpus_seen_at: float | None = None
 
     async def _on_event(self, event: Event) -> None:
         match event:
             case Sample():
                 self.metrics.observe_gpus(event.gpus)
+                self.sample = event
                 self.gpus_seen_at = event.ts
+            case CloudFacts():
+                self.cloud = cloud_labels(event)
             case Health():
                 self.health = event
                 self.metrics.observe_health(event)
@@ -115,6 +127,9 @@ class HttpApiActor:
             "latency": self.latency,
             "scheduler": self.scheduler,
             "workloads": self.workloads.workloads if self.workloads else [],
+            "gpu_source": self.sample.gpu_source if self.sample else None,
+            "gpus": self.sample.gpus if self.sample else [],
+            "passthrough_gpus": self.sample.passthrough_gpus if self.sample else [],
             "actors": {
                 name: {
                     "phase": s.phase,
@@ -131,11 +146,33 @@ class HttpApiActor:
             body=msgspec.json.encode(self.status()), content_type="application/json"
         )
 
+    def inventory(self) -> NodeInventory:
+        """What the node has, as its actors last said: the sample (with the GPUs its
+        workloads pin taken), engines, workloads and labels (as in the heartbeat)."""
+        workloads = self.workloads.workloads if self.workloads else []
+        found = found_labels(self.sample, self.cloud, self.engine)
+        return NodeInventory(
+            node_id=self.config.node_id,
+            cluster=self.config.cluster,
+            ts=time.time(),
+            sample=with_workloads(self.sample, workloads) if self.sample else None,
+            engine=self.engine,
+            workloads=workloads,
+            labels=node_labels(self.config.labels, found),
+            found_labels=found,
+        )
+
+    async def inventory_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=msgspec.json.encode(self.inventory()), content_type="application/json"
+        )
+
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/status", self.status_page)
+        app.router.add_get("/v1/node/inventory", self.inventory_page)
         return app
 
     async def run(self, ready: Callable[[], None]) -> None:

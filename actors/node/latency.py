@@ -5,6 +5,7 @@ path drops messages. Every agent answers ``fleet.probe.<node>``; this actor also
 peers (configured, or up to ``max_peers`` nodes of its own cluster from ``fleet_nodes``)
 concurrently, each bounded by ``probe_timeout``, and keeps loss over a sliding window.
 It runs beside the heartbeat, never in its path: a silent peer costs one timeout here.
+Its peers, interval and timeout follow the fleet's live settings (``settings`` events).
 
 Each probe waits on an inbox of its own, ``_INBOX.<us>.probe.<peer>.<token>``: under the
 shipped permissions only that peer may publish there (and only we may read), the token is
@@ -29,16 +30,19 @@ from nats.aio.msg import Msg
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.tuning import retuned
 from actors.runtime import kv
 from actors.runtime.bus import Bus, listening, unsubscribe_quietly
 from actors.runtime.schedule import RateLimit, sleep_jittered
 from schemas import codec
 from schemas.errors import DecodeError
-from schemas.events import Latency, PeerLatency
+from schemas.events import Event, Latency, PeerLatency
 from schemas.messages import NodeRecord, Probe, ProbeReply
+from schemas.settings import Settings
 from schemas.subjects import (
     BUCKET_NODES,
     EVENT_LATENCY,
+    EVENT_SETTINGS,
     Subjects,
     probe_reply,
     probe_reply_responder,
@@ -61,7 +65,8 @@ ANSWERS_PER_SECOND = 500
 
 
 class LatencyActor:
-    """Answers fleet.probe.<node>; publishes Latency on fleet.evt.<node>.latency."""
+    """Answers fleet.probe.<node>, subscribes to fleet.evt.<node>.settings; publishes
+    Latency on fleet.evt.<node>.latency."""
 
     name = "latency"
 
@@ -200,8 +205,23 @@ class LatencyActor:
             loss_pct=_loss(every_probe),
         )
 
+    async def _on_settings(self, event: Event) -> None:
+        """The fleet's probe targets and timing (read at each round)."""
+        if not isinstance(event, Settings):
+            return
+        config = retuned(self.config, event)
+        if config is not self.config:
+            if config.peers != self.config.peers or config.max_peers != self.config.max_peers:
+                self.peers = list(config.peers)  # none: discovered again at the next round
+            self.config = config
+
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.subjects.probe(self.config.node_id): self._answer}
+        routes = {
+            self.subjects.probe(self.config.node_id): self._answer,
+            self.subjects.event(self.config.node_id, EVENT_SETTINGS): self.events.decoding(
+                self.name, self._on_settings
+            ),
+        }
         async with listening(self.bus, routes, ready):
             rounds = 0
             while True:

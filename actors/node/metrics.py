@@ -167,6 +167,29 @@ class AgentMetrics:
             ["actor", "reason"],
             registry=self.registry,
         )
+        self.settings_ignored = Counter(
+            "node_agent_settings_ignored",
+            "Entries of KV fleet_settings the node ignored, by reason (unsigned, bad_signature, "
+            "untrusted_key, node_key, malformed, misplaced, replayed); each stored message "
+            "counted once",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.settings_revision = Gauge(
+            "node_agent_settings_revision",
+            "The highest revision of the fleet settings entries that reach this node (0: none)",
+            registry=self.registry,
+        )
+        self.settings_refused = Gauge(
+            "node_agent_settings_refused",
+            "Keys of the fleet's settings this node refuses (heartbeat settings.refused says why)",
+            registry=self.registry,
+        )
+        self.settings_restart = Gauge(
+            "node_agent_settings_restart_pending",
+            "Fleet settings that take effect at the agent's next start",
+            registry=self.registry,
+        )
         self.uptime = Gauge(
             "node_agent_uptime_seconds", "Seconds since the agent started", registry=self.registry
         )

@@ -19,10 +19,12 @@ from collections.abc import Callable
 from actors.node import slurm
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.runtime.bus import Bus
+from actors.node.tuning import retuned
+from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
-from schemas.events import Scheduler, SchedulerJobs
-from schemas.subjects import EVENT_SCHEDULER, Subjects
+from schemas.events import Event, Scheduler, SchedulerJobs
+from schemas.settings import Settings
+from schemas.subjects import EVENT_SCHEDULER, EVENT_SETTINGS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,8 @@ are asked at most this often; a fleet of thousands of nodes must not hammer slur
 
 
 class SchedulerActor:
-    """Subscribes to nothing (runs Slurm's tools); publishes Scheduler on
-    fleet.evt.<node>.scheduler."""
+    """Subscribes to fleet.evt.<node>.settings (runs Slurm's tools); publishes Scheduler
+    on fleet.evt.<node>.scheduler."""
 
     name = "scheduler"
 
@@ -42,6 +44,7 @@ class SchedulerActor:
         self.bus = bus
         self.events = events
         self.subject = Subjects(config.prefix).event(config.node_id, EVENT_SCHEDULER)
+        self.settings_subject = Subjects(config.prefix).event(config.node_id, EVENT_SETTINGS)
         self.node_name = config.slurm_node
         self.detected = config.scheduler == "slurm"
         """Slurm is this node's scheduler: configured so, or it answered once under auto."""
@@ -111,10 +114,21 @@ class SchedulerActor:
             ours=info.ours,
             jobs=jobs,
             services=services,
+            cpus_total=info.cpus_total,
+            cpus_allocated=info.cpus_allocated,
         )
 
+    async def _on_settings(self, event: Event) -> None:
+        """The fleet's interval and timeout for looks at Slurm (read at each look)."""
+        if isinstance(event, Settings):
+            self.config = retuned(self.config, event)
+
     async def run(self, ready: Callable[[], None]) -> None:
-        ready()
+        routes = {self.settings_subject: self.events.decoding(self.name, self._on_settings)}
+        async with listening(self.bus, routes, ready):
+            await self._observe_forever()
+
+    async def _observe_forever(self) -> None:
         while True:
             scheduler = await self.observe()
             await self.events.publish(self.bus, self.subject, scheduler)

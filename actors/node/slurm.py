@@ -51,6 +51,10 @@ class NodeInfo:
     """Lower case, as printed: ``idle``, ``mixed+drain``, ``down*+drain``..."""
     reason: str
     """The state's reason without Slurm's ``[user@time]`` tail."""
+    cpus_total: int | None = None
+    """``CPUTot``: the CPUs Slurm schedules on the node (None when not printed)."""
+    cpus_allocated: int | None = None
+    """``CPUAlloc``: those its jobs hold."""
 
     @property
     def drain(self) -> bool:
@@ -121,7 +125,18 @@ def parse_node(text: str) -> NodeInfo:
         reason = _REASON_TAIL.sub("", found.group(1).splitlines()[0]).strip()
         if reason == "(null)":
             reason = ""
-    return NodeInfo(state=state.group(1).lower(), reason=reason)
+    return NodeInfo(
+        state=state.group(1).lower(),
+        reason=reason,
+        cpus_total=_count(text, "CPUTot"),
+        cpus_allocated=_count(text, "CPUAlloc"),
+    )
+
+
+def _count(text: str, field: str) -> int | None:
+    """The whole number ``field=N`` of a ``--oneliner`` line; None when absent."""
+    found = re.search(rf"(?:^|\s){field}=(\d{{1,9}})(?:\s|$)", text)
+    return int(found.group(1)) if found is not None else None
 
 
 async def node_info(name: str, timeout: float) -> NodeInfo:

@@ -17,70 +17,67 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal
+from typing import Literal
 
 import aiohttp
 import nats.errors
 
+from actors.node.cloud import (
+    AZURE_API,
+    AZURE_NAME_API,
+    RETRYABLE,
+    Metadata,
+    MetadataError,
+    Provider,
+    require_ok,
+)
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import Backoff, wait_or_timeout
-from schemas.events import CloudFacts, Event, Interruption, NodeState
+from schemas.events import Event, Inject, Interruption, NodeState
+from schemas.settings import Settings
 from schemas.subjects import EVENT_CLOUD, EVENT_INTERRUPTION, Subjects
 
 log = logging.getLogger(__name__)
 
-Provider = Literal["aws", "gcp", "azure"]
 Kind = Literal["terminate", "stop", "hibernate", "preempt", "rebalance", "maintenance"]
 
-DEFAULT_BASE = {
-    "aws": "http://169.254.169.254",
-    "gcp": "http://metadata.google.internal",
-    "azure": "http://169.254.169.254",
-}
-AWS_TOKEN_TTL = 21600
-"""Seconds an IMDSv2 token lives (the documented maximum); refreshed at 80 %."""
 GCP_WAIT = 60
 """``timeout_sec`` of a GCP hanging get; the client waits a little longer."""
 GCP_PREEMPT_NOTICE = 30.0
 """GCP stops a preempted VM about 30 s after the notice (no time is given)."""
 GCP_MAINTENANCE_NOTICE = 60.0
 """GCP gives at least 60 s before host maintenance (no time is given)."""
-AZURE_API = "api-version=2020-07-01"
-AZURE_NAME_API = "api-version=2021-02-01"
 AZURE_KINDS: dict[str, Kind] = {
     "Preempt": "preempt",
     "Terminate": "terminate",
     "Reboot": "maintenance",
     "Redeploy": "maintenance",
 }
-LIFECYCLE = {
-    "spot": "spot",
-    "on-demand": "on-demand",
-    "normal": "on-demand",
-    "standard": "on-demand",
-    "regular": "on-demand",
-    "low": "spot",
-}
-"""The clouds' words for spot and on-demand (AWS instance-life-cycle, GCP provisioning
-model, Azure priority), lower-cased, as the ``lifecycle`` label."""
-DETECT_TIMEOUT = 1.0
 MAX_BACKOFF = 5.0
 
 
-class MetadataError(Exception):
-    """The metadata service answered, but not usefully; retried like a network error."""
+REHEARSED_PROVIDER: Provider = "aws"
+"""The provider a rehearsal names on a node that watches no cloud: AWS, whose two-minute
+spot notice ``node-agent inject spot --in 120s`` imitates."""
 
 
-RETRYABLE = (aiohttp.ClientError, TimeoutError, MetadataError, ValueError, LookupError, TypeError)
-"""Network failures, and documents that are not what the documentation says."""
-
-
-def _require_ok(response: aiohttp.ClientResponse, what: str) -> None:
-    """Anything but 200 from the metadata service is a MetadataError naming ``what``."""
-    if response.status != 200:
-        raise MetadataError(f"{what}: HTTP {response.status}")
+def rehearsal(inject: Inject, watched: Provider | None) -> Interruption:
+    """The notice an operator's ``inject spot`` rehearses: a termination ``value``
+    seconds after the inject was signed, from the cloud watched (else
+    REHEARSED_PROVIDER), marked ``rehearsal``; handled as a real one (drain, hooks,
+    deregistration), so rehearse on a node that may go."""
+    return Interruption(
+        ts=time.time(),
+        provider=watched or REHEARSED_PROVIDER,
+        kind="terminate",
+        deadline=inject.ts + max(0.0, inject.value or 0.0),
+        event_id=f"rehearsal-{inject.ts:.3f}",
+        detail="rehearsal: node-agent inject spot",
+        rehearsal=True,
+    )
 
 
 def _retry_delay(backoff: Backoff, exc: Exception) -> float:
@@ -91,6 +88,11 @@ def _retry_delay(backoff: Backoff, exc: Exception) -> float:
         extra={"reason": str(exc) or type(exc).__name__, "retry_in_s": delay},
     )
     return delay
+
+
+def request_timeout(poll_interval: float) -> aiohttp.ClientTimeout:
+    """A metadata request's bound: twice the poll interval, from half a second to two."""
+    return aiohttp.ClientTimeout(total=max(0.5, min(2.0, 2 * poll_interval)))
 
 
 class SpotActor:
@@ -105,13 +107,12 @@ class SpotActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.event(config.node_id, EVENT_INTERRUPTION)
         self.facts_subject = self.subjects.event(config.node_id, EVENT_CLOUD)
-        self.timeout = aiohttp.ClientTimeout(
-            total=max(0.5, min(2.0, 2 * config.spot_poll_interval))
-        )
+        self.timeout = request_timeout(config.spot_poll_interval)
+        self.metadata = Metadata(config, self.timeout)
+        self.provider: Provider | None = None
+        """The cloud watched, once known (configured, or found by ``auto``)."""
         self.published: set[str] = set()
         self.drained = False
-        self._token = ""
-        self._token_expires = 0.0
         self._azure_unacked: set[str] = set()
         self._azure_vm = ""
         self._last_value: dict[str, str] = {}
@@ -127,16 +128,17 @@ class SpotActor:
             async with aiohttp.ClientSession() as session:
                 provider = self.config.spot_provider
                 if provider == "auto":
-                    provider = await self.detect(session) or "none"
+                    provider = await self.metadata.detect(session) or "none"
                 if provider == "none":
                     await asyncio.Event().wait()  # nothing to watch; idle until stopped
                     return
-                base = (self.config.metadata_url or DEFAULT_BASE[provider]).rstrip("/")
+                self.provider = provider
+                base = self.metadata.base(provider)
                 log.info("watching spot notices", extra={"provider": provider, "base": base})
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self._publish_facts(session, provider, base))
+                    group.create_task(self._publish_facts(session, provider))
                     if provider == "aws":
-                        await self._poll(lambda: self._aws(session, base))
+                        await self._poll(lambda: self._aws(session))
                     elif provider == "azure":
                         await self._poll(lambda: self._azure(session, base))
                     else:
@@ -144,28 +146,6 @@ class SpotActor:
                             self._gcp_watch(session, base, "preempted"),
                             self._gcp_watch(session, base, "maintenance-event"),
                         )
-
-    async def detect(self, session: aiohttp.ClientSession) -> Provider | None:
-        """Ask each provider's metadata endpoint once, briefly; the first to answer wins."""
-        timeout = aiohttp.ClientTimeout(total=DETECT_TIMEOUT)
-        probes: list[tuple[Provider, str, str, dict[str, str]]] = [
-            ("aws", "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}),
-            ("gcp", "GET", "/computeMetadata/v1/instance/id", {"Metadata-Flavor": "Google"}),
-            ("azure", "GET", f"/metadata/scheduledevents?{AZURE_API}", {"Metadata": "true"}),
-        ]
-        for provider, method, path, headers in probes:
-            base = (self.config.metadata_url or DEFAULT_BASE[provider]).rstrip("/")
-            try:
-                async with session.request(
-                    method, base + path, headers=headers, timeout=timeout
-                ) as response:
-                    if response.status == 200:
-                        log.info("spot provider detected", extra={"provider": provider})
-                        return provider
-            except (aiohttp.ClientError, TimeoutError):
-                continue
-        log.info("no cloud metadata service answered; spot watcher idle")
-        return None
 
     async def _poll(self, once: Callable[[], Awaitable[None]]) -> None:
         """Call ``once`` every poll interval; failures back off (capped) and retry."""
@@ -202,23 +182,28 @@ class SpotActor:
 
     async def _on_event(self, event: Event) -> None:
         match event:
+            case Inject(fault="spot"):
+                await self._publish(rehearsal(event, self.provider))
             case NodeState():
                 drained = event.schedulability == "drained"
                 if drained and not self.drained:
                     self._wake.set()  # an Azure acknowledgement is due now, not at the next poll
                 self.drained = drained
+            case Settings():
+                # The poll interval is read at each poll; requests are bounded by it.
+                self.config = retuned(self.config, event)
+                self.timeout = request_timeout(self.config.spot_poll_interval)
+                self.metadata.timeout = self.timeout
 
     # Placement facts (labels) ----------------------------------------------------------
 
-    async def _publish_facts(
-        self, session: aiohttp.ClientSession, provider: Provider, base: str
-    ) -> None:
+    async def _publish_facts(self, session: aiohttp.ClientSession, provider: Provider) -> None:
         """Read where this node runs once (retried with backoff until the metadata service
         answers) and publish it as CloudFacts, which the heartbeat turns into labels."""
         backoff = self._backoff()
         while True:
             try:
-                facts = await self.facts(session, provider, base)
+                facts = await self.metadata.facts(session, provider)
                 await self.events.publish(self.bus, self.facts_subject, facts)
                 log.info(
                     "cloud facts",
@@ -228,100 +213,10 @@ class SpotActor:
             except (*RETRYABLE, nats.errors.Error) as exc:
                 await asyncio.sleep(_retry_delay(backoff, exc))
 
-    async def facts(
-        self, session: aiohttp.ClientSession, provider: Provider, base: str
-    ) -> CloudFacts:
-        """Region, zone, instance type and spot/on-demand from ``provider``'s metadata."""
-        if provider == "aws":
-            get = self._aws_text
-            zone = await get(session, base, "placement/availability-zone")
-            return CloudFacts(
-                ts=time.time(),
-                provider="aws",
-                region=await get(session, base, "placement/region"),
-                zone=zone,
-                instance_type=await get(session, base, "instance-type"),
-                lifecycle=LIFECYCLE.get(await get(session, base, "instance-life-cycle"), ""),
-            )
-        if provider == "gcp":
-            headers = {"Metadata-Flavor": "Google"}
-
-            async def value(key: str) -> str:
-                url = f"{base}/computeMetadata/v1/instance/{key}"
-                async with session.get(url, headers=headers, timeout=self.timeout) as response:
-                    _require_ok(response, key)
-                    return (await response.text()).strip()
-
-            zone = (await value("zone")).rsplit("/", 1)[-1]
-            model = await value("scheduling/provisioning-model")
-            return CloudFacts(
-                ts=time.time(),
-                provider="gcp",
-                region=zone.rsplit("-", 1)[0],
-                zone=zone,
-                instance_type=(await value("machine-type")).rsplit("/", 1)[-1],
-                lifecycle=LIFECYCLE.get(model.lower(), ""),
-            )
-        async with session.get(
-            f"{base}/metadata/instance/compute?{AZURE_NAME_API}",
-            headers={"Metadata": "true"},
-            timeout=self.timeout,
-        ) as response:
-            _require_ok(response, "instance/compute")
-            compute = json.loads(await response.text())
-        return CloudFacts(
-            ts=time.time(),
-            provider="azure",
-            region=str(compute["location"]),
-            zone=str(compute.get("zone", "")),
-            instance_type=str(compute["vmSize"]),
-            lifecycle=LIFECYCLE.get(str(compute.get("priority", "")).lower(), ""),
-        )
-
-    async def _aws_fetch(self, session: aiohttp.ClientSession, base: str, path: str) -> str | None:
-        """The text at ``path`` of IMDSv2, or None on 404. A 401 means the token expired
-        or was revoked: a new one is fetched next time."""
-        token = await self._aws_token(session, base)
-        async with session.get(
-            f"{base}/latest/meta-data/{path}",
-            headers={"X-aws-ec2-metadata-token": token},
-            timeout=self.timeout,
-        ) as response:
-            if response.status == 404:
-                return None
-            if response.status == 401:
-                self._token = ""
-                raise MetadataError(f"{path}: HTTP 401, token refreshed")
-            _require_ok(response, path)
-            return (await response.text()).strip()
-
-    async def _aws_text(self, session: aiohttp.ClientSession, base: str, path: str) -> str:
-        text = await self._aws_fetch(session, base, path)
-        if text is None:
-            raise MetadataError(f"{path}: HTTP 404")
-        return text
-
     # AWS -------------------------------------------------------------------------------
 
-    async def _aws_token(self, session: aiohttp.ClientSession, base: str) -> str:
-        if not self._token or time.monotonic() > self._token_expires:
-            async with session.put(
-                f"{base}/latest/api/token",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL)},
-                timeout=self.timeout,
-            ) as response:
-                _require_ok(response, "IMDSv2 token")
-                self._token = (await response.text()).strip()
-            self._token_expires = time.monotonic() + 0.8 * AWS_TOKEN_TTL
-        return self._token
-
-    async def _aws_get(self, session: aiohttp.ClientSession, base: str, path: str) -> Any:
-        """The JSON document at ``path``, or None on 404 (no notice)."""
-        text = await self._aws_fetch(session, base, path)
-        return None if text is None else json.loads(text)
-
-    async def _aws(self, session: aiohttp.ClientSession, base: str) -> None:
-        action = await self._aws_get(session, base, "spot/instance-action")
+    async def _aws(self, session: aiohttp.ClientSession) -> None:
+        action = await self.metadata.aws_get(session, "spot/instance-action")
         if action is not None:
             kind = action["action"]
             if kind not in ("terminate", "stop", "hibernate"):
@@ -335,7 +230,7 @@ class SpotActor:
                     event_id=f"{kind}-{action['time']}",
                 )
             )
-        rebalance = await self._aws_get(session, base, "events/recommendations/rebalance")
+        rebalance = await self.metadata.aws_get(session, "events/recommendations/rebalance")
         if rebalance is not None:
             await self._publish(
                 Interruption(
@@ -364,7 +259,7 @@ class SpotActor:
                     headers={"Metadata-Flavor": "Google"},
                     timeout=hanging if etag else self.timeout,
                 ) as response:
-                    _require_ok(response, key)
+                    require_ok(response, key)
                     value = (await response.text()).strip()
                     etag = response.headers.get("ETag", "")
                 await self._gcp_value(key, value)
@@ -414,10 +309,10 @@ class SpotActor:
                 headers=headers,
                 timeout=self.timeout,
             ) as response:
-                _require_ok(response, "compute/name")
+                require_ok(response, "compute/name")
                 self._azure_vm = (await response.text()).strip()
         async with session.get(url, headers=headers, timeout=self.timeout) as response:
-            _require_ok(response, "scheduledevents")
+            require_ok(response, "scheduledevents")
             document = json.loads(await response.text())
         for event in document.get("Events", []):
             kind = AZURE_KINDS.get(event.get("EventType", ""))
@@ -446,6 +341,6 @@ class SpotActor:
             async with session.post(
                 url, json=body, headers=headers, timeout=self.timeout
             ) as response:
-                _require_ok(response, "scheduledevents ack")
+                require_ok(response, "scheduledevents ack")
             log.info("scheduled events acknowledged", extra={"events": sorted(self._azure_unacked)})
             self._azure_unacked.clear()

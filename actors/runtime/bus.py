@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
@@ -47,6 +49,23 @@ CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
 TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
+PING_INTERVAL = 2.0
+PINGS_MISSED = 2
+"""Every connection to a cluster sends a PING every PING_INTERVAL seconds and waits as long
+for its PONG; after PINGS_MISSED unanswered in a row (4 to 8 s: the server frozen, or the
+link cut) it leaves that server for the next of its list. nats-py's own PINGs (every 2
+minutes) would notice after minutes, and then wait up to 30 s more on the dead server
+for TLS to close: leaving here drops the connection at once."""
+MOVE_AFTER = 2.0
+"""Seconds of JetStream calls timing out through one server, with none answered between
+(and at least two failures), after which the connection moves to another server of its
+list: a server that answers PINGs but has lost its quorum (cut off from the rest of
+its cluster) answers no JetStream call, and nats-py never leaves it on its own."""
+MOVE_BACKOFF_INITIAL = 10.0
+MOVE_BACKOFF_MAX = 60.0
+"""After a move, the next waits this long (doubling while JetStream keeps failing): while
+the whole cluster elects a leader, moving helps nobody, and a fleet moving at once is a
+reconnection storm."""
 
 
 class BusError(FleetError):
@@ -118,6 +137,12 @@ class Bus(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    def jetstream_answered(self, answered: bool) -> None:
+        """Say whether a JetStream call made at a steady pace (a heartbeat, a lease
+        renewal) was answered; calls that time out for :data:`MOVE_AFTER` seconds move
+        the connection to another server."""
+        ...
+
 
 class NatsBus:
     """:class:`Bus` over one nats-py connection."""
@@ -131,6 +156,12 @@ class NatsBus:
         self.js_api_prefix = js_api_prefix
         self._js = nc.jetstream(timeout=5.0, prefix=js_api_prefix)
         self._buckets: dict[str, KeyValue] = {}
+        self._failing_since: float | None = None
+        self._failures = 0
+        self._next_move = 0.0
+        self._move_backoff = Backoff(MOVE_BACKOFF_INITIAL, MOVE_BACKOFF_MAX)
+        self._watching: asyncio.Task[None] | None = None
+        self._leaving: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -152,6 +183,10 @@ class NatsBus:
         ``nats://`` servers that require TLS."""
         check_urls(server)
         wants_tls = tls is not None or any(url.startswith("tls://") for url in server.split(","))
+        # Shuffled here, not by nats-py: its reconnects then go round the list in order,
+        # so leaving a server (a move, a lost connection) never picks the same one again.
+        urls = server.split(",")
+        random.shuffle(urls)
         backoff = Backoff(CONNECT_BACKOFF_INITIAL, CONNECT_BACKOFF_MAX)
         while True:
             nc = Client()
@@ -163,12 +198,13 @@ class NatsBus:
                     await _unless_not_nats(
                         server,
                         nc.connect(
-                            servers=server.split(","),
+                            servers=urls,
                             name=name,
                             connect_timeout=max(1, round(connect_timeout)),
                             allow_reconnect=True,
                             max_reconnect_attempts=-1,
                             reconnect_time_wait=2,
+                            dont_randomize=True,
                             nkeys_seed_str=nkey_seed,
                             inbox_prefix=inbox_prefix,
                             tls=tls,
@@ -182,7 +218,9 @@ class NatsBus:
                 if wants_tls and not nc._server_info.get("tls_required"):
                     raise ConnectionError(TLS_NOT_OFFERED)
                 events.up = True
-                return cls(nc, server, events, js_api_prefix)
+                bus = cls(nc, server, events, js_api_prefix)
+                bus._watching = asyncio.create_task(bus._watch(), name="nats-watch")
+                return bus
             except asyncio.CancelledError:
                 await nc.close()
                 raise
@@ -208,6 +246,62 @@ class NatsBus:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    def jetstream_answered(self, answered: bool) -> None:
+        now = time.monotonic()
+        if answered:
+            # The backoff holds moves back while JetStream keeps failing; once it answers,
+            # the next failure (another fault) may move at once.
+            self._failing_since, self._failures, self._next_move = None, 0, 0.0
+            self._move_backoff.reset()
+            return
+        if self._failing_since is None:
+            self._failing_since = now
+        self._failures += 1
+        if (
+            self._failures >= 2
+            and now - self._failing_since >= MOVE_AFTER
+            and now >= self._next_move
+            and len(self.nc.servers) > 1
+        ):
+            self._failing_since, self._failures = None, 0
+            self._next_move = now + self._move_backoff.next()
+            self._leave("JetStream not answering through this server")
+
+    def _leave(self, why: str) -> None:
+        """Drop the connection to the current server at once, without the TLS goodbye a
+        frozen server would never answer (asyncio waits 30 s for it); nats-py sees the
+        connection gone and reconnects to the next server of the list."""
+        if not self.nc.is_connected:
+            return
+        current = self.nc.connected_url
+        log.warning(
+            f"{why}; leaving it for another", extra={"server": current.netloc if current else ""}
+        )
+        writer = getattr(self.nc._transport, "_io_writer", None)
+        if writer is not None:
+            writer.transport.abort()
+        else:  # a websocket: no socket of its own to drop, so nats-py's own way
+            self._leaving = asyncio.create_task(self.nc.force_reconnect(), name="nats-leave")
+
+    async def _watch(self) -> None:
+        """PING the server every PING_INTERVAL, waiting as long for each PONG; leave it
+        after PINGS_MISSED in a row go unanswered (a server frozen, or cut off). Only
+        while the list (with the servers the cluster announced) has another server."""
+        missed = 0
+        while True:
+            await asyncio.sleep(PING_INTERVAL)
+            if not self.nc.is_connected or len(self.nc.servers) < 2:
+                missed = 0  # with one server there is nowhere to go: nats-py's own PINGs
+                continue
+            try:
+                await self._round_trip(PING_INTERVAL)
+                missed = 0
+            except (nats.errors.Error, TimeoutError):
+                missed += 1
+                if missed >= PINGS_MISSED:
+                    missed = 0
+                    self._leave("the server answers no PING")
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None, reply: str = ""
@@ -287,6 +381,8 @@ class NatsBus:
 
     async def close(self, timeout: float = 5.0) -> None:
         """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        if self._watching is not None:
+            self._watching.cancel()
         if self.nc.is_closed:
             return
         self._events.up = False
@@ -356,6 +452,34 @@ def guarded(route: str, handler: Handler) -> Handler:
             )
 
     return on_message
+
+
+def bus_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the bus failing (a timeout, no server, no responders, a closed
+    connection), not a defect: what a fault of the cluster makes any actor see, logged as
+    what it is, without a traceback. A group (a TaskGroup's) is one if all it holds are."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(bus_fault(inner) for inner in exc.exceptions)
+    return unanswered(exc) or isinstance(
+        exc,
+        nats.errors.ConnectionClosedError
+        | nats.errors.NoServersError
+        | nats.errors.StaleConnectionError
+        | nats.errors.OutboundBufferLimitError
+        | nats.js.errors.ServiceUnavailableError,
+    )
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether a JetStream call failed for want of an answer (a timeout, no responders),
+    not with one: what :meth:`Bus.jetstream_answered` is told."""
+    return isinstance(
+        exc,
+        TimeoutError
+        | nats.errors.TimeoutError
+        | nats.errors.NoRespondersError
+        | nats.js.errors.NoStreamResponseError,
+    )
 
 
 async def publish_signed(

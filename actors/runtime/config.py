@@ -1,5 +1,6 @@
 """Layered configuration for any process: defaults < TOML file < ``<PREFIX><FIELD>``
-environment variables < flags, into one msgspec Struct.
+environment variables < flags, into one msgspec Struct; values pushed to a running process
+(the node's fleet settings) go over the file and under the environment (:class:`Layers`).
 
 Everything is validated by msgspec in one place; a bad value becomes one line that names
 the field (``ConfigError``), never a traceback.
@@ -14,8 +15,9 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -223,14 +225,74 @@ def build(
 ) -> C:
     """Merge the layers and validate once; raise ConfigError naming the bad field.
     ``base`` lies under the file (fleetctl's context)."""
-    merged: dict[str, Any] = dict(base or {})
+    return layers(config_type, env_prefix, file, env, flags, base).build()
+
+
+def layers(
+    config_type: type[C],
+    env_prefix: str,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> Layers[C]:
+    """The layers :func:`build` merges, the file read (once) and the environment taken
+    now, kept to be merged again under pushed values (:meth:`Layers.build`)."""
+    below: dict[str, Any] = dict(base or {})
     if file is not None:
-        merged.update(read_toml(file))
-    merged.update(from_env(config_type, env_prefix, os.environ if env is None else env))
+        below.update(read_toml(file))
+    given_env = from_env(config_type, env_prefix, os.environ if env is None else env)
     lists = list_fields(config_type)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            merged[key] = split_items(key, value) if key in lists else value
+    given_flags = {
+        key: split_items(key, value) if key in lists else value
+        for key, value in (flags or {}).items()
+        if value is not None
+    }
+    return Layers(config_type, below, given_env, given_flags)
+
+
+@dataclass(frozen=True)
+class Layers(Generic[C]):
+    """Where one process's settings come from, weakest first: defaults, ``below`` (the
+    context and the file), then values pushed to the process at run time (fleet
+    settings), then its environment and its flags. Kept, so pushed values are judged by
+    the same rules as the rest and never beat what was set for this process itself."""
+
+    config_type: type[C]
+    below: Mapping[str, Any]
+    env: Mapping[str, Any]
+    """The environment's values, lists already split into items."""
+    flags: Mapping[str, Any]
+    """The flags given, lists already split into items."""
+
+    @classmethod
+    def of(cls, config: C) -> Layers[C]:
+        """The layers of a config built in code (tests, ``fleetctl up``): all of it is
+        ``below``."""
+        return cls(type(config), msgspec.to_builtins(config), {}, {})
+
+    def pinned(self) -> frozenset[str]:
+        """Settings the environment or a flag sets: no pushed value changes them."""
+        return frozenset(self.env) | frozenset(self.flags)
+
+    def build(self, pushed: Mapping[str, Any] | None = None) -> C:
+        """The layers merged, over ``pushed`` values written as text (``10s``, ``a,b``)
+        or as the setting's type, and validated once; ConfigError names a bad field."""
+        lists = list_fields(self.config_type)
+        over = {
+            key: (split_items(key, value) if value.strip() else [])
+            if key in lists and isinstance(value, str)
+            else value
+            for key, value in (pushed or {}).items()
+        }
+        merged: dict[str, Any] = {**self.below, **over, **self.env, **self.flags}
+        return _validated(self.config_type, merged)
+
+
+def _validated(config_type: type[C], merged: dict[str, Any]) -> C:
+    """``merged`` as ``config_type``: mappings given as items, durations parsed, derived
+    defaults filled where no layer set them, then msgspec's checks; ConfigError names a
+    bad field."""
     for name in _dict_fields(config_type):
         if isinstance(merged.get(name), list):
             merged[name] = key_values(name, merged[name])

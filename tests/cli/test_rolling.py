@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,8 +16,10 @@ from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import FINAL_STATUSES, CommandResult
 from schemas.subjects import Subjects
-from tests.support.commanding import set_in_flight
-from tests.support.fleet import Fleet, wait_record
+from schemas.workloads import Deploy
+from tests.support.commanding import Results, send, set_in_flight
+from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.workloads import killing_leftovers
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 RACK = [f"n{index}" for index in range(10)]
@@ -145,3 +149,104 @@ async def test_rolling_needs_a_node_or_a_selector(
     assert code == 2 and "not both" in err
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "-l", "rack=none")
     assert code == 1 and "no node matches rack=none" in err and "Traceback" not in err
+
+
+async def test_rolling_drain_with_placed_work_not_moved_says_so_and_exits_3(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Two nodes drained with --continue, n2 running a placed workload nobody moves (no
+    reconciler): each result is printed with the time and node; one summary line says
+    both drained, one with placed work not moved; exit 3, not 0."""
+    key_file = tmp_path / "operator.nk"
+    operator = signing.create_key_file(key_file)
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    await fleet.start_aggregator()
+    results = await Results().start(bus, prefix)
+    for node in ("n1", "n2"):
+        config = fleet.config(
+            node,
+            trust_operators=[operator.public_key],
+            labels={"rack": "r9"},
+            fake_gpus=0,
+            workload_engines=["process"],
+            workload_binaries=[sleep],
+        )
+        agent = await fleet.start_agent(config)
+        assert agent.supervisor is not None and await agent.supervisor.wait_ready(10)
+        await wait_record(bus, prefix, node, lambda r: r.labels.get("rack") == "r9")
+    with killing_leftovers():
+        deploy = Deploy(name="chat", engine="process", args=[sleep, "600"], placed=True)
+        command = await send(bus, prefix, operator, deploy, node="n2")
+        await wait_for(lambda: "accepted" in results.statuses(command.id))
+        code, out, err = await fleetctl(
+            nats_server, prefix, key_file, "drain", "-l", "rack=r9", "--deadline", "2",
+            "--continue",
+        )  # fmt: skip
+    assert code == 3, (out, err)
+    stamped = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (n1|n2): ")
+    progress = out.splitlines()[1:]
+    assert progress and all(stamped.match(line) for line in progress), out
+    assert any("n2: done: drained; 1 placed workloads not moved" in line for line in progress)
+    assert err.splitlines() == [
+        "error: rolling drain -l rack=r9: 2 of 2 drained, 1 with placed work not moved by "
+        "the deadline (n2)"
+    ]
+
+
+async def test_identity_labels_select_a_rolling_drain(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Agents given no labels at all (as under fleetctl up) carry their own: a rolling
+    drain -l gpu.count=8 --max-unavailable 1 drains the two 8-GPU nodes one at a time and
+    leaves the 4-GPU one; nodes -l gpu.product=... lists all three."""
+    key_file = tmp_path / "operator.nk"
+    operator = signing.create_key_file(key_file)
+    await fleet.start_aggregator()
+    sizes = {"big1": 8, "big2": 8, "small": 4}
+    for node, gpus in sizes.items():
+        config = fleet.config(node, trust_operators=[operator.public_key], fake_gpus=gpus)
+        assert config.labels == {}
+        await fleet.start_agent(config)
+    for node, gpus in sizes.items():
+        record = await wait_record(bus, prefix, node, lambda r: "gpu.count" in r.labels)
+        assert record.labels["gpu.count"] == str(gpus)
+    draining: set[str] = set()
+    most = 0
+
+    async def on_result(msg: Msg) -> None:
+        nonlocal most
+        result = codec.decode(msg.data, CommandResult, msg.subject)
+        if result.status == "accepted":
+            draining.add(result.node_id)
+            most = max(most, len(draining))
+        elif result.status in FINAL_STATUSES:
+            draining.discard(result.node_id)
+
+    await bus.subscribe(Subjects(prefix).results(), on_result)
+    await bus.flush()
+    code, out, err = await fleetctl(
+        nats_server, prefix, key_file, "drain", "-l", "gpu.count=8", "--max-unavailable", "1"
+    )
+    assert code == 0, err + out
+    assert out.count(": done: drained") == 2 and most == 1
+    for node in ("big1", "big2"):
+        await wait_record(bus, prefix, node, lambda r: r.schedulability == "drained")
+    small = await wait_record(bus, prefix, "small", lambda r: True)
+    assert small.schedulability == "schedulable"
+    listing = await asyncio.create_subprocess_exec(
+        FLEETCTL,
+        "nodes",
+        "-l",
+        "gpu.product=NVIDIA-H100-80GB-HBM3",
+        "-l",
+        "gpu.memory=81559",
+        "--server",
+        nats_server.url,
+        "--prefix",
+        prefix,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out_bytes, _ = await asyncio.wait_for(listing.communicate(), 60)
+    rows = out_bytes.decode().splitlines()[1:4]
+    assert listing.returncode == 0 and [row.split()[0] for row in rows] == sorted(sizes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
 from actors.fleet import identity
@@ -22,7 +23,13 @@ from actors.fleet.storage.registry import (
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import FleetError
-from schemas.messages import NodeIdentity, Registration, RegistrationReply
+from schemas.messages import (
+    MAX_IDENTITY_BYTES,
+    MAX_IDENTITY_FACT,
+    NodeIdentity,
+    Registration,
+    RegistrationReply,
+)
 from schemas.subjects import Subjects
 from tests.security.attack import attacker
 from tests.support.fleet import Fleet
@@ -51,6 +58,41 @@ def test_claims_differ_only_where_they_name_another_machine(
     finding) or a claim naming nothing does not; nothing enrolled differs from nothing."""
     assert identity.differences(ONE, claims) == found
     assert identity.differences(None, claims) == []
+
+
+def test_another_provider_or_instance_type_is_another_machine() -> None:
+    """Enrolled on an aws p5.48xlarge: a claim of another instance type or provider
+    differs; a claim naming no cloud (no facts yet, on-premises) does not."""
+    enrolled = msgspec.structs.replace(ONE, provider="aws", instance_type="p5.48xlarge")
+    resized = msgspec.structs.replace(enrolled, instance_type="p4d.24xlarge")
+    moved = msgspec.structs.replace(enrolled, provider="gcp", instance_type="")
+    unsaid = msgspec.structs.replace(enrolled, provider="", instance_type="")
+    assert identity.differences(enrolled, resized) == [
+        "instance type p4d.24xlarge (enrolled: p5.48xlarge)"
+    ]
+    assert identity.differences(enrolled, moved) == ["provider gcp (enrolled: aws)"]
+    assert identity.differences(enrolled, unsaid) == []
+    assert identity.summary(enrolled) == (
+        "host gpu-1, 2 GPUs (H100), aws p5.48xlarge: GPU-a, GPU-b"
+    )
+
+
+def test_the_largest_real_identity_fits_its_bound() -> None:
+    """64 GPUs, a 255-character host name, a 128-character product and the longest cloud
+    facts still fit MAX_IDENTITY_BYTES: the bound refuses only a forger's identity."""
+    uuids = [f"GPU-{index:08x}-aaaa-bbbb-cccc-dddddddddddd" for index in range(64)]
+    largest = NodeIdentity(
+        hostname="h" * 255,
+        gpus=uuids,
+        gpu_product="P" * 128,
+        gpu_count=72,
+        gpu_passthrough=8,
+        provider="p" * MAX_IDENTITY_FACT,
+        region="r" * MAX_IDENTITY_FACT,
+        instance_type="i" * MAX_IDENTITY_FACT,
+    )
+    assert identity.recordable(largest) == largest
+    assert len(codec.encode(largest)) <= MAX_IDENTITY_BYTES
 
 
 async def test_approval_records_the_identity_of_the_key_approved(bus: NatsBus, prefix: str) -> None:

@@ -79,6 +79,9 @@ async def test_labels_reach_records_and_filter_listings(
     assert n1.labels == {
         "gpu": "h100",
         "rack": "r1",
+        "gpu.count": "2",
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpu.memory": "81559",
         "model": "meta-llama/Llama-3.1-8B-Instruct",
     }
     assert n1.heartbeat is not None and n1.heartbeat.labels == n1.labels
@@ -116,6 +119,7 @@ async def test_labels_reach_records_and_filter_listings(
     assert [record["node_id"] for record in json.loads(out)] == ["n2"]
     code, out, err = await fleetctl("nodes", "--server", fleet.url, "-l", "bad")
     assert code == 1 and err.startswith("error: label selector 'bad'")
-    assert "Labels:          gpu=h100 model=meta-llama/Llama-3.1-8B-Instruct rack=r1" in (
-        describe.describe(n1, [], [], n1.last_seen)
-    )
+    assert (
+        "Labels:          gpu=h100 gpu.count=2 gpu.memory=81559 gpu.product=NVIDIA-H100-80GB-HBM3 "
+        "model=meta-llama/Llama-3.1-8B-Instruct rack=r1 (the node's claims)"
+    ) in (describe.describe(n1, [], [], n1.last_seen))

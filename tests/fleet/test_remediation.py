@@ -11,7 +11,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.remediation.policy import PolicyConfig
+from actors.fleet.remediation.config import PolicyConfig
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
@@ -148,7 +148,7 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
     stored = await kv.read(bucket, "c1", PolicyRecord)
     assert stored is not None and stored.tripped_at is not None and stored.limit == 2
     assert sorted(stored.holds) == ["n1", "n2"]
-    assert stored.would == ["cordon n3 (policy: xid: xid: XID 79)"]
+    assert stored.would == ["cordon n3 (policy: xid: XID 79)"]
     await wait_for(lambda: any(".breaker_tripped." in subject for subject in alerts))
     assert sum(".breaker_tripped." in subject for subject in alerts) == 1
     assert len(sent) == 2
@@ -161,8 +161,9 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
 
 
 async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
-    """In a dry run the policy writes no record and sends no command; it says what it
-    would do in a remediation alert."""
+    """In a dry run the policy sends no command and holds nothing; it records the would-be
+    action per node (what ``policy status`` shows) and says it once in a remediation
+    alert, however many rounds run, without the class word twice."""
     config, _ = policy(tmp_path, dry_run=True)
     subjects = Subjects(prefix)
     sent: list[str] = []
@@ -179,11 +180,15 @@ async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path
     await bus.flush()
     await put_records(bus, prefix, [synthetic("n1", True), synthetic("n2", False)])
     actor = RemediationActor(config, bus, prefix)
-    await actor.round()
+    for _ in range(3):
+        await actor.round()
     await wait_for(lambda: alerts)
-    message = msgspec.json.decode(alerts[0])["message"]
-    assert message.startswith("dry run, would: cordon: policy: xid")
-    assert await kv.read(await actor.open(), "c1", PolicyRecord) is None
+    stored = await kv.read(await actor.open(), "c1", PolicyRecord)
+    assert stored is not None and stored.holds == {} and stored.history == {}
+    assert stored.dry == {"n1": "cordon: policy: xid: XID 79"}
+    await bus.flush()
+    messages = [msgspec.json.decode(alert)["message"] for alert in alerts]
+    assert messages == ["dry run, would: cordon: policy: xid: XID 79"]
     assert sent == []
 
 

@@ -16,8 +16,9 @@ from nats.aio.msg import Msg
 
 from actors.fleet import identity
 from actors.fleet.remediation.actor import RemediationActor
+from actors.fleet.remediation.config import PolicyConfig, load_policy
 from actors.fleet.remediation.hooks import environment, run_hook
-from actors.fleet.remediation.policy import PolicyConfig, decide, load_policy
+from actors.fleet.remediation.policy import decide
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import signing
@@ -289,16 +290,25 @@ def test_hooks_are_withheld_while_the_claims_name_another_machine() -> None:
 
 
 def test_hooks_get_the_enrolled_identity_and_the_claims_apart_and_clean() -> None:
-    """FLEET_HOSTNAME and FLEET_GPUS are the enrolled identity, FLEET_PUBLIC_KEY and its
+    """FLEET_HOSTNAME, FLEET_GPUS and the cloud facts (FLEET_PROVIDER, FLEET_REGION,
+    FLEET_INSTANCE_TYPE) are the enrolled identity, FLEET_PUBLIC_KEY and its
     fingerprint the approved key; what the node says is in FLEET_CLAIMED_* (and the older
     FLEET_REASON, FLEET_BOOT_ID); no value keeps a control or format character (NUL, ESC,
     bidi override, line separator); without an enrolled identity the facts are empty."""
     key = signing.KeyPair.generate().public_key
-    entry = TrustEntry(node_id="n1", public_key=key, approved_at=1.0, identity=ENROLLED)
+    cloud = msgspec.structs.replace(
+        ENROLLED, provider="aws", region="us-east-1", instance_type="p5.48xlarge"
+    )
+    entry = TrustEntry(node_id="n1", public_key=key, approved_at=1.0, identity=cloud)
     node = claiming("node-1-bmc.example\x1b", ["GPU-n1"], reason=EVIL)
     hold = Hold(reason_class="xid", reason=EVIL, action="cordon", command_id="c", since=1.0)
     env = environment(node, hold, "bmc", entry)
     assert (env["FLEET_HOSTNAME"], env["FLEET_GPUS"]) == ("node-2.example", "GPU-n2")
+    assert (env["FLEET_PROVIDER"], env["FLEET_REGION"], env["FLEET_INSTANCE_TYPE"]) == (
+        "aws",
+        "us-east-1",
+        "p5.48xlarge",
+    )
     assert env["FLEET_PUBLIC_KEY"] == key
     assert env["FLEET_KEY_FINGERPRINT"] == signing.fingerprint(key)
     assert env["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
@@ -309,8 +319,33 @@ def test_hooks_get_the_enrolled_identity_and_the_claims_apart_and_clean() -> Non
     ours = {name: value for name, value in env.items() if name.startswith("FLEET_")}
     assert all(value.isprintable() for value in ours.values()), ours
     bare = environment(node, hold, "bmc", None)
-    assert bare["FLEET_HOSTNAME"] == bare["FLEET_GPUS"] == ""
+    assert bare["FLEET_HOSTNAME"] == bare["FLEET_GPUS"] == bare["FLEET_PROVIDER"] == ""
     assert bare["FLEET_CLAIMED_HOSTNAME"] == "node-1-bmc.example"
+
+
+def test_hooks_get_the_failing_check_and_gpus_as_the_nodes_claims() -> None:
+    """A hold keeps the check and GPU indices its heartbeat named; the hook gets them as
+    claims (FLEET_CLAIMED_CHECK, FLEET_CLAIMED_FAILING_GPU_INDICES and _UUIDS: the
+    failing GPU only, not every GPU), beside the enrolled GPUs (FLEET_GPUS)."""
+    sick = claiming("node-2.example", ["GPU-a", "GPU-b"], reason="XID 79 x1 on GPU 1")
+    assert sick.heartbeat is not None and sick.heartbeat.health is not None
+    check = HealthCheck(name="xid", status="unhealthy", reason="XID 79 x1 on GPU 1", gpus=[1])
+    health = msgspec.structs.replace(sick.heartbeat.health, checks=[check])
+    beat = msgspec.structs.replace(
+        sick.heartbeat, health=health, schedulability="schedulable", schedulability_by=""
+    )
+    sick = msgspec.structs.replace(sick, heartbeat=beat, state="unhealthy")
+    plan = decide(config(), KEY, PolicyRecord(cluster="c1"), [sick], 100.0, "x")
+    hold = plan.record.holds["n1"]
+    assert (hold.check, hold.gpus, hold.reason) == ("xid", [1], "XID 79 x1 on GPU 1")
+    enrolled = NodeIdentity(hostname="node-2.example", gpus=["GPU-a", "GPU-b"], gpu_count=2)
+    node_key = signing.KeyPair.generate().public_key
+    entry = TrustEntry(node_id="n1", public_key=node_key, approved_at=1.0, identity=enrolled)
+    env = environment(sick, hold, "gpu_reset", entry)
+    assert env["FLEET_CLAIMED_CHECK"] == "xid"
+    assert env["FLEET_CLAIMED_FAILING_GPU_INDICES"] == "1"
+    assert env["FLEET_CLAIMED_FAILING_GPU_UUIDS"] == "GPU-b"
+    assert env["FLEET_GPUS"] == "GPU-a,GPU-b"
 
 
 async def test_a_nul_in_a_hooks_environment_fails_the_hook_without_raising() -> None:

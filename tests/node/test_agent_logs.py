@@ -1,6 +1,6 @@
 """Logs an operator can follow: every line an agent's actors log carries ``node`` as a
 structured field (not text), and at debug each heartbeat sent and acknowledged is one line
-with its seq, the stream's seq and its size."""
+with its seq, the stream's seq, its size and the node's health score."""
 
 from __future__ import annotations
 
@@ -66,6 +66,29 @@ async def test_two_agents_in_one_process_tag_their_own_lines(
         entry for entry in records(json_lines) if str(entry["logger"]).startswith("actors.node")
     ]
     assert agent_lines and all(entry.get("node") in ("n1", "n2") for entry in agent_lines)
+
+
+async def test_heartbeat_lines_carry_the_health_score(
+    fleet: Fleet, json_lines: io.StringIO
+) -> None:
+    """Once the health actor has reported, each heartbeat line names the node's health
+    status and score as that heartbeat carries them (null before the first report)."""
+    await fleet.start_aggregator()
+    await fleet.start_agent(fleet.config("n1"))
+
+    def scored() -> list[dict[str, object]]:
+        return [
+            entry
+            for entry in records(json_lines)
+            if entry["msg"] == "heartbeat sent and acknowledged"
+            and entry.get("health_score") is not None
+        ]
+
+    await wait_for(lambda: len(scored()) >= 2)
+    for entry in scored():
+        score = entry["health_score"]
+        assert isinstance(score, int) and 0 <= score <= 100
+        assert entry["health"] in ("healthy", "degraded", "unhealthy")
 
 
 def test_bound_fields_yield_to_the_records_own() -> None:

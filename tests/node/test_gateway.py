@@ -475,3 +475,39 @@ async def test_headers_sent_slowly_are_cut_off_at_the_header_timeout(fleet: Flee
     async with asyncio.timeout(10):
         assert await reader.read() == b""
     writer.close()
+
+
+async def test_web_pages_cannot_use_the_loopback_gateway(
+    fleet: Fleet, stack: AsyncExitStack, client: aiohttp.ClientSession
+) -> None:
+    """A DNS-rebinding page (a foreign Host) is 421 and another site's page (its Origin,
+    or Sec-Fetch-Site: cross-site) is 403, none reaching the engine; a program, and a
+    page served by the gateway's own origin, are answered."""
+    gateway, url = await start_gateway(fleet, gateway_max_in_flight=4)
+    engine = await FakeLlama.started(stack)
+    engine.release.set()
+    await publish_workloads(fleet, gateway, workload("a", engine.port))
+    own = url.removeprefix("http://")
+    refused = [
+        ({"Host": f"rebind.attacker.example:{gateway.port}"}, 421, "misdirected_request"),
+        ({"Origin": "http://evil.example"}, 403, "cross_site_request"),
+        ({"Origin": "null"}, 403, "cross_site_request"),
+        ({"Sec-Fetch-Site": "cross-site"}, 403, "cross_site_request"),
+        (
+            {
+                "Host": f"rebind.attacker.example:{gateway.port}",
+                "Origin": f"http://rebind.attacker.example:{gateway.port}",
+                "Sec-Fetch-Site": "same-origin",
+            },
+            421,
+            "misdirected_request",
+        ),
+    ]
+    for headers, status, code in refused:
+        async with client.post(f"{url}/v1/chat/completions", json=chat(), headers=headers) as got:
+            assert (got.status, is_openai_error(await got.json(), code)) == (status, True), headers
+    assert engine.received == 0
+    for headers in ({}, {"Origin": f"http://{own}", "Sec-Fetch-Site": "same-origin"}):
+        async with client.post(f"{url}/v1/chat/completions", json=chat(), headers=headers) as got:
+            assert got.status == 200, headers
+    assert engine.received == 2

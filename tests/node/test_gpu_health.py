@@ -86,12 +86,13 @@ def test_row_remap_pending_or_failed(
 
 
 def test_uncorrectable_ecc_is_unhealthy(tmp_path: Path) -> None:
-    """Volatile uncorrectable ECC errors make gpu_memory unhealthy."""
+    """Volatile uncorrectable ECC errors make gpu_memory unhealthy, naming the GPU."""
     nvml = RecordedNvml(1)
     nvml.set(0, "TotalEccErrors.uncorrected.volatile", 3)
     _, found = judge(nvml, tmp_path)
     assert found["gpu_memory"].status == "unhealthy"
     assert "GPU 0: 3 uncorrectable ECC errors" in found["gpu_memory"].reason
+    assert found["gpu_memory"].gpus == [0]
 
 
 def test_harmful_clock_reason(tmp_path: Path) -> None:

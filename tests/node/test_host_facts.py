@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from actors.node.inventory.actor import (
     InventoryActor,
     cpu_model,
+    idle_cores,
     mean_utilization,
     read_identity,
 )
@@ -163,3 +164,13 @@ async def test_the_registration_identity_is_this_hosts_name_and_gpus(tmp_path: P
     assert found.gpus == sorted(gpu.uuid for gpu in gpus) and found.gpu_product == gpus[0].name
     bare = await read_identity(msgspec.structs.replace(config, fake_gpus=0))
     assert (bare.gpus, bare.gpu_count, bare.gpu_product) == ([], 0, "")
+
+
+def test_free_cores_are_the_idle_share_rounded_down() -> None:
+    """cpu_cores_available from the CPU meter: 64 cores 25 % busy leave 48, 12.5 % busy
+    on 8 cores leave 7 (not 7.0 rounded up), a saturated host none."""
+    assert idle_cores(64, 25.0) == 48
+    assert idle_cores(8, 12.5) == 7
+    assert idle_cores(8, 13.0) == 6
+    assert idle_cores(8, 100.0) == 0
+    assert idle_cores(0, 0.0) == 0

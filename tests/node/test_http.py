@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoints (/metrics, /healthz, /status) and ``node-agent status``."""
+"""The agent's HTTP endpoints (/metrics, /healthz, /status, /v1/node/inventory) and
+``node-agent status``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from actors.node.http_api import HttpApiActor
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import ActorStatus
 from schemas import codec
+from schemas.inventory import NodeInventory
 from tests.support.fake_http import serve, text
 from tests.support.fleet import Fleet, node_events, wait_for
 
@@ -119,13 +121,39 @@ async def test_status_page_and_cli(agent_url: str, capsys: pytest.CaptureFixture
             "scheduler",
             "workloads",
             "standing",
+            "settings",
         ]
     }
+
+    assert document["gpu_source"] == "fake" and len(document["gpus"]) == 2
+    assert document["passthrough_gpus"] == []
 
     assert await asyncio.to_thread(main, ["status", "--url", agent_url]) == 0
     out = capsys.readouterr().out
     assert "n1 (cluster c1)" in out and f"{health['status']} {health['score']}/100" in out
     assert "vllm" in out and "healthy, running 1" in out and "heartbeat" in out
+    assert "gpus      2 (fake)" in out
+    gpu_rows = [line.split() for line in out.splitlines() if line.startswith("  0 ")]
+    assert gpu_rows and gpu_rows[0][1:5] == ["NVIDIA", "H100", "80GB", "HBM3"]
+
+
+async def test_inventory_page_is_the_node_in_one_read(agent_url: str) -> None:
+    """/v1/node/inventory decodes as NodeInventory: the sample's 2 GPUs and capacity, the
+    engine, and the labels the heartbeat carries with the node's own found labels."""
+    status, body = await get(f"{agent_url}/v1/node/inventory")
+    assert status == 200
+    inventory = codec.decode(body.encode(), NodeInventory)
+    assert (inventory.node_id, inventory.cluster) == ("n1", "c1")
+    assert inventory.sample is not None and len(inventory.sample.gpus) == 2
+    assert inventory.sample.capacity.gpus_total == 2
+    assert inventory.sample.capacity.cpu_cores_available is not None
+    assert inventory.engine is not None and inventory.engine.engines[0].kind == "vllm"
+    assert inventory.found_labels == {
+        "gpu.count": "2",
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpu.memory": "81559",
+    }
+    assert inventory.labels == inventory.found_labels
 
 
 async def test_status_cli_says_when_agent_is_unreachable(

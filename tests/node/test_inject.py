@@ -126,11 +126,54 @@ async def test_inject_signed_with_the_nodes_own_key_is_refused(
     assert "--key-file is node n1's own key" in capsys.readouterr().err
 
 
+def dropped(agent: NodeAgent, reason: str) -> float:
+    """Events the agent dropped for ``reason``, whichever actor counted them."""
+    return sum(
+        sample.value
+        for family in agent.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "node_agent_events_dropped_total" and sample.labels["reason"] == reason
+    )
+
+
+async def test_a_rehearsed_spot_notice_drains_and_deregisters(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """inject spot --in 20s on a node watching no cloud: its heartbeat carries an aws
+    terminate notice marked rehearsal, due 20 s after the inject was signed, and the node
+    drains and deregisters before then, as for a cloud's notice. The same inject signed
+    with the node's own key is dropped (no_session: not an operator's) and changes nothing."""
+    await fleet.start_aggregator()
+    agent = await faulty_agent(fleet)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
+    forged = Inject(ts=time.time(), node_id="n1", fault="spot", value=5.0)
+    await node_cli.publish_inject(bus, prefix, forged, fleet.node_key())
+    await wait_for(lambda: dropped(agent, "no_session") == 1)
+    signed = time.time()
+    assert await inject_cli(fleet, "spot", "--in", "20s") == 0
+    noticed = await wait_record(
+        bus,
+        prefix,
+        "n1",
+        lambda r: bool(r.heartbeat and r.heartbeat.spot and r.heartbeat.spot.notice),
+    )
+    assert noticed.heartbeat is not None and noticed.heartbeat.spot is not None
+    notice = noticed.heartbeat.spot.notice
+    assert notice is not None and notice.rehearsal
+    assert (notice.provider, notice.kind) == ("aws", "terminate")
+    assert notice.deadline is not None and 0 <= notice.deadline - (signed + 20) < 5
+    gone = await wait_record(bus, prefix, "n1", lambda r: r.deregistered, timeout=20)
+    assert gone.last_seen < notice.deadline
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["temp"], "inject temp needs a value"),
         (["clear", "3"], "inject clear takes no value"),
+        (["spot", "120"], "inject spot takes no value (give --in)"),
+        (["spot", "--gpu", "1"], "inject spot takes no --gpu"),
+        (["temp", "90", "--in", "5s"], "--in is for inject spot only"),
         (["gpu-lost", "--gpu", "-1"], "--gpu must be a GPU index"),
         (["clear"], "inject needs --key-file: an operator key the agent trusts"),
     ],

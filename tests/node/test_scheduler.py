@@ -7,13 +7,17 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors.node import slurm
 from actors.node.health.checks import scheduler_check
+from actors.node.heartbeat.actor import HeartbeatActor
+from actors.node.heartbeat.sequence import SequenceStore
+from actors.node.inventory.actor import InventoryActor
 from actors.node.scheduler import SchedulerActor
 from schemas.events import Scheduler, SchedulerServices
-from tests.support.fleet import Fleet, node_events
+from tests.support.fleet import Fleet, agent_config, node_events
 
 UNIT = Path(__file__).parents[2] / "deploy" / "nats" / "systemd" / "node-agent.service"
 
@@ -36,6 +40,31 @@ def test_scontrol_oneliner_is_parsed() -> None:
     assert not idle.drain and idle.reason == ""
     with pytest.raises(slurm.SlurmError, match="no State"):
         slurm.parse_node("scontrol: error: something")
+
+
+def test_cpus_slurm_schedules_and_allocates_are_read() -> None:
+    """CPUTot and CPUAlloc of the one-liner; None where scontrol prints neither."""
+    info = slurm.parse_node(ONELINER)
+    assert (info.cpus_total, info.cpus_allocated) == (2, 1)
+    bare = slurm.parse_node("NodeName=gpu7 State=IDLE")
+    assert (bare.cpus_total, bare.cpus_allocated) == (None, None)
+
+
+def test_free_cores_in_the_heartbeat_are_slurms_where_it_answers(tmp_path: Path) -> None:
+    """cpu_cores_available is CPUTot - CPUAlloc while Slurm answers, the sample's idle
+    share otherwise (no Slurm, or Slurm not answering)."""
+    config = agent_config("nats://127.0.0.1:1", "t", tmp_path)
+    actor = HeartbeatActor(config, None, node_events(config), SequenceStore(tmp_path))  # type: ignore[arg-type]
+    actor.sample = InventoryActor(config, None, None).sample()  # type: ignore[arg-type]
+    own = actor.sample.capacity.cpu_cores_available
+    assert own is not None and 0 <= own <= actor.sample.capacity.cpu_cores
+    answering = Scheduler(ts=1.0, kind="slurm", reachable=True, cpus_total=64, cpus_allocated=24)
+    actor.scheduler = answering
+    beat = actor.sample_now()
+    assert beat is not None and beat.capacity.cpu_cores_available == 40
+    actor.scheduler = msgspec.structs.replace(answering, reachable=False)
+    beat = actor.sample_now()
+    assert beat is not None and beat.capacity.cpu_cores_available == own
 
 
 def test_drain_reason_carries_marker_and_command_id() -> None:

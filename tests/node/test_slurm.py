@@ -124,7 +124,8 @@ async def test_running_job_and_services_show_in_the_heartbeat(
     fleet: Fleet, slurm: SlurmCluster, operator_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A job sbatch started shows as running in the node's heartbeat (and in ``node-agent
-    status``), with Slurm's state, slurmd and munged running and their versions."""
+    status``), with Slurm's state, slurmd and munged running and their versions, and the
+    cores its job holds taken from cpu_cores_available."""
     agent = await slurm_agent(fleet, operator_file)
     slurm.sbatch(30)
 
@@ -144,6 +145,10 @@ async def test_running_job_and_services_show_in_the_heartbeat(
     assert scheduler.services.slurmd_running and scheduler.services.munge_running
     assert scheduler.services.slurmd_version.startswith(slurm.tool("slurmd", "-V").split()[-1])
     assert scheduler.services.munge_version
+    assert scheduler.cpus_total and scheduler.cpus_allocated
+    assert record.heartbeat.sample is not None
+    free = record.heartbeat.sample.capacity.cpu_cores_available
+    assert free == scheduler.cpus_total - scheduler.cpus_allocated
     assert record.state == "active"
     state_dir = agent.config.state_dir
     assert await asyncio.to_thread(main, ["status", "--state-dir", state_dir]) == 0

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 from nats.aio.msg import Msg
 
+from actors.node.cloud import Metadata
 from actors.node.spot import SpotActor
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -154,14 +155,15 @@ def _fields(struct: Any) -> dict[str, Any]:
     return {name: getattr(struct, name) for name in struct.__struct_fields__}
 
 
-async def test_auto_detects_the_provider_that_answers(fleet: Fleet, bus: NatsBus) -> None:
+async def test_auto_detects_the_provider_that_answers(fleet: Fleet) -> None:
     """'auto' picks the provider whose metadata endpoint answers (here GCP's), and none
     when nothing answers."""
     fake = await fleet.start_fake(FakeGcp())
     config = fleet.config(spot_provider="auto", metadata_url=fake.url)
+    timeout = aiohttp.ClientTimeout(total=2)
     async with aiohttp.ClientSession() as session:
-        assert await SpotActor(config, bus, node_events(config)).detect(session) == "gcp"
+        assert await Metadata(config, timeout).detect(session) == "gcp"
     await fake.stop()
     nothing = fleet.config(spot_provider="auto", metadata_url=fake.url)
     async with aiohttp.ClientSession() as session:
-        assert await SpotActor(nothing, bus, node_events(nothing)).detect(session) is None
+        assert await Metadata(nothing, timeout).detect(session) is None

@@ -16,7 +16,9 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.node.agent import NodeAgent
+from actors.node.workloads import actor as workloads_actor
 from actors.node.workloads import listeners, processes
+from actors.node.workloads.readiness import readiness
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Workload, Workloads
@@ -188,6 +190,31 @@ async def test_ready_timeout_fails_with_the_log_tail(
     assert (await watch.state("chat", "failed")).reason.startswith("not ready")
     pid = pid_of(Path(fleet.config().state_dir))
     assert not processes.alive(pid, processes.started_at(pid) or 1.0)
+
+
+async def test_readiness_is_probed_every_workload_ready_interval(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """workload_ready_interval 1s: a workload that never gets ready within its 3 s is
+    probed at most four times (at the 0.25 s default, a dozen), at least once."""
+    probes: list[int] = []
+
+    async def counted(session: aiohttp.ClientSession, port: int, model: str) -> str:
+        probes.append(port)
+        return await readiness(session, port, model)
+
+    monkeypatch.setattr(workloads_actor, "readiness", counted)
+    await agent(fleet, operator, standin, workload_ready_interval=1.0)
+    command = await send(bus, prefix, operator, chat("--hang", ready_timeout=3.0))
+    final = await results.final(command.id, timeout=20)
+    assert final.status == "failed" and "not ready within 3s" in final.detail
+    assert 1 <= len(probes) <= 4, probes
 
 
 async def test_a_crash_is_restarted(

@@ -106,3 +106,11 @@ def test_thresholds_from_config_layers() -> None:
     assert parse_thresholds(config.xid_thresholds) == {13: (5, 600.0), 79: (2, 60.0)}
     with pytest.raises(ConfigError, match="xid_thresholds"):
         build(AgentConfig, ENV_PREFIX, env={}, flags={"xid_thresholds": ["13:5"]})
+
+
+def test_the_check_names_the_gpus_at_fault() -> None:
+    """A finding names its GPU index in the check's ``gpus`` (the failing ones, not all)."""
+    tracker = XidTracker()
+    tracker.observe([gpu(0), gpu(1), gpu(2, (79, 1, NOW))])
+    check = tracker.check(NOW)
+    assert check.status == "unhealthy" and check.gpus == [2]

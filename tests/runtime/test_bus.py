@@ -1,16 +1,27 @@
-"""The actor skeleton written once: ``listening`` subscribes before ready, and unsubscribes."""
+"""The actor skeleton written once (``listening`` subscribes before ready, and
+unsubscribes), and a connection that leaves a frozen or quorum-less server."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from actors.runtime.bus import Handler, NatsBus, listening
+from actors.runtime import bus as bus_module
+from actors.runtime.bus import (
+    PING_INTERVAL,
+    PINGS_MISSED,
+    Handler,
+    NatsBus,
+    listening,
+)
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, Subjects
 from tests.support.fleet import wait_for
@@ -145,3 +156,68 @@ async def test_a_cancelled_flush_leaves_the_connection_reading(bus: NatsBus) -> 
         assert 0 < await bus.rtt() < loop.time() - start + 1e-3
     finally:
         await subscription.unsubscribe()
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[list[NatsServer]]:
+    """Two servers that know nothing of each other (no cluster: nothing is discovered),
+    each left running (and resumed, if paused) until the test ends."""
+    servers = [NatsServer(tmp_path / name, name=name).start() for name in ("s1", "s2")]
+    yield servers
+    for server in servers:
+        if server.process is not None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+def serving(bus: NatsBus, servers: list[NatsServer]) -> NatsServer:
+    """The server ``bus`` is connected to."""
+    url = bus.nc.connected_url
+    assert url is not None
+    return next(server for server in servers if server.port == url.port)
+
+
+async def test_a_frozen_server_is_left_for_another_within_seconds(
+    two_servers: list[NatsServer],
+) -> None:
+    """A server that stops answering (SIGSTOP: its socket stays open) is left for the other
+    one of the list once PINGS_MISSED PINGs in a row go unanswered, within seconds, not
+    nats-py's 2 minutes x 2 (and then the 30 s asyncio waits for a frozen peer's TLS
+    goodbye)."""
+    bus = await NatsBus.connect(",".join(s.url for s in two_servers), "moving")
+    try:
+        frozen = serving(bus, two_servers)
+        assert frozen.process is not None
+        os.kill(frozen.process.pid, signal.SIGSTOP)
+        bound = PINGS_MISSED * 2 * PING_INTERVAL + 5.0
+        await wait_for(lambda: bus.connected and serving(bus, two_servers) is not frozen, bound)
+        await bus.flush()
+    finally:
+        await bus.close()
+
+
+async def test_jetstream_timing_out_moves_the_connection_to_another_server(
+    two_servers: list[NatsServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steady JetStream calls that go unanswered for MOVE_AFTER (at least two) move the
+    connection to the next server of the list; one answered call between them resets the
+    count, so failures with answers between never move it."""
+    monkeypatch.setattr(bus_module, "MOVE_AFTER", 0.0)
+    bus = await NatsBus.connect(",".join(s.url for s in two_servers), "moving")
+    try:
+        first = serving(bus, two_servers)
+        bus.jetstream_answered(False)
+        bus.jetstream_answered(True)
+        bus.jetstream_answered(False)
+        await bus.flush()
+        assert serving(bus, two_servers) is first
+        bus.jetstream_answered(False)
+        await wait_for(lambda: bus.connected and serving(bus, two_servers) is not first)
+        # The next move waits for the backoff, however many failures come meanwhile.
+        bus.jetstream_answered(False)
+        bus.jetstream_answered(False)
+        second = serving(bus, two_servers)
+        await bus.flush()
+        assert serving(bus, two_servers) is second
+    finally:
+        await bus.close()

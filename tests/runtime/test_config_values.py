@@ -13,7 +13,7 @@ from actors.cli.common import duration
 from actors.cli.fleetctl.send import POSITIVE
 from actors.fleet.config import ENV_PREFIX as AGG_PREFIX
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.remediation.policy import load_policy
+from actors.fleet.remediation.config import load_policy
 from actors.node.config import ENV_PREFIX, AgentConfig
 from actors.runtime.config import ConfigError, DurationError, build, parse_duration
 

@@ -5,6 +5,8 @@ depend on whether the user exists."""
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,24 @@ def test_an_unknown_user_costs_the_same_hash(
     assert hashed == [1234, 1234, 1234]
     assert credentials("Basic " + "bWFsbG9yeQ==") is None, "no colon: not a login"
     assert credentials("Bearer x") is None
+
+
+def test_a_password_replaced_within_one_timestamp_tick_is_read(tmp_path: Path) -> None:
+    """A users file rewritten in place with a same-length line and the same modification
+    time (a rewrite within one timestamp tick; set in the future so it stays within the
+    tick however slow the run) is read again: the old password stops working at once."""
+    path = tmp_path / "users"
+    old, new = hash_password("old-pass", iterations=1000), hash_password("new-pass", 1000)
+    assert len(old) == len(new)
+    path.write_text(f"alice:{old}\n")
+    tick = time.time_ns() + 3600 * 10**9
+    os.utime(path, ns=(tick, tick))
+    users = Users(str(path))
+    assert users.check("alice", "old-pass")
+    inode = path.stat().st_ino
+    with path.open("r+") as rewrite:  # in place: same inode, same size
+        rewrite.write(f"alice:{new}\n")
+    os.utime(path, ns=(tick, tick))
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, tick)
+    assert not users.check("alice", "old-pass")
+    assert users.check("alice", "new-pass")

@@ -1,11 +1,14 @@
-"""Runtime pieces: supervisor restarts, config layering and errors, sequence persistence."""
+"""Runtime pieces: supervisor restarts (and how they are logged), config layering and
+errors, sequence persistence."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import nats.errors
 import pytest
 
 from actors.node.config import ENV_PREFIX, AgentConfig
@@ -201,3 +204,63 @@ def test_full_disk_keeps_numbers_increasing(
     monkeypatch.setattr(store, "_reserve", no_space)
     numbers = [store.next() for _ in range(5)]
     assert numbers == sorted(set(numbers))
+
+
+class Failer:
+    """An actor that fails once with ``error``, then runs."""
+
+    name = "failer"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.starts = 0
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.starts += 1
+        ready()
+        if self.starts == 1:
+            raise self.error
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize(
+    ("error", "level", "message", "traceback"),
+    [
+        (nats.errors.TimeoutError(), logging.WARNING, "actor stopped by a bus fault", False),
+        (
+            ExceptionGroup("task group", [TimeoutError(), nats.errors.ConnectionClosedError()]),
+            logging.WARNING,
+            "actor stopped by a bus fault",
+            False,
+        ),
+        (RuntimeError("boom"), logging.ERROR, "actor crashed", True),
+        (
+            ExceptionGroup("task group", [TimeoutError(), RuntimeError("boom")]),
+            logging.ERROR,
+            "actor crashed",
+            True,
+        ),
+    ],
+)
+async def test_a_bus_fault_is_logged_as_one_and_a_defect_as_a_crash(
+    caplog: pytest.LogCaptureFixture,
+    error: BaseException,
+    level: int,
+    message: str,
+    traceback: bool,
+) -> None:
+    """An actor stopped by a timeout or a lost connection (alone or all of a task group's
+    failures) is restarted with one warning line naming the fault, no traceback; any
+    other failure is a crash, logged as an error with its traceback."""
+    failer = Failer(error)
+    supervisor = Supervisor([failer], backoff_initial=0.01)
+    with caplog.at_level(logging.INFO, logger="actors.runtime.supervisor"):
+        supervisor.start()
+        await wait_for(lambda: failer.starts == 2)  # failed once, restarted, running
+        await supervisor.stop()
+    assert failer.starts == 2
+    [record] = [
+        r for r in caplog.records if r.message.startswith(("actor stopped", "actor crashed"))
+    ]
+    assert record.levelno == level and record.message.startswith(message)
+    assert (record.exc_info is not None) == traceback

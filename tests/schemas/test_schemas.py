@@ -9,8 +9,9 @@ import time
 import msgspec
 import pytest
 
-from schemas import codec, events, jsonschema, messages, placement, remediation
+from schemas import codec, events, inventory, jsonschema, messages, placement, remediation, settings
 from schemas.errors import DecodeError
+from schemas.pci import PassthroughGpu
 from schemas.workloads import Deploy
 
 NOW = time.time()
@@ -44,10 +45,16 @@ SAMPLE = events.Sample(
         gpus_available=1,
         storage_total=100,
         storage_available=50,
+        cpu_cores_available=7,
     ),
     gpus=[GPU],
     gpu_source="fake",
     fingerprint="ab" * 32,
+    passthrough_gpus=[
+        PassthroughGpu(
+            pci_bus_id="0000:3c:00.0", device_id="0x2330", name="NVIDIA H100", iommu_group="42"
+        )
+    ],
 )
 HEALTH = events.Health(
     ts=NOW,
@@ -58,7 +65,11 @@ HEALTH = events.Health(
             name="gpu_temperature", points=15, max_points=20, reason="hottest GPU 75 C"
         )
     ],
-    checks=[events.HealthCheck(name="xid", status="unhealthy", reason="XID 79", action="drain")],
+    checks=[
+        events.HealthCheck(
+            name="xid", status="unhealthy", reason="XID 79", action="drain", gpus=[0]
+        )
+    ],
 )
 LATENCY = events.Latency(
     ts=NOW,
@@ -70,7 +81,9 @@ ENGINE = events.Engine(
     engines=[events.EngineStatus(kind="vllm", url="http://x", healthy=True, in_flight=3)],
     in_flight=3,
 )
-NOTICE = events.Interruption(ts=NOW, provider="aws", kind="terminate", deadline=NOW + 120)
+NOTICE = events.Interruption(
+    ts=NOW, provider="aws", kind="terminate", deadline=NOW + 120, rehearsal=True
+)
 HEARTBEAT = messages.Heartbeat(
     node_id="n1",
     cluster="c1",
@@ -99,6 +112,7 @@ EXAMPLES: list[msgspec.Struct] = [
     NOTICE,
     events.NodeState(ts=NOW, schedulability="draining", reason="spot", until=NOW + 60),
     events.Inject(ts=NOW, node_id="n1", fault="xid", gpu=0, value=79),
+    events.Inject(ts=NOW, node_id="n1", fault="spot", value=120),
     events.Workloads(
         ts=NOW,
         workloads=[
@@ -131,6 +145,8 @@ EXAMPLES: list[msgspec.Struct] = [
         ours=True,
         jobs=events.SchedulerJobs(running_count=2, pending_count=1, history_reason="no sacct"),
         services=events.SchedulerServices(slurmd_running=True, slurmd_version="22.05.8"),
+        cpus_total=64,
+        cpus_allocated=24,
     ),
     messages.Command(
         id="c-1",
@@ -142,6 +158,17 @@ EXAMPLES: list[msgspec.Struct] = [
         reason="maintenance",
     ),
     messages.CommandResult(command_id="c-1", node_id="n1", cluster="c1", status="done", ts=NOW),
+    messages.CommandResult(
+        command_id="",
+        node_id="n1",
+        cluster="c1",
+        status="rejected",
+        ts=NOW,
+        detail="signed by an untrusted key",
+        signer=KEY,
+        claimed_id="c-2",
+        placed=1,
+    ),
     messages.Alert(
         id="stale:c1:n1:q7",
         kind="stale",
@@ -170,12 +197,28 @@ EXAMPLES: list[msgspec.Struct] = [
         id="r12-psu", since=NOW, until=NOW + 7200, by="U" + "A" * 55, selector={"rack": "r12"}
     ),
     messages.MaintenanceReply(id="r12-psu", status="started"),
+    messages.PolicyRequest(action="clear", cluster="c1", ts=NOW, node="n1", since=NOW),
+    messages.PolicyReply(status="rejected", reason="the hold changed since"),
     messages.Probe(from_node="n1", nonce="x", sent_at=NOW),
     messages.ProbeReply(node_id="n2", nonce="x", sent_at=NOW, replied_at=NOW),
     messages.NodeRecord(
         node_id="n1", cluster="c1", state="active", last_seq=7, last_seen=NOW, heartbeat=HEARTBEAT
     ),
-    messages.TrustEntry(node_id="n1", public_key=KEY, approved_at=NOW),
+    messages.TrustEntry(
+        node_id="n1",
+        public_key=KEY,
+        approved_at=NOW,
+        identity=messages.NodeIdentity(
+            hostname="gpu7",
+            gpus=["GPU-1"],
+            gpu_product="NVIDIA H100 80GB HBM3",
+            gpu_count=2,
+            gpu_passthrough=1,
+            provider="aws",
+            region="us-east-1",
+            instance_type="p5.48xlarge",
+        ),
+    ),
     events.CloudFacts(
         ts=NOW,
         provider="aws",
@@ -195,13 +238,29 @@ EXAMPLES: list[msgspec.Struct] = [
         cluster="c1",
         holds={
             "n1": remediation.Hold(
-                reason_class="xid", reason="xid: XID 79", action="cordon", command_id="c", since=NOW
-            )
+                reason_class="xid", reason="XID 79", action="cordon", command_id="c", since=NOW
+            ),
+            "n3": remediation.Hold(
+                reason_class="hung",
+                reason="no heartbeat for 10m",
+                action="cordon",
+                command_id="d",
+                since=NOW,
+                command_digest="ab",
+                refused="rejected: signed by an untrusted key",
+                needs_attention=True,
+                check="xid",
+                gpus=[2],
+                back_at=NOW,
+            ),
         },
         history={"n1": [NOW]},
         tripped_at=NOW,
         would=["cordon n2"],
         limit=2,
+        base=20,
+        dry={"n4": "cordon: policy: xid: XID 79"},
+        skipped={"n5": "in maintenance (window r12)"},
     ),
     placement.PlacedWorkload(
         name="chat",
@@ -214,6 +273,33 @@ EXAMPLES: list[msgspec.Struct] = [
         ],
         leftovers=[placement.Leftover(node="n3", cluster="c1", index=1, since=NOW, stop_by=NOW)],
         created_at=NOW,
+    ),
+    settings.SettingsEntry(
+        scope="selector",
+        revision=7,
+        issued_at=NOW,
+        values={"heartbeat_interval": "10s", "gpu_thresholds.temperature": "88"},
+        selector={"pool": "inference"},
+        reason="cooler room",
+    ),
+    settings.Settings(
+        ts=NOW,
+        status=settings.SettingsStatus(
+            revision=7,
+            applied={"heartbeat_interval": "cluster.c1"},
+            restart=["shutdown_timeout"],
+            refused={"server": "not settable from the fleet (the node's own file sets it)"},
+        ),
+        live={"heartbeat_interval": 10.0, "peers": ["n2"], "expected_gpus": None, "max_peers": 8},
+    ),
+    inventory.NodeInventory(
+        node_id="n1",
+        cluster="c1",
+        ts=NOW,
+        sample=SAMPLE,
+        engine=ENGINE,
+        labels={"rack": "r7", "gpu.count": "2"},
+        found_labels={"gpu.count": "2"},
     ),
 ]
 

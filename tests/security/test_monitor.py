@@ -3,7 +3,8 @@
 A real nats-server includes the generated accounts with a monitor key; the monitor is a
 plain nats-py connection. It reads the node records (stream info, direct gets: one key
 or the batched scan), what the live views read besides (the latest heartbeats, the
-approved public keys, the partitions' consumer info), alerts and events; everything else
+approved public keys, the partitions' consumer info, the policy's holds), alerts and
+events; everything else
 it tries is refused by the server or lands nowhere: consumers on the records stream, a
 registration, a direct get whose reply names ``fleet.register`` or a trust entry,
 FLEET's inboxes, other streams.
@@ -26,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import record_rules
+from actors.fleet.remediation.actor import policy_bucket
 from actors.fleet.storage import registry
 from actors.fleet.storage.nats_config import JS_API_PREFIX
 from actors.fleet.storage.streams import heartbeat_partitions, provision
@@ -36,6 +38,7 @@ from schemas.messages import Alert
 from schemas.subjects import (
     BUCKET_ENROLL,
     BUCKET_NODES,
+    BUCKET_POLICY,
     BUCKET_TRUST,
     STREAM_COMMANDS,
     STREAM_HEARTBEATS,
@@ -143,6 +146,11 @@ async def test_monitor_reads_records_alerts_and_events(monitored: Monitored) -> 
     trusted = await (await js.key_value(SUBJECTS.bucket_name(BUCKET_TRUST))).get(NODE)
     assert trusted.value is not None and monitored.node.public_key.encode() in trusted.value
     await js.stream_info(heartbeats)
+    # The remediation policy's holds, which describe reads to say who holds a node.
+    holds = await monitored.admin.js.create_key_value(policy_bucket(SUBJECTS))
+    await holds.put(NODE, b"{}")
+    held = await (await js.key_value(SUBJECTS.bucket_name(BUCKET_POLICY))).get(NODE)
+    assert held.value == b"{}"
 
     heard: list[str] = []
 

@@ -44,6 +44,7 @@ from schemas.events import (
     decode_event,
 )
 from schemas.messages import Heartbeat
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import (
     EVENT_CLOUD,
     EVENT_ENGINE,
@@ -54,6 +55,7 @@ from schemas.subjects import (
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_SCHEDULER,
+    EVENT_SETTINGS,
     EVENT_STATE,
     EVENT_WORKLOAD_ORDER,
     EVENT_WORKLOADS,
@@ -251,6 +253,7 @@ STOLEN = VICTIM
 """The node whose seed and client certificate the attacker holds, and whose real agent
 runs: everything below is sent on that node's own subjects, which it may publish on."""
 FORGED_MARK = "forged"
+FORGED_REVISION = 999_999
 
 
 @dataclass
@@ -367,9 +370,10 @@ def chat(name: str = "chat", gpus: tuple[int, ...] = (1,)) -> Deploy:
 def forgeries(state_dir: Path, operator: str) -> list[tuple[str, Event]]:
     """One message of every event kind, each with the worst content the kind can carry:
     orders to run a shell on both GPUs and to stop the operator's workload, a deregistering
-    drained state set ``by`` the operator, a terminate notice, a lost GPU, and claims
-    (sample, health, latency, engine, cloud, Slurm, workloads, gateway) that would show
-    in the node's heartbeat."""
+    drained state set ``by`` the operator, a terminate notice, a lost GPU, settings that
+    would silence the heartbeat for an hour and fail the boot check, and claims (sample,
+    health, latency, engine, cloud, Slurm, workloads, gateway) that would show in the
+    node's heartbeat."""
     now = time.time()
     shell = Deploy(
         name="evil",
@@ -427,6 +431,14 @@ def forgeries(state_dir: Path, operator: str) -> list[tuple[str, Event]]:
         ),
         (EVENT_WORKLOADS, Workloads(ts=now + 60, workloads=[workload])),
         (EVENT_GATEWAY, Gateway(ts=now + 60, serving=True, endpoint="https://evil.example")),
+        (
+            EVENT_SETTINGS,
+            Settings(
+                ts=now,
+                status=SettingsStatus(revision=FORGED_REVISION, applied={"peers": FORGED_MARK}),
+                live={"heartbeat_interval": 3600.0, "stale_after": 86400.0, "expected_gpus": 64},
+            ),
+        ),
     ]
 
 
@@ -445,6 +457,8 @@ def forged_traces(beat: Heartbeat) -> list[str]:
         "cloud": beat.labels.get("region") == FORGED_MARK,
         "scheduler": beat.scheduler is not None,
         "gateway": beat.endpoint == "https://evil.example",
+        "settings": beat.interval == 3600.0
+        or (beat.settings is not None and beat.settings.revision == FORGED_REVISION),
     }
     return [kind for kind, shown in traces.items() if shown]
 

@@ -29,6 +29,7 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import NatsBus
+from actors.runtime.config import Layers
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
 from schemas import signing
 from schemas.events import Event
@@ -158,11 +159,14 @@ def node_events(config: AgentConfig) -> NodeEvents:
     return events
 
 
-async def approved_agent(bus: NatsBus, config: AgentConfig) -> NodeAgent:
-    """Create the node's key, approve it, and start the agent."""
+async def approved_agent(
+    bus: NatsBus, config: AgentConfig, layers: Layers[AgentConfig] | None = None
+) -> NodeAgent:
+    """Create the node's key, approve it, and start the agent (with ``layers``: where its
+    config came from, flags and environment included, as ``node-agent start`` has them)."""
     key = signing.load_or_create_key_file(config.key_path)
     await approve(bus, Subjects(config.prefix), config.node_id, key.public_key)
-    agent = NodeAgent(config)
+    agent = NodeAgent(config, layers)
     await agent.start()
     return agent
 

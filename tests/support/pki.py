@@ -15,15 +15,18 @@ TLS_DIR = "/etc/nats/tls"
 
 
 class Pki:
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> None:
+        """Certificates for servers and routes valid for ``hosts`` (names or addresses)."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ca = trustme.CA()
         self.ca.cert_pem.write_to_path(str(self.ca_file))
-        self.issue("server", "127.0.0.1", "localhost")
+        self.issue("server", *hosts)
         self.route_ca = trustme.CA()
         self.route_ca.cert_pem.write_to_path(str(self.dir / "route-ca.pem"))
-        route = self.route_ca.issue_cert("127.0.0.1", "localhost")
+        route = self.route_ca.issue_cert(*hosts)
         route.cert_chain_pems[0].write_to_path(str(self.dir / "route.pem"))
         route.private_key_pem.write_to_path(str(self.dir / "route-key.pem"))
 

@@ -9,7 +9,7 @@ import actors
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
-from actors.fleet.remediation.policy import PolicyConfig
+from actors.fleet.remediation.config import PolicyConfig
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.supervisor import Actor

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from actors.cli.common import version
+from schemas.messages import AGENT_VERSION
 from tests.commit_msg import SCISSORS, problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,8 @@ PATH = re.compile(r"(?<![\w/.-])((?:actors|schemas|tests|deploy|docs)/[\w./-]*\w
 
 def test_the_changelogs_newest_version_is_the_package_version() -> None:
     """CHANGELOG.md opens with [Unreleased], then versions newest first, each dated; the
-    newest is pyproject's version, which both programs' --version print."""
+    newest is pyproject's version, which both programs' --version print and every
+    heartbeat, /status and the build-info metric carry (AGENT_VERSION)."""
     text = (ROOT / "CHANGELOG.md").read_text()
     assert text.index("## [Unreleased]") < text.index("## [0.")
     releases = RELEASE.findall(text)
@@ -32,7 +34,7 @@ def test_the_changelogs_newest_version_is_the_package_version() -> None:
     dates = [date for _, date in releases]
     assert dates == sorted(dates, reverse=True)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert releases[0][0] == project["version"] == version()
+    assert releases[0][0] == project["version"] == version() == AGENT_VERSION
 
 
 def named_paths(text: str) -> set[str]:

@@ -20,6 +20,10 @@ OUTSIDE = {
 
 ABSENCE = "nothing may happen for a while: the window is the subject (an absence has no event)"
 PACE = "the pace of a load or an attacker is the subject, not a wait"
+HARNESS = (
+    "the fault harness's own clock: a fault's length, the gaps between faults, the pace of "
+    "its retries and of its polls of a condition"
+)
 STAND_IN = "a stand-in server's behaviour: answering late, or never, is what it plays"
 
 ALLOWED: dict[tuple[str, str], str] = {
@@ -36,6 +40,22 @@ ALLOWED: dict[tuple[str, str], str] = {
         'code = "import time\\nwhile True: time.sleep(1)"',
     ): "a child process that never ends by itself, for the stand-in to leave behind",
     ("tests/support/llamacpp_standin.py", "await asyncio.sleep(args.crash_after)"): STAND_IN,
+    ("tests/faults/cluster.py", "time.sleep(0.1)"): HARNESS,
+    ("tests/faults/collect.py", "await asyncio.sleep(1.0 + attempt)"): HARNESS,
+    ("tests/faults/collect.py", "await asyncio.sleep(1.0)"): (
+        "the event loop's lag is measured as a 1 s sleep's overrun"
+    ),
+    ("tests/faults/nemesis.py", "await asyncio.sleep(0.25)"): HARNESS,
+    ("tests/faults/nemesis.py", "await asyncio.sleep(plan.length)"): HARNESS,
+    ("tests/faults/nemesis.py", "await asyncio.sleep(self.rng.uniform(*GAP))"): HARNESS,
+    ("tests/faults/operator.py", "await asyncio.sleep(0.5)"): HARNESS,
+    ("tests/faults/run.py", "await asyncio.sleep(0.5)"): HARNESS,
+    ("tests/fleet/test_silence.py", "await asyncio.sleep(0.5)"): (
+        "simulated nodes beat at their pace (two a second)"
+    ),
+    ("tests/fleet/test_silence.py", "await asyncio.sleep(0.5)  # the nodes' own pace"): (
+        "simulated nodes beat at their pace (two a second)"
+    ),
     ("tests/node/test_latency.py", "await asyncio.sleep(30)"): STAND_IN,
     ("tests/node/test_engine.py", "await asyncio.sleep(30)"): STAND_IN,
     (

@@ -16,7 +16,7 @@ from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
-from actors.fleet.remediation.policy import load_policy
+from actors.fleet.remediation.config import load_policy
 from actors.runtime import logs
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import build

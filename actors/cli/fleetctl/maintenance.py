@@ -22,6 +22,7 @@ from actors.cli.common import (
     fail,
     token,
 )
+from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage.windows import MAX_WINDOW, read_windows
@@ -45,6 +46,7 @@ async def _ask(args: argparse.Namespace, request: Maintenance) -> MaintenanceRep
     key = signing.load_key_file(args.key_file or default_operator_key())
     body = codec.encode(request)
     async with connected(args, "fleetctl") as bus:
+        await check_signer(bus, Subjects(args.prefix), key, args.yes)
         try:
             msg = await bus.request(
                 Subjects(args.prefix).maintenance(), body, args.timeout, key.headers(body)
@@ -150,6 +152,7 @@ def _add_signing(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="how long to wait for an aggregator's answer (default 10s)",
     )
+    add_yes(parser)
     add_server(parser)
 
 

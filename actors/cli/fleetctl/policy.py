@@ -1,32 +1,59 @@
 """``fleetctl policy status|reset|clear``: what the remediation policy holds and why, its
-breaker, and the two operator acts it waits for (a breaker reset, a node cleared)."""
+breaker, what a dry run would do, and the two operator acts it waits for (a breaker
+reset, a node cleared), sent as signed requests an aggregator verifies
+(:mod:`actors.fleet.operator.policy_requests`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
-import nats.js.errors
+import nats.errors
 
-from actors.cli.common import add_server, connected, token
+from actors.cli.common import (
+    KEY_FILE_ENV,
+    add_server,
+    connected,
+    default_operator_key,
+    duration,
+    fail,
+    operator_key,
+    token,
+)
+from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.render import tables
 from actors.fleet.storage.policy_holds import read_policies
-from actors.runtime import kv, spans
-from actors.runtime.bus import Bus, NotProvisioned
+from actors.runtime import spans
 from actors.runtime.spans import clock
 from schemas import codec
 from schemas.errors import FleetError
-from schemas.remediation import PolicyRecord
-from schemas.subjects import BUCKET_POLICY, Subjects
+from schemas.messages import PolicyReply, PolicyRequest
+from schemas.remediation import Hold, PolicyRecord
+from schemas.subjects import Subjects
 
-CAS_ATTEMPTS = 10
+
+def hold_status(hold: Hold, now: float) -> str:
+    """``pending``, ``held``, ``healthy for 2m``, ``hung``, ``refused`` or ``needs
+    attention``: where a hold stands."""
+    if hold.refused:
+        return "refused: needs attention"
+    if hold.needs_attention:
+        return "needs attention"
+    if hold.reason_class == "hung" and hold.back_at is None:
+        return "hung: waiting for a new boot id"
+    if not hold.applied:
+        return "pending (cordon not shown yet)"
+    if hold.healthy_since is not None:
+        return f"healthy for {spans.span(now - hold.healthy_since)}"
+    return "held"
 
 
 def status_text(records: list[PolicyRecord], now: float) -> str:
-    """The breaker and the holds of each cluster, one block per cluster."""
+    """The breaker, the holds, the would-be actions (dry run) and the skipped nodes of
+    each cluster, one block per cluster."""
     if not records:
         return "The remediation policy holds nothing (no aggregator has run it here)."
     lines: list[str] = []
@@ -37,22 +64,30 @@ def status_text(records: list[PolicyRecord], now: float) -> str:
             if record.tripped_at is not None
             else "closed"
         )
+        counted = sum(1 for hold in record.holds.values() if not hold.refused)
+        refused = len(record.holds) - counted
         lines.append(
-            f"Cluster {record.cluster}: breaker {breaker}; holds {len(record.holds)} of "
-            f"at most {record.limit}"
+            f"Cluster {record.cluster}: breaker {breaker}; holds {counted} of at most "
+            f"{record.limit} (of {record.base} reporting nodes)"
+            + (f"; {refused} refused, not counted" if refused else "")
         )
         for would in record.would if record.tripped_at is not None else []:
             lines.append(f"  would: {would}")
         rows = [("NODE", "ACTION", "SINCE", "CLASS", "STATUS", "REASON")]
         for node, hold in sorted(record.holds.items()):
-            status = "needs attention" if hold.needs_attention else "held"
-            if hold.healthy_since is not None and not hold.needs_attention:
-                status = f"healthy for {spans.span(now - hold.healthy_since)}"
+            reason = f"{hold.reason}; {hold.refused}" if hold.refused else hold.reason
             rows.append(
-                (node, hold.action, clock(hold.since), hold.reason_class, status, hold.reason)
-            )
+                (node, hold.action, clock(hold.since), hold.reason_class, hold_status(hold, now),
+                 reason)
+            )  # fmt: skip
         if len(rows) > 1:
             lines += tables.grid(rows)
+        if record.dry:
+            lines.append("  Dry run: what it would do (nothing is sent)")
+            lines += [f"    {node}: {text}" for node, text in sorted(record.dry.items())]
+        if record.skipped:
+            lines.append("  Skipped:")
+            lines += [f"    {node}: {text}" for node, text in sorted(record.skipped.items())]
     return "\n".join(tables.printable(line) for line in lines)
 
 
@@ -64,38 +99,24 @@ def node_lines(records: list[PolicyRecord], cluster: str, node: str, now: float)
             continue
         hold = record.holds.get(node)
         if hold is not None:
-            note = "; needs attention (fleetctl policy clear)" if hold.needs_attention else ""
+            note = ""
+            if hold.refused:
+                note = f"; refused: {hold.refused} (fleetctl policy clear)"
+            elif hold.needs_attention:
+                note = "; needs attention (fleetctl policy clear)"
             lines.append(
                 f"Remediation:     {hold.action} by policy since {clock(hold.since)} "
-                f"({hold.reason}){note}"
+                f"({hold.reason}): {hold_status(hold, now)}{note}"
             )
+        for label, texts in (("would", record.dry), ("skipped", record.skipped)):
+            if node in texts:
+                lines.append(f"Remediation:     {label}: {texts[node]}")
         times = record.history.get(node, [])
         if times:
             lines.append(
                 f"Remediated:      {len(times)} times: " + ", ".join(clock(at) for at in times[-5:])
             )
     return lines
-
-
-async def change(
-    bus: Bus, subjects: Subjects, cluster: str, edit: Callable[[PolicyRecord], PolicyRecord]
-) -> PolicyRecord:
-    """Compare-and-set ``edit`` on a cluster's policy record."""
-    try:
-        bucket = await bus.kv(subjects.bucket_name(BUCKET_POLICY))
-    except NotProvisioned:
-        raise FleetError("no policy bucket: no aggregator has run the policy here") from None
-    for _ in range(CAS_ATTEMPTS):
-        current, revision = await kv.read_with_revision(bucket, cluster, PolicyRecord)
-        if current is None or revision is None:
-            raise FleetError(f"the policy has no record for cluster {cluster}")
-        updated = edit(current)
-        try:
-            await bucket.update(cluster, codec.encode(updated), last=revision)
-            return updated
-        except nats.js.errors.KeyWrongLastSequenceError:
-            continue
-    raise FleetError(f"the policy record of {cluster} kept changing; try again")
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -110,12 +131,48 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_reset(args: argparse.Namespace) -> int:
-    def reset(record: PolicyRecord) -> PolicyRecord:
-        return msgspec.structs.replace(record, tripped_at=None, would=[], updated_by="fleetctl")
-
+async def request(args: argparse.Namespace) -> PolicyReply:
+    """Sign the request for ``args`` (naming the state it acts on, read now from the
+    cluster's record), send it to the aggregators and return the reply."""
+    key = operator_key(args)
+    subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        await change(bus, Subjects(args.prefix), args.cluster, reset)
+        await check_signer(bus, subjects, key, args.yes)
+        found = [r for r in await read_policies(bus, subjects) if r.cluster == args.cluster]
+        if not found:
+            raise FleetError(f"the policy has no record for cluster {args.cluster}")
+        record = found[0]
+        if args.policy_command == "reset":
+            if record.tripped_at is None:
+                raise FleetError(f"the breaker of {args.cluster} is not tripped")
+            wanted = PolicyRequest(
+                action="reset", cluster=args.cluster, ts=time.time(), tripped_at=record.tripped_at
+            )
+        else:
+            hold = record.holds.get(args.node)
+            if hold is None and args.node not in record.history:
+                raise FleetError(f"the policy holds nothing of {args.node} in {args.cluster}")
+            wanted = PolicyRequest(
+                action="clear",
+                cluster=args.cluster,
+                ts=time.time(),
+                node=args.node,
+                since=hold.since if hold is not None else None,
+            )
+        body = codec.encode(wanted)
+        try:
+            msg = await bus.request(subjects.policy(), body, args.timeout, key.headers(body))
+        except nats.errors.TimeoutError:
+            raise FleetError(f"no aggregator answered within {args.timeout:g}s") from None
+        except nats.errors.NoRespondersError:
+            raise FleetError("no aggregator is running to take the request") from None
+    return codec.decode(msg.data, PolicyReply, msg.subject)
+
+
+async def cmd_reset(args: argparse.Namespace) -> int:
+    reply = await request(args)
+    if reply.status == "rejected":
+        return fail(f"reset of {args.cluster}'s breaker refused: {reply.reason}")
     sys.stdout.write(
         f"breaker of {args.cluster} reset: the policy decides from the nodes' current state\n"
     )
@@ -123,31 +180,49 @@ async def cmd_reset(args: argparse.Namespace) -> int:
 
 
 async def cmd_clear(args: argparse.Namespace) -> int:
-    """Forget a node's needs_attention hold and history; the node stays as it is (an
-    operator uncordons it with fleetctl uncordon)."""
-
-    def clear(record: PolicyRecord) -> PolicyRecord:
-        if args.node not in record.holds and args.node not in record.history:
-            raise FleetError(f"the policy holds nothing of {args.node} in {args.cluster}")
-        holds = {node: hold for node, hold in record.holds.items() if node != args.node}
-        history = {node: at for node, at in record.history.items() if node != args.node}
-        return msgspec.structs.replace(record, holds=holds, history=history, updated_by="fleetctl")
-
-    async with connected(args, "fleetctl") as bus:
-        await change(bus, Subjects(args.prefix), args.cluster, clear)
+    """Forget a node's hold and history; the node stays as it is (an operator uncordons
+    it with fleetctl uncordon)."""
+    reply = await request(args)
+    if reply.status == "rejected":
+        return fail(f"clear of {args.node} refused: {reply.reason}")
     sys.stdout.write(
         f"{args.node} cleared: the policy no longer holds it (uncordon it yourself when ready)\n"
     )
     return 0
 
 
+def add_signing(parser: argparse.ArgumentParser) -> None:
+    """The signed request's key, the wait for an aggregator's answer, the server."""
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"operator key that signs the request (env {KEY_FILE_ENV}; default "
+        f"{default_operator_key()})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        default=10.0,
+        help="how long to wait for an aggregator's answer (default 10s)",
+    )
+    add_yes(parser)
+    add_server(parser)
+
+
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``policy`` and its subcommands."""
     parser = commands.add_parser(
-        "policy", help="the remediation policy: what it holds and why, its breaker"
+        "policy",
+        help="the remediation policy: what it holds and why, its breaker",
+        description="reset and clear are requests signed by the operator key, carried out by "
+        "an aggregator that trusts it (its trust_operators); each names the state it acts "
+        "on (the trip, the hold), so a copy sent again later changes nothing.",
     )
     subs = parser.add_subparsers(dest="policy_command", required=True)
-    status = subs.add_parser("status", help="the breaker and the nodes the policy holds")
+    status = subs.add_parser(
+        "status", help="the breaker, the nodes the policy holds, what a dry run would do"
+    )
     status.add_argument("--cluster", type=token("cluster"), help="one cluster (default all)")
     status.add_argument("--json", action="store_true", help="the policy records as JSON")
     add_server(status)
@@ -158,14 +233,14 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reset.add_argument(
         "--cluster", type=token("cluster"), required=True, help="the cluster whose breaker closes"
     )
-    add_server(reset)
+    add_signing(reset)
     reset.set_defaults(func=cmd_reset)
     clear = subs.add_parser(
-        "clear", help="forget a node the policy holds (needs_attention) and its history"
+        "clear", help="forget a node the policy holds (needs attention, refused) and its history"
     )
     clear.add_argument("node", type=token("node id"), help="the node's id")
     clear.add_argument(
         "--cluster", type=token("cluster"), required=True, help="the cluster of the node"
     )
-    add_server(clear)
+    add_signing(clear)
     clear.set_defaults(func=cmd_clear)

@@ -4,11 +4,14 @@
 Nodes are taken in node-id order. Each gets its own signed command, and its slot is freed
 only by the node's final result (for a drain: once its work finished or its deadline
 passed; a deploy: once the workload is ready or failed). The first failure (a rejection,
-a failed command, no final result in time, a drain whose deadline passed with work left)
-stops new commands; those already sent are followed to their end; ``--continue`` goes on
-instead. Nodes already in the target state (for a deploy: running that workload ready)
-are skipped, so running the same command again resumes where it stopped. ``--dry-run``
-lists the nodes in order and sends nothing.
+a failed command, no final result in time, a drain whose deadline passed with requests
+in flight or placed workloads the fleet had not moved) stops new commands; those already
+sent are followed to their end; ``--continue`` goes on instead. Each result is printed
+as it comes, with the time (UTC) and the node; one summary line ends the run (``2 of 2
+drained, 1 with placed work not moved by the deadline (n3)``), and the exit status is 1
+when a node failed, 3 when one left work, else 0. Nodes already in the target state (for
+a deploy: running that workload ready) are skipped, so running the same command again
+resumes where it stopped. ``--dry-run`` lists the nodes in order and sends nothing.
 """
 
 from __future__ import annotations
@@ -22,19 +25,22 @@ from actors.cli.common import connected, default_operator_key, fail
 from actors.cli.fleetctl.send import (
     EXIT_DONE,
     EXIT_FAILED,
+    EXIT_LEFT_IN_FLIGHT,
     ResultFollower,
     action_of,
     cmd_send,
     describe,
 )
+from actors.cli.fleetctl.signer import check_signer
 from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
 from actors.runtime.bus import Bus, listening
+from actors.runtime.spans import clock
 from schemas import codec, signing
 from schemas.errors import FleetError
-from schemas.messages import NodeRecord, command_digest
+from schemas.messages import CommandResult, NodeRecord, command_digest
 from schemas.subjects import Subjects
 
 DONE_STATES = {
@@ -69,20 +75,42 @@ def done_already(record: NodeRecord, args: argparse.Namespace) -> bool:
     return record.schedulability in DONE_STATES[args.command]
 
 
+DONE_WORDS = {
+    "cordon": "cordoned",
+    "drain": "drained",
+    "uncordon": "uncordoned",
+    "deploy": "deployed",
+}
+"""What a node that reached its final ``done`` result is, per command."""
+
+
+def say(node: str, text: str) -> None:
+    """One progress line: the time (UTC), the node, what happened."""
+    sys.stdout.write(f"{clock(time.time())} {node}: {text}\n")
+    sys.stdout.flush()
+
+
 class Rollout:
-    """Sends the commands, at most ``limit`` unfinished at once."""
+    """Sends the commands, at most ``limit`` unfinished at once, and tells how each node
+    ended: done, done with work left (in flight, or placed workloads the fleet did not
+    move by the deadline), or failed."""
 
     def __init__(self, bus: Bus, args: argparse.Namespace, key: signing.KeyPair) -> None:
         self.bus = bus
         self.args = args
         self.key = key
         self.subjects = Subjects(args.prefix)
+        self.done: list[str] = []
+        self.not_moved: list[str] = []
+        self.in_flight: list[str] = []
         self.failed: list[str] = []
         self.stopped = False
 
     async def one(self, record: NodeRecord, slots: asyncio.Semaphore) -> None:
         args = self.args
         node, cluster = record.node_id, record.cluster
+        final: CommandResult | None = None
+        follower: ResultFollower | None = None
         try:
             command = new_command(node, cluster, action_of(args), args.reason, args.expires)
             digest = command_digest(codec.encode(command))
@@ -91,23 +119,47 @@ class Rollout:
             routes = {self.subjects.result(cluster, node): follower.on_result}
             async with listening(self.bus, routes):
                 await publish_command(self.bus, self.subjects, self.key, command)
-                sys.stdout.write(f"{node}: {args.command} sent (id {command.id})\n")
+                say(node, f"{args.command} sent (id {command.id})")
                 work = getattr(args, "deadline", getattr(args, "ready_timeout", 0.0))
                 timeout = args.timeout or work + 60.0
-                final = await follower.until_final(timeout, show=False)
-            outcome = describe(final) if final else f"no final result within {timeout:g}s"
-            ok = final is not None and follower.exit_status(final) == EXIT_DONE
+                final = await follower.until_final(
+                    timeout, progress=lambda result: say(node, describe(result))
+                )
+            if final is None:
+                say(node, f"no final result within {timeout:g}s")
         except FleetError as exc:
-            outcome, ok = str(exc), False
+            say(node, str(exc))
         finally:
             slots.release()
-        sys.stdout.write(f"{node}: {outcome}\n")
-        sys.stdout.flush()
-        if not ok:
+        if final is None or follower is None or final.status != "done":
             self.failed.append(node)
+        else:
+            self.done.append(node)
+            if follower.placed_left:
+                self.not_moved.append(node)
+            if follower.left_over:
+                self.in_flight.append(node)
+        if node in self.failed or node in self.not_moved or node in self.in_flight:
             self.stopped = not args.keep_going
 
+    def summary(self, total: int, started: int) -> str:
+        """``2 of 2 drained, 1 with placed work not moved by the deadline (n3)``."""
+        parts = [f"{len(self.done)} of {total} {DONE_WORDS[self.args.command]}"]
+        for nodes, what in (
+            (self.not_moved, "with placed work not moved by the deadline"),
+            (self.in_flight, "with requests in flight at the deadline"),
+            (self.failed, "failed"),
+        ):
+            if nodes:
+                parts.append(f"{len(nodes)} {what} ({', '.join(sorted(nodes))})")
+        if total > started:
+            parts.append(f"{total - started} not started (run it again to resume)")
+        return ", ".join(parts)
+
     async def run(self, todo: list[NodeRecord]) -> int:
+        """Every node of ``todo`` in order (stopping at the first that failed or left work,
+        unless --continue); one summary line; 1 when a node failed, 3 when one left work
+        (in flight, or placed and not moved), else 0."""
         slots = asyncio.Semaphore(self.args.max_unavailable)
         tasks = []
         for record in todo:
@@ -117,12 +169,14 @@ class Rollout:
                 break
             tasks.append(asyncio.create_task(self.one(record, slots)))
         await asyncio.gather(*tasks)
+        line = f"{args_what(self.args)}: {self.summary(len(todo), len(tasks))}\n"
         if self.failed:
-            left = len(todo) - len(tasks)
-            tail = f"; {left} nodes not started (run it again to resume)" if left else ""
-            failed = ", ".join(self.failed)
-            sys.stderr.write(f"error: {args_what(self.args)} failed on {failed}{tail}\n")
+            sys.stderr.write(f"error: {line}")
             return EXIT_FAILED
+        if self.not_moved or self.in_flight:
+            sys.stderr.write(f"error: {line}")
+            return EXIT_LEFT_IN_FLIGHT
+        sys.stdout.write(line)
         return EXIT_DONE
 
 
@@ -148,6 +202,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
                 )
             return EXIT_DONE
         key = signing.load_key_file(args.key_file or default_operator_key())
+        await check_signer(bus, subjects, key, args.yes)
         skipped = len(chosen) - len(todo)
         sys.stdout.write(
             f"{args_what(args)}: {len(todo)} nodes, at most {args.max_unavailable} at a time"

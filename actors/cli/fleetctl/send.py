@@ -36,6 +36,8 @@ from actors.cli.common import (
     stop_event,
     token,
 )
+from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.render import tables
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
@@ -65,8 +67,8 @@ EXIT_LEFT_IN_FLIGHT = 3
 EXIT_INTERRUPTED = 130
 EXIT_STATUSES = (
     "Exit status with --wait: 0 done, 1 failed or rejected, 2 no final result in time "
-    "(or a usage error), 3 a drain whose deadline passed with work still in flight, "
-    "130 interrupted (the command continues)."
+    "(or a usage error), 3 a drain whose deadline passed with work still in flight or "
+    "placed workloads not moved, 130 interrupted (the command continues)."
 )
 
 
@@ -88,7 +90,10 @@ class ResultFollower:
 
     Given no node, the first verified result naming the id says which node it is; given
     no digest, the first such result's digest is the command's (a re-attach has only the
-    id; the node's result to the command sent comes before any later copy's)."""
+    id; the node's result to the command sent comes before any later copy's). A node's
+    rejection of a message signed by a key it does not trust names no id, only the id
+    that message claims (``claimed_id``): a re-attach takes it as the command's, and
+    shows who signed it."""
 
     def __init__(
         self,
@@ -106,6 +111,8 @@ class ResultFollower:
         self.keys: dict[str, str | None] = {}
         self.left_over: int | None = None
         """In flight when the drain ended (results of a drained node carry it)."""
+        self.placed_left: int | None = None
+        """Placed workloads the fleet had not moved off the node when the drain ended."""
         self.results: asyncio.Queue[CommandResult] = asyncio.Queue(maxsize=1024)
 
     async def expect_key(self, node: str) -> None:
@@ -123,7 +130,8 @@ class ResultFollower:
             result = codec.decode(msg.data, CommandResult, msg.subject)
         except (InvalidToken, SignatureError, DecodeError):
             return
-        if result.command_id == self.command_id and not self.digest:
+        claims = result.command_id == "" and result.claimed_id == self.command_id
+        if (result.command_id == self.command_id or claims) and not self.digest:
             self.digest = result.command_digest
         named = result.command_id == self.command_id or (result.command_id == "" and self.digest)
         if (
@@ -138,6 +146,8 @@ class ResultFollower:
             if result.schedulability == "drained" and result.jobs_running:
                 # Slurm jobs still running at the deadline were cut off like requests.
                 self.left_over = (self.left_over or 0) + result.jobs_running
+            if result.schedulability == "drained" and result.status in FINAL_STATUSES:
+                self.placed_left = result.placed
             self.results.put_nowait(result)
 
     async def _key_of(self, node: str) -> str | None:
@@ -148,8 +158,14 @@ class ResultFollower:
                 self.keys[node] = None
         return self.keys[node]
 
-    async def until_final(self, timeout: float, show: bool = True) -> CommandResult | None:
-        """Print each result as a progress line; the final one, or None at the timeout."""
+    async def until_final(
+        self,
+        timeout: float,
+        show: bool = True,
+        progress: Callable[[CommandResult], None] | None = None,
+    ) -> CommandResult | None:
+        """Print each result as a progress line (or hand it to ``progress``); the final
+        one, or None at the timeout."""
         deadline = time.monotonic() + timeout
         interactive = show and sys.stdout.isatty()
         while True:
@@ -161,7 +177,9 @@ class ResultFollower:
                     result = await self.results.get()
             except TimeoutError:
                 return None
-            if show:
+            if progress is not None:
+                progress(result)
+            elif show:
                 line = describe(result)
                 if interactive and result.status not in FINAL_STATUSES:
                     sys.stdout.write("\r\x1b[K" + line)
@@ -172,21 +190,38 @@ class ResultFollower:
                 return result
 
     def exit_status(self, final: CommandResult) -> int:
-        """0 done, 1 failed or rejected, 3 done with work still in flight at the deadline."""
+        """0 done, 1 failed or rejected, 3 done with work still in flight or placed
+        workloads not moved at the deadline."""
         if final.status != "done":
             return EXIT_FAILED
-        return EXIT_LEFT_IN_FLIGHT if self.left_over else EXIT_DONE
+        return EXIT_LEFT_IN_FLIGHT if self.left_over or self.placed_left else EXIT_DONE
 
 
 def describe(result: CommandResult) -> str:
+    """One result as a line: its status and detail, the node's state and counts, and for
+    a rejection who signed what the node refused (and the id a message claimed)."""
     facts: list[str] = [result.schedulability or ""]
     if result.in_flight is not None:
         facts.append(f"{result.in_flight} in flight")
     if result.jobs_running is not None:
         facts.append(f"{result.jobs_running} Slurm jobs running")
+    if result.placed is not None:
+        facts.append(f"{result.placed} placed workloads")
+    if result.status == "rejected" and result.signer:
+        facts.append(f"signed by {key_name(result.signer)}")
+    if result.status == "rejected" and result.claimed_id:
+        facts.append(f"a message claiming id {result.claimed_id}")
     tail = ", ".join(fact for fact in facts if fact)
     detail = f": {result.detail}" if result.detail else ""
-    return f"{result.status}{detail}" + (f" [{tail}]" if tail else "")
+    return tables.printable(f"{result.status}{detail}" + (f" [{tail}]" if tail else ""))
+
+
+def key_name(public_key: str) -> str:
+    """A key as a node's result names it: its fingerprint, or the text if it is no key."""
+    try:
+        return signing.fingerprint(public_key)
+    except ValueError:
+        return tables.printable(public_key)
 
 
 def action_of(args: argparse.Namespace) -> Action:
@@ -315,6 +350,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     stop = stop_event()
     async with connected(args, "fleetctl") as bus:
+        await check_signer(bus, subjects, key, args.yes)
         cluster = await target_cluster(bus, subjects, args.node, args.cluster)
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
         sent = f"{args.command} sent: id={command.id} node={args.node}\n"
@@ -377,6 +413,7 @@ def add_signed_command_options(sub: argparse.ArgumentParser) -> None:
         default=None,
         help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
+    add_yes(sub)
     add_server(sub)
 
 

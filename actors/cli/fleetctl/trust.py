@@ -22,6 +22,7 @@ from actors.cli.common import (
     operator_key,
     token,
 )
+from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.render.tables import printable
 from actors.fleet import identity
 from actors.fleet.aggregator import pending
@@ -184,6 +185,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
     key = operator_key(args)
     body = codec.encode(Forget(node_id=args.node, ts=time.time(), reason=args.reason))
     async with connected(args, "fleetctl") as bus:
+        await check_signer(bus, Subjects(args.prefix), key, args.yes)
         try:
             msg = await bus.request(
                 Subjects(args.prefix).forget(), body, args.timeout, key.headers(body)
@@ -287,6 +289,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     forget.add_argument("node", type=token("node id"), help="the node's id")
     forget.add_argument("--reason", default="", help="why, recorded in the node's record")
+    add_yes(forget)
     forget.add_argument(
         "--key-file",
         type=Path,

@@ -96,6 +96,8 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         http_port=0,
         gateway_port=0,
         trust_operators=[operator],
+        # A demo sees `fleetctl settings set` take effect within seconds.
+        settings_interval=5.0,
     )
 
 

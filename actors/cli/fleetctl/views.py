@@ -20,8 +20,10 @@ from nats.aio.msg import Msg
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.render import describe, tables
+from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import leases, policy_holds, registry
+from actors.fleet.storage import settings as settings_store
 from actors.fleet.views import history, live
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
@@ -41,11 +43,18 @@ def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
 
 
 def write_nodes(
-    records: list[NodeRecord], output: str, colour: bool, rows: bool, of: int | None = None
+    records: list[NodeRecord],
+    output: str,
+    colour: bool,
+    rows: bool,
+    of: int | None = None,
+    pending: bool = False,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
     is written record by record (the same bytes as one array), so a 100,000-node
-    listing is never one string in memory. ``of``: how many there were before filters."""
+    listing is never one string in memory. ``of``: how many there were before filters;
+    ``pending``: only pending nodes were asked for, shown with what their registrations
+    said of their machines."""
     if output == "json":
         sys.stdout.write("[")
         for index, record in enumerate(records):
@@ -53,6 +62,8 @@ def write_nodes(
         sys.stdout.write("]\n")
     elif summarised(records, output, rows):
         sys.stdout.write(tables.fleet_summary(records))
+    elif pending and output in ("table", "wide"):
+        sys.stdout.write(tables.pending_table(records))
     else:
         sys.stdout.write(tables.nodes_output(records, output, colour, of))
 
@@ -94,7 +105,9 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 if shown is not None:
                     sys.stdout.write("\n")
                 shown = key
-                write_nodes(records, output, colour, rows, of=len(every))
+                write_nodes(
+                    records, output, colour, rows, of=len(every), pending=states == {"pending"}
+                )
                 sys.stdout.flush()
             if stop is None:
                 return 0
@@ -180,8 +193,9 @@ class EventSigners:
         self.approved: dict[str, str | None] = {}
 
     async def verdict(self, msg: Msg) -> str:
-        """``verified`` (the node's approved key), ``signed-by=<key>`` (another valid key,
-        e.g. an operator's inject), ``unsigned`` or ``bad-signature``."""
+        """``node-claim`` (signed with the node's approved key: what the node says, which a
+        stolen node key can say too), ``signed-by=<key>`` (another valid key, e.g. an
+        operator's inject), ``unsigned`` or ``bad-signature``."""
         headers = msg.headers or {}
         if signing.HEADER_KEY not in headers or signing.HEADER_SIG not in headers:
             return "unsigned"
@@ -192,7 +206,7 @@ class EventSigners:
         node = msg.subject.split(".")[-2]
         if self.approved.get(node) != signer:
             self.approved[node] = await self._read_approved(node)
-        return "verified" if self.approved[node] == signer else f"signed-by={signer}"
+        return "node-claim" if self.approved[node] == signer else f"signed-by={signer}"
 
     async def _read_approved(self, node: str) -> str | None:
         try:
@@ -205,8 +219,8 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts (and with --events, node events) as they arrive, one line each. An
     alert is time, severity, node, kind and message (``--json``: the stored JSON); with
     ``--since`` the alerts stored in that window come first, from FLEET_ALERTS. A node
-    event is its subject, whether it verified, then its JSON body. Anything that could
-    drive the terminal is escaped."""
+    event is its subject, who signed it (:meth:`EventSigners.verdict`), then its JSON
+    body. Anything that could drive the terminal is escaped."""
     subjects = Subjects(args.prefix)
     want_alerts = args.alerts or not args.events
 
@@ -263,7 +277,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         record = await live.read_node(bus, subjects, args.node)
-        alerts, results = await history.node_history(
+        alerts, results = await history.recent_history(
             bus, subjects, args.node, limit=describe.RECENT
         )
         policies = await policy_holds.read_policies(bus, subjects)
@@ -273,6 +287,12 @@ async def cmd_describe(args: argparse.Namespace) -> int:
             )
         except DecodeError as exc:
             enrolled = [f"Identity:        unknown: {exc}"]
+        try:
+            settings = render_settings.settings_lines(
+                record, await settings_store.current(bus, subjects)
+            )
+        except settings_store.NoSettingsBucket:
+            settings = render_settings.settings_lines(record, [])
     now = time.time()
     remediation = policy.node_lines(policies, record.cluster, record.node_id, now)
     text = describe.describe(
@@ -283,6 +303,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
         remediation,
         enrolled,
         policy_holds.policy_keys(policies),
+        settings,
     )
     sys.stdout.write(text + "\n")
     return 0
@@ -313,7 +334,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--state",
         action="append",
         choices=get_args(RecordState),
-        help="only nodes in this state (repeatable: any of them)",
+        help="only nodes in this state (repeatable: any of them); pending alone lists each "
+        "registration's key and the machine it says it is (host, GPUs, cloud, instance type)",
     )
     nodes.add_argument(
         "-l",
@@ -371,7 +393,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     watch.add_argument(
         "--events",
         action="store_true",
-        help="node events (core NATS, live), with whether each verified",
+        help="node events (core NATS, live), with who signed each (node-claim: the node's own key)",
     )
     watch.add_argument("--node", help="only this node")
     watch.add_argument(

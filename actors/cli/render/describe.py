@@ -1,8 +1,8 @@
 """``fleetctl describe``'s rendering: one node's record explained top to bottom (state and
 why, schedulability and who set it, health, GPUs, host, engines, workloads, latency, spot,
-Slurm), then its recent alerts and command results. What only the node says (who set its
-state, its host name) is labelled as its claim; what the fleet recorded itself (the
-policy's hold, the enrolled identity) is said as a fact."""
+Slurm, the fleet's settings), then its recent alerts and command results. What only the
+node says (who set its state, its host name) is labelled as its claim; what the fleet
+recorded itself (the policy's hold, the enrolled identity) is said as a fact."""
 
 from __future__ import annotations
 
@@ -38,10 +38,12 @@ def describe(
     remediation: list[str] | None = None,
     identity: list[str] | None = None,
     policy_keys: Collection[str] = (),
+    settings: list[str] | None = None,
 ) -> str:
     """``fleetctl describe``: the record and why it is in its state, read top to bottom;
     ``remediation``: what the remediation policy holds of the node and did to it;
     ``identity``: its enrolled identity against its claims (:func:`identity_lines`);
+    ``settings``: the fleet's settings for it (:mod:`actors.cli.render.settings`);
     ``policy_keys``: the keys the policy signs with (a node naming one while the policy
     holds nothing of it is said to)."""
     beat = record.heartbeat
@@ -61,7 +63,8 @@ def describe(
             "(fleetctl maintenance list)"
         )
     lines += remediation or []
-    lines.append(f"Labels:          {labels_text(record.labels)}")
+    claims = f" ({CLAIM}s)" if record.labels else ""
+    lines.append(f"Labels:          {labels_text(record.labels)}{claims}")
     lines += identity or []
     lines += _lifecycle(record)
     if beat is None:
@@ -81,6 +84,7 @@ def describe(
     lines.append(f"Spot:            {_spot(beat.spot)}")
     if beat.scheduler is not None:
         lines += _slurm(beat.scheduler)
+    lines += settings or []
     lines += _recent(alerts, results)
     # printable() is idempotent, so escaping the already escaped tables again is harmless.
     return "\n".join(printable(line) for line in lines)
@@ -260,9 +264,28 @@ def _health(health: Health | None, state: str) -> list[str]:
 
 
 def _gpus(sample: Sample | None) -> list[str]:
-    if sample is not None and sample.gpu_error and not sample.gpus:
+    if sample is None:
+        return ["GPUs:            none"]
+    return _managed_gpus(sample) + _passthrough(sample)
+
+
+def _passthrough(sample: Sample) -> list[str]:
+    """The GPUs bound to vfio-pci: one line, each by address and product (or device id)."""
+    if not sample.passthrough_gpus:
+        return []
+    gpus = ", ".join(
+        f"{gpu.pci_bus_id} {gpu.name or gpu.device_id}"
+        + (f" (iommu group {gpu.iommu_group})" if gpu.iommu_group else "")
+        for gpu in sample.passthrough_gpus
+    )
+    count = len(sample.passthrough_gpus)
+    return [f"Passthrough:     {count} GPUs bound to vfio-pci, not this node's to use: {gpus}"]
+
+
+def _managed_gpus(sample: Sample) -> list[str]:
+    if sample.gpu_error and not sample.gpus:
         return [f"GPUs:            none ({sample.gpu_source} fails: {sample.gpu_error})"]
-    if sample is None or not sample.gpus:
+    if not sample.gpus:
         return ["GPUs:            none"]
     rows: list[tuple[str, ...]] = [
         ("GPU", "NAME", "MEMORY", "TEMP", "POWER", "UTIL", "ECC (CORR/UNCORR)", "XIDS", "LOST")

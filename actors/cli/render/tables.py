@@ -14,6 +14,7 @@ import msgspec
 from actors.fleet.views.history import Entry
 from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
+from schemas import signing
 from schemas.messages import Alert, CommandResult, NodeRecord
 
 NODE_OUTPUTS = ("table", "wide", "json", "yaml")
@@ -181,6 +182,61 @@ def change_key(record: NodeRecord) -> tuple[object, ...]:
         record.health_score,
         record.gpus_total,
         record.agent_version,
+    )
+
+
+PENDING_COLUMNS = (
+    "NODE",
+    "CLUSTER",
+    "REGISTERED",
+    "KEY",
+    "HOST",
+    "GPUS",
+    "PROVIDER",
+    "INSTANCE TYPE",
+    "REGION",
+)
+
+
+def pending_row(record: NodeRecord, now: float) -> tuple[str, ...]:
+    """One pending registration: its key's fingerprint (and how many other keys registered
+    the name) and what it said of its machine (the first key's identity), all claims."""
+    identity = record.registered_identity
+    key = signing.fingerprint(record.public_key) if record.public_key else "-"
+    if record.candidates:
+        key += f" (+{len(record.candidates)} other keys)"
+    gpus = "-"
+    if identity is not None:
+        gpus = (
+            f"{identity.gpu_count} x {identity.gpu_product or '?'}" if identity.gpu_count else "0"
+        )
+        if identity.gpu_passthrough:
+            gpus += f" ({identity.gpu_passthrough} passthrough)"
+    registered = span(now - record.pending_since) + " ago" if record.pending_since else "approved"
+    return (
+        record.node_id,
+        record.cluster,
+        registered,
+        key,
+        (identity.hostname if identity is not None else "") or "-",
+        gpus,
+        (identity.provider if identity is not None else "") or "-",
+        (identity.instance_type if identity is not None else "") or "-",
+        (identity.region if identity is not None else "") or "-",
+    )
+
+
+def pending_table(records: list[NodeRecord], now: float | None = None) -> str:
+    """``fleetctl nodes --state pending``: each registration's key and the machine it
+    says it is (newline-terminated, with a line on what to compare before approving)."""
+    now = time.time() if now is None else now
+    rows = [PENDING_COLUMNS, *(pending_row(record, now) for record in records)]
+    return (
+        "\n".join(grid(rows, indent=""))
+        + "\n"
+        + summary(records)
+        + "; what each says of its machine is its claim: compare it (and the key, "
+        "'node-agent key show' there) before 'fleetctl approve NODE'\n"
     )
 
 

@@ -19,6 +19,8 @@ reads top to bottom in :meth:`HeartbeatPath.judge`:
 - :mod:`~actors.fleet.aggregator.ledger`: the node table, which takes verdicts in;
   :mod:`~actors.fleet.aggregator.reads` and :mod:`~actors.fleet.aggregator.writes`:
   its records read from and written to ``fleet_nodes``;
+  :mod:`~actors.fleet.aggregator.silence`: a TTL marker after a silence of the whole
+  stream held, not believed at once;
 - beside the path, :mod:`~actors.fleet.aggregator.sweeps` (stale, offline, refused, full) and
   :mod:`~actors.fleet.aggregator.registrar` (``fleet.register``).
 
@@ -51,6 +53,8 @@ from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.record_rules import AlertSpec
 from actors.fleet.aggregator.registrar import Registrar
+from actors.fleet.aggregator.retirement import Retirement
+from actors.fleet.aggregator.silence import Held
 from actors.fleet.aggregator.sweeps import Sweeps
 from actors.fleet.aggregator.verify import Signatures
 from actors.fleet.aggregator.view import View
@@ -93,7 +97,12 @@ class AggregatorActor:
         self.reads = reads = RecordReads(ledger, bus, subjects)
         self.writes = writes = RecordWrites(ledger, bus, subjects, store)
         self.ownership = Ownership(config, bus, subjects, metrics, ledger, reads, writes)
-        self.sweeps = Sweeps(config, ledger, reads, writes, self.ownership, store, self.alerts)
+        retirement = Retirement(
+            config, bus, subjects, ledger, self.ownership, writes, self.alerts, metrics
+        )
+        self.sweeps = Sweeps(
+            config, ledger, reads, writes, self.ownership, store, self.alerts, retirement
+        )
         self.registrar = Registrar(
             config, bus, subjects, metrics, store, ledger, self.ownership.owns
         )
@@ -246,6 +255,8 @@ class HeartbeatPath:
         headers = msg.headers or {}
         state = self.ledger.nodes.get(node)
         marker = headers.get(MARKER_REASON)
+        if marker is None:
+            self.ledger.pulse.stored(stored.at)
         if (
             state is None
             and not fetched
@@ -333,8 +344,44 @@ class HeartbeatPath:
         self.metrics.markers.inc()
         if state is None or verdict is None:
             return []
+        beat = state.record.heartbeat
+        held = (
+            Held(stored.at, reason, beat.stale_after, beat.interval, stored.stream_seq)
+            if beat
+            else None
+        )
+        if held is not None and self.ledger.pulse.silent(stored.at, held.stale_after):
+            # The whole stream was silent before this marker: the bus's silence, maybe
+            # not the node's. Held until heartbeats flow again (see the silence module).
+            log.info(
+                "TTL marker after a silence of the stream; held",
+                extra={"node": node, "marked_at": round(stored.at, 3)},
+            )
+            self.ledger.held.hold(node, held)
+            return []
+        return [partial(self._confirm_stale, cluster, node, verdict, held)]
+
+    async def _confirm_stale(
+        self, cluster: str, node: str, verdict: Verdict, held: Held | None
+    ) -> None:
+        """Make the node stale as its marker says, unless FLEET_HB_IN holds a newer
+        heartbeat of it (FLEET_HB fell behind its source while others' heartbeats were
+        still stored: the node beats) or cannot be read: then the marker is held."""
+        state = self.ledger.nodes.get(node)
+        if state is None:
+            return
+        key = await self.verify.store.trusted_key(node)
+        if held is not None and key is not None:
+            if await self.ownership.beating_upstream(state.record, key) in (True, None):
+                log.info(
+                    "marker held: FLEET_HB_IN says the node beats, or cannot say",
+                    extra={"node": node},
+                )
+                self.ledger.held.hold(node, held)
+                return
         self.ledger.mark_stale(node, state, verdict.record)
-        return self._steps(cluster, node, verdict)
+        for step in self._steps(cluster, node, verdict):
+            await step()
 
     def _refused(self, cluster: str, node: str, refusal: Refused, stream_seq: int) -> list[Step]:
         """The I/O a refusal needs: the refused heartbeat deleted from FLEET_HB, its alert,

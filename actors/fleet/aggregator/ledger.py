@@ -2,10 +2,11 @@
 
 Holds every owned node's :class:`NodeState` (:mod:`actors.fleet.aggregator.hot_state`),
 the nodes seen going stale, the refused ones (:class:`RefusalTracker`), the count of
-pending records and the checkpoints due; applies verdicts to the table
-(:meth:`Ledger.accept`). Judges nothing, raises no alert and does no I/O: records are
-read into the table by :mod:`~actors.fleet.aggregator.reads` and written from it by
-:mod:`~actors.fleet.aggregator.writes`.
+pending records, the checkpoints due, and when the stream stored what was judged with the
+TTL markers held through a silence of it (:mod:`~actors.fleet.aggregator.silence`);
+applies verdicts to the table (:meth:`Ledger.accept`). Judges nothing, raises no alert
+and does no I/O: records are read into the table by :mod:`~actors.fleet.aggregator.reads`
+and written from it by :mod:`~actors.fleet.aggregator.writes`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, NodeTa
 from actors.fleet.aggregator.judge import Verdict
 from actors.fleet.aggregator.pending import PendingCounts
 from actors.fleet.aggregator.refusals import RefusalTracker, mark_refused
+from actors.fleet.aggregator.silence import HeldMarkers, StreamPulse
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from schemas import codec
@@ -38,6 +40,10 @@ class Ledger:
         self.pending = PendingCounts()
         """Pending records, in all and per key, as of the last full sweep plus those
         registered since."""
+        self.pulse = StreamPulse()
+        """When FLEET_HB stored the heartbeats judged here (see the silence module)."""
+        self.held = HeldMarkers()
+        """TTL markers that came after a silence of the whole stream, not yet believed."""
         self._accepted = 0
         self._to_pack: list[tuple[NodeState, bytes]] = []
         """The bodies of the heartbeats accepted while judging, packed once it is done
@@ -64,6 +70,7 @@ class Ledger:
                 state.reset_consumed = True
             state.record = verdict.record
         self.refusals.on_accepted(node)
+        self.held.release(node)
         self._to_pack.append((state, body or codec.encode(heartbeat)))
         state.fresh = False
         state.dirty = True
@@ -116,3 +123,11 @@ class Ledger:
             self.nodes.pop(node, None)
             self.stale.discard(node)
             self.refusals.forget(node)
+
+    def superseded(self, node: str) -> None:
+        """Another owner judged later heartbeats of ``node`` than this one holds: its view
+        here is dropped (the node's next heartbeat, if it is still this owner's, reads the
+        record afresh)."""
+        self.nodes.pop(node, None)
+        self.stale.discard(node)
+        self.held.release(node)

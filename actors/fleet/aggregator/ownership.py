@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -40,8 +42,16 @@ from actors.runtime.consumer import (
     DurableConsumer,
     consume_in_batches,
 )
-from schemas.errors import InvalidToken
-from schemas.subjects import BUCKET_LEASES, STREAM_HEARTBEATS, Subjects, partition_of
+from schemas import signing
+from schemas.errors import InvalidToken, SignatureError
+from schemas.messages import NodeRecord
+from schemas.subjects import (
+    BUCKET_LEASES,
+    STREAM_HEARTBEAT_INTAKE,
+    STREAM_HEARTBEATS,
+    Subjects,
+    partition_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,14 @@ NO_MESSAGE_FOUND = 10057
 """JetStream's error code for deleting a message that is not (or no longer) stored."""
 
 Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
+UPSTREAM_TIMEOUT = 2.0
+"""Seconds a read of a node's latest heartbeat in FLEET_HB_IN may take."""
+
+
+class _Seq(msgspec.Struct):
+    """The one field of a heartbeat :meth:`Ownership.beating_upstream` reads."""
+
+    seq: int
 
 
 class Ownership:
@@ -78,12 +96,17 @@ class Ownership:
         self.consumers: dict[int, DurableConsumer] = {}
         """The consumer of every partition this aggregator works on."""
         self.work: dict[int, asyncio.Task[None]] = {}
+        self.since: dict[int, float] = {}
+        """When this aggregator started consuming each partition it works on (wall clock):
+        it has watched that partition's nodes since then."""
         self._pullers: dict[int, BatchPuller] = {}
         """Each consumed partition's puller: when it had read its partition to the end."""
         self._resume_floor: dict[int, int] = {}
         """Per partition gained: the oldest stream seq its live records' checkpoints need."""
         self._group: asyncio.TaskGroup | None = None
         self._handle: Handler | None = None
+        self._intake = subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
+        self._intake_seq = 0
         self._heartbeat_base = f"{subjects.prefix}.hb"
 
     def consumer(self, partition: int, start: int = 1) -> DurableConsumer:
@@ -127,6 +150,13 @@ class Ownership:
         return self.partitions is None or self.partitions.holds(
             partition_of(node, self.partition_count)
         )
+
+    def watched_since(self, node: str) -> float | None:
+        """Since when this aggregator has consumed ``node``'s partition (None: it does not;
+        driven directly, holding no leases, since it started: 0)."""
+        if self.partitions is None:
+            return 0.0
+        return self.since.get(partition_of(node, self.partition_count))
 
     def working(self) -> bool:
         """Whether this aggregator holds a partition (or, driven directly, all)."""
@@ -174,6 +204,46 @@ class Ownership:
                 )
         except nats.errors.Error as exc:
             log.warning("refused heartbeat not deleted", extra={"node": node, "reason": str(exc)})
+
+    async def beating_upstream(self, record: NodeRecord, key: str) -> bool | None:
+        """Whether FLEET_HB_IN, which FLEET_HB sources, holds a heartbeat of ``record``'s
+        node newer than its last accepted one, signed by ``key`` (its trusted key): the
+        node beats, and FLEET_HB is behind its source (nats-server re-establishes a
+        source whose stream changed leader only at its next 10 s stall check, sometimes
+        tens of seconds later). None when the intake cannot be read (it has no leader
+        either): nobody can tell, so nobody is accused."""
+        subject = self.subjects.heartbeat(record.cluster, record.node_id)
+        try:
+            async with asyncio.timeout(UPSTREAM_TIMEOUT):
+                msg = await self.bus.js.get_msg(self._intake, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return False  # nothing there: its last heartbeat expired in the intake too
+        except (nats.errors.Error, TimeoutError):
+            return None
+        try:
+            if signing.verify(msg.headers, msg.data or b"") != key:
+                return False
+            beat = msgspec.json.decode(msg.data or b"", type=_Seq)
+        except (SignatureError, msgspec.DecodeError):
+            return False
+        return beat.seq > record.last_seq
+
+    async def intake_stored(self) -> float | None:
+        """When FLEET_HB_IN last stored a heartbeat, if it stored one since the last call
+        (None: nothing new, or unreadable): what the pulse learns of the nodes the other
+        aggregators own, so one node dying alone in this owner's partitions is not taken
+        for a silence of the whole stream."""
+        try:
+            async with asyncio.timeout(UPSTREAM_TIMEOUT):
+                info = await self.bus.js.stream_info(self._intake)
+                last = info.state.last_seq
+                if last == self._intake_seq:
+                    return None
+                self._intake_seq = last
+                msg = await self.bus.js.get_msg(self._intake, seq=last)
+        except (nats.errors.Error, TimeoutError):
+            return None
+        return msg.time.timestamp() if msg.time is not None else None
 
     def caught_up(self, partition: int) -> CaughtUp | None:
         """When this owner had read ``partition`` to its end (None: not consuming it)."""
@@ -248,6 +318,7 @@ class Ownership:
                 return
             self.consumers[partition] = consumer
             self.work[partition] = task
+            self.since[partition] = time.time()
             self.metrics.owns(partition)
         if failed:
             await self.partitions.release(failed)
@@ -315,6 +386,7 @@ class Ownership:
             consumer = self.consumers.pop(partition, None)
             if consumer is not None:
                 await consumer.close()
+            self.since.pop(partition, None)
             self.metrics.forget(partition)
             self._resume_floor.pop(partition, None)
         count = self.partition_count

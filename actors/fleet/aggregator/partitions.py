@@ -30,7 +30,7 @@ from nats.js.kv import KeyValue
 from actors.fleet.aggregator.lease import Lease
 from actors.fleet.storage.leases import decode_lease
 from actors.runtime import kv
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, unanswered
 from actors.runtime.schedule import stop_if_cancelled
 from schemas import codec
 from schemas.messages import AggregatorLease
@@ -136,10 +136,15 @@ class Partitions:
             async with asyncio.timeout(self.ttl / 3):
                 await self.bucket.put(self._member, value)
             self._member_sent = sent
+            self.bus.jetstream_answered(True)
         except nats.errors.ConnectionClosedError:
             raise
         except (nats.errors.Error, TimeoutError) as exc:
-            log.warning("membership not renewed", extra={"reason": str(exc)})
+            # The renewal is this aggregator's steady JetStream call: its timeouts move
+            # the connection off a server that lost its quorum (Bus.jetstream_answered).
+            if unanswered(exc):
+                self.bus.jetstream_answered(False)
+            log.warning("membership not renewed", extra={"reason": str(exc) or repr(exc)})
 
     async def _drop(self, lost: set[int]) -> None:
         lost &= self.held

@@ -2,10 +2,13 @@
 
 Every ``sweep_interval``: stale records older than ``offline_after`` become offline (the
 nodes seen going stale only), and refused nodes silent for their ``stale_after`` become
-stale (their refused messages keep the TTL marker from firing). Every
+stale (their refused messages keep the TTL marker from firing), and the TTL markers held
+through a silence of the stream (:mod:`~actors.fleet.aggregator.silence`) are believed
+once it is over and their node has not beaten. Every
 ``full_sweep_interval``, the full sweep: every record, the silent nodes whose TTL marker
 never came marked stale, records registered elsewhere taken in, pending registrations
-expired and the pending ones counted. The rules run on the owner's in-memory records
+expired and the pending ones counted, and nodes offline past ``retire_offline_after``
+retired (:mod:`~actors.fleet.aggregator.retirement`). The rules run on the owner's in-memory records
 (:mod:`actors.fleet.aggregator.record_rules`); the changes are written
 (:mod:`~actors.fleet.aggregator.writes`), with their alerts. Owns the sweep schedule;
 does not judge heartbeats.
@@ -20,9 +23,12 @@ import time
 import nats.errors
 
 from actors.fleet import record_state
+from actors.fleet.aggregator import judge
+from actors.fleet.aggregator.judge import Moment, Stored
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
+from actors.fleet.aggregator.retirement import Retirement
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
@@ -80,6 +86,7 @@ class Sweeps:
         ownership: Ownership,
         store: NodeStore,
         alerts: AlertPublisher,
+        retirement: Retirement,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -88,6 +95,7 @@ class Sweeps:
         self.ownership = ownership
         self.store = store
         self.alerts = alerts
+        self.retirement = retirement
 
     async def run(self) -> None:
         """Sweep every ``sweep_interval`` (in full every ``full_sweep_interval``) until
@@ -97,12 +105,19 @@ class Sweeps:
             stop_if_cancelled()
             await asyncio.sleep(self.config.sweep_interval)
             everything = time.monotonic() - last_full >= self.config.full_sweep_interval
+            stored = await self.ownership.intake_stored()
+            if stored is not None:
+                self.ledger.pulse.stored(stored)
             try:
                 await self.sweep(everything)
                 await self.sweep_refused()
+                await self.sweep_held()
+                if everything:
+                    await self.retirement.sweep(time.time())
                 await self.alerts.flush()
             except nats.errors.Error as exc:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
+                self.retirement.interrupted(time.time(), f"a sweep failed: {exc}")
                 continue
             if everything:
                 last_full = time.monotonic()
@@ -213,4 +228,50 @@ class Sweeps:
                 f"q{stale.last_seq}",
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
+            await self.writes.write(node)
+
+    async def sweep_held(self) -> None:
+        """TTL markers held through a silence of the stream (the silence module) whose
+        node has not beaten since the stream stored heartbeats again: stale now, with the
+        marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
+        the node (FLEET_HB fell behind its source) or cannot be read: then held on."""
+        ledger = self.ledger
+        for node, held in ledger.held.due(ledger.pulse, time.time()):
+            state = ledger.nodes.get(node)
+            if state is None:
+                continue
+            key = await self.store.trusted_key(node)
+            if key is not None and await self.ownership.beating_upstream(state.record, key) in (
+                True,
+                None,
+            ):
+                # Its heartbeats reach the intake (FLEET_HB is what fell behind), or the
+                # intake cannot be read: not stale on what nobody can tell.
+                log.info("marker still held", extra={"node": node})
+                ledger.held.hold(node, held)
+                continue
+            try:
+                verdict = judge.marker(
+                    state.record,
+                    held.reason,
+                    b"",
+                    Stored(stream_seq=held.stream_seq, at=held.marked_at),
+                    Moment(
+                        now=time.time(),
+                        monotonic=time.monotonic(),
+                        max_skew=self.config.max_skew,
+                        max_jump=self.config.max_seq_jump,
+                    ),
+                )
+            except judge.Forged:
+                continue  # a heartbeat was accepted since: nothing to mark
+            if verdict is None:
+                continue
+            ledger.mark_stale(node, state, verdict.record)
+            for alert in verdict.alerts:
+                details = dict(alert.details)
+                event = details.pop("event")
+                await self.alerts.publish(
+                    alert.kind, verdict.record.cluster, node, alert.message, event, details
+                )
             await self.writes.write(node)

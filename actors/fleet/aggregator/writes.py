@@ -34,11 +34,18 @@ the careful way)."""
 Write = tuple[str, bytes, int, asyncio.Future[int | None]]
 
 
+def judged_past(stored: NodeRecord, mine: NodeRecord) -> bool:
+    """Whether ``stored`` was written from a heartbeat later than ``mine``'s, both in the
+    stream and in the node's sequence: another owner judged past this one."""
+    return stored.last_stream_seq > mine.last_stream_seq and stored.last_seq > mine.last_seq
+
+
 class RecordWrites:
     """``ledger``'s records written to ``fleet_nodes`` (through ``store`` and batched KV
     updates; each write counted in the ledger's metrics)."""
 
     def __init__(self, ledger: Ledger, bus: Bus, subjects: Subjects, store: NodeStore) -> None:
+        self.ledger = ledger
         self.nodes = ledger.nodes
         self.checkpoints = ledger.checkpoints
         self.metrics = ledger.metrics
@@ -140,13 +147,27 @@ class RecordWrites:
         mine: NodeRecord | None = None
         kept: NodeRecord | None = None
         known = state.stored
+        superseded = False
 
-        def change(stored: NodeRecord | None) -> NodeRecord:
-            nonlocal mine, kept
+        def change(stored: NodeRecord | None) -> NodeRecord | None:
+            nonlocal mine, kept, superseded
+            superseded = stored is not None and judged_past(stored, state.record)
+            if superseded:
+                return None
             mine, kept = self._render(state, stored, read=True)
             return hot_state.full(kept, state.body, self.nodes.bodies)
 
         before, written, revision = await self.store.update(node, change)
+        if superseded:
+            # Another owner judged later heartbeats of this node (this one was paused or
+            # cut off past its lease, and its write came late): writing would put the
+            # record back to an older heartbeat. This view is dropped.
+            log.warning(
+                "record judged further by another owner; this owner's view dropped",
+                extra={"node": node, "last_seq": state.record.last_seq},
+            )
+            self.ledger.superseded(node)
+            return
         self._wrote(
             node, state, mine, known, before, kept if written is not None else None, revision
         )

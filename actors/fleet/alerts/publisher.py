@@ -12,6 +12,13 @@ lasts, the node gets its first alert and then one summary per window, never a ne
 alert; only a quiet window ends the series. Refusals of a node's heartbeats (REFUSALS) use
 ``alert_repeat`` (5 min by default) as their window, the other limited kinds
 ``alert_window``.
+
+An alert the stream does not acknowledge (a timeout while its leader is elected, a
+server cut off) is raised again, under the same id, at every :meth:`AlertPublisher.flush`
+until it is stored, for up to :data:`RESEND_FOR` (inside the stream's duplicate window, so
+a copy stored but not acknowledged is dropped, never doubled): the record written meanwhile
+never leaves it unsaid. At most :data:`MAX_UNSENT` wait; past that the oldest is dropped,
+logged as lost.
 """
 
 from __future__ import annotations
@@ -71,8 +78,23 @@ Lifecycle kinds (stale, offline, recovered, ...) follow state changes of a node'
 and are not limited: suppressing one would hide a change."""
 DEFAULT_WINDOW = 60.0
 
+RESEND_FOR = 240.0
+"""Seconds an unacknowledged alert is raised again; FLEET_ALERTS drops a copy of an id it
+stored within its duplicate window (300 s)."""
+MAX_UNSENT = 10_000
+"""Alerts waiting to be raised again at most (a fleet-wide fault, each node's alert)."""
+
 WindowKey = tuple[AlertKind, str, str]
 """(kind, cluster, node)"""
+
+
+@dataclass
+class Unsent:
+    """An alert not acknowledged yet: what to publish again, and until when."""
+
+    subject: str
+    body: bytes
+    until: float
 
 
 @dataclass
@@ -96,6 +118,8 @@ class AlertPublisher:
         self.window = window
         self.repeat = window if repeat is None else repeat
         self.windows: dict[WindowKey, Window] = {}
+        self.unsent: dict[str, Unsent] = {}
+        """Alerts to raise again, by id, oldest first."""
 
     def window_of(self, kind: AlertKind) -> float:
         """The rate-limit window of ``kind``: ``repeat`` for refusals, else ``window``."""
@@ -133,9 +157,11 @@ class AlertPublisher:
         await self._send(kind, cluster, node, message, event, details or {}, severity)
 
     async def flush(self) -> None:
-        """Close every window that has run out, publishing a summary for each that held
-        alerts back. Called periodically, so a count is reported even when the flood
-        stops, and windows of quiet nodes do not pile up in memory."""
+        """Raise again every alert not acknowledged yet, and close every window that has
+        run out, publishing a summary for each that held alerts back. Called
+        periodically, so a count is reported even when the flood stops, and windows of
+        quiet nodes do not pile up in memory."""
+        await self.resend()
         now = time.monotonic()
         closed = [(key, window) for key, window in self.windows.items() if now >= window.closes]
         for key, window in closed:
@@ -185,12 +211,38 @@ class AlertPublisher:
                 for name, value in list(details.items())[:MAX_DETAILS]
             },
         )
+        subject, body = self.subjects.alert(kind, cluster, node), codec.encode(alert)
+        if not await self._publish(alert.id, subject, body):
+            if len(self.unsent) >= MAX_UNSENT:
+                lost = next(iter(self.unsent))
+                del self.unsent[lost]
+                log.error("alert lost: too many unacknowledged", extra={"alert": lost})
+            self.unsent[alert.id] = Unsent(subject, body, time.monotonic() + RESEND_FOR)
+
+    async def _publish(self, alert_id: str, subject: str, body: bytes) -> bool:
+        """One try at storing an alert; whether FLEET_ALERTS acknowledged it."""
         try:
             await self.bus.js.publish(
-                self.subjects.alert(kind, cluster, node),
-                codec.encode(alert),
-                timeout=PUBLISH_TIMEOUT,
-                headers={"Nats-Msg-Id": alert.id},
+                subject, body, timeout=PUBLISH_TIMEOUT, headers={"Nats-Msg-Id": alert_id}
             )
         except (nats.errors.Error, TimeoutError) as exc:
-            log.error("alert not published", extra={"alert": alert.id, "reason": str(exc)})
+            log.warning(
+                "alert not acknowledged; raised again until it is",
+                extra={"alert": alert_id, "reason": str(exc) or type(exc).__name__},
+            )
+            return False
+        return True
+
+    async def resend(self) -> None:
+        """One more try for each alert not acknowledged yet, oldest first; one past
+        :data:`RESEND_FOR` is given up, logged as lost. Stops at the first that fails
+        again: the stream is not answering, the others would wait as long."""
+        for alert_id, unsent in list(self.unsent.items()):
+            if time.monotonic() > unsent.until:
+                del self.unsent[alert_id]
+                log.error("alert lost: not acknowledged in time", extra={"alert": alert_id})
+                continue
+            if not await self._publish(alert_id, unsent.subject, unsent.body):
+                return
+            del self.unsent[alert_id]
+            log.info("alert stored after a retry", extra={"alert": alert_id})

@@ -1,15 +1,18 @@
 """Remediation actor: runs the policy every ``interval`` over the nodes' records.
 
-Each round reads every node record, and per cluster the shared :class:`PolicyRecord`
-(KV ``fleet_policy``, key = cluster) with its revision, decides
-(:func:`actors.fleet.remediation.policy.decide`), writes the new record by
-compare-and-set and only then sends the commands, signed with the policy's key. A CAS
-that loses (another aggregator decided first) sends nothing: the next round decides
-again from what the winner wrote, so two aggregators never both take the last breaker
-slot. In ``dry_run`` nothing is written or sent; what would be done is logged and
-raised as ``remediation`` alerts. Where hooks are configured, each round reads the trust
-entries of the nodes it holds (one get each, at most the breaker's limit): their
-enrolled identity gates the hooks and is what the hooks are given.
+Each round reads every node record (:meth:`RemediationActor.read_nodes`), the maintenance
+windows, and per cluster the shared :class:`PolicyRecord` (KV ``fleet_policy``, key =
+cluster) with its revision, decides (:func:`actors.fleet.remediation.policy.decide`),
+writes the new record by compare-and-set and only then sends the commands, signed with
+the policy's key; each new hold records the digest of the exact body sent. A CAS that
+loses (another aggregator decided first) sends nothing: the next round decides again
+from what the winner wrote, so two aggregators never both take the last breaker slot.
+For each hold whose cordon has not shown yet, the round reads the node's signed answers
+to it (:mod:`actors.fleet.storage.answers`, at most the breaker's limit of nodes): a
+rejection makes the hold refused. In ``dry_run`` only the would-be actions are written
+(``PolicyRecord.dry``), each raised as a ``remediation`` alert when new or changed.
+Where hooks are configured, each round reads the trust entries of the nodes it holds
+(one get each): their enrolled identity gates the hooks and is what the hooks are given.
 """
 
 from __future__ import annotations
@@ -31,15 +34,28 @@ from nats.js.kv import KeyValue
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command, publish_command
+from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.hooks import environment, run_hook
-from actors.fleet.remediation.policy import Order, Plan, PolicyConfig, decide
+from actors.fleet.remediation.policy import Order, Plan, decide, dry_run
 from actors.fleet.storage import registry
+from actors.fleet.storage.answers import answers
+from actors.fleet.storage.windows import MaintenanceWindows
 from actors.runtime import kv
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import Action, AlertKind, Cordon, Drain, NodeRecord, TrustEntry, Uncordon
+from schemas.messages import (
+    Action,
+    AlertKind,
+    Command,
+    Cordon,
+    Drain,
+    NodeRecord,
+    TrustEntry,
+    Uncordon,
+    command_digest,
+)
 from schemas.remediation import Hold, PolicyRecord
 from schemas.signing import load_key_file
 from schemas.subjects import BUCKET_POLICY, Subjects
@@ -51,6 +67,12 @@ POLICY_BUCKET_BYTES = 8 * MIB
 POLICY_VALUE_BYTES = MIB
 
 
+ANSWER_SLACK = 5.0
+"""Seconds before a hold's ``since`` its node's answers are read from (the node's clock
+stamps nothing here: the stream's store time is read, and the hold's own time comes
+from the aggregator that wrote it)."""
+REFUSED = frozenset({"rejected", "failed"})
+"""A node's final answers that mean the policy's command did not take effect."""
 MAX_HOOKS_RUNNING = 8
 """Hooks one aggregator runs at once; more wait for a later round."""
 FINISH_ATTEMPTS = 5
@@ -68,6 +90,18 @@ def policy_bucket(subjects: Subjects, replicas: int = 1) -> KeyValueConfig:
         max_value_size=POLICY_VALUE_BYTES,
         direct=True,
     )
+
+
+def with_digests(record: PolicyRecord, commands: list[Command]) -> PolicyRecord:
+    """``record`` with each new hold naming the digest of the command body sent for it
+    (msgspec encodes deterministically: the bytes publish_command sends)."""
+    holds = dict(record.holds)
+    for command in commands:
+        hold = holds.get(command.node_id)
+        if hold is not None and hold.command_id == command.id:
+            digest = command_digest(codec.encode(command))
+            holds[command.node_id] = msgspec.structs.replace(hold, command_digest=digest)
+    return msgspec.structs.replace(record, holds=holds)
 
 
 def action_of(order: Order, config: PolicyConfig) -> Action:
@@ -97,6 +131,7 @@ class RemediationActor:
         self.subjects = Subjects(prefix)
         self.key = load_key_file(Path(config.key_file))
         self.alerts = AlertPublisher(bus, self.subjects)
+        self.windows = MaintenanceWindows(bus, self.subjects)
         self.bucket: KeyValue | None = None
         self.rounds = 0
         self.hook_tasks: set[asyncio.Task[None]] = set()
@@ -122,9 +157,17 @@ class RemediationActor:
                 task.cancel()
             await asyncio.gather(*self.hook_tasks, return_exceptions=True)
 
+    async def read_nodes(self) -> list[NodeRecord]:
+        """Every node's record, as the policy decides from it."""
+        return await registry.read_records(self.bus, self.subjects)
+
     async def round(self) -> None:
         """Decide once for every cluster the policy covers."""
-        records = await registry.read_records(self.bus, self.subjects)
+        records = await self.read_nodes()
+        try:
+            await self.windows.refresh()
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("maintenance windows not read", extra={"reason": str(exc)})
         clusters: dict[str, list[NodeRecord]] = {}
         for record in records:
             if not self.config.clusters or record.cluster in self.config.clusters:
@@ -132,6 +175,15 @@ class RemediationActor:
         for cluster, members in sorted(clusters.items()):
             await self.decide_cluster(cluster, members)
         self.rounds += 1
+
+    def in_maintenance(self, members: list[NodeRecord], now: float) -> dict[str, str]:
+        """The window covering each node of ``members`` that is in maintenance."""
+        covered = {}
+        for record in members:
+            window = self.windows.covering(record, now)
+            if window is not None:
+                covered[record.node_id] = window.id
+        return covered
 
     async def decide_cluster(self, cluster: str, members: list[NodeRecord]) -> None:
         bucket = await self.open()
@@ -143,17 +195,26 @@ class RemediationActor:
         current = current or PolicyRecord(cluster=cluster)
         entries = await self._trust_entries(current)
         enrolled = {node: entry.identity if entry else None for node, entry in entries.items()}
+        refusals = await self._refusals(cluster, current, entries)
         now = time.time()
         plan = decide(
-            self.config, self.key.public_key, current, members, now, uuid.uuid4().hex, enrolled
+            self.config,
+            self.key.public_key,
+            current,
+            members,
+            now,
+            uuid.uuid4().hex,
+            enrolled,
+            refusals=refusals,
+            maintenance=self.in_maintenance(members, now),
         )
+        if self.config.dry_run:
+            plan = dry_run(current, plan)
         self.metrics.breaker.labels(cluster).set(1 if plan.record.tripped_at else 0)
         self.metrics.policy_holds.labels(cluster).set(len(plan.record.holds))
         self.metrics.policy_limit.labels(cluster).set(plan.record.limit)
-        if self.config.dry_run:
-            plan.notes += [("remediation", h.node, f"run hook {h.hook}") for h in plan.hooks]
-            await self._report(cluster, plan, now, dry=True)
-            return
+        commands = [self._command(cluster, order) for order in plan.orders]
+        plan.record = with_digests(plan.record, commands)
         if plan.record != current:
             try:
                 if revision is None:
@@ -163,32 +224,72 @@ class RemediationActor:
             except nats.js.errors.KeyWrongLastSequenceError:
                 log.info("another aggregator decided first", extra={"cluster": cluster})
                 return
-        for order in plan.orders:
-            command = new_command(
-                order.node,
-                cluster,
-                action_of(order, self.config),
-                order.reason[:1024],
-                command_id=order.command_id,
-            )
+        for command in commands:
             try:
                 await publish_command(self.bus, self.subjects, self.key, command)
             except FleetError as exc:
-                log.error("policy command not sent", extra={"node": order.node, "reason": str(exc)})
-        await self._report(cluster, plan, now, dry=False)
+                log.error(
+                    "policy command not sent", extra={"node": command.node_id, "reason": str(exc)}
+                )
+        await self._report(cluster, plan, now, dry=self.config.dry_run)
         for wanted in plan.hooks:
             record = next((m for m in members if m.node_id == wanted.node), None)
             if record is not None and len(self.hook_tasks) < MAX_HOOKS_RUNNING:
                 entry = entries.get(wanted.node)
                 await self._start_hook(bucket, cluster, record, wanted.hook, entry)
 
+    def _command(self, cluster: str, order: Order) -> Command:
+        return new_command(
+            order.node,
+            cluster,
+            action_of(order, self.config),
+            order.reason[:1024],
+            command_id=order.command_id,
+        )
+
+    async def _refusals(
+        self, cluster: str, current: PolicyRecord, entries: dict[str, TrustEntry | None]
+    ) -> dict[str, str]:
+        """Why each held node whose cordon has not shown yet refused it, from its signed
+        answers (a node without an approved key, or with no answer, is not in it)."""
+        found: dict[str, str] = {}
+        for node, hold in sorted(current.holds.items()):
+            waiting = not (hold.applied or hold.refused or hold.needs_attention)
+            if not waiting or not hold.command_digest:
+                continue
+            if hold.reason_class == "hung" and hold.back_at is None:
+                continue  # its command waits in its queue until it beats again
+            key = registry.approved_key(entries.get(node))
+            if key is None:
+                continue
+            try:
+                results = await answers(
+                    self.bus,
+                    self.subjects,
+                    cluster,
+                    node,
+                    key,
+                    hold.since - ANSWER_SLACK,
+                    (hold.command_id, hold.command_digest),
+                )
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("answers not read", extra={"node": node, "reason": str(exc)})
+                continue
+            refused = [result for result in results if result.status in REFUSED]
+            if refused:
+                last = refused[-1]
+                found[node] = f"the node answered {last.status}: {last.detail}"
+        return found
+
     async def _trust_entries(self, current: PolicyRecord) -> dict[str, TrustEntry | None]:
-        """The trust entries of the nodes ``current`` holds, where hooks are configured
-        (an unreadable one is logged and left out: that node's hooks get no identity)."""
+        """The trust entries of the nodes ``current`` holds that may run a hook (where
+        hooks are configured) or whose answer to the policy's cordon is awaited (an
+        unreadable one is logged and left out: that node's hooks get no identity, its
+        answers are not read)."""
         entries: dict[str, TrustEntry | None] = {}
-        if not self.config.hooks:
-            return entries
-        for node in current.holds:
+        for node, hold in current.holds.items():
+            if not self.config.hooks and (hold.applied or hold.refused):
+                continue
             try:
                 entries[node] = await registry.trust_entry(self.bus, self.subjects, node)
             except DecodeError as exc:
@@ -283,14 +384,15 @@ class RemediationActor:
                 extra={"cluster": cluster, "node": node, "decision": prefix + message},
             )
             # The same decision in every aggregator (or round) gets the same id: raised once.
+            digest = hashlib.sha256(message.encode()).hexdigest()[:16]
             event = {
                 "breaker_tripped": f"{plan.record.tripped_at or now:.0f}",
-                "needs_attention": f"{cluster}-{node}",
+                "needs_attention": f"{cluster}-{node}-{digest}",
                 # One per claim: the message names the claim and the enrolled identity.
-                "hardware_changed": "identity-" + hashlib.sha256(message.encode()).hexdigest()[:16],
+                "hardware_changed": "identity-" + digest,
             }.get(kind, f"{now:.0f}-{message[:48]}")
             if dry:
-                event = f"dry-{event}-{int(now // 300)}"
+                event = f"dry-{node}-{digest}"
             details = {"would": "; ".join(plan.record.would)} if kind == "breaker_tripped" else {}
             await self.alerts.publish(
                 kind, cluster, node, prefix + message, event.replace(" ", "_"), details

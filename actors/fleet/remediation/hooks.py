@@ -55,10 +55,15 @@ def environment(
 ) -> dict[str, str]:
     """The aggregator's environment with the node's facts (``FLEET_*``) and claims
     (``FLEET_CLAIMED_*``); ``entry`` is the node's trust entry (None: not read, or none),
-    whose identity gives ``FLEET_HOSTNAME`` and ``FLEET_GPUS`` (empty without one)."""
+    whose identity gives ``FLEET_HOSTNAME``, ``FLEET_GPUS``, ``FLEET_PROVIDER``, ... (empty
+    without one). The failing check and GPUs are those the heartbeat named when the policy
+    took the node out (the hold's ``check`` and ``gpus``), their UUIDs as the heartbeat
+    claims them now."""
     enrolled = entry.identity if entry is not None else None
     claims = identity.claimed(record)
     key = entry.public_key if entry is not None else record.public_key
+    beat = record.heartbeat
+    uuids = {gpu.index: gpu.uuid for gpu in beat.sample.gpus} if beat and beat.sample else {}
     values = {
         "FLEET_HOOK": hook,
         "FLEET_NODE": record.node_id,
@@ -69,10 +74,18 @@ def environment(
         "FLEET_HOSTNAME": enrolled.hostname if enrolled is not None else "",
         "FLEET_GPUS": ",".join(enrolled.gpus) if enrolled is not None else "",
         "FLEET_GPU_PRODUCT": enrolled.gpu_product if enrolled is not None else "",
+        "FLEET_PROVIDER": enrolled.provider if enrolled is not None else "",
+        "FLEET_REGION": enrolled.region if enrolled is not None else "",
+        "FLEET_INSTANCE_TYPE": enrolled.instance_type if enrolled is not None else "",
         "FLEET_LABELS": json.dumps(record.labels, sort_keys=True),
         "FLEET_CLAIMED_HOSTNAME": claims.hostname if claims is not None else "",
         "FLEET_CLAIMED_GPUS": ",".join(claims.gpus) if claims is not None else "",
         "FLEET_CLAIMED_REASON": hold.reason,
+        "FLEET_CLAIMED_CHECK": hold.check,
+        "FLEET_CLAIMED_FAILING_GPU_INDICES": ",".join(str(index) for index in hold.gpus),
+        "FLEET_CLAIMED_FAILING_GPU_UUIDS": ",".join(
+            uuids[index] for index in hold.gpus if index in uuids
+        ),
         "FLEET_CLAIMED_BOOT_ID": record.boot_id,
         # The older names of the last two, kept for hooks written before them.
         "FLEET_REASON": hold.reason,

@@ -20,9 +20,23 @@ what each record says now, so a breaker reset or an aggregator restart replays n
   host, a GPU not enrolled: :mod:`actors.fleet.identity`) gets no hook: one
   ``hardware_changed`` alert per claim, and the node stays held until an operator
   confirms the identity (``fleetctl approve --identity``) or clears the hold.
+- A command the node never took (its signed rejection, or no cordon and no answer
+  within ``grace`` of it reporting) leaves a *refused* hold: needs attention, one alert,
+  not counted by the breaker, nothing sent again until an operator clears it.
 - The breaker: the policy holds at most ``min(breaker_max, breaker_percent % of the
-  cluster's nodes)`` at once. Needing more trips it: no action at all, one alert listing
-  what it would have done, until ``fleetctl policy reset``.
+  cluster's reporting nodes)`` at once (refused holds not counted). Needing more trips
+  it: no command and no hook, one alert listing what it would have done, until
+  ``fleetctl policy reset``; what it learns meanwhile (a cordon shown, a refusal, a node
+  someone else took over) is still recorded, once.
+- ``hung`` (opt-in, in ``classes``): a node silent for ``hung_after`` that did not say
+  goodbye is cordoned (the command waits in its queue), its ``hung`` hooks run while it
+  stays silent (a BMC power cycle), and it is returned only after it beats with a new
+  boot id, or needs attention after ``reboot_confirm``.
+- Maintenance: with ``maintenance = "skip"`` (the default) a node a window covers is
+  neither cordoned nor uncordoned, and gets no hook, while the window is in force; it is
+  listed as skipped. A hung node in maintenance is never a case.
+- A dry run records what it would do per node and notes each once per change
+  (:func:`dry_run`).
 """
 
 from __future__ import annotations
@@ -30,70 +44,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import msgspec
 
 from actors.fleet import identity
+from actors.fleet.remediation.config import PolicyConfig
+from actors.fleet.remediation.findings import REPORTING, Finding, classify, hung
 from actors.fleet.remediation.hooks import clean
-from actors.runtime.config import ConfigError, Positive, build
+from schemas.base import MAX_TEXT
 from schemas.messages import AlertKind, NodeIdentity, NodeRecord
-from schemas.remediation import MAX_HISTORY, MAX_WOULD, Hold, PolicyRecord, ReasonClass
+from schemas.remediation import MAX_HELD, MAX_HISTORY, MAX_WOULD, Hold, PolicyRecord
 
-GPU_CHECKS = frozenset(
-    {"boot", "nvml", "gpu_memory", "gpu_clocks", "gpu_pcie", "gpu_nvlink", "gpu_fabric"}
-)
-CLASS_ORDER: tuple[ReasonClass, ...] = ("gpu", "xid", "engine", "dependency", "slurm")
-REPORTING = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
-"""Record states of a node whose heartbeats arrive (not stale, offline or gone)."""
-
-
-class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The policy file (TOML); every setting is documented in docs/remediation.md."""
-
-    key_file: str
-    """Operator seed the policy signs its commands with; nodes must trust its public key."""
-    dry_run: bool = True
-    clusters: list[str] = []
-    """Clusters the policy acts on; empty: every cluster."""
-    classes: list[ReasonClass] = msgspec.field(default_factory=lambda: ["gpu", "xid"])
-    drain: bool = False
-    """Drain (cordon, then wait for work) instead of only cordoning."""
-    drain_deadline: Positive = 600.0
-    recover_after: Positive = 300.0
-    max_remediations: int = 3
-    window: Positive = 86400.0
-    breaker_percent: float = 10.0
-    breaker_max: int = 20
-    interval: Positive = 15.0
-    grace: Positive = 60.0
-    """How long a new hold waits for the node's heartbeat to show the policy's cordon."""
-    hooks: dict[str, list[str]] = {}
-    """Last-mile hooks by name (GPU reset, reboot, ticket): the command run on the
-    aggregator, as a list (no shell), the node's facts in FLEET_* variables."""
-    hook_after: dict[ReasonClass, list[str]] = {}
-    """Hooks run in order on a node the policy took out for that reason class, once its
-    cordon (or drain) took effect; the node is returned only after all succeeded."""
-    reboot_hooks: list[str] = []
-    """Hooks that reboot the node: done only once it beats with a new boot id."""
-    hook_timeout: Positive = 300.0
-    """Seconds a hook may run; then its process group is killed and the node needs
-    attention."""
-    reboot_confirm: Positive = 900.0
-    """Seconds a reboot hook's node has to come back with a new boot id."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.breaker_percent <= 100:
-            raise ValueError("breaker_percent must be within 0 to 100")
-        if self.breaker_max < 0 or self.max_remediations < 1:
-            raise ValueError("breaker_max must be >= 0 and max_remediations >= 1")
-        named = {name for names in self.hook_after.values() for name in names}
-        unknown = sorted((named | set(self.reboot_hooks)) - set(self.hooks))
-        if unknown:
-            raise ValueError(f"hooks {', '.join(unknown)} are named but not in [hooks]")
-        if any(not argv for argv in self.hooks.values()):
-            raise ValueError("a hook's command is a non-empty list")
+DRY_SEPARATOR = " | "
+"""Between the would-be actions of one node in a dry run's record."""
+CLUSTER = "_cluster"
+"""The node name of what concerns a whole cluster (the breaker)."""
 
 
 @dataclass
@@ -125,43 +91,10 @@ class Plan:
     """The breaker tripped at this decision (its alert goes out once)."""
 
 
-def load_policy(path: Path) -> PolicyConfig:
-    """The policy file, checked (durations as in every setting: 300, 5m); ConfigError
-    naming the file and what is wrong."""
-    try:
-        return build(PolicyConfig, "", file=path, env={})
-    except ConfigError as exc:
-        reason = str(exc).removeprefix("config: ")
-        raise ConfigError(f"policy file {path}: {reason}") from None
-
-
-def classify(record: NodeRecord, classes: list[ReasonClass]) -> tuple[ReasonClass, str] | None:
-    """The first configured reason class the node's last heartbeat is unhealthy for."""
-    heartbeat = record.heartbeat
-    if heartbeat is None:
-        return None
-    found: dict[ReasonClass, str] = {}
-    health = heartbeat.health
-    if health is not None:
-        for check in health.checks:
-            if check.status != "unhealthy":
-                continue
-            if check.name in GPU_CHECKS:
-                found.setdefault("gpu", f"{check.name}: {check.reason}")
-            elif check.name == "xid":
-                found.setdefault("xid", f"xid: {check.reason}")
-            elif check.name == "dependencies":
-                found.setdefault("dependency", f"dependencies: {check.reason}")
-        engines = [part for part in health.components if part.name == "engine"]
-        if engines and engines[0].points == 0:
-            found.setdefault("engine", f"engine: {engines[0].reason}")
-    scheduler = heartbeat.scheduler
-    if scheduler is not None and "down" in scheduler.slurm_state:
-        found.setdefault("slurm", f"slurm: node {scheduler.slurm_state}")
-    for name in CLASS_ORDER:
-        if name in classes and name in found:
-            return name, found[name][:512]
-    return None
+def claim_alive(config: PolicyConfig, hold: Hold, now: float) -> bool:
+    """A hook is claimed and within its own bound (an older claim's aggregator died)."""
+    started = hold.hook_started or now
+    return bool(hold.hook_running) and now - started <= config.hook_timeout + config.interval
 
 
 def hook_step(
@@ -177,7 +110,8 @@ def hook_step(
     to run (None: none now). Hooks wait for the policy's own cordon to show in the node's
     heartbeat; a reboot is confirmed by a new boot id, or times out into needs_attention;
     the next hook is withheld while the node's claims name another machine than
-    ``enrolled`` (:func:`identity_gate`)."""
+    ``enrolled`` (:func:`identity_gate`). A ``hung`` hold's hooks ran while the node was
+    silent (:func:`hung_step`): none run once it is back."""
     beat = record.heartbeat
     if beat is None or beat.schedulability_by != key or beat.schedulability == "schedulable":
         return hold, None
@@ -197,14 +131,93 @@ def hook_step(
             return msgspec.structs.replace(hold, needs_attention=True, hook_error=message), None
         return hold, None
     if hold.hook_running:
-        # A claim older than the hook's own bound belongs to an aggregator that died.
-        if now - (hold.hook_started or now) <= config.hook_timeout + config.interval:
+        if claim_alive(config, hold, now):
             return hold, None
         hold = msgspec.structs.replace(hold, hook_running="", hook_started=None)
-    for name in config.hook_after.get(hold.reason_class, []):
+    names = [] if hold.reason_class == "hung" else config.hook_after.get(hold.reason_class, [])
+    for name in names:
         if name not in hold.hooks_done:
             return identity_gate(hold, record, enrolled, name, plan)
     return hold, None
+
+
+def hung_step(
+    config: PolicyConfig,
+    hold: Hold,
+    record: NodeRecord,
+    now: float,
+    plan: Plan,
+    enrolled: NodeIdentity | None = None,
+) -> tuple[Hold, str | None]:
+    """A ``hung`` hold until its node beats with another boot id than the one it hung in
+    (``reboot_from``): then ``back_at`` is set and the hold goes on as any other (its
+    queued cordon shown, healthy for ``recover_after``, uncordoned). Until then its
+    ``hung`` hooks run in order while the node stays silent (none for a node that beats
+    again with its old boot id: it was not rebooted, and it needs attention once
+    ``reboot_confirm`` has passed since the hold or the reboot hook)."""
+    node = record.node_id
+    if record.state in REPORTING and record.boot_id and record.boot_id != hold.reboot_from:
+        done = [*hold.hooks_done, hold.rebooting] if hold.rebooting else hold.hooks_done
+        message = f"hung: back with a new boot id ({hold.reboot_from or '?'} -> {record.boot_id})"
+        plan.notes.append(("remediation", node, message))
+        back = msgspec.structs.replace(
+            hold, back_at=now, rebooting="", reboot_from="", hooks_done=done
+        )
+        return back, None
+    if hold.needs_attention or claim_alive(config, hold, now):
+        return hold, None
+    if hold.hook_running:
+        hold = msgspec.structs.replace(hold, hook_running="", hook_started=None)
+    if not hold.rebooting and record.state not in REPORTING:
+        for name in config.hook_after.get("hung", []):
+            if name not in hold.hooks_done:
+                return identity_gate(hold, record, enrolled, name, plan)
+    if now - (hold.hook_started or hold.since) > config.reboot_confirm:
+        message = (
+            f"hung: no new boot id within {config.reboot_confirm:g}s (still boot "
+            f"{hold.reboot_from or '?'}); stays cordoned until an operator clears it"
+        )
+        plan.notes.append(("needs_attention", node, message))
+        return msgspec.structs.replace(hold, needs_attention=True, hook_error=message), None
+    return hold, None
+
+
+def pending_step(
+    config: PolicyConfig, hold: Hold, record: NodeRecord, key: str, now: float, plan: Plan,
+    refusal: str,
+) -> Hold | None:  # fmt: skip
+    """Whether the node took the policy's command. The hold is ``applied`` once the
+    node's heartbeat shows the policy's cordon; ``refused`` (needs attention, noted once)
+    on the node's signed ``refusal``, or once it reported for ``grace`` without showing
+    the cordon or answering; None: let go (noted once), because someone else set the
+    node's state (an operator, a spot notice, Slurm) or it lost the policy's cordon."""
+    node = record.node_id
+    beat = record.heartbeat
+    owner = beat.schedulability_by if beat is not None else ""
+    schedulability = beat.schedulability if beat is not None else "schedulable"
+    if owner == key and schedulability != "schedulable":
+        if hold.refused:
+            plan.notes.append(("remediation", node, f"{hold.action} took effect after all"))
+            return msgspec.structs.replace(hold, applied=True, refused="", needs_attention=False)
+        return hold if hold.applied else msgspec.structs.replace(hold, applied=True)
+    if hold.refused:
+        return hold
+    if hold.applied or schedulability != "schedulable":
+        plan.notes.append(("remediation", node, f"released: set by {owner or 'nobody'}"))
+        return None
+    if refusal:
+        why = refusal
+    elif now - (hold.back_at or hold.since) > config.grace:
+        why = f"no {hold.action} shown and no answer within {config.grace:g}s"
+    else:
+        return hold
+    message = (
+        f"{hold.action} not taken: {why}; nothing more is sent to it and the breaker does not "
+        f"count it until an operator clears it (fleetctl policy clear {node} "
+        f"--cluster {record.cluster})"
+    )
+    plan.notes.append(("needs_attention", node, clean(message)[:MAX_TEXT]))
+    return msgspec.structs.replace(hold, refused=clean(why)[:MAX_TEXT], needs_attention=True)
 
 
 def identity_gate(
@@ -232,7 +245,7 @@ def identity_gate(
 
 
 def breaker_limit(config: PolicyConfig, nodes: int) -> int:
-    """Nodes the policy may hold at once in a cluster of ``nodes``."""
+    """Nodes the policy may hold at once in a cluster of ``nodes`` reporting nodes."""
     return min(config.breaker_max, math.floor(nodes * config.breaker_percent / 100))
 
 
@@ -244,11 +257,19 @@ def decide(
     now: float,
     new_id: str,
     enrolled: Mapping[str, NodeIdentity | None] | None = None,
+    *,
+    refusals: Mapping[str, str] | None = None,
+    maintenance: Mapping[str, str] | None = None,
 ) -> Plan:
     """The next record and orders for one cluster; ``key`` is the policy's public key,
     ``new_id`` a fresh prefix for command ids, ``enrolled`` the enrolled identity of the
-    held nodes (from their trust entries; a node missing has none)."""
+    held nodes (from their trust entries; a node missing has none), ``refusals`` why a
+    held node refused the policy's command (its signed answer), ``maintenance`` the
+    window covering each node in maintenance."""
     enrolled = enrolled or {}
+    refusals = refusals or {}
+    covered = maintenance or {}
+    skip = covered if config.maintenance == "skip" else {}
     by_node = {record.node_id: record for record in records if not record.deregistered}
     holds = dict(current.holds)
     history = {
@@ -257,20 +278,30 @@ def decide(
     }
     history = {node: times[-MAX_HISTORY:] for node, times in history.items() if times}
     plan = Plan(record=current)
+    skipped: dict[str, str] = {}
     releases: list[Order] = []
     for node, hold in sorted(holds.items()):
         record = by_node.get(node)
         if record is None:
             del holds[node]
             continue
-        owner = record.heartbeat.schedulability_by if record.heartbeat else ""
-        schedulability = record.heartbeat.schedulability if record.heartbeat else "schedulable"
-        if owner != key and (schedulability != "schedulable" or now - hold.since > config.grace):
-            # Someone else set the node's state (or it never took ours): not ours to undo.
-            del holds[node]
-            plan.notes.append(("remediation", node, f"released: set by {owner or 'nobody'}"))
+        if node in skip:
+            skipped[node] = f"held; in maintenance window {skip[node]}: left as it is"
             continue
-        if hold.needs_attention or record.state not in REPORTING:
+        if hold.reason_class == "hung" and hold.back_at is None:
+            hold, hook = hung_step(config, hold, record, now, plan, enrolled.get(node))
+            holds[node] = hold
+            if hook is not None:
+                plan.hooks.append(HookOrder(node, hook))
+            continue
+        if record.state not in REPORTING:
+            continue
+        updated = pending_step(config, hold, record, key, now, plan, refusals.get(node, ""))
+        if updated is None:
+            del holds[node]
+            continue
+        hold = holds[node] = updated
+        if hold.needs_attention or not hold.applied:
             continue
         hold, hook = hook_step(config, hold, record, key, now, plan, enrolled.get(node))
         holds[node] = hold
@@ -297,20 +328,30 @@ def decide(
         del holds[node]
         releases.append(Order(node, "uncordon", f"policy: recovered ({hold.reason_class})", ""))
     wanted: list[Order] = []
-    classes: dict[str, tuple[ReasonClass, str]] = {}
+    findings: dict[str, Finding] = {}
     for node, record in sorted(by_node.items()):
-        if node in holds or record.state not in REPORTING or record.heartbeat is None:
+        if node in holds:
             continue
-        if record.heartbeat.schedulability != "schedulable":
+        finding = hung(record, config, now) if node not in covered else None
+        beat = record.heartbeat
+        if finding is None and record.state in REPORTING and beat is not None:
+            if beat.schedulability == "schedulable":
+                finding = classify(record, config.classes)
+        if finding is None:
             continue
-        found = classify(record, config.classes)
-        if found is None:
-            continue
-        classes[node] = found
         action: Literal["cordon", "drain"] = "drain" if config.drain else "cordon"
-        wanted.append(Order(node, action, f"policy: {found[0]}: {found[1]}", ""))
-    limit = breaker_limit(config, len(by_node))
-    if current.tripped_at is not None or len(holds) + len(wanted) > limit:
+        if node in skip:
+            skipped[node] = (
+                f"would {action} ({finding.reason_class}): in maintenance window {skip[node]}"
+            )
+            continue
+        findings[node] = finding
+        wanted.append(Order(node, action, f"policy: {finding.reason_class}: {finding.detail}", ""))
+    base = sum(1 for record in by_node.values() if record.state in REPORTING)
+    limit = breaker_limit(config, base)
+    counted = sum(1 for hold in holds.values() if not hold.refused)
+    kept = {node: text[:MAX_TEXT] for node, text in sorted(skipped.items())[:MAX_HELD]}
+    if current.tripped_at is not None or counted + len(wanted) > limit:
         would = [f"{order.action} {order.node} ({order.reason})" for order in wanted]
         would += [f"uncordon {order.node}" for order in releases]
         if current.tripped_at is None:
@@ -318,30 +359,38 @@ def decide(
             plan.notes.append(
                 (
                     "breaker_tripped",
-                    "_cluster",
-                    f"breaker tripped: {len(holds)} held + {len(wanted)} more > limit {limit}; "
-                    "no action until fleetctl policy reset",
+                    CLUSTER,
+                    f"breaker tripped: {counted} held + {len(wanted)} more > limit {limit} "
+                    f"(of {base} reporting nodes); no action until fleetctl policy reset",
                 )
             )
-        plan.hooks = []  # tripped: no action at all, hooks included
+        plan.hooks = []  # tripped: no command and no hook; what was learnt is kept
+        unreleased = {order.node: current.holds[order.node] for order in releases}
         plan.record = msgspec.structs.replace(
             current,
-            holds=dict(current.holds),
+            holds={**holds, **unreleased},
+            history=history,
             tripped_at=current.tripped_at or now,
             would=(would or list(current.would))[:MAX_WOULD],
             limit=limit,
+            base=base,
+            dry={},
+            skipped=kept,
             updated_by=key,
         )
         return plan
     for index, order in enumerate(wanted):
         order.command_id = f"{new_id}-{index}"
-        reason_class, reason = classes[order.node]
+        finding = findings[order.node]
         holds[order.node] = Hold(
-            reason_class=reason_class,
-            reason=reason,
+            reason_class=finding.reason_class,
+            reason=finding.detail,
             action="drain" if order.action == "drain" else "cordon",
             command_id=order.command_id,
             since=now,
+            check=finding.check,
+            gpus=list(finding.gpus),
+            reboot_from=by_node[order.node].boot_id if finding.reason_class == "hung" else "",
         )
         history.setdefault(order.node, []).append(now)
         plan.notes.append(("remediation", order.node, f"{order.action}: {order.reason}"))
@@ -354,6 +403,44 @@ def decide(
         holds=holds,
         history={node: times[-MAX_HISTORY:] for node, times in history.items()},
         limit=limit,
+        base=base,
+        dry={},
+        skipped=kept,
         updated_by=key,
     )
     return plan
+
+
+def gist(text: str) -> tuple[str, ...]:
+    """What a dry run's would-be text decides, without the node's changing detail (an XID
+    count, a temperature): the first three fields of each part (``cordon: policy: xid``)."""
+    return tuple(":".join(part.split(":")[:3]) for part in text.split(DRY_SEPARATOR) if part)
+
+
+def dry_run(current: PolicyRecord, plan: Plan) -> Plan:
+    """What a dry-run policy keeps of ``plan`` (decided from ``current``): its would-be
+    actions per node (``PolicyRecord.dry``), each noted only when it is new or changed
+    (:func:`gist`), not every round; no command, no hook, no hold."""
+    would: dict[str, list[str]] = {}
+    for _, node, message in plan.notes:
+        would.setdefault(node, []).append(message)
+    for order in plan.hooks:
+        would.setdefault(order.node, []).append(f"run hook {order.hook}")
+    dry = {
+        node: DRY_SEPARATOR.join(texts)[:MAX_TEXT]
+        for node, texts in sorted(would.items())[:MAX_HELD]
+    }
+    notes: list[tuple[AlertKind, str, str]] = [
+        ("remediation", node, text)
+        for node, text in dry.items()
+        if gist(text) != gist(current.dry.get(node, ""))
+    ]
+    record = msgspec.structs.replace(
+        current,
+        dry=dry,
+        limit=plan.record.limit,
+        base=plan.record.base,
+        skipped=plan.record.skipped,
+        updated_by=plan.record.updated_by,
+    )
+    return Plan(record=record, notes=notes)

@@ -31,6 +31,8 @@ from schemas.errors import FleetError
 from schemas.subjects import (
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
+    BUCKET_POLICY,
+    BUCKET_SETTINGS,
     BUCKET_TRUST,
     PROBE_INBOX,
     STREAM_COMMANDS,
@@ -182,11 +184,13 @@ Permissions = dict[str, list[str]]
 def _node_permissions(subjects: Subjects, user: NodeUser) -> Permissions:
     """deploy/nats/auth.conf's node-1 entry for ``user``: its own heartbeats, events,
     results, probes and command consumer (looked up, pulled, acknowledged: never created),
-    answers to probes addressed to it and no other inbox, its own inboxes to read."""
+    reads of the fleet's settings (never a write), answers to probes addressed to it and
+    no other inbox, its own inboxes to read."""
     node, cluster = user.node, user.cluster
     commands = subjects.stream_name(STREAM_COMMANDS)
     consumer = command_consumer(cluster, node)
     nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
+    settings_bucket = f"KV_{subjects.bucket_name(BUCKET_SETTINGS)}"
     return {
         "publish": [
             subjects.heartbeat(cluster, node),
@@ -196,6 +200,7 @@ def _node_permissions(subjects: Subjects, user: NodeUser) -> Permissions:
             f"{subjects.prefix}.probe.*",
             probe_answers(node),
             f"{JS_API_PREFIX}.DIRECT.GET.{nodes_bucket}",
+            f"{JS_API_PREFIX}.DIRECT.GET.{settings_bucket}",
             f"{JS_API_PREFIX}.CONSUMER.INFO.{commands}.{consumer}",
             f"{JS_API_PREFIX}.CONSUMER.MSG.NEXT.{commands}.{consumer}",
             f"$JS.ACK.{commands}.{consumer}.>",
@@ -233,12 +238,16 @@ def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
     """What FLEET lends monitors: stream info and direct gets (one key, or the batched
     scan) of the node records, and what the live views read besides (docs/live-reads.md):
     the latest heartbeats in FLEET_HB, the approved keys they are checked against, the
-    partitions' consumer info (what was judged); maintenance windows; and alerts."""
+    partitions' consumer info (what was judged); maintenance windows; the remediation
+    policy's holds (``describe`` says whether the policy holds a node); the fleet's settings
+    (``fleetctl describe`` shows each node's); and alerts."""
     reads = [
         f"KV_{subjects.bucket_name(BUCKET_NODES)}",
         subjects.stream_name(STREAM_HEARTBEATS),
         f"KV_{subjects.bucket_name(BUCKET_TRUST)}",
         f"KV_{subjects.bucket_name(BUCKET_MAINTENANCE)}",
+        f"KV_{subjects.bucket_name(BUCKET_POLICY)}",
+        f"KV_{subjects.bucket_name(BUCKET_SETTINGS)}",
     ]
     exports: list[dict[str, str]] = []
     for stream in reads:
@@ -259,11 +268,13 @@ def _all_events(subjects: Subjects) -> str:
 def _exports(subjects: Subjects) -> list[dict[str, str]]:
     commands = subjects.stream_name(STREAM_COMMANDS)
     nodes_bucket = f"KV_{subjects.bucket_name(BUCKET_NODES)}"
+    settings_bucket = f"KV_{subjects.bucket_name(BUCKET_SETTINGS)}"
     return [
         {"service": f"{subjects.prefix}.hb.*.*"},
         {"service": f"{subjects.prefix}.result.*.*"},
         {"service": subjects.register()},
         {"service": f"$JS.API.DIRECT.GET.{nodes_bucket}", "response": "stream"},
+        {"service": f"$JS.API.DIRECT.GET.{settings_bucket}", "response": "stream"},
         {"service": f"$JS.API.CONSUMER.INFO.{commands}.*"},
         {"service": f"$JS.API.CONSUMER.MSG.NEXT.{commands}.*", "response": "stream"},
         {"service": f"$JS.ACK.{commands}.>"},

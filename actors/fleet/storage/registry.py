@@ -260,12 +260,7 @@ async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str =
     entry = await trust_entry(bus, subjects, node)
     if before is None and entry is None:
         raise NotFound(f"node {node}")
-    revoked = entry is not None and not entry.revoked
-    if revoked:
-        await revoke(bus, subjects, node)
-    purged = await bus.js.purge_stream(
-        subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
-    )
+    revoked, purged = await withdraw(bus, subjects, node, entry)
     current = await _record_or_none(bus, subjects, node)
     return Forgotten(
         record=current,
@@ -273,6 +268,20 @@ async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str =
         revoked=revoked,
         purged=purged,
     )
+
+
+async def withdraw(
+    bus: Bus, subjects: Subjects, node: str, entry: TrustEntry | None
+) -> tuple[bool, bool]:
+    """What forgetting a node does beside its record: its approved key (``entry``, as
+    read) revoked and the commands still queued for it purged. (revoked now, purged)."""
+    revoked = entry is not None and not entry.revoked
+    if revoked:
+        await revoke(bus, subjects, node)
+    purged = await bus.js.purge_stream(
+        subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
+    )
+    return revoked, bool(purged)
 
 
 async def _record_or_none(bus: Bus, subjects: Subjects, node: str) -> NodeRecord | None:

@@ -43,6 +43,7 @@ from schemas.subjects import (
     BUCKET_LEASES,
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
+    BUCKET_SETTINGS,
     BUCKET_TRUST,
     BUCKET_WORKLOADS,
     STREAM_ALERTS,
@@ -95,6 +96,13 @@ MAX_MAINTENANCE_SIZE = 64 * KIB
 MAX_PLACED_SIZE = 256 * KIB
 """A placed workload's record: 64 replicas with their reasons, avoided nodes and copies to
 stop fit (about 200 KiB at most with 64-character node names)."""
+MAX_SETTINGS_SIZE = 64 * KIB
+"""One scope's settings entry (64 values of a few hundred characters fit many times)."""
+SETTINGS_HISTORY = 16
+"""Revisions kept per settings key: what ``fleetctl settings history`` shows and
+``rollback`` goes back to."""
+SETTINGS_MAX_BYTES = 4 * 1024 * KIB
+"""fleet_settings' budget: hundreds of scopes with their history at a few KB each."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
 MAX_NODES = 100_000
@@ -219,6 +227,9 @@ def stream_configs(
             max_msgs=MAX_STREAM_MSGS,
             max_msgs_per_subject=limits.results_per_node,
             max_msg_size=MAX_RESULT_SIZE,
+            # The remediation policy reads a node's answers to its cordon by direct get
+            # (actors/fleet/storage/answers.py).
+            allow_direct=True,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_ALERTS),
@@ -305,6 +316,16 @@ def bucket_configs(
             # Fixed like fleet_maintenance: a record is 1-5 KB (hundreds of workloads fit).
             max_bytes=MIB_LEASES,
             max_value_size=MAX_PLACED_SIZE,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_SETTINGS),
+            description="operators' signed settings: the fleet, clusters, label selectors",
+            history=SETTINGS_HISTORY,
+            direct=True,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=SETTINGS_MAX_BYTES,
+            max_value_size=MAX_SETTINGS_SIZE,
         ),
     ]
 

@@ -1,5 +1,7 @@
 """A node's history as the streams keep it: alerts (``FLEET_ALERTS``, which include every
-state change of its record) and command results (``FLEET_EVENTS``).
+state change of its record) and command results (``FLEET_EVENTS``); and which alerts a
+view shows when it has room for a few (:func:`ranked`, :class:`AlertFeed`): info alerts
+never push a warning or critical one out.
 
 Reads are bounded and leave nothing behind: each uses an ephemeral consumer that is
 deleted when the read ends (and that the server would drop by itself after
@@ -11,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import heapq
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import nats.errors
@@ -28,6 +31,8 @@ from schemas.errors import DecodeError
 from schemas.messages import Alert, CommandResult
 from schemas.subjects import STREAM_ALERTS, STREAM_EVENTS, Subjects, check_token
 
+ALERTS_READ = 500
+"""Alerts of one node read to choose its recent ones from (:func:`recent_history`)."""
 INACTIVE_THRESHOLD = 30.0
 """Seconds after which the server removes a consumer this process could not delete."""
 BATCH = 256
@@ -160,6 +165,53 @@ async def node_history(
         ),
     )
     return alerts, results
+
+
+async def recent_history(
+    bus: Bus, subjects: Subjects, node: str, limit: int
+) -> tuple[list[Entry], list[Entry]]:
+    """(alerts, command results) a view of ``node`` shows, oldest first: the last
+    ``limit`` results, and ``limit`` alerts :func:`ranked` among its last ALERTS_READ."""
+    alerts, results = await node_history(bus, subjects, node, limit=ALERTS_READ)
+    return ranked(alerts, limit), results[-limit:]
+
+
+def is_info(entry: Entry) -> bool:
+    """An alert of ``info`` severity (an undecodable one is not: it is shown)."""
+    return isinstance(entry.message, Alert) and entry.message.severity == "info"
+
+
+def ranked(alerts: list[Entry], limit: int) -> list[Entry]:
+    """The ``limit`` alerts to show of ``alerts`` (oldest first): the newest warning and
+    critical ones, then the newest info ones in the room left, in time order. A flood of
+    info alerts (a policy's would-be actions, releases) never pushes a node's warning or
+    critical alert out of a view."""
+    serious = [entry for entry in alerts if not is_info(entry)][-limit:]
+    room = limit - len(serious)
+    info = [entry for entry in alerts if is_info(entry)][-room:] if room > 0 else []
+    return sorted([*serious, *info], key=lambda entry: entry.ts)
+
+
+class AlertFeed:
+    """The latest alerts with their sequence numbers, at most ``size`` info ones and
+    ``size`` warning or critical ones (each kept apart, so an info flood never pushes a
+    warning out), iterated in sequence order."""
+
+    def __init__(self, size: int) -> None:
+        self.info: deque[tuple[int, Alert]] = deque(maxlen=size)
+        self.serious: deque[tuple[int, Alert]] = deque(maxlen=size)
+
+    def append(self, item: tuple[int, Alert]) -> None:
+        (self.info if item[1].severity == "info" else self.serious).append(item)
+
+    def __iter__(self) -> Iterator[tuple[int, Alert]]:
+        return heapq.merge(self.info, self.serious, key=lambda item: item[0])
+
+    def __reversed__(self) -> Iterator[tuple[int, Alert]]:
+        return iter(sorted(self, key=lambda item: -item[0]))
+
+    def __len__(self) -> int:
+        return len(self.info) + len(self.serious)
 
 
 def merged(*histories: list[Entry]) -> list[Entry]:

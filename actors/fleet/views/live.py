@@ -86,7 +86,8 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     ``fleetctl maintenance``)."""
     policy_hold: str = ""
     """``cordon`` or ``drain`` while the remediation policy's own record (``fleet_policy``)
-    holds the node: who set its state as the fleet itself knows it. ``heartbeat``'s
+    holds the node: who set its state as the fleet itself knows it (``cordon refused:
+    needs attention`` where the node never took it). ``heartbeat``'s
     ``schedulability_by`` is what the node says."""
 
 
@@ -150,7 +151,13 @@ async def held_by_policy(
         policies = await read_policies(bus, subjects)
     except (nats.errors.Error, TimeoutError, FleetError):
         return records
-    holds = {(p.cluster, node): hold.action for p in policies for node, hold in p.holds.items()}
+    holds = {
+        (p.cluster, node): f"{hold.action} refused: needs attention"
+        if hold.refused
+        else hold.action
+        for p in policies
+        for node, hold in p.holds.items()
+    }
     return [
         msgspec.structs.replace(record, policy_hold=action)
         if (action := holds.get((record.cluster, record.node_id)))

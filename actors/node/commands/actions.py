@@ -343,6 +343,7 @@ class ActionRunner:
                     f"draining: {self.in_flight} in flight{running}, {left:.0f}s to deadline",
                     self.in_flight,
                     jobs_running=jobs,
+                    placed=self.placed or None,
                 )
             self._engine_changed.clear()
             wait = PROGRESS_EVERY if jobs is None else SLURM_POLL
@@ -364,7 +365,14 @@ class ActionRunner:
                 f", {left_over} in flight" if left_over else ""
             )
         if not deregister:
-            await self.result(command_id, "done", summary + notes, left_over, jobs_running=jobs)
+            await self.result(
+                command_id,
+                "done",
+                summary + notes,
+                left_over,
+                jobs_running=jobs,
+                placed=self.placed or None,
+            )
             return
         await self.result(
             command_id, "in_progress", summary + "; deregistering", left_over, jobs_running=jobs
@@ -475,12 +483,19 @@ class ActionRunner:
         in_flight: int | None = None,
         digest: str = "",
         jobs_running: int | None = None,
+        *,
+        signer: str = "",
+        claimed_id: str = "",
+        placed: int | None = None,
     ) -> None:
-        """Publish a node-signed CommandResult (:class:`ResultPublisher`).
-        ``digest`` defaults to that of the command started under ``command_id``. A refusal
+        """Publish a node-signed CommandResult (:class:`ResultPublisher`: sent again while
+        it is not acknowledged, then a failure logged, not raised). ``digest`` and
+        ``signer`` default to those of the command started under ``command_id``. A refusal
         of a message with no usable id is published under its digest, so the stream keeps
-        one refusal per distinct message within its duplicate window."""
+        one refusal per distinct message within its duplicate window; ``claimed_id`` is the
+        id such a message claims."""
         digest = digest or self._digests.get(command_id, "")
+        signer = signer or self._by.get(command_id, "")
         if status in FINAL_STATUSES:
             self._digests.pop(command_id, None)
             self._by.pop(command_id, None)
@@ -492,4 +507,7 @@ class ActionRunner:
             schedulability=self.store.state.schedulability,
             in_flight=in_flight,
             jobs_running=jobs_running,
+            signer=signer,
+            claimed_id=claimed_id,
+            placed=placed,
         )

@@ -199,7 +199,14 @@ class CommandsActor:
                 "command refused",
                 extra={"id": refusal.command_id, "digest": digest, "reason": refusal.reason},
             )
-            await self.actions.result(refusal.command_id, "rejected", refusal.reason, digest=digest)
+            await self.actions.result(
+                refusal.command_id,
+                "rejected",
+                refusal.reason,
+                digest=digest,
+                signer=refusal.signer,
+                claimed_id=refusal.claimed_id,
+            )
             await msg.ack()
             return
         if isinstance(command.action, Deploy | Stop):
@@ -208,10 +215,12 @@ class CommandsActor:
         async with self.actions.lock:
             if not await self._remember(msg, command, digest):
                 return
-            await self.actions.result(command.id, "accepted", command.reason, digest=digest)
+            signer = (msg.headers or {}).get(HEADER_KEY, "")
+            await self.actions.result(
+                command.id, "accepted", command.reason, digest=digest, signer=signer
+            )
             await msg.ack()
             log.info("command accepted", extra={"id": command.id, "action": command.action})
-            signer = (msg.headers or {}).get(HEADER_KEY, "")
             await self.actions.start(
                 command.id, command.reason, command.action, digest=digest, by=signer
             )

@@ -25,11 +25,17 @@ from schemas.workloads import Deploy
 
 class Rejection(Exception):
     """A command that must not run, with the id to answer under ("" when the message was
-    not verified and read) and the reason."""
+    not verified and read), the reason, the key that signed it (where the signature
+    verified) and, for a message signed by a key the node does not trust, the id it
+    claims (answered apart: ``CommandResult.claimed_id``)."""
 
-    def __init__(self, command_id: str, reason: str) -> None:
+    def __init__(
+        self, command_id: str, reason: str, signer: str = "", claimed_id: str = ""
+    ) -> None:
         self.command_id = command_id
         self.reason = reason
+        self.signer = signer
+        self.claimed_id = claimed_id
         super().__init__(reason)
 
 
@@ -42,15 +48,32 @@ def check_command(
     except SignatureError as exc:
         raise Rejection("", f"unsigned or bad signature: {exc.reason}") from None
     if signer not in config.operator_keys():
-        raise Rejection("", f"signed by an untrusted key {signer}")
+        raise Rejection(
+            "", f"signed by an untrusted key {signer}", signer, claimed_id(msg.data, msg.subject)
+        )
     try:
         command = codec.decode(msg.data, Command, msg.subject)
     except DecodeError as exc:
-        raise Rejection("", f"malformed command: {exc.reason}") from None
+        raise Rejection("", f"malformed command: {exc.reason}", signer) from None
     if not SAFE_ID.fullmatch(command.id):
-        raise Rejection("", "malformed command id")
+        raise Rejection("", "malformed command id", signer)
     try:
-        cluster, node = subjects.split_command(msg.subject)
+        check_addressee(command, msg.subject, subjects, config)
+        check_times(command, config, store.created_at)
+        check_durations(command)
+        if store.seen(command.id):
+            raise Rejection(command.id, "duplicate command id (already executed)")
+    except Rejection as refusal:
+        raise Rejection(refusal.command_id, refusal.reason, signer) from None
+    return command
+
+
+def check_addressee(
+    command: Command, subject: str, subjects: Subjects, config: AgentConfig
+) -> None:
+    """The command's subject, its own node and cluster, and this node agree."""
+    try:
+        cluster, node = subjects.split_command(subject)
     except InvalidToken as exc:
         raise Rejection(command.id, str(exc)) from None
     if (command.cluster, command.node_id) != (cluster, node) or (cluster, node) != (
@@ -58,11 +81,16 @@ def check_command(
         config.node_id,
     ):
         raise Rejection(command.id, "command names another node or cluster than its subject")
-    check_times(command, config, store.created_at)
-    check_durations(command)
-    if store.seen(command.id):
-        raise Rejection(command.id, "duplicate command id (already executed)")
-    return command
+
+
+def claimed_id(body: bytes, subject: str) -> str:
+    """The id a message signed by an untrusted key claims ("" when it has no readable
+    one): answered as a claim, never as the id of a command the node refused."""
+    try:
+        claimed = codec.decode(body, Command, subject).id
+    except DecodeError:
+        return ""
+    return claimed if SAFE_ID.fullmatch(claimed) else ""
 
 
 def check_times(command: Command, config: AgentConfig, history_since: float) -> None:

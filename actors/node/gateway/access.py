@@ -13,13 +13,20 @@ prefix). The file is read again whenever it changes, so a key is added, rotated 
 without a restart.
 Each client (its key's name, else its certificate's subject) gets a token bucket of
 ``gateway_rate_limit`` requests a second, ``gateway_rate_burst`` at once; beyond, 429.
+
+Web pages are kept out (:meth:`Access.browser_guard`, on every gateway): a page the node's
+user opens may send requests to 127.0.0.1, and a DNS-rebinding page may even read the
+answers as its own site's. So a request a browser marks as another site's
+(``Sec-Fetch-Site: cross-site``, or an ``Origin`` other than the request's own host) is
+403, and on loopback a ``Host`` other than the bound address, the address the connection
+arrived on or ``localhost`` is 421. Programs (OpenAI's clients, curl) send neither header
+and are not affected.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import socket
 import ssl
@@ -27,12 +34,15 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from actors.node.config import AgentConfig
 from actors.runtime.config import ConfigError
+from actors.runtime.file_stamp import FileStamp
+from actors.runtime.http_access import Hosts, host_name
 from actors.runtime.http_login import is_loopback
 from actors.runtime.tls import server_context
 
@@ -43,11 +53,6 @@ KEY_PREFIX: Final = "nak_"
 """Marks a node-agent gateway key (a secret scanner can look for it)."""
 MAX_KEYS: Final = 10_000
 """Lines of a keys file read; the rest are ignored (and logged)."""
-SETTLED_NS: Final = 2_000_000_000
-"""A keys file read this long after its modification time is trusted to be unchanged
-while its stamp is (2 s: the coarsest timestamps of a common file system). One read
-sooner is read again at the next request: a rewrite within the same timestamp tick and
-of the same size (a key replaced by another) leaves the stamp as it was."""
 MAX_CLIENTS: Final = 10_000
 """Rate-limit buckets kept; the least recently used one goes first."""
 WILDCARDS: Final = ("0.0.0.0", "::", "")
@@ -122,14 +127,11 @@ def parse_keys(lines: list[str]) -> tuple[dict[bytes, str], list[str]]:
 
 
 class ApiKeys:
-    """The keys file, by hash, read again whenever it changes (inode, size or mtime, and
-    at every use while it changed less than SETTLED_NS before it was read)."""
+    """The keys file, by hash, read again whenever it changes (:mod:`.file_stamp`)."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int, int] | None = None
-        self._settled = False
-        """Whether the file was read SETTLED_NS or more after it last changed."""
+        self._file = FileStamp(self.path)
         self._names: dict[bytes, str] = {}
         """SHA-256 digest of a key -> its name: a key is looked up by its digest, so no
         comparison ever runs over the key itself (nor stops early on its prefix)."""
@@ -137,11 +139,9 @@ class ApiKeys:
 
     def _read(self, at_start: bool = False) -> None:
         try:
-            info = os.stat(self.path)
-            stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
-            if stamp == self._stamp and self._settled:
+            stamp = self._file.due()
+            if stamp is None:
                 return
-            settled = time.time_ns() - info.st_mtime_ns >= SETTLED_NS
             lines = self.path.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
@@ -152,14 +152,15 @@ class ApiKeys:
             log.error("gateway keys file unreadable", extra={"reason": reason})
             return
         names, problems = parse_keys(lines)
-        if stamp != self._stamp:  # said once a change, not at every read until settled
+        if self._file.is_new(stamp):  # said once a change, not at every read until settled
             for problem in problems:
                 log.error("gateway keys file: %s", problem)
         if at_start:
             log.info("gateway keys read", extra={"keys": len(names)})
         elif names != self._names:
             log.info("gateway keys file changed; read again", extra={"keys": len(names)})
-        self._names, self._stamp, self._settled = names, stamp, settled
+        self._names = names
+        self._file.read(stamp)
 
     def name_of(self, key: str) -> str | None:
         """The name of ``key``, None when it is not (or no longer) in the file."""
@@ -254,6 +255,40 @@ class Access:
                 )
             who = "key:" + name
         return who
+
+    def browser_guard(self) -> Middleware:
+        """Refuses what a web page sends (module docstring): 421 for a foreign ``Host`` on
+        loopback, 403 for another site's request."""
+        loopback = is_loopback(self.config.gateway_host)
+        hosts = Hosts(self.config.gateway_host, ())
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+            host = request.headers.get(hdrs.HOST, "")
+            transport = request.transport
+            local = transport.get_extra_info("sockname") if transport is not None else None
+            arrived_on = str(local[0]) if isinstance(local, tuple) and local else None
+            if loopback and not hosts.allows(host, arrived_on):
+                return Refusal(
+                    421,
+                    "the gateway on loopback answers only to its own address or localhost",
+                    "invalid_request_error",
+                    "misdirected_request",
+                ).response()
+            origin = request.headers.get(hdrs.ORIGIN)
+            cross_site = request.headers.get("Sec-Fetch-Site", "") == "cross-site"
+            if cross_site or (
+                origin is not None and host_name(urlsplit(origin).netloc) != host_name(host)
+            ):
+                return Refusal(
+                    403,
+                    "requests from another site's web page are refused",
+                    "invalid_request_error",
+                    "cross_site_request",
+                ).response()
+            return await handler(request)
+
+        return guard
 
     def middleware(self) -> Middleware:
         """Refuses requests without a valid key (401) or beyond the client's rate (429)."""

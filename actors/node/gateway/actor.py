@@ -371,7 +371,9 @@ class GatewayActor:
         self._wake.set()
 
     def app(self) -> web.Application:
-        middlewares = [self.access.middleware()] if self.access.checks else []
+        middlewares = [self.access.browser_guard()]
+        if self.access.checks:
+            middlewares.append(self.access.middleware())
         app = web.Application(
             client_max_size=self.config.gateway_max_request_bytes, middlewares=middlewares
         )

@@ -5,11 +5,11 @@ pinned by one of the node's workloads that has not ended."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 
 from schemas.events import Gpu, Sample
-from schemas.messages import WorkloadSummary
 
 BUSY_PCT = 90.0
 """A GPU this busy is counted as taken even with no workload of ours on it."""
@@ -17,7 +17,17 @@ PINNING = ("starting", "ready", "stopping")
 """Workload states that hold their GPUs (failed, crashloop and stopped ones have let go)."""
 
 
-def pinned(workloads: Iterable[WorkloadSummary]) -> set[int]:
+class Pinning(Protocol):
+    """A workload as far as its GPUs go: the heartbeat's summary, or the event's own."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def gpus(self) -> list[int]: ...
+
+
+def pinned(workloads: Iterable[Pinning]) -> set[int]:
     """The GPU indices the node's live workloads were deployed on."""
     return {gpu for workload in workloads if workload.state in PINNING for gpu in workload.gpus}
 
@@ -31,7 +41,7 @@ def free_gpus(gpus: Sequence[Gpu], taken: set[int]) -> int:
     )
 
 
-def with_workloads(sample: Sample, workloads: Sequence[WorkloadSummary]) -> Sample:
+def with_workloads(sample: Sample, workloads: Sequence[Pinning]) -> Sample:
     """``sample`` with ``gpus_available`` counting the GPUs ``workloads`` pin as taken."""
     taken = pinned(workloads)
     if not taken:

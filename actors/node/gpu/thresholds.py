@@ -164,6 +164,13 @@ GPU_THRESHOLDS: dict[str, Threshold] = {
         meaning="nvidia-fabricmanager not running on an NVSwitch system",
         action="systemctl restart nvidia-fabricmanager; drain the node until it runs",
     ),
+    "temperature": Threshold(
+        check="nvml",
+        limit=85,
+        status="degraded",
+        meaning="GPU temperature in C: a GPU hotter than this (not at it) degrades the nvml check",
+        action="check cooling and airflow",
+    ),
     "persistence_off": Threshold(
         check="gpu_settings",
         limit=1,

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import msgspec
 
 from actors.node.gpu.thresholds import memory_summary, nvlink_summary
-from schemas.base import MAX_TEXT, MAX_XIDS
+from schemas.base import MAX_GPUS, MAX_TEXT, MAX_XIDS
 from schemas.events import Gpu, HealthCheck, XidCount
 from schemas.xid_catalog import Finding, XidRule, rule_of
 
@@ -142,7 +142,7 @@ class XidTracker:
 
     def check(self, now: float) -> HealthCheck:
         """The ``xid`` check at wall-clock time ``now``: the worst code over its threshold."""
-        findings: list[tuple[int, str, str]] = []
+        findings: list[tuple[int, str, str, int]] = []
         below: list[str] = []
         for (gpu, code), times in sorted(self._seen.items()):
             rule = rule_for(code, self.thresholds)
@@ -153,7 +153,7 @@ class XidTracker:
             text = f"XID {code} x{len(times)} on GPU {gpu} in {rule.window_s:g}s: {rule.meaning}"
             text += self._reading(rule, gpu)
             if len(times) >= rule.count:
-                findings.append((_RANK[rule.status], text, rule.action))
+                findings.append((_RANK[rule.status], text, rule.action, gpu))
             else:
                 below.append(f"{text} (below threshold {rule.count})")
         if not findings:
@@ -162,5 +162,8 @@ class XidTracker:
         findings.sort(key=lambda finding: -finding[0])
         worst = findings[0]
         status: Finding = "unhealthy" if worst[0] == _RANK["unhealthy"] else "degraded"
-        reason = "; ".join(text for _, text, _ in findings)
-        return HealthCheck(name="xid", status=status, reason=reason[:MAX_TEXT], action=worst[2])
+        reason = "; ".join(text for _, text, _, _ in findings)
+        at_fault = sorted({gpu for _, _, _, gpu in findings})[:MAX_GPUS]
+        return HealthCheck(
+            name="xid", status=status, reason=reason[:MAX_TEXT], action=worst[2], gpus=at_fault
+        )

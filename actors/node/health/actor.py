@@ -1,6 +1,7 @@
 """Health actor: turns the node's own events into a scored, explained ``Health`` event.
 
-It listens to the node's ``sample``, ``engine`` and ``latency`` events and publishes
+It listens to the node's ``sample``, ``engine``, ``latency``, ``scheduler`` and ``settings``
+(the fleet's live settings: thresholds, intervals, expected GPUs) events and publishes
 ``Health`` on ``fleet.evt.<node>.health`` every ``health_interval`` (jittered, so a fleet
 never reports in lock-step). Sample-driven checks (boot, nvml, xid, and the GPU hardware
 checks of :mod:`.gpu_checks`) are judged on every sample and pass through a latch, so a
@@ -19,18 +20,21 @@ from pathlib import Path
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.node.gpu.thresholds import parse_gpu_thresholds
+from actors.node.gpu.thresholds import parse_gpu_thresholds, thresholds
 from actors.node.gpu.xid import XidTracker, parse_thresholds
 from actors.node.health import checks, gpu_checks, scoring
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import sleep_jittered
 from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample, Scheduler
+from schemas.settings import Settings
 from schemas.subjects import (
     EVENT_ENGINE,
     EVENT_HEALTH,
     EVENT_LATENCY,
     EVENT_SAMPLE,
     EVENT_SCHEDULER,
+    EVENT_SETTINGS,
     Subjects,
 )
 
@@ -41,8 +45,8 @@ FIRST_REPORT_DELAY = 1.0
 
 
 class HealthActor:
-    """Subscribes to fleet.evt.<node>.{sample,engine,latency}; publishes Health on
-    fleet.evt.<node>.health."""
+    """Subscribes to fleet.evt.<node>.{sample,engine,latency,scheduler,settings}; publishes
+    Health on fleet.evt.<node>.health."""
 
     name = "health"
 
@@ -69,6 +73,7 @@ class HealthActor:
             EVENT_ENGINE: subjects.event(config.node_id, EVENT_ENGINE),
             EVENT_LATENCY: subjects.event(config.node_id, EVENT_LATENCY),
             EVENT_SCHEDULER: subjects.event(config.node_id, EVENT_SCHEDULER),
+            EVENT_SETTINGS: subjects.event(config.node_id, EVENT_SETTINGS),
         }
         self.latch = checks.Latch(config.clear_after_samples)
         self.xids = XidTracker(parse_thresholds(config.xid_thresholds))
@@ -95,9 +100,29 @@ class HealthActor:
             case Scheduler():
                 self.scheduler = event if event.kind == "slurm" else None
                 kind = EVENT_SCHEDULER
+            case Settings():
+                self.retune(event)
+                return
             case _:
                 return
         self.received[kind] = time.monotonic()
+
+    def retune(self, event: Settings) -> None:
+        """Take the fleet's live settings: intervals, the GPU count, dependencies and the
+        clearing count are read where used; the thresholds are rebuilt (rates and XID
+        counts seen so far are kept)."""
+        config = retuned(self.config, event)
+        if config is self.config:
+            return
+        self.config = config
+        self.latch.clear_after = config.clear_after_samples
+        self.xids.thresholds = parse_thresholds(config.xid_thresholds)
+        self.gpu_judge.table = thresholds(parse_gpu_thresholds(config.gpu_thresholds))
+
+    def hot_limit(self) -> float | None:
+        """The temperature above which a GPU degrades the nvml check (None: off)."""
+        entry = self.gpu_judge.table.get("temperature")
+        return entry.limit if entry is not None else None
 
     def observe_sample(self, sample: Sample) -> None:
         """Judge the sample-driven checks on this sample, through the latch."""
@@ -111,7 +136,7 @@ class HealthActor:
                 self.sample_checks.pop(name, None)
         for check in (
             checks.boot_check(sample, self.config.expected_gpus),
-            checks.nvml_check(sample, self.config.expected_gpus),
+            checks.nvml_check(sample, self.config.expected_gpus, self.hot_limit()),
             self.xids.check(time.time()),
             *gpu_found,
         ):

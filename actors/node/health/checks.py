@@ -14,11 +14,13 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
+from actors.node.gpu.thresholds import GPU_THRESHOLDS
+from schemas.base import MAX_GPUS, MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import HealthCheck, Sample, Scheduler
 
-HOT_GPU_C = 85.0
-"""Any GPU above this makes the nvml check degraded."""
+HOT_GPU_C = GPU_THRESHOLDS["temperature"].limit
+"""Any GPU above this makes the nvml check degraded, unless ``gpu_thresholds`` sets
+``temperature`` (another limit, or ``off``)."""
 STALE_FACTOR = 3.0
 """A feed's event is stale once older than this many of its periods."""
 
@@ -55,9 +57,11 @@ def boot_check(sample: Sample, expected: int | None) -> HealthCheck:
     )
 
 
-def nvml_check(sample: Sample, expected: int | None = None) -> HealthCheck:
+def nvml_check(
+    sample: Sample, expected: int | None = None, hot_c: float | None = HOT_GPU_C
+) -> HealthCheck:
     """NVML failing or seeing fewer devices than ``expected``, a lost GPU or one answering
-    no query: unhealthy; a GPU above 85 C: degraded."""
+    no query: unhealthy; a GPU above ``hot_c`` (85 C unless set; None: never): degraded."""
     if sample.gpu_error:
         return HealthCheck(
             name="nvml",
@@ -79,12 +83,14 @@ def nvml_check(sample: Sample, expected: int | None = None) -> HealthCheck:
             status="unhealthy",
             reason=f"GPU {', '.join(map(str, lost))} lost (stopped answering)",
             action="drain the node and reboot; RMA if it recurs",
+            gpus=lost[:MAX_GPUS],
         )
-    hot = [
-        f"GPU {gpu.index} at {gpu.temperature_c:g} C"
+    hot_gpus = [
+        gpu
         for gpu in sample.gpus
-        if gpu.temperature_c is not None and gpu.temperature_c > HOT_GPU_C
+        if gpu.temperature_c is not None and hot_c is not None and gpu.temperature_c > hot_c
     ]
+    hot = [f"GPU {gpu.index} at {gpu.temperature_c:g} C" for gpu in hot_gpus]
     silent = [
         gpu.index
         for gpu in sample.gpus
@@ -97,13 +103,15 @@ def nvml_check(sample: Sample, expected: int | None = None) -> HealthCheck:
             status="unhealthy",
             reason=f"GPU {', '.join(map(str, silent))} answer no NVML query",
             action=NVML_ACTION,
+            gpus=silent[:MAX_GPUS],
         )
     if hot:
         return HealthCheck(
             name="nvml",
             status="degraded",
-            reason="; ".join(f"{text} (> {HOT_GPU_C:g} C)" for text in hot),
+            reason="; ".join(f"{text} (> {hot_c:g} C)" for text in hot),
             action="check cooling and airflow",
+            gpus=[gpu.index for gpu in hot_gpus][:MAX_GPUS],
         )
     if not sample.gpus:
         return HealthCheck(name="nvml", status="ok", reason="no GPUs to query")

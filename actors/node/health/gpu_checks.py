@@ -23,7 +23,7 @@ from actors.node.gpu.thresholds import (
     thresholds,
 )
 from actors.node.health.checks import RANK
-from schemas.base import MAX_TEXT
+from schemas.base import MAX_GPUS, MAX_TEXT
 from schemas.events import Gpu, GpuHealth, HealthCheck, Sample
 
 WINDOW = 60.0
@@ -57,6 +57,8 @@ CALLS: dict[str, tuple[str, ...]] = {
 CHECK_NAMES = tuple(CALLS)
 
 Finding = tuple[Threshold, str]
+Located = tuple[Threshold, str, int | None]
+"""A finding with the index of the GPU it is about (None: the host's, not one GPU's)."""
 
 
 class Window:
@@ -104,7 +106,7 @@ class GpuJudge:
         read = [gpu for gpu in sample.gpus if gpu.health is not None and not gpu.lost]
         if not read:
             return []
-        findings: dict[str, list[Finding]] = {name: [] for name in CHECK_NAMES}
+        findings: dict[str, list[Located]] = {name: [] for name in CHECK_NAMES}
         counters: list[tuple[str, int]] = []
         for gpu in read:
             health = gpu.health
@@ -119,14 +121,17 @@ class GpuJudge:
                     "persistence_off", health.persistence_mode is False, f"GPU {gpu.index}"
                 ),
             ):
-                findings[finding[0].check].append(finding)
+                findings[finding[0].check].append((*finding, gpu.index))
             counters.append((gpu.uuid, -1))
             counters.extend((gpu.uuid, link.link) for link in health.nvlinks or [])
         self.window.keep_only(counters)
         if sample.host is not None and sample.host.fabric_manager_running is False:
-            findings["gpu_fabric"] += self._over(
-                "fabric_manager_down", 1, "nvidia-fabricmanager not running"
-            )
+            findings["gpu_fabric"] += [
+                (*finding, None)
+                for finding in self._over(
+                    "fabric_manager_down", 1, "nvidia-fabricmanager not running"
+                )
+            ]
         return [_check(name, found, read) for name, found in findings.items()]
 
     def _memory(self, gpu: Gpu, health: GpuHealth) -> list[Finding]:
@@ -262,12 +267,17 @@ def _unsupported(name: str, gpus: list[Gpu]) -> str:
     )
 
 
-def _check(name: str, found: list[Finding], gpus: list[Gpu]) -> HealthCheck:
+def _check(name: str, found: list[Located], gpus: list[Gpu]) -> HealthCheck:
     if not found:
         reason = f"{len(gpus)} GPUs within thresholds{_unsupported(name, gpus)}"
         return HealthCheck(name=name, status="ok", reason=reason[:MAX_TEXT])
     worst = max(found, key=lambda finding: RANK[finding[0].status])[0]
-    reason = "; ".join(text for _, text in found)
+    reason = "; ".join(text for _, text, _ in found)
+    at_fault = sorted({index for _, _, index in found if index is not None})
     return HealthCheck(
-        name=name, status=worst.status, reason=reason[:MAX_TEXT], action=worst.action
+        name=name,
+        status=worst.status,
+        reason=reason[:MAX_TEXT],
+        action=worst.action,
+        gpus=at_fault[:MAX_GPUS],
     )

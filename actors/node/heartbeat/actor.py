@@ -14,14 +14,16 @@ import time
 import uuid
 from collections.abc import Callable
 
+import msgspec
 import nats.errors
 
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
-from actors.node.labels import cloud_labels, node_labels
-from actors.runtime.bus import Bus, listening, publish_signed
+from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
+from actors.node.tuning import retuned
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import Schedulability
 from schemas.events import (
@@ -40,6 +42,7 @@ from schemas.events import (
     Workloads,
 )
 from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
+from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,11 @@ NOT_ACKNOWLEDGED_HINT = (
 FIRST_SAMPLE_WAIT = 2.0
 """Seconds the first beat waits for the inventory's first sample and the command
 executor's first state (each its own wait, within this bound)."""
+ACK_WAIT_FRACTION = 0.5
+"""A beat waits for its acknowledgement at most this fraction of the interval (and never
+more than the bus's publish timeout): the next beat is due one interval after this one
+started, acknowledged or not, so a stream without a leader for a few seconds costs the
+beats of those seconds, not an interval plus a timeout each."""
 
 
 def summarise(event: Workloads) -> list[WorkloadSummary]:
@@ -95,7 +103,6 @@ class HeartbeatActor:
         self.subjects = Subjects(config.prefix)
         self.subject = self.subjects.heartbeat(config.cluster, config.node_id)
         self.boot_id = uuid.uuid4().hex[:16]
-        self.ttl = str(math.ceil(config.stale_after))
         self.sample: Sample | None = None
         self.health: Health | None = None
         self.latency: Latency | None = None
@@ -109,11 +116,15 @@ class HeartbeatActor:
         self.endpoint = ""
         """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
+        self.settings: SettingsStatus | None = None
+        """What the node made of the fleet's settings (from the settings actor)."""
         self.stopping = False
         """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
         self._last_ts: float | None = None
         self._failing = ""
         """Why the last beat was not acknowledged ("" when it was)."""
+        self._clashed: set[str] = set()
+        """Label keys whose clash with the operator's label was logged."""
         self._beat_now = asyncio.Event()
         self._first_sample = asyncio.Event()
         self._first_state = asyncio.Event()
@@ -144,6 +155,10 @@ class HeartbeatActor:
                 # Slurm's own drains change what the heartbeat says at once.
                 if self.schedulability() != before:
                     self._beat_now.set()
+            case Settings():
+                # heartbeat_interval and stale_after are read at each beat.
+                self.config = retuned(self.config, event)
+                self.settings = event.status
             case NodeState():
                 changed = (event.schedulability, event.deregistering) != (
                     self.state.schedulability,
@@ -168,6 +183,35 @@ class HeartbeatActor:
             by = "slurm"
         return state, reason, by
 
+    def labels(self) -> dict[str, str]:
+        """The operator's labels, then the node's own (actors/node/labels.py); the first
+        time a node label is left out for an operator's label of another value, a warning
+        names both (the operator's is kept, whatever the node finds)."""
+        given = self.config.labels
+        found = found_labels(self.sample, self.cloud, self.engine)
+        for key, (kept, left) in clashes(given, found).items():
+            if key not in self._clashed:
+                self._clashed.add(key)
+                log.warning(
+                    "an operator's label overrides what the node found",
+                    extra={"label": key, "operator": kept, "found": left},
+                )
+        return node_labels(given, found)
+
+    def sample_now(self) -> Sample | None:
+        """The latest sample, with the GPUs the workloads pin taken and, where Slurm
+        answers, the cores its jobs have not allocated as ``cpu_cores_available`` (what
+        an HPC scheduler places by; the sample's own is the idle share)."""
+        if self.sample is None:
+            return None
+        sample = with_workloads(self.sample, self.workloads)
+        slurm = self.scheduler
+        if slurm is None or not slurm.reachable or slurm.cpus_total is None:
+            return sample
+        free = max(0, slurm.cpus_total - (slurm.cpus_allocated or 0))
+        capacity = msgspec.structs.replace(sample.capacity, cpu_cores_available=free)
+        return msgspec.structs.replace(sample, capacity=capacity)
+
     def build(self) -> Heartbeat:
         running = self.engine.in_flight if self.engine and self.engine.in_flight else 0
         # Requests queued in the engines (vLLM/SGLang waiting, llama.cpp deferred): what a
@@ -188,7 +232,7 @@ class HeartbeatActor:
             schedulability=schedulability,
             schedulability_reason=reason,
             schedulability_by=by,
-            sample=with_workloads(self.sample, self.workloads) if self.sample else None,
+            sample=self.sample_now(),
             health=self.health,
             latency=self.latency,
             engine=self.engine,
@@ -196,12 +240,19 @@ class HeartbeatActor:
             spot=self.spot,
             deregistering=self.state.deregistering,
             workloads=self.workloads,
-            labels=node_labels(self.config.labels, self.engine, self.cloud),
+            labels=self.labels(),
             scheduler=self.scheduler,
             stopping=self.stopping,
             previous_ts=previous,
             endpoint=self.endpoint,
+            settings=self.settings,
         )
+
+    @property
+    def ack_wait(self) -> float:
+        """How long a beat waits for its acknowledgement: a fraction of the interval in
+        force (the fleet may change it live), at most a publish's timeout."""
+        return min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * self.config.heartbeat_interval)
 
     async def beat(self) -> Heartbeat | None:
         heartbeat = self.build()
@@ -213,12 +264,15 @@ class HeartbeatActor:
                 heartbeat,
                 self.key,
                 f"{heartbeat.node_id}:{heartbeat.boot_id}:{heartbeat.seq}",
-                headers={"Nats-TTL": self.ttl},
+                headers={"Nats-TTL": str(math.ceil(self.config.stale_after))},
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,
+                timeout=self.ack_wait,
             )
         except (nats.errors.Error, TimeoutError) as exc:
+            if unanswered(exc):
+                self.bus.jetstream_answered(False)
             self.metrics.heartbeat_failures.inc()
             reason = str(exc) or type(exc).__name__
             # Once per cause, not once per beat: a server without FLEET_HB yet (no
@@ -231,12 +285,20 @@ class HeartbeatActor:
                 extra={"seq": heartbeat.seq, "reason": reason},
             )
             return None
+        self.bus.jetstream_answered(True)
         if self._failing:
             log.info("heartbeats acknowledged again", extra={"seq": heartbeat.seq})
             self._failing = ""
+        health = heartbeat.health
         log.debug(
             "heartbeat sent and acknowledged",
-            extra={"seq": heartbeat.seq, "stream_seq": ack.seq, "bytes": size},
+            extra={
+                "seq": heartbeat.seq,
+                "stream_seq": ack.seq,
+                "bytes": size,
+                "health": health.status if health is not None else None,
+                "health_score": health.score if health is not None else None,
+            },
         )
         self.metrics.heartbeats.inc()
         self.metrics.sequence.set(heartbeat.seq)
@@ -266,7 +328,9 @@ class HeartbeatActor:
             # command executor publishes the state it restored when it starts.
             if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
                 log.warning("no node state from the command executor yet; beating without it")
+            loop = asyncio.get_running_loop()
             while True:
                 self._beat_now.clear()
+                due = loop.time() + jittered(self.config.heartbeat_interval)
                 await self.beat()
-                await wait_or_timeout(self._beat_now, jittered(self.config.heartbeat_interval))
+                await wait_or_timeout(self._beat_now, max(0.0, due - loop.time()))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import platform
 import socket
 import time
@@ -30,14 +31,27 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import free_gpus
 from actors.node.inventory.fake_gpus import FakeGpus
 from actors.node.inventory.nvml_gpus import FailedNvml, NvmlGpus, NvmlUnavailable, open_within
+from actors.node.inventory.pci import passthrough_gpus
 from actors.node.inventory.versions import read_versions
 from actors.node.inventory.watchdog import GpuWatchdog
+from actors.node.labels import cloud_labels, node_labels
+from actors.node.tuning import retuned
 from actors.runtime.bus import Bus, listening
 from actors.runtime.schedule import jittered, wait_or_timeout
 from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
-from schemas.events import Capacity, Dependency, Event, Gpu, HostFacts, Inject, Sample
+from schemas.events import (
+    Capacity,
+    CloudFacts,
+    Dependency,
+    Event,
+    Gpu,
+    HostFacts,
+    Inject,
+    Sample,
+)
 from schemas.messages import NodeIdentity, identity_of
-from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, Subjects
+from schemas.settings import Settings
+from schemas.subjects import EVENT_INJECT, EVENT_SAMPLE, EVENT_SETTINGS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +141,12 @@ class CpuMeter:
         return round(min(100.0, max(0.0, 100.0 * busy_delta / total_delta)), 1)
 
 
-async def read_identity(config: AgentConfig) -> NodeIdentity:
-    """This machine's host name and GPUs, read once (each GPU read bounded by
-    ``nvml_deadline``): the identity ``node-agent register`` sends, which an approval
-    records as the node's enrolled identity. No GPUs when they cannot be read in time."""
+async def read_identity(config: AgentConfig, cloud: CloudFacts | None = None) -> NodeIdentity:
+    """This machine's host name, GPUs (NVML's or the stand-in's, read once, bounded by
+    ``nvml_deadline``; passthrough ones from the PCI bus) and, from ``cloud`` and the
+    operator's labels (which win, as in heartbeats), its provider, region and instance
+    type: the identity ``node-agent register`` sends, which an approval records as the
+    node's enrolled identity. No GPUs when they cannot be read in time."""
     source = choose_gpus(config)
     gpus: list[Gpu] = []
     if source is not None:
@@ -138,7 +154,20 @@ async def read_identity(config: AgentConfig) -> NodeIdentity:
         gpus = await watchdog.read()
         if not watchdog.hung:
             source.close()  # a hung read keeps its source: the process is about to exit
-    return identity_of(socket.gethostname()[:255], gpus[:MAX_GPUS])
+    passthrough = await asyncio.to_thread(passthrough_gpus, pci_root(config))
+    labels = node_labels(config.labels, cloud_labels(cloud) if cloud is not None else {})
+    return identity_of(socket.gethostname()[:255], gpus[:MAX_GPUS], passthrough, labels)
+
+
+def pci_root(config: AgentConfig) -> str:
+    """The sysfs searched for passthrough GPUs: none where ``fake_gpus`` is set (a
+    simulated node has no PCI bus, and must not show its host's; 0 says it has no GPU)."""
+    return "" if isinstance(config.fake_gpus, int) else config.sysfs_root
+
+
+def idle_cores(cores: int, busy_pct: float) -> int:
+    """Cores free for more work as the CPU meter sees them: the idle share, rounded down."""
+    return max(0, math.floor(cores * (100.0 - busy_pct) / 100.0))
 
 
 def host_identity() -> list[str]:
@@ -189,7 +218,8 @@ def fingerprint(gpus: list[Gpu], host: list[str] | None = None) -> str:
 
 
 class InventoryActor:
-    """Subscribes to fleet.evt.<node>.inject; publishes Sample on fleet.evt.<node>.sample."""
+    """Subscribes to fleet.evt.<node>.{inject,settings}; publishes Sample on
+    fleet.evt.<node>.sample."""
 
     name = "inventory"
 
@@ -203,6 +233,7 @@ class InventoryActor:
         subjects = Subjects(config.prefix)
         self.subject = subjects.event(config.node_id, EVENT_SAMPLE)
         self.inject_subject = subjects.event(config.node_id, EVENT_INJECT)
+        self.settings_subject = subjects.event(config.node_id, EVENT_SETTINGS)
         self.disk_path = config.storage_path or (
             config.state_dir if Path(config.state_dir).exists() else "/"
         )
@@ -217,6 +248,7 @@ class InventoryActor:
         self.watchdog = (
             GpuWatchdog(self.gpus, config.nvml_deadline) if self.gpus is not None else None
         )
+        self.sysfs_root = pci_root(config)
 
     def problem(self) -> str:
         """What hangs in NVML right now (``/healthz`` fails while it does)."""
@@ -224,8 +256,13 @@ class InventoryActor:
 
     async def _on_inject(self, event: Event) -> None:
         match event:
+            case Inject(fault="spot"):
+                pass  # the spot watcher's: a rehearsed notice, no GPU fault
             case Inject():
                 self._inject(event)
+            case Settings():
+                # sample_interval is read at each sample.
+                self.config = retuned(self.config, event)
 
     def _inject(self, inject: Inject) -> None:
         if not isinstance(self.gpus, FakeGpus):
@@ -262,9 +299,10 @@ class InventoryActor:
             fabric_manager = process_running(process)
         memory = psutil.virtual_memory()
         disk = self._disk()
+        cores, busy = psutil.cpu_count() or 0, self.cpu.read()
         capacity = Capacity(
-            cpu_cores=psutil.cpu_count() or 0,
-            cpu_percent=self.cpu.read(),
+            cpu_cores=cores,
+            cpu_percent=busy,
             load_avg_1m=round(psutil.getloadavg()[0], 2),
             memory_total=memory.total,
             memory_available=memory.available,
@@ -272,6 +310,7 @@ class InventoryActor:
             gpus_available=free_gpus(gpus, set()),
             storage_total=disk.total,
             storage_available=disk.free,
+            cpu_cores_available=idle_cores(cores, busy),
         )
         host = HostFacts(
             uptime_s=max(0.0, round(time.time() - psutil.boot_time(), 1)),
@@ -294,6 +333,7 @@ class InventoryActor:
             hostname=self.hostname,
             gpu_error=self._gpu_error()[:MAX_TEXT],
             host=host,
+            passthrough_gpus=passthrough_gpus(self.sysfs_root),
         )
 
     def _gpu_error(self) -> str:
@@ -332,7 +372,10 @@ class InventoryActor:
             self.gpus.close()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        routes = {self.inject_subject: self.events.decoding(self.name, self._on_inject)}
+        routes = {
+            subject: self.events.decoding(self.name, self._on_inject)
+            for subject in (self.inject_subject, self.settings_subject)
+        }
         versions = asyncio.create_task(self._refresh_versions(), name="dependency-versions")
         try:
             async with listening(self.bus, routes, ready):

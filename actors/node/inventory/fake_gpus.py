@@ -15,8 +15,13 @@ from typing import Final
 from actors.node.gpu.xid import count_xid, in_code_order
 from schemas.events import Gpu, Inject, XidCount
 
-H100_MEMORY = 80 * 1024**3
-NAME = "NVIDIA H100 80GB HBM3 (fake)"
+H100_MEMORY = 85_520_809_984
+"""What NVML gives an H100 80GB HBM3 as its memory total (81559 MiB, as recorded on one in
+tests/support/data/h100-sxm-580.json), so a simulated node's ``gpu.memory`` label is a
+real one's."""
+NAME = "NVIDIA H100 80GB HBM3"
+"""NVML's product name of that GPU (``nvmlDeviceGetName``): ``gpu.product`` selects
+simulated and real H100 nodes alike; the sample's ``gpu_source`` says which is which."""
 
 
 class FakeGpus:
@@ -59,7 +64,7 @@ class FakeGpus:
                     count_xid(self._xids.setdefault(index, {}), int(value), time.time())
                 elif inject.fault == "gpu-lost":
                     self._lost.add(index)
-                else:
+                elif inject.fault == "clear":
                     self._temperature.pop(index, None)
                     self._utilization.pop(index, None)
                     self._lost.discard(index)

@@ -48,7 +48,8 @@ from schemas.workloads import Deploy, Stop, WorkloadOrder
 log = logging.getLogger(__name__)
 
 POLL = 0.25
-"""Seconds between two looks at a workload's process (and, while starting, its endpoints)."""
+"""Seconds between two looks at a running workload's process (while it starts, its
+endpoints are probed every workload_ready_interval)."""
 HTTP_TIMEOUT = 2.0
 LISTEN_CHECK_EVERY = 8
 """Looks at a running workload (POLL apart) between two checks of where it listens."""
@@ -284,7 +285,7 @@ class WorkloadsActor:
             if status and not loading_said:
                 loading_said = True
                 await self._progress(workload, f"loading: {status}")
-            await asyncio.sleep(POLL)
+            await asyncio.sleep(self.config.workload_ready_interval)
         await self._end(workload)
         processes.reap(entry.pid)
         tail = processes.tail(log_path)

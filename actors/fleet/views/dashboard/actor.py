@@ -82,7 +82,8 @@ MAX_SHARE = 0.1
 ``t`` to build is kept ``t / MAX_SHARE`` seconds (at least PUSH_EVERY)."""
 PARTITIONS_EVERY = 5.0
 ALERT_FEED = 200
-"""Alerts kept for the feed (the newest)."""
+"""Alerts kept for the feed: the newest info ones, and apart the newest warning and
+critical ones (an info flood never pushes those out)."""
 FEED_SINCE = 3600.0
 RESULTS_PER_NODE = 10
 RESULT_NODES = 10_000
@@ -148,7 +149,7 @@ class DashboardActor:
         self.key = key if config.allow_ui_commands else None
         self.subjects = Subjects(config.prefix)
         self.history = History(config.dashboard_history_points)
-        self.alerts: deque[tuple[int, Alert]] = deque(maxlen=ALERT_FEED)
+        self.alerts = streams_history.AlertFeed(ALERT_FEED)
         self._alert_seq = 0
         self.results: dict[str, deque[CommandResult]] = {}
         self.partitions: list[leases.PartitionStatus] = []
@@ -256,7 +257,7 @@ class DashboardActor:
         parts = await self._node_parts(node)
         if parts is None:
             raise web.HTTPNotFound(text=f"no node {node} in the fleet")
-        alerts, results = await streams_history.node_history(
+        alerts, results = await streams_history.recent_history(
             self.bus, self.subjects, node, limit=20
         )
         history = render.entries(streams_history.merged(alerts, results))

@@ -1,0 +1,118 @@
+"""Telling a node's silence from the bus's, so a stream without a leader is not a stale
+storm. Pure: no I/O, the times are given.
+
+While ``FLEET_HB`` (or ``FLEET_HB_IN``) has no leader (a server killed or frozen, cut
+off), no heartbeat of any node is stored for some seconds; every node whose TTL runs out
+meanwhile gets its server marker, though each kept beating and is stored again the
+moment the stream has a leader. So the owner notes, to the second, when the stream
+stored the heartbeats it judged (:class:`StreamPulse`), and a TTL marker that comes after
+a silence of the whole stream (none of its nodes' heartbeats stored for at least half the
+node's ``stale_after``, within the ``stale_after`` before the marker) is held
+(:class:`HeldMarkers`) instead of making the node stale:
+
+- a heartbeat of the node releases it (the node was alive: no alert, nothing written);
+- once the stream has stored heartbeats again for :func:`grace` seconds with none of the
+  node's among them, or the silence itself has gone on for another ``stale_after``, the
+  node is stale, as the marker said (the sweep does it, every ``sweep_interval``).
+
+A node that dies while the others beat is stale at once, as before; one that died
+inside a silence, or alone in its owner's partitions (its own silence is all the owner
+sees), is found stale up to one more ``stale_after`` later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.base import MAX_STALE_AFTER
+
+KEPT_SECONDS = int(2 * MAX_STALE_AFTER)
+"""Seconds of the stream's past the pulse remembers (past any node's ``stale_after`` the
+aggregator believes)."""
+SILENT_FRACTION = 0.5
+"""A stream that stored nothing for this fraction of a node's ``stale_after`` (in one
+stretch, within the ``stale_after`` before its marker) was silent."""
+
+
+def grace(interval: float, stale_after: float) -> float:
+    """Seconds a held node has, once the stream stores heartbeats again, to be stored too:
+    two of its beats, and at least half its ``stale_after`` (a node whose server went
+    with the leader first has to notice and move to another)."""
+    return max(2 * interval, stale_after / 2)
+
+
+class StreamPulse:
+    """The seconds (of the server's clock) in which the stream stored a heartbeat the
+    owner judged, for the last :data:`KEPT_SECONDS`."""
+
+    def __init__(self) -> None:
+        self._seconds: set[int] = set()
+        self._newest = 0
+
+    def stored(self, at: float) -> None:
+        """A heartbeat stored at ``at`` (the stream's time) was judged."""
+        second = int(at)
+        if second in self._seconds:
+            return
+        self._seconds.add(second)
+        if second > self._newest:
+            self._newest = second
+            if len(self._seconds) > 2 * KEPT_SECONDS:
+                oldest = second - KEPT_SECONDS
+                self._seconds = {kept for kept in self._seconds if kept >= oldest}
+
+    def silent(self, before: float, span: float) -> bool:
+        """Whether the stream stored nothing for at least :data:`SILENT_FRACTION` of
+        ``span`` in one stretch, within the ``span`` seconds before ``before``."""
+        span = min(span, MAX_STALE_AFTER)
+        longest = run = 0
+        for second in range(int(before - span), int(before)):
+            run = 0 if second in self._seconds else run + 1
+            longest = max(longest, run)
+        return longest >= SILENT_FRACTION * span
+
+    def resumed(self, after: float) -> float | None:
+        """The first second after ``after`` in which a heartbeat was stored (None: none
+        yet)."""
+        later = [second for second in self._seconds if second > after]
+        return float(min(later)) if later else None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A TTL marker held during a silence: when the server stored it (``marked_at``, and
+    at which stream sequence) and why, and the node's own times."""
+
+    marked_at: float
+    reason: str
+    stale_after: float
+    interval: float
+    stream_seq: int
+
+
+class HeldMarkers:
+    """The markers held, one per node (the latest)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Held] = {}
+
+    def hold(self, node: str, held: Held) -> None:
+        self.held[node] = held
+
+    def release(self, node: str) -> None:
+        """A heartbeat of ``node`` was accepted: it was alive."""
+        self.held.pop(node, None)
+
+    def due(self, pulse: StreamPulse, now: float) -> list[tuple[str, Held]]:
+        """The held markers whose node is stale now (see the module's doc), taken out."""
+        found = []
+        for node, held in list(self.held.items()):
+            resumed = pulse.resumed(held.marked_at)
+            if resumed is None:
+                stale = now >= held.marked_at + held.stale_after
+            else:
+                stale = now >= resumed + grace(held.interval, held.stale_after)
+            if stale:
+                del self.held[node]
+                found.append((node, held))
+        return found

@@ -1,0 +1,238 @@
+"""The checker judged on histories made by hand: a clean one passes, and each defect the
+harness exists to find (a lost command, one run twice, two owners of a partition at once,
+a live node called stale, a stopped one never called stale, an alert never stored) is
+reported as what it is. A checker that cannot fail is a defect."""
+
+from __future__ import annotations
+
+from tests.faults.checker import Bounds, check, overloaded
+from tests.faults.history import (
+    Ack,
+    CommandSent,
+    Execution,
+    Fault,
+    History,
+    Load,
+    LogLine,
+    RecordWrite,
+    Result,
+    Settings,
+    StoredAlert,
+)
+
+T0 = 1_000_000.0
+SETTINGS = Settings(heartbeat_interval=1.0, stale_after=5.0, lease_ttl=3.0, sweep_interval=1.0)
+
+
+def clean() -> History:
+    """Two commands run once each, one agent killed for 10 s (stale once, recovered once),
+    one server paused (nobody stale), a partition handed from one owner to another."""
+    history = History(SETTINGS, T0, T0 + 100, ["g1", "g2"])
+    history.commands = [
+        CommandSent("c1", "g1", "cordon", T0 + 1, T0 + 1.1),
+        CommandSent("c2", "g2", "cordon", T0 + 2, T0 + 2.1),
+    ]
+    history.executions = [Execution("c1", "g1", T0 + 1.2), Execution("c2", "g2", T0 + 2.2)]
+    history.results = [
+        Result("c1", "g1", "accepted", T0 + 1.2),
+        Result("c1", "g1", "done", T0 + 1.3),
+        Result("c2", "g2", "done", T0 + 2.3),
+    ]
+    history.faults = [
+        Fault("agent_kill", "g1", T0 + 10, T0 + 20, stopped=["g1"], converged=3.0),
+        Fault("server_pause", "n2", T0 + 40, T0 + 48, converged=2.0),
+    ]
+    history.alerts = [
+        StoredAlert("stale:c1:g1:q10", "stale", "g1", T0 + 15.5),
+        StoredAlert("recovered:c1:g1:q11", "recovered", "g1", T0 + 22),
+    ]
+    history.alert_publishes = [(T0 + 15.5, "stale:c1:g1:q10"), (T0 + 22, "recovered:c1:g1:q11")]
+    history.records = [
+        RecordWrite(T0 + 5, "g1", "active", 5),
+        RecordWrite(T0 + 15.6, "g1", "stale", 10),
+        RecordWrite(T0 + 22, "g1", "active", 11),
+    ]
+    history.acks = [
+        Ack(T0 + 1, "aggregator-3", 10, "_INBOX.a"),
+        Ack(T0 + 2, "aggregator-3", 12, "_INBOX.a"),
+        Ack(T0 + 9, "aggregator-3", 20, "_INBOX.b"),
+        Ack(T0 + 10, "aggregator-3", 22, "_INBOX.b"),
+    ]
+    return history
+
+
+def test_a_clean_history_passes() -> None:
+    """A history where everything held has no violation and counts what happened."""
+    report = check(clean())
+    assert report.violations == []
+    assert report.figures["commands"] == {
+        "sent": 2,
+        "acknowledged": 2,
+        "executed": 2,
+        "lost": 0,
+        "duplicated": 0,
+    }
+    assert report.figures["false_stale"] == 0
+    assert report.figures["double_owners"] == 0
+    assert report.figures["convergence_s"] == {"bound": 60.0, "p50": 3.0, "p99": 3.0, "max": 3.0}
+
+
+def test_a_lost_command_is_reported() -> None:
+    """A command FLEET_CMD acknowledged that no node ran nor failed is lost; one never
+    acknowledged is not."""
+    history = clean()
+    history.commands.append(CommandSent("c3", "g2", "uncordon", T0 + 30, T0 + 30.2))
+    history.commands.append(CommandSent("c4", "g2", "uncordon", T0 + 31, None, "timeout"))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["lost_command"]
+    assert "c3" in report.violations[0].detail
+    assert report.figures["commands"]["lost"] == 1  # type: ignore[index]
+
+
+def test_a_failed_command_is_not_lost() -> None:
+    """A command the node answered ``failed`` is accounted for."""
+    history = clean()
+    history.commands.append(CommandSent("c3", "g2", "uncordon", T0 + 30, T0 + 30.2))
+    history.results.append(Result("c3", "g2", "failed", T0 + 31))
+    assert check(history).violations == []
+
+
+def test_a_command_run_twice_is_reported() -> None:
+    """A node that ran one command twice (its log says so twice) is a duplicated execution."""
+    history = clean()
+    history.executions.append(Execution("c2", "g2", T0 + 50))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["duplicate_execution"]
+    assert report.figures["commands"]["duplicated"] == 1  # type: ignore[index]
+
+
+def test_two_owners_at_once_are_reported() -> None:
+    """An owner that acks a partition again after another took it over is a double owner."""
+    history = clean()
+    history.acks.append(Ack(T0 + 11, "aggregator-3", 21, "_INBOX.a"))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["double_owner"]
+    assert "_INBOX.a" in report.violations[0].detail
+    assert report.figures["double_owners"] == 1
+
+
+def test_a_record_written_back_to_an_older_heartbeat_is_reported() -> None:
+    """A write of a node's record with a lower seq than one written before it (an old
+    owner judging after the new one) is a heartbeat judged twice."""
+    history = clean()
+    history.records.append(RecordWrite(T0 + 23, "g1", "active", 10))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["judged_twice"]
+    assert "from seq 11" in report.violations[0].detail
+
+
+def test_a_live_node_called_stale_is_reported() -> None:
+    """A stale alert for a node no fault stopped or cut off is false (here g2, alive while
+    a server was paused), and its record's stale write is no excuse."""
+    history = clean()
+    history.alerts.append(StoredAlert("stale:c1:g2:q40", "stale", "g2", T0 + 44))
+    history.alerts.append(StoredAlert("recovered:c1:g2:q41", "recovered", "g2", T0 + 46))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["false_stale"]
+    assert "server_pause of n2" in report.violations[0].detail
+    assert report.figures["false_stale"] == 1
+
+
+def test_a_cut_off_node_may_be_stale_once() -> None:
+    """A node cut off from every server may be called stale, once, and recover once; a
+    second stale alert within the same cut is reported."""
+    history = clean()
+    history.faults.append(Fault("agent_isolate", "g2", T0 + 60, T0 + 70, cut=["g2"], converged=2))
+    history.alerts.append(StoredAlert("stale:c1:g2:q60", "stale", "g2", T0 + 66))
+    history.alerts.append(StoredAlert("recovered:c1:g2:q70", "recovered", "g2", T0 + 71))
+    assert check(history).violations == []
+    history.alerts.append(StoredAlert("stale:c1:g2:q61", "stale", "g2", T0 + 67))
+    assert [v.kind for v in check(history).violations] == ["duplicate_stale"]
+
+
+def test_a_stopped_node_never_called_stale_is_reported() -> None:
+    """A node killed for longer than the detection bound with no stale alert is missed."""
+    history = clean()
+    history.faults.append(Fault("agent_pause", "g2", T0 + 60, T0 + 72, stopped=["g2"], converged=2))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["missed_stale"]
+    assert report.figures["missed_stale"] == 1
+
+
+def test_a_late_stale_alert_is_missed() -> None:
+    """A stale alert later than the bound after the stop counts as missed."""
+    history = clean()
+    history.alerts[0] = StoredAlert("stale:c1:g1:q10", "stale", "g1", T0 + 10 + 12)
+    bound = Bounds.of(SETTINGS).detect
+    assert bound < 12
+    assert [v.kind for v in check(history).violations] == ["missed_stale"]
+
+
+def test_alerts_lost_or_doubled_are_reported() -> None:
+    """An alert published but never stored, a record gone stale without its alert, and an
+    id stored twice are each reported."""
+    history = clean()
+    history.alert_publishes.append((T0 + 30, "health:c1:g2:s40"))
+    history.records.append(RecordWrite(T0 + 80, "g2", "stale", 60))
+    history.alerts.append(StoredAlert("recovered:c1:g1:q11", "recovered", "g1", T0 + 22))
+    history.not_published.append(
+        LogLine("a1", T0 + 31, "alert not published", "timeout", ref="offline:c1:g2:q1")
+    )
+    report = check(history)
+    kinds = sorted(v.kind for v in report.violations)
+    assert kinds == ["duplicate_alert", "lost_alert", "lost_alert", "lost_alert"]
+    assert report.figures["alerts"] == {"stored": 2, "lost": 3, "doubled": 1}
+
+
+def test_no_convergence_and_timeouts_logged_as_crashes_are_reported() -> None:
+    """A heal the fleet did not converge from, and a timeout logged as a crash with a
+    traceback, are violations; a bus fault logged as one is not."""
+    history = clean()
+    history.faults[1].converged = None
+    history.crashes = [
+        LogLine("a1", T0 + 42, "actor crashed; restarting", "nats: timeout", traceback=True),
+        LogLine("a2", T0 + 42, "actor stopped by a bus fault; restarting", "TimeoutError"),
+    ]
+    kinds = sorted(v.kind for v in check(history).violations)
+    assert kinds == ["not_converged", "timeout_as_crash"]
+
+
+def test_an_overloaded_machine_is_named() -> None:
+    """The report says when the machine, not the fleet, may explain the timings."""
+    history = clean()
+    assert overloaded(history) == ""
+    history.load = Load(cores=2, busy_percent=97.0, steal_percent=0.0, load_max=6.0, lag_max=1.5)
+    assert overloaded(history) == (
+        "CPU 97% busy, load average up to 6 on 2 cores, the harness's own timers up to 1.5s late"
+    )
+
+
+def test_each_stop_is_judged_with_its_own_recovery() -> None:
+    """A node stopped twice has one stale and one recovered alert per stop: the second
+    stop's recovery is not counted against the first; a stop with two is reported."""
+    history = clean()
+    history.faults.append(Fault("agent_pause", "g1", T0 + 30, T0 + 40, stopped=["g1"], converged=1))
+    history.alerts += [
+        StoredAlert("stale:c1:g1:q30", "stale", "g1", T0 + 35.5),
+        StoredAlert("recovered:c1:g1:q31", "recovered", "g1", T0 + 41),
+    ]
+    assert check(history).violations == []
+    history.alerts.append(StoredAlert("recovered:c1:g1:q32", "recovered", "g1", T0 + 42))
+    assert [v.kind for v in check(history).violations] == ["recovered"]
+
+
+def test_a_stale_alert_belongs_to_the_node_s_latest_fault() -> None:
+    """A node paused, then killed soon after its heal: each fault has its own stale and
+    recovered alerts, none counted twice."""
+    history = clean()
+    history.faults += [
+        Fault("agent_pause", "g2", T0 + 50, T0 + 60, stopped=["g2"], converged=0.3),
+        Fault("agent_kill", "g2", T0 + 64, T0 + 74, stopped=["g2"], converged=2),
+    ]
+    history.alerts += [
+        StoredAlert("stale:c1:g2:q50", "stale", "g2", T0 + 55),
+        StoredAlert("recovered:c1:g2:q51", "recovered", "g2", T0 + 60.2),
+        StoredAlert("stale:c1:g2:q54", "stale", "g2", T0 + 69),
+        StoredAlert("recovered:c1:g2:q1001", "recovered", "g2", T0 + 76),
+    ]
+    assert check(history).violations == []

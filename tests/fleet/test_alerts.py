@@ -1,0 +1,52 @@
+"""An alert FLEET_ALERTS does not acknowledge is raised again, under its own id, until it
+is stored (once), for RESEND_FOR at most; then it is logged as lost."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from actors.fleet.alerts import publisher as publisher_module
+from actors.fleet.alerts.publisher import AlertPublisher
+from actors.fleet.storage.streams import provision
+from actors.runtime.bus import NatsBus
+from schemas.subjects import STREAM_ALERTS, Subjects
+from tests.support.fleet import TEST_LIMITS
+
+
+async def stored(bus: NatsBus, subjects: Subjects) -> int:
+    info = await bus.js.stream_info(subjects.stream_name(STREAM_ALERTS))
+    return int(info.state.messages)
+
+
+async def test_an_unacknowledged_alert_is_raised_until_stored_once(bus: NatsBus) -> None:
+    """With no stream to store it (no responders), the alert waits; once the stream is
+    there, the next flush stores it, and flushes after that store nothing more."""
+    subjects = Subjects("unstored")  # no streams yet: every publish fails at once
+    publisher = AlertPublisher(bus, subjects)
+    await publisher.publish("stale", "c1", "n1", "no heartbeat for 5s", "q7")
+    assert list(publisher.unsent) == ["stale:c1:n1:q7"]
+    await publisher.flush()
+    assert list(publisher.unsent) == ["stale:c1:n1:q7"]
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    await publisher.flush()
+    assert publisher.unsent == {}
+    await publisher.flush()
+    assert await stored(bus, subjects) == 1
+
+
+async def test_an_alert_unacknowledged_past_its_time_is_logged_lost(
+    bus: NatsBus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past RESEND_FOR (inside the stream's duplicate window) the alert is given up, and
+    the log says it was lost, naming it."""
+    monkeypatch.setattr(publisher_module, "RESEND_FOR", 0.0)
+    publisher = AlertPublisher(bus, Subjects("neverstored"))
+    await publisher.publish("offline", "c1", "n2", "stale for 5m", "q9")
+    with caplog.at_level(logging.ERROR, logger="actors.fleet.alerts.publisher"):
+        await publisher.flush()
+    assert publisher.unsent == {}
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.message == "alert lost: not acknowledged in time"
+    assert record.alert == "offline:c1:n2:q9"  # type: ignore[attr-defined]

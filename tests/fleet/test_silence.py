@@ -1,0 +1,167 @@
+"""A silence of the whole heartbeat stream (no leader for a few seconds) is not a stale
+storm: TTL markers that come after one are held until heartbeats flow again, and only a
+node that stays silent then is stale (actors/fleet/aggregator/silence.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import msgspec
+
+from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.aggregator.silence import Held, HeldMarkers, StreamPulse, grace
+from actors.fleet.storage.registry import approve, read_record
+from actors.runtime.bus import NatsBus
+from schemas import codec, signing
+from schemas.subjects import Subjects
+from tests.fleet.test_aggregator import watch_alerts
+from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
+
+
+def test_the_pulse_tells_a_silent_stream_from_a_busy_one() -> None:
+    """A stream that stored a heartbeat every second is not silent; one that stored none
+    for half the span, in one stretch, is; the first second stored after a time is
+    where it resumed."""
+    pulse = StreamPulse()
+    for second in range(100, 110):
+        pulse.stored(second + 0.3)
+    assert not pulse.silent(110.0, 5.0)
+    assert pulse.resumed(109.5) is None
+    for second in range(113, 115):
+        pulse.stored(second + 0.1)
+    assert pulse.silent(113.0, 5.0)  # 110, 111, 112: nothing stored
+    assert not pulse.silent(113.0, 8.0)  # 3 s of 8 is not half
+    assert pulse.resumed(110.2) == 113.0
+
+
+def test_held_markers_wait_for_the_stream_then_the_grace() -> None:
+    """A held node is stale once the stream has stored heartbeats again for the grace
+    without one of its own, or after another stale_after of silence; a heartbeat of it
+    releases it."""
+    pulse, held = StreamPulse(), HeldMarkers()
+    held.hold(
+        "n1", Held(marked_at=100.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
+    )
+    held.hold(
+        "n2", Held(marked_at=100.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
+    )
+    assert held.due(pulse, 104.9) == []
+    pulse.stored(102.5)
+    held.release("n2")
+    assert grace(1.0, 5.0) == 2.5
+    assert held.due(pulse, 104.4) == []
+    assert [node for node, _ in held.due(pulse, 104.6)] == ["n1"]
+    assert held.held == {}
+    held.hold(
+        "n3", Held(marked_at=200.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
+    )
+    assert [node for node, _ in held.due(pulse, 205.0)] == ["n3"]  # silent ever since
+
+
+async def beat(bus: NatsBus, prefix: str, key: signing.KeyPair, node: str, seq: int) -> None:
+    body = codec.encode(heartbeat(node=node, seq=seq))
+    headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+    await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
+
+
+async def two_nodes(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> tuple[AggregatorActor, dict[str, signing.KeyPair]]:
+    """Nodes n1 and n2 approved and beating (stale_after 2 s), and the aggregator."""
+    keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
+    for node, key in keys.items():
+        await approve(bus, Subjects(prefix), node, key.public_key)
+    supervisor = await fleet.start_aggregator(sweep_interval=0.2)
+    aggregator = supervisor.actors[0]
+    assert isinstance(aggregator, AggregatorActor)
+    for seq in range(1, 4):
+        for node, key in keys.items():
+            await beat(bus, prefix, key, node, seq)
+        await asyncio.sleep(0.5)  # the nodes' own pace
+    for node in keys:
+        await wait_record(bus, prefix, node, lambda r: r.state == "active" and r.last_seq == 3)
+    return aggregator, keys
+
+
+async def test_a_silence_of_the_whole_stream_is_not_a_stale_storm(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Both nodes' markers fire during a 3 s silence of the stream; they are held, and
+    both nodes beating again releases them: no stale alert, both records active."""
+    alerts = await watch_alerts(bus, prefix)
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+    await wait_for(lambda: set(aggregator.ledger.held.held) == {"n1", "n2"}, timeout=10)
+    for seq in range(4, 8):
+        for node, key in keys.items():
+            await beat(bus, prefix, key, node, seq)
+        await asyncio.sleep(0.5)
+    await wait_for(lambda: not aggregator.ledger.held.held)
+    for node in keys:
+        record = await wait_record(bus, prefix, node, lambda r: r.last_seq >= 7)
+        assert record.state == "active" and record.stale_since is None
+    assert alerts.of("stale") == []
+    assert alerts.of("recovered") == []
+
+
+async def test_a_node_silent_after_the_stream_resumed_is_stale_once(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """After the silence only n1 beats again: n2 is stale, once, once the grace after the
+    stream resumed has passed; n1 never is."""
+    alerts = await watch_alerts(bus, prefix)
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+    await wait_for(lambda: set(aggregator.ledger.held.held) == {"n1", "n2"}, timeout=10)
+
+    async def n1_beats() -> None:
+        for seq in range(4, 100):
+            await beat(bus, prefix, keys["n1"], "n1", seq)
+            await asyncio.sleep(0.5)
+
+    beating = asyncio.create_task(n1_beats())
+    try:
+        await wait_record(bus, prefix, "n2", lambda r: r.state == "stale", timeout=10)
+        await alerts.wait_count(1)
+        assert [alert.node_id for alert in alerts.of("stale")] == ["n2"]
+        assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
+    finally:
+        beating.cancel()
+
+
+async def test_a_node_dying_while_others_beat_is_stale_at_once(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """n2 stops while n1 keeps beating: the stream was never silent, so n2's marker makes
+    it stale at once, nothing held."""
+    alerts = await watch_alerts(bus, prefix)
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+
+    async def n1_beats() -> None:
+        for seq in range(4, 100):
+            await beat(bus, prefix, keys["n1"], "n1", seq)
+            await asyncio.sleep(0.5)
+
+    beating = asyncio.create_task(n1_beats())
+    try:
+        await alerts.wait_count(1)
+        assert [alert.node_id for alert in alerts.of("stale")] == ["n2"]
+        assert aggregator.ledger.held.held == {}
+    finally:
+        beating.cancel()
+
+
+async def test_a_node_beating_into_the_intake_is_alive_though_fleet_hb_is_behind(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """FLEET_HB_IN holding a heartbeat of the node newer than its last accepted one,
+    signed by its key, says the node beats (FLEET_HB fell behind its source); an older
+    one, or one signed by another key, does not."""
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+    # The owner's record as of seq 3, whatever it accepts meanwhile.
+    record = msgspec.structs.replace(aggregator.ledger.nodes["n1"].record, last_seq=3)
+    key = keys["n1"].public_key
+    assert not await aggregator.ownership.beating_upstream(record, key)
+    await beat(bus, prefix, keys["n1"], "n1", 4)
+    assert await aggregator.ownership.beating_upstream(record, key)
+    await beat(bus, prefix, signing.KeyPair.generate(), "n1", 5)
+    assert not await aggregator.ownership.beating_upstream(record, key)
