@@ -63,7 +63,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     nats-server or its module starts one itself (it holds ``NatsServer``); ``browser`` if
     it drives a browser; ``programs`` if its module runs programs as processes (its code
     names ``subprocess``: the CLIs, ruff, mypy, Slurm's tools...). The tests with none of
-    the three are the quick loop's (``python -m tests.quick``)."""
+    the three are the quick loop's (``python -m tests.quick``). The ``faults`` round
+    goes first."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)
@@ -73,6 +74,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if module is not None and runs_programs(module):
             item.add_marker("programs")
+    # The fault harness's round (minutes) first: pytest-xdist hands files to workers in
+    # this order, so it runs beside the rest instead of after it (docs/testing.md).
+    items.sort(key=lambda item: item.get_closest_marker("faults") is None)
 
 
 @functools.cache
