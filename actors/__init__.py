@@ -106,9 +106,10 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   stop ``Command``.
 - ``views/api``   follows KV ``fleet_nodes`` (and reads the aggregator's held nodes); serves
                   ``/nodes``, ``/nodes/<id>``, ``/metrics``, ``/healthz``.
-- ``views/dashboard/`` serves ``/`` on the API's port: reads ``FLEET_ALERTS``, ``FLEET_EVENTS``,
-                  KV ``fleet_leases`` and ``fleet_maintenance``; publishes only the signed
-                  ``Command`` an operator confirms.
+- ``views/dashboard/`` serves ``/`` and its pages on the API's port: reads ``FLEET_ALERTS``,
+                  ``FLEET_EVENTS``, KV ``fleet_leases``, ``fleet_maintenance``, ``fleet_policy``
+                  and ``fleet_workloads``; publishes only the signed ``Command`` an operator
+                  confirms.
 - ``alerts/alertmanager`` (with ``alertmanager_urls``) consumes ``FLEET_ALERTS`` (one durable)
                   and reads KV ``fleet_maintenance``; posts to Alertmanager, publishes nothing.
 

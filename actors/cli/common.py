@@ -374,16 +374,22 @@ def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(f"NATS: {exc}")
 
 
-def stop_event() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (the second one exits at once)."""
+def stop_event(
+    last_words: Callable[[], None] | None = None,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> asyncio.Event:
+    """An event set by one of ``signals``; the second one calls ``last_words`` (what must
+    not outlive the process: a child in a process group of its own) and exits at once."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
         if stop.is_set():
+            if last_words is not None:
+                last_words()
             os._exit(130)
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         loop.add_signal_handler(sig, on_signal)
     return stop

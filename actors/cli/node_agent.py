@@ -181,20 +181,28 @@ def add_key_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML config file, as for start")
 
 
+def start_config(args: argparse.Namespace) -> AgentConfig:
+    """The settings ``start`` would run with (file, variables, ``--state-dir``)."""
+    flags = {"state_dir": args.state_dir}
+    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags)
+
+
 def key_path(args: argparse.Namespace) -> Path:
     if args.key_file is not None:
         return Path(args.key_file)
-    flags = {"state_dir": args.state_dir}
-    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags).key_path
+    return start_config(args).key_path
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
+    """Create the seed; the approve line names the node as ``start`` will (its config's
+    ``node_id``, its variable, else the host name)."""
     path = key_path(args)
+    node = start_config(args).node_id
     pair = signing.create_key_file(path)
     sys.stdout.write(f"{pair.public_key}\n")
     sys.stderr.write(
         f"seed written to {path} (mode 0600); approve the node with:\n"
-        f"  fleetctl approve <node-id> {pair.public_key}\n"
+        f"  fleetctl approve {node} {pair.public_key}\n"
     )
     return 0
 

@@ -137,6 +137,17 @@ class Bus(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    @property
+    def reconnected_at(self) -> float | None:
+        """Monotonic time the connection was last regained after a loss (None: never
+        lost): what a consumer of the node's own events judges their age from, since
+        none could come while the bus was down."""
+        ...
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the connection is regained (once per callback)."""
+        ...
+
     def jetstream_answered(self, answered: bool) -> None:
         """Say whether a JetStream call made at a steady pace (a heartbeat, a lease
         renewal) was answered; calls that time out for :data:`MOVE_AFTER` seconds move
@@ -246,6 +257,13 @@ class NatsBus:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    @property
+    def reconnected_at(self) -> float | None:
+        return self._events.back_at
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        self._events.listeners.add(callback)
 
     def jetstream_answered(self, answered: bool) -> None:
         now = time.monotonic()
@@ -380,7 +398,9 @@ class NatsBus:
         return cached
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        """Drain (deliver what is buffered, then close), bounded by ``timeout``. A
+        connection the server has gone from (stopped, restarting) is closed all the same:
+        nats-py's flush of its socket then raises ConnectionResetError, which is no news."""
         if self._watching is not None:
             self._watching.cancel()
         if self.nc.is_closed:
@@ -389,9 +409,12 @@ class NatsBus:
         try:
             async with asyncio.timeout(timeout):
                 await self.nc.drain()
-        except (TimeoutError, nats.errors.Error) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except OSError:
+                pass  # the socket was gone already: closed is what it is
 
 
 UNSUBSCRIBE_TIMEOUT = 2.0
@@ -591,6 +614,9 @@ class _ConnectionEvents:
         self.cause: Exception | None = None
         """The most telling error of the tries so far: a TLS error is kept over the reset
         or EOF that follows it, which says nothing of why."""
+        self.back_at: float | None = None
+        """Monotonic time of the last reconnect."""
+        self.listeners: set[Callable[[], None]] = set()
 
     async def error(self, exc: Exception) -> None:
         if isinstance(exc, nats.errors.SlowConsumerError):
@@ -605,4 +631,7 @@ class _ConnectionEvents:
             log.warning("disconnected from nats; reconnecting", extra={"server": self.server})
 
     async def reconnected(self) -> None:
+        self.back_at = time.monotonic()
         log.info("reconnected to nats", extra={"server": self.server})
+        for listener in list(self.listeners):
+            listener()

@@ -14,10 +14,10 @@ from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.placement import store
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.reconcile import Timing
 from actors.fleet.process import ProviderActors
+from actors.fleet.storage.placed import read_all
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -82,7 +82,7 @@ async def start_nodes(
 
 
 async def placed(bus: NatsBus, prefix: str, name: str) -> PlacedWorkload:
-    found = await store.read_all(bus, Subjects(prefix))
+    found = await read_all(bus, Subjects(prefix))
     return found[name][0]
 
 
@@ -163,7 +163,7 @@ async def test_two_replicas_land_on_free_nodes_not_cordoned_or_unhealthy(
         await fleetctl(nats_server, prefix, keys.operator_file, "undeploy", "chat")
     )
     assert code == 0 and out.count("stop sent") == 2, out + err
-    assert "chat" not in await store.read_all(bus, Subjects(prefix))
+    assert "chat" not in await read_all(bus, Subjects(prefix))
     for name in ("n3", "n4"):
         await wait_record(bus, prefix, name, lambda r: not running(r, "chat"))
 

@@ -28,6 +28,7 @@ from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide, needs_choice
 from actors.fleet.storage import registry
+from actors.fleet.storage.placed import read_all
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
 from schemas import codec, signing
@@ -85,7 +86,7 @@ class ReconcilerActor:
 
     async def round(self) -> None:
         """Decide once for every placed workload."""
-        placed = await store.read_all(self.bus, self.subjects)
+        placed = await read_all(self.bus, self.subjects)
         if not placed:
             self.rounds += 1
             return
