@@ -20,7 +20,7 @@ from schemas import codec, signing
 from schemas.messages import Alert
 from schemas.subjects import Subjects
 from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_for, wait_record
-from tests.system.test_resilience import free_port
+from tests.support.ports import free_port
 
 PREFIX = "outage"
 NODES = [f"n{index}" for index in range(1, 6)]

@@ -56,6 +56,20 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tests/fleet/test_silence.py", "await asyncio.sleep(0.5)  # the nodes' own pace"): (
         "simulated nodes beat at their pace (two a second)"
     ),
+    ("tests/fleet/test_outage.py", "await asyncio.sleep(0.5)  # the node's own pace"): (
+        "a simulated node beats at its pace (two a second)"
+    ),
+    ("tests/fleet/test_outage.py", "await asyncio.sleep(0.5)  # the nodes' own pace"): (
+        "simulated nodes beat at their pace (two a second)"
+    ),
+    (
+        "tests/node/test_latency.py",
+        "time.sleep(block)  # noqa: ASYNC251  # holds the loop on purpose: what is simulated",
+    ): "a busy event loop is what is simulated: the block is the subject",
+    (
+        "tests/system/test_bus_restart.py",
+        "await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - stopped)))  # the outage",
+    ): "the server stays down for the outage's length: that length is the subject",
     ("tests/node/test_latency.py", "await asyncio.sleep(30)"): STAND_IN,
     ("tests/node/test_engine.py", "await asyncio.sleep(30)"): STAND_IN,
     (
