@@ -112,9 +112,10 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   and stop ``Command``.
 - ``views/api``   reads the live feed; serves ``/nodes``, ``/nodes/<id>`` (with each node's
                   latest accepted heartbeat from FLEET_HB), ``/metrics``, ``/healthz``.
-- ``views/dashboard/`` serves ``/`` on the API's port: reads ``FLEET_ALERTS``, ``FLEET_EVENTS``,
-                  KV ``fleet_leases`` and ``fleet_maintenance``; publishes only the signed
-                  ``Command`` an operator confirms.
+- ``views/dashboard/`` serves ``/`` and its pages on the API's port: reads ``FLEET_ALERTS``,
+                  ``FLEET_EVENTS``, KV ``fleet_leases``, ``fleet_maintenance``, ``fleet_policy``
+                  and ``fleet_workloads``; publishes only the signed ``Command`` an operator
+                  confirms.
 - ``alerts/alertmanager`` (with ``alertmanager_urls``) consumes ``FLEET_ALERTS`` (one durable),
                   reads the held nodes, the live feed (an event's node) and KV
                   ``fleet_maintenance``; posts to Alertmanager, publishes nothing.

@@ -29,8 +29,8 @@ import contracts), and every module is in one.
                      (``registry``), leases as readers see them (``leases``), maintenance
                      windows (``windows``), the policy's holds (``policy_holds``), the
                      fleet's signed settings as stored (``settings``), a node's answers to
-                     one command (``answers``), the servers' users and permissions
-                     (``nats_config``).
+                     one command (``answers``), placed workloads as stored (``placed``),
+                     the servers' users and permissions (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
                      ``record_state`` (what a record's state is).

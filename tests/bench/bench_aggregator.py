@@ -6,6 +6,11 @@ own processes (``fleetctl aggregator``) and ``fleetctl simulate`` as a subproces
 Every part is selected by its flag, ``--all`` runs every one; each prints its lines as it
 goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
+- ``--fleet``: the same-run ratio as a fleet meets it (issue 48): one aggregator as
+  shipped, ``--fleet-nodes`` (5,000) nodes of 8 fake GPUs at ``--fleet-rate`` (1,500/s)
+  for ``--fleet-duration`` (30 s), ``--runs`` (5) runs on fresh servers: CPU per
+  accepted heartbeat once every node had beaten twice ÷ a bare PyNaCl verify timed in
+  the same seconds, each run's ratio, their median and range.
 - ``--ratio``: one aggregator, two nodes per heartbeat/s at each of ``--rates``. (a) the
   aggregator's CPU time per accepted heartbeat once every node had beaten twice (CPU
   seconds / the ``fleet_heartbeats_accepted`` delta, over every rate but the first, the
@@ -57,7 +62,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -85,6 +89,7 @@ from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.messages import AggregatorLease
 from schemas.subjects import BUCKET_LEASES, BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 BUDGETS = (
@@ -128,6 +133,12 @@ def options() -> argparse.ArgumentParser:
         "--rates", default="1000,2000,3000,4000", help="rates of the sweeps (first: warm-up)"
     )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per rate")
+    parser.add_argument("--fleet-nodes", type=int, default=5000, help="nodes of --fleet")
+    parser.add_argument("--fleet-rate", type=float, default=1500.0, help="beats/s of --fleet")
+    parser.add_argument(
+        "--fleet-duration", type=float, default=30.0, help="seconds of each --fleet run"
+    )
+    parser.add_argument("--runs", type=int, default=5, help="--fleet: runs (default 5)")
     parser.add_argument("--big-nodes", type=int, default=100_000, help="nodes of --big/--cold")
     parser.add_argument("--big-duration", type=float, default=120.0, help="seconds of --big")
     parser.add_argument("--storm-nodes", type=int, default=10_000, help="nodes that stop")
@@ -181,13 +192,6 @@ class Bench:
 
 
 # ---------------------------------------------------------------- processes and probes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Aggregator:
@@ -643,23 +647,27 @@ class SteadyMark(threading.Thread):
             time.sleep(0.2)
 
 
-def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
-    """Every rate of ``--rates`` in turn: achieved rate, lag, CPU, RSS per rate."""
+def sweep(
+    bench: Bench, cluster: Cluster, label: str, rates: list[float] | None = None, nodes: int = 0
+) -> Sweep:
+    """Every rate of ``rates`` (default ``--rates``) in turn, with ``nodes`` (default
+    ``--nodes``, else two per heartbeat/s): achieved rate, lag, CPU, RSS per rate."""
     result = Sweep()
-    rates = [float(r) for r in bench.args.rates.split(",")]
+    rates = rates or [float(r) for r in bench.args.rates.split(",")]
+    duration = bench.args.fleet_duration if nodes else bench.args.duration
     for index, rate in enumerate(rates):
         cpu_before = sum(a.cpu() for a in cluster.aggregators)
         accepted_before = sum(a.metric(ACCEPTED) or 0 for a in cluster.aggregators)
         for aggregator in cluster.aggregators:
             aggregator.ps.cpu_percent(None)
+        count = nodes or bench.args.nodes or round(rate * INTERVAL)
         # From the simulator's start (about 3 s after this) past its first beats, to its end.
-        prober = VerifyProbe(3 + INTERVAL * 2 + 2, 2.0, 3 + bench.args.duration)
+        prober = VerifyProbe(3 + 2 * count / rate + 2, 2.0, 3 + duration)
         prober.start()
         started = time.monotonic()
-        nodes = bench.args.nodes or round(rate * INTERVAL)
-        steady = SteadyMark(cluster.aggregators, nodes, accepted_before)
+        steady = SteadyMark(cluster.aggregators, count, accepted_before)
         steady.start()
-        sim = cluster.simulate(nodes, rate, bench.args.duration, "--wait", "0.01", "--gpus", "8")
+        sim = cluster.simulate(count, rate, duration, "--wait", "0.01", "--gpus", "8")
         drained = asyncio.run(consumers_drained(cluster.url, 60.0))
         prober.join()
         steady.stop = True
@@ -678,7 +686,7 @@ def sweep(bench: Bench, cluster: Cluster, label: str) -> Sweep:
         achieved = sim.achieved
         share = accepted / sim.published if sim.published else 0.0
         bench.say(
-            f"  {label}: {nodes} nodes at {rate:g}/s: achieved {fmt(achieved, '/s', 0)}, lag "
+            f"  {label}: {count} nodes at {rate:g}/s: achieved {fmt(achieved, '/s', 0)}, lag "
             f"{fmt(drained, ' s', 2) if drained is not None else 'NOT DRAINED in 60 s'}, "
             f"accepted {accepted:.0f} ({100 * share:.0f}%), CPU/accepted {per:.1f} us "
             f"({steady_per:.1f} us once every node had beaten twice), "
@@ -745,6 +753,53 @@ def part_ratio(bench: Bench) -> None:
         f"{bench.args.nodes or f'{INTERVAL:g} nodes per heartbeat/s'}; "
         f"{100 * result.share:.0f}% of "
         "its beats accepted)",
+    )
+
+
+def part_fleet(bench: Bench) -> None:
+    """(a') The same-run ratio as a fleet meets it: ``--fleet-nodes`` nodes of 8 fake GPUs
+    beating ``--fleet-rate``/s in all for ``--fleet-duration``, one aggregator as shipped
+    (HTTP port on, every default actor), ``--runs`` runs, each on its own server and
+    aggregator. Each run's ratio: the aggregator's CPU per accepted heartbeat once every
+    node had beaten twice ÷ a bare PyNaCl verify of the same heartbeat timed in bursts
+    through the same seconds (the median of the run's bursts); printed: every run, their
+    median and range, and the same with every node's first contact in it."""
+    nodes, rate = bench.args.fleet_nodes, bench.args.fleet_rate
+    steady: list[float] = []
+    whole: list[float] = []
+    micros: list[tuple[float, float]] = []
+    for run in range(bench.args.runs):
+        bench.say(f"  {time.strftime('%H:%M:%S', time.gmtime())} load {os.getloadavg()[0]:.2f}")
+        with servers(bench) as cluster:
+            cluster.start_aggregator()
+            result = sweep(bench, cluster, f"run {run + 1}", [rate], nodes)
+        if not (result.steady_accepted and result.accepted and result.verify_loaded):
+            bench.say(f"  run {run + 1}: no steady part measured")
+            continue
+        verify = statistics.median(result.verify_loaded)
+        per = result.steady_cpu / result.steady_accepted
+        steady.append(per / verify)
+        whole.append(result.cpu / result.accepted / verify)
+        micros.append((1e6 * per, 1e6 * verify))
+        bench.say(
+            f"  run {run + 1}: {steady[-1]:.2f} ({1e6 * per:.1f} µs per accepted ÷ "
+            f"{1e6 * verify:.1f} µs per verify, {len(result.verify_loaded)} bursts); "
+            f"with first contacts {whole[-1]:.2f}"
+        )
+    if not steady:
+        bench.row("same-run ratio, fleet", "≤ 2.0", "no run measured", False)
+        return
+    median = statistics.median(steady)
+    bench.row(
+        f"aggregator CPU per heartbeat ÷ PyNaCl verify in the same seconds, {nodes:,} "
+        f"nodes x 8 GPUs at {rate:g}/s, HTTP on, every default actor",
+        "≤ 2.0",
+        f"**{median:.2f}** median of {len(steady)} runs ({min(steady):.2f} to "
+        f"{max(steady):.2f}: {', '.join(f'{r:.2f}' for r in steady)}); µs per heartbeat / "
+        f"per verify: {', '.join(f'{a:.0f}/{b:.0f}' for a, b in micros)}; with every "
+        f"node's first contact: {statistics.median(whole):.2f} ({min(whole):.2f} to "
+        f"{max(whole):.2f})",
+        median <= 2.0,
     )
 
 
@@ -1141,6 +1196,7 @@ class Part:
 
 
 PARTS = [
+    Part("fleet", "(a') the same-run ratio at 5,000 nodes of 8 GPUs, --runs runs", part_fleet),
     Part("ratio", "(a) CPU per accepted ÷ bare verify, (b) one aggregator's rate", part_ratio),
     Part("two", "(b) the highest rate with two aggregators", part_two),
     Part("big", "(c) 100,000 nodes at 30 s for 2 min", part_big),
@@ -1160,8 +1216,8 @@ def main() -> int:
     if not any(bench.selected(part.name) for part in PARTS):
         options().print_usage()
         print(
-            "choose parts (--ratio, --two, --big, --storm, --cold, --failover, --memory, --side)"
-            " or --all"
+            "choose parts (--fleet, --ratio, --two, --big, --storm, --cold, --failover, "
+            "--memory, --side) or --all"
         )
         return 2
 

@@ -1,10 +1,12 @@
 """The dashboard at fleet size: a script, not a test.
 
 1. The charts' memory: ``--nodes`` nodes' histories filled (every point of the hour),
-   measured with tracemalloc in this process: bytes per node, all included.
+   measured with tracemalloc in this process: bytes per node, all included; and the
+   fleet's history (per fleet: a day of points), whatever the fleet's size.
 2. The first page in headless Chromium: an embedded nats-server, one ``fleetctl
    aggregator`` process and ``fleetctl simulate --nodes N``; then ``--loads`` times, from
-   navigation to the table's rows on screen, and the aggregator's RSS before and after.
+   navigation to the table's rows on screen (median and spread printed), the GPU page
+   ordered by temperature once, and the aggregator's RSS before and after.
 
 Run: ``python tests/bench/bench_dashboard.py --nodes 100000`` (Chromium: Debian's
 ``chromium`` and the ``playwright`` package).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import sys
@@ -25,6 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, points_for
 from actors.fleet.views.dashboard.history import History
 from tests.bench.bench_metrics import simulated_fleet
 from tests.support.fleet import heartbeat
@@ -46,7 +50,22 @@ def history_bytes(nodes: int, points: int) -> float:
     return used / nodes
 
 
-async def first_pages(url: str, loads: int) -> list[float]:
+def fleet_history_bytes(interval: float) -> float:
+    """Bytes of the fleet's history, every point of its day filled, measured."""
+    totals = GpuTotals()
+    totals.add(heartbeat("n0"), 1)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    history = FleetHistory(points_for(interval))
+    for point in range(history.points):
+        history.add(interval * point, {"active": 99_000, "stale": 1000}, totals)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert history.latest("active") == 99_000
+    return used
+
+
+async def first_pages(url: str, loads: int) -> tuple[list[float], float]:
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium")
@@ -62,8 +81,13 @@ async def first_pages(url: str, loads: int) -> list[float]:
             await page.wait_for_selector("#rows tr[data-node]")
             times.append(time.perf_counter() - start)
             await page.close()
+        page = await browser.new_page()
+        start = time.perf_counter()
+        await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
+        await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
+        gpus = time.perf_counter() - start
         await browser.close()
-    return times
+    return times, gpus
 
 
 def main() -> int:
@@ -79,15 +103,22 @@ def main() -> int:
     sys.stdout.write(
         f"history: {per_node:.0f} bytes a node for {args.points} points "
         f"({per_node * args.nodes / 2**20:.1f} MiB for {args.nodes} nodes)\n"
+        f"fleet history: {fleet_history_bytes(60.0) / 1024:.0f} KiB for a day at a point a "
+        "minute, whatever the fleet's size\n"
     )
     with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
         rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-        times = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
+        times, gpus = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
         after = psutil.Process(aggregator.pid).memory_info().rss / 2**20
+        spread = ", ".join(f"{value:.2f}" for value in times)
+        quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
         sys.stdout.write(
             f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
-            f"min {min(times):.2f}s, max {max(times):.2f}s ({args.loads} loads)\n"
+            f"min {min(times):.2f}s, max {max(times):.2f}s, quartiles {quartiles[0]:.2f}s "
+            f"to {quartiles[2]:.2f}s ({args.loads} loads, in order: {spread})\n"
+            f"GPU page ordered by temperature: {gpus:.2f}s (every node's heartbeat decoded)\n"
             f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
+            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n"
         )
     return 0
 

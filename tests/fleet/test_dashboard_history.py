@@ -90,3 +90,16 @@ def test_a_node_costs_its_ring_and_no_more() -> None:
     history.put(history.begin(1.0), "n1", beat(1, 1.0))
     assert len(history.nodes["n1"]) == 16 + 60 * 7
     assert history.bytes_per_node() < 500
+
+
+def test_immediate_beats_do_not_shorten_the_interval() -> None:
+    """A node beating every 2 s that also beat at once after two health changes shows 2 s
+    (the configured cadence), not 60 s over 32 beats; a node that missed beats shows the
+    longer interval it kept."""
+    history = History(3)
+    cadence = {"interval": 2.0}
+    history.put(history.begin(1.0), "n1", msgspec.structs.replace(beat(100, 1000.0), **cadence))
+    history.put(history.begin(2.0), "n1", msgspec.structs.replace(beat(132, 1060.0), **cadence))
+    history.put(history.begin(3.0), "n1", msgspec.structs.replace(beat(152, 1120.0), **cadence))
+    intervals = history.series("n1")[SERIES.index("heartbeat interval s")]
+    assert intervals == [(2.0, 2.0), (3.0, 3.0)]

@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from actors.fleet.placement import store
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, free_gpus
 from actors.fleet.placement.reconcile import Timing, decide
+from actors.fleet.storage.placed import read_all
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Capacity, Gpu, Sample, WorkloadState
@@ -291,7 +291,7 @@ async def test_an_unreadable_record_is_left_out(bus: NatsBus, prefix: str) -> No
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_WORKLOADS))
     await bucket.put("bad", b'{"name": 5}')
     await bucket.put("chat", codec.encode(workload()))
-    found = await store.read_all(bus, Subjects(prefix))
+    found = await read_all(bus, Subjects(prefix))
     assert list(found) == ["chat"] and found["chat"][0] == workload()
     entry = await bucket.get("bad")
     assert entry.value == b'{"name": 5}'
@@ -343,7 +343,7 @@ async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
     )
     await fleet.follow(actor.feed)
     await actor.round()
-    found = await store.read_all(bus, subjects)
+    found = await read_all(bus, subjects)
     assert found["good"][0].replicas[0].node == "n1"
     for name, value in hostile.items():
         assert found[name][0] == value

@@ -1,6 +1,8 @@
 """The dashboard as the tests run it: an aggregator, its fleet API and the dashboard on a
 free loopback port, headless Chromium (Debian's ``chromium`` through Playwright's
-``executable_path``), and the logins a test needs (a one-time link, basic auth)."""
+``executable_path``), the logins a test needs (a one-time link, basic auth), and nodes
+that beat once, signed, without an agent (:func:`beat`), and the fleet's facts written
+where their writers write them (:func:`put_fact`)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ import msgspec
 import pytest
 
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.remediation.actor import policy_bucket
+from actors.fleet.storage.registry import approve
 from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.login_links import login_link
-from schemas import signing
-from tests.support.fleet import Fleet, new_aggregator
+from schemas import codec, signing
+from schemas.subjects import BUCKET_POLICY, Subjects
+from tests.support.fleet import Fleet, heartbeat, new_aggregator
 
 
 async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
@@ -88,3 +93,28 @@ async def form_token(session: aiohttp.ClientSession, url: str, node: str) -> str
         text = await page.text()
         assert page.status == 200, text
     return text.split('name="token" value="', 1)[1].split('"', 1)[0]
+
+
+async def beat(fleet: Fleet, node: str, seq: int = 1, **changes: Any) -> signing.KeyPair:
+    """One signed heartbeat of ``node`` (cluster c1, approved first), as its agent would
+    publish it, with ``changes``; its Nats-TTL is its ``stale_after``, so a node that
+    beats once goes stale that long after. The node's key."""
+    key = fleet.node_key(node)
+    await approve(fleet.bus, Subjects(fleet.prefix), node, key.public_key)
+    body = codec.encode(heartbeat(node, seq, **changes))
+    ttl = f"{float(changes.get('stale_after', 2.0)):.0f}"
+    headers = {**key.headers(body), "Nats-Msg-Id": f"{node}:b1:{seq}", "Nats-TTL": ttl}
+    await fleet.bus.js.publish(Subjects(fleet.prefix).heartbeat("c1", node), body, headers=headers)
+    return key
+
+
+async def put_fact(fleet: Fleet, bucket: str, key: str, value: Any) -> None:
+    """``value`` stored under ``key`` in the fleet's bucket ``bucket`` (maintenance windows,
+    placed workloads, ...); the policy's bucket is made as the policy makes it on its
+    first write (direct gets on, which the pages' reads use)."""
+    subjects = Subjects(fleet.prefix)
+    if bucket == BUCKET_POLICY:
+        store = await fleet.bus.js.create_key_value(config=policy_bucket(subjects))
+    else:
+        store = await fleet.bus.kv(subjects.bucket_name(bucket))
+    await store.put(key, codec.encode(value))

@@ -1,19 +1,15 @@
 """``fleetctl gpus``: every GPU of the fleet (or of some nodes) as one table, like
-nvidia-smi across nodes: readings, ECC, XIDs and the workload that holds each GPU.
+nvidia-smi across nodes: readings, ECC, XIDs and the workload that holds each GPU (the
+rows: :mod:`actors.fleet.views.gpus`, which the dashboard's GPU page lists too).
 
 The GPUs come from each node's latest accepted heartbeat, read live from FLEET_HB by
 :func:`fleet_records` alone (docs/live-reads.md), not from a record's checkpoint.
-A node whose heartbeats are not current (stale, offline, pending, deregistered, a state
-this version does not know) keeps its GPUs' names and sizes but shows no readings:
-they are not known.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
@@ -21,113 +17,19 @@ from actors.cli.common import add_server, connected, token
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.live import reader as live
-from actors.fleet.live.reader import LiveRecord
+from actors.fleet.views.gpus import CURRENT_STATES, SORTS, GpuRow, gpu_rows
 from actors.runtime.bus import Bus
-from schemas.events import Gpu
 from schemas.messages import NodeRecord
 from schemas.subjects import Subjects
 
-CURRENT_STATES = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
-"""States of a node that keeps beating: its last heartbeat's readings are current."""
-HOLDING_STATES = frozenset({"starting", "ready", "stopping", "crashloop"})
-"""Workload states in which a workload holds its GPUs."""
 COLUMNS = ("NODE", "GPU", "NAME", "MEMORY", "TEMP", "POWER", "UTIL", "ECC", "XIDS", "WORKLOAD")
 GIB = 2**30
 
 
-class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One GPU of the fleet, as ``-o json`` writes it (one object a line)."""
-
-    node: str
-    cluster: str
-    state: str
-    """The node's state: readings are null unless it is one that keeps beating."""
-    index: int
-    name: str
-    uuid: str
-    memory_total: int
-    memory_used: int | None
-    temperature_c: float | None
-    power_w: float | None
-    power_limit_w: float | None
-    utilization_pct: float | None
-    ecc_corrected: int | None
-    ecc_uncorrected: int | None
-    xids: dict[str, int]
-    """XID code to count since the agent started."""
-    lost: bool
-    workloads: list[str]
-    """Workloads holding this GPU (starting, ready, stopping or crash-looping)."""
-
-
-async def fleet_records(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
-    """Every node's record with its latest accepted heartbeat, read live (the live
-    reader): the one place ``fleetctl gpus`` reads the fleet from."""
-    return await live.read_fleet(bus, subjects)
-
-
-def gpu_rows(records: Iterable[NodeRecord]) -> list[GpuRow]:
-    """Each GPU of each record's last heartbeat, in node then index order."""
-    rows = []
-    for record in records:
-        beat = record.heartbeat
-        if beat is None or beat.sample is None:
-            continue
-        current = record.state in CURRENT_STATES
-        holders: dict[int, list[str]] = {}
-        for workload in beat.workloads:
-            if workload.state in HOLDING_STATES:
-                for index in workload.gpus:
-                    holders.setdefault(index, []).append(workload.name)
-        for gpu in beat.sample.gpus:
-            rows.append(_row(record, gpu, current, holders.get(gpu.index, [])))
-    return rows
-
-
-def _row(record: NodeRecord, gpu: Gpu, current: bool, workloads: list[str]) -> GpuRow:
-    def known(value: Any) -> Any:
-        return value if current and not gpu.lost else None
-
-    return GpuRow(
-        node=record.node_id,
-        cluster=record.cluster,
-        state=record.state,
-        index=gpu.index,
-        name=gpu.name,
-        uuid=gpu.uuid,
-        memory_total=gpu.memory_total,
-        memory_used=known(gpu.memory_used),
-        temperature_c=known(gpu.temperature_c),
-        power_w=known(gpu.power_w),
-        power_limit_w=gpu.power_limit_w,
-        utilization_pct=known(gpu.utilization_pct),
-        ecc_corrected=gpu.ecc_corrected,
-        ecc_uncorrected=gpu.ecc_uncorrected,
-        xids={str(xid.code): xid.count for xid in gpu.xids},
-        lost=gpu.lost,
-        workloads=workloads if current else [],
-    )
-
-
-def _descending(value: float | None) -> tuple[bool, float]:
-    """Largest first, unknown last."""
-    return (value is None, -(value or 0.0))
-
-
-SORTS: dict[str, Callable[[GpuRow], Any]] = {
-    "node": lambda row: (row.node, row.index),
-    "temp": lambda row: _descending(row.temperature_c),
-    "power": lambda row: _descending(row.power_w),
-    "util": lambda row: _descending(row.utilization_pct),
-    "memory": lambda row: _descending(row.memory_used),
-    "ecc": lambda row: (
-        _descending(row.ecc_uncorrected),
-        _descending(row.ecc_corrected),
-    ),
-    "xids": lambda row: _descending(sum(row.xids.values())),
-}
-"""``--sort`` keys: node order, or the largest reading first (unknown readings last);
-ties keep node order."""
+async def fleet_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
+    """Every node's record with its last accepted heartbeat: the one place ``fleetctl
+    gpus`` reads the fleet from."""
+    return list(await live.read_fleet(bus, subjects))
 
 
 def table(rows: list[GpuRow]) -> str:

@@ -31,9 +31,10 @@ from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import choose, taken_by
-from actors.fleet.placement.reconcile import FAILED_STATES, deploy_order, listed
+from actors.fleet.placement.reconcile import FAILED_STATES, deploy_order
 from actors.fleet.storage import registry
-from actors.runtime.bus import Bus, NotProvisioned
+from actors.fleet.storage.placed import listed, read_all
+from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.messages import NodeRecord
@@ -103,7 +104,7 @@ async def cmd_place(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
         bucket = await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
-        placed = await store.read_all(bus, subjects)
+        placed = await read_all(bus, subjects)
         if args.name in placed:
             return fail(f"workload {args.name} is placed already (fleetctl undeploy it first)")
         fleet = await live.read_fleet(bus, subjects)
@@ -193,7 +194,7 @@ async def wait_ready(bus: Bus, subjects: Subjects, name: str, timeout: float) ->
     deadline = time.monotonic() + timeout
     said: set[tuple[int, str]] = set()
     while time.monotonic() < deadline:
-        placed = await store.read_all(bus, subjects)
+        placed = await read_all(bus, subjects)
         if name not in placed:
             return fail(f"workload {name} was undeployed")
         workload, _ = placed[name]
@@ -234,7 +235,7 @@ async def cmd_undeploy(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
         bucket = await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
         for _ in range(registry.CAS_ATTEMPTS):
-            placed = await store.read_all(bus, subjects)
+            placed = await read_all(bus, subjects)
             if args.name not in placed:
                 return fail(f"no placed workload named {args.name}")
             workload, revision = placed[args.name]
@@ -257,16 +258,6 @@ async def cmd_undeploy(args: argparse.Namespace) -> int:
                 failed += 1
                 sys.stderr.write(f"stop not sent to {node}: {exc}\n")
     return EXIT_FAILED if failed else EXIT_DONE
-
-
-async def read_placed(bus: Bus, subjects: Subjects) -> list[PlacedWorkload]:
-    """Every placed workload (none where no aggregator provisioned the bucket yet: one
-    older than placement)."""
-    try:
-        await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
-    except NotProvisioned:
-        return []
-    return [workload for workload, _ in (await store.read_all(bus, subjects)).values()]
 
 
 def placement_of(placed: list[PlacedWorkload], node: str, name: str) -> Replica | None:

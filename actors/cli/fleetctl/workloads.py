@@ -16,9 +16,11 @@ import msgspec
 
 from actors.cli.common import add_server, connected, duration, token
 from actors.cli.fleetctl import placement, send
+from actors.cli.node_names import node_selection
 from actors.cli.render import tables
 from actors.fleet.live import reader as live
 from actors.fleet.live import workload_status
+from actors.fleet.storage.placed import endpoint, read_placed
 from actors.runtime import spans
 from schemas.messages import Action, NodeRecord
 from schemas.placement import PlacedWorkload
@@ -114,7 +116,7 @@ async def cmd_workloads(args: argparse.Namespace) -> int:
             records.append(await live.read_node(bus, subjects, args.node))
         else:
             records.extend(await live.read_fleet(bus, subjects))
-        placed = await placement.read_placed(bus, subjects)
+        placed = await read_placed(bus, subjects)
     if args.node:
         placed = [
             msgspec.structs.replace(w, replicas=[r for r in w.replicas if r.node == args.node])
@@ -128,14 +130,6 @@ ENDPOINT_NOTE = (
     "* ENDPOINT: where the node says the workload serves (its heartbeat's claim, not "
     "checked by the fleet); none unless it is ready\n"
 )
-
-
-def endpoint(record: NodeRecord, port: int) -> str:
-    """Where the node says a client reaches the workload: its advertised gateway URL when
-    its heartbeat has one (``Heartbeat.endpoint``, from agents with an outside gateway),
-    else its port on the node's loopback. The node's claim."""
-    advertised = record.heartbeat.endpoint if record.heartbeat else ""
-    return advertised or f"127.0.0.1:{port}"
 
 
 def workloads_output(
@@ -237,7 +231,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(fleetctl workloads --why, fleetctl undeploy). " + send.EXIT_STATUSES,
     )
     deploy.add_argument(
-        "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
+        "node",
+        nargs="?",
+        type=node_selection,
+        help="the node's id, or a list or range of them (node[1-4],gpu-a); or -l KEY=VALUE",
     )
     deploy.add_argument("name", type=workload_name, help="the workload's name on that node")
     deploy.add_argument(

@@ -33,6 +33,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide, needs_choice
+from actors.fleet.storage.placed import read_all
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
@@ -112,7 +113,7 @@ class ReconcilerActor:
     async def round(self) -> bool:
         """Decide once for every placed workload; False (nothing decided) while the feed
         is not complete."""
-        placed = await store.read_all(self.bus, self.subjects)
+        placed = await read_all(self.bus, self.subjects)
         if not placed:
             self.watched = set()
             self.rounds += 1

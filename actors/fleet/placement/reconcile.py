@@ -34,8 +34,9 @@ import msgspec
 
 from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, clip
 from actors.fleet.placement.store import Order
+from actors.fleet.storage.placed import listed
 from schemas.events import WorkloadState
-from schemas.messages import NodeRecord, WorkloadSummary
+from schemas.messages import NodeRecord
 from schemas.placement import (
     MAX_AVOID,
     MAX_FAILURES,
@@ -70,14 +71,6 @@ class Decision:
     workload: PlacedWorkload
     orders: list[Order] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def listed(record: NodeRecord | None, name: str) -> WorkloadSummary | None:
-    """The workload named ``name`` in the node's last heartbeat."""
-    beat = record.heartbeat if record is not None else None
-    if beat is None:
-        return None
-    return next((w for w in beat.workloads if w.name == name), None)
 
 
 def trouble(

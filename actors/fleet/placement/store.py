@@ -1,5 +1,5 @@
-"""The one reader and writer of ``fleet_workloads``: every placed workload with its
-revision, and the signed commands that go out after a write."""
+"""The signed commands that go out after a write of ``fleet_workloads`` (its records are
+read by :mod:`actors.fleet.storage.placed`)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,13 @@ import logging
 from dataclasses import dataclass
 
 from actors.fleet.operator.commands import new_command, publish_command
-from actors.runtime import kv
 from actors.runtime.bus import Bus
-from schemas import codec
-from schemas.errors import DecodeError, FleetError
-from schemas.placement import PlacedWorkload
+from schemas.errors import FleetError
 from schemas.signing import KeyPair
-from schemas.subjects import BUCKET_WORKLOADS, Subjects
+from schemas.subjects import Subjects
 from schemas.workloads import Deploy, Stop
 
 log = logging.getLogger(__name__)
-
-READ_LIMIT = 10_000
-"""Placed workloads read at most (the 1 MiB bucket holds a few hundred)."""
-READ_TIMEOUT = 10.0
 
 
 @dataclass
@@ -32,21 +25,6 @@ class Order:
     action: Deploy | Stop
     command_id: str
     reason: str
-
-
-async def read_all(bus: Bus, subjects: Subjects) -> dict[str, tuple[PlacedWorkload, int]]:
-    """Every placed workload with its revision, by name; unreadable ones are logged and
-    left out (never moved by anyone: a newer writer's record stays as it is)."""
-    entries = await kv.latest_entries(
-        bus, subjects.bucket_name(BUCKET_WORKLOADS), READ_LIMIT, READ_TIMEOUT
-    )
-    found = {}
-    for name, (value, revision) in sorted(entries.items()):
-        try:
-            found[name] = (codec.decode(value, PlacedWorkload, f"key {name}"), revision)
-        except DecodeError as exc:
-            log.warning("unreadable placed workload", extra={"workload": name, "reason": str(exc)})
-    return found
 
 
 async def send(bus: Bus, subjects: Subjects, key: KeyPair, orders: list[Order]) -> list[str]:

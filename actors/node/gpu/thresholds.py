@@ -16,6 +16,7 @@ from typing import Literal
 import msgspec
 
 from schemas.events import GpuHealth
+from schemas.health_limits import HOT_GPU_C
 
 Finding = Literal["degraded", "unhealthy"]
 GPU_THRESHOLD_PATTERN = r"^[a-z_]{1,64}=(\d+(\.\d+)?|off)$"
@@ -166,7 +167,7 @@ GPU_THRESHOLDS: dict[str, Threshold] = {
     ),
     "temperature": Threshold(
         check="nvml",
-        limit=85,
+        limit=HOT_GPU_C,
         status="degraded",
         meaning="GPU temperature in C: a GPU hotter than this (not at it) degrades the nvml check",
         action="check cooling and airflow",

@@ -14,13 +14,10 @@ from pathlib import Path
 
 import msgspec
 
-from actors.node.gpu.thresholds import GPU_THRESHOLDS
 from schemas.base import MAX_GPUS, MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import HealthCheck, Sample, Scheduler
+from schemas.health_limits import HOT_GPU_C
 
-HOT_GPU_C = GPU_THRESHOLDS["temperature"].limit
-"""Any GPU above this makes the nvml check degraded, unless ``gpu_thresholds`` sets
-``temperature`` (another limit, or ``off``)."""
 STALE_FACTOR = 3.0
 """A feed's event is stale once older than this many of its periods."""
 

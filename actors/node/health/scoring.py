@@ -18,15 +18,13 @@ from __future__ import annotations
 
 from schemas.base import MAX_TEXT, CheckStatus, HealthStatus
 from schemas.events import Engine, Gpu, HealthCheck, HealthComponent, Latency, Sample
+from schemas.health_limits import DEGRADED_BELOW, UNHEALTHY_BELOW
 
 ENGINE_POINTS = 50
 TEMPERATURE_POINTS = 20
 VRAM_POINTS = 15
 CPU_POINTS = 10
 LATENCY_POINTS = 5
-
-UNHEALTHY_BELOW = 50
-DEGRADED_BELOW = 80
 
 
 def engine_component(engine: Engine | None, expected: int, missing: str) -> HealthComponent:

@@ -1,19 +1,24 @@
-"""The fleet dashboard: a live web page at ``/`` on the aggregator's HTTP port.
+"""The fleet dashboard: a live web page at ``/`` on the aggregator's HTTP port, and its
+pages for GPUs, placed workloads, the remediation policy and maintenance windows.
 
-It reads what the fleet API reads (:class:`FleetView`: every node's record, and the
-latest accepted heartbeat of the nodes a page shows) and renders HTML on the server
-(:mod:`.render`). Each open page holds one server-sent event stream: every
+It reads what the fleet API reads (:class:`~.parts.FleetView`: every node's record, and
+the latest accepted heartbeat of the nodes a page shows), the fleet's facts beside the
+records (:mod:`.facts`) and the alert feed, and renders HTML on the server (:mod:`.parts`
+says what each page shows). Each open page holds one server-sent event stream: every
 :data:`PUSH_EVERY` seconds the server renders the page's live parts again and sends those
-that changed, and the alert feed is pushed as alerts are stored. The fleet the pages
-read is one snapshot for all of them (:class:`Snapshot`), kept longer when building it
-costs more (at most :data:`MAX_SHARE` of the time), so open pages cost a bounded share
-of the aggregator whatever the fleet's size. The table sorts, filters and pages on
-the server (50 rows a page), so the browser never holds the fleet.
+that changed, which the page's script patches in place (what the reader opened stays
+open). The fleet the pages read is one snapshot for all of them (:class:`Snapshot`),
+kept longer when building it costs more (at most :data:`MAX_SHARE` of the time), so
+open pages cost a bounded share of the aggregator whatever the fleet's size. The table
+sorts (problems first), filters and pages on the server (50 rows a page), so the browser
+never holds the fleet.
 
-Background work: the alert feed (``FLEET_ALERTS`` from an hour back, then as stored), the
-latest command results per node (``fleet.result.>``), the partitions' holders and lag
-(every :data:`PARTITIONS_EVERY` s) and the charts' history of the nodes this aggregator
-holds (:mod:`.history`, sampled every ``dashboard_history_interval``).
+Background work: the alert feed (``FLEET_ALERTS`` from an hour back, then as stored),
+folded into conditions (:mod:`.conditions`); the latest command results per node
+(``fleet.result.>``); the partitions' holders and lag (every :data:`PARTITIONS_EVERY`
+s); the facts (every :data:`~.facts.FACTS_EVERY` s); the charts' history of the nodes
+this aggregator holds (:mod:`.history`) and of the fleet (:mod:`.fleet_history`), sampled
+every ``dashboard_history_interval``.
 
 Read-only unless the aggregator runs with ``allow_ui_commands`` and an operator key
 (``ui_key_file``): then every request needs a login (the port's access checks,
@@ -21,7 +26,7 @@ Read-only unless the aggregator runs with ``allow_ui_commands`` and an operator 
 of the users file), and a node page has cordon, drain and uncordon buttons, confirmed in
 the browser and sent as the same signed commands ``fleetctl`` sends, from a form that
 carries its session's current token (replaced after every post) and must come from the
-page's own origin.
+page's own origin. Every other page only reads.
 
 Event streams are bounded: at most ``dashboard_streams_per_client`` per login session
 and :data:`MAX_STREAMS` in all, each closed after ``dashboard_stream_lifetime`` seconds
@@ -37,9 +42,9 @@ import hashlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Protocol
+from urllib.parse import urlencode
 
 from aiohttp import web
 from nats.aio.msg import Msg
@@ -48,11 +53,15 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.live.held import Held
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import leases
-from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views import history as streams_history
-from actors.fleet.views.dashboard import render
+from actors.fleet.views.dashboard import pages, panels, parts, render
+from actors.fleet.views.dashboard.attention import tally
+from actors.fleet.views.dashboard.conditions import Conditions
+from actors.fleet.views.dashboard.facts import Facts
+from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, points_for
 from actors.fleet.views.dashboard.history import History
-from actors.fleet.views.dashboard.table import Snapshot, query_of, tally
+from actors.fleet.views.dashboard.parts import FleetView, Parts
+from actors.fleet.views.dashboard.table import Snapshot, gpu_query_of, query_of
 from actors.runtime.bus import Bus, listening
 from actors.runtime.http_access import ACCESS, session_of
 from actors.runtime.login_links import LOGIN_PATH
@@ -82,8 +91,10 @@ MAX_SHARE = 0.1
 ``t`` to build is kept ``t / MAX_SHARE`` seconds (at least PUSH_EVERY)."""
 PARTITIONS_EVERY = 5.0
 ALERT_FEED = 200
-"""Alerts kept for the feed: the newest info ones, and apart the newest warning and
+"""Alerts kept for the raw feed: the newest info ones, and apart the newest warning and
 critical ones (an info flood never pushes those out)."""
+DECISIONS = 200
+"""The remediation policy's alerts kept for the policy page (the newest)."""
 FEED_SINCE = 3600.0
 RESULTS_PER_NODE = 10
 RESULT_NODES = 10_000
@@ -97,14 +108,9 @@ MAX_STREAMS = 64
 WRITE_TIMEOUT = 10.0
 """Seconds one write to an event stream may wait for its reader; then it is closed."""
 STATIC = ("dashboard.css", "dashboard.js")
-
-
-class FleetView(Protocol):
-    """What the dashboard reads, as the fleet API reads it."""
-
-    def current(self) -> dict[str, NodeRecord]: ...
-
-    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]: ...
+FIRST_ONLY = frozenset({"table"})
+"""Parts a page is rendered with once, never streamed (the table's live parts are its
+rows and pager)."""
 
 
 class HeldNodes:
@@ -113,6 +119,10 @@ class HeldNodes:
 
     def __init__(self, held: Held) -> None:
         self.held = held
+
+    @property
+    def everything(self) -> bool:
+        return self.held.everything
 
     def nodes(self) -> list[str]:
         return [node for node, _ in self.held.items()]
@@ -128,8 +138,14 @@ def event(name: str, data: str) -> bytes:
     return f"event: {name}\n{lines}\n".encode()
 
 
+def live(element: str, part: str, tag: str = "div", klass: str = "") -> str:
+    """An element the page's script patches from the stream's events of its id."""
+    attribute = f' class="{klass}"' if klass else ""
+    return f'<{tag} id="{element}"{attribute} data-live>{part}</{tag}>'
+
+
 class DashboardActor:
-    """Serves the page's routes (added to the fleet API's app by :meth:`routes`) and keeps
+    """Serves the pages' routes (added to the fleet API's app by :meth:`routes`) and keeps
     the feeds they show; publishes only the commands an operator confirms."""
 
     name = "dashboard"
@@ -149,23 +165,35 @@ class DashboardActor:
         self.key = key if config.allow_ui_commands else None
         self.subjects = Subjects(config.prefix)
         self.history = History(config.dashboard_history_points)
+        self.fleet_history = FleetHistory(points_for(config.dashboard_history_interval))
         self.alerts = streams_history.AlertFeed(ALERT_FEED)
         self._alert_seq = 0
+        self.conditions = Conditions()
+        self.decisions: deque[Alert] = deque(maxlen=DECISIONS)
         self.results: dict[str, deque[CommandResult]] = {}
         self.partitions: list[leases.PartitionStatus] = []
         self.streams: Counter[str] = Counter()
         """Open event streams by session key ("" for those of a port without logins)."""
         self._snapshot: Snapshot | None = None
-        self.windows = MaintenanceWindows(bus, self.subjects)
+        self.facts = Facts(bus, self.subjects)
 
-    def _covering(self, record: NodeRecord) -> MaintenanceWindow | None:
-        return self.windows.covering(record, time.time())
+    def heartbeat(self, record: NodeRecord) -> Heartbeat | None:
+        return self.held.heartbeat(record.node_id) or record.heartbeat
+
+    def held_note(self) -> str:
+        if self.held.everything:
+            return "of every node"
+        return f"of the {len(self.held.nodes())} nodes this aggregator holds"
 
     # ----------------------------------------------------------------- routes
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/", self.overview)
         app.router.add_get("/ui/nodes/{node}", self.node_page)
+        app.router.add_get("/ui/gpus", self.gpus_page)
+        app.router.add_get("/ui/workloads", self.workloads_page)
+        app.router.add_get("/ui/policy", self.policy_page)
+        app.router.add_get("/ui/maintenance", self.maintenance_page)
         app.router.add_get("/ui/events", self.events)
         app.router.add_post("/ui/nodes/{node}/command", self.command)
         app.router.add_get("/ui/static/{name}", self.static)
@@ -196,66 +224,52 @@ class DashboardActor:
         takes a few tenths of a second: pages then update every few seconds)."""
         now = time.monotonic()
         if self._snapshot is None or now - self._snapshot.built >= self._snapshot.refresh:
-            records = list(self.view.current().values())
-            by_state, by_cluster = tally(records)
+            records = self.view.current()
+            wall = time.time()
+            windows = self.facts.in_force(wall)
+
+            def window(record: NodeRecord) -> MaintenanceWindow | None:
+                return self.facts.covering(record, wall, windows)
+
+            counted = tally(records.values(), self.facts.holds, window if windows else None)
             cost = time.monotonic() - now
-            self._snapshot = Snapshot(
-                records, by_state, by_cluster, now, max(PUSH_EVERY, cost / MAX_SHARE)
-            )
+            self._snapshot = Snapshot(records, counted, now, max(PUSH_EVERY, cost / MAX_SHARE))
         return self._snapshot
 
-    async def _overview_parts(self, query: render.Query) -> dict[str, str]:
-        snapshot = self.fleet()
-        found = snapshot.matching(query)
-        start = (query.page - 1) * render.PAGE_SIZE
-        page, total = found[start : start + render.PAGE_SIZE], len(found)
-        shown = await self.view.live_records(page)
-        now = time.time()
-        by_state, by_cluster = snapshot.by_state, snapshot.by_cluster
-        body = render.table(query, render.table_body(shown, now, self._covering), total)
-        rows_start = body.index('<tbody id="rows">') + len('<tbody id="rows">')
-        rows_end = body.index("</tbody>", rows_start)
-        pager = '<p class="pager" id="pager">'
-        pager_start = body.index(pager) + len(pager)
-        return {
-            "counts": render.counts(by_state, by_cluster),
-            "aggregators": render.aggregators(self.partitions),
-            "table": body,
-            "rows": body[rows_start:rows_end],
-            "pager": body[pager_start : body.index("</p>", pager_start)],
-        }
+    def _page(self, title: str, body: str, stream: str, here: str) -> web.Response:
+        return web.Response(
+            text=render.page(title, body, stream, here),
+            content_type="text/html",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def overview(self, request: web.Request) -> web.Response:
         query = query_of(request)
-        parts = await self._overview_parts(query)
-        feed = "".join(render.alert_item(alert) for _, alert in reversed(self.alerts))
+        got = await parts.overview_parts(self, query)
+        span = "last day" if query.day else "last hour"
+        other = query.url(span="" if query.day else "day")
         body = (
-            f'<section><h2>Fleet</h2><div id="counts">{parts["counts"]}</div></section>'
-            f'<section><h2>Alerts</h2><ul id="alerts">{feed}</ul></section>'
-            f"<section><h2>Nodes</h2>{parts['table']}</section>"
-            f'<section><h2>Aggregators</h2><div id="aggregators">{parts["aggregators"]}</div>'
-            "</section>"
+            '<section class="top">'
+            + live("counts", got["counts"])
+            + live("aggregators", got["aggregators"], klass="aggregators")
+            + "</section><section><h2>Conditions</h2>"
+            + live("conditions", got["conditions"])
+            + '<details class="raw"><summary>raw alert feed (the newest 50)</summary>'
+            + live("feed", got["feed"], "ul", "feed")
+            + f"</details></section><section><h2>Nodes</h2>{panels.LEGEND}{got['table']}"
+            + f"</section><section><h2>Fleet, {span} <small><a "
+            f'href="{render.esc(other)}">{"last hour" if query.day else "last day"}</a>'
+            "</small></h2>"
+            + live("fleet-charts", got["fleet-charts"], klass="charts")
+            + "</section>"
         )
-        stream = "/ui/events" + query.url()
-        return web.Response(text=render.page("GPU fleet", body, stream), content_type="text/html")
-
-    async def _node_parts(self, node: str) -> dict[str, str] | None:
-        record = self.view.current().get(node)
-        if record is None:
-            return None
-        (whole,) = await self.view.live_records([record])
-        now = time.time()
-        recent = list(self.results.get(node, ()))
-        return {
-            "detail": render.node_detail(whole, now, self._covering(whole)),
-            "charts": render.charts(self.history.series(node), now),
-            "results": "".join(render.result_item(r) for r in reversed(recent)),
-        }
+        stream = "/ui/events" + query.url(view="overview")
+        return self._page("GPU fleet", body, stream, "/")
 
     async def node_page(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
-        parts = await self._node_parts(node)
-        if parts is None:
+        got = await parts.node_parts(self, node)
+        if got is None:
             raise web.HTTPNotFound(text=f"no node {node} in the fleet")
         alerts, results = await streams_history.recent_history(
             self.bus, self.subjects, node, limit=20
@@ -266,23 +280,85 @@ class DashboardActor:
         if self.key is not None and session is not None:
             actions = (
                 f"<section><h2>Actions</h2>{render.actions_form(node, session.form_token)}"
-                f'<h3>Results</h3><ul id="results">{parts["results"]}</ul></section>'
+                f"<h3>Results</h3>{live('results', got['results'], 'ul')}</section>"
             )
         notice = request.query.get("sent", "")
         sent = f'<p class="notice">{render.esc(notice)}</p>' if notice else ""
         body = (
-            f"<section><h2>{render.esc(node)}</h2>{sent}"
-            f'<div id="detail">{parts["detail"]}</div></section>'
-            f'<section><h2>Last hour</h2><div class="charts" id="charts">{parts["charts"]}</div>'
-            f"</section>{actions}"
+            f"<section><h2>{render.esc(node)}</h2>{sent}{live('detail', got['detail'])}"
+            f"</section><section><h2>Last hour</h2>"
+            f"{live('charts', got['charts'], klass='charts')}</section>{actions}"
             f'<section><h2>Recent alerts and results</h2><ul id="history">{history}</ul></section>'
         )
-        stream = "/ui/events?node=" + render.esc(node)
-        return web.Response(text=render.page(node, body, stream), content_type="text/html")
+        stream = "/ui/events?" + urlencode({"view": "node", "node": node})
+        return self._page(node, body, stream, "")
+
+    async def gpus_page(self, request: web.Request) -> web.Response:
+        query = gpu_query_of(request)
+        got = await parts.gpu_parts(self, query)
+        body = (
+            "<section><h2>GPUs</h2><p>Every GPU of the fleet, as <code>fleetctl gpus</code> "
+            "lists them: readings from each node's last accepted heartbeat (a node that is "
+            f"not beating shows none).</p>{pages.gpu_form(query)}"
+            f"{live('gpus', got['gpus'])}</section>"
+        )
+        stream = "/ui/events" + query.url(view="gpus")
+        return self._page("GPUs", body, stream, "/ui/gpus")
+
+    async def _fact_page(
+        self, title: str, path: str, view: str, about: str, made: Awaitable[Parts]
+    ) -> web.Response:
+        got = await made
+        body = f"<section><h2>{title}</h2><p>{about}</p>{live(view, got[view])}</section>"
+        return self._page(title, body, f"/ui/events?view={view}", path)
+
+    async def workloads_page(self, request: web.Request) -> web.Response:
+        about = (
+            "Each workload the fleet placed (<code>fleetctl deploy NAME</code> without a "
+            "node), its replicas, where they run and why, as <code>fleetctl workloads "
+            "--why</code> says."
+        )
+        made = parts.workloads_parts(self)
+        return await self._fact_page("Workloads", "/ui/workloads", "workloads", about, made)
+
+    async def policy_page(self, request: web.Request) -> web.Response:
+        about = (
+            "The remediation policy's own records (<code>fleetctl policy status</code>): "
+            "its breaker, the nodes it holds and why, and its decisions."
+        )
+        made = parts.policy_parts(self)
+        return await self._fact_page("Policy", "/ui/policy", "policy", about, made)
+
+    async def maintenance_page(self, request: web.Request) -> web.Response:
+        about = (
+            "Maintenance windows (<code>fleetctl maintenance</code>): the nodes they cover "
+            "have their alerts recorded but not forwarded."
+        )
+        made = parts.maintenance_parts(self)
+        return await self._fact_page("Maintenance", "/ui/maintenance", "maintenance", about, made)
+
+    def _live_parts(self, request: web.Request) -> Callable[[], Awaitable[Parts | None]]:
+        """What the stream of ``request`` renders again at each push: its page's parts."""
+        view = request.query.get("view", "node" if "node" in request.query else "overview")
+        if view == "node":
+            node = request.query.get("node", "")
+            return lambda: parts.node_parts(self, node)
+        if view == "gpus":
+            wanted = gpu_query_of(request)
+            return lambda: parts.gpu_parts(self, wanted)
+        facts = {
+            "workloads": parts.workloads_parts,
+            "policy": parts.policy_parts,
+            "maintenance": parts.maintenance_parts,
+        }
+        if view in facts:
+            return lambda: facts[view](self)
+        query = query_of(request)
+        return lambda: parts.overview_parts(self, query)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        """The page's live parts, re-rendered every PUSH_EVERY seconds and sent when they
-        changed, and each new alert (overview) or result (node page) as it comes."""
+        """The page's live parts (``view`` names the page, the rest of the query is its
+        own), rendered again at each push and sent when they changed."""
         session = session_of(request)
         client = session.key if session is not None else ""
         if client and self.streams[client] >= self.config.dashboard_streams_per_client:
@@ -291,8 +367,7 @@ class DashboardActor:
             )
         if self.streams.total() >= MAX_STREAMS:
             raise web.HTTPServiceUnavailable(text="too many live pages open\n")
-        node = request.query.get("node", "")
-        query = query_of(request)
+        render_parts = self._live_parts(request)
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
         )
@@ -300,7 +375,7 @@ class DashboardActor:
         try:
             await response.prepare(request)
             with kept_open(request):
-                await self._stream(request, response, node, query)
+                await self._stream(request, response, render_parts)
         except (ConnectionResetError, TimeoutError):
             pass  # the page went away, or stopped reading
         finally:
@@ -321,30 +396,22 @@ class DashboardActor:
             await response.write(data)
 
     async def _stream(
-        self, request: web.Request, response: web.StreamResponse, node: str, query: render.Query
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        render_parts: Callable[[], Awaitable[Parts | None]],
     ) -> None:
         sent: dict[str, str] = {}
-        seen = self._alert_seq
         until = time.monotonic() + self.config.dashboard_stream_lifetime
         await self._write(response, b"retry: 2000\n\n")
         while self._streaming(request, until):
-            names: tuple[str, ...]
-            if node:
-                parts = await self._node_parts(node) or {}
-                names = ("detail", "charts", "results")
-            else:
-                parts = await self._overview_parts(query)
-                names = ("counts", "aggregators", "rows", "pager")
-            for name in names:
-                digest = hashlib.sha256(parts.get(name, "").encode()).hexdigest()
+            for name, part in (await render_parts() or {}).items():
+                if name in FIRST_ONLY:
+                    continue
+                digest = hashlib.sha256(part.encode()).hexdigest()
                 if sent.get(name) != digest:
-                    await self._write(response, event(name, parts.get(name, "")))
+                    await self._write(response, event(name, part))
                     sent[name] = digest
-            if not node:
-                for number, alert in list(self.alerts):
-                    if number > seen:
-                        await self._write(response, event("alert", render.alert_item(alert)))
-                seen = self._alert_seq
             await asyncio.sleep(max(0.0, min(self.fleet().refresh, until - time.monotonic())))
         # The page opens a new stream at once (its login and its slot checked again).
         await self._write(response, event("reconnect", ""))
@@ -388,6 +455,9 @@ class DashboardActor:
         if isinstance(entry.message, Alert):
             self._alert_seq += 1
             self.alerts.append((self._alert_seq, entry.message))
+            self.conditions.add(entry.message)
+            if entry.message.kind in pages.POLICY_KINDS:
+                self.decisions.append(entry.message)
 
     async def _on_result(self, msg: Msg) -> None:
         """A node's signed result, kept only if it verifies against the node's approved key
@@ -425,13 +495,15 @@ class DashboardActor:
         runs (decoding a heartbeat takes tens of µs: 100,000 of them take seconds)."""
         slot = self.history.begin(time.time())
         nodes = self.held.nodes()
+        totals = GpuTotals()
         for start in range(0, len(nodes), SAMPLE_CHUNK):
             for node in nodes[start : start + SAMPLE_CHUNK]:
                 beat = self.held.heartbeat(node)
                 if beat is not None:
-                    self.history.put(slot, node, beat)
+                    totals.add(beat, self.history.put(slot, node, beat))
             await asyncio.sleep(0)
         self.history.keep_only(set(nodes))
+        self.fleet_history.add(time.time(), self.fleet().counted.by_state, totals)
 
     async def _sample_forever(self) -> None:
         # The first round once the aggregator has had a moment to load what it holds.
@@ -450,7 +522,7 @@ class DashboardActor:
             tasks = [
                 asyncio.create_task(self._follow_partitions(), name="dashboard-partitions"),
                 asyncio.create_task(self._sample_forever(), name="dashboard-history"),
-                asyncio.create_task(self.windows.follow(), name="dashboard-maintenance"),
+                asyncio.create_task(self.facts.follow(), name="dashboard-facts"),
             ]
             ready()
             try:

@@ -2,8 +2,10 @@
 
 Every ``interval`` seconds the sampler takes one point of every node it is given (the
 nodes this aggregator holds): health score, hottest GPU temperature, mean GPU
-utilisation, GPU power in all, and the heartbeat interval seen since the last point
-(time between the two heartbeats over the seqs between them). Points of all nodes share
+utilisation, GPU power in all, and the heartbeat interval seen since the last point:
+the time between the two heartbeats over the beats between them, counting at most one
+beat per configured ``interval`` (an agent beats at once after a health change: such a
+beat is not a shorter cadence, and a silence still shows as a longer one). Points of all nodes share
 one clock (:attr:`History.times`), so a node keeps only its values, packed as
 :data:`POINT` says (7 bytes a point, each figure at the precision its source has: NVML
 reads whole degrees, percent and watts), in one ``bytearray`` used as a ring, behind the
@@ -87,7 +89,9 @@ def point(beat: Heartbeat, previous: tuple[float, int] | None) -> Point:
     powers = [gpu.power_w for gpu in gpus if gpu.power_w is not None]
     interval = None
     if previous is not None and beat.seq > previous[1]:
-        interval = (beat.ts - previous[0]) / (beat.seq - previous[1])
+        elapsed = beat.ts - previous[0]
+        cadence = max(1, round(elapsed / beat.interval)) if beat.interval > 0 else 1
+        interval = elapsed / min(beat.seq - previous[1], cadence)
     return Point(
         score=float(beat.health.score) if beat.health else None,
         hottest=max(temps) if temps else None,
@@ -119,8 +123,9 @@ class History:
             ring[offset : offset + POINT.size] = EMPTY
         return slot
 
-    def put(self, slot: int, node: str, beat: Heartbeat) -> None:
-        """Node ``node``'s point of the round at ``slot``, from its latest heartbeat."""
+    def put(self, slot: int, node: str, beat: Heartbeat) -> int:
+        """Node ``node``'s point of the round at ``slot``, from its latest heartbeat; the
+        heartbeats it sent since its last point (0 for its first)."""
         ring = self.nodes.get(node)
         previous: tuple[float, int] | None = None
         if ring is None:
@@ -133,6 +138,7 @@ class History:
         figures = zip(PACKINGS, sample.values(), strict=True)
         packed = (packing.pack(value) for packing, value in figures)
         POINT.pack_into(ring, LAST.size + slot * POINT.size, *packed)
+        return max(0, beat.seq - previous[1]) if previous is not None else 0
 
     def keep_only(self, nodes: set[str]) -> None:
         """Forget the nodes not in ``nodes`` (gone, or no longer held)."""

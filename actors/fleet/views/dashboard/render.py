@@ -1,8 +1,12 @@
 """The dashboard's HTML, rendered on the server from plain values: no template engine, no
 JavaScript framework. Every value that came from a node or an operator is escaped here
 (:func:`esc`), so a node's hostile label or reason is text on the page, never markup.
-Charts are inline SVG polylines; a GPU is three small bars (temperature, utilisation,
-memory)."""
+What only a node says of itself (its host name, versions, labels, who set its state) is
+labelled ``node says``; what the fleet recorded itself (the policy's hold, a maintenance
+window) is said as a fact. This module holds the page shell, the node table (a GPU is
+three small bars: temperature, utilisation, memory; marks for XIDs, ECC, lost GPUs,
+maintenance and the policy) and the node page's details; the overview's panels are in
+:mod:`.panels`, the charts in :mod:`.charts`, the other pages in :mod:`.pages`."""
 
 from __future__ import annotations
 
@@ -14,16 +18,18 @@ from urllib.parse import urlencode
 
 from actors.fleet.live import workload_status
 from actors.fleet.live.reader import LiveRecord
-from actors.fleet.storage.leases import PartitionStatus
-from actors.fleet.views.dashboard.history import SERIES
+from actors.fleet.views.dashboard.attention import CONCERNS, KNOWN_NOW
+from actors.fleet.views.dashboard.conditions import CLUSTER_NODE
 from actors.fleet.views.history import Entry
-from actors.runtime.spans import age, clock
-from schemas.events import Gpu, Health
+from actors.runtime.spans import age, clock, span
+from schemas.events import Gpu, Health, HostFacts
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
+from schemas.remediation import Hold
 from schemas.xid_catalog import rule_of
 
 PAGE_SIZE = 50
-SORTS = ("node", "cluster", "state", "health", "gpus", "seen")
+SORTS = ("attention", "node", "cluster", "state", "health", "gpus", "seen")
+"""The node table's orders; ``attention`` (the default) is problems first."""
 STATE_CLASS = {
     "active": "ok",
     "degraded": "warn",
@@ -35,6 +41,15 @@ STATE_CLASS = {
     "drained": "held",
 }
 ACTIONS = ("cordon", "drain", "uncordon")
+NAV = (
+    ("/", "Fleet"),
+    ("/ui/gpus", "GPUs"),
+    ("/ui/workloads", "Workloads"),
+    ("/ui/policy", "Policy"),
+    ("/ui/maintenance", "Maintenance"),
+)
+CLAIM = "node says"
+"""How a node's own claim is labelled."""
 
 
 def esc(value: object) -> str:
@@ -43,15 +58,20 @@ def esc(value: object) -> str:
 
 @dataclass(frozen=True)
 class Query:
-    """What the node table shows: filters, order and page (from the URL)."""
+    """What the overview shows: the node table's filters, order and page, and the
+    conditions' severity and kind (from the URL)."""
 
     state: str = ""
     cluster: str = ""
     labels: tuple[str, ...] = ()
     text: str = ""
-    sort: str = "node"
+    sort: str = "attention"
     descending: bool = False
     page: int = 1
+    severity: str = ""
+    kind: str = ""
+    day: bool = False
+    """The fleet's charts over the last day (else the last hour)."""
 
     def url(self, **changes: object) -> str:
         values: dict[str, object] = {
@@ -61,6 +81,9 @@ class Query:
             "sort": self.sort,
             "order": "desc" if self.descending else "asc",
             "page": self.page,
+            "severity": self.severity,
+            "kind": self.kind,
+            "span": "day" if self.day else "",
         }
         values.update(changes)
         pairs = [(k, str(v)) for k, v in values.items() if v not in ("", None)]
@@ -126,13 +149,9 @@ def health_cell(record: NodeRecord, health: Health | None, known: bool) -> str:
         for c in health.components
     )
     return (
-        f"<td><details><summary>{record.health_score} {esc(health.status)}</summary>"
-        f"<ul>{parts}</ul></details></td>"
+        f'<td><details data-key="health"><summary>{record.health_score} {esc(health.status)}'
+        f"</summary><ul>{parts}</ul></details></td>"
     )
-
-
-KNOWN_STATES = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
-"""States in which a node's last heartbeat says how it is now."""
 
 
 def maintenance_badge(window: MaintenanceWindow | None) -> str:
@@ -143,35 +162,99 @@ def maintenance_badge(window: MaintenanceWindow | None) -> str:
     return f' <span class="badge held" title="{esc(title)}">maintenance</span>'
 
 
-def node_row(record: NodeRecord, now: float, window: MaintenanceWindow | None = None) -> str:
+def marks(record: NodeRecord, window: MaintenanceWindow | None, hold: Hold | None) -> str:
+    """Small marks after the state: XIDs, uncorrectable ECC errors and lost GPUs in its
+    last heartbeat, a spot notice, the maintenance window and the policy's hold."""
     beat = record.heartbeat
-    known = record.state in KNOWN_STATES
     gpus = beat.sample.gpus if beat is not None and beat.sample is not None else []
-    spot = beat.spot.notice if beat is not None and beat.spot is not None else None
+    out = []
+    codes = sorted({xid.code for gpu in gpus for xid in gpu.xids})
+    if codes:
+        shown = ",".join(map(str, codes[:3])) + ("…" if len(codes) > 3 else "")
+        out.append(f'<span class="mark bad" title="XIDs reported">XID {esc(shown)}</span>')
+    ecc = sum(gpu.ecc_uncorrected or 0 for gpu in gpus)
+    if ecc:
+        out.append(f'<span class="mark bad" title="uncorrectable ECC errors">ECC {ecc}</span>')
+    lost = sum(1 for gpu in gpus if gpu.lost)
+    if lost:
+        out.append(f'<span class="mark bad" title="GPUs lost">lost {lost}</span>')
+    if beat is not None and beat.spot is not None and beat.spot.notice is not None:
+        notice = f"{beat.spot.notice.provider} {beat.spot.notice.kind}"
+        out.append(f'<span class="mark warn" title="{esc(notice)}">spot</span>')
+    if window is not None:
+        title = f"window {window.id}: {window.reason or 'no reason given'}"
+        out.append(f'<span class="mark held" title="{esc(title)}">maintenance</span>')
+    if hold is not None:
+        text = "policy needs a person" if hold.needs_attention else f"policy {hold.action}"
+        title = f"{hold.reason_class}: {hold.reason}"
+        out.append(f'<span class="mark held" title="{esc(title)}">{esc(text)}</span>')
+    return "".join(f" {mark}" for mark in out)
+
+
+def why(record: NodeRecord, rank: int | None, hold: Hold | None, now: float) -> str:
+    """What needs a person in the node, in a few words: its concern and the reason its
+    last heartbeat or the fleet gives; empty when nothing does."""
+    if rank is None:
+        return ""
+    beat = record.heartbeat
+    reason = ""
+    if CONCERNS[rank] == "policy needs a person" and hold is not None:
+        reason = hold.hook_error or f"remediated too often ({hold.reason})"
+    elif CONCERNS[rank] in ("unhealthy", "degraded") and beat is not None and beat.health:
+        bad = [c for c in beat.health.checks if c.status in ("degraded", "unhealthy")]
+        reason = "; ".join(f"{c.name}: {c.reason}" for c in bad[:2])
+    elif CONCERNS[rank] in ("stale", "offline"):
+        since = record.offline_since if record.state == "offline" else record.stale_since
+        reason = f"silent for {span(now - since)}" if since else ""
+    elif CONCERNS[rank] == "refused":
+        reason = f"heartbeats refused: {record.refused}"
+    elif CONCERNS[rank] == "waits for approval":
+        reason = "fleetctl approve it, or forget it"
+    text = CONCERNS[rank] + (f": {reason}" if reason else "")
+    return f'<span class="why r{rank}">{esc(text)}</span>'
+
+
+def node_row(
+    record: NodeRecord,
+    now: float,
+    window: MaintenanceWindow | None = None,
+    hold: Hold | None = None,
+    rank: int | None = None,
+) -> str:
+    """One row of the node table: ``window``, ``hold`` and ``rank`` are what the fleet
+    knows beside the record (:mod:`.facts`, :mod:`.attention`)."""
+    beat = record.heartbeat
+    known = record.state in KNOWN_NOW
+    gpus = beat.sample.gpus if beat is not None and beat.sample is not None else []
     workloads = ", ".join(w.name for w in beat.workloads) if beat is not None else ""
     reason = beat.schedulability_reason if beat is not None and known else ""
     node = esc(record.node_id)
     cells = [
         f'<td><a href="/ui/nodes/{node}">{node}</a></td>',
         f"<td>{esc(record.cluster)}</td>",
-        f"<td>{state_badge(record.state)}{maintenance_badge(window)}</td>",
+        f"<td>{state_badge(record.state)}{marks(record, window, hold)}</td>",
+        f"<td>{why(record, rank, hold, now) or '-'}</td>",
         health_cell(record, beat.health if beat else None, known),
         f"<td>{gpu_bars(gpus) if known else '-'}</td>",
         age_cell(record.last_stored or record.last_seen, now),
         f"<td>{esc(record.schedulability if known else '-')}"
         f"{f' <small>{esc(reason)}</small>' if reason else ''}</td>",
-        f"<td>{esc(f'{spot.provider} {spot.kind}') if spot else '-'}</td>",
         f"<td>{esc(workloads) or '-'}</td>",
     ]
-    return f'<tr data-node="{node}">{"".join(cells)}</tr>'
+    return f'<tr data-node="{node}" data-key="{node}">{"".join(cells)}</tr>'
+
+
+FactsOf = Callable[[NodeRecord], tuple[MaintenanceWindow | None, Hold | None, int | None]]
+"""What the fleet knows beside a record: its maintenance window, the policy's hold and
+its concern's rank."""
 
 
 def table_body(
     records: Iterable[NodeRecord],
     now: float,
-    windows: Callable[[NodeRecord], MaintenanceWindow | None] = lambda record: None,
+    facts: FactsOf = lambda record: (None, None, None),
 ) -> str:
-    rows = [node_row(record, now, windows(record)) for record in records]
+    rows = [node_row(record, now, *facts(record)) for record in records]
     return "".join(rows) or '<tr><td colspan="9">no nodes match</td></tr>'
 
 
@@ -182,6 +265,7 @@ def table(query: Query, body: str, total: int) -> str:
         ("node", "Node"),
         ("cluster", "Cluster"),
         ("state", "State"),
+        ("attention", "Needs a person"),
         ("health", "Health"),
         ("gpus", "GPUs"),
         ("seen", "Last heartbeat"),
@@ -190,7 +274,7 @@ def table(query: Query, body: str, total: int) -> str:
         mark = (" ▼" if query.descending else " ▲") if query.sort == key else ""
         url = query.url(sort=key, order="desc" if descending else "asc", page=1)
         headings.append(f'<th><a href="{esc(url)}">{title}{mark}</a></th>')
-    headings += ["<th>Schedulability</th>", "<th>Spot</th>", "<th>Workloads</th>"]
+    headings += ["<th>Schedulability</th>", "<th>Workloads</th>"]
     pages = max(1, math.ceil(total / PAGE_SIZE))
     pager = f"page {query.page} of {pages} ({total} node{'s' if total != 1 else ''})"
     if query.page > 1:
@@ -209,42 +293,23 @@ def table(query: Query, body: str, total: int) -> str:
     )
     return (
         f'{form}<table id="nodes"><thead><tr>{"".join(headings)}</tr></thead>'
-        f'<tbody id="rows">{body}</tbody></table><p class="pager" id="pager">{pager}</p>'
+        f'<tbody id="rows" data-live>{body}</tbody></table><p class="pager" id="pager" data-live>'
+        f"{pager}</p>"
     )
 
 
-def counts(by_state: dict[str, int], by_cluster: dict[str, dict[str, int]]) -> str:
-    states = "".join(
-        f"<li>{state_badge(state)} {count}</li>" for state, count in sorted(by_state.items())
-    )
-    clusters = "".join(
-        f"<tr><td>{esc(cluster)}</td><td>"
-        + " ".join(f"{esc(s)} {n}" for s, n in sorted(states_of.items()))
-        + "</td></tr>"
-        for cluster, states_of in sorted(by_cluster.items())
-    )
-    return f'<ul class="counts">{states}</ul><table class="clusters">{clusters}</table>'
-
-
-def aggregators(rows: Sequence[PartitionStatus]) -> str:
-    """Each partition of FLEET_HB: who holds it and how far behind its consumer is."""
-    lines = "".join(
-        f"<tr><td>{esc(row.partition)}</td><td>{esc(row.holder or '(nobody)')}</td>"
-        f"<td>{fmt(row.renewed_ago, ' s ago', 1) if row.holder else '-'}</td>"
-        f"<td>{row.pending}</td><td>{row.unacked}</td></tr>"
-        for row in rows
-    )
-    return (
-        "<table><thead><tr><th>Partition</th><th>Holder</th><th>Renewed</th>"
-        f"<th>Pending</th><th>Unacked</th></tr></thead><tbody>{lines}</tbody></table>"
-    )
+def node_link(node: str) -> str:
+    """A link to the node's page; an alert about a whole cluster links the policy page."""
+    if node == CLUSTER_NODE:
+        return '<a href="/ui/policy">the cluster</a>'
+    return f'<a href="/ui/nodes/{esc(node)}">{esc(node)}</a>'
 
 
 def alert_item(alert: Alert) -> str:
+    """One alert, as the raw feed and a node's history list it."""
     when = clock(alert.ts, "%H:%M:%S")
     return (
-        f'<li class="{esc(alert.severity)}"><time>{when}Z</time> '
-        f'<a href="/ui/nodes/{esc(alert.node_id)}">{esc(alert.node_id)}</a> '
+        f'<li class="{esc(alert.severity)}"><time>{when}Z</time> {node_link(alert.node_id)} '
         f"{esc(alert.kind)}: {esc(alert.message)}</li>"
     )
 
@@ -255,38 +320,6 @@ def result_item(result: CommandResult) -> str:
         f"<li><time>{when}Z</time> {esc(result.command_id[:8])}… "
         f"<b>{esc(result.status)}</b> {esc(result.detail)}</li>"
     )
-
-
-def chart(title: str, points: Sequence[tuple[float, float]], now: float) -> str:
-    """An inline SVG line of ``points`` over the last hour, with its latest value."""
-    width, height = 300, 80
-    start = now - 3600
-    if not points:
-        line = ""
-        latest = "no data yet"
-    else:
-        low = min(value for _, value in points)
-        high = max(value for _, value in points)
-        span = (high - low) or 1.0
-        coords = " ".join(
-            f"{(ts - start) / 3600 * width:.1f},"
-            f"{height - 4 - (value - low) / span * (height - 8):.1f}"
-            for ts, value in points
-        )
-        line = f'<polyline points="{coords}"/>'
-        if len(points) == 1:
-            x, y = coords.split(",")
-            line = f'<circle cx="{x}" cy="{y}" r="2"/>'
-        latest = f"{points[-1][1]:g} (min {low:g}, max {high:g})"
-    return (
-        f'<figure class="chart" data-points="{len(points)}"><figcaption>{esc(title)}: '
-        f'{esc(latest)}</figcaption><svg viewBox="0 0 {width} {height}" width="{width}" '
-        f'height="{height}" role="img"><title>{esc(title)}, last hour</title>{line}</svg></figure>'
-    )
-
-
-def charts(series: Sequence[Sequence[tuple[float, float]]], now: float) -> str:
-    return "".join(chart(title, points, now) for title, points in zip(SERIES, series, strict=True))
 
 
 def who_set(record: NodeRecord) -> str:
@@ -301,15 +334,90 @@ def who_set(record: NodeRecord) -> str:
     return f" <small>({esc('; '.join(parts))})</small>" if parts else ""
 
 
-def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None = None) -> str:
-    """The latest heartbeat, readable: checks, XIDs, GPUs, engines, workloads, Slurm, latency."""
+def labels_list(labels: dict[str, str]) -> str:
+    items = "".join(
+        f"<li><code>{esc(key)}={esc(value)}</code></li>" for key, value in sorted(labels.items())
+    )
+    return f'<ul class="labels">{items}</ul>' if items else "none"
+
+
+def fleet_facts(
+    record: NodeRecord, now: float, window: MaintenanceWindow | None, hold: Hold | None
+) -> str:
+    """What the fleet recorded itself of the node: the maintenance window covering it
+    (started by an operator's verified request) and the remediation policy's hold."""
+    rows = []
+    if window is not None:
+        scope = ", ".join(window.nodes) or labels_text(window.selector)
+        rows.append(
+            f"<tr><th>Maintenance</th><td>window <b>{esc(window.id)}</b> until "
+            f"{esc(clock(window.until))} ({esc(window.reason or 'no reason given')}; "
+            f"covers {esc(scope)}{' in ' + esc(window.cluster) if window.cluster else ''}; "
+            f"by operator {esc(window.by[:12])}…): alerts recorded, not forwarded</td></tr>"
+        )
+    else:
+        rows.append("<tr><th>Maintenance</th><td>no window covers it</td></tr>")
+    if hold is not None:
+        status = "needs a person (fleetctl policy clear)" if hold.needs_attention else "held"
+        if hold.healthy_since is not None and not hold.needs_attention:
+            status = f"healthy for {span(now - hold.healthy_since)}, to be released"
+        hooks = ", ".join(hold.hooks_done) or "none"
+        running = f"; running {hold.hook_running}" if hold.hook_running else ""
+        error = f"; last hook failed: {hold.hook_error}" if hold.hook_error else ""
+        rows.append(
+            f"<tr><th>Remediation policy</th><td>{esc(hold.action)} since "
+            f"{esc(clock(hold.since))} for {esc(hold.reason_class)}: {esc(hold.reason)}; "
+            f"{esc(status)}; hooks done: {esc(hooks)}{esc(running)}{esc(error)}</td></tr>"
+        )
+    else:
+        rows.append("<tr><th>Remediation policy</th><td>holds nothing of it</td></tr>")
+    return f'<table class="facts">{"".join(rows)}</table>'
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(labels.items())) or "-"
+
+
+def host_block(record: NodeRecord) -> str:
+    """Host and versions as the node says them (its claims, labelled so), and its labels."""
+    beat = record.heartbeat
+    sample = beat.sample if beat is not None else None
+    host: HostFacts | None = sample.host if sample is not None else None
+    rows = [
+        ("Host name", sample.hostname if sample is not None else ""),
+        ("Agent", record.agent_version or (beat.agent_version if beat else "")),
+        ("GPU driver", host.gpu_driver_version if host else ""),
+        ("CUDA (driver)", host.cuda_driver_version if host else ""),
+        ("CPU", host.cpu_model if host else ""),
+        ("Up", span(host.uptime_s) if host else ""),
+        ("Memory used", f"{host.memory_used_pct:.0f} %" if host else ""),
+        ("Programs", "; ".join(dep.version for dep in host.dependencies) if host else ""),
+    ]
+    cells = "".join(f"<tr><th>{name}</th><td>{esc(value or '-')}</td></tr>" for name, value in rows)
+    return (
+        f'<h3>Host and versions <small class="claim">({CLAIM})</small></h3>'
+        f'<table class="facts">{cells}<tr><th>Labels</th><td>{labels_list(record.labels)}'
+        "</td></tr></table>"
+    )
+
+
+def node_detail(
+    record: NodeRecord,
+    now: float,
+    window: MaintenanceWindow | None = None,
+    hold: Hold | None = None,
+) -> str:
+    """The latest heartbeat, readable: the fleet's facts of the node (maintenance, the
+    policy), checks, XIDs, GPUs, host and versions, labels, engines, workloads, Slurm,
+    latency."""
     beat = record.heartbeat
     parts = [
         f"<p>{state_badge(record.state)}{maintenance_badge(window)} in {esc(record.cluster)}, "
         "last heartbeat "
         f'<span class="age" data-ts="{(record.last_stored or record.last_seen):.3f}">'
         f"{esc(age(now - (record.last_stored or record.last_seen)))}</span> (seq "
-        f"{record.last_seq}), {esc(record.schedulability)}{who_set(record)}</p>"
+        f"{record.last_seq}), {esc(record.schedulability)}{who_set(record)}</p>",
+        fleet_facts(record, now, window, hold),
     ]
     if beat is None:
         return "".join(parts) + "<p>No heartbeat kept.</p>"
@@ -341,6 +449,7 @@ def node_detail(record: NodeRecord, now: float, window: MaintenanceWindow | None
             f"</thead><tbody>{rows}</tbody></table>"
         )
         parts.append(xid_table(gpus))
+    parts.append(host_block(record))
     if beat.engine is not None and beat.engine.engines:
         engines = "".join(
             f"<li>{esc(e.kind)} {esc(e.url)}: {'healthy' if e.healthy else 'unhealthy'}</li>"
@@ -389,13 +498,17 @@ def entries(history: Sequence[Entry]) -> str:
     return "".join(reversed(items)) or "<li>nothing yet</li>"
 
 
-def page(title: str, body: str, stream: str) -> str:
-    """The page shell: styles, the live script and its event stream's URL."""
+def page(title: str, body: str, stream: str, here: str = "/") -> str:
+    """The page shell: styles, the pages' links (``here`` marked), the live script and
+    its event stream's URL."""
+    nav = "".join(
+        f'<a href="{path}"{" class=here" if path == here else ""}>{name}</a>' for path, name in NAV
+    )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title>"
         '<link rel="stylesheet" href="/ui/static/dashboard.css"></head>'
-        f'<body data-stream="{esc(stream)}"><header><a href="/">GPU fleet</a>'
+        f'<body data-stream="{esc(stream)}"><header><b>GPU fleet</b><nav>{nav}</nav>'
         f'<span id="live" class="live">connecting…</span></header>'
         f"<main>{body}</main>"
         '<script src="/ui/static/dashboard.js"></script></body></html>'

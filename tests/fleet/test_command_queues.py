@@ -1,0 +1,136 @@
+"""The aggregator's command-consumer keeper checks what changed, never every consumer a round."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from actors.fleet.aggregator import command_queues
+from actors.runtime.bus import NatsBus
+from schemas.subjects import STREAM_COMMANDS, Subjects, command_consumer
+from tests.support.fleet import wait_for
+
+Node = tuple[str, str]
+
+
+class Nodes:
+    """The admitted nodes a keeper is given, and how many rounds have asked for them."""
+
+    def __init__(self, *nodes: Node) -> None:
+        self.nodes = list(nodes)
+        self.rounds = 0
+
+    def __call__(self) -> list[Node]:
+        self.rounds += 1
+        return list(self.nodes)
+
+
+@asynccontextmanager
+async def api_requests(bus: NatsBus, prefix: str) -> AsyncIterator[list[str]]:
+    """Every consumer API request about FLEET_CMD the server is sent meanwhile (by
+    subject), seen by a plain subscriber beside the server's own."""
+    seen: list[str] = []
+    stream = Subjects(prefix).stream_name(STREAM_COMMANDS)
+
+    async def note(msg: Msg) -> None:
+        if msg.subject.split(".")[4:5] == [stream]:
+            seen.append(msg.subject)
+
+    subscription = await bus.subscribe("$JS.API.CONSUMER.>", note)
+    await bus.flush()
+    try:
+        yield seen
+    finally:
+        await subscription.unsubscribe()
+
+
+@asynccontextmanager
+async def keeping(
+    bus: NatsBus, prefix: str, admitted: Callable[[], list[Node]]
+) -> AsyncIterator[None]:
+    """:func:`command_queues.keep_forever` running every 20 ms, its full check never due."""
+    task = asyncio.create_task(
+        command_queues.keep_forever(bus, Subjects(prefix), admitted, 0.02, 1e6)
+    )
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def exists(bus: NatsBus, prefix: str, node: Node) -> bool:
+    stream = Subjects(prefix).stream_name(STREAM_COMMANDS)
+    try:
+        await bus.js.consumer_info(stream, command_consumer(*node))
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
+
+
+async def has_consumers(bus: NatsBus, prefix: str, count: int) -> bool:
+    """Whether FLEET_CMD has ``count`` consumers, asked without a consumer API request
+    (which :func:`api_requests` would see)."""
+    info = await bus.js.stream_info(Subjects(prefix).stream_name(STREAM_COMMANDS))
+    return info.state.consumer_count == count
+
+
+def listings(seen: list[str]) -> list[str]:
+    return [s for s in seen if ".CONSUMER.LIST." in s or ".CONSUMER.NAMES." in s]
+
+
+async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) -> None:
+    """Once a node's consumer is made, rounds with nothing changed send no consumer
+    request at all; a node admitted later costs one info and one create, no listing."""
+    admitted = Nodes(("c1", "n1"))
+    async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
+        await wait_for(lambda: has_consumers(bus, prefix, 1))
+        await wait_for(lambda: admitted.rounds >= 3)
+        seen.clear()
+        rounds = admitted.rounds
+        await wait_for(lambda: admitted.rounds >= rounds + 10)
+        assert seen == []
+        admitted.nodes.append(("c1", "n2"))
+        await wait_for(lambda: has_consumers(bus, prefix, 2))
+        await wait_for(lambda: admitted.rounds >= rounds + 15)
+    assert listings(seen) == []
+    assert [s.split(".")[3] for s in seen] == ["INFO", "CREATE"]
+    assert await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, prefix: str) -> None:
+    """A node's consumer deleted by hand is created again within a few rounds, told by
+    the server's advisory, without a listing of every consumer (the full check is never
+    due here); a node no longer admitted is not put back."""
+    admitted = Nodes(("c1", "n1"), ("c1", "n2"))
+    stream = Subjects(prefix).stream_name(STREAM_COMMANDS)
+    async with keeping(bus, prefix, admitted):
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n2")))
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+        async with api_requests(bus, prefix) as seen:
+            await bus.js.delete_consumer(stream, command_consumer("c1", "n1"))
+            await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+        assert listings(seen) == []
+        admitted.nodes.remove(("c1", "n2"))
+        rounds = admitted.rounds
+        await bus.js.delete_consumer(stream, command_consumer("c1", "n2"))
+        await wait_for(lambda: admitted.rounds >= rounds + 10)
+        assert not await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_many_new_nodes_are_checked_against_one_listing(bus: NatsBus, prefix: str) -> None:
+    """More nodes new at once than a listing's page (300 > 256) are checked against a
+    listing of names, not one info each, and every one gets its consumer."""
+    admitted = Nodes(("c1", "n0"))
+    async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
+        await wait_for(lambda: has_consumers(bus, prefix, 1))
+        admitted.nodes += [("c1", f"n{i}") for i in range(1, 301)]
+        await wait_for(lambda: has_consumers(bus, prefix, 301), timeout=60)
+    kinds = [subject.split(".")[3] for subject in seen]
+    assert kinds.count("CREATE") == 301
+    assert "INFO" not in kinds
+    assert kinds.count("NAMES") >= 1

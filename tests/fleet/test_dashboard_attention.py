@@ -1,0 +1,84 @@
+"""What needs a person on the dashboard: each node's concern, the fleet's counts and the
+node table's default order, problems first."""
+
+from __future__ import annotations
+
+import msgspec
+
+from actors.fleet.views.dashboard.attention import CONCERNS, concern, tally
+from actors.fleet.views.dashboard.render import Query
+from actors.fleet.views.dashboard.table import matching
+from schemas.messages import MaintenanceWindow, NodeRecord
+from schemas.remediation import Hold
+
+GAVE_UP = Hold(
+    reason_class="gpu", reason="GPU 0 lost", action="cordon", command_id="c", since=1.0,
+    needs_attention=True,
+)  # fmt: skip
+WINDOW = MaintenanceWindow(id="w", since=0.0, until=9e9, by="U")
+
+
+def record(node: str, state: str, **changes: object) -> NodeRecord:
+    made = NodeRecord(node_id=node, cluster="c1", state=state, last_seq=1, last_seen=1.0)
+    return msgspec.structs.replace(made, **changes)
+
+
+def test_concerns_rank_what_needs_a_person() -> None:
+    """A node the policy gave up on ranks before an unhealthy one (even cordoned), then
+    offline, stale, degraded, refused and pending; a node in a maintenance window, a
+    healthy one and a stale node's old health have none or rank as silence."""
+    ranks = [
+        concern(record("a", "cordoned", health_status="unhealthy"), GAVE_UP, None),
+        concern(record("b", "cordoned", health_status="unhealthy"), None, None),
+        concern(record("c", "offline"), None, None),
+        concern(record("d", "stale", health_status="unhealthy"), None, None),
+        concern(record("e", "degraded", health_status="degraded"), None, None),
+        concern(record("f", "active", refused="replay"), None, None),
+        concern(record("g", "pending"), None, None),
+    ]
+    assert ranks == list(range(len(CONCERNS)))
+    assert concern(record("h", "stale"), None, WINDOW) is None
+    assert concern(record("i", "active", health_status="healthy"), None, None) is None
+    assert concern(record("j", "cordoned", health_status="healthy"), None, None) is None
+
+
+def test_the_counts_say_health_policy_and_maintenance_beside_states() -> None:
+    """A node cordoned by the policy for a lost GPU at score 49 counts as cordoned, as
+    unhealthy, as held by the policy and as needing a person; deregistered nodes do not
+    count; a window's node counts as in maintenance and needs nobody."""
+    records = [
+        record("held", "cordoned", health_status="unhealthy", health_score=49),
+        record("hot", "degraded", health_status="degraded"),
+        record("quiet", "stale"),
+        record("fixing", "stale"),
+        record("fine", "active", health_status="healthy"),
+        record("gone", "deregistered"),
+    ]
+    counted = tally(
+        records,
+        {("c1", "held"): GAVE_UP},
+        lambda made: WINDOW if made.node_id == "fixing" else None,
+    )
+    assert counted.by_state == {"cordoned": 1, "degraded": 1, "stale": 2, "active": 1}
+    assert counted.by_cluster == {"c1": counted.by_state}
+    assert (counted.unhealthy, counted.degraded) == (1, 1)
+    assert (counted.policy_held, counted.policy_needs, counted.maintenance) == (1, 1, 1)
+    assert counted.concerns == {"held": 0, "quiet": 3, "hot": 4}
+    assert counted.by_concern == {0: 1, 3: 1, 4: 1} and counted.total == 5
+
+
+def test_the_table_opens_problems_first() -> None:
+    """The default order: by concern, then the lowest score, then name; the rest by
+    name after them, whatever their names."""
+    records = [
+        record("a-fine", "active", health_status="healthy", health_score=100),
+        record("b-degraded-70", "degraded", health_status="degraded", health_score=70),
+        record("c-stale", "stale"),
+        record("d-degraded-60", "degraded", health_status="degraded", health_score=60),
+        record("e-fine", "active", health_status="healthy", health_score=95),
+    ]
+    counted = tally(records, {})
+    order = [made.node_id for made in matching(records, Query(), counted.concerns)]
+    assert order == ["c-stale", "d-degraded-60", "b-degraded-70", "a-fine", "e-fine"]
+    by_name = [made.node_id for made in matching(records, Query(sort="node"), counted.concerns)]
+    assert by_name == sorted(by_name)
