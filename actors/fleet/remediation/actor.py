@@ -162,13 +162,14 @@ class RemediationActor:
             while True:
                 if following.done():
                     following.result()  # its own feed's watch failed: restarted with it
+                # A round the feed was not complete for (as the round began: it may be
+                # by its end) decided nothing and is tried again soon.
+                decided = self.feed.complete
                 try:
                     await self.round()
                 except (nats.errors.Error, TimeoutError, FleetError) as exc:
                     log.warning("policy round failed", extra={"reason": str(exc)})
-                # A round the feed was not complete for is tried again soon.
-                complete = self.feed.complete
-                await asyncio.sleep(jittered(self.config.interval) if complete else FEED_WAIT)
+                await asyncio.sleep(jittered(self.config.interval) if decided else FEED_WAIT)
         finally:
             for task in self.hook_tasks:
                 task.cancel()
