@@ -12,8 +12,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 import msgspec
 import nats
@@ -25,7 +25,10 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from actors.runtime import nats_headers  # noqa: F401  (installs the faster header parser)
+from actors.runtime import (
+    nats_headers,  # noqa: F401  (installs the faster header parser)
+    sniff,
+)
 from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError
@@ -203,20 +206,23 @@ class NatsBus:
                 # nats-py retries an unreachable server forever by itself (we ask it to,
                 # for reconnects); the deadline turns that into a clear answer.
                 async with asyncio.timeout(connect_timeout):
-                    await nc.connect(
-                        servers=urls,
-                        name=name,
-                        connect_timeout=max(1, round(connect_timeout)),
-                        allow_reconnect=True,
-                        max_reconnect_attempts=-1,
-                        reconnect_time_wait=2,
-                        dont_randomize=True,
-                        nkeys_seed_str=nkey_seed,
-                        inbox_prefix=inbox_prefix,
-                        tls=tls,
-                        error_cb=events.error,
-                        disconnected_cb=events.disconnected,
-                        reconnected_cb=events.reconnected,
+                    await _unless_not_nats(
+                        server,
+                        nc.connect(
+                            servers=urls,
+                            name=name,
+                            connect_timeout=max(1, round(connect_timeout)),
+                            allow_reconnect=True,
+                            max_reconnect_attempts=-1,
+                            reconnect_time_wait=2,
+                            dont_randomize=True,
+                            nkeys_seed_str=nkey_seed,
+                            inbox_prefix=inbox_prefix,
+                            tls=tls,
+                            error_cb=events.error,
+                            disconnected_cb=events.disconnected,
+                            reconnected_cb=events.reconnected,
+                        ),
                     )
                 # nats-py upgrades only when the server says tls_required, so a tls:// URL
                 # to a plaintext server would silently stay plaintext.
@@ -571,6 +577,31 @@ def _reason(exc: BaseException, tls: ssl.SSLContext | None = None) -> str:
     if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:
         return "no server answered (is nats-server running and the URL right?)"
     return text
+
+
+async def _unless_not_nats(server: str, connecting: Coroutine[Any, Any, None]) -> None:
+    """Await ``connecting``; beside it, for one nats:// or tls:// URL, look at what answers
+    there (:mod:`actors.runtime.sniff`): an HTTP port or another service is a
+    ConnectionError saying so at once, not a connect timeout later."""
+    scheme = server.split("://", 1)[0] if "://" in server else "nats"
+    connect = asyncio.ensure_future(connecting)
+    if "," in server or scheme not in ("nats", "tls"):
+        await connect
+        return
+    look = asyncio.create_task(sniff.not_nats(server))
+    try:
+        await asyncio.wait({connect, look}, return_when=asyncio.FIRST_COMPLETED)
+        if not connect.done() and (reason := await look) is not None:
+            raise ConnectionError(reason)
+        await connect
+    finally:
+        look.cancel()
+        # nats-py swallows a cancel that lands while it opens a connection (and tries
+        # again): cancel until it has ended. The caller's deadline bounds this too.
+        while not connect.done():
+            connect.cancel()
+            await asyncio.wait({connect}, timeout=0.05)
+        await asyncio.gather(connect, look, return_exceptions=True)
 
 
 class _ConnectionEvents:

@@ -53,7 +53,7 @@ async def stale_cordoned(fleet: Fleet, tmp_path: Path) -> History:
     assert (await results.final(command.id)).status == "done"
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "cordoned")
     await agent.stop(goodbye=False)  # a crash: stale
-    await wait_for(lambda: any(a.kind == "stale" for a in results.alerts), timeout=15)
+    await wait_for(lambda: any(a.kind == "stale" for a in results.alerts))
     return History(fleet, command.id)
 
 

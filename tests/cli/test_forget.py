@@ -12,7 +12,8 @@ import pytest
 
 from actors.cli.fleetctl.main import main
 from actors.fleet.operator.commands import new_command, publish_command
-from actors.fleet.storage.registry import NotFound, read_record, trust_entry
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, trust_entry
 from actors.fleet.views import history
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
@@ -140,7 +141,6 @@ async def test_forget_raises_forgotten_and_its_beats_are_refused_as_forgotten(
     found = await wait_for(
         lambda: _with(alerts_of(bus, prefix), lambda a: ("forgotten", "forget-") in kinds(a)
                       and any(k == "forgotten" and e.startswith("s") for k, e in kinds(a))),
-        timeout=15,
     )  # fmt: skip
     lifecycle = next(a for a in found if a.id.rsplit(":", 1)[1].startswith("forget-"))
     assert lifecycle.details["by"] == operator.public_key and lifecycle.details["reason"] == "rma"

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.views import live
 from actors.node.agent import NodeAgent
 from actors.runtime.embedded import NatsServer
 from schemas import signing
@@ -185,7 +185,7 @@ async def test_workloads_and_free_gpus_show_right_after_deploy(
             and beat.sample.capacity.gpus_available == 1
         )
 
-    await wait_for(shown, timeout=15)
+    await wait_for(shown)
     code, out, err = await workloads(nats_server, prefix, "--json")
     assert code == 0, err
     assert [(w["name"], w["state"], w["gpus"]) for w in json.loads(out)] == [("chat", "ready", [0])]

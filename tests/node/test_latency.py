@@ -55,7 +55,7 @@ async def test_probes_are_answered_and_silent_peers_count_as_loss(
         prober(fleet, "n1", peers=["n2", "ghost"], **settings),
         prober(fleet, "n2", peers=[], max_peers=0, **settings),
     )
-    await wait_for(lambda: len(got) >= 2, timeout=30)  # the ghost costs 2 s a round
+    await wait_for(lambda: len(got) >= 2)  # the ghost costs 2 s a round
     latest = got[-1]
     peers = {peer.target_node_id: peer for peer in latest.peers}
     assert peers["n2"].rtt_us is not None and peers["n2"].loss_pct == 0.0
@@ -181,6 +181,6 @@ async def test_hung_engine_and_silent_peer_never_delay_heartbeats(
     def after(record: NodeRecord) -> bool:
         return record.last_seq >= first.last_seq + beats
 
-    await wait_record(bus, prefix, "n1", after, timeout=20)
+    await wait_record(bus, prefix, "n1", after)
     elapsed = time.monotonic() - started
     assert elapsed < 8.0, f"{beats} heartbeats took {elapsed:.1f}s"

@@ -14,7 +14,8 @@ from nats.aio.client import Client
 
 from actors.cli.fleetctl.main import main
 from actors.fleet.aggregator import pending
-from actors.fleet.storage.registry import read_record, read_records, trust_entry
+from actors.fleet.storage.records import read_record, read_records
+from actors.fleet.storage.registry import trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import MAX_CANDIDATES, NodeRecord, Registration, RegistrationReply
@@ -82,7 +83,7 @@ async def test_pending_records_expire(fleet: Fleet, bus: NatsBus, prefix: str) -
     assert await spam(fleet, prefix, 4, **settings) == ["pending"] * 3 + [
         "too many pending registrations"
     ]
-    await wait_for(lambda: _none_pending(bus, prefix), timeout=10)
+    await wait_for(lambda: _none_pending(bus, prefix))
     async with attacker(fleet.url) as nc:
         assert (await register(nc, prefix, "late")).status == "pending"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
@@ -20,7 +21,7 @@ from schemas import codec, signing
 from schemas.messages import Alert
 from schemas.subjects import Subjects
 from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_for, wait_record
-from tests.system.test_resilience import free_port
+from tests.support.ports import free_port
 
 PREFIX = "outage"
 NODES = [f"n{index}" for index in range(1, 6)]

@@ -15,7 +15,7 @@ from actors.cli.fleetctl.views import node_record
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
-from actors.fleet.storage import registry
+from actors.fleet.live import reader as live
 from actors.fleet.views import history
 from actors.runtime.bus import Bus
 from schemas.errors import FleetError
@@ -75,7 +75,7 @@ async def chosen_nodes(bus: Bus, subjects: Subjects, args: argparse.Namespace) -
     a listed node the fleet has no record of is an error naming the closest known."""
     if not args.node and not args.label:
         return None
-    records = await registry.read_records(bus, subjects)
+    records = await live.stored_records(bus, subjects)
     known = {record.node_id for record in records}
     listed = expand_nodes(args.node) if args.node else sorted(known)
     unknown = [node for node in listed if node not in known]

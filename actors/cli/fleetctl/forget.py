@@ -29,7 +29,7 @@ from actors.cli.fleetctl.trust import confirm
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
-from actors.fleet.storage import registry
+from actors.fleet.live import reader as live
 from actors.runtime import spans
 from actors.runtime.bus import Bus
 from schemas import codec, signing
@@ -112,7 +112,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
         sys.stdout.write(reply_line(node, reply))
         return 0
     async with connected(args, "fleetctl") as bus:
-        records = await registry.read_records(bus, subjects)
+        records = await live.stored_records(bus, subjects)
         if args.node:
             known = {record.node_id for record in records}
             unknown = [node for node in expand_nodes(args.node) if node not in known]

@@ -25,9 +25,10 @@ from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
 from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
+from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.storage import settings as settings_store
-from actors.fleet.views import history, live
+from actors.fleet.views import history
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -105,7 +106,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         while True:
             every = [
                 r
-                for r in await registry.read_records(bus, subjects)
+                for r in await live.stored_records(bus, subjects)
                 if args.all or "deregistered" in states or r.state != "deregistered"
             ]
             records = [
@@ -328,7 +329,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     names = expand_nodes(args.node)
     async with connected(args, "fleetctl") as bus:
         if len(names) > 1:
-            known = {record.node_id for record in await registry.read_records(bus, subjects)}
+            known = {record.node_id for record in await live.stored_records(bus, subjects)}
             unknown = [name for name in names if name not in known]
             if unknown:
                 hint = did_you_mean(unknown[0], known)
@@ -378,7 +379,7 @@ async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecor
     try:
         return await live.read_node(bus, subjects, node)
     except registry.NotFound as exc:
-        known = [record.node_id for record in await registry.read_records(bus, subjects)]
+        known = [record.node_id for record in await live.stored_records(bus, subjects)]
         raise FleetError(f"{exc}{did_you_mean(node, known)}") from None
 
 
