@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import difflib
 import json
 import os
 import sys
@@ -384,11 +385,14 @@ async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecor
 
 
 def node_output(text: str) -> str:
-    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
+    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``; a typo is
+    answered with the closest (``did you mean 'json'?``)."""
     if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
         return text
+    close = difflib.get_close_matches(text, tables.NODE_OUTPUTS, n=1)
     raise argparse.ArgumentTypeError(
         f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
+        + (f"; did you mean '{close[0]}'?" if close else "")
     )
 
 
