@@ -120,8 +120,8 @@ async def test_watch_folds_a_storm_into_one_line_and_no_group_shows_each(fleet: 
 
 
 def test_a_group_names_nodes_once_and_counts_repeats() -> None:
-    """One node raising the same alert three times in a window is one line that says so;
-    a group of one alert is that alert's own line."""
+    """One node raising three alerts of a kind in a window is one line that says so; a
+    group of one alert (however often delivered) is that alert's own line."""
     entries = [
         Entry(ts=100.0 + n, subject="s", message=alert, body=codec.encode(alert))
         for n, alert in enumerate(
@@ -137,10 +137,10 @@ def test_a_group_names_nodes_once_and_counts_repeats() -> None:
             for n in range(3)
         )
     ]
-    group = storms.Group(first=entries[0], count=3, nodes={"sim-001"})
+    group = storms.Group(first=entries[0], ids={"a0", "a1", "a2"}, nodes={"sim-001"})
     line = storms.group_line(("info", "anomaly", "local"), group)
     assert line.split()[1:] == [
         *("info", "1", "node", "anomaly", "in", "cluster", "local", "(sim-001,", "3", "alerts)")
     ]
-    lone = storms.Group(first=entries[0], nodes={"sim-001"})
+    lone = storms.Group(first=entries[0], ids={"a0"}, nodes={"sim-001"})
     assert storms.group_line(("info", "anomaly", "local"), lone) == tables.event_line(entries[0])

@@ -18,8 +18,9 @@ GROUP_WINDOW = 2.0
 """Seconds of alerts folded into one line by default (``--group-window``)."""
 
 MAX_GROUP_NODES = 100_000
-"""Node names one group keeps (a fleet's worth): alerts past it are counted, not named, so
-a flood of made-up names within a window cannot grow the process without bound."""
+"""Alert ids and node names one group keeps (a fleet's worth): alerts past it are left out
+of the count, so a flood of made-up ones within a window cannot grow the process without
+bound."""
 
 Key = tuple[str, str, str]
 """(severity, kind, cluster) of the alerts one line folds."""
@@ -28,10 +29,11 @@ Key = tuple[str, str, str]
 @dataclass
 class Group:
     """The alerts of one key since ``first`` (its first alert's time): the first entry,
-    how many there were, and the nodes they named (at most MAX_GROUP_NODES)."""
+    the ids of the alerts (one alert delivered twice, by two aggregators, counts once) and
+    the nodes they named, each at most MAX_GROUP_NODES."""
 
     first: Entry
-    count: int = 1
+    ids: set[str] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
 
@@ -39,13 +41,13 @@ class Group:
 def group_line(key: Key, group: Group) -> str:
     """``<time> warning  80 nodes stale in cluster local (sim-001 ... sim-080)``; a group of
     one alert is that alert's own line."""
-    if group.count == 1:
+    if len(group.ids) <= 1:
         return tables.event_line(group.first)
     severity, kind, cluster = key
     ends = sorted(group.nodes)
     named = f"{ends[0]} ... {ends[-1]}" if len(ends) > 1 else ends[0]
     count = tables.nodes(len(group.nodes))
-    repeats = f", {group.count} alerts" if group.count != len(group.nodes) else ""
+    repeats = f", {len(group.ids)} alerts" if len(group.ids) != len(group.nodes) else ""
     return tables.printable(
         f"{clock(group.first.ts)} {severity:<8} {count} {kind} in cluster {cluster} "
         f"({named}{repeats})"
@@ -76,9 +78,8 @@ class AlertGroups:
         if group is None:
             group = self.open[key] = Group(first=entry)
             group.timer = asyncio.get_running_loop().call_later(self.window, self.flush, key)
-        else:
-            group.count += 1
-        if len(group.nodes) < MAX_GROUP_NODES:
+        if len(group.ids) < MAX_GROUP_NODES:
+            group.ids.add(message.id)
             group.nodes.add(message.node_id)
 
     def flush(self, key: Key) -> None:
