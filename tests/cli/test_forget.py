@@ -197,7 +197,8 @@ async def test_forget_by_selector_lists_asks_and_forgets_only_the_chosen(
 ) -> None:
     """forget -l / --state --older-than / a range: the chosen nodes are listed first;
     --dry-run and a refused question (no terminal, no --yes) change nothing; with --yes
-    each chosen node is forgotten and no other; an unknown listed name is an error."""
+    each chosen node is forgotten and no other; an unknown listed name, or no node and no
+    selector, is an error."""
     subjects = Subjects(prefix)
     operator = signing.load_key_file(operator_file)
     await fleet.start_aggregator(trust_operators=[operator.public_key])
@@ -227,6 +228,8 @@ async def test_forget_by_selector_lists_asks_and_forgets_only_the_chosen(
     assert (code, err) == (1, "error: no node to forget matches the selector\n")
     code, _, err = await fleetctl(capsys, fleet, "forget", "n[3-4]", "--dry-run")
     assert (code, err) == (1, "error: no such node: n4\n")
+    code, _, err = await fleetctl(capsys, fleet, "forget", *key)
+    assert code == 2 and err.startswith("error: name the nodes: NODE")
     assert await states() == before
 
     stopped = ["--state", "stopped", "--older-than", "1ms", "--yes", *key]
