@@ -196,6 +196,9 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     """What the node made of the fleet's settings (KV ``fleet_settings``): the revision it
     reached, the keys in force and their entries, those waiting for a restart and those
     refused; None from agents that predate fleet settings."""
+    started: UnixTime | None = None
+    """When this boot of the agent started (the node's clock): the agent's uptime, beside
+    the host's in ``sample.host``. None from agents that predate it."""
 
 
 class Cordon(Wire, frozen=True, kw_only=True, tag="cordon", tag_field="kind"):
@@ -301,6 +304,7 @@ AlertKind = Literal[
     "stopped",
     "forgotten",
     "revoked",
+    "bus_outage",
 ]
 
 REFUSALS: frozenset[AlertKind] = frozenset(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import importlib.util
 import os
@@ -167,6 +168,13 @@ def verify_with(key: bytes, public_key: str, headers: Mapping[str, str], body: b
         raise SignatureError("signature does not match the body", public_key)
 
 
+def sodium_verify_detached(signature: bytes, body: bytes, length: int, key: bytes) -> int:
+    """libsodium's ``crypto_sign_verify_detached`` (:func:`_load_detached_verify`): 0 when
+    ``signature`` is ``key``'s over ``body``."""
+    return _load_detached_verify()(signature, body, length, key)
+
+
+@functools.cache
 def _load_detached_verify() -> Callable[[bytes, bytes, int, bytes], int]:
     """libsodium's ``crypto_sign_verify_detached``, from the library PyNaCl itself loaded
     (its wheels build libsodium into ``nacl._sodium``; one linked to a system libsodium
@@ -176,7 +184,9 @@ def _load_detached_verify() -> Callable[[bytes, bytes, int, bytes], int]:
     aggregator's CPU per heartbeat (three runs side by side: 6.3, 4.8, 2.0 %). Both end
     in the same libsodium check (``crypto_sign_ed25519_open`` runs this function's body
     on the same bytes), so they accept and refuse exactly the same signatures
-    (tests/schemas/test_subjects_signing.py compares them)."""
+    (tests/schemas/test_subjects_signing.py compares them). Loaded at the first check,
+    not at import: declaring it parses C (pycparser), which every process that imports
+    the schemas, ``fleetctl --version`` included, paid at start."""
     ffi = cffi.FFI()
     ffi.cdef(
         "int crypto_sign_verify_detached(const unsigned char *sig, const unsigned char *m,"
@@ -188,9 +198,6 @@ def _load_detached_verify() -> Callable[[bytes, bytes, int, bytes], int]:
     function: Callable[[bytes, bytes, int, bytes], int]
     function = library.crypto_sign_verify_detached  # type: ignore[attr-defined]  # cdef'd
     return function
-
-
-sodium_verify_detached = _load_detached_verify()
 
 
 def create_key_file(path: Path) -> KeyPair:

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
-import nats.errors
 
 from actors.runtime import config_docs
-from actors.runtime.bus import NatsBus
 from actors.runtime.config import (
     DEFAULT_SERVER,
     DurationError,
@@ -26,10 +23,12 @@ from actors.runtime.config import (
     list_fields,
     parse_duration,
 )
-from actors.runtime.tls import client_context
-from schemas import signing
 from schemas.errors import FleetError, InvalidToken
 from schemas.subjects import check_token
+
+if TYPE_CHECKING:
+    from actors.runtime.bus import NatsBus
+    from schemas.signing import KeyPair
 
 CLIENT_ENV_PREFIX = "FLEETCTL_"
 
@@ -112,6 +111,46 @@ def flag_name(name: str) -> str:
     return f"--{SINGULAR_FLAGS.get(name, name).replace('_', '-')}"
 
 
+class Setting(NamedTuple):
+    """Which setting a flag sets: its help line is read from here when asked for."""
+
+    config_type: type[msgspec.Struct]
+    name: str
+    env_prefix: str
+
+
+class _SettingHelp(argparse.Action):
+    """A setting's flag whose help line (:func:`config_docs.flag_help`: docstring,
+    default, variable) is built when something reads it (``--help``, completion, the
+    docs), not with the parser: building the help of node-agent's 207 flags took longer
+    than the rest of a command's start, and most runs never show it."""
+
+    def __init__(self, *args: Any, setting: Setting, **kwargs: Any) -> None:
+        self.setting = setting
+        super().__init__(*args, **kwargs)
+
+    @property
+    def help(self) -> str:
+        config_type, name, env_prefix = self.setting
+        return config_docs.flag_help(config_type, name, env_prefix).replace("%", "%%")
+
+    @help.setter
+    def help(self, given: str | None) -> None:
+        """argparse sets ``help=None`` as it builds the action; the setting's text stands."""
+
+
+class _SettingStore(_SettingHelp, argparse._StoreAction):
+    pass
+
+
+class _SettingAppend(_SettingHelp, argparse._AppendAction):
+    pass
+
+
+class _SettingSwitch(_SettingHelp, argparse.BooleanOptionalAction):
+    pass
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser,
     config_type: type[msgspec.Struct],
@@ -120,7 +159,7 @@ def add_config_flags(
 ) -> None:
     """``--config FILE`` and one flag per field of ``config_type`` but those in ``skip``,
     so flags, env and TOML can never drift apart; each flag's help is the setting's own
-    docstring and default (:mod:`actors.runtime.config_docs`)."""
+    docstring and default (:mod:`actors.runtime.config_docs`), built when read."""
     parser.add_argument(
         "--config", type=Path, help="TOML file of settings (flags and env variables beat it)"
     )
@@ -128,25 +167,23 @@ def add_config_flags(
     for field in msgspec.structs.fields(config_type):
         if field.name in skip:
             continue
-        doc = config_docs.flag_help(config_type, field.name, env_prefix).replace("%", "%%")
+        setting = Setting(config_type, field.name, env_prefix)
         flag = f"--{field.name.replace('_', '-')}"
         if field.name in lists:
             # Each use appends its text; build() splits the items on commas.
             shown = flag_name(field.name)
             metavar = shown.removeprefix("--").replace("-", "_").upper()
-            parser.add_argument(shown, dest=field.name, action="append", metavar=metavar, help=doc)
+            parser.add_argument(
+                shown, dest=field.name, action=_SettingAppend, metavar=metavar, setting=setting
+            )
             if flag != shown:
                 parser.add_argument(flag, dest=field.name, action="append", help=argparse.SUPPRESS)
         elif field.type is bool:
             parser.add_argument(
-                flag,
-                dest=field.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=doc,
+                flag, dest=field.name, action=_SettingSwitch, default=None, setting=setting
             )
         else:
-            parser.add_argument(flag, dest=field.name, help=doc)
+            parser.add_argument(flag, dest=field.name, action=_SettingStore, setting=setting)
 
 
 def settings_from(
@@ -180,7 +217,13 @@ async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[NatsBu
 
 @asynccontextmanager
 async def connected_to(config: ClientConfig, name: str) -> AsyncIterator[NatsBus]:
-    """A connection by resolved settings (a ``fleetctl simulate`` worker gets its parent's)."""
+    """A connection by resolved settings (a ``fleetctl simulate`` worker gets its parent's).
+    NATS, TLS and the keys are imported here, by the commands that connect: the others
+    (``--version``, ``--help``, ``keys``, ``config``) start without them."""
+    from actors.runtime.bus import NatsBus
+    from actors.runtime.tls import client_context
+    from schemas import signing
+
     seed = signing.load_key_file(Path(config.nkey_file)).seed if config.nkey_file else None
     tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
     bus = await NatsBus.connect(config.server, name, nkey_seed=seed, connect_timeout=3.0, tls=tls)
@@ -206,9 +249,11 @@ def operator_key_file(args: argparse.Namespace) -> Path:
     return Path(configured) if configured else default_operator_key()
 
 
-def operator_key(args: argparse.Namespace) -> signing.KeyPair:
+def operator_key(args: argparse.Namespace) -> KeyPair:
     """The operator key pair of :func:`operator_key_file`; a missing one is an error that
     says how to make one (or where ``fleetctl up`` keeps its own)."""
+    from schemas import signing
+
     path = operator_key_file(args)
     if not path.exists():
         raise FleetError(
@@ -230,19 +275,31 @@ def contexts_path() -> Path:
 
 def version() -> str:
     """The installed package's version, for ``--version``."""
+    import importlib.metadata  # only for --version (_InstalledVersion)
+
     try:
         return importlib.metadata.version("nats-node-agent")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
 
+class _InstalledVersion(argparse._VersionAction):
+    """``--version``, read from the installed package when given: importlib.metadata
+    costs more than the rest of a short command's start, and only this flag needs it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"{parser.prog} {version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"{parser.prog} {version()}",
-        help="print the version and exit",
-    )
+    parser.add_argument("--version", action=_InstalledVersion, help="print the version and exit")
 
 
 def strict(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -307,22 +364,32 @@ def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(entry())
     except FleetError as exc:
         return fail(str(exc))
-    except nats.errors.Error as exc:
-        return fail(f"NATS: {exc}")
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        import nats.errors  # here, not above: a command that never connects starts without
+
+        if not isinstance(exc, nats.errors.Error):
+            raise
+        return fail(f"NATS: {exc}")
 
 
-def stop_event() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (the second one exits at once)."""
+def stop_event(
+    last_words: Callable[[], None] | None = None,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> asyncio.Event:
+    """An event set by one of ``signals``; the second one calls ``last_words`` (what must
+    not outlive the process: a child in a process group of its own) and exits at once."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
         if stop.is_set():
+            if last_words is not None:
+                last_words()
             os._exit(130)
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         loop.add_signal_handler(sig, on_signal)
     return stop

@@ -18,7 +18,6 @@ from typing import Any, NoReturn
 
 from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, connected_to, settings_from
 from actors.cli.fleetctl import contexts
-from actors.runtime import kv
 from schemas.subjects import BUCKET_NODES, Subjects
 
 COMPLETION_TIMEOUT = 1.5
@@ -41,6 +40,8 @@ def node_completer(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> li
 
 async def node_names(prefix: str, args: argparse.Namespace) -> list[str]:
     """The node ids starting with ``prefix``; TimeoutError past COMPLETION_TIMEOUT."""
+    from actors.runtime import kv  # NATS only for a Tab, not for every command's start
+
     async with asyncio.timeout(COMPLETION_TIMEOUT):
         contexts.apply(args)
         config = settings_from(args, ClientConfig, CLIENT_ENV_PREFIX)

@@ -1,23 +1,28 @@
 """``node-agent``: the node-side command line (init, start, register, status, inject,
-gateway-key)."""
+gateway-key).
+
+The agent, NATS and aiohttp are imported by the commands that use them (start,
+register, inject, gateway-key), so ``status``, ``init``, ``key show`` and ``--version``
+start in a fraction of the time (tests/bench/bench_startup.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import re
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import argcomplete
 import msgspec
-import nats.errors
 
 from actors.cli.common import (
     add_config_flags,
@@ -32,23 +37,25 @@ from actors.cli.common import (
     strict,
 )
 from actors.cli.completion import SuggestingParser
-from actors.fleet.storage import registry
-from actors.node import cloud, deregistration
-from actors.node.agent import NodeAgent, inbox_prefix
-from actors.node.config import ENV_PREFIX, AgentConfig, default_node_id, default_state_dir
+from actors.node import deregistration
+from actors.node.config import (
+    ENV_PREFIX,
+    HTTP_PORT_FILE,
+    AgentConfig,
+    default_node_id,
+    default_state_dir,
+)
 from actors.node.deregistration import EXIT_DEREGISTERED
-from actors.node.gateway import access
-from actors.node.http_api import PORT_FILE
-from actors.node.inventory.actor import read_identity
-from actors.runtime import config_docs, logs
-from actors.runtime.bus import Bus, NatsBus, publish_signed_event
+from actors.runtime import config_docs
 from actors.runtime.config import DEFAULT_SERVER, build
-from actors.runtime.tls import client_context
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.events import Inject
 from schemas.messages import Registration, RegistrationReply
 from schemas.subjects import EVENT_INJECT, Subjects
+
+if TYPE_CHECKING:
+    from actors.runtime.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--url",
         help="the agent's HTTP address (default: 127.0.0.1 and the port the agent wrote to "
-        f"<state dir>/{PORT_FILE}, else {DEFAULT_STATUS_URL})",
+        f"<state dir>/{HTTP_PORT_FILE}, else {DEFAULT_STATUS_URL})",
     )
     status.add_argument(
         "--state-dir",
@@ -174,20 +181,28 @@ def add_key_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML config file, as for start")
 
 
+def start_config(args: argparse.Namespace) -> AgentConfig:
+    """The settings ``start`` would run with (file, variables, ``--state-dir``)."""
+    flags = {"state_dir": args.state_dir}
+    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags)
+
+
 def key_path(args: argparse.Namespace) -> Path:
     if args.key_file is not None:
         return Path(args.key_file)
-    flags = {"state_dir": args.state_dir}
-    return build(AgentConfig, ENV_PREFIX, file=args.config, flags=flags).key_path
+    return start_config(args).key_path
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
+    """Create the seed; the approve line names the node as ``start`` will (its config's
+    ``node_id``, its variable, else the host name)."""
     path = key_path(args)
+    node = start_config(args).node_id
     pair = signing.create_key_file(path)
     sys.stdout.write(f"{pair.public_key}\n")
     sys.stderr.write(
         f"seed written to {path} (mode 0600); approve the node with:\n"
-        f"  fleetctl approve <node-id> {pair.public_key}\n"
+        f"  fleetctl approve {node} {pair.public_key}\n"
     )
     return 0
 
@@ -203,6 +218,8 @@ async def cmd_key_show(args: argparse.Namespace) -> int:
 
 async def cmd_gateway_key(args: argparse.Namespace) -> int:
     """A new key on stdout; only its hash goes into the file (mode 0600 when created)."""
+    from actors.node.gateway import access
+
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.name):
         return fail(f"key name {args.name!r}: use letters, digits, ., _ and - (at most 64)")
     key = access.new_key()
@@ -219,6 +236,9 @@ async def cmd_gateway_key(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
+    from actors.node.agent import NodeAgent
+    from actors.runtime import logs
+
     layers = layers_from(args, AgentConfig, ENV_PREFIX)
     config = layers.build()
     logs.setup(config.log_level, config.log_format)
@@ -258,6 +278,12 @@ async def register(config: AgentConfig) -> RegistrationReply | None:
     """Send this node's signed registration (with its enrollment token, if any, and its
     identity: host name, GPUs, cloud and instance type); the aggregator's reply, or None
     when none answered in REGISTER_TIMEOUT."""
+    from actors.node import cloud
+    from actors.node.agent import inbox_prefix
+    from actors.node.inventory.actor import read_identity
+    from actors.runtime.bus import NatsBus
+    from actors.runtime.tls import client_context
+
     key = signing.load_key_file(config.key_path)
     registration = Registration(
         node_id=config.node_id,
@@ -297,6 +323,8 @@ async def enroll_at_start(config: AgentConfig) -> None:
     """``start --enroll-token``: register with the token before the actors start, so the
     first heartbeats find the key approved. A failure is logged, not fatal: the agent
     runs (and is refused) until an operator approves it, as without a token."""
+    import nats.errors
+
     signing.load_or_create_key_file(config.key_path)
     try:
         reply = await register(config)
@@ -318,12 +346,18 @@ async def publish_inject(bus: Bus, prefix: str, inject: Inject, key: signing.Key
     """Publish one fault, signed by ``key``, to the node's inject subject and make sure the
     server has it. The agent takes it only when signed by a trusted operator key, once,
     within max_command_lifetime."""
+    from actors.runtime.bus import publish_signed_event
+
     subject = Subjects(prefix).event(inject.node_id, EVENT_INJECT)
     await publish_signed_event(bus, subject, inject, key)
     await bus.flush()
 
 
 async def cmd_inject(args: argparse.Namespace) -> int:
+    from actors.fleet.storage import registry
+    from actors.runtime.bus import NatsBus
+    from actors.runtime.tls import client_context
+
     needs_value = args.fault in ("temp", "util", "xid")
     spot = args.fault == "spot"
     if needs_value and args.value is None:
@@ -386,32 +420,56 @@ def status_url(args: argparse.Namespace) -> str:
         return str(args.url).rstrip("/")
     state_dir = args.state_dir or Path(build(AgentConfig, ENV_PREFIX, file=args.config).state_dir)
     try:
-        port = int((state_dir / PORT_FILE).read_text())
+        port = int((state_dir / HTTP_PORT_FILE).read_text())
     except FileNotFoundError:
         if args.state_dir:
             raise FleetError(
-                f"no agent serves HTTP from {state_dir} (no {PORT_FILE} there)"
+                f"no agent serves HTTP from {state_dir} (no {HTTP_PORT_FILE} there)"
             ) from None
         return DEFAULT_STATUS_URL
     except (OSError, ValueError) as exc:
-        raise FleetError(f"cannot read {state_dir / PORT_FILE}: {exc}") from None
+        raise FleetError(f"cannot read {state_dir / HTTP_PORT_FILE}: {exc}") from None
     return f"http://127.0.0.1:{port}"
+
+
+MAX_STATUS_BYTES = 4 * 1024 * 1024
+"""The most of an answer ``node-agent status`` reads (an agent's is a few KB)."""
+
+
+def get_status(url: str, timeout: float) -> tuple[int, bytes]:
+    """GET ``url`` (no proxy: the agent is local), each socket operation bounded by
+    ``timeout``, with the standard library's client (it starts in a tenth of aiohttp's
+    time): the HTTP status and the body. Raises urllib's errors, or FleetError for an
+    answer too large."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as response:
+        status: int = response.status
+        body: bytes = response.read(MAX_STATUS_BYTES + 1)
+    if len(body) > MAX_STATUS_BYTES:
+        raise FleetError(f"{url} answered more than {MAX_STATUS_BYTES} bytes")
+    return status, body
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
     args.url = status_url(args)
     url = f"{args.url}/status"
+    late = f"the agent at {args.url} did not answer within {args.timeout:g}s"
     try:
-        timeout = aiohttp.ClientTimeout(total=args.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(url) as response:
-                if response.status != 200:
-                    return fail(f"{url} answered HTTP {response.status}")
-                body = await response.read()
+        async with asyncio.timeout(args.timeout):
+            code, body = await asyncio.to_thread(get_status, url, args.timeout)
+    except urllib.error.HTTPError as exc:
+        code, body = exc.code, b""
     except TimeoutError:
-        return fail(f"the agent at {args.url} did not answer within {args.timeout:g}s")
-    except aiohttp.ClientError as exc:
-        return fail(f"cannot reach the agent at {args.url} ({type(exc).__name__}); is it running?")
+        return fail(late)
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            return fail(late)
+        reason = exc.reason if isinstance(exc.reason, str) else type(exc.reason).__name__
+        return fail(f"cannot reach the agent at {args.url} ({reason}); is it running?")
+    except (OSError, ValueError) as exc:
+        return fail(f"cannot reach the agent at {args.url} ({exc}); is it running?")
+    if code != 200:
+        return fail(f"{url} answered HTTP {code}")
     try:
         status = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -560,7 +618,10 @@ def _us(value: int | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     root = parser()
-    argcomplete.autocomplete(root)
+    if "_ARGCOMPLETE" in os.environ:
+        import argcomplete  # a Tab's work, not every command's
+
+        argcomplete.autocomplete(root)
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         root.print_help()

@@ -65,6 +65,11 @@ def _is_loopback_ip(host: str) -> bool:
         return False
 
 
+HTTP_PORT_FILE = "http.port"
+"""The file in the state dir where the agent writes the port its HTTP API serves on
+(``node-agent status`` reads it)."""
+
+
 def default_state_dir() -> str:
     """``$XDG_STATE_HOME/node-agent`` (``~/.local/state/node-agent``)"""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from actors.node.config import AgentConfig
+from actors.node.config import HTTP_PORT_FILE, AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.labels import cloud_labels, found_labels, node_labels
@@ -46,8 +46,6 @@ from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
-
-PORT_FILE = "http.port"
 
 
 class HttpApiActor:
@@ -206,4 +204,4 @@ class HttpApiActor:
     def port_file(self) -> Path:
         """``<state_dir>/http.port``: the bound port, so ``node-agent status`` finds an
         agent serving on a port picked for it (``http_port = 0``, as in ``fleetctl up``)."""
-        return Path(self.config.state_dir) / PORT_FILE
+        return Path(self.config.state_dir) / HTTP_PORT_FILE

@@ -7,6 +7,13 @@ concurrently, each bounded by ``probe_timeout``, and keeps loss over a sliding w
 It runs beside the heartbeat, never in its path: a silent peer costs one timeout here.
 Its peers, interval and timeout follow the fleet's live settings (``settings`` events).
 
+A probe counts as lost only when the path is to blame. One that timed out is first given
+its last chance: a round trip to the server (whose answer comes after anything the server
+sent us before it) and a short wait for our own callback. It is then not judged at all
+(neither answered nor lost) when this node's bus was down (the bus outage is one event of
+its own, not a loss per peer) or when this agent's own loop was busy: the timeout fired
+more than ``BUSY_LATE`` late, so an answer may have been waiting unread.
+
 Each probe waits on an inbox of its own, ``_INBOX.<us>.probe.<peer>.<token>``: under the
 shipped permissions only that peer may publish there (and only we may read), the token is
 random, and an answer counts only with the probe's nonce and the peer's name. Answers
@@ -24,6 +31,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Literal
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -57,7 +65,15 @@ DISCOVER_EVERY = 6
 KV_TIMEOUT = 5.0
 DISCOVER_LIMIT = 4096
 """Discovery reads at most 4,096 records (a fleet larger than that is seen in part)."""
-NOT_PEERS = {"pending", "offline", "deregistered"}
+NOT_PEERS = {"pending", "offline", "deregistered", "stale", "stopped"}
+"""States whose nodes cannot answer (or are not admitted): probing them is no measure."""
+BUSY_LATE = 0.25
+"""Seconds a probe's timeout may fire late before this agent's loop counts as too busy
+to have read the answer in time (the probe is then not judged)."""
+CALLBACK_GRACE = 0.05
+"""Seconds a timed-out probe waits, after a round trip to the server, for our callback."""
+Outcome = int | Literal["lost", "unjudged"]
+"""A probe's round trip in microseconds, ``lost``, or ``unjudged`` (see the module doc)."""
 ANSWERS_PER_ASKER = 10
 """Probes answered per second to one asker (an honest one probes us once a round)."""
 ANSWERS_PER_SECOND = 500
@@ -138,10 +154,11 @@ class LatencyActor:
         found.sort(key=lambda node: hashlib.sha256(f"{me}:{node}".encode()).digest())
         return found[: self.config.max_peers]
 
-    async def probe_peer(self, node: str) -> int | None:
-        """Round trip in microseconds, or None when no valid answer came in time. Anything
-        else on the probe's inbox (a wrong nonce or name, a malformed body) is ignored and
-        the probe keeps waiting for its answer."""
+    async def probe_peer(self, node: str) -> Outcome:
+        """Round trip in microseconds, ``lost`` when no valid answer came in time (after
+        its last chance), or ``unjudged`` (module doc). Anything else on the probe's inbox
+        (a wrong nonce or name, a malformed body) is ignored and the probe keeps waiting
+        for its answer."""
         nonce = secrets.token_hex(16)
         inbox = probe_reply(self.config.node_id, node, nonce)
         body = codec.encode(Probe(from_node=self.config.node_id, nonce=nonce, sent_at=time.time()))
@@ -158,16 +175,33 @@ class LatencyActor:
         try:
             subscription = await self.bus.subscribe(inbox, on_reply)
         except nats.errors.Error:
-            return None
+            return "unjudged" if not self.bus.connected else "lost"
+        start = time.perf_counter()
         try:
-            start = time.perf_counter()
             await self.bus.publish(self.subjects.probe(node), body, reply=inbox)
             async with asyncio.timeout(self.config.probe_timeout):
-                return round((await answered - start) * 1e6)
+                return round((await asyncio.shield(answered) - start) * 1e6)
         except (nats.errors.Error, TimeoutError):
-            return None
+            late = time.perf_counter() - start - self.config.probe_timeout
+            return await self._last_chance(answered, start, late)
         finally:
             await unsubscribe_quietly(subscription)
+
+    async def _last_chance(
+        self, answered: asyncio.Future[float], start: float, late: float
+    ) -> Outcome:
+        """A timed-out probe's verdict: answered after all, lost, or not judged."""
+        try:
+            await self.bus.flush(self.config.probe_timeout)
+            async with asyncio.timeout(CALLBACK_GRACE):
+                await asyncio.shield(answered)
+        except (nats.errors.Error, TimeoutError):
+            pass
+        if answered.done():
+            return round((answered.result() - start) * 1e6)
+        if not self.bus.connected or late > BUSY_LATE:
+            return "unjudged"
+        return "lost"
 
     async def gateway_rtt(self) -> int | None:
         try:
@@ -178,24 +212,26 @@ class LatencyActor:
     async def measure(self) -> Latency:
         """One round: NATS and every peer at once, so the round lasts one timeout at most."""
         peers = self.peers
-        gateway, *rtts = await asyncio.gather(
-            self.gateway_rtt(), *(self.probe_peer(peer) for peer in peers)
-        )
+        async with asyncio.TaskGroup() as group:
+            gateway_rtt = group.create_task(self.gateway_rtt())
+            probes = [group.create_task(self.probe_peer(peer)) for peer in peers]
+        gateway, outcomes = gateway_rtt.result(), [probe.result() for probe in probes]
         now = time.time()
         self.windows = {peer: self.windows.get(peer, deque(maxlen=LOSS_WINDOW)) for peer in peers}
         results = []
-        for peer, rtt in zip(peers, rtts, strict=True):
+        for peer, outcome in zip(peers, outcomes, strict=True):
             window = self.windows[peer]
-            window.append(rtt is not None)
+            if outcome != "unjudged":
+                window.append(outcome != "lost")
             results.append(
                 PeerLatency(
                     target_node_id=peer,
-                    rtt_us=rtt,
+                    rtt_us=outcome if isinstance(outcome, int) else None,
                     loss_pct=_loss(window),
                     measured_at=now,
                 )
             )
-        answered = [rtt for rtt in rtts if rtt is not None]
+        answered = [outcome for outcome in outcomes if isinstance(outcome, int)]
         every_probe = [ok for window in self.windows.values() for ok in window]
         return Latency(
             ts=now,

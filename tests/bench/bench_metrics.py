@@ -25,7 +25,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.runtime.embedded import NatsServer
-from tests.support.deploy import free_port
+from tests.support.ports import free_port
 
 BUDGETS = (
     *("--heartbeats-max-bytes", str(1024 * 2**20)),

@@ -5,6 +5,7 @@ order; use-context, get-contexts and current-context; keys show."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -189,3 +190,31 @@ async def test_config_file_others_may_write_is_warned_about(
     code, _, err = await fleetctl(home, "nodes", "--config", str(config))
     assert code == 0
     assert err.startswith(f"SETTINGS FILE {config} IS WRITABLE BY GROUP OR OTHERS (mode 0666)")
+
+
+async def test_set_and_delete_context(home: Path, fleet: Fleet, bus: NatsBus, prefix: str) -> None:
+    """set-context creates a context (--current selects it) that then reaches the fleet,
+    changes only the settings given of an existing one; delete-context removes it and
+    the current-context line naming it; an unknown name is one line, exit 1."""
+    await put_node(bus, prefix)
+    code, out, err = await fleetctl(
+        home, "config", "set-context", "new", "--server", fleet.url, "--prefix", prefix,
+        "--current",
+    )  # fmt: skip
+    assert (code, out) == (0, 'Context "new" created.\n'), err
+    code, out, _ = await fleetctl(home, "nodes", "-o", "json")
+    assert code == 0 and [r["node_id"] for r in json.loads(out)] == ["ctx-node"]
+    code, out, _ = await fleetctl(home, "config", "set-context", "new", "--key-file", "/k.nk")
+    assert (code, out) == (0, 'Context "new" modified.\n')
+    _, out, _ = await fleetctl(home, "config", "get-contexts", "-o", "json")
+    body = json.loads(out)
+    assert body["current-context"] == "new"
+    given = {key: value for key, value in body["contexts"]["new"].items() if value is not None}
+    assert given == {"server": fleet.url, "prefix": prefix, "key_file": "/k.nk"}
+    assert "lab" in body["contexts"]
+    code, out, _ = await fleetctl(home, "config", "delete-context", "new")
+    assert code == 0 and out.startswith('Deleted context "new"')
+    body = json.loads((await fleetctl(home, "config", "get-contexts", "-o", "json"))[1])
+    assert "new" not in body["contexts"] and body.get("current-context", "") == ""
+    code, _, err = await fleetctl(home, "config", "delete-context", "nope")
+    assert code == 1 and "no context 'nope'" in err

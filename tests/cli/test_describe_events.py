@@ -53,7 +53,7 @@ async def stale_cordoned(fleet: Fleet, tmp_path: Path) -> History:
     assert (await results.final(command.id)).status == "done"
     await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "cordoned")
     await agent.stop(goodbye=False)  # a crash: stale
-    await wait_for(lambda: any(a.kind == "stale" for a in results.alerts), timeout=15)
+    await wait_for(lambda: any(a.kind == "stale" for a in results.alerts))
     return History(fleet, command.id)
 
 
@@ -103,7 +103,8 @@ async def test_describe_explains_state_and_history(stale_cordoned: History) -> N
     gpus = lines.index("GPUs:            2 (fake)")
     assert lines[gpus + 1].split()[:3] == ["GPU", "NAME", "MEMORY"]
     assert lines[gpus + 2].split()[0] == "0" and lines[gpus + 3].split()[0] == "1"
-    assert any(line.startswith("Host:            up ") for line in lines)
+    assert any(line.startswith("Host uptime:     ") for line in lines)
+    assert any(line.startswith("Agent uptime:    ") for line in lines)
     assert "Engines:         none" in lines
     assert "Spot:            not watched" in lines
     alerts = lines.index("Recent alerts (1):")
@@ -234,3 +235,17 @@ def test_describe_credits_a_cordon_only_to_what_set_it(
         assert line.startswith(f"{base}{credit} at ")
     else:
         assert line == base
+
+
+def test_describe_credits_no_workload_command_on_a_node_schedulable_all_along() -> None:
+    """A workload's stop on a node that was never cordoned reports `schedulable` in its
+    result; describe credits it with nothing, since it set nothing."""
+    record = with_state(
+        pending_record("n1", "c1"), last_seq=1, last_seen=1.0, schedulability="schedulable",
+        heartbeat=heartbeat(),
+    )  # fmt: skip
+    results = [result(0, "chat-0-start-1", "done", "schedulable"),
+               result(1, "chat-0-stop-1", "done", "schedulable")]  # fmt: skip
+    text = describe.describe(record, [], results, 1_700_000_100.0)
+    [line] = [line for line in text.splitlines() if line.startswith("Schedulability:")]
+    assert line == "Schedulability:  schedulable"

@@ -32,7 +32,8 @@ def test_failing_nvml_is_not_shown_as_no_gpus() -> None:
 
 
 def test_host_facts_and_versions_lines() -> None:
-    """Uptime, memory, mean GPU utilization, storage and CPU on one line, versions on the next."""
+    """The host's and the agent's uptimes, each named, then memory, mean GPU utilization,
+    storage and CPU on one line, versions on the next."""
     host = HostFacts(
         uptime_s=3 * 86400 + 5,
         memory_used_pct=41.6,
@@ -45,9 +46,13 @@ def test_host_facts_and_versions_lines() -> None:
             Dependency(name="docker", version="Docker version 27.1.1"),
         ],
     )
-    assert describe._host(host) == [
-        "Host:            up 3d, memory 42% used, GPU util 72% (mean), /data 55% used, "
-        "CPU AMD EPYC 9654",
+    assert describe._host(host, 172.0) == [
+        "Host uptime:     3d",
+        "Agent uptime:    2m",
+        "Host:            memory 42% used, GPU util 72% (mean), /data 55% used, CPU AMD EPYC 9654",
         "Versions:        slurm 23.02.7; Docker version 27.1.1",
     ]
     assert describe._host(None) == []
+    without_agent = describe._host(host)
+    assert without_agent[:2] == ["Host uptime:     3d", without_agent[1]]
+    assert without_agent[1].startswith("Host:            memory 42% used")

@@ -58,7 +58,7 @@ async def test_drain_wait_shows_progress_and_exits_zero(
     process = await fleetctl(
         nats_server, prefix, operator_file, "drain", "n1", "--deadline", "30", "--wait"
     )
-    await wait_for(lambda: any(r.in_flight == 2 for r in results.results), timeout=15)
+    await wait_for(lambda: any(r.in_flight == 2 for r in results.results))
     await set_in_flight(fleet, 0)
     code, out, err = await finish(process)
     lines = out.splitlines()
@@ -164,9 +164,9 @@ async def test_watch_prints_alerts_until_sigint(fleet: Fleet) -> None:
             return None
         return line if mark in line else None
 
-    line = await wait_for(lambda: printed(codec.encode(alert), b"warning"), timeout=15)
+    line = await wait_for(lambda: printed(codec.encode(alert), b"warning"))
     assert line.decode() == "2027-01-15T08:00:00Z warning  n1 stale: no heartbeat for 6s\n"
-    line = await wait_for(lambda: printed(b'{"kind":"stale"}', b"unreadable"), timeout=5)
+    line = await wait_for(lambda: printed(b'{"kind":"stale"}', b"unreadable"))
     assert line.decode().endswith(' ?        n1 unreadable: {"kind":"stale"}\n')
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 10) == 0

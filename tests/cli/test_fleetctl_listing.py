@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import msgspec
+
 from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
@@ -23,7 +25,7 @@ from schemas import codec
 from schemas.events import Health, HealthCheck
 from schemas.messages import Heartbeat, NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
-from tests.support.fleet import Fleet
+from tests.support.fleet import Fleet, wait_for
 
 NODES = 30
 LISTINGS = 40
@@ -53,13 +55,15 @@ async def test_listing_under_heartbeat_load_shows_every_node_once(
     wanted = [f"sim-{i:05d}" for i in range(NODES)]
     listings = []
     try:
-        deadline = time.monotonic() + 20
-        while [r.node_id for r in await read_records(bus, Subjects(prefix))] != wanted:
-            assert time.monotonic() < deadline and not load.done()
-            await asyncio.sleep(0.05)
+
+        async def all_listed() -> bool:
+            assert not load.done(), "the load ended before every node had a record"
+            return [r.node_id for r in await read_records(bus, Subjects(prefix))] == wanted
+
+        await wait_for(all_listed)
         for _ in range(LISTINGS):
             listings.append([r.node_id for r in await read_records(bus, Subjects(prefix))])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # listings spread over the load, not back to back
         code, out, err = await fleetctl(
             "nodes", "--server", fleet.url, "--prefix", prefix, "-o", "json"
         )
@@ -141,7 +145,49 @@ async def test_output_options(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
     assert as_yaml.startswith('- node_id: "n1"\n  cluster: "c1"\n')
     assert '        - name: "xid"\n          status: "degraded"\n' in as_yaml
     code, _, err = await fleetctl("nodes", *server, "-o", "tsv")
-    assert code == 2 and "invalid choice" in err
+    assert code == 2 and "custom-columns=NAME:.path" in err
+
+
+async def test_kubectl_listing_habits(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
+    """--sort-by a column or a JSON path, -L label columns, --show-labels and -o
+    custom-columns, as kubectl's; a sort key or column spec naming nothing is one line."""
+    await put(
+        bus,
+        prefix,
+        msgspec.structs.replace(record("b1"), labels={"rack": "r2", "tier": "hi"}, gpus_total=4),
+        msgspec.structs.replace(record("a1"), labels={"rack": "r1"}, gpus_total=8),
+        msgspec.structs.replace(record("c1", "degraded", XID), gpus_total=2),
+    )
+    server = ("--server", fleet.url, "--prefix", prefix)
+
+    async def first_column(*args: str) -> list[str]:
+        code, out, err = await fleetctl("nodes", *server, *args)
+        assert (code, err) == (0, ""), err
+        return [line.split()[0] for line in out.splitlines()[1:] if line.split()][:3]
+
+    assert await first_column("--sort-by", "gpus") == ["c1", "b1", "a1"]
+    assert await first_column("--sort-by", ".labels.rack") == ["a1", "b1", "c1"]
+    assert await first_column("--sort-by", "{.node_id}") == ["a1", "b1", "c1"]
+    _, out, _ = await fleetctl("nodes", *server, "--sort-by", "node", "-L", "rack,tier")
+    lines = out.splitlines()
+    assert lines[0].split()[-2:] == ["RACK", "TIER"]
+    assert lines[1].split()[-2:] == ["1.2.3", "r1"] and lines[2].split()[-2:] == ["r2", "hi"]
+    _, out, _ = await fleetctl("nodes", *server, "--sort-by", "node", "--show-labels")
+    assert out.splitlines()[0].split()[-1] == "LABELS"
+    assert out.splitlines()[2].split()[-1] == "rack=r2,tier=hi"
+    assert out.splitlines()[3].split()[-1] == "<none>"
+    columns = "custom-columns=NAME:.node_id,RACK:.labels.rack,SCORE:.health_score"
+    _, out, _ = await fleetctl("nodes", *server, "--sort-by", "node", "-o", columns)
+    assert [line.split() for line in out.splitlines()] == [
+        ["NAME", "RACK", "SCORE"],
+        ["a1", "r1", "100"],
+        ["b1", "r2", "100"],
+        ["c1", "<none>", "100"],
+    ]
+    code, _, err = await fleetctl("nodes", *server, "--sort-by", "colour")
+    assert code == 1 and err.startswith("error: --sort-by 'colour': use a column (node,")
+    code, _, err = await fleetctl("nodes", *server, "-o", "custom-columns=NAME")
+    assert (code, err) == (1, "error: -o custom-columns: 'NAME': use NAME:.path\n")
 
 
 def test_colour_keeps_columns_aligned() -> None:

@@ -140,7 +140,6 @@ async def test_forget_raises_forgotten_and_its_beats_are_refused_as_forgotten(
     found = await wait_for(
         lambda: _with(alerts_of(bus, prefix), lambda a: ("forgotten", "forget-") in kinds(a)
                       and any(k == "forgotten" and e.startswith("s") for k, e in kinds(a))),
-        timeout=15,
     )  # fmt: skip
     lifecycle = next(a for a in found if a.id.rsplit(":", 1)[1].startswith("forget-"))
     assert lifecycle.details["by"] == operator.public_key and lifecycle.details["reason"] == "rma"

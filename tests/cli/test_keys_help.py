@@ -190,3 +190,14 @@ def test_shell_completion(tmp_path: Path, line: str, expected: str) -> None:
     result = run(line.split()[0], env=env)
     assert result.returncode == 0, result.stderr
     assert expected in out.read_text().split()
+
+
+def test_init_names_the_node_its_config_names(tmp_path: Path) -> None:
+    """init --config with node_id in the file prints the approve line with that id, not a
+    placeholder."""
+    config = tmp_path / "gpu-a.toml"
+    config.write_text(f'node_id = "gpu-a"\nstate_dir = "{tmp_path / "state"}"\n')
+    init = run("node-agent", "init", "--config", str(config))
+    assert init.returncode == 0, init.stderr
+    public_key = init.stdout.strip()
+    assert f"  fleetctl approve gpu-a {public_key}\n" in init.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.cli.node_agent import main, render_status
-from actors.node.http_api import PORT_FILE
+from actors.node.config import HTTP_PORT_FILE
 from tests.support.fleet import Fleet, wait_for
 
 
@@ -19,7 +19,7 @@ async def test_status_finds_the_port_in_the_state_dir(
 ) -> None:
     agent = await fleet.start_agent()
     state_dir = Path(agent.config.state_dir)
-    port_file = state_dir / PORT_FILE
+    port_file = state_dir / HTTP_PORT_FILE
     await wait_for(port_file.exists)
     assert await asyncio.to_thread(main, ["status", "--state-dir", str(state_dir)]) == 0
     assert "n1 (cluster c1)" in capsys.readouterr().out
@@ -32,7 +32,7 @@ def test_status_without_a_port_file_says_so(
 ) -> None:
     assert main(["status", "--state-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
-        f"error: no agent serves HTTP from {tmp_path} (no {PORT_FILE} there)\n"
+        f"error: no agent serves HTTP from {tmp_path} (no {HTTP_PORT_FILE} there)\n"
     )
 
 

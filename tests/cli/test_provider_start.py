@@ -14,8 +14,9 @@ from pathlib import Path
 from actors.runtime.embedded import NatsServer
 from actors.runtime.http_login import hash_password
 from schemas import signing
-from tests.support.deploy import FLEETCTL, free_port
+from tests.support.deploy import FLEETCTL
 from tests.support.observability import running, wait_ready
+from tests.support.ports import free_port
 
 STOP_TIMEOUT = 30.0
 PROBE_USER, PROBE_PASSWORD = "probe", "probe-password"

@@ -14,8 +14,8 @@ from nats.aio.msg import Msg
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
-from schemas.messages import FINAL_STATUSES, CommandResult
-from schemas.subjects import Subjects
+from schemas.messages import FINAL_STATUSES, CommandResult, NodeRecord
+from schemas.subjects import BUCKET_NODES, Subjects
 from schemas.workloads import Deploy
 from tests.support.commanding import Results, send, set_in_flight
 from tests.support.fleet import Fleet, wait_for, wait_record
@@ -140,7 +140,7 @@ async def test_rolling_needs_a_node_or_a_selector(
     key_file = tmp_path / "operator.nk"
     signing.create_key_file(key_file)
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon")
-    assert code == 2 and err.startswith("error: a node id or -l KEY=VALUE")
+    assert code == 2 and err.startswith("error: a node id (node-1, or a list: node[1-4],gpu-a)")
     code, out, err = await fleetctl(
         nats_server, prefix, key_file, "deploy", "llm", "--engine", "vllm"
     )
@@ -148,7 +148,35 @@ async def test_rolling_needs_a_node_or_a_selector(
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "n1", "-l", "a=b")
     assert code == 2 and "not both" in err
     code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "-l", "rack=none")
-    assert code == 1 and "no node matches rack=none" in err and "Traceback" not in err
+    assert code == 1 and "no node matches -l rack=none" in err and "Traceback" not in err
+
+
+async def test_node_lists_ranges_and_a_cluster_select_a_rolling_operation(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """A node list with a range (n[1-3],gpu-a) and --cluster alone select a rolling
+    cordon (its dry run lists them in order); a listed node the fleet does not know is
+    one line with a did-you-mean."""
+    key_file = tmp_path / "operator.nk"
+    signing.create_key_file(key_file)
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    placed = {"n1": "c1", "n2": "c1", "n3": "c2", "n4": "c2", "gpu-a": "c1"}
+    for node, cluster in placed.items():
+        record = NodeRecord(
+            node_id=node, cluster=cluster, state="active", last_seq=1, last_seen=1.0
+        )
+        await bucket.put(node, codec.encode(record))
+
+    async def dry_run(*args: str) -> list[str]:
+        code, out, err = await fleetctl(nats_server, prefix, key_file, "cordon", *args, "--dry-run")
+        assert code == 0, err
+        return [line.split()[0] for line in out.splitlines()]
+
+    assert await dry_run("n[1-3],gpu-a") == ["gpu-a", "n1", "n2", "n3"]
+    assert await dry_run("--cluster", "c2") == ["n3", "n4"]
+    assert await dry_run("n[1-4]", "--cluster", "c1") == ["n1", "n2"]
+    code, _, err = await fleetctl(nats_server, prefix, key_file, "cordon", "n[1-2],gpu-b")
+    assert code == 1 and "no such node" in err and "gpu-b (did you mean gpu-a?)" in err
 
 
 async def test_rolling_drain_with_placed_work_not_moved_says_so_and_exits_3(

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -20,7 +19,7 @@ from actors.cli.simulate.run import Progress, _in_workers
 from actors.fleet.storage.registry import read_records
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
-from tests.support.fleet import Fleet
+from tests.support.fleet import Fleet, wait_for
 
 
 async def test_two_processes_publish_every_nodes_beats(
@@ -72,11 +71,12 @@ async def test_workers_stop_when_the_parent_is_killed(fleet: Fleet, prefix: str)
     )
     try:
         parent = psutil.Process(process.pid)
-        deadline = time.monotonic() + 30
-        workers = _workers_of(parent)
-        while len(workers) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+
+        def both_workers() -> list[psutil.Process]:
             workers = _workers_of(parent)
+            return workers if len(workers) >= 2 else []
+
+        workers = await wait_for(both_workers)
         assert len(workers) == 2
         process.send_signal(signal.SIGKILL)
         await asyncio.wait_for(process.wait(), 10)

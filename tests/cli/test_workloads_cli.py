@@ -185,7 +185,7 @@ async def test_workloads_and_free_gpus_show_right_after_deploy(
             and beat.sample.capacity.gpus_available == 1
         )
 
-    await wait_for(shown, timeout=15)
+    await wait_for(shown)
     code, out, err = await workloads(nats_server, prefix, "--json")
     assert code == 0, err
     assert [(w["name"], w["state"], w["gpus"]) for w in json.loads(out)] == [("chat", "ready", [0])]

@@ -190,26 +190,29 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = time.time()
-    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    await wait_for(lambda: alerts.of("stale"))
     # The alert is published before the record is written (a crash between the two
     # raises it again, never loses it): the record follows within a write's time.
-    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None, 10.0)
+    last = await wait_record(bus, prefix, "n1", lambda r: r.stale_since is not None)
     assert last.state == "stale" and last.stale_since is not None
     # stale_after + 2 s, and a margin for a loaded machine (as in test_under_attack).
-    assert last.stale_since - last.last_seen <= 2.0 + 2.0 + 5.0
-    assert time.time() - killed_at <= 2.0 + 2.0 + 1.0 + 5.0
+    silent = last.stale_since - last.last_seen
+    assert silent <= 2.0 + 2.0 + 5.0, f"found stale {silent:.1f}s after its last heartbeat"
+    took = time.time() - killed_at
+    assert took <= 2.0 + 2.0 + 1.0 + 5.0, f"the record said stale {took:.1f}s after the kill"
     stale = alerts.of("stale")[0]
     assert "MaxAge" in stale.message and stale.details["last_seq"] == str(last.last_seq)
     # When the server stored its marker: after the last heartbeat, before the alert.
     assert last.last_seen < float(stale.details["marked_at"]) <= stale.ts + 0.01
     assert last.last_seq >= before.last_seq
-    await asyncio.sleep(1.0)
     assert len(alerts.of("stale")) == 1
 
     start_agent_process(fleet)
-    await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    await wait_for(lambda: alerts.of("recovered"))
+    # One stale alert all the while the node was down (the restart takes seconds).
+    assert len(alerts.of("stale")) == 1
     # As with stale: the alert goes out first, the record follows within a write's time.
-    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 10.0)
+    back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     assert back.stale_since is None
 
 
@@ -243,7 +246,7 @@ async def test_sigtermed_agent_is_stopped_not_stale(
     assert not alerts.of("stale") and not alerts.of("offline")
 
     start_agent_process(fleet)
-    (recovered,) = await wait_for(lambda: alerts.of("recovered"), timeout=10)
+    (recovered,) = await wait_for(lambda: alerts.of("recovered"))
     assert recovered.message == "heartbeats resumed after stopped"
     back = await wait_record(bus, prefix, "n1", lambda r: r.state == "active", 5.0)
     assert back.stopped_since is None and len(alerts.of("stopped")) == 1
@@ -258,7 +261,7 @@ async def test_revoked_node_is_refused(fleet: Fleet, bus: NatsBus, prefix: str) 
     await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await revoke(bus, Subjects(prefix), "n1")
-    await wait_for(lambda: alerts.of("revoked"), timeout=10)
+    await wait_for(lambda: alerts.of("revoked"))
     frozen = (await read_record(bus, Subjects(prefix), "n1")).last_seq
-    await wait_for(lambda: len(alerts.of("revoked")) >= 3, timeout=10)
+    await wait_for(lambda: len(alerts.of("revoked")) >= 3)
     assert (await read_record(bus, Subjects(prefix), "n1")).last_seq == frozen

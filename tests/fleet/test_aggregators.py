@@ -89,7 +89,7 @@ async def test_two_aggregators_share_the_work_without_double_alerts(
     for i in (1, 2, 3):
         await wait_record(bus, prefix, f"n{i}", lambda r: r.state == "active" and r.last_seq >= 6)
     await agents[0].stop(goodbye=False)  # a crash: stale
-    await wait_for(lambda: alerts.of("stale"), timeout=10)
+    await wait_for(lambda: alerts.of("stale"))
     await bus.flush()
     stored = await bus.js.stream_info(Subjects(prefix).stream_name("FLEET_ALERTS"))
     assert len(alerts.of("stale")) == 1 and stored.state.messages >= 1
@@ -118,7 +118,7 @@ async def test_stale_node_goes_offline_then_recovers(
     agent = await fleet.start_agent()
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     await agent.stop(goodbye=False)  # a crash: stale, then offline
-    offline = await wait_record(bus, prefix, "n1", lambda r: r.state == "offline", timeout=15)
+    offline = await wait_record(bus, prefix, "n1", lambda r: r.state == "offline")
     assert offline.stale_since is not None and offline.offline_since is not None
     assert offline.offline_since - offline.stale_since >= 1.0
     await wait_for(lambda: alerts.of("offline"))

@@ -27,7 +27,7 @@ from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.subjects import BUCKET_MAINTENANCE, EVENT_INJECT, Subjects
 from schemas.xid_catalog import XID_TABLE
 from tests.support.dashboard import basic, client, link, logged_in, start_dashboard
-from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
+from tests.support.fleet import HANG, Fleet, heartbeat, wait_for, wait_record
 from tests.support.observability import agent_process
 from tests.support.pki import Pki
 
@@ -45,19 +45,17 @@ async def test_rows_follow_the_fleet_live(fleet: Fleet, browser: Any, tmp_path: 
         for node in ("n1", "n2", "n3"):
             await wait_record(fleet.bus, fleet.prefix, node, lambda r: r.state == "active", 30)
         page = await browser.new_page(viewport={"width": 1300, "height": 900})
-        started = time.monotonic()
         await page.goto(url + "/")
-        await page.wait_for_selector("tr[data-node='n3']")
-        assert time.monotonic() - started < 15  # a sanity bound, for a loaded machine
-        await page.wait_for_selector("#live.on", timeout=10_000)
+        await page.wait_for_selector("tr[data-node='n3']", timeout=HANG * 1000)
+        await page.wait_for_selector("#live.on", timeout=HANG * 1000)
         assert await page.locator("#rows tr").count() == 3
 
         hot = Inject(ts=time.time(), node_id="n1", fault="temp", gpu=0, value=95.0)
         await fleet.publish_event(EVENT_INJECT, hot, "n1")
-        await page.wait_for_selector("tr[data-node='n1'] .badge.warn", timeout=15_000)
+        await page.wait_for_selector("tr[data-node='n1'] .badge.warn", timeout=HANG * 1000)
 
         process.send_signal(signal.SIGKILL)
-        await page.wait_for_selector("tr[data-node='n3'] .badge.bad", timeout=20_000)
+        await page.wait_for_selector("tr[data-node='n3'] .badge.bad", timeout=HANG * 1000)
         assert await page.inner_text("tr[data-node='n3'] .badge") == "stale"
         await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
 
@@ -77,7 +75,7 @@ async def test_node_page_charts_and_a_cordon_from_the_page(fleet: Fleet, browser
         points = await page.get_attribute("figure.chart", "data-points")
         return points is not None and int(points) >= 2
 
-    await wait_for(charted, timeout=20, interval=0.5)
+    await wait_for(charted, interval=0.5)
     page.on("dialog", lambda dialog: dialog.accept())
     await page.fill("input[name=reason]", "from the browser test")
     await page.click("button[value=cordon]")

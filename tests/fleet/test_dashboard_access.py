@@ -149,7 +149,7 @@ async def test_refused_requests_send_nothing(fleet: Fleet) -> None:
             allow_redirects=False,
         ) as good:
             assert good.status == 303
-    await wait_for(lambda: any(c.reason == "last" for c in sent), timeout=10)
+    await wait_for(lambda: any(c.reason == "last" for c in sent))
     await listener.unsubscribe()
     assert [(c.node_id, type(c.action)) for c in sent] == [("n1", Cordon), ("n1", Cordon)]
     record = await wait_record(
@@ -298,7 +298,7 @@ async def test_a_page_follows_its_streams_across_their_lifetimes(
     opened: list[str] = []
     page.on("request", lambda r: opened.append(r.url) if "/ui/events" in r.url else None)
     await page.goto(link(url, key))
-    await wait_for(lambda: len(opened) >= 4, timeout=30)
+    await wait_for(lambda: len(opened) >= 4)
     await fleet.start_agent(fleet.config("n1"))
     await page.wait_for_selector("tr[data-node='n1']", timeout=20_000)
     await page.wait_for_selector("#live.on", timeout=10_000)

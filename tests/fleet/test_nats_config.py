@@ -19,7 +19,7 @@ from actors.runtime.embedded import NatsServer, find_binary
 from schemas import signing
 from schemas.errors import FleetError
 from schemas.subjects import Subjects
-from tests.support.deploy import free_port
+from tests.support.ports import free_port
 
 
 def key() -> str:

@@ -198,9 +198,7 @@ async def test_two_then_three_aggregators_split_evenly_and_an_added_one_rebalanc
         for node in NODES:  # each node owned by exactly one aggregator
             assert [actor.ownership.owns(node) for actor in actors].count(True) == 1
         mark = dict(nodes.seq)
-        await wait_for(
-            lambda: all(records.records[n].last_seq > mark[n] for n in NODES), timeout=10
-        )
+        await wait_for(lambda: all(records.records[n].last_seq > mark[n] for n in NODES))
     assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
 
 
@@ -241,13 +239,12 @@ async def test_killed_aggregator_partitions_pass_on_and_stale_alerts_are_raised_
         rest += newcomer
         await wait_for(lambda: split(rest) == [2, 3, 3] and served(rest), timeout=4 * TTL)
         assert time.monotonic() - added < 2 * TTL
-        await wait_for(lambda: len(alerts.of("stale")) >= len(doomed), timeout=15)
+        await wait_for(lambda: len(alerts.of("stale")) >= len(doomed))
         mark = dict(nodes.seq)
         await wait_for(
             lambda: all(
                 records.records[n].last_seq > mark[n] for n in NODES if n not in nodes.stopped
             ),
-            timeout=10,
         )
     await bus.flush()
     stored = await stored_alerts(bus, prefix, "stale")
@@ -293,11 +290,11 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         ]
         assert taken_over == [], "a lease was waited out, not released at the stop"
         assert time.monotonic() - stopped < 2 * TTL  # a round of the balancer, and a load
-        await wait_for(lambda: records.records[node].last_seq > old_seq + 2, timeout=10)
+        await wait_for(lambda: records.records[node].last_seq > old_seq + 2)
         body, signed = captured
         headers = {**signed, "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
         await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
-        await wait_for(lambda: [a for a in alerts.of("replay") if a.node_id == node], timeout=10)
+        await wait_for(lambda: [a for a in alerts.of("replay") if a.node_id == node])
         assert node in staying.ledger.nodes and staying.ledger.nodes[node].record.last_seq > old_seq
     assert set(records.seqs) == set(NODES) and records.in_order(), records.seqs
     assert records.records[node].last_seq > old_seq
@@ -341,9 +338,18 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
 
     monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
     await fleet.start_supervisor(api, aggregator)
-    await wait_for(lambda: set(api.current()) == set(nodes), timeout=10)
+    await wait_for(lambda: set(api.current()) == set(nodes))
     assert aggregator.ledger.nodes.everything
-    await asyncio.sleep(3 * fleet_api.RESYNC_CHECK)
+    checks = 0
+    everything = api._everything
+
+    def counted_check() -> bool:
+        nonlocal checks
+        checks += 1
+        return everything()
+
+    monkeypatch.setattr(api, "_everything", counted_check)
+    await wait_for(lambda: checks >= 3)  # three more of the API's resync checks
     assert during_load == [] and after_load == []
     stream = f"KV_{Subjects(prefix).bucket_name(BUCKET_NODES)}"
     assert (await bus.js.stream_info(stream)).state.consumer_count == 0
@@ -373,5 +379,5 @@ async def test_fleet_api_beside_an_aggregator_still_lists_the_nodes_of_a_partiti
         assert aggregator.ownership.partitions is not None
         await aggregator.ownership.partitions._drop({lost})
         assert NODES[0] not in aggregator.ledger.nodes
-        await wait_for(lambda: set(api.current()) == set(NODES), timeout=5)
+        await wait_for(lambda: set(api.current()) == set(NODES))
         assert NODES[0] in api.records.raw

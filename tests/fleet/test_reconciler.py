@@ -4,7 +4,6 @@ node that stops, and off a node that drains before its drain finishes."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from schemas.workloads import Deploy
 from tests.cli.test_fleetctl_commands import finish, fleetctl
 from tests.cli.test_workloads_cli import workloads
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_record
+from tests.support.fleet import Fleet, wait_for, wait_record
 from tests.support.workloads import killing_leftovers, standin_script
 
 pytestmark = pytest.mark.slow
@@ -93,7 +92,7 @@ def running(record: NodeRecord, name: str, state: str = "ready") -> bool:
 
 
 async def ready_on(bus: NatsBus, prefix: str, node: str, name: str) -> NodeRecord:
-    return await wait_record(bus, prefix, node, lambda r: running(r, name), timeout=30)
+    return await wait_record(bus, prefix, node, lambda r: running(r, name))
 
 
 class Deploys:
@@ -166,7 +165,7 @@ async def test_two_replicas_land_on_free_nodes_not_cordoned_or_unhealthy(
     assert code == 0 and out.count("stop sent") == 2, out + err
     assert "chat" not in await read_all(bus, Subjects(prefix))
     for name in ("n3", "n4"):
-        await wait_record(bus, prefix, name, lambda r: not running(r, "chat"), timeout=15)
+        await wait_record(bus, prefix, name, lambda r: not running(r, "chat"))
 
 
 async def test_an_aggregator_with_a_workloads_key_runs_the_reconciler(
@@ -211,14 +210,16 @@ async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     actors = [reconciler(bus, prefix, keys), reconciler(other, prefix, keys)]
     await fleet.start_supervisor(*actors)
     await agents[victim].stop(goodbye=False)  # as if killed: no goodbye heartbeat
-    stale = await wait_record(bus, prefix, victim, lambda r: r.state == "stale", timeout=15)
+    stale = await wait_record(bus, prefix, victim, lambda r: r.state == "stale")
     await ready_on(bus, prefix, spare, "chat")
     moved_at = time.time()
     after = await placed(bus, prefix, "chat")
     assert {r.node for r in after.replicas} == {spare, first.replicas[1].node}
     assert after.replicas[0].moves == 1 and f"moved off {victim}" in after.replicas[0].why
     assert stale.stale_since is not None and moved_at - stale.stale_since < 2.0 + 15.0
-    await asyncio.sleep(1.5)  # more rounds of both reconcilers: nothing more is sent
+    # Three more rounds of each reconciler: nothing more is sent.
+    marks = [actor.rounds for actor in actors]
+    await wait_for(lambda: all(a.rounds >= n + 3 for a, n in zip(actors, marks, strict=True)))
     assert len(deploys.deploys(spare)) == 1
     assert len(deploys.deploys()) == 3
     assert sum(actor.sent for actor in actors) == 1
@@ -251,7 +252,7 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
     [target] = {"n1", "n2"} - {source}
     await fleet.start_supervisor(reconciler(bus, prefix, keys))
     drain = await send(bus, prefix, keys.operator, Drain(deadline=60.0), node=source)
-    final = await results.final(drain.id, timeout=45)
+    final = await results.final(drain.id)
     assert final.status == "done" and final.detail.startswith("drained"), final.detail
     # The old copy is stopped at once when the new one is ready, or after the 20 s
     # handoff: a drain done sooner waited for the move, not for the handoff.
@@ -304,7 +305,6 @@ async def test_a_replica_crash_looping_on_one_node_is_tried_on_another(
         lambda r: (
             r.heartbeat is not None and not any(w.name == "chat" for w in r.heartbeat.workloads)
         ),
-        timeout=20,
     )
     [replica] = (await placed(bus, prefix, "chat")).replicas
     assert replica.node == "n2" and replica.avoid == ["n1"] and "crashloop there" in replica.why

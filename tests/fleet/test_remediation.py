@@ -69,7 +69,7 @@ async def test_policy_cordons_on_xid_79_and_returns_the_node(
         beat = record.heartbeat
         return record if beat and beat.schedulability_by == key.public_key else None
 
-    record = await wait_for(cordoned_by_policy, timeout=20)
+    record = await wait_for(cordoned_by_policy)
     assert record.state == "cordoned"
     assert record.heartbeat is not None and "policy: xid" in record.heartbeat.schedulability_reason
     for name in ("n1", "n2"):
@@ -80,7 +80,7 @@ async def test_policy_cordons_on_xid_79_and_returns_the_node(
         current = await wait_record(bus, prefix, "n1", lambda r: True)
         return current.state == "active"
 
-    await wait_for(uncordoned, timeout=30)
+    await wait_for(uncordoned)
     operators = await wait_record(bus, prefix, "n2", lambda r: True)
     assert operators.state == "cordoned" and operators.heartbeat is not None
     assert operators.heartbeat.schedulability_by == operator.public_key

@@ -168,7 +168,7 @@ async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
         await second.round()
         return (await hold()).rebooting == "reboot"
 
-    await wait_for(rebooting, timeout=20, interval=0.2)
+    await wait_for(rebooting, interval=0.2)
     assert out.read_text().splitlines() == ["ticket n1 c1 xid b1", "reboot n1 c1 xid b1"]
     await put_records(bus, prefix, [record(False, key.public_key, boot="b2")])
 
@@ -176,7 +176,7 @@ async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
         await first.round()
         return len(commands) == 2
 
-    await wait_for(uncordoned, timeout=20, interval=0.3)
+    await wait_for(uncordoned, interval=0.3)
     assert commands[1] == subjects.command("c1", "n1")
     stored = await kv.read(bucket, "c1", PolicyRecord)
     assert stored is not None and stored.holds == {}
@@ -209,7 +209,7 @@ async def test_a_failing_or_hanging_hook_needs_attention(
         found = stored.holds.get("n1") if stored is not None else None
         return found if found is not None and found.needs_attention else None
 
-    hold = await wait_for(attention, timeout=20, interval=0.3)
+    hold = await wait_for(attention, interval=0.3)
     assert why in hold.hook_error
     await actor.round()
     stored = await kv.read(bucket, "c1", PolicyRecord)

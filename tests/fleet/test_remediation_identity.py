@@ -143,7 +143,7 @@ async def test_a_forged_identity_runs_no_hook_until_an_operator_confirms_it(
             await actor.round()
             return await hardware_alerts(bus, prefix)
 
-        [alert] = await wait_for(alerted, timeout=20, interval=0.2)
+        [alert] = await wait_for(alerted, interval=0.2)
         for _ in range(5):
             await actor.round()
         assert len(await hardware_alerts(bus, prefix)) == 1
@@ -158,7 +158,7 @@ async def test_a_forged_identity_runs_no_hook_until_an_operator_confirms_it(
             await actor.round()
             return dump.exists() and not actor.hook_tasks
 
-        await wait_for(hooked, timeout=20, interval=0.2)
+        await wait_for(hooked, interval=0.2)
     env = json.loads(dump.read_text())
     entry = await registry.trust_entry(bus, Subjects(prefix), "n2")
     assert isinstance(entry, TrustEntry) and entry.identity is not None

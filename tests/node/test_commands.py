@@ -117,7 +117,7 @@ async def test_a_deregistered_agent_stops_without_draining_again(
     agent = await trusting_agent(fleet, operator, shutdown_timeout=30.0)
     await set_in_flight(fleet, 5)
     leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
-    final = await results.final(leave.id, timeout=20)
+    final = await results.final(leave.id)
     assert (final.status, final.detail) == ("done", "deregistered")
     assert agent.supervisor is not None
     await asyncio.wait_for(agent.supervisor.finished.wait(), 5)

@@ -4,7 +4,6 @@ threshold table and its overrides, the XID tie-in, kernel-log replays and the NV
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from actors.node.inventory.nvml_gpus import NvmlGpus
 from actors.runtime.config import ConfigError, build
 from schemas import codec
 from schemas.events import Capacity, HealthCheck, Sample
-from tests.support.fleet import Fleet, agent_config, wait_for
+from tests.support.fleet import Fleet, agent_config, poll, wait_for
 from tests.support.nvml import RecordedNvml, health_of
 
 HW_SLOWDOWN = 0x8
@@ -271,9 +270,7 @@ def test_hung_call_is_named_and_close_leaves_it(tmp_path: Path) -> None:
     release = nvml.hang(1, "nvmlDeviceGetPowerUsage")
     reader = threading.Thread(target=gpus.read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 5
-    while not gpus.hung(0.0) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll(lambda: gpus.hung(0.0), interval=0.01)
     assert gpus.hung(0.0).startswith("nvmlDeviceGetPowerUsage hung for 0 s (GPU 1)")
     assert gpus.hung(60.0) == ""
     gpus.close()

@@ -85,17 +85,13 @@ async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, pr
     first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
     # The beat in flight at injection, then one per interval: the third at the latest.
     assert first_hot - injected_after <= 2, (injected_after, first_hot)
-    hot = await wait_record(
-        bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0, timeout=15
-    )
+    hot = await wait_record(bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0)
     assert check(hot, "nvml") == "degraded"
     assert hot.state == "degraded"
     assert hot.heartbeat and hot.heartbeat.health
     assert "hottest GPU 95 C (GPU 1)" in [c.reason for c in hot.heartbeat.health.components]
     assert await inject_cli(fleet, "clear") == 0
-    healed = await wait_record(
-        bus, prefix, "n1", lambda r: r.health_status == "healthy", timeout=15
-    )
+    healed = await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     assert check(healed, "nvml") == "ok"
 
 
@@ -109,15 +105,11 @@ async def test_xid_and_lost_gpu_make_node_unhealthy(
     operator = signing.load_key_file(operator_file(fleet))
     fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
     await node_cli.publish_inject(bus, prefix, fault, operator)
-    broken = await wait_record(
-        bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy", timeout=15
-    )
+    broken = await wait_record(bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy")
     assert broken.health_status == "unhealthy"
     lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
     await node_cli.publish_inject(bus, prefix, lost, operator)
-    gone = await wait_record(
-        bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy", timeout=15
-    )
+    gone = await wait_record(bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy")
     assert gone.heartbeat and gone.heartbeat.sample
     assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
 

@@ -158,7 +158,7 @@ async def test_cloud_labels_reach_the_record_despite_metadata_errors(
         spot_provider="aws", metadata_url=aws.url, spot_poll_interval=0.1, labels={"team": "ml"}
     )
     await fleet.start_agent(config)
-    record = await wait_record(bus, prefix, "n1", lambda r: "zone" in r.labels, timeout=15)
+    record = await wait_record(bus, prefix, "n1", lambda r: "zone" in r.labels)
     assert record.labels == {
         "team": "ml",
         "gpu.count": "2",

@@ -42,7 +42,7 @@ async def deployed(
 ) -> None:
     action = Deploy(name="chat", engine="llamacpp", model="/m.gguf", gpus=[0], placed=placed)
     command = await send(bus, prefix, operator, action)
-    final = await results.final(command.id, timeout=30)
+    final = await results.final(command.id)
     assert final.status == "done", final.detail
 
 
@@ -61,7 +61,7 @@ async def test_a_drain_waits_for_placed_workloads_until_they_stop(
     )
     assert results.statuses(drain.id)[-1] == "in_progress"
     await send(bus, prefix, operator, Stop(name="chat"))
-    final = await results.final(drain.id, timeout=20)
+    final = await results.final(drain.id)
     assert final.status == "done" and final.detail.startswith("drained"), final.detail
 
 
@@ -75,7 +75,7 @@ async def test_a_drain_deadline_ends_the_wait_and_a_hand_deploy_never_holds_it(
     results = await Results().start(bus, prefix)
     await deployed(bus, prefix, operator, results, placed=True)
     drain = await send(bus, prefix, operator, Drain(deadline=1.0))
-    final = await results.final(drain.id, timeout=20)
+    final = await results.final(drain.id)
     assert "1 placed workloads not moved by the deadline" in final.detail
     await send(bus, prefix, operator, Stop(name="chat"))
     await wait_record(
@@ -85,6 +85,6 @@ async def test_a_drain_deadline_ends_the_wait_and_a_hand_deploy_never_holds_it(
     assert (await results.final(uncordon.id)).status == "done"
     await deployed(bus, prefix, operator, results, placed=False)
     again = await send(bus, prefix, operator, Drain(deadline=30))
-    final = await results.final(again.id, timeout=10)
+    final = await results.final(again.id)
     assert final.status == "done" and final.detail.startswith("drained"), final.detail
     assert "placed" not in final.detail

@@ -91,12 +91,10 @@ async def test_sigterm_drains_in_flight_work_then_exits(fleet: Fleet) -> None:
     process = await start_agent(fleet, url)
     await wait_for(lambda: any(b.jobs and b.jobs.running == 3 for b in beats), 15)
     process.send_signal(signal.SIGTERM)
-    draining = await wait_for(
-        lambda: [b for b in beats if b.schedulability == "draining"], timeout=10
-    )
+    draining = await wait_for(lambda: [b for b in beats if b.schedulability == "draining"])
     # Still running and still beating after it said so: the drain waits for the work.
     seen = draining[0].seq
-    await wait_for(lambda: any(b.seq > seen + 1 for b in beats), timeout=10)
+    await wait_for(lambda: any(b.seq > seen + 1 for b in beats))
     assert process.returncode is None
     assert all(not b.deregistering for b in beats)
     vllm.running = 0

@@ -136,7 +136,7 @@ async def test_running_job_and_services_show_in_the_heartbeat(
         state, running = scheduler_of(record)
         return running == 1 and state.split("+")[0] in ("mixed", "allocated")
 
-    record = await wait_record(fleet.bus, fleet.prefix, "n1", allocated, timeout=15)
+    record = await wait_record(fleet.bus, fleet.prefix, "n1", allocated)
     assert record.heartbeat is not None and record.heartbeat.scheduler is not None
     scheduler = record.heartbeat.scheduler
     assert scheduler.kind == "slurm" and scheduler.reachable
@@ -179,11 +179,11 @@ async def test_drain_wait_goes_through_slurm_and_uncordon_resumes(
     await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
     job = slurm.sbatch(120)
-    await wait_for(lambda: slurm.running(), timeout=15)
+    await wait_for(lambda: slurm.running())
     process = await fleetctl(
         nats_server, prefix, operator_file, "drain", "n1", "--deadline", "90", "--wait"
     )
-    await wait_for(lambda: any(r.jobs_running == 1 for r in results.results), timeout=30)
+    await wait_for(lambda: any(r.jobs_running == 1 for r in results.results))
     command_id = results.results[0].command_id
     assert set(slurm.state().split("+")) >= {"drain"}  # draining: the job still runs
     assert slurm.running()
@@ -216,7 +216,7 @@ async def test_drain_deadline_with_slurm_jobs_running_exits_3(
     with the job count, and fleetctl drain --wait exits 3 (work was cut off)."""
     await slurm_agent(fleet, operator_file)
     slurm.sbatch(60)
-    await wait_for(lambda: slurm.running(), timeout=15)
+    await wait_for(lambda: slurm.running())
     process = await fleetctl(
         nats_server, prefix, operator_file, "drain", "n1", "--deadline", "2", "--wait"
     )
@@ -239,15 +239,15 @@ async def test_admin_drain_shows_in_record_and_uncordon_leaves_it(
     await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
     job = slurm.sbatch(120)
-    await wait_for(lambda: slurm.running(), timeout=15)
+    await wait_for(lambda: slurm.running())
     slurm.tool("scontrol", "update", f"nodename={slurm.node}", "state=drain", "reason=bad DIMM")
-    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned", timeout=30)
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "cordoned")
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
     # The record says a Slurm admin did it (the remediation policy never undoes that).
     assert record.heartbeat.schedulability_by == "slurm"
     slurm.cancel(job)  # no job left: the admin's drain is complete
-    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "drained", timeout=20)
+    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "drained")
     assert record.heartbeat is not None
     assert record.heartbeat.schedulability_reason == "slurm: bad DIMM"
     # Where an operator looks (issue 33): REASON of -o wide and describe, marked Slurm's.
@@ -297,15 +297,15 @@ async def test_terminate_notice_drains_slurm_jobs_before_its_deadline(
     agent = await slurm_agent(fleet, operator_file)
     results = await Results().start(bus, prefix)
     job = slurm.sbatch(120)
-    await wait_for(lambda: slurm.running(), timeout=15)
+    await wait_for(lambda: slurm.running())
     deadline = time.time() + 90
     notice = Interruption(ts=time.time(), provider="aws", kind="terminate", deadline=deadline)
     await fleet.publish_event(EVENT_INTERRUPTION, notice)
     command_id = "spot:aws:terminate:" + f"{deadline:.0f}"
-    await wait_for(lambda: any(r.jobs_running == 1 for r in results.of(command_id)), timeout=30)
+    await wait_for(lambda: any(r.jobs_running == 1 for r in results.of(command_id)))
     assert f"Reason=fleet: aws terminate notice ({command_id})" in slurm.node_line()
     slurm.cancel(job)
-    final = await results.final(command_id, timeout=30)
+    final = await results.final(command_id)
     assert final.status == "done" and final.detail.startswith("deregistered")
     assert any(r.detail.startswith("drained; deregistering") for r in results.of(command_id))
     assert not slurm.running() and slurm.has_state("idle+drain")
@@ -345,4 +345,4 @@ async def test_slurm_stopped_is_a_finding_not_a_crash(
     finally:
         await asyncio.to_thread(start_daemon, slurm, "slurmctld")
         await asyncio.to_thread(start_daemon, slurm, "slurmd")
-        await slurm.until_state("idle", timeout=60)
+        await slurm.until_state("idle")

@@ -152,7 +152,7 @@ async def test_a_container_workload_pulls_starts_reports_and_stops(
         ready_timeout=15.0,
     )  # fmt: skip
     command = await send(bus, prefix, operator, deploy)
-    final = await results.final(command.id, timeout=30)
+    final = await results.final(command.id)
     assert final.status == "done" and "ready on 127.0.0.1:" in final.detail, final.detail
     details = [r.detail for r in results.of(command.id) if r.status == "in_progress"]
     assert details[0] == f"pulling {IMAGE}:1", details
@@ -166,7 +166,7 @@ async def test_a_container_workload_pulls_starts_reports_and_stops(
 
     await wait_for(lambda: beats.beats and container_of(beats.beats[-1]) == CONTAINER_ID)
     stop = await send(bus, prefix, operator, Stop(name="boxed"))
-    assert (await results.final(stop.id, timeout=20)).status == "done"
+    assert (await results.final(stop.id)).status == "done"
     assert "node-agent-n1-boxed" in (state / "removed").read_text()
 
 

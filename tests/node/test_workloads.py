@@ -142,7 +142,7 @@ async def test_deploy_goes_ready_pinned_reported_and_probed(
     and the engine probe covers it."""
     await agent(fleet, operator, standin)
     command = await send(bus, prefix, operator, chat("--load-time", "1.5"))
-    final = await results.final(command.id, timeout=20)
+    final = await results.final(command.id)
     assert final.status == "done" and "ready on 127.0.0.1:" in final.detail, final.detail
     details = [r.detail for r in results.of(command.id) if r.status == "in_progress"]
     assert results.statuses(command.id)[0] == "accepted"
@@ -182,7 +182,7 @@ async def test_ready_timeout_fails_with_the_log_tail(
     the result, and its process is gone."""
     await agent(fleet, operator, standin)
     command = await send(bus, prefix, operator, chat("--hang", ready_timeout=3.0))
-    final = await results.final(command.id, timeout=20)
+    final = await results.final(command.id)
     assert final.status == "failed"
     # The log's first line (written by the agent) says what was started, so the tail is
     # there even when a loaded machine starts the stand-in slowly.
@@ -229,7 +229,7 @@ async def test_a_crash_is_restarted(
     """A ready workload that exits is started again and becomes ready again."""
     await agent(fleet, operator, standin)
     command = await send(bus, prefix, operator, chat("--crash-after", "1.5", "--load-time", "0"))
-    assert (await results.final(command.id, timeout=20)).status == "done"
+    assert (await results.final(command.id)).status == "done"
     first = pid_of(Path(fleet.config().state_dir))
 
     def restarted() -> Workload | None:
@@ -254,7 +254,7 @@ async def test_a_crash_loop_gives_up(
     deploy fails saying so."""
     await agent(fleet, operator, standin, workload_crash_limit=3)
     command = await send(bus, prefix, operator, chat("--crash-after", "0.05"))
-    final = await results.final(command.id, timeout=20)
+    final = await results.final(command.id)
     assert final.status == "failed" and final.detail.startswith("crashloop: 3 crashes")
     workload = await watch.state("chat", "crashloop")
     assert workload.restarts == 2
@@ -272,13 +272,13 @@ async def test_stop_kills_the_whole_process_group(
     """Stop ends the workload and every process in its group (its children too)."""
     await agent(fleet, operator, standin)
     deploy = await send(bus, prefix, operator, chat("--spawn-child"))
-    assert (await results.final(deploy.id, timeout=20)).status == "done"
+    assert (await results.final(deploy.id)).status == "done"
     pid = pid_of(Path(fleet.config().state_dir))
     group = await wait_for(
         lambda: (lambda g: g if len(g) >= 2 else None)(processes.group_pids(pid))
     )
     stop = await send(bus, prefix, operator, Stop(name="chat"))
-    final = await results.final(stop.id, timeout=20)
+    final = await results.final(stop.id)
     assert final.status == "done" and final.detail == "stopped"
     assert processes.group_pids(pid) == []
     for member in group:
@@ -299,7 +299,7 @@ async def test_agent_restart_adopts_a_live_workload(
     reports it ready."""
     first = await agent(fleet, operator, standin)
     deploy = await send(bus, prefix, operator, chat())
-    assert (await results.final(deploy.id, timeout=20)).status == "done"
+    assert (await results.final(deploy.id)).status == "done"
     pid = pid_of(Path(fleet.config().state_dir))
     await first.stop()
     assert processes.alive(pid, processes.started_at(pid))
@@ -373,7 +373,7 @@ async def test_gpu_shared_only_when_asked(
     """A second workload on a GPU in use is refused, and the same name twice too."""
     await agent(fleet, operator, standin)
     first = await send(bus, prefix, operator, chat())
-    assert (await results.final(first.id, timeout=20)).status == "done"
+    assert (await results.final(first.id)).status == "done"
     other = await send(bus, prefix, operator, chat(name="other"))
     final = await results.final(other.id)
     assert final.status == "rejected" and "GPU 1 already used by workload chat" in final.detail
@@ -431,7 +431,7 @@ async def test_a_drain_waits_for_a_workloads_in_flight_request(
     drain reports them in flight and ends drained once the stream has finished."""
     await agent(fleet, operator, standin)
     deploy = await send(bus, prefix, operator, chat("--chunk-delay", "0.8"))
-    final = await results.final(deploy.id, timeout=20)
+    final = await results.final(deploy.id)
     port = final.detail.split(":")[-1].split()[0]
     async with aiohttp.ClientSession() as session:
         body = {"model": "/models/x.gguf", "stream": True, "messages": []}
@@ -445,7 +445,7 @@ async def test_a_drain_waits_for_a_workloads_in_flight_request(
             await wait_for(lambda: any(r.in_flight == 1 for r in results.of(drain.id)))
             chunks = [line async for line in response.content if line.startswith(b"data:")]
     assert chunks[-1].strip() == b"data: [DONE]"
-    drained = await results.final(drain.id, timeout=20)
+    drained = await results.final(drain.id)
     assert drained.status == "done" and drained.detail.startswith("drained"), drained.detail
 
 
@@ -473,7 +473,7 @@ async def test_a_real_llama_server_goes_ready_and_stops(
     assert final.status == "done" and final.detail.startswith("ready on 127.0.0.1:"), final.detail
     pid = pid_of(Path(fleet.config().state_dir))
     stop = await send(bus, prefix, operator, Stop(name="real"))
-    assert (await results.final(stop.id, timeout=30)).status == "done"
+    assert (await results.final(stop.id)).status == "done"
     assert processes.group_pids(pid) == []
 
 
@@ -496,7 +496,7 @@ async def test_a_workload_listening_beyond_loopback_is_stopped_and_reported(
     argv = [str(standin), "--host", host, "--port", "{port}", "-m", "/models/x.gguf"]
     deploy = chat(engine="process", args=argv, model="", gpus=[])
     command = await send(bus, prefix, operator, deploy)
-    final = await results.final(command.id, timeout=30)
+    final = await results.final(command.id)
     assert final.status == "failed", final.detail
     workload = await watch.state("chat", "failed")
     shown = f"[{host}]" if ":" in host else host
@@ -522,7 +522,7 @@ async def test_a_workload_on_loopback_passes_the_listening_check(
     command = await send(
         bus, prefix, operator, chat(engine="process", args=argv, model="", gpus=[])
     )
-    final = await results.final(command.id, timeout=30)
+    final = await results.final(command.id)
     assert final.status == "done", final.detail
     pid = pid_of(Path(fleet.config().state_dir))
     port = int(final.detail.rsplit(":", 1)[1])
@@ -544,14 +544,14 @@ async def test_deregistering_ends_every_workload_before_the_agent_exits(
     (its GPUs free, nothing saved for a next agent to adopt)."""
     started = await agent(fleet, operator, standin)
     deploy = await send(bus, prefix, operator, chat("--spawn-child"))
-    assert (await results.final(deploy.id, timeout=20)).status == "done"
+    assert (await results.final(deploy.id)).status == "done"
     state_dir = Path(fleet.config().state_dir)
     pid = pid_of(state_dir)
     group = await wait_for(
         lambda: (lambda g: g if len(g) >= 2 else None)(processes.group_pids(pid))
     )
     leave = await send(bus, prefix, operator, Deregister(deadline=0.5))
-    final = await results.final(leave.id, timeout=30)
+    final = await results.final(leave.id)
     assert (final.status, final.detail) == ("done", "deregistered")
     # The agent was told it is finished only once a beat showed no workload left.
     assert processes.group_pids(pid) == []
@@ -579,7 +579,7 @@ async def test_another_model_switches_an_idle_gpu_after_its_requests(
     goes through loading to ready and the gateway serves it; the same model is refused."""
     started = await agent(fleet, operator, standin, gateway="on", gateway_port=0)
     first = await send(bus, prefix, operator, chat("--chunk-delay", "0.4"))
-    assert (await results.final(first.id, timeout=20)).status == "done"
+    assert (await results.final(first.id)).status == "done"
     await watch.state("chat", "ready")
     old_pid = pid_of(Path(started.config.state_dir))
     gateway_port = int((Path(started.config.state_dir) / "gateway.port").read_text())
@@ -596,7 +596,7 @@ async def test_another_model_switches_an_idle_gpu_after_its_requests(
             )
             chunks = [line async for line in response.content if line.startswith(b"data:")]
     assert chunks[-1].strip() == b"data: [DONE]"
-    final = await results.final(switch.id, timeout=30)
+    final = await results.final(switch.id)
     assert final.status == "done" and "ready" in final.detail, final.detail
     details = [r.detail for r in results.of(switch.id)]
     assert any("switching" in d and "takes no new requests" in d for d in details)

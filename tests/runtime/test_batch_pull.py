@@ -107,7 +107,12 @@ async def test_a_caught_up_loop_takes_a_burst_per_linger(bus: NatsBus, prefix: s
 
     loop = start_loop(BatchPuller(bus, consumer), handle, batch=100, wait=5.0, linger=0.5)
     try:
-        await asyncio.sleep(0.3)  # idle: the loop waits in a long pull
+
+        async def pulling() -> bool:  # idle: the loop waits in a long pull
+            info = await bus.js.consumer_info(f"PULL_{prefix}", "puller")
+            return (info.num_waiting or 0) >= 1
+
+        await wait_for(pulling)
         started = time.monotonic()
         await bus.js.publish(f"{prefix}.pull.a", b"a")
         await wait_for(lambda: [b"a"] in batches)

@@ -141,7 +141,7 @@ async def test_a_cancelled_flush_leaves_the_connection_reading(bus: NatsBus) -> 
         assert bus.nc._pongs, "no PING in flight: the connection's reader has died"
         flush.cancel()
         await asyncio.gather(flush, return_exceptions=True)
-    await asyncio.sleep(0.2)  # every PONG of the cancelled flushes has come back
+    await wait_for(lambda: not bus.nc._pongs)  # every PONG of the cancelled flushes is back
     assert bus.nc._reading_task is not None and not bus.nc._reading_task.done()
 
     async def echo(msg: Msg) -> None:

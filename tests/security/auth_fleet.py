@@ -40,11 +40,11 @@ from tests.support.deploy import (
     AUTH_CLUSTER,
     AUTH_JS_API_PREFIX,
     fleet_auth,
-    free_port,
     render_auth,
 )
 from tests.support.fleet import Fleet, agent_config
 from tests.support.pki import Pki
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 """auth.conf's permissions name the default prefix."""

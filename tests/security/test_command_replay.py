@@ -329,7 +329,7 @@ async def test_a_state_file_that_stays_unwritable_fails_the_command_with_a_resul
 
     monkeypatch.setattr("actors.node.commands.store.write_atomically", broken)
     cordon = await send(bus, prefix, operator, Cordon())
-    final = await results.final(cordon.id, timeout=30)
+    final = await results.final(cordon.id)
     assert final.status == "failed" and final.schedulability == "schedulable"
     assert "No space left on device" in final.detail and "not run" in final.detail
     assert results.statuses(cordon.id) == ["failed"]

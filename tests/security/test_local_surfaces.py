@@ -7,7 +7,6 @@ import asyncio
 import logging
 import resource
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from actors.node.http_api import HttpApiActor
 from schemas import signing
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.ports import free_port
 
 BIN = Path(sys.executable).parent
 IDLE_CONNECTIONS = 1100
@@ -30,12 +30,6 @@ AGENT_NOFILE = 1024
 idle connections exceed."""
 REQUEST_TIMEOUT = 1.0
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "systemd"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def limit_descriptors() -> None:
@@ -106,7 +100,7 @@ async def test_idle_connections_neither_starve_nor_stall_the_agent(fleet: Fleet)
         )
         # It kept beating meanwhile, serves new requests, and no actor restarted.
         await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.last_seq >= seq + 2)
-        status = await wait_for(lambda: get_status(port), timeout=15)
+        status = await wait_for(lambda: get_status(port))
         actors = status["actors"]
         assert isinstance(actors, dict)
         assert {name: actor["restarts"] for name, actor in actors.items()} == dict.fromkeys(
@@ -227,8 +221,8 @@ async def test_watch_prints_no_escape_sequences(fleet: Fleet) -> None:
         except TimeoutError:
             return None
 
-    event = await wait_for(lambda: printed(subjects.event("n1", "state")), timeout=15)
-    alert = await wait_for(lambda: printed(subjects.alert("stale", "c1", "n1")), timeout=5)
+    event = await wait_for(lambda: printed(subjects.event("n1", "state")))
+    alert = await wait_for(lambda: printed(subjects.alert("stale", "c1", "n1")))
     for line in (event, alert):
         assert b"\x1b" not in line and b"\x07" not in line
         assert b"\\x1b[2J" in line

@@ -3,7 +3,6 @@ the server's; a client's forgery on a live node is counted and changes nothing."
 
 from __future__ import annotations
 
-import asyncio
 import os
 from functools import partial
 
@@ -50,7 +49,8 @@ async def test_forged_marker_is_ignored_and_a_real_one_is_not(
             await js.publish(subject, forged, headers={"Nats-Marker-Reason": "MaxAge"})
             # One message per subject: each is read before the next replaces it.
             await wait_for(partial(forged_counted, metrics, count))
-        await asyncio.sleep(0.3)
+        # Counted as forged: judged, and so not taken as the server's (the two exclude
+        # each other), so no stale alert can follow from them.
         assert not [alert for alert in alerts if alert.kind == "stale"]
         assert (await read_record(bus, subjects, "n1")).state == "active"
 
@@ -58,7 +58,7 @@ async def test_forged_marker_is_ignored_and_a_real_one_is_not(
         body = codec.encode(heartbeat(seq=2))
         headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
         await js.publish(subject, body, headers=headers)
-        await wait_for(lambda: [alert for alert in alerts if alert.kind == "stale"], timeout=10)
+        await wait_for(lambda: [alert for alert in alerts if alert.kind == "stale"])
     assert (await read_record(bus, subjects, "n1")).state == "stale"
     assert counted(metrics.registry, "fleet_messages_dropped", reason="forged_marker") == 2
 
@@ -109,9 +109,7 @@ async def test_a_rollup_header_is_refused_by_the_server_and_purges_nothing(
         stored = await js.get_last_msg(stream, subjects.stored_heartbeat("c1", "n2", 8))
         assert stored.data == n2
     # n2 is now silent: the server's marker (not the full sweep) says so.
-    record = await wait_record(
-        bus, prefix, "n2", lambda record: record.state == "stale", timeout=15
-    )
+    record = await wait_record(bus, prefix, "n2", lambda record: record.state == "stale")
     assert record.state == "stale"
     stale = [alert for alert in alerts if alert.kind == "stale" and alert.node_id == "n2"]
     assert stale and "server marker: MaxAge" in stale[0].message

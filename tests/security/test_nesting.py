@@ -163,7 +163,7 @@ async def test_two_aggregators_stay_up_under_a_nested_heartbeat_a_second(
             for node in honest:
                 await beat(js, prefix, keys[node], node, codec.encode(heartbeat(node, seq=seq)))
             for node in honest:
-                await wait_record(bus, prefix, node, partial(seq_is, seq), timeout=10)
+                await wait_record(bus, prefix, node, partial(seq_is, seq))
             assert [await http_status(url) for url in healthz] == [200, 200]
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     for supervisor in supervisors:
@@ -233,7 +233,7 @@ async def test_a_nested_alert_is_dropped_by_the_alertmanager_forwarder(fleet: Fl
         subject = subjects.alert("sequence_gap", "c1", "n7")
         await js.publish(subject, with_deep_field(codec.encode(alert)))
         await js.publish(subject, codec.encode(alert))
-    await wait_for(lambda: received, timeout=10)
+    await wait_for(lambda: received)
     assert counted(metrics.registry, "fleet_alertmanager_dropped", reason="handler_error") == 1
     assert restarts(supervisor) == {"alertmanager": 0}
 

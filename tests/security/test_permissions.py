@@ -254,7 +254,7 @@ async def test_honest_prober_answers_only_inboxes(auth: AuthServer, attacker: At
     probe with a probe inbox in node-2's name is answered."""
     await auth.fleet.start_aggregator()
     await auth.fleet.start_agent(auth.config(VICTIM, probe_interval=60.0))
-    await wait_record(auth.admin, PREFIX, VICTIM, lambda r: r.state == "active", timeout=20)
+    await wait_record(auth.admin, PREFIX, VICTIM, lambda r: r.state == "active")
     relayed: list[bytes] = []
     target = SUBJECTS.event(VICTIM, "interruption")
 
@@ -293,8 +293,8 @@ async def test_peers_discover_each_other_without_consumers(auth: AuthServer) -> 
     for node in NODES:
         await auth.fleet.start_agent(auth.config(node, probe_interval=0.3))
     for node in NODES:
-        await wait_record(auth.admin, PREFIX, node, lambda r: r.state == "active", timeout=20)
-    await wait_for(lambda: all(peers[node] == set(NODES) - {node} for node in NODES), timeout=20)
+        await wait_record(auth.admin, PREFIX, node, lambda r: r.state == "active")
+    await wait_for(lambda: all(peers[node] == set(NODES) - {node} for node in NODES))
     nodes_stream = await auth.admin.js.stream_info(f"KV_{SUBJECTS.bucket_name(BUCKET_NODES)}")
     assert nodes_stream.state.consumer_count == 0
     assert "Violation" not in auth.server.log_file.read_text()
@@ -332,8 +332,8 @@ async def test_a_refused_node_reads_its_own_record_under_auth(auth: AuthServer) 
     (the aggregator's delete of each refused heartbeat included)."""
     await auth.fleet.start_aggregator(sweep_interval=0.2, refused_note_every=0.5)
     agent = await auth.fleet.start_agent(auth.config("node-1"))
-    await wait_record(auth.admin, PREFIX, "node-1", lambda r: r.state == "active", timeout=20)
+    await wait_record(auth.admin, PREFIX, "node-1", lambda r: r.state == "active")
     await revoke(auth.admin, SUBJECTS, "node-1")
-    await wait_for(lambda: agent.standing is not None and agent.standing.refused, timeout=20)
+    await wait_for(lambda: agent.standing is not None and agent.standing.refused)
     assert agent.standing is not None and agent.standing.refused == "revoked"
     assert "Violation" not in auth.server.log_file.read_text()

@@ -28,8 +28,9 @@ from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import Registration, RegistrationReply
 from schemas.subjects import Subjects
-from tests.support.deploy import AUTH_CLUSTER, fleet_auth, free_port, render_auth
+from tests.support.deploy import AUTH_CLUSTER, fleet_auth, render_auth
 from tests.support.fleet import Fleet
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 """The shipped configurations name the default prefix."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,13 +279,19 @@ class Victim:
         command = await send(
             self.auth.admin, PREFIX, self.operator, action, node=STOLEN, cluster=AUTH_CLUSTER
         )
-        final = await self.results.final(command.id, timeout=30)
+        final = await self.results.final(command.id)
         assert final.status == "done", final.detail
 
     async def beats_after(self, seq: int, count: int) -> list[Heartbeat]:
         """The agent's next ``count`` heartbeats after ``seq`` (waited for, not slept)."""
-        await wait_for(lambda: len([b for b in self.beats if b.seq > seq]) >= count, timeout=20)
+        await wait_for(lambda: len([b for b in self.beats if b.seq > seq]) >= count)
         return [beat for beat in self.beats if beat.seq > seq]
+
+    async def beat_where(self, shows: Callable[[Heartbeat], bool]) -> Heartbeat:
+        """The newest heartbeat that ``shows`` what a test needs, once one does: a command's
+        result comes before the heartbeat that reflects it."""
+        found: list[Heartbeat] = await wait_for(lambda: [b for b in self.beats if shows(b)])
+        return found[-1]
 
     async def _on_beat(self, msg: Msg) -> None:
         self.beats.append(codec.decode(msg.data, Heartbeat, msg.subject))
@@ -338,7 +344,7 @@ async def victim(no_orphans: None, tls_auth: AuthServer, standin: Path) -> Async
         workload_stop_grace=2.0,
     )
     agent = await auth.fleet.start_agent(config)
-    await wait_record(auth.admin, PREFIX, STOLEN, lambda r: r.state == "active", timeout=20)
+    await wait_record(auth.admin, PREFIX, STOLEN, lambda r: r.state == "active")
     nc = await nats.connect(
         auth.server.url,
         nkeys_seed_str=auth.keys[STOLEN].seed,
@@ -483,7 +489,7 @@ async def test_a_stolen_node_key_cannot_make_its_node_act(
     await victim.nc.publish(SUBJECTS.heartbeat(AUTH_CLUSTER, STOLEN), body, headers=headers)
     await victim.nc.flush()
     sent = len(forged) + 1
-    await wait_for(lambda: refused(agent) == {"no_session": sent}, timeout=20)
+    await wait_for(lambda: refused(agent) == {"no_session": sent})
 
     after = await victim.beats_after(last.seq, 4)
     assert [forged_traces(beat) for beat in after] == [[]] * len(after)
@@ -504,7 +510,6 @@ async def test_a_stolen_node_key_cannot_make_its_node_act(
             {(w.name, w.state) for w in beat.workloads} == {("chat", "ready"), ("chat2", "ready")}
             for beat in victim.beats
         ),
-        timeout=20,
     )
 
 
@@ -521,16 +526,25 @@ async def test_a_captured_event_of_the_node_sent_again_is_refused(victim: Victim
     ``chat``, its ``state``), sent again exactly as captured, tag included, once the operator
     has deployed ``chat`` anew: refused as ``replayed``, counted once each, and ``chat``
     keeps running."""
+
+    def runs_chat(beat: Heartbeat) -> bool:
+        return [(w.name, w.state) for w in beat.workloads] == [("chat", "ready")]
+
+    # The first chat's beats showed it ready too: the mark is a beat after its stop.
+    before = max((beat.seq for beat in victim.beats), default=0)
     await victim.deploy(Stop(name="chat"))
+    gone = await victim.beat_where(
+        lambda beat: beat.seq > before and all(w.name != "chat" for w in beat.workloads)
+    )
     await victim.deploy(chat())
     stop = next(m for m in victim.captured if is_stop_order(m))
     state = next(m for m in reversed(victim.captured) if m.subject.endswith(f".{EVENT_STATE}"))
-    last = (await victim.beats_after(0, 1))[-1]
+    last = await victim.beat_where(lambda beat: beat.seq > gone.seq and runs_chat(beat))
     for msg in (stop, state):
         assert msg.headers is not None and HEADER_SESSION_TAG in msg.headers
         await victim.nc.publish(msg.subject, msg.data, headers=msg.headers)
     await victim.nc.flush()
-    await wait_for(lambda: refused(victim.agent) == {"replayed": 2}, timeout=20)
+    await wait_for(lambda: refused(victim.agent) == {"replayed": 2})
     after = await victim.beats_after(last.seq, 4)
-    assert all([(w.name, w.state) for w in beat.workloads] == [("chat", "ready")] for beat in after)
+    assert all(runs_chat(beat) for beat in after), [(b.seq, b.workloads) for b in after]
     assert refused(victim.agent) == {"replayed": 2}

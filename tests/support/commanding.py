@@ -8,13 +8,14 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.fleet.operator.commands import new_command, publish_command
+from actors.node.engine import EngineActor
 from actors.runtime.bus import PUBLISH_TIMEOUT, NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError, SignatureError
 from schemas.events import Engine
 from schemas.messages import FINAL_STATUSES, Action, Alert, Command, CommandResult
 from schemas.subjects import EVENT_ENGINE, Subjects
-from tests.support.fleet import Fleet, wait_for
+from tests.support.fleet import HANG, Fleet, wait_for
 
 
 class Results:
@@ -49,7 +50,7 @@ class Results:
     def statuses(self, command_id: str) -> list[str]:
         return [r.status for r in self.of(command_id)]
 
-    async def final(self, command_id: str, timeout: float = 10.0) -> CommandResult:
+    async def final(self, command_id: str, timeout: float = HANG) -> CommandResult:
         """The final result naming ``command_id`` or digest, once there is one."""
 
         def check() -> CommandResult | None:
@@ -84,5 +85,16 @@ async def send_raw(
 
 async def set_in_flight(fleet: Fleet, count: int, node: str = "n1") -> None:
     """Pretend to be the engine actor of ``node`` (an agent ``fleet`` started) reporting
-    ``count`` in-flight requests."""
+    ``count`` in-flight requests. The node's own engine actor, with no engine to probe,
+    would report none at its next round (every engine_interval) and undo the pretence in
+    the middle of a drain: it is made to report ``count`` too."""
+
+    async def pretended(session: object) -> Engine:
+        return Engine(ts=time.time(), in_flight=count)
+
+    agent = fleet.agents.get(node)
+    if agent is not None and agent.supervisor is not None:
+        for actor in agent.supervisor.actors:
+            if isinstance(actor, EngineActor):
+                setattr(actor, "check", pretended)  # noqa: B010 (an instance's method)
     await fleet.publish_event(EVENT_ENGINE, Engine(ts=time.time(), in_flight=count), node)

@@ -4,7 +4,6 @@ that drifts fails its test instead of silently running something else)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,14 +19,6 @@ AUTH_JS_API_PREFIX = "JS.FLEET.API"
 """Where auth.conf's nodes reach the fleet's JetStream API."""
 AUTH_ENTRY_BEGIN = f"# BEGIN {AUTH_NODE}\n"
 AUTH_ENTRY_END = f"# END {AUTH_NODE}\n"
-
-
-def free_port() -> int:
-    """A port nothing listens on right now, on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def replace_all(name: str, text: str, replacements: Mapping[str, str]) -> str:

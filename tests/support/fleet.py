@@ -184,6 +184,8 @@ class Fleet:
     state_dir: Path
     stack: AsyncExitStack
     channels: dict[str, tuple[NodeEvents, NatsBus]] = field(default_factory=dict)
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    """The agents :meth:`start_agent` started, by node id."""
     """Each node's event channel and the connection its actors publish on, for the agents
     started here: what :meth:`publish_event` speaks through."""
 
@@ -197,6 +199,7 @@ class Fleet:
         self.stack.push_async_callback(agent.stop)
         assert agent.bus is not None
         self.channels[agent.config.node_id] = (agent.events, agent.bus)
+        self.agents[agent.config.node_id] = agent
         return agent
 
     def node_key(self, node: str = "n1") -> signing.KeyPair:
@@ -247,8 +250,15 @@ class Fleet:
         return fake
 
 
-async def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy."""
+HANG = 60.0
+"""How long a test waits for a condition before it calls it a hang: only a bound, never
+how long anything should take (a test about a time measures it). Generous, so that a
+machine other work keeps busy slows a test down without failing it."""
+
+
+async def wait_for(check: Callable[[], Any], timeout: float = HANG, interval: float = 0.05) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy; AssertionError
+    after ``timeout`` (a hang)."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
@@ -259,6 +269,19 @@ async def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def poll(check: Callable[[], Any], timeout: float = HANG, interval: float = 0.05) -> Any:
+    """:func:`wait_for` for code outside an event loop (a thread, a program's helper):
+    call ``check`` until it returns something truthy; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
 
 
 async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> None:
@@ -276,7 +299,7 @@ async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> N
             return False
         return True
 
-    await wait_for(reached, timeout=5.0)
+    await wait_for(reached)
     await subscription.unsubscribe()
 
 
@@ -285,7 +308,7 @@ async def wait_record(
     prefix: str,
     node: str,
     predicate: Callable[[NodeRecord], bool],
-    timeout: float = 10.0,
+    timeout: float = HANG,
 ) -> NodeRecord:
     async def check() -> NodeRecord | None:
         try:

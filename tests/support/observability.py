@@ -4,14 +4,12 @@ process, so a test can SIGKILL it as a crash would."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +18,11 @@ import aiohttp
 import pytest
 
 from actors.node.config import AgentConfig
-from tests.support.deploy import free_port
+from tests.support.fleet import HANG, wait_for
+from tests.support.ports import free_port
 
 ALERTMANAGER = "prometheus-alertmanager"
 PROMETHEUS = "prometheus"
-READY_TIMEOUT = 30.0
 
 ALERTMANAGER_CONFIG = """\
 route:
@@ -46,19 +44,21 @@ def program(name: str) -> str:
 
 
 async def wait_ready(
-    url: str, timeout: float = READY_TIMEOUT, headers: dict[str, str] | None = None
+    url: str, timeout: float = HANG, headers: dict[str, str] | None = None
 ) -> None:
     """Poll ``url`` (with ``headers``: a login, say) until it answers 200."""
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession(headers=headers) as session:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError):
+
+        async def ready() -> bool:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as answer:
-                    if answer.status == 200:
-                        return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{url} not ready within {timeout:g}s")
-            await asyncio.sleep(0.2)
+                    return answer.status == 200
+            return False
+
+        try:
+            await wait_for(ready, timeout, interval=0.2)
+        except AssertionError:
+            raise AssertionError(f"{url} not ready within {timeout:g}s") from None
 
 
 def write_config(path: Path, text: str) -> Path:

@@ -14,12 +14,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.fleet import wait_for
+from tests.support.fleet import HANG, poll, wait_for
+from tests.support.ports import free_port
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "squeue", "sbatch", "sinfo")
 TOOL_TIMEOUT = 10.0
@@ -27,13 +27,6 @@ TOOL_TIMEOUT = 10.0
 
 def missing_binaries() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -81,31 +74,36 @@ class SlurmCluster:
                 return word.removeprefix("State=").lower()
         raise AssertionError(f"no State in {self.node_line()!r}")
 
-    def wait_state(self, check: str, timeout: float = 15.0) -> str:
+    def wait_state(self, check: str, timeout: float = HANG) -> str:
         """Poll until the node's state has every ``+``-flag of ``check``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.state()
-            if set(check.split("+")) <= set(state.split("+")):
-                return state
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Slurm node {state}, not {check}, after {timeout:g}s")
-            time.sleep(0.2)
+        try:
+            poll(lambda: self.has_state(check), timeout, interval=0.2)
+        except AssertionError:
+            raise AssertionError(
+                f"Slurm node {self.state()}, not {check}, after {timeout:g}s"
+            ) from None
+        return self.state()
+
+    def answers(self) -> bool:
+        """slurmctld answers ``scontrol ping``."""
+        try:
+            self.tool("scontrol", "ping")
+        except subprocess.CalledProcessError:
+            return False
+        return True
 
     def has_state(self, check: str) -> bool:
         """The node's state has every ``+``-flag of ``check``."""
         return set(check.split("+")) <= set(self.state().split("+"))
 
-    async def until_state(self, check: str, timeout: float = 15.0) -> None:
+    async def until_state(self, check: str, timeout: float = HANG) -> None:
         """As :meth:`wait_state`, without blocking the event loop the agent runs in."""
         await wait_for(lambda: self.has_state(check), timeout)
 
     def reset(self) -> None:
         """Cancel every job and resume the node: each test starts from an idle node."""
         self.tool("scancel", "-w", self.node)
-        deadline = time.monotonic() + 15
-        while self.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        poll(lambda: not self.running(), interval=0.2)
         if "drain" in self.state().split("+"):
             self.tool("scontrol", "update", f"nodename={self.node}", "state=resume")
         self.wait_state("idle")
@@ -147,11 +145,19 @@ def _stop(pid_file: Path) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+    def gone() -> bool:
+        try:
             os.kill(pid, 0)
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        poll(gone, timeout=10, interval=0.1)
+    except AssertionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def start_munged(root: Path) -> Path:
@@ -200,17 +206,9 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
     try:
         pid_files.append(start_munged(root))
         pid_files.append(start_daemon(cluster, "slurmctld"))
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                cluster.tool("scontrol", "ping")
-                break
-            except subprocess.CalledProcessError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        poll(cluster.answers, interval=0.2)
         pid_files.append(start_daemon(cluster, "slurmd"))
-        cluster.wait_state("idle", timeout=30)
+        cluster.wait_state("idle")
         yield cluster
     finally:
         for pid_file in reversed(pid_files):

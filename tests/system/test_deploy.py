@@ -55,12 +55,12 @@ from tests.support.deploy import (
     DEPLOY,
     STORE,
     fleet_auth,
-    free_port,
     render,
     render_auth,
 )
 from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
 from tests.support.pki import TLS_DIR, Pki
+from tests.support.ports import free_port
 
 PREFIX = "fleet"
 """The configs' permissions name the default prefix, so these tests use it too (each test
@@ -108,7 +108,7 @@ async def admit(fleet: Fleet, server: str, node: str = "n1", **settings: Any) ->
     """An approved agent on ``server``, once the aggregator has it ``active``."""
     config = agent_config(server, PREFIX, fleet.state_dir, node, **settings)
     agent = await fleet.start_agent(config)
-    await wait_record(fleet.bus, PREFIX, node, lambda r: r.state == "active", timeout=20)
+    await wait_record(fleet.bus, PREFIX, node, lambda r: r.state == "active")
     return agent
 
 
@@ -247,7 +247,7 @@ async def test_cluster(
             return False
         return current.last_seq > before + 3
 
-    await wait_for(risen, timeout=25)
+    await wait_for(risen)
     # A fourth server with the right certificate but the wrong password does not join.
     member = next(n for n, s in enumerate(servers) if s is not victim)
     rogue = render(
@@ -340,7 +340,7 @@ async def test_hub_and_leaf(
     )
     results = await Results().start(fleet.bus, PREFIX)
     await fleet.start_aggregator()
-    await wait_for(lambda: "Leafnode connection created" in hub.log_file.read_text(), timeout=15)
+    await wait_for(lambda: "Leafnode connection created" in hub.log_file.read_text())
     await admit(fleet, leaf.url, js_api_prefix=JS_API_PREFIX, trust_operators=[operator.public_key])
     cordon = await send(fleet.bus, PREFIX, operator, Cordon(), node="n1", cluster="c1")
     assert (await results.final(cordon.id)).status == "done"

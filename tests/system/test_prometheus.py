@@ -16,7 +16,6 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.registry import approve
 from schemas import signing
 from schemas.subjects import Subjects
-from tests.support.deploy import free_port
 from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_for, wait_record
 from tests.support.observability import (
     PROMETHEUS,
@@ -25,6 +24,7 @@ from tests.support.observability import (
     running,
     wait_ready,
 )
+from tests.support.ports import free_port
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "prometheus"
 
@@ -72,7 +72,7 @@ async def test_prometheus_fires_stale_for_a_sigkilled_agent(fleet: Fleet, tmp_pa
     port_file = Path(node.state_dir) / "http.port"
     with agent_process(node, tmp_path / "agent.log") as agent:
         await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: r.state == "active", 30)
-        await wait_for(port_file.exists, timeout=10)
+        await wait_for(port_file.exists)
         agent_port = int(port_file.read_text())
         config = tmp_path / "prometheus.yml"
         config.write_text(
@@ -106,7 +106,7 @@ async def test_prometheus_fires_stale_for_a_sigkilled_agent(fleet: Fleet, tmp_pa
                 'fleet_aggregator_build_info{job="fleet-aggregator"}',
                 'fleet_node_state{node="n1",state="active"}',
             ):
-                await wait_for(partial(scraped, expr), timeout=20, interval=0.5)
+                await wait_for(partial(scraped, expr), interval=0.5)
             agent.send_signal(signal.SIGKILL)
             agent.wait(10)
 
@@ -119,5 +119,5 @@ async def test_prometheus_fires_stale_for_a_sigkilled_agent(fleet: Fleet, tmp_pa
                     and alert["state"] == "firing"
                 ]
 
-            (alert,) = await wait_for(firing, timeout=30, interval=0.5)
+            (alert,) = await wait_for(firing, interval=0.5)
             assert alert["labels"]["node"] == "n1" and alert["labels"]["severity"] == "warning"

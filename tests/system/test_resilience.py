@@ -4,8 +4,10 @@ back, need no hand-holding."""
 from __future__ import annotations
 
 import asyncio
-import socket
+import logging
 from pathlib import Path
+
+import pytest
 
 from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import provision
@@ -14,19 +16,27 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.subjects import Subjects
-from tests.support.fleet import TEST_LIMITS, agent_config, start_aggregator, wait_record
+from tests.support.fleet import (
+    TEST_LIMITS,
+    agent_config,
+    start_aggregator,
+    wait_for,
+    wait_record,
+)
+from tests.support.ports import free_port
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+def logged(caplog: pytest.LogCaptureFixture, message: str) -> int:
+    """How many times the bus logged ``message`` so far."""
+    return sum(1 for r in caplog.records if r.name == "actors.runtime.bus" and r.msg == message)
 
 
-async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: Path) -> None:
+async def test_agent_waits_for_its_server_and_survives_a_server_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """An agent started while no server listens keeps retrying and beats once one is up;
     after the server is SIGKILLed and restarted on the same store, heartbeats resume."""
+    caplog.set_level(logging.INFO, logger="actors.runtime.bus")
     port = free_port()
     server = NatsServer(tmp_path / "nats", port=port)
     config = agent_config(
@@ -35,7 +45,7 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
     key = signing.load_or_create_key_file(config.key_path)
     agent = NodeAgent(config)
     starting = asyncio.create_task(agent.start())
-    await asyncio.sleep(1.5)
+    await wait_for(lambda: logged(caplog, "nats connect failed; retrying") >= 2)
     assert not starting.done(), "the agent gives up on an absent server"
 
     await asyncio.to_thread(server.start)
@@ -50,17 +60,16 @@ async def test_agent_waits_for_its_server_and_survives_a_server_crash(tmp_path: 
 
         await aggregator.stop()
         await bus.close()
+        lost = logged(caplog, "disconnected from nats; reconnecting")
         server.kill()
-        await asyncio.sleep(1.0)
+        await wait_for(lambda: logged(caplog, "disconnected from nats; reconnecting") > lost)
         await asyncio.to_thread(server.start)
         bus = await NatsBus.connect(server.url, "test")
         aggregator = await start_aggregator(bus, "res")
-        after = await wait_record(
-            bus, "res", "n1", lambda r: r.last_seq > before.last_seq + 2, timeout=20
-        )
+        after = await wait_record(bus, "res", "n1", lambda r: r.last_seq > before.last_seq + 2)
         assert after.boot_id == before.boot_id, "the agent itself never restarted"
         # Probes missed during the outage may count against health for a few samples.
-        await wait_record(bus, "res", "n1", lambda r: r.state == "active", timeout=20)
+        await wait_record(bus, "res", "n1", lambda r: r.state == "active")
     finally:
         await agent.stop()
         await aggregator.stop()

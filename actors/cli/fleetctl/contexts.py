@@ -156,6 +156,73 @@ async def cmd_use_context(args: argparse.Namespace) -> int:
     return 0
 
 
+CONTEXT_FIELDS = tuple(field.name for field in msgspec.structs.fields(Context))
+CONTEXT_HELP = {
+    "server": "NATS URL(s), comma-separated",
+    "key_file": "the operator key that signs commands",
+    "nkey_file": "the NATS user nkey seed",
+    "tls_ca": "CA bundle the server's certificate is checked against",
+    "tls_cert": "client certificate",
+    "tls_key": "client certificate's key",
+    "prefix": f"subject prefix, default {DEFAULT_PREFIX}",
+}
+
+
+def toml_text(found: ContextsFile) -> str:
+    """The file as TOML (every value a string, each quoted as JSON, which TOML reads)."""
+    lines = (
+        [f"{CURRENT_KEY} = {json.dumps(found.current_context)}\n"] if found.current_context else []
+    )
+    for name, context in sorted(found.contexts.items()):
+        key = name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+        lines.append(f"\n[contexts.{key}]\n")
+        for field in CONTEXT_FIELDS:
+            value = getattr(context, field)
+            if value is not None:
+                lines.append(f"{field} = {json.dumps(value)}\n")
+    return "".join(lines)
+
+
+def write_file(path: Path, found: ContextsFile) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, toml_text(found).encode())
+
+
+async def cmd_set_context(args: argparse.Namespace) -> int:
+    """Create context NAME, or change the settings given of an existing one (kubectl
+    config set-context); ``--current`` makes it the current one too."""
+    path = contexts_path()
+    found = read_file(path)
+    given = {field: getattr(args, field) for field in CONTEXT_FIELDS}
+    changes = {field: str(value) for field, value in given.items() if value is not None}
+    old = found.contexts.get(args.name, Context())
+    contexts = {**found.contexts, args.name: msgspec.structs.replace(old, **changes)}
+    current = args.name if args.current else found.current_context
+    try:
+        write_file(path, ContextsFile(current_context=current, contexts=contexts))
+    except OSError as exc:
+        return fail(f"cannot write {path}: {exc.strerror or exc}")
+    verb = "modified" if args.name in found.contexts else "created"
+    sys.stdout.write(f'Context "{args.name}" {verb}.\n')
+    return 0
+
+
+async def cmd_delete_context(args: argparse.Namespace) -> int:
+    """Remove context NAME (and the current-context line if it named it)."""
+    path = contexts_path()
+    found = read_file(path)
+    if args.name not in found.contexts:
+        return fail(f"no context {args.name!r} in {path}{suggestion(args.name, found)}")
+    contexts = {name: c for name, c in found.contexts.items() if name != args.name}
+    current = "" if found.current_context == args.name else found.current_context
+    try:
+        write_file(path, ContextsFile(current_context=current, contexts=contexts))
+    except OSError as exc:
+        return fail(f"cannot write {path}: {exc.strerror or exc}")
+    sys.stdout.write(f'Deleted context "{args.name}" from {path}.\n')
+    return 0
+
+
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config = commands.add_parser(
         "config",
@@ -180,3 +247,19 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     use = subs.add_parser("use-context", help="make NAME the current context")
     use.add_argument("name", metavar="NAME", help="a context of the file")
     use.set_defaults(func=cmd_use_context)
+    rewrites = " (rewrites the file: its comments are not kept)"
+    setter = subs.add_parser(
+        "set-context", help="create a context, or change the settings given of one" + rewrites
+    )
+    setter.add_argument("name", metavar="NAME", help="the context (created if new)")
+    for field in CONTEXT_FIELDS:
+        setter.add_argument(
+            f"--{field.replace('_', '-')}",
+            dest=field,
+            help=f"the context's {field} ({CONTEXT_HELP[field]})",
+        )
+    setter.add_argument("--current", action="store_true", help="make it the current context too")
+    setter.set_defaults(func=cmd_set_context)
+    delete = subs.add_parser("delete-context", help="remove a context" + rewrites)
+    delete.add_argument("name", metavar="NAME", help="a context of the file")
+    delete.set_defaults(func=cmd_delete_context)

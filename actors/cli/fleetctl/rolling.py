@@ -32,6 +32,7 @@ from actors.cli.fleetctl.send import (
     describe,
 )
 from actors.cli.fleetctl.signer import check_signer
+from actors.cli.node_names import did_you_mean, expand_nodes
 from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
@@ -52,14 +53,16 @@ DONE_STATES = {
 
 
 def targets(records: list[NodeRecord], args: argparse.Namespace) -> list[NodeRecord]:
-    """The nodes the selector (and --cluster) names, in node-id order."""
+    """The nodes the selector (labels, the node list, --cluster) names, in node-id order."""
     selectors = parse_selectors(args.label)
+    listed = set(args.nodes)
     return sorted(
         (
             record
             for record in records
             if not record.deregistered
             and (args.cluster is None or record.cluster == args.cluster)
+            and (not listed or record.node_id in listed)
             and matches(record.labels, selectors)
         ),
         key=lambda record: (record.node_id, record.cluster),
@@ -180,17 +183,31 @@ class Rollout:
         return EXIT_DONE
 
 
+def selector_text(args: argparse.Namespace) -> str:
+    """The selector as given: ``-l K=V``, the node list, ``--cluster C``."""
+    parts = [f"-l {label}" for label in args.label]
+    parts += [args.node] if args.nodes else []
+    parts += [f"--cluster {args.cluster}"] if args.cluster else []
+    return " ".join(parts)
+
+
 def args_what(args: argparse.Namespace) -> str:
-    return f"rolling {args.command} -l {' -l '.join(args.label)}"
+    return f"rolling {args.command} {selector_text(args)}"
 
 
 async def cmd_rolling(args: argparse.Namespace) -> int:
     """``cordon|drain|uncordon -l ...``: see the module docstring."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        chosen = targets(await registry.read_records(bus, subjects), args)
+        records = await registry.read_records(bus, subjects)
+        chosen = targets(records, args)
+        known = [record.node_id for record in records]
+        unknown = sorted(set(args.nodes) - set(known))
+        if unknown:
+            hint = did_you_mean(unknown[0], known)
+            return fail(f"no such node: {', '.join(unknown)}{hint}")
         if not chosen:
-            return fail(f"no node matches {' '.join(args.label)}")
+            return fail(f"no node matches {selector_text(args)}")
         todo = [record for record in chosen if not done_already(record, args)]
         if args.dry_run:
             now = time.time()
@@ -213,13 +230,20 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
 
 
 async def cmd_one_or_rolling(args: argparse.Namespace) -> int:
-    """``cordon|drain|uncordon|deploy``: one node, or (``-l``) every matching node, rolling."""
-    if args.label and args.node:
+    """``cordon|drain|uncordon|deploy``: one node, or every node a selector names, rolling:
+    ``-l`` labels, a node list or range (``node[1-4],gpu-a``), or (but for a deploy,
+    where it places) ``--cluster`` alone."""
+    listed = expand_nodes(args.node) if args.node else []
+    args.nodes = listed if len(listed) > 1 else []
+    if args.label and listed:
         return fail("give a node or -l KEY=VALUE, not both", 2)
-    if args.label:
+    if args.label or args.nodes or (args.cluster and not listed):
         return await cmd_rolling(args)
-    if not args.node:
-        return fail("a node id or -l KEY=VALUE is needed", 2)
+    if not listed:
+        return fail(
+            "a node id (node-1, or a list: node[1-4],gpu-a), -l KEY=VALUE or --cluster C is needed",
+            2,
+        )
     return await cmd_send(args)
 
 
@@ -240,7 +264,8 @@ def add_rolling_options(sub: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="every node with these labels instead of one node (repeatable: all must match)",
+        help="every node with these labels instead of one node (repeatable: all must match; "
+        "--cluster C alone selects every node of the cluster)",
     )
     sub.add_argument(
         "--max-unavailable",

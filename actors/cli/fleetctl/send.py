@@ -37,6 +37,7 @@ from actors.cli.common import (
     token,
 )
 from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.node_names import node_selection
 from actors.cli.render import tables
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
@@ -431,7 +432,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
             sub.add_argument("node", type=token("node id"), help="the node's id")
         else:
             sub.add_argument(
-                "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
+                "node",
+                nargs="?",
+                type=node_selection,
+                help="the node's id, or a list or range of them, rolling (node[1-4],gpu-a); "
+                "or -l KEY=VALUE, or --cluster C",
             )
         sub.add_argument("--reason", default="", help="recorded with the node's state")
         if name == "cordon":

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
+import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
+from actors.fleet.remediation.config import PolicyConfig, load_policy
 from actors.fleet.storage import registry
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
@@ -44,9 +48,10 @@ from actors.runtime.embedded import NatsServer, ServerError
 from actors.runtime.login_links import login_link
 from actors.runtime.supervisor import Supervisor
 from schemas import signing
-from schemas.errors import FleetError
+from schemas.base import Labels
+from schemas.errors import FleetError, InvalidToken
 from schemas.messages import NodeRecord
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,11 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     refresh: float = 1.0
     allow_ui_commands: bool = False
     """The dashboard sends commands (signed with the operator key), after a login."""
+    policy_file: Path | None = None
+    """A remediation policy the aggregator runs, as ``fleetctl aggregator --policy-file``;
+    the agents trust its key too."""
+    labels: dict[str, dict[str, str]] = {}
+    """Labels per node id, ``""`` for every agent (a node's own win)."""
 
 
 def default_store() -> Path:
@@ -83,7 +93,9 @@ def _log_to_file(path: Path) -> None:
     logging.getLogger().handlers[:] = [handler]
 
 
-def agent_config(options: UpOptions, server: str, index: int, operator: str) -> AgentConfig:
+def agent_config(
+    options: UpOptions, server: str, index: int, operator: str, *trusted: str
+) -> AgentConfig:
     node = f"node-{index}"
     return AgentConfig(
         server=server,
@@ -95,10 +107,34 @@ def agent_config(options: UpOptions, server: str, index: int, operator: str) -> 
         fake_gpus=None if options.gpus_per_node == "real" else options.gpus_per_node,
         http_port=0,
         gateway_port=0,
-        trust_operators=[operator],
+        trust_operators=[operator, *trusted],
+        labels={**options.labels.get("", {}), **options.labels.get(node, {})},
         # A demo sees `fleetctl settings set` take effect within seconds.
         settings_interval=5.0,
     )
+
+
+def node_label(text: str) -> tuple[str, str, str]:
+    """An argparse type: ``KEY=VALUE`` (every agent) or ``NODE:KEY=VALUE`` (one), as
+    (node or "", key, value), checked as a node's labels are."""
+    pair, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE or NODE:KEY=VALUE")
+    node, _, key = pair.rpartition(":")
+    try:
+        msgspec.convert({key: value}, Labels)
+        if node:
+            check_token("node id", node)
+    except (msgspec.ValidationError, InvalidToken) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return node, key, value
+
+
+def labels_by_node(given: list[tuple[str, str, str]]) -> dict[str, dict[str, str]]:
+    by_node: dict[str, dict[str, str]] = {}
+    for node, key, value in given:
+        by_node.setdefault(node, {})[key] = value
+    return by_node
 
 
 def gpus_per_node(text: str) -> int | str:
@@ -163,23 +199,20 @@ async def run_up(options: UpOptions) -> int:
     options = msgspec.structs.replace(options, gpus_per_node=gpus)
     _log_to_file(options.store / "fleet.log")
     server = NatsServer(options.store / "nats", port=options.port, name="fleetctl-up")
-    try:
-        await asyncio.to_thread(server.start)
-    except ServerError as exc:
-        if "address already in use" in str(exc):
-            # Not "--port 0" alone: a second server on the same store would share its
-            # JetStream directory with the first.
-            raise ServerError(
-                f"port {options.port} is taken (another nats-server, or fleetctl up "
-                "already running?): stop it, or use --port 0 with another --store"
-            ) from None
-        raise
-    operator = signing.load_or_create_key_file(options.store / "operator.nk")
+    # The server runs in a process group of its own: a terminal's Ctrl-C (SIGINT to its
+    # whole group) reaches this process alone, which stops the agents (their goodbyes
+    # need the server), then the aggregator, then the server. A second Ctrl-C or a hangup
+    # of the terminal still takes the server down with it.
+    stop = stop_event(server.kill, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     agents: list[NodeAgent] = []
     bus: NatsBus | None = None
     aggregator: Supervisor | None = None
-    stop = stop_event()
+    await start_server(server, options.port)
     try:
+        operator = signing.load_or_create_key_file(options.store / "operator.nk")
+        policy = load_policy(options.policy_file) if options.policy_file else None
+        # The policy signs its cordons with its own key: the agents trust it too.
+        trusted = [signing.load_key_file(Path(policy.key_file)).public_key] if policy else []
         bus = await NatsBus.connect(server.url, "fleetctl-up")
         subjects = Subjects()
         await provision(bus.js, subjects)
@@ -189,20 +222,20 @@ async def run_up(options: UpOptions) -> int:
         # The workload reconciler signs with the operator key every agent trusts, so
         # fleetctl deploy without a node is kept running here too.
         aggregator_config = AggregatorConfig(
-            http_port=0,
-            trust_operators=[operator.public_key],
+            http_port=last_port(options.store),
+            trust_operators=[operator.public_key, *trusted],
             workloads_key_file=str(options.store / "operator.nk"),
             allow_ui_commands=options.allow_ui_commands,
             ui_key_file=str(options.store / "operator.nk") if options.allow_ui_commands else "",
         )
-        provider = ProviderActors(aggregator_config, bus, metrics)
+        provider = ProviderActors(aggregator_config, bus, metrics, policy)
         fleet_http = provider.http
         assert fleet_http is not None  # http_port=0: served
         aggregator = provider.supervisor
         aggregator.start()
         await aggregator.wait_ready(10)
         for index in range(1, options.nodes + 1):
-            config = agent_config(options, server.url, index, operator.public_key)
+            config = agent_config(options, server.url, index, operator.public_key, *trusted)
             key = signing.load_or_create_key_file(config.key_path)
             await registry.approve(
                 bus,
@@ -215,29 +248,91 @@ async def run_up(options: UpOptions) -> int:
             agent = NodeAgent(config)
             await agent.start()
             agents.append(agent)
+        keep_port(options.store, fleet_http.port)
         sys.stdout.write(
             f"NATS: {server.url}\n{dashboard_lines(fleet_http.port, operator, options)}"
             f"fleet API: http://127.0.0.1:{fleet_http.port}/nodes\n"
             f"store: {options.store}\noperator key: {options.store / 'operator.nk'}\n"
             "for fleetctl and node-agent in another shell (this server, this operator key):\n"
             f"  {export_line(server.url, options.store / 'operator.nk')}\n"
-            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\nCtrl-C to stop.\n\n"
+            f"logs: {options.store / 'fleet.log'}\nGPUs: {gpus_line}\n"
+            f"{policy_line(options.policy_file, policy)}Ctrl-C to stop.\n\n"
         )
         await _show_fleet(bus, subjects, stop, options.refresh)
     finally:
-        sys.stdout.write("\nstopping fleet...\n")
-        for agent in agents:
-            await agent.stop()
-        if aggregator is not None and bus is not None and agents:
-            nodes = {agent.config.node_id for agent in agents}
-            sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
-        if aggregator is not None:
-            await aggregator.stop()
-        if bus is not None:
-            await bus.close()
-        await asyncio.to_thread(server.stop)
-        sys.stdout.write("stopped.\n")
+        await stop_fleet(server, agents, aggregator, bus)
     return 0
+
+
+async def start_server(server: NatsServer, port: int) -> None:
+    """Start the embedded server; a taken port is one line saying what to do."""
+    try:
+        await asyncio.to_thread(server.start)
+    except ServerError as exc:
+        if "address already in use" in str(exc):
+            # Not "--port 0" alone: a second server on the same store would share its
+            # JetStream directory with the first.
+            raise ServerError(
+                f"port {port} is taken (another nats-server, or fleetctl up "
+                "already running?): stop it, or use --port 0 with another --store"
+            ) from None
+        raise
+
+
+async def stop_fleet(
+    server: NatsServer, agents: list[NodeAgent], aggregator: Supervisor | None, bus: NatsBus | None
+) -> None:
+    """Agents first (each says goodbye over the server), then, once the aggregator has
+    recorded those goodbyes or GOODBYE_WAIT has passed, the aggregator, then the server."""
+    sys.stdout.write("\nstopping fleet...\n")
+    for agent in agents:
+        await agent.stop()
+    if aggregator is not None and bus is not None and agents:
+        nodes = {agent.config.node_id for agent in agents}
+        sys.stdout.write(await goodbyes_taken(bus, Subjects(), nodes, GOODBYE_WAIT) + "\n")
+    if aggregator is not None:
+        await aggregator.stop()
+    if bus is not None:
+        await bus.close()
+    await asyncio.to_thread(server.stop)
+    sys.stdout.write("stopped.\n")
+
+
+PORT_FILE = "dashboard.port"
+"""Where the store keeps the dashboard's port, so the next ``up`` serves it there too
+(a bookmark keeps working)."""
+
+
+def last_port(store: Path) -> int:
+    """The port the last ``up`` of this store served its dashboard on, if it is free now;
+    else 0 (any free port)."""
+    try:
+        port = int((store / PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    if not 0 < port < 65536:
+        return 0
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
+def keep_port(store: Path, port: int | None) -> None:
+    """Remember the dashboard's port for the next ``up`` (best effort)."""
+    if port:
+        with contextlib.suppress(OSError):
+            (store / PORT_FILE).write_text(f"{port}\n")
+
+
+def policy_line(path: Path | None, policy: PolicyConfig | None) -> str:
+    """The banner's line about the remediation policy, when one runs."""
+    if path is None or policy is None:
+        return ""
+    mode = "dry run: says what it would do" if policy.dry_run else "acting"
+    return f"policy: {path} ({mode}; fleetctl policy status)\n"
 
 
 def dashboard_lines(port: int | None, key: signing.KeyPair, options: UpOptions) -> str:
@@ -340,6 +435,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
         stale_after=args.stale_after or 3 * args.heartbeat_interval,
         gpus_per_node=args.gpus_per_node,
         allow_ui_commands=args.allow_ui_commands,
+        policy_file=args.policy_file,
+        labels=labels_by_node(args.label or []),
     )
     return await run_up(options)
 
@@ -375,5 +472,19 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="the dashboard sends cordon, drain and uncordon (signed with the operator "
         "key) after a login: the banner prints a one-time login link",
+    )
+    up.add_argument(
+        "--policy-file",
+        type=Path,
+        help="a remediation policy (TOML, docs/remediation.md) the aggregator runs, as "
+        "'fleetctl aggregator --policy-file'; the agents trust its key_file's key",
+    )
+    up.add_argument(
+        "-l",
+        "--label",
+        type=node_label,
+        action="append",
+        help="a label KEY=VALUE for every agent, or NODE:KEY=VALUE for one (node-2:rack=b); "
+        "repeatable",
     )
     up.set_defaults(func=cmd_up)

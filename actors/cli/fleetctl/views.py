@@ -19,7 +19,8 @@ from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
 from actors.cli.fleetctl import policy
-from actors.cli.render import describe, tables
+from actors.cli.node_names import did_you_mean
+from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import leases, policy_holds, registry
@@ -49,6 +50,7 @@ def write_nodes(
     rows: bool,
     of: int | None = None,
     pending: bool = False,
+    extra: list[columns.Column] | None = None,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
     is written record by record (the same bytes as one array), so a 100,000-node
@@ -65,7 +67,7 @@ def write_nodes(
     elif pending and output in ("table", "wide"):
         sys.stdout.write(tables.pending_table(records))
     else:
-        sys.stdout.write(tables.nodes_output(records, output, colour, of))
+        sys.stdout.write(tables.nodes_output(records, output, colour, of, extra or []))
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -77,6 +79,11 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
     selectors = fleet_labels.parse_selectors(args.label or [])
+    extra = columns.label_columns(columns.label_keys(args.label_columns or []), args.show_labels)
+    if output.startswith(columns.CUSTOM_PREFIX):
+        columns.custom_columns(output)  # a wrong spec is refused before any read
+    if args.sort_by:
+        columns.path_of(args.sort_by)
     async with connected(args, "fleetctl") as bus:
         stop = stop_event() if args.watch else None
         shown: list[tuple[object, ...]] | None = None
@@ -94,6 +101,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 and (not states or r.state in states)
                 and fleet_labels.matches(r.labels, selectors)
             ]
+            if args.sort_by:
+                records = columns.sort_records(records, args.sort_by)
             if args.limit is not None:
                 records = records[: args.limit]
             rows = args.all or args.limit is not None
@@ -106,7 +115,13 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                     sys.stdout.write("\n")
                 shown = key
                 write_nodes(
-                    records, output, colour, rows, of=len(every), pending=states == {"pending"}
+                    records,
+                    output,
+                    colour,
+                    rows,
+                    of=len(every),
+                    pending=states == {"pending"},
+                    extra=extra,
                 )
                 sys.stdout.flush()
             if stop is None:
@@ -175,7 +190,7 @@ async def cmd_aggregators(args: argparse.Namespace) -> int:
 
 async def cmd_node(args: argparse.Namespace) -> int:
     async with connected(args, "fleetctl") as bus:
-        record = await live.read_node(bus, Subjects(args.prefix), args.node)
+        record = await node_record(bus, Subjects(args.prefix), args.node)
     if args.json:
         sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
     else:
@@ -276,7 +291,7 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     """The human view of one node: its record explained, then its recent history."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        record = await live.read_node(bus, subjects, args.node)
+        record = await node_record(bus, subjects, args.node)
         alerts, results = await history.recent_history(
             bus, subjects, args.node, limit=describe.RECENT
         )
@@ -309,6 +324,16 @@ async def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecord:
+    """The node's record, read live; an unknown node is one line naming the known ones
+    closest to it (did you mean ...?)."""
+    try:
+        return await live.read_node(bus, subjects, node)
+    except registry.NotFound as exc:
+        known = [record.node_id for record in await registry.read_records(bus, subjects)]
+        raise FleetError(f"{exc}{did_you_mean(node, known)}") from None
+
+
 async def cmd_events(args: argparse.Namespace) -> int:
     """A node's alerts and command results from the streams, oldest first; a node with
     neither and no record is unknown (exit 1)."""
@@ -318,12 +343,21 @@ async def cmd_events(args: argparse.Namespace) -> int:
         alerts, results = await history.node_history(bus, subjects, args.node, since)
         if not alerts and not results:
             # Nothing to show: an unknown node (a typo) is an error, a known one is quiet.
-            await registry.read_record(bus, subjects, args.node)
+            await node_record(bus, subjects, args.node)
     for entry in history.merged(alerts, results):
         sys.stdout.write(
             (tables.event_json(entry) if args.json else tables.event_line(entry)) + "\n"
         )
     return 0
+
+
+def node_output(text: str) -> str:
+    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
+    if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
+    )
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -356,9 +390,27 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     nodes.add_argument(
         "-o",
         "--output",
-        choices=tables.NODE_OUTPUTS,
+        type=node_output,
         default="table",
-        help="table (default), wide (adds SEQ and REASON), json or yaml",
+        help="table (default), wide (adds SEQ and REASON), json, yaml, or "
+        "custom-columns=NAME:.path,... (JSON paths into each record, as -o json shows it: "
+        "custom-columns=NODE:.node_id,HOST:.heartbeat.sample.hostname)",
+    )
+    nodes.add_argument(
+        "--sort-by",
+        metavar="FIELD",
+        help=f"order by a column ({', '.join(columns.SORT_FIELDS)}) or a JSON path "
+        "(.heartbeat.sample.hostname), ascending; nodes without it last",
+    )
+    nodes.add_argument(
+        "-L",
+        "--label-columns",
+        action="append",
+        metavar="KEY[,KEY]",
+        help="a column for each of these labels (repeatable)",
+    )
+    nodes.add_argument(
+        "--show-labels", action="store_true", help="a LABELS column with every label"
     )
     nodes.add_argument(
         "--watch",

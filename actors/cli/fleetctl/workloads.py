@@ -13,6 +13,7 @@ import msgspec
 
 from actors.cli.common import add_server, connected, duration, token
 from actors.cli.fleetctl import placement, send
+from actors.cli.node_names import node_selection
 from actors.cli.render import tables
 from actors.fleet.storage.placed import endpoint, read_placed
 from actors.fleet.views import live
@@ -210,7 +211,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(fleetctl workloads --why, fleetctl undeploy). " + send.EXIT_STATUSES,
     )
     deploy.add_argument(
-        "node", nargs="?", type=token("node id"), help="the node's id (or -l KEY=VALUE)"
+        "node",
+        nargs="?",
+        type=node_selection,
+        help="the node's id, or a list or range of them (node[1-4],gpu-a); or -l KEY=VALUE",
     )
     deploy.add_argument("name", type=workload_name, help="the workload's name on that node")
     deploy.add_argument(

@@ -77,7 +77,8 @@ def describe(
         lines.append(f"Reported:        what follows is from its last heartbeat, {clock(beat.ts)}")
     lines += _health(beat.health, record.state)
     lines += _gpus(beat.sample)
-    lines += _host(beat.sample.host if beat.sample is not None else None)
+    agent_up = beat.ts - beat.started if beat.started is not None else None
+    lines += _host(beat.sample.host if beat.sample is not None else None, agent_up)
     lines += _engines(beat.engine)
     lines += _workloads(beat.workloads)
     lines += _latency(beat.latency)
@@ -193,10 +194,12 @@ def _schedulability(
     the one "who" the fleet knows itself. Completed results report the schedulability
     the node had when they ended; the one credited is the first of the latest run of such
     results that all report this schedulability (later ones, a stop on a cordoned node
-    say, found it so). A schedulability the node changed by itself without a result (the
-    last completed result reports another) is credited to nobody, and what the node did
-    on its own (spot notices, its shutdown) to the node. Unknown (``-``) while no
-    heartbeat says what it is now, with what it last said."""
+    say, found it so), and only where it changed it: after one reporting another state,
+    or, first of all, to other than schedulable (a workload's commands on a node
+    schedulable all along set nothing). A schedulability the node changed by itself
+    without a result (the last completed result reports another) is credited to nobody,
+    and what the node did on its own (spot notices, its shutdown) to the node. Unknown
+    (``-``) while no heartbeat says what it is now, with what it last said."""
     beat = record.heartbeat
     text = record.schedulability
     if beat is not None and beat.schedulability_reason:
@@ -225,11 +228,12 @@ def _credited(record: NodeRecord, results: list[Entry]) -> str:
     ]
     if not done or done[-1].schedulability != record.schedulability:
         return ""
-    setter = done[-1]
-    for result in reversed(done[:-1]):
-        if result.schedulability != setter.schedulability:
-            break
-        setter = result
+    run = len(done) - 1
+    while run > 0 and done[run - 1].schedulability == done[-1].schedulability:
+        run -= 1
+    setter = done[run]
+    if run == 0 and setter.schedulability == "schedulable":
+        return ""  # no change seen: a workload's stop on a node schedulable all along
     return f", set by {_setter(setter.command_id)} at {clock(setter.ts)} (the node's result)"
 
 
@@ -313,16 +317,20 @@ def _managed_gpus(sample: Sample) -> list[str]:
     return [f"GPUs:            {len(sample.gpus)} ({sample.gpu_source})", *grid(rows)]
 
 
-def _host(host: HostFacts | None) -> list[str]:
-    """Host facts in one line, dependency versions in another (older agents send none)."""
+def _host(host: HostFacts | None, agent_up: float | None = None) -> list[str]:
+    """The host's uptime and the agent's (as of the heartbeat; older agents send none),
+    host facts in one line, dependency versions in another (older agents send none)."""
     if host is None:
         return []
     gpu = _opt(host.gpu_utilization_pct, "%", "{:.0f}")
-    lines = [
-        f"Host:            up {span(host.uptime_s)}, memory {host.memory_used_pct:.0f}% used, "
+    lines = [f"Host uptime:     {span(host.uptime_s)}"]
+    if agent_up is not None:
+        lines.append(f"Agent uptime:    {span(agent_up)}")
+    lines.append(
+        f"Host:            memory {host.memory_used_pct:.0f}% used, "
         f"GPU util {gpu} (mean), {host.storage_path or '-'} {host.storage_used_pct:.0f}% used, "
         f"CPU {host.cpu_model or '-'}"
-    ]
+    )
     if host.dependencies:
         versions = "; ".join(dep.version for dep in host.dependencies)
         lines.append(f"Versions:        {versions}")

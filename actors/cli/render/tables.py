@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from actors.cli.render import columns
+from actors.cli.render.columns import Column
 from actors.fleet.views.history import Entry
 from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
@@ -132,13 +134,24 @@ def not_live_note(records: list[NodeRecord]) -> str:
 
 
 def table(
-    records: list[NodeRecord], now: float | None = None, wide: bool = False, colour: bool = False
+    records: list[NodeRecord],
+    now: float | None = None,
+    wide: bool = False,
+    colour: bool = False,
+    extra: Sequence[Column] = (),
 ) -> str:
-    """Aligned columns; with ``colour``, the STATE cell in ANSI colour (padding outside
-    the escape codes, so the columns stay aligned)."""
+    """Aligned columns, ``extra`` ones (label columns) after the others; with ``colour``,
+    the STATE cell in ANSI colour (padding outside the escape codes, so the columns stay
+    aligned)."""
     now = time.time() if now is None else now
-    header = WIDE_COLUMNS if wide else COLUMNS
-    rows = [header, *(tuple(map(printable, row(r, now, wide))) for r in records)]
+    header = (*(WIDE_COLUMNS if wide else COLUMNS), *(name for name, _ in extra))
+    rows = [
+        header,
+        *(
+            tuple(map(printable, (*row(r, now, wide), *(show(r) for _, show in extra))))
+            for r in records
+        ),
+    ]
     widths = [max(len(line[i]) for line in rows) for i in range(len(header))]
     lines = []
     for number, line in enumerate(rows):
@@ -241,17 +254,25 @@ def pending_table(records: list[NodeRecord], now: float | None = None) -> str:
 
 
 def nodes_output(
-    records: list[NodeRecord], output: str, colour: bool = False, of: int | None = None
+    records: list[NodeRecord],
+    output: str,
+    colour: bool = False,
+    of: int | None = None,
+    extra: Sequence[Column] = (),
 ) -> str:
     """``fleetctl nodes`` output, newline-terminated: a table with its summary line (of
-    ``of`` nodes before filtering), or the records as a JSON array or a YAML list."""
+    ``of`` nodes before filtering) and ``extra`` columns, the records as a JSON array or a
+    YAML list, or ``custom-columns=NAME:.path,...``."""
     if output == "json":
         return msgspec.json.encode(records).decode() + "\n"
     if output == "yaml":
         return yaml(msgspec.to_builtins(records))
+    if output.startswith(columns.CUSTOM_PREFIX):
+        grid_lines = columns.grid_text(records, columns.custom_columns(output)).splitlines()
+        return "".join(printable(line) + "\n" for line in grid_lines)
     wide = output == "wide"
     return (
-        table(records, wide=wide, colour=colour)
+        table(records, wide=wide, colour=colour, extra=extra)
         + "\n"
         + summary(records, of)
         + "\n"

@@ -121,10 +121,19 @@ class Worker:
         )
 
     async def stop(self) -> None:
+        """Let the worker end by itself (it exits once its result is out, and at once when
+        its stdin closes), and kill it only if it has not within PUBLISH_TIMEOUT: killing
+        one that has just exited races asyncio's child watcher (``Popen.kill`` reaps it
+        first; the watcher then logs "Unknown child process pid" and reports exit 255)."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await self.process.wait()
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
-        await self.process.wait()
+            await self.process.wait()
         # Its stderr ends with it: the reader has read the last line.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(PUBLISH_TIMEOUT):

@@ -49,6 +49,7 @@ from actors.fleet.aggregator.judge import (
     Verdict,
 )
 from actors.fleet.aggregator.ledger import Ledger
+from actors.fleet.aggregator.outage import GAP_KINDS
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.record_rules import AlertSpec
@@ -68,6 +69,7 @@ from actors.runtime.bus import Bus, listening
 from actors.runtime.consumer import Chain, Step, delivery
 from actors.runtime.supervisor import FatalError
 from schemas.errors import InvalidToken
+from schemas.messages import Heartbeat
 from schemas.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -277,7 +279,9 @@ class HeartbeatPath:
             moment = self._moment(fetched, partition)
             last_seq = state.record.last_seq if state is not None else -1
             heartbeat = judge.read(msg.data, msg.subject, node, cluster, moment, last_seq=last_seq)
+            previous = state.record.last_stored if state is not None else None
             verdict = judge.accept(state, heartbeat, key, stored, moment)
+            verdict = self._after_silence(cluster, node, heartbeat, stored, previous, verdict)
             self.ledger.accept(state, verdict, heartbeat, msg.data, key, verifier)
             return self._steps(cluster, node, verdict) if verdict.write else []
         except NeedsFetch:
@@ -293,6 +297,27 @@ class HeartbeatPath:
             self.metrics.dropped.labels("late_delivery").inc()
             log.debug("older heartbeat delivered late; ignored", extra={"node": node})
             return []
+
+    def _after_silence(
+        self,
+        cluster: str,
+        node: str,
+        heartbeat: Heartbeat,
+        stored: Stored,
+        previous: float | None,
+        verdict: Verdict,
+    ) -> Verdict:
+        """A heartbeat whose node's previous one (stored at ``previous``) came before a
+        silence of the whole stream: noted for the outage's one alert, its own gap alerts
+        dropped (the outage module)."""
+        if previous is None:
+            return verdict
+        silence = self.ledger.pulse.silence_between(previous, stored.at, heartbeat.stale_after)
+        if silence is None:
+            return verdict
+        self.ledger.outages.note(node, cluster, silence, heartbeat.stale_after, time.time())
+        alerts = [alert for alert in verdict.alerts if alert.kind not in GAP_KINDS]
+        return verdict._replace(alerts=alerts)
 
     def _moment(self, fetched: bool, partition: int) -> Moment:
         """What the judge is told of this moment: the clocks, the limits, whether the

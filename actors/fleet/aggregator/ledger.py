@@ -16,6 +16,7 @@ import time
 
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, NodeTable
 from actors.fleet.aggregator.judge import Verdict
+from actors.fleet.aggregator.outage import Outages
 from actors.fleet.aggregator.pending import PendingCounts
 from actors.fleet.aggregator.refusals import RefusalTracker, mark_refused
 from actors.fleet.aggregator.silence import HeldMarkers, StreamPulse
@@ -44,6 +45,8 @@ class Ledger:
         """When FLEET_HB stored the heartbeats judged here (see the silence module)."""
         self.held = HeldMarkers()
         """TTL markers that came after a silence of the whole stream, not yet believed."""
+        self.outages = Outages()
+        """Silences of the stream the nodes beat again after: one alert each."""
         self._accepted = 0
         self._to_pack: list[tuple[NodeState, bytes]] = []
         """The bodies of the heartbeats accepted while judging, packed once it is done

@@ -65,11 +65,30 @@ class StreamPulse:
         """Whether the stream stored nothing for at least :data:`SILENT_FRACTION` of
         ``span`` in one stretch, within the ``span`` seconds before ``before``."""
         span = min(span, MAX_STALE_AFTER)
-        longest = run = 0
-        for second in range(int(before - span), int(before)):
+        return self._longest_gap(int(before - span), int(before))[0] >= SILENT_FRACTION * span
+
+    def silence_between(
+        self, after: float, before: float, span: float
+    ) -> tuple[float, float] | None:
+        """The longest stretch with nothing stored strictly between the seconds of
+        ``after`` and ``before`` (two heartbeats of one node, say), as (its first second,
+        the second after its last), if it lasted at least :data:`SILENT_FRACTION` of
+        ``span``; None otherwise, and for what is older than the pulse remembers."""
+        first = max(int(after) + 1, self._newest - KEPT_SECONDS)
+        length, last = self._longest_gap(first, int(before))
+        if length < SILENT_FRACTION * min(span, MAX_STALE_AFTER):
+            return None
+        return float(last - length + 1), float(last + 1)
+
+    def _longest_gap(self, first: int, end: int) -> tuple[int, int]:
+        """(length, last second) of the longest stretch of seconds from ``first`` to
+        before ``end`` with nothing stored."""
+        longest = run = last = 0
+        for second in range(first, end):
             run = 0 if second in self._seconds else run + 1
-            longest = max(longest, run)
-        return longest >= SILENT_FRACTION * span
+            if run > longest:
+                longest, last = run, second
+        return longest, last
 
     def resumed(self, after: float) -> float | None:
         """The first second after ``after`` in which a heartbeat was stored (None: none

@@ -40,6 +40,9 @@ from schemas.messages import NodeRecord
 
 log = logging.getLogger(__name__)
 
+BUS_CLUSTER, BUS_NODE = "_fleet", "_bus"
+"""What a ``bus_outage`` alert names for cluster and node: the bus, not one node."""
+
 
 def silent_without_marker(record: NodeRecord, now: float, grace: float, bound: float) -> bool:
     """A live record whose node has sent nothing for twice its ``stale_after`` (at most
@@ -112,6 +115,7 @@ class Sweeps:
                 await self.sweep(everything)
                 await self.sweep_refused()
                 await self.sweep_held()
+                await self.sweep_outages()
                 if everything:
                     await self.retirement.sweep(time.time())
                 await self.alerts.flush()
@@ -229,6 +233,21 @@ class Sweeps:
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
             await self.writes.write(node)
+
+    async def sweep_outages(self) -> None:
+        """Each silence of the stream the nodes have beaten again after, once settled: one
+        ``bus_outage`` alert (the outage module). Its id is the silence's start, so the
+        aggregators that saw the same one raise it once."""
+        for outage in self.ledger.outages.due(time.time()):
+            log.warning("bus outage over", extra=outage.details())
+            await self.alerts.publish(
+                "bus_outage",
+                BUS_CLUSTER,
+                BUS_NODE,
+                outage.message(),
+                f"silence-{outage.start:.0f}",
+                outage.details(),
+            )
 
     async def sweep_held(self) -> None:
         """TTL markers held through a silence of the stream (the silence module) whose

@@ -58,6 +58,7 @@ SEVERITY: dict[AlertKind, Severity] = {
     "stopped": "info",
     "forgotten": "warning",
     "revoked": "warning",
+    "bus_outage": "warning",
 }
 
 

@@ -151,9 +151,20 @@ class HealthActor:
         if self.config.engines:
             periods[EVENT_ENGINE] = self.config.engine_interval
         return {
-            name: checks.Feed(name=name, period=period, received_at=self.received.get(name))
+            name: checks.Feed(name=name, period=period, received_at=self.received_since(name))
             for name, period in periods.items()
         }
+
+    def received_since(self, name: str) -> float | None:
+        """When the feed last counted as received: its latest event, or the moment the
+        bus came back if later (the node's own events travel over the bus: an outage
+        delays them, it does not make the sensors stale; the bus outage is one event of
+        its own)."""
+        received = self.received.get(name)
+        back = self.bus.reconnected_at
+        if received is None or back is None:
+            return received
+        return max(received, back)
 
     def assess(self) -> Health:
         now = time.monotonic()

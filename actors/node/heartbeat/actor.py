@@ -246,6 +246,7 @@ class HeartbeatActor:
             previous_ts=previous,
             endpoint=self.endpoint,
             settings=self.settings,
+            started=self.metrics.started,
         )
 
     @property
@@ -328,6 +329,9 @@ class HeartbeatActor:
             # command executor publishes the state it restored when it starts.
             if not await wait_or_timeout(self._first_state, FIRST_SAMPLE_WAIT):
                 log.warning("no node state from the command executor yet; beating without it")
+            # Back on the bus after an outage: beat at once, not an interval later, so the
+            # aggregators see it alive before its marker is judged.
+            self.bus.on_reconnect(self._beat_now.set)
             loop = asyncio.get_running_loop()
             while True:
                 self._beat_now.clear()
