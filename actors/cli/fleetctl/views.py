@@ -18,6 +18,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
+from actors.cli.completion import closest_hint
 from actors.cli.fleetctl import policy
 from actors.cli.node_names import did_you_mean
 from actors.cli.render import columns, describe, tables
@@ -356,8 +357,9 @@ def node_output(text: str) -> str:
     """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
     if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
         return text
+    hint = closest_hint(text, list(tables.NODE_OUTPUTS))
     raise argparse.ArgumentTypeError(
-        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
+        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,...{hint}"
     )
 
 
