@@ -94,24 +94,31 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   against ``trust_operators``, then the node is forgotten in KV.
 - ``operator/maintenance`` answers ``fleet.maintenance`` (an operator's signed window),
                   verified as ``forget``; writes KV ``fleet_maintenance``.
+- ``live/feed``   (when anything below reads it) follows KV ``fleet_nodes`` for the nodes the
+                  aggregator beside it does not hold and that aggregator's memory for those
+                  it holds; publishes nothing. The process's one copy of every node's
+                  record, handed to the readers below (as the aggregator's view is), never
+                  imported by them as an actor.
 - ``operator/policy_requests`` answers ``fleet.policy`` (an operator's signed breaker
                   reset or hold clear), verified as ``forget``; writes KV ``fleet_policy``,
                   publishes ``Alert`` (remediation).
-- ``remediation/`` (with a policy file) reads KV ``fleet_nodes``, ``fleet_maintenance`` and
+- ``remediation/`` (with a policy file) reads the live feed, KV ``fleet_maintenance`` and
                   ``fleet_policy``, and its nodes' answers in ``FLEET_EVENTS``; writes
                   ``fleet_policy``, publishes signed ``Command`` on ``fleet.cmd.<cluster>.<node>``
                   and ``Alert`` (remediation, breaker_tripped, needs_attention).
-- ``placement/``  (with ``workloads_key_file``) reads KV ``fleet_nodes`` and
-                  ``fleet_workloads``; writes ``fleet_workloads``, publishes signed deploy and
-                  stop ``Command``.
-- ``views/api``   follows KV ``fleet_nodes`` (and reads the aggregator's held nodes); serves
-                  ``/nodes``, ``/nodes/<id>``, ``/metrics``, ``/healthz``.
+- ``placement/``  (with ``workloads_key_file``) reads the live feed (woken by writes of the
+                  nodes its workloads run on) and KV ``fleet_workloads`` and
+                  ``fleet_maintenance``; writes ``fleet_workloads``, publishes signed deploy
+                  and stop ``Command``.
+- ``views/api``   reads the live feed; serves ``/nodes``, ``/nodes/<id>`` (with each node's
+                  latest accepted heartbeat from FLEET_HB), ``/metrics``, ``/healthz``.
 - ``views/dashboard/`` serves ``/`` and its pages on the API's port: reads ``FLEET_ALERTS``,
                   ``FLEET_EVENTS``, KV ``fleet_leases``, ``fleet_maintenance``, ``fleet_policy``
                   and ``fleet_workloads``; publishes only the signed ``Command`` an operator
                   confirms.
-- ``alerts/alertmanager`` (with ``alertmanager_urls``) consumes ``FLEET_ALERTS`` (one durable)
-                  and reads KV ``fleet_maintenance``; posts to Alertmanager, publishes nothing.
+- ``alerts/alertmanager`` (with ``alertmanager_urls``) consumes ``FLEET_ALERTS`` (one durable),
+                  reads the held nodes, the live feed (an event's node) and KV
+                  ``fleet_maintenance``; posts to Alertmanager, publishes nothing.
 
 tests/system/test_actor_map.py checks both lists against the actors the two processes
 start.

@@ -435,11 +435,24 @@ class Workload(Wire, frozen=True, kw_only=True):
     """Deployed by fleet placement (``Deploy.placed``): a drain waits until it is stopped."""
 
 
+MAX_CAPABILITIES = 16
+"""What a heartbeat (or the workload event) says a node can run, at most: an entry per
+engine on the host and per engine in a container."""
+Capabilities = Annotated[list[Name], Meta(max_length=MAX_CAPABILITIES)]
+"""What a node can run (``Heartbeat.capabilities``): ``<engine>`` for an engine it
+allows and finds the binary of on the host, ``container:<engine>`` for one it allows in a
+container (an image allowed, the container runtime found). Plain names, not a closed
+set: a newer agent's engine is a new value older aggregators pass through."""
+
+
 class Workloads(Wire, frozen=True, kw_only=True):
     """Every workload the node runs, published whenever one changes state."""
 
     ts: UnixTime
     workloads: Annotated[list[Workload], Meta(max_length=MAX_WORKLOADS)] = []
+    capabilities: Capabilities | None = None
+    """What the node can run (:data:`Capabilities`), as the workload actor found it when
+    it published this; None from an agent older than this field."""
 
 
 class Gateway(Wire, frozen=True, kw_only=True):

@@ -39,6 +39,7 @@ from schemas.base import (
     Wire,
 )
 from schemas.events import (
+    Capabilities,
     Engine,
     Gpu,
     Health,
@@ -192,6 +193,11 @@ class Heartbeat(Wire, frozen=True, kw_only=True):
     (``https://host:port``, API key or client certificate required), where a dispatcher
     routes requests for its workloads; empty when the gateway is the node's own (loopback)
     or not listening."""
+    capabilities: Capabilities | None = None
+    """What the node can run (:data:`Capabilities`: ``llamacpp``, ``vllm``, ``sglang``,
+    ``process``, ``container:<engine>``), as its workload actor found at its last look;
+    the node's claim, which placement goes by and the node's own checks still decide.
+    None: not said (an agent older than this field, or no workload actor)."""
     settings: SettingsStatus | None = None
     """What the node made of the fleet's settings (KV ``fleet_settings``): the revision it
     reached, the keys in force and their entries, those waiting for a restart and those
@@ -576,6 +582,10 @@ class Maintenance(Wire, frozen=True, kw_only=True, tag_field=SIGNED_TYPE, tag="m
     until: UnixTime = 0.0
     """When the window ends by itself (``start``)."""
     reason: Text = ""
+    drain: bool = False
+    """Move the placed replicas off the nodes it covers, as a drain does (``start
+    --drain``): each replica is placed elsewhere at once and its copy stopped once the new
+    one is ready. Without it, placement only stops choosing those nodes."""
 
 
 class MaintenanceWindow(Wire, frozen=True, kw_only=True):
@@ -594,6 +604,8 @@ class MaintenanceWindow(Wire, frozen=True, kw_only=True):
     cluster: Name = ""
     nodes: Annotated[list[NodeId], Meta(max_length=MAX_MAINTENANCE_NODES)] = []
     reason: Text = ""
+    drain: bool = False
+    """The placed replicas on the nodes it covers are moved off them, as by a drain."""
 
 
 class MaintenanceReply(Wire, frozen=True, kw_only=True):

@@ -26,6 +26,9 @@ MAX_REPLICAS = 64
 """Replicas one placed workload runs at most."""
 MAX_AVOID = 16
 """Nodes one replica remembers it failed on (and is not placed on again)."""
+MAX_FAILURES = 32
+"""Failures of a workload's replicas remembered (the newest): where not to place it again
+for a while."""
 MAX_LEFTOVERS = 64
 """Copies of replicas still to stop on nodes they were moved off."""
 MAX_SPEC = 192 * 1024
@@ -71,6 +74,18 @@ class Leftover(Wire, frozen=True, kw_only=True):
     """When the last Stop was sent (sent again if the node still lists it a while later)."""
 
 
+class Failure(Wire, frozen=True, kw_only=True):
+    """A replica that failed on a node (crash loop, failed to start, refused, never
+    reported): no replica of the workload is placed there again for a while (the
+    reconciler's backoff, shown in ``fleetctl deploy --why``)."""
+
+    node: NodeId
+    index: Count
+    """The replica that failed."""
+    at: UnixTime
+    reason: Text = ""
+
+
 class PlacedWorkload(Wire, frozen=True, kw_only=True):
     """A workload the fleet keeps running on ``replicas`` nodes it chooses."""
 
@@ -99,6 +114,9 @@ class PlacedWorkload(Wire, frozen=True, kw_only=True):
     version verifies the very bytes, then checks that they say what this record says."""
     spec_sig: Name = ""
     """Base64 Ed25519 signature by ``created_by`` over ``spec``."""
+    failures: Annotated[list[Failure], Meta(max_length=MAX_FAILURES)] = []
+    """Where its replicas failed lately, newest last (by any replica: a drain moving
+    another replica does not send it there either, within the backoff)."""
 
 
 SpecFields = tuple[str, Deploy, int, int, str, list[tuple[str, str]], int, float, str]

@@ -354,7 +354,7 @@ async def publish_inject(bus: Bus, prefix: str, inject: Inject, key: signing.Key
 
 
 async def cmd_inject(args: argparse.Namespace) -> int:
-    from actors.fleet.storage import registry
+    from actors.fleet.live import reader as live
     from actors.runtime.bus import NatsBus
     from actors.runtime.tls import client_context
 
@@ -388,7 +388,7 @@ async def cmd_inject(args: argparse.Namespace) -> int:
     bus = await NatsBus.connect(args.server, "node-agent-inject", tls=tls)
     try:
         # A fault for a node or GPU that is not there would be published to nobody.
-        record = await registry.read_record(bus, Subjects(args.prefix), args.node_id)
+        record = await live.stored_record(bus, Subjects(args.prefix), args.node_id)
         if record.public_key == key.public_key:
             return fail(
                 f"--key-file is node {args.node_id}'s own key: the agent takes faults only "

@@ -3,14 +3,17 @@ import contracts), and every module is in one.
 
 ``process.py``       the fleet process put together: the actors ``fleetctl aggregator``
                      and ``fleetctl up`` start, the aggregator first.
-``views/``           the read side: the HTTP API (``api``), live reads of each node's
-                     latest accepted heartbeat (``live``), a node's history from the
-                     streams (``history``), the dashboard; what they read of the
-                     aggregator beside them is ``held.Held``, never the aggregator itself.
+``views/``           the read side: the HTTP API (``api``), a node's history from the
+                     streams (``history``), the dashboard.
 ``placement/``       placed workloads: choosing nodes, their records, the reconciler.
 ``remediation/``     the remediation policy: its file (``config``), what a record says is
                      wrong (``findings``), decisions and the breaker (``policy``),
                      hooks, the actor.
+``live/``            what is true of the nodes now, the one way the three wings above read
+                     them: each node's latest accepted heartbeat (``reader``), the process's
+                     live feed (``feed``), what a listed workload is now
+                     (``workload_status``); what they read of the aggregator beside them is
+                     ``held.Held``, never the aggregator itself.
 ``aggregator/``      the heartbeat path: where a heartbeat is judged (``judge``, pure),
                      from a partition of FLEET_HB (``ownership``, ``partitions``,
                      ``lease``) through ``verify`` to the node table (``ledger``, with

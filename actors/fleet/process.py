@@ -1,7 +1,7 @@
 """The provider side's actors as one process runs them (``fleetctl aggregator`` and
-``fleetctl up``): the aggregator, the signed-request services beside it, its HTTP API
-and, when configured, the Alertmanager forwarder, the remediation policy and the workload
-reconciler, under one supervisor."""
+``fleetctl up``): the aggregator, the signed-request services beside it, the live feed
+its readers share, its HTTP API and, when configured, the Alertmanager forwarder, the
+remediation policy and the workload reconciler, under one supervisor."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.alerts.alertmanager import AlertmanagerActor
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.live.feed import NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.operator.maintenance import MaintenanceActor
@@ -44,13 +45,19 @@ class ProviderActors:
         policy: PolicyConfig | None = None,
     ) -> None:
         self.aggregator = AggregatorActor(config, bus, metrics)
+        subjects = Subjects(config.prefix)
+        self.feed = NodeFeed(bus, subjects, self.aggregator.view, metrics, config.lease_ttl)
+        """The nodes' records every reader of this process shares (one watch, one copy)."""
         actors: list[Actor] = [
             ForgetActor(config, bus),
             MaintenanceActor(config, bus),
             PolicyRequestsActor(config, bus),
         ]
+        readers = config.http_port >= 0 or config.workloads_key_file or config.alertmanager_urls
+        if policy is not None or readers:
+            actors.append(self.feed)
         if policy is not None:
-            actors.append(RemediationActor(policy, bus, config.prefix, metrics))
+            actors.append(RemediationActor(policy, bus, config.prefix, metrics, self.feed))
         if config.workloads_key_file:
             timing = Timing(grace=config.workloads_grace, handoff=config.workloads_handoff)
             actors.append(
@@ -62,6 +69,7 @@ class ProviderActors:
                     timing,
                     config.workloads_operators,
                     metrics,
+                    self.feed,
                 )
             )
         self.http: FleetApiActor | None = None
@@ -69,7 +77,12 @@ class ProviderActors:
             # /healthz asks the supervisor, made below, once serving; /nodes answers from
             # the aggregator's live records.
             self.http = FleetApiActor(
-                config, bus, metrics, lambda: self.supervisor.check(), self.aggregator.view
+                config,
+                bus,
+                metrics,
+                lambda: self.supervisor.check(),
+                self.aggregator.view,
+                feed=self.feed,
             )
             actors.append(self.http)
             if config.dashboard:
@@ -84,8 +97,10 @@ class ProviderActors:
                 self.http.routes = dashboard.routes
                 actors.append(dashboard)
         if config.alertmanager_urls:
-            windows = MaintenanceWindows(bus, Subjects(config.prefix))
-            actors.append(AlertmanagerActor(config, bus, metrics, self.held, windows))
+            windows = MaintenanceWindows(bus, subjects)
+            actors.append(
+                AlertmanagerActor(config, bus, metrics, self.held, windows, self.feed.record)
+            )
         self.supervisor = Supervisor([self.aggregator], then=actors)
 
     def held(self) -> list[NodeRecord]:

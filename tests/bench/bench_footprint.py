@@ -23,7 +23,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.support
 
-from actors.fleet.storage.registry import NotFound, approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, approve
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor

@@ -5,7 +5,7 @@ For each of ``--nodes`` (10,000 and 100,000): a fresh embedded nats-server, one
 ``--interval`` each) as their own processes, as ``bench_aggregator.py`` runs them. Once
 every node has a record:
 
-- the listing, in this process: ``registry.read_records`` alone (what every view read
+- the listing, in this process: ``records.read_records`` alone (what every view read
   before issue 33) and ``live.read_fleet`` (records + each node's latest accepted
   heartbeat from FLEET_HB): wall time, payload bytes read, nats-server CPU over the read
   (the load's share included: its rate alone, 2 s before, is printed), and how many
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import msgspec
 
-from actors.fleet.storage import registry
-from actors.fleet.views import live
+from actors.fleet.live import reader as live
+from actors.fleet.storage import records
 from actors.runtime import direct_get
 from actors.runtime.bus import NatsBus
 from schemas.subjects import BUCKET_NODES, STREAM_HEARTBEATS, Subjects
@@ -162,7 +162,7 @@ async def read(cluster: Cluster, how: str) -> tuple[float, int, float, int, str]
         started = time.monotonic()
         subjects = Subjects(PREFIX)
         if how == "records":
-            count = len(await registry.read_records(bus, subjects))
+            count = len(await records.read_records(bus, subjects))
             shown = ""
         else:
             found = await live.read_fleet(bus, subjects)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.support
 
-from actors.fleet.storage.registry import NotFound, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.node.config import HTTP_PORT_FILE, AgentConfig

@@ -9,10 +9,10 @@ import os
 
 import aiohttp
 
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.remediation.actor import policy_bucket
 from actors.fleet.storage.registry import approve
-from actors.fleet.views import live
 from actors.fleet.views.dashboard import render
 from schemas import codec, signing
 from schemas.messages import Heartbeat

@@ -18,7 +18,7 @@ from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from actors.fleet.aggregator import record_rules
-from actors.fleet.storage.registry import read_records
+from actors.fleet.storage.records import read_records
 from actors.runtime import spans
 from actors.runtime.bus import NatsBus
 from schemas import codec

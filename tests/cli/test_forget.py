@@ -12,7 +12,8 @@ import pytest
 
 from actors.cli.fleetctl.main import main
 from actors.fleet.operator.commands import new_command, publish_command
-from actors.fleet.storage.registry import NotFound, read_record, trust_entry
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, trust_entry
 from actors.fleet.views import history
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus

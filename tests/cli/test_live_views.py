@@ -16,9 +16,10 @@ import pytest
 
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.storage.registry import approve, read_record, read_records
-from actors.fleet.views import live
+from actors.fleet.storage.records import read_record, read_records
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject

@@ -30,7 +30,8 @@ def fleetctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_start_list_end_a_window(fleet: Fleet, tmp_path: Path) -> None:
-    """start prints the window's id and end; list shows it in force, then (with --all)
+    """start prints the window's id and end (and, with --drain, that placed replicas move
+    off its nodes: the window carries drain); list shows it in force, then (with --all)
     ended; a start naming no nodes and a window over 30 days are one-line errors."""
     key_file = tmp_path / "operator.nk"
     operator = signing.create_key_file(key_file)
@@ -43,11 +44,11 @@ async def test_start_list_end_a_window(fleet: Fleet, tmp_path: Path) -> None:
 
     started = await asyncio.to_thread(
         fleetctl, "maintenance", "start", "-l", "rack=r12", "--for", "2h",
-        "--reason", "PSU swap", "--id", "r12-psu", *signed,
+        "--reason", "PSU swap", "--id", "r12-psu", "--drain", *signed,
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     assert started.stdout.startswith("maintenance r12-psu started: until ")
-    assert "rack=r12" in started.stdout
+    assert "rack=r12" in started.stdout and "placed replicas move off its nodes" in started.stdout
 
     listed = await asyncio.to_thread(fleetctl, "maintenance", "list", *where)
     assert listed.returncode == 0 and "r12-psu" in listed.stdout and "in force" in listed.stdout
@@ -63,6 +64,7 @@ async def test_start_list_end_a_window(fleet: Fleet, tmp_path: Path) -> None:
     everything = await asyncio.to_thread(fleetctl, "maintenance", "list", "--all", "--json", *where)
     (window,) = json.loads(everything.stdout)
     assert window["id"] == "r12-psu" and window["by"] == operator.public_key
+    assert window["drain"] is True
 
     unnamed = await asyncio.to_thread(fleetctl, "maintenance", "start", "--for", "1h", *signed)
     assert unnamed.returncode == 1

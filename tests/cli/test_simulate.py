@@ -10,7 +10,7 @@ import sys
 import msgspec
 
 from actors.cli.simulate.publisher import SimOptions, template
-from actors.fleet.storage.registry import read_records
+from actors.fleet.storage.records import read_records
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import Heartbeat

@@ -16,7 +16,7 @@ from actors.cli.common import ClientConfig
 from actors.cli.simulate.processes import WorkerFailed
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import Progress, _in_workers
-from actors.fleet.storage.registry import read_records
+from actors.fleet.storage.records import read_records
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet, wait_for

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.views import live
 from actors.node.agent import NodeAgent
 from actors.runtime.embedded import NatsServer
 from schemas import signing

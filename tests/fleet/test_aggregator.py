@@ -11,7 +11,8 @@ import time
 
 from nats.aio.msg import Msg
 
-from actors.fleet.storage.registry import approve, read_record, read_records, revoke
+from actors.fleet.storage.records import read_record, read_records
+from actors.fleet.storage.registry import approve, revoke
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Alert

@@ -12,7 +12,8 @@ from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.subjects import Subjects
@@ -136,7 +137,7 @@ async def test_fleet_http_serves_nodes_and_metrics(fleet: Fleet, bus: NatsBus, p
     await fleet.start_supervisor(new_aggregator(bus, prefix, metrics), fleet_http)
     await fleet.start_agent()
     base = f"http://127.0.0.1:{fleet_http.port}"
-    await wait_for(lambda: fleet_http.records.get("n1") is not None)
+    await wait_for(lambda: fleet_http.feed.records.get("n1") is not None)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         async with session.get(f"{base}/nodes?cluster=c1") as response:
             assert [n["node_id"] for n in await response.json()] == ["n1"]
@@ -152,7 +153,7 @@ async def test_fleet_http_serves_nodes_and_metrics(fleet: Fleet, bus: NatsBus, p
                 for family in text_string_to_metric_families(await response.text())
                 for s in family.samples
             }
-    state = fleet_http.records["n1"].state
+    state = fleet_http.feed.records["n1"].state
     assert samples[("fleet_nodes", (("state", state),))] == 1
     assert samples[("fleet_heartbeats_accepted_total", ())] >= 1
 

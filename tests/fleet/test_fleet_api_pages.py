@@ -19,12 +19,11 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
     """limit/after walk every record once in node order (Next-After until the last
     page); a live record of the aggregator beside the API wins over fleet_nodes."""
     live = NodeTable()
-    api = new_fleet_api(bus, prefix, AggregatorMetrics())
-    api.live = View(live)
+    api = new_fleet_api(bus, prefix, AggregatorMetrics(), live=View(live))
     for i in range(7):
         record = record_rules.pending_record(f"n{i}", "c1")
         live[record.node_id] = NodeState(record, time.monotonic())
-    api.records["n0"] = record_state.with_state(live["n0"].record, last_seq=99)
+    api.feed.records["n0"] = record_state.with_state(live["n0"].record, last_seq=99)
     live["n0"].record = record_state.with_state(live["n0"].record, last_seq=100)
     await fleet.start_supervisor(api)
     base = f"http://127.0.0.1:{api.port}"

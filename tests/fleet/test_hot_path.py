@@ -15,7 +15,8 @@ from actors.fleet import record_state
 from actors.fleet.aggregator import hot_state, record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
-from actors.fleet.storage.registry import NotFound, approve, forget, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, approve, forget
 from actors.runtime import kv
 from actors.runtime.bus import Bus, NatsBus
 from actors.runtime.consumer import Step, delivery

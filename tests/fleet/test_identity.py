@@ -13,13 +13,8 @@ import pytest
 from actors.fleet import identity
 from actors.fleet.aggregator import pending
 from actors.fleet.operator import enroll
-from actors.fleet.storage.registry import (
-    approve,
-    confirm_identity,
-    read_record,
-    revoke,
-    trust_entry,
-)
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve, confirm_identity, revoke, trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import FleetError

@@ -16,7 +16,8 @@ from actors.fleet.aggregator import judge, record_rules
 from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
 from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
 from schemas import codec
-from schemas.messages import Heartbeat, NodeRecord
+from schemas.events import Health, HealthCheck
+from schemas.messages import Heartbeat, NodeRecord, WorkloadSummary
 from tests.support.fleet import heartbeat
 
 KEY = "UKEY"
@@ -46,7 +47,8 @@ def state_after(seq: int, stream_seq: int = 10, stored: float = 990.0) -> NodeSt
             record_rules.gpu_fingerprint(hb),
             slim_heartbeat(hb, previous),
         )
-    return NodeState(previous, 1.0)
+    facts = record_rules.decision_facts(beat(seq)) if seq else 0
+    return NodeState(previous, 1.0, facts=facts)
 
 
 class Spans:
@@ -105,6 +107,32 @@ def test_a_steady_beat_is_accepted_with_no_alert_and_no_write() -> None:
     assert (result.record.last_seq, result.record.last_stream_seq) == (4, 11)
     assert result.record.last_stored == 995.0 and result.record.state == "active"
     assert state == before
+
+
+def test_a_change_of_what_decisions_read_is_written_at_once() -> None:
+    """A workload turning ready, a check turning unhealthy, what the node can run: each is
+    written at once (the reconciler and the policy follow fleet_nodes, not a checkpoint
+    later); the next beat with none of it is checkpointed, and each verdict carries the
+    facts the ledger keeps."""
+    state = state_after(3)
+    ready = WorkloadSummary(name="w", engine="llamacpp", state="ready", since=1.0, port=1)
+    unhealthy = Health(
+        ts=1.0,
+        status="healthy",
+        score=90,
+        checks=[HealthCheck(name="xid", status="unhealthy", reason="79")],
+    )
+    for changed in (
+        beat(4, workloads=[ready]),
+        beat(4, health=unhealthy),
+        beat(4, capabilities=["llamacpp"]),
+        beat(4, schedulability_by="UOTHER"),
+    ):
+        result = verdict(state, changed)
+        assert result.write and result.alerts == [], changed
+        assert result.facts == record_rules.decision_facts(changed) != state.facts
+    steady = verdict(state, beat(4, labels={}))
+    assert not steady.write and steady.facts == state.facts
 
 
 def test_a_new_nodes_first_beat_is_a_transition() -> None:

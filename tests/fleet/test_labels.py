@@ -86,7 +86,9 @@ async def test_labels_reach_records_and_filter_listings(
     }
     assert n1.heartbeat is not None and n1.heartbeat.labels == n1.labels
     await wait_record(bus, prefix, "n2", lambda r: r.labels.get("gpu") == "a100")
-    await wait_for(lambda: "model" in api.records.get("n1", n1).labels and "n2" in api.records)
+    await wait_for(
+        lambda: "model" in api.feed.records.get("n1", n1).labels and "n2" in api.feed.records
+    )
     base = f"http://127.0.0.1:{api.port}/nodes"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
 

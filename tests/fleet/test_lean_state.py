@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from actors.cli.simulate.publisher import SimOptions, template
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, hot_state, record_rules
-from actors.fleet.views.api import EncodedRecords, RecordSummary
+from actors.fleet.live.feed import EncodedRecords, RecordSummary
 from schemas import codec
 from schemas.events import Health, Interruption, SpotStatus
 from schemas.messages import Heartbeat, NodeRecord

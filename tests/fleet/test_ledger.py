@@ -7,7 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from actors.fleet.aggregator.actor import AggregatorActor
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing

@@ -11,7 +11,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from actors.fleet.storage import nats_config, registry
+from actors.fleet.storage import nats_config, records, registry
 from actors.fleet.storage.nats_config import NodeUser, Users
 from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
@@ -65,9 +65,14 @@ async def test_nodes_from_fleet_trust(bus: NatsBus, prefix: str) -> None:
     await registry.approve(bus, subjects, "n1", first)
     await registry.approve(bus, subjects, "n2", second)
     await registry.revoke(bus, subjects, "n2")
-    assert await nats_config.approved_nodes(bus, subjects, "c9") == [NodeUser("n1", "c9", first)]
+    assert await nats_config.approved_nodes(bus, subjects, {}, "c9") == [
+        NodeUser("n1", "c9", first)
+    ]
+    assert await nats_config.approved_nodes(bus, subjects, {"n1": "c1"}, "c9") == [
+        NodeUser("n1", "c1", first)
+    ]
     with pytest.raises(FleetError, match="cluster"):
-        await nats_config.approved_nodes(bus, subjects)
+        await nats_config.approved_nodes(bus, subjects, {})
 
 
 async def test_monitor_only_reads(tmp_path: Path) -> None:
@@ -84,7 +89,7 @@ async def test_monitor_only_reads(tmp_path: Path) -> None:
         )
         try:
             await provision(admin.js, subjects)
-            assert await registry.read_records(reader, subjects) == []
+            assert await records.read_records(reader, subjects) == []
             with pytest.raises((nats.errors.Error, TimeoutError)):
                 await registry.approve(reader, subjects, "n1", key())
             assert await registry.trust_entry(admin, subjects, "n1") is None

@@ -8,7 +8,7 @@ import asyncio
 
 from actors.fleet.aggregator.outage import Outages
 from actors.fleet.aggregator.silence import StreamPulse
-from actors.fleet.storage.registry import read_record
+from actors.fleet.storage.records import read_record
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
 from tests.fleet.test_aggregator import watch_alerts

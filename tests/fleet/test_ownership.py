@@ -20,8 +20,8 @@ from nats.js.kv import KeyValue
 
 from actors.fleet.aggregator import lease, record_rules
 from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.live import feed as fleet_feed
 from actors.fleet.storage.registry import approve
-from actors.fleet.views import api as fleet_api
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from actors.runtime.schedule import stop_if_cancelled
@@ -156,9 +156,16 @@ async def recording(bus: NatsBus, prefix: str) -> AsyncIterator[RecordLog]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+CHECKPOINT = 0.5
+"""These tests follow the records each owner checkpoints (every seq written, in order,
+across handovers): they are about checkpoints, so they checkpoint often."""
+
+
 async def start(fleet: Fleet, count: int) -> tuple[list[AggregatorActor], list[NatsBus]]:
     buses = [await fleet.connect(f"aggregator-{i}") for i in range(count)]
-    actors = [actor_of(await fleet.start_aggregator(bus)) for bus in buses]
+    actors = [
+        actor_of(await fleet.start_aggregator(bus, checkpoint_interval=CHECKPOINT)) for bus in buses
+    ]
     return actors, buses
 
 
@@ -336,19 +343,19 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
 
         await real_follow(watched, kind, counted, **rest)
 
-    monkeypatch.setattr(fleet_api, "kv", SimpleNamespace(follow=counted_follow))
+    monkeypatch.setattr(fleet_feed, "kv", SimpleNamespace(follow=counted_follow))
     await fleet.start_supervisor(api, aggregator)
     await wait_for(lambda: set(api.current()) == set(nodes))
     assert aggregator.ledger.nodes.everything
     checks = 0
-    everything = api._everything
+    everything = api.feed._everything
 
     def counted_check() -> bool:
         nonlocal checks
         checks += 1
         return everything()
 
-    monkeypatch.setattr(api, "_everything", counted_check)
+    monkeypatch.setattr(api.feed, "_everything", counted_check)
     await wait_for(lambda: checks >= 3)  # three more of the API's resync checks
     assert during_load == [] and after_load == []
     stream = f"KV_{Subjects(prefix).bucket_name(BUCKET_NODES)}"
@@ -374,10 +381,10 @@ async def test_fleet_api_beside_an_aggregator_still_lists_the_nodes_of_a_partiti
         await wait_for(lambda: split([aggregator]) == [N] and served([aggregator]))
         await wait_for(lambda: set(aggregator.ledger.nodes) == set(NODES))
         await wait_for(lambda: set(api.current()) == set(NODES))
-        assert api.records.raw == {}  # every node answered from memory
+        assert api.feed.records.raw == {}  # every node answered from memory
         lost = partition_of(NODES[0], N)
         assert aggregator.ownership.partitions is not None
         await aggregator.ownership.partitions._drop({lost})
         assert NODES[0] not in aggregator.ledger.nodes
         await wait_for(lambda: set(api.current()) == set(NODES))
-        assert NODES[0] in api.records.raw
+        assert NODES[0] in api.feed.records.raw

@@ -13,17 +13,17 @@ import msgspec
 from nats.aio.msg import Msg
 
 from actors.fleet.placement.actor import ReconcilerActor
-from actors.fleet.placement.choose import Choice, Taken, choose, free_gpus
+from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, free_gpus
 from actors.fleet.placement.reconcile import Timing, decide
 from actors.fleet.storage.placed import read_all
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Capacity, Gpu, Sample, WorkloadState
 from schemas.messages import Command, NodeRecord, WorkloadSummary
-from schemas.placement import PlacedWorkload, Replica, spec_body
+from schemas.placement import Failure, PlacedWorkload, Replica, spec_body
 from schemas.subjects import BUCKET_NODES, BUCKET_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop
-from tests.support.fleet import heartbeat, wait_for
+from tests.support.fleet import Fleet, heartbeat, wait_for
 
 GIB = 1024**3
 
@@ -47,16 +47,18 @@ def node(
     gpus: list[Gpu] | None = None,
     state: str = "active",
     workloads: list[WorkloadSummary] | None = None,
+    capabilities: list[str] | None = None,
     **changes: Any,
 ) -> NodeRecord:
-    """An active node of cluster c1 with ``gpus`` (two idle H100s by default)."""
+    """An active node of cluster c1 with ``gpus`` (two idle H100s by default), saying it
+    can run ``capabilities`` (None: says nothing, as an older agent)."""
     gpus = gpus if gpus is not None else [gpu(0), gpu(1)]
     capacity = Capacity(
         cpu_cores=8, cpu_percent=1.0, load_avg_1m=0.1, memory_total=1, memory_available=1,
         gpus_total=len(gpus), gpus_available=len(gpus), storage_total=1, storage_available=1,
     )  # fmt: skip
     sample = Sample(ts=time.time(), capacity=capacity, gpus=gpus)
-    beat = heartbeat(name, sample=sample, workloads=workloads or [])
+    beat = heartbeat(name, sample=sample, workloads=workloads or [], capabilities=capabilities)
     record = NodeRecord(
         node_id=name,
         cluster="c1",
@@ -131,6 +133,105 @@ def test_replicas_never_share_a_node() -> None:
     assert found == "no node fits: n1: runs a replica already"
 
 
+def test_placement_needs_the_engine_and_ranks_healthy_first() -> None:
+    """A node that says it cannot run the engine is passed over, naming what it can; a
+    healthy 4-GPU node wins over a degraded 8-GPU one (health before free GPUs); a node
+    that says nothing (an older agent) still fits; a deploy with an image needs
+    container:<engine>; --why names the capability and the health."""
+    eight = [gpu(i) for i in range(8)]
+    records = {
+        "big": node("big", eight, capabilities=["llamacpp"], health_status="degraded"),
+        "small": node("small", eight[:4], capabilities=["llamacpp"], health_status="healthy"),
+        "other": node("other", eight, capabilities=["vllm"], health_status="healthy"),
+    }
+    found = choose(workload(), records, Taken())
+    assert isinstance(found, Choice) and found.node == "small", found
+    assert "healthy (score 100), can run llamacpp" in found.why
+    assert "other: cannot run llamacpp (it can run: vllm)" in found.why
+    assert "big (8 free)" in found.why  # fits, ranked after
+    older = {"old": node("old", capabilities=None, health_status="healthy")}
+    chosen = choose(workload(), older, Taken())
+    assert isinstance(chosen, Choice) and "capabilities not said" in chosen.why
+    plain = workload()
+    image = msgspec.structs.replace(
+        plain, deploy=msgspec.structs.replace(plain.deploy, image="r/x")
+    )
+    refused = choose(image, {"small": records["small"]}, Taken())
+    assert refused == ("no node fits: small: cannot run container:llamacpp (it can run: llamacpp)")
+
+
+def test_maintenance_and_a_recent_failure_keep_a_node_out() -> None:
+    """A node in a maintenance window is never chosen; one where a replica failed within
+    the backoff is passed over with when it failed, why and for how long, and fits again
+    once the backoff is over."""
+    now = time.time()
+    records = {"n1": node("n1", capabilities=["llamacpp"])}
+    kept = choose(workload(), records, Taken(), now=now, maintenance={"n1": "swap"})
+    assert kept == "no node fits: n1: in maintenance (window swap)"
+    failure = Failure(node="n1", index=1, at=now - 120, reason="failed there: no llama-server")
+    failed = workload(failures=[failure])
+    why = choose(failed, records, Taken(), now=now)
+    assert why == (
+        "no node fits: n1: replica 1 failed there 2m ago (failed there: no llama-server); "
+        "not tried again for 8m (backoff 10m)"
+    )
+    later = choose(failed, records, Taken(), now=now + FAILURE_BACKOFF)
+    assert isinstance(later, Choice) and later.node == "n1"
+
+
+def test_a_failed_replica_moves_and_no_replica_goes_back_there_within_the_backoff() -> None:
+    """Replica 0 failed on n1: it moves to n2 and the failure is kept; replica 1, drained
+    off n3 a moment later, is not sent to n1 (it waits: nothing else fits), though n1 is
+    free and replica 1 never failed there."""
+    now = time.time()
+    failed = WorkloadSummary(
+        name="chat", engine="llamacpp", state="failed", since=now, port=1, reason="no binary"
+    )
+    placed = workload(
+        replicas=[
+            Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=now - 5),
+            Replica(index=1, node="n3", cluster="c1", gpus=[0], deployed_at=now - 5),
+        ]
+    )
+    records = {
+        "n1": node("n1", workloads=[failed]),
+        "n2": node("n2"),
+        "n3": node("n3", workloads=[running("chat", [0])]),
+    }
+    moved = decide(placed, records, Taken(), now, Timing(), "me").workload
+    assert [r.node for r in moved.replicas] == ["n2", "n3"]
+    [failure] = moved.failures
+    assert (failure.node, failure.index) == ("n1", 0) and "no binary" in failure.reason
+    busy = records["n3"].heartbeat
+    assert busy is not None
+    draining = msgspec.structs.replace(
+        records["n3"], heartbeat=msgspec.structs.replace(busy, schedulability="draining")
+    )
+    idle = node("n1")  # the failed copy stopped: n1 is free again
+    again = decide(moved, {**records, "n1": idle, "n3": draining}, Taken(), now + 1, Timing(), "me")
+    stuck = again.workload.replicas[1]
+    assert stuck.node == "n3" and "n1: replica 0 failed there" in stuck.why
+
+
+def test_a_maintenance_window_with_drain_moves_the_replicas_like_a_drain() -> None:
+    """A window started with --drain moves the replica off its node at once, its copy
+    kept until the new one is ready (handoff); a window without it leaves the replica
+    where it runs (placement only chooses no node in it)."""
+    now = time.time()
+    placed = workload(
+        replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=now - 100)]
+    )
+    records = {"n1": node("n1", workloads=[running("chat", [0])]), "n2": node("n2")}
+    kept = decide(placed, records, Taken(), now, Timing(), "me", {"n1": "w1"})
+    assert kept.workload == placed and kept.orders == []
+    moved = decide(placed, records, Taken(), now, Timing(), "me", {"n1": "w1"}, {"n1": "w1"})
+    [replica] = moved.workload.replicas
+    assert replica.node == "n2" and "in maintenance (window w1, --drain)" in replica.why
+    [leftover] = moved.workload.leftovers
+    assert leftover.node == "n1" and leftover.stop_by == now + Timing().handoff
+    assert [type(order.action) for order in moved.orders] == [Deploy]
+
+
 def test_a_stale_node_s_replica_waits_for_the_grace_then_moves() -> None:
     """Stale for less than the grace: nothing changes; past it: the replica is deployed on
     the other node (placed, with its GPUs) and the old node kept as a leftover to stop."""
@@ -197,7 +298,7 @@ async def test_an_unreadable_record_is_left_out(bus: NatsBus, prefix: str) -> No
 
 
 async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
-    bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """Written straight into fleet_workloads with a plain client: an unsigned workload, one
     signed by a stranger, and trusted ones with a replica added or the deploy rewritten
@@ -240,6 +341,7 @@ async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
     actor = ReconcilerActor(
         bus, prefix, str(tmp_path / "reconciler.nk"), operators=[operator.public_key]
     )
+    await fleet.follow(actor.feed)
     await actor.round()
     found = await read_all(bus, subjects)
     assert found["good"][0].replicas[0].node == "n1"

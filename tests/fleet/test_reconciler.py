@@ -1,6 +1,8 @@
 """Placed workloads against real servers: ``fleetctl deploy`` without a node on fake-GPU
-agents running the llama.cpp stand-in, and workload reconcilers moving replicas off a
-node that stops, and off a node that drains before its drain finishes."""
+agents running the llama.cpp stand-in (only on nodes that can run it), and workload
+reconcilers moving replicas off a node that stops, off a node that drains before its
+drain finishes, and off a node where the replica failed: the hand-offs measured against
+one heartbeat interval + 2 s, with the aggregators at the default checkpoint interval."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from nats.aio.msg import Msg
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement.actor import ReconcilerActor
-from actors.fleet.placement.reconcile import Timing
+from actors.fleet.placement.reconcile import FAILED_STATES, Timing
 from actors.fleet.process import ProviderActors
 from actors.fleet.storage.placed import read_all
 from actors.node.agent import NodeAgent
@@ -23,10 +25,10 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.events import Inject
-from schemas.messages import Command, Cordon, Drain, NodeRecord, Uncordon
+from schemas.messages import Command, Cordon, Drain, Heartbeat, NodeRecord, Uncordon
 from schemas.placement import PlacedWorkload
 from schemas.subjects import EVENT_INJECT, Subjects
-from schemas.workloads import Deploy
+from schemas.workloads import Deploy, Stop
 from tests.cli.test_fleetctl_commands import finish, fleetctl
 from tests.cli.test_workloads_cli import workloads
 from tests.support.commanding import Results, send
@@ -45,6 +47,11 @@ DEPLOY = (
     "--ready-timeout",
     "30s",
 )
+INTERVAL = 0.5
+"""The test agents' heartbeat interval: a hand-off is due within it + HANDOFF_SLACK."""
+HANDOFF_SLACK = 2.0
+CHECKPOINT = AggregatorConfig().checkpoint_interval
+"""The default: the hand-offs must not wait for a checkpoint."""
 
 
 @pytest.fixture(autouse=True)
@@ -62,10 +69,11 @@ class Keys:
 
 
 async def start_nodes(
-    fleet: Fleet, keys: Keys, tmp_path: Path, *names: str
+    fleet: Fleet, keys: Keys, tmp_path: Path, *names: str, binary: Path | None = None
 ) -> dict[str, NodeAgent]:
-    """Agents trusting both keys, with the stand-in as llama-server, each active."""
-    script = standin_script(tmp_path / "bin")
+    """Agents trusting both keys, with the stand-in as llama-server (or ``binary``), each
+    active and having said what it can run."""
+    script = binary or standin_script(tmp_path / "bin")
     agents = {}
     for name in names:
         config = fleet.config(
@@ -77,8 +85,13 @@ async def start_nodes(
         )
         agents[name] = await fleet.start_agent(config)
     for name in names:
-        await wait_record(fleet.bus, fleet.prefix, name, lambda r: r.state == "active")
+        await wait_record(fleet.bus, fleet.prefix, name, said_capabilities)
     return agents
+
+
+def said_capabilities(record: NodeRecord) -> bool:
+    beat = record.heartbeat
+    return record.state == "active" and beat is not None and beat.capabilities is not None
 
 
 async def placed(bus: NatsBus, prefix: str, name: str) -> PlacedWorkload:
@@ -95,30 +108,64 @@ async def ready_on(bus: NatsBus, prefix: str, node: str, name: str) -> NodeRecor
     return await wait_record(bus, prefix, node, lambda r: running(r, name))
 
 
-class Deploys:
-    """Every command published for the test's prefix, decoded (the stream keeps them)."""
+class Traffic:
+    """Every command and heartbeat published for the test's prefix, decoded: when each
+    command was issued and each heartbeat sent are the measured hand-offs' clocks."""
 
     def __init__(self) -> None:
         self.commands: list[Command] = []
+        self.beats: list[Heartbeat] = []
 
-    async def start(self, bus: NatsBus, prefix: str) -> Deploys:
-        await bus.subscribe(Subjects(prefix).commands(), self._on)
+    async def start(self, bus: NatsBus, prefix: str) -> Traffic:
+        await bus.subscribe(Subjects(prefix).commands(), self._on_command)
+        await bus.subscribe(Subjects(prefix).heartbeats(), self._on_beat)
         await bus.flush()
         return self
 
-    async def _on(self, msg: Msg) -> None:
+    async def _on_command(self, msg: Msg) -> None:
         self.commands.append(codec.decode(msg.data, Command, msg.subject))
+
+    async def _on_beat(self, msg: Msg) -> None:
+        self.beats.append(codec.decode(msg.data, Heartbeat, msg.subject))
 
     def deploys(self, node: str | None = None) -> list[Command]:
         return [
             c for c in self.commands if isinstance(c.action, Deploy) and node in (None, c.node_id)
         ]
 
+    def stops(self, node: str) -> list[Command]:
+        return [c for c in self.commands if isinstance(c.action, Stop) and c.node_id == node]
 
-def reconciler(bus: NatsBus, prefix: str, keys: Keys, **timing: Any) -> ReconcilerActor:
+    def first_beat(self, node: str, name: str, states: frozenset[str]) -> Heartbeat:
+        """The first heartbeat of ``node`` listing workload ``name`` in one of ``states``."""
+        return next(
+            beat
+            for beat in self.beats
+            if beat.node_id == node
+            and any(w.name == name and w.state in states for w in beat.workloads)
+        )
+
+
+def within_a_heartbeat(what: str, start: float, end: float) -> None:
+    """Assert ``end`` came within one heartbeat interval + 2 s of ``start``, saying the
+    time measured (printed too: ``pytest -rP`` shows it when the test passes)."""
+    took = end - start
+    bound = INTERVAL + HANDOFF_SLACK
+    print(f"{what} {took:.2f}s after (bound {bound:.1f}s)")
+    assert took <= bound, f"{what} {took:.2f}s after (bound {bound:.1f}s)"
+
+
+def reconciler(
+    bus: NatsBus, prefix: str, keys: Keys, interval: float = 0.3, **timing: Any
+) -> ReconcilerActor:
     values: dict[str, Any] = {"grace": 2.0, "handoff": 20.0, "restop": 5.0, **timing}
     return ReconcilerActor(
-        bus, prefix, str(keys.reconciler_file), 0.3, Timing(**values), [keys.operator.public_key]
+        bus,
+        prefix,
+        str(keys.reconciler_file),
+        interval,
+        Timing(**values),
+        [keys.operator.public_key],
     )
 
 
@@ -188,13 +235,13 @@ async def test_an_aggregator_with_a_workloads_key_runs_the_reconciler(
 async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
-    """The node of one replica stops beating: after it goes stale and the grace passes,
-    the replica is deployed on the spare node exactly once though two reconcilers run,
-    and is ready there."""
+    """The node of one replica stops beating: its copy is shown unknown (never ready, no
+    endpoint); after the grace the replica is deployed on the spare node exactly once
+    though two reconcilers run, and is ready there."""
     keys = Keys(tmp_path)
     await fleet.start_aggregator()
     agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2", "n3")
-    deploys = await Deploys().start(bus, prefix)
+    deploys = await Traffic().start(bus, prefix)
     code, out, err = await finish(
         await fleetctl(
             nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY,
@@ -211,6 +258,9 @@ async def test_a_stopped_node_s_replica_moves_once_with_two_reconcilers(
     await fleet.start_supervisor(*actors)
     await agents[victim].stop(goodbye=False)  # as if killed: no goodbye heartbeat
     stale = await wait_record(bus, prefix, victim, lambda r: r.state == "stale")
+    code, out, err = await workloads(nats_server, prefix)
+    [row] = [line for line in out.splitlines() if line.startswith(victim)]
+    assert code == 0 and "unknown (node stale" in row and "127.0.0.1" not in row, out + err
     await ready_on(bus, prefix, spare, "chat")
     moved_at = time.time()
     after = await placed(bus, prefix, "chat")
@@ -238,11 +288,14 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
 ) -> None:
     """Draining the node of a placed replica: the reconciler deploys it on the other node,
     stops the old copy once the new one is ready, and only then does the drain finish
-    (done, drained, well before its deadline)."""
+    (done, drained, well before its deadline): the stop is sent within one heartbeat
+    interval + 2 s of the new copy's ready heartbeat, at the default checkpoint interval
+    and the default reconciler interval (5 s)."""
     keys = Keys(tmp_path)
-    await fleet.start_aggregator()
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
     await start_nodes(fleet, keys, tmp_path, "n1", "n2")
     results = await Results().start(bus, prefix)
+    traffic = await Traffic().start(bus, prefix)
     code, out, err = await finish(
         await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
     )
@@ -250,7 +303,7 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
     [replica] = (await placed(bus, prefix, "chat")).replicas
     source = replica.node
     [target] = {"n1", "n2"} - {source}
-    await fleet.start_supervisor(reconciler(bus, prefix, keys))
+    await fleet.start_supervisor(reconciler(bus, prefix, keys, interval=5.0))
     drain = await send(bus, prefix, keys.operator, Drain(deadline=60.0), node=source)
     final = await results.final(drain.id)
     assert final.status == "done" and final.detail.startswith("drained"), final.detail
@@ -265,35 +318,50 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
     assert not any(w.name == "chat" for w in source_record.heartbeat.workloads)
     [moved] = (await placed(bus, prefix, "chat")).replicas
     assert moved.node == target and "draining" in moved.why
+    ready = traffic.first_beat(target, "chat", frozenset({"ready"}))
+    [stop, *_] = traffic.stops(source)
+    within_a_heartbeat("the old copy's stop was sent", ready.ts, stop.issued_at)
+
+
+def failing_script(directory: Path, gate: Path | None = None) -> Path:
+    """``directory/llama-server`` exiting 3 at once, or once ``gate`` exists."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "llama-server"
+    wait = f"until [ -e {gate} ]; do sleep 0.1; done\n" if gate is not None else ""
+    script.write_text(f"#!/bin/sh\n{wait}exit 3\n")
+    script.chmod(0o755)
+    return script
+
+
+async def crashing_node(fleet: Fleet, keys: Keys, script: Path) -> None:
+    """Node n1, whose llama-server is ``script``, crash-looping after two exits."""
+    trusted = [keys.operator.public_key, keys.reconciler.public_key]
+    config = fleet.config(
+        "n1", trust_operators=trusted, workload_binaries=[f"llamacpp={script}"],
+        workload_crash_limit=2,
+    )  # fmt: skip
+    await fleet.start_agent(config)
+    await wait_record(fleet.bus, fleet.prefix, "n1", said_capabilities)
 
 
 async def test_a_replica_crash_looping_on_one_node_is_tried_on_another(
     nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
-    """A replica that crash-loops on n1 (its llama-server exits at once there) is
-    placed on n2, where it is ready, and its copy on n1 is stopped; n1 is remembered as a
-    node the replica failed on."""
+    """A replica that crash-loops on n1 (its llama-server exits at once there): deploy
+    --wait exits 1 naming the replica, its node and the node's reason; the reconciler
+    then places it on n2, where it is ready, and stops its copy on n1; n1 is remembered
+    as a node the replica failed on."""
     keys = Keys(tmp_path)
-    await fleet.start_aggregator()
-    broken = tmp_path / "broken" / "llama-server"
-    broken.parent.mkdir()
-    broken.write_text("#!/bin/sh\nexit 3\n")
-    broken.chmod(0o755)
-    trusted = [keys.operator.public_key, keys.reconciler.public_key]
-    crashing = fleet.config(
-        "n1",
-        trust_operators=trusted,
-        workload_binaries=[f"llamacpp={broken}"],
-        workload_crash_limit=2,
-    )
-    await fleet.start_agent(crashing)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    await crashing_node(fleet, keys, failing_script(tmp_path / "broken"))
     await start_nodes(fleet, keys, tmp_path, "n2")
     await send(bus, prefix, keys.operator, Cordon(), node="n2")
     await wait_record(bus, prefix, "n2", lambda r: r.state == "cordoned")
     code, out, err = await finish(
-        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY)
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
     )
-    assert code == 0 and "replica 0: n1" in out, out + err
+    assert code == 1 and "replica 0: n1" in out, out + err
+    assert "error: replica 0 crashloop on n1: " in err and "fleetctl workloads --why" in err, err
     await send(bus, prefix, keys.operator, Uncordon(), node="n2")
     await wait_record(bus, prefix, "n2", lambda r: r.state == "active")
     await fleet.start_supervisor(reconciler(bus, prefix, keys))
@@ -308,3 +376,57 @@ async def test_a_replica_crash_looping_on_one_node_is_tried_on_another(
     )
     [replica] = (await placed(bus, prefix, "chat")).replicas
     assert replica.node == "n2" and replica.avoid == ["n1"] and "crashloop there" in replica.why
+
+
+async def test_a_failed_replica_moves_within_a_heartbeat_of_its_failure(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """With the reconciler at its default interval (5 s) and the aggregator at the default
+    checkpoint interval, a replica whose node reports it crash-looping is deployed on
+    another node within one heartbeat interval + 2 s of that report."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    gate = tmp_path / "fail-now"
+    await crashing_node(fleet, keys, failing_script(tmp_path / "broken", gate))
+    await start_nodes(fleet, keys, tmp_path, "n2")
+    await send(bus, prefix, keys.operator, Cordon(), node="n2")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "cordoned")
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY)
+    )
+    assert code == 0 and "replica 0: n1" in out, out + err
+    await send(bus, prefix, keys.operator, Uncordon(), node="n2")
+    await wait_record(bus, prefix, "n2", lambda r: r.state == "active")
+    await wait_record(bus, prefix, "n1", lambda r: running(r, "chat", "starting"))
+    traffic = await Traffic().start(bus, prefix)
+    await fleet.start_supervisor(reconciler(bus, prefix, keys, interval=5.0))
+    gate.touch()
+    await ready_on(bus, prefix, "n2", "chat")
+    failed = traffic.first_beat("n1", "chat", FAILED_STATES)
+    [moved] = traffic.deploys("n2")
+    within_a_heartbeat("the replica's deploy on n2 was sent", failed.ts, moved.issued_at)
+
+
+async def test_placement_chooses_only_nodes_that_can_run_the_engine(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """Two nodes find no llama-server, two run the stand-in: a 2-replica llama.cpp deploy
+    lands on the two that can run it, ready there, and --why says why the others were
+    passed over."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    missing = tmp_path / "nowhere" / "llama-server"
+    await start_nodes(fleet, keys, tmp_path, "n1", "n2", binary=missing)
+    await start_nodes(fleet, keys, tmp_path, "n3", "n4")
+    code, out, err = await finish(
+        await fleetctl(
+            nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY,
+            "--replicas", "2", "--why", "--wait",
+        )
+    )  # fmt: skip
+    assert code == 0, out + err
+    workload = await placed(bus, prefix, "chat")
+    assert sorted(r.node for r in workload.replicas) == ["n3", "n4"]
+    for replica in workload.replicas:
+        assert "n1: cannot run llamacpp" in replica.why and "n2: cannot run" in replica.why
+        await ready_on(bus, prefix, replica.node, "chat")

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.storage.registry import approve, read_record, readmit, revoke
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve, readmit, revoke
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Alert

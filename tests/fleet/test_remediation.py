@@ -20,7 +20,7 @@ from schemas.messages import Cordon, NodeRecord
 from schemas.remediation import PolicyRecord
 from schemas.subjects import BUCKET_NODES, BUCKET_POLICY, EVENT_INJECT, Subjects
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
+from tests.support.fleet import Fleet, fed, heartbeat, wait_for, wait_record
 
 
 def policy(tmp_path: Path, **settings: Any) -> tuple[PolicyConfig, signing.KeyPair]:
@@ -60,12 +60,15 @@ async def test_policy_cordons_on_xid_79_and_returns_the_node(
     await wait_record(bus, prefix, "n2", lambda r: r.state == "cordoned")
     actor = RemediationActor(config, bus, prefix)
     await actor.open()
+    await fleet.follow(actor.feed)
     for name in ("n1", "n2"):
         await inject(fleet, name, "xid", 79)
 
     async def cordoned_by_policy() -> NodeRecord | None:
         await actor.round()
-        record = await wait_record(bus, prefix, "n1", lambda r: True)
+        # As written: the state and the heartbeat of one write (a live read may show a
+        # heartbeat a moment before the record its owner writes at once).
+        record = await wait_record(bus, prefix, "n1", lambda r: True, stored=True)
         beat = record.heartbeat
         return record if beat and beat.schedulability_by == key.public_key else None
 
@@ -107,13 +110,20 @@ def synthetic(name: str, sick: bool) -> NodeRecord:
     )
 
 
-async def put_records(bus: NatsBus, prefix: str, records: list[NodeRecord]) -> None:
+async def put_records(
+    bus: NatsBus, prefix: str, records: list[NodeRecord], *actors: RemediationActor
+) -> None:
+    """``records`` written to fleet_nodes, and taken in by each of ``actors``' live feed."""
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
     for record in records:
         await bucket.put(record.node_id, codec.encode(record))
+    for actor in actors:
+        await fed(actor.feed, records)
 
 
-async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+async def test_two_aggregators_share_one_breaker(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
     """Two policy actors deciding at once on 20 nodes (cap 2): the two sick nodes are
     cordoned once each, never more; a third sick node trips the breaker: no command, one
     breaker_tripped alert listing the would-be cordon, and the record and both actors'
@@ -132,15 +142,16 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
     await bus.subscribe(subjects.commands(), on_command)
     await bus.subscribe(subjects.alerts(), on_alert)
     await bus.flush()
-    records = [synthetic(f"n{index}", index in (1, 2)) for index in range(20)]
-    await put_records(bus, prefix, records)
     first, second = RemediationActor(config, bus, prefix), RemediationActor(config, bus, prefix)
+    await fleet.follow(first.feed, second.feed)
+    records = [synthetic(f"n{index}", index in (1, 2)) for index in range(20)]
+    await put_records(bus, prefix, records, first, second)
     for _ in range(3):
         await first.round()
         await second.round()
     await wait_for(lambda: len(sent) >= 2)
     assert sorted(sent) == [subjects.command("c1", "n1"), subjects.command("c1", "n2")]
-    await put_records(bus, prefix, [synthetic("n3", True)])
+    await put_records(bus, prefix, [synthetic("n3", True)], first, second)
     for _ in range(3):
         await first.round()
         await second.round()
@@ -160,7 +171,9 @@ async def test_two_aggregators_share_one_breaker(bus: NatsBus, prefix: str, tmp_
         assert value("fleet_policy_hold_limit", {"cluster": "c1"}) == 2
 
 
-async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+async def test_dry_run_changes_nothing(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
     """In a dry run the policy sends no command and holds nothing; it records the would-be
     action per node (what ``policy status`` shows) and says it once in a remediation
     alert, however many rounds run, without the class word twice."""
@@ -178,8 +191,9 @@ async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path
     await bus.subscribe(subjects.commands(), on_command)
     await bus.subscribe(subjects.alerts(), on_alert)
     await bus.flush()
-    await put_records(bus, prefix, [synthetic("n1", True), synthetic("n2", False)])
     actor = RemediationActor(config, bus, prefix)
+    await fleet.follow(actor.feed)
+    await put_records(bus, prefix, [synthetic("n1", True), synthetic("n2", False)], actor)
     for _ in range(3):
         await actor.round()
     await wait_for(lambda: alerts)
@@ -193,7 +207,7 @@ async def test_dry_run_changes_nothing(bus: NatsBus, prefix: str, tmp_path: Path
 
 
 async def test_breaker_trips_with_three_failing_at_once(
-    bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """3 of 20 nodes failing at once with 10 % (2 nodes) as the cap, two policy actors
     running: no command at all, one breaker_tripped alert listing the three cordons."""
@@ -211,10 +225,10 @@ async def test_breaker_trips_with_three_failing_at_once(
     await bus.subscribe(subjects.commands(), on_command)
     await bus.subscribe(subjects.alerts(), on_alert)
     await bus.flush()
-    await put_records(
-        bus, prefix, [synthetic(f"n{index}", index in (4, 5, 6)) for index in range(20)]
-    )
     first, second = RemediationActor(config, bus, prefix), RemediationActor(config, bus, prefix)
+    await fleet.follow(first.feed, second.feed)
+    records = [synthetic(f"n{index}", index in (4, 5, 6)) for index in range(20)]
+    await put_records(bus, prefix, records, first, second)
     for _ in range(2):
         await first.round()
         await second.round()
@@ -227,7 +241,9 @@ async def test_breaker_trips_with_three_failing_at_once(
     assert sent == []
 
 
-async def test_sticky_after_n_remediations(bus: NatsBus, prefix: str, tmp_path: Path) -> None:
+async def test_sticky_after_n_remediations(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
     """A node remediated for the third time within the window is not uncordoned when it
     recovers: it stays held with needs_attention, one alert says so, and no uncordon goes
     out."""
@@ -246,9 +262,12 @@ async def test_sticky_after_n_remediations(bus: NatsBus, prefix: str, tmp_path: 
     await bus.subscribe(subjects.alerts(), on_alert)
     await bus.flush()
     actor = RemediationActor(config, bus, prefix)
+    await fleet.follow(actor.feed)
     earlier = PolicyRecord(cluster="c1", history={"n1": [time.time() - 600, time.time() - 300]})
     await (await actor.open()).put("c1", codec.encode(earlier))
-    await put_records(bus, prefix, [synthetic(f"n{index}", index == 1) for index in range(4)])
+    await put_records(
+        bus, prefix, [synthetic(f"n{index}", index == 1) for index in range(4)], actor
+    )
     await actor.round()
     await wait_for(lambda: sent)
     mine = synthetic("n1", False)
@@ -257,7 +276,7 @@ async def test_sticky_after_n_remediations(bus: NatsBus, prefix: str, tmp_path: 
         mine.heartbeat, schedulability="cordoned", schedulability_by=key.public_key
     )
     await put_records(
-        bus, prefix, [msgspec.structs.replace(mine, state="cordoned", heartbeat=beat)]
+        bus, prefix, [msgspec.structs.replace(mine, state="cordoned", heartbeat=beat)], actor
     )
     for _ in range(3):
         await actor.round()

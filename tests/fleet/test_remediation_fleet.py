@@ -12,8 +12,8 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.live import reader as live
 from actors.fleet.remediation.actor import RemediationActor
-from actors.fleet.views import live
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing

@@ -27,7 +27,7 @@ from schemas.messages import NodeIdentity, NodeRecord, TrustEntry
 from schemas.remediation import Hold, PolicyRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 from tests.fleet.test_remediation import policy, put_records
-from tests.support.fleet import heartbeat, wait_for
+from tests.support.fleet import Fleet, heartbeat, wait_for
 
 KEY = "U" + "P" * 55
 
@@ -128,7 +128,7 @@ def test_hooks_must_be_defined() -> None:
 
 
 async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
-    bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """Against a real server: the ticket hook runs once with the node's facts in FLEET_*,
     then the reboot hook; the node beating with a new boot id confirms it, and once healthy
@@ -152,10 +152,11 @@ async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
     await bus.subscribe(subjects.commands(), on_command)
     await bus.flush()
     first, second = RemediationActor(cfg, bus, prefix), RemediationActor(cfg, bus, prefix)
-    await put_records(bus, prefix, [record(True)])
+    await fleet.follow(first.feed, second.feed)
+    await put_records(bus, prefix, [record(True)], first, second)
     await first.round()
     await wait_for(lambda: commands)
-    await put_records(bus, prefix, [record(True, key.public_key)])
+    await put_records(bus, prefix, [record(True, key.public_key)], first, second)
     bucket = await bus.kv(subjects.bucket_name(BUCKET_POLICY))
 
     async def hold() -> Hold:
@@ -170,7 +171,7 @@ async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
 
     await wait_for(rebooting, interval=0.2)
     assert out.read_text().splitlines() == ["ticket n1 c1 xid b1", "reboot n1 c1 xid b1"]
-    await put_records(bus, prefix, [record(False, key.public_key, boot="b2")])
+    await put_records(bus, prefix, [record(False, key.public_key, boot="b2")], first, second)
 
     async def uncordoned() -> bool:
         await first.round()
@@ -190,7 +191,13 @@ async def test_hooks_run_with_the_nodes_facts_and_confirm_a_reboot(
     ],
 )
 async def test_a_failing_or_hanging_hook_needs_attention(
-    bus: NatsBus, prefix: str, tmp_path: Path, argv: list[str], timeout: float, why: str
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    tmp_path: Path,
+    argv: list[str],
+    timeout: float,
+    why: str,
 ) -> None:
     """A hook that exits non-zero, or outlives hook_timeout (its group killed), leaves the
     node cordoned with needs_attention and the reason; no uncordon follows."""
@@ -198,9 +205,10 @@ async def test_a_failing_or_hanging_hook_needs_attention(
         tmp_path, hooks={"reset": argv}, hook_after={"xid": ["reset"]}, hook_timeout=timeout
     )
     actor = RemediationActor(cfg, bus, prefix)
-    await put_records(bus, prefix, [record(True)])
+    await fleet.follow(actor.feed)
+    await put_records(bus, prefix, [record(True)], actor)
     await actor.round()
-    await put_records(bus, prefix, [record(False, key.public_key)])
+    await put_records(bus, prefix, [record(False, key.public_key)], actor)
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_POLICY))
 
     async def attention() -> Hold | None:

@@ -120,6 +120,7 @@ async def test_a_forged_identity_runs_no_hook_until_an_operator_confirms_it(
     key = await enrolled_n2(fleet, bus)
     actor = RemediationActor(config, bus, prefix)
     await actor.open()
+    await fleet.follow(actor.feed)
     boot = HealthCheck(name="boot", status="unhealthy", reason=reason)
     health = Health(ts=time.time(), status="unhealthy", score=0, checks=[boot])
     claims = sample_claiming("node-1-bmc.example", [N1_GPU])

@@ -17,7 +17,8 @@ from actors.fleet.aggregator.retirement import (
     retirable,
     silent_shares,
 )
-from actors.fleet.storage.registry import read_record, trust_entry
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from schemas.messages import NodeRecord

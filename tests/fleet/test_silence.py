@@ -11,7 +11,8 @@ import msgspec
 
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.aggregator.silence import Held, HeldMarkers, StreamPulse, grace
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.subjects import Subjects

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from actors.node.config import AgentConfig
-from actors.node.workloads.launch import NotAllowed, command_line
+from actors.node.workloads.launch import NotAllowed, capabilities, command_line
 from schemas.workloads import Deploy
 
 
@@ -165,3 +165,41 @@ def test_config_additions_must_name_an_engine_and_a_whole_flag() -> None:
             msgspec.convert({"state_dir": "/x", "workload_args": bad}, AgentConfig)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"state_dir": "/x", "workload_env": ["vllm=A-B"]}, AgentConfig)
+
+
+def test_capabilities_name_what_the_node_allows_and_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node says it can run an engine it allows whose binary it finds (an override's
+    path included), ``process`` when one of its binaries is found, and
+    ``container:<engine>`` for each allowed engine once an image is allowed and its
+    container runtime found; nothing it does not allow or cannot find."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("llama-server", "podman", "tool"):
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert capabilities(config()) == ["llamacpp"]  # vllm and python are not on PATH
+    vllm = tmp_path / "vllm"
+    vllm.write_text("#!/bin/sh\n")
+    vllm.chmod(0o755)
+    every = config(
+        workload_engines=["llamacpp", "vllm", "process"],
+        workload_binaries=[f"vllm={vllm}", "tool"],
+        workload_images=["registry.example/engines"],
+    )
+    assert capabilities(every) == [
+        "llamacpp",
+        "vllm",
+        "process",
+        "container:llamacpp",
+        "container:vllm",
+        "container:process",
+    ]
+    assert capabilities(config(workload_engines=["vllm"], workload_images=["r/x"])) == [
+        "container:vllm"
+    ]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert capabilities(config(workload_images=["r/x"])) == []

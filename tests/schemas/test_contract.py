@@ -14,7 +14,8 @@ import nacl.signing
 from nats.aio.msg import Msg
 
 from actors.cli.node_agent import main as node_agent
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Registration, RegistrationReply

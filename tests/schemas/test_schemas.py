@@ -100,6 +100,7 @@ HEARTBEAT = messages.Heartbeat(
     engine=ENGINE,
     jobs=events.Jobs(running=3),
     spot=events.SpotStatus(provider="aws", notice=NOTICE),
+    capabilities=["llamacpp", "process", "container:vllm"],
 )
 KEY = "U" + "A" * 55
 
@@ -126,6 +127,7 @@ EXAMPLES: list[msgspec.Struct] = [
                 model="/models/x.gguf",
             )
         ],
+        capabilities=["llamacpp"],
     ),
     events.WorkloadOrder(
         ts=NOW,

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client
 
-from actors.fleet.storage.registry import read_record, trust_entry
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import trust_entry
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing

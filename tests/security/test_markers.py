@@ -11,7 +11,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet.metrics import AggregatorMetrics
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Alert

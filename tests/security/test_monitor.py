@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import record_rules
 from actors.fleet.remediation.actor import policy_bucket
-from actors.fleet.storage import registry
+from actors.fleet.storage import records, registry
 from actors.fleet.storage.nats_config import JS_API_PREFIX
 from actors.fleet.storage.streams import heartbeat_partitions, provision
 from actors.runtime.bus import NatsBus
@@ -242,7 +242,7 @@ async def test_monitor_writes_nothing_and_relays_nothing(monitored: Monitored) -
     await nc.flush()
     # The aggregator's own requests in FLEET: their answers go to FLEET's inboxes.
     await admin.js.stream_info(NODES_STREAM)
-    await registry.read_records(admin, SUBJECTS)
+    await records.read_records(admin, SUBJECTS)
     await wait_for(
         lambda: all(monitored.refused("publish to", subject) for subject in refused_publish)
     )

@@ -14,7 +14,8 @@ from nats.aio.client import Client
 
 from actors.cli.fleetctl.main import main
 from actors.fleet.aggregator import pending
-from actors.fleet.storage.registry import read_record, read_records, trust_entry
+from actors.fleet.storage.records import read_record, read_records
+from actors.fleet.storage.registry import trust_entry
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import MAX_CANDIDATES, NodeRecord, Registration, RegistrationReply

@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 
 from actors.fleet.aggregator import pending
-from actors.fleet.storage.registry import read_record
+from actors.fleet.storage.records import read_record
 from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer

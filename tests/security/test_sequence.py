@@ -9,7 +9,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.storage.registry import approve, read_record, reset_seq
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve, reset_seq
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.errors import DecodeError
@@ -81,7 +82,7 @@ async def test_reset_seq_lets_a_reimaged_node_back_in(
         await reset_seq(bus, subjects, "n1")
         assert (await read_record(bus, subjects, "n1")).seq_reset
         await beat(nc, prefix, new, signed_seq(1, boot_id="b2"))
-        after = await wait_record(bus, prefix, "n1", lambda record: record.last_seq == 1)
+        after = await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 1, stored=True)
         assert not after.seq_reset and after.public_key == new.public_key
         await beat(nc, prefix, new, signed_seq(1, boot_id="b2"))  # the reset is used up
         await beat(nc, prefix, new, signed_seq(2, boot_id="b2"))

@@ -18,12 +18,15 @@ from nats.aio.client import Client
 
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.config import MIB, AggregatorConfig
+from actors.fleet.live import reader as live
+from actors.fleet.live.feed import NodeFeed, followed
+from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
-from actors.fleet.storage.registry import NotFound, approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import NotFound, approve
 from actors.fleet.storage.streams import StreamLimits
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.held import Held
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
@@ -49,14 +52,15 @@ TEST_BUDGETS = AggregatorConfig(
     alerts_max_bytes=4 * MIB,
     trust_max_bytes=1 * MIB,
     enroll_max_bytes=1 * MIB,
-    # Tests wait on records in fleet_nodes: checkpoints every half second keep them live.
-    checkpoint_interval=0.5,
     fetch_linger=0.02,
     lease_ttl=1.5,
 )
 """Stream budgets for tests: the server reserves every stream's max_bytes, and a module's
 tests each provision their own prefix on one server, so the production defaults (424 MiB
-a prefix) would need tens of GB of disk for a module."""
+a prefix) would need tens of GB of disk for a module. checkpoint_interval is the default
+(60 s), as users run it: a test reads nodes live (:func:`wait_record`) or waits for a
+change the aggregators write at once, never for a checkpoint (a test about checkpoints
+sets its own)."""
 TEST_LIMITS = StreamLimits.of(TEST_BUDGETS)
 
 
@@ -243,6 +247,19 @@ class Fleet:
         url: str = await self.stack.enter_async_context(serve(routes))
         return url
 
+    async def follow(self, *feeds: NodeFeed) -> None:
+        """Follow each of ``feeds`` until the test ends, once each is complete: for a test
+        that calls a decision's ``round()`` itself (its actor not run, its own feed not
+        followed)."""
+        for feed in feeds:
+            await self._follow(feed)
+
+    async def _follow(self, feed: NodeFeed) -> None:
+        following = await self.stack.enter_async_context(followed(feed, own=True))
+        await wait_for(lambda: feed.complete or following.done(), timeout=10)
+        if following.done():
+            following.result()
+
     async def start_fake(self, fake: Fake) -> Fake:
         """A cloud metadata fake, started."""
         await fake.start()
@@ -303,19 +320,34 @@ async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> N
     await subscription.unsubscribe()
 
 
+async def fed(feed: NodeFeed, records: list[NodeRecord], timeout: float = 10.0) -> None:
+    """Return once ``feed`` holds each of ``records`` as written to fleet_nodes."""
+    await wait_for(lambda: all(feed.record(r.node_id) == r for r in records), timeout)
+
+
 async def wait_record(
     bus: NatsBus,
     prefix: str,
     node: str,
     predicate: Callable[[NodeRecord], bool],
     timeout: float = HANG,
+    stored: bool = False,
 ) -> NodeRecord:
+    """The record of ``node`` once ``predicate`` holds for it, read as the views read it
+    (its latest accepted heartbeat over the record: the aggregators checkpoint at the
+    default interval, 60 s, so a stored record's readings may be a minute old); with
+    ``stored``, as fleet_nodes holds it (for tests about what is written)."""
+    subjects = Subjects(prefix)
+
     async def check() -> NodeRecord | None:
         try:
-            current = await read_record(bus, Subjects(prefix), node)
+            if stored:
+                current = await read_record(bus, subjects, node)
+            else:
+                current = await live.read_node(bus, subjects, node)
         except NotFound:
             return None
         return current if predicate(current) else None
 
-    found: NodeRecord = await wait_for(check, timeout)
+    found: NodeRecord = await wait_for(check, timeout, interval=0.1)
     return found

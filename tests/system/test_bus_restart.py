@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.storage.registry import approve, read_record
+from actors.fleet.storage.records import read_record
+from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import provision
 from actors.node.agent import NodeAgent
 from actors.runtime.bus import NatsBus

@@ -27,7 +27,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet.storage.nats_config import JS_API_PREFIX
-from actors.fleet.storage.registry import read_record
+from actors.fleet.storage.records import read_record
 from actors.fleet.storage.streams import provision
 from actors.node.agent import STOP_STEP_TIMEOUT, NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig

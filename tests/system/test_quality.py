@@ -47,11 +47,11 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_import_contracts_are_kept() -> None:
     """The rooms import one way, actors never import each other, the fleet's wings and the
     aggregator's parts import only those below them, its judge is pure, the views never
-    import the aggregator and the node's GPU knowledge imports no node module (pyproject
-    contracts)."""
+    import the aggregator, only the live reader reads fleet_nodes' records raw and the
+    node's GPU knowledge imports no node module (pyproject contracts)."""
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "8 kept, 0 broken" in result.stdout
+    assert "9 kept, 0 broken" in result.stdout
 
 
 def copy_of_the_code(root: Path) -> None:
@@ -90,7 +90,7 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
     )
     assert "actors.fleet.aggregator.judge -> actors.runtime.bus" in result.stdout
     assert "actors.fleet.aggregator.ledger -> actors.fleet.aggregator.ownership" in result.stdout
-    assert "6 kept, 2 broken" in result.stdout
+    assert "7 kept, 2 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -104,10 +104,32 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
             "actors.fleet.storage.registry -> actors.fleet.aggregator.hot_state",
         ),
         (
-            "fleet/views/live.py",
+            "fleet/live/reader.py",
             "import actors.fleet.aggregator.hot_state",
-            "The views never import the aggregator: they read what it holds through views.held",
-            "actors.fleet.views.live -> actors.fleet.aggregator.hot_state",
+            "The views and the live reader never import the aggregator: they read what it "
+            "holds through live.held",
+            "actors.fleet.live.reader -> actors.fleet.aggregator.hot_state",
+        ),
+        (
+            "fleet/views/api.py",
+            "import actors.fleet.storage.records",
+            "Every view and decision reads nodes through actors.fleet.live: only it reads "
+            "fleet_nodes' records raw",
+            "actors.fleet.views.api -> actors.fleet.storage.records",
+        ),
+        (
+            "fleet/placement/actor.py",
+            "from actors.fleet.storage.records import read_records",
+            "Every view and decision reads nodes through actors.fleet.live: only it reads "
+            "fleet_nodes' records raw",
+            "actors.fleet.placement.actor -> actors.fleet.storage.records",
+        ),
+        (
+            "cli/fleetctl/gpus.py",
+            "from actors.fleet.storage import records",
+            "Every view and decision reads nodes through actors.fleet.live: only it reads "
+            "fleet_nodes' records raw",
+            "actors.cli.fleetctl.gpus -> actors.fleet.storage.records",
         ),
         (
             "node/gpu/xid.py",
@@ -127,9 +149,10 @@ def test_aggregator_contracts_catch_a_part_calling_up_and_an_impure_judge(tmp_pa
 def test_fleet_and_node_contracts_catch_an_import_against_them(
     tmp_path: Path, module: str, line: str, contract: str, chain: str
 ) -> None:
-    """A wing importing one above it, a view importing the aggregator, the GPU knowledge
-    importing the node's config and one of the aggregator's parts importing its sibling
-    each break their contract, which names the import."""
+    """A wing importing one above it, a view importing the aggregator, a view or a
+    decision reading fleet_nodes' records raw (not through actors.fleet.live), the GPU
+    knowledge importing the node's config and one of the aggregator's parts importing its
+    sibling each break their contract, which names the import."""
     copy_of_the_code(tmp_path)
     path = tmp_path / "actors" / module
     path.write_text(path.read_text() + f"\n{line}  # noqa\n")

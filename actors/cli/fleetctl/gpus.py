@@ -2,8 +2,8 @@
 nvidia-smi across nodes: readings, ECC, XIDs and the workload that holds each GPU (the
 rows: :mod:`actors.fleet.views.gpus`, which the dashboard's GPU page lists too).
 
-The GPUs come from each node's last accepted heartbeat, read by :func:`fleet_records`
-alone, so the source can change (the records' embedded heartbeat today) in one place.
+The GPUs come from each node's latest accepted heartbeat, read live from FLEET_HB by
+:func:`fleet_records` alone (docs/live-reads.md), not from a record's checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import msgspec
 from actors.cli.common import add_server, connected, token
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
-from actors.fleet.storage import registry
+from actors.fleet.live import reader as live
 from actors.fleet.views.gpus import CURRENT_STATES, SORTS, GpuRow, gpu_rows
 from actors.runtime.bus import Bus
 from schemas.messages import NodeRecord
@@ -29,7 +29,7 @@ GIB = 2**30
 async def fleet_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     """Every node's record with its last accepted heartbeat: the one place ``fleetctl
     gpus`` reads the fleet from."""
-    return await registry.read_records(bus, subjects)
+    return list(await live.read_fleet(bus, subjects))
 
 
 def table(rows: list[GpuRow]) -> str:

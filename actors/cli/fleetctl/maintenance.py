@@ -72,13 +72,15 @@ async def cmd_start(args: argparse.Namespace) -> int:
         nodes=args.node or [],
         until=now + args.duration,
         reason=args.reason,
+        drain=args.drain,
     )
     reply = await _ask(args, request)
     if reply.status == "rejected":
         return fail(f"maintenance {request.id} refused: {reply.reason}")
+    moves = "; placed replicas move off its nodes" if request.drain else ""
     sys.stdout.write(
         f"maintenance {reply.id} started: until {clock(request.until)} "
-        f"({describe_scope(request.selector, request.cluster, request.nodes)})\n"
+        f"({describe_scope(request.selector, request.cluster, request.nodes)}){moves}\n"
     )
     return 0
 
@@ -163,8 +165,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="maintenance windows: nodes whose alerts are recorded but not forwarded",
         description="A window covers the nodes matching every -l selector (in --cluster when "
         "given) and the nodes named with --node. While it is in force, their alerts stay in "
-        "FLEET_ALERTS but are not sent to Alertmanager, and fleetctl shows them as in "
-        "maintenance. Requests are signed by the operator key and carried out by an "
+        "FLEET_ALERTS but are not sent to Alertmanager, fleetctl shows them as in "
+        "maintenance and placement chooses none of them (--drain moves the placed replicas "
+        "already there). Requests are signed by the operator key and carried out by an "
         "aggregator that trusts it (its trust_operators).",
     )
     subs = parser.add_subparsers(dest="maintenance_command", required=True)
@@ -189,6 +192,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="how long, e.g. 90m, 2h, 1d (at most 30 days); the window then ends by itself",
     )
     start.add_argument("--reason", default="", help="why, shown by 'maintenance list'")
+    start.add_argument(
+        "--drain",
+        action="store_true",
+        help="also move the placed replicas (fleetctl deploy without a node) off the nodes "
+        "it covers, as a drain does: each is placed elsewhere and its copy stopped once the "
+        "new one is ready (placement never chooses a node in maintenance either way)",
+    )
     start.add_argument(
         "--id", type=token("window id"), help="the window's id (default: a random one)"
     )

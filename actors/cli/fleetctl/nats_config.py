@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from actors.cli.common import add_server, connected
+from actors.fleet.live import reader as live
 from actors.fleet.storage import nats_config
 from schemas.subjects import Subjects
 
@@ -20,7 +21,8 @@ async def cmd_nats_config(args: argparse.Namespace) -> int:
         nodes = nats_config.parse_nodes(args.nodes.read_text())
     else:
         async with connected(args, "fleetctl") as bus:
-            nodes = await nats_config.approved_nodes(bus, subjects, args.cluster or "")
+            clusters = {r.node_id: r.cluster for r in await live.stored_records(bus, subjects)}
+            nodes = await nats_config.approved_nodes(bus, subjects, clusters, args.cluster or "")
     users = nats_config.Users(
         nodes=nodes,
         aggregators=args.aggregator or [],

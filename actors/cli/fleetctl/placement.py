@@ -1,8 +1,10 @@
 """``fleetctl deploy NAME`` without a node (the fleet chooses the nodes), ``fleetctl
 undeploy NAME``, and the placed replicas that ``fleetctl workloads`` lists.
 
-A placed deploy reads the nodes' records and every placed workload, chooses a node for
-each replica (:mod:`actors.fleet.placement.choose`), creates the workload's record in
+A placed deploy reads the nodes live (their latest accepted heartbeats: what each can
+run, its health, its free GPUs; the maintenance windows) and every placed workload,
+chooses a node for each replica (:mod:`actors.fleet.placement.choose`), creates the
+workload's record in
 ``fleet_workloads`` (it fails if the name is placed already) and only then sends each
 chosen node its signed Deploy. Replicas no node fits stay pending, with the reason; an
 aggregator running the workload reconciler places them when a node fits and keeps every
@@ -25,6 +27,7 @@ from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_opera
 from actors.cli.fleetctl.rolling import cmd_one_or_rolling, positive_int
 from actors.cli.fleetctl.send import EXIT_DONE, EXIT_FAILED, EXIT_TIMEOUT
 from actors.fleet.labels import parse_selectors
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import choose, taken_by
@@ -104,13 +107,17 @@ async def cmd_place(args: argparse.Namespace) -> int:
         placed = await read_all(bus, subjects)
         if args.name in placed:
             return fail(f"workload {args.name} is placed already (fleetctl undeploy it first)")
-        records = {r.node_id: r for r in await registry.read_records(bus, subjects)}
+        fleet = await live.read_fleet(bus, subjects)
+        records = {r.node_id: r for r in fleet}
+        maintenance = {r.node_id: r.maintenance for r in fleet if r.maintenance}
         taken = taken_by(w for w, _ in placed.values())
         batch = uuid.uuid4().hex[:16]
         replicas: list[Replica] = []
         orders = []
+        now = time.time()
         for index in range(args.replicas or 1):
-            found = choose(msgspec.structs.replace(workload, replicas=replicas), records, taken)
+            current = msgspec.structs.replace(workload, replicas=replicas)
+            found = choose(current, records, taken, now=now, maintenance=maintenance)
             if isinstance(found, str):
                 replicas.append(Replica(index=index, why=found))
                 continue
@@ -165,9 +172,25 @@ def replica_line(replica: Replica, why: bool) -> str:
     return line
 
 
+async def replica_nodes(
+    bus: Bus, subjects: Subjects, workload: PlacedWorkload
+) -> dict[str, NodeRecord]:
+    """The replicas' nodes, each with its latest accepted heartbeat (read live, node by
+    node: a wait reads no other node)."""
+    found: dict[str, NodeRecord] = {}
+    for node in sorted({replica.node for replica in workload.replicas if replica.node}):
+        try:
+            found[node] = await live.read_node(bus, subjects, node)
+        except registry.NotFound:
+            continue
+    return found
+
+
 async def wait_ready(bus: Bus, subjects: Subjects, name: str, timeout: float) -> int:
-    """Until every replica of ``name`` is ready where it is placed: 0; one failed: 1;
-    the timeout: 2."""
+    """Until every replica of ``name`` is ready where it is placed: 0; one failed: 1,
+    after a line on stderr for each failed replica with its node and the node's reason;
+    the timeout: 2. Each replica's state is printed as it changes (a pending one with
+    why no node fits)."""
     deadline = time.monotonic() + timeout
     said: set[tuple[int, str]] = set()
     while time.monotonic() < deadline:
@@ -175,18 +198,29 @@ async def wait_ready(bus: Bus, subjects: Subjects, name: str, timeout: float) ->
         if name not in placed:
             return fail(f"workload {name} was undeployed")
         workload, _ = placed[name]
-        records = {r.node_id: r for r in await registry.read_records(bus, subjects)}
+        records = await replica_nodes(bus, subjects, workload)
         ready = 0
+        failed: list[str] = []
         for replica in workload.replicas:
             running = listed(records.get(replica.node), name) if replica.node else None
             state = running.state if running is not None else "pending"
             if (replica.index, f"{replica.node}:{state}") not in said:
                 said.add((replica.index, f"{replica.node}:{state}"))
-                sys.stdout.write(f"replica {replica.index}: {replica.node or '-'} {state}\n")
+                why = f" ({replica.why})" if not replica.node and replica.why else ""
+                sys.stdout.write(f"replica {replica.index}: {replica.node or '-'} {state}{why}\n")
                 sys.stdout.flush()
             if running is not None and running.state in FAILED_STATES:
-                return fail(f"replica {replica.index} {running.state} on {replica.node}")
+                reason = f": {running.reason}" if running.reason else ""
+                failed.append(f"replica {replica.index} {running.state} on {replica.node}{reason}")
             ready += running is not None and running.state == "ready"
+        if failed:
+            for line in failed:
+                sys.stderr.write(f"error: {line}\n")
+            sys.stderr.write(
+                "the reconciler moves failed replicas to other nodes (fleetctl workloads "
+                f"--why {name} shows where)\n"
+            )
+            return EXIT_FAILED
         if ready == len(workload.replicas):
             return EXIT_DONE
         await asyncio.sleep(WAIT_POLL)

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 from actors.cli.common import connected, default_operator_key, fail
 from actors.cli.fleetctl.send import (
@@ -34,8 +35,8 @@ from actors.cli.fleetctl.send import (
 from actors.cli.fleetctl.signer import check_signer
 from actors.cli.node_names import did_you_mean, expand_nodes
 from actors.fleet.labels import matches, parse_selectors
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
-from actors.fleet.storage import registry
 from actors.runtime import spans
 from actors.runtime.bus import Bus, listening
 from actors.runtime.spans import clock
@@ -52,7 +53,7 @@ DONE_STATES = {
 """Schedulability in which a node needs nothing more (skipped: the resume)."""
 
 
-def targets(records: list[NodeRecord], args: argparse.Namespace) -> list[NodeRecord]:
+def targets(records: Sequence[NodeRecord], args: argparse.Namespace) -> list[NodeRecord]:
     """The nodes the selector (labels, the node list, --cluster) names, in node-id order."""
     selectors = parse_selectors(args.label)
     listed = set(args.nodes)
@@ -199,7 +200,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
     """``cordon|drain|uncordon -l ...``: see the module docstring."""
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        records = await registry.read_records(bus, subjects)
+        records = await live.read_fleet(bus, subjects)
         chosen = targets(records, args)
         known = [record.node_id for record in records]
         unknown = sorted(set(args.nodes) - set(known))

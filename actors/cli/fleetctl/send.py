@@ -39,6 +39,7 @@ from actors.cli.common import (
 from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.node_names import node_selection
 from actors.cli.render import tables
+from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
@@ -276,7 +277,7 @@ async def target_cluster(bus: Bus, subjects: Subjects, node: str, cluster: str |
     before anything is sent, when the command will wait or go nowhere: a node with no
     record, a stale, offline or deregistered one, or one in another cluster than given."""
     try:
-        record: NodeRecord | None = await registry.read_record(bus, subjects, node)
+        record: NodeRecord | None = await live.stored_record(bus, subjects, node)
     except registry.NotFound:
         record = None
     if record is None:

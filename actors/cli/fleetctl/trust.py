@@ -26,8 +26,8 @@ from actors.cli.fleetctl.signer import add_yes, check_signer
 from actors.cli.render.tables import printable
 from actors.fleet import identity
 from actors.fleet.aggregator import pending
+from actors.fleet.live import reader as live
 from actors.fleet.storage import registry
-from actors.fleet.views import live
 from actors.runtime.bus import Bus
 from schemas import codec, signing
 from schemas.errors import FleetError
@@ -147,7 +147,7 @@ async def pending_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
     """The node's pending (or deregistered) record, whose keys an approval without a key
     chooses from, and whose registrations carried the identities."""
     try:
-        record = await registry.read_record(bus, subjects, node)
+        record = await live.stored_record(bus, subjects, node)
     except registry.NotFound:
         raise FleetError(
             f"node {node} has not registered: give its key (fleetctl approve {node} KEY; "

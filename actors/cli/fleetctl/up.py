@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -33,6 +34,7 @@ import pynvml
 from actors.cli.common import KEY_FILE_ENV, duration, stop_event
 from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.process import ProviderActors
 from actors.fleet.remediation.config import PolicyConfig, load_policy
@@ -359,7 +361,7 @@ async def goodbyes_taken(bus: NatsBus, subjects: Subjects, nodes: set[str], with
     records: list[NodeRecord] = []
     while True:
         try:
-            records = [r for r in await registry.read_records(bus, subjects) if r.node_id in nodes]
+            records = [r for r in await live.stored_records(bus, subjects) if r.node_id in nodes]
         except (FleetError, nats.errors.Error, TimeoutError):
             break
         if all(r.state == "stopped" for r in records) or time.monotonic() > deadline:
@@ -374,7 +376,7 @@ def export_line(url: str, key_file: Path) -> str:
     return f"export NATS_URL={shlex.quote(url)} {KEY_FILE_ENV}={shlex.quote(str(key_file))}"
 
 
-def fleet_view(records: list[NodeRecord], lines: int) -> str:
+def fleet_view(records: Sequence[NodeRecord], lines: int) -> str:
     """The live view in at most ``lines`` lines: the table and its summary line, or, for
     a fleet taller than that, the nodes counted by cluster and state (as ``fleetctl
     nodes`` does above a screenful)."""
@@ -407,7 +409,7 @@ async def _show_fleet(
     interactive = sys.stdout.isatty()
     text = last_summary = ""
     while not stop.is_set():
-        records = await registry.read_records(bus, subjects)
+        records = await live.read_fleet(bus, subjects)
         summary = tables.summary(records)
         text = fleet_view(records, view_lines(interactive))
         if interactive:

@@ -18,14 +18,16 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
+from actors.cli.completion import closest_hint
 from actors.cli.fleetctl import policy
 from actors.cli.node_names import did_you_mean
 from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels
+from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.storage import settings as settings_store
-from actors.fleet.views import history, live
+from actors.fleet.views import history
 from actors.runtime.bus import Bus, Handler, listening
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -91,7 +93,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         while True:
             every = [
                 r
-                for r in await registry.read_records(bus, subjects)
+                for r in await live.stored_records(bus, subjects)
                 if args.all or "deregistered" in states or r.state != "deregistered"
             ]
             records = [
@@ -330,7 +332,7 @@ async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecor
     try:
         return await live.read_node(bus, subjects, node)
     except registry.NotFound as exc:
-        known = [record.node_id for record in await registry.read_records(bus, subjects)]
+        known = [record.node_id for record in await live.stored_records(bus, subjects)]
         raise FleetError(f"{exc}{did_you_mean(node, known)}") from None
 
 
@@ -355,8 +357,9 @@ def node_output(text: str) -> str:
     """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
     if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
         return text
+    hint = closest_hint(text, list(tables.NODE_OUTPUTS))
     raise argparse.ArgumentTypeError(
-        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
+        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,...{hint}"
     )
 
 

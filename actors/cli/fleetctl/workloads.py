@@ -1,6 +1,9 @@
 """``fleetctl deploy | stop``: signed workload commands to one node (sent and followed like
 ``cordon``, by :mod:`actors.cli.fleetctl.send`), and ``fleetctl workloads``, which lists the
-workloads every node's last heartbeat reported."""
+workloads every node's latest accepted heartbeat reported, each as it is now
+(:mod:`actors.fleet.live.workload_status`: ``unknown`` on a node that does not report,
+``orphaned`` on a forgotten one, ``replaced`` and ``moving`` during a move), its endpoint
+only while it serves."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from actors.cli.common import add_server, connected, duration, token
 from actors.cli.fleetctl import placement, send
 from actors.cli.node_names import node_selection
 from actors.cli.render import tables
+from actors.fleet.live import reader as live
+from actors.fleet.live import workload_status
 from actors.fleet.storage.placed import endpoint, read_placed
-from actors.fleet.views import live
 from actors.runtime import spans
 from schemas.messages import Action, NodeRecord
 from schemas.placement import PlacedWorkload
@@ -34,7 +38,7 @@ COLUMNS = (
     "PORT",
     "RESTARTS",
     "REPLICA",
-    "ENDPOINT",
+    "ENDPOINT*",
     "SINCE",
     "MODEL",
 )
@@ -122,6 +126,12 @@ async def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+ENDPOINT_NOTE = (
+    "* ENDPOINT: where the node says the workload serves (its heartbeat's claim, not "
+    "checked by the fleet); none unless it is ready\n"
+)
+
+
 def workloads_output(
     records: list[NodeRecord],
     as_json: bool,
@@ -131,8 +141,14 @@ def workloads_output(
     """The workloads of each node's last heartbeat, and the placed replicas no node
     reports yet (pending or deploying), as a table or one JSON list."""
     placed = placed or []
+    now = time.time()
     rows = [
-        (record, workload, placement.placement_of(placed, record.node_id, workload.name))
+        (
+            record,
+            workload,
+            placement.placement_of(placed, record.node_id, workload.name),
+            workload_status.status(record, workload, placed, now),
+        )
         for record in sorted(records, key=lambda r: r.node_id)
         if record.heartbeat is not None
         for workload in record.heartbeat.workloads
@@ -143,10 +159,13 @@ def workloads_output(
             {
                 "node": record.node_id,
                 **msgspec.to_builtins(workload),
-                "endpoint": endpoint(record, workload.port),
+                "status": shown,
+                "endpoint": endpoint(record, workload.port)
+                if workload_status.serving(shown)
+                else "",
                 **({"replica": msgspec.to_builtins(replica)} if replica is not None else {}),
             }
-            for record, workload, replica in rows
+            for record, workload, replica, shown in rows
         ]
         items += [
             {
@@ -161,21 +180,20 @@ def workloads_output(
         return msgspec.json.encode(items).decode() + "\n"
     if not rows and not waiting:
         return "no workloads\n"
-    now = time.time()
     table: list[tuple[str, ...]] = [COLUMNS]
     notes: list[str | None] = [None]
-    for record, w, replica in rows:
+    for record, w, replica, shown in rows:
         table.append(
             (
                 record.node_id,
                 w.name,
                 w.engine,
-                w.state + (f" ({w.reason})" if w.reason and w.state != "ready" else ""),
+                shown,
                 ",".join(str(g) for g in w.gpus) or "-",
                 str(w.port),
                 str(w.restarts),
                 str(replica.index) if replica is not None else "-",
-                endpoint(record, w.port),
+                endpoint(record, w.port) if workload_status.serving(shown) else "-",
                 spans.age(now - w.since),
                 w.model or "-",
             )
@@ -195,6 +213,8 @@ def workloads_output(
         lines.append(tables.printable(cells.rstrip()) + "\n")
         if note:
             lines.append(tables.printable(f"    why: {note}") + "\n")
+    if any(row[8] != "-" for row in table[1:]):
+        lines.append(ENDPOINT_NOTE)
     return "".join(lines)
 
 

@@ -16,8 +16,9 @@ from actors.cli.render.tables import (
     printable,
 )
 from actors.fleet.identity import claimed, differences, summary
+from actors.fleet.live import workload_status
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas.events import Engine, Health, HostFacts, Latency, Sample, Scheduler, SpotStatus
 from schemas.messages import CommandResult, NodeRecord, TrustEntry, WorkloadSummary
@@ -80,7 +81,7 @@ def describe(
     agent_up = beat.ts - beat.started if beat.started is not None else None
     lines += _host(beat.sample.host if beat.sample is not None else None, agent_up)
     lines += _engines(beat.engine)
-    lines += _workloads(beat.workloads)
+    lines += _workloads(record, beat.workloads, now)
     lines += _latency(beat.latency)
     lines.append(f"Spot:            {_spot(beat.spot)}")
     if beat.scheduler is not None:
@@ -91,16 +92,17 @@ def describe(
     return "\n".join(printable(line) for line in lines)
 
 
-def _workloads(workloads: list[WorkloadSummary]) -> list[str]:
-    """The node's workloads as its heartbeat lists them (``fleetctl workloads`` has the
-    fleet's, placed replicas included)."""
+def _workloads(record: NodeRecord, workloads: list[WorkloadSummary], now: float) -> list[str]:
+    """The node's workloads as its heartbeat lists them, each as it is now (``unknown`` on a
+    node that does not report, ``orphaned`` on a forgotten one: ``fleetctl workloads`` has
+    the fleet's, placed replicas and moves included)."""
     if not workloads:
         return ["Workloads:       none"]
     rows = [("NAME", "STATE", "ENGINE", "MODEL", "GPUS", "PORT", "RESTARTS", "")]
     rows += [
         (
             w.name,
-            w.state + (f" ({w.reason})" if w.reason else ""),
+            workload_status.status(record, w, (), now),
             w.engine,
             w.model or "-",
             ",".join(map(str, w.gpus)) or "-",

@@ -13,8 +13,8 @@ import msgspec
 
 from actors.cli.render import columns
 from actors.cli.render.columns import Column
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas import signing
 from schemas.messages import Alert, CommandResult, NodeRecord
@@ -116,7 +116,7 @@ def _not_live(record: NodeRecord) -> str:
     return "*" if isinstance(record, LiveRecord) and not record.live else ""
 
 
-def not_live_note(records: list[NodeRecord]) -> str:
+def not_live_note(records: Sequence[NodeRecord]) -> str:
     """The footnote of the ``*`` marks (newline-terminated), or "" when there are none:
     how many, and why for the first few."""
     marked = [r for r in records if isinstance(r, LiveRecord) and not r.live]
@@ -134,7 +134,7 @@ def not_live_note(records: list[NodeRecord]) -> str:
 
 
 def table(
-    records: list[NodeRecord],
+    records: Sequence[NodeRecord],
     now: float | None = None,
     wide: bool = False,
     colour: bool = False,
@@ -168,7 +168,7 @@ def nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
 
 
-def summary(records: list[NodeRecord], of: int | None = None) -> str:
+def summary(records: Sequence[NodeRecord], of: int | None = None) -> str:
     """``3 nodes: 2 active, 1 stale``; ``3 of 299 nodes: ...`` when ``of`` (the nodes
     before a filter) is more than shown."""
     counts: dict[str, int] = {}
@@ -372,7 +372,7 @@ SUMMARY_ABOVE = 50
 screenful), unless ``--all`` or ``--limit`` asks for rows."""
 
 
-def fleet_summary(records: list[NodeRecord], hint: str | None = None) -> str:
+def fleet_summary(records: Sequence[NodeRecord], hint: str | None = None) -> str:
     """Nodes counted by cluster and state: one row per cluster, one column per state
     present, a total row; newline-terminated, with the way to list rows (``hint``, else
     ``fleetctl nodes``' flags)."""

@@ -24,12 +24,14 @@ import math
 import random
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 import zstandard
 
 from actors.fleet import record_state
+from actors.fleet.aggregator import record_rules
 from schemas import codec
 from schemas.messages import Heartbeat, NodeRecord
 
@@ -73,6 +75,9 @@ class NodeState:
     revision: int | None = None
     """The KV revision of ``stored`` when this owner wrote it (None: unknown, so the
     next write reads the record first; a write knowing it costs no read)."""
+    facts: int = 0
+    """:func:`record_rules.decision_facts` of the last accepted heartbeat: a heartbeat
+    that changes them is written at once (0: none known yet)."""
 
 
 PACK_LEVEL = -1
@@ -141,6 +146,9 @@ class NodeTable(dict[str, NodeState]):
     def __init__(self) -> None:
         super().__init__()
         self.bodies = Bodies()
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with a node's name each time its record was written (the views'
+        ``Held.listen``)."""
 
     def __setitem__(self, node: str, state: NodeState) -> None:
         # Interned, as the record's node_id (:func:`slim`), the trust cache's keys and the
@@ -316,8 +324,15 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
     stored = digest(kept)
+    facts = record_rules.decision_facts(beat) if beat is not None else 0
     return NodeState(
-        kept, written, fresh=True, stored=stored, stored_reset=kept.seq_reset, body=body
+        kept,
+        written,
+        fresh=True,
+        stored=stored,
+        stored_reset=kept.seq_reset,
+        body=body,
+        facts=facts,
     )
 
 

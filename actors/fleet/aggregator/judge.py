@@ -110,12 +110,15 @@ class Moment(msgspec.Struct, frozen=True, kw_only=True):
 class Verdict(NamedTuple):
     """What a heartbeat (or a TTL marker) does to its node: ``record`` is the node's
     record after it, ``alerts`` the alerts it raises (``event`` in each one's details),
-    ``write`` whether the record is written at once (a transition, or alerts raised
-    first) rather than at the node's next checkpoint."""
+    ``write`` whether the record is written at once (a transition, a change of the
+    decision facts, or alerts raised first) rather than at the node's next checkpoint,
+    ``facts`` the heartbeat's :func:`record_rules.decision_facts` (None: a marker's,
+    which leaves them)."""
 
     record: NodeRecord
     alerts: list[AlertSpec]
     write: bool
+    facts: int | None = None
 
 
 def read(
@@ -168,8 +171,11 @@ def accept(
     ``stored`` it, for a node in ``state`` (None: none in memory); or Refused,
     LateDelivery, NeedsFetch."""
     fingerprint = record_rules.gpu_fingerprint(heartbeat)
-    if state is not None and record_rules.is_steady(
-        state.record, heartbeat, public_key, fingerprint
+    facts = record_rules.decision_facts(heartbeat)
+    if (
+        state is not None
+        and facts == state.facts
+        and record_rules.is_steady(state.record, heartbeat, public_key, fingerprint)
     ):
         # Most heartbeats: no alert, no transition, only the next checkpoint to make.
         record = record_rules.steady_beat(
@@ -180,7 +186,7 @@ def accept(
             stored.at,
             slim_heartbeat(heartbeat, state.record),
         )
-        return Verdict(record, STEADY, False)
+        return Verdict(record, STEADY, False, facts)
     previous = (
         state.record
         if state is not None
@@ -236,7 +242,9 @@ def accept(
         fingerprint,
         slim_heartbeat(heartbeat, previous),
     )
-    transition = state is None or record_rules.is_transition(previous, after)
+    transition = (
+        state is None or facts != state.facts or record_rules.is_transition(previous, after)
+    )
     # The first heartbeat after a load may follow heartbeats accepted but not yet
     # checkpointed by the previous owner: no gap to report.
     gaps = not (state is not None and state.fresh) and (
@@ -252,7 +260,7 @@ def accept(
         alert.details.setdefault("event", f"q{heartbeat.seq}")
     # Alerts before the write: a crash between the two raises the alert again (same id,
     # dropped by JetStream), never loses it.
-    return Verdict(after, alerts, transition or bool(alerts))
+    return Verdict(after, alerts, transition or bool(alerts), facts)
 
 
 def read_in_time(caught_up: Spans | None, stored: float, heartbeat: Heartbeat) -> bool:

@@ -72,6 +72,8 @@ class Ledger:
             if state.record.seq_reset:
                 state.reset_consumed = True
             state.record = verdict.record
+        if verdict.facts is not None:
+            state.facts = verdict.facts
         self.refusals.on_accepted(node)
         self.held.release(node)
         self._to_pack.append((state, body or codec.encode(heartbeat)))

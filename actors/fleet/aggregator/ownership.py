@@ -192,7 +192,7 @@ class Ownership:
     async def drop(self, node: str, stream_seq: int) -> None:
         """Delete a refused heartbeat from FLEET_HB, before its fetch is acked: a judged
         heartbeat still stored was then accepted, which is how the views' live reads tell
-        (actors/fleet/views/live.py). Gone already if a newer one replaced it; a failure is
+        (actors/fleet/live/reader.py). Gone already if a newer one replaced it; a failure is
         logged (the views' own checks still refuse most such messages)."""
         stream = self.subjects.stream_name(STREAM_HEARTBEATS)
         try:

@@ -288,6 +288,42 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     return with_state(updated, **changes) if changes else updated
 
 
+def decision_facts(heartbeat: Heartbeat) -> int:
+    """What the fleet's decisions read in a heartbeat beyond the record's own fields, as
+    one number: each workload's state (the reconciler: a replica ready, failed, gone),
+    what the node can run (placement), the checks not ok, whether the engine
+    component is at zero and the scheduler's state (the remediation policy's reason
+    classes), who set the node's schedulability and which GPUs are lost. The owner keeps it per node
+    (``NodeState.facts``): a heartbeat that changes it is written at once, like a state
+    change, so a reader following ``fleet_nodes`` (:mod:`actors.fleet.live`) sees it
+    within the heartbeat; GPU readings, which change every beat, are left to the
+    checkpoint. A hash: equal facts give equal numbers within one process (all that is
+    compared), and a collision costs one checkpoint's delay, never a wrong record."""
+    health = heartbeat.health
+    sample = heartbeat.sample
+    scheduler = heartbeat.scheduler
+    workloads = heartbeat.workloads
+    capabilities = heartbeat.capabilities
+    # List comprehensions, not generators: 2.4 µs a heartbeat of 8 GPUs, not 4.4.
+    return hash(
+        (
+            tuple([(w.name, w.state, w.since, w.restarts) for w in workloads])
+            if workloads
+            else None,
+            tuple(capabilities) if capabilities is not None else None,
+            tuple([(c.name, c.status) for c in health.checks if c.status != "ok"])
+            if health is not None
+            else None,
+            [part.points for part in health.components if part.name == "engine"][:1] == [0]
+            if health is not None
+            else None,
+            scheduler.slurm_state if scheduler is not None else None,
+            heartbeat.schedulability_by,
+            tuple([gpu.index for gpu in sample.gpus if gpu.lost]) if sample is not None else None,
+        )
+    )
+
+
 def is_transition(previous: NodeRecord, updated: NodeRecord) -> bool:
     """Whether accepting a heartbeat changed what readers of ``fleet_nodes`` act on (the
     state and the facts it is derived from, the node's identity), so the owner writes the

@@ -1,8 +1,10 @@
 """The aggregator's read-only window on the nodes it holds, for the views in its process
-(:class:`actors.fleet.views.held.Held`: the fleet API, the dashboard, the Alertmanager
+(:class:`actors.fleet.live.held.Held`: the fleet API, the dashboard, the Alertmanager
 forwarder): they read through it, never the table itself."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from actors.fleet.aggregator.hot_state import NodeTable
 from schemas.messages import NodeRecord
@@ -38,3 +40,6 @@ class View:
     def whole(self, node: str) -> NodeRecord | None:
         state = self._table.get(node)
         return None if state is None else self._table.whole(state)
+
+    def listen(self, written: Callable[[str], None]) -> None:
+        self._table.listeners.append(written)

@@ -224,6 +224,8 @@ class RecordWrites:
             if state.dirty:
                 self.checkpoints.push(node, state)
         self.metrics.record_writes.inc()
+        for listener in self.nodes.listeners:
+            listener(node)
 
     async def checkpoint_forever(self) -> None:
         """Write the records of nodes that only kept beating, each once per

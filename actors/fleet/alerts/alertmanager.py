@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import aiohttp
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -54,7 +53,7 @@ from actors.runtime.schedule import Backoff
 from actors.runtime.tls import client_context
 from schemas import codec
 from schemas.messages import Alert, NodeRecord, Severity
-from schemas.subjects import BUCKET_NODES, STREAM_ALERTS, Subjects
+from schemas.subjects import STREAM_ALERTS, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -226,12 +225,16 @@ class AlertmanagerActor:
         metrics: AggregatorMetrics,
         held: HeldRecords,
         windows: MaintenanceWindows,
+        record_of: Callable[[str], NodeRecord | None] | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
         self.metrics = metrics
         self.held = held
         self.windows = windows
+        self.record_of = record_of
+        """Any node's record as its process's live feed has it (its labels, for an
+        event's): the fleet process hands its feed's reader; None knows the held only."""
         self.subjects = Subjects(config.prefix)
         self.outboxes: list[Outbox] = []
         self.firing: dict[tuple[str, str], AmAlert] = {}
@@ -286,7 +289,7 @@ class AlertmanagerActor:
     async def on_event(self, msg: Msg) -> None:
         alert = codec.decode(msg.data, Alert, msg.subject)
         if alert.kind not in CONDITION_KINDS:
-            record = await self._record(alert.node_id)
+            record = self._record(alert.node_id)
             if record is not None and self.windows.covering(record, time.time()) is not None:
                 self.metrics.am_suppressed.labels("maintenance").inc()
             else:
@@ -304,22 +307,12 @@ class AlertmanagerActor:
                 self.send([event])
         await msg.ack()
 
-    async def _record(self, node: str) -> NodeRecord | None:
-        """The node's record (its labels): from memory when held, else ``fleet_nodes``."""
-        for record in self.held():
-            if record.node_id == node:
-                return record
-        bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_NODES))
-        try:
-            entry = await bucket.get(node)
-        except Exception:
-            return None
-        if not entry.value:
-            return None
-        try:
-            return codec.decode(entry.value, NodeRecord)
-        except msgspec.DecodeError:
-            return None
+    def _record(self, node: str) -> NodeRecord | None:
+        """The node's record (its labels): from the process's live feed (memory), else
+        from the held nodes."""
+        if self.record_of is not None:
+            return self.record_of(node)
+        return next((record for record in self.held() if record.node_id == node), None)
 
     def _events_consumer(self) -> DurableConsumer:
         return DurableConsumer(

@@ -85,6 +85,7 @@ class MaintenanceActor:
                 cluster=request.cluster,
                 nodes=request.nodes,
                 reason=request.reason,
+                drain=request.drain,
             )
             try:
                 await bucket.create(request.id, codec.encode(window))

@@ -1,15 +1,20 @@
 """Workload reconciler actor: keeps every workload of ``fleet_workloads`` running.
 
-Every ``interval`` it reads every placed workload with its revision and the records of
-the nodes they run on (every node's record only when a replica needs a node chosen),
-decides for each (:func:`actors.fleet.placement.reconcile.decide`), writes the
-new record by compare-and-set and only then sends the deploys and stops, signed with its
-operator key (``workloads_key_file``: the nodes must trust that key), for the workloads
-whose spec an operator it trusts signed (``workloads_operators``, and its own key): one
-signed by anyone else is left alone and logged. A write that loses
-(another aggregator's reconciler, or ``fleetctl``, wrote first) sends nothing; the next
-round decides again from what the winner wrote. So any number of aggregators may run it,
-and each replica is moved once.
+Every ``interval``, and as soon as a node a placed workload runs on (or left a copy on)
+is written (a workload turning ready or failed, a drain, the node going stale: the
+aggregators write such changes at once), it reads every placed workload with its
+revision, takes the nodes' records from the process's live feed
+(:class:`actors.fleet.live.feed.NodeFeed`: memory, never a read of ``fleet_nodes`` per
+round; every node's only when a replica needs a node chosen), decides for each
+(:func:`actors.fleet.placement.reconcile.decide`), writes the new record by
+compare-and-set and only then sends the deploys and stops, signed with its operator key
+(``workloads_key_file``: the nodes must trust that key), for the workloads whose spec an
+operator it trusts signed (``workloads_operators``, and its own key): one signed by
+anyone else is left alone and logged. A write that loses (another aggregator's
+reconciler, or ``fleetctl``, wrote first) sends nothing; the next round decides again
+from what the winner wrote. So any number of aggregators may run it, and each replica is
+moved once. No round decides while the feed is not complete (starting, or a watch
+starting again): a node missing for a moment is never taken for one gone.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from pathlib import Path
 import nats.errors
 import nats.js.errors
 
+from actors.fleet.live.feed import NodeFeed, followed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.placement import store
 from actors.fleet.placement.choose import taken_by
 from actors.fleet.placement.reconcile import Timing, decide, needs_choice
-from actors.fleet.storage import registry
 from actors.fleet.storage.placed import read_all
+from actors.fleet.storage.windows import MaintenanceWindows
 from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered
 from schemas import codec, signing
@@ -43,11 +49,14 @@ log = logging.getLogger(__name__)
 
 REFUSALS_REMEMBERED = 1024
 """Untrusted (workload, revision) pairs remembered, so each is logged once."""
+ROUND_GAP = 0.5
+"""Seconds at least between two rounds woken by node writes (a checkpoint of a watched
+node wakes it too: at most two rounds a second, however many nodes are written)."""
 
 
 class ReconcilerActor:
-    """Reads fleet_nodes and fleet_workloads; writes fleet_workloads; sends signed Deploy
-    and Stop commands."""
+    """Reads the live feed and fleet_workloads; writes fleet_workloads; sends signed
+    Deploy and Stop commands."""
 
     name = "reconciler"
 
@@ -60,9 +69,17 @@ class ReconcilerActor:
         timing: Timing | None = None,
         operators: Iterable[str] = (),
         metrics: AggregatorMetrics | None = None,
+        feed: NodeFeed | None = None,
     ) -> None:
         self.bus = bus
         self.subjects = Subjects(prefix)
+        self._own_feed = feed is None
+        self.feed = feed or NodeFeed(bus, self.subjects, metrics=metrics)
+        """The nodes' records: the process's live feed, or one of its own."""
+        self.windows = MaintenanceWindows(bus, self.subjects)
+        self.watched: set[str] = set()
+        """The nodes the placed workloads run on or left copies on, as of the last round:
+        a write of one wakes the next round."""
         self.key = load_key_file(Path(key_file))
         self.interval = interval
         self.timing = timing or Timing()
@@ -76,20 +93,34 @@ class ReconcilerActor:
 
     async def run(self, ready: Callable[[], None]) -> None:
         await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
-        ready()
-        while True:
-            try:
-                await self.round()
-            except (nats.errors.Error, TimeoutError, FleetError) as exc:
-                log.warning("reconciler round failed", extra={"reason": str(exc)})
-            await asyncio.sleep(jittered(self.interval))
+        async with followed(self.feed, self._own_feed) as following:
+            ready()
+            loop = asyncio.get_running_loop()
+            while True:
+                if following.done():
+                    following.result()  # its own feed's watch failed: restarted with it
+                started, seen, decided = loop.time(), self.feed.writes, False
+                try:
+                    decided = await self.round()
+                except (nats.errors.Error, TimeoutError, FleetError) as exc:
+                    log.warning("reconciler round failed", extra={"reason": str(exc)})
+                await asyncio.sleep(max(0.0, started + ROUND_GAP - loop.time()))
+                if decided:
+                    # A round skipped (the feed not complete yet) knows no nodes to
+                    # watch: the next comes after ROUND_GAP, not an interval later.
+                    await self.feed.changed(self.watched, jittered(self.interval), seen)
 
-    async def round(self) -> None:
-        """Decide once for every placed workload."""
+    async def round(self) -> bool:
+        """Decide once for every placed workload; False (nothing decided) while the feed
+        is not complete."""
         placed = await read_all(self.bus, self.subjects)
         if not placed:
+            self.watched = set()
             self.rounds += 1
-            return
+            return True
+        if not self.feed.complete:
+            log.debug("reconciler waits for the live feed to be complete")
+            return False
         now = time.time()
         trusted = {
             name: (workload, revision)
@@ -97,13 +128,17 @@ class ReconcilerActor:
             if self.trusted(name, workload, revision)
         }
         self.metrics.workload_untrusted.set(len(placed) - len(trusted))
-        records = await self.records_of(trusted.values())
-        if any(needs_choice(w, records, now, self.timing) for w, _ in trusted.values()):
-            records = {r.node_id: r for r in await registry.read_records(self.bus, self.subjects)}
+        await self.read_windows()
+        records = self.feed.whole(self.nodes_of(workload for workload, _ in trusted.values()))
+        maintenance, evacuate = self.in_maintenance(records, now)
+        if any(needs_choice(w, records, now, self.timing, evacuate) for w, _ in trusted.values()):
+            records = self.feed.whole()
+            maintenance, evacuate = self.in_maintenance(records, now)
         taken = taken_by(workload for workload, _ in trusted.values())
         bucket = await self.bus.kv(self.subjects.bucket_name(BUCKET_WORKLOADS))
+        by = self.key.public_key
         for name, (workload, revision) in trusted.items():
-            decision = decide(workload, records, taken, now, self.timing, self.key.public_key)
+            decision = decide(workload, records, taken, now, self.timing, by, maintenance, evacuate)
             if decision.workload == workload:
                 continue
             try:
@@ -119,6 +154,7 @@ class ReconcilerActor:
                 kind = "deploy" if isinstance(order.action, Deploy) else "stop"
                 self.metrics.workload_commands.labels(kind).inc()
             trusted[name] = (decision.workload, revision)
+        self.watched = self.nodes_of(workload for workload, _ in trusted.values())
         self.metrics.workload_replicas.clear()
         for name, (workload, _) in trusted.items():
             placed_count = sum(1 for replica in workload.replicas if replica.node)
@@ -126,23 +162,38 @@ class ReconcilerActor:
             pending = len(workload.replicas) - placed_count
             self.metrics.workload_replicas.labels(name, "pending").set(pending)
         self.rounds += 1
+        return True
 
-    async def records_of(
-        self, placed: Iterable[tuple[PlacedWorkload, int]]
-    ) -> dict[str, NodeRecord]:
-        """The records of the nodes the workloads run on (or left copies on), each read by
-        key: a round that chooses no node reads no other record."""
-        nodes = set()
-        for workload, _ in placed:
+    @staticmethod
+    def nodes_of(placed: Iterable[PlacedWorkload]) -> set[str]:
+        """The nodes the workloads run on or left copies on: a round that chooses no node
+        decodes no other record."""
+        nodes: set[str] = set()
+        for workload in placed:
             nodes |= {replica.node for replica in workload.replicas if replica.node}
             nodes |= {leftover.node for leftover in workload.leftovers}
-        records = {}
-        for node in sorted(nodes):
-            try:
-                records[node] = await registry.read_record(self.bus, self.subjects, node)
-            except registry.NotFound:
-                continue
-        return records
+        return nodes
+
+    async def read_windows(self) -> None:
+        """Read the maintenance windows afresh (a few small values); where they cannot be
+        read, the last ones read stay (logged)."""
+        try:
+            await self.windows.refresh()
+        except (nats.errors.Error, TimeoutError, FleetError) as exc:
+            log.warning("maintenance windows not read", extra={"reason": str(exc)})
+
+    def in_maintenance(
+        self, records: dict[str, NodeRecord], now: float
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """(the window covering each node in one, the same for the windows started with
+        ``--drain``: their nodes' replicas move off them)."""
+        covered = {
+            node: window
+            for node, record in records.items()
+            if (window := self.windows.covering(record, now)) is not None
+        }
+        every = {node: window.id for node, window in covered.items()}
+        return every, {node: window.id for node, window in covered.items() if window.drain}
 
     def trusted(self, name: str, workload: PlacedWorkload, revision: int) -> bool:
         """Whether an operator this reconciler trusts signed the workload's spec; a

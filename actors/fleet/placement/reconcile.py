@@ -3,13 +3,22 @@ nodes' records and the time.
 
 - A replica whose node is stale, offline, stopped, deregistered or gone for ``grace``
   seconds is placed elsewhere; its copy there is stopped if the node comes back.
-- A replica whose node drains is placed elsewhere at once, and its copy on the draining
-  node stopped once the new one is ready (or ``handoff`` seconds passed): the node's
-  drain waits for that stop, so the work moves before the drain finishes.
+- A replica whose node drains (or is in a maintenance window started with ``--drain``)
+  is placed elsewhere at once, and its copy on that node stopped once the new one is
+  ready (or ``handoff`` seconds passed): the node's drain waits for that stop, so the
+  work moves before the drain finishes.
 - A replica that crash-loops or failed on its node, or that its node does not report
   ``grace`` seconds after the deploy (refused, or stopped by hand), is stopped there and
-  tried on another node, never that one again.
-- A pending replica (no node fitted) is placed as soon as one fits.
+  tried on another node, never that one again; the failure is kept in the workload's
+  ``failures``, and no replica of it goes to that node within FAILURE_BACKOFF (a drain
+  moving another replica included).
+- A pending replica (no node fits) is placed as soon as one fits; a node in a
+  maintenance window is never chosen.
+
+Every fact a decision reads is current within a heartbeat: the aggregators write a node's
+record at once when its state, schedulability or workloads change, so a reporting node's
+record says what it runs now, though the heartbeat in it may be a checkpoint old (GPU
+readings are written once per checkpoint_interval). No decision waits for a newer one.
 
 Nothing here sends anything: the caller writes the new record by compare-and-set and only
 then sends the orders, so of two reconcilers deciding at once only one moves a replica.
@@ -18,16 +27,25 @@ then sends the orders, so of two reconcilers deciding at once only one moves a r
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 
-from actors.fleet.placement.choose import Choice, Taken, choose, clip
+from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, clip
 from actors.fleet.placement.store import Order
 from actors.fleet.storage.placed import listed
 from schemas.events import WorkloadState
 from schemas.messages import NodeRecord
-from schemas.placement import MAX_AVOID, MAX_LEFTOVERS, Leftover, PlacedWorkload, Replica
+from schemas.placement import (
+    MAX_AVOID,
+    MAX_FAILURES,
+    MAX_LEFTOVERS,
+    Failure,
+    Leftover,
+    PlacedWorkload,
+    Replica,
+)
 from schemas.workloads import Stop
 
 LOST_STATES = frozenset({"stale", "offline", "stopped"})
@@ -56,10 +74,16 @@ class Decision:
 
 
 def trouble(
-    workload: PlacedWorkload, replica: Replica, record: NodeRecord | None, now: float, t: Timing
+    workload: PlacedWorkload,
+    replica: Replica,
+    record: NodeRecord | None,
+    now: float,
+    t: Timing,
+    evacuate: Mapping[str, str] | None = None,
 ) -> tuple[str, bool, bool] | None:
     """Why ``replica`` must leave its node now: (reason, failed there, draining); None
-    while it stays."""
+    while it stays. ``evacuate``: the maintenance window moving the placed replicas off
+    each node in one started with ``--drain``."""
     if record is None:
         return "its node's record is gone", False, False
     if record.deregistered:
@@ -76,23 +100,31 @@ def trouble(
         return None
     if beat.schedulability in ("draining", "drained"):
         return f"its node is {beat.schedulability}", False, True
+    window = (evacuate or {}).get(record.node_id)
+    if window is not None:
+        return f"its node is in maintenance (window {window}, --drain)", False, True
     running = listed(record, workload.name)
     if running is not None and running.state in FAILED_STATES:
         return f"{running.state} there: {running.reason}", True, False
     deployed = replica.deployed_at or 0.0
+    # A reporting node's record is current in what it runs (the aggregators write a
+    # change of its workloads at once), whenever its last checkpoint was.
     if (running is None or running.state == "stopped") and now - deployed >= t.grace:
-        if beat.ts > deployed:
-            return "its node does not run it (deploy refused, or stopped by hand)", True, False
+        return "its node does not run it (deploy refused, or stopped by hand)", True, False
     return None
 
 
 def needs_choice(
-    workload: PlacedWorkload, records: dict[str, NodeRecord], now: float, t: Timing
+    workload: PlacedWorkload,
+    records: dict[str, NodeRecord],
+    now: float,
+    t: Timing,
+    evacuate: Mapping[str, str] | None = None,
 ) -> bool:
     """Whether a replica of ``workload`` needs a node chosen now (pending, or in trouble):
     only then must the reconciler read every node's record."""
     return any(
-        not replica.node or trouble(workload, replica, records.get(replica.node), now, t)
+        not replica.node or trouble(workload, replica, records.get(replica.node), now, t, evacuate)
         for replica in workload.replicas
     )
 
@@ -109,18 +141,23 @@ def decide(
     now: float,
     t: Timing,
     by: str,
+    maintenance: Mapping[str, str] | None = None,
+    evacuate: Mapping[str, str] | None = None,
 ) -> Decision:
     """The next record of ``workload`` and the commands to send once it is written.
-    ``taken`` (every placed workload's GPUs) is updated with what this decision places."""
+    ``taken`` (every placed workload's GPUs) is updated with what this decision places;
+    ``maintenance`` names the window covering each node in one, ``evacuate`` those of
+    windows started with ``--drain`` (their replicas move as off a draining node)."""
     batch = uuid.uuid4().hex[:16]
     decision = Decision(workload)
     replicas = list(workload.replicas)
     leftovers = list(workload.leftovers)
+    failures = [f for f in workload.failures if now - f.at < FAILURE_BACKOFF]
     for position, replica in enumerate(replicas):
-        current = msgspec.structs.replace(workload, replicas=replicas)
+        current = msgspec.structs.replace(workload, replicas=replicas, failures=failures)
         command_id = f"{workload.name}-{replica.index}-{batch}"
         if not replica.node:
-            found = choose(current, records, taken, replica.avoid)
+            found = choose(current, records, taken, replica.avoid, now, maintenance)
             if isinstance(found, str):
                 replicas[position] = msgspec.structs.replace(replica, why=found)
                 continue
@@ -137,14 +174,18 @@ def decide(
             decision.orders.append(deploy_order(workload, found, command_id, "placed"))
             decision.notes.append(f"replica {replica.index} placed on {found.node}")
             continue
-        problem = trouble(workload, replica, records.get(replica.node), now, t)
+        problem = trouble(workload, replica, records.get(replica.node), now, t, evacuate)
         if problem is None:
             continue
         reason, failed_here, draining = problem
         avoid = list(replica.avoid)
-        if failed_here and replica.node not in avoid:
-            avoid = [*avoid, replica.node][-MAX_AVOID:]
-        found = choose(current, records, taken, avoid)
+        if failed_here:
+            if replica.node not in avoid:
+                avoid = [*avoid, replica.node][-MAX_AVOID:]
+            failure = Failure(node=replica.node, index=replica.index, at=now, reason=clip(reason))
+            failures = [*failures, failure][-MAX_FAILURES:]
+            current = msgspec.structs.replace(current, failures=failures)
+        found = choose(current, records, taken, avoid, now, maintenance)
         if isinstance(found, str) and draining:
             why = clip(f"cannot leave {replica.node} ({reason}): {found}")
             replicas[position] = msgspec.structs.replace(replica, why=why)
@@ -185,7 +226,9 @@ def decide(
         decision.orders.append(deploy_order(workload, found, command_id, moved))
         decision.notes.append(f"replica {replica.index} moved from {replica.node} to {found.node}")
     leftovers = stops(workload, replicas, leftovers, records, now, t, batch, decision)
-    decision.workload = msgspec.structs.replace(workload, replicas=replicas, leftovers=leftovers)
+    decision.workload = msgspec.structs.replace(
+        workload, replicas=replicas, leftovers=leftovers, failures=failures
+    )
     if decision.workload != workload:
         decision.workload = msgspec.structs.replace(
             decision.workload, updated_at=now, updated_by=by
@@ -212,8 +255,9 @@ def stops(
             continue
         if leftover.node in placed_on:
             continue  # a replica runs there again: never stop it
-        beat = record.heartbeat
-        if record.state in LOST_STATES or beat is None or beat.ts <= leftover.since:
+        # What a reporting node runs is current in its record (written at once when it
+        # changes), however old the heartbeat in it: no need to wait for a newer one.
+        if record.state in LOST_STATES or record.heartbeat is None:
             kept.append(leftover)
             continue
         running = listed(record, workload.name)

@@ -1,15 +1,17 @@
 """Remediation actor: runs the policy every ``interval`` over the nodes' records.
 
-Each round reads every node record (:meth:`RemediationActor.read_nodes`), the maintenance
-windows, and per cluster the shared :class:`PolicyRecord` (KV ``fleet_policy``, key =
-cluster) with its revision, decides (:func:`actors.fleet.remediation.policy.decide`),
-writes the new record by compare-and-set and only then sends the commands, signed with
-the policy's key; each new hold records the digest of the exact body sent. A CAS that
-loses (another aggregator decided first) sends nothing: the next round decides again
-from what the winner wrote, so two aggregators never both take the last breaker slot.
-For each hold whose cordon has not shown yet, the round reads the node's signed answers
-to it (:mod:`actors.fleet.storage.answers`, at most the breaker's limit of nodes): a
-rejection makes the hold refused. In ``dry_run`` only the would-be actions are written
+Each round takes every node's record from the process's live feed
+(:class:`actors.fleet.live.feed.NodeFeed`: memory, current within a heartbeat for what
+the policy reads; no round while it is not complete), reads the maintenance windows, and
+per cluster the shared :class:`PolicyRecord` (KV ``fleet_policy``, key = cluster) with
+its revision, decides (:func:`actors.fleet.remediation.policy.decide`), writes the new
+record by compare-and-set and only then sends the commands, signed with the policy's
+key; each new hold records the digest of the exact body sent. A CAS that loses (another
+aggregator decided first) sends nothing: the next round decides again from what the
+winner wrote, so two aggregators never both take the last breaker slot. For each hold
+whose cordon has not shown yet, the round reads the node's signed answers to it
+(:mod:`actors.fleet.storage.answers`, at most the breaker's limit of nodes): a rejection
+makes the hold refused. In ``dry_run`` only the would-be actions are written
 (``PolicyRecord.dry``), each raised as a ``remediation`` alert when new or changed.
 Where hooks are configured, each round reads the trust entries of the nodes it holds
 (one get each): their enrolled identity gates the hooks and is what the hooks are given.
@@ -32,6 +34,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from actors.fleet.alerts.publisher import AlertPublisher
+from actors.fleet.live.feed import NodeFeed, followed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.remediation.config import PolicyConfig
@@ -67,6 +70,8 @@ POLICY_BUCKET_BYTES = 8 * MIB
 POLICY_VALUE_BYTES = MIB
 
 
+FEED_WAIT = 0.2
+"""Seconds before a round the live feed was not complete for is tried again."""
 ANSWER_SLACK = 5.0
 """Seconds before a hold's ``since`` its node's answers are read from (the node's clock
 stamps nothing here: the stream's store time is read, and the hold's own time comes
@@ -113,7 +118,7 @@ def action_of(order: Order, config: PolicyConfig) -> Action:
 
 
 class RemediationActor:
-    """Reads fleet_nodes and fleet_policy; writes fleet_policy, sends commands, raises
+    """Reads the live feed and fleet_policy; writes fleet_policy, sends commands, raises
     remediation, breaker_tripped and needs_attention alerts."""
 
     name = "remediation"
@@ -124,11 +129,15 @@ class RemediationActor:
         bus: Bus,
         prefix: str = "fleet",
         metrics: AggregatorMetrics | None = None,
+        feed: NodeFeed | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or AggregatorMetrics()
         self.bus = bus
         self.subjects = Subjects(prefix)
+        self._own_feed = feed is None
+        self.feed = feed or NodeFeed(bus, self.subjects, metrics=self.metrics)
+        """The nodes' records: the process's live feed, or one of its own."""
         self.key = load_key_file(Path(config.key_file))
         self.alerts = AlertPublisher(bus, self.subjects)
         self.windows = MaintenanceWindows(bus, self.subjects)
@@ -144,26 +153,42 @@ class RemediationActor:
 
     async def run(self, ready: Callable[[], None]) -> None:
         await self.open()
-        ready()
+        async with followed(self.feed, self._own_feed) as following:
+            ready()
+            await self._rounds(following)
+
+    async def _rounds(self, following: asyncio.Future[None]) -> None:
         try:
             while True:
+                if following.done():
+                    following.result()  # its own feed's watch failed: restarted with it
+                # A round the feed was not complete for (as the round began: it may be
+                # by its end) decided nothing and is tried again soon.
+                decided = self.feed.complete
                 try:
                     await self.round()
                 except (nats.errors.Error, TimeoutError, FleetError) as exc:
                     log.warning("policy round failed", extra={"reason": str(exc)})
-                await asyncio.sleep(jittered(self.config.interval))
+                await asyncio.sleep(jittered(self.config.interval) if decided else FEED_WAIT)
         finally:
             for task in self.hook_tasks:
                 task.cancel()
             await asyncio.gather(*self.hook_tasks, return_exceptions=True)
 
-    async def read_nodes(self) -> list[NodeRecord]:
-        """Every node's record, as the policy decides from it."""
-        return await registry.read_records(self.bus, self.subjects)
+    def records(self) -> list[NodeRecord] | None:
+        """Every node's whole record from the live feed (a decode each, from memory), in
+        node order; None while the feed is not complete (a node missing for a moment
+        would look released)."""
+        if not self.feed.complete:
+            return None
+        return [record for _, record in sorted(self.feed.whole().items())]
 
     async def round(self) -> None:
         """Decide once for every cluster the policy covers."""
-        records = await self.read_nodes()
+        records = self.records()
+        if records is None:
+            log.debug("policy waits for the live feed to be complete")
+            return
         try:
             await self.windows.refresh()
         except (nats.errors.Error, TimeoutError) as exc:

@@ -21,7 +21,7 @@ and monitors always log in with nkeys.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -101,11 +101,13 @@ def parse_nodes(text: str) -> list[NodeUser]:
     return found
 
 
-async def approved_nodes(bus: Bus, subjects: Subjects, default_cluster: str = "") -> list[NodeUser]:
+async def approved_nodes(
+    bus: Bus, subjects: Subjects, clusters: Mapping[str, str], default_cluster: str = ""
+) -> list[NodeUser]:
     """Every node with an approved, unrevoked key in ``fleet_trust``. The cluster (part of
-    its subjects) is its record's in ``fleet_nodes``; a node approved before it ever
-    registered has none, and gets ``default_cluster`` or is an error."""
-    clusters = {r.node_id: r.cluster for r in await registry.read_records(bus, subjects)}
+    its subjects) is its record's in ``fleet_nodes`` (``clusters``, by node); a node
+    approved before it ever registered has none, and gets ``default_cluster`` or is an
+    error."""
     found = []
     for entry in await registry.read_trust(bus, subjects):
         key = registry.approved_key(entry)

@@ -29,10 +29,10 @@ log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 8
 RECORDS_LIMIT = 1_000_000
-"""Records :func:`read_records` keeps at most: ten times the 100,000-node fleet the
+"""Entries :func:`read_trust` keeps at most: ten times the 100,000-node fleet the
 aggregator is sized for, a bound on memory, not a limit any fleet meets."""
 READ_TIMEOUT = 60.0
-"""Seconds :func:`read_records` may take in all (100,000 records are about 100 pages)."""
+"""Seconds :func:`read_trust` may take in all (100,000 entries are about 100 pages)."""
 
 
 class NotFound(FleetError):
@@ -171,35 +171,6 @@ def approved_key(entry: TrustEntry | None) -> str | None:
     return entry.public_key
 
 
-async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
-    """Every node record, sorted by node id, each exactly once.
-
-    Read with paged batched direct gets (:func:`kv.latest_values`), not a key listing and
-    one get per key: under heartbeat load those raced the aggregators' writes and listed
-    the fleet empty, or a node twice. Unreadable records are skipped and logged, so one
-    damaged or newer record never hides the rest of the fleet. At most RECORDS_LIMIT
-    records (more are logged and left out)."""
-    bucket = subjects.bucket_name(BUCKET_NODES)
-    values = await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT)
-    found = []
-    for node, value in sorted(values.items()):
-        try:
-            found.append(codec.decode(value, NodeRecord, f"key {node}"))
-        except DecodeError as exc:
-            log.warning("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-    return found
-
-
-async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
-    """The record of ``node``; NotFound when it has none."""
-    check_token("node id", node)
-    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
-    current = await kv.read(bucket, node, NodeRecord)
-    if current is None:
-        raise NotFound(f"node {node}")
-    return current
-
-
 # Lifecycle: forgetting a node and admitting it again.
 
 
@@ -256,14 +227,13 @@ async def forget(bus: Bus, subjects: Subjects, node: str, by: str, reason: str =
             deregistered_at=now,
         )
 
-    before, _ = await _change_record(bus, subjects, node, change)
+    before, written = await _change_record(bus, subjects, node, change)
     entry = await trust_entry(bus, subjects, node)
     if before is None and entry is None:
         raise NotFound(f"node {node}")
     revoked, purged = await withdraw(bus, subjects, node, entry)
-    current = await _record_or_none(bus, subjects, node)
     return Forgotten(
-        record=current,
+        record=written if written is not None else before,
         already=before is not None and before.deregistered,
         revoked=revoked,
         purged=purged,
@@ -282,13 +252,6 @@ async def withdraw(
         subjects.stream_name(STREAM_COMMANDS), subject=subjects.commands_of(node)
     )
     return revoked, bool(purged)
-
-
-async def _record_or_none(bus: Bus, subjects: Subjects, node: str) -> NodeRecord | None:
-    try:
-        return await read_record(bus, subjects, node)
-    except NotFound:
-        return None
 
 
 async def readmit(bus: Bus, subjects: Subjects, node: str) -> bool:

@@ -181,7 +181,7 @@ def stream_configs(
             max_msgs=MAX_NODES,
             max_msg_size=MAX_HEARTBEAT_SIZE,
             # The views read each node's latest heartbeat by direct get
-            # (actors/fleet/views/live.py).
+            # (actors/fleet/live/reader.py).
             allow_direct=True,
         ),
         StreamConfig(

@@ -113,6 +113,8 @@ class HeartbeatActor:
         # A configured cloud shows at once; `auto` shows once a notice names the cloud.
         self.spot = SpotStatus(provider=provider if provider in ("aws", "gcp", "azure") else "none")
         self.workloads: list[WorkloadSummary] = []
+        self.capabilities: list[str] | None = None
+        """What the node can run, as its workload actor last said (None before it did)."""
         self.endpoint = ""
         """The gateway's URL for clients outside the node, from its event."""
         self.scheduler: Scheduler | None = None
@@ -147,6 +149,7 @@ class HeartbeatActor:
                 self._beat_now.set()
             case Workloads():
                 self.workloads = summarise(event)
+                self.capabilities = event.capabilities
             case Gateway():
                 self.endpoint = event.endpoint if event.serving else ""
             case Scheduler():
@@ -245,6 +248,7 @@ class HeartbeatActor:
             stopping=self.stopping,
             previous_ts=previous,
             endpoint=self.endpoint,
+            capabilities=self.capabilities,
             settings=self.settings,
             started=self.metrics.started,
         )

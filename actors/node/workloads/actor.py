@@ -33,7 +33,7 @@ from actors.node.events import NodeEvents
 from actors.node.results import ResultPublisher
 from actors.node.workloads import container, listeners, processes
 from actors.node.workloads.admission import admit
-from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, command_line
+from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, capabilities, command_line
 from actors.node.workloads.readiness import readiness
 from actors.node.workloads.running import Running
 from actors.node.workloads.store import Entry, WorkloadStore
@@ -450,7 +450,9 @@ class WorkloadsActor:
 
     async def publish(self) -> None:
         workloads = Workloads(
-            ts=time.time(), workloads=[w.describe() for w in self.running.values()]
+            ts=time.time(),
+            workloads=[w.describe() for w in self.running.values()],
+            capabilities=capabilities(self.config),
         )
         try:
             await self.events.publish(self.bus, self.subject, workloads)

@@ -154,6 +154,28 @@ def allowed_executables(config: AgentConfig) -> set[str]:
     return allowed
 
 
+def capabilities(config: AgentConfig) -> list[str]:
+    """What this node can run, as its heartbeat says (``Heartbeat.capabilities``): each
+    engine it allows whose binary it finds (the ``ENGINE=PATH`` override, else the
+    engine's own name, on PATH; ``process``: one of its workload_binaries), and
+    ``container:<engine>`` for each engine it allows where it allows an image and finds
+    its container runtime (``workload_podman``). Found, not proven: a binary may still
+    fail to start, which the deploy's result says. (SGLang's binary is the Python that
+    runs it: a Python without SGLang passes here.)"""
+    found: list[str] = []
+    binaries = overrides(config)
+    for engine in config.workload_engines:
+        if engine == "process":
+            runnable = any(shutil.which(entry) for entry in allowed_executables(config))
+        else:
+            runnable = shutil.which(binaries.get(engine, ENGINE_BINARIES[engine])) is not None
+        if runnable:
+            found.append(engine)
+    if config.workload_images and shutil.which(config.workload_podman):
+        found += [f"container:{engine}" for engine in config.workload_engines]
+    return found
+
+
 def substitute(arg: str, port: int, deploy: Deploy) -> str:
     return (
         arg.replace("{port}", str(port))

@@ -50,6 +50,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.live.held import Held
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import leases
 from actors.fleet.views import history as streams_history
@@ -61,7 +62,6 @@ from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, 
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.parts import FleetView, Parts
 from actors.fleet.views.dashboard.table import Snapshot, gpu_query_of, query_of
-from actors.fleet.views.held import Held
 from actors.runtime.bus import Bus, listening
 from actors.runtime.http_access import ACCESS, session_of
 from actors.runtime.login_links import LOGIN_PATH

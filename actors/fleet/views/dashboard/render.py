@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from actors.fleet.live import workload_status
+from actors.fleet.live.reader import LiveRecord
 from actors.fleet.views.dashboard.attention import CONCERNS, KNOWN_NOW
 from actors.fleet.views.dashboard.conditions import CLUSTER_NODE
 from actors.fleet.views.history import Entry
-from actors.fleet.views.live import LiveRecord
 from actors.runtime.spans import age, clock, span
 from schemas.events import Gpu, Health, HostFacts
 from schemas.messages import Alert, CommandResult, MaintenanceWindow, NodeRecord
@@ -456,7 +457,10 @@ def node_detail(
         )
         parts.append(f"<h3>Engines</h3><ul>{engines}</ul>")
     if beat.workloads:
-        items = "".join(f"<li>{esc(w.name)}: {esc(w.state)}</li>" for w in beat.workloads)
+        items = "".join(
+            f"<li>{esc(w.name)}: {esc(workload_status.status(record, w, (), now))}</li>"
+            for w in beat.workloads
+        )
         parts.append(f"<h3>Workloads</h3><ul>{items}</ul>")
     if beat.scheduler is not None:
         parts.append(f"<h3>Slurm</h3><pre>{esc(beat.scheduler)}</pre>")

@@ -43,6 +43,8 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
+from actors.fleet.live.workload_status import status as status_now
+from actors.fleet.storage import records as stored
 from actors.fleet.storage import registry
 from actors.fleet.storage.policy_holds import read_policies
 from actors.fleet.storage.streams import heartbeat_partitions
@@ -89,6 +91,11 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     holds the node: who set its state as the fleet itself knows it (``cordon refused:
     needs attention`` where the node never took it). ``heartbeat``'s
     ``schedulability_by`` is what the node says."""
+    workload_status: dict[str, str] = {}
+    """Each workload the heartbeat lists, by name, as it is now
+    (:func:`actors.fleet.live.workload_status.status`): ``unknown (node stale 2m)`` on a
+    node that does not report, ``orphaned (node forgotten)``, else what the node
+    reported. The heartbeat's ``workloads`` are the node's claims as it sent them."""
 
 
 class _Refused(Exception):
@@ -108,14 +115,28 @@ def as_live(record: NodeRecord) -> LiveRecord:
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
     accepted heartbeat (see the module's docstring)."""
-    records = await registry.read_records(bus, subjects)
-    return await overlay(bus, subjects, records)
+    return await overlay(bus, subjects, await stored.read_records(bus, subjects))
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
     """The record of ``node`` with its latest accepted heartbeat; NotFound without one."""
-    record = await registry.read_record(bus, subjects, node)
+    record = await stored.read_record(bus, subjects, node)
     return (await overlay(bus, subjects, [record]))[0]
+
+
+async def stored_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
+    """Every record as ``fleet_nodes`` holds it, sorted by node id: for what a record says
+    beyond its heartbeat (its cluster, key, state, lifecycle, registrations), written when
+    it changes. Its heartbeat's parts (LAST SEEN, SEQ, health, GPUs, workloads) may be a
+    checkpoint old: :func:`overlay` them (or :func:`read_fleet`) before showing or acting
+    on them."""
+    return await stored.read_records(bus, subjects)
+
+
+async def stored_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+    """The record of ``node`` as ``fleet_nodes`` holds it (see :func:`stored_records`);
+    NotFound without one."""
+    return await stored.read_record(bus, subjects, node)
 
 
 async def overlay(
@@ -136,8 +157,19 @@ async def overlay(
 
 async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
     """``records`` with what the fleet knows of each beside its heartbeat: the
-    maintenance window covering it and the remediation policy's hold."""
-    return await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+    maintenance window covering it, the remediation policy's hold and what its workloads
+    are now."""
+    marked = await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
+    return [with_workload_status(record, time.time()) for record in marked]
+
+
+def with_workload_status(record: LiveRecord, now: float) -> LiveRecord:
+    """``record`` with each listed workload's status now (``workload_status``)."""
+    beat = record.heartbeat
+    if beat is None or not beat.workloads:
+        return record
+    shown = {w.name: status_now(record, w, (), now) for w in beat.workloads}
+    return msgspec.structs.replace(record, workload_status=shown)
 
 
 async def held_by_policy(

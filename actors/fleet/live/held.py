@@ -5,6 +5,7 @@ reads ``fleet_nodes`` alone."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from schemas.messages import NodeRecord
@@ -41,4 +42,10 @@ class Held(Protocol):
 
     def whole(self, node: str) -> NodeRecord | None:
         """The node's whole record, its latest accepted heartbeat in it; None if not held."""
+        ...
+
+    def listen(self, written: Callable[[str], None]) -> None:
+        """Have ``written(node)`` called each time the aggregator writes a held node's
+        record (a state or decision-fact change at once, the rest at its checkpoint):
+        how a reader of the held nodes learns of a change without looking at each."""
         ...

@@ -1,0 +1,8 @@
+"""What is true of the nodes now, for every view and every decision: the one way any of
+them reads a node (docs/live-reads.md says what each reads and how fresh it is).
+
+``reader``  each node's latest *accepted* heartbeat read from FLEET_HB over its record
+            (``read_fleet``, ``read_node``, ``overlay``): the views' reads, on demand.
+``held``    what a reader in an aggregator's process sees of the nodes that aggregator
+            holds in memory (the ``Held`` window), never the aggregator itself.
+"""

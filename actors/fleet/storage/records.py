@@ -1,0 +1,57 @@
+"""The raw reader of ``fleet_nodes``: records as the aggregators last wrote them.
+
+A record's ``state`` and lifecycle are written when they change, but its ``last_seen``,
+``last_seq`` and embedded heartbeat only at the node's checkpoint (``checkpoint_interval``,
+a minute by default): read raw, they may be a minute old. So nothing reads records here
+but the live reader (:mod:`actors.fleet.live`), which says how fresh each part is; an
+import-linter contract in pyproject.toml holds every other module to it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from actors.fleet.storage.registry import NotFound
+from actors.runtime import kv
+from actors.runtime.bus import Bus
+from schemas import codec
+from schemas.errors import DecodeError
+from schemas.messages import NodeRecord
+from schemas.subjects import BUCKET_NODES, Subjects, check_token
+
+log = logging.getLogger(__name__)
+
+RECORDS_LIMIT = 1_000_000
+"""Records :func:`read_records` keeps at most: ten times the 100,000-node fleet the
+aggregator is sized for, a bound on memory, not a limit any fleet meets."""
+READ_TIMEOUT = 60.0
+"""Seconds :func:`read_records` may take in all (100,000 records are about 100 pages)."""
+
+
+async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
+    """Every node record, sorted by node id, each exactly once.
+
+    Read with paged batched direct gets (:func:`kv.latest_values`), not a key listing and
+    one get per key: under heartbeat load those raced the aggregators' writes and listed
+    the fleet empty, or a node twice. Unreadable records are skipped and logged, so one
+    damaged or newer record never hides the rest of the fleet. At most RECORDS_LIMIT
+    records (more are logged and left out)."""
+    bucket = subjects.bucket_name(BUCKET_NODES)
+    values = await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT)
+    found = []
+    for node, value in sorted(values.items()):
+        try:
+            found.append(codec.decode(value, NodeRecord, f"key {node}"))
+        except DecodeError as exc:
+            log.warning("unreadable record skipped", extra={"node": node, "reason": str(exc)})
+    return found
+
+
+async def read_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
+    """The record of ``node``; NotFound when it has none."""
+    check_token("node id", node)
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    current = await kv.read(bucket, node, NodeRecord)
+    if current is None:
+        raise NotFound(f"node {node}")
+    return current
