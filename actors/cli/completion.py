@@ -78,16 +78,17 @@ class SuggestingParser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             choices = re.findall(r"'([^']*)'", choice.group(2))
-            return _closest(choice.group(1), choices)
+            return closest_hint(choice.group(1), choices)
         unknown = re.match(r"unrecognized arguments: (.*)", message)
         if unknown:
             flags = [word for word in unknown.group(1).split() if word.startswith("--")]
             if flags:
-                return _closest(flags[0].split("=")[0], option_strings(self))
+                return closest_hint(flags[0].split("=")[0], option_strings(self))
         return ""
 
 
-def _closest(word: str, choices: list[str]) -> str:
+def closest_hint(word: str, choices: list[str]) -> str:
+    """``; did you mean 'json'?`` for the choice closest to ``word`` (difflib), else ""."""
     close = difflib.get_close_matches(word, choices, n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
 

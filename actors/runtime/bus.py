@@ -63,9 +63,12 @@ list: a server that answers PINGs but has lost its quorum (cut off from the rest
 its cluster) answers no JetStream call, and nats-py never leaves it on its own."""
 MOVE_BACKOFF_INITIAL = 10.0
 MOVE_BACKOFF_MAX = 60.0
-"""After a move, the next waits this long (doubling while JetStream keeps failing): while
-the whole cluster elects a leader, moving helps nobody, and a fleet moving at once is a
-reconnection storm."""
+"""Once a connection has tried every server of its list without an answer, the move back
+to the first waits this long (doubling while JetStream keeps failing): while the whole
+cluster elects a leader, moving helps nobody, and a fleet moving at once is a
+reconnection storm. The servers not yet tried are tried at once (after MOVE_AFTER on
+each): the next of the list may be the one cut off from the cluster, and waiting there
+for the backoff leaves a live node silent past its ``stale_after``."""
 
 
 class BusError(FleetError):
@@ -170,6 +173,8 @@ class NatsBus:
         self._failing_since: float | None = None
         self._failures = 0
         self._next_move = 0.0
+        self._moves = 0
+        """Moves since JetStream last answered: the round of the list they have made."""
         self._move_backoff = Backoff(MOVE_BACKOFF_INITIAL, MOVE_BACKOFF_MAX)
         self._watching: asyncio.Task[None] | None = None
         self._leaving: asyncio.Task[None] | None = None
@@ -271,6 +276,7 @@ class NatsBus:
             # The backoff holds moves back while JetStream keeps failing; once it answers,
             # the next failure (another fault) may move at once.
             self._failing_since, self._failures, self._next_move = None, 0, 0.0
+            self._moves = 0
             self._move_backoff.reset()
             return
         if self._failing_since is None:
@@ -283,7 +289,11 @@ class NatsBus:
             and len(self.nc.servers) > 1
         ):
             self._failing_since, self._failures = None, 0
-            self._next_move = now + self._move_backoff.next()
+            self._moves += 1
+            # Every server tried once this round: the next move would go back to the
+            # first, so it waits; until then the next server is tried at once.
+            round_done = self._moves % len(self.nc.servers) == len(self.nc.servers) - 1
+            self._next_move = now + self._move_backoff.next() if round_done else 0.0
             self._leave("JetStream not answering through this server")
 
     def _leave(self, why: str) -> None:

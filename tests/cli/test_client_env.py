@@ -78,7 +78,8 @@ def test_every_subcommand_takes_every_variable(
         monkeypatch.setenv(variable, value)
     parser = dict(leaves(fleetctl.parser()))[name]
     args = defaults(parser)
-    if "prefix" not in vars(args):
+    if "prefix" not in vars(args) or "config" not in vars(args):
+        # config set-context takes a context's values (--prefix too) but connects nowhere.
         pytest.skip(f"fleetctl {name} does not connect as a client")
     config = settings_from(args, ClientConfig, CLIENT_ENV_PREFIX)
     assert config.server == "nats://127.0.0.1:4999"

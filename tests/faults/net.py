@@ -14,11 +14,14 @@ removes what a crashed run left (namespaces ``flt-*``, their processes, tmpfs mo
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 PREFIX = "flt-"
 HUB = "flt-hub"
@@ -50,6 +53,23 @@ class Member:
 
 def namespaces() -> list[str]:
     return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
+
+
+LOCK = Path(tempfile.gettempdir()) / "nats-node-agent-faults.lock"
+"""The machine's fault-run lock: a run's clean-up (:func:`clean_leftovers`) would kill
+another live run's namespaces and processes."""
+
+
+def only_run() -> TextIO | None:
+    """Hold :data:`LOCK` until the process ends (the file open); None while another run
+    holds it."""
+    handle = LOCK.open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 def clean_leftovers() -> list[str]:

@@ -38,7 +38,7 @@ from tests.faults.checker import Bounds, Report, check, overloaded
 from tests.faults.cluster import AGENTS, AGGREGATORS, PREFIX, SERVERS, Cluster, Timing
 from tests.faults.history import History, Settings, load, save
 from tests.faults.nemesis import Nemesis, schedule
-from tests.faults.net import RUN_MARK, Network, clean_leftovers
+from tests.faults.net import LOCK, RUN_MARK, Network, clean_leftovers, only_run
 from tests.faults.operator import Operator, Wiretap
 
 log = logging.getLogger("tests.faults.run")
@@ -329,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = preflight()
     if problem:
         sys.stderr.write(f"faults: {problem}\n")
+        return 2
+    lock = only_run()
+    if lock is None:
+        sys.stderr.write(f"faults: another fault run holds {LOCK}: one run at a time\n")
         return 2
     for leftover in clean_leftovers():
         log.info("removed leftover %s", leftover)

@@ -19,6 +19,7 @@ from tests.faults.history import (
     Settings,
     StoredAlert,
 )
+from tests.faults.net import only_run
 
 T0 = 1_000_000.0
 SETTINGS = Settings(heartbeat_interval=1.0, stale_after=5.0, lease_ttl=3.0, sweep_interval=1.0)
@@ -236,3 +237,17 @@ def test_a_stale_alert_belongs_to_the_node_s_latest_fault() -> None:
         StoredAlert("recovered:c1:g2:q1001", "recovered", "g2", T0 + 76),
     ]
     assert check(history).violations == []
+
+
+def test_one_fault_run_at_a_time() -> None:
+    """A second run on the machine does not get the lock while the first holds it (its
+    clean-up would kill the first's namespaces), and gets it once the first is done."""
+    first = only_run()
+    assert first is not None
+    try:
+        assert only_run() is None
+    finally:
+        first.close()
+    second = only_run()
+    assert second is not None
+    second.close()

@@ -158,16 +158,27 @@ async def test_a_cancelled_flush_leaves_the_connection_reading(bus: NatsBus) -> 
         await subscription.unsubscribe()
 
 
-@pytest.fixture
-def two_servers(tmp_path: Path) -> Iterator[list[NatsServer]]:
-    """Two servers that know nothing of each other (no cluster: nothing is discovered),
-    each left running (and resumed, if paused) until the test ends."""
-    servers = [NatsServer(tmp_path / name, name=name).start() for name in ("s1", "s2")]
+def unclustered(tmp_path: Path, names: tuple[str, ...]) -> Iterator[list[NatsServer]]:
+    """Servers that know nothing of each other (no cluster: nothing is discovered), each
+    left running (and resumed, if paused) until the test ends."""
+    servers = [NatsServer(tmp_path / name, name=name).start() for name in names]
     yield servers
     for server in servers:
         if server.process is not None:
             os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[list[NatsServer]]:
+    """Two unclustered servers."""
+    yield from unclustered(tmp_path, ("s1", "s2"))
+
+
+@pytest.fixture
+def three_servers(tmp_path: Path) -> Iterator[list[NatsServer]]:
+    """Three unclustered servers."""
+    yield from unclustered(tmp_path, ("s1", "s2", "s3"))
 
 
 def serving(bus: NatsBus, servers: list[NatsServer]) -> NatsServer:
@@ -219,5 +230,40 @@ async def test_jetstream_timing_out_moves_the_connection_to_another_server(
         second = serving(bus, two_servers)
         await bus.flush()
         assert serving(bus, two_servers) is second
+    finally:
+        await bus.close()
+
+
+async def test_a_move_tries_every_server_before_backing_off(
+    three_servers: list[NatsServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move that lands on a server where JetStream fails too moves on to the one not yet
+    tried at once (seed 7: a node moved onto the server cut off from the cluster and sat
+    there 10 s, called stale); only the move back to the first waits for the backoff, and
+    an answered call starts a new round."""
+    monkeypatch.setattr(bus_module, "MOVE_AFTER", 0.0)
+    bus = await NatsBus.connect(",".join(s.url for s in three_servers), "moving")
+
+    async def fail_until_moved() -> NatsServer:
+        """Two unanswered calls; the server the connection is on once it has moved."""
+        left = serving(bus, three_servers)
+        bus.jetstream_answered(False)
+        bus.jetstream_answered(False)
+        await wait_for(lambda: bus.connected and serving(bus, three_servers) is not left)
+        return serving(bus, three_servers)
+
+    try:
+        first = serving(bus, three_servers)
+        second = await fail_until_moved()
+        third = await fail_until_moved()
+        assert {first, second, third} == set(three_servers)
+        # Every server tried: going back to the first waits for the backoff.
+        bus.jetstream_answered(False)
+        bus.jetstream_answered(False)
+        await bus.flush()
+        assert serving(bus, three_servers) is third
+        # An answer ends the round: the next failures move at once again.
+        bus.jetstream_answered(True)
+        assert await fail_until_moved() is first
     finally:
         await bus.close()

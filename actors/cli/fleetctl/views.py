@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import difflib
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, duration, stop_event, token
+from actors.cli.completion import closest_hint
 from actors.cli.fleetctl import policy
 from actors.cli.fleetctl.storms import GROUP_WINDOW, AlertGroups
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
@@ -385,14 +385,12 @@ async def node_record(bus: Bus, subjects: Subjects, node: str) -> live.LiveRecor
 
 
 def node_output(text: str) -> str:
-    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``; a typo is
-    answered with the closest (``did you mean 'json'?``)."""
+    """An argparse type: one of tables.NODE_OUTPUTS or ``custom-columns=...``."""
     if text in tables.NODE_OUTPUTS or text.startswith(columns.CUSTOM_PREFIX):
         return text
-    close = difflib.get_close_matches(text, tables.NODE_OUTPUTS, n=1)
+    hint = closest_hint(text, list(tables.NODE_OUTPUTS))
     raise argparse.ArgumentTypeError(
-        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,..."
-        + (f"; did you mean '{close[0]}'?" if close else "")
+        f"{text!r}: use {', '.join(tables.NODE_OUTPUTS)} or custom-columns=NAME:.path,...{hint}"
     )
 
 
