@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.python_source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -190,7 +192,7 @@ def test_no_log_call_overwrites_a_log_record_attribute() -> None:
     production, where it crashed an aggregator's command-consumer loop."""
     found = []
     for path in (ROOT / "actors").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_file(path)):
             if not isinstance(node, ast.Call):
                 continue
             for keyword in node.keywords:

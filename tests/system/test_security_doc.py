@@ -8,6 +8,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from tests.support.python_source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "security.md"
 REFERENCE = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)(?:::(\w+)(?:\[[^\]\s]*\])?)?")
@@ -19,7 +21,7 @@ MINIMUM_REFERENCES = 200
 @cache
 def defined_tests(path: Path) -> frozenset[str]:
     """The names of the test functions defined anywhere in the file at ``path``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse_file(path)
     return frozenset(
         node.name
         for node in ast.walk(tree)
