@@ -281,6 +281,17 @@ def dropped_is(agent: NodeAgent, reason: str, count: int) -> bool:
     return count == sum(counted(registry, name, actor=a, reason=reason) for a in EVENT_READERS)
 
 
+def dropped_counts(agent: NodeAgent) -> dict[tuple[str, str], float]:
+    """Every reader's dropped events by reason, for a failure's message."""
+    registry = agent.metrics.registry
+    return {
+        (actor, reason): value
+        for actor in EVENT_READERS
+        for reason in ("no_session", "malformed")
+        if (value := counted(registry, "node_agent_events_dropped", actor=actor, reason=reason))
+    }
+
+
 async def test_a_nested_node_event_is_dropped_by_every_reader(fleet: Fleet) -> None:
     """An event of every kind with a 5,000-level unknown field, signed with the node key
     from outside the agent, is refused undecoded (``no_session``); tagged as the agent's
@@ -303,7 +314,13 @@ async def test_a_nested_node_event_is_dropped_by_every_reader(fleet: Fleet) -> N
             subject = subjects.event("n1", kind)
             # On the agent's own connection, so its tags arrive in the order they were made.
             await agent.bus.publish(subject, body, headers=agent.events.headers(subject, body))
-        await wait_for(partial(dropped_is, agent, "malformed", round_ * len(EVENT_TYPES)))
+        try:
+            await wait_for(partial(dropped_is, agent, "malformed", round_ * len(EVENT_TYPES)))
+        except AssertionError:
+            raise AssertionError(
+                f"round {round_}: dropped {dropped_counts(agent)}, "
+                f"restarts {restarts(agent.supervisor)}"
+            ) from None
     assert set(restarts(agent.supervisor).values()) == {0}, restarts(agent.supervisor)
 
 
