@@ -20,7 +20,7 @@ from schemas.messages import Command, Cordon, NodeRecord, Uncordon
 from schemas.remediation import PolicyRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 from tests.fleet.test_remediation import policy, put_records, synthetic
-from tests.support.fleet import wait_for
+from tests.support.fleet import Fleet, wait_for
 
 CYCLE = "import sys; open(sys.argv[1], 'a').write('cycled\\n')"
 
@@ -49,7 +49,7 @@ def back(boot: str, cordoned_by: str) -> NodeRecord:
 
 
 async def test_a_hung_node_is_power_cycled_once_and_returned_after_a_new_boot_id(
-    bus: NatsBus, prefix: str, tmp_path: Path
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
 ) -> None:
     """Silent past hung_after (default): one cordon queued, the hung hook runs once
     however many rounds pass; back with its old boot id it stays cordoned; with a new one
@@ -72,8 +72,9 @@ async def test_a_hung_node_is_power_cycled_once_and_returned_after_a_new_boot_id
     await bus.subscribe(Subjects(prefix).commands(), on_command)
     await bus.flush()
     healthy = [synthetic(f"h{index}", False) for index in range(9)]
-    await put_records(bus, prefix, [silent(), *healthy])
     actor = RemediationActor(config, bus, prefix)
+    await fleet.follow(actor.feed)
+    await put_records(bus, prefix, [silent(), *healthy], actor)
     bucket = await actor.open()
 
     async def hold_state() -> PolicyRecord | None:
@@ -93,12 +94,12 @@ async def test_a_hung_node_is_power_cycled_once_and_returned_after_a_new_boot_id
     for _ in range(3):
         await actor.round()
     assert cycled.read_text() == "cycled\n"
-    await put_records(bus, prefix, [back("b1", key.public_key)])
+    await put_records(bus, prefix, [back("b1", key.public_key)], actor)
     for _ in range(3):
         await actor.round()
     await bus.flush()
     assert [type(c.action) for c in commands] == [Cordon]
-    await put_records(bus, prefix, [back("b2", key.public_key)])
+    await put_records(bus, prefix, [back("b2", key.public_key)], actor)
 
     async def uncordoned() -> bool:
         await actor.round()
