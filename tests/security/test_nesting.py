@@ -269,8 +269,11 @@ EVENT_READERS = [
     "workloads",
     "spot",
     "gateway",
+    "latency",
+    "scheduler",
 ]
-"""The node actors that read node events from the bus."""
+"""The node actors that read node events from the bus (latency and scheduler: the fleet's
+settings event)."""
 
 
 def dropped_is(agent: NodeAgent, reason: str, count: int) -> bool:
