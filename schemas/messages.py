@@ -78,7 +78,7 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
 
-AGENT_VERSION = "0.5.0"
+AGENT_VERSION = "0.6.0"
 """The version every heartbeat, /status and the build-info metric carry: the package's
 (tests/system/test_habits.py holds them together)."""
 
