@@ -26,8 +26,8 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet.live import reader as live
 from actors.fleet.storage.nats_config import JS_API_PREFIX
-from actors.fleet.storage.records import read_record
 from actors.fleet.storage.streams import provision
 from actors.node.agent import STOP_STEP_TIMEOUT, NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
@@ -236,13 +236,15 @@ async def test_cluster(
     connected = agent.bus.nc.connected_url
     assert connected is not None
     victim = next(s for s in servers if s.port == connected.port)
-    before = (await read_record(bus, Subjects(PREFIX), "n1")).last_seq
+    before = (await live.read_node(bus, Subjects(PREFIX), "n1")).last_seq
     victim.stop()
 
-    # Reads may time out while the clients fail over and leaders are re-elected.
+    # Read as the views read it (the latest accepted heartbeat: the record itself is
+    # checkpointed every 60 s). Reads may time out while the clients fail over and
+    # leaders are re-elected.
     async def risen() -> bool:
         try:
-            current = await read_record(bus, Subjects(PREFIX), "n1")
+            current = await live.read_node(bus, Subjects(PREFIX), "n1")
         except (nats.errors.Error, TimeoutError):
             return False
         return current.last_seq > before + 3
