@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli.node_agent import main, render_status
+from actors.cli.node_agent import main
+from actors.cli.node_status import render_status
 from actors.node.config import HTTP_PORT_FILE
 from tests.support.fleet import Fleet, wait_for
 

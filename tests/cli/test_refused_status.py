@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.cli.node_agent import render_status
+from actors.cli.node_status import render_status
 from actors.node.standing import refusal_of
 from tests.fleet.test_lifecycle_rules import accepted
 from tests.support.fleet import heartbeat
