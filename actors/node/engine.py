@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import sleep_jittered
+from actors.runtime.subscriptions import listening
 from schemas.base import MAX_ENGINES, MAX_MODELS, MAX_NAME
 from schemas.events import Engine, EngineStatus, Event, Workloads
 from schemas.settings import Settings

@@ -27,7 +27,8 @@ from actors.node.events import NodeEvents
 from actors.node.gpu.capacity import with_workloads
 from actors.node.labels import cloud_labels, found_labels, node_labels
 from actors.runtime.atomic_file import write_atomically
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
+from actors.runtime.subscriptions import listening
 from actors.runtime.supervisor import StatusSource
 from actors.runtime.web import HttpLimits, health_page, prometheus_page, serving
 from schemas.events import (

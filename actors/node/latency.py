@@ -40,8 +40,9 @@ from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.tuning import retuned
 from actors.runtime import kv
-from actors.runtime.bus import Bus, listening, unsubscribe_quietly
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import RateLimit, sleep_jittered
+from actors.runtime.subscriptions import listening, unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import Event, Latency, PeerLatency

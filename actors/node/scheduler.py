@@ -20,8 +20,9 @@ from actors.node import slurm
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import sleep_jittered
+from actors.runtime.subscriptions import listening
 from schemas.events import Event, Scheduler, SchedulerJobs
 from schemas.settings import Settings
 from schemas.subjects import EVENT_SCHEDULER, EVENT_SETTINGS, Subjects

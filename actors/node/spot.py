@@ -34,8 +34,9 @@ from actors.node.cloud import (
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import Backoff, wait_or_timeout
+from actors.runtime.subscriptions import listening
 from schemas.events import Event, Inject, Interruption, NodeState
 from schemas.settings import Settings
 from schemas.subjects import EVENT_CLOUD, EVENT_INTERRUPTION, Subjects

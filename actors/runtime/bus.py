@@ -7,12 +7,11 @@ connection reconnects forever with backoff; callers get timeouts, never hangs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import msgspec
@@ -425,66 +424,6 @@ class NatsBus:
                 await self.nc.close()
             except OSError:
                 pass  # the socket was gone already: closed is what it is
-
-
-UNSUBSCRIBE_TIMEOUT = 2.0
-
-
-async def unsubscribe_quietly(
-    subscription: Subscription | JetStreamContext.PullSubscription,
-) -> None:
-    """Unsubscribe on the way out; a connection already closed has nothing to undo. Bounded:
-    on a connection whose reader died (nats-py's read loop ends when a PONG answers a
-    cancelled flush) it never returns, and an actor stopping would wait for it."""
-    try:
-        async with asyncio.timeout(UNSUBSCRIBE_TIMEOUT):
-            await subscription.unsubscribe()
-    except (nats.errors.Error, TimeoutError):
-        pass
-
-
-@contextlib.asynccontextmanager
-async def listening(
-    bus: Bus,
-    routes: Mapping[str, Handler],
-    ready: Callable[[], None] | None = None,
-    *,
-    queue: str = "",
-) -> AsyncIterator[None]:
-    """Subscribe each subject of ``routes`` to its handler, in the mapping's order, and
-    flush, so the server has every SUB before the actor says it is ready (a message
-    published after ``ready()`` is never missed); then ``ready()``, unless the actor has
-    more to set up first and calls it itself. Unsubscribes quietly on the way out. A
-    handler that raises drops its message, logged with the traceback (see :func:`guarded`)."""
-    subscriptions: list[Subscription] = []
-    try:
-        for subject, handler in routes.items():
-            subscriptions.append(await bus.subscribe(subject, guarded(subject, handler), queue))
-        await bus.flush()
-        if ready is not None:
-            ready()
-        yield
-    finally:
-        for subscription in subscriptions:
-            await unsubscribe_quietly(subscription)
-
-
-def guarded(route: str, handler: Handler) -> Handler:
-    """``handler``, with whatever it raises on one message (but cancellation) logged as an
-    error and the message dropped: nats-py would hand it to the connection's error
-    callback, which logs at debug level and takes it for a connection error."""
-
-    async def on_message(msg: Msg) -> None:
-        try:
-            await handler(msg)
-        except Exception as exc:
-            log.error(
-                "message broke its handler; dropped",
-                exc_info=exc,
-                extra={"route": route, "subject": msg.subject, "reason": repr(exc)},
-            )
-
-    return on_message
 
 
 def bus_fault(exc: BaseException) -> bool:

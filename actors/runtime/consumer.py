@@ -24,8 +24,9 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.subscriptions import unsubscribe_quietly
 
 log = logging.getLogger(__name__)
 

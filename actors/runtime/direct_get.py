@@ -20,7 +20,8 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus
+from actors.runtime.subscriptions import unsubscribe_quietly
 
 END_OF_BATCH = "204"
 """The status of the message that ends a batched direct get (description ``EOB``)."""

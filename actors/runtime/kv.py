@@ -19,7 +19,8 @@ from nats.aio.msg import Msg
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from actors.runtime import direct_get
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 

@@ -24,7 +24,7 @@ ActorPhase = Literal["starting", "running", "backoff", "finished", "stopped"]
 
 class Actor(Protocol):
     """Constructed with its config and the bus; ``run`` subscribes, flushes, calls
-    ``ready()`` (:func:`actors.runtime.bus.listening` does these three), then loops until
+    ``ready()`` (:func:`actors.runtime.subscriptions.listening` does these three), then loops until
     cancelled. Returning means the actor's work is done."""
 
     name: str

@@ -15,14 +15,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from actors.runtime import bus as bus_module
-from actors.runtime.bus import (
-    PING_INTERVAL,
-    PINGS_MISSED,
-    Handler,
-    NatsBus,
-    listening,
-)
+from actors.runtime.bus import PING_INTERVAL, PINGS_MISSED, Handler, NatsBus
 from actors.runtime.embedded import NatsServer
+from actors.runtime.subscriptions import listening
 from schemas.subjects import EVENT_SAMPLE, EVENT_STATE, Subjects
 from tests.support.fleet import wait_for
 

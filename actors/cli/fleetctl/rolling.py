@@ -38,8 +38,9 @@ from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.runtime import spans
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.spans import clock
+from actors.runtime.subscriptions import listening
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.messages import CommandResult, NodeRecord, command_digest

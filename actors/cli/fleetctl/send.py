@@ -43,8 +43,9 @@ from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
-from actors.runtime.bus import Bus, listening, unsubscribe_quietly
+from actors.runtime.bus import Bus
 from actors.runtime.config import DurationError, parse_duration
+from actors.runtime.subscriptions import listening, unsubscribe_quietly
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
 from schemas.messages import (

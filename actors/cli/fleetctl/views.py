@@ -30,7 +30,8 @@ from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.storage import settings as settings_store
 from actors.fleet.views import history
-from actors.runtime.bus import Bus, Handler, listening
+from actors.runtime.bus import Bus, Handler
+from actors.runtime.subscriptions import listening
 from schemas import codec, signing
 from schemas.base import RecordState
 from schemas.errors import DecodeError, FleetError, SignatureError

@@ -24,7 +24,8 @@ from actors.fleet.storage import registry
 from actors.node.health import checks, scoring
 from actors.node.inventory.actor import fingerprint
 from actors.node.inventory.fake_gpus import FakeGpus
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, unsubscribe_quietly
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import signing
 from schemas.errors import FleetError
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus

@@ -45,7 +45,8 @@ from actors.cli.simulate.publisher import (
     start_seqs,
 )
 from actors.runtime import kv
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned, unsubscribe_quietly
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, NotProvisioned
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import Alert

@@ -26,9 +26,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from actors.runtime.bus import Bus, unsubscribe_quietly
+from actors.runtime.bus import Bus
 from actors.runtime.consumer import pull_config
 from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas.subjects import (
     COMMAND_ACK_WAIT,
     COMMAND_MAX_DELIVER,

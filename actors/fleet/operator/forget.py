@@ -20,7 +20,8 @@ from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.operator.requests import RequestRefused, verified
 from actors.fleet.storage import registry
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
+from actors.runtime.subscriptions import listening
 from schemas import codec
 from schemas.messages import Forget, ForgetReply
 from schemas.subjects import Subjects

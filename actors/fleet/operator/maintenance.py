@@ -19,7 +19,8 @@ from nats.aio.msg import Msg
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.operator.requests import RequestRefused, verified
 from actors.fleet.storage.windows import MAX_WINDOW
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
+from actors.runtime.subscriptions import listening
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import Maintenance, MaintenanceReply, MaintenanceWindow

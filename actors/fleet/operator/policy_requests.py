@@ -22,8 +22,9 @@ from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.operator.requests import RequestRefused, verified
 from actors.fleet.storage.policy_holds import edit_policy
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.spans import clock
+from actors.runtime.subscriptions import listening
 from schemas import codec, signing
 from schemas.errors import FleetError
 from schemas.messages import PolicyReply, PolicyRequest

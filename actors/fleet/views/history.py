@@ -25,7 +25,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.runtime.bus import Bus, NotProvisioned, unsubscribe_quietly
+from actors.runtime.bus import Bus, NotProvisioned
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import Alert, CommandResult

@@ -34,8 +34,9 @@ from actors.node.commands.checks import Rejection, check_command
 from actors.node.commands.store import CommandStore, StoreError
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
-from actors.runtime.bus import DEFAULT_JS_API_PREFIX, Bus, listening
+from actors.runtime.bus import DEFAULT_JS_API_PREFIX, Bus
 from actors.runtime.consumer import DurableConsumer, consume_forever, pull_config
+from actors.runtime.subscriptions import listening
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.events import (

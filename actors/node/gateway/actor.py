@@ -41,8 +41,9 @@ from actors.node.gateway.autostart import Autostart
 from actors.node.gateway.lanes import Lane, matching, served_as
 from actors.node.gateway.upstream import pass_through
 from actors.runtime.atomic_file import write_atomically
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import Backoff, wait_or_timeout
+from actors.runtime.subscriptions import listening
 from actors.runtime.supervisor import FatalError
 from actors.runtime.web import HttpLimits, serving
 from schemas.base import MAX_TEXT

@@ -24,8 +24,9 @@ from actors.node.gpu.thresholds import parse_gpu_thresholds, thresholds
 from actors.node.gpu.xid import XidTracker, parse_thresholds
 from actors.node.health import checks, gpu_checks, scoring
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import sleep_jittered
+from actors.runtime.subscriptions import listening
 from schemas.events import Engine, Event, Health, HealthCheck, Latency, Sample, Scheduler
 from schemas.settings import Settings
 from schemas.subjects import (

@@ -23,8 +23,9 @@ from actors.node.gpu.capacity import with_workloads
 from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
 from actors.node.tuning import retuned
-from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, listening, publish_signed, unanswered
+from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, publish_signed, unanswered
 from actors.runtime.schedule import jittered, wait_or_timeout
+from actors.runtime.subscriptions import listening
 from schemas.base import Schedulability
 from schemas.events import (
     CloudFacts,

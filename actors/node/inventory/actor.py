@@ -36,8 +36,9 @@ from actors.node.inventory.versions import read_versions
 from actors.node.inventory.watchdog import GpuWatchdog
 from actors.node.labels import cloud_labels, node_labels
 from actors.node.tuning import retuned
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import jittered, wait_or_timeout
+from actors.runtime.subscriptions import listening
 from schemas.base import MAX_GPUS, MAX_NAME, MAX_TEXT
 from schemas.events import (
     Capacity,

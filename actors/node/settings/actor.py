@@ -29,9 +29,10 @@ from actors.node.metrics import AgentMetrics
 from actors.node.settings.bucket import take_latest
 from actors.node.settings.effective import Outcome, judge
 from actors.node.settings.entries import IGNORE_REASONS, TAKEN, Held
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.config import Layers
 from actors.runtime.schedule import sleep_jittered
+from actors.runtime.subscriptions import listening
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.messages import Heartbeat

@@ -37,8 +37,9 @@ from actors.node.workloads.launch import LOOPBACK_ENV, NotAllowed, capabilities,
 from actors.node.workloads.readiness import readiness
 from actors.node.workloads.running import Running
 from actors.node.workloads.store import Entry, WorkloadStore
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.schedule import Backoff, wait_or_timeout
+from actors.runtime.subscriptions import listening
 from schemas.base import Schedulability
 from schemas.events import Event, Gateway, NodeState, Sample, Workloads, WorkloadState
 from schemas.messages import CommandStatus

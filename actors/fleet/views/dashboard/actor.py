@@ -62,9 +62,10 @@ from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, 
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.parts import FleetView, Parts
 from actors.fleet.views.dashboard.table import Snapshot, gpu_query_of, query_of
-from actors.runtime.bus import Bus, listening
+from actors.runtime.bus import Bus
 from actors.runtime.http_access import ACCESS, session_of
 from actors.runtime.login_links import LOGIN_PATH
+from actors.runtime.subscriptions import listening
 from actors.runtime.web import kept_open
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, SignatureError
