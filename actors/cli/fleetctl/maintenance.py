@@ -8,13 +8,11 @@ import json
 import secrets
 import sys
 import time
-from pathlib import Path
 
 import msgspec
 import nats.errors
 
 from actors.cli.common import (
-    KEY_FILE_ENV,
     add_server,
     connected,
     default_operator_key,
@@ -22,7 +20,7 @@ from actors.cli.common import (
     fail,
     token,
 )
-from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.fleetctl.signer import add_request_signing, check_signer
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage.windows import MAX_WINDOW, read_windows
@@ -140,24 +138,6 @@ async def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_signing(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--key-file",
-        type=Path,
-        default=None,
-        help=f"operator key that signs the request (env {KEY_FILE_ENV}; default "
-        f"{default_operator_key()})",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=duration,
-        default=10.0,
-        help="how long to wait for an aggregator's answer (default 10s)",
-    )
-    add_yes(parser)
-    add_server(parser)
-
-
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``maintenance`` and its three subcommands."""
     parser = commands.add_parser(
@@ -202,11 +182,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     start.add_argument(
         "--id", type=token("window id"), help="the window's id (default: a random one)"
     )
-    _add_signing(start)
+    add_request_signing(start)
     start.set_defaults(func=cmd_start)
     end = subs.add_parser("end", help="end a window now")
     end.add_argument("id", type=token("window id"), help="the window's id (maintenance list)")
-    _add_signing(end)
+    add_request_signing(end)
     end.set_defaults(func=cmd_end)
     listing = subs.add_parser("list", help="the windows in force")
     listing.add_argument("--all", action="store_true", help="ended windows too")

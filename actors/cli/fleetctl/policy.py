@@ -8,22 +8,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import msgspec
 import nats.errors
 
 from actors.cli.common import (
-    KEY_FILE_ENV,
     add_server,
     connected,
-    default_operator_key,
-    duration,
     fail,
     operator_key,
     token,
 )
-from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.fleetctl.signer import add_request_signing, check_signer
 from actors.cli.render import tables
 from actors.fleet.storage.policy_holds import read_policies
 from actors.runtime import spans
@@ -191,25 +187,6 @@ async def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_signing(parser: argparse.ArgumentParser) -> None:
-    """The signed request's key, the wait for an aggregator's answer, the server."""
-    parser.add_argument(
-        "--key-file",
-        type=Path,
-        default=None,
-        help=f"operator key that signs the request (env {KEY_FILE_ENV}; default "
-        f"{default_operator_key()})",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=duration,
-        default=10.0,
-        help="how long to wait for an aggregator's answer (default 10s)",
-    )
-    add_yes(parser)
-    add_server(parser)
-
-
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``policy`` and its subcommands."""
     parser = commands.add_parser(
@@ -233,7 +210,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reset.add_argument(
         "--cluster", type=token("cluster"), required=True, help="the cluster whose breaker closes"
     )
-    add_signing(reset)
+    add_request_signing(reset)
     reset.set_defaults(func=cmd_reset)
     clear = subs.add_parser(
         "clear", help="forget a node the policy holds (needs attention, refused) and its history"
@@ -242,5 +219,5 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     clear.add_argument(
         "--cluster", type=token("cluster"), required=True, help="the cluster of the node"
     )
-    add_signing(clear)
+    add_request_signing(clear)
     clear.set_defaults(func=cmd_clear)

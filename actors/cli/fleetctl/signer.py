@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 import nats.errors
 
+from actors.cli.common import KEY_FILE_ENV, add_server, default_operator_key, duration
 from actors.fleet.storage import registry
 from actors.runtime.bus import Bus, NotProvisioned
 from schemas import signing
@@ -65,3 +67,23 @@ async def check_signer(bus: Bus, subjects: Subjects, key: signing.KeyPair, yes: 
         f"{problem}; sign with an operator key (fleetctl keys init, --key-file), or pass "
         "--yes if this key is a trusted operator key too"
     )
+
+
+def add_request_signing(parser: argparse.ArgumentParser) -> None:
+    """A signed request's flags (policy, maintenance): its key, the wait for an
+    aggregator's answer, ``--yes``, the server."""
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"operator key that signs the request (env {KEY_FILE_ENV}; default "
+        f"{default_operator_key()})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        default=10.0,
+        help="how long to wait for an aggregator's answer (default 10s)",
+    )
+    add_yes(parser)
+    add_server(parser)
