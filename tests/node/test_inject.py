@@ -85,7 +85,14 @@ async def test_temperature_fault_shows_and_clears(fleet: Fleet, bus: NatsBus, pr
     first_hot = next(i for i, beat in enumerate(beats) if hot_beat(beat))
     # The beat in flight at injection, then one per interval: the third at the latest.
     assert first_hot - injected_after <= 2, (injected_after, first_hot)
-    hot = await wait_record(bus, prefix, "n1", lambda r: points(r, "gpu_temperature") == 0)
+    # The state is the owner's verdict, written a moment after the heartbeat it judged
+    # can be read live: wait for both.
+    hot = await wait_record(
+        bus,
+        prefix,
+        "n1",
+        lambda r: points(r, "gpu_temperature") == 0 and r.state == "degraded",
+    )
     assert check(hot, "nvml") == "degraded"
     assert hot.state == "degraded"
     assert hot.heartbeat and hot.heartbeat.health
