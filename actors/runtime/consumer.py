@@ -24,7 +24,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, unanswered
 from actors.runtime.schedule import stop_if_cancelled
 from actors.runtime.subscriptions import unsubscribe_quietly
 
@@ -112,6 +112,20 @@ class DurableConsumer:
             )
         self.missing = ""
         self._opened = True
+
+    async def drop(self) -> None:
+        """Delete the consumer, if it is there. A consumer without a leader may be removed
+        without an answer (nats-server answers a delete from the consumer's leader, or
+        from the meta leader only when every peer of the consumer is offline), so no
+        answer counts as done: whoever opens it next finds out."""
+        await self.close()
+        try:
+            await self.js.delete_consumer(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            pass
+        except (nats.errors.Error, TimeoutError) as exc:
+            if not unanswered(exc):
+                raise
 
     async def try_open(self) -> bool:
         """:meth:`open`, or False with the reason in ``missing`` when the consumer cannot
@@ -281,9 +295,20 @@ class BatchPuller:
     message through ``wait_for`` (a task per message), which costs about as much as an
     Ed25519 verify; here a batch costs one request and one wake-up."""
 
-    def __init__(self, bus: Bus, consumer: DurableConsumer) -> None:
+    def __init__(self, bus: Bus, consumer: DurableConsumer, *, replace_after: float = 0.0) -> None:
         self.bus = bus
         self.consumer = consumer
+        self.replace_after = replace_after
+        """Seconds the consumer may go without answering a pull before it is deleted and
+        created again from :attr:`next_seq` (0: never). Only for a consumer that reads from
+        a start sequence and whose acks keep no state of their own: nats-server can leave
+        a consumer without a leader for good after a crash (its raft group stalled while
+        its stream and the cluster are well), and the documented repair is to make it
+        again (nats-server#2356)."""
+        self.next_seq = consumer.config.opt_start_seq or 1
+        """The stream sequence after the last message this puller handed out: where a
+        consumer made again starts, so nothing is read twice or skipped."""
+        self._answered = time.monotonic()
         self._subscription: Subscription | None = None
         self._inbox = ""
         self._batch: list[Msg] = []
@@ -317,6 +342,8 @@ class BatchPuller:
         server sends it in one burst and ends with a 404 status). A deleted consumer is
         created again, as :meth:`DurableConsumer.fetch`."""
         consumer = self.consumer
+        if self.replace_after and time.monotonic() - self._answered > self.replace_after:
+            await self._replace()
         if consumer.missing:
             if not await consumer._recreate():
                 await asyncio.sleep(RECREATE_RETRY)
@@ -340,6 +367,10 @@ class BatchPuller:
         except TimeoutError:
             pass
         messages, self._batch = self._batch, []
+        if messages:
+            self.next_seq = max(self.next_seq, delivery(messages[-1])[0] + 1)
+        if messages or self._status not in ("", "503"):
+            self._answered = time.monotonic()
         if expires and (messages or self._status == "408"):
             # A long poll hands over each message as it is stored: caught up throughout.
             self.caught_up.add(asked, time.time())
@@ -353,11 +384,33 @@ class BatchPuller:
         )
         if gone and not await consumer._exists():
             consumer.missing = f"consumer {consumer.durable} was deleted ({self._status})"
+            if self.replace_after:
+                consumer.config = consumer.config.evolve(opt_start_seq=self.next_seq)
             log.warning(
                 "durable consumer missing; creating it again",
                 extra={"consumer": consumer.durable, "stream": consumer.stream},
             )
         return messages
+
+    async def _replace(self) -> None:
+        """Delete the consumer that has not answered for :attr:`replace_after` and mark
+        it missing, to be created again from :attr:`next_seq` (at once, by
+        :meth:`fetch`). A delete the cluster cannot take now raises; the next try comes
+        after another :attr:`replace_after`."""
+        consumer = self.consumer
+        log.warning(
+            "durable consumer not answering; making it again",
+            extra={
+                "consumer": consumer.durable,
+                "stream": consumer.stream,
+                "silent_s": round(time.monotonic() - self._answered, 1),
+                "from_seq": self.next_seq,
+            },
+        )
+        self._answered = time.monotonic()
+        await consumer.drop()
+        consumer.config = consumer.config.evolve(opt_start_seq=self.next_seq)
+        consumer.missing = f"consumer {consumer.durable} did not answer (no leader); made again"
 
 
 PULL_GRACE = 2.0
