@@ -42,6 +42,8 @@ gone, or only another may create it); each failed attempt doubles the wait."""
 RECREATE_RETRY_MAX = 15.0
 STREAM_NOT_FOUND = 10059
 """JetStream's error code for a stream that does not exist."""
+CONSUMER_OFFLINE = 10119
+"""JetStream's error code (with 500) for a consumer every peer of which is down."""
 PULL_MAX_WAITING = 4
 PULL_MAX_ACK_PENDING = 64
 """What one reader of a :func:`pull_config` consumer may hold: pulls waiting at once,
@@ -64,6 +66,15 @@ def pull_config(durable: str, subject: str, *, ack_wait: float, max_deliver: int
         max_deliver=max_deliver,
         max_waiting=PULL_MAX_WAITING,
         max_ack_pending=PULL_MAX_ACK_PENDING,
+    )
+
+
+def without_leader(exc: BaseException) -> bool:
+    """Whether a consumer's API call failed because the consumer has no leader to answer
+    it: 503 (10008 "JetStream system temporarily unavailable", or no responders) or 500
+    10119 "consumer is offline" (every peer of it down)."""
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError) or (
+        isinstance(exc, nats.js.errors.APIError) and exc.err_code == CONSUMER_OFFLINE
     )
 
 

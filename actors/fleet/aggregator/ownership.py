@@ -40,6 +40,7 @@ from actors.runtime.consumer import (
     Chain,
     DurableConsumer,
     consume_in_batches,
+    without_leader,
 )
 from schemas import signing
 from schemas.errors import InvalidToken, SignatureError
@@ -415,7 +416,9 @@ class Ownership:
             start = (floor or 0) + 1
         except nats.js.errors.NotFoundError:
             start = 1
-        except nats.js.errors.ServiceUnavailableError as exc:
+        except nats.js.errors.APIError as exc:
+            if not without_leader(exc):
+                raise
             # The consumer has no leader to tell its ack floor: the records' checkpoints
             # are where the state ends (judging more again is safe, less is not).
             log.warning(
