@@ -212,7 +212,9 @@ class Run:
             failure = failure or f"fleet not converged {CONVERGE_BOUND:g}s after the last heal"
         tasks[0].cancel()
         history = History(
-            Settings(t.heartbeat_interval, t.stale_after, t.lease_ttl, t.sweep_interval),
+            Settings(
+                t.heartbeat_interval, t.stale_after, t.lease_ttl, t.sweep_interval, PARTITIONS
+            ),
             started,
             time.time(),
             list(AGENTS),
