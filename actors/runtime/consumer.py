@@ -306,20 +306,31 @@ class BatchPuller:
     message through ``wait_for`` (a task per message), which costs about as much as an
     Ed25519 verify; here a batch costs one request and one wake-up."""
 
-    def __init__(self, bus: Bus, consumer: DurableConsumer, *, replace_after: float = 0.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        consumer: DurableConsumer,
+        *,
+        replace_after: float = 0.0,
+        may_replace: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.bus = bus
         self.consumer = consumer
         self.replace_after = replace_after
-        """Seconds the consumer may go without answering a pull before it is deleted and
-        created again from :attr:`next_seq` (0: never). Only for a consumer that reads from
-        a start sequence and whose acks keep no state of their own: nats-server can leave
-        a consumer without a leader for good after a crash (its raft group stalled while
-        its stream and the cluster are well), and the documented repair is to make it
-        again (nats-server#2356)."""
+        """Seconds of pulls the consumer leaves unanswered before it is deleted and
+        created again from :attr:`next_seq` (0: never), if ``may_replace()`` (its reader
+        still owns it) then. Only for a consumer that reads from a start sequence and
+        whose acks keep no state of their own: nats-server can leave a consumer without
+        a leader for good after a crash (its raft group stalled while its stream and the
+        cluster are well), and the documented repair is to make it again
+        (nats-server#2356)."""
+        self.may_replace = may_replace
         self.next_seq = consumer.config.opt_start_seq or 1
         """The stream sequence after the last message this puller handed out: where a
         consumer made again starts, so nothing is read twice or skipped."""
-        self._answered = time.monotonic()
+        self._silent_since: float | None = None
+        """When the pulls the consumer has left unanswered since its last answer began:
+        measured from a pull, so a reader that was itself paused replaces nothing."""
         self._subscription: Subscription | None = None
         self._inbox = ""
         self._batch: list[Msg] = []
@@ -353,8 +364,6 @@ class BatchPuller:
         server sends it in one burst and ends with a 404 status). A deleted consumer is
         created again, as :meth:`DurableConsumer.fetch`."""
         consumer = self.consumer
-        if self.replace_after and time.monotonic() - self._answered > self.replace_after:
-            await self._replace()
         if consumer.missing:
             if not await consumer._recreate():
                 await asyncio.sleep(RECREATE_RETRY)
@@ -381,7 +390,13 @@ class BatchPuller:
         if messages:
             self.next_seq = max(self.next_seq, delivery(messages[-1])[0] + 1)
         if messages or self._status not in ("", "503"):
-            self._answered = time.monotonic()
+            self._silent_since = None
+        else:
+            now = time.monotonic()
+            since = self._silent_since = self._silent_since or now
+            if self.replace_after and now - since > self.replace_after and self.may_replace():
+                await self._replace(now - since)
+                return []
         if expires and (messages or self._status == "408"):
             # A long poll hands over each message as it is stored: caught up throughout.
             self.caught_up.add(asked, time.time())
@@ -403,22 +418,22 @@ class BatchPuller:
             )
         return messages
 
-    async def _replace(self) -> None:
+    async def _replace(self, silent: float) -> None:
         """Delete the consumer that has not answered for :attr:`replace_after` and mark
-        it missing, to be created again from :attr:`next_seq` (at once, by
+        it missing, to be created again from :attr:`next_seq` (by the next
         :meth:`fetch`). A delete the cluster cannot take now raises; the next try comes
-        after another :attr:`replace_after`."""
+        after another :attr:`replace_after` of silence."""
         consumer = self.consumer
         log.warning(
             "durable consumer not answering; making it again",
             extra={
                 "consumer": consumer.durable,
                 "stream": consumer.stream,
-                "silent_s": round(time.monotonic() - self._answered, 1),
+                "silent_s": round(silent, 1),
                 "from_seq": self.next_seq,
             },
         )
-        self._answered = time.monotonic()
+        self._silent_since = None
         await consumer.drop()
         consumer.config = consumer.config.evolve(opt_start_seq=self.next_seq)
         consumer.missing = f"consumer {consumer.durable} did not answer (no leader); made again"

@@ -354,8 +354,17 @@ class Ownership:
         assert self._handle is not None
         # A partition its consumer leaves unread for a lease ttl is made again, from the
         # heartbeat after the last judged: an owner that cannot read it is no better
-        # than one that died, whose partition another takes over after a ttl.
-        puller = BatchPuller(self.bus, consumer, replace_after=self.config.lease_ttl)
+        # than one that died, whose partition another takes over after a ttl. Only while
+        # its lease is not fenced: a fenced owner (paused past its ttl) may be looking at
+        # the next owner's consumer.
+        assert self.partitions is not None
+        lease = self.partitions.leases[partition]
+        puller = BatchPuller(
+            self.bus,
+            consumer,
+            replace_after=self.config.lease_ttl,
+            may_replace=lambda: not lease.fenced(),
+        )
         self._pullers[partition] = puller
         try:
             await consume_in_batches(
