@@ -14,6 +14,7 @@ import compileall
 import functools
 import inspect
 import itertools
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -37,10 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile the project to bytecode once, before the workers start: the suite runs
-    fleetctl, node-agent and agents as programs hundreds of times, and where
-    PYTHONDONTWRITEBYTECODE is set (CI images often set it) each would compile every
+    """Keep compiled code between runs even where PYTHONDONTWRITEBYTECODE is set (CI
+    images often set it, and this machine does). Each pytest process lets pytest cache
+    the test modules it rewrites for assertions: without the cache every worker rewrites
+    all of them at every run, ~13 s of CPU a worker before its first test. The controller
+    compiles the project once, before the workers start: the suite runs fleetctl,
+    node-agent and agents as programs hundreds of times, and each would compile every
     module it imports again (~0.1-0.3 s of CPU a start). Up-to-date files are skipped."""
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):
         for package in ("actors", "schemas", "tests/support"):
             compileall.compile_dir(ROOT / package, quiet=1)
