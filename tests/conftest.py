@@ -69,8 +69,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     nats-server or its module starts one itself (it holds ``NatsServer``); ``browser`` if
     it drives a browser; ``programs`` if its module runs programs as processes (its code
     names ``subprocess``: the CLIs, ruff, mypy, Slurm's tools...). The tests with none of
-    the three are the quick loop's (``python -m tests.quick``). The ``faults`` round
-    goes first."""
+    the three are the quick loop's (``python -m tests.quick``). Then the files are put in
+    the order pytest-xdist hands them to workers: the ``faults`` round first, then the
+    files with a ``slow`` test, then the rest, each file's tests in their own order."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)
@@ -80,9 +81,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if module is not None and runs_programs(module):
             item.add_marker("programs")
-    # The fault harness's round (minutes) first: pytest-xdist hands files to workers in
-    # this order, so it runs beside the rest instead of after it (docs/testing.md).
-    items.sort(key=lambda item: item.get_closest_marker("faults") is None)
+    # The long files first: pytest-xdist hands files to workers in this order, so the
+    # fault harness's round (minutes) and the files of slow tests run beside the rest
+    # instead of one of them starting last and running alone (docs/testing.md).
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.get_closest_marker("faults") is None, item.path not in slow))
 
 
 @functools.cache
