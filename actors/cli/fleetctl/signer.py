@@ -19,7 +19,8 @@ from pathlib import Path
 
 import nats.errors
 
-from actors.cli.common import KEY_FILE_ENV, add_server, default_operator_key, duration
+from actors.cli.common import KEY_FILE_ENV, add_server, default_operator_key
+from actors.cli.parsing import duration
 from actors.fleet.storage import registry
 from actors.runtime.bus import Bus, NotProvisioned
 from schemas import signing
