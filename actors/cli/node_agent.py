@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from actors.cli import lazy
 from actors.cli.parsing import SuggestingParser, add_version, duration, parse, strict
 
 INJECT_FAULTS = ["temp", "util", "xid", "gpu-lost", "clear", "spot"]
@@ -191,6 +192,8 @@ def commands_for(argv: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for name in lazy.DEFERRED:
+        lazy.defer(name)
     root = parser(commands_for(argv))
     if "_ARGCOMPLETE" in os.environ:
         import argcomplete  # a Tab's work, not every command's

@@ -42,12 +42,17 @@ async def test_status_is_bounded_by_its_timeout_in_all(capsys: pytest.CaptureFix
     """An "agent" that answers a byte every 0.2 s (never idle for a socket timeout) is
     given up on after --timeout in all, with the one-line reason."""
 
+    given_up, closed = asyncio.Event(), asyncio.Event()
+
     async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        while True:
+        while not given_up.is_set():
             writer.write(b"x")
             await writer.drain()
             await asyncio.sleep(0.2)  # the slow agent's pace
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
 
     server = await asyncio.start_server(drip, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -56,6 +61,8 @@ async def test_status_is_bounded_by_its_timeout_in_all(capsys: pytest.CaptureFix
     async with server:
         code = await asyncio.to_thread(main, ["status", "--url", url, "--timeout", "1"])
         took = time.monotonic() - started
+        given_up.set()
+        await asyncio.wait_for(closed.wait(), timeout=10)
         server.close()
     assert code == 1
     assert capsys.readouterr().err == f"error: the agent at {url} did not answer within 1s\n"

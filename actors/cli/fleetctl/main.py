@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from actors.cli import completion
+from actors.cli import completion, lazy
 from actors.cli.parsing import SuggestingParser, add_version, parse, strict
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -105,6 +105,8 @@ def groups_for(argv: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for name in lazy.DEFERRED:
+        lazy.defer(name)
     root = parser(groups_for(argv))
     if "_ARGCOMPLETE" in os.environ:
         import argcomplete  # a Tab's work, not every command's
