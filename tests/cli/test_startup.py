@@ -27,8 +27,9 @@ def commands(root: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 
 
 def imported_by(cli: str, *argv: str) -> list[str]:
-    """The modules of HEAVY that running ``cli`` with ``argv`` in a fresh interpreter
-    imported (exits and errors included: only the imports matter here)."""
+    """The modules of HEAVY and LOOP that running ``cli`` with ``argv`` in a fresh
+    interpreter loaded (exits and errors included: only the imports matter here; one
+    deferred, :mod:`actors.cli.lazy`, is not loaded)."""
     script = (
         "import json, sys\n"
         f"from actors.cli.{cli} import main\n"
@@ -37,7 +38,10 @@ def imported_by(cli: str, *argv: str) -> list[str]:
         "except SystemExit:\n"
         "    pass\n"
         f"heavy = {HEAVY + LOOP!r}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m in heavy)))\n"
+        "from actors.cli.lazy import Deferred\n"
+        "found = [sys.modules[m] for m in heavy if m in sys.modules]\n"
+        "loaded = [m.__name__ for m in found if not isinstance(m, Deferred)]\n"
+        "print(json.dumps(sorted(loaded)))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
