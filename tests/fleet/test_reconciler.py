@@ -37,7 +37,8 @@ from tests.cli.test_fleetctl_commands import finish, fleetctl
 from tests.cli.test_workloads_cli import workloads
 from tests.node.test_inject import dropped
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
+from tests.support.relay import Relay
 from tests.support.workloads import killing_leftovers, standin_script
 
 pytestmark = pytest.mark.slow
@@ -74,14 +75,28 @@ class Keys:
 
 
 async def start_nodes(
-    fleet: Fleet, keys: Keys, tmp_path: Path, *names: str, binary: Path | None = None
+    fleet: Fleet,
+    keys: Keys,
+    tmp_path: Path,
+    *names: str,
+    binary: Path | None = None,
+    relays: dict[str, Relay] | None = None,
 ) -> dict[str, NodeAgent]:
     """Agents trusting both keys, with the stand-in as llama-server (or ``binary``), each
-    active and having said what it can run."""
+    active and having said what it can run; with ``relays``, each reaches the server
+    through a relay of its own (put there) that the test can cut."""
     script = binary or standin_script(tmp_path / "bin")
     agents = {}
     for name in names:
-        config = fleet.config(
+        server = fleet.url
+        if relays is not None:
+            relays[name] = Relay(fleet.url)
+            server = await relays[name].start()
+            fleet.stack.push_async_callback(relays[name].close)
+        config = agent_config(
+            server,
+            fleet.prefix,
+            fleet.state_dir,
             name,
             trust_operators=[keys.operator.public_key, keys.reconciler.public_key],
             workload_binaries=[f"llamacpp={script}"],
@@ -445,17 +460,20 @@ def engine_of(agent: NodeAgent, name: str) -> Entry:
     return entry
 
 
+@pytest.mark.parametrize("away", ["agent killed", "bus cut"])
 async def test_a_node_that_returns_stops_the_copy_of_a_replica_moved_off_it(
-    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path, away: str
 ) -> None:
-    """A node's agent dies (no goodbye) with its engine running; past the grace the replica
-    is placed on the other node; the engine still runs while the node is away. When the
-    agent comes back (adopting the engine), the reconciler's signed Stop ends the engine
-    and the node's final result reports it (the copy still ran when the node came back),
-    shown by ``fleetctl describe``; the node then lists the workload no more."""
+    """A node is lost with its engine running (its agent dies without a goodbye, or its
+    connection is cut); past the grace the replica is placed on the other node; the
+    engine still runs while the node is away. When the node comes back (a new agent
+    adopting the engine, or the connection healed), the reconciler's signed Stop ends the
+    engine and the node's final result reports it (the copy still ran when the node came
+    back), shown by ``fleetctl describe``; the node then lists the workload no more."""
     keys = Keys(tmp_path)
     await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
-    agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2")
+    relays: dict[str, Relay] = {}
+    agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2", relays=relays)
     results = await Results().start(bus, prefix)
     traffic = await Traffic().start(bus, prefix)
     code, out, err = await finish(
@@ -463,14 +481,20 @@ async def test_a_node_that_returns_stops_the_copy_of_a_replica_moved_off_it(
     )
     assert code == 0, out + err
     [replica] = (await placed(bus, prefix, "chat")).replicas
-    away = agents[replica.node]
+    lost = agents[replica.node]
     [spare] = {"n1", "n2"} - {replica.node}
-    engine = engine_of(away, "chat")
+    engine = engine_of(lost, "chat")
     await fleet.start_supervisor(reconciler(bus, prefix, keys))
-    await away.stop(goodbye=False)  # as if killed: its engine keeps running
+    if away == "agent killed":
+        await lost.stop(goodbye=False)  # no goodbye: its engine keeps running
+    else:
+        await relays[replica.node].sever()
     await ready_on(bus, prefix, spare, "chat")
     assert processes.alive(engine.pid, engine.started)
-    await fleet.start_agent(away.config)
+    if away == "agent killed":
+        await fleet.start_agent(lost.config)
+    else:
+        await relays[replica.node].heal()
     await wait_for(lambda: not processes.alive(engine.pid, engine.started))
     [stop] = await wait_for(lambda: traffic.stops(replica.node))
     final = await results.final(stop.id)
