@@ -216,13 +216,13 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
     assert f"a message claiming id {command_id}" in last
 
 
-async def test_signing_with_a_nodes_own_key_needs_its_own_flag(
+async def test_signing_with_a_nodes_own_key_needs_yes(
     fleet: Fleet, operator_file: Path, node: NodeAgent
 ) -> None:
     """cordon signed with n1's own key (its approved key in fleet_trust) is refused before
     anything is sent, in one line saying whose key it is and what to do; with
-    --sign-with-node-key it is sent after a warning (and n1, not trusting its own key,
-    rejects it)."""
+    --sign-with-node-key (once --yes: the name docs/security.md cites) it is sent after a
+    warning (and n1, not trusting its own key, rejects it)."""
     node_key = fleet.config("n1").key_path
     code, out, err = await run(fleet, node_key, "cordon", "n1")
     assert code == 1 and out == "", (out, err)
