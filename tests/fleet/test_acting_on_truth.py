@@ -177,10 +177,21 @@ async def test_kill_drain_and_xid_at_the_defaults_every_view_agrees(
     await fleet.agents["a1"].stop(goodbye=False)  # killed: no goodbye
     drain = await send(bus, prefix, signing.load_key_file(operator_file), Drain(), node="a2")
     stale = await wait_record(bus, prefix, "a1", lambda r: r.state == "stale")
-    for node in ("a3", "a4"):
-        await wait_record(
-            bus, prefix, node, lambda r: running(r, "chat"), timeout=DEFAULTS.workloads_grace + 60
-        )
+    try:
+        for node in ("a3", "a4"):
+            await wait_record(
+                bus,
+                prefix,
+                node,
+                lambda r: running(r, "chat"),
+                timeout=DEFAULTS.workloads_grace + 60,
+            )
+    except AssertionError:
+        where = [(r.index, r.node, r.why) for r in (await placed(bus, prefix, "chat")).replicas]
+        answers = [(r.node_id, r.status, r.detail) for r in results.results]
+        raise AssertionError(
+            f"replicas not ready on a3 and a4: {where}; results {answers}"
+        ) from None
     final = await results.final(drain.id)
     assert final.status == "done", final.detail
     # The drained replica: its old copy stopped within a heartbeat of the new one's ready.
