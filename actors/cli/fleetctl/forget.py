@@ -19,14 +19,13 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    duration,
-    fail,
     operator_key,
     token,
 )
 from actors.cli.fleetctl.signer import add_signing_check, check_signer
 from actors.cli.fleetctl.trust import confirm
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
+from actors.cli.parsing import duration, fail
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.live import reader as live

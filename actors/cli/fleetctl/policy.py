@@ -12,14 +12,9 @@ import time
 import msgspec
 import nats.errors
 
-from actors.cli.common import (
-    add_server,
-    connected,
-    fail,
-    operator_key,
-    token,
-)
+from actors.cli.common import add_server, connected, operator_key, token
 from actors.cli.fleetctl.signer import add_request_signing, check_signer
+from actors.cli.parsing import fail
 from actors.cli.render import tables
 from actors.fleet.storage.policy_holds import read_policies
 from actors.runtime import spans

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from actors.cli.common import connected, default_operator_key, fail
+from actors.cli.common import connected, default_operator_key
 from actors.cli.fleetctl.send import (
     EXIT_DONE,
     EXIT_FAILED,
@@ -34,6 +34,7 @@ from actors.cli.fleetctl.send import (
 )
 from actors.cli.fleetctl.signer import check_signer
 from actors.cli.node_names import did_you_mean, expand_nodes
+from actors.cli.parsing import fail
 from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command

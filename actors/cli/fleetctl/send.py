@@ -31,20 +31,20 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    fail,
     operator_key,
     stop_event,
     token,
 )
 from actors.cli.fleetctl.signer import add_signing_check, check_signer
 from actors.cli.node_names import node_selection
+from actors.cli.parsing import fail
 from actors.cli.render import tables
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
 from actors.runtime.bus import Bus
-from actors.runtime.config import DurationError, parse_duration
+from actors.runtime.durations import DurationError, parse_duration
 from actors.runtime.subscriptions import listening, unsubscribe_quietly
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError

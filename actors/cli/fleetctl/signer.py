@@ -28,10 +28,10 @@ from actors.cli.common import (
     ClientConfig,
     add_server,
     default_operator_key,
-    duration,
     flag_name,
     settings_from,
 )
+from actors.cli.parsing import duration
 from actors.fleet.storage import registry
 from actors.runtime.bus import Bus, NotProvisioned
 from actors.runtime.config import read_keys
