@@ -51,11 +51,19 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     it); see :func:`operator_key_file`. A setting of every command, so that
     ``FLEETCTL_KEY_FILE`` is known to all, not only to those that sign; those take
     ``--key-file`` themselves."""
+    trust_operators: list[str] = []
+    """Operator public keys the fleet trusts, as the agents' and aggregators'
+    trust_operators list them: a signing key among them is signed with though it is also
+    a node's own key (no warning, no --sign-with-node-key)."""
+    trust_operators_file: str = ""
+    """A file of such keys, one a line (# comments), read as the agents read theirs
+    (their trust_operators_file, say /etc/node-agent/operators, copied here)."""
 
 
-SIGNING_ONLY = frozenset({"key_file"})
+SIGNING_ONLY = frozenset({"key_file", "trust_operators", "trust_operators_file"})
 """ClientConfig settings that get no flag from :func:`add_server`: a command that signs
-declares its own ``--key-file``."""
+declares its own ``--key-file`` (and the trust list flags of
+:func:`actors.cli.fleetctl.signer.add_signing_check`)."""
 
 
 def add_server(parser: argparse.ArgumentParser) -> None:

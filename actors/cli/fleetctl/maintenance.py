@@ -38,7 +38,7 @@ async def _ask(args: argparse.Namespace, request: Maintenance) -> MaintenanceRep
     key = signing.load_key_file(args.key_file or default_operator_key())
     body = codec.encode(request)
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, Subjects(args.prefix), key, args.yes)
+        await check_signer(bus, Subjects(args.prefix), key, args)
         try:
             msg = await bus.request(
                 Subjects(args.prefix).maintenance(), body, args.timeout, key.headers(body)

@@ -128,7 +128,7 @@ async def request(args: argparse.Namespace) -> PolicyReply:
     key = operator_key(args)
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         found = [r for r in await read_policies(bus, subjects) if r.cluster == args.cluster]
         if not found:
             raise FleetError(f"the policy has no record for cluster {args.cluster}")

@@ -222,7 +222,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
                 )
             return EXIT_DONE
         key = signing.load_key_file(args.key_file or default_operator_key())
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         skipped = len(chosen) - len(todo)
         sys.stdout.write(
             f"{args_what(args)}: {len(todo)} nodes, at most {args.max_unavailable} at a time"

@@ -35,7 +35,7 @@ from actors.cli.common import (
     stop_event,
     token,
 )
-from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.fleetctl.signer import add_signing_check, check_signer
 from actors.cli.node_names import node_selection
 from actors.cli.parsing import fail
 from actors.cli.render import tables
@@ -353,7 +353,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     stop = stop_event()
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         cluster = await target_cluster(bus, subjects, args.node, args.cluster)
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
         sent = f"{args.command} sent: id={command.id} node={args.node}\n"
@@ -416,7 +416,7 @@ def add_signed_command_options(sub: argparse.ArgumentParser) -> None:
         default=None,
         help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
-    add_yes(sub)
+    add_signing_check(sub)
     add_server(sub)
 
 
