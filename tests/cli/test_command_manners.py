@@ -216,7 +216,7 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
     assert f"a message claiming id {command_id}" in last
 
 
-async def test_signing_with_a_nodes_own_key_needs_yes(
+async def test_signing_with_a_nodes_own_key_needs_its_own_flag(
     fleet: Fleet, operator_file: Path, node: NodeAgent
 ) -> None:
     """cordon signed with n1's own key (its approved key in fleet_trust) is refused before
