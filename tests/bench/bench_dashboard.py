@@ -65,7 +65,9 @@ def fleet_history_bytes(interval: float) -> float:
     return used
 
 
-async def first_pages(url: str, loads: int) -> tuple[list[float], float]:
+async def first_pages(url: str, loads: int, gpu_page: bool = True) -> tuple[list[float], float]:
+    """``loads`` times, seconds from navigation to the table's rows on screen; then, if
+    ``gpu_page``, seconds to the GPU page ordered by temperature (else 0)."""
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium")
@@ -81,11 +83,13 @@ async def first_pages(url: str, loads: int) -> tuple[list[float], float]:
             await page.wait_for_selector("#rows tr[data-node]")
             times.append(time.perf_counter() - start)
             await page.close()
-        page = await browser.new_page()
-        start = time.perf_counter()
-        await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
-        await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
-        gpus = time.perf_counter() - start
+        gpus = 0.0
+        if gpu_page:
+            page = await browser.new_page()
+            start = time.perf_counter()
+            await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
+            await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
+            gpus = time.perf_counter() - start
         await browser.close()
     return times, gpus
 

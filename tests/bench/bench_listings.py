@@ -10,7 +10,11 @@ runs it (``fleetctl``, wall time):
 
 - the summary by cluster and state (``fleetctl nodes``): the index alone;
 - ``fleetctl nodes --state stale`` (K matches): the index, then those K records, live;
-- the full live listing (``live.read_fleet``; ``fleetctl nodes -o json --all``).
+- the full live listing (``live.read_fleet``; ``fleetctl nodes -o json --all``);
+
+then the dashboard's first page in headless Chromium, ``--loads`` times, from navigation
+to the table's rows on screen (median and spread; ``bench_dashboard.py``'s measure, on a
+fleet that is beating).
 
 Run: ``python tests/bench/bench_listings.py --nodes 100000`` (about 15 minutes on 2
 shared cores).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +40,7 @@ from actors.fleet.live.state_index import read_index
 from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
 from tests.bench.bench_aggregator import Bench, Cluster, servers
+from tests.bench.bench_dashboard import first_pages
 from tests.bench.bench_live_views import PREFIX, fleetctl, wait_records
 
 
@@ -48,6 +54,7 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=900.0, help="simulate's duration")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--loads", type=int, default=5, help="dashboard first-page loads")
     parser.add_argument("--processes", type=int, default=2, help="fleetctl simulate --processes")
     parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
     return parser
@@ -101,7 +108,7 @@ def spread(values: list[float]) -> str:
 
 def run(bench: Bench, cluster: Cluster) -> None:
     args = bench.args
-    cluster.start_aggregator()
+    aggregator = cluster.start_aggregator()
     rate = args.nodes / args.interval
     extra = ("--gpus", str(args.gpus), "--wait", "0.01", "--kill", str(args.kill))
     command = cluster.simulate_command(args.nodes, rate, args.duration, *extra)
@@ -138,6 +145,13 @@ def run(bench: Bench, cluster: Cluster) -> None:
                 f"read {spread(walls)}, {statistics.median(sizes) / 2**20:.1f} MiB; "
                 f"fleetctl {' '.join(commands[name])} {spread(cli)}; {what}",
             )
+        url = f"http://127.0.0.1:{aggregator.port}/"
+        times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))
+        bench.row(
+            f"{args.nodes}: dashboard first page",
+            "1 s median",
+            f"{spread(times)}; aggregator RSS {aggregator.rss_mb():.0f} MiB",
+        )
     finally:
         sim.terminate()
         try:
@@ -151,6 +165,8 @@ def main() -> int:
     bench = Bench(options().parse_args())
     with servers(bench) as cluster:
         run(bench, cluster)
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    bench.say(f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)")
     bench.say("\n| figure | target | measured |\n|---|---|---|")
     for row in bench.rows:
         bench.say(row.line())
