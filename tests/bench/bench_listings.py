@@ -28,9 +28,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -41,7 +43,7 @@ from actors.runtime.bus import NatsBus
 from schemas.subjects import Subjects
 from tests.bench.bench_aggregator import Bench, Cluster, servers
 from tests.bench.bench_dashboard import first_pages
-from tests.bench.bench_live_views import PREFIX, fleetctl, wait_records
+from tests.bench.bench_live_views import PREFIX, fleetctl, records_count
 
 
 def options() -> argparse.ArgumentParser:
@@ -101,6 +103,27 @@ async def everything(bus: NatsBus) -> str:
     return f"{len(found)} records, {sum(1 for record in found if record.live)} live"
 
 
+def wait_records(
+    bench: Bench,
+    cluster: Cluster,
+    nodes: int,
+    timeout: float,
+    sim: subprocess.Popen[bytes],
+    errors: IO[bytes],
+) -> float:
+    """Seconds until every node has a record; what simulate said if it ended before."""
+    started = time.monotonic()
+    while asyncio.run(records_count(cluster.url)) < nodes:
+        if sim.poll() is not None:
+            errors.seek(0)
+            said = errors.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"fleetctl simulate ended ({sim.returncode}): {said}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"not every node has a record within {timeout:g}s")
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
 def spread(values: list[float]) -> str:
     listed = ", ".join(f"{value:.2f}" for value in values)
     return f"{statistics.median(values):.2f} s median ({listed})"
@@ -112,9 +135,10 @@ def run(bench: Bench, cluster: Cluster) -> None:
     rate = args.nodes / args.interval
     extra = ("--gpus", str(args.gpus), "--wait", "0.01", "--kill", str(args.kill))
     command = cluster.simulate_command(args.nodes, rate, args.duration, *extra)
-    sim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    errors = tempfile.TemporaryFile()
+    sim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
     try:
-        took = wait_records(bench, cluster, args.nodes, args.interval * 4 + 600)
+        took = wait_records(bench, cluster, args.nodes, args.interval * 4 + 600, sim, errors)
         bench.say(
             f"{args.nodes} nodes of {args.gpus} GPUs at {rate:.0f}/s: records in {took:.0f} s"
         )
