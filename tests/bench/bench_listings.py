@@ -9,7 +9,8 @@ processes. Once every node has a record and the index counts K stale nodes, each
 runs it (``fleetctl``, wall time):
 
 - the summary by cluster and state (``fleetctl nodes``): the index alone;
-- ``fleetctl nodes --state stale`` (K matches): the index, then those K records, live;
+- ``fleetctl nodes --state stale --all`` (K matches, as rows): the index, then those K
+  records, live;
 - the full live listing (``live.read_fleet``; ``fleetctl nodes -o json --all``);
 
 then the dashboard's first page in headless Chromium, ``--loads`` times, from navigation
@@ -92,7 +93,7 @@ async def summary(bus: NatsBus) -> str:
 
 
 async def stale(bus: NatsBus) -> str:
-    found = await indexed.from_index(bus, Subjects(PREFIX), None, {"stale"})
+    found = await indexed.from_index(bus, Subjects(PREFIX), None, {"stale"}, rows=True)
     assert found is not None and found.records is not None, "the index did not answer"
     live_ = sum(1 for record in found.records if record.live)
     return f"{len(found.records)} stale nodes listed, {live_} of them live"
@@ -151,7 +152,7 @@ def run(bench: Bench, cluster: Cluster) -> None:
         reads = {"summary": summary, f"--state stale ({args.kill})": stale, "full": everything}
         commands = {
             "summary": ["nodes"],
-            f"--state stale ({args.kill})": ["nodes", "--state", "stale"],
+            f"--state stale ({args.kill})": ["nodes", "--state", "stale", "--all"],
             "full": ["nodes", "-o", "json", "--all"],
         }
         for name, read in reads.items():

@@ -131,10 +131,15 @@ def test_an_index_is_used_only_when_every_partition_has_a_fresh_one() -> None:
 
 
 def test_a_listing_the_index_cannot_answer_reads_the_records() -> None:
-    """Labels, an order, rows, a watch, JSON or deregistered nodes: the records are read."""
+    """Labels, an order, a watch, deregistered nodes, or rows or JSON of every state or
+    of active nodes: the records are read; rows or JSON of other states come from it."""
     plain = argparse.Namespace(all=False, watch=False, label=None, sort_by=None, limit=None)
     assert indexed.usable(plain, "table", {"unhealthy"})
+    assert indexed.usable(plain, "table", set())
     for change in ({"all": True}, {"watch": True}, {"label": ["a=b"]}, {"limit": 5}):
         assert not indexed.usable(argparse.Namespace(**{**vars(plain), **change}), "table", set())
     assert not indexed.usable(plain, "json", set())
+    assert not indexed.usable(plain, "json", {"active", "stale"})
     assert not indexed.usable(plain, "table", {"deregistered"})
+    every = argparse.Namespace(**{**vars(plain), "all": True})
+    assert indexed.usable(every, "table", {"stale"}) and indexed.usable(plain, "json", {"stale"})

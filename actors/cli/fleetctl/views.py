@@ -108,14 +108,17 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         states = set(args.state or ())
         found = None
         if indexed.usable(args, output, states):
-            found = await indexed.from_index(bus, subjects, args.cluster, states)
+            rows = args.all or args.limit is not None
+            found = await indexed.from_index(
+                bus, subjects, args.cluster, states, rows or output == "json", args.limit
+            )
         if found is not None:
             if found.records is None:
                 sys.stdout.write(found.summary)
             else:
                 listed: list[NodeRecord] = list(found.records)
                 pending = states == {"pending"}
-                write_nodes(listed, output, colour, False, found.total, pending, extra)
+                write_nodes(listed, output, colour, rows, found.total, pending, extra)
             return 0
         while True:
             every = [
