@@ -37,6 +37,10 @@ class View:
     def items(self) -> list[tuple[str, NodeRecord]]:
         return [(node, state.record) for node, state in self._table.items()]
 
+    def record(self, node: str) -> NodeRecord | None:
+        state = self._table.get(node)
+        return None if state is None else state.record
+
     def whole(self, node: str) -> NodeRecord | None:
         state = self._table.get(node)
         return None if state is None else self._table.whole(state)

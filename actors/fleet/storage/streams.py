@@ -40,6 +40,7 @@ from nats.js.api import (
 from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
     BUCKET_ENROLL,
+    BUCKET_INDEX,
     BUCKET_LEASES,
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
@@ -105,6 +106,10 @@ SETTINGS_MAX_BYTES = 4 * 1024 * KIB
 """fleet_settings' budget: hundreds of scopes with their history at a few KB each."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
+INDEX_VALUE_SIZE = 1024 * KIB
+"""One partition's state index: MAX_LISTED nodes of about 60 bytes each fit."""
+INDEX_MAX_BYTES = 64 * 1024 * KIB
+"""fleet_index holds one value per partition (at most 256); not a configurable budget."""
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
@@ -272,6 +277,17 @@ def bucket_configs(
             replicas=replicas,
             max_bytes=MIB_LEASES,
             max_value_size=4 * KIB,
+            direct=True,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_INDEX),
+            description="each partition's nodes counted by cluster and state, and those "
+            "not active: what a summary listing reads",
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=INDEX_MAX_BYTES,
+            max_value_size=INDEX_VALUE_SIZE,
             direct=True,
         ),
         KeyValueConfig(
