@@ -10,6 +10,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import command_queues
+from actors.fleet.storage import streams
 from actors.runtime.bus import NatsBus
 from schemas.subjects import STREAM_COMMANDS, Subjects, command_consumer
 from tests.support.fleet import wait_for
@@ -134,3 +135,17 @@ async def test_many_new_nodes_are_checked_against_one_listing(bus: NatsBus, pref
     assert kinds.count("CREATE") == 301
     assert "INFO" not in kinds
     assert kinds.count("NAMES") >= 1
+
+
+async def test_more_nodes_than_the_servers_default_consumer_limit_get_a_consumer(
+    bus: NatsBus, prefix: str
+) -> None:
+    """FLEET_CMD takes a consumer for each of 1,001 nodes: nats-server 2.15 limits a
+    stream that sets no limit to 1,000 consumers, so the stream sets its own."""
+    subjects = Subjects(prefix)
+    info = await bus.js.stream_info(subjects.stream_name(STREAM_COMMANDS))
+    assert (info.config.max_consumers or 0) >= streams.MAX_NODES
+    nodes = [("c1", f"n{i}") for i in range(1001)]
+    created = await command_queues.ensure(bus, subjects, nodes, check_configs=False)
+    assert created == 1001
+    assert await has_consumers(bus, prefix, 1001)
