@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import nats.js.errors
@@ -19,15 +19,29 @@ Node = tuple[str, str]
 
 
 class Nodes:
-    """The admitted nodes a keeper is given, and how many rounds have asked for them."""
+    """The admitted nodes a keeper is given, told as an aggregator tells them (the
+    nodes changed since it last asked), how many rounds have asked and how often the
+    keeper took every node."""
 
     def __init__(self, *nodes: Node) -> None:
         self.nodes = list(nodes)
         self.rounds = 0
+        self.walks = 0
+        self._told = set(nodes)
 
-    def __call__(self) -> list[Node]:
-        self.rounds += 1
+    def every(self) -> list[Node]:
+        self.walks += 1
         return list(self.nodes)
+
+    def cluster(self, node: str) -> str | None:
+        return next((cluster for cluster, name in self.nodes if name == node), None)
+
+    def changed(self) -> set[str]:
+        self.rounds += 1
+        now = set(self.nodes)
+        changed = {node for _, node in now ^ self._told}
+        self._told = now
+        return changed
 
 
 @asynccontextmanager
@@ -51,7 +65,7 @@ async def api_requests(bus: NatsBus, prefix: str) -> AsyncIterator[list[str]]:
 
 @asynccontextmanager
 async def keeping(
-    bus: NatsBus, prefix: str, admitted: Callable[[], list[Node]]
+    bus: NatsBus, prefix: str, admitted: command_queues.AdmittedNodes
 ) -> AsyncIterator[None]:
     """:func:`command_queues.keep_forever` running every 20 ms, its full check never due."""
     task = asyncio.create_task(
@@ -86,7 +100,8 @@ def listings(seen: list[str]) -> list[str]:
 
 async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) -> None:
     """Once a node's consumer is made, rounds with nothing changed send no consumer
-    request at all; a node admitted later costs one info and one create, no listing."""
+    request at all and never take every node again; a node admitted later costs one
+    info and one create, no listing."""
     admitted = Nodes(("c1", "n1"))
     async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
         await wait_for(lambda: has_consumers(bus, prefix, 1))
@@ -100,6 +115,7 @@ async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) ->
         await wait_for(lambda: admitted.rounds >= rounds + 15)
     assert listings(seen) == []
     assert [s.split(".")[3] for s in seen] == ["INFO", "CREATE"]
+    assert admitted.walks == 1
     assert await exists(bus, prefix, ("c1", "n2"))
 
 
