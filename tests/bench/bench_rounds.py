@@ -6,11 +6,16 @@ that reads the whole fleet each round turned on: the HTTP API and dashboard (its
 history sampled every ``dashboard_history_interval``, 60 s), the remediation policy (a
 dry run, every 15 s), an Alertmanager forwarder (a local sink: conditions checked every
 round, resent every minute) and the command-consumer check (every ``sweep_interval``).
-Once the records are loaded and every command consumer exists, the aggregator's CPU over
-``--window`` seconds (two of the dashboard's samples at the default 60 s) is the fleet-wide
-jobs' cost while nothing changes: printed as a share of one core (target: under 1 %),
+Once the records are loaded (and, with ``--admitted``, every command consumer exists), the
+aggregator's CPU over ``--window`` seconds is the fleet-wide jobs' cost while nothing
+changes: printed as a share of one core (target: under 1 %),
 with the records it wrote meanwhile (none is the idle the figure claims). With py-spy
 installed (``pip install py-spy``), the window is sampled too and the CPU split by job.
+
+The records are ``pending`` by default: every job walks them as it walks admitted ones,
+but no command consumer is made for them. With ``--admitted`` they are active, and the
+aggregator first creates 100,000 consumers: on this 2-core machine under other work about
+six a second (the server's), far too long for a run.
 
 Run: ``python tests/bench/bench_rounds.py`` (about 4 minutes at 100,000 nodes), or e.g.
 ``--nodes 10000 --window 30``.
@@ -24,6 +29,7 @@ import collections
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +69,9 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--window", type=float, default=120.0, help="seconds measured")
     parser.add_argument(
         "--settle", type=float, default=20.0, help="seconds after the consumers exist, unmeasured"
+    )
+    parser.add_argument(
+        "--admitted", action="store_true", help="active records (a command consumer each)"
     )
     parser.add_argument(
         "--no-spy", action="store_true", help="do not sample with py-spy even if installed"
@@ -109,8 +118,10 @@ def spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     if not Path(tool).exists():
         return None
     return subprocess.Popen(
-        [tool, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200"]
-        + ["--format", "raw", "--nonblocking", "-o", str(out)],
+        [
+            *(tool, "record", "--pid", str(pid), "--duration", str(int(seconds))),
+            *("--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -141,7 +152,12 @@ def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str
     return jobs, leaves, total
 
 
+def terminated(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # so the servers' cleanup runs
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, terminated)
     args = options().parse_args()
     bench = agg.Bench(agg.options().parse_args([]))
     load = os.getloadavg()
@@ -160,7 +176,8 @@ def main() -> int:
         provisioning.wait_owner(60)
         provisioning.stop()
         started = time.monotonic()
-        asyncio.run(agg.fill_records(cluster.url, args.nodes))
+        state = "active" if args.admitted else "pending"
+        asyncio.run(agg.fill_records(cluster.url, args.nodes, state))
         bench.say(f"records written in {time.monotonic() - started:.0f} s")
         env = {
             "FLEET_AGGREGATOR_POLICY_FILE": str(policy),
@@ -168,7 +185,7 @@ def main() -> int:
         }
         aggregator = cluster.start_aggregator(env=env)
         owned = aggregator.wait_owner(300)
-        made = wait_consumers(cluster.url, args.nodes, 600)
+        made = wait_consumers(cluster.url, args.nodes if args.admitted else 0, 600)
         bench.say(f"records loaded {agg.fmt(owned)} after start; consumers {agg.fmt(made)} later")
         time.sleep(args.settle)
         written = aggregator.metric("fleet_record_writes_total") or 0
