@@ -17,6 +17,10 @@ but no command consumer is made for them. With ``--admitted`` they are active, a
 aggregator first creates 100,000 consumers: on this 2-core machine under other work about
 six a second (the server's), far too long for a run.
 
+Each aggregator is measured once it holds its lease and has used under a fifth of a core
+over 10 s (records loaded, first rounds done). ``--trees old,.`` runs the code of another
+checkout first, then this one, on the same records: a before and after in one run.
+
 Run: ``python tests/bench/bench_rounds.py`` (about 4 minutes at 100,000 nodes), or e.g.
 ``--nodes 10000 --window 30``.
 """
@@ -61,6 +65,10 @@ JOBS = {
 stack names from its outermost frame in takes the sample."""
 
 
+IDLE = "EpollSelector.select"
+"""The event loop waiting: py-spy samples it as running (a system call), it is not CPU."""
+
+
 def options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,6 +77,12 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--window", type=float, default=120.0, help="seconds measured")
     parser.add_argument(
         "--settle", type=float, default=20.0, help="seconds after the consumers exist, unmeasured"
+    )
+    parser.add_argument(
+        "--trees",
+        default=".",
+        help="source trees to run the aggregator from, one after the other on the same "
+        "records (e.g. a checkout of the code before a change, then .)",
     )
     parser.add_argument(
         "--admitted", action="store_true", help="active records (a command consumer each)"
@@ -136,8 +150,10 @@ def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         count = int(count_text)
-        total += count
         frames = stack.split(";")
+        if frames[-1].startswith(IDLE):
+            continue
+        total += count
         leaves[frames[-1]] += count
         job = next(
             (
@@ -150,6 +166,74 @@ def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str
         )
         jobs[job] += count
     return jobs, leaves, total
+
+
+def settled(aggregator: agg.Aggregator, below: float, timeout: float) -> float | None:
+    """Seconds until the aggregator holds a lease and used under ``below`` of a core over
+    10 s (its records loaded, its first rounds done), at most ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        cpu = aggregator.cpu()
+        time.sleep(10)
+        if (aggregator.cpu() - cpu) / 10 < below and (
+            aggregator.metric(OWNER, timeout=60) or 0
+        ) >= 1:
+            return time.monotonic() - started
+    return None
+
+
+OWNER = "fleet_aggregator_owner"
+
+
+def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tree: str) -> None:
+    """One aggregator from source tree ``tree`` (``.``: this one) on the filled server:
+    settled, then its CPU over the window, split by job when py-spy is there."""
+    env = {
+        "FLEET_AGGREGATOR_POLICY_FILE": str(args.policy),
+        "FLEET_AGGREGATOR_ALERTMANAGER_URLS": f"http://127.0.0.1:{args.sink}",
+    }
+    here = os.getcwd()
+    os.chdir(tree)  # the aggregator's `python -m` imports the tree it starts in
+    try:
+        aggregator = cluster.start_aggregator(env=env)
+    finally:
+        os.chdir(here)
+    took = settled(aggregator, 0.2, 1200)
+    made = wait_consumers(cluster.url, args.nodes if args.admitted else 0, 600)
+    bench.say(f"{tree}: settled {agg.fmt(took)} after start; consumers {agg.fmt(made)} later")
+    time.sleep(args.settle)
+    written = aggregator.metric("fleet_record_writes_total", timeout=60) or 0
+    posts = Sink.posts
+    raw = Path(args.scratch) / f"spy-{len(bench.rows)}.txt"
+    sampler = None if args.no_spy else spy(aggregator.process.pid, args.window, raw)
+    cpu, wall = aggregator.cpu(), time.monotonic()
+    time.sleep(args.window)
+    cpu, wall = aggregator.cpu() - cpu, time.monotonic() - wall
+    rss = aggregator.rss_mb()
+    written = (aggregator.metric("fleet_record_writes_total", timeout=60) or 0) - written
+    share = 100 * cpu / wall
+    load = os.getloadavg()
+    bench.row(
+        f"{tree}: aggregator CPU with {args.nodes:,} nodes and nothing changing (every "
+        "fleet-wide job on)",
+        "< 1 % of a core",
+        f"{share:.2f} % ({cpu:.2f} CPU-s in {wall:.0f} s); {written:.0f} records "
+        f"written, {Sink.posts - posts} posts to Alertmanager meanwhile; RSS {rss:.0f} MB; "
+        f"load {load[0]:.1f}",
+        share < 1.0,
+    )
+    if sampler is not None:
+        sampler.wait(args.window + 60)
+        if raw.exists():
+            jobs, leaves, total = by_job(raw)
+            bench.say(f"py-spy: {total} samples at 200/s ({total / 200:.1f} s on CPU)")
+            for job, count in jobs.most_common():
+                bench.say(f"  {job:20} {count / 200 / wall * 100:6.2f} % of a core")
+            bench.say("innermost frames:")
+            for frame, count in leaves.most_common(12):
+                bench.say(f"  {count / 200:7.2f} s  {frame}")
+    aggregator.stop()
+    cluster.aggregators.remove(aggregator)
 
 
 def terminated(_signum: int, _frame: object) -> None:
@@ -167,58 +251,30 @@ def main() -> int:
     )
     sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    with tempfile.TemporaryDirectory() as scratch, agg.servers(bench) as cluster:
-        key = Path(scratch) / "policy.key"
-        signing.create_key_file(key)
-        policy = Path(scratch) / "policy.toml"
-        policy.write_text(f'key_file = "{key}"\ndry_run = true\n')
-        provisioning = cluster.start_aggregator()  # the streams and buckets
-        provisioning.wait_owner(60)
-        provisioning.stop()
-        started = time.monotonic()
-        state = "active" if args.admitted else "pending"
-        asyncio.run(agg.fill_records(cluster.url, args.nodes, state))
-        bench.say(f"records written in {time.monotonic() - started:.0f} s")
-        env = {
-            "FLEET_AGGREGATOR_POLICY_FILE": str(policy),
-            "FLEET_AGGREGATOR_ALERTMANAGER_URLS": f"http://127.0.0.1:{sink.server_port}",
-        }
-        aggregator = cluster.start_aggregator(env=env)
-        owned = aggregator.wait_owner(300)
-        made = wait_consumers(cluster.url, args.nodes if args.admitted else 0, 600)
-        bench.say(f"records loaded {agg.fmt(owned)} after start; consumers {agg.fmt(made)} later")
-        time.sleep(args.settle)
-        written = aggregator.metric("fleet_record_writes_total") or 0
-        posts = Sink.posts
-        raw = Path(scratch) / "spy.txt"
-        sampler = None if args.no_spy else spy(aggregator.process.pid, args.window, raw)
-        cpu, wall = aggregator.cpu(), time.monotonic()
-        time.sleep(args.window)
-        cpu, wall = aggregator.cpu() - cpu, time.monotonic() - wall
-        rss = aggregator.rss_mb()
-        written = (aggregator.metric("fleet_record_writes_total") or 0) - written
-        share = 100 * cpu / wall
-        bench.row(
-            f"aggregator CPU with {args.nodes:,} nodes and nothing changing (every "
-            "fleet-wide job on)",
-            "< 1 % of a core",
-            f"{share:.2f} % ({cpu:.2f} CPU-s in {wall:.0f} s); {written:.0f} records "
-            f"written, {Sink.posts - posts} posts to Alertmanager meanwhile; RSS {rss:.0f} MB",
-            share < 1.0,
-        )
-        if sampler is not None:
-            sampler.wait(args.window + 60)
-            if raw.exists():
-                jobs, leaves, total = by_job(raw)
-                bench.say(f"py-spy: {total} samples at 200/s ({total / 200:.1f} s on CPU)")
-                for job, count in jobs.most_common():
-                    bench.say(f"  {job:20} {count / 200 / wall * 100:6.2f} % of a core")
-                bench.say("innermost frames:")
-                for frame, count in leaves.most_common(15):
-                    bench.say(f"  {count / 200:7.2f} s  {frame}")
-        load = os.getloadavg()
-        bench.say(f"load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    args.sink = sink.server_port
+    try:
+        with tempfile.TemporaryDirectory() as scratch, agg.servers(bench) as cluster:
+            args.scratch = scratch
+            key = Path(scratch) / "policy.key"
+            signing.create_key_file(key)
+            args.policy = Path(scratch) / "policy.toml"
+            args.policy.write_text(f'key_file = "{key}"\ndry_run = true\n')
+            provisioning = cluster.start_aggregator()  # the streams and buckets
+            provisioning.wait_owner(60)
+            provisioning.stop()
+            cluster.aggregators.remove(provisioning)
+            started = time.monotonic()
+            state = "active" if args.admitted else "pending"
+            asyncio.run(agg.fill_records(cluster.url, args.nodes, state))
+            bench.say(f"records written in {time.monotonic() - started:.0f} s")
+            for tree in args.trees.split(","):
+                measure(bench, args, cluster, tree)
+    except KeyboardInterrupt:
+        bench.say("interrupted")
     sink.shutdown()
+    bench.say("\n| benchmark | target | measured |\n|---|---|---|")
+    for row in bench.rows:
+        bench.say(row.line())
     return 0
 
 
