@@ -119,6 +119,18 @@ async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) ->
     assert await exists(bus, prefix, ("c1", "n2"))
 
 
+async def test_with_no_node_to_keep_a_round_takes_no_node_again(bus: NatsBus, prefix: str) -> None:
+    """With no admitted node (every one pending), rounds after the first never take every
+    node again; a node admitted later still gets its consumer."""
+    admitted = Nodes()
+    async with keeping(bus, prefix, admitted):
+        await wait_for(lambda: admitted.rounds >= 10)
+        assert admitted.walks == 1
+        admitted.nodes.append(("c1", "n1"))
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+    assert admitted.walks == 1
+
+
 async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, prefix: str) -> None:
     """A node's consumer deleted by hand is created again within a few rounds, told by
     the server's advisory, without a listing of every consumer (the full check is never

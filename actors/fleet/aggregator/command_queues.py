@@ -357,6 +357,8 @@ async def _keep(
                 if full:
                     last_full = now
             keeper.done(done)
-        elif full:
-            last_full = now
+        else:  # nothing to check: no configuration to list either
+            configs_checked = True
+            if full:
+                last_full = now
         await asyncio.sleep(every)
