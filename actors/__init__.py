@@ -22,8 +22,10 @@ General layout
               ``placement/`` and ``remediation/`` act on the fleet.
 ``cli/``      the command lines: ``node_agent.py`` and ``fleetctl/`` (one module per group of
               subcommands), fleetctl's renderings (``render/``) and simulator
-              (``simulate/``), what both share, and ``single_file.py``, the entry point
-              of the single-file artifact (``python -m deploy.build``).
+              (``simulate/``), what both share (``common.py``; ``parsing.py`` and
+              ``lazy.py``, which keep a short command's start short), and
+              ``single_file.py``, the entry point of the single-file artifact
+              (``python -m deploy.build``).
 
 Imports flow one way: ``schemas <- runtime <- {node, fleet} <- cli``. ``node`` and ``fleet``
 never import each other, and no actor imports another: they share only ``schemas``, the

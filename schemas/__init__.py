@@ -1,92 +1,79 @@
-"""The wire contract of nats-node-agent: message types, subjects, codec and signing."""
+"""The wire contract of nats-node-agent: message types, subjects, codec and signing.
 
-from schemas.codec import decode, encode
-from schemas.errors import DecodeError, FleetError, InvalidToken, KeyFileError, SignatureError
-from schemas.events import (
-    Capacity,
-    Engine,
-    EngineStatus,
-    Gpu,
-    Health,
-    HealthCheck,
-    HealthComponent,
-    Inject,
-    Interruption,
-    Jobs,
-    Latency,
-    NodeState,
-    PeerLatency,
-    Sample,
-    SpotStatus,
-    XidCount,
-)
-from schemas.messages import (
-    AGENT_VERSION,
-    Action,
-    Alert,
-    AlertKind,
-    Command,
-    CommandResult,
-    CommandStatus,
-    Cordon,
-    Deregister,
-    Drain,
-    Heartbeat,
-    NodeRecord,
-    Probe,
-    ProbeReply,
-    Registration,
-    RegistrationReply,
-    TrustEntry,
-    Uncordon,
-)
-from schemas.signing import KeyPair, verify
-from schemas.subjects import Subjects, check_token
+Each name below is loaded from its module when first used (PEP 562), so a program that
+needs one module of the contract (``schemas.errors``, ``schemas.subjects``) does not
+import them all (every message type, nacl): the tools' start-up
+(tests/bench/bench_startup.py).
+"""
 
-__all__ = [
-    "AGENT_VERSION",
-    "Action",
-    "Alert",
-    "AlertKind",
-    "Capacity",
-    "Command",
-    "CommandResult",
-    "CommandStatus",
-    "Cordon",
-    "DecodeError",
-    "Deregister",
-    "Drain",
-    "Engine",
-    "EngineStatus",
-    "FleetError",
-    "Gpu",
-    "Health",
-    "HealthCheck",
-    "HealthComponent",
-    "Heartbeat",
-    "Inject",
-    "Interruption",
-    "InvalidToken",
-    "Jobs",
-    "KeyFileError",
-    "KeyPair",
-    "Latency",
-    "NodeRecord",
-    "NodeState",
-    "PeerLatency",
-    "Probe",
-    "ProbeReply",
-    "Registration",
-    "RegistrationReply",
-    "Sample",
-    "SignatureError",
-    "SpotStatus",
-    "Subjects",
-    "TrustEntry",
-    "Uncordon",
-    "XidCount",
-    "check_token",
-    "decode",
-    "encode",
-    "verify",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES: dict[str, str] = {
+    "AGENT_VERSION": "schemas.version",
+    **dict.fromkeys(("decode", "encode"), "schemas.codec"),
+    **dict.fromkeys(
+        ("DecodeError", "FleetError", "InvalidToken", "KeyFileError", "SignatureError"),
+        "schemas.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "Capacity",
+            "Engine",
+            "EngineStatus",
+            "Gpu",
+            "Health",
+            "HealthCheck",
+            "HealthComponent",
+            "Inject",
+            "Interruption",
+            "Jobs",
+            "Latency",
+            "NodeState",
+            "PeerLatency",
+            "Sample",
+            "SpotStatus",
+            "XidCount",
+        ),
+        "schemas.events",
+    ),
+    **dict.fromkeys(
+        (
+            "Action",
+            "Alert",
+            "AlertKind",
+            "Command",
+            "CommandResult",
+            "CommandStatus",
+            "Cordon",
+            "Deregister",
+            "Drain",
+            "Heartbeat",
+            "NodeRecord",
+            "Probe",
+            "ProbeReply",
+            "Registration",
+            "RegistrationReply",
+            "TrustEntry",
+            "Uncordon",
+        ),
+        "schemas.messages",
+    ),
+    **dict.fromkeys(("KeyPair", "verify"), "schemas.signing"),
+    **dict.fromkeys(("Subjects", "check_token"), "schemas.subjects"),
+}
+"""Each exported name and the module that defines it (import it from there, typed)."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'schemas' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_HOMES)

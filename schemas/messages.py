@@ -52,6 +52,7 @@ from schemas.events import (
 )
 from schemas.pci import PassthroughGpu
 from schemas.settings import SettingsStatus
+from schemas.version import AGENT_VERSION
 from schemas.workloads import Deploy, DeployEngine, Port, Stop
 
 MAX_HEARTBEAT_WORKLOADS = 16
@@ -77,10 +78,6 @@ class WorkloadSummary(Wire, frozen=True, kw_only=True):
     placed: bool = False
     """Deployed by fleet placement (``fleetctl deploy`` without a node)."""
 
-
-AGENT_VERSION = "0.6.0"
-"""The version every heartbeat, /status and the build-info metric carry: the package's
-(tests/system/test_habits.py holds them together)."""
 
 GpuIds = Annotated[list[Name], Meta(max_length=MAX_GPUS)]
 """GPU uuids, sorted: a node's hardware fingerprint."""

@@ -72,6 +72,9 @@ class Leftover(Wire, frozen=True, kw_only=True):
     reason: Text = ""
     stopped_at: UnixTime | None = None
     """When the last Stop was sent (sent again if the node still lists it a while later)."""
+    node_lost: bool = False
+    """The replica moved because its node was lost (not reporting, forgotten, deregistered
+    or gone): a copy that node reports later kept running while it was away."""
 
 
 class Failure(Wire, frozen=True, kw_only=True):

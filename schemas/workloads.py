@@ -82,3 +82,5 @@ class WorkloadOrder(Wire, frozen=True, kw_only=True):
     command_id: Id
     action: Deploy | Stop
     command_digest: Name = ""
+    reason: Text = ""
+    """The command's reason (a Stop's final result repeats it)."""

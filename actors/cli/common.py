@@ -6,22 +6,20 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
+from actors.cli.parsing import fail
 from actors.runtime import config_docs
 from actors.runtime.config import (
     DEFAULT_SERVER,
-    DurationError,
     Layers,
     layers,
     list_fields,
-    parse_duration,
 )
 from schemas.errors import FleetError, InvalidToken
 from schemas.subjects import check_token
@@ -53,11 +51,19 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     it); see :func:`operator_key_file`. A setting of every command, so that
     ``FLEETCTL_KEY_FILE`` is known to all, not only to those that sign; those take
     ``--key-file`` themselves."""
+    trust_operators: list[str] = []
+    """Operator public keys the fleet trusts, as the agents' and aggregators'
+    trust_operators list them: a signing key among them is signed with though it is also
+    a node's own key (no warning, no --sign-with-node-key)."""
+    trust_operators_file: str = ""
+    """A file of such keys, one a line (# comments), read as the agents read theirs
+    (their trust_operators_file, say /etc/node-agent/operators, copied here)."""
 
 
-SIGNING_ONLY = frozenset({"key_file"})
+SIGNING_ONLY = frozenset({"key_file", "trust_operators", "trust_operators_file"})
 """ClientConfig settings that get no flag from :func:`add_server`: a command that signs
-declares its own ``--key-file``."""
+declares its own ``--key-file`` (and the trust list flags of
+:func:`actors.cli.fleetctl.signer.add_signing_check`)."""
 
 
 def add_server(parser: argparse.ArgumentParser) -> None:
@@ -273,61 +279,6 @@ def contexts_path() -> Path:
     return config_home() / "fleetctl" / "config.toml"
 
 
-def version() -> str:
-    """The installed package's version, for ``--version``."""
-    import importlib.metadata  # only for --version (_InstalledVersion)
-
-    try:
-        return importlib.metadata.version("nats-node-agent")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class _InstalledVersion(argparse._VersionAction):
-    """``--version``, read from the installed package when given: importlib.metadata
-    costs more than the rest of a short command's start, and only this flag needs it."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        self.version = f"{parser.prog} {version()}"
-        super().__call__(parser, namespace, values, option_string)
-
-
-def add_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", action=_InstalledVersion, help="print the version and exit")
-
-
-def strict(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``root`` and every subcommand parser under it with abbreviations turned off, so
-    ``--dead`` is an error rather than a silent ``--deadline`` (and a flag added later
-    cannot change what an old abbreviation meant), each knowing itself for :func:`parse`.
-    Walks the tree, so no parser is missed."""
-    root.allow_abbrev = False
-    for action in root._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                # The deepest subcommand parsed sets it last: its usage is shown by parse().
-                sub.set_defaults(usage_parser=sub)
-                strict(sub)
-    return root
-
-
-def parse(root: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``root.parse_args(argv)``, but an unknown flag is reported by the subcommand it was
-    given to, with that subcommand's usage (argparse leaves it to the root, whose usage
-    lists every subcommand and none of its flags)."""
-    args, unknown = root.parse_known_args(argv)
-    if unknown:
-        used: argparse.ArgumentParser = getattr(args, "usage_parser", root)
-        used.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return args
-
-
 def token(what: str) -> Callable[[str], str]:
     """An argparse type for a subject token (node id, cluster): a bad one is a usage
     error before anything connects."""
@@ -339,23 +290,6 @@ def token(what: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return check
-
-
-def duration(text: str) -> float:
-    """An argparse type: a positive duration, ``30``, ``30s``, ``500ms``, ``10m``, ``1h``,
-    ``2d``, read by the runtime's one duration parser."""
-    try:
-        seconds = parse_duration(text)
-    except DurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
-    return seconds
-
-
-def fail(message: str, code: int = 1) -> int:
-    sys.stderr.write(f"error: {message}\n")
-    return code
 
 
 def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:

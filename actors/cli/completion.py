@@ -1,24 +1,17 @@
-"""Help at the keyboard: node names completed from the fleet (argcomplete, bash and zsh),
-and "did you mean" for a mistyped subcommand or flag (difflib).
+"""Help at the keyboard: node names completed from the fleet (argcomplete, bash and zsh).
+("Did you mean" for a mistyped subcommand or flag is :mod:`actors.cli.parsing`'s.)
 
 Completion runs in the shell's process on every Tab: it reads the node names within
 COMPLETION_TIMEOUT and is silent on any failure (no server, no key, a bad setting),
-offering nothing rather than an error or a wait.
+offering nothing rather than an error or a wait. Every parser marks its node arguments
+(:func:`add_node_completers`), so what a Tab needs (asyncio, the client) is imported by
+the Tab, not by every command's start.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import difflib
-import logging
-import re
-import sys
-from typing import Any, NoReturn
-
-from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, connected_to, settings_from
-from actors.cli.fleetctl import contexts
-from schemas.subjects import BUCKET_NODES, Subjects
+from typing import Any
 
 COMPLETION_TIMEOUT = 1.5
 """Seconds a Tab may wait for the fleet's node names."""
@@ -31,6 +24,9 @@ NODE_DESTS = ("node",)
 def node_completer(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
     """argcomplete's completer: the fleet's node ids starting with ``prefix``, read with
     the command's own server, prefix and context; [] on any failure or timeout."""
+    import asyncio
+    import logging
+
     logging.disable(logging.CRITICAL)  # nothing may reach the shell's terminal
     try:
         return asyncio.run(node_names(prefix, parsed_args))
@@ -40,7 +36,12 @@ def node_completer(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> li
 
 async def node_names(prefix: str, args: argparse.Namespace) -> list[str]:
     """The node ids starting with ``prefix``; TimeoutError past COMPLETION_TIMEOUT."""
+    import asyncio
+
+    from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, connected_to, settings_from
+    from actors.cli.fleetctl import contexts
     from actors.runtime import kv  # NATS only for a Tab, not for every command's start
+    from schemas.subjects import BUCKET_NODES, Subjects
 
     async with asyncio.timeout(COMPLETION_TIMEOUT):
         contexts.apply(args)
@@ -64,42 +65,3 @@ def add_node_completers(root: argparse.ArgumentParser) -> None:
                 add_node_completers(sub)
         elif action.dest in NODE_DESTS:
             setattr(action, "completer", node_completer)  # noqa: B010 (argcomplete's hook)
-
-
-class SuggestingParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors add the closest subcommand or flag:
-    ``invalid choice: 'nodse' ...; did you mean 'nodes'?``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}{self.suggestion(message)}\n")
-
-    def suggestion(self, message: str) -> str:
-        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if choice:
-            choices = re.findall(r"'([^']*)'", choice.group(2))
-            return closest_hint(choice.group(1), choices)
-        unknown = re.match(r"unrecognized arguments: (.*)", message)
-        if unknown:
-            flags = [word for word in unknown.group(1).split() if word.startswith("--")]
-            if flags:
-                return closest_hint(flags[0].split("=")[0], option_strings(self))
-        return ""
-
-
-def closest_hint(word: str, choices: list[str]) -> str:
-    """``; did you mean 'json'?`` for the choice closest to ``word`` (difflib), else ""."""
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
-def option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every flag of ``parser`` and of the subcommands under it."""
-    found: list[str] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found.extend(option_strings(sub))
-        elif action.help != argparse.SUPPRESS:
-            found.extend(action.option_strings)
-    return found

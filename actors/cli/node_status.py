@@ -1,22 +1,22 @@
-"""``node-agent status``: the local agent's HTTP status read (the standard library's
-client: it starts in a tenth of aiohttp's time) and drawn as text."""
+"""``node-agent status``: the local agent's HTTP status read and drawn as text, with the
+standard library alone (its HTTP client and json: no asyncio, msgspec or aiohttp), so it
+answers at once (tests/bench/bench_startup.py). The agent's settings are read only
+without ``--url``, to find the port the agent wrote in its state dir.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from actors.cli.common import fail
-from actors.node.config import ENV_PREFIX, HTTP_PORT_FILE, AgentConfig
-from actors.runtime.config import build
+from actors.cli.parsing import fail
 from schemas.errors import FleetError
 
 DEFAULT_STATUS_URL = "http://127.0.0.1:9091"
@@ -26,6 +26,9 @@ def status_url(args: argparse.Namespace) -> str:
     """--url, else the port the agent wrote to its state dir, else the default port."""
     if args.url:
         return str(args.url).rstrip("/")
+    from actors.node.config import ENV_PREFIX, HTTP_PORT_FILE, AgentConfig  # without --url only
+    from actors.runtime.config import build
+
     state_dir = args.state_dir or Path(build(AgentConfig, ENV_PREFIX, file=args.config).state_dir)
     try:
         port = int((state_dir / HTTP_PORT_FILE).read_text())
@@ -58,13 +61,44 @@ def get_status(url: str, timeout: float) -> tuple[int, bytes]:
     return status, body
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
+def within(url: str, timeout: float) -> tuple[int, bytes]:
+    """:func:`get_status` bounded by ``timeout`` in all, not only per socket operation: it
+    runs in a daemon thread, so an agent answering a byte at a time cannot hold the
+    command past it (TimeoutError)."""
+    done: list[tuple[int, bytes] | BaseException] = []
+
+    def fetch() -> None:
+        try:
+            done.append(get_status(url, timeout))
+        except BaseException as exc:  # handed to the caller's thread
+            done.append(exc)
+
+    worker = threading.Thread(target=fetch, name="status", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not done:
+        raise TimeoutError
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+def main(args: argparse.Namespace) -> int:
+    """``node-agent status``; a known error is one line on stderr and exit 1."""
+    try:
+        return cmd_status(args)
+    except FleetError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_status(args: argparse.Namespace) -> int:
     args.url = status_url(args)
     url = f"{args.url}/status"
     late = f"the agent at {args.url} did not answer within {args.timeout:g}s"
     try:
-        async with asyncio.timeout(args.timeout):
-            code, body = await asyncio.to_thread(get_status, url, args.timeout)
+        code, body = within(url, args.timeout)
     except urllib.error.HTTPError as exc:
         code, body = exc.code, b""
     except TimeoutError:
@@ -79,9 +113,11 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if code != 200:
         return fail(f"{url} answered HTTP {code}")
     try:
-        status = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        status = json.loads(body)
+    except ValueError:
         return fail(f"{url} did not answer JSON")
+    if not isinstance(status, dict):
+        return fail(f"{url} did not answer a JSON object")
     sys.stdout.write(body.decode() + "\n" if args.json else render_status(status))
     return 0
 

@@ -10,8 +10,15 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from actors.runtime.config import DEFAULT_SERVER, NonNegativeDuration, Positive, read_keys
+from actors.runtime.config import (
+    DEFAULT_SERVER,
+    DURATION,
+    NonNegativeDuration,
+    Positive,
+    read_keys,
+)
 from actors.runtime.logs import LogFormat
+from schemas.base import MAX_STALE_AFTER
 
 ENV_PREFIX = "FLEET_AGGREGATOR_"
 MIB = 1024 * 1024
@@ -74,6 +81,13 @@ class AggregatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     ``Nats-TTL: never``) allows: the full sweep marks a node stale once it sent nothing for
     twice the lesser of the two plus ``full_sweep_interval``. Keep it above every agent's
     ``stale_after``."""
+
+    bus_outage_max: Annotated[float, Meta(ge=1, le=MAX_STALE_AFTER, extra=DURATION)] = 120.0
+    """The longest silence of the whole heartbeat stream (a server restarted, the stream
+    without a leader) told as one ``bus_outage`` alert and no alert per node: 4 x the
+    agents' default ``stale_after``. A longer one is still one ``bus_outage`` (saying so),
+    but each node's ``stale``, ``recovered`` and gap alerts are raised as for a node's own
+    silence. 1 s to a day."""
 
     max_seq_jump: Annotated[int, Meta(ge=1)] = 10_000
     """A heartbeat whose seq is more than this above the node's last accepted one is

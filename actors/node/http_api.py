@@ -43,8 +43,8 @@ from schemas.events import (
     Workloads,
 )
 from schemas.inventory import NodeInventory
-from schemas.messages import AGENT_VERSION
 from schemas.subjects import Subjects
+from schemas.version import AGENT_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import platform
 
 from prometheus_client import CollectorRegistry, Info, PlatformCollector, ProcessCollector
 
-from schemas.messages import AGENT_VERSION
+from schemas.version import AGENT_VERSION
 
 
 def standard_series(registry: CollectorRegistry, program: str) -> None:

@@ -1,6 +1,6 @@
 """Durations as people read them, in the largest sensible unit, as kubectl's AGE writes
 them (``42s``, ``17m``, ``5h``, ``3d``): every view and alert text says a duration this
-way (parsing one back is :func:`actors.runtime.config.parse_duration`); and times of day
+way (parsing one back is :func:`actors.runtime.durations.parse_duration`); and times of day
 in UTC, whatever value a node sent."""
 
 from __future__ import annotations

@@ -4,9 +4,12 @@ Starts a nats-server, an aggregator and three agents (8 fake GPUs each, default
 intervals) here, then runs each command ``--runs`` times as its own process, beside
 ``python -c pass`` in the same run (what the interpreter alone costs on this machine
 now), and prints the median wall time, the spread (min to max) and the median CPU of
-each, against the targets (docs/performance.md). Not a pytest test::
+each, against the targets (docs/performance.md). With ``--before DIR`` (a checkout of
+the code before a change: ``git archive main | tar -x -C DIR``) each command also runs
+from there, run for run in turn with this tree's, so a busy machine weighs on both
+alike. Not a pytest test::
 
-    python tests/bench/bench_startup.py [--runs 20]
+    python tests/bench/bench_startup.py [--runs 20] [--before DIR]
 """
 
 from __future__ import annotations
@@ -70,11 +73,13 @@ class Figures:
         )
 
 
-def run_once(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+def run_once(
+    argv: list[str], env: dict[str, str] | None = None
+) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     """Wall and CPU seconds (user + system of the child) of one run, and its result."""
     before = os.times()
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
     wall = time.perf_counter() - started
     after = os.times()
     cpu = (after.children_user - before.children_user) + (
@@ -83,18 +88,20 @@ def run_once(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess
     return wall, cpu, done
 
 
-def measure(case: Case, runs: int) -> Figures:
-    figures = Figures([], [])
+def measure(case: Case, runs: int, envs: list[dict[str, str] | None]) -> list[Figures]:
+    """``runs`` runs of ``case`` in each environment (this tree's: None), in turn."""
+    found = [Figures([], []) for _ in envs]
     for _ in range(runs):
-        wall, cpu, done = run_once(case.argv)
-        if not case.expect(done):
-            raise SystemExit(
-                f"{case.label}: unexpected answer (exit {done.returncode}): "
-                f"{(done.stdout + done.stderr).strip()[:300]}"
-            )
-        figures.walls.append(wall)
-        figures.cpus.append(cpu)
-    return figures
+        for figures, env in zip(found, envs, strict=True):
+            wall, cpu, done = run_once(case.argv, env)
+            if not case.expect(done):
+                raise SystemExit(
+                    f"{case.label}: unexpected answer (exit {done.returncode}): "
+                    f"{(done.stdout + done.stderr).strip()[:300]}"
+                )
+            figures.walls.append(wall)
+            figures.cpus.append(cpu)
+    return found
 
 
 def closed_port() -> int:
@@ -153,7 +160,7 @@ async def all_active(bus: NatsBus, subjects: Subjects, nodes: list[str]) -> None
     raise SystemExit(f"the {NODES} nodes were not active within 60 s")
 
 
-async def bench(runs: int, work: Path) -> bool:
+async def bench(runs: int, work: Path, before: Path | None) -> bool:
     server = NatsServer(work / "nats")
     server.start()
     subjects = Subjects("bench")
@@ -187,10 +194,15 @@ async def bench(runs: int, work: Path) -> bool:
                 f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
                 f"{runs} runs of each, one after another"
             )
+            envs: list[dict[str, str] | None] = [None]
+            if before is not None:
+                envs.append({**os.environ, "PYTHONPATH": str(before)})
             passed = True
             for case in cases(server.url, subjects.prefix, status_url, port):
-                figures = await asyncio.to_thread(measure, case, runs)
+                figures, *earlier = await asyncio.to_thread(measure, case, runs, envs)
                 print(figures.line(case))
+                for old in earlier:
+                    print(f"  before: {old.line(case)}")
                 if case.target is not None:
                     passed &= statistics.median(figures.walls) <= case.target
             return passed
@@ -201,10 +213,17 @@ async def bench(runs: int, work: Path) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=20, help="runs of each command (20)")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of the code before a change: each command also runs from it "
+        "(PYTHONPATH), in turn with this tree's",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as work:
-        return 0 if asyncio.run(bench(args.runs, Path(work))) else 1
+        before = args.before.resolve() if args.before else None
+        return 0 if asyncio.run(bench(args.runs, Path(work), before)) else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from actors.cli.fleetctl.main import main
-from actors.cli.node_agent import register
+from actors.cli.node_commands import register
 from actors.fleet.storage.registry import trust_entry
 from schemas import signing
 from schemas.subjects import Subjects

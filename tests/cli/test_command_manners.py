@@ -216,19 +216,44 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
     assert f"a message claiming id {command_id}" in last
 
 
-async def test_signing_with_a_nodes_own_key_needs_yes(
+async def test_signing_with_a_nodes_own_key_needs_its_own_flag(
     fleet: Fleet, operator_file: Path, node: NodeAgent
 ) -> None:
     """cordon signed with n1's own key (its approved key in fleet_trust) is refused before
-    anything is sent, in one line saying whose key it is and what to do; with --yes it is
-    sent after a warning (and n1, not trusting its own key, rejects it)."""
+    anything is sent, in one line saying whose key it is and what to do; with
+    --sign-with-node-key (once --yes: the name docs/security.md cites) it is sent after a
+    warning (and n1, not trusting its own key, rejects it)."""
     node_key = fleet.config("n1").key_path
     code, out, err = await run(fleet, node_key, "cordon", "n1")
     assert code == 1 and out == "", (out, err)
     assert err.startswith("error: the signing key SHA256:") and "node n1's own key" in err
-    assert "--yes" in err and err.count("\n") == 1
+    assert "--sign-with-node-key" in err and err.count("\n") == 1
     assert await queued(fleet.bus, fleet.prefix) == 0
-    code, out, err = await run(fleet, node_key, "cordon", "n1", "--yes", "--wait")
+    code, out, err = await run(fleet, node_key, "cordon", "n1", "--sign-with-node-key", "--wait")
     assert code == 1, (out, err)
     assert err.startswith("warning: the signing key SHA256:")
     assert out.splitlines()[-1].startswith("rejected: signed by an untrusted key")
+
+
+async def test_a_node_key_on_the_operator_trust_list_is_signed_with_silently(
+    fleet: Fleet, tmp_path: Path, node: NodeAgent
+) -> None:
+    """n1's own key listed in fleetctl's trust_operators_file (read as the agents read
+    theirs: comments skipped) is signed with, no warning and no flag (n1, not trusting it,
+    rejects the cordon); another key on the list changes nothing; forget --yes only
+    skips the question: signing with a node's key still needs --sign-with-node-key."""
+    node_key = fleet.config("n1").key_path
+    public = signing.load_key_file(node_key).public_key
+    listed = tmp_path / "operators"
+    listed.write_text(f"# the fleet's operators\n{public}\n")
+    listed.chmod(0o600)
+    trusting = ("--trust-operators-file", str(listed))
+    code, out, err = await run(fleet, node_key, "cordon", "n1", *trusting, "--wait")
+    assert code == 1 and err == "", (out, err)
+    assert out.splitlines()[-1].startswith("rejected: signed by an untrusted key"), out
+    other = signing.KeyPair.generate().public_key
+    code, out, err = await run(fleet, node_key, "cordon", "n1", "--trust-operator", other)
+    assert code == 1 and "node n1's own key" in err and "--trust-operator" in err, err
+    code, out, err = await run(fleet, node_key, "forget", "n1", "--yes")
+    assert code == 1 and "node n1's own key" in err, (out, err)
+    assert (await wait_record(fleet.bus, fleet.prefix, "n1", lambda r: True)).deregistered is False

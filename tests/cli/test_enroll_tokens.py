@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli.node_agent import enroll_at_start
+from actors.cli.node_commands import enroll_at_start
 from actors.node.agent import NodeAgent
 from schemas import signing
 from tests.support.fleet import Fleet, wait_record

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,37 @@ def test_status_without_a_port_file_says_so(
     assert capsys.readouterr().err == (
         f"error: no agent serves HTTP from {tmp_path} (no {HTTP_PORT_FILE} there)\n"
     )
+
+
+async def test_status_is_bounded_by_its_timeout_in_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """An "agent" that answers a byte every 0.2 s (never idle for a socket timeout) is
+    given up on after --timeout in all, with the one-line reason."""
+
+    given_up, closed = asyncio.Event(), asyncio.Event()
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        while not given_up.is_set():
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.2)  # the slow agent's pace
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    async with server:
+        code = await asyncio.to_thread(main, ["status", "--url", url, "--timeout", "1"])
+        took = time.monotonic() - started
+        given_up.set()
+        await asyncio.wait_for(closed.wait(), timeout=10)
+        server.close()
+    assert code == 1
+    assert capsys.readouterr().err == f"error: the agent at {url} did not answer within 1s\n"
+    assert took < 4, took  # 1000 drips would take 200 s
 
 
 def test_status_columns_align() -> None:

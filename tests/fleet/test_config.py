@@ -45,6 +45,17 @@ def test_aggregator_config_refuses_bad_values_by_name(tmp_path: Path) -> None:
         build(AggregatorConfig, ENV_PREFIX, file=unknown, env={})
 
 
+def test_bus_outage_max_is_a_duration_from_a_second_to_a_day() -> None:
+    """bus_outage_max defaults to 2m, reads durations, and refuses under 1 s or over a
+    day, naming the setting."""
+    assert AggregatorConfig().bus_outage_max == 120.0
+    env = {"FLEET_AGGREGATOR_BUS_OUTAGE_MAX": "5m"}
+    assert build(AggregatorConfig, ENV_PREFIX, env=env).bus_outage_max == 300.0
+    for bad in ("0.5", "2d"):
+        with pytest.raises(ConfigError, match="bus_outage_max"):
+            build(AggregatorConfig, ENV_PREFIX, env={}, flags={"bus_outage_max": bad})
+
+
 def test_fleetctl_aggregator_bad_setting_is_one_line_and_exit_1() -> None:
     """`fleetctl aggregator --offline-after soon` prints one error line, no traceback."""
     result = subprocess.run(

@@ -10,8 +10,13 @@ from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.aggregator.view import View
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.live.feed import NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.views.api import FleetApiActor
 from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.subjects import BUCKET_NODES, Subjects
 from tests.support.fleet import Fleet, new_fleet_api
 
 
@@ -42,3 +47,26 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
         async with session.get(f"{base}/nodes", params={"limit": "x"}) as r:
             assert r.status == 400
     assert seen == [f"n{i}" for i in range(7)]
+
+
+async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """While the live feed is not complete (here: never started; in a fleet, a watch
+    catching up after the aggregator beside it let nodes go), /nodes lists every record
+    fleet_nodes holds, not the feed's part of them."""
+    await fleet.start_aggregator()
+    nodes = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    for name in ("n1", "n2"):
+        await nodes.put(name, codec.encode(record_rules.pending_record(name, "c1")))
+    feed = NodeFeed(bus, Subjects(prefix))
+    assert not feed.complete
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    api = FleetApiActor(config, bus, AggregatorMetrics(), dict, feed=feed)
+    await fleet.start_supervisor(api)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{api.port}/nodes") as response,
+    ):
+        assert response.status == 200
+        assert [record["node_id"] for record in await response.json()] == ["n1", "n2"]

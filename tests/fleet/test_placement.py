@@ -285,6 +285,35 @@ def test_a_copy_left_on_a_node_that_returns_is_stopped() -> None:
     assert decide(first.workload, gone, Taken(), now + 2, Timing(), "me").workload.leftovers == []
 
 
+def test_a_copy_on_a_forgotten_node_is_stopped_when_it_is_readmitted() -> None:
+    """A replica moved off a node that was forgotten keeps its copy there watched (record
+    deregistered, then gone); re-admitted and reporting the copy, the node gets a Stop
+    saying it still ran there; a workload of that name the fleet did not place is not
+    stopped."""
+    now = time.time()
+    forgotten = node("n1", deregistered=True, deregistered_at=now - 100, deregistered_by="op")
+    moved = decide(
+        workload(replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0])]),
+        {"n1": forgotten, "n2": node("n2")},
+        Taken(),
+        now,
+        Timing(grace=10),
+        "me",
+    ).workload
+    [leftover] = moved.leftovers
+    assert leftover.node == "n1" and leftover.node_lost
+    for away in ({"n1": forgotten, "n2": node("n2")}, {"n2": node("n2")}):
+        assert decide(moved, away, Taken(), now + 1, Timing(), "me").workload == moved
+    back = {"n1": node("n1", workloads=[running("chat", [0])]), "n2": node("n2")}
+    [stop] = decide(moved, back, Taken(), now + 2, Timing(), "me").orders
+    assert stop.node == "n1" and isinstance(stop.action, Stop)
+    assert "its copy still ran when the node came back" in stop.reason
+    by_hand = msgspec.structs.replace(running("chat", [0]), placed=False)
+    mine = {"n1": node("n1", workloads=[by_hand]), "n2": node("n2")}
+    kept = decide(moved, mine, Taken(), now + 2, Timing(), "me")
+    assert kept.orders == [] and kept.workload.leftovers == []
+
+
 async def test_an_unreadable_record_is_left_out(bus: NatsBus, prefix: str) -> None:
     """A value in fleet_workloads that is not a PlacedWorkload is skipped (and stays as
     it is); the readable one is read."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.aio.msg import Msg
 
@@ -21,18 +22,23 @@ from actors.fleet.placement.reconcile import FAILED_STATES, Timing
 from actors.fleet.process import ProviderActors
 from actors.fleet.storage.placed import read_all
 from actors.node.agent import NodeAgent
-from actors.runtime.bus import NatsBus
+from actors.node.workloads import processes
+from actors.node.workloads.store import Entry, WorkloadStore
+from actors.runtime.bus import NatsBus, publish_signed_event
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.events import Inject
 from schemas.messages import Command, Cordon, Drain, Heartbeat, NodeRecord, Uncordon
-from schemas.placement import PlacedWorkload
-from schemas.subjects import EVENT_INJECT, Subjects
-from schemas.workloads import Deploy, Stop
+from schemas.placement import Leftover, PlacedWorkload, spec_body
+from schemas.subjects import BUCKET_WORKLOADS, EVENT_INJECT, EVENT_WORKLOAD_ORDER, Subjects
+from schemas.workloads import Deploy, Stop, WorkloadOrder
+from tests.cli.test_describe_events import fleetctl as plain_fleetctl
 from tests.cli.test_fleetctl_commands import finish, fleetctl
 from tests.cli.test_workloads_cli import workloads
+from tests.node.test_inject import dropped
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, wait_for, wait_record
+from tests.support.fleet import Fleet, agent_config, wait_for, wait_record
+from tests.support.relay import Relay
 from tests.support.workloads import killing_leftovers, standin_script
 
 pytestmark = pytest.mark.slow
@@ -69,14 +75,28 @@ class Keys:
 
 
 async def start_nodes(
-    fleet: Fleet, keys: Keys, tmp_path: Path, *names: str, binary: Path | None = None
+    fleet: Fleet,
+    keys: Keys,
+    tmp_path: Path,
+    *names: str,
+    binary: Path | None = None,
+    relays: dict[str, Relay] | None = None,
 ) -> dict[str, NodeAgent]:
     """Agents trusting both keys, with the stand-in as llama-server (or ``binary``), each
-    active and having said what it can run."""
+    active and having said what it can run; with ``relays``, each reaches the server
+    through a relay of its own (put there) that the test can cut."""
     script = binary or standin_script(tmp_path / "bin")
     agents = {}
     for name in names:
-        config = fleet.config(
+        server = fleet.url
+        if relays is not None:
+            relays[name] = Relay(fleet.url)
+            server = await relays[name].start()
+            fleet.stack.push_async_callback(relays[name].close)
+        config = agent_config(
+            server,
+            fleet.prefix,
+            fleet.state_dir,
             name,
             trust_operators=[keys.operator.public_key, keys.reconciler.public_key],
             workload_binaries=[f"llamacpp={script}"],
@@ -430,3 +450,116 @@ async def test_placement_chooses_only_nodes_that_can_run_the_engine(
     for replica in workload.replicas:
         assert "n1: cannot run llamacpp" in replica.why and "n2: cannot run" in replica.why
         await ready_on(bus, prefix, replica.node, "chat")
+
+
+def engine_of(agent: NodeAgent, name: str) -> Entry:
+    """The agent's saved entry of workload ``name``: its engine's pid and start time."""
+    [entry] = [
+        e for e in WorkloadStore(Path(agent.config.state_dir)).load() if e.deploy.name == name
+    ]
+    return entry
+
+
+@pytest.mark.parametrize("away", ["agent killed", "bus cut"])
+async def test_a_node_that_returns_stops_the_copy_of_a_replica_moved_off_it(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path, away: str
+) -> None:
+    """A node is lost with its engine running (its agent dies without a goodbye, or its
+    connection is cut); past the grace the replica is placed on the other node; the
+    engine still runs while the node is away. When the node comes back (a new agent
+    adopting the engine, or the connection healed), the reconciler's signed Stop ends the
+    engine and the node's final result reports it (the copy still ran when the node came
+    back), shown by ``fleetctl describe``; the node then lists the workload no more."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    relays: dict[str, Relay] = {}
+    agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2", relays=relays)
+    results = await Results().start(bus, prefix)
+    traffic = await Traffic().start(bus, prefix)
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
+    )
+    assert code == 0, out + err
+    [replica] = (await placed(bus, prefix, "chat")).replicas
+    lost = agents[replica.node]
+    [spare] = {"n1", "n2"} - {replica.node}
+    engine = engine_of(lost, "chat")
+    await fleet.start_supervisor(reconciler(bus, prefix, keys))
+    if away == "agent killed":
+        await lost.stop(goodbye=False)  # no goodbye: its engine keeps running
+    else:
+        await relays[replica.node].sever()
+    await ready_on(bus, prefix, spare, "chat")
+    assert processes.alive(engine.pid, engine.started)
+    if away == "agent killed":
+        await fleet.start_agent(lost.config)
+    else:
+        await relays[replica.node].heal()
+    await wait_for(lambda: not processes.alive(engine.pid, engine.started))
+    [stop] = await wait_for(lambda: traffic.stops(replica.node))
+    final = await results.final(stop.id)
+    assert final.status == "done", final.detail
+    assert "its copy still ran when the node came back" in final.detail, final.detail
+    await wait_record(bus, prefix, replica.node, lambda r: not running(r, "chat", "ready"))
+    code, lines, err = await plain_fleetctl(fleet, "describe", replica.node)
+    said = [line for line in lines if "its copy still ran when the node came back" in line]
+    assert code == 0 and said, "\n".join(lines) + err
+
+
+async def test_no_hostile_record_or_node_key_stops_a_replica_its_node_runs(
+    nats_server: NatsServer, fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path
+) -> None:
+    """A record rewritten by a stranger to move the replica off its node (a copy left
+    there to stop) gets no Stop from the reconciler; a Stop signed with the node's own key
+    (a stolen node key) is rejected; a stop order published as a node event with that key
+    from outside the agent is dropped: the engine still runs, ready, through three more
+    reconciler rounds."""
+    keys = Keys(tmp_path)
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2")
+    results = await Results().start(bus, prefix)
+    traffic = await Traffic().start(bus, prefix)
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
+    )
+    assert code == 0, out + err
+    legit = await placed(bus, prefix, "chat")
+    [replica] = legit.replicas
+    home = replica.node
+    [other] = {"n1", "n2"} - {home}
+    engine = engine_of(agents[home], "chat")
+    stranger = signing.KeyPair.generate()
+    moved = msgspec.structs.replace(
+        legit,
+        created_by=stranger.public_key,
+        replicas=[msgspec.structs.replace(replica, node=other)],
+        leftovers=[
+            Leftover(node=home, cluster="c1", index=0, since=1.0, stop_by=1.0, node_lost=True)
+        ],
+    )
+    body = spec_body(moved)
+    hostile = msgspec.structs.replace(
+        moved, spec=body.decode(), spec_sig=stranger.headers(body)[signing.HEADER_SIG]
+    )
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_WORKLOADS))
+    await bucket.put("chat", codec.encode(hostile))
+    actor = reconciler(bus, prefix, keys)
+    await fleet.start_supervisor(actor)
+    stolen = fleet.node_key(home)
+    forged = await send(bus, prefix, stolen, Stop(name="chat"), node=home)
+    rejected = await wait_for(
+        lambda: [r for r in results.results if r.claimed_id == forged.id and r.status == "rejected"]
+    )
+    assert rejected[0].signer == stolen.public_key, rejected
+    order = WorkloadOrder(ts=time.time(), command_id="forged", action=Stop(name="chat"))
+    subject = Subjects(prefix).event(home, EVENT_WORKLOAD_ORDER)
+    await publish_signed_event(bus, subject, order, stolen)
+    await bus.flush()
+    await wait_for(lambda: dropped(fleet.agents[home], "no_session") >= 1)
+    mark = actor.rounds
+    await wait_for(lambda: actor.rounds >= mark + 3)
+    assert traffic.stops(home) == [forged]
+    assert processes.alive(engine.pid, engine.started)
+    record = await wait_record(bus, prefix, home, lambda r: r.heartbeat is not None)
+    assert running(record, "chat", "ready")
+    assert (await placed(bus, prefix, "chat")) == hostile

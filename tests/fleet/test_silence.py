@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import msgspec
 
@@ -36,17 +37,18 @@ def test_the_pulse_tells_a_silent_stream_from_a_busy_one() -> None:
     assert pulse.resumed(110.2) == 113.0
 
 
+def marker(marked_at: float, silent_since: float) -> Held:
+    """A marker of a node with stale_after 5 s and 1 s beats, held after a silence."""
+    return Held(marked_at, "MaxAge", 5.0, 1.0, stream_seq=9, silent_since=silent_since)
+
+
 def test_held_markers_wait_for_the_stream_then_the_grace() -> None:
     """A held node is stale once the stream has stored heartbeats again for the grace
-    without one of its own, or after another stale_after of silence; a heartbeat of it
-    releases it."""
-    pulse, held = StreamPulse(), HeldMarkers()
-    held.hold(
-        "n1", Held(marked_at=100.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
-    )
-    held.hold(
-        "n2", Held(marked_at=100.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
-    )
+    without one of its own, or, held alone, after another stale_after of silence; a
+    heartbeat of it releases it."""
+    pulse, held = StreamPulse(), HeldMarkers(bound=60.0)
+    held.hold("n1", marker(100.0, 96.0))
+    held.hold("n2", marker(100.0, 96.0))
     assert held.due(pulse, 104.9) == []
     pulse.stored(102.5)
     held.release("n2")
@@ -54,10 +56,25 @@ def test_held_markers_wait_for_the_stream_then_the_grace() -> None:
     assert held.due(pulse, 104.4) == []
     assert [node for node, _ in held.due(pulse, 104.6)] == ["n1"]
     assert held.held == {}
-    held.hold(
-        "n3", Held(marked_at=200.0, reason="MaxAge", stale_after=5.0, interval=1.0, stream_seq=9)
-    )
+    held.hold("n3", marker(200.0, 196.0))
     assert [node for node, _ in held.due(pulse, 205.0)] == ["n3"]  # silent ever since
+
+
+def test_many_held_markers_wait_for_the_outage_bound() -> None:
+    """Two nodes held through a silence with no end yet are the bus's: stale only once
+    the silence has lasted bus_outage_max, not after their stale_after; held through a
+    silence longer than it, they are stale as soon as the stream resumes."""
+    pulse, held = StreamPulse(), HeldMarkers(bound=30.0)
+    pulse.stored(95.5)
+    assert pulse.silent_since(100.0, 30.0) == 96.0
+    assert pulse.silent_since(200.0, 30.0) == 170.0  # silent longer than it looks back
+    held.hold("n1", marker(100.0, 96.0))
+    held.hold("n2", marker(101.0, 96.0))
+    assert held.due(pulse, 125.9) == []
+    assert [node for node, _ in held.due(pulse, 126.0)] == ["n1", "n2"]
+    held.hold("n3", marker(130.0, 96.0))
+    pulse.stored(131.5)  # resumed 35 s after the silence began: longer than the bound
+    assert [node for node, _ in held.due(pulse, 131.6)] == ["n3"]
 
 
 async def beat(bus: NatsBus, prefix: str, key: signing.KeyPair, node: str, seq: int) -> None:
@@ -67,13 +84,14 @@ async def beat(bus: NatsBus, prefix: str, key: signing.KeyPair, node: str, seq: 
 
 
 async def two_nodes(
-    fleet: Fleet, bus: NatsBus, prefix: str
+    fleet: Fleet, bus: NatsBus, prefix: str, **settings: Any
 ) -> tuple[AggregatorActor, dict[str, signing.KeyPair]]:
-    """Nodes n1 and n2 approved and beating (stale_after 2 s), and the aggregator."""
+    """Nodes n1 and n2 approved and beating (stale_after 2 s), and the aggregator (with
+    ``settings``)."""
     keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
     for node, key in keys.items():
         await approve(bus, Subjects(prefix), node, key.public_key)
-    supervisor = await fleet.start_aggregator(sweep_interval=0.2)
+    supervisor = await fleet.start_aggregator(sweep_interval=0.2, **settings)
     aggregator = supervisor.actors[0]
     assert isinstance(aggregator, AggregatorActor)
     for seq in range(1, 4):

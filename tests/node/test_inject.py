@@ -12,6 +12,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.cli import node_agent as node_cli
+from actors.cli import node_commands
 from actors.node.agent import NodeAgent
 from actors.node.inventory.actor import CpuMeter, InventoryActor
 from actors.node.inventory.fake_gpus import FakeGpus
@@ -111,11 +112,11 @@ async def test_xid_and_lost_gpu_make_node_unhealthy(
     await wait_record(bus, prefix, "n1", lambda r: r.health_status == "healthy")
     operator = signing.load_key_file(operator_file(fleet))
     fault = Inject(ts=time.time(), node_id="n1", fault="xid", gpu=0, value=79)
-    await node_cli.publish_inject(bus, prefix, fault, operator)
+    await node_commands.publish_inject(bus, prefix, fault, operator)
     broken = await wait_record(bus, prefix, "n1", lambda r: check(r, "xid") == "unhealthy")
     assert broken.health_status == "unhealthy"
     lost = Inject(ts=time.time(), node_id="n1", fault="gpu-lost", gpu=1)
-    await node_cli.publish_inject(bus, prefix, lost, operator)
+    await node_commands.publish_inject(bus, prefix, lost, operator)
     gone = await wait_record(bus, prefix, "n1", lambda r: check(r, "nvml") == "unhealthy")
     assert gone.heartbeat and gone.heartbeat.sample
     assert [gpu.lost for gpu in gone.heartbeat.sample.gpus] == [False, True]
@@ -154,7 +155,7 @@ async def test_a_rehearsed_spot_notice_drains_and_deregisters(
     agent = await faulty_agent(fleet)
     await wait_record(bus, prefix, "n1", lambda r: r.state == "active")
     forged = Inject(ts=time.time(), node_id="n1", fault="spot", value=5.0)
-    await node_cli.publish_inject(bus, prefix, forged, fleet.node_key())
+    await node_commands.publish_inject(bus, prefix, forged, fleet.node_key())
     await wait_for(lambda: dropped(agent, "no_session") == 1)
     signed = time.time()
     assert await inject_cli(fleet, "spot", "--in", "20s") == 0

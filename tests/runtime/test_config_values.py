@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli.common import duration
 from actors.cli.fleetctl.send import POSITIVE
+from actors.cli.parsing import duration
 from actors.fleet.config import ENV_PREFIX as AGG_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.remediation.config import load_policy
 from actors.node.config import ENV_PREFIX, AgentConfig
-from actors.runtime.config import ConfigError, DurationError, build, parse_duration
+from actors.runtime.config import ConfigError, build
+from actors.runtime.durations import DurationError, parse_duration
 
 
 @pytest.mark.parametrize(

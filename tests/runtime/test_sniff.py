@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from actors.runtime import sniff
 from actors.runtime.bus import BusError, NatsBus
 from actors.runtime.embedded import NatsServer
 from tests.support.ports import free_port
@@ -81,6 +82,38 @@ async def test_a_port_greeting_with_another_protocol_is_named() -> None:
         server.close()
     assert message.endswith(f"127.0.0.1:{port} is not a NATS server (it greets with b'SSH-2.0-')")
     assert took < SAID_WITHIN, f"said after {took:.2f}s"
+
+
+def test_the_greeting_wait_follows_the_connects_round_trip() -> None:
+    """A NATS server has a few connect times to greet: 0.15 s at least (loopback), 0.5 s
+    at most (a far server)."""
+    assert sniff.greeting_wait(0.0001) == 0.15
+    assert sniff.greeting_wait(0.08) == pytest.approx(0.32)
+    assert sniff.greeting_wait(1.0) == 0.5
+
+
+async def test_a_nats_server_slow_to_greet_is_not_taken_for_http() -> None:
+    """A server whose INFO comes after the greeting wait (and after the HTTP request the
+    look then sends) is still no HTTP port: the look says nothing."""
+
+    closed = asyncio.Event()
+
+    async def slow_nats(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.3)  # slower than the loopback wait (0.15 s)
+        writer.write(b'INFO {"server_id":"slow"}\r\n')
+        await writer.drain()
+        await reader.read()  # the look hangs up
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
+
+    server = await asyncio.start_server(slow_nats, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        assert await sniff.not_nats(f"nats://127.0.0.1:{port}") is None
+        await asyncio.wait_for(closed.wait(), timeout=10)
+    finally:
+        server.close()
 
 
 async def test_a_nats_server_still_connects(nats_server: NatsServer) -> None:

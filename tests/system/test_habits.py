@@ -4,6 +4,7 @@ hooks run this checkout's own tools."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import sys
 import tomllib
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli.common import version
-from schemas.messages import AGENT_VERSION
+from schemas.version import AGENT_VERSION
 from tests.commit_msg import SCISSORS, problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,8 @@ def test_the_changelogs_newest_version_is_the_package_version() -> None:
     dates = [date for _, date in releases]
     assert dates == sorted(dates, reverse=True)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert releases[0][0] == project["version"] == version() == AGENT_VERSION
+    installed = importlib.metadata.version("nats-node-agent")
+    assert releases[0][0] == project["version"] == installed == AGENT_VERSION
 
 
 def named_paths(text: str) -> set[str]:

@@ -40,6 +40,15 @@ ALLOWED: dict[tuple[str, str], str] = {
         'code = "import time\\nwhile True: time.sleep(1)"',
     ): "a child process that never ends by itself, for the stand-in to leave behind",
     ("tests/support/llamacpp_standin.py", "await asyncio.sleep(args.crash_after)"): STAND_IN,
+    ("tests/cli/test_node_status.py", "await asyncio.sleep(0.2)  # the slow agent's pace"): PACE,
+    (
+        "tests/fleet/test_outage.py",
+        "await asyncio.sleep(2.0)  # the outage itself: 4 s at least, twice the bound",
+    ): "the outage's length against bus_outage_max is the subject",
+    (
+        "tests/runtime/test_sniff.py",
+        "await asyncio.sleep(0.3)  # slower than the loopback wait (0.15 s)",
+    ): STAND_IN,
     ("tests/faults/cluster.py", "time.sleep(0.1)"): HARNESS,
     ("tests/faults/collect.py", "await asyncio.sleep(1.0 + attempt)"): HARNESS,
     ("tests/faults/collect.py", "await asyncio.sleep(1.0)"): (

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import msgspec
 
-from actors.cli.common import add_config_flags, fail, stop_event
+from actors.cli.common import add_config_flags, stop_event
+from actors.cli.parsing import fail
 from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import msgspec
 
-from actors.cli.common import KEY_FILE_ENV, contexts_path, fail
+from actors.cli.common import KEY_FILE_ENV, contexts_path
+from actors.cli.parsing import fail
 from actors.runtime.atomic_file import write_atomically
 from actors.runtime.config import ConfigError, read_toml
 

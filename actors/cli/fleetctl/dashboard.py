@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from actors.cli.common import KEY_FILE_ENV, default_operator_key, fail, token
+from actors.cli.common import KEY_FILE_ENV, default_operator_key, token
+from actors.cli.parsing import fail
 from actors.runtime.http_login import hash_password
 from actors.runtime.login_links import LIFETIME, login_link
 from schemas import signing

@@ -22,7 +22,7 @@ from actors.cli.common import (
 from actors.cli.render import tables
 from actors.fleet.operator import enroll
 from actors.runtime.bus import NotProvisioned
-from actors.runtime.config import DurationError, parse_duration
+from actors.runtime.durations import DurationError, parse_duration
 from actors.runtime.spans import clock
 from schemas.errors import FleetError
 from schemas.messages import EnrollRecord

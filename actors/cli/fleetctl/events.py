@@ -10,9 +10,10 @@ import sys
 import time
 from typing import get_args
 
-from actors.cli.common import add_server, connected, duration, token
+from actors.cli.common import add_server, connected, token
 from actors.cli.fleetctl.views import node_record
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
+from actors.cli.parsing import duration
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.live import reader as live

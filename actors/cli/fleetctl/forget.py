@@ -19,14 +19,13 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    duration,
-    fail,
     operator_key,
     token,
 )
-from actors.cli.fleetctl.signer import check_signer
+from actors.cli.fleetctl.signer import add_signing_check, check_signer
 from actors.cli.fleetctl.trust import confirm
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
+from actors.cli.parsing import duration, fail
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.live import reader as live
@@ -105,7 +104,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
         [node] = expand_nodes(args.node)
         key = operator_key(args)
         async with connected(args, "fleetctl") as bus:
-            await check_signer(bus, subjects, key, args.yes)
+            await check_signer(bus, subjects, key, args)
             reply = await request_forget(bus, subjects, key, node, args)
         if reply.status == "rejected":
             return fail(f"forget {node} refused: {reply.reason}")
@@ -132,7 +131,7 @@ async def cmd_forget(args: argparse.Namespace) -> int:
         key = operator_key(args)
         if not args.yes and not confirm(f"forget {count}?"):
             return fail("nothing forgotten")
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         refused = 0
         for record in nodes:
             reply = await request_forget(bus, subjects, key, record.node_id, args)
@@ -188,10 +187,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     forget.add_argument(
         "--yes",
         action="store_true",
-        help="forget the nodes a selector chooses without asking (needed without a "
-        "terminal), and sign even if the key is a node's own approved key (it must then "
-        "also be in the aggregators' trust_operators)",
+        help="forget the nodes a selector chooses without asking (needed without a terminal)",
     )
+    add_signing_check(forget)
     forget.add_argument(
         "--key-file",
         type=Path,

@@ -3,7 +3,8 @@ this package, one per group of subcommands, and runs the command chosen.
 
 A command imports only the groups that make its parser (:data:`COMMANDS`): ``fleetctl
 nodes`` does not load the aggregator, the simulator or ``fleetctl up``'s agents, and
-``fleetctl --version`` loads none. ``--help``, completion and a mistyped command build
+``fleetctl --version`` loads none, nor asyncio or msgspec (argparse and
+:mod:`actors.cli.parsing` answer it). ``--help``, completion and a mistyped command build
 the whole parser, as :func:`parser` does for the tests and the reference docs.
 """
 
@@ -17,9 +18,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from actors.cli import completion
-from actors.cli.common import add_version, parse, run_main, strict
-from actors.cli.fleetctl import contexts
+from actors.cli import completion, lazy
+from actors.cli.parsing import SuggestingParser, add_version, parse, strict
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -82,7 +82,7 @@ def group(name: str) -> ModuleType:
 
 def parser(groups: Iterable[str] = GROUPS) -> argparse.ArgumentParser:
     """The parser with the subcommands of ``groups`` (every group: the whole of fleetctl)."""
-    root: argparse.ArgumentParser = completion.SuggestingParser(
+    root: argparse.ArgumentParser = SuggestingParser(
         prog="fleetctl", description="operate a nats-node-agent fleet"
     )
     add_version(root)
@@ -105,6 +105,8 @@ def groups_for(argv: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for name in lazy.DEFERRED:
+        lazy.defer(name)
     root = parser(groups_for(argv))
     if "_ARGCOMPLETE" in os.environ:
         import argcomplete  # a Tab's work, not every command's
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse(root, argv)
     func: Command = args.func
+    from actors.cli.common import run_main  # after parsing: --version needs neither
+    from actors.cli.fleetctl import contexts
 
     async def entry() -> int:
         if args.command not in ("up", "aggregator", "config"):

@@ -12,15 +12,9 @@ import time
 import msgspec
 import nats.errors
 
-from actors.cli.common import (
-    add_server,
-    connected,
-    default_operator_key,
-    duration,
-    fail,
-    token,
-)
+from actors.cli.common import add_server, connected, default_operator_key, token
 from actors.cli.fleetctl.signer import add_request_signing, check_signer
+from actors.cli.parsing import duration, fail
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage.windows import MAX_WINDOW, read_windows
@@ -44,7 +38,7 @@ async def _ask(args: argparse.Namespace, request: Maintenance) -> MaintenanceRep
     key = signing.load_key_file(args.key_file or default_operator_key())
     body = codec.encode(request)
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, Subjects(args.prefix), key, args.yes)
+        await check_signer(bus, Subjects(args.prefix), key, args)
         try:
             msg = await bus.request(
                 Subjects(args.prefix).maintenance(), body, args.timeout, key.headers(body)

@@ -23,9 +23,10 @@ from pathlib import Path
 import msgspec
 import nats.js.errors
 
-from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_operator_key, fail
+from actors.cli.common import KEY_FILE_ENV, add_server, connected, default_operator_key
 from actors.cli.fleetctl.rolling import cmd_one_or_rolling, positive_int
 from actors.cli.fleetctl.send import EXIT_DONE, EXIT_FAILED, EXIT_TIMEOUT
+from actors.cli.parsing import fail
 from actors.fleet.labels import parse_selectors
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command

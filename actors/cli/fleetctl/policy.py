@@ -12,14 +12,9 @@ import time
 import msgspec
 import nats.errors
 
-from actors.cli.common import (
-    add_server,
-    connected,
-    fail,
-    operator_key,
-    token,
-)
+from actors.cli.common import add_server, connected, operator_key, token
 from actors.cli.fleetctl.signer import add_request_signing, check_signer
+from actors.cli.parsing import fail
 from actors.cli.render import tables
 from actors.fleet.storage.policy_holds import read_policies
 from actors.runtime import spans
@@ -133,7 +128,7 @@ async def request(args: argparse.Namespace) -> PolicyReply:
     key = operator_key(args)
     subjects = Subjects(args.prefix)
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         found = [r for r in await read_policies(bus, subjects) if r.cluster == args.cluster]
         if not found:
             raise FleetError(f"the policy has no record for cluster {args.cluster}")

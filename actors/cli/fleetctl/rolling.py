@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from actors.cli.common import connected, default_operator_key, fail
+from actors.cli.common import connected, default_operator_key
 from actors.cli.fleetctl.send import (
     EXIT_DONE,
     EXIT_FAILED,
@@ -34,6 +34,7 @@ from actors.cli.fleetctl.send import (
 )
 from actors.cli.fleetctl.signer import check_signer
 from actors.cli.node_names import did_you_mean, expand_nodes
+from actors.cli.parsing import fail
 from actors.fleet.labels import matches, parse_selectors
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
@@ -221,7 +222,7 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
                 )
             return EXIT_DONE
         key = signing.load_key_file(args.key_file or default_operator_key())
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         skipped = len(chosen) - len(todo)
         sys.stdout.write(
             f"{args_what(args)}: {len(todo)} nodes, at most {args.max_unavailable} at a time"

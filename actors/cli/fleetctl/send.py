@@ -31,20 +31,20 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    fail,
     operator_key,
     stop_event,
     token,
 )
-from actors.cli.fleetctl.signer import add_yes, check_signer
+from actors.cli.fleetctl.signer import add_signing_check, check_signer
 from actors.cli.node_names import node_selection
+from actors.cli.parsing import fail
 from actors.cli.render import tables
 from actors.fleet.live import reader as live
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import registry
 from actors.runtime import spans
 from actors.runtime.bus import Bus
-from actors.runtime.config import DurationError, parse_duration
+from actors.runtime.durations import DurationError, parse_duration
 from actors.runtime.subscriptions import listening, unsubscribe_quietly
 from schemas import codec, signing
 from schemas.errors import DecodeError, FleetError, InvalidToken, SignatureError
@@ -353,7 +353,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
     subjects = Subjects(args.prefix)
     stop = stop_event()
     async with connected(args, "fleetctl") as bus:
-        await check_signer(bus, subjects, key, args.yes)
+        await check_signer(bus, subjects, key, args)
         cluster = await target_cluster(bus, subjects, args.node, args.cluster)
         command = new_command(args.node, cluster, action_of(args), args.reason, args.expires)
         sent = f"{args.command} sent: id={command.id} node={args.node}\n"
@@ -416,7 +416,7 @@ def add_signed_command_options(sub: argparse.ArgumentParser) -> None:
         default=None,
         help=f"operator key (env {KEY_FILE_ENV}; default {default_operator_key()})",
     )
-    add_yes(sub)
+    add_signing_check(sub)
     add_server(sub)
 
 

@@ -23,10 +23,10 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    fail,
     operator_key,
     token,
 )
+from actors.cli.parsing import fail
 from actors.cli.render import tables
 from actors.fleet import labels as fleet_labels
 from actors.fleet.storage import settings as store

@@ -5,15 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actors.cli.common import (
-    CLIENT_ENV_PREFIX,
-    ClientConfig,
-    add_server,
-    connected,
-    duration,
-    fail,
-    settings_from,
-)
+from actors.cli.common import CLIENT_ENV_PREFIX, ClientConfig, add_server, connected, settings_from
+from actors.cli.parsing import duration, fail
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from schemas.subjects import check_token

@@ -14,10 +14,10 @@ from actors.cli.common import (
     add_server,
     connected,
     default_operator_key,
-    fail,
     operator_key,
     token,
 )
+from actors.cli.parsing import fail
 from actors.cli.render.tables import printable
 from actors.fleet import identity
 from actors.fleet.aggregator import pending

@@ -32,8 +32,9 @@ import msgspec
 import nats.errors
 import pynvml
 
-from actors.cli.common import KEY_FILE_ENV, duration, stop_event
+from actors.cli.common import KEY_FILE_ENV, stop_event
 from actors.cli.fleetctl import contexts
+from actors.cli.parsing import duration
 from actors.cli.render import tables
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.live import reader as live

@@ -18,11 +18,11 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from actors.cli.common import add_server, connected, duration, stop_event, token
-from actors.cli.completion import closest_hint
+from actors.cli.common import add_server, connected, stop_event, token
 from actors.cli.fleetctl import policy
 from actors.cli.fleetctl.storms import GROUP_WINDOW, AlertGroups
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
+from actors.cli.parsing import closest_hint, duration
 from actors.cli.render import columns, describe, tables
 from actors.cli.render import settings as render_settings
 from actors.fleet import labels as fleet_labels

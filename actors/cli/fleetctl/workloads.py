@@ -14,9 +14,10 @@ import time
 
 import msgspec
 
-from actors.cli.common import add_server, connected, duration, token
+from actors.cli.common import add_server, connected, token
 from actors.cli.fleetctl import placement, send
 from actors.cli.node_names import node_selection
+from actors.cli.parsing import duration
 from actors.cli.render import tables
 from actors.fleet.live import reader as live
 from actors.fleet.live import workload_status

@@ -29,8 +29,9 @@ from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import signing
 from schemas.errors import FleetError
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
-from schemas.messages import AGENT_VERSION, Heartbeat
+from schemas.messages import Heartbeat
 from schemas.subjects import Subjects
+from schemas.version import AGENT_VERSION
 
 SEQ_MARK = 987654321987654
 TS_MARK = 1111111111.0625

@@ -304,13 +304,15 @@ class HeartbeatPath:
     ) -> Verdict:
         """A heartbeat whose node's previous one (stored at ``previous``) came before a
         silence of the whole stream: noted for the outage's one alert, its own gap alerts
-        dropped (the outage module)."""
+        dropped unless the silence outlasted ``bus_outage_max`` (the outage module)."""
         if previous is None:
             return verdict
         silence = self.ledger.pulse.silence_between(previous, stored.at, heartbeat.stale_after)
         if silence is None:
             return verdict
         self.ledger.outages.note(node, cluster, silence, heartbeat.stale_after, time.time())
+        if self.ledger.outages.told_per_node(silence):
+            return verdict
         alerts = [alert for alert in verdict.alerts if alert.kind not in GAP_KINDS]
         return verdict._replace(alerts=alerts)
 
@@ -365,8 +367,9 @@ class HeartbeatPath:
         if state is None or verdict is None:
             return []
         beat = state.record.heartbeat
+        since = self.ledger.pulse.silent_since(stored.at, self.config.bus_outage_max)
         held = (
-            Held(stored.at, reason, beat.stale_after, beat.interval, stored.stream_seq)
+            Held(stored.at, reason, beat.stale_after, beat.interval, stored.stream_seq, since)
             if beat
             else None
         )

@@ -43,9 +43,9 @@ class Ledger:
         registered since."""
         self.pulse = StreamPulse()
         """When FLEET_HB stored the heartbeats judged here (see the silence module)."""
-        self.held = HeldMarkers()
+        self.held = HeldMarkers(config.bus_outage_max)
         """TTL markers that came after a silence of the whole stream, not yet believed."""
-        self.outages = Outages()
+        self.outages = Outages(config.bus_outage_max)
         """Silences of the stream the nodes beat again after: one alert each."""
         self._accepted = 0
         self._to_pack: list[tuple[NodeState, bytes]] = []

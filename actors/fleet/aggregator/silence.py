@@ -12,12 +12,19 @@ node's ``stale_after``, within the ``stale_after`` before the marker) is held
 
 - a heartbeat of the node releases it (the node was alive: no alert, nothing written);
 - once the stream has stored heartbeats again for :func:`grace` seconds with none of the
-  node's among them, or the silence itself has gone on for another ``stale_after``, the
-  node is stale, as the marker said (the sweep does it, every ``sweep_interval``).
+  node's among them, the node is stale, as the marker said (the sweep does it, every
+  ``sweep_interval``);
+- while the stream stays silent, a node held alone is stale after another
+  ``stale_after`` (one node's silence is its own); with :data:`MANY` or more held, a
+  silence that wide is the bus's, and they are stale only once it has lasted
+  ``bus_outage_max`` (the bound of one ``bus_outage`` alert);
+- a node held through a silence longer than ``bus_outage_max`` is stale at once: an
+  outage that long is told per node, as before.
 
 A node that dies while the others beat is stale at once, as before; one that died
-inside a silence, or alone in its owner's partitions (its own silence is all the owner
-sees), is found stale up to one more ``stale_after`` later.
+inside a silence is found stale a grace after the stream resumed (or once the silence
+outlasts ``bus_outage_max``), and one alone in its owner's partitions (its own silence is
+all the owner sees) up to one more ``stale_after`` later.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from schemas.base import MAX_STALE_AFTER
 KEPT_SECONDS = int(2 * MAX_STALE_AFTER)
 """Seconds of the stream's past the pulse remembers (past any node's ``stale_after`` the
 aggregator believes)."""
+MANY = 2
+"""Held markers at once that make a silence with no end yet the bus's, not a node's."""
 SILENT_FRACTION = 0.5
 """A stream that stored nothing for this fraction of a node's ``stale_after`` (in one
 stretch, within the ``stale_after`` before its marker) was silent."""
@@ -90,6 +99,16 @@ class StreamPulse:
                 longest, last = run, second
         return longest, last
 
+    def silent_since(self, before: float, limit: float) -> float:
+        """When the silence before ``before`` began: the second after the last one in
+        which a heartbeat was stored, looking back ``limit`` seconds at most
+        (``before - limit``: silent at least that long)."""
+        end = int(before)
+        for second in range(end - 1, int(before - limit) - 1, -1):
+            if second in self._seconds:
+                return float(second + 1)
+        return before - limit
+
     def resumed(self, after: float) -> float | None:
         """The first second after ``after`` in which a heartbeat was stored (None: none
         yet)."""
@@ -100,19 +119,23 @@ class StreamPulse:
 @dataclass(frozen=True)
 class Held:
     """A TTL marker held during a silence: when the server stored it (``marked_at``, and
-    at which stream sequence) and why, and the node's own times."""
+    at which stream sequence) and why, the node's own times and when the stream's
+    silence before the marker began (:meth:`StreamPulse.silent_since`)."""
 
     marked_at: float
     reason: str
     stale_after: float
     interval: float
     stream_seq: int
+    silent_since: float
 
 
 class HeldMarkers:
-    """The markers held, one per node (the latest)."""
+    """The markers held, one per node (the latest), for a silence of ``bound`` seconds at
+    most (the aggregator's ``bus_outage_max``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
         self.held: dict[str, Held] = {}
 
     def hold(self, node: str, held: Held) -> None:
@@ -125,12 +148,16 @@ class HeldMarkers:
     def due(self, pulse: StreamPulse, now: float) -> list[tuple[str, Held]]:
         """The held markers whose node is stale now (see the module's doc), taken out."""
         found = []
+        many = len(self.held) >= MANY
         for node, held in list(self.held.items()):
             resumed = pulse.resumed(held.marked_at)
+            silence_over = held.silent_since + self.bound
             if resumed is None:
-                stale = now >= held.marked_at + held.stale_after
+                stale = now >= (silence_over if many else held.marked_at + held.stale_after)
             else:
-                stale = now >= resumed + grace(held.interval, held.stale_after)
+                stale = resumed > silence_over or now >= resumed + grace(
+                    held.interval, held.stale_after
+                )
             if stale:
                 del self.held[node]
                 found.append((node, held))

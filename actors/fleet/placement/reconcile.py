@@ -2,7 +2,9 @@
 nodes' records and the time.
 
 - A replica whose node is stale, offline, stopped, deregistered or gone for ``grace``
-  seconds is placed elsewhere; its copy there is stopped if the node comes back.
+  seconds is placed elsewhere; its copy there is stopped (a signed Stop saying the copy
+  still ran when the node came back) if the node reports it again, re-admitted after a
+  forget included.
 - A replica whose node drains (or is in a maintenance window started with ``--drain``)
   is placed elsewhere at once, and its copy on that node stopped once the new one is
   ready (or ``handoff`` seconds passed): the node's drain waits for that stop, so the
@@ -199,6 +201,7 @@ def decide(
                 since=now,
                 stop_by=now + t.handoff if draining and not isinstance(found, str) else now,
                 reason=clip(reason),
+                node_lost=not failed_here and not draining,
             )
         )
         moved = f"moved off {replica.node}: {reason}"
@@ -251,18 +254,25 @@ def stops(
     placed_on = {replica.node for replica in replicas if replica.node}
     for leftover in leftovers:
         record = records.get(leftover.node)
-        if record is None or record.deregistered or now - leftover.since > LEFTOVER_KEEP:
+        if now - leftover.since > LEFTOVER_KEEP:
             continue
         if leftover.node in placed_on:
             continue  # a replica runs there again: never stop it
-        # What a reporting node runs is current in its record (written at once when it
-        # changes), however old the heartbeat in it: no need to wait for a newer one.
-        if record.state in LOST_STATES or record.heartbeat is None:
+        # A forgotten, deregistered or vanished node may come back (re-admitted) with the
+        # copy still running: watched until it reports. What a reporting node runs is
+        # current in its record (written at once when it changes), however old the
+        # heartbeat in it: no need to wait for a newer one.
+        if (
+            record is None
+            or record.deregistered
+            or record.state in LOST_STATES
+            or record.heartbeat is None
+        ):
             kept.append(leftover)
             continue
         running = listed(record, workload.name)
-        if running is None:
-            continue  # gone from the node: done
+        if running is None or not running.placed:
+            continue  # gone from the node (or what runs there now is not the fleet's): done
         replacement = next((r for r in replicas if r.index == leftover.index), None)
         ready = replacement is not None and replacement.node != ""
         if ready and replacement is not None:
@@ -277,10 +287,21 @@ def stops(
                     leftover.cluster,
                     Stop(name=workload.name),
                     f"{workload.name}-{leftover.index}-stop-{batch}",
-                    f"replica {leftover.index} moved: {leftover.reason}",
+                    stop_reason(leftover),
                 )
             )
             decision.notes.append(f"stop replica {leftover.index}'s old copy on {leftover.node}")
             leftover = msgspec.structs.replace(leftover, stopped_at=now)
         kept.append(leftover)
     return kept
+
+
+def stop_reason(leftover: Leftover) -> str:
+    """What the Stop of a leftover copy says (the node's result repeats it): a copy left on
+    a node that was lost is one found still running when that node came back."""
+    if not leftover.node_lost:
+        return f"replica {leftover.index} moved: {leftover.reason}"
+    return (
+        f"replica {leftover.index} was moved off this node ({leftover.reason}): "
+        "its copy still ran when the node came back"
+    )

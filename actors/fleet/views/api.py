@@ -119,12 +119,20 @@ class FleetApiActor:
     def record(self, node: str) -> NodeRecord | None:
         return self.feed.record(node)
 
-    def listing(
+    async def every_record(self) -> list[NodeRecord]:
+        """Every record in node order: the live feed's; while the feed is not complete (a
+        watch catching up after the aggregator beside it let nodes go), every record as
+        ``fleet_nodes`` holds it, so no node is missing from the list for a moment."""
+        if self.feed.complete:
+            return [record for _, record in sorted(self.current().items())]
+        return await live.stored_records(self.bus, self.subjects)
+
+    async def listing(
         self, cluster: str | None, state: str | None, selectors: list[Selector] | None = None
     ) -> list[NodeRecord]:
         return [
             record
-            for _, record in sorted(self.current().items())
+            for record in await self.every_record()
             if (cluster is None or record.cluster == cluster)
             and (state is None or record.state == state)
             and labels.matches(record.labels, selectors or [])
@@ -139,7 +147,9 @@ class FleetApiActor:
             selectors = labels.parse_selectors(request.query.getall("label", []))
         except FleetError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        found = self.listing(request.query.get("cluster"), request.query.get("state"), selectors)
+        found = await self.listing(
+            request.query.get("cluster"), request.query.get("state"), selectors
+        )
         headers: dict[str, str] = {}
         if "limit" in request.query:
             try:

@@ -269,7 +269,11 @@ class CommandsActor:
             if not await self._remember(msg, command, digest):
                 return
         order = WorkloadOrder(
-            ts=time.time(), command_id=command.id, action=action, command_digest=digest
+            ts=time.time(),
+            command_id=command.id,
+            action=action,
+            command_digest=digest,
+            reason=command.reason,
         )
         subject = self.subjects.event(self.config.node_id, EVENT_WORKLOAD_ORDER)
         try:

@@ -42,9 +42,10 @@ from schemas.events import (
     SpotStatus,
     Workloads,
 )
-from schemas.messages import AGENT_VERSION, MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
+from schemas.messages import MAX_HEARTBEAT_WORKLOADS, Heartbeat, WorkloadSummary
 from schemas.settings import Settings, SettingsStatus
 from schemas.subjects import Subjects
+from schemas.version import AGENT_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -330,6 +330,8 @@ class WorkloadsActor:
         await self.result(order.command_id, "in_progress", "SIGTERM sent", order.command_digest)
         left = await self._halt(workload, f"stop {order.command_id}")
         detail = "stopped" if not left else f"stopped; {len(left)} processes would not die"
+        if order.reason:
+            detail = f"{detail}: {order.reason}"
         await self.result(
             order.command_id, "done" if not left else "failed", detail, order.command_digest
         )
