@@ -191,6 +191,9 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
     env = {
         "FLEET_AGGREGATOR_POLICY_FILE": str(args.policy),
         "FLEET_AGGREGATOR_ALERTMANAGER_URLS": f"http://127.0.0.1:{args.sink}",
+        # The records' last heartbeat is from the fill: at the default 300 s a slow load
+        # turns them offline during the window, which is change, not the idle measured.
+        "FLEET_AGGREGATOR_OFFLINE_AFTER": "86400",
     }
     here = os.getcwd()
     os.chdir(tree)  # the aggregator's `python -m` imports the tree it starts in
