@@ -14,6 +14,7 @@ import compileall
 import functools
 import inspect
 import itertools
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -37,10 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile the project to bytecode once, before the workers start: the suite runs
-    fleetctl, node-agent and agents as programs hundreds of times, and where
-    PYTHONDONTWRITEBYTECODE is set (CI images often set it) each would compile every
+    """Keep compiled code between runs even where PYTHONDONTWRITEBYTECODE is set (CI
+    images often set it, and this machine does). Each pytest process lets pytest cache
+    the test modules it rewrites for assertions: without the cache every worker rewrites
+    all of them at every run, ~13 s of CPU a worker before its first test. The controller
+    compiles the project once, before the workers start: the suite runs fleetctl,
+    node-agent and agents as programs hundreds of times, and each would compile every
     module it imports again (~0.1-0.3 s of CPU a start). Up-to-date files are skipped."""
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):
         for package in ("actors", "schemas", "tests/support"):
             compileall.compile_dir(ROOT / package, quiet=1)
@@ -64,8 +69,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     nats-server or its module starts one itself (it holds ``NatsServer``); ``browser`` if
     it drives a browser; ``programs`` if its module runs programs as processes (its code
     names ``subprocess``: the CLIs, ruff, mypy, Slurm's tools...). The tests with none of
-    the three are the quick loop's (``python -m tests.quick``). The ``faults`` round
-    goes first."""
+    the three are the quick loop's (``python -m tests.quick``). Then the files are put in
+    the order pytest-xdist hands them to workers: the ``faults`` round first, then the
+    files with a ``slow`` test, then the rest, each file's tests in their own order."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)
@@ -75,9 +81,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if module is not None and runs_programs(module):
             item.add_marker("programs")
-    # The fault harness's round (minutes) first: pytest-xdist hands files to workers in
-    # this order, so it runs beside the rest instead of after it (docs/testing.md).
-    items.sort(key=lambda item: item.get_closest_marker("faults") is None)
+    # The long files first: pytest-xdist hands files to workers in this order, so the
+    # fault harness's round (minutes) and the files of slow tests run beside the rest
+    # instead of one of them starting last and running alone (docs/testing.md).
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.get_closest_marker("faults") is None, item.path not in slow))
 
 
 @functools.cache

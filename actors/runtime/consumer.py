@@ -24,7 +24,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, unanswered
 from actors.runtime.schedule import stop_if_cancelled
 from actors.runtime.subscriptions import unsubscribe_quietly
 
@@ -42,6 +42,8 @@ gone, or only another may create it); each failed attempt doubles the wait."""
 RECREATE_RETRY_MAX = 15.0
 STREAM_NOT_FOUND = 10059
 """JetStream's error code for a stream that does not exist."""
+CONSUMER_OFFLINE = 10119
+"""JetStream's error code (with 500) for a consumer every peer of which is down."""
 PULL_MAX_WAITING = 4
 PULL_MAX_ACK_PENDING = 64
 """What one reader of a :func:`pull_config` consumer may hold: pulls waiting at once,
@@ -64,6 +66,15 @@ def pull_config(durable: str, subject: str, *, ack_wait: float, max_deliver: int
         max_deliver=max_deliver,
         max_waiting=PULL_MAX_WAITING,
         max_ack_pending=PULL_MAX_ACK_PENDING,
+    )
+
+
+def without_leader(exc: BaseException) -> bool:
+    """Whether a consumer's API call failed because the consumer has no leader to answer
+    it: 503 (10008 "JetStream system temporarily unavailable", or no responders) or 500
+    10119 "consumer is offline" (every peer of it down)."""
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError) or (
+        isinstance(exc, nats.js.errors.APIError) and exc.err_code == CONSUMER_OFFLINE
     )
 
 
@@ -112,6 +123,20 @@ class DurableConsumer:
             )
         self.missing = ""
         self._opened = True
+
+    async def drop(self) -> None:
+        """Delete the consumer, if it is there. A consumer without a leader may be removed
+        without an answer (nats-server answers a delete from the consumer's leader, or
+        from the meta leader only when every peer of the consumer is offline), so no
+        answer counts as done: whoever opens it next finds out."""
+        await self.close()
+        try:
+            await self.js.delete_consumer(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            pass
+        except (nats.errors.Error, TimeoutError) as exc:
+            if not unanswered(exc):
+                raise
 
     async def try_open(self) -> bool:
         """:meth:`open`, or False with the reason in ``missing`` when the consumer cannot
@@ -281,9 +306,31 @@ class BatchPuller:
     message through ``wait_for`` (a task per message), which costs about as much as an
     Ed25519 verify; here a batch costs one request and one wake-up."""
 
-    def __init__(self, bus: Bus, consumer: DurableConsumer) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        consumer: DurableConsumer,
+        *,
+        replace_after: float = 0.0,
+        may_replace: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.bus = bus
         self.consumer = consumer
+        self.replace_after = replace_after
+        """Seconds of pulls the consumer leaves unanswered before it is deleted and
+        created again from :attr:`next_seq` (0: never), if ``may_replace()`` (its reader
+        still owns it) then. Only for a consumer that reads from a start sequence and
+        whose acks keep no state of their own: nats-server can leave a consumer without
+        a leader for good after a crash (its raft group stalled while its stream and the
+        cluster are well), and the documented repair is to make it again
+        (nats-server#2356)."""
+        self.may_replace = may_replace
+        self.next_seq = consumer.config.opt_start_seq or 1
+        """The stream sequence after the last message this puller handed out: where a
+        consumer made again starts, so nothing is read twice or skipped."""
+        self._silent_since: float | None = None
+        """When the pulls the consumer has left unanswered since its last answer began:
+        measured from a pull, so a reader that was itself paused replaces nothing."""
         self._subscription: Subscription | None = None
         self._inbox = ""
         self._batch: list[Msg] = []
@@ -340,6 +387,16 @@ class BatchPuller:
         except TimeoutError:
             pass
         messages, self._batch = self._batch, []
+        if messages:
+            self.next_seq = max(self.next_seq, delivery(messages[-1])[0] + 1)
+        if messages or self._status not in ("", "503"):
+            self._silent_since = None
+        else:
+            now = time.monotonic()
+            since = self._silent_since = self._silent_since or now
+            if self.replace_after and now - since > self.replace_after and self.may_replace():
+                await self._replace(now - since)
+                return []
         if expires and (messages or self._status == "408"):
             # A long poll hands over each message as it is stored: caught up throughout.
             self.caught_up.add(asked, time.time())
@@ -353,11 +410,33 @@ class BatchPuller:
         )
         if gone and not await consumer._exists():
             consumer.missing = f"consumer {consumer.durable} was deleted ({self._status})"
+            if self.replace_after:
+                consumer.config = consumer.config.evolve(opt_start_seq=self.next_seq)
             log.warning(
                 "durable consumer missing; creating it again",
                 extra={"consumer": consumer.durable, "stream": consumer.stream},
             )
         return messages
+
+    async def _replace(self, silent: float) -> None:
+        """Delete the consumer that has not answered for :attr:`replace_after` and mark
+        it missing, to be created again from :attr:`next_seq` (by the next
+        :meth:`fetch`). A delete the cluster cannot take now raises; the next try comes
+        after another :attr:`replace_after` of silence."""
+        consumer = self.consumer
+        log.warning(
+            "durable consumer not answering; making it again",
+            extra={
+                "consumer": consumer.durable,
+                "stream": consumer.stream,
+                "silent_s": round(silent, 1),
+                "from_seq": self.next_seq,
+            },
+        )
+        self._silent_since = None
+        await consumer.drop()
+        consumer.config = consumer.config.evolve(opt_start_seq=self.next_seq)
+        consumer.missing = f"consumer {consumer.durable} did not answer (no leader); made again"
 
 
 PULL_GRACE = 2.0

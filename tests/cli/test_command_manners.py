@@ -58,6 +58,7 @@ def sent_id(out: str, action: str, node: str = "n1") -> str:
     return first.split("id=")[1].split()[0]
 
 
+@pytest.mark.slow
 async def test_without_wait_a_labelled_line_then_command_reattaches(
     fleet: Fleet, operator_file: Path, node: NodeAgent
 ) -> None:

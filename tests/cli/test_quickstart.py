@@ -82,6 +82,7 @@ def workdir(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quickstart_runs_as_written(workdir: Path, tmp_path: Path) -> None:
     """Every Quickstart command of README.md, with the printed export pasted, exits 0 against

@@ -19,17 +19,24 @@ What it holds the fleet to (the bounds are :class:`Bounds`, from the fleet's set
   wire, and every one a process logged as not published, is stored in the end; every
   record that went ``stale`` has its ``stale`` alert;
 - **convergence**: after every heal, within ``Bounds.converge``, every live node is live
-  in ``fleet_nodes``, every partition is held and every command has its result;
+  in ``fleet_nodes``, every partition is held and every command has its result; and no
+  partition of FLEET_HB goes without an ack of its consumer for longer than
+  ``Bounds.converge`` while a node of it beats (a consumer without a leader: held, yet
+  read by nobody);
 - **logs**: a timeout during a fault is not logged as an actor crash with a traceback.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from schemas.subjects import partition_of
 from tests.faults.history import Ack, History, RecordWrite, Settings, StoredAlert
 
+HEARTBEAT_CONSUMER = "aggregator"
+"""The durable base name of FLEET_HB's partition consumers (``aggregator-<P>``)."""
 FINAL_FAILURES = frozenset({"failed", "rejected"})
 TIMEOUT_WORDS = ("timeout", "timed out", "TimeoutError")
 
@@ -310,6 +317,7 @@ def _into_stale(records: list[RecordWrite]) -> list[RecordWrite]:
 
 
 def _convergence(history: History, bounds: Bounds, report: Report) -> None:
+    _silent_partitions(history, bounds, report)
     times = sorted(fault.converged for fault in history.faults if fault.converged is not None)
     for fault in history.faults:
         if fault.converged is None:
@@ -324,6 +332,52 @@ def _convergence(history: History, bounds: Bounds, report: Report) -> None:
         "p99": _percentile(times, 0.99),
         "max": times[-1] if times else None,
     }
+
+
+def _silent_partitions(history: History, bounds: Bounds, report: Report) -> None:
+    """A partition whose consumer acked nothing for longer than ``bounds.converge`` while
+    one of its nodes beat throughout (not stopped nor cut off by a fault) has not
+    converged: its heartbeats were stored and nobody judged them."""
+    acked: dict[int, list[float]] = defaultdict(list)
+    for ack in history.acks:
+        base, _, number = ack.consumer.rpartition("-")
+        if base == HEARTBEAT_CONSUMER and number.isdigit():
+            acked[int(number)].append(ack.at)
+    silent = 0
+    count = history.settings.partitions
+    for partition in range(count):
+        times = [history.started, *sorted(acked[partition]), history.ended]
+        nodes = [n for n in history.nodes if partition_of(n, count) == partition]
+        for start, end in itertools.pairwise(times):
+            if end - start <= bounds.converge:
+                continue
+            beat = max((_longest_beat(history, n, start, end) for n in nodes), default=(0.0, ""))
+            if beat[0] > bounds.converge:
+                silent += 1
+                report.add(
+                    "not_converged",
+                    f"partition {partition}: no ack from {_at(history, start)} to "
+                    f"{_at(history, end)} ({end - start:.1f}s) while {beat[1]} beat for "
+                    f"{beat[0]:.1f}s of it (bound {bounds.converge:g}s)",
+                )
+    report.figures["silent_partitions"] = silent
+
+
+def _longest_beat(history: History, node: str, start: float, end: float) -> tuple[float, str]:
+    """The longest stretch of ``start``..``end`` through which no fault stopped ``node`` or
+    cut it off, and the node."""
+    down = sorted(
+        (fault.started, fault.healed)
+        for fault in history.faults
+        if node in fault.stopped or node in fault.cut
+    )
+    longest, since = 0.0, start
+    for stopped, healed in down:
+        if healed <= since or stopped >= end:
+            continue
+        longest = max(longest, stopped - since)
+        since = max(since, healed)
+    return max(longest, end - since), node
 
 
 def _percentile(values: list[float], q: float) -> float | None:

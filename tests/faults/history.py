@@ -21,6 +21,9 @@ class Settings:
     stale_after: float
     lease_ttl: float
     sweep_interval: float
+    partitions: int = 8
+    """FLEET_HB's partitions (the harness's ``run.PARTITIONS``; a run kept before this
+    field was written had 8)."""
 
 
 @dataclass

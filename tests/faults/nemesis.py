@@ -90,10 +90,21 @@ def schedule(seed: int, minutes: float, stale_after: float, lease_ttl: float) ->
 
 
 class Nemesis:
-    def __init__(self, cluster: Cluster, seed: int, converged: Converged, bound: float) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        seed: int,
+        converged: Converged,
+        bound: float,
+        caught_up: Converged | None = None,
+    ) -> None:
         self.cluster = cluster
         self.rng = random.Random(seed + 1)
         self.converged = converged
+        self.caught_up = caught_up
+        """Whether every server's replicas have caught up: awaited (up to ``bound``)
+        before a server fault, so two server faults never take a quorum together (a
+        healed server still catching up when another's disk filled did, seed 7)."""
         self.bound = bound
         self.faults: list[Fault] = []
         self._log_at = 0
@@ -104,7 +115,14 @@ class Nemesis:
         for index, plan in enumerate(plans):
             if index >= len(KINDS) and time.time() >= deadline:
                 break
-            fault = Fault(plan.kind, plan.target, time.time())
+            behind = ""
+            if plan.kind.startswith("server") and self.caught_up is not None:
+                waited = await self.wait_for(self.caught_up, time.time())
+                if waited is None:
+                    behind = f"replicas not caught up {self.bound:g}s before it"
+                elif waited > 1.0:
+                    log.info("replicas caught up after %.1f s", waited)
+            fault = Fault(plan.kind, plan.target, time.time(), note=behind)
             self.faults.append(fault)
             log.info("fault %s of %s for %gs", plan.kind, plan.target, plan.length)
             await asyncio.to_thread(self._inject, plan, fault)
@@ -119,8 +137,12 @@ class Nemesis:
 
     async def wait_converged(self, since: float) -> float | None:
         """Seconds from ``since`` until the fleet converged, None past the bound."""
+        return await self.wait_for(self.converged, since)
+
+    async def wait_for(self, done: Converged, since: float) -> float | None:
+        """Seconds from ``since`` until ``done()``, None past the bound."""
         while time.time() - since < self.bound:
-            if await self.converged():
+            if await done():
                 return time.time() - since
             await asyncio.sleep(0.25)
         return None
@@ -137,7 +159,7 @@ class Nemesis:
             case "server_partition":
                 c.network.cut(target, [s for s in SERVERS if s != target])
             case "server_disk_full":
-                fault.note = fill(c.store(target) / "filler")
+                fault.note = ", ".join(filter(None, (fault.note, fill(c.store(target) / "filler"))))
                 self._log_at = c.servers[target].log.stat().st_size
             case "aggregator_pause":
                 c.aggregators[target].pause()

@@ -165,6 +165,23 @@ class Run:
             return False  # missing (deleted on a release), or unreadable while it settles
         return True
 
+    async def replicas_caught_up(self) -> bool:
+        """Whether every stream has a leader and every replica of it is current (not
+        offline, caught up with its leader)."""
+        assert self.bus is not None
+        try:
+            async with asyncio.timeout(5.0):
+                streams = await self.bus.js.streams_info()
+        except (nats.errors.Error, TimeoutError):
+            return False
+        for info in streams:
+            cluster = info.cluster
+            if cluster is None or not cluster.leader:
+                return False
+            if any(not peer.current or peer.offline for peer in cluster.replicas or []):
+                return False
+        return True
+
     def results_in(self, operator: Operator) -> bool:
         """Whether every command FLEET_CMD acknowledged has its final result."""
         finals = {"done", "failed", "rejected"}
@@ -196,7 +213,7 @@ class Run:
                 and await self.partitions_held()
             )
 
-        nemesis = Nemesis(c, self.seed, converged, CONVERGE_BOUND)
+        nemesis = Nemesis(c, self.seed, converged, CONVERGE_BOUND, self.replicas_caught_up)
         tasks = [asyncio.create_task(meter.run()), asyncio.create_task(operator.run(stop))]
         failure = ""
         try:
@@ -212,7 +229,9 @@ class Run:
             failure = failure or f"fleet not converged {CONVERGE_BOUND:g}s after the last heal"
         tasks[0].cancel()
         history = History(
-            Settings(t.heartbeat_interval, t.stale_after, t.lease_ttl, t.sweep_interval),
+            Settings(
+                t.heartbeat_interval, t.stale_after, t.lease_ttl, t.sweep_interval, PARTITIONS
+            ),
             started,
             time.time(),
             list(AGENTS),

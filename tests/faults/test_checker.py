@@ -5,6 +5,8 @@ reported as what it is. A checker that cannot fail is a defect."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.faults.checker import Bounds, check, overloaded
 from tests.faults.history import (
     Ack,
@@ -58,6 +60,12 @@ def clean() -> History:
         Ack(T0 + 2, "aggregator-3", 12, "_INBOX.a"),
         Ack(T0 + 9, "aggregator-3", 20, "_INBOX.b"),
         Ack(T0 + 10, "aggregator-3", 22, "_INBOX.b"),
+    ]
+    # g1's and g2's partitions (5 and 4 of 8), acked every 30 s at most.
+    history.acks += [
+        Ack(T0 + at, f"aggregator-{partition}", at, "_INBOX.c")
+        for partition in (4, 5)
+        for at in (5, 35, 65, 95)
     ]
     return history
 
@@ -239,15 +247,35 @@ def test_a_stale_alert_belongs_to_the_node_s_latest_fault() -> None:
     assert check(history).violations == []
 
 
-def test_one_fault_run_at_a_time() -> None:
+def test_one_fault_run_at_a_time(tmp_path: Path) -> None:
     """A second run on the machine does not get the lock while the first holds it (its
-    clean-up would kill the first's namespaces), and gets it once the first is done."""
-    first = only_run()
+    clean-up would kill the first's namespaces), and gets it once the first is done. The
+    lock is the test's own file, so a real run holding the machine's does not fail it."""
+    lock = tmp_path / "faults.lock"
+    first = only_run(lock)
     assert first is not None
     try:
-        assert only_run() is None
+        assert only_run(lock) is None
     finally:
         first.close()
-    second = only_run()
+    second = only_run(lock)
     assert second is not None
     second.close()
+
+
+def test_a_partition_silent_while_its_node_beats_is_not_converged() -> None:
+    """g2's partition acked nothing for 70 s (over the 60 s bound) while g2 beat: not
+    converged, though every heal converged (a consumer without a leader); the same gap
+    while g2 was cut off from the cluster is no violation."""
+    history = clean()
+    history.acks = [a for a in history.acks if not (a.consumer == "aggregator-4" and a.at > T0 + 5)]
+    history.acks.append(Ack(T0 + 75, "aggregator-4", 75, "_INBOX.c"))
+    history.acks.append(Ack(T0 + 95, "aggregator-4", 95, "_INBOX.c"))
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["not_converged"]
+    assert "partition 4" in report.violations[0].detail
+    assert "g2" in report.violations[0].detail
+    assert report.figures["silent_partitions"] == 1
+    history.faults.append(Fault("agent_isolate", "g2", T0 + 10, T0 + 70, cut=["g2"]))
+    history.faults[-1].converged = 1.0
+    assert check(history).violations == []

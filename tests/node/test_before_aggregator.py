@@ -50,6 +50,7 @@ async def aggregator(bare: NatsBus, prefix: str) -> AsyncIterator[list[Superviso
         await supervisor.stop()
 
 
+@pytest.mark.slow
 async def test_an_agent_waits_quietly_for_the_streams(
     early_agent: NodeAgent,
     bare: NatsBus,

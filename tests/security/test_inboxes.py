@@ -58,6 +58,7 @@ def inboxes_of(nc: Client) -> list[str]:
     )
 
 
+@pytest.mark.slow
 async def test_no_write_into_another_nodes_inbox(auth: AuthServer, attacker: Attacker) -> None:
     """node-1 publishes into each of node-2's live inboxes and into node-2's probe inboxes
     for node-3: every one refused by the server. Into the probe inbox of each probe node-2

@@ -187,6 +187,7 @@ async def test_single(
     assert "Violation" not in server.log_file.read_text()
 
 
+@pytest.mark.slow
 async def test_cluster(
     tmp_path: Path, state_dir: Path, servers: list[NatsServer], stack: AsyncExitStack, pki: Pki
 ) -> None:

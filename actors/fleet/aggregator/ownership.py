@@ -13,7 +13,6 @@ nothing and writes no record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -41,6 +40,7 @@ from actors.runtime.consumer import (
     Chain,
     DurableConsumer,
     consume_in_batches,
+    without_leader,
 )
 from schemas import signing
 from schemas.errors import InvalidToken, SignatureError
@@ -343,16 +343,29 @@ class Ownership:
     async def _open(self, partition: int) -> DurableConsumer:
         start = await self._resume_point(partition)
         consumer = self.consumer(partition, start)
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            # The previous owner's consumer, at its ack floor: read again from ``start``.
-            await self.bus.js.delete_consumer(consumer.stream, consumer.durable)
+        # The previous owner's consumer, at its ack floor (or without a leader): read
+        # again from ``start``.
+        await consumer.drop()
         await consumer.open()
         return consumer
 
     async def _consume(self, partition: int, consumer: DurableConsumer) -> None:
         """One partition's heartbeats, until its work is stopped (cancelled)."""
         assert self._handle is not None
-        puller = self._pullers[partition] = BatchPuller(self.bus, consumer)
+        # A partition its consumer leaves unread for a lease ttl is made again, from the
+        # heartbeat after the last judged: an owner that cannot read it is no better
+        # than one that died, whose partition another takes over after a ttl. Only while
+        # its lease is not fenced: a fenced owner (paused past its ttl) may be looking at
+        # the next owner's consumer.
+        assert self.partitions is not None
+        lease = self.partitions.leases[partition]
+        puller = BatchPuller(
+            self.bus,
+            consumer,
+            replace_after=self.config.lease_ttl,
+            may_replace=lambda: not lease.fenced(),
+        )
+        self._pullers[partition] = puller
         try:
             await consume_in_batches(
                 puller,
@@ -411,6 +424,16 @@ class Ownership:
             floor = info.ack_floor.stream_seq if info.ack_floor else 0
             start = (floor or 0) + 1
         except nats.js.errors.NotFoundError:
+            start = 1
+        except nats.js.errors.APIError as exc:
+            if not without_leader(exc):
+                raise
+            # The consumer has no leader to tell its ack floor: the records' checkpoints
+            # are where the state ends (judging more again is safe, less is not).
+            log.warning(
+                "ack floor unreadable; resuming from the records",
+                extra={"partition": partition, "reason": str(exc) or "no responders"},
+            )
             start = 1
         start = min(start, self._resume_floor.pop(partition, start))
         log.info("heartbeats resumed", extra={"partition": partition, "from_seq": start})
