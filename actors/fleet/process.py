@@ -102,7 +102,15 @@ class ProviderActors:
         if config.alertmanager_urls:
             windows = MaintenanceWindows(bus, subjects)
             actors.append(
-                AlertmanagerActor(config, bus, metrics, self.held, windows, self.feed.record)
+                AlertmanagerActor(
+                    config,
+                    bus,
+                    metrics,
+                    self.held,
+                    windows,
+                    self.feed.record,
+                    changes=self.aggregator.view,
+                )
             )
         self.supervisor = Supervisor([self.aggregator], then=actors)
 

@@ -41,7 +41,7 @@ class Held(Protocol):
         ...
 
     def record(self, node: str) -> NodeRecord | None:
-        """The node's record as kept in memory (slim); None if not held."""
+        """The held node's record as kept (slim: no heartbeat); None if not held."""
         ...
 
     def whole(self, node: str) -> NodeRecord | None:

@@ -113,6 +113,11 @@ INDEX_MAX_BYTES = 64 * 1024 * KIB
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
+COMMAND_CONSUMERS = 2 * MAX_NODES
+"""Consumers FLEET_CMD takes: one per node (its command queue), with room for readers.
+Set on the stream because nats-server 2.15 gives every stream that sets none (or -1) a
+limit of 1,000: past that many nodes, a node's consumer was refused ("maximum consumers
+limit reached") and its commands had nobody to read them."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,7 @@ def stream_configs(
             max_bytes=limits.commands_max_bytes,
             max_msgs=MAX_STREAM_MSGS,
             max_msg_size=MAX_COMMAND_SIZE,
+            max_consumers=COMMAND_CONSUMERS,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_EVENTS),
