@@ -270,6 +270,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
             alertmanager_resend=1.0,
             alertmanager_durable=f"am_{fleet.prefix}",
             trust_operators=[operator.public_key],
+            bus_outage_max=1.0,  # its two nodes, killed together, are the whole stream
         )
         config = aggregator.config
         metrics = AggregatorMetrics()
