@@ -102,6 +102,9 @@ class CountedView:
     def record(self, node: str) -> NodeRecord | None:
         return self.records.get(node)
 
+    async def every_node(self) -> dict[str, NodeRecord]:
+        return self.current()
+
     async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
         return records
 

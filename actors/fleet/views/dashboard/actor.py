@@ -248,7 +248,7 @@ class DashboardActor:
 
     async def _rebuild(self) -> None:
         try:
-            records = self.view.current()
+            records = await self.view.every_node()  # no node missing while the feed catches up
             self._snapshot = await asyncio.to_thread(self._build, records, time.monotonic())
         finally:
             self._building = None
