@@ -288,7 +288,7 @@ async def test_the_maintenance_page_lists_windows_in_force_scheduled_and_ended(
         "Ended (the last 20):ended",
     ]
     active = await texts(page, "#maintenance tr[data-key='now'] td")
-    assert active[1] == "n1" and active[4].startswith("1 nodes now, ends in")
+    assert active[1] == "n1" and active[4].startswith("1 node now, ends in")
     assert active[5] == "firmware"
     later = await texts(page, "#maintenance tr[data-key='later'] td")
     assert later[1] == "rack=r2 in c1" and later[4].startswith("starts in")

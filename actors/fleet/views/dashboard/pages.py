@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from actors.fleet.storage.placed import endpoint, listed
-from actors.fleet.views.dashboard.render import CLAIM, PAGE_SIZE, esc, labels_text, node_link
+from actors.fleet.views.dashboard.render import (
+    CLAIM,
+    PAGE_SIZE,
+    esc,
+    labels_text,
+    node_count,
+    node_link,
+)
 from actors.fleet.views.gpus import CURRENT_STATES, SORTS, GpuRow
 from actors.runtime.spans import age, clock, span
 from schemas.health_limits import HOT_GPU_C
@@ -293,7 +300,9 @@ def maintenance(
     ended = sorted((w for w in windows if w.until <= now), key=lambda w: -w.until)[:20]
     return (
         "<h3>In force</h3>"
-        + _windows(active, now, lambda w: f"{covered(w)} nodes now, ends in {span(w.until - now)}")
+        + _windows(
+            active, now, lambda w: f"{node_count(covered(w))} now, ends in {span(w.until - now)}"
+        )
         + "<h3>Scheduled</h3>"
         + _windows(later, now, lambda w: f"starts in {span(w.since - now)}")
         + "<h3>Ended (the last 20)</h3>"

@@ -17,6 +17,7 @@ from actors.fleet.views.dashboard.render import (
     alert_item,
     esc,
     fmt,
+    node_count,
     node_link,
     state_badge,
 )
@@ -41,7 +42,7 @@ def counts(counted: Tally) -> str:
         parts = [f"{count} {CONCERNS[rank]}" for rank, count in sorted(counted.by_concern.items())]
         head += f": {esc(', '.join(parts))}</p>"
     else:
-        head = f'<p class="headline ok">Nothing needs a person ({counted.total} nodes)</p>'
+        head = f'<p class="headline ok">Nothing needs a person ({node_count(counted.total)})</p>'
     health = [
         ("unhealthy", counted.unhealthy, "bad"),
         ("degraded", counted.degraded, "warn"),
@@ -69,7 +70,7 @@ def counts(counted: Tally) -> str:
         lines.append(f"and {len(clusters) - CLUSTERS_SHOWN} more clusters")
     return (
         f'{head}<ul class="counts">{by_health}</ul>'
-        f'<ul class="counts states"><li>{counted.total} nodes:</li>{by_state}</ul>'
+        f'<ul class="counts states"><li>{node_count(counted.total)}:</li>{by_state}</ul>'
         f'<p class="clusters">{"; ".join(lines)}</p>'
     )
 
@@ -128,7 +129,7 @@ def conditions(rows: Sequence[Row], now: float, dropped: int) -> str:
             more = len(row.nodes) - STORM_NODES
             key = f"storm|{row.kind}|{row.severity}|{row.cluster}|{resolved}"
             who = (
-                f'<details data-key="{esc(key)}"><summary>{len(row.nodes)} nodes</summary>'
+                f'<details data-key="{esc(key)}"><summary>{node_count(len(row.nodes))}</summary>'
                 f"{listed}{f' and {more} more' if more > 0 else ''}</details>"
             )
         state = (

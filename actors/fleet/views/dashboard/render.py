@@ -92,6 +92,11 @@ class Query:
         return "?" + urlencode(pairs)
 
 
+def node_count(count: int) -> str:
+    """``1 node``, ``3 nodes``."""
+    return "1 node" if count == 1 else f"{count} nodes"
+
+
 def age_cell(ts: float | None, now: float) -> str:
     """A cell whose age ticks in the browser (``data-ts``); ``-`` without a time."""
     if ts is None:
