@@ -235,3 +235,38 @@ async def test_a_replay_refused_before_a_silence_does_not_make_its_node_stale(
     assert alerts.of("stale") == []
     live = await read_node(bus, Subjects(prefix), "n1")
     assert live.live and live.last_seq == 6, live.live_note
+
+
+async def test_a_node_refused_for_a_replay_but_beating_upstream_is_not_stale(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A node refused for a replay whose newer heartbeat (signed by its key) FLEET_HB_IN
+    holds beats on, its owner's consumer behind: the refused sweep leaves it; refused for
+    another reason (its key revoked: its newer beats are refused too), it is stale."""
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+    ledger = aggregator.ledger
+
+    async def n2_beats() -> None:  # the stream is not silent: no bus's silence to wait out
+        for seq in range(4, 100):
+            await beat(bus, prefix, keys["n2"], "n2", seq)
+            await asyncio.sleep(0.5)
+
+    beating = asyncio.create_task(n2_beats())
+    try:
+        await beat(bus, prefix, keys["n1"], "n1", 4)
+        await wait_for(lambda: ledger.nodes["n1"].record.last_seq == 4)
+        await wait_for(lambda: not ledger.pulse.silent(time.time(), 2.0))
+        # The owner's record as if seq 4 were still on its way, and a replay refused since.
+        behind = msgspec.structs.replace(
+            ledger.nodes["n1"].record, last_seq=3, last_seen=time.time() - 10, refused="replay"
+        )
+        ledger.nodes["n1"].record = behind
+        ledger.refusals.on_refused("n1")
+        await aggregator.sweeps.sweep_refused()
+        assert ledger.nodes["n1"].record.stale_since is None
+        assert "n1" in ledger.refusals.refused
+        ledger.nodes["n1"].record = msgspec.structs.replace(behind, refused="revoked")
+        await aggregator.sweeps.sweep_refused()
+        assert ledger.nodes["n1"].record.stale_since is not None
+    finally:
+        beating.cancel()

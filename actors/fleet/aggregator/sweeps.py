@@ -239,6 +239,8 @@ class Sweeps:
             bound, outage_max = self.config.max_stale_after, self.config.bus_outage_max
             if bus_silent(record, ledger.pulse, now, bound, outage_max):
                 continue  # judged once heartbeats flow again (or the outage bound passed)
+            if await self._beats_past_a_replay(record, now):
+                continue
             stale = record_state.with_state(record, stale_since=now)
             ledger.mark_stale(node, state, stale)
             ledger.refusals.forget(node)
@@ -253,6 +255,25 @@ class Sweeps:
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
             await self.writes.write(node)
+
+    async def _beats_past_a_replay(self, record: NodeRecord, now: float) -> bool:
+        """Whether a node refused for a ``replay`` (an old heartbeat stored late, say
+        through a server that was paused) beats on: FLEET_HB_IN holds a heartbeat of it
+        newer than its last accepted one, signed by its trusted key, or cannot be read
+        (:meth:`Ownership.beating_upstream`; the owner's consumer or FLEET_HB is behind).
+        Asked for ``stale_after`` plus ``bus_outage_max`` after its last accepted beat at
+        most; never for the other refusals (a revoked key, a clock off: their newer beats
+        are refused too)."""
+        beat = record.heartbeat
+        if record.refused != "replay" or beat is None:
+            return False
+        span = min(beat.stale_after, self.config.max_stale_after)
+        if now >= record.last_seen + span + self.config.bus_outage_max:
+            return False
+        key = await self.store.trusted_key(record.node_id)
+        if key is None:
+            return False
+        return await self.ownership.beating_upstream(record, key) is not False
 
     async def sweep_outages(self) -> None:
         """Each silence of the stream the nodes have beaten again after, once settled: one
