@@ -92,6 +92,9 @@ Fleet (``actors/fleet``; ``fleet/process.py`` starts them, the aggregator first)
                   (``fleet.hb.<P>.*.*``, one durable each, KV ``fleet_leases``), answers
                   ``fleet.register``, follows KV ``fleet_trust``; writes KV ``fleet_nodes`` and
                   publishes ``Alert`` on ``fleet.alert.<kind>.<cluster>.<node>`` (``FLEET_ALERTS``).
+- ``live/state_index`` counts the nodes of the partitions the aggregator holds (from its
+                  record writes) and writes KV ``fleet_index`` (one ``PartitionIndex`` per
+                  partition) when a state changed, at most once a second, and every 30 s.
 - ``operator/forget`` answers ``fleet.forget`` (an operator's signed ``Forget``): verified
                   against ``trust_operators``, then the node is forgotten in KV.
 - ``operator/maintenance`` answers ``fleet.maintenance`` (an operator's signed window),

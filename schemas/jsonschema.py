@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import events, inventory, messages, placement, remediation, settings
+from schemas import events, fleet_index, inventory, messages, placement, remediation, settings
 from schemas.base import SIGNED_TYPE
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -55,6 +55,7 @@ WIRE_TYPES: tuple[type[msgspec.Struct], ...] = (
     messages.EnrollClaims,
     messages.EnrollRecord,
     messages.AggregatorLease,
+    fleet_index.PartitionIndex,
     remediation.PolicyRecord,
     placement.PlacedWorkload,
     inventory.NodeInventory,

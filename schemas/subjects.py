@@ -38,6 +38,9 @@ BUCKET_WORKLOADS: Final = "fleet_workloads"
 BUCKET_SETTINGS: Final = "fleet_settings"
 """Operators' signed settings (``SettingsEntry``), key = the scope (``fleet``,
 ``cluster.<cluster>``, ``selector.<digest>``): see :mod:`schemas.settings`."""
+BUCKET_INDEX: Final = "fleet_index"
+"""The fleet's state index (``PartitionIndex``), key ``part.<P>``: each partition's nodes
+counted by cluster and state, and its nodes that are not active (:mod:`schemas.fleet_index`)."""
 MAX_PARTITIONS: Final = 256
 """FLEET_HB is split into at most this many partitions (see :func:`partition_of`)."""
 _FNV_OFFSET: Final = 0x811C9DC5

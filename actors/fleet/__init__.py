@@ -8,7 +8,8 @@ import contracts), and every module is in one.
 ``placement/``       placed workloads: choosing nodes, their records, the reconciler.
 ``remediation/``     the remediation policy: its file (``config``), what a record says is
                      wrong (``findings``), decisions and the breaker (``policy``),
-                     hooks, the actor.
+                     what it knows of the fleet between rounds (``members``), hooks,
+                     the actor.
 ``live/``            what is true of the nodes now, the one way the three wings above read
                      them: each node's latest accepted heartbeat (``reader``), the process's
                      live feed (``feed``), what a listed workload is now

@@ -1,7 +1,8 @@
 """The provider side's actors as one process runs them (``fleetctl aggregator`` and
-``fleetctl up``): the aggregator, the signed-request services beside it, the live feed
-its readers share, its HTTP API and, when configured, the Alertmanager forwarder, the
-remediation policy and the workload reconciler, under one supervisor."""
+``fleetctl up``): the aggregator, the signed-request services beside it, the state index
+it keeps (:mod:`actors.fleet.live.state_index`), the live feed its readers share, its
+HTTP API and, when configured, the Alertmanager forwarder, the remediation policy and the
+workload reconciler, under one supervisor."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.alerts.alertmanager import AlertmanagerActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.live.feed import NodeFeed
+from actors.fleet.live.state_index import Ownership, StateIndexActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.forget import ForgetActor
 from actors.fleet.operator.maintenance import MaintenanceActor
@@ -49,6 +51,7 @@ class ProviderActors:
         self.feed = NodeFeed(bus, subjects, self.aggregator.view, metrics, config.lease_ttl)
         """The nodes' records every reader of this process shares (one watch, one copy)."""
         actors: list[Actor] = [
+            StateIndexActor(bus, subjects, self.aggregator.view, held_partitions(self.aggregator)),
             ForgetActor(config, bus),
             MaintenanceActor(config, bus),
             PolicyRequestsActor(config, bus),
@@ -99,10 +102,32 @@ class ProviderActors:
         if config.alertmanager_urls:
             windows = MaintenanceWindows(bus, subjects)
             actors.append(
-                AlertmanagerActor(config, bus, metrics, self.held, windows, self.feed.record)
+                AlertmanagerActor(
+                    config,
+                    bus,
+                    metrics,
+                    self.held,
+                    windows,
+                    self.feed.record,
+                    changes=self.aggregator.view,
+                )
             )
         self.supervisor = Supervisor([self.aggregator], then=actors)
 
     def held(self) -> list[NodeRecord]:
         """The records of the nodes the aggregator holds now."""
         return [record for _, record in self.aggregator.view.items()]
+
+
+def held_partitions(aggregator: AggregatorActor) -> Ownership:
+    """What the state index asks of ``aggregator``: its partition count, the partitions it
+    holds now and its holder id ("" before it has leases)."""
+
+    def now() -> tuple[int, list[int], str]:
+        ownership = aggregator.ownership
+        count, leases = ownership.partition_count, ownership.partitions
+        if leases is None:
+            return count, [], ""
+        return count, [p for p in range(count) if leases.holds(p)], leases.holder
+
+    return now

@@ -18,6 +18,8 @@ HELD_STATES: dict[str, RecordState] = {
 """The schedulabilities that are also record states. A record's schedulability is read as
 an open string (a newer agent may report one this version does not know): an unknown one
 holds no state of its own, so the node's other facts decide."""
+KNOWN_NOW = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
+"""States in which a record's health (its last heartbeat's) is how the node is now."""
 
 
 def derive_state(record: NodeRecord) -> RecordState:

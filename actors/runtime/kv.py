@@ -118,6 +118,21 @@ async def latest_pages(
             ]
 
 
+async def values_of(bus: Bus, bucket: str, keys: list[str], timeout: float) -> dict[str, bytes]:
+    """The current value of each of ``keys`` that has one (deleted and purged ones left
+    out): batched direct gets of exactly those keys (``multi_last``), never a scan."""
+    prefix = f"$KV.{bucket}."
+    messages = await direct_get.last_of(
+        bus, f"KV_{bucket}", [prefix + key for key in keys], timeout
+    )
+    found: dict[str, bytes] = {}
+    for message in messages:
+        key, value, _ = _entry(message, prefix)
+        if value is not None:
+            found[key] = value
+    return found
+
+
 def _entry(message: direct_get.Stored, prefix: str) -> tuple[str, bytes | None, int]:
     """(key, value, revision) of a stored KV message; value None for a delete or purge."""
     deleted = message.headers.get("KV-Operation") in (KV_DEL, KV_PURGE)

@@ -1034,9 +1034,9 @@ async def wait_first_stale(url: str, timeout: float) -> float | None:
         await bus.close()
 
 
-async def fill_records(url: str, nodes: int) -> None:
-    """``nodes`` records of active 1-GPU simulated nodes (their last heartbeat whole) put
-    straight into fleet_nodes."""
+async def fill_records(url: str, nodes: int, state: str = "active") -> None:
+    """``nodes`` records of 1-GPU simulated nodes (their last heartbeat whole) put
+    straight into fleet_nodes, in ``state`` (active: each node's accepted heartbeat)."""
     from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK
     from actors.fleet.aggregator import record_rules
     from schemas import codec
@@ -1061,6 +1061,8 @@ async def fill_records(url: str, nodes: int) -> None:
                 now,
                 record_rules.gpu_fingerprint(beat),
             )
+            if state != record.state:
+                record = msgspec.structs.replace(record, state=state)
             await bus.js.publish_async(f"$KV.{bucket}.{node}", codec.encode(record))
             if node_index % 4096 == 4095:
                 await bus.js.publish_async_completed()

@@ -8,6 +8,13 @@
    navigation to the table's rows on screen (median and spread printed), the GPU page
    ordered by temperature once, and the aggregator's RSS before and after.
 
+3. ``--server-side``: instead of 2, the first page's server side in this process, at
+   ``--nodes`` records held in memory (what an aggregator holding them reads; no
+   simulated fleet, so it runs at 100,000 nodes on a busy machine): the first snapshot's
+   build (the only one a page waits for), a page asked while the snapshot is older than
+   its refresh (it is built again in the background), the background build, and the
+   first page's parts (counts, conditions, the table's first 50 rows) ``--loads`` times.
+
 Run: ``python tests/bench/bench_dashboard.py --nodes 100000`` (Chromium: Debian's
 ``chromium`` and the ``playwright`` package).
 """
@@ -20,6 +27,7 @@ import os
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -28,10 +36,17 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.views.dashboard import parts
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, points_for
 from actors.fleet.views.dashboard.history import History
+from actors.fleet.views.dashboard.render import Query
+from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
+from schemas.messages import NodeRecord
 from tests.bench.bench_metrics import simulated_fleet
-from tests.support.fleet import heartbeat
+from tests.support.fleet import heartbeat, new_aggregator, wait_for
 
 
 def history_bytes(nodes: int, points: int) -> float:
@@ -65,7 +80,9 @@ def fleet_history_bytes(interval: float) -> float:
     return used
 
 
-async def first_pages(url: str, loads: int) -> tuple[list[float], float]:
+async def first_pages(url: str, loads: int, gpu_page: bool = True) -> tuple[list[float], float]:
+    """``loads`` times, seconds from navigation to the table's rows on screen; then, if
+    ``gpu_page``, seconds to the GPU page ordered by temperature (else 0)."""
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium")
@@ -81,13 +98,84 @@ async def first_pages(url: str, loads: int) -> tuple[list[float], float]:
             await page.wait_for_selector("#rows tr[data-node]")
             times.append(time.perf_counter() - start)
             await page.close()
-        page = await browser.new_page()
-        start = time.perf_counter()
-        await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
-        await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
-        gpus = time.perf_counter() - start
+        gpus = 0.0
+        if gpu_page:
+            page = await browser.new_page()
+            start = time.perf_counter()
+            await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
+            await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
+            gpus = time.perf_counter() - start
         await browser.close()
     return times, gpus
+
+
+class HeldRecords:
+    """A fleet view of records held in memory, each one's heartbeat in it."""
+
+    def __init__(self, records: dict[str, NodeRecord]) -> None:
+        self.records = records
+
+    def current(self) -> dict[str, NodeRecord]:
+        return dict(self.records)
+
+    def record(self, node: str) -> NodeRecord | None:
+        return self.records.get(node)
+
+    async def every_node(self) -> dict[str, NodeRecord]:
+        return self.current()
+
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        return records
+
+
+async def server_side(nodes: int, loads: int) -> str:
+    """The first page's server side at ``nodes`` records (see the module's docstring)."""
+    beat = heartbeat("n0")
+    records = {
+        f"sim-{i:06d}": NodeRecord(
+            node_id=f"sim-{i:06d}",
+            cluster="sim",
+            state="stale" if i % 300 == 0 else "active",
+            last_seq=1,
+            last_seen=1.0,
+            health_status="healthy",
+            health_score=100,
+            heartbeat=beat,
+        )
+        for i in range(nodes)
+    }
+    with tempfile.TemporaryDirectory() as store:
+        server = NatsServer(Path(store) / "nats")
+        server.start()
+        bus = await NatsBus.connect(server.url, "bench")
+        try:
+            held = HeldNodes(new_aggregator(bus, "bench").view)  # never started: holds none
+            config = AggregatorConfig(prefix="bench", http_port=0)
+            board = DashboardActor(config, bus, HeldRecords(records), held)
+            start = time.perf_counter()
+            first = board.fleet()
+            cold = time.perf_counter() - start
+            first.built -= first.refresh  # as if a refresh had passed
+            start = time.perf_counter()
+            board.fleet()
+            asked = time.perf_counter() - start
+            await wait_for(lambda: board.fleet() is not first, interval=0.01)
+            rebuilt = time.perf_counter() - start
+            times = []
+            for _ in range(loads):
+                start = time.perf_counter()
+                await parts.overview_parts(board, Query())
+                times.append(time.perf_counter() - start)
+        finally:
+            await bus.close()
+            server.stop()
+    return (
+        f"first page's server side at {nodes} records: first snapshot {cold:.2f}s (a cold "
+        f"start's first page waits for it); a page with a snapshot past its refresh "
+        f"{asked * 1000:.1f} ms (built again in the background, {rebuilt:.2f}s); the "
+        f"page's parts median {statistics.median(times) * 1000:.0f} ms, min "
+        f"{min(times) * 1000:.0f}, max {max(times) * 1000:.0f} ({loads} pages)\n"
+    )
 
 
 def main() -> int:
@@ -96,6 +184,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=3000.0)
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--points", type=int, default=60)
+    parser.add_argument("--server-side", action="store_true", help="see 3. above")
     args = parser.parse_args()
     if args.nodes < 1 or args.loads < 1 or args.rate <= 0 or args.points < 2:
         parser.error("--nodes, --loads and --rate must be positive, --points at least 2")
@@ -106,6 +195,10 @@ def main() -> int:
         f"fleet history: {fleet_history_bytes(60.0) / 1024:.0f} KiB for a day at a point a "
         "minute, whatever the fleet's size\n"
     )
+    if args.server_side:
+        sys.stdout.write(asyncio.run(server_side(args.nodes, args.loads)))
+        sys.stdout.write(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
+        return 0
     with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
         rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
         times, gpus = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))

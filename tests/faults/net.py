@@ -60,10 +60,10 @@ LOCK = Path(tempfile.gettempdir()) / "nats-node-agent-faults.lock"
 another live run's namespaces and processes."""
 
 
-def only_run() -> TextIO | None:
-    """Hold :data:`LOCK` until the process ends (the file open); None while another run
-    holds it."""
-    handle = LOCK.open("w")
+def only_run(lock: Path = LOCK) -> TextIO | None:
+    """Hold ``lock`` (:data:`LOCK` for a run) until the process ends (the file open); None
+    while another run holds it."""
+    handle = lock.open("w")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

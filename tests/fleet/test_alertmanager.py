@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import msgspec
@@ -17,10 +18,12 @@ from aiohttp import web
 
 from actors.fleet.alerts.alertmanager import (
     AlertmanagerActor,
+    AmAlert,
     Outbox,
     alertname,
     basic_auth,
     conditions,
+    rfc3339,
 )
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -70,6 +73,82 @@ def test_a_window_covers_by_selector_cluster_name_and_time() -> None:
     assert covers(window, "n9", "c2", {}, 150.0)
     assert not covers(window, "n1", "c1", {"rack": "r12"}, 200.0)
     assert not covers(window, "n1", "c1", {"rack": "r12"}, 99.0)
+
+
+class Changes:
+    """Held nodes as the aggregator's view tells them: each write, each record."""
+
+    def __init__(self, *records: NodeRecord) -> None:
+        self.records = {record.node_id: record for record in records}
+        self.moves = (0, 0)
+        self.looked = 0
+        self.walks = 0
+        self.listeners: list[Callable[[str], None]] = []
+
+    def held(self) -> list[NodeRecord]:
+        self.walks += 1
+        return list(self.records.values())
+
+    def record(self, node: str) -> NodeRecord | None:
+        self.looked += 1
+        return self.records.get(node)
+
+    def listen(self, written: Callable[[str], None]) -> None:
+        self.listeners.append(written)
+
+    def write(self, record: NodeRecord) -> None:
+        self.records[record.node_id] = record
+        for listener in self.listeners:
+            listener(record.node_id)
+
+
+def labels(alert: AmAlert) -> dict[str, str]:
+    return cast(dict[str, str], alert["labels"])
+
+
+class Kept(AlertmanagerActor):
+    """The forwarder with what it sends kept, not posted."""
+
+    sent: list[AmAlert]
+
+    def send(self, alerts: list[AmAlert]) -> None:
+        self.sent += alerts
+
+
+async def test_a_check_looks_only_at_the_nodes_written_since_the_last(fleet: Fleet) -> None:
+    """With the aggregator's writes, a check after the first walks no held node and looks
+    at none when nothing was written; a node written stale fires once and resolves when
+    written active; a resend sends every firing condition; nodes loaded without a write
+    (a partition taken) are walked again."""
+    config = AggregatorConfig(prefix=fleet.prefix, alertmanager_resend=60.0)
+    windows = MaintenanceWindows(fleet.bus, Subjects(fleet.prefix))
+    changes = Changes(*(record(node_id=f"n{i}") for i in range(100)))
+    actor = Kept(config, fleet.bus, AggregatorMetrics(), changes.held, windows, changes=changes)
+    actor.sent = []
+    actor.check_conditions(1000.0)
+    assert (changes.walks, actor.sent) == (1, [])
+    for now in (1001.0, 1002.0, 1003.0):
+        actor.check_conditions(now)
+    assert (changes.walks, changes.looked, actor.sent) == (1, 0, [])
+    changes.write(record(node_id="n7", state="stale", stale_since=1003.5))
+    actor.check_conditions(1004.0)
+    actor.check_conditions(1005.0)
+    assert [(labels(a)["node"], labels(a)["alertname"]) for a in actor.sent] == [
+        ("n7", "FleetNodeStale")
+    ]
+    assert (changes.walks, changes.looked) == (1, 1)
+    actor.sent.clear()
+    actor.check_conditions(1061.0)  # the resend is due
+    assert [labels(a)["node"] for a in actor.sent] == ["n7"]
+    actor.sent.clear()
+    changes.write(record(node_id="n7"))
+    actor.check_conditions(1062.0)
+    assert [labels(a)["node"] for a in actor.sent] == ["n7"]
+    assert actor.sent[0]["endsAt"] == rfc3339(1062.0)
+    assert actor.firing == {}
+    changes.moves = (0, 1)
+    actor.check_conditions(1063.0)
+    assert changes.walks == 2
 
 
 async def test_outbox_retries_a_failing_alertmanager_and_bounds_its_queue(fleet: Fleet) -> None:
@@ -191,6 +270,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
             alertmanager_resend=1.0,
             alertmanager_durable=f"am_{fleet.prefix}",
             trust_operators=[operator.public_key],
+            bus_outage_max=1.0,  # its two nodes, killed together, are the whole stream
         )
         config = aggregator.config
         metrics = AggregatorMetrics()
@@ -202,7 +282,7 @@ async def test_a_real_alertmanager_gets_stale_resolves_it_and_never_hears_of_mai
         await fleet.start_supervisor(
             aggregator,
             MaintenanceActor(config, fleet.bus),
-            AlertmanagerActor(config, fleet.bus, metrics, held, windows),
+            AlertmanagerActor(config, fleet.bus, metrics, held, windows, changes=aggregator.view),
         )
         watched = fleet.config("n1", labels={"rack": "r11"})
         quiet = fleet.config("n2", labels={"rack": "r12"})

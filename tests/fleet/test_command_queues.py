@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import command_queues
+from actors.fleet.storage import streams
 from actors.runtime.bus import NatsBus
 from schemas.subjects import STREAM_COMMANDS, Subjects, command_consumer
 from tests.support.fleet import wait_for
@@ -18,15 +19,29 @@ Node = tuple[str, str]
 
 
 class Nodes:
-    """The admitted nodes a keeper is given, and how many rounds have asked for them."""
+    """The admitted nodes a keeper is given, told as an aggregator tells them (the
+    nodes changed since it last asked), how many rounds have asked and how often the
+    keeper took every node."""
 
     def __init__(self, *nodes: Node) -> None:
         self.nodes = list(nodes)
         self.rounds = 0
+        self.walks = 0
+        self._told = set(nodes)
 
-    def __call__(self) -> list[Node]:
-        self.rounds += 1
+    def every(self) -> list[Node]:
+        self.walks += 1
         return list(self.nodes)
+
+    def cluster(self, node: str) -> str | None:
+        return next((cluster for cluster, name in self.nodes if name == node), None)
+
+    def changed(self) -> set[str]:
+        self.rounds += 1
+        now = set(self.nodes)
+        changed = {node for _, node in now ^ self._told}
+        self._told = now
+        return changed
 
 
 @asynccontextmanager
@@ -50,7 +65,7 @@ async def api_requests(bus: NatsBus, prefix: str) -> AsyncIterator[list[str]]:
 
 @asynccontextmanager
 async def keeping(
-    bus: NatsBus, prefix: str, admitted: Callable[[], list[Node]]
+    bus: NatsBus, prefix: str, admitted: command_queues.AdmittedNodes
 ) -> AsyncIterator[None]:
     """:func:`command_queues.keep_forever` running every 20 ms, its full check never due."""
     task = asyncio.create_task(
@@ -85,7 +100,8 @@ def listings(seen: list[str]) -> list[str]:
 
 async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) -> None:
     """Once a node's consumer is made, rounds with nothing changed send no consumer
-    request at all; a node admitted later costs one info and one create, no listing."""
+    request at all and never take every node again; a node admitted later costs one
+    info and one create, no listing."""
     admitted = Nodes(("c1", "n1"))
     async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
         await wait_for(lambda: has_consumers(bus, prefix, 1))
@@ -99,7 +115,20 @@ async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) ->
         await wait_for(lambda: admitted.rounds >= rounds + 15)
     assert listings(seen) == []
     assert [s.split(".")[3] for s in seen] == ["INFO", "CREATE"]
+    assert admitted.walks == 1
     assert await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_with_no_node_to_keep_a_round_takes_no_node_again(bus: NatsBus, prefix: str) -> None:
+    """With no admitted node (every one pending), rounds after the first never take every
+    node again; a node admitted later still gets its consumer."""
+    admitted = Nodes()
+    async with keeping(bus, prefix, admitted):
+        await wait_for(lambda: admitted.rounds >= 10)
+        assert admitted.walks == 1
+        admitted.nodes.append(("c1", "n1"))
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+    assert admitted.walks == 1
 
 
 async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, prefix: str) -> None:
@@ -134,3 +163,17 @@ async def test_many_new_nodes_are_checked_against_one_listing(bus: NatsBus, pref
     assert kinds.count("CREATE") == 301
     assert "INFO" not in kinds
     assert kinds.count("NAMES") >= 1
+
+
+async def test_more_nodes_than_the_servers_default_consumer_limit_get_a_consumer(
+    bus: NatsBus, prefix: str
+) -> None:
+    """FLEET_CMD takes a consumer for each of 1,001 nodes: nats-server 2.15 limits a
+    stream that sets no limit to 1,000 consumers, so the stream sets its own."""
+    subjects = Subjects(prefix)
+    info = await bus.js.stream_info(subjects.stream_name(STREAM_COMMANDS))
+    assert (info.config.max_consumers or 0) >= streams.MAX_NODES
+    nodes = [("c1", f"n{i}") for i in range(1001)]
+    created = await command_queues.ensure(bus, subjects, nodes, check_configs=False)
+    assert created == 1001
+    assert await has_consumers(bus, prefix, 1001)

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import msgspec
 
+from actors.fleet.config import AggregatorConfig
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.fleet.views.dashboard.attention import CONCERNS, concern, tally
 from actors.fleet.views.dashboard.render import Query
 from actors.fleet.views.dashboard.table import matching
+from actors.runtime.bus import NatsBus
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.remediation import Hold
+from tests.support.fleet import new_aggregator, wait_for
 
 GAVE_UP = Hold(
     reason_class="gpu", reason="GPU 0 lost", action="cordon", command_id="c", since=1.0,
@@ -82,3 +86,43 @@ def test_the_table_opens_problems_first() -> None:
     assert order == ["c-stale", "d-degraded-60", "b-degraded-70", "a-fine", "e-fine"]
     by_name = [made.node_id for made in matching(records, Query(sort="node"), counted.concerns)]
     assert by_name == sorted(by_name)
+
+
+class CountedView:
+    """A fleet view whose records a test sets, counting the passes over every record."""
+
+    def __init__(self, records: dict[str, NodeRecord]) -> None:
+        self.records = records
+        self.passes = 0
+
+    def current(self) -> dict[str, NodeRecord]:
+        self.passes += 1
+        return dict(self.records)
+
+    def record(self, node: str) -> NodeRecord | None:
+        return self.records.get(node)
+
+    async def every_node(self) -> dict[str, NodeRecord]:
+        return self.current()
+
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        return records
+
+
+async def test_a_page_never_waits_for_a_pass_over_every_node(bus: NatsBus, prefix: str) -> None:
+    """The first snapshot is built at once; once it is older than its refresh, a page gets
+    it again at once (no pass over every record on the page's path) while a new one is
+    built in the background, with the default table order already found; the next page
+    reads the new one."""
+    view = CountedView({"a": record("a", "active"), "b": record("b", "stale")})
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    held = HeldNodes(new_aggregator(bus, prefix).view)  # never started: holds nothing
+    board = DashboardActor(config, bus, view, held)
+    first = board.fleet()
+    assert view.passes == 1 and first.counted.by_state == {"active": 1, "stale": 1}
+    view.records["c"] = record("c", "unhealthy", health_status="unhealthy")
+    first.built -= first.refresh  # as if a refresh had passed
+    assert board.fleet() is first and view.passes == 1, "the page waited for a build"
+    newer = await wait_for(lambda: board.fleet() is not first and board.fleet())
+    assert newer.counted.by_state == {"active": 1, "stale": 1, "unhealthy": 1}
+    assert [r.node_id for r in newer._found[Query()]] == ["c", "b", "a"]

@@ -6,6 +6,7 @@ import math
 
 import msgspec
 
+from actors.fleet.views.dashboard.fleet_history import share_of
 from actors.fleet.views.dashboard.history import SERIES, History, Packing
 from schemas.events import Health
 from schemas.messages import Heartbeat
@@ -85,11 +86,31 @@ def test_nodes_no_longer_held_are_forgotten() -> None:
 
 
 def test_a_node_costs_its_ring_and_no_more() -> None:
-    """60 points: the (ts, seq) and 60 points of 7 bytes, in one bytearray."""
+    """60 points: the (ts, seq), the heartbeat's share of the totals (12 bytes) and 60
+    points of 7 bytes, in one bytearray."""
     history = History(60)
     history.put(history.begin(1.0), "n1", beat(1, 1.0))
-    assert len(history.nodes["n1"]) == 16 + 60 * 7
-    assert history.bytes_per_node() < 500
+    assert len(history.nodes["n1"]) == 16 + 12 + 60 * 7
+    assert history.bytes_per_node() < 512
+
+
+def test_a_node_that_sent_nothing_since_is_sampled_without_its_heartbeat() -> None:
+    """A round where the node's latest seq is the one its last point came from repeats
+    that point without an interval and gives the heartbeat's share of the totals, as a
+    decode of it would; once it beats again (a new seq) it is not repeated."""
+    history = History(4)
+    figures = {"temperature_c": 71.0, "utilization_pct": 50, "power_w": 300.0}
+    history.put(history.begin(100.0), "n1", beat(10, 1000.0, **figures))
+    history.put(history.begin(130.0), "n1", beat(20, 1030.0, **figures))
+    share = history.again(history.begin(160.0), "n1", 20)
+    assert share == share_of(beat(20, 1030.0, **figures))
+    assert share is not None and (share.gpus, share.utilisation, share.power) == (8, 400.0, 2400.0)
+    _, hottest, _, power, interval = history.series("n1")
+    assert hottest == [(100.0, 71.0), (130.0, 71.0), (160.0, 71.0)]
+    assert power == [(100.0, 2400.0), (130.0, 2400.0), (160.0, 2400.0)]
+    assert [when for when, _ in interval] == [130.0]
+    assert history.again(history.begin(190.0), "n1", 21) is None
+    assert history.again(history.begin(220.0), "n2", 1) is None
 
 
 def test_immediate_beats_do_not_shorten_the_interval() -> None:

@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from actors.cli.common import add_server, connected, stop_event, token
-from actors.cli.fleetctl import policy
+from actors.cli.fleetctl import indexed, policy
 from actors.cli.fleetctl.storms import GROUP_WINDOW, AlertGroups
 from actors.cli.node_names import did_you_mean, expand_nodes, node_selection
 from actors.cli.parsing import closest_hint, duration
@@ -90,7 +90,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     column, then only the rows whose node's state, schedulability, health, GPUs or version
     changed (:func:`by_rows`); other outputs again whole on such a change. Deregistered
     nodes are hidden and a fleet above a screenful is summarised, unless ``--all``
-    (everything, as rows)."""
+    (everything, as rows). The summary, and a listing of nodes in states other than
+    active, come from the state index when it can answer (:mod:`.indexed`)."""
     output = "json" if args.json else args.output
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     subjects = Subjects(args.prefix)
@@ -105,6 +106,20 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         shown: list[tuple[object, ...]] | None = None
         rows_shown: dict[str, tuple[object, ...]] | None = None
         states = set(args.state or ())
+        found = None
+        if indexed.usable(args, output, states):
+            rows = args.all or args.limit is not None
+            found = await indexed.from_index(
+                bus, subjects, args.cluster, states, rows or output == "json", args.limit
+            )
+        if found is not None:
+            if found.records is None:
+                sys.stdout.write(found.summary)
+            else:
+                listed: list[NodeRecord] = list(found.records)
+                pending = states == {"pending"}
+                write_nodes(listed, output, colour, rows, found.total, pending, extra)
+            return 0
         while True:
             every = [
                 r

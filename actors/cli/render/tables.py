@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -405,24 +405,31 @@ def fleet_summary(records: Sequence[NodeRecord], hint: str | None = None) -> str
     """Nodes counted by cluster and state: one row per cluster, one column per state
     present, a total row; newline-terminated, with the way to list rows (``hint``, else
     ``fleetctl nodes``' flags)."""
-    states = sorted({record.state for record in records})
     counts: dict[str, dict[str, int]] = {}
     for record in records:
         row = counts.setdefault(record.cluster, {})
         row[record.state] = row.get(record.state, 0) + 1
+    return count_summary(counts, hint)
+
+
+def count_summary(counts: Mapping[str, Mapping[str, int]], hint: str | None = None) -> str:
+    """:func:`fleet_summary` of nodes already counted by cluster and state (the state
+    index's counts)."""
+    states = sorted({state for row in counts.values() for state, number in row.items() if number})
     header = ["CLUSTER", *(state.upper() for state in states), "TOTAL"]
     rows = [
         [cluster, *(str(row.get(state, 0)) for state in states), str(sum(row.values()))]
         for cluster, row in sorted(counts.items())
     ]
     totals = [sum(row.get(state, 0) for row in counts.values()) for state in states]
-    rows.append(["all", *(str(total) for total in totals), str(len(records))])
+    total = sum(totals)
+    rows.append(["all", *(str(number) for number in totals), str(total)])
     widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
         for line in [header, *rows]
     ]
-    hint = f"{nodes(len(records))}, summarised; " + (
+    hint = f"{nodes(total)}, summarised; " + (
         hint or "list them with --all or --limit N, narrow with --state or --cluster"
     )
     return "\n".join(printable(line.rstrip()) for line in lines) + "\n" + hint + "\n"

@@ -40,6 +40,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from actors.fleet.aggregator import command_queues, judge
+from actors.fleet.aggregator.admitted import Admitted
 from actors.fleet.aggregator.judge import (
     LateDelivery,
     Moment,
@@ -119,6 +120,8 @@ class AggregatorActor:
             reads,
             writes,
         )
+        self.admitted = Admitted(ledger.nodes, self.ownership)
+        """The nodes whose command consumer it keeps, told by what changed."""
         self.view = View(ledger.nodes)
         """What the views in this process read of the nodes it holds."""
 
@@ -160,20 +163,11 @@ class AggregatorActor:
                 command_queues.keep_forever(
                     self.bus,
                     self.subjects,
-                    self._admitted,
+                    self.admitted,
                     self.config.sweep_interval,
                     self.config.full_sweep_interval,
                 )
             )
-
-    def _admitted(self) -> list[tuple[str, str]]:
-        """(cluster, node) of every node this aggregator owns that is admitted and not
-        deregistered: those whose command consumer it keeps (see command_queues)."""
-        return [
-            (state.record.cluster, node)
-            for node, state in list(self.ledger.nodes.items())
-            if state.record.state not in command_queues.NOT_ADMITTED and self.ownership.owns(node)
-        ]
 
 
 class HeartbeatPath:

@@ -18,7 +18,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Collection, Iterable
+from typing import Protocol
 
 import nats.errors
 import nats.js.errors
@@ -42,8 +43,29 @@ log = logging.getLogger(__name__)
 
 NOT_ADMITTED = ("pending", "deregistered")
 """Record states whose node gets no command consumer (created when it is admitted)."""
-Admitted = Callable[[], Iterable[tuple[str, str]]]
-"""(cluster, node) of every node whose command consumer should exist now."""
+Node = tuple[str, str]
+"""(cluster, node)."""
+
+
+class AdmittedNodes(Protocol):
+    """The nodes whose command consumer should exist (admitted, owned), as the keeper
+    asks the aggregator about them."""
+
+    def every(self) -> Iterable[Node]:
+        """Every such node."""
+        ...
+
+    def cluster(self, node: str) -> str | None:
+        """The node's cluster if its consumer should exist now, else None."""
+        ...
+
+    def changed(self) -> Collection[str] | None:
+        """The nodes whose records were written since the last call (a state change at
+        once, the rest at their checkpoint); None when any node may have changed (a
+        partition gained or lost)."""
+        ...
+
+
 PINNED = (
     "deliver_subject",
     "filter_subject",
@@ -220,16 +242,17 @@ class Deleted:
 
 
 async def keep_forever(
-    bus: Bus, subjects: Subjects, admitted: Admitted, every: float, full_every: float
+    bus: Bus, subjects: Subjects, admitted: AdmittedNodes, every: float, full_every: float
 ) -> None:
     """Until cancelled: every ``every`` seconds, :func:`ensure` the consumers of the
-    nodes that changed since the last round: newly admitted (approved, or taken over with
-    a partition) and those whose consumer the server said was deleted. The first round
+    nodes that changed since the last round: those ``admitted`` says were written (newly
+    admitted, approved, revoked) and those whose consumer the server said was deleted;
+    every node when ``admitted`` cannot say (a partition gained or lost). The first round
     lists every consumer with its configuration; later ones ask per node
     (:func:`ensure_each`), or list the names when more than :data:`INFO_PAGE` changed at
     once. Every ``full_every`` seconds the names are listed for all of them: a deletion
     whose advisory was lost (while reconnecting) is put back then. A failed round is
-    logged and tried again at the next."""
+    logged and its nodes tried again at the next."""
     stream = subjects.stream_name(STREAM_COMMANDS)
     deleted = Deleted()
     advisories = await bus.subscribe(f"{CONSUMER_DELETED}.{stream}.*", deleted.on_advisory)
@@ -239,38 +262,91 @@ async def keep_forever(
         await unsubscribe_quietly(advisories)
 
 
+class Keeper:
+    """What the keeper knows between rounds, and what a round is to check."""
+
+    def __init__(self, admitted: AdmittedNodes) -> None:
+        self.admitted = admitted
+        self.wanted: dict[str, str] = {}
+        """Node -> cluster of every node whose consumer should exist, as last told."""
+        self.ensured: dict[str, str] = {}
+        """Consumer name -> node, of the consumers known to be in place."""
+        self.todo: set[Node] = set()
+        """Nodes to check at the next round (kept through a round that failed)."""
+
+    def everything(self, full: bool) -> None:
+        """Take every admitted node again; each is checked if ``full``, else those whose
+        consumer is not known to be in place."""
+        self.wanted = {node: cluster for cluster, node in self.admitted.every()}
+        names = {command_consumer(cluster, node): node for node, cluster in self.wanted.items()}
+        self.ensured = {name: node for name, node in self.ensured.items() if name in names}
+        self.todo = {
+            (cluster, node)
+            for node, cluster in self.wanted.items()
+            if full or command_consumer(cluster, node) not in self.ensured
+        }
+
+    def written(self, nodes: Iterable[str]) -> None:
+        """Nodes whose records were written: each admitted one is checked unless its
+        consumer is known to be in place; one no longer admitted is forgotten."""
+        for node in nodes:
+            before = self.wanted.pop(node, None)
+            cluster = self.admitted.cluster(node)
+            if before is not None and before != cluster:
+                self.ensured.pop(command_consumer(before, node), None)
+            if cluster is not None:
+                self.wanted[node] = cluster
+                if command_consumer(cluster, node) not in self.ensured:
+                    self.todo.add((cluster, node))
+
+    def deleted(self, names: set[str] | None) -> None:
+        """Consumers the server said were deleted (None: more than were kept, so every
+        node): each still wanted is put back."""
+        if names is None:
+            self.ensured.clear()
+            self.todo = {(cluster, node) for node, cluster in self.wanted.items()}
+            return
+        for name in names:
+            node = self.ensured.pop(name, None)
+            cluster = self.admitted.cluster(node) if node is not None else None
+            if node is not None and cluster is not None and command_consumer(cluster, node) == name:
+                self.todo.add((cluster, node))
+
+    def done(self, nodes: set[Node]) -> None:
+        self.ensured.update((command_consumer(*node), node[1]) for node in nodes)
+        self.todo -= nodes
+
+
 async def _keep(
     bus: Bus,
     subjects: Subjects,
-    admitted: Admitted,
+    admitted: AdmittedNodes,
     every: float,
     full_every: float,
     deleted: Deleted,
 ) -> None:
-    ensured: dict[tuple[str, str], str] = {}  # node -> its consumer, known to be in place
+    keeper = Keeper(admitted)
     configs_checked = False
     last_full = time.monotonic()
     while True:
         stop_if_cancelled()
         now = time.monotonic()
-        nodes = set(admitted())
-        gone = deleted.take()
-        if gone is None:
-            ensured.clear()
-        elif gone:
-            ensured = {node: name for node, name in ensured.items() if name not in gone}
         full = now - last_full >= full_every
-        todo = nodes if full else nodes - ensured.keys()
-        if todo:
+        changed = admitted.changed()
+        if changed is None or full or not configs_checked:
+            keeper.everything(full)
+        else:
+            keeper.written(changed)
+        keeper.deleted(deleted.take())
+        if keeper.todo:
+            todo = sorted(keeper.todo)
             listing = full or not configs_checked or len(todo) > INFO_PAGE
             done: set[tuple[str, str]] = set()
             try:
                 created = await (
-                    ensure(
-                        bus, subjects, sorted(todo), check_configs=not configs_checked, done=done
-                    )
+                    ensure(bus, subjects, todo, check_configs=not configs_checked, done=done)
                     if listing
-                    else ensure_each(bus, subjects, sorted(todo), done)
+                    else ensure_each(bus, subjects, todo, done)
                 )
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("command consumers not checked", extra={"reason": str(exc)})
@@ -280,7 +356,9 @@ async def _keep(
                 configs_checked = True
                 if full:
                     last_full = now
-            ensured.update((node, command_consumer(*node)) for node in done)
-        if not ensured.keys() <= nodes:  # no longer admitted or owned: checked if back
-            ensured = {node: name for node, name in ensured.items() if node in nodes}
+            keeper.done(done)
+        else:  # nothing to check: no configuration to list either
+            configs_checked = True
+            if full:
+                last_full = now
         await asyncio.sleep(every)

@@ -134,13 +134,15 @@ class NodeTable(dict[str, NodeState]):
     """The owner's :class:`NodeState` by node, which the HTTP API beside it reads;
     ``loading`` while a cold start fills it (the API then keeps no copy of the records
     coming in: the owner is about to hold them); ``released`` counts the times the owner
-    let nodes go (a partition lost or handed on: the API reads their records again);
+    let nodes go (a partition lost or handed on: the API reads their records again),
+    ``loads`` the times it took nodes in without writing them (partitions loaded);
     ``everything`` while the owner holds every partition, each claimed and loaded (every
     node's record is its own: the API follows no watch of ``fleet_nodes`` then);
     ``bodies`` packs the heartbeats its states keep."""
 
     loading: bool = False
     released: int = 0
+    loads: int = 0
     everything: bool = False
 
     def __init__(self) -> None:

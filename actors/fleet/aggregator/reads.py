@@ -98,6 +98,7 @@ class RecordReads:
                             floors[partition] = min(floor, record.last_stream_seq + 1)
         finally:
             self.nodes.loading = False
+            self.nodes.loads += 1
         return loaded, floors
 
     async def take_in_new(self, owns: Callable[[str], bool]) -> None:

@@ -28,6 +28,17 @@ class View:
     def released(self) -> int:
         return self._table.released
 
+    @property
+    def moves(self) -> tuple[int, int]:
+        """Changes to which nodes are held that no write tells: (partitions let go,
+        partitions loaded) so far."""
+        return self._table.released, self._table.loads
+
+    def record(self, node: str) -> NodeRecord | None:
+        """The held node's record as kept (slim: no heartbeat); None if not held."""
+        state = self._table.get(node)
+        return None if state is None else state.record
+
     def __contains__(self, node: object) -> bool:
         return node in self._table
 

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import aiohttp
 from nats.aio.msg import Msg
@@ -52,7 +52,7 @@ from actors.runtime.consumer import DurableConsumer, consume_forever
 from actors.runtime.schedule import Backoff
 from actors.runtime.tls import client_context
 from schemas import codec
-from schemas.messages import Alert, NodeRecord, Severity
+from schemas.messages import Alert, MaintenanceWindow, NodeRecord, Severity
 from schemas.subjects import STREAM_ALERTS, Subjects
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,22 @@ LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 AmAlert = dict[str, object]
 """One alert as Alertmanager's API takes it (labels, annotations, startsAt, endsAt)."""
 HeldRecords = Callable[[], Iterable[NodeRecord]]
+
+
+class HeldChanges(Protocol):
+    """What the aggregator beside the forwarder tells of the nodes it holds
+    (``aggregator.view.View``): each write, each held node's record, and what moved."""
+
+    @property
+    def moves(self) -> tuple[int, int]:
+        """Changes to which nodes are held that no write tells (counts)."""
+        ...
+
+    def record(self, node: str) -> NodeRecord | None: ...
+
+    def listen(self, written: Callable[[str], None]) -> None: ...
+
+
 """The records of the nodes this aggregator holds now."""
 
 
@@ -81,6 +97,10 @@ class Condition(NamedTuple):
     kind: str
     severity: Severity
     message: str
+
+
+CONDITIONS = ("stale", "offline", "unhealthy", "degraded")
+"""The kinds :func:`conditions` finds."""
 
 
 def conditions(record: NodeRecord) -> list[Condition]:
@@ -226,6 +246,7 @@ class AlertmanagerActor:
         held: HeldRecords,
         windows: MaintenanceWindows,
         record_of: Callable[[str], NodeRecord | None] | None = None,
+        changes: HeldChanges | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
@@ -237,9 +258,22 @@ class AlertmanagerActor:
         event's): the fleet process hands its feed's reader; None knows the held only."""
         self.subjects = Subjects(config.prefix)
         self.outboxes: list[Outbox] = []
+        self.changes = changes
+        """The held nodes' writes, where the aggregator gives them: a check then looks
+        only at the nodes written since the last (None: every held node each check)."""
         self.firing: dict[tuple[str, str], AmAlert] = {}
         """Conditions sent as firing, by (node, kind)."""
         self._resent = 0.0
+        self._checked = 0.0
+        self._written: set[str] = set()
+        """Held nodes written since the last check (at most every held node)."""
+        self._moves: tuple[int, int] | None = None
+        self._windows: list[MaintenanceWindow] | None = None
+        if changes is not None:
+            changes.listen(self._note)
+
+    def _note(self, node: str) -> None:
+        self._written.add(node)
 
     def send(self, alerts: list[AmAlert]) -> None:
         if alerts:
@@ -248,43 +282,107 @@ class AlertmanagerActor:
 
     def check_conditions(self, now: float) -> None:
         """Send the conditions that started, the resolution of those that ended, and, once
-        per ``alertmanager_resend``, every one still firing."""
+        per ``alertmanager_resend``, every one still firing. With ``changes`` only the
+        nodes written since the last check are looked at (every held node at the first,
+        once nodes were let go or loaded, and when a maintenance window changed or began
+        or ended)."""
         resend = self.config.alertmanager_resend
         ends = now + ENDS_AHEAD * resend
+        due = now - self._resent >= resend
+        changed = self._changed(now)
+        if changed is None:
+            out = self._walk(now, ends, due)
+        else:
+            started, resolved = self._look(changed, now, ends)
+            if due:
+                self.firing = {
+                    key: {**alert, "endsAt": rfc3339(ends)} for key, alert in self.firing.items()
+                }
+                started = list(self.firing.values())
+            out = started + resolved
+        if due:
+            self._resent = now
+        self._checked = now
+        self.send(out)
+
+    def _changed(self, now: float) -> set[str] | None:
+        """The nodes written since the last check; None when every held node is to be
+        looked at."""
+        written, self._written = self._written, set()
+        if self.changes is None:
+            return None
+        moves = self.changes.moves
+        windows = list(self.windows.windows)
+        turned = any(self._checked < at <= now for w in windows for at in (w.since, w.until))
+        if moves != self._moves or windows != self._windows or turned:
+            self._moves, self._windows = moves, windows
+            return None
+        return written
+
+    def _current(self, record: NodeRecord, now: float, ends: float) -> dict[str, AmAlert]:
+        """The node's conditions now, by kind (none while a window covers it)."""
+        if self.windows.covering(record, now) is not None:
+            if conditions(record):
+                self.metrics.am_suppressed.labels("maintenance").inc()
+            return {}
+        found: dict[str, AmAlert] = {}
+        for condition in conditions(record):
+            since = record.stale_since if condition.kind == "stale" else None
+            if condition.kind == "offline":
+                since = record.offline_since
+            found[condition.kind] = am_alert(
+                alertname=alertname(condition.kind),
+                node=record.node_id,
+                cluster=record.cluster,
+                kind=condition.kind,
+                severity=condition.severity,
+                message=condition.message,
+                starts=since or now,
+                ends=ends,
+                extra=node_labels(record),
+            )
+        return found
+
+    def _walk(self, now: float, ends: float, due: bool) -> list[AmAlert]:
+        """Every held node looked at: what to send."""
         held: set[str] = set()
         current: dict[tuple[str, str], AmAlert] = {}
         for record in self.held():
             held.add(record.node_id)
-            if self.windows.covering(record, now) is not None:
-                if conditions(record):
-                    self.metrics.am_suppressed.labels("maintenance").inc()
-                continue
-            for condition in conditions(record):
-                since = record.stale_since if condition.kind == "stale" else None
-                if condition.kind == "offline":
-                    since = record.offline_since
-                current[(record.node_id, condition.kind)] = am_alert(
-                    alertname=alertname(condition.kind),
-                    node=record.node_id,
-                    cluster=record.cluster,
-                    kind=condition.kind,
-                    severity=condition.severity,
-                    message=condition.message,
-                    starts=since or now,
-                    ends=ends,
-                    extra=node_labels(record),
-                )
-        due = now - self._resent >= resend
+            for kind, alert in self._current(record, now, ends).items():
+                current[(record.node_id, kind)] = alert
         out = [alert for key, alert in current.items() if due or key not in self.firing]
         for key, alert in self.firing.items():
             # Resolved only by the node's holder: a node no longer held (its partition
             # moved) keeps firing from its new holder.
             if key not in current and key[0] in held:
                 out.append({**alert, "endsAt": rfc3339(now)})
-        if due:
-            self._resent = now
         self.firing = current
-        self.send(out)
+        return out
+
+    def _look(
+        self, nodes: set[str], now: float, ends: float
+    ) -> tuple[list[AmAlert], list[AmAlert]]:
+        """Only ``nodes`` looked at (their records were written): the conditions that
+        started, and the resolutions of those that ended."""
+        assert self.changes is not None
+        started: list[AmAlert] = []
+        resolved: list[AmAlert] = []
+        for node in nodes:
+            record = self.changes.record(node)
+            if record is None:  # no longer held: its new holder resolves what fires
+                for kind in CONDITIONS:
+                    self.firing.pop((node, kind), None)
+                continue
+            current = self._current(record, now, ends)
+            for kind in CONDITIONS:
+                key = (node, kind)
+                if kind in current and key not in self.firing:
+                    self.firing[key] = current[kind]
+                    started.append(current[kind])
+                elif kind not in current and key in self.firing:
+                    resolved.append({**self.firing.pop(key), "endsAt": rfc3339(now)})
+        return started, resolved
 
     async def on_event(self, msg: Msg) -> None:
         alert = codec.decode(msg.data, Alert, msg.subject)

@@ -155,6 +155,7 @@ class NodeFeed:
         self.writes = 0
         """Node writes seen so far (a reader notes it before it reads, see :meth:`changed`)."""
         self._recent: deque[tuple[int, str]] = deque(maxlen=RECENT_WRITES)
+        self._listeners: list[Callable[[str], None]] = []
         if held is not None:
             held.listen(self._notify)
 
@@ -244,9 +245,17 @@ class NodeFeed:
             return True
         return any(number > since and node in nodes for number, node in self._recent)
 
+    def listen(self, written: Callable[[str], None]) -> None:
+        """Have ``written(node)`` called for each node write the feed sees (the
+        aggregator's beside it and its watch's): how a reader keeps its own index of the
+        fleet up to date by what changed."""
+        self._listeners.append(written)
+
     def _notify(self, node: str) -> None:
         self.writes += 1
         self._recent.append((self.writes, node))
+        for listener in self._listeners:
+            listener(node)
         for nodes, waiter in self._waiting:
             if node in nodes and not waiter.done():
                 waiter.set_result(None)

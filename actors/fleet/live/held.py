@@ -40,6 +40,10 @@ class Held(Protocol):
         """Every held node and its record as kept in memory (slim: no heartbeat)."""
         ...
 
+    def record(self, node: str) -> NodeRecord | None:
+        """The held node's record as kept (slim: no heartbeat); None if not held."""
+        ...
+
     def whole(self, node: str) -> NodeRecord | None:
         """The node's whole record, its latest accepted heartbeat in it; None if not held."""
         ...

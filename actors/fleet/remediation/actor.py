@@ -39,6 +39,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.hooks import environment, run_hook
+from actors.fleet.remediation.members import Members
 from actors.fleet.remediation.policy import Order, Plan, decide, dry_run
 from actors.fleet.storage import registry
 from actors.fleet.storage.answers import answers
@@ -138,6 +139,10 @@ class RemediationActor:
         self._own_feed = feed is None
         self.feed = feed or NodeFeed(bus, self.subjects, metrics=self.metrics)
         """The nodes' records: the process's live feed, or one of its own."""
+        self.members = Members(self.feed, config)
+        """What the policy knows of the fleet, kept from the feed's writes."""
+        self._whole = True
+        """The next round takes every node in (the first, or the feed was incomplete)."""
         self.key = load_key_file(Path(config.key_file))
         self.alerts = AlertPublisher(bus, self.subjects)
         self.windows = MaintenanceWindows(bus, self.subjects)
@@ -175,30 +180,22 @@ class RemediationActor:
                 task.cancel()
             await asyncio.gather(*self.hook_tasks, return_exceptions=True)
 
-    def records(self) -> list[NodeRecord] | None:
-        """Every node's whole record from the live feed (a decode each, from memory), in
-        node order; None while the feed is not complete (a node missing for a moment
-        would look released)."""
-        if not self.feed.complete:
-            return None
-        return [record for _, record in sorted(self.feed.whole().items())]
-
     async def round(self) -> None:
-        """Decide once for every cluster the policy covers."""
-        records = self.records()
-        if records is None:
+        """Decide once for every cluster the policy covers, on what changed since the
+        last round (:class:`Members`): the nodes with a finding, the silent and the held."""
+        if not self.feed.complete:
             log.debug("policy waits for the live feed to be complete")
+            self._whole = True
             return
+        self.members.refresh(self._whole)
+        self._whole = False
         try:
             await self.windows.refresh()
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("maintenance windows not read", extra={"reason": str(exc)})
-        clusters: dict[str, list[NodeRecord]] = {}
-        for record in records:
-            if not self.config.clusters or record.cluster in self.config.clusters:
-                clusters.setdefault(record.cluster, []).append(record)
-        for cluster, members in sorted(clusters.items()):
-            await self.decide_cluster(cluster, members)
+        for cluster in self.members.clusters():
+            if not self.config.clusters or cluster in self.config.clusters:
+                await self.decide_cluster(cluster)
         self.rounds += 1
 
     def in_maintenance(self, members: list[NodeRecord], now: float) -> dict[str, str]:
@@ -210,7 +207,7 @@ class RemediationActor:
                 covered[record.node_id] = window.id
         return covered
 
-    async def decide_cluster(self, cluster: str, members: list[NodeRecord]) -> None:
+    async def decide_cluster(self, cluster: str) -> None:
         bucket = await self.open()
         try:
             current, revision = await kv.read_with_revision(bucket, cluster, PolicyRecord)
@@ -218,6 +215,7 @@ class RemediationActor:
             log.error("policy record unreadable: no action", extra={"reason": str(exc)})
             return
         current = current or PolicyRecord(cluster=cluster)
+        members = self.members.of(cluster, set(current.holds))
         entries = await self._trust_entries(current)
         enrolled = {node: entry.identity if entry else None for node, entry in entries.items()}
         refusals = await self._refusals(cluster, current, entries)
@@ -232,6 +230,7 @@ class RemediationActor:
             enrolled,
             refusals=refusals,
             maintenance=self.in_maintenance(members, now),
+            base=self.members.reporting(cluster),
         )
         if self.config.dry_run:
             plan = dry_run(current, plan)

@@ -260,12 +260,14 @@ def decide(
     *,
     refusals: Mapping[str, str] | None = None,
     maintenance: Mapping[str, str] | None = None,
+    base: int | None = None,
 ) -> Plan:
     """The next record and orders for one cluster; ``key`` is the policy's public key,
     ``new_id`` a fresh prefix for command ids, ``enrolled`` the enrolled identity of the
     held nodes (from their trust entries; a node missing has none), ``refusals`` why a
     held node refused the policy's command (its signed answer), ``maintenance`` the
-    window covering each node in maintenance."""
+    window covering each node in maintenance, ``base`` the cluster's reporting nodes
+    when ``records`` are only those the policy may act on (else counted in them)."""
     enrolled = enrolled or {}
     refusals = refusals or {}
     covered = maintenance or {}
@@ -347,7 +349,8 @@ def decide(
             continue
         findings[node] = finding
         wanted.append(Order(node, action, f"policy: {finding.reason_class}: {finding.detail}", ""))
-    base = sum(1 for record in by_node.values() if record.state in REPORTING)
+    if base is None:
+        base = sum(1 for record in by_node.values() if record.state in REPORTING)
     limit = breaker_limit(config, base)
     counted = sum(1 for hold in holds.values() if not hold.refused)
     kept = {node: text[:MAX_TEXT] for node, text in sorted(skipped.items())[:MAX_HELD]}

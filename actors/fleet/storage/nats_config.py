@@ -29,6 +29,7 @@ from actors.fleet.storage import registry
 from actors.runtime.bus import Bus
 from schemas.errors import FleetError
 from schemas.subjects import (
+    BUCKET_INDEX,
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
     BUCKET_POLICY,
@@ -250,6 +251,7 @@ def _monitor_exports(subjects: Subjects) -> list[dict[str, str]]:
         f"KV_{subjects.bucket_name(BUCKET_MAINTENANCE)}",
         f"KV_{subjects.bucket_name(BUCKET_POLICY)}",
         f"KV_{subjects.bucket_name(BUCKET_SETTINGS)}",
+        f"KV_{subjects.bucket_name(BUCKET_INDEX)}",
     ]
     exports: list[dict[str, str]] = []
     for stream in reads:

@@ -40,6 +40,7 @@ from nats.js.api import (
 from actors.fleet.config import AggregatorConfig
 from schemas.subjects import (
     BUCKET_ENROLL,
+    BUCKET_INDEX,
     BUCKET_LEASES,
     BUCKET_MAINTENANCE,
     BUCKET_NODES,
@@ -105,9 +106,18 @@ SETTINGS_MAX_BYTES = 4 * 1024 * KIB
 """fleet_settings' budget: hundreds of scopes with their history at a few KB each."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
+INDEX_VALUE_SIZE = 1024 * KIB
+"""One partition's state index: MAX_LISTED nodes of about 60 bytes each fit."""
+INDEX_MAX_BYTES = 64 * 1024 * KIB
+"""fleet_index holds one value per partition (at most 256); not a configurable budget."""
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
+COMMAND_CONSUMERS = 2 * MAX_NODES
+"""Consumers FLEET_CMD takes: one per node (its command queue), with room for readers.
+Set on the stream because nats-server 2.15 gives every stream that sets none (or -1) a
+limit of 1,000: past that many nodes, a node's consumer was refused ("maximum consumers
+limit reached") and its commands had nobody to read them."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,7 @@ def stream_configs(
             max_bytes=limits.commands_max_bytes,
             max_msgs=MAX_STREAM_MSGS,
             max_msg_size=MAX_COMMAND_SIZE,
+            max_consumers=COMMAND_CONSUMERS,
         ),
         StreamConfig(
             name=subjects.stream_name(STREAM_EVENTS),
@@ -272,6 +283,17 @@ def bucket_configs(
             replicas=replicas,
             max_bytes=MIB_LEASES,
             max_value_size=4 * KIB,
+            direct=True,
+        ),
+        KeyValueConfig(
+            bucket=subjects.bucket_name(BUCKET_INDEX),
+            description="each partition's nodes counted by cluster and state, and those "
+            "not active: what a summary listing reads",
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            max_bytes=INDEX_MAX_BYTES,
+            max_value_size=INDEX_VALUE_SIZE,
             direct=True,
         ),
         KeyValueConfig(

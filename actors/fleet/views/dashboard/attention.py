@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from actors.fleet.record_state import KNOWN_NOW
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.remediation import Hold
 
@@ -26,8 +27,6 @@ CONCERNS = (
     "waits for approval",
 )
 """What needs a person, by rank (the first is the most urgent)."""
-KNOWN_NOW = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
-"""States in which a node's last heartbeat says how it is now."""
 
 
 def concern(record: NodeRecord, hold: Hold | None, window: MaintenanceWindow | None) -> int | None:

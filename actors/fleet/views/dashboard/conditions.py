@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from actors.fleet.record_state import KNOWN_NOW
 from schemas.messages import Alert, NodeRecord
 
 QUIET = 600.0
@@ -41,8 +42,6 @@ ENDS_SILENCE = frozenset({"recovered", "stopped", "deregistered", "forgotten"})
 two, which an operator may want to see)."""
 QUIET_KINDS_SHOWN = frozenset({"deregistered", "forgotten"})
 HEALTH_BAD = frozenset({"degraded", "unhealthy"})
-KNOWN_NOW = frozenset({"active", "degraded", "unhealthy", "cordoned", "draining", "drained"})
-"""Record states in which its health is the node's health now."""
 CLUSTER_NODE = "_cluster"
 """The node id of an alert about a whole cluster (the policy's breaker)."""
 

@@ -14,6 +14,7 @@ import array
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from schemas.messages import Heartbeat
 
@@ -53,17 +54,41 @@ class GpuTotals:
     """Heartbeats the held nodes sent since the last round (their seq advanced)."""
 
     def add(self, beat: Heartbeat, beats: int) -> None:
+        self.add_share(share_of(beat), beats)
+
+    def add_share(self, share: Share, beats: int) -> None:
+        """One node's share of the round (kept from its heartbeat: see
+        ``history.History.again``), and the heartbeats it sent since the last."""
         self.nodes += 1
         self.beats += beats
-        for gpu in beat.sample.gpus if beat.sample else []:
-            if gpu.lost:
-                continue
-            self.gpus += 1
-            if gpu.utilization_pct is not None:
-                self.utilisation += gpu.utilization_pct
-                self.reporting += 1
-            if gpu.power_w is not None:
-                self.power += gpu.power_w
+        self.gpus += share.gpus
+        self.reporting += share.reporting
+        self.utilisation += share.utilisation
+        self.power += share.power
+
+
+class Share(NamedTuple):
+    """What one node's heartbeat adds to :class:`GpuTotals`."""
+
+    gpus: int
+    reporting: int
+    utilisation: float
+    power: float
+
+
+def share_of(beat: Heartbeat) -> Share:
+    gpus = reporting = 0
+    utilisation = power = 0.0
+    for gpu in beat.sample.gpus if beat.sample else []:
+        if gpu.lost:
+            continue
+        gpus += 1
+        if gpu.utilization_pct is not None:
+            utilisation += gpu.utilization_pct
+            reporting += 1
+        if gpu.power_w is not None:
+            power += gpu.power_w
+    return Share(gpus, reporting, utilisation, power)
 
 
 class FleetHistory:

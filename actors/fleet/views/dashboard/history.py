@@ -9,9 +9,11 @@ beat is not a shorter cadence, and a silence still shows as a longer one). Point
 one clock (:attr:`History.times`), so a node keeps only its values, packed as
 :data:`POINT` says (7 bytes a point, each figure at the precision its source has: NVML
 reads whole degrees, percent and watts), in one ``bytearray`` used as a ring, behind the
-(ts, seq) of the heartbeat its last point came from. With the default 60 points that is
-436 bytes a node (about 500 with the bytearray and its dict entry): 50 MB at 100,000
-nodes, reported by ``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
+(ts, seq) of the heartbeat its last point came from and that heartbeat's share of the
+fleet's totals (so a node that sent nothing since costs no decode). With the default 60
+points that is 448 bytes a node (about 510 with the bytearray and its dict entry): 51 MB
+at 100,000 nodes, reported by ``bytes_per_node`` and measured in
+``tests/bench/bench_dashboard.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from actors.fleet.views.dashboard.fleet_history import Share, share_of
 from schemas.messages import Heartbeat
 
 SERIES = (
@@ -63,6 +66,12 @@ POINT = struct.Struct("<" + "".join("B" if p.bits == 8 else "H" for p in PACKING
 """One point's bytes."""
 LAST = struct.Struct("<dQ")
 """The (ts, seq) of the heartbeat a node's last point came from, ahead of its points."""
+SHARE = struct.Struct("<HHff")
+"""That heartbeat's :class:`Share` of the fleet's totals, after it: a node that sent
+nothing since its last point is sampled from it and that point, its heartbeat not
+decoded (:meth:`History.again`)."""
+HEAD = LAST.size + SHARE.size
+"""Bytes ahead of a node's points."""
 EMPTY = POINT.pack(*(packing.missing for packing in PACKINGS))
 
 
@@ -118,7 +127,7 @@ class History:
         slot = self.head
         self.times[slot] = now
         self.head = (slot + 1) % self.points
-        offset = LAST.size + slot * POINT.size
+        offset = HEAD + slot * POINT.size
         for ring in self.nodes.values():
             ring[offset : offset + POINT.size] = EMPTY
         return slot
@@ -129,16 +138,31 @@ class History:
         ring = self.nodes.get(node)
         previous: tuple[float, int] | None = None
         if ring is None:
-            ring = bytearray(LAST.size) + EMPTY * self.points
+            ring = bytearray(HEAD) + EMPTY * self.points
             self.nodes[sys.intern(node)] = ring
         else:
             previous = LAST.unpack_from(ring)
         sample = point(beat, previous)
         LAST.pack_into(ring, 0, beat.ts, beat.seq)
+        SHARE.pack_into(ring, LAST.size, *share_of(beat))
         figures = zip(PACKINGS, sample.values(), strict=True)
         packed = (packing.pack(value) for packing, value in figures)
-        POINT.pack_into(ring, LAST.size + slot * POINT.size, *packed)
+        POINT.pack_into(ring, HEAD + slot * POINT.size, *packed)
         return max(0, beat.seq - previous[1]) if previous is not None else 0
+
+    def again(self, slot: int, node: str, seq: int) -> Share | None:
+        """Node ``node``'s point of the round at ``slot`` when its latest heartbeat is
+        still the one (``seq``) its last point came from: the point of the round before
+        again, without an interval (no beat since), and that heartbeat's share of the
+        totals; None when it sent another since (or has no point yet): then it is
+        :meth:`put`."""
+        ring = self.nodes.get(node)
+        if ring is None or LAST.unpack_from(ring)[1] != seq:
+            return None
+        before = (slot - 1) % self.points
+        *figures, _ = POINT.unpack_from(ring, HEAD + before * POINT.size)
+        POINT.pack_into(ring, HEAD + slot * POINT.size, *figures, PACKINGS[-1].missing)
+        return Share(*SHARE.unpack_from(ring, LAST.size))
 
     def keep_only(self, nodes: set[str]) -> None:
         """Forget the nodes not in ``nodes`` (gone, or no longer held)."""
@@ -156,7 +180,7 @@ class History:
             when = self.times[slot]
             if math.isnan(when):
                 continue
-            raws: Sequence[int] = POINT.unpack_from(ring, LAST.size + slot * POINT.size)
+            raws: Sequence[int] = POINT.unpack_from(ring, HEAD + slot * POINT.size)
             for values, packing, raw in zip(out, PACKINGS, raws, strict=True):
                 value = packing.unpack(raw)
                 if value is not None:

@@ -22,9 +22,9 @@ from typing import Protocol
 import msgspec
 
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.record_state import KNOWN_NOW
 from actors.fleet.storage.leases import PartitionStatus
 from actors.fleet.views.dashboard import pages, panels, render
-from actors.fleet.views.dashboard.attention import KNOWN_NOW
 from actors.fleet.views.dashboard.chart_sets import fleet_charts, node_charts
 from actors.fleet.views.dashboard.conditions import Conditions, Filter, Now
 from actors.fleet.views.dashboard.facts import Facts
@@ -47,6 +47,8 @@ class FleetView(Protocol):
     """What the dashboard reads, as the fleet API reads it."""
 
     def current(self) -> dict[str, NodeRecord]: ...
+
+    async def every_node(self) -> dict[str, NodeRecord]: ...
 
     def record(self, node: str) -> NodeRecord | None: ...
 

@@ -18,7 +18,8 @@ from urllib.parse import urlencode
 
 from actors.fleet.live import workload_status
 from actors.fleet.live.reader import LiveRecord
-from actors.fleet.views.dashboard.attention import CONCERNS, KNOWN_NOW
+from actors.fleet.record_state import KNOWN_NOW
+from actors.fleet.views.dashboard.attention import CONCERNS
 from actors.fleet.views.dashboard.conditions import CLUSTER_NODE
 from actors.fleet.views.history import Entry
 from actors.runtime.spans import age, clock, span

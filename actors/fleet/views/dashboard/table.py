@@ -199,7 +199,7 @@ class Snapshot:
         self.gpu_rows[key] = rows
 
     def matching(self, query: render.Query) -> list[NodeRecord]:
-        key = dataclasses.replace(query, page=1)
+        key = dataclasses.replace(query, page=1, severity="", kind="", day=False)
         found = self._found.get(key)
         if found is None:
             if len(self._found) >= MAX_QUERIES:

@@ -1,0 +1,46 @@
+"""The nodes whose command consumer the aggregator keeps (admitted, in a partition it
+owns), told to the consumer keeper (``command_queues``) by what changed: the nodes whose
+records were written since it last asked, or every node once the partitions it owns
+changed. A round with nothing written walks no table."""
+
+from __future__ import annotations
+
+from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
+from actors.fleet.aggregator.hot_state import NodeTable
+from actors.fleet.aggregator.ownership import Ownership
+
+
+class Admitted:
+    """:class:`~actors.fleet.aggregator.command_queues.AdmittedNodes` of one aggregator."""
+
+    def __init__(self, table: NodeTable, ownership: Ownership) -> None:
+        self._table = table
+        self._ownership = ownership
+        self._written: set[str] = set()
+        """Nodes written since the last :meth:`changed` (at most the table's nodes)."""
+        self._owned: frozenset[int] | None = None
+        table.listeners.append(self._note)
+
+    def _note(self, node: str) -> None:
+        self._written.add(node)
+
+    def every(self) -> list[Node]:
+        return [
+            (state.record.cluster, node)
+            for node, state in list(self._table.items())
+            if state.record.state not in NOT_ADMITTED and self._ownership.owns(node)
+        ]
+
+    def cluster(self, node: str) -> str | None:
+        state = self._table.get(node)
+        if state is None or state.record.state in NOT_ADMITTED or not self._ownership.owns(node):
+            return None
+        return state.record.cluster
+
+    def changed(self) -> set[str] | None:
+        owned = frozenset(self._ownership.since)
+        written, self._written = self._written, set()
+        if owned != self._owned:
+            self._owned = owned
+            return None
+        return written

@@ -1,0 +1,98 @@
+"""What the remediation policy knows of the fleet between rounds, kept from the live
+feed's writes instead of decoding every record each round: per cluster, how many nodes
+it has and how many report (the breaker's base), and the nodes it may act on, those
+whose record has a finding now (``classify``) or may come to have one with time alone
+(silent: ``hung``). A round decodes those and the nodes the policy holds, nothing else;
+what a round costs follows what changed, not the fleet's size."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from actors.fleet.live.feed import NodeFeed
+from actors.fleet.remediation.config import PolicyConfig
+from actors.fleet.remediation.findings import REPORTING, SILENT, classify
+from schemas.messages import NodeRecord
+
+
+class Members:
+    """The policy's index of the feed's records (a few bytes a node)."""
+
+    def __init__(self, feed: NodeFeed, config: PolicyConfig) -> None:
+        self.feed = feed
+        self.config = config
+        self._entry: dict[str, tuple[str, bool, bool]] = {}
+        """Node -> (cluster, reporting, may be acted on), as last read."""
+        self._nodes: Counter[str] = Counter()
+        self._reporting: Counter[str] = Counter()
+        self._candidates: dict[str, set[str]] = {}
+        self._written: set[str] = set()
+        """Nodes written since the last refresh (at most every node)."""
+        self._released = -1
+        self.read = 0
+        """Records decoded by refreshes so far (what a quiet round adds none to)."""
+        feed.listen(self._note)
+
+    def _note(self, node: str) -> None:
+        self._written.add(node)
+
+    def refresh(self, everything: bool) -> None:
+        """Take in the nodes written since the last refresh; every node with
+        ``everything`` (the first round, or the feed was incomplete since) or once the
+        aggregator beside the feed let nodes go (their records are read anew)."""
+        held = self.feed.held
+        released = held.released if held is not None else 0
+        written, self._written = self._written, set()
+        if everything or released != self._released:
+            self._released = released
+            self._entry.clear()
+            self._nodes.clear()
+            self._reporting.clear()
+            self._candidates.clear()
+            written = set(self.feed.nodes())
+        for node in written:
+            self._drop(node)
+            record = self.feed.record(node)
+            self.read += 1
+            if record is not None and not record.deregistered:
+                self._put(node, record)
+
+    def _drop(self, node: str) -> None:
+        entry = self._entry.pop(node, None)
+        if entry is None:
+            return
+        cluster, reporting, candidate = entry
+        self._nodes[cluster] -= 1
+        if not self._nodes[cluster]:
+            del self._nodes[cluster]
+        self._reporting[cluster] -= reporting
+        if candidate:
+            self._candidates[cluster].discard(node)
+
+    def _put(self, node: str, record: NodeRecord) -> None:
+        cluster = record.cluster
+        reporting = record.state in REPORTING
+        candidate = record.state in SILENT or classify(record, self.config.classes) is not None
+        self._entry[node] = (cluster, reporting, candidate)
+        self._nodes[cluster] += 1
+        self._reporting[cluster] += reporting
+        if candidate:
+            self._candidates.setdefault(cluster, set()).add(node)
+
+    def clusters(self) -> list[str]:
+        """Every cluster with a node, in order."""
+        return sorted(self._nodes)
+
+    def reporting(self, cluster: str) -> int:
+        """The cluster's reporting nodes (the breaker's base)."""
+        return self._reporting[cluster]
+
+    def of(self, cluster: str, held: set[str]) -> list[NodeRecord]:
+        """The whole records the policy may act on in ``cluster``: those with a finding
+        or silent, and the nodes of ``held`` (its holds) that are in the cluster."""
+        found: list[NodeRecord] = []
+        for node in sorted(self._candidates.get(cluster, set()) | held):
+            record = self.feed.record(node)
+            if record is not None and record.cluster == cluster and not record.deregistered:
+                found.append(record)
+        return found

@@ -1,0 +1,202 @@
+"""Issue 48's listings at fleet size (a script, not a test): what ``fleetctl nodes``
+costs with the state index beside the records.
+
+A fresh embedded nats-server, one ``fleetctl aggregator`` (its state index on, as
+shipped) and ``fleetctl simulate --nodes N --kill K`` (8 fake GPUs a node, one beat per
+``--interval``; K nodes stop half way through ``--duration``: K stale nodes) as their own
+processes. Once every node has a record and the index counts K stale nodes, each of these
+``--runs`` times, in this process (wall time and payload bytes read) and as an operator
+runs it (``fleetctl``, wall time):
+
+- the summary by cluster and state (``fleetctl nodes``): the index alone;
+- ``fleetctl nodes --state stale --all`` (K matches, as rows): the index, then those K
+  records, live;
+- the full live listing (``live.read_fleet``; ``fleetctl nodes -o json --all``);
+
+then the dashboard's first page in headless Chromium, ``--loads`` times, from navigation
+to the table's rows on screen (median and spread; ``bench_dashboard.py``'s measure, on a
+fleet that is beating).
+
+Run: ``python tests/bench/bench_listings.py --nodes 100000`` (about 15 minutes on 2
+shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from actors.cli.fleetctl import indexed
+from actors.fleet.live import reader as live
+from actors.fleet.live.state_index import read_index
+from actors.runtime.bus import NatsBus
+from schemas.subjects import Subjects
+from tests.bench.bench_aggregator import Bench, Cluster, servers
+from tests.bench.bench_dashboard import first_pages
+from tests.bench.bench_live_views import PREFIX, fleetctl, records_count
+
+
+def options() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds between beats")
+    parser.add_argument("--kill", type=int, default=300, help="nodes that stop half way")
+    parser.add_argument("--duration", type=float, default=900.0, help="simulate's duration")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--loads", type=int, default=5, help="dashboard first-page loads")
+    parser.add_argument("--processes", type=int, default=2, help="fleetctl simulate --processes")
+    parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
+    return parser
+
+
+async def stale_counted(url: str) -> int:
+    bus = await NatsBus.connect(url, "bench")
+    try:
+        found = await read_index(bus, Subjects(PREFIX))
+        if found is None:
+            return -1
+        return sum(row.get("stale", 0) for row in found.counts.values())
+    finally:
+        await bus.close()
+
+
+async def measured(url: str, read: Callable[[NatsBus], Awaitable[str]]) -> tuple[float, int, str]:
+    """(wall s, payload bytes read, what was read) of one read in this process."""
+    bus = await NatsBus.connect(url, "bench-reader")
+    try:
+        in_bytes = bus.nc.stats["in_bytes"]
+        started = time.monotonic()
+        what = await read(bus)
+        return time.monotonic() - started, bus.nc.stats["in_bytes"] - in_bytes, what
+    finally:
+        await bus.close()
+
+
+async def summary(bus: NatsBus) -> str:
+    found = await indexed.from_index(bus, Subjects(PREFIX), None, set())
+    assert found is not None and found.records is None, "the index did not answer"
+    return found.summary.splitlines()[-2]
+
+
+async def stale(bus: NatsBus) -> str:
+    found = await indexed.from_index(bus, Subjects(PREFIX), None, {"stale"}, rows=True)
+    assert found is not None and found.records is not None, "the index did not answer"
+    live_ = sum(1 for record in found.records if record.live)
+    return f"{len(found.records)} stale nodes listed, {live_} of them live"
+
+
+async def everything(bus: NatsBus) -> str:
+    found = await live.read_fleet(bus, Subjects(PREFIX))
+    return f"{len(found)} records, {sum(1 for record in found if record.live)} live"
+
+
+def wait_records(
+    bench: Bench,
+    cluster: Cluster,
+    nodes: int,
+    timeout: float,
+    sim: subprocess.Popen[bytes],
+    errors: IO[bytes],
+) -> float:
+    """Seconds until every node has a record; what simulate said if it ended before."""
+    started = time.monotonic()
+    while asyncio.run(records_count(cluster.url)) < nodes:
+        if sim.poll() is not None:
+            errors.seek(0)
+            said = errors.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"fleetctl simulate ended ({sim.returncode}): {said}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"not every node has a record within {timeout:g}s")
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
+def spread(values: list[float]) -> str:
+    listed = ", ".join(f"{value:.2f}" for value in values)
+    return f"{statistics.median(values):.2f} s median ({listed})"
+
+
+def run(bench: Bench, cluster: Cluster) -> None:
+    args = bench.args
+    aggregator = cluster.start_aggregator()
+    rate = args.nodes / args.interval
+    extra = ("--gpus", str(args.gpus), "--wait", "0.01", "--kill", str(args.kill))
+    command = cluster.simulate_command(args.nodes, rate, args.duration, *extra)
+    errors = tempfile.TemporaryFile()
+    sim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+    try:
+        took = wait_records(bench, cluster, args.nodes, args.interval * 4 + 600, sim, errors)
+        bench.say(
+            f"{args.nodes} nodes of {args.gpus} GPUs at {rate:.0f}/s: records in {took:.0f} s"
+        )
+        deadline = time.monotonic() + args.duration
+        while asyncio.run(stale_counted(cluster.url)) < args.kill:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the index never counted the stopped nodes stale")
+            time.sleep(2.0)
+        bench.say(f"index counts {args.kill} stale nodes")
+        reads = {"summary": summary, f"--state stale ({args.kill})": stale, "full": everything}
+        commands = {
+            "summary": ["nodes"],
+            f"--state stale ({args.kill})": ["nodes", "--state", "stale", "--all"],
+            "full": ["nodes", "-o", "json", "--all"],
+        }
+        for name, read in reads.items():
+            walls, sizes, cli = [], [], []
+            what = ""
+            for _ in range(args.runs):
+                wall, size, what = asyncio.run(measured(cluster.url, read))
+                walls.append(wall)
+                sizes.append(size)
+                cli_wall, _, code = fleetctl(cluster, *commands[name])
+                cli.append(cli_wall if code == 0 else float("nan"))
+            bench.row(
+                f"{args.nodes}: {name}",
+                "",
+                f"read {spread(walls)}, {statistics.median(sizes) / 2**20:.1f} MiB; "
+                f"fleetctl {' '.join(commands[name])} {spread(cli)}; {what}",
+            )
+        url = f"http://127.0.0.1:{aggregator.port}/"
+        times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))
+        bench.row(
+            f"{args.nodes}: dashboard first page",
+            "1 s median",
+            f"{spread(times)}; aggregator RSS {aggregator.rss_mb():.0f} MiB",
+        )
+    finally:
+        sim.terminate()
+        try:
+            sim.wait(20)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait()
+
+
+def main() -> int:
+    bench = Bench(options().parse_args())
+    with servers(bench) as cluster:
+        run(bench, cluster)
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    bench.say(f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)")
+    bench.say("\n| figure | target | measured |\n|---|---|---|")
+    for row in bench.rows:
+        bench.say(row.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
