@@ -241,8 +241,9 @@ async def test_a_node_refused_for_a_replay_but_beating_upstream_is_not_stale(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """A node refused for a replay whose newer heartbeat (signed by its key) FLEET_HB_IN
-    holds beats on, its owner's consumer behind: the refused sweep leaves it; refused for
-    another reason (its key revoked: its newer beats are refused too), it is stale."""
+    holds beats on, its owner's consumer behind: the refused sweep leaves it; with nothing
+    newer upstream (replays of a dead node), or refused for another reason (its key
+    revoked: its newer beats are refused too), it is stale."""
     aggregator, keys = await two_nodes(fleet, bus, prefix)
     ledger = aggregator.ledger
 
@@ -265,8 +266,13 @@ async def test_a_node_refused_for_a_replay_but_beating_upstream_is_not_stale(
         await aggregator.sweeps.sweep_refused()
         assert ledger.nodes["n1"].record.stale_since is None
         assert "n1" in ledger.refusals.refused
-        ledger.nodes["n1"].record = msgspec.structs.replace(behind, refused="revoked")
-        await aggregator.sweeps.sweep_refused()
-        assert ledger.nodes["n1"].record.stale_since is not None
+        for refused in (
+            msgspec.structs.replace(behind, last_seq=4),  # a replay, nothing newer upstream
+            msgspec.structs.replace(behind, refused="revoked"),
+        ):
+            ledger.nodes["n1"].record = refused
+            ledger.refusals.on_refused("n1")
+            await aggregator.sweeps.sweep_refused()
+            assert ledger.nodes["n1"].record.stale_since is not None
     finally:
         beating.cancel()
