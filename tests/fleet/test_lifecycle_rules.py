@@ -8,7 +8,8 @@ import msgspec
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
 from actors.fleet.aggregator.refusals import MAX_TRACKED, RefusalTracker, mark_refused
-from actors.fleet.aggregator.sweeps import refused_silent, silent_without_marker
+from actors.fleet.aggregator.silence import StreamPulse
+from actors.fleet.aggregator.sweeps import bus_silent, refused_silent, silent_without_marker
 from schemas.events import Capacity, Gpu, Health, Sample
 from schemas.messages import Heartbeat, NodeRecord
 from tests.support.fleet import heartbeat
@@ -123,6 +124,21 @@ def test_refused_silent_after_stale_after() -> None:
     assert not refused_silent(record_state.with_state(record, stale_since=101.0), 200)
     gone = msgspec.structs.replace(record, deregistered=True)
     assert not refused_silent(gone, 200.0)
+
+
+def test_a_refused_node_waits_out_a_silent_stream_up_to_the_outage_bound() -> None:
+    """A refused node's silence is maybe the bus's while the stream stored nothing for
+    half its stale_after before now; not once the stream flows again, nor past
+    stale_after plus bus_outage_max after its last accepted beat."""
+    record = accepted(heartbeat(seq=1, stale_after=4.0), now=100.0)
+    pulse = StreamPulse()
+    pulse.stored(100.2)
+    assert bus_silent(record, pulse, 104.5, 300.0, 30.0)
+    for second in range(105, 108):
+        pulse.stored(second + 0.1)
+    assert not bus_silent(record, pulse, 108.5, 300.0, 30.0)
+    assert not bus_silent(record, StreamPulse(), 134.0, 300.0, 30.0)  # past the bound
+    assert bus_silent(record, StreamPulse(), 133.9, 300.0, 30.0)
 
 
 def test_silence_is_judged_by_the_aggregators_bound_not_the_nodes_claim() -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import msgspec
 
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.aggregator.silence import Held, HeldMarkers, StreamPulse, grace
+from actors.fleet.live.reader import read_node
 from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
@@ -77,9 +79,17 @@ def test_many_held_markers_wait_for_the_outage_bound() -> None:
     assert [node for node, _ in held.due(pulse, 131.6)] == ["n3"]
 
 
-async def beat(bus: NatsBus, prefix: str, key: signing.KeyPair, node: str, seq: int) -> None:
-    body = codec.encode(heartbeat(node=node, seq=seq))
-    headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
+async def beat(
+    bus: NatsBus,
+    prefix: str,
+    key: signing.KeyPair,
+    node: str,
+    seq: int,
+    stale_after: float = 2.0,
+) -> None:
+    body = codec.encode(heartbeat(node=node, seq=seq, stale_after=stale_after))
+    ttl = f"{stale_after:g}"
+    headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": ttl}
     await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
 
 
@@ -184,3 +194,85 @@ async def test_a_node_beating_into_the_intake_is_alive_though_fleet_hb_is_behind
     assert await aggregator.ownership.beating_upstream(record, key)
     await beat(bus, prefix, signing.KeyPair.generate(), "n1", 5)
     assert not await aggregator.ownership.beating_upstream(record, key)
+
+
+async def test_a_replay_refused_before_a_silence_does_not_make_its_node_stale(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """An old heartbeat of n1 (seq 2) stored after its newer ones is refused as a replay
+    just before the whole stream goes silent (seed 11's frozen server): the refused sweep
+    waits for the stream as a held marker does, so n1, beating again after the silence,
+    is never stale, and the live read shows its newest heartbeat, not the refused one."""
+    alerts = await watch_alerts(bus, prefix)
+    key = signing.KeyPair.generate()
+    await approve(bus, Subjects(prefix), "n1", key.public_key)
+    supervisor = await fleet.start_aggregator(sweep_interval=0.2)
+    aggregator = supervisor.actors[0]
+    assert isinstance(aggregator, AggregatorActor)
+    sweeps, swept = aggregator.sweeps, []
+    sweep_refused = sweeps.sweep_refused
+
+    async def counted() -> None:
+        await sweep_refused()
+        swept.append(time.time())
+
+    sweeps.sweep_refused = counted  # type: ignore[method-assign]
+    for seq in (1, 2, 3):
+        await beat(bus, prefix, key, "n1", seq, stale_after=4.0)
+    await wait_record(bus, prefix, "n1", lambda r: r.state == "active" and r.last_seq == 3)
+    await beat(bus, prefix, key, "n1", 2, stale_after=4.0)  # the replay
+    await wait_for(lambda: alerts.of("replay"))
+    n1 = aggregator.ledger.nodes["n1"].record
+    assert n1.last_seq == 3 and n1.heartbeat is not None
+    assert "n1" in aggregator.ledger.refusals.refused
+    silent_at = n1.last_seen + n1.heartbeat.stale_after
+    await wait_for(lambda: any(at > silent_at + 0.5 for at in swept), timeout=15)
+    assert aggregator.ledger.nodes["n1"].record.stale_since is None
+    for seq in range(4, 7):
+        await beat(bus, prefix, key, "n1", seq, stale_after=4.0)
+    record = await wait_record(bus, prefix, "n1", lambda r: r.last_seq == 6)
+    assert record.state == "active" and record.stale_since is None
+    assert alerts.of("stale") == []
+    live = await read_node(bus, Subjects(prefix), "n1")
+    assert live.live and live.last_seq == 6, live.live_note
+
+
+async def test_a_node_refused_for_a_replay_but_beating_upstream_is_not_stale(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A node refused for a replay whose newer heartbeat (signed by its key) FLEET_HB_IN
+    holds beats on, its owner's consumer behind: the refused sweep leaves it; with nothing
+    newer upstream (replays of a dead node), or refused for another reason (its key
+    revoked: its newer beats are refused too), it is stale."""
+    aggregator, keys = await two_nodes(fleet, bus, prefix)
+    ledger = aggregator.ledger
+
+    async def n2_beats() -> None:  # the stream is not silent: no bus's silence to wait out
+        for seq in range(4, 100):
+            await beat(bus, prefix, keys["n2"], "n2", seq)
+            await asyncio.sleep(0.5)
+
+    beating = asyncio.create_task(n2_beats())
+    try:
+        await beat(bus, prefix, keys["n1"], "n1", 4)
+        await wait_for(lambda: ledger.nodes["n1"].record.last_seq == 4)
+        await wait_for(lambda: not ledger.pulse.silent(time.time(), 2.0))
+        # The owner's record as if seq 4 were still on its way, and a replay refused since.
+        behind = msgspec.structs.replace(
+            ledger.nodes["n1"].record, last_seq=3, last_seen=time.time() - 10, refused="replay"
+        )
+        ledger.nodes["n1"].record = behind
+        ledger.refusals.on_refused("n1")
+        await aggregator.sweeps.sweep_refused()
+        assert ledger.nodes["n1"].record.stale_since is None
+        assert "n1" in ledger.refusals.refused
+        for refused in (
+            msgspec.structs.replace(behind, last_seq=4),  # a replay, nothing newer upstream
+            msgspec.structs.replace(behind, refused="revoked"),
+        ):
+            ledger.nodes["n1"].record = refused
+            ledger.refusals.on_refused("n1")
+            await aggregator.sweeps.sweep_refused()
+            assert ledger.nodes["n1"].record.stale_since is not None
+    finally:
+        beating.cancel()

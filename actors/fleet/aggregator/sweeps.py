@@ -2,7 +2,8 @@
 
 Every ``sweep_interval``: stale records older than ``offline_after`` become offline (the
 nodes seen going stale only), and refused nodes silent for their ``stale_after`` become
-stale (their refused messages keep the TTL marker from firing), and the TTL markers held
+stale (their refused messages keep the TTL marker from firing; not while the whole stream
+is silent, which may be the bus's silence), and the TTL markers held
 through a silence of the stream (:mod:`~actors.fleet.aggregator.silence`) are believed
 once it is over and their node has not beaten. Every
 ``full_sweep_interval``, the full sweep: every record, the silent nodes whose TTL marker
@@ -29,6 +30,7 @@ from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.retirement import Retirement
+from actors.fleet.aggregator.silence import StreamPulse
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
@@ -75,6 +77,20 @@ def refused_silent(record: NodeRecord, now: float, bound: float = MAX_STALE_AFTE
     if record.heartbeat is None or record.stale_since is not None or record.deregistered:
         return False
     return now - record.last_seen >= min(record.heartbeat.stale_after, bound)
+
+
+def bus_silent(
+    record: NodeRecord, pulse: StreamPulse, now: float, bound: float, outage_max: float
+) -> bool:
+    """Whether a refused node's silence may be the bus's: the stream stored nothing for
+    half its ``stale_after`` (at most ``bound``) in one stretch of the ``stale_after``
+    before ``now``, and its last accepted heartbeat is less than ``stale_after`` plus
+    ``outage_max`` (the aggregator's ``bus_outage_max``) old. Its judgement then waits, as
+    a TTL marker after such a silence is held (:mod:`~actors.fleet.aggregator.silence`):
+    a replay refused just before a stall (an old heartbeat a frozen server stored late)
+    must not make a node whose newer heartbeats are stuck behind the stall stale."""
+    span = min(record.heartbeat.stale_after if record.heartbeat else bound, bound)
+    return now < record.last_seen + span + outage_max and pulse.silent(now, span)
 
 
 class Sweeps:
@@ -205,8 +221,9 @@ class Sweeps:
 
     async def sweep_refused(self) -> None:
         """Refused nodes whose last accepted heartbeat is older than its ``stale_after``
-        become stale: their refused messages keep the TTL marker from firing. Judged on
-        the owner's in-memory records, the stale state written at once."""
+        become stale: their refused messages keep the TTL marker from firing. Not while
+        the stream was silent (:func:`bus_silent`). Judged on the owner's in-memory
+        records, the stale state written at once."""
         now = time.time()
         ledger = self.ledger
         for node in list(ledger.refusals.refused):
@@ -218,6 +235,11 @@ class Sweeps:
             if not refused_silent(record, now, self.config.max_stale_after):
                 if record.stale_since is not None or record.deregistered:
                     ledger.refusals.forget(node)
+                continue
+            bound, outage_max = self.config.max_stale_after, self.config.bus_outage_max
+            if bus_silent(record, ledger.pulse, now, bound, outage_max):
+                continue  # judged once heartbeats flow again (or the outage bound passed)
+            if await self._beats_past_a_replay(record, now):
                 continue
             stale = record_state.with_state(record, stale_since=now)
             ledger.mark_stale(node, state, stale)
@@ -233,6 +255,25 @@ class Sweeps:
                 {"last_seq": str(stale.last_seq), "refused": stale.refused},
             )
             await self.writes.write(node)
+
+    async def _beats_past_a_replay(self, record: NodeRecord, now: float) -> bool:
+        """Whether a node refused for a ``replay`` (an old heartbeat stored late, say
+        through a server that was paused) beats on: FLEET_HB_IN holds a heartbeat of it
+        newer than its last accepted one, signed by its trusted key, or cannot be read
+        (:meth:`Ownership.beating_upstream`; the owner's consumer or FLEET_HB is behind).
+        Asked for ``stale_after`` plus ``bus_outage_max`` after its last accepted beat at
+        most; never for the other refusals (a revoked key, a clock off: their newer beats
+        are refused too)."""
+        beat = record.heartbeat
+        if record.refused != "replay" or beat is None:
+            return False
+        span = min(beat.stale_after, self.config.max_stale_after)
+        if now >= record.last_seen + span + self.config.bus_outage_max:
+            return False
+        key = await self.store.trusted_key(record.node_id)
+        if key is None:
+            return False
+        return await self.ownership.beating_upstream(record, key) is not False
 
     async def sweep_outages(self) -> None:
         """Each silence of the stream the nodes have beaten again after, once settled: one
