@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.runtime.embedded import NatsServer
 from tests.bench import bench_aggregator as agg
+from tests.support.ports import free_port
 
 TRACED = """
 import runpy, signal, sys, tracemalloc
@@ -54,8 +55,17 @@ def options() -> argparse.ArgumentParser:
 
 
 def snapshot(url: str, out: Path, settle: float) -> tracemalloc.Snapshot:
-    port = agg.free_port()
-    argv = ["aggregator", "--server", url, "--http-port", str(port), "--log-level", "error", *agg.BUDGETS]
+    port = free_port()
+    argv = [
+        "aggregator",
+        "--server",
+        url,
+        "--http-port",
+        str(port),
+        "--log-level",
+        "error",
+        *agg.BUDGETS,
+    ]
     process = subprocess.Popen(
         [sys.executable, "-c", TRACED.format(depth=1, out=str(out), argv=argv)],
         stdout=subprocess.DEVNULL,
