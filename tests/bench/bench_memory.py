@@ -41,6 +41,10 @@ runpy.run_module("actors.cli.fleetctl", run_name="__main__")
 """
 """The aggregator under tracemalloc: SIGUSR1 dumps a snapshot to ``out``."""
 
+NO_OFFLINE = {"FLEET_AGGREGATOR_OFFLINE_AFTER": "86400"}
+"""The records' last heartbeat is from the fill: a slow traced load would otherwise turn
+them offline (writes and alerts, not the memory at rest)."""
+
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -69,13 +73,13 @@ def snapshot(url: str, out: Path, settle: float) -> tracemalloc.Snapshot:
     process = subprocess.Popen(
         [sys.executable, "-c", TRACED.format(depth=1, out=str(out), argv=argv)],
         stdout=subprocess.DEVNULL,
-        env={**os.environ, **agg.SAMPLE_EVERY_3_S},
+        env={**os.environ, **agg.SAMPLE_EVERY_3_S, **NO_OFFLINE},
     )
     try:
         owner = agg.Aggregator.__new__(agg.Aggregator)
         owner.port, owner.process = port, process
         agg.Aggregator.wait_answering(owner, 600)
-        if agg.Aggregator.wait_owner(owner, 900) is None:
+        if not owning(owner, 900):
             raise SystemExit("the traced aggregator took no lease")
         time.sleep(settle)  # a script: the dashboard's first samples and the feed settle
         process.send_signal(signal.SIGUSR1)
@@ -89,6 +93,18 @@ def snapshot(url: str, out: Path, settle: float) -> tracemalloc.Snapshot:
     finally:
         process.terminate()
         process.wait(30)
+
+
+def owning(aggregator: agg.Aggregator, timeout: float) -> bool:
+    """Whether it holds a lease within ``timeout``: asked every 10 s, as each /metrics
+    decodes every record (slow under tracemalloc; asked twice a second, it starves the
+    load it waits for)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (agg.Aggregator.metric(aggregator, "fleet_aggregator_owner", 120) or 0) >= 1:
+            return True
+        time.sleep(10)
+    return False
 
 
 def where(frame: tracemalloc.Frame) -> str:

@@ -393,6 +393,6 @@ def test_a_shared_duration_is_positive_and_the_cache_bounded() -> None:
     assert str(hot_state.shared_duration(-0.0)) == "-0.0"
     for step in range(hot_state.SHARED_FLOATS + 50):
         hot_state.shared_duration(1000.0 + step / 7)
-    assert len(hot_state._durations) <= hot_state.SHARED_FLOATS
+    assert len(hot_state.DURATIONS) <= hot_state.SHARED_FLOATS
     fresh = float("1234.5678")
     assert hot_state.shared_duration(fresh) == fresh

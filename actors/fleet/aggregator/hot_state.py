@@ -32,6 +32,7 @@ import zstandard
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
+from actors.fleet.shared_values import SharedValues
 from schemas import codec
 from schemas.events import SpotStatus
 from schemas.messages import Candidate, Heartbeat, NodeRecord
@@ -261,22 +262,16 @@ SHARED_FLOATS = 256
 """Distinct durations kept as one object each (:func:`shared_duration`): enough for
 every interval and ``stale_after`` a fleet configures, bounded against a node that
 sends a new one each heartbeat."""
-_durations: dict[float, float] = {}
-_spots: dict[SpotStatus, SpotStatus] = {}
+DURATIONS: SharedValues[float] = SharedValues(SHARED_FLOATS)
+SPOTS: SharedValues[SpotStatus] = SharedValues(16)
+"""Spot statuses without a notice: one per provider (four)."""
 
 
 def shared_duration(value: float) -> float:
     """One float object for a heartbeat interval or ``stale_after`` most nodes send alike
     (24 bytes each a node otherwise). Only positive values: ``-0.0`` equals ``0.0`` but
     encodes otherwise (the slim record's digest must stay its own)."""
-    if value <= 0:
-        return value
-    kept = _durations.get(value)
-    if kept is not None:
-        return kept
-    if len(_durations) < SHARED_FLOATS:
-        _durations[value] = value
-    return value
+    return DURATIONS.one(value) if value > 0 else value
 
 
 def shared_spot(spot: SpotStatus | None) -> SpotStatus | None:
@@ -284,7 +279,7 @@ def shared_spot(spot: SpotStatus | None) -> SpotStatus | None:
     provider string, about 110 bytes a node otherwise); a notice stays the node's own."""
     if spot is None or spot.notice is not None:
         return spot
-    return _spots.setdefault(spot, spot)
+    return SPOTS.one(spot)
 
 
 def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> Heartbeat:
