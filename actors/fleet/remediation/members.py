@@ -12,7 +12,11 @@ from collections import Counter
 from actors.fleet.live.feed import NodeFeed
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.findings import REPORTING, SILENT, classify
+from actors.fleet.shared_values import SharedValues
 from schemas.messages import NodeRecord
+
+ENTRIES: SharedValues[tuple[str, bool, bool]] = SharedValues(4096)
+"""A node's entry, one tuple for the nodes alike (64 bytes a node otherwise)."""
 
 
 class Members:
@@ -73,7 +77,7 @@ class Members:
         cluster = record.cluster
         reporting = record.state in REPORTING
         candidate = record.state in SILENT or classify(record, self.config.classes) is not None
-        self._entry[node] = (cluster, reporting, candidate)
+        self._entry[node] = ENTRIES.one((cluster, reporting, candidate))
         self._nodes[cluster] += 1
         self._reporting[cluster] += reporting
         if candidate:
