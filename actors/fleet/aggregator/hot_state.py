@@ -263,6 +263,10 @@ SHARED_FLOATS = 256
 every interval and ``stale_after`` a fleet configures, bounded against a node that
 sends a new one each heartbeat."""
 DURATIONS: SharedValues[float] = SharedValues(SHARED_FLOATS)
+FACTS: SharedValues[int] = SharedValues(4096)
+""":func:`record_rules.decision_facts`' numbers kept (``NodeState.facts``), one int object
+each for the nodes alike (36 bytes a node otherwise); a node's number is replaced only
+when its facts change (:class:`ledger.Ledger`)."""
 SPOTS: SharedValues[SpotStatus] = SharedValues(16)
 """Spot statuses without a notice: one per provider (four)."""
 
@@ -305,8 +309,14 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
         spot=last.spot
         if last is not None and heartbeat.spot == last.spot
         else shared_spot(heartbeat.spot),
-        interval=shared_duration(heartbeat.interval),
-        stale_after=shared_duration(heartbeat.stale_after),
+        # The kept object when equal (a compare, not a lookup: every heartbeat), positive
+        # only (see shared_duration).
+        interval=last.interval
+        if last is not None and heartbeat.interval == last.interval and last.interval > 0
+        else shared_duration(heartbeat.interval),
+        stale_after=last.stale_after
+        if last is not None and heartbeat.stale_after == last.stale_after and last.stale_after > 0
+        else shared_duration(heartbeat.stale_after),
     )
 
 
@@ -371,7 +381,7 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
     stored = digest(kept)
-    facts = record_rules.decision_facts(beat) if beat is not None else 0
+    facts = FACTS.one(record_rules.decision_facts(beat)) if beat is not None else 0
     return NodeState(
         kept,
         written,

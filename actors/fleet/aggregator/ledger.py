@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, NodeTable
+from actors.fleet.aggregator.hot_state import FACTS, CheckpointQueue, NodeState, NodeTable
 from actors.fleet.aggregator.judge import Verdict
 from actors.fleet.aggregator.outage import Outages
 from actors.fleet.aggregator.pending import PendingCounts
@@ -72,8 +72,8 @@ class Ledger:
             if state.record.seq_reset:
                 state.reset_consumed = True
             state.record = verdict.record
-        if verdict.facts is not None:
-            state.facts = verdict.facts
+        if verdict.facts is not None and verdict.facts != state.facts:
+            state.facts = FACTS.one(verdict.facts)
         self.refusals.on_accepted(node)
         self.held.release(node)
         self._to_pack.append((state, body or codec.encode(heartbeat)))

@@ -11,7 +11,6 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from actors.fleet.record_state import state_of, with_state
-from actors.fleet.shared_values import SharedValues
 from schemas.messages import AlertKind, Heartbeat, NodeRecord, Severity
 
 
@@ -289,11 +288,6 @@ def with_lifecycle(previous: NodeRecord, updated: NodeRecord, heartbeat: Heartbe
     return with_state(updated, **changes) if changes else updated
 
 
-FACTS: SharedValues[int] = SharedValues(4096)
-"""The :func:`decision_facts` numbers seen, one object each (bounded: a node may make up
-new facts every heartbeat)."""
-
-
 def decision_facts(heartbeat: Heartbeat) -> int:
     """What the fleet's decisions read in a heartbeat beyond the record's own fields, as
     one number: each workload's state (the reconciler: a replica ready, failed, gone),
@@ -311,26 +305,21 @@ def decision_facts(heartbeat: Heartbeat) -> int:
     workloads = heartbeat.workloads
     capabilities = heartbeat.capabilities
     # List comprehensions, not generators: 2.4 µs a heartbeat of 8 GPUs, not 4.4.
-    # One int object for the nodes alike (the owner keeps one a node: 36 bytes each).
-    return FACTS.one(
-        hash(
-            (
-                tuple([(w.name, w.state, w.since, w.restarts) for w in workloads])
-                if workloads
-                else None,
-                tuple(capabilities) if capabilities is not None else None,
-                tuple([(c.name, c.status) for c in health.checks if c.status != "ok"])
-                if health is not None
-                else None,
-                [part.points for part in health.components if part.name == "engine"][:1] == [0]
-                if health is not None
-                else None,
-                scheduler.slurm_state if scheduler is not None else None,
-                heartbeat.schedulability_by,
-                tuple([gpu.index for gpu in sample.gpus if gpu.lost])
-                if sample is not None
-                else None,
-            )
+    return hash(
+        (
+            tuple([(w.name, w.state, w.since, w.restarts) for w in workloads])
+            if workloads
+            else None,
+            tuple(capabilities) if capabilities is not None else None,
+            tuple([(c.name, c.status) for c in health.checks if c.status != "ok"])
+            if health is not None
+            else None,
+            [part.points for part in health.components if part.name == "engine"][:1] == [0]
+            if health is not None
+            else None,
+            scheduler.slurm_state if scheduler is not None else None,
+            heartbeat.schedulability_by,
+            tuple([gpu.index for gpu in sample.gpus if gpu.lost]) if sample is not None else None,
         )
     )
 
