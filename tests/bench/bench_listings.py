@@ -38,6 +38,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
 
+import nats.errors
+import nats.js.errors
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.cli.fleetctl import indexed
@@ -86,7 +89,8 @@ async def counted(url: str, state: str) -> int:
 
 
 async def unjudged(url: str) -> int:
-    """Heartbeats the aggregators' partition consumers have not acknowledged yet."""
+    """Heartbeats the aggregators' partition consumers have not acknowledged yet (-1
+    while a partition has no consumer yet)."""
     bus = await NatsBus.connect(url, "bench")
     try:
         subjects = Subjects(PREFIX)
@@ -94,7 +98,10 @@ async def unjudged(url: str) -> int:
         left = 0
         for partition in range(await heartbeat_partitions(bus.js, subjects)):
             name = subjects.partition_consumer(live.DURABLE, partition)
-            info = await bus.js.consumer_info(stream, name, timeout=10.0)
+            try:
+                info = await bus.js.consumer_info(stream, name, timeout=10.0)
+            except nats.js.errors.NotFoundError:
+                return -1
             left += (info.num_pending or 0) + (info.num_ack_pending or 0)
         return left
     finally:
@@ -179,6 +186,17 @@ def run(bench: Bench, cluster: Cluster) -> None:
             sim.wait()
 
 
+def judged(url: str, unhealthy: int) -> bool:
+    """Every heartbeat acknowledged and the unhealthy nodes counted (False while the
+    loaded server does not answer in time)."""
+    try:
+        return (
+            not asyncio.run(unjudged(url)) and asyncio.run(counted(url, "unhealthy")) >= unhealthy
+        )
+    except nats.errors.TimeoutError:
+        return False
+
+
 def run_filled(bench: Bench, cluster: Cluster) -> None:
     """``--fill``: keys and records first, the aggregator, then every node's next beat."""
     args = bench.args
@@ -195,12 +213,10 @@ def run_filled(bench: Bench, cluster: Cluster) -> None:
     started = time.monotonic()
     asyncio.run(publish_beats(cluster.url, args.nodes, args.gpus, args.kill))
     bench.say(f"{args.nodes} heartbeats published in {time.monotonic() - started:.0f} s")
-    deadline = time.monotonic() + 1200
-    while asyncio.run(unjudged(cluster.url)) or (
-        asyncio.run(counted(cluster.url, "unhealthy")) < args.kill
-    ):
+    deadline = time.monotonic() + 1800
+    while not judged(cluster.url, args.kill):
         if time.monotonic() > deadline:
-            raise RuntimeError("the aggregator did not judge every heartbeat in 20 minutes")
+            raise RuntimeError("the aggregator did not judge every heartbeat in 30 minutes")
         time.sleep(2.0)
     bench.say(
         f"every heartbeat judged, {args.kill} unhealthy counted, "
