@@ -21,9 +21,10 @@ from schemas.base import (
     Wire,
 )
 
-MAX_LISTED = 10_000
-"""Nodes one partition's index lists by name at most (those not active);
-past it ``listed_all`` is false and a listing reads every record."""
+MAX_LISTED = 4_000
+"""Nodes one partition's index lists by name at most (those not active; 32,000 in a
+fleet of the default 8 partitions); past it ``listed_all`` is false and a listing reads
+every record."""
 
 
 class IndexedNode(Wire, frozen=True, kw_only=True):

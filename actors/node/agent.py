@@ -28,7 +28,7 @@ from actors.node.spot import SpotActor
 from actors.node.standing import StandingActor
 from actors.node.workloads.actor import WorkloadsActor
 from actors.runtime import logs, notify
-from actors.runtime.bus import NatsBus
+from actors.runtime.bus import NatsBus, move_backoff
 from actors.runtime.config import Layers
 from actors.runtime.supervisor import Actor, ActorStatus, Supervisor, unhealthy
 from actors.runtime.tls import client_context
@@ -119,6 +119,7 @@ class NodeAgent:
             inbox_prefix=inbox_prefix(self.config.node_id),
             js_api_prefix=self.config.js_api_prefix,
             tls=self.tls,
+            move_backoff=move_backoff(self.config.stale_after),
         )
         await self.take_fleet_settings(self.bus)
         self.supervisor = Supervisor(self.build_actors(self.bus))

@@ -70,6 +70,14 @@ each): the next of the list may be the one cut off from the cluster, and waiting
 for the backoff leaves a live node silent past its ``stale_after``."""
 
 
+def move_backoff(stale_after: float) -> float:
+    """A node's first wait before going round its server list again: a quarter of its
+    ``stale_after`` (at most :data:`MOVE_BACKOFF_INITIAL`). Seed 7's g2 left both servers
+    electing a leader, landed on the one cut off from them, and waited there 10.8 s past
+    its 5 s ``stale_after``; at the default 30 s the wait stays 7.5 s."""
+    return min(MOVE_BACKOFF_INITIAL, stale_after / 4)
+
+
 class BusError(FleetError):
     """The NATS server could not be reached or refused us."""
 
@@ -161,7 +169,12 @@ class NatsBus:
     """:class:`Bus` over one nats-py connection."""
 
     def __init__(
-        self, nc: Client, server: str, events: _ConnectionEvents, js_api_prefix: str
+        self,
+        nc: Client,
+        server: str,
+        events: _ConnectionEvents,
+        js_api_prefix: str,
+        move_backoff: float = MOVE_BACKOFF_INITIAL,
     ) -> None:
         self.nc = nc
         self.server = server
@@ -174,7 +187,7 @@ class NatsBus:
         self._next_move = 0.0
         self._moves = 0
         """Moves since JetStream last answered: the round of the list they have made."""
-        self._move_backoff = Backoff(MOVE_BACKOFF_INITIAL, MOVE_BACKOFF_MAX)
+        self._move_backoff = Backoff(move_backoff, MOVE_BACKOFF_MAX)
         self._watching: asyncio.Task[None] | None = None
         self._leaving: asyncio.Task[None] | None = None
 
@@ -190,8 +203,13 @@ class NatsBus:
         inbox_prefix: str = "_INBOX",
         js_api_prefix: str = DEFAULT_JS_API_PREFIX,
         tls: ssl.SSLContext | None = None,
+        move_backoff: float = MOVE_BACKOFF_INITIAL,
     ) -> NatsBus:
         """Connect; with ``retry_forever`` the first connection is retried with backoff too.
+        ``move_backoff``: the first wait before going round the server list again once
+        every server failed JetStream (see :data:`MOVE_BACKOFF_INITIAL`); an agent passes
+        a quarter of its ``stale_after``, so it is back on a server that reaches the
+        cluster's quorum before it would be called stale.
         ``js_api_prefix`` is where JetStream's API answers: another prefix when an account
         imports it from another (deploy/nats/auth.conf). ``tls`` (from
         :func:`actors.runtime.tls.client_context`) is used for ``tls://`` URLs and for
@@ -233,7 +251,7 @@ class NatsBus:
                 if wants_tls and not nc._server_info.get("tls_required"):
                     raise ConnectionError(TLS_NOT_OFFERED)
                 events.up = True
-                bus = cls(nc, server, events, js_api_prefix)
+                bus = cls(nc, server, events, js_api_prefix, move_backoff)
                 bus._watching = asyncio.create_task(bus._watch(), name="nats-watch")
                 return bus
             except asyncio.CancelledError:

@@ -46,6 +46,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import NodeRecord
 from tests.bench.bench_metrics import simulated_fleet
+from tests.support.dashboard import CountedView
 from tests.support.fleet import heartbeat, new_aggregator, wait_for
 
 
@@ -109,25 +110,6 @@ async def first_pages(url: str, loads: int, gpu_page: bool = True) -> tuple[list
     return times, gpus
 
 
-class HeldRecords:
-    """A fleet view of records held in memory, each one's heartbeat in it."""
-
-    def __init__(self, records: dict[str, NodeRecord]) -> None:
-        self.records = records
-
-    def current(self) -> dict[str, NodeRecord]:
-        return dict(self.records)
-
-    def record(self, node: str) -> NodeRecord | None:
-        return self.records.get(node)
-
-    async def every_node(self) -> dict[str, NodeRecord]:
-        return self.current()
-
-    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
-        return records
-
-
 async def server_side(nodes: int, loads: int) -> str:
     """The first page's server side at ``nodes`` records (see the module's docstring)."""
     beat = heartbeat("n0")
@@ -151,7 +133,7 @@ async def server_side(nodes: int, loads: int) -> str:
         try:
             held = HeldNodes(new_aggregator(bus, "bench").view)  # never started: holds none
             config = AggregatorConfig(prefix="bench", http_port=0)
-            board = DashboardActor(config, bus, HeldRecords(records), held)
+            board = DashboardActor(config, bus, CountedView(records), held)
             start = time.perf_counter()
             first = board.fleet()
             cold = time.perf_counter() - start

@@ -13,6 +13,7 @@ from actors.fleet.views.dashboard.table import matching
 from actors.runtime.bus import NatsBus
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.remediation import Hold
+from tests.support.dashboard import CountedView
 from tests.support.fleet import new_aggregator, wait_for
 
 GAVE_UP = Hold(
@@ -86,27 +87,6 @@ def test_the_table_opens_problems_first() -> None:
     assert order == ["c-stale", "d-degraded-60", "b-degraded-70", "a-fine", "e-fine"]
     by_name = [made.node_id for made in matching(records, Query(sort="node"), counted.concerns)]
     assert by_name == sorted(by_name)
-
-
-class CountedView:
-    """A fleet view whose records a test sets, counting the passes over every record."""
-
-    def __init__(self, records: dict[str, NodeRecord]) -> None:
-        self.records = records
-        self.passes = 0
-
-    def current(self) -> dict[str, NodeRecord]:
-        self.passes += 1
-        return dict(self.records)
-
-    def record(self, node: str) -> NodeRecord | None:
-        return self.records.get(node)
-
-    async def every_node(self) -> dict[str, NodeRecord]:
-        return self.current()
-
-    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
-        return records
 
 
 async def test_a_page_never_waits_for_a_pass_over_every_node(bus: NatsBus, prefix: str) -> None:

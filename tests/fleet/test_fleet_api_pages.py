@@ -50,12 +50,10 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
     assert seen == [f"n{i}" for i in range(7)]
 
 
-async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
-    fleet: Fleet, bus: NatsBus, prefix: str
-) -> None:
-    """While the live feed is not complete (here: never started; in a fleet, a watch
-    catching up after the aggregator beside it let nodes go), /nodes lists every record
-    fleet_nodes holds, not the feed's part of them."""
+async def api_on_a_feed_catching_up(fleet: Fleet, bus: NatsBus, prefix: str) -> FleetApiActor:
+    """The fleet API over a live feed that is not complete (never started; in a fleet, a
+    watch catching up after the aggregator beside it let nodes go), fleet_nodes holding
+    the records of n1 and n2."""
     await fleet.start_aggregator()
     nodes = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
     for name in ("n1", "n2"):
@@ -63,7 +61,16 @@ async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
     feed = NodeFeed(bus, Subjects(prefix))
     assert not feed.complete
     config = AggregatorConfig(prefix=prefix, http_port=0)
-    api = FleetApiActor(config, bus, AggregatorMetrics(), dict, feed=feed)
+    return FleetApiActor(config, bus, AggregatorMetrics(), dict, feed=feed)
+
+
+async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """While the live feed is not complete (here: never started; in a fleet, a watch
+    catching up after the aggregator beside it let nodes go), /nodes lists every record
+    fleet_nodes holds, not the feed's part of them."""
+    api = await api_on_a_feed_catching_up(fleet, bus, prefix)
     await fleet.start_supervisor(api)
     async with (
         aiohttp.ClientSession() as session,
@@ -78,16 +85,9 @@ async def test_the_dashboard_shows_every_stored_record_while_the_feed_catches_up
 ) -> None:
     """The dashboard's snapshot, built again while the live feed is not complete, counts
     every record fleet_nodes holds, not the feed's part of them (none here)."""
-    await fleet.start_aggregator()
-    nodes = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
-    for name in ("n1", "n2"):
-        await nodes.put(name, codec.encode(record_rules.pending_record(name, "c1")))
-    feed = NodeFeed(bus, Subjects(prefix))
-    assert not feed.complete
-    config = AggregatorConfig(prefix=prefix, http_port=0)
-    api = FleetApiActor(config, bus, AggregatorMetrics(), dict, feed=feed)
+    api = await api_on_a_feed_catching_up(fleet, bus, prefix)
     held = HeldNodes(new_aggregator(bus, prefix).view)  # never started: holds nothing
-    board = DashboardActor(config, bus, api, held)
+    board = DashboardActor(api.config, bus, api, held)
     first = board.fleet()
     assert first.counted.total == 0  # the first, built at once from the feed
     first.built -= first.refresh  # as if a refresh had passed

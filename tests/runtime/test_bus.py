@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -239,18 +240,10 @@ async def test_a_move_tries_every_server_before_backing_off(
     monkeypatch.setattr(bus_module, "MOVE_AFTER", 0.0)
     bus = await NatsBus.connect(",".join(s.url for s in three_servers), "moving")
 
-    async def fail_until_moved() -> NatsServer:
-        """Two unanswered calls; the server the connection is on once it has moved."""
-        left = serving(bus, three_servers)
-        bus.jetstream_answered(False)
-        bus.jetstream_answered(False)
-        await wait_for(lambda: bus.connected and serving(bus, three_servers) is not left)
-        return serving(bus, three_servers)
-
     try:
         first = serving(bus, three_servers)
-        second = await fail_until_moved()
-        third = await fail_until_moved()
+        second = await fail_until_moved(bus, three_servers)
+        third = await fail_until_moved(bus, three_servers)
         assert {first, second, third} == set(three_servers)
         # Every server tried: going back to the first waits for the backoff.
         bus.jetstream_answered(False)
@@ -259,6 +252,46 @@ async def test_a_move_tries_every_server_before_backing_off(
         assert serving(bus, three_servers) is third
         # An answer ends the round: the next failures move at once again.
         bus.jetstream_answered(True)
-        assert await fail_until_moved() is first
+        assert await fail_until_moved(bus, three_servers) is first
+    finally:
+        await bus.close()
+
+
+async def fail_until_moved(bus: NatsBus, servers: list[NatsServer]) -> NatsServer:
+    """Two unanswered calls; the server the connection is on once it has moved."""
+    left = serving(bus, servers)
+    bus.jetstream_answered(False)
+    bus.jetstream_answered(False)
+    await wait_for(lambda: bus.connected and serving(bus, servers) is not left)
+    return serving(bus, servers)
+
+
+async def test_a_node_goes_round_again_within_a_quarter_of_its_stale_after(
+    three_servers: list[NatsServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once every server failed, the wait before going round the list again is the
+    ``move_backoff`` given (an agent's: a quarter of its ``stale_after``), not 10 s: a node
+    that landed on the server cut off from the cluster leaves it before it is stale."""
+    monkeypatch.setattr(bus_module, "MOVE_AFTER", 0.0)
+    assert bus_module.move_backoff(2.0) == 0.5
+    assert bus_module.move_backoff(30.0) == 7.5
+    assert bus_module.move_backoff(300.0) == bus_module.MOVE_BACKOFF_INITIAL
+    urls = ",".join(s.url for s in three_servers)
+    bus = await NatsBus.connect(urls, "moving", move_backoff=bus_module.move_backoff(2.0))
+    try:
+        for _ in three_servers[1:]:
+            await fail_until_moved(bus, three_servers)
+        last = serving(bus, three_servers)
+        started = time.monotonic()
+
+        async def moved_on() -> bool:
+            bus.jetstream_answered(False)
+            return bus.connected and serving(bus, three_servers) is not last
+
+        await wait_for(moved_on, interval=0.05)
+        waited = time.monotonic() - started
+        # 0.5 s (jittered) plus nats-py's own wait before a server it left a moment ago;
+        # the default backoff alone would be 10 s.
+        assert waited < 5.0, f"went round again after {waited:.2f} s (backoff 0.5 s)"
     finally:
         await bus.close()

@@ -11,6 +11,7 @@ import pytest
 
 from schemas import codec, events, inventory, jsonschema, messages, placement, remediation, settings
 from schemas.errors import DecodeError
+from schemas.fleet_index import IndexedNode, PartitionIndex
 from schemas.pci import PassthroughGpu
 from schemas.workloads import Deploy
 
@@ -199,6 +200,15 @@ EXAMPLES: list[msgspec.Struct] = [
         id="r12-psu", since=NOW, until=NOW + 7200, by="U" + "A" * 55, selector={"rack": "r12"}
     ),
     messages.MaintenanceReply(id="r12-psu", status="started"),
+    PartitionIndex(
+        partition=3,
+        partitions=8,
+        holder="aggregator-1",
+        written=NOW,
+        counts={"c1": {"active": 7, "stale": 1}},
+        health={"healthy": 6, "degraded": 1},
+        listed={"n9": IndexedNode(cluster="c1", state="stale")},
+    ),
     messages.PolicyRequest(action="clear", cluster="c1", ts=NOW, node="n1", since=NOW),
     messages.PolicyReply(status="rejected", reason="the hold changed since"),
     messages.Probe(from_node="n1", nonce="x", sent_at=NOW),

@@ -485,9 +485,10 @@ SMALL = StreamLimits(
     results_per_node=1000,
     alerts_per_subject=1000,
 )
-STORE = 48 * MIB
-"""Above what the server reserves for SMALL (SMALL.total, 27 MiB, plus the leases' 1 MiB
-and the maintenance windows' 16 MiB), below the 60 MB the flood writes."""
+STORE = 56 * MIB
+"""Above what the server reserves for SMALL (SMALL.total, 27 MiB, plus the leases' 1 MiB,
+the maintenance windows' 16 MiB and the state index's 8 MiB), below the 60 MB (57.2 MiB)
+the flood writes."""
 
 
 @pytest.fixture
@@ -501,10 +502,12 @@ async def small_fleet(tmp_path: Path, prefix: str) -> AsyncIterator[Fleet]:
     server = NatsServer(tmp_path, config_file=config).start()
     try:
         bus = await NatsBus.connect(server.url, "test")
-        await provision(bus.js, Subjects(prefix), limits=SMALL)
-        async with AsyncExitStack() as stack:
-            yield Fleet(server.url, bus, prefix, tmp_path / "state", stack)
-        await bus.close()
+        try:
+            await provision(bus.js, Subjects(prefix), limits=SMALL)
+            async with AsyncExitStack() as stack:
+                yield Fleet(server.url, bus, prefix, tmp_path / "state", stack)
+        finally:
+            await bus.close()
     finally:
         server.stop()
 
@@ -512,7 +515,7 @@ async def small_fleet(tmp_path: Path, prefix: str) -> AsyncIterator[Fleet]:
 async def test_a_result_flood_cannot_stop_failure_detection(
     small_fleet: Fleet, prefix: str
 ) -> None:
-    """A node writes 60 MB of results as fast as it can into a 48 MiB store. The results
+    """A node writes 60 MB of results as fast as it can into a 56 MiB store. The results
     stream keeps its budget (dropping the flooder's oldest), heartbeats keep being
     accepted, and when the node dies its TTL marker still makes it stale."""
     fleet = small_fleet

@@ -24,6 +24,7 @@ from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.login_links import login_link
 from schemas import codec, signing
+from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_POLICY, Subjects
 from tests.support.fleet import Fleet, heartbeat, new_aggregator
 
@@ -118,3 +119,24 @@ async def put_fact(fleet: Fleet, bucket: str, key: str, value: Any) -> None:
     else:
         store = await fleet.bus.kv(subjects.bucket_name(bucket))
     await store.put(key, codec.encode(value))
+
+
+class CountedView:
+    """A fleet view whose records a test sets, counting the passes over every record."""
+
+    def __init__(self, records: dict[str, NodeRecord]) -> None:
+        self.records = records
+        self.passes = 0
+
+    def current(self) -> dict[str, NodeRecord]:
+        self.passes += 1
+        return dict(self.records)
+
+    def record(self, node: str) -> NodeRecord | None:
+        return self.records.get(node)
+
+    async def every_node(self) -> dict[str, NodeRecord]:
+        return self.current()
+
+    async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        return records

@@ -74,6 +74,8 @@ async def shoot(url: str, server: str, key: Path, out: Path) -> str:
                 subprocess.run, inject, check=True, capture_output=True, timeout=HANG
             )
             await page.wait_for_selector("tr[data-node='node-1'] .badge.warn", timeout=hang)
+            # the counts follow the rows within one refresh of the fleet's snapshot
+            await page.wait_for_selector(".headline:has-text('needs a person:')", timeout=hang)
             await page.wait_for_selector("#live.on", timeout=hang)
             out.parent.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(out))

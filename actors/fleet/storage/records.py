@@ -37,14 +37,7 @@ async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     damaged or newer record never hides the rest of the fleet. At most RECORDS_LIMIT
     records (more are logged and left out)."""
     bucket = subjects.bucket_name(BUCKET_NODES)
-    values = await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT)
-    found = []
-    for node, value in sorted(values.items()):
-        try:
-            found.append(codec.decode(value, NodeRecord, f"key {node}"))
-        except DecodeError as exc:
-            log.warning("unreadable record skipped", extra={"node": node, "reason": str(exc)})
-    return found
+    return _decoded(await kv.latest_values(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT))
 
 
 async def read_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> list[NodeRecord]:
@@ -53,7 +46,12 @@ async def read_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> lis
     the bucket. Unreadable ones are skipped and logged, as in :func:`read_records`."""
     bucket = subjects.bucket_name(BUCKET_NODES)
     keys = [check_token("node id", node) for node in nodes]
-    values = await kv.values_of(bus, bucket, keys, READ_TIMEOUT)
+    return _decoded(await kv.values_of(bus, bucket, keys, READ_TIMEOUT))
+
+
+def _decoded(values: dict[str, bytes]) -> list[NodeRecord]:
+    """The records of ``values`` (node -> stored bytes), sorted by node id; unreadable ones
+    skipped and logged, so one damaged or newer record never hides the rest."""
     found = []
     for node, value in sorted(values.items()):
         try:

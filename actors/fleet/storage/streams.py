@@ -106,10 +106,17 @@ SETTINGS_MAX_BYTES = 4 * 1024 * KIB
 """fleet_settings' budget: hundreds of scopes with their history at a few KB each."""
 MIB_LEASES = 1024 * KIB
 """fleet_leases holds one small value per partition; not one of the configurable budgets."""
-INDEX_VALUE_SIZE = 1024 * KIB
-"""One partition's state index: MAX_LISTED nodes of about 60 bytes each fit."""
-INDEX_MAX_BYTES = 64 * 1024 * KIB
-"""fleet_index holds one value per partition (at most 256); not a configurable budget."""
+INDEX_VALUE_SIZE = 512 * KIB
+"""One partition's state index: MAX_LISTED nodes of up to about 128 bytes each fit."""
+
+
+def index_max_bytes(partitions: int) -> int:
+    """fleet_index's budget: one value per partition, twice over (a value and its
+    replacement); not a configurable budget. The server reserves it whole, so it follows
+    the partitions (8 MiB at the default 8) rather than the most there can be."""
+    return 2 * partitions * INDEX_VALUE_SIZE
+
+
 MAX_NODES = 100_000
 """Messages in FLEET_HB (one per node) and values in the buckets (one per node)."""
 MAX_STREAM_MSGS = 1_000_000
@@ -292,7 +299,7 @@ def bucket_configs(
             history=1,
             storage=StorageType.FILE,
             replicas=replicas,
-            max_bytes=INDEX_MAX_BYTES,
+            max_bytes=index_max_bytes(limits.partitions),
             max_value_size=INDEX_VALUE_SIZE,
             direct=True,
         ),
