@@ -18,7 +18,10 @@ to the table's rows on screen (median and spread; ``bench_dashboard.py``'s measu
 fleet that is beating).
 
 Run: ``python tests/bench/bench_listings.py --nodes 100000`` (about 15 minutes on 2
-shared cores).
+shared cores). With ``--fill`` no simulator runs: the nodes' keys and records are put
+straight into the bus before the aggregator starts, then each node's next heartbeat
+(``--kill`` of them unhealthy; :mod:`tests.bench.fleet_fill`), so 100,000 nodes are
+reached in minutes; the state listing is then ``--state unhealthy``.
 """
 
 from __future__ import annotations
@@ -35,16 +38,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
 
+import nats.errors
+import nats.js.errors
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.cli.fleetctl import indexed
 from actors.fleet.live import reader as live
 from actors.fleet.live.state_index import read_index
+from actors.fleet.storage.streams import heartbeat_partitions
 from actors.runtime.bus import NatsBus
-from schemas.subjects import Subjects
-from tests.bench.bench_aggregator import Bench, Cluster, servers
+from schemas.subjects import STREAM_HEARTBEATS, Subjects
+from tests.bench.bench_aggregator import Aggregator, Bench, Cluster, servers
 from tests.bench.bench_dashboard import first_pages
 from tests.bench.bench_live_views import PREFIX, fleetctl, records_count
+from tests.bench.fleet_fill import fill_trust_and_records, publish_beats
 
 
 def options() -> argparse.ArgumentParser:
@@ -60,16 +68,42 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--loads", type=int, default=5, help="dashboard first-page loads")
     parser.add_argument("--processes", type=int, default=2, help="fleetctl simulate --processes")
     parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
+    parser.add_argument(
+        "--fill",
+        action="store_true",
+        help="put the nodes straight into the bus (--kill of them unhealthy), no simulator",
+    )
     return parser
 
 
-async def stale_counted(url: str) -> int:
+async def counted(url: str, state: str) -> int:
+    """Nodes the state index counts in ``state`` (-1 without an index)."""
     bus = await NatsBus.connect(url, "bench")
     try:
         found = await read_index(bus, Subjects(PREFIX))
         if found is None:
             return -1
-        return sum(row.get("stale", 0) for row in found.counts.values())
+        return sum(row.get(state, 0) for row in found.counts.values())
+    finally:
+        await bus.close()
+
+
+async def unjudged(url: str) -> int:
+    """Heartbeats the aggregators' partition consumers have not acknowledged yet (-1
+    while a partition has no consumer yet)."""
+    bus = await NatsBus.connect(url, "bench")
+    try:
+        subjects = Subjects(PREFIX)
+        stream = subjects.stream_name(STREAM_HEARTBEATS)
+        left = 0
+        for partition in range(await heartbeat_partitions(bus.js, subjects)):
+            name = subjects.partition_consumer(live.DURABLE, partition)
+            try:
+                info = await bus.js.consumer_info(stream, name, timeout=10.0)
+            except nats.js.errors.NotFoundError:
+                return -1
+            left += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return left
     finally:
         await bus.close()
 
@@ -90,13 +124,6 @@ async def summary(bus: NatsBus) -> str:
     found = await indexed.from_index(bus, Subjects(PREFIX), None, set())
     assert found is not None and found.records is None, "the index did not answer"
     return found.summary.splitlines()[-2]
-
-
-async def stale(bus: NatsBus) -> str:
-    found = await indexed.from_index(bus, Subjects(PREFIX), None, {"stale"}, rows=True)
-    assert found is not None and found.records is not None, "the index did not answer"
-    live_ = sum(1 for record in found.records if record.live)
-    return f"{len(found.records)} stale nodes listed, {live_} of them live"
 
 
 async def everything(bus: NatsBus) -> str:
@@ -144,39 +171,12 @@ def run(bench: Bench, cluster: Cluster) -> None:
             f"{args.nodes} nodes of {args.gpus} GPUs at {rate:.0f}/s: records in {took:.0f} s"
         )
         deadline = time.monotonic() + args.duration
-        while asyncio.run(stale_counted(cluster.url)) < args.kill:
+        while asyncio.run(counted(cluster.url, "stale")) < args.kill:
             if time.monotonic() > deadline:
                 raise RuntimeError("the index never counted the stopped nodes stale")
             time.sleep(2.0)
         bench.say(f"index counts {args.kill} stale nodes")
-        reads = {"summary": summary, f"--state stale ({args.kill})": stale, "full": everything}
-        commands = {
-            "summary": ["nodes"],
-            f"--state stale ({args.kill})": ["nodes", "--state", "stale", "--all"],
-            "full": ["nodes", "-o", "json", "--all"],
-        }
-        for name, read in reads.items():
-            walls, sizes, cli = [], [], []
-            what = ""
-            for _ in range(args.runs):
-                wall, size, what = asyncio.run(measured(cluster.url, read))
-                walls.append(wall)
-                sizes.append(size)
-                cli_wall, _, code = fleetctl(cluster, *commands[name])
-                cli.append(cli_wall if code == 0 else float("nan"))
-            bench.row(
-                f"{args.nodes}: {name}",
-                "",
-                f"read {spread(walls)}, {statistics.median(sizes) / 2**20:.1f} MiB; "
-                f"fleetctl {' '.join(commands[name])} {spread(cli)}; {what}",
-            )
-        url = f"http://127.0.0.1:{aggregator.port}/"
-        times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))
-        bench.row(
-            f"{args.nodes}: dashboard first page",
-            "1 s median",
-            f"{spread(times)}; aggregator RSS {aggregator.rss_mb():.0f} MiB",
-        )
+        measure(bench, cluster, aggregator, "stale")
     finally:
         sim.terminate()
         try:
@@ -186,10 +186,91 @@ def run(bench: Bench, cluster: Cluster) -> None:
             sim.wait()
 
 
+def judged(url: str, unhealthy: int) -> bool:
+    """Every heartbeat acknowledged and the unhealthy nodes counted (False while the
+    loaded server does not answer in time)."""
+    try:
+        return (
+            not asyncio.run(unjudged(url)) and asyncio.run(counted(url, "unhealthy")) >= unhealthy
+        )
+    except nats.errors.TimeoutError:
+        return False
+
+
+def run_filled(bench: Bench, cluster: Cluster) -> None:
+    """``--fill``: keys and records first, the aggregator, then every node's next beat."""
+    args = bench.args
+    first = cluster.start_aggregator()  # makes the buckets and streams
+    first.wait_owner(120)
+    first.stop()
+    started = time.monotonic()
+    asyncio.run(fill_trust_and_records(cluster.url, args.nodes, args.gpus))
+    if (stored := asyncio.run(records_count(cluster.url))) != args.nodes:
+        raise RuntimeError(f"{stored} records stored of {args.nodes}")
+    bench.say(f"{args.nodes} keys and records put in {time.monotonic() - started:.0f} s")
+    aggregator = cluster.start_aggregator()
+    aggregator.wait_owner(600)
+    started = time.monotonic()
+    asyncio.run(publish_beats(cluster.url, args.nodes, args.gpus, args.kill))
+    bench.say(f"{args.nodes} heartbeats published in {time.monotonic() - started:.0f} s")
+    deadline = time.monotonic() + 1800
+    while not judged(cluster.url, args.kill):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the aggregator did not judge every heartbeat in 30 minutes")
+        time.sleep(2.0)
+    bench.say(
+        f"every heartbeat judged, {args.kill} unhealthy counted, "
+        f"{time.monotonic() - started:.0f} s after the first publish"
+    )
+    measure(bench, cluster, aggregator, "unhealthy")
+
+
+def measure(bench: Bench, cluster: Cluster, aggregator: Aggregator, state: str) -> None:
+    """Each listing ``--runs`` times (in this process and as fleetctl), then the
+    dashboard's first page ``--loads`` times."""
+    args = bench.args
+
+    async def in_state(bus: NatsBus) -> str:
+        found = await indexed.from_index(bus, Subjects(PREFIX), None, {state}, rows=True)
+        assert found is not None and found.records is not None, "the index did not answer"
+        live_ = sum(1 for record in found.records if record.live)
+        return f"{len(found.records)} {state} nodes listed, {live_} of them live"
+
+    listing = f"--state {state} ({args.kill})"
+    reads = {"summary": summary, listing: in_state, "full": everything}
+    commands = {
+        "summary": ["nodes"],
+        listing: ["nodes", "--state", state, "--all"],
+        "full": ["nodes", "-o", "json", "--all"],
+    }
+    for name, read in reads.items():
+        walls, sizes, cli = [], [], []
+        what = ""
+        for _ in range(args.runs):
+            wall, size, what = asyncio.run(measured(cluster.url, read))
+            walls.append(wall)
+            sizes.append(size)
+            cli_wall, _, code = fleetctl(cluster, *commands[name])
+            cli.append(cli_wall if code == 0 else float("nan"))
+        bench.row(
+            f"{args.nodes}: {name}",
+            "",
+            f"read {spread(walls)}, {statistics.median(sizes) / 2**20:.1f} MiB; "
+            f"fleetctl {' '.join(commands[name])} {spread(cli)}; {what}",
+        )
+    url = f"http://127.0.0.1:{aggregator.port}/"
+    times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))
+    bench.row(
+        f"{args.nodes}: dashboard first page",
+        "1 s median",
+        f"{spread(times)}; aggregator RSS {aggregator.rss_mb():.0f} MiB",
+    )
+
+
 def main() -> int:
     bench = Bench(options().parse_args())
     with servers(bench) as cluster:
-        run(bench, cluster)
+        (run_filled if bench.args.fill else run)(bench, cluster)
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     bench.say(f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)")
     bench.say("\n| figure | target | measured |\n|---|---|---|")
