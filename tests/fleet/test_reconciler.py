@@ -119,6 +119,17 @@ async def placed(bus: NatsBus, prefix: str, name: str) -> PlacedWorkload:
     return found[name][0]
 
 
+async def deploy_chat(
+    nats_server: NatsServer, bus: NatsBus, prefix: str, keys: Keys
+) -> PlacedWorkload:
+    """``fleetctl deploy chat --wait``, which must succeed; the workload as placed."""
+    code, out, err = await finish(
+        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
+    )
+    assert code == 0, out + err
+    return await placed(bus, prefix, "chat")
+
+
 def running(record: NodeRecord, name: str, state: str = "ready") -> bool:
     beat = record.heartbeat
     return beat is not None and any(w.name == name and w.state == state for w in beat.workloads)
@@ -316,11 +327,7 @@ async def test_a_drain_moves_placed_work_before_it_finishes(
     await start_nodes(fleet, keys, tmp_path, "n1", "n2")
     results = await Results().start(bus, prefix)
     traffic = await Traffic().start(bus, prefix)
-    code, out, err = await finish(
-        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
-    )
-    assert code == 0, out + err
-    [replica] = (await placed(bus, prefix, "chat")).replicas
+    [replica] = (await deploy_chat(nats_server, bus, prefix, keys)).replicas
     source = replica.node
     [target] = {"n1", "n2"} - {source}
     await fleet.start_supervisor(reconciler(bus, prefix, keys, interval=5.0))
@@ -476,11 +483,7 @@ async def test_a_node_that_returns_stops_the_copy_of_a_replica_moved_off_it(
     agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2", relays=relays)
     results = await Results().start(bus, prefix)
     traffic = await Traffic().start(bus, prefix)
-    code, out, err = await finish(
-        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
-    )
-    assert code == 0, out + err
-    [replica] = (await placed(bus, prefix, "chat")).replicas
+    [replica] = (await deploy_chat(nats_server, bus, prefix, keys)).replicas
     lost = agents[replica.node]
     [spare] = {"n1", "n2"} - {replica.node}
     engine = engine_of(lost, "chat")
@@ -519,11 +522,7 @@ async def test_no_hostile_record_or_node_key_stops_a_replica_its_node_runs(
     agents = await start_nodes(fleet, keys, tmp_path, "n1", "n2")
     results = await Results().start(bus, prefix)
     traffic = await Traffic().start(bus, prefix)
-    code, out, err = await finish(
-        await fleetctl(nats_server, prefix, keys.operator_file, "deploy", "chat", *DEPLOY, "--wait")
-    )
-    assert code == 0, out + err
-    legit = await placed(bus, prefix, "chat")
+    legit = await deploy_chat(nats_server, bus, prefix, keys)
     [replica] = legit.replicas
     home = replica.node
     [other] = {"n1", "n2"} - {home}
