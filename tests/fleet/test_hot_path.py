@@ -18,8 +18,8 @@ from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import NotFound, approve, forget
 from actors.runtime import kv
+from actors.runtime.batch_pull import Step, delivery
 from actors.runtime.bus import Bus, NatsBus
-from actors.runtime.consumer import Step, delivery
 from actors.runtime.embedded import NatsServer
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing

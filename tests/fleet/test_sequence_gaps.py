@@ -13,8 +13,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from actors.fleet.storage.registry import approve
+from actors.runtime.batch_pull import Chain
 from actors.runtime.bus import NatsBus
-from actors.runtime.consumer import Chain
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing
 from schemas.subjects import Subjects

@@ -10,16 +10,16 @@ import time
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from actors.runtime.bus import NatsBus
-from actors.runtime.consumer import (
+from actors.runtime.batch_pull import (
     CAUGHT_UP_KEPT,
     BatchHandler,
     BatchPuller,
     CaughtUp,
     Chain,
-    DurableConsumer,
     consume_in_batches,
 )
+from actors.runtime.bus import NatsBus
+from actors.runtime.consumer import DurableConsumer
 from tests.support.fleet import wait_for
 
 

@@ -14,8 +14,9 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
+from actors.runtime.batch_pull import BatchPuller, Chain
 from actors.runtime.bus import NatsBus
-from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer
+from actors.runtime.consumer import DurableConsumer
 from actors.runtime.embedded import NatsServer
 from tests.runtime.test_batch_pull import start_loop
 from tests.support.fleet import wait_for

@@ -31,8 +31,9 @@ from actors.fleet.views.api import FleetApiActor
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.node.agent import NodeAgent
 from actors.node.latency import LatencyActor
+from actors.runtime.batch_pull import BatchPuller, Chain, consume_in_batches
 from actors.runtime.bus import NatsBus
-from actors.runtime.consumer import BatchPuller, Chain, DurableConsumer, consume_in_batches
+from actors.runtime.consumer import DurableConsumer
 from actors.runtime.supervisor import ActorStatus, Supervisor
 from schemas import codec, signing
 from schemas.events import EVENT_TYPES, Latency

@@ -66,8 +66,8 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.node_store import NodeStore
 from actors.fleet.storage.streams import StreamLimits, provision
+from actors.runtime.batch_pull import Chain, Step, delivery
 from actors.runtime.bus import Bus
-from actors.runtime.consumer import Chain, Step, delivery
 from actors.runtime.subscriptions import listening
 from actors.runtime.supervisor import FatalError
 from schemas.errors import InvalidToken

@@ -33,15 +33,9 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.streams import heartbeat_partitions
 from actors.runtime import kv
+from actors.runtime.batch_pull import BatchPuller, CaughtUp, Chain, consume_in_batches
 from actors.runtime.bus import Bus
-from actors.runtime.consumer import (
-    BatchPuller,
-    CaughtUp,
-    Chain,
-    DurableConsumer,
-    consume_in_batches,
-    without_leader,
-)
+from actors.runtime.consumer import DurableConsumer, without_leader
 from schemas import signing
 from schemas.errors import InvalidToken, SignatureError
 from schemas.messages import NodeRecord

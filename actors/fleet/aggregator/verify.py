@@ -18,7 +18,7 @@ from actors.fleet.aggregator import nats_ttl
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.aggregator.judge import NeedsFetch, Refused, Stored, judged_before
 from actors.fleet.storage.node_store import NodeStore
-from actors.runtime.consumer import Delivery, delivery
+from actors.runtime.batch_pull import Delivery, delivery
 from schemas import signing
 from schemas.base import MAX_STALE_AFTER
 from schemas.errors import SignatureError
