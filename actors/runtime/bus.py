@@ -11,8 +11,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import msgspec
 import nats
@@ -25,9 +25,10 @@ from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from actors.runtime import (
+    connect_failures,
     nats_headers,  # noqa: F401  (installs the faster header parser)
-    sniff,
 )
+from actors.runtime.connect_failures import BusError
 from actors.runtime.schedule import Backoff
 from schemas import codec
 from schemas.errors import FleetError
@@ -47,7 +48,6 @@ DEFAULT_JS_API_PREFIX = "$JS.API"
 CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
-TLS_NOT_OFFERED = "the server does not offer TLS, which a tls:// URL or a tls_* setting asks for"
 PING_INTERVAL = 2.0
 PINGS_MISSED = 2
 """Every connection to a cluster sends a PING every PING_INTERVAL seconds and waits as long
@@ -76,32 +76,6 @@ def move_backoff(stale_after: float) -> float:
     electing a leader, landed on the one cut off from them, and waited there 10.8 s past
     its 5 s ``stale_after``; at the default 30 s the wait stays 7.5 s."""
     return min(MOVE_BACKOFF_INITIAL, stale_after / 4)
-
-
-class BusError(FleetError):
-    """The NATS server could not be reached or refused us."""
-
-    def __init__(self, server: str, reason: str) -> None:
-        self.server = server
-        self.reason = reason
-        super().__init__(f"cannot reach NATS at {server}: {reason}")
-
-
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
-"""The URL schemes nats-py connects with; a URL without one is taken as nats://."""
-
-
-def check_urls(server: str) -> None:
-    """Refuse a URL list with another scheme (``http://`` pasted from the fleet API line)
-    before connecting, saying what a NATS URL looks like."""
-    for url in server.split(","):
-        scheme, sep, _ = url.strip().partition("://")
-        if sep and scheme.lower() not in NATS_SCHEMES:
-            raise BusError(
-                server,
-                f"{scheme}:// is not a NATS URL; NATS URLs are nats://HOST:PORT or "
-                "tls://HOST:PORT (ws:// and wss:// for websockets)",
-            )
 
 
 class NotProvisioned(FleetError):
@@ -214,7 +188,7 @@ class NatsBus:
         imports it from another (deploy/nats/auth.conf). ``tls`` (from
         :func:`actors.runtime.tls.client_context`) is used for ``tls://`` URLs and for
         ``nats://`` servers that require TLS."""
-        check_urls(server)
+        connect_failures.check_urls(server)
         wants_tls = tls is not None or any(url.startswith("tls://") for url in server.split(","))
         # Shuffled here, not by nats-py: its reconnects then go round the list in order,
         # so leaving a server (a move, a lost connection) never picks the same one again.
@@ -228,7 +202,7 @@ class NatsBus:
                 # nats-py retries an unreachable server forever by itself (we ask it to,
                 # for reconnects); the deadline turns that into a clear answer.
                 async with asyncio.timeout(connect_timeout):
-                    await _unless_not_nats(
+                    await connect_failures.unless_not_nats(
                         server,
                         nc.connect(
                             servers=urls,
@@ -249,7 +223,7 @@ class NatsBus:
                 # nats-py upgrades only when the server says tls_required, so a tls:// URL
                 # to a plaintext server would silently stay plaintext.
                 if wants_tls and not nc._server_info.get("tls_required"):
-                    raise ConnectionError(TLS_NOT_OFFERED)
+                    raise ConnectionError(connect_failures.TLS_NOT_OFFERED)
                 events.up = True
                 bus = cls(nc, server, events, js_api_prefix, move_backoff)
                 bus._watching = asyncio.create_task(bus._watch(), name="nats-watch")
@@ -262,7 +236,7 @@ class NatsBus:
                 # The deadline's TimeoutError hides why each try failed; the error callback
                 # saw it (a refused certificate, a hostname mismatch, ...).
                 cause = events.cause if isinstance(exc, TimeoutError) and events.cause else exc
-                reason = _reason(cause, tls)
+                reason = connect_failures.reason(cause, tls)
                 if not retry_forever:
                     raise BusError(server, reason) from None
                 delay = backoff.next()
@@ -437,7 +411,9 @@ class NatsBus:
             async with asyncio.timeout(timeout):
                 await self.nc.drain()
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            log.warning("nats drain did not finish; closing", extra={"reason": _reason(exc)})
+            log.warning(
+                "nats drain did not finish; closing", extra={"reason": connect_failures.reason(exc)}
+            )
             try:
                 await self.nc.close()
             except OSError:
@@ -505,72 +481,6 @@ async def publish_signed_event(
     await bus.publish(subject, body, headers=key.headers(body))
 
 
-def _reason(exc: BaseException, tls: ssl.SSLContext | None = None) -> str:
-    """One line naming the cause: TLS failures in words an operator can act on, each with
-    the setting to look at; ``tls`` says whether the caller configured TLS at all."""
-    text = str(exc).strip()
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        detail = exc.verify_message or text
-        if "mismatch" in detail:  # "Hostname mismatch, ..." or "IP address mismatch, ..."
-            return (
-                f"TLS: certificate verify failed: {detail.rstrip('.')} (connect with a name "
-                "the server's certificate lists)"
-            )
-        hint = (
-            "is tls_ca the CA that signed the server's certificate?"
-            if tls is not None
-            else "the server requires TLS: set tls_ca to the CA that signed its certificate"
-        )
-        return f"TLS: certificate verify failed: {detail} ({hint})"
-    if isinstance(exc, ssl.SSLError):
-        reason = (exc.reason or text).upper()
-        if "CERTIFICATE_REQUIRED" in reason:
-            return "TLS: the server requires a client certificate (set tls_cert and tls_key)"
-        if "BAD_CERTIFICATE" in reason or "UNKNOWN_CA" in reason:
-            return (
-                "TLS: the server refused our client certificate (is it signed by the CA the "
-                "server trusts, and still valid?)"
-            )
-        return f"TLS: {text}"
-    if tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError):
-        # Under TLS 1.3 the client's handshake ends before the server has checked the
-        # client certificate, so its alert may be lost and only the closed socket seen.
-        return (
-            "TLS: the server closed the connection after the handshake; it refuses our "
-            "client certificate or requires one (set tls_cert and tls_key)"
-        )
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (is nats-server running and the URL right?)"
-    if isinstance(exc, TimeoutError | nats.errors.NoServersError) or not text:
-        return "no server answered (is nats-server running and the URL right?)"
-    return text
-
-
-async def _unless_not_nats(server: str, connecting: Coroutine[Any, Any, None]) -> None:
-    """Await ``connecting``; beside it, for one nats:// or tls:// URL, look at what answers
-    there (:mod:`actors.runtime.sniff`): an HTTP port or another service is a
-    ConnectionError saying so at once, not a connect timeout later."""
-    scheme = server.split("://", 1)[0] if "://" in server else "nats"
-    connect = asyncio.ensure_future(connecting)
-    if "," in server or scheme not in ("nats", "tls"):
-        await connect
-        return
-    look = asyncio.create_task(sniff.not_nats(server))
-    try:
-        await asyncio.wait({connect, look}, return_when=asyncio.FIRST_COMPLETED)
-        if not connect.done() and (reason := await look) is not None:
-            raise ConnectionError(reason)
-        await connect
-    finally:
-        look.cancel()
-        # nats-py swallows a cancel that lands while it opens a connection (and tries
-        # again): cancel until it has ended. The caller's deadline bounds this too.
-        while not connect.done():
-            connect.cancel()
-            await asyncio.wait({connect}, timeout=0.05)
-        await asyncio.gather(connect, look, return_exceptions=True)
-
-
 class _ConnectionEvents:
     """Logs losing and regaining an established connection (not failed first attempts,
     nor our own close)."""
@@ -591,7 +501,7 @@ class _ConnectionEvents:
             return
         if isinstance(exc, ssl.SSLError) or not isinstance(self.cause, ssl.SSLError):
             self.cause = exc
-        log.debug("nats error", extra={"reason": _reason(exc)})
+        log.debug("nats error", extra={"reason": connect_failures.reason(exc)})
 
     async def disconnected(self) -> None:
         if self.up:

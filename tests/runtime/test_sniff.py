@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from actors.runtime import sniff
-from actors.runtime.bus import BusError, NatsBus
+from actors.runtime.bus import NatsBus
+from actors.runtime.connect_failures import BusError
 from actors.runtime.embedded import NatsServer
 from tests.support.ports import free_port
 

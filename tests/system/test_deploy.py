@@ -31,8 +31,9 @@ from actors.fleet.storage.nats_config import JS_API_PREFIX
 from actors.fleet.storage.streams import provision
 from actors.node.agent import STOP_STEP_TIMEOUT, NodeAgent
 from actors.node.config import ENV_PREFIX, AgentConfig
-from actors.runtime.bus import BusError, NatsBus
+from actors.runtime.bus import NatsBus
 from actors.runtime.config import build
+from actors.runtime.connect_failures import BusError
 from actors.runtime.embedded import NatsServer
 from schemas import codec, signing
 from schemas.messages import Cordon, Probe, ProbeReply

@@ -23,8 +23,9 @@ from actors.fleet.config import ENV_PREFIX as AGGREGATOR_ENV_PREFIX
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.storage.streams import provision
 from actors.node.config import ENV_PREFIX, AgentConfig
-from actors.runtime.bus import BusError, NatsBus
+from actors.runtime.bus import NatsBus
 from actors.runtime.config import ConfigError
+from actors.runtime.connect_failures import BusError
 from actors.runtime.embedded import NatsServer
 from actors.runtime.tls import client_context
 from schemas import signing
