@@ -5,6 +5,8 @@ changed. A round with nothing written walks no table."""
 
 from __future__ import annotations
 
+import asyncio
+
 from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
 from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.aggregator.ownership import Ownership
@@ -19,10 +21,12 @@ class Admitted:
         self._written: set[str] = set()
         """Nodes written since the last :meth:`changed` (at most the table's nodes)."""
         self._owned: frozenset[int] | None = None
+        self.written = asyncio.Event()
         table.listeners.append(self._note)
 
     def _note(self, node: str) -> None:
         self._written.add(node)
+        self.written.set()
 
     def every(self) -> list[Node]:
         return [
