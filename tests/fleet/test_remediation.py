@@ -11,7 +11,6 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from actors.fleet.live.feed import NodeFeed
 from actors.fleet.remediation.actor import RemediationActor
 from actors.fleet.remediation.config import PolicyConfig
 from actors.runtime import kv
@@ -22,7 +21,7 @@ from schemas.messages import Cordon, NodeRecord
 from schemas.remediation import Hold, PolicyRecord
 from schemas.subjects import BUCKET_NODES, BUCKET_POLICY, EVENT_INJECT, Subjects
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, fed, heartbeat, wait_for, wait_record
+from tests.support.fleet import Fleet, Flickering, fed, heartbeat, wait_for, wait_record
 
 
 def policy(tmp_path: Path, **settings: Any) -> tuple[PolicyConfig, signing.KeyPair]:
@@ -287,20 +286,6 @@ async def test_sticky_after_n_remediations(
     assert len(stored.history["n1"]) == 3
     await wait_for(lambda: any(b'"needs_attention"' in alert for alert in alerts))
     assert sent == [subjects.command("c1", "n1")]
-
-
-class Flickering(NodeFeed):
-    """A live feed that loses its nodes when told, as one does for a moment when the
-    aggregator beside it lets partitions go and its watch catches up."""
-
-    lost = False
-
-    @property
-    def complete(self) -> bool:
-        return not self.lost and super().complete
-
-    def record(self, node: str) -> NodeRecord | None:
-        return None if self.lost else super().record(node)
 
 
 async def test_a_round_whose_feed_loses_nodes_midway_keeps_every_hold(
