@@ -256,7 +256,7 @@ class Fleet:
 
     async def _follow(self, feed: NodeFeed) -> None:
         following = await self.stack.enter_async_context(followed(feed, own=True))
-        await wait_for(lambda: feed.complete or following.done(), timeout=10)
+        await wait_for(lambda: feed.complete or following.done(), timeout=HANG)
         if following.done():
             following.result()
 
