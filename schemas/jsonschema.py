@@ -7,6 +7,7 @@ on disk or the README's tables differ from what this module would write.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -77,8 +78,9 @@ def render() -> dict[str, str]:
 def _schema(wire_type: type[msgspec.Struct]) -> dict[str, Any]:
     """msgspec's JSON Schema of ``wire_type``, with the signed-type tag (``SIGNED_TYPE``)
     optional as it is when decoding (msgspec lists a struct's tag as required): a body of
-    an earlier version has none."""
-    schema: dict[str, Any] = msgspec.json.schema(wire_type)
+    an earlier version has none. Every description is a cleaned docstring
+    (``inspect.cleandoc``), as msgspec 0.23 makes them and 0.22 did not."""
+    schema: dict[str, Any] = _cleaned(msgspec.json.schema(wire_type))
     for definition in schema.get("$defs", {}).values():
         if SIGNED_TYPE in definition.get("required", []):
             definition["required"].remove(SIGNED_TYPE)
@@ -87,6 +89,20 @@ def _schema(wire_type: type[msgspec.Struct]) -> dict[str, Any]:
                 "naming another type is refused)"
             )
     return schema
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` (a schema or a part of one) with every description cleaned."""
+    if isinstance(value, dict):
+        return {
+            key: inspect.cleandoc(item)
+            if key == "description" and isinstance(item, str)
+            else _cleaned(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_cleaned(item) for item in value]
+    return value
 
 
 def write(directory: Path = JSON_DIR) -> list[Path]:
