@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 import nats
@@ -12,7 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet import record_state
-from actors.fleet.aggregator import hot_state, record_rules
+from actors.fleet.aggregator import hot_state, reads, record_rules
 from actors.fleet.aggregator.actor import JUDGED_PER_TURN, AggregatorActor
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.storage.records import read_record
@@ -366,6 +367,44 @@ async def test_partitions_judge_in_turns_the_loop_runs_between(bus: NatsBus, pre
     judged = [subject for turn in turns for subject in turn]
     assert [s for s in judged if partitions[s] == 0] == [msg.subject for msg in first]
     assert [s for s in judged if partitions[s] == 1] == [msg.subject for msg in second]
+
+
+async def test_a_load_takes_records_in_turns_the_loop_runs_between(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold start's load decodes at most TAKEN_PER_TURN records in one round of the
+    event loop (a page holds 1,000): a load of 100,000 records never holds the process
+    for a page at a time, so the lease renewals keep their fence while it runs; every
+    record is loaded all the same."""
+    aggregator = new_aggregator(bus, prefix)
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    stored = 2 * reads.TAKEN_PER_TURN + 50
+    for i in range(stored):
+        await bucket.put(f"n{i}", codec.encode(record_rules.pending_record(f"n{i}", "c1")))
+    rounds = 0
+    taken_in: dict[int, int] = {}
+    from_stored = hot_state.from_stored
+
+    def counted(*args: Any) -> NodeState:
+        taken_in[rounds] = taken_in.get(rounds, 0) + 1
+        return from_stored(*args)
+
+    async def tick() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(hot_state, "from_stored", counted)
+    ticker = asyncio.create_task(tick())
+    try:
+        every = set(range(TEST_LIMITS.partitions))
+        loaded, _ = await aggregator.reads.load(every, TEST_LIMITS.partitions)
+    finally:
+        ticker.cancel()
+    assert loaded == stored == len(aggregator.ledger.nodes)
+    assert max(taken_in.values()) <= reads.TAKEN_PER_TURN
+    assert len(taken_in) >= stored // reads.TAKEN_PER_TURN + 1
 
 
 async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
