@@ -89,6 +89,9 @@ the aggregator's CPU a consumer than one at a time)."""
 DELETED_KEPT = 10_000
 """Deleted consumers' names remembered between two rounds (a bound: each is a name the
 server sent; past it the next round checks every node)."""
+NODES_PER_TURN = 1000
+"""Nodes a pass over every admitted node takes in one round of the event loop (a few
+ms), so the aggregator's lease renewals and its connection's reader run between."""
 
 
 def wanted(subjects: Subjects, cluster: str, node: str) -> ConsumerConfig:
@@ -274,16 +277,21 @@ class Keeper:
         self.todo: set[Node] = set()
         """Nodes to check at the next round (kept through a round that failed)."""
 
-    def everything(self, full: bool) -> None:
+    async def everything(self, full: bool) -> None:
         """Take every admitted node again; each is checked if ``full``, else those whose
-        consumer is not known to be in place."""
-        self.wanted = {node: cluster for cluster, node in self.admitted.every()}
-        names = {command_consumer(cluster, node): node for node, cluster in self.wanted.items()}
-        self.ensured = {name: node for name, node in self.ensured.items() if name in names}
+        consumer is not known to be in place. In turns of :data:`NODES_PER_TURN`, the
+        event loop running between (a pass over 100,000 nodes held it for 1 to 2 s)."""
+        wanted: dict[str, str] = {}
+        names: dict[str, str] = {}
+        for step, (cluster, node) in enumerate(self.admitted.every(), 1):
+            wanted[node] = cluster
+            names[command_consumer(cluster, node)] = node
+            if step % NODES_PER_TURN == 0:
+                await asyncio.sleep(0)
+        ensured = {name: node for name, node in self.ensured.items() if name in names}
+        self.wanted, self.ensured = wanted, ensured
         self.todo = {
-            (cluster, node)
-            for node, cluster in self.wanted.items()
-            if full or command_consumer(cluster, node) not in self.ensured
+            (wanted[node], node) for name, node in names.items() if full or name not in ensured
         }
 
     def written(self, nodes: Iterable[str]) -> None:
@@ -334,7 +342,7 @@ async def _keep(
         full = now - last_full >= full_every
         changed = admitted.changed()
         if changed is None or full or not configs_checked:
-            keeper.everything(full)
+            await keeper.everything(full)
         else:
             keeper.written(changed)
         keeper.deleted(deleted.take())
