@@ -282,17 +282,18 @@ class Keeper:
         consumer is not known to be in place. In turns of :data:`NODES_PER_TURN`, the
         event loop running between (a pass over 100,000 nodes held it for 1 to 2 s)."""
         wanted: dict[str, str] = {}
-        names: dict[str, str] = {}
+        names: set[str] = set()
+        todo: set[Node] = set()
         for step, (cluster, node) in enumerate(self.admitted.every(), 1):
             wanted[node] = cluster
-            names[command_consumer(cluster, node)] = node
+            name = command_consumer(cluster, node)
+            names.add(name)
+            if full or name not in self.ensured:
+                todo.add((cluster, node))
             if step % NODES_PER_TURN == 0:
                 await asyncio.sleep(0)
-        ensured = {name: node for name, node in self.ensured.items() if name in names}
-        self.wanted, self.ensured = wanted, ensured
-        self.todo = {
-            (wanted[node], node) for name, node in names.items() if full or name not in ensured
-        }
+        self.ensured = {name: node for name, node in self.ensured.items() if name in names}
+        self.wanted, self.todo = wanted, todo
 
     def written(self, nodes: Iterable[str]) -> None:
         """Nodes whose records were written: each admitted one is checked unless its
