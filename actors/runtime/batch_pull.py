@@ -282,9 +282,7 @@ async def consume_in_batches(
             await asyncio.sleep(linger - asyncio.get_running_loop().time() % linger)
 
 
-async def _fetched(
-    consumer: BatchPuller, batch: int, wait: float, what: str
-) -> list[Msg] | None:
+async def _fetched(consumer: BatchPuller, batch: int, wait: float, what: str) -> list[Msg] | None:
     """One fetch; None when it failed (logged: the caller waits and fetches again)."""
     try:
         return await consumer.fetch(batch, wait)

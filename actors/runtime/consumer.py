@@ -35,6 +35,7 @@ RECREATE_RETRY = 1.0
 """Seconds before the first attempt to create a missing consumer again (its stream may be
 gone, or only another may create it); each failed attempt doubles the wait."""
 RECREATE_RETRY_MAX = 15.0
+"""The longest wait between two looks at a missing consumer, unless its owner says less."""
 STREAM_NOT_FOUND = 10059
 """JetStream's error code for a stream that does not exist."""
 CONSUMER_OFFLINE = 10119
@@ -90,9 +91,12 @@ class DurableConsumer:
         config: ConsumerConfig,
         *,
         create: bool = True,
+        retry_max: float = RECREATE_RETRY_MAX,
     ) -> None:
         self.js = js
         self.create = create
+        self.retry_max = retry_max
+        """The longest wait between two looks at a missing consumer."""
         self.stream = stream
         self.subject = subject
         self.durable = durable
@@ -101,7 +105,7 @@ class DurableConsumer:
         self._opened = False
         """Opened once already: a later open re-creates it (the log says "again")."""
         self._subscription: JetStreamContext.PullSubscription | None = None
-        self._retry = RECREATE_RETRY
+        self._retry = min(RECREATE_RETRY, retry_max)
 
     async def open(self) -> None:
         """Create the consumer if it does not exist (same config: idempotent) and bind;
@@ -154,9 +158,9 @@ class DurableConsumer:
         if self._subscription is None or self.missing:
             if not await self.recreate():
                 await asyncio.sleep(self._retry)
-                self._retry = min(2 * self._retry, RECREATE_RETRY_MAX)
+                self._retry = min(2 * self._retry, self.retry_max)
                 return []
-            self._retry = RECREATE_RETRY
+            self._retry = min(RECREATE_RETRY, self.retry_max)
         assert self._subscription is not None
         try:
             return await self._subscription.fetch(batch, timeout=wait)

@@ -185,8 +185,9 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
 ) -> None:
     """A cordon signed by a key n1 does not trust is rejected by the node under no id;
     `fleetctl command ID` finds that rejection by the id the message claimed, shows the
-    reason and the signer, and exits 1 within 2 s (measured in the process, without the
-    interpreter's start-up)."""
+    reason and the signer, and exits 1 at once: within a quarter of its --timeout (60 s),
+    which it would wait out for a final result (measured in the process, without the
+    interpreter's start-up; 0.3 s on an idle machine)."""
     results = await Results().start(fleet.bus, fleet.prefix)
     stranger_file = tmp_path / "stranger.nk"
     stranger = signing.create_key_file(stranger_file)
@@ -194,7 +195,8 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
     assert code == 0, err
     command_id = sent_id(out, "cordon")
     await wait_for(lambda: [r for r in results.results if r.claimed_id == command_id])
-    argv = ["command", command_id, "--node", "n1", "--server", fleet.url, "--prefix", fleet.prefix]
+    argv = ["command", command_id, "--node", "n1", "--timeout", "60"]
+    argv += ["--server", fleet.url, "--prefix", fleet.prefix]
     timed = (
         "import sys, time\n"
         "from actors.cli.fleetctl.main import main\n"
@@ -210,7 +212,7 @@ async def test_a_rejected_command_is_shown_with_its_signer_and_exits_1_at_once(
     out, err = raw_out.decode(), raw_err.decode()
     assert process.returncode == 1, (out, err)
     took = float(err.splitlines()[-1].removeprefix("took "))
-    assert took < 2.0, f"fleetctl command took {took:.2f}s (after start-up) to exit: {out}"
+    assert took < 15.0, f"fleetctl command took {took:.2f}s (after start-up) to exit: {out}"
     last = out.splitlines()[-1]
     assert last.startswith(f"rejected: signed by an untrusted key {stranger.public_key}"), out
     assert f"signed by {signing.fingerprint(stranger.public_key)}" in last

@@ -75,12 +75,15 @@ async def test_node_names_complete_from_the_fleet(
 
 async def test_completion_is_silent_and_quick_without_a_fleet(tmp_path: Path) -> None:
     """No server listening, or a broken setting: nothing offered, nothing on stderr,
-    answered within the completion timeout (1.5 s) plus the start."""
+    answered within the completion timeout (1.5 s) past what a completion that asks no
+    server takes (its start, measured beside it: a loaded machine slows both)."""
+    offered, _, start = await complete(tmp_path, "fleetctl descr")
+    assert offered == ["describe"]
     offered, err, took = await complete(
         tmp_path, "fleetctl describe n", FLEETCTL_SERVER="nats://127.0.0.1:1"
     )
     assert (offered, err) == ([], "")
-    assert took < 10
+    assert took < start + 1.5 + 3.0, f"{took:.2f}s, a completion without a server {start:.2f}s"
     offered, err, _ = await complete(tmp_path, "fleetctl describe n", FLEETCTL_SERVR="x")
     assert (offered, err) == ([], "")
 

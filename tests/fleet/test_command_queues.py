@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,12 @@ class Nodes:
         self.rounds = 0
         self.walks = 0
         self._told = set(nodes)
+        self.written = asyncio.Event()
+
+    def admit(self, node: Node) -> None:
+        """``node`` admitted, its record written (as the aggregator tells it)."""
+        self.nodes.append(node)
+        self.written.set()
 
     def every(self) -> list[Node]:
         self.walks += 1
@@ -65,11 +72,12 @@ async def api_requests(bus: NatsBus, prefix: str) -> AsyncIterator[list[str]]:
 
 @asynccontextmanager
 async def keeping(
-    bus: NatsBus, prefix: str, admitted: command_queues.AdmittedNodes
+    bus: NatsBus, prefix: str, admitted: command_queues.AdmittedNodes, every: float = 0.02
 ) -> AsyncIterator[None]:
-    """:func:`command_queues.keep_forever` running every 20 ms, its full check never due."""
+    """:func:`command_queues.keep_forever` running every ``every`` seconds (20 ms), its
+    full check never due."""
     task = asyncio.create_task(
-        command_queues.keep_forever(bus, Subjects(prefix), admitted, 0.02, 1e6)
+        command_queues.keep_forever(bus, Subjects(prefix), admitted, every, 1e6)
     )
     try:
         yield
@@ -110,7 +118,7 @@ async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) ->
         rounds = admitted.rounds
         await wait_for(lambda: admitted.rounds >= rounds + 10)
         assert seen == []
-        admitted.nodes.append(("c1", "n2"))
+        admitted.admit(("c1", "n2"))
         await wait_for(lambda: has_consumers(bus, prefix, 2))
         await wait_for(lambda: admitted.rounds >= rounds + 15)
     assert listings(seen) == []
@@ -126,9 +134,24 @@ async def test_with_no_node_to_keep_a_round_takes_no_node_again(bus: NatsBus, pr
     async with keeping(bus, prefix, admitted):
         await wait_for(lambda: admitted.rounds >= 10)
         assert admitted.walks == 1
-        admitted.nodes.append(("c1", "n1"))
+        admitted.admit(("c1", "n1"))
         await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
     assert admitted.walks == 1
+
+
+async def test_a_node_admitted_gets_its_consumer_without_waiting_a_round(
+    bus: NatsBus, prefix: str
+) -> None:
+    """Rounds every 10 minutes: a node admitted (its record written) gets its consumer at
+    once, so it takes commands at once, not one round later."""
+    admitted = Nodes(("c1", "n1"))
+    async with keeping(bus, prefix, admitted, every=600.0):
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+        admitted.admit(("c1", "n2"))
+        written = time.monotonic()
+        await wait_for(lambda: exists(bus, prefix, ("c1", "n2")), timeout=60.0)
+        took = time.monotonic() - written
+    assert took < 10.0, f"the consumer came {took:.1f}s after the node was admitted"
 
 
 async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, prefix: str) -> None:

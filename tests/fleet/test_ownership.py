@@ -276,9 +276,7 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
     buses = [await fleet.connect(f"aggregator-{i}") for i in range(2)]
     # It follows the records written (checkpoints): at the default 60 s a record taken
     # over falls due anywhere in the next minute, as long as the wait for it.
-    supervisors = [
-        await fleet.start_aggregator(b, checkpoint_interval=CHECKPOINT) for b in buses
-    ]
+    supervisors = [await fleet.start_aggregator(b, checkpoint_interval=CHECKPOINT) for b in buses]
     actors = [actor_of(s) for s in supervisors]
     async with recording(bus, prefix) as records, nodes.beating():
         await wait_for(lambda: split(actors) == [4, 4] and served(actors), timeout=6 * TTL)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet.placement.actor import ReconcilerActor
@@ -23,7 +24,7 @@ from schemas.messages import Command, NodeRecord, WorkloadSummary
 from schemas.placement import Failure, PlacedWorkload, Replica, spec_body
 from schemas.subjects import BUCKET_NODES, BUCKET_WORKLOADS, Subjects
 from schemas.workloads import Deploy, Stop
-from tests.support.fleet import Fleet, heartbeat, wait_for
+from tests.support.fleet import Fleet, Flickering, fed, heartbeat, wait_for
 
 GIB = 1024**3
 
@@ -377,3 +378,41 @@ async def test_the_reconciler_acts_only_on_workloads_a_trusted_operator_signed(
     for name, value in hostile.items():
         assert found[name][0] == value
     await wait_for(lambda: sent == ["good"])
+
+
+async def test_a_round_whose_feed_loses_nodes_midway_moves_no_replica(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The feed turns incomplete while a round reads the maintenance windows (partitions
+    let go mid-round): the round decides nothing, and the replica on n1, whose record is
+    missing for that moment, is not moved as if its node were gone (it was, under lease
+    churn on a loaded machine, and placed on a dead node)."""
+    subjects = Subjects(prefix)
+    key = signing.create_key_file(tmp_path / "reconciler.nk")
+    home = node("n1", workloads=[running("chat", [0])])
+    nodes = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    for record in (home, node("n2")):
+        await nodes.put(record.node_id, codec.encode(record))
+    spec = workload(
+        created_by=key.public_key,
+        replicas=[Replica(index=0, node="n1", cluster="c1", gpus=[0], deployed_at=1.0)],
+    )
+    body = spec_body(spec)
+    signed = msgspec.structs.replace(
+        spec, spec=body.decode(), spec_sig=key.headers(body)[signing.HEADER_SIG]
+    )
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_WORKLOADS))
+    await bucket.put("chat", codec.encode(signed))
+    feed = Flickering(bus, subjects)
+    await fleet.follow(feed)
+    await fed(feed, [home])
+    actor = ReconcilerActor(bus, prefix, str(tmp_path / "reconciler.nk"), feed=feed)
+    real = actor.windows.refresh
+
+    async def losing() -> None:
+        await real()
+        feed.lost = True
+
+    monkeypatch.setattr(actor.windows, "refresh", losing)
+    assert await actor.round() is False
+    assert (await read_all(bus, subjects))["chat"][0] == signed

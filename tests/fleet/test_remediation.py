@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet.remediation.actor import RemediationActor
@@ -17,10 +18,10 @@ from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Health, HealthCheck, Inject
 from schemas.messages import Cordon, NodeRecord
-from schemas.remediation import PolicyRecord
+from schemas.remediation import Hold, PolicyRecord
 from schemas.subjects import BUCKET_NODES, BUCKET_POLICY, EVENT_INJECT, Subjects
 from tests.support.commanding import Results, send
-from tests.support.fleet import Fleet, fed, heartbeat, wait_for, wait_record
+from tests.support.fleet import Fleet, Flickering, fed, heartbeat, wait_for, wait_record
 
 
 def policy(tmp_path: Path, **settings: Any) -> tuple[PolicyConfig, signing.KeyPair]:
@@ -285,3 +286,36 @@ async def test_sticky_after_n_remediations(
     assert len(stored.history["n1"]) == 3
     await wait_for(lambda: any(b'"needs_attention"' in alert for alert in alerts))
     assert sent == [subjects.command("c1", "n1")]
+
+
+async def test_a_round_whose_feed_loses_nodes_midway_keeps_every_hold(
+    fleet: Fleet, bus: NatsBus, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The feed turns incomplete while a round reads the policy's record (partitions let
+    go mid-round): the held node, missing for that moment, keeps its hold (it was dropped
+    as if forgotten, under lease churn on a loaded machine)."""
+    subjects = Subjects(prefix)
+    held = NodeRecord(node_id="x1", cluster="c1", state="cordoned", last_seq=1, last_seen=1.0)
+    nodes = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    await nodes.put("x1", codec.encode(held))
+    feed = Flickering(bus, subjects)
+    await fleet.follow(feed)
+    await fed(feed, [held])
+    config, _ = policy(tmp_path)
+    actor = RemediationActor(config, bus, prefix, feed=feed)
+    bucket = await actor.open()
+    hold = Hold(
+        reason_class="xid", reason="XID 79", action="cordon", command_id="c-1", since=time.time()
+    )
+    await bucket.put("c1", codec.encode(PolicyRecord(cluster="c1", holds={"x1": hold})))
+    real = kv.read_with_revision
+
+    async def losing(*args: Any) -> Any:
+        found = await real(*args)
+        feed.lost = True
+        return found
+
+    monkeypatch.setattr(kv, "read_with_revision", losing)
+    await actor.round()
+    current, _ = await real(bucket, "c1", PolicyRecord)
+    assert current is not None and current.holds == {"x1": hold}

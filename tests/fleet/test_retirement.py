@@ -142,7 +142,7 @@ async def test_most_nodes_silent_holds_retirement_and_restarts_its_count(
     assert retirement.clear_since == start + 3600
 
     await fleet.start_agent(agents[1].config)  # n2 is heard again
-    await wait_for(lambda: aggregator.ledger.nodes["n2"].record.state == "active", timeout=15)
+    await wait_for(lambda: aggregator.ledger.nodes["n2"].record.state == "active")
     await retirement.sweep(start + 3650)
     assert retirement.holding == ""
     assert not aggregator.ledger.nodes["n1"].record.deregistered  # 50 s counted of 60
@@ -176,7 +176,7 @@ async def test_two_aggregators_retire_a_node_once(fleet: Fleet, bus: NatsBus, pr
     second = new_aggregator(second_bus, prefix, None, retire_offline_after=1.0, **QUICK)
     await fleet.start_supervisor(first)
     await fleet.start_supervisor(second)
-    await wait_for(lambda: first.ownership.since and second.ownership.since, timeout=15)
+    await wait_for(lambda: first.ownership.since and second.ownership.since)
     agents = [await fleet.start_agent(fleet.config(f"n{i}", fake_gpus=0)) for i in (1, 2, 3)]
     for i in (1, 2, 3):
         await wait_record(bus, prefix, f"n{i}", lambda r: r.state == "active")

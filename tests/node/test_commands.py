@@ -419,7 +419,7 @@ async def test_restarted_cordoned_node_never_beats_schedulable(
     await bus.flush()
     try:
         await trusting_agent(fleet, operator)
-        await wait_for(lambda: len(beats) >= 2, 10)
+        await wait_for(lambda: len(beats) >= 2)
     finally:
         await subscription.unsubscribe()
     assert [beat.schedulability for beat in beats[:2]] == ["cordoned", "cordoned"]

@@ -36,7 +36,7 @@ async def test_unacknowledged_beats_keep_the_interval(
     actor = HeartbeatActor(config, fleet.bus, node_events(config), SequenceStore(tmp_path))
     assert actor.ack_wait == ACK_WAIT_FRACTION * 0.5
     await fleet.start_supervisor(actor)
-    await wait_for(lambda: len(arrivals) >= 6, timeout=15)
+    await wait_for(lambda: len(arrivals) >= 6)
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     # One interval (jittered by 10 %) apart; the loaded machine's delays are bounded
     # well under the 5.5 s a beat took when it waited for its acknowledgement.

@@ -89,7 +89,7 @@ async def test_sigterm_drains_in_flight_work_then_exits(fleet: Fleet) -> None:
     await fleet.start_aggregator()
     beats = await heartbeats(fleet)
     process = await start_agent(fleet, url)
-    await wait_for(lambda: any(b.jobs and b.jobs.running == 3 for b in beats), 15)
+    await wait_for(lambda: any(b.jobs and b.jobs.running == 3 for b in beats))
     process.send_signal(signal.SIGTERM)
     draining = await wait_for(lambda: [b for b in beats if b.schedulability == "draining"])
     # Still running and still beating after it said so: the drain waits for the work.
@@ -111,7 +111,7 @@ async def test_sigterm_drain_is_bounded_by_shutdown_timeout(fleet: Fleet) -> Non
     await fleet.start_aggregator()
     beats = await heartbeats(fleet)
     process = await start_agent(fleet, url, "--shutdown-timeout", "1.5")
-    await wait_for(lambda: any(b.jobs and b.jobs.running == 3 for b in beats), 15)
+    await wait_for(lambda: any(b.jobs and b.jobs.running == 3 for b in beats))
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.wait_for(process.communicate(), 15)

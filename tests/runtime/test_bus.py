@@ -295,3 +295,28 @@ async def test_a_node_goes_round_again_within_a_quarter_of_its_stale_after(
         assert waited < 5.0, f"went round again after {waited:.2f} s (backoff 0.5 s)"
     finally:
         await bus.close()
+
+
+async def test_a_close_that_hangs_after_a_failed_drain_is_left_in_time(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain fails (reconnecting) and nats-py's close then never returns: ``close``
+    still returns within its timeout, logging that it left the connection."""
+    closing = await NatsBus.connect(nats_server.url, "test")
+
+    async def reconnecting() -> None:
+        raise nats.errors.ConnectionReconnectingError
+
+    never = asyncio.Event()
+
+    async def hanging() -> None:
+        await never.wait()
+
+    monkeypatch.setattr(closing.nc, "drain", reconnecting)
+    real_close = closing.nc.close
+    monkeypatch.setattr(closing.nc, "close", hanging)
+    try:
+        async with asyncio.timeout(10):
+            await closing.close(timeout=0.2)
+    finally:
+        await real_close()

@@ -125,6 +125,16 @@ async def test_no_write_into_another_nodes_inbox(auth: AuthServer, attacker: Att
 
     await nc.subscribe(SUBJECTS.probe(ATTACKER), cb=on_probe)
     await nc.flush()
+
+    def measures_honest() -> bool:
+        return any(
+            peer.target_node_id == HONEST and peer.rtt_us is not None
+            for latency in latencies
+            for peer in latency.peers
+        )
+
+    # node-3 started after node-2 began probing: its first probes may have found none.
+    await wait_for(measures_honest)
     latencies.clear()
     cordon = await send(
         auth.admin, PREFIX, operator, Cordon(ttl=600), node=VICTIM, cluster=AUTH_CLUSTER

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,7 +256,7 @@ class Fleet:
 
     async def _follow(self, feed: NodeFeed) -> None:
         following = await self.stack.enter_async_context(followed(feed, own=True))
-        await wait_for(lambda: feed.complete or following.done(), timeout=10)
+        await wait_for(lambda: feed.complete or following.done(), timeout=HANG)
         if following.done():
             following.result()
 
@@ -318,6 +318,23 @@ async def subscriptions_at_server(client: Client, bus: NatsBus, probe: str) -> N
 
     await wait_for(reached)
     await subscription.unsubscribe()
+
+
+class Flickering(NodeFeed):
+    """A live feed that loses its nodes when told (``lost``), as one does for a moment
+    when the aggregator beside it lets partitions go and its watch catches up."""
+
+    lost = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.lost and super().complete
+
+    def record(self, node: str) -> NodeRecord | None:
+        return None if self.lost else super().record(node)
+
+    def whole(self, nodes: Iterable[str] | None = None) -> dict[str, NodeRecord]:
+        return {} if self.lost else super().whole(nodes)
 
 
 async def fed(feed: NodeFeed, records: list[NodeRecord], timeout: float = 10.0) -> None:

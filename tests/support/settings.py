@@ -12,7 +12,7 @@ from schemas.messages import Heartbeat, NodeRecord
 from schemas.settings import Scope, SettingsEntry, SettingsStatus
 from schemas.signing import KeyPair
 from schemas.subjects import Subjects
-from tests.support.fleet import wait_record
+from tests.support.fleet import HANG, wait_record
 
 
 async def put_settings(
@@ -44,10 +44,10 @@ async def wait_settings(
     prefix: str,
     node: str,
     check: Callable[[SettingsStatus, Heartbeat], bool],
-    timeout: float = 15.0,
+    timeout: float = HANG,
 ) -> Heartbeat:
     """The first heartbeat of ``node`` whose settings status (and heartbeat) pass
-    ``check``, as its record shows it."""
+    ``check``, as its record shows it (``timeout`` only bounds a hang)."""
 
     def holds(record: NodeRecord) -> bool:
         beat = record.heartbeat

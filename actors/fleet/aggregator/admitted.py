@@ -5,6 +5,7 @@ changed. A round with nothing written walks no table."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
@@ -21,10 +22,12 @@ class Admitted:
         self._written: set[str] = set()
         """Nodes written since the last :meth:`changed` (at most the table's nodes)."""
         self._owned: frozenset[int] | None = None
+        self.written = asyncio.Event()
         table.listeners.append(self._note)
 
     def _note(self, node: str) -> None:
         self._written.add(node)
+        self.written.set()
 
     def every(self) -> Iterator[Node]:
         """Each admitted node it owns, from the table as it was at the first step (the

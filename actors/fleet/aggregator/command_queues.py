@@ -15,6 +15,7 @@ the server says were deleted; the whole list only at start and every full sweep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -41,6 +42,8 @@ from schemas.subjects import (
 
 log = logging.getLogger(__name__)
 
+ROUND_GAP = 0.2
+"""Seconds between two rounds at least, however often records are written."""
 NOT_ADMITTED = ("pending", "deregistered")
 """Record states whose node gets no command consumer (created when it is admitted)."""
 Node = tuple[str, str]
@@ -50,6 +53,10 @@ Node = tuple[str, str]
 class AdmittedNodes(Protocol):
     """The nodes whose command consumer should exist (admitted, owned), as the keeper
     asks the aggregator about them."""
+
+    written: asyncio.Event
+    """Set when a node's record is written: the keeper's next round comes then, not a
+    whole round later (a node admitted takes commands at once)."""
 
     def every(self) -> Iterable[Node]:
         """Every such node."""
@@ -370,4 +377,15 @@ async def _keep(
             configs_checked = True
             if full:
                 last_full = now
-        await asyncio.sleep(every)
+        await _next_round(admitted.written, every)
+
+
+async def _next_round(written: asyncio.Event, every: float) -> None:
+    """Wait ``every`` seconds, or less once a record is written, though never less than
+    :data:`ROUND_GAP`: a fleet writing records all the time (checkpoints) makes a few
+    short rounds a second, each of the nodes written since the last."""
+    await asyncio.sleep(min(ROUND_GAP, every))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, every - ROUND_GAP)):
+            await written.wait()
+    written.clear()  # before the round asks what changed: a later write sets it again

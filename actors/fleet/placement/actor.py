@@ -118,6 +118,10 @@ class ReconcilerActor:
             self.watched = set()
             self.rounds += 1
             return True
+        await self.read_windows()
+        # Checked after the last await before the records are read, in the same step:
+        # a feed that lost nodes meanwhile (the aggregator beside it let partitions go)
+        # would show a replica's node as gone and move it at once.
         if not self.feed.complete:
             log.debug("reconciler waits for the live feed to be complete")
             return False
@@ -128,7 +132,6 @@ class ReconcilerActor:
             if self.trusted(name, workload, revision)
         }
         self.metrics.workload_untrusted.set(len(placed) - len(trusted))
-        await self.read_windows()
         records = self.feed.whole(self.nodes_of(workload for workload, _ in trusted.values()))
         maintenance, evacuate = self.in_maintenance(records, now)
         if any(needs_choice(w, records, now, self.timing, evacuate) for w, _ in trusted.values()):

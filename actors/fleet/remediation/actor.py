@@ -216,6 +216,14 @@ class RemediationActor:
             return
         current = current or PolicyRecord(cluster=cluster)
         members = self.members.of(cluster, set(current.holds))
+        if not self.feed.complete:
+            # The feed lost nodes since the round began (the aggregator beside it let
+            # partitions go, a watch catches up): a held node missing now would read as
+            # forgotten and its hold be dropped. Read just now, in the same step as the
+            # records, so these were read from a complete feed when it says so.
+            log.debug("policy round left: the live feed is catching up", extra={"cluster": cluster})
+            self._whole = True
+            return
         entries = await self._trust_entries(current)
         enrolled = {node: entry.identity if entry else None for node, entry in entries.items()}
         refusals = await self._refusals(cluster, current, entries)

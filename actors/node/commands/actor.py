@@ -35,7 +35,12 @@ from actors.node.commands.store import CommandStore, StoreError
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
 from actors.runtime.bus import DEFAULT_JS_API_PREFIX, Bus
-from actors.runtime.consumer import DurableConsumer, consume_forever, pull_config
+from actors.runtime.consumer import (
+    RECREATE_RETRY_MAX,
+    DurableConsumer,
+    consume_forever,
+    pull_config,
+)
 from actors.runtime.subscriptions import listening
 from schemas import codec
 from schemas.errors import DecodeError
@@ -86,6 +91,9 @@ class CommandsActor:
         # A node reaching JetStream through another account's imports (js_api_prefix, the
         # shipped permissions) may not create this consumer: the aggregator creates it
         # (actors/fleet/aggregator/command_queues.py). Elsewhere the node creates it, the same.
+        # A new node looks for it at least once a heartbeat interval (the pace it already
+        # talks to the bus at), so it takes commands within a heartbeat of the aggregator
+        # creating it once admitted, not after a doubling wait of up to 15 s.
         durable = command_consumer(config.cluster, config.node_id)
         self.consumer = DurableConsumer(
             bus.js,
@@ -99,6 +107,7 @@ class CommandsActor:
                 max_deliver=COMMAND_MAX_DELIVER,
             ),
             create=bus.js_api_prefix == DEFAULT_JS_API_PREFIX,
+            retry_max=min(config.heartbeat_interval, RECREATE_RETRY_MAX),
         )
         self.store = CommandStore(
             Path(config.state_dir), config.max_command_lifetime + config.max_skew
