@@ -30,7 +30,7 @@ from nats.js.api import ConsumerConfig
 
 from actors.runtime.bus import Bus
 from actors.runtime.consumer import pull_config
-from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.schedule import stop_if_cancelled, take_turn
 from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas.subjects import (
     COMMAND_ACK_WAIT,
@@ -148,7 +148,8 @@ async def _put_back(
     place."""
     done = set() if done is None else done
     missing: list[tuple[tuple[str, str], ConsumerConfig | None]] = []
-    for node in nodes:
+    for step, node in enumerate(nodes, 1):
+        await take_turn(step, NODES_PER_TURN)
         name = command_consumer(*node)
         found = current.get(name)
         if name in current and (found is None or not _differs(found, wanted(subjects, *node))):
@@ -297,8 +298,7 @@ class Keeper:
             names.add(name)
             if full or name not in self.ensured:
                 todo.add((cluster, node))
-            if step % NODES_PER_TURN == 0:
-                await asyncio.sleep(0)
+            await take_turn(step, NODES_PER_TURN)
         self.ensured = {name: node for name, node in self.ensured.items() if name in names}
         self.wanted, self.todo = wanted, todo
 

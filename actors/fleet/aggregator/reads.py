@@ -21,7 +21,7 @@ from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.storage.streams import MAX_NODES
 from actors.runtime import kv
 from actors.runtime.bus import Bus
-from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.schedule import stop_if_cancelled, take_turn
 from schemas.errors import DecodeError
 from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects, partition_of
@@ -70,8 +70,7 @@ class RecordReads:
             async with contextlib.aclosing(scan) as pages:
                 async for entries in pages:
                     for taken, (node, value, revision) in enumerate(entries, 1):
-                        if taken % TAKEN_PER_TURN == 0:
-                            await asyncio.sleep(0)
+                        await take_turn(taken, TAKEN_PER_TURN)
                         partition = partition_of(node, count)
                         if partition not in wanted:
                             continue
