@@ -62,9 +62,12 @@ def no_orphans() -> Iterator[None]:
 
 async def provider(fleet: Fleet, bus: NatsBus, tmp_path: Path, http: bool) -> ProviderActors:
     """One aggregator process as ``fleetctl aggregator`` runs it, with its reconciler and
-    policy, at the defaults (the test's stream budgets aside); ``http``: its API too."""
+    policy, at the defaults (the test's stream budgets aside: the lease too, where the
+    suite's 1.5 s let a starved machine's aggregators take partitions from each other all
+    the time); ``http``: its API too."""
     config = msgspec.structs.replace(
         TEST_BUDGETS,
+        lease_ttl=DEFAULTS.lease_ttl,
         prefix=fleet.prefix,
         workloads_key_file=str(tmp_path / "reconciler.nk"),
         workloads_operators=[signing.load_key_file(tmp_path / "operator.nk").public_key],

@@ -300,6 +300,14 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
         assert taken_over == [], "a lease was waited out, not released at the stop"
         assert time.monotonic() - stopped < 2 * TTL  # a round of the balancer, and a load
         await wait_for(lambda: records.records[node].last_seq > old_seq + 2)
+        # The node stops beating first: FLEET_HB keeps one message a node, and a newer
+        # beat stored before the owner fetched the replayed one would replace it unread
+        # (as on a loaded machine). A whole round of the others' beats after the stop,
+        # none of its own is in flight.
+        nodes.stopped.add(node)
+        other = next(n for n in NODES if n != node)
+        mark = nodes.seq[other]
+        await wait_for(lambda: nodes.seq[other] >= mark + 2)
         body, signed = captured
         headers = {**signed, "Nats-Msg-Id": os.urandom(8).hex(), "Nats-TTL": "2"}
         await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
