@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import json
 import logging
 import time
@@ -237,6 +238,7 @@ async def consume_in_batches(
     what: str,
     dropped: DropCounter,
     linger: float = 0.0,
+    share: asyncio.Semaphore | None = None,
 ) -> None:
     """Like :func:`consume_forever`, for a consumer with ``AckPolicy.ALL``: one ack, on
     the last message of a fetch, settles the whole fetch once every message of it is
@@ -248,24 +250,28 @@ async def consume_in_batches(
     owner) gets it all again after ``ack_wait``. A consumer that caught up waits
     ``linger`` seconds before its next fetch, so it still handles and acks many messages
     at once: a fetch and an ack cost about as much as a signature check, and would
-    otherwise be paid per message."""
+    otherwise be paid per message.
+
+    Loops given one ``share`` hold it from a batch's fetch until it is judged: at most
+    that many batches are on their way or waiting in the process at once, so what the
+    connection holds ahead of another reply (a lease renewal's) stays that small."""
+    gate: contextlib.AbstractAsyncContextManager[object] = share or contextlib.nullcontext()
     while True:
         stop_if_cancelled()
-        try:
+        async with gate:
             # What the stream holds now, in one burst: a pull that gathered messages as
             # they arrived would wake this process once per message, a burst once per
-            # read. Nothing there: wait (up to ``wait``) for the next message.
-            messages = await consumer.fetch(batch, 0.0)
-            if not messages:
-                messages = await consumer.fetch(1, wait)
-        except nats.errors.ConnectionClosedError:
-            raise
-        except nats.errors.Error as exc:
-            log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
+            # read. Nothing there: wait (up to ``wait``) for the next message, outside
+            # the share (a waiting fetch brings one message).
+            messages = await _fetched(consumer, batch, 0.0, what)
+            chains = await _judge(handle, messages, what, dropped) if messages else []
+        if messages == []:
+            messages = await _fetched(consumer, 1, wait, what)
+            chains = await _judge(handle, messages, what, dropped) if messages else []
+        if messages is None:
             await asyncio.sleep(1.0)
             continue
         if messages:
-            chains = await _judge(handle, messages, what, dropped)
             if chains:
                 await asyncio.gather(*(run_chain(chain, what, dropped) for chain in chains))
             await _ack_fetch(messages[-1], what)
@@ -274,6 +280,17 @@ async def consume_in_batches(
             # batch. Every loop wakes on the same beat of the clock: the fetches of all of
             # an aggregator's partitions leave in one socket write, and come back together.
             await asyncio.sleep(linger - asyncio.get_running_loop().time() % linger)
+
+
+async def _fetched(consumer: BatchPuller, batch: int, wait: float, what: str) -> list[Msg] | None:
+    """One fetch; None when it failed (logged: the caller waits and fetches again)."""
+    try:
+        return await consumer.fetch(batch, wait)
+    except nats.errors.ConnectionClosedError:
+        raise
+    except nats.errors.Error as exc:
+        log.warning("fetch failed; retrying", extra={"consumer": what, "reason": str(exc)})
+        return None
 
 
 async def _judge(

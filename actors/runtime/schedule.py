@@ -94,3 +94,11 @@ def stop_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def take_turn(done: int, per_turn: int) -> None:
+    """In a long pass over many items, let the event loop run once every ``per_turn``
+    of them (``done``: the items done so far): what else the process does (a lease
+    renewal, the connection's reader) waits for a turn, never for the whole pass."""
+    if done % per_turn == 0:
+        await asyncio.sleep(0)

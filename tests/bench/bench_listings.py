@@ -209,7 +209,13 @@ def run_filled(bench: Bench, cluster: Cluster) -> None:
         raise RuntimeError(f"{stored} records stored of {args.nodes}")
     bench.say(f"{args.nodes} keys and records put in {time.monotonic() - started:.0f} s")
     aggregator = cluster.start_aggregator()
-    aggregator.wait_owner(600)
+    loaded = aggregator.wait_owner(600)
+    if loaded is None:
+        raise RuntimeError("the aggregator did not load the records in 10 minutes")
+    bench.say(
+        f"records loaded, every lease held {loaded:.0f} s after the aggregator answered; "
+        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
+    )
     started = time.monotonic()
     asyncio.run(publish_beats(cluster.url, args.nodes, args.gpus, args.kill))
     bench.say(f"{args.nodes} heartbeats published in {time.monotonic() - started:.0f} s")
@@ -220,7 +226,8 @@ def run_filled(bench: Bench, cluster: Cluster) -> None:
         time.sleep(2.0)
     bench.say(
         f"every heartbeat judged, {args.kill} unhealthy counted, "
-        f"{time.monotonic() - started:.0f} s after the first publish"
+        f"{time.monotonic() - started:.0f} s after the first publish; "
+        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
     )
     measure(bench, cluster, aggregator, "unhealthy")
 

@@ -11,8 +11,10 @@ from actors.fleet.views.dashboard.attention import CONCERNS, concern, tally
 from actors.fleet.views.dashboard.render import Query
 from actors.fleet.views.dashboard.table import matching
 from actors.runtime.bus import NatsBus
+from schemas import codec
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.remediation import Hold
+from schemas.subjects import BUCKET_NODES, Subjects
 from tests.support.dashboard import CountedView
 from tests.support.fleet import new_aggregator, wait_for
 
@@ -87,6 +89,32 @@ def test_the_table_opens_problems_first() -> None:
     assert order == ["c-stale", "d-degraded-60", "b-degraded-70", "a-fine", "e-fine"]
     by_name = [made.node_id for made in matching(records, Query(sort="node"), counted.concerns)]
     assert by_name == sorted(by_name)
+
+
+async def test_nodes_the_feed_lacks_keep_their_record_while_it_catches_up(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A snapshot built again while the live feed catches up keeps each node the feed
+    lacks with its record of the snapshot before (none missing for a moment) and takes
+    the feed's newer records; it reads nothing from fleet_nodes (every stored record
+    decoded at once held a 100,000-node aggregator's loop for seconds). Once the feed is
+    complete, a node gone from it is gone from the pages."""
+    stored = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    await stored.put("z", codec.encode(record("z", "pending")))
+    view = CountedView({"a": record("a", "active"), "b": record("b", "stale")})
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    held = HeldNodes(new_aggregator(bus, prefix).view)  # never started: holds nothing
+    board = DashboardActor(config, bus, view, held)
+    first = board.fleet()
+    view.complete = False
+    view.records = {"b": record("b", "offline")}
+    first.built -= first.refresh  # as if a refresh had passed
+    catching_up = await wait_for(lambda: board.fleet() is not first and board.fleet())
+    assert catching_up.counted.by_state == {"active": 1, "offline": 1}
+    view.complete = True
+    catching_up.built -= catching_up.refresh
+    caught_up = await wait_for(lambda: board.fleet() is not catching_up and board.fleet())
+    assert caught_up.counted.by_state == {"offline": 1}
 
 
 async def test_a_page_never_waits_for_a_pass_over_every_node(bus: NatsBus, prefix: str) -> None:

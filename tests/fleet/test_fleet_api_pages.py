@@ -14,11 +14,10 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.live.feed import NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.subjects import BUCKET_NODES, Subjects
-from tests.support.fleet import Fleet, new_aggregator, new_fleet_api, wait_for
+from tests.support.fleet import Fleet, new_fleet_api
 
 
 async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
@@ -78,19 +77,3 @@ async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
     ):
         assert response.status == 200
         assert [record["node_id"] for record in await response.json()] == ["n1", "n2"]
-
-
-async def test_the_dashboard_shows_every_stored_record_while_the_feed_catches_up(
-    fleet: Fleet, bus: NatsBus, prefix: str
-) -> None:
-    """The dashboard's snapshot, built again while the live feed is not complete, counts
-    every record fleet_nodes holds, not the feed's part of them (none here)."""
-    api = await api_on_a_feed_catching_up(fleet, bus, prefix)
-    held = HeldNodes(new_aggregator(bus, prefix).view)  # never started: holds nothing
-    board = DashboardActor(api.config, bus, api, held)
-    first = board.fleet()
-    assert first.counted.total == 0  # the first, built at once from the feed
-    first.built -= first.refresh  # as if a refresh had passed
-    rebuilt = await wait_for(lambda: board.fleet() is not first and board.fleet())
-    assert rebuilt.counted.total == 2
-    assert rebuilt.counted.by_state == {"pending": 2}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 import nats
@@ -12,8 +13,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from actors.fleet import record_state
-from actors.fleet.aggregator import hot_state, record_rules
-from actors.fleet.aggregator.actor import AggregatorActor
+from actors.fleet.aggregator import hot_state, reads, record_rules, sweeps
+from actors.fleet.aggregator.actor import JUDGED_PER_TURN, AggregatorActor
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
 from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import NotFound, approve, forget
@@ -314,6 +315,132 @@ def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:
     assert queue.due(14.5, 100, nodes) == ["mid"]
     assert queue.due(19.0, 100, nodes) == ["late"]
     assert len(queue) == 0
+
+
+async def test_partitions_judge_in_turns_the_loop_runs_between(bus: NatsBus, prefix: str) -> None:
+    """Two partitions' fetches judged at once take turns of JUDGED_PER_TURN heartbeats,
+    one partition a round of the event loop: whatever else the process runs (the
+    connection's reader, a lease renewal) waits for one turn, never for whole fetches
+    (a cold start's backlog made rounds of a second, and the leases missed their fence)."""
+    aggregator = new_aggregator(bus, prefix)
+    key = signing.KeyPair.generate()
+    subjects = Subjects(prefix)
+
+    def fetch(partition: int, size: int) -> list[Msg]:
+        names = [f"n{i}" for i in range(10 * size)]
+        mine = [name for name in names if partition_of(name, TEST_LIMITS.partitions) == partition]
+        messages = []
+        for seq, name in enumerate(mine[:size], 1):
+            body = codec.encode(msgspec.structs.replace(heartbeat(seq=1), node_id=name))
+            msg = delivered(bus, prefix, body, key.headers(body), stream_seq=seq)
+            msg.subject = subjects.stored_heartbeat("c1", name, TEST_LIMITS.partitions)
+            messages.append(msg)
+        return messages
+
+    rounds = 0
+    judged_in: dict[int, list[str]] = {}
+    judge = aggregator.path.judge
+
+    def counted(msg: Msg, fetched: bool = False) -> list[Step]:
+        judged_in.setdefault(rounds, []).append(msg.subject)
+        return judge(msg, fetched)
+
+    async def tick() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.sleep(0)
+
+    aggregator.path.judge = counted  # type: ignore[method-assign]
+    size = 3 * JUDGED_PER_TURN + 5
+    first, second = fetch(0, size), fetch(1, size)
+    ticker = asyncio.create_task(tick())
+    try:
+        await asyncio.gather(aggregator.handle_batch(first), aggregator.handle_batch(second))
+    finally:
+        ticker.cancel()
+    turns = list(judged_in.values())
+    assert max(len(turn) for turn in turns) == JUDGED_PER_TURN
+    partitions = {msg.subject: i for i, batch in enumerate((first, second)) for msg in batch}
+    assert all(len({partitions[subject] for subject in turn}) == 1 for turn in turns)
+    assert len(turns) == 2 * 4  # each fetch in four turns, never two in one round
+    judged = [subject for turn in turns for subject in turn]
+    assert [s for s in judged if partitions[s] == 0] == [msg.subject for msg in first]
+    assert [s for s in judged if partitions[s] == 1] == [msg.subject for msg in second]
+
+
+async def test_a_load_takes_records_in_turns_the_loop_runs_between(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold start's load decodes at most TAKEN_PER_TURN records in one round of the
+    event loop (a page holds 1,000): a load of 100,000 records never holds the process
+    for a page at a time, so the lease renewals keep their fence while it runs; every
+    record is loaded all the same."""
+    aggregator = new_aggregator(bus, prefix)
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    stored = 2 * reads.TAKEN_PER_TURN + 50
+    for i in range(stored):
+        await bucket.put(f"n{i}", codec.encode(record_rules.pending_record(f"n{i}", "c1")))
+    rounds = 0
+    taken_in: dict[int, int] = {}
+    from_stored = hot_state.from_stored
+
+    def counted(*args: Any) -> NodeState:
+        taken_in[rounds] = taken_in.get(rounds, 0) + 1
+        return from_stored(*args)
+
+    async def tick() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(hot_state, "from_stored", counted)
+    ticker = asyncio.create_task(tick())
+    try:
+        every = set(range(TEST_LIMITS.partitions))
+        loaded, _ = await aggregator.reads.load(every, TEST_LIMITS.partitions)
+    finally:
+        ticker.cancel()
+    assert loaded == stored == len(aggregator.ledger.nodes)
+    assert max(taken_in.values()) <= reads.TAKEN_PER_TURN
+    assert len(taken_in) >= stored // reads.TAKEN_PER_TURN + 1
+
+
+async def test_a_full_sweep_takes_nodes_in_turns_the_loop_runs_between(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full sweep passes over every held node at most SWEPT_PER_TURN a round of the
+    event loop (0.8 s in one go at 100,000 nodes under load), and still sweeps each."""
+    aggregator = new_aggregator(bus, prefix)
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    stored = 2 * sweeps.SWEPT_PER_TURN + 10
+    for i in range(stored):
+        await bucket.put(f"n{i}", codec.encode(record_rules.pending_record(f"n{i}", "c1")))
+    await aggregator.reads.load(set(range(TEST_LIMITS.partitions)), TEST_LIMITS.partitions)
+    rounds = 0
+    swept_in: dict[int, int] = {}
+    pending_expired = sweeps.pending_expired
+
+    def counted(record: NodeRecord, now: float, expire_after: float) -> bool:
+        swept_in[rounds] = swept_in.get(rounds, 0) + 1
+        return pending_expired(record, now, expire_after)
+
+    async def tick() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(sweeps, "pending_expired", counted)
+    ticker = asyncio.create_task(tick())
+    try:
+        await aggregator.sweeps.sweep(everything=True)
+    finally:
+        ticker.cancel()
+    assert sum(swept_in.values()) == stored
+    assert max(swept_in.values()) <= sweeps.SWEPT_PER_TURN
+    assert len(swept_in) >= 3
 
 
 async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:

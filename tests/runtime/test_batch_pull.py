@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
@@ -189,3 +190,82 @@ def test_caught_up_spans_answer_whether_a_window_held_one() -> None:
         caught.add(100 + n, 100 + n)
     assert caught.within(98 + 3 * CAUGHT_UP_KEPT, 100 + 3 * CAUGHT_UP_KEPT)  # the last
     assert not caught.within(15, 35)  # forgotten: no knowledge is no catch-up
+
+
+async def test_loops_given_one_share_judge_at_most_that_many_fetches_at_once(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three loops over backlogs, sharing a semaphore of two: at most two of them have a
+    batch between its fetch's request and the end of its judging at any moment (what
+    the connection holds ahead of another reply is two fetches, not one per loop), two
+    do at once, and every message is handled all the same."""
+    stream = f"PULL_{prefix}"
+    await bus.js.add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.pull.>"]))
+    consumers = []
+    for part in range(3):
+        consumer = DurableConsumer(
+            bus.js,
+            stream,
+            f"{prefix}.pull.{part}",
+            f"puller{part}",
+            ConsumerConfig(ack_policy=AckPolicy.ALL, ack_wait=30),
+        )
+        await consumer.open()
+        consumers.append(consumer)
+        for n in range(30):
+            await bus.js.publish(f"{prefix}.pull.{part}", str(n).encode())
+    inside = peak = handled = 0
+    batches: set[int] = set()
+    """The batches of no-wait fetches (by their first message), in flight until judged."""
+    fetch = BatchPuller.fetch
+
+    async def counted_fetch(puller: BatchPuller, batch: int, wait: float) -> list[Msg]:
+        nonlocal inside, peak
+        if wait:
+            return await fetch(puller, batch, wait)
+        inside += 1
+        peak = max(peak, inside)
+        messages = await fetch(puller, batch, wait)
+        if messages:
+            batches.add(id(messages[0]))
+        else:
+            inside -= 1
+        return messages
+
+    async def handle(messages: list[Msg]) -> list[Chain]:
+        nonlocal inside, handled
+        for _ in range(3):  # the other loops run meanwhile
+            await asyncio.sleep(0)
+        if id(messages[0]) in batches:
+            batches.discard(id(messages[0]))
+            inside -= 1
+        handled += len(messages)
+        return []
+
+    monkeypatch.setattr(BatchPuller, "fetch", counted_fetch)
+    share = asyncio.Semaphore(2)
+    pullers = [BatchPuller(bus, consumer) for consumer in consumers]
+    loops = [
+        asyncio.create_task(
+            consume_in_batches(
+                puller,
+                handle,
+                batch=5,
+                wait=0.5,
+                what="test",
+                dropped=lambda reason: None,
+                share=share,
+            )
+        )
+        for puller in pullers
+    ]
+    try:
+        await wait_for(lambda: handled == 90)
+    finally:
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        for puller, consumer in zip(pullers, consumers, strict=True):
+            await puller.close()
+            await consumer.close()
+    assert peak == 2

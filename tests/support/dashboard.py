@@ -127,6 +127,8 @@ class CountedView:
     def __init__(self, records: dict[str, NodeRecord]) -> None:
         self.records = records
         self.passes = 0
+        self.complete = True
+        """Whether ``records`` is every node (False: as a live feed catching up)."""
 
     def current(self) -> dict[str, NodeRecord]:
         self.passes += 1
@@ -134,9 +136,6 @@ class CountedView:
 
     def record(self, node: str) -> NodeRecord | None:
         return self.records.get(node)
-
-    async def every_node(self) -> dict[str, NodeRecord]:
-        return self.current()
 
     async def live_records(self, records: list[NodeRecord]) -> list[NodeRecord]:
         return records

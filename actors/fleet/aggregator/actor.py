@@ -79,6 +79,13 @@ log = logging.getLogger(__name__)
 MARKER_REASON = "Nats-Marker-Reason"
 REPLICAS_NOT_SUPPORTED = 10074
 """JetStream's error code for ``replicas > 1 not supported in non-clustered mode``."""
+JUDGED_PER_TURN = 32
+"""Heartbeats a partition judges in one turn of the event loop (about 12 ms of CPU).
+The partitions take turns (:attr:`HeartbeatPath.turn`): what else the process does
+waits for one turn, never for every partition's whole fetch. With whole fetches (256
+heartbeats, 8 partitions) a loop round took a second while a cold start judged a
+backlog; a lease renewal needs several rounds, so the renewals missed their fence and
+the aggregator let every partition go (the 100,000-node cold start that never ended)."""
 
 
 class AggregatorActor:
@@ -196,14 +203,31 @@ class HeartbeatPath:
         self.reads = reads
         self.writes = writes
         self._last_delivery: tuple[float, int, int] | None = None
+        self.turn = asyncio.Lock()
+        """Held by the partition whose turn it is to judge (:data:`JUDGED_PER_TURN`
+        heartbeats, then one round of the loop); the others queue for it, first come,
+        first served."""
 
     async def handle_batch(self, messages: list[Msg]) -> list[Chain]:
-        """Judge every message of a fetch in memory, in order; return the I/O left to do
-        (alerts, record writes, KV reads a refusal needs), one chain per node. A node
-        with a chain has its later messages of the fetch judged after the chain's steps.
-        The batch waits for the trust watch first (:meth:`Signatures.keys_current`)."""
+        """Judge every message of a fetch in memory, in order, in turns of
+        :data:`JUDGED_PER_TURN` (each whole: nothing runs between the signatures checked
+        ahead and their judging); return the I/O left to do (alerts, record writes, KV
+        reads a refusal needs), one chain per node. A node with a chain has its later
+        messages of the fetch judged after the chain's steps. The batch waits for the
+        trust watch first (:meth:`Signatures.keys_current`)."""
         await self.verify.keys_current()
         chains: dict[str, Chain] = {}
+        for start in range(0, len(messages), JUDGED_PER_TURN):
+            async with self.turn:
+                self._judge_turn(messages[start : start + JUDGED_PER_TURN], chains)
+                # Held through one round of the loop: the rest of the process runs, the
+                # other partitions wait for the turn (not ready, so not in that round).
+                await asyncio.sleep(0)
+        return list(chains.values())
+
+    def _judge_turn(self, messages: list[Msg], chains: dict[str, Chain]) -> None:
+        """One turn of :meth:`handle_batch`: ``messages`` judged, their I/O added to
+        ``chains``."""
         self.verify.ahead(messages)
         for msg in messages:
             chain = chains.get(msg.subject)
@@ -226,7 +250,6 @@ class HeartbeatPath:
                 chains[msg.subject] = [(msg, step) for step in steps]
         self.verify.verified = {}
         self._after_judging()
-        return list(chains.values())
 
     async def handle(self, msg: Msg) -> None:
         """Apply one message of FLEET_HB and do its I/O. Never raises for bad input: it

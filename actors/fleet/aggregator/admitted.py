@@ -6,6 +6,7 @@ changed. A round with nothing written walks no table."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
 from actors.fleet.aggregator.hot_state import NodeTable
@@ -28,12 +29,12 @@ class Admitted:
         self._written.add(node)
         self.written.set()
 
-    def every(self) -> list[Node]:
-        return [
-            (state.record.cluster, node)
-            for node, state in list(self._table.items())
-            if state.record.state not in NOT_ADMITTED and self._ownership.owns(node)
-        ]
+    def every(self) -> Iterator[Node]:
+        """Each admitted node it owns, from the table as it was at the first step (the
+        keeper pauses between steps)."""
+        for node, state in list(self._table.items()):
+            if state.record.state not in NOT_ADMITTED and self._ownership.owns(node):
+                yield state.record.cluster, node
 
     def cluster(self, node: str) -> str | None:
         state = self._table.get(node)

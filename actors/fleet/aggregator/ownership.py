@@ -55,6 +55,12 @@ NO_MESSAGE_FOUND = 10057
 Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
 UPSTREAM_TIMEOUT = 2.0
 """Seconds a read of a node's latest heartbeat in FLEET_HB_IN may take."""
+FETCHES_IN_FLIGHT = 2
+"""Partitions whose fetch is on its way or being judged at once (the others wait their
+turn): what the connection holds ahead of a lease renewal's reply while behind is two
+fetches (about 2 MB of 8-GPU heartbeats), not one per partition. One judges while the
+next one's heartbeats arrive; the process judges one turn at a time anyway
+(``aggregator.actor.JUDGED_PER_TURN``)."""
 
 
 class _Seq(msgspec.Struct):
@@ -95,6 +101,8 @@ class Ownership:
         it has watched that partition's nodes since then."""
         self._pullers: dict[int, BatchPuller] = {}
         """Each consumed partition's puller: when it had read its partition to the end."""
+        self._fetching = asyncio.Semaphore(FETCHES_IN_FLIGHT)
+        """Shared by the partitions' consume loops (:data:`FETCHES_IN_FLIGHT`)."""
         self._resume_floor: dict[int, int] = {}
         """Per partition gained: the oldest stream seq its live records' checkpoints need."""
         self._group: asyncio.TaskGroup | None = None
@@ -369,6 +377,7 @@ class Ownership:
                 what=f"heartbeat partition {partition}",
                 dropped=self._count_drop,
                 linger=self.config.fetch_linger,
+                share=self._fetching,
             )
         finally:
             if self._pullers.get(partition) is puller:

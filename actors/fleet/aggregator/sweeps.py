@@ -35,7 +35,7 @@ from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.storage.node_store import NodeStore
-from actors.runtime.schedule import stop_if_cancelled
+from actors.runtime.schedule import stop_if_cancelled, take_turn
 from actors.runtime.spans import span
 from schemas.base import MAX_STALE_AFTER
 from schemas.messages import NodeRecord
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 BUS_CLUSTER, BUS_NODE = "_fleet", "_bus"
 """What a ``bus_outage`` alert names for cluster and node: the bus, not one node."""
+SWEPT_PER_TURN = 1000
+"""Nodes a sweep takes in one round of the event loop (a full sweep passes over every
+held node: 0.8 s in one go at 100,000 nodes on a loaded machine)."""
 
 
 def silent_without_marker(record: NodeRecord, now: float, grace: float, bound: float) -> bool:
@@ -171,7 +174,8 @@ class Sweeps:
         candidates = list(ledger.nodes) if everything else list(ledger.stale)
         expire_after = self.config.pending_expire_after
         pending: list[NodeRecord] = []
-        for node in candidates:
+        for step, node in enumerate(candidates, 1):
+            await take_turn(step, SWEPT_PER_TURN)
             state = ledger.nodes.get(node)
             if state is None:
                 ledger.stale.discard(node)

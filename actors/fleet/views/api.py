@@ -119,18 +119,18 @@ class FleetApiActor:
     def record(self, node: str) -> NodeRecord | None:
         return self.feed.record(node)
 
-    async def every_node(self) -> dict[str, NodeRecord]:
-        """Every record by node: the live feed's; while the feed is not complete (a watch
-        catching up after the aggregator beside it let nodes go), every record as
-        ``fleet_nodes`` holds it, so no node is missing from a list or page for a moment."""
-        if self.feed.complete:
-            return self.current()
-        stored = await live.stored_records(self.bus, self.subjects)
-        return {record.node_id: record for record in stored}
+    @property
+    def complete(self) -> bool:
+        """Whether :meth:`current` has every node (the live feed's ``complete``)."""
+        return self.feed.complete
 
     async def every_record(self) -> list[NodeRecord]:
-        """Every record (:meth:`every_node`) in node order."""
-        return [record for _, record in sorted((await self.every_node()).items())]
+        """Every record in node order: the live feed's; while the feed is not complete (a
+        watch catching up after the aggregator beside it let nodes go), every record as
+        ``fleet_nodes`` holds it, so no node is missing from a list for a moment."""
+        if self.feed.complete:
+            return [record for _, record in sorted(self.current().items())]
+        return await live.stored_records(self.bus, self.subjects)
 
     async def listing(
         self, cluster: str | None, state: str | None, selectors: list[Selector] | None = None
