@@ -4,7 +4,9 @@ changes and checkpoints, exact replay protection across an owner change."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -317,6 +319,34 @@ def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:
     assert len(queue) == 0
 
 
+class LoopRounds:
+    """Counts the event loop's rounds while :meth:`counting`, and what was noted in each."""
+
+    def __init__(self) -> None:
+        self.round = 0
+        self.noted: dict[int, list[str]] = {}
+
+    def note(self, what: str = "") -> None:
+        self.noted.setdefault(self.round, []).append(what)
+
+    def sizes(self) -> list[int]:
+        """How many were noted in each round that noted any, in order."""
+        return [len(noted) for noted in self.noted.values()]
+
+    async def _tick(self) -> None:
+        while True:
+            self.round += 1
+            await asyncio.sleep(0)
+
+    @contextlib.asynccontextmanager
+    async def counting(self) -> AsyncIterator[None]:
+        ticker = asyncio.create_task(self._tick())
+        try:
+            yield
+        finally:
+            ticker.cancel()
+
+
 async def test_partitions_judge_in_turns_the_loop_runs_between(bus: NatsBus, prefix: str) -> None:
     """Two partitions' fetches judged at once take turns of JUDGED_PER_TURN heartbeats,
     one partition a round of the event loop: whatever else the process runs (the
@@ -337,29 +367,19 @@ async def test_partitions_judge_in_turns_the_loop_runs_between(bus: NatsBus, pre
             messages.append(msg)
         return messages
 
-    rounds = 0
-    judged_in: dict[int, list[str]] = {}
+    loop = LoopRounds()
     judge = aggregator.path.judge
 
     def counted(msg: Msg, fetched: bool = False) -> list[Step]:
-        judged_in.setdefault(rounds, []).append(msg.subject)
+        loop.note(msg.subject)
         return judge(msg, fetched)
-
-    async def tick() -> None:
-        nonlocal rounds
-        while True:
-            rounds += 1
-            await asyncio.sleep(0)
 
     aggregator.path.judge = counted  # type: ignore[method-assign]
     size = 3 * JUDGED_PER_TURN + 5
     first, second = fetch(0, size), fetch(1, size)
-    ticker = asyncio.create_task(tick())
-    try:
+    async with loop.counting():
         await asyncio.gather(aggregator.handle_batch(first), aggregator.handle_batch(second))
-    finally:
-        ticker.cancel()
-    turns = list(judged_in.values())
+    turns = list(loop.noted.values())
     assert max(len(turn) for turn in turns) == JUDGED_PER_TURN
     partitions = {msg.subject: i for i, batch in enumerate((first, second)) for msg in batch}
     assert all(len({partitions[subject] for subject in turn}) == 1 for turn in turns)
@@ -381,30 +401,20 @@ async def test_a_load_takes_records_in_turns_the_loop_runs_between(
     stored = 2 * reads.TAKEN_PER_TURN + 50
     for i in range(stored):
         await bucket.put(f"n{i}", codec.encode(record_rules.pending_record(f"n{i}", "c1")))
-    rounds = 0
-    taken_in: dict[int, int] = {}
+    loop = LoopRounds()
     from_stored = hot_state.from_stored
 
     def counted(*args: Any) -> NodeState:
-        taken_in[rounds] = taken_in.get(rounds, 0) + 1
+        loop.note()
         return from_stored(*args)
 
-    async def tick() -> None:
-        nonlocal rounds
-        while True:
-            rounds += 1
-            await asyncio.sleep(0)
-
     monkeypatch.setattr(hot_state, "from_stored", counted)
-    ticker = asyncio.create_task(tick())
-    try:
+    async with loop.counting():
         every = set(range(TEST_LIMITS.partitions))
         loaded, _ = await aggregator.reads.load(every, TEST_LIMITS.partitions)
-    finally:
-        ticker.cancel()
     assert loaded == stored == len(aggregator.ledger.nodes)
-    assert max(taken_in.values()) <= reads.TAKEN_PER_TURN
-    assert len(taken_in) >= stored // reads.TAKEN_PER_TURN + 1
+    assert max(loop.sizes()) <= reads.TAKEN_PER_TURN
+    assert len(loop.sizes()) >= stored // reads.TAKEN_PER_TURN + 1
 
 
 async def test_a_full_sweep_takes_nodes_in_turns_the_loop_runs_between(
@@ -418,29 +428,19 @@ async def test_a_full_sweep_takes_nodes_in_turns_the_loop_runs_between(
     for i in range(stored):
         await bucket.put(f"n{i}", codec.encode(record_rules.pending_record(f"n{i}", "c1")))
     await aggregator.reads.load(set(range(TEST_LIMITS.partitions)), TEST_LIMITS.partitions)
-    rounds = 0
-    swept_in: dict[int, int] = {}
+    loop = LoopRounds()
     pending_expired = sweeps.pending_expired
 
     def counted(record: NodeRecord, now: float, expire_after: float) -> bool:
-        swept_in[rounds] = swept_in.get(rounds, 0) + 1
+        loop.note()
         return pending_expired(record, now, expire_after)
 
-    async def tick() -> None:
-        nonlocal rounds
-        while True:
-            rounds += 1
-            await asyncio.sleep(0)
-
     monkeypatch.setattr(sweeps, "pending_expired", counted)
-    ticker = asyncio.create_task(tick())
-    try:
+    async with loop.counting():
         await aggregator.sweeps.sweep(everything=True)
-    finally:
-        ticker.cancel()
-    assert sum(swept_in.values()) == stored
-    assert max(swept_in.values()) <= sweeps.SWEPT_PER_TURN
-    assert len(swept_in) >= 3
+    assert sum(loop.sizes()) == stored
+    assert max(loop.sizes()) <= sweeps.SWEPT_PER_TURN
+    assert len(loop.sizes()) >= 3
 
 
 async def test_message_breaking_the_judge_is_terminated_alone(bus: NatsBus, prefix: str) -> None:
