@@ -241,6 +241,36 @@ async def test_a_crash_is_restarted(
     assert pid_of(Path(fleet.config().state_dir)) != first
 
 
+async def test_a_restart_whose_port_was_taken_moves_to_a_free_one(
+    fleet: Fleet,
+    bus: NatsBus,
+    prefix: str,
+    operator: signing.KeyPair,
+    standin: Path,
+    results: Results,
+    watch: Watch,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A crashed workload whose port (chosen by the agent) another process took while
+    it was down restarts on a free port and is ready there, not crash-looping on the
+    taken one (as one did in CI: 5 crashes, 'address already in use')."""
+    await agent(fleet, operator, standin)
+    command = await send(bus, prefix, operator, chat("--crash-after", "1.5", "--load-time", "0"))
+    assert (await results.final(command.id)).status == "done"
+    first = watch.latest("chat")
+    assert first is not None and first.port
+    taken = first.port
+    in_use = processes.port_in_use
+    monkeypatch.setattr(processes, "port_in_use", lambda port: port == taken or in_use(port))
+
+    def moved() -> Workload | None:
+        workload = watch.latest("chat")
+        ok = workload is not None and workload.restarts >= 1 and workload.state == "ready"
+        return workload if ok and workload is not None and workload.port != taken else None
+
+    assert (await wait_for(moved)).port != taken
+
+
 async def test_a_crash_loop_gives_up(
     fleet: Fleet,
     bus: NatsBus,

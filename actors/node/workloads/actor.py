@@ -234,6 +234,14 @@ class WorkloadsActor:
 
     async def _start(self, workload: Running, log_path: Path) -> None:
         deploy, entry = workload.deploy, workload.entry
+        if not deploy.port and entry.restarts and processes.port_in_use(entry.port):
+            # The port this agent chose was free at the deploy; another process took it
+            # since (the workload down meanwhile): restarting on it would only crash-loop.
+            log.warning(
+                "workload port taken meanwhile; starting on another",
+                extra={"workload": deploy.name, "port": entry.port},
+            )
+            entry.port = processes.free_port()
         argv = command_line(self.config, deploy, entry.port)
         env = {
             **deploy.env,
