@@ -148,14 +148,20 @@ class RecordWrites:
         kept: NodeRecord | None = None
         known = state.stored
         superseded = False
+        unchanged = False
 
         def change(stored: NodeRecord | None) -> NodeRecord | None:
-            nonlocal mine, kept, superseded
+            nonlocal mine, kept, superseded, unchanged
             superseded = stored is not None and judged_past(stored, state.record)
             if superseded:
                 return None
             mine, kept = self._render(state, stored, read=True)
-            return hot_state.full(kept, state.body, self.nodes.bodies)
+            # Stored already (a batched write whose answer was lost, then taken the
+            # careful way): writing it again would change nothing but the revision.
+            unchanged = stored is not None and hot_state.digest(kept) == hot_state.digest(
+                slim(stored)
+            )
+            return None if unchanged else hot_state.full(kept, state.body, self.nodes.bodies)
 
         before, written, revision = await self.store.update(node, change)
         if superseded:
@@ -169,7 +175,13 @@ class RecordWrites:
             self.ledger.superseded(node)
             return
         self._wrote(
-            node, state, mine, known, before, kept if written is not None else None, revision
+            node,
+            state,
+            mine,
+            known,
+            before,
+            kept if written is not None or unchanged else None,
+            revision,
         )
 
     def _render(
