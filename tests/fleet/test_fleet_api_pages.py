@@ -17,7 +17,7 @@ from actors.fleet.views.api import FleetApiActor
 from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.subjects import BUCKET_NODES, Subjects
-from tests.support.fleet import Fleet, new_fleet_api
+from tests.support.fleet import Fleet, new_fleet_api, wait_for
 
 
 async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> None:
@@ -31,6 +31,9 @@ async def test_nodes_paged_and_live(fleet: Fleet, bus: NatsBus, prefix: str) -> 
     api.feed.records["n0"] = record_state.with_state(live["n0"].record, last_seq=99)
     live["n0"].record = record_state.with_state(live["n0"].record, last_seq=100)
     await fleet.start_supervisor(api)
+    # Until its feed is complete the API lists fleet_nodes (empty here) instead: paging
+    # over the live records is what this test is about.
+    await wait_for(lambda: api.feed.complete)
     base = f"http://127.0.0.1:{api.port}"
     seen: list[str] = []
     after = ""
