@@ -350,7 +350,7 @@ def test_holdings_are_read_from_an_aggregator_log(tmp_path: Path) -> None:
     does not restart it) to the first line losing, releasing or stopping it; one its log
     never ends is held to the end; another process's lines are ignored."""
     log = tmp_path / "a1.log"
-    lines = [
+    lines: list[tuple[str, dict[str, object]]] = [
         ("10:00:00.000", {"msg": "partitions claimed", "partitions": [4, 5]}),
         ("10:00:01.000", {"msg": "heartbeats resumed", "partition": 4, "from_seq": 1}),
         ("10:00:02.000", {"msg": "heartbeats resumed", "partition": 5, "from_seq": 1}),
