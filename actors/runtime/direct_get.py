@@ -11,7 +11,7 @@ then a status 204 "EOB" message (404 when nothing matches).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import NamedTuple
 
@@ -147,7 +147,6 @@ async def pages(
     stream: str,
     subjects: str,
     timeout: float,
-    before_ask: Callable[[], Awaitable[None]] | None = None,
     up_to: int = 0,
 ) -> AsyncGenerator[list[Stored]]:
     """Every message of ``stream`` on ``subjects`` (a filter), read forward in pages
@@ -155,21 +154,15 @@ async def pages(
     ``up_to``, past that stream sequence: a stream written faster than it is read would
     otherwise never end), within ``timeout`` in all. The next page is asked for, and the
     request is at the server, before this one is handed over: the server reads it while
-    the caller takes this one in (at most two pages held). ``before_ask`` is awaited
-    before each page is asked for (a reader that must know what was true before each
-    page was read)."""
+    the caller takes this one in (at most two pages held)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    if before_ask is not None:
-        await before_ask()
     asked: Asked | None = await ask(bus, stream, {"seq": 1, "next_by_subj": subjects})
     try:
         while asked is not None:
             current, asked = asked, None  # read() unsubscribes it, whatever happens
             page = await read(current, max(deadline - loop.time(), 0.0))
             if page.pending and not (up_to and page.last_seq >= up_to):
-                if before_ask is not None:
-                    await before_ask()
                 request = {"seq": page.last_seq + 1, "next_by_subj": subjects}
                 asked = await ask(bus, stream, request)
                 await bus.flush(max(deadline - loop.time(), 0.001))

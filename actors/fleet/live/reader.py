@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 import msgspec
@@ -243,11 +242,9 @@ async def _overlay(
         for record in records
     }
     keys = await _approved_keys(bus, subjects, [record.node_id for record in records])
-    # The floors each page is judged by, read before the page is asked for (see 5.).
-    floors_read: deque[dict[int, int]] = deque()
 
-    async def read_floors() -> None:
-        floors_read.append(await _read_floors(bus, subjects, durable, range(partitions)))
+    async def read_floors() -> dict[int, int]:
+        return await _read_floors(bus, subjects, durable, range(partitions))
 
     found: dict[str, LiveRecord] = {}
     waiting: dict[str, int] = {}
@@ -259,8 +256,7 @@ async def _overlay(
     while True:
         stored = _stored(bus, subjects, wanted, scan, read_floors)
         async with contextlib.aclosing(stored) as pages:
-            async for page in pages:
-                floors = floors_read.popleft()
+            async for floors, page in pages:
                 for message in page:
                     record = by_subject[message.subject]
                     shown = _judged(record, message, keys.get(record.node_id), floors)
@@ -397,32 +393,37 @@ async def _stored(
     subjects: Subjects,
     wanted: list[str],
     scan: bool,
-    before: Callable[[], Awaitable[None]],
-) -> AsyncGenerator[list[Stored]]:
+    read_floors: Callable[[], Awaitable[dict[int, int]]],
+) -> AsyncGenerator[tuple[dict[int, int], list[Stored]]]:
     """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
-    by page: a scan of the stream (then ``multi_last`` requests for the subjects it did
-    not meet), or ``multi_last`` requests; ``before`` is awaited before each page is
-    asked for."""
+    by page, each with the partitions' ack floors read before it was asked for: a scan of
+    the stream (then ``multi_last`` requests for the subjects it did not meet), or
+    ``multi_last`` requests. The floors are read once before the scan, not per page: the
+    scan ends at the last message stored when it began, so every message it meets was
+    stored before it began and is judged by floors read then (a consumer info costs the
+    server a pass over the partition's subjects: read per page, they were most of a
+    listing's time)."""
     stream = subjects.stream_name(STREAM_HEARTBEATS)
     wanted_set = set(wanted)
     if scan:
+        floors = await read_floors()
         # Up to the last message stored when the scan starts: one stored later replaced
         # a node's message the scan may have passed, and is read on its own below.
         info = await bus.js.stream_info(stream)
         filter_ = f"{subjects.prefix}.hb.>"
         up_to = info.state.last_seq
-        scanned = direct_get.pages(bus, stream, filter_, READ_TIMEOUT, before, up_to)
+        scanned = direct_get.pages(bus, stream, filter_, READ_TIMEOUT, up_to=up_to)
         async with contextlib.aclosing(scanned) as pages:  # closed with this generator, as it stops
             async for page in pages:
                 found = [message for message in page if message.subject in wanted_set]
                 wanted_set.difference_update(message.subject for message in found)
-                yield found
+                yield floors, found
         if not wanted_set:
             return
         wanted = sorted(wanted_set)
-    await before()
+    floors = await read_floors()
     found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
-    yield [message for message in found if message.subject in wanted_set]
+    yield floors, [message for message in found if message.subject in wanted_set]
 
 
 async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> list[Stored]:
