@@ -20,6 +20,7 @@ from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.records import read_record, read_records
 from actors.fleet.storage.registry import approve
+from actors.runtime import direct_get
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject
@@ -219,6 +220,46 @@ async def test_a_listing_reads_every_beating_node_live(
         record.live_note for record in shown if not record.live
     ]
     assert all(record.last_seq >= stored[record.node_id].last_seq for record in shown)
+
+
+async def test_a_scan_reads_the_ack_floors_once_not_per_page(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that scans FLEET_HB in many pages (30 judged nodes, 2 messages a page)
+    asks for each partition's consumer info once, before the scan, not before every page
+    (a consumer info costs the server a pass over the partition's subjects), and still
+    shows every node live. Counted by a plain client listening on the API subjects."""
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    options = SimOptions(
+        nodes=30, rate=60.0, duration=2.0, gpus=2, prefix=prefix, wait=0.5, min_stale_after=300
+    )
+    await simulate(bus, options, io.StringIO())  # every node beats, then stops
+    subjects = Subjects(prefix)
+    await wait_for(lambda: _all_beyond_first(bus, subjects))
+
+    async def all_live() -> bool:
+        return all(record.live for record in await live.read_fleet(bus, subjects))
+
+    await wait_for(all_live, interval=0.5)  # every beat judged: nothing waits below
+    monkeypatch.setattr(live, "SCAN_ABOVE", 0)
+    monkeypatch.setattr(direct_get, "PAGE_KEYS", 2)
+    stream = subjects.stream_name("FLEET_HB")
+    client = await nats.connect(fleet.url)
+    try:
+        infos = await client.subscribe(f"$JS.API.CONSUMER.INFO.{stream}.>")
+        pages = await client.subscribe(f"$JS.API.DIRECT.GET.{stream}")
+        await client.flush()
+        shown = await live.read_fleet(bus, subjects)
+        await bus.flush(5.0)
+        await client.flush()
+        asked_pages, asked_infos = pages.pending_msgs, infos.pending_msgs
+    finally:
+        await client.close()
+    assert len(shown) == 30 and all(record.live for record in shown), [
+        record.live_note for record in shown if not record.live
+    ]
+    assert asked_pages >= 15, asked_pages
+    assert asked_infos == 8, f"{asked_infos} consumer infos for {asked_pages} pages"
 
 
 async def _all_beyond_first(bus: NatsBus, subjects: Subjects) -> bool:
