@@ -6,7 +6,7 @@ shipped) and ``fleetctl simulate --nodes N --kill K`` (8 fake GPUs a node, one b
 ``--interval``; K nodes stop half way through ``--duration``: K stale nodes) as their own
 processes. Once every node has a record and the index counts K stale nodes, each of these
 ``--runs`` times, in this process (wall time and payload bytes read) and as an operator
-runs it (``fleetctl``, wall time):
+runs it (``fleetctl``, wall time and peak RSS):
 
 - the summary by cluster and state (``fleetctl nodes``): the index alone;
 - ``fleetctl nodes --state stale --all`` (K matches, as rows): the index, then those K
@@ -51,7 +51,7 @@ from actors.runtime.bus import NatsBus
 from schemas.subjects import STREAM_HEARTBEATS, Subjects
 from tests.bench.bench_aggregator import Aggregator, Bench, Cluster, servers
 from tests.bench.bench_dashboard import first_pages
-from tests.bench.bench_live_views import PREFIX, fleetctl, records_count
+from tests.bench.bench_live_views import PREFIX, records_count
 from tests.bench.fleet_fill import fill_trust_and_records, publish_beats
 
 
@@ -150,6 +150,16 @@ def wait_records(
             raise RuntimeError(f"not every node has a record within {timeout:g}s")
         time.sleep(1.0)
     return time.monotonic() - started
+
+
+def fleetctl(cluster: Cluster, *args: str) -> tuple[float, float, int]:
+    """(wall s, peak RSS MiB, exit status) of one fleetctl command, its output dropped."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "actors.cli.fleetctl", *args, "--server", cluster.url]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return time.monotonic() - started, usage.ru_maxrss / 1024, process.returncode
 
 
 def spread(values: list[float]) -> str:
@@ -251,19 +261,21 @@ def measure(bench: Bench, cluster: Cluster, aggregator: Aggregator, state: str) 
         "full": ["nodes", "-o", "json", "--all"],
     }
     for name, read in reads.items():
-        walls, sizes, cli = [], [], []
+        walls, sizes, cli, rss = [], [], [], []
         what = ""
         for _ in range(args.runs):
             wall, size, what = asyncio.run(measured(cluster.url, read))
             walls.append(wall)
             sizes.append(size)
-            cli_wall, _, code = fleetctl(cluster, *commands[name])
+            cli_wall, cli_rss, code = fleetctl(cluster, *commands[name])
             cli.append(cli_wall if code == 0 else float("nan"))
+            rss.append(cli_rss)
         bench.row(
             f"{args.nodes}: {name}",
             "",
             f"read {spread(walls)}, {statistics.median(sizes) / 2**20:.1f} MiB; "
-            f"fleetctl {' '.join(commands[name])} {spread(cli)}; {what}",
+            f"fleetctl {' '.join(commands[name])} {spread(cli)}, peak RSS "
+            f"{max(rss):.0f} MiB; {what}",
         )
     url = f"http://127.0.0.1:{aggregator.port}/"
     times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))

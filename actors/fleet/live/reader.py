@@ -20,8 +20,9 @@ stored subject is the node's latest accepted heartbeat when all of these hold:
    a judged message still stored was accepted. A replay of a heartbeat newer than the
    last checkpoint passes 1 to 4 and is caught here.
 
-The floors are read before each page of messages is asked for, so a message at or below
-them was judged before it was read. A message not judged yet is waited for (its
+The floors are read before a scan (once: it ends at the last message stored when it
+began) and before each round of ``multi_last`` requests, so a message at or below them
+was judged before it was read. A message not judged yet is waited for (its
 partition's floor read again every FLOOR_POLL, up to JUDGE_WAIT from the end of the
 first read), then read again. Where no accepted heartbeat can be
 read (refused, not judged in time, expired, unreadable), the record's own checkpoint is
@@ -232,8 +233,9 @@ async def _overlay(
     bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str
 ) -> list[LiveRecord]:
     """Each message is judged as its page comes (only the decoded heartbeats are kept,
-    never the fleet's bytes), against the floors read before the scan; those above them
-    are waited for, read again and judged again (see the module's docstring)."""
+    never the fleet's bytes), against the floors read before it was asked for; those
+    above them are waited for, read again and judged again (see the module's
+    docstring)."""
     if not records:
         return []
     partitions = await heartbeat_partitions(bus.js, subjects)
