@@ -412,9 +412,12 @@ async def _stored(
         # Up to the last message stored when the scan starts: one stored later replaced
         # a node's message the scan may have passed, and is read on its own below.
         info = await bus.js.stream_info(stream)
-        filter_ = f"{subjects.prefix}.hb.>"
         up_to = info.state.last_seq
-        scanned = direct_get.pages(bus, stream, filter_, READ_TIMEOUT, up_to=up_to)
+        # Every subject (">"), not the heartbeats' "<prefix>.hb.>": FLEET_HB holds nothing
+        # else (what is not wanted is left out below), and the server pays for a filter
+        # that is not the whole stream on every message (100,000 nodes: 14 s of its CPU
+        # against 9).
+        scanned = direct_get.pages(bus, stream, ">", READ_TIMEOUT, up_to=up_to)
         async with contextlib.aclosing(scanned) as pages:  # closed with this generator, as it stops
             async for page in pages:
                 found = [message for message in page if message.subject in wanted_set]
