@@ -262,6 +262,43 @@ async def test_a_scan_reads_the_ack_floors_once_not_per_page(
     assert asked_infos == 8, f"{asked_infos} consumer infos for {asked_pages} pages"
 
 
+async def test_a_listing_reads_no_key_for_a_heartbeat_its_record_holds(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Once every record holds its node's latest heartbeat (a 0.5 s checkpoint, the nodes
+    stopped), a listing shows every node live without one read of fleet_trust: only a
+    heartbeat newer than its record is verified, so only its node's key is read (counted
+    by a plain client listening on the bucket's direct-get subject)."""
+    await fleet.start_aggregator(checkpoint_interval=0.5)
+    options = SimOptions(
+        nodes=30, rate=60.0, duration=2.0, gpus=2, prefix=prefix, wait=0.5, min_stale_after=300
+    )
+    await simulate(bus, options, io.StringIO())  # every node beats, then stops
+    subjects = Subjects(prefix)
+
+    async def checkpointed() -> bool:
+        stored = {r.node_id: r for r in await read_records(bus, subjects)}
+        shown = await live.read_fleet(bus, subjects)
+        return len(shown) == 30 and all(
+            r.live and r.last_stream_seq == stored[r.node_id].last_stream_seq for r in shown
+        )
+
+    await wait_for(checkpointed, interval=0.5)
+    trust = f"$JS.API.DIRECT.GET.KV_{subjects.bucket_name('fleet_trust')}"
+    client = await nats.connect(fleet.url)
+    try:
+        asked = await client.subscribe(trust)
+        await client.flush()
+        shown = await live.read_fleet(bus, subjects)
+        await bus.flush(5.0)
+        await client.flush()
+        keys_read = asked.pending_msgs
+    finally:
+        await client.close()
+    assert len(shown) == 30 and all(record.live for record in shown)
+    assert keys_read == 0, f"{keys_read} reads of fleet_trust"
+
+
 async def _all_beyond_first(bus: NatsBus, subjects: Subjects) -> bool:
     records = await read_records(bus, subjects)
     return len(records) == 30 and all(r.last_seq >= 1 for r in records)

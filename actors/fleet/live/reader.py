@@ -243,7 +243,6 @@ async def _overlay(
         subjects.stored_heartbeat(record.cluster, record.node_id, partitions): record
         for record in records
     }
-    keys = await _approved_keys(bus, subjects, [record.node_id for record in records])
 
     async def read_floors() -> dict[int, int]:
         return await _read_floors(bus, subjects, durable, range(partitions))
@@ -259,6 +258,7 @@ async def _overlay(
         stored = _stored(bus, subjects, wanted, scan, read_floors)
         async with contextlib.aclosing(stored) as pages:
             async for floors, page in pages:
+                keys = await _keys_needed(bus, subjects, page, by_subject)
                 for message in page:
                     record = by_subject[message.subject]
                     shown = _judged(record, message, keys.get(record.node_id), floors)
@@ -367,6 +367,22 @@ def _marked(record: NodeRecord, note: str) -> LiveRecord:
     """The record as stored: ``live`` when its own heartbeat is the latest accepted."""
     live = as_live(record)
     return msgspec.structs.replace(live, live=not note, live_note=note)
+
+
+async def _keys_needed(
+    bus: Bus, subjects: Subjects, page: list[Stored], by_subject: dict[str, NodeRecord]
+) -> dict[str, str]:
+    """The approved keys of the nodes whose message in ``page`` is newer than the one
+    their record holds (only those are verified: the record's own was, by the aggregator
+    that wrote it), read after the page. Read later than the message, a key can only
+    refuse more (revoked or replaced since): an accepted message was judged, before it
+    was read, with the key approved then (check 5)."""
+    nodes = [
+        by_subject[message.subject].node_id
+        for message in page
+        if message.seq > by_subject[message.subject].last_stream_seq
+    ]
+    return await _approved_keys(bus, subjects, nodes) if nodes else {}
 
 
 async def _approved_keys(bus: Bus, subjects: Subjects, nodes: list[str]) -> dict[str, str]:
