@@ -9,9 +9,11 @@ What it holds the fleet to (the bounds are :class:`Bounds`, from the fleet's set
   ``failed``) result stored;
 - **stale**: a node whose agent really stopped (killed, paused) is found stale within
   ``Bounds.detect`` of stopping, by exactly one ``stale`` alert, and recovers with exactly
-  one ``recovered``; a node cut off from every server may be found stale (once, then one
-  ``recovered``); any other ``stale`` alert is false: the node was alive and a quorum
-  could reach it;
+  one ``recovered``; the detection clock runs only while an aggregator holds the node's
+  partition (``History.holdings``; none recorded: always), so a node back before its
+  partition had an owner again need not be found stale; a node cut off from every
+  server may be found stale (once, then one ``recovered``); any other ``stale`` alert is
+  false: the node was alive and a quorum could reach it;
 - **ownership**: no partition consumer of FLEET_HB acknowledged by one loop, then another,
   then the first again (two owners' acks interleaved), and no node's record written back
   to an older heartbeat than one written before (a heartbeat judged twice);
@@ -151,6 +153,7 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
     stale = _of_kind(_unique(history.alerts), "stale")
     recovered = _of_kind(_unique(history.alerts), "recovered")
     windows = _windows(history, bounds)
+    gaps = _ownership_gaps(history)
     allowed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (node, _), window in windows.items():
         allowed[node].append(window)
@@ -174,16 +177,23 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
             )
             if len(found) > 1:
                 report.add("duplicate_stale", f"{what}: {len(found)} stale alerts")
-            if node in fault.stopped and fault.healed - fault.started >= bounds.detect:
+            partition = partition_of(node, history.settings.partitions)
+            deadline = _owned_for(gaps.get(partition, []), fault.started, bounds.detect)
+            if node in fault.stopped and fault.healed >= deadline:
+                unowned = deadline - fault.started - bounds.detect
+                bound = f"{bounds.detect:g}s" + (
+                    f" + {unowned:.1f}s its partition {partition} had no owner"
+                    if unowned >= 0.05
+                    else ""
+                )
                 if not found:
                     missed += 1
-                    report.add("missed_stale", f"{what}: no stale alert")
-                elif found[0].ts - fault.started > bounds.detect:
+                    report.add("missed_stale", f"{what}: no stale alert within {bound}")
+                elif found[0].ts > deadline:
                     missed += 1
                     report.add(
                         "missed_stale",
-                        f"{what}: stale after {found[0].ts - fault.started:.1f}s, "
-                        f"over {bounds.detect:g}s",
+                        f"{what}: stale after {found[0].ts - fault.started:.1f}s, over {bound}",
                     )
             if found:
                 # Its recovery: after its stale alert, before its next one (a later fault's).
@@ -196,6 +206,42 @@ def _stale(history: History, bounds: Bounds, report: Report) -> None:
                     )
     report.figures["false_stale"] = false
     report.figures["missed_stale"] = missed
+
+
+def _ownership_gaps(history: History) -> dict[int, list[tuple[float, float]]]:
+    """Per partition, the stretches of the run (in time order) in which no aggregator
+    held it (``History.holdings``); none when holdings were not recorded."""
+    if history.holdings is None:
+        return {}
+    held: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for holding in history.holdings:
+        until = history.ended if holding.until is None else holding.until
+        held[holding.partition].append((holding.since, until))
+    gaps: dict[int, list[tuple[float, float]]] = {}
+    for partition in range(history.settings.partitions):
+        free, since = [], history.started
+        for start, end in sorted(held[partition]):
+            if start > since:
+                free.append((since, start))
+            since = max(since, end)
+        if since < history.ended:
+            free.append((since, history.ended))
+        gaps[partition] = free
+    return gaps
+
+
+def _owned_for(gaps: list[tuple[float, float]], start: float, seconds: float) -> float:
+    """The moment ``seconds`` of owned time (outside ``gaps``) have passed since
+    ``start``: a node's stop is only judged while its partition has an owner."""
+    at = start
+    for gap_start, gap_end in gaps:
+        if gap_end <= at:
+            continue
+        if gap_start >= at + seconds:
+            break
+        seconds -= max(0.0, gap_start - at)
+        at = gap_end
+    return at + seconds
 
 
 def _at(history: History, at: float) -> str:

@@ -1,6 +1,7 @@
 """Reading a run's history from the outside once it is over: the streams (every stored
 alert and command result), the processes' JSON logs (what each node ran, each crash,
-each alert or result a process could not publish), and the machine's load meanwhile."""
+each alert or result a process could not publish, when each aggregator judged each
+partition), and the machine's load meanwhile."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from actors.runtime.bus import NatsBus
 from schemas import codec
 from schemas.messages import Alert, CommandResult
 from schemas.subjects import STREAM_ALERTS, STREAM_EVENTS
-from tests.faults.history import Execution, History, Load, LogLine, Result, StoredAlert
+from tests.faults.history import (
+    Execution,
+    History,
+    Holding,
+    Load,
+    LogLine,
+    Result,
+    StoredAlert,
+)
 
 READ_TIMEOUT = 5.0
 NOT_PUBLISHED = (
@@ -29,6 +38,10 @@ NOT_PUBLISHED = (
     "alert lost: too many unacknowledged",
     "command result not published",
 )
+RESUMED = "heartbeats resumed"
+"""An aggregator's log line: it reads one partition's heartbeats from here on."""
+HOLDING_ENDED = ("partitions lost", "partitions released", "partitions stopped")
+"""An aggregator's log lines: it no longer judges the partitions they name."""
 
 
 async def read_stream(bus: NatsBus, stream: str) -> list[RawStreamMsg]:
@@ -122,6 +135,27 @@ def notable(source: str, log: Path) -> tuple[list[LogLine], list[LogLine]]:
         elif msg in NOT_PUBLISHED:
             lost.append(line)
     return crashes, lost
+
+
+def holdings(source: str, log: Path) -> list[Holding]:
+    """When the aggregator ``source`` judged each partition, from its log: from the
+    partition's first ``heartbeats resumed`` to the first line of :data:`HOLDING_ENDED`
+    naming it (a consumer opened again meanwhile does not end it)."""
+    since: dict[int, float] = {}
+    found: list[Holding] = []
+    for entry in log_lines(log):
+        msg = entry.get("msg")
+        if msg == RESUMED:
+            partition = entry.get("partition")
+            if isinstance(partition, int):
+                since.setdefault(partition, when(entry))
+        elif msg in HOLDING_ENDED:
+            named = entry.get("partitions")
+            for partition in named if isinstance(named, list) else []:
+                if partition in since:
+                    found.append(Holding(source, partition, since.pop(partition), when(entry)))
+    found += [Holding(source, partition, at) for partition, at in since.items()]
+    return found
 
 
 class LoadMeter:

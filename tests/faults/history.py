@@ -108,6 +108,19 @@ class RecordWrite:
 
 
 @dataclass(frozen=True)
+class Holding:
+    """An aggregator judging one partition of FLEET_HB, read from its log: from the
+    partition's ``heartbeats resumed`` (records loaded, consumer open) to the first
+    ``partitions lost``, ``released`` or ``stopped`` naming it; ``until`` None: its log
+    never ended it (a killed process), held to the run's end."""
+
+    aggregator: str
+    partition: int
+    since: float
+    until: float | None = None
+
+
+@dataclass(frozen=True)
 class LogLine:
     """A line of a process's log worth reporting (a crash, an alert not published)."""
 
@@ -153,6 +166,9 @@ class History:
     """Actor crashes the processes logged."""
     not_published: list[LogLine] = field(default_factory=list)
     """Alerts and command results a process logged as not published."""
+    holdings: list[Holding] | None = None
+    """When each aggregator judged each partition; None: not recorded (a history kept
+    before it was, or logs without a holding), every partition counts as owned."""
     load: Load = field(default_factory=Load)
 
 

@@ -278,6 +278,12 @@ def read_logs(history: History, cluster: Cluster) -> None:
         crashes, lost = collect.notable(name, proc.log)
         history.crashes += crashes
         history.not_published += lost
+    held = [
+        h for name, proc in cluster.aggregators.items() for h in collect.holdings(name, proc.log)
+    ]
+    # None when no aggregator logged a holding: the checker then counts every partition
+    # as owned throughout (its strict rule), rather than none as owned.
+    history.holdings = held or None
 
 
 def print_report(report: Report, history: History, failure: str, out: TextIO) -> None:

@@ -1,12 +1,15 @@
 """The checker judged on histories made by hand: a clean one passes, and each defect the
 harness exists to find (a lost command, one run twice, two owners of a partition at once,
 a live node called stale, a stopped one never called stale, an alert never stored) is
-reported as what it is. A checker that cannot fail is a defect."""
+reported as what it is; a stop no aggregator could judge (its partition had no owner)
+is not. A checker that cannot fail is a defect."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from tests.faults import collect
 from tests.faults.checker import Bounds, check, overloaded
 from tests.faults.history import (
     Ack,
@@ -14,12 +17,15 @@ from tests.faults.history import (
     Execution,
     Fault,
     History,
+    Holding,
     Load,
     LogLine,
     RecordWrite,
     Result,
     Settings,
     StoredAlert,
+    load,
+    save,
 )
 from tests.faults.net import only_run
 
@@ -279,3 +285,95 @@ def test_a_partition_silent_while_its_node_beats_is_not_converged() -> None:
     history.faults.append(Fault("agent_isolate", "g2", T0 + 10, T0 + 70, cut=["g2"]))
     history.faults[-1].converged = 1.0
     assert check(history).violations == []
+
+
+def killed_g1(healed: float, partition_5: list[Holding]) -> History:
+    """The clean history with g1 (partition 5 of 8) SIGKILLed at +47.5 s until ``healed``,
+    every other partition held by a1 throughout and partition 5 as ``partition_5`` says."""
+    history = clean()
+    history.faults.append(
+        Fault("agent_kill", "g1", T0 + 47.5, T0 + healed, stopped=["g1"], converged=2.8)
+    )
+    history.holdings = [Holding("a1", p, T0) for p in range(8) if p != 5] + partition_5
+    return history
+
+
+def test_a_death_while_its_partition_had_no_owner_is_not_missed() -> None:
+    """The busy run of issue 44: g1 killed at +47.5 s and back at +57.6 s while partition 5
+    had no owner (+41.06 to +60.15 s): nobody could judge it, so no stale alert is owed;
+    the same history without holdings keeps the strict rule."""
+    history = killed_g1(57.6, [Holding("a2", 5, T0, T0 + 41.06), Holding("a1", 5, T0 + 60.15)])
+    assert check(history).violations == []
+    history.holdings = None
+    assert [v.kind for v in check(history).violations] == ["missed_stale"]
+
+
+def test_a_death_while_its_partition_was_owned_is_still_missed() -> None:
+    """The same death with partition 5 owned throughout (handed from a2 to a1 with no
+    gap) and no stale alert is missed."""
+    history = killed_g1(57.6, [Holding("a2", 5, T0, T0 + 50), Holding("a1", 5, T0 + 50)])
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["missed_stale"]
+    assert "no stale alert within 9s" in report.violations[0].detail
+
+
+def test_detection_is_timed_from_when_the_partition_is_owned_again() -> None:
+    """g1's partition owned again at +52 s, 4.5 s into its death: a stale alert at +60 s
+    (12.5 s after the stop, 8 s after the owner came) is in time, one at +62 s is not."""
+    history = killed_g1(70, [Holding("a2", 5, T0, T0 + 41.06), Holding("a1", 5, T0 + 52)])
+    history.alerts += [
+        StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 60),
+        StoredAlert("recovered:c1:g1:q48", "recovered", "g1", T0 + 71),
+    ]
+    assert check(history).violations == []
+    history.alerts[-2] = StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 62)
+    report = check(history)
+    assert [v.kind for v in report.violations] == ["missed_stale"]
+    assert "9s + 4.5s its partition 5 had no owner" in report.violations[0].detail
+
+
+def test_an_ownership_gap_during_a_death_stops_its_clock() -> None:
+    """Partition 5 owned at g1's stop, then without an owner from +50 s to +60 s: the
+    2.5 s owned before the gap count, the 6.5 s left run from +60 s (deadline +66.5 s)."""
+    history = killed_g1(75, [Holding("a2", 5, T0, T0 + 50), Holding("a1", 5, T0 + 60)])
+    history.alerts += [
+        StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 66),
+        StoredAlert("recovered:c1:g1:q48", "recovered", "g1", T0 + 76),
+    ]
+    assert check(history).violations == []
+    history.alerts[-2] = StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 67)
+    assert [v.kind for v in check(history).violations] == ["missed_stale"]
+
+
+def test_holdings_are_read_from_an_aggregator_log(tmp_path: Path) -> None:
+    """A partition is held from its first ``heartbeats resumed`` (a consumer opened again
+    does not restart it) to the first line losing, releasing or stopping it; one its log
+    never ends is held to the end; another process's lines are ignored."""
+    log = tmp_path / "a1.log"
+    lines: list[tuple[str, dict[str, object]]] = [
+        ("10:00:00.000", {"msg": "partitions claimed", "partitions": [4, 5]}),
+        ("10:00:01.000", {"msg": "heartbeats resumed", "partition": 4, "from_seq": 1}),
+        ("10:00:02.000", {"msg": "heartbeats resumed", "partition": 5, "from_seq": 1}),
+        ("10:00:03.000", {"msg": "heartbeats resumed", "partition": 5, "from_seq": 9}),
+        ("10:00:04.000", {"msg": "partitions lost", "partitions": [5]}),
+        ("10:00:04.500", {"msg": "partitions stopped", "partitions": [5]}),
+        ("10:00:05.000", {"msg": "heart beat", "partition": 6}),
+    ]
+    log.write_text(
+        "nats-server text\n"
+        + "".join(json.dumps({"time": f"2026-01-02T{t}Z", **e}) + "\n" for t, e in lines)
+    )
+    base = collect.when({"time": "2026-01-02T10:00:00.000Z"})
+    held = collect.holdings("a1", log)
+    assert held == [Holding("a1", 5, base + 2, base + 4), Holding("a1", 4, base + 1)]
+
+
+def test_a_history_kept_before_holdings_loads_without_them(tmp_path: Path) -> None:
+    """A history.json written before holdings were recorded loads with none (the checker
+    then counts every partition as owned)."""
+    path = tmp_path / "history.json"
+    save(clean(), path)
+    kept = json.loads(path.read_text())
+    del kept["holdings"]
+    path.write_text(json.dumps(kept))
+    assert load(path).holdings is None

@@ -85,14 +85,14 @@ async def test_a_bus_outage_is_one_alert_not_one_per_node(
 async def test_an_outage_longer_than_bus_outage_max_is_told_per_node(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
-    """Both nodes silent with the whole stream for 4 s, longer than bus_outage_max (2 s):
+    """Both nodes silent with the whole stream for 6 s, longer than bus_outage_max (2 s):
     each is stale, then recovered when beating again, and the one bus_outage alert says
     each node's alerts were raised."""
     alerts = await watch_alerts(bus, prefix)
     _, keys = await two_nodes(fleet, bus, prefix, bus_outage_max=2.0)
     for node in keys:
         await wait_record(bus, prefix, node, lambda r: r.state == "stale", timeout=15)
-    await asyncio.sleep(2.0)  # the outage itself: 4 s at least, twice the bound
+    await asyncio.sleep(2.0)  # the outage itself: 6 s at least, three times the bound
     for seq in range(4, 8):
         for node, key in keys.items():
             await beat(bus, prefix, key, node, seq)
@@ -121,7 +121,7 @@ async def test_a_node_dead_during_the_outage_is_still_stale(
 
     beating = asyncio.create_task(n1_beats())
     try:
-        await wait_record(bus, prefix, "n2", lambda r: r.state == "stale", timeout=10)
+        await wait_record(bus, prefix, "n2", lambda r: r.state == "stale")
         await wait_for(lambda: alerts.of("bus_outage"))
     finally:
         beating.cancel()
