@@ -6,8 +6,12 @@
 2. The first page in headless Chromium: an embedded nats-server, one ``fleetctl
    aggregator`` process and ``fleetctl simulate --nodes N``; then ``--loads`` times, from
    navigation to the table's rows on screen (median and spread printed), the GPU page
-   ordered by temperature once, and the aggregator's RSS before and after.
-
+   ordered by temperature once, and the aggregator's RSS before and after. With
+   ``--fill`` no simulator runs (it registers about 12,000 nodes in ten minutes here): the
+   nodes' keys and records are put straight into the bus, an aggregator loads them, and
+   each node's next heartbeat is published and judged (``--unhealthy`` of them unhealthy;
+   :mod:`tests.bench.fleet_fill`) before the pages are loaded: how 100,000 nodes are
+   reached on this machine.
 3. ``--server-side``: instead of 2, the first page's server side in this process, at
    ``--nodes`` records held in memory (what an aggregator holding them reads; no
    simulated fleet, so it runs at 100,000 nodes on a busy machine): the first snapshot's
@@ -15,7 +19,7 @@
    its refresh (it is built again in the background), the background build, and the
    first page's parts (counts, conditions, the table's first 50 rows) ``--loads`` times.
 
-Run: ``python tests/bench/bench_dashboard.py --nodes 100000`` (Chromium: Debian's
+Run: ``python tests/bench/bench_dashboard.py --nodes 100000 --fill`` (Chromium: Debian's
 ``chromium`` and the ``playwright`` package).
 """
 
@@ -45,7 +49,9 @@ from actors.fleet.views.dashboard.render import Query
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import NodeRecord
+from tests.bench.bench_aggregator import Bench, servers
 from tests.bench.bench_metrics import simulated_fleet
+from tests.bench.fleet_fill import filled_fleet
 from tests.support.dashboard import CountedView
 from tests.support.fleet import heartbeat, new_aggregator, wait_for
 
@@ -160,6 +166,24 @@ async def server_side(nodes: int, loads: int) -> str:
     )
 
 
+def pages(args: argparse.Namespace, port: int, aggregator: int) -> str:
+    """``--loads`` first pages and the GPU page of the aggregator at ``port`` (its pid
+    ``aggregator``), with its RSS before and after."""
+    rss = psutil.Process(aggregator).memory_info().rss / 2**20
+    times, gpus = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
+    after = psutil.Process(aggregator).memory_info().rss / 2**20
+    spread = ", ".join(f"{value:.2f}" for value in times)
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
+    return (
+        f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
+        f"min {min(times):.2f}s, max {max(times):.2f}s, quartiles {quartiles[0]:.2f}s "
+        f"to {quartiles[2]:.2f}s ({args.loads} loads, in order: {spread})\n"
+        f"GPU page ordered by temperature: {gpus:.2f}s (every node's heartbeat decoded)\n"
+        f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -167,6 +191,10 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--points", type=int, default=60)
     parser.add_argument("--server-side", action="store_true", help="see 3. above")
+    parser.add_argument("--fill", action="store_true", help="see 2. above: no simulator")
+    parser.add_argument("--unhealthy", type=int, default=300, help="--fill: unhealthy nodes")
+    parser.add_argument("--gpus", type=int, default=8, help="--fill: GPUs a node")
+    parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
     args = parser.parse_args()
     if args.nodes < 1 or args.loads < 1 or args.rate <= 0 or args.points < 2:
         parser.error("--nodes, --loads and --rate must be positive, --points at least 2")
@@ -181,20 +209,14 @@ def main() -> int:
         sys.stdout.write(asyncio.run(server_side(args.nodes, args.loads)))
         sys.stdout.write(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
         return 0
-    with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
-        rss = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-        times, gpus = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
-        after = psutil.Process(aggregator.pid).memory_info().rss / 2**20
-        spread = ", ".join(f"{value:.2f}" for value in times)
-        quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
-        sys.stdout.write(
-            f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
-            f"min {min(times):.2f}s, max {max(times):.2f}s, quartiles {quartiles[0]:.2f}s "
-            f"to {quartiles[2]:.2f}s ({args.loads} loads, in order: {spread})\n"
-            f"GPU page ordered by temperature: {gpus:.2f}s (every node's heartbeat decoded)\n"
-            f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
-            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n"
-        )
+    if args.fill:
+        bench = Bench(args)
+        with servers(bench) as cluster:
+            filled = filled_fleet(bench, cluster, args.nodes, args.gpus, args.unhealthy)
+            sys.stdout.write(pages(args, filled.port, filled.process.pid))
+    else:
+        with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
+            sys.stdout.write(pages(args, port, aggregator.pid))
     return 0
 
 

@@ -38,21 +38,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
 
-import nats.errors
-import nats.js.errors
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.cli.fleetctl import indexed
 from actors.fleet.live import reader as live
-from actors.fleet.live.state_index import read_index
-from actors.fleet.storage.streams import heartbeat_partitions
 from actors.runtime.bus import NatsBus
-from schemas.subjects import STREAM_HEARTBEATS, Subjects
+from schemas.subjects import Subjects
 from tests.bench.bench_aggregator import Aggregator, Bench, Cluster, servers
 from tests.bench.bench_dashboard import first_pages
 from tests.bench.bench_live_views import PREFIX, records_count
-from tests.bench.fleet_fill import fill_trust_and_records, publish_beats
+from tests.bench.fleet_fill import counted, filled_fleet
 
 
 def options() -> argparse.ArgumentParser:
@@ -74,38 +69,6 @@ def options() -> argparse.ArgumentParser:
         help="put the nodes straight into the bus (--kill of them unhealthy), no simulator",
     )
     return parser
-
-
-async def counted(url: str, state: str) -> int:
-    """Nodes the state index counts in ``state`` (-1 without an index)."""
-    bus = await NatsBus.connect(url, "bench")
-    try:
-        found = await read_index(bus, Subjects(PREFIX))
-        if found is None:
-            return -1
-        return sum(row.get(state, 0) for row in found.counts.values())
-    finally:
-        await bus.close()
-
-
-async def unjudged(url: str) -> int:
-    """Heartbeats the aggregators' partition consumers have not acknowledged yet (-1
-    while a partition has no consumer yet)."""
-    bus = await NatsBus.connect(url, "bench")
-    try:
-        subjects = Subjects(PREFIX)
-        stream = subjects.stream_name(STREAM_HEARTBEATS)
-        left = 0
-        for partition in range(await heartbeat_partitions(bus.js, subjects)):
-            name = subjects.partition_consumer(live.DURABLE, partition)
-            try:
-                info = await bus.js.consumer_info(stream, name, timeout=10.0)
-            except nats.js.errors.NotFoundError:
-                return -1
-            left += (info.num_pending or 0) + (info.num_ack_pending or 0)
-        return left
-    finally:
-        await bus.close()
 
 
 async def measured(url: str, read: Callable[[NatsBus], Awaitable[str]]) -> tuple[float, int, str]:
@@ -196,49 +159,10 @@ def run(bench: Bench, cluster: Cluster) -> None:
             sim.wait()
 
 
-def judged(url: str, unhealthy: int) -> bool:
-    """Every heartbeat acknowledged and the unhealthy nodes counted (False while the
-    loaded server does not answer in time)."""
-    try:
-        return (
-            not asyncio.run(unjudged(url)) and asyncio.run(counted(url, "unhealthy")) >= unhealthy
-        )
-    except nats.errors.TimeoutError:
-        return False
-
-
 def run_filled(bench: Bench, cluster: Cluster) -> None:
     """``--fill``: keys and records first, the aggregator, then every node's next beat."""
     args = bench.args
-    first = cluster.start_aggregator()  # makes the buckets and streams
-    first.wait_owner(120)
-    first.stop()
-    started = time.monotonic()
-    asyncio.run(fill_trust_and_records(cluster.url, args.nodes, args.gpus))
-    if (stored := asyncio.run(records_count(cluster.url))) != args.nodes:
-        raise RuntimeError(f"{stored} records stored of {args.nodes}")
-    bench.say(f"{args.nodes} keys and records put in {time.monotonic() - started:.0f} s")
-    aggregator = cluster.start_aggregator()
-    loaded = aggregator.wait_owner(600)
-    if loaded is None:
-        raise RuntimeError("the aggregator did not load the records in 10 minutes")
-    bench.say(
-        f"records loaded, every lease held {loaded:.0f} s after the aggregator answered; "
-        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
-    )
-    started = time.monotonic()
-    asyncio.run(publish_beats(cluster.url, args.nodes, args.gpus, args.kill))
-    bench.say(f"{args.nodes} heartbeats published in {time.monotonic() - started:.0f} s")
-    deadline = time.monotonic() + 1800
-    while not judged(cluster.url, args.kill):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the aggregator did not judge every heartbeat in 30 minutes")
-        time.sleep(2.0)
-    bench.say(
-        f"every heartbeat judged, {args.kill} unhealthy counted, "
-        f"{time.monotonic() - started:.0f} s after the first publish; "
-        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
-    )
+    aggregator = filled_fleet(bench, cluster, args.nodes, args.gpus, args.kill)
     measure(bench, cluster, aggregator, "unhealthy")
 
 

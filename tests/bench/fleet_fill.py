@@ -12,17 +12,25 @@ with an unhealthy health). Every beat is the template of node 0 (8 fake GPUs, ab
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 
 import msgspec
+import nats.errors
+import nats.js.errors
 
 from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK, SimOptions, node_id, template
 from actors.fleet.aggregator import record_rules
+from actors.fleet.live import reader as live
+from actors.fleet.live.state_index import read_index
+from actors.fleet.storage.streams import heartbeat_partitions
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.messages import Heartbeat, TrustEntry
-from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, Subjects
+from schemas.subjects import BUCKET_NODES, BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+from tests.bench.bench_aggregator import Aggregator, Bench, Cluster
+from tests.bench.bench_live_views import records_count
 
 PREFIX = "fleet"
 BATCH = 4096
@@ -100,3 +108,83 @@ async def publish_beats(url: str, nodes: int, gpus: int, unhealthy: int) -> None
         await bus.js.publish_async_completed()
     finally:
         await bus.close()
+
+
+async def counted(url: str, state: str) -> int:
+    """Nodes the state index counts in ``state`` (-1 without an index)."""
+    bus = await NatsBus.connect(url, "bench")
+    try:
+        found = await read_index(bus, Subjects(PREFIX))
+        if found is None:
+            return -1
+        return sum(row.get(state, 0) for row in found.counts.values())
+    finally:
+        await bus.close()
+
+
+async def unjudged(url: str) -> int:
+    """Heartbeats the aggregators' partition consumers have not acknowledged yet (-1
+    while a partition has no consumer yet)."""
+    bus = await NatsBus.connect(url, "bench")
+    try:
+        subjects = Subjects(PREFIX)
+        stream = subjects.stream_name(STREAM_HEARTBEATS)
+        left = 0
+        for partition in range(await heartbeat_partitions(bus.js, subjects)):
+            name = subjects.partition_consumer(live.DURABLE, partition)
+            try:
+                info = await bus.js.consumer_info(stream, name, timeout=10.0)
+            except nats.js.errors.NotFoundError:
+                return -1
+            left += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return left
+    finally:
+        await bus.close()
+
+
+def judged(url: str, unhealthy: int) -> bool:
+    """Every heartbeat acknowledged and the unhealthy nodes counted (False while the
+    loaded server does not answer in time)."""
+    try:
+        return (
+            not asyncio.run(unjudged(url)) and asyncio.run(counted(url, "unhealthy")) >= unhealthy
+        )
+    except nats.errors.TimeoutError:
+        return False
+
+
+def filled_fleet(
+    bench: Bench, cluster: Cluster, nodes: int, gpus: int, unhealthy: int
+) -> Aggregator:
+    """``nodes`` keys and records put in, an aggregator started on them, then every
+    node's next beat (``unhealthy`` of them unhealthy), judged: the aggregator returned."""
+    first = cluster.start_aggregator()  # makes the buckets and streams
+    first.wait_owner(120)
+    first.stop()
+    started = time.monotonic()
+    asyncio.run(fill_trust_and_records(cluster.url, nodes, gpus))
+    if (stored := asyncio.run(records_count(cluster.url))) != nodes:
+        raise RuntimeError(f"{stored} records stored of {nodes}")
+    bench.say(f"{nodes} keys and records put in {time.monotonic() - started:.0f} s")
+    aggregator = cluster.start_aggregator()
+    loaded = aggregator.wait_owner(600)
+    if loaded is None:
+        raise RuntimeError("the aggregator did not load the records in 10 minutes")
+    bench.say(
+        f"records loaded, every lease held {loaded:.0f} s after the aggregator answered; "
+        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
+    )
+    started = time.monotonic()
+    asyncio.run(publish_beats(cluster.url, nodes, gpus, unhealthy))
+    bench.say(f"{nodes} heartbeats published in {time.monotonic() - started:.0f} s")
+    deadline = time.monotonic() + 1800
+    while not judged(cluster.url, unhealthy):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the aggregator did not judge every heartbeat in 30 minutes")
+        time.sleep(2.0)
+    bench.say(
+        f"every heartbeat judged, {unhealthy} unhealthy counted, "
+        f"{time.monotonic() - started:.0f} s after the first publish; "
+        f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
+    )
+    return aggregator

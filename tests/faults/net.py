@@ -18,7 +18,6 @@ import fcntl
 import os
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -55,9 +54,10 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
 
 
-LOCK = Path(tempfile.gettempdir()) / "nats-node-agent-faults.lock"
+LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else "/tmp") / "nats-node-agent-faults.lock"
 """The machine's fault-run lock: a run's clean-up (:func:`clean_leftovers`) would kill
-another live run's namespaces and processes."""
+another live run's namespaces and processes. At a fixed place, not under ``TMPDIR``: the
+namespaces are the machine's, whatever temporary directory each run was given."""
 
 
 def only_run(lock: Path = LOCK) -> TextIO | None:

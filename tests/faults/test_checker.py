@@ -6,11 +6,12 @@ is not. A checker that cannot fail is a defect."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from tests.faults import collect
-from tests.faults.checker import Bounds, check, overloaded
+from tests.faults.checker import Bounds, Report, check, overloaded
 from tests.faults.history import (
     Ack,
     CommandSent,
@@ -298,6 +299,16 @@ def killed_g1(healed: float, partition_5: list[Holding]) -> History:
     return history
 
 
+def stale_at(history: History, stale: float, recovered: float) -> Report:
+    """``check`` of ``history`` with g1's stale alert at +``stale`` s and its recovered
+    alert at +``recovered`` s added."""
+    alerts = [
+        StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + stale),
+        StoredAlert("recovered:c1:g1:q48", "recovered", "g1", T0 + recovered),
+    ]
+    return check(dataclasses.replace(history, alerts=history.alerts + alerts))
+
+
 def test_a_death_while_its_partition_had_no_owner_is_not_missed() -> None:
     """The busy run of issue 44: g1 killed at +47.5 s and back at +57.6 s while partition 5
     had no owner (+41.06 to +60.15 s): nobody could judge it, so no stale alert is owed;
@@ -321,13 +332,8 @@ def test_detection_is_timed_from_when_the_partition_is_owned_again() -> None:
     """g1's partition owned again at +52 s, 4.5 s into its death: a stale alert at +60 s
     (12.5 s after the stop, 8 s after the owner came) is in time, one at +62 s is not."""
     history = killed_g1(70, [Holding("a2", 5, T0, T0 + 41.06), Holding("a1", 5, T0 + 52)])
-    history.alerts += [
-        StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 60),
-        StoredAlert("recovered:c1:g1:q48", "recovered", "g1", T0 + 71),
-    ]
-    assert check(history).violations == []
-    history.alerts[-2] = StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 62)
-    report = check(history)
+    assert stale_at(history, 60, 71).violations == []
+    report = stale_at(history, 62, 71)
     assert [v.kind for v in report.violations] == ["missed_stale"]
     assert "9s + 4.5s its partition 5 had no owner" in report.violations[0].detail
 
@@ -336,13 +342,8 @@ def test_an_ownership_gap_during_a_death_stops_its_clock() -> None:
     """Partition 5 owned at g1's stop, then without an owner from +50 s to +60 s: the
     2.5 s owned before the gap count, the 6.5 s left run from +60 s (deadline +66.5 s)."""
     history = killed_g1(75, [Holding("a2", 5, T0, T0 + 50), Holding("a1", 5, T0 + 60)])
-    history.alerts += [
-        StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 66),
-        StoredAlert("recovered:c1:g1:q48", "recovered", "g1", T0 + 76),
-    ]
-    assert check(history).violations == []
-    history.alerts[-2] = StoredAlert("stale:c1:g1:q47", "stale", "g1", T0 + 67)
-    assert [v.kind for v in check(history).violations] == ["missed_stale"]
+    assert stale_at(history, 66, 76).violations == []
+    assert [v.kind for v in stale_at(history, 67, 76).violations] == ["missed_stale"]
 
 
 def test_holdings_are_read_from_an_aggregator_log(tmp_path: Path) -> None:

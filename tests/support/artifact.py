@@ -1,9 +1,12 @@
-"""The single-file artifact for tests: built once a session by ``deploy.build`` (offline,
-from this environment), and run by a fresh Python that has none of our packages."""
+"""The single-file artifact for tests: built once a run by ``deploy.build`` (offline,
+from this environment) and shared by the run's workers, and run by a fresh Python that
+has none of our packages."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import os
 import subprocess
 import venv
 from dataclasses import dataclass
@@ -23,6 +26,22 @@ def build_or_skip(output: Path) -> Path:
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed here (pip install -e '.[test]')")
     return build(output)
+
+
+def built_once(run: Path) -> Path:
+    """The artifact in ``run``/artifact, built there by the first worker that asks: the
+    others wait for it under a lock and take it (a build costs about 6.5 CPU-s; each of
+    three workers made its own). Built aside and renamed, so a build that fails leaves
+    nothing half-written for the next to take."""
+    shared = run / "artifact"
+    with (run / "artifact.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.is_dir():
+            aside = run / f"artifact-{os.getpid()}"
+            build_or_skip(aside)
+            aside.rename(shared)
+    [artifact] = shared.glob("*.pyz")
+    return artifact
 
 
 @dataclass(frozen=True)
