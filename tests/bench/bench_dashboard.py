@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -34,7 +35,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -54,6 +57,9 @@ from tests.bench.bench_metrics import simulated_fleet
 from tests.bench.fleet_fill import filled_fleet
 from tests.support.dashboard import CountedView
 from tests.support.fleet import heartbeat, new_aggregator, wait_for
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 
 def history_bytes(nodes: int, points: int) -> float:
@@ -87,17 +93,10 @@ def fleet_history_bytes(interval: float) -> float:
     return used
 
 
-async def first_pages(url: str, loads: int, gpu_page: bool = True) -> tuple[list[float], float]:
-    """``loads`` times, seconds from navigation to the table's rows on screen; then, if
-    ``gpu_page``, seconds to the GPU page ordered by temperature (else 0)."""
-    from playwright.async_api import async_playwright
-
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        raise SystemExit("error: chromium is not installed (Debian package chromium)")
-    times = []
-    async with async_playwright() as driver:
-        browser = await driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+async def first_pages(url: str, loads: int) -> list[float]:
+    """``loads`` times, seconds from navigation to the table's rows on screen."""
+    async with chromium_browser() as browser:
+        times = []
         for _ in range(loads):
             page = await browser.new_page()
             start = time.perf_counter()
@@ -105,15 +104,38 @@ async def first_pages(url: str, loads: int, gpu_page: bool = True) -> tuple[list
             await page.wait_for_selector("#rows tr[data-node]")
             times.append(time.perf_counter() - start)
             await page.close()
-        gpus = 0.0
-        if gpu_page:
-            page = await browser.new_page()
-            start = time.perf_counter()
+        return times
+
+
+async def gpu_page(url: str) -> str:
+    """Seconds to the GPU page ordered by temperature, or why it did not come."""
+    from playwright.async_api import Error
+
+    async with chromium_browser() as browser:
+        page = await browser.new_page()
+        start = time.perf_counter()
+        try:
             await page.goto(url + "ui/gpus?sort=temp", timeout=600_000)
             await page.wait_for_selector("#gpus tr[data-key]", timeout=600_000)
-            gpus = time.perf_counter() - start
-        await browser.close()
-    return times, gpus
+        except Error as exc:
+            return f"failed after {time.perf_counter() - start:.2f}s: {exc.message.splitlines()[0]}"
+        return f"{time.perf_counter() - start:.2f}s"
+
+
+@contextlib.asynccontextmanager
+async def chromium_browser() -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless, through Playwright."""
+    from playwright.async_api import async_playwright
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        raise SystemExit("error: chromium is not installed (Debian package chromium)")
+    async with async_playwright() as driver:
+        browser = await driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            await browser.close()
 
 
 async def server_side(nodes: int, loads: int) -> str:
@@ -166,21 +188,28 @@ async def server_side(nodes: int, loads: int) -> str:
     )
 
 
-def pages(args: argparse.Namespace, port: int, aggregator: int) -> str:
+def pages(args: argparse.Namespace, port: int, aggregator: int) -> None:
     """``--loads`` first pages and the GPU page of the aggregator at ``port`` (its pid
-    ``aggregator``), with its RSS before and after."""
+    ``aggregator``), with its RSS before and after; each figure printed as it comes."""
+    url = f"http://127.0.0.1:{port}/"
     rss = psutil.Process(aggregator).memory_info().rss / 2**20
-    times, gpus = asyncio.run(first_pages(f"http://127.0.0.1:{port}/", args.loads))
-    after = psutil.Process(aggregator).memory_info().rss / 2**20
+    times = asyncio.run(first_pages(url, args.loads))
     spread = ", ".join(f"{value:.2f}" for value in times)
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
-    return (
+    print(
         f"first page with {args.nodes} nodes: median {statistics.median(times):.2f}s, "
         f"min {min(times):.2f}s, max {max(times):.2f}s, quartiles {quartiles[0]:.2f}s "
-        f"to {quartiles[2]:.2f}s ({args.loads} loads, in order: {spread})\n"
-        f"GPU page ordered by temperature: {gpus:.2f}s (every node's heartbeat decoded)\n"
+        f"to {quartiles[2]:.2f}s ({args.loads} loads, in order: {spread}); "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    gpus = asyncio.run(gpu_page(url))
+    after = psutil.Process(aggregator).memory_info().rss / 2**20
+    print(
+        f"GPU page ordered by temperature: {gpus} (every node's heartbeat decoded)\n"
         f"aggregator RSS: {rss:.0f} MiB before the pages, {after:.0f} MiB after\n"
-        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n"
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
     )
 
 
@@ -192,19 +221,23 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=60)
     parser.add_argument("--server-side", action="store_true", help="see 3. above")
     parser.add_argument("--fill", action="store_true", help="see 2. above: no simulator")
+    parser.add_argument(
+        "--no-history", action="store_true", help="skip 1. (minutes at 100,000 nodes)"
+    )
     parser.add_argument("--unhealthy", type=int, default=300, help="--fill: unhealthy nodes")
     parser.add_argument("--gpus", type=int, default=8, help="--fill: GPUs a node")
     parser.add_argument("--partitions", type=int, default=0, help="(as bench_aggregator)")
     args = parser.parse_args()
     if args.nodes < 1 or args.loads < 1 or args.rate <= 0 or args.points < 2:
         parser.error("--nodes, --loads and --rate must be positive, --points at least 2")
-    per_node = history_bytes(args.nodes, args.points)
-    sys.stdout.write(
-        f"history: {per_node:.0f} bytes a node for {args.points} points "
-        f"({per_node * args.nodes / 2**20:.1f} MiB for {args.nodes} nodes)\n"
-        f"fleet history: {fleet_history_bytes(60.0) / 1024:.0f} KiB for a day at a point a "
-        "minute, whatever the fleet's size\n"
-    )
+    if not args.no_history:
+        per_node = history_bytes(args.nodes, args.points)
+        sys.stdout.write(
+            f"history: {per_node:.0f} bytes a node for {args.points} points "
+            f"({per_node * args.nodes / 2**20:.1f} MiB for {args.nodes} nodes)\n"
+            f"fleet history: {fleet_history_bytes(60.0) / 1024:.0f} KiB for a day at a point a "
+            "minute, whatever the fleet's size\n"
+        )
     if args.server_side:
         sys.stdout.write(asyncio.run(server_side(args.nodes, args.loads)))
         sys.stdout.write(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
@@ -213,10 +246,10 @@ def main() -> int:
         bench = Bench(args)
         with servers(bench) as cluster:
             filled = filled_fleet(bench, cluster, args.nodes, args.gpus, args.unhealthy)
-            sys.stdout.write(pages(args, filled.port, filled.process.pid))
+            pages(args, filled.port, filled.process.pid)
     else:
         with simulated_fleet(args.nodes, args.rate) as (port, aggregator):
-            sys.stdout.write(pages(args, port, aggregator.pid))
+            pages(args, port, aggregator.pid)
     return 0
 
 

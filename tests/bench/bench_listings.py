@@ -202,7 +202,7 @@ def measure(bench: Bench, cluster: Cluster, aggregator: Aggregator, state: str) 
             f"{max(rss):.0f} MiB; {what}",
         )
     url = f"http://127.0.0.1:{aggregator.port}/"
-    times, _ = asyncio.run(first_pages(url, args.loads, gpu_page=False))
+    times = asyncio.run(first_pages(url, args.loads))
     bench.row(
         f"{args.nodes}: dashboard first page",
         "1 s median",
