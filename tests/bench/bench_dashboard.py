@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,11 +52,11 @@ from schemas.messages import NodeRecord
 from tests.bench.bench_aggregator import Bench, servers
 from tests.bench.bench_metrics import simulated_fleet
 from tests.bench.fleet_fill import filled_fleet
-from tests.support.dashboard import CountedView
+from tests.support.dashboard import CountedView, chromium_at, chromium_or_exit
 from tests.support.fleet import heartbeat, new_aggregator, wait_for
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser
+    pass
 
 
 def history_bytes(nodes: int, points: int) -> float:
@@ -95,7 +92,7 @@ def fleet_history_bytes(interval: float) -> float:
 
 async def first_pages(url: str, loads: int) -> list[float]:
     """``loads`` times, seconds from navigation to the table's rows on screen."""
-    async with chromium_browser() as browser:
+    async with chromium_at(chromium_or_exit()) as browser:
         times = []
         for _ in range(loads):
             page = await browser.new_page()
@@ -111,7 +108,7 @@ async def gpu_page(url: str) -> str:
     """Seconds to the GPU page ordered by temperature, or why it did not come."""
     from playwright.async_api import Error
 
-    async with chromium_browser() as browser:
+    async with chromium_at(chromium_or_exit()) as browser:
         page = await browser.new_page()
         start = time.perf_counter()
         try:
@@ -120,22 +117,6 @@ async def gpu_page(url: str) -> str:
         except Error as exc:
             return f"failed after {time.perf_counter() - start:.2f}s: {exc.message.splitlines()[0]}"
         return f"{time.perf_counter() - start:.2f}s"
-
-
-@contextlib.asynccontextmanager
-async def chromium_browser() -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless, through Playwright."""
-    from playwright.async_api import async_playwright
-
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        raise SystemExit("error: chromium is not installed (Debian package chromium)")
-    async with async_playwright() as driver:
-        browser = await driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            yield browser
-        finally:
-            await browser.close()
 
 
 async def server_side(nodes: int, loads: int) -> str:

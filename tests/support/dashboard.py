@@ -45,21 +45,35 @@ async def start_dashboard(fleet: Fleet, **settings: Any) -> tuple[str, Any]:
 
 
 @asynccontextmanager
-async def launched_browser() -> AsyncIterator[Any]:
-    """Headless Chromium, or a skip saying why there is none."""
-    path = shutil.which("chromium")
-    if path is None:
-        pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (the test extra brings it)")
+async def chromium_at(path: str) -> AsyncIterator[Any]:
+    """Headless Chromium at ``path`` (Debian's), driven by Playwright; closed after."""
+    from playwright.async_api import async_playwright
+
     async with async_playwright() as driver:
         launched = await driver.chromium.launch(executable_path=path, args=["--no-sandbox"])
         try:
             yield launched
         finally:
             await launched.close()
+
+
+def chromium_or_exit() -> str:
+    """Chromium's path, for a script: one error line and exit where it is missing."""
+    path = shutil.which("chromium")
+    if path is None:
+        raise SystemExit("error: chromium is not installed (Debian package chromium)")
+    return path
+
+
+@asynccontextmanager
+async def launched_browser() -> AsyncIterator[Any]:
+    """Headless Chromium, or a skip saying why there is none."""
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
+    pytest.importorskip("playwright.async_api", reason="the test extra brings playwright")
+    async with chromium_at(path) as launched:
+        yield launched
 
 
 def link(url: str, key: signing.KeyPair) -> str:

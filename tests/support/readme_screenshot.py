@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from tests.support.dashboard import chromium_at, chromium_or_exit
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "images" / "dashboard.png"
@@ -48,40 +49,31 @@ def banner(process: subprocess.Popen[str]) -> dict[str, str]:
 
 async def shoot(url: str, server: str, key: Path, out: Path) -> str:
     """Screenshot the first screen once node-1 shows degraded; the page's headline."""
-    from playwright.async_api import async_playwright
-
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        raise SystemExit("error: chromium is not installed (Debian package chromium)")
-    async with async_playwright() as driver:
-        browser = await driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = await browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-            await page.goto(url)
-            hang = HANG * 1000
-            await page.wait_for_function(
-                "document.querySelectorAll('#rows tr[data-node] .badge.ok').length === 3",
-                timeout=hang,
-            )
-            charted = "figure[data-chart=states] g.series :is(circle, polyline)"
-            await page.wait_for_selector(charted, timeout=hang)
-            inject = [
-                *(sys.executable, "-m", "actors.cli.node_agent", "inject", "temp", "97"),
-                *("--gpu", "0", "--node-id", "node-1", "--server", server),
-                *("--key-file", str(key)),
-            ]
-            await asyncio.to_thread(
-                subprocess.run, inject, check=True, capture_output=True, timeout=HANG
-            )
-            await page.wait_for_selector("tr[data-node='node-1'] .badge.warn", timeout=hang)
-            # the counts follow the rows within one refresh of the fleet's snapshot
-            await page.wait_for_selector(".headline:has-text('needs a person:')", timeout=hang)
-            await page.wait_for_selector("#live.on", timeout=hang)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            await page.screenshot(path=str(out))
-            return str(await page.inner_text(".headline"))
-        finally:
-            await browser.close()
+    async with chromium_at(chromium_or_exit()) as browser:
+        page = await browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+        await page.goto(url)
+        hang = HANG * 1000
+        await page.wait_for_function(
+            "document.querySelectorAll('#rows tr[data-node] .badge.ok').length === 3",
+            timeout=hang,
+        )
+        charted = "figure[data-chart=states] g.series :is(circle, polyline)"
+        await page.wait_for_selector(charted, timeout=hang)
+        inject = [
+            *(sys.executable, "-m", "actors.cli.node_agent", "inject", "temp", "97"),
+            *("--gpu", "0", "--node-id", "node-1", "--server", server),
+            *("--key-file", str(key)),
+        ]
+        await asyncio.to_thread(
+            subprocess.run, inject, check=True, capture_output=True, timeout=HANG
+        )
+        await page.wait_for_selector("tr[data-node='node-1'] .badge.warn", timeout=hang)
+        # the counts follow the rows within one refresh of the fleet's snapshot
+        await page.wait_for_selector(".headline:has-text('needs a person:')", timeout=hang)
+        await page.wait_for_selector("#live.on", timeout=hang)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(out))
+        return str(await page.inner_text(".headline"))
 
 
 def make(out: Path) -> str:
