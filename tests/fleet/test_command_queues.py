@@ -109,7 +109,7 @@ def listings(seen: list[str]) -> list[str]:
 async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) -> None:
     """Once a node's consumer is made, rounds with nothing changed send no consumer
     request at all and never take every node again; a node admitted later costs one
-    info and one create, no listing."""
+    create, no listing and no look first."""
     admitted = Nodes(("c1", "n1"))
     async with api_requests(bus, prefix) as seen, keeping(bus, prefix, admitted):
         await wait_for(lambda: has_consumers(bus, prefix, 1))
@@ -122,7 +122,7 @@ async def test_quiet_rounds_ask_the_server_nothing(bus: NatsBus, prefix: str) ->
         await wait_for(lambda: has_consumers(bus, prefix, 2))
         await wait_for(lambda: admitted.rounds >= rounds + 15)
     assert listings(seen) == []
-    assert [s.split(".")[3] for s in seen] == ["INFO", "CREATE"]
+    assert [s.split(".")[3] for s in seen] == ["CREATE"]
     assert admitted.walks == 1
     assert await exists(bus, prefix, ("c1", "n2"))
 
@@ -172,6 +172,43 @@ async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, pr
         await bus.js.delete_consumer(stream, command_consumer("c1", "n2"))
         await wait_for(lambda: admitted.rounds >= rounds + 10)
         assert not await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_a_new_nodes_consumer_configured_otherwise_is_put_right(
+    bus: NatsBus, prefix: str
+) -> None:
+    """A node told new whose consumer is there configured otherwise gets the pinned
+    configuration from the one create: changed in place where JetStream may (max_deliver:
+    the command waiting in it kept), deleted and made again where it may not (a push
+    consumer); one already right is left as it was."""
+    subjects = Subjects(prefix)
+    stream = subjects.stream_name(STREAM_COMMANDS)
+    edited, push, right = ("c1", "edited"), ("c1", "push"), ("c1", "right")
+    await bus.js.add_consumer(
+        stream, config=command_queues.wanted(subjects, *edited).evolve(max_deliver=99)
+    )
+    await bus.js.publish(subjects.command(*edited), b"{}")
+    own = command_consumer(*push)
+    await bus.js.add_consumer(
+        stream,
+        name=own,
+        durable_name=own,
+        filter_subject=subjects.command(*push),
+        deliver_subject=subjects.register(),
+    )
+    before = await bus.js.add_consumer(stream, config=command_queues.wanted(subjects, *right))
+    done: set[Node] = set()
+    assert await command_queues.ensure_each(bus, subjects, [edited, push, right], done) == 3
+    assert done == {edited, push, right}
+    for node in (edited, push, right):
+        config = (await bus.js.consumer_info(stream, command_consumer(*node))).config
+        pinned = command_queues.wanted(subjects, *node)
+        assert [getattr(config, name) for name in command_queues.PINNED] == [
+            getattr(pinned, name) for name in command_queues.PINNED
+        ]
+    assert (await bus.js.consumer_info(stream, command_consumer(*edited))).num_pending == 1
+    after = await bus.js.consumer_info(stream, command_consumer(*right))
+    assert after.created == before.created
 
 
 async def test_many_new_nodes_are_checked_against_one_listing(bus: NatsBus, prefix: str) -> None:
