@@ -29,6 +29,7 @@ from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.subjects import Subjects
+from tests.support import assert_cache
 from tests.support.fleet import TEST_LIMITS, Fleet
 
 _prefixes = itertools.count(1)
@@ -73,12 +74,17 @@ def pytest_configure(config: pytest.Config) -> None:
     all of them at every run, ~13 s of CPU a worker before its first test. The controller
     compiles the project once, before the workers start: the suite runs fleetctl,
     node-agent and agents as programs hundreds of times, and each would compile every
-    module it imports again (~0.1-0.3 s of CPU a start). Up-to-date files are skipped."""
+    module it imports again (~0.1-0.3 s of CPU a start). Where workers will run, it also
+    rewrites the test modules into pytest's cache once (tests/support/assert_cache.py),
+    so that the workers do not each rewrite them on a fresh clone. Both use every core
+    and skip up-to-date files."""
     sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):
         temp_in_memory()
         for package in ("actors", "schemas", "tests/support"):
-            compileall.compile_dir(ROOT / package, quiet=1)
+            compileall.compile_dir(ROOT / package, quiet=1, workers=0)
+        if getattr(config.option, "numprocesses", None):
+            assert_cache.write_rewritten(config)
 
 
 @pytest.fixture(scope="session", autouse=True)
