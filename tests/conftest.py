@@ -106,8 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     it drives a browser; ``programs`` if its module runs programs as processes (its code
     names ``subprocess``: the CLIs, ruff, mypy, Slurm's tools...). The tests with none of
     the three are the quick loop's (``python -m tests.quick``). Then the files are put in
-    the order pytest-xdist hands them to workers: the ``faults`` round first, then the
-    files with a ``slow`` test, then the rest, each file's tests in their own order."""
+    the order pytest-xdist hands them to workers (:func:`in_file_order`)."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)
@@ -117,11 +116,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if module is not None and runs_programs(module):
             item.add_marker("programs")
-    # The long files first: pytest-xdist hands files to workers in this order, so the
-    # fault harness's round (minutes) and the files of slow tests run beside the rest
-    # instead of one of them starting last and running alone (docs/testing.md).
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (item.get_closest_marker("faults") is None, item.path not in slow))
+    items[:] = in_file_order(items)
+
+
+def in_file_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests in the order pytest-xdist hands their files to workers: the fault
+    harness's round (minutes) first, then the files with a ``slow`` test each followed by
+    one of the others, so that no long file starts last and runs alone, and the long
+    files, which compute, run beside short ones, which mostly wait (docs/testing.md).
+    Each file's tests stay together, in their own order."""
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    faults = [path for path, tests in files.items() if any(is_marked(t, "faults") for t in tests)]
+    slow = [path for path, tests in files.items() if any(is_marked(t, "slow") for t in tests)]
+    rest = [path for path in files if path not in faults and path not in slow]
+    slow = [path for path in slow if path not in faults]
+    paired = itertools.chain.from_iterable(itertools.zip_longest(slow, rest))
+    order = [*faults, *(path for path in paired if path is not None)]
+    return [item for path in order for item in files[path]]
+
+
+def is_marked(item: pytest.Item, marker: str) -> bool:
+    return item.get_closest_marker(marker) is not None
 
 
 @functools.cache
