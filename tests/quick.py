@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 QUICK_TESTS = "not server and not browser and not programs"
 UNIT_WORKERS = 2
-"""The unit tests compute rather than wait: one worker a core (the suite's six workers each
+"""The unit tests compute rather than wait: one worker a core (the suite's workers each
 collect it all first: the quick loop took 54 s of CPU with six, 39 s with two)."""
 STEPS: list[tuple[str, list[str]]] = [
     ("ruff", [str(BIN / "ruff"), "check", "."]),
