@@ -3,6 +3,7 @@ threshold table and its overrides, the XID tie-in, kernel-log replays and the NV
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,10 @@ def test_hung_call_is_named_and_close_leaves_it(tmp_path: Path) -> None:
     release = nvml.hang(1, "nvmlDeviceGetPowerUsage")
     reader = threading.Thread(target=gpus.read, daemon=True)
     reader.start()
-    poll(lambda: gpus.hung(0.0), interval=0.01)
-    assert gpus.hung(0.0).startswith("nvmlDeviceGetPowerUsage hung for 0 s (GPU 1)")
+    # Until the reader reaches the hanging call, hung(0.0) names whichever call is in
+    # flight (on a starved machine the poll can catch an earlier one): wait for it.
+    poll(lambda: gpus.hung(0.0).startswith("nvmlDeviceGetPowerUsage "), interval=0.01)
+    assert re.match(r"nvmlDeviceGetPowerUsage hung for \d+ s \(GPU 1\)", gpus.hung(0.0))
     assert gpus.hung(60.0) == ""
     gpus.close()
     assert nvml.shutdowns == 0
