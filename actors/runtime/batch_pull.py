@@ -183,9 +183,16 @@ class BatchPuller:
             if self.replace_after and now - since > self.replace_after and self.may_replace():
                 await self._replace(now - since)
                 return []
-        if expires and (messages or self._status == "408"):
-            # A long poll hands over each message as it is stored: caught up throughout.
-            self.caught_up.add(asked, time.time())
+        if expires and self._status == "408":
+            # Expired short of the batch: every message stored until the server gave up
+            # was handed over. Not until this process looked (time.time()): a beat
+            # stored while it was busy is unread, and may be replaced before the next.
+            self.caught_up.add(asked, min(time.time(), asked + expires))
+        elif expires and messages:
+            # The batch filled: caught up as the last of it was stored (everything
+            # before it came with it), not after; what came next is not read yet.
+            last = delivery(messages[-1])[1]
+            self.caught_up.add(min(asked, last), last)
         elif not expires and self._status == "404":
             # Less than asked, then "no messages": what was stored before is all here.
             self.caught_up.add(asked, asked)

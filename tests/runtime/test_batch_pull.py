@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
+from actors.runtime import batch_pull
 from actors.runtime.batch_pull import (
     CAUGHT_UP_KEPT,
     BatchHandler,
@@ -88,6 +90,40 @@ async def test_a_no_wait_fetch_answers_at_once_with_what_is_there(
         # Created again with its config: the stream is read again from its start.
         assert [m.data for m in again] == [str(n).encode() for n in range(6)]
         assert consumer.missing == ""
+    finally:
+        await puller.close()
+        await consumer.close()
+
+
+async def test_a_long_poll_is_caught_up_only_until_the_server_answered(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long poll filled by the first of two stored messages was never caught up after
+    the second was stored (it is unread: the batch ended before it), however late the
+    process looks; one that expired empty was caught up until its expiry, not until a busy
+    process got round to the answer 5 s later (a beat stored meanwhile is unread)."""
+    consumer = await consumer_of(bus, prefix)
+    puller = BatchPuller(bus, consumer)
+    try:
+        await bus.js.publish(f"{prefix}.pull.a", b"a")
+        await bus.js.publish(f"{prefix}.pull.b", b"b")
+        second_stored = time.time()
+        assert [m.data for m in await puller.fetch(1, 1.0)] == [b"a"]
+        assert not puller.caught_up.within(second_stored, time.time() + 60)
+        assert [m.data for m in await puller.fetch(1, 1.0)] == [b"b"]
+        looks = iter([0.0])  # the pull leaves at once; its answer is looked at 5 s late
+
+        def busy_clock() -> float:
+            return time.time() + next(looks, 5.0)
+
+        monkeypatch.setattr(
+            batch_pull, "time", SimpleNamespace(time=busy_clock, monotonic=time.monotonic)
+        )
+        expires = 0.3
+        asked = time.time()
+        assert await puller.fetch(5, expires) == []
+        assert puller.caught_up.within(asked, asked + expires)
+        assert not puller.caught_up.within(asked + expires + 0.1, asked + 60)
     finally:
         await puller.close()
         await consumer.close()
