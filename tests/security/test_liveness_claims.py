@@ -4,6 +4,7 @@ a ``replay``, not a clock problem. Plain nats-py clients publish with the node's
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from functools import partial
@@ -13,11 +14,12 @@ from nats.js import JetStreamContext
 
 from actors.fleet.aggregator.nats_ttl import ttl_within
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import approve
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.base import MAX_STALE_AFTER
-from schemas.messages import Alert
+from schemas.messages import Alert, NodeRecord
 from schemas.subjects import Subjects
 from tests.security.attack import attacker, count_is, counted, restarts
 from tests.support.fleet import Fleet, heartbeat, new_aggregator, wait_for, wait_record
@@ -112,7 +114,19 @@ async def test_nats_ttl_never_and_a_huge_stale_after_are_refused(
                     kind="bad_signature",
                 )
             )
-    record = await wait_record(bus, prefix, "n1", lambda r: r.state == "stale")
+        # The node goes on beating, every beat refused, until it is stale. Had it fallen
+        # silent, its silence would be the whole stream's (it is the fleet's only node),
+        # which may be the bus's own and makes no refused node stale: on a loaded
+        # machine the four beats above could all come before its bound had passed.
+        later = itertools.count(6)
+
+        async def stale_while_refused() -> NodeRecord | None:
+            body = huge.replace(b'"seq":2', b'"seq":%d' % next(later))
+            await publish(js, prefix, key, body, **{"Nats-TTL": "30"})
+            record = await read_record(bus, Subjects(prefix), "n1")
+            return record if record.state == "stale" else None
+
+        record = await wait_for(stale_while_refused, interval=0.2)
     assert record.last_seq == 1 and record.heartbeat is not None
     assert record.heartbeat.stale_after == 60.0
     assert "stale" in [alert.kind for alert in alerts if alert.node_id == "n1"]
