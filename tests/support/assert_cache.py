@@ -20,11 +20,22 @@ from pathlib import Path
 
 import pytest
 
+PYTEST_FUNCTIONS = (
+    "assertstate_key",
+    "get_cache_dir",
+    "PYC_TAIL",
+    "try_makedirs",
+    "_read_pyc",
+    "_rewrite_test",
+    "_write_pyc",
+)
+"""What :func:`_rewrite` uses of ``_pytest.assertion.rewrite``."""
+
 _config: pytest.Config | None = None
 """The run's config, for the forked processes (set before they fork)."""
 
 
-def test_modules(config: pytest.Config) -> list[Path]:
+def modules_to_rewrite(config: pytest.Config) -> list[Path]:
     """The modules pytest will rewrite in this run: every ``test_*.py`` and
     ``conftest.py`` under the run's arguments (a file, a folder, a node id)."""
     found: set[Path] = set()
@@ -63,12 +74,11 @@ def write_rewritten(config: pytest.Config) -> int:
         from _pytest.assertion import rewrite
     except ImportError:
         return 0
-    needed = ("assertstate_key", "get_cache_dir", "PYC_TAIL", "_read_pyc", "try_makedirs")
-    if not all(hasattr(rewrite, name) for name in (*needed, "_rewrite_test", "_write_pyc")):
+    if not all(hasattr(rewrite, name) for name in PYTEST_FUNCTIONS):
         return 0
     if config.getoption("assertmode") != "rewrite" or rewrite.assertstate_key not in config.stash:
         return 0
-    modules = test_modules(config)
+    modules = modules_to_rewrite(config)
     _config = config
     try:
         fork = multiprocessing.get_context("fork")
