@@ -1034,9 +1034,12 @@ async def wait_first_stale(url: str, timeout: float) -> float | None:
         await bus.close()
 
 
-async def fill_records(url: str, nodes: int, state: str = "active") -> None:
+async def fill_records(
+    url: str, nodes: int, state: str = "active", stale_after: float | None = None
+) -> None:
     """``nodes`` records of 1-GPU simulated nodes (their last heartbeat whole) put
-    straight into fleet_nodes, in ``state`` (active: each node's accepted heartbeat)."""
+    straight into fleet_nodes, in ``state`` (active: each node's accepted heartbeat),
+    their heartbeats claiming ``stale_after`` if given (else the simulator's)."""
     from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK
     from actors.fleet.aggregator import record_rules
     from schemas import codec
@@ -1052,6 +1055,8 @@ async def fill_records(url: str, nodes: int, state: str = "active") -> None:
             now = time.time()
             body = template(node, options, "boot").replace(b"%d" % SEQ_MARK, b"1")
             beat = codec.decode(body.replace(repr(TS_MARK).encode(), b"%.6f" % now), Heartbeat)
+            if stale_after is not None:
+                beat = msgspec.structs.replace(beat, stale_after=stale_after)
             record = record_rules.accepted(
                 record_rules.pending_record(node, beat.cluster),
                 beat,

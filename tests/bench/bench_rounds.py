@@ -31,7 +31,9 @@ import argparse
 import asyncio
 import collections
 import http.server
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -88,19 +90,32 @@ def options() -> argparse.ArgumentParser:
         "--admitted", action="store_true", help="active records (a command consumer each)"
     )
     parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=3600.0,
+        help="the stale_after the records' heartbeats claim, and the aggregator's "
+        "max_stale_after (default 3600 s: the full sweep marks a node without a TTL marker "
+        "stale after twice that plus full_sweep_interval, so no record changes in a run; "
+        "with less, e.g. 90, the records turn stale during the run, the window is not idle)",
+    )
+    parser.add_argument(
         "--no-spy", action="store_true", help="do not sample with py-spy even if installed"
     )
     return parser
 
 
 class Sink(http.server.BaseHTTPRequestHandler):
-    """An Alertmanager that takes every post and counts the alerts' bytes."""
+    """An Alertmanager that takes every post and counts the posts and their alerts by
+    kind."""
 
     posts = 0
+    kinds: collections.Counter[str] = collections.Counter()
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
         Sink.posts += 1
+        for alert in json.loads(body or b"[]"):
+            Sink.kinds[alert.get("labels", {}).get("kind", "?")] += 1
         self.send_response(200)
         self.end_headers()
 
@@ -169,20 +184,31 @@ def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str
 
 
 def settled(aggregator: agg.Aggregator, below: float, timeout: float) -> float | None:
-    """Seconds until the aggregator holds a lease and used under ``below`` of a core over
-    10 s (its records loaded, its first rounds done), at most ``timeout``."""
+    """Seconds until the aggregator holds a lease, used under ``below`` of a core over
+    10 s and wrote no record in them (its records loaded, its first rounds done, no
+    transition under way), at most ``timeout``."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        cpu = aggregator.cpu()
+        cpu, written = aggregator.cpu(), aggregator.metric(WRITES, timeout=60)
         time.sleep(10)
-        if (aggregator.cpu() - cpu) / 10 < below and (
-            aggregator.metric(OWNER, timeout=60) or 0
-        ) >= 1:
+        if (
+            (aggregator.cpu() - cpu) / 10 < below
+            and aggregator.metric(WRITES, timeout=60) == written
+            and (aggregator.metric(OWNER, timeout=60) or 0) >= 1
+        ):
             return time.monotonic() - started
     return None
 
 
 OWNER = "fleet_aggregator_owner"
+WRITES = "fleet_record_writes_total"
+STATE = re.compile(r'^fleet_nodes\{state="(\w+)"\} ([\d.e+]+)$', re.M)
+
+
+def states(aggregator: agg.Aggregator) -> str:
+    """The held records by state, as the aggregator's ``fleet_nodes`` gauge tells them."""
+    counts = STATE.findall(aggregator.metrics(60) or "")
+    return ", ".join(f"{state} {float(n):,.0f}" for state, n in counts if float(n)) or "none"
 
 
 def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tree: str) -> None:
@@ -194,6 +220,7 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
         # The records' last heartbeat is from the fill: at the default 300 s a slow load
         # turns them offline during the window, which is change, not the idle measured.
         "FLEET_AGGREGATOR_OFFLINE_AFTER": "86400",
+        "FLEET_AGGREGATOR_MAX_STALE_AFTER": f"{args.stale_after:g}",
     }
     here = os.getcwd()
     os.chdir(tree)  # the aggregator's `python -m` imports the tree it starts in
@@ -205,25 +232,31 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
     made = wait_consumers(cluster.url, args.nodes if args.admitted else 0, 600)
     bench.say(f"{tree}: settled {agg.fmt(took)} after start; consumers {agg.fmt(made)} later")
     time.sleep(args.settle)
-    written = aggregator.metric("fleet_record_writes_total", timeout=60) or 0
-    posts = Sink.posts
+    written = aggregator.metric(WRITES, timeout=60) or 0
+    posts, kinds = Sink.posts, Sink.kinds.copy()
+    bench.say(f"records by state at the window's start: {states(aggregator)}")
     raw = Path(args.scratch) / f"spy-{len(bench.rows)}.txt"
     sampler = None if args.no_spy else spy(aggregator.process.pid, args.window, raw)
     cpu, wall = aggregator.cpu(), time.monotonic()
     time.sleep(args.window)
     cpu, wall = aggregator.cpu() - cpu, time.monotonic() - wall
     rss = aggregator.rss_mb()
-    written = (aggregator.metric("fleet_record_writes_total", timeout=60) or 0) - written
+    written = (aggregator.metric(WRITES, timeout=60) or 0) - written
+    posts, kinds = Sink.posts - posts, Sink.kinds - kinds
     share = 100 * cpu / wall
     load = os.getloadavg()
+    bench.say(f"records by state at the window's end: {states(aggregator)}")
+    bench.say(f"alerts posted in the window by kind: {dict(kinds) or 'none'}")
+    idle = not written and not posts
     bench.row(
         f"{tree}: aggregator CPU with {args.nodes:,} nodes and nothing changing (every "
         "fleet-wide job on)",
         "< 1 % of a core",
         f"{share:.2f} % ({cpu:.2f} CPU-s in {wall:.0f} s); {written:.0f} records "
-        f"written, {Sink.posts - posts} posts to Alertmanager meanwhile; RSS {rss:.0f} MB; "
+        f"written, {posts} posts to Alertmanager meanwhile"
+        f"{'' if idle else ' (NOT IDLE: a change, not the idle figure)'}; RSS {rss:.0f} MB; "
         f"load {load[0]:.1f}",
-        share < 1.0,
+        idle and share < 1.0,
     )
     if sampler is not None:
         sampler.wait(args.window + 60)
@@ -268,7 +301,7 @@ def main() -> int:
             cluster.aggregators.remove(provisioning)
             started = time.monotonic()
             state = "active" if args.admitted else "pending"
-            asyncio.run(agg.fill_records(cluster.url, args.nodes, state))
+            asyncio.run(agg.fill_records(cluster.url, args.nodes, state, args.stale_after))
             bench.say(f"records written in {time.monotonic() - started:.0f} s")
             for tree in args.trees.split(","):
                 measure(bench, args, cluster, tree)
