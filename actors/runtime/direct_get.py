@@ -148,16 +148,18 @@ async def pages(
     subjects: str,
     timeout: float,
     up_to: int = 0,
+    start: int = 1,
 ) -> AsyncGenerator[list[Stored]]:
-    """Every message of ``stream`` on ``subjects`` (a filter), read forward in pages
-    (``seq`` + ``next_by_subj``) until the server says nothing is pending (or, with
-    ``up_to``, past that stream sequence: a stream written faster than it is read would
-    otherwise never end), within ``timeout`` in all. The next page is asked for, and the
-    request is at the server, before this one is handed over: the server reads it while
-    the caller takes this one in (at most two pages held)."""
+    """Every message of ``stream`` on ``subjects`` (a filter) from stream sequence
+    ``start`` on, read forward in pages (``seq`` + ``next_by_subj``) until the server
+    says nothing is pending (or, with ``up_to``, past that stream sequence: a stream
+    written faster than it is read would otherwise never end), within ``timeout`` in
+    all. The next page is asked for, and the request is at the server, before this one
+    is handed over: the server reads it while the caller takes this one in (at most two
+    pages held)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    asked: Asked | None = await ask(bus, stream, {"seq": 1, "next_by_subj": subjects})
+    asked: Asked | None = await ask(bus, stream, {"seq": start, "next_by_subj": subjects})
     try:
         while asked is not None:
             current, asked = asked, None  # read() unsubscribes it, whatever happens

@@ -96,19 +96,22 @@ async def latest_entries(
 
 
 async def latest_pages(
-    bus: Bus, bucket: str, timeout: float
+    bus: Bus, bucket: str, timeout: float, since: int = 0
 ) -> AsyncGenerator[list[tuple[str, bytes | None, int]]]:
     """The scan :func:`latest_values` makes, page by page as it reads them (a caller
     that takes each page in at once never holds the whole bucket's bytes): (key, value,
-    revision) in stream order, value None for a delete or purge. A key rewritten during
-    the scan comes again later (its last value is the current one). The next page is
-    asked for, and the request is at the server, before this one is handed over: the
-    server reads it while the caller takes this one in (at most two pages held)."""
+    revision) in stream order, value None for a delete or purge; with ``since``, only
+    the keys written after that revision (the bucket keeps one value a key: a key
+    written since comes with its current value, the others are not read). A key
+    rewritten during the scan comes again later (its last value is the current one).
+    The next page is asked for, and the request is at the server, before this one is
+    handed over: the server reads it while the caller takes this one in (at most two
+    pages held)."""
     prefix = f"$KV.{bucket}."
     # Closed with this generator, not whenever it is collected: a caller that stops early
     # leaves no subscription behind for the next page's answers.
     async with contextlib.aclosing(
-        direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout)
+        direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout, start=since + 1)
     ) as pages:
         async for messages in pages:
             yield [

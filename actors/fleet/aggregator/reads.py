@@ -51,6 +51,8 @@ class RecordReads:
         self._reread: set[str] = set()
         """Nodes whose trust entry changed: their records are read again."""
         self._reread_due = asyncio.Event()
+        self._scanned = 0
+        """The last revision of fleet_nodes :meth:`take_in_new` read (0: none yet)."""
 
     async def load(self, wanted: set[int], count: int) -> tuple[int, dict[int, int]]:
         """The records of partitions ``wanted`` (of ``count``) into memory with one scan
@@ -108,20 +110,28 @@ class RecordReads:
 
     async def take_in_new(self, owns: Callable[[str], bool]) -> None:
         """Records of nodes this owner ``owns`` and has not in memory (registrations
-        answered by another aggregator) are read and taken in."""
+        answered by another aggregator) are read and taken in: only those written since
+        the last scan (the first scan reads every record). A record written before then
+        whose partition this owner did not hold was read with the partition's load when
+        it was gained; one left out for the cap on nodes is read again at the next."""
         now = time.monotonic()
         taken: set[str] = set()
         """Nodes taken in by this scan: a later value of theirs in it replaces them."""
-        scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT)
+        scanned, full = self._scanned, False
+        scan = kv.latest_pages(self.bus, self.bucket, LOAD_TIMEOUT, since=scanned)
         async with contextlib.aclosing(scan) as pages:  # closed as the loop stops (see load)
             async for entries in pages:
-                for node, value, _ in entries:
+                for node, value, revision in entries:
+                    scanned = max(scanned, revision)
                     if not owns(node) or (node in self.nodes and node not in taken):
                         continue
                     if node in taken:
                         self.nodes.pop(node, None)
                         taken.discard(node)
-                    if value is None or len(self.nodes) >= MAX_NODES:
+                    if value is None:
+                        continue
+                    if len(self.nodes) >= MAX_NODES:
+                        full = True  # not taken in: read again at the next scan
                         continue
                     try:
                         self.nodes[node] = hot_state.from_stored(
@@ -130,6 +140,7 @@ class RecordReads:
                     except DecodeError:
                         continue  # counted when it was loaded or fetched
                     taken.add(node)
+        self._scanned = 0 if full else scanned
 
     async def refresh(self, node: str) -> bool:
         """The slow path's read: the node's record afresh (an approval or an operator's
