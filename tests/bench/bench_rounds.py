@@ -101,6 +101,9 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-spy", action="store_true", help="do not sample with py-spy even if installed"
     )
+    parser.add_argument(
+        "--spy-out", default="", help="a folder to keep py-spy's raw samples in (spy-N.txt)"
+    )
     return parser
 
 
@@ -156,11 +159,16 @@ def spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     )
 
 
-def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str], int]:
-    """Samples by job and by innermost frame, and all samples, from py-spy's raw output
+Counts = collections.Counter[str]
+
+
+def by_job(raw: Path) -> tuple[Counts, Counts, Counts, int]:
+    """Samples by job, by innermost frame and by the innermost of the project's frames
+    (``actors/``) of the samples no job took, and all samples, from py-spy's raw output
     (``frame;frame;... count``, outermost first; idle threads are not sampled)."""
-    jobs: collections.Counter[str] = collections.Counter()
-    leaves: collections.Counter[str] = collections.Counter()
+    jobs: Counts = collections.Counter()
+    leaves: Counts = collections.Counter()
+    others: Counts = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -180,7 +188,10 @@ def by_job(raw: Path) -> tuple[collections.Counter[str], collections.Counter[str
             "other",
         )
         jobs[job] += count
-    return jobs, leaves, total
+        if job == "other":
+            ours = [frame for frame in frames if "actors/" in frame]
+            others[ours[-1] if ours else frames[-1]] += count
+    return jobs, leaves, others, total
 
 
 def settled(aggregator: agg.Aggregator, below: float, timeout: float) -> float | None:
@@ -235,7 +246,7 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
     written = aggregator.metric(WRITES, timeout=60) or 0
     posts, kinds = Sink.posts, Sink.kinds.copy()
     bench.say(f"records by state at the window's start: {states(aggregator)}")
-    raw = Path(args.scratch) / f"spy-{len(bench.rows)}.txt"
+    raw = Path(args.spy_out or args.scratch) / f"spy-{len(bench.rows)}.txt"
     sampler = None if args.no_spy else spy(aggregator.process.pid, args.window, raw)
     cpu, wall = aggregator.cpu(), time.monotonic()
     time.sleep(args.window)
@@ -261,12 +272,15 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
     if sampler is not None:
         sampler.wait(args.window + 60)
         if raw.exists():
-            jobs, leaves, total = by_job(raw)
+            jobs, leaves, others, total = by_job(raw)
             bench.say(f"py-spy: {total} samples at 200/s ({total / 200:.1f} s on CPU)")
             for job, count in jobs.most_common():
                 bench.say(f"  {job:20} {count / 200 / wall * 100:6.2f} % of a core")
             bench.say("innermost frames:")
             for frame, count in leaves.most_common(12):
+                bench.say(f"  {count / 200:7.2f} s  {frame}")
+            bench.say("the other samples by their innermost frame of the project's code:")
+            for frame, count in others.most_common(12):
                 bench.say(f"  {count / 200:7.2f} s  {frame}")
     aggregator.stop()
     cluster.aggregators.remove(aggregator)

@@ -16,18 +16,31 @@ import pytest
 from aiohttp import web
 
 from actors.fleet.config import AggregatorConfig
+from actors.fleet.live.state_index import index_key
+from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.registry import approve
-from actors.fleet.views.api import exposure
+from actors.fleet.storage.streams import provision
+from actors.fleet.views.api import FleetApiActor, exposure
 from actors.fleet.views.dashboard import render
+from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing
 from schemas.events import Capacity, Gpu, Health, HealthCheck, Inject, Sample, XidCount
+from schemas.fleet_index import PartitionIndex
 from schemas.messages import MaintenanceWindow, NodeRecord
-from schemas.subjects import BUCKET_MAINTENANCE, EVENT_INJECT, Subjects
+from schemas.subjects import BUCKET_INDEX, BUCKET_MAINTENANCE, EVENT_INJECT, Subjects
 from schemas.xid_catalog import XID_TABLE
 from tests.support.dashboard import basic, client, link, logged_in, start_dashboard
-from tests.support.fleet import HANG, Fleet, heartbeat, wait_for, wait_record
+from tests.support.fleet import (
+    HANG,
+    TEST_LIMITS,
+    Fleet,
+    heartbeat,
+    new_aggregator,
+    wait_for,
+    wait_record,
+)
 from tests.support.observability import agent_process
 from tests.support.pki import Pki
 
@@ -261,3 +274,36 @@ async def test_a_node_in_maintenance_says_so(fleet: Fleet) -> None:
         assert ">maintenance<" in rows["n1"] and ">maintenance<" not in rows["n2"]
         async with session.get(url + "/ui/nodes/n1") as node_page:
             assert 'title="window r12: no reason given">maintenance<' in await node_page.text()
+
+
+async def test_the_fleet_chart_counts_states_from_the_state_index(fleet: Fleet) -> None:
+    """A sample of the fleet chart takes the counts by state from the state index where
+    every partition has a fresh one (deregistered nodes left out), and passes over no
+    node for them (no snapshot built); without an index it counts the pages' snapshot."""
+    subjects = Subjects(fleet.prefix)
+    await provision(fleet.bus.js, subjects, limits=TEST_LIMITS)
+
+    def dashboard() -> DashboardActor:
+        aggregator = new_aggregator(fleet.bus, fleet.prefix)
+        assert isinstance(aggregator.metrics, AggregatorMetrics)
+        config = msgspec.structs.replace(aggregator.config, http_port=0)
+        api = FleetApiActor(config, fleet.bus, aggregator.metrics, dict, aggregator.view)
+        return DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.view))
+
+    unindexed = dashboard()
+    await unindexed._sample()
+    assert unindexed._snapshot is not None
+    assert unindexed.fleet_history.latest("active") == 0
+    index = await fleet.bus.kv(subjects.bucket_name(BUCKET_INDEX))
+    for partition, counts in enumerate(
+        ({"c1": {"active": 3, "stale": 1, "deregistered": 5}}, {"c2": {"active": 4}})
+    ):
+        part = PartitionIndex(
+            partition=partition, partitions=2, holder="a", written=time.time(), counts=counts
+        )
+        await index.put(index_key(partition), codec.encode(part))
+    indexed = dashboard()
+    await indexed._sample()
+    assert indexed._snapshot is None
+    assert indexed.fleet_history.latest("active") == 7
+    assert indexed.fleet_history.latest("stale or offline") == 1

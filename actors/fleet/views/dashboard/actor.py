@@ -53,6 +53,7 @@ from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.live.held import Held
+from actors.fleet.live.state_index import read_index
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import leases
 from actors.fleet.views import history as streams_history
@@ -549,7 +550,22 @@ class DashboardActor:
                     totals.add(beat, self.history.put(slot, node, beat))
             await asyncio.sleep(0)
         self.history.keep_only(set(nodes))
-        self.fleet_history.add(time.time(), self.fleet().counted.by_state, totals)
+        self.fleet_history.add(time.time(), await self._by_state(), totals)
+
+    async def _by_state(self) -> dict[str, int]:
+        """The fleet's nodes by state for the fleet chart (deregistered ones left out):
+        from the state index where it stands for the records (one small value read per
+        partition), else from the pages' snapshot (a pass over every node, which a
+        sample once a minute otherwise rebuilt with no page open: 0.7 % of a core at
+        100,000 nodes)."""
+        index = await read_index(self.bus, self.subjects)
+        if index is None:
+            return self.fleet().counted.by_state
+        counts: Counter[str] = Counter()
+        for row in index.counts.values():
+            counts.update(row)
+        counts.pop("deregistered", None)
+        return dict(counts)
 
     async def _sample_forever(self) -> None:
         # The first round once the aggregator has had a moment to load what it holds.
