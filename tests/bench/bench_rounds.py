@@ -78,7 +78,12 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=100_000, help="records (default 100,000)")
     parser.add_argument("--window", type=float, default=120.0, help="seconds measured")
     parser.add_argument(
-        "--settle", type=float, default=20.0, help="seconds after the consumers exist, unmeasured"
+        "--settle",
+        type=float,
+        default=70.0,
+        help="seconds after the consumers exist, unmeasured (default 70: past the "
+        "dashboard's next sample, whose first point of each node loaded after its first "
+        "decodes the node's heartbeat, a one-time cost)",
     )
     parser.add_argument(
         "--trees",
