@@ -271,3 +271,23 @@ async def test_a_walk_over_every_node_lets_the_loop_run_between_turns() -> None:
     assert len(taken_in) >= 3
     assert keeper.todo == set(nodes.nodes)
     assert keeper.wanted == {node: cluster for cluster, node in nodes.nodes}
+
+
+async def test_a_deleted_consumers_name_finds_its_node_with_underscores_in_ids() -> None:
+    """The keeper keeps node -> cluster, not consumer names: a deleted consumer's name
+    (``cmd_<cluster>_<node>``) is matched to its node however many ``_`` the cluster and
+    node id hold, and a name of no node kept (or of its node's former cluster) checks
+    nothing."""
+    kept = [("east_1", "gpu_node_7"), ("east", "1_gpu"), ("west", "n1")]
+    nodes = Nodes(*kept)
+    keeper = command_queues.Keeper(nodes)
+    await keeper.everything(full=True)
+    keeper.done(set(kept))
+    assert keeper.todo == set()
+    assert keeper.ensured == {node: cluster for cluster, node in kept}
+    keeper.deleted({command_consumer("east_1", "gpu_node_7"), "cmd_nowhere_n9", "other"})
+    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert "gpu_node_7" not in keeper.ensured
+    keeper.deleted({command_consumer("east", "n1")})  # n1 is in west
+    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert keeper.ensured == {"1_gpu": "east", "n1": "west"}
