@@ -88,13 +88,7 @@ from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas import signing
 from schemas.messages import AggregatorLease
-from schemas.subjects import (
-    BUCKET_LEASES,
-    BUCKET_TRUST,
-    STREAM_COMMANDS,
-    STREAM_HEARTBEATS,
-    Subjects,
-)
+from schemas.subjects import BUCKET_LEASES, BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
 from tests.support.ports import free_port
 
 PREFIX = "fleet"
@@ -1107,36 +1101,9 @@ def part_memory(bench: Bench) -> None:
             f"≤ {RSS_TARGET_MB} MB",
             f"{rss:.0f} MB ({empty:.0f} MB with none: "
             f"{(rss - empty) * 2**20 / nodes:,.0f} bytes per node); records loaded "
-            f"{fmt(owned)} after start ({time.monotonic() - started - 10:.0f} s), "
-            "its command consumers still being made",
+            f"{fmt(owned)} after start ({time.monotonic() - started - 10:.0f} s)",
             rss <= RSS_TARGET_MB,
         )
-        made = asyncio.run(wait_consumers(cluster.url, nodes, 300))
-        time.sleep(5)
-        rss = aggregator.rss_mb()
-        bench.row(
-            "  the same once every node's command consumer is made (at rest)",
-            f"≤ {RSS_TARGET_MB} MB",
-            f"{rss:.0f} MB ({(rss - empty) * 2**20 / nodes:,.0f} bytes per node); "
-            + (f"consumers made {made:.0f} s later" if made is not None else "not all made"),
-            rss <= RSS_TARGET_MB,
-        )
-
-
-async def wait_consumers(url: str, count: int, timeout: float) -> float | None:
-    """Seconds until FLEET_CMD has ``count`` consumers (the aggregator's first round of
-    command consumers done), asked every 2 s; None after ``timeout``."""
-    stream = Subjects("fleet").stream_name(STREAM_COMMANDS)
-    bus = await NatsBus.connect(url, "bench-consumers")
-    start = time.monotonic()
-    try:
-        while time.monotonic() - start < timeout:
-            if (await bus.js.stream_info(stream)).state.consumer_count >= count:
-                return time.monotonic() - start
-            await asyncio.sleep(2)
-        return None
-    finally:
-        await bus.close()
 
 
 def part_side(bench: Bench) -> None:
