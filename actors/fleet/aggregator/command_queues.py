@@ -192,12 +192,14 @@ async def _configs(
     ``nodes``' configured otherwise than :func:`wanted` (None for the rest: nothing to
     put right). Each page is judged as it comes: a configuration decoded is about a
     kilobyte, 100 MB for every consumer of a 100,000-node fleet held at once."""
-    expected = {command_consumer(*node): node for node in nodes}
+    clusters = {node: cluster for cluster, node in nodes}
     found: dict[str, ConsumerConfig | None] = {}
     while page := await js.consumers_info(stream, offset=len(found) or None):
         for info in page:
-            node = expected.get(info.name)
-            wrong = node is not None and _differs(info.config, wanted(subjects, *node))
+            node = named(info.name, clusters)
+            wrong = node is not None and _differs(
+                info.config, wanted(subjects, clusters[node], node)
+            )
             found[info.name] = info.config if wrong else None
         if len(page) < INFO_PAGE:
             break
@@ -376,11 +378,12 @@ class Keeper:
         self.todo -= nodes
 
 
-def named(name: str, ensured: dict[str, str]) -> str | None:
-    """The node of ``ensured`` (node -> cluster) whose consumer is called ``name``, if
+def named(name: str, clusters: dict[str, str]) -> str | None:
+    """The node of ``clusters`` (node -> cluster) whose consumer is called ``name``, if
     any: ``cmd_<cluster>_<node>`` split at each ``_`` in turn (a cluster or node id may
-    hold one), the split kept only where ``ensured`` says that cluster for that node, so
-    a name the server sends matches no node but its own."""
+    hold one), the split kept only where ``clusters`` says that cluster for that node,
+    so a name the server sends matches no node but its own (and no name is made and
+    kept per node to look it up)."""
     prefix = "cmd_"
     if not name.startswith(prefix):
         return None
@@ -388,7 +391,7 @@ def named(name: str, ensured: dict[str, str]) -> str | None:
     cut = rest.find("_")
     while cut > 0:
         cluster, node = rest[:cut], rest[cut + 1 :]
-        if ensured.get(node) == cluster and command_consumer(cluster, node) == name:
+        if clusters.get(node) == cluster and command_consumer(cluster, node) == name:
             return node
         cut = rest.find("_", cut + 1)
     return None
