@@ -318,13 +318,12 @@ class Keeper:
 
     def __init__(self, admitted: AdmittedNodes) -> None:
         self.admitted = admitted
-        self.wanted: dict[str, str] = {}
-        """Node -> cluster of every node whose consumer should exist, as last told."""
         self.ensured: dict[str, str] = {}
         """Node -> cluster of the consumers known to be in place: the node's interned name
         and its record's cluster, not the consumer's name (a string a node, about 160
         bytes with its entry: 16 MB at 100,000 nodes); a deleted consumer's name is
-        matched by :func:`named`."""
+        matched by :func:`named`. The nodes whose consumer should exist are asked of
+        ``admitted``, not kept here too (a second dict of every node: 5 MB)."""
         self.todo: set[Node] = set()
         """Nodes to check at the next round (kept through a round that failed)."""
 
@@ -332,37 +331,33 @@ class Keeper:
         """Take every admitted node again; each is checked if ``full``, else those whose
         consumer is not known to be in place. In turns of :data:`NODES_PER_TURN`, the
         event loop running between (a pass over 100,000 nodes held it for 1 to 2 s)."""
-        wanted: dict[str, str] = {}
+        ensured: dict[str, str] = {}
         todo: set[Node] = set()
         for step, (cluster, node) in enumerate(self.admitted.every(), 1):
-            wanted[node] = cluster
-            if full or self.ensured.get(node) != cluster:
+            known = self.ensured.get(node) == cluster
+            if known:
+                ensured[node] = cluster
+            if full or not known:
                 todo.add((cluster, node))
             await take_turn(step, NODES_PER_TURN)
-        self.ensured = {
-            node: cluster for node, cluster in self.ensured.items() if wanted.get(node) == cluster
-        }
-        self.wanted, self.todo = wanted, todo
+        self.ensured, self.todo = ensured, todo
 
     def written(self, nodes: Iterable[str]) -> None:
         """Nodes whose records were written: each admitted one is checked unless its
         consumer is known to be in place; one no longer admitted is forgotten."""
         for node in nodes:
-            self.wanted.pop(node, None)
             cluster = self.admitted.cluster(node)
             if self.ensured.get(node) != cluster:
                 self.ensured.pop(node, None)
-            if cluster is not None:
-                self.wanted[node] = cluster
-                if self.ensured.get(node) != cluster:
+                if cluster is not None:
                     self.todo.add((cluster, node))
 
-    def deleted(self, names: set[str] | None) -> None:
+    async def deleted(self, names: set[str] | None) -> None:
         """Consumers the server said were deleted (None: more than were kept, so every
         node): each still wanted is put back."""
         if names is None:
             self.ensured.clear()
-            self.todo = {(cluster, node) for node, cluster in self.wanted.items()}
+            await self.everything(full=False)
             return
         for name in names:
             node = named(name, self.ensured)
@@ -417,7 +412,7 @@ async def _keep(
             await keeper.everything(full)
         else:
             keeper.written(changed)
-        keeper.deleted(deleted.take())
+        await keeper.deleted(deleted.take())
         if await _check(bus, subjects, keeper, full or not configs_checked, configs_checked):
             configs_checked = True
             if full:
