@@ -189,6 +189,19 @@ def test_a_gap_is_news_only_if_the_owner_read_in_time() -> None:
     assert gap.details == {"from": "2", "to": "5", "event": "q5"}
 
 
+def test_a_beat_replaced_within_the_delivery_margin_is_no_gap_news() -> None:
+    """Beat 4 missing, beat 5 sent 5 ms after it (a goodbye right after the last beat):
+    no sequence_gap even though the owner was caught up all the while (the server may
+    replace a beat that soon before a waiting pull gets it); 0.3 s after it, the gap
+    is the node's."""
+    caught_up = Spans(900.0, 995.0)
+    soon = beat(5, previous_ts=902.495)
+    assert verdict(state_after(3), soon, caught_up=caught_up).alerts == []
+    later = beat(5, previous_ts=902.2)
+    (gap,) = verdict(state_after(3), later, caught_up=caught_up).alerts
+    assert gap.kind == "sequence_gap" and gap.details["from"] == "3"
+
+
 def test_a_deregistered_node_beating_is_refused_after_a_fresh_read() -> None:
     """A deregistered record takes no other heartbeat: read afresh first (it may have
     been re-admitted), then refused, its alert naming the boot."""

@@ -43,7 +43,7 @@ async def test_a_server_restart_is_one_alert_and_a_dead_node_is_still_stale(
 ) -> None:
     """The server stopped for 10 s under five beating agents, n5 stopped meanwhile: one
     bus_outage alert naming the four that beat again, no stale, recovered, anomaly,
-    sequence_gap or health alert of theirs, and n5 stale."""
+    sequence_gap or health alert of theirs, and n5 stale; their stops raise none either."""
     port = free_port()
     server = NatsServer(tmp_path / "nats", port=port)
     await asyncio.to_thread(server.start)
@@ -99,3 +99,5 @@ async def test_a_server_restart_is_one_alert_and_a_dead_node_is_still_stale(
     storm = [(a.kind, a.node_id, a.message) for a in observed if outage_alert(a)]
     stopping = [(a.kind, a.node_id, a.message) for a in alerts[len(observed) :]]
     assert storm == [("stale", NODES[-1], storm[0][2])], (storm, "then, stopping:", stopping)
+    # A requested stop is a goodbye, not a gap (it was a false sequence_gap once).
+    assert not [alert for alert in stopping if alert[0] in PER_NODE], stopping

@@ -271,9 +271,18 @@ def read_in_time(caught_up: Spans | None, stored: float, heartbeat: Heartbeat) -
     the stream a beat not yet read is replaced by the next, and the gap is this owner's
     doing (a beat sent at once on a change, a moment after the last, was replaced while
     this owner waited for its next fetch). Server and aggregator clocks must agree to well
-    within half the spacing, as NTP keeps them."""
-    half = spacing(heartbeat) / 2
-    return caught_up is not None and caught_up.within(stored - half, stored)
+    within half the spacing, as NTP keeps them. Nor before :data:`DELIVERY_MARGIN` after
+    the beat before was stored: a beat the next replaces sooner may never reach even a
+    waiting pull (a goodbye a moment after the last beat, two beats in one read of the
+    node's connection), and then no moment proves the gap the node's."""
+    gap = spacing(heartbeat)
+    after = stored - gap + max(gap / 2, DELIVERY_MARGIN)
+    return caught_up is not None and after < stored and caught_up.within(after, stored)
+
+
+DELIVERY_MARGIN = 0.1
+"""Seconds the server may take from storing a beat to handing it to a waiting pull,
+under load: a beat replaced sooner than this was not provably there to be read."""
 
 
 def spacing(heartbeat: Heartbeat) -> float:

@@ -24,7 +24,7 @@ from actors.node.heartbeat.sequence import SequenceStore
 from actors.node.labels import clashes, cloud_labels, found_labels, node_labels
 from actors.node.tuning import retuned
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus, publish_signed, unanswered
-from actors.runtime.schedule import jittered, wait_or_timeout
+from actors.runtime.schedule import jittered, stop_if_cancelled, wait_or_timeout
 from actors.runtime.subscriptions import listening
 from schemas.base import Schedulability
 from schemas.events import (
@@ -123,7 +123,10 @@ class HeartbeatActor:
         self.settings: SettingsStatus | None = None
         """What the node made of the fleet's settings (from the settings actor)."""
         self.stopping = False
-        """Set by :meth:`goodbye`: every beat from then on says the agent is stopping."""
+        """Set by :meth:`goodbye`: its beat is the last; the loop beats no more."""
+        self._one_beat = asyncio.Lock()
+        """Held while a beat is built and sent: the goodbye waits for a beat in flight and
+        is never sent beside one (two beats a moment apart on a subject that keeps one)."""
         self._last_ts: float | None = None
         self._failing = ""
         """Why the last beat was not acknowledged ("" when it was)."""
@@ -262,6 +265,13 @@ class HeartbeatActor:
         return min(PUBLISH_TIMEOUT, ACK_WAIT_FRACTION * self.config.heartbeat_interval)
 
     async def beat(self) -> Heartbeat | None:
+        """One beat of the loop; none once the goodbye is said."""
+        async with self._one_beat:
+            if self.stopping:
+                return None
+            return await self._send()
+
+    async def _send(self) -> Heartbeat | None:
         heartbeat = self.build()
         self.metrics.observe_heartbeat(heartbeat)
         try:
@@ -318,8 +328,9 @@ class HeartbeatActor:
         did has no record to say goodbye to); a failure is logged, as any beat's."""
         if self._last_ts is None:
             return
-        self.stopping = True
-        await self.beat()
+        async with self._one_beat:
+            self.stopping = True
+            await self._send()
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {
@@ -343,4 +354,5 @@ class HeartbeatActor:
                 self._beat_now.clear()
                 due = loop.time() + jittered(self.config.heartbeat_interval)
                 await self.beat()
+                stop_if_cancelled()  # a stop asked as the ack came must not be lost
                 await wait_or_timeout(self._beat_now, max(0.0, due - loop.time()))
