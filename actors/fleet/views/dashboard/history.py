@@ -8,7 +8,7 @@ beat per configured ``interval`` (an agent beats at once after a health change: 
 beat is not a shorter cadence, and a silence still shows as a longer one). Points of all nodes share
 one clock (:attr:`History.times`), so a node keeps only its values, packed as
 :data:`POINT` says (7 bytes a point, each figure at the precision its source has: NVML
-reads whole degrees, percent and watts), in one ``bytearray`` used as a ring, behind the
+reads whole degrees, percent and watts), in a ring of bytes, behind the
 (ts, seq) of the heartbeat its last point came from and that heartbeat's share of the
 fleet's totals (so a node that sent nothing since costs no decode). A node's ring is a
 row of a few large ``bytearray`` blocks shared by all nodes (:data:`BLOCK_ROWS` rows each),
