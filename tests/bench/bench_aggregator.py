@@ -859,7 +859,7 @@ def big_run(bench: Bench, cluster: Cluster, kill: int) -> Aggregator:
         lag.summary(),
     )
     rss = aggregator.rss_mb()
-    bench.row("  aggregator RSS", "≤ 300 MB", f"{rss:.0f} MB", rss <= 300)
+    bench.row("  aggregator RSS", f"≤ {RSS_TARGET_MB} MB", f"{rss:.0f} MB", rss <= RSS_TARGET_MB)
     bench.row("  nats-server RSS", "—", f"{cluster.server_rss_mb():.0f} MB")
     if kill:
         storm_row(bench, sim, kill, f"in the {nodes:,}-node run")
@@ -1076,6 +1076,9 @@ async def fill_records(
         await bus.close()
 
 
+RSS_TARGET_MB = 250
+"""The aggregator's RSS at 100,000 nodes, records loaded and in the heartbeat run (issue
+48; issue 12 asked 300)."""
 SAMPLE_EVERY_3_S = {"FLEET_AGGREGATOR_DASHBOARD_HISTORY_INTERVAL": "3"}
 
 
@@ -1100,11 +1103,12 @@ def part_memory(bench: Bench) -> None:
         rss = aggregator.rss_mb()
         bench.row(
             f"aggregator RSS with {nodes:,} records in memory, no heartbeats",
-            "≤ 300 MB",
+            f"≤ {RSS_TARGET_MB} MB",
             f"{rss:.0f} MB ({empty:.0f} MB with none: "
             f"{(rss - empty) * 2**20 / nodes:,.0f} bytes per node); records loaded "
-            f"{fmt(owned)} after start ({time.monotonic() - started - 10:.0f} s)",
-            rss <= 300,
+            f"{fmt(owned)} after start ({time.monotonic() - started - 10:.0f} s), its "
+            "command consumers still being made",
+            rss <= RSS_TARGET_MB,
         )
 
 

@@ -270,4 +270,53 @@ async def test_a_walk_over_every_node_lets_the_loop_run_between_turns() -> None:
     assert max(taken_in.values()) <= command_queues.NODES_PER_TURN
     assert len(taken_in) >= 3
     assert keeper.todo == set(nodes.nodes)
-    assert keeper.wanted == {node: cluster for cluster, node in nodes.nodes}
+    assert keeper.ensured == {}
+
+
+async def test_a_deleted_consumers_name_finds_its_node_with_underscores_in_ids() -> None:
+    """The keeper keeps node -> cluster, not consumer names: a deleted consumer's name
+    (``cmd_<cluster>_<node>``) is matched to its node however many ``_`` the cluster and
+    node id hold, a name of no node kept (or of its node's former cluster) checks
+    nothing, and too many deletions to keep check every admitted node."""
+    kept = [("east_1", "gpu_node_7"), ("east", "1_gpu"), ("west", "n1")]
+    nodes = Nodes(*kept)
+    keeper = command_queues.Keeper(nodes)
+    await keeper.everything(full=True)
+    keeper.done(set(kept))
+    assert keeper.todo == set()
+    assert keeper.ensured == {node: cluster for cluster, node in kept}
+    await keeper.deleted({command_consumer("east_1", "gpu_node_7"), "cmd_nowhere_n9", "other"})
+    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert "gpu_node_7" not in keeper.ensured
+    await keeper.deleted({command_consumer("east", "n1")})  # n1 is in west
+    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert keeper.ensured == {"1_gpu": "east", "n1": "west"}
+    await keeper.deleted(None)  # more deletions than kept: every admitted node again
+    assert keeper.todo == set(kept) and keeper.ensured == {}
+
+
+async def test_the_first_listing_puts_right_only_the_consumers_configured_otherwise(
+    bus: NatsBus, prefix: str
+) -> None:
+    """The first round's listing (configurations judged page by page, only the wrong ones
+    kept) makes again the consumers of the nodes given that are configured otherwise, a
+    node's consumer with an underscore in its ids included, and leaves alone one that is
+    right and one of a node not given."""
+    subjects = Subjects(prefix)
+    stream = subjects.stream_name(STREAM_COMMANDS)
+    edited, right, other = ("c_1", "edited_1"), ("c1", "right"), ("c1", "other")
+    for node in (edited, other):
+        await bus.js.add_consumer(
+            stream, config=command_queues.wanted(subjects, *node).evolve(max_deliver=99)
+        )
+    before = await bus.js.add_consumer(stream, config=command_queues.wanted(subjects, *right))
+    done: set[Node] = set()
+    created = await command_queues.ensure(
+        bus, subjects, [edited, right], check_configs=True, done=done
+    )
+    assert created == 1
+    assert done == {edited, right}
+    fixed = (await bus.js.consumer_info(stream, command_consumer(*edited))).config
+    assert fixed.max_deliver == command_queues.wanted(subjects, *edited).max_deliver != 99
+    assert (await bus.js.consumer_info(stream, command_consumer(*right))).created == before.created
+    assert (await bus.js.consumer_info(stream, command_consumer(*other))).config.max_deliver == 99

@@ -7,7 +7,7 @@ import math
 import msgspec
 
 from actors.fleet.views.dashboard.fleet_history import share_of
-from actors.fleet.views.dashboard.history import SERIES, History, Packing
+from actors.fleet.views.dashboard.history import BLOCK_ROWS, SERIES, History, Packing
 from schemas.events import Health
 from schemas.messages import Heartbeat
 from tests.fleet.test_lean_state import SIM_BEAT
@@ -87,11 +87,24 @@ def test_nodes_no_longer_held_are_forgotten() -> None:
 
 def test_a_node_costs_its_ring_and_no_more() -> None:
     """60 points: the (ts, seq), the heartbeat's share of the totals (12 bytes) and 60
-    points of 7 bytes, in one bytearray."""
+    points of 7 bytes, a row of a block shared with other nodes; a forgotten node's row
+    is the next node's, and the blocks go with the last node."""
     history = History(60)
     history.put(history.begin(1.0), "n1", beat(1, 1.0))
-    assert len(history.nodes["n1"]) == 16 + 12 + 60 * 7
-    assert history.bytes_per_node() < 512
+    assert history.bytes_per_node() == 16 + 12 + 60 * 7
+    nodes = [f"n{index}" for index in range(BLOCK_ROWS + 1)]
+    slot = history.begin(2.0)
+    for node in nodes:
+        history.put(slot, node, beat(2, 2.0))
+    assert len(history._blocks) == 2
+    freed = history.nodes["n0"]
+    history.keep_only(set(nodes[1:]))
+    history.put(slot, "new", beat(7, 2.0))
+    assert len(history._blocks) == 2 and history.nodes["new"] == freed
+    assert history.series("new")[0] == [(2.0, 87.0)]
+    assert history.series(nodes[-1])[0] == [(2.0, 87.0)]
+    history.keep_only(set())
+    assert history._blocks == [] and history.bytes_per_node() == 0
 
 
 def test_a_node_that_sent_nothing_since_is_sampled_without_its_heartbeat() -> None:

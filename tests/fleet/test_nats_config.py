@@ -47,6 +47,8 @@ def test_nats_server_accepts_it(tmp_path: Path, identity: nats_config.Identity) 
 
 
 def test_listing_is_checked() -> None:
+    """Malformed lines, a node listed twice and two nodes whose command consumers would
+    share a name are refused, each in one line."""
     good = key()
     listing = f"# node cluster key\nnode-1 gpu-a {good}  # first\n\nnode-2 gpu-b {good}\n"
     assert [u.node for u in nats_config.parse_nodes(listing)] == ["node-1", "node-2"]
@@ -55,6 +57,9 @@ def test_listing_is_checked() -> None:
             nats_config.parse_nodes(bad)
     with pytest.raises(FleetError, match="twice"):
         Users(nats_config.parse_nodes(f"n1 c {good}\nn1 c {good}"))
+    # Cluster a_b's node c and cluster a's node b_c: one consumer name, cmd_a_b_c.
+    with pytest.raises(FleetError, match="would share the command consumer cmd_a_b_c"):
+        Users(nats_config.parse_nodes(f"c a_b {good}\nb_c a {good}"))
 
 
 async def test_nodes_from_fleet_trust(bus: NatsBus, prefix: str) -> None:

@@ -9,13 +9,14 @@ import itertools
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
 
 from actors.node.heartbeat.actor import ACK_WAIT_FRACTION, HeartbeatActor
 from actors.node.heartbeat.sequence import SequenceStore
-from actors.runtime.bus import NatsBus
+from actors.runtime.bus import NatsBus, publish_signed
 from actors.runtime.supervisor import Supervisor
 from schemas import codec
 from schemas.events import Capacity, NodeState, Sample
@@ -113,6 +114,38 @@ async def test_the_goodbye_waits_for_a_beat_in_flight_and_is_the_last(
     await wait_for(lambda: len(beats) == 4)
     assert (beats[3].seq, beats[3].stopping) == (4, True)
     assert await actor.beat() is None
+
+
+async def test_the_goodbye_and_the_beat_it_waits_for_share_one_ack_wait(
+    fleet: Fleet, bus: NatsBus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A goodbye behind a beat whose acknowledgement never comes waits for that beat's
+    ack_wait (2 s here), then is sent waiting only what is left of it: a stop takes no
+    longer than one ack_wait more, as before (systemd's TimeoutStopSec counts on it)."""
+    prefix = "goodbye-budget"  # no stream: nothing acknowledges
+    config = agent_config(fleet.url, prefix, tmp_path, heartbeat_interval=4.0, stale_after=10.0)
+    actor = HeartbeatActor(config, fleet.bus, node_events(config), SequenceStore(tmp_path))
+    assert actor.ack_wait == 2.0
+    waits: list[float] = []
+
+    async def publish_noting_the_wait(*args: Any, timeout: float, **kwargs: Any) -> Any:
+        waits.append(timeout)
+        return await publish_signed(*args, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr("actors.node.heartbeat.actor.publish_signed", publish_noting_the_wait)
+    goodbyes: list[asyncio.Task[None]] = []
+
+    async def say_goodbye_at_the_first(msg: Msg) -> None:
+        if not goodbyes:  # the first beat waits for its acknowledgement: goodbye now
+            goodbyes.append(asyncio.create_task(actor.goodbye()))
+
+    await bus.subscribe(Subjects(prefix).heartbeat("c1", "n1"), say_goodbye_at_the_first)
+    await bus.flush()
+    await fleet.start_supervisor(await told_its_first_facts(actor))
+    await wait_for(lambda: goodbyes)
+    await goodbyes[0]
+    first, goodbye = waits[:2]
+    assert first == 2.0 and goodbye < 1.0, waits
 
 
 async def test_a_stop_asked_as_the_ack_comes_is_not_lost(

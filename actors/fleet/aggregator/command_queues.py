@@ -130,7 +130,10 @@ async def ensure(
     consumers' names are listed (a few bytes each, where a configuration is about a
     kilobyte): nodes cannot configure one."""
     stream = subjects.stream_name(STREAM_COMMANDS)
-    current = await (_configs(bus.js, stream) if check_configs else _names(bus, stream))
+    nodes = list(nodes)
+    current = await (
+        _configs(bus.js, subjects, stream, nodes) if check_configs else _names(bus, stream)
+    )
     return await _put_back(bus, subjects, stream, nodes, current, done)
 
 
@@ -182,11 +185,22 @@ async def _create(
     done.add(node)
 
 
-async def _configs(js: JetStreamContext, stream: str) -> dict[str, ConsumerConfig | None]:
-    """Every consumer of ``stream`` with its configuration."""
+async def _configs(
+    js: JetStreamContext, subjects: Subjects, stream: str, nodes: list[Node]
+) -> dict[str, ConsumerConfig | None]:
+    """Every consumer of ``stream`` by name, with its configuration where it is one of
+    ``nodes``' configured otherwise than :func:`wanted` (None for the rest: nothing to
+    put right). Each page is judged as it comes: a configuration decoded is about a
+    kilobyte, 100 MB for every consumer of a 100,000-node fleet held at once."""
+    clusters = {node: cluster for cluster, node in nodes}
     found: dict[str, ConsumerConfig | None] = {}
     while page := await js.consumers_info(stream, offset=len(found) or None):
-        found.update((info.name, info.config) for info in page)
+        for info in page:
+            node = named(info.name, clusters)
+            wrong = node is not None and _differs(
+                info.config, wanted(subjects, clusters[node], node)
+            )
+            found[info.name] = info.config if wrong else None
         if len(page) < INFO_PAGE:
             break
     return found
@@ -304,10 +318,12 @@ class Keeper:
 
     def __init__(self, admitted: AdmittedNodes) -> None:
         self.admitted = admitted
-        self.wanted: dict[str, str] = {}
-        """Node -> cluster of every node whose consumer should exist, as last told."""
         self.ensured: dict[str, str] = {}
-        """Consumer name -> node, of the consumers known to be in place."""
+        """Node -> cluster of the consumers known to be in place: the node's interned name
+        and its record's cluster, not the consumer's name (a string a node, about 160
+        bytes with its entry: 16 MB at 100,000 nodes); a deleted consumer's name is
+        matched by :func:`named`. The nodes whose consumer should exist are asked of
+        ``admitted``, not kept here too (a second dict of every node: 5 MB)."""
         self.todo: set[Node] = set()
         """Nodes to check at the next round (kept through a round that failed)."""
 
@@ -315,48 +331,65 @@ class Keeper:
         """Take every admitted node again; each is checked if ``full``, else those whose
         consumer is not known to be in place. In turns of :data:`NODES_PER_TURN`, the
         event loop running between (a pass over 100,000 nodes held it for 1 to 2 s)."""
-        wanted: dict[str, str] = {}
-        names: set[str] = set()
+        ensured: dict[str, str] = {}
         todo: set[Node] = set()
         for step, (cluster, node) in enumerate(self.admitted.every(), 1):
-            wanted[node] = cluster
-            name = command_consumer(cluster, node)
-            names.add(name)
-            if full or name not in self.ensured:
+            known = self.ensured.get(node) == cluster
+            if known:
+                ensured[node] = cluster
+            if full or not known:
                 todo.add((cluster, node))
             await take_turn(step, NODES_PER_TURN)
-        self.ensured = {name: node for name, node in self.ensured.items() if name in names}
-        self.wanted, self.todo = wanted, todo
+        self.ensured, self.todo = ensured, todo
 
     def written(self, nodes: Iterable[str]) -> None:
         """Nodes whose records were written: each admitted one is checked unless its
         consumer is known to be in place; one no longer admitted is forgotten."""
         for node in nodes:
-            before = self.wanted.pop(node, None)
             cluster = self.admitted.cluster(node)
-            if before is not None and before != cluster:
-                self.ensured.pop(command_consumer(before, node), None)
-            if cluster is not None:
-                self.wanted[node] = cluster
-                if command_consumer(cluster, node) not in self.ensured:
+            if self.ensured.get(node) != cluster:
+                self.ensured.pop(node, None)
+                if cluster is not None:
                     self.todo.add((cluster, node))
 
-    def deleted(self, names: set[str] | None) -> None:
+    async def deleted(self, names: set[str] | None) -> None:
         """Consumers the server said were deleted (None: more than were kept, so every
         node): each still wanted is put back."""
         if names is None:
             self.ensured.clear()
-            self.todo = {(cluster, node) for node, cluster in self.wanted.items()}
+            await self.everything(full=False)
             return
         for name in names:
-            node = self.ensured.pop(name, None)
-            cluster = self.admitted.cluster(node) if node is not None else None
-            if node is not None and cluster is not None and command_consumer(cluster, node) == name:
+            node = named(name, self.ensured)
+            if node is None:
+                continue
+            del self.ensured[node]
+            cluster = self.admitted.cluster(node)
+            if cluster is not None and command_consumer(cluster, node) == name:
                 self.todo.add((cluster, node))
 
     def done(self, nodes: set[Node]) -> None:
-        self.ensured.update((command_consumer(*node), node[1]) for node in nodes)
+        self.ensured.update((node, cluster) for cluster, node in nodes)
         self.todo -= nodes
+
+
+def named(name: str, clusters: dict[str, str]) -> str | None:
+    """The node of ``clusters`` (node -> cluster) whose consumer is called ``name``, if
+    any: ``cmd_<cluster>_<node>`` split at each ``_`` in turn (a cluster or node id may
+    hold one), the split kept only where ``clusters`` says that cluster for that node,
+    so a name the server sends matches no node but its own (and no name is made and
+    kept per node to look it up)."""
+    prefix = "cmd_"
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix) :]
+    cut = rest.find("_")
+    while cut > 0:
+        cluster, node = rest[:cut], rest[cut + 1 :]
+        if clusters.get(node) == cluster and command_consumer(cluster, node) == name:
+            return node
+        cut = rest.find("_", cut + 1)
+    return None
 
 
 async def _keep(
@@ -379,31 +412,40 @@ async def _keep(
             await keeper.everything(full)
         else:
             keeper.written(changed)
-        keeper.deleted(deleted.take())
-        if keeper.todo:
-            todo = sorted(keeper.todo)
-            listing = full or not configs_checked or len(todo) > INFO_PAGE
-            done: set[tuple[str, str]] = set()
-            try:
-                created = await (
-                    ensure(bus, subjects, todo, check_configs=not configs_checked, done=done)
-                    if listing
-                    else ensure_each(bus, subjects, todo, done)
-                )
-            except (nats.errors.Error, TimeoutError) as exc:
-                log.warning("command consumers not checked", extra={"reason": str(exc)})
-            else:
-                if created:
-                    log.info("command consumers put in place", extra={"consumers": created})
-                configs_checked = True
-                if full:
-                    last_full = now
-            keeper.done(done)
-        else:  # nothing to check: no configuration to list either
+        await keeper.deleted(deleted.take())
+        if await _check(bus, subjects, keeper, full or not configs_checked, configs_checked):
             configs_checked = True
             if full:
                 last_full = now
         await _next_round(admitted.written, every)
+
+
+async def _check(
+    bus: Bus, subjects: Subjects, keeper: Keeper, listing: bool, configs_checked: bool
+) -> bool:
+    """One round's check of ``keeper.todo``; False if it failed (logged; the nodes not
+    done stay to do). A function of its own, so that the round's list and set of nodes
+    (100,000 tuples in the first round) are let go when it ends, not held until the next
+    round with something to do."""
+    if not keeper.todo:  # nothing to check: no configuration to list either
+        return True
+    todo = sorted(keeper.todo)
+    done: set[Node] = set()
+    try:
+        created = await (
+            ensure(bus, subjects, todo, check_configs=not configs_checked, done=done)
+            if listing or len(todo) > INFO_PAGE
+            else ensure_each(bus, subjects, todo, done)
+        )
+    except (nats.errors.Error, TimeoutError) as exc:
+        log.warning("command consumers not checked", extra={"reason": str(exc)})
+        return False
+    else:
+        if created:
+            log.info("command consumers put in place", extra={"consumers": created})
+        return True
+    finally:
+        keeper.done(done)
 
 
 async def _next_round(written: asyncio.Event, every: float) -> None:

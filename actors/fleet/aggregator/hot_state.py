@@ -344,7 +344,12 @@ def slim(record: NodeRecord) -> NodeRecord:
     # Judged as against a record with no heartbeat kept yet: the beat's own spot status
     # is then the fleet's shared one, not the one decoded with this record.
     unbeaten = msgspec.structs.replace(record, heartbeat=None)
-    return msgspec.structs.replace(record, heartbeat=slim_heartbeat(beat, unbeaten))
+    kept = slim_heartbeat(beat, unbeaten)
+    if kept.seq == record.last_seq:
+        # Decoded apart, equal: one int object for both, as an accepted beat leaves them
+        # (32 bytes a node loaded otherwise).
+        kept = msgspec.structs.replace(kept, seq=record.last_seq)
+    return msgspec.structs.replace(record, heartbeat=kept)
 
 
 def full(record: NodeRecord, body: bytes | None, bodies: Bodies) -> NodeRecord:

@@ -32,7 +32,7 @@ from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.streams import heartbeat_partitions
-from actors.runtime import kv
+from actors.runtime import heap, kv
 from actors.runtime.batch_pull import BatchPuller, CaughtUp, Chain, consume_in_batches
 from actors.runtime.bus import Bus
 from actors.runtime.consumer import DurableConsumer, without_leader
@@ -341,6 +341,7 @@ class Ownership:
                 self.ledger.drop([n for n in nodes if partition_of(n, count) in lost])
                 wanted = partitions - lost
         log.info("records loaded", extra={"records": loaded, "partitions": sorted(wanted)})
+        heap.give_back()  # the pages of the records read whole, and their messages
 
     async def _open(self, partition: int) -> DurableConsumer:
         start = await self._resume_point(partition)

@@ -35,6 +35,7 @@ from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.storage.node_store import NodeStore
+from actors.runtime import heap
 from actors.runtime.schedule import stop_if_cancelled, take_turn
 from actors.runtime.spans import span
 from schemas.base import MAX_STALE_AFTER
@@ -144,6 +145,7 @@ class Sweeps:
                 continue
             if everything:
                 last_full = time.monotonic()
+                heap.give_back()  # what the heartbeats and writes since left free
 
     async def sweep(self, everything: bool = False) -> None:
         """Stale records older than ``offline_after`` become offline. Only the nodes this

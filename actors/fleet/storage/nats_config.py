@@ -21,6 +21,7 @@ and monitors always log in with nkeys.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -78,10 +79,24 @@ class Users:
     def __post_init__(self) -> None:
         for key in [*self.aggregators, *self.operators, *self.monitors]:
             registry.check_public_key(key)
-        names = [user.node for user in self.nodes]
-        twice = sorted({name for name in names if names.count(name) > 1})
+        twice = sorted(
+            name for name, count in Counter(user.node for user in self.nodes).items() if count > 1
+        )
         if twice:
             raise FleetError(f"nodes listed twice: {', '.join(twice)}")
+        # An underscore in an id can make two nodes' consumer names one (cluster a_b's
+        # node c and cluster a's node b_c: cmd_a_b_c): each would be allowed the other's
+        # consumer, and one's commands would go to the other, which refuses them.
+        consumers: dict[str, NodeUser] = {}
+        for user in self.nodes:
+            name = command_consumer(user.cluster, user.node)
+            other = consumers.setdefault(name, user)
+            if other is not user:
+                raise FleetError(
+                    f"{other.node} (cluster {other.cluster}) and {user.node} (cluster "
+                    f"{user.cluster}) would share the command consumer {name}: rename one "
+                    "of them, or its cluster"
+                )
 
 
 def cert_user(node: str) -> str:

@@ -271,7 +271,9 @@ class HeartbeatActor:
                 return None
             return await self._send()
 
-    async def _send(self) -> Heartbeat | None:
+    async def _send(self, ack_wait: float | None = None) -> Heartbeat | None:
+        """Build, sign and publish a beat, waiting ``ack_wait`` (:attr:`ack_wait` if None)
+        for its acknowledgement; the beat, or None if it was not acknowledged."""
         heartbeat = self.build()
         self.metrics.observe_heartbeat(heartbeat)
         try:
@@ -285,7 +287,7 @@ class HeartbeatActor:
                 # The command executor waits for its deregistering beat: tagged, it can
                 # tell this process's beat from one sent with a copy of the node key.
                 tag=self.events.session.headers,
-                timeout=self.ack_wait,
+                timeout=self.ack_wait if ack_wait is None else ack_wait,
             )
         except (nats.errors.Error, TimeoutError) as exc:
             if unanswered(exc):
@@ -325,12 +327,17 @@ class HeartbeatActor:
         """The last heartbeat of this boot, marked ``stopping``, for a requested stop: the
         aggregators mark the node ``stopped`` instead of calling it stale when the
         heartbeat's TTL runs out. Sent only by an actor that has beaten (one that never
-        did has no record to say goodbye to); a failure is logged, as any beat's."""
+        did has no record to say goodbye to); a failure is logged, as any beat's. It and
+        the beat in flight it waits for share one :attr:`ack_wait`, so a stop takes no
+        longer than before (systemd's TimeoutStopSec counts it); one left no time is
+        still sent, its acknowledgement not waited for."""
         if self._last_ts is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ack_wait
         async with self._one_beat:
             self.stopping = True
-            await self._send()
+            await self._send(ack_wait=max(0.0, deadline - loop.time()))
 
     async def run(self, ready: Callable[[], None]) -> None:
         routes = {

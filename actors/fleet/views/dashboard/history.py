@@ -8,12 +8,14 @@ beat per configured ``interval`` (an agent beats at once after a health change: 
 beat is not a shorter cadence, and a silence still shows as a longer one). Points of all nodes share
 one clock (:attr:`History.times`), so a node keeps only its values, packed as
 :data:`POINT` says (7 bytes a point, each figure at the precision its source has: NVML
-reads whole degrees, percent and watts), in one ``bytearray`` used as a ring, behind the
+reads whole degrees, percent and watts), in a ring of bytes, behind the
 (ts, seq) of the heartbeat its last point came from and that heartbeat's share of the
-fleet's totals (so a node that sent nothing since costs no decode). With the default 60
-points that is 448 bytes a node (about 510 with the bytearray and its dict entry): 51 MB
-at 100,000 nodes, reported by ``bytes_per_node`` and measured in
-``tests/bench/bench_dashboard.py``.
+fleet's totals (so a node that sent nothing since costs no decode). A node's ring is a
+row of a few large ``bytearray`` blocks shared by all nodes (:data:`BLOCK_ROWS` rows each),
+not an object of its own: with the default 60 points that is 452 bytes a node plus its
+row number and dict entry (a ``bytearray`` a node cost 56 bytes more for its object and
+the allocator's rounding of its buffer), about 48 MB at 100,000 nodes, reported by
+``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ decoded (:meth:`History.again`)."""
 HEAD = LAST.size + SHARE.size
 """Bytes ahead of a node's points."""
 EMPTY = POINT.pack(*(packing.missing for packing in PACKINGS))
+BLOCK_ROWS = 1024
+"""Nodes' rings per block (about 460 KB with 60 points): the blocks grow one at a time,
+so at most one block's rows stand empty (a single growing ``bytearray`` over-allocates
+by an eighth); the rows of nodes forgotten are used again before a block is added."""
 
 
 @dataclass(frozen=True)
@@ -119,35 +125,59 @@ class History:
         """When each slot was sampled (NaN: not yet)."""
         self.head = 0
         """The slot the next sample goes to."""
-        self.nodes: dict[str, bytearray] = {}
-        """Per node, :data:`LAST` then ``points`` points of :data:`POINT`."""
+        self.row_size = HEAD + points * POINT.size
+        """A ring's bytes: :data:`LAST`, :data:`SHARE`, then ``points`` points of
+        :data:`POINT`."""
+        self.nodes: dict[str, int] = {}
+        """Per node, the row its ring is in."""
+        self._blocks: list[bytearray] = []
+        self._free: list[int] = []
+        """Rows of nodes forgotten, used again first."""
+
+    def _ring(self, row: int) -> tuple[bytearray, int]:
+        """The block row ``row`` is in, and the row's offset in it."""
+        block, index = divmod(row, BLOCK_ROWS)
+        return self._blocks[block], index * self.row_size
+
+    def _new_row(self) -> int:
+        if self._free:
+            row = self._free.pop()
+        else:
+            row = len(self.nodes)
+            if row == len(self._blocks) * BLOCK_ROWS:
+                self._blocks.append(bytearray(BLOCK_ROWS * self.row_size))
+        block, offset = self._ring(row)
+        block[offset : offset + self.row_size] = bytes(HEAD) + EMPTY * self.points
+        return row
 
     def begin(self, now: float) -> int:
         """Start a round of samples taken at ``now``; the slot they go to."""
         slot = self.head
         self.times[slot] = now
         self.head = (slot + 1) % self.points
-        offset = HEAD + slot * POINT.size
-        for ring in self.nodes.values():
-            ring[offset : offset + POINT.size] = EMPTY
+        at = HEAD + slot * POINT.size
+        for row in self.nodes.values():
+            block, offset = self._ring(row)
+            block[offset + at : offset + at + POINT.size] = EMPTY
         return slot
 
     def put(self, slot: int, node: str, beat: Heartbeat) -> int:
         """Node ``node``'s point of the round at ``slot``, from its latest heartbeat; the
         heartbeats it sent since its last point (0 for its first)."""
-        ring = self.nodes.get(node)
+        row = self.nodes.get(node)
         previous: tuple[float, int] | None = None
-        if ring is None:
-            ring = bytearray(HEAD) + EMPTY * self.points
-            self.nodes[sys.intern(node)] = ring
+        if row is None:
+            row = self.nodes[sys.intern(node)] = self._new_row()
+            block, offset = self._ring(row)
         else:
-            previous = LAST.unpack_from(ring)
+            block, offset = self._ring(row)
+            previous = LAST.unpack_from(block, offset)
         sample = point(beat, previous)
-        LAST.pack_into(ring, 0, beat.ts, beat.seq)
-        SHARE.pack_into(ring, LAST.size, *share_of(beat))
+        LAST.pack_into(block, offset, beat.ts, beat.seq)
+        SHARE.pack_into(block, offset + LAST.size, *share_of(beat))
         figures = zip(PACKINGS, sample.values(), strict=True)
         packed = (packing.pack(value) for packing, value in figures)
-        POINT.pack_into(ring, HEAD + slot * POINT.size, *packed)
+        POINT.pack_into(block, offset + HEAD + slot * POINT.size, *packed)
         return max(0, beat.seq - previous[1]) if previous is not None else 0
 
     def again(self, slot: int, node: str, seq: int) -> Share | None:
@@ -156,31 +186,41 @@ class History:
         again, without an interval (no beat since), and that heartbeat's share of the
         totals; None when it sent another since (or has no point yet): then it is
         :meth:`put`."""
-        ring = self.nodes.get(node)
-        if ring is None or LAST.unpack_from(ring)[1] != seq:
+        row = self.nodes.get(node)
+        if row is None:
             return None
-        before = (slot - 1) % self.points
-        *figures, _ = POINT.unpack_from(ring, HEAD + before * POINT.size)
-        POINT.pack_into(ring, HEAD + slot * POINT.size, *figures, PACKINGS[-1].missing)
-        return Share(*SHARE.unpack_from(ring, LAST.size))
+        block, offset = self._ring(row)
+        if LAST.unpack_from(block, offset)[1] != seq:
+            return None
+        before = offset + HEAD + (slot - 1) % self.points * POINT.size
+        *figures, _ = POINT.unpack_from(block, before)
+        at = offset + HEAD + slot * POINT.size
+        POINT.pack_into(block, at, *figures, PACKINGS[-1].missing)
+        return Share(*SHARE.unpack_from(block, offset + LAST.size))
 
     def keep_only(self, nodes: set[str]) -> None:
-        """Forget the nodes not in ``nodes`` (gone, or no longer held)."""
+        """Forget the nodes not in ``nodes`` (gone, or no longer held); their rows are
+        used again by the next nodes, and every block is let go once no node is left
+        (the blocks stay at the most nodes held since: at most MAX_NODES)."""
         for node in [node for node in self.nodes if node not in nodes]:
-            del self.nodes[node]
+            self._free.append(self.nodes.pop(node))
+        if not self.nodes:
+            self._blocks.clear()
+            self._free.clear()
 
     def series(self, node: str) -> list[list[tuple[float, float]]]:
         """Per :data:`SERIES`, the node's (time, value) points, oldest first."""
-        ring = self.nodes.get(node)
+        row = self.nodes.get(node)
         out: list[list[tuple[float, float]]] = [[] for _ in SERIES]
-        if ring is None:
+        if row is None:
             return out
+        block, offset = self._ring(row)
         for step in range(self.points):
             slot = (self.head + step) % self.points
             when = self.times[slot]
             if math.isnan(when):
                 continue
-            raws: Sequence[int] = POINT.unpack_from(ring, HEAD + slot * POINT.size)
+            raws: Sequence[int] = POINT.unpack_from(block, offset + HEAD + slot * POINT.size)
             for values, packing, raw in zip(out, PACKINGS, raws, strict=True):
                 value = packing.unpack(raw)
                 if value is not None:
@@ -188,8 +228,6 @@ class History:
         return out
 
     def bytes_per_node(self) -> int:
-        """Bytes one node's history holds in its own object (its bytearray); the dict's
-        entry comes on top (measured by the benchmark)."""
-        if not self.nodes:
-            return 0
-        return sys.getsizeof(next(iter(self.nodes.values())))
+        """Bytes one node's ring holds in the blocks; its row number and dict entry come
+        on top (measured by the benchmark)."""
+        return self.row_size if self.nodes else 0
