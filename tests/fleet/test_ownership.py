@@ -317,38 +317,6 @@ async def test_clean_stop_hands_over_at_once_and_an_old_heartbeat_replayed_is_re
     assert records.records[node].last_seq > old_seq
 
 
-async def test_a_stop_slower_than_a_lease_still_hands_over_by_release(
-    fleet: Fleet, bus: NatsBus, prefix: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An aggregator whose partitions' work takes twice a lease's ttl to stop (a busy
-    machine's stop) renews its leases meanwhile and then releases them: the other takes
-    each as a free key, none by waiting it out (before, every one ran out first)."""
-    nodes = Nodes(bus, prefix)
-    await nodes.approve()
-    buses = [await fleet.connect(f"aggregator-{i}") for i in range(2)]
-    supervisors = [await fleet.start_aggregator(b) for b in buses]
-    actors = [actor_of(s) for s in supervisors]
-    await wait_for(lambda: split(actors) == [4, 4], timeout=6 * TTL)
-    leaving, staying = actors
-    partitions = leaving.ownership.partitions
-    assert partitions is not None
-    lose = partitions._lose
-
-    async def slow_lose(held: set[int]) -> None:
-        await asyncio.sleep(2 * TTL)  # the slow stop is the subject
-        await lose(held)
-
-    partitions._lose = slow_lose
-    caplog.set_level(logging.WARNING, logger=lease.__name__)
-    logged = len(caplog.records)
-    await supervisors[0].stop(timeout=30)
-    await wait_for(lambda: split([staying]) == [N], timeout=4 * TTL)
-    taken_over = [
-        r for r in caplog.records[logged:] if r.getMessage() == "heartbeat lease taken over"
-    ]
-    assert taken_over == [], "a lease was waited out, not released at the stop"
-
-
 async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no_watch(
     fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,10 +27,6 @@ HARNESS = (
 STAND_IN = "a stand-in server's behaviour: answering late, or never, is what it plays"
 
 ALLOWED: dict[tuple[str, str], str] = {
-    (
-        "tests/fleet/test_ownership.py",
-        "await asyncio.sleep(2 * TTL)  # the slow stop is the subject",
-    ): "an aggregator's stop slower than a lease: its length is the subject",
     ("tests/support/fleet.py", "await asyncio.sleep(interval)"): "wait_for's own poll",
     ("tests/support/fleet.py", "time.sleep(interval)"): "poll's own poll",
     ("tests/support/metadata_fakes.py", "await asyncio.sleep(failure)"): STAND_IN,

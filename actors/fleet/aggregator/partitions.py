@@ -31,7 +31,7 @@ from actors.fleet.aggregator.lease import Lease
 from actors.fleet.storage.leases import decode_lease
 from actors.runtime import kv
 from actors.runtime.bus import Bus, unanswered
-from actors.runtime.schedule import stop_if_cancelled, wait_or_timeout
+from actors.runtime.schedule import stop_if_cancelled
 from schemas import codec
 from schemas.messages import AggregatorLease
 from schemas.subjects import lease_key, member_key
@@ -99,16 +99,7 @@ class Partitions:
         held = set(self.held)
         self.held.clear()
         if held:
-            # Renewed while their work stops, which on a busy machine can outlast what is
-            # left of a lease: one run out would be waited out by the next owner instead
-            # of taken at once as released.
-            stopped = asyncio.Event()
-            renewing = asyncio.create_task(self._renew_until(held, stopped))
-            try:
-                await self._lose(held)
-            finally:
-                stopped.set()  # not cancelled: a renewal cut off may move the revision
-                await renewing  # the release below names
+            await self._lose(held)
         await asyncio.gather(*(self.leases[p].release() for p in held))
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             async with asyncio.timeout(self.ttl / 3):
@@ -124,13 +115,6 @@ class Partitions:
             fences = [self.leases[p].fence_at() for p in self.held]
             wake = min([time.monotonic() + self.ttl / 8, *fences])
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
-
-    async def _renew_until(self, partitions: set[int], stopped: asyncio.Event) -> None:
-        """Renew the leases of ``partitions`` that fall due until ``stopped`` is set."""
-        while not stopped.is_set():
-            due = [p for p in partitions if self.leases[p].renewal_due()]
-            await asyncio.gather(*(self.leases[p].renew() for p in due))
-            await wait_or_timeout(stopped, self.ttl / 8)
 
     async def keep(self) -> None:
         """Renew the membership and every held lease that is due, concurrently (each
