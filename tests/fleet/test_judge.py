@@ -264,6 +264,22 @@ def test_a_ttl_marker_makes_a_live_node_stale_and_a_forged_one_is_told() -> None
     assert judge.marker(result.record, "MaxAge", b"", again, moment(NOW)) is None
 
 
+def test_a_stale_verdict_is_carried_onto_a_record_judged_further_only_if_it_ran_out() -> None:
+    """A view gone stale at NOW whose write finds a record judged further: that record is
+    stale at NOW too when its own last beat's stale_after had run out by then; not when
+    the node beat later, nor onto a record stale already, nor from a view not stale."""
+    stale_after = beat(2).stale_after
+    mine = record_state.with_state(state_after(2).record, stale_since=NOW)
+    ran_out = state_after(5, stream_seq=20, stored=NOW - stale_after).record
+    carried = judge.stale_carried(mine, ran_out)
+    assert carried is not None
+    assert carried.stale_since == NOW and carried.state == "stale" and carried.last_seq == 5
+    beat_later = state_after(5, stream_seq=20, stored=NOW - stale_after / 4).record
+    assert judge.stale_carried(mine, beat_later) is None
+    assert judge.stale_carried(mine, carried) is None
+    assert judge.stale_carried(state_after(2).record, ran_out) is None
+
+
 def test_judged_before_needs_both_the_sequence_and_the_time() -> None:
     """A heartbeat at or before the last accepted stream seq and stored no later was
     judged before; a stream made again (seqs from 1, stored later) was not."""

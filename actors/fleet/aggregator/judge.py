@@ -27,6 +27,8 @@ acts on each):
   them and judges again with ``Moment.fetched``.
 - :func:`marker`: a TTL marker's :class:`Verdict` (the record gone stale), None when it
   changes nothing, or :class:`Forged` when it cannot be the server's.
+- :func:`stale_carried`: a stale verdict whose write found the record judged further
+  (this owner's view was older than the store), carried onto the stored record.
 
 Signatures are checked before this (:mod:`actors.fleet.aggregator.verify`). Tested with
 plain values (tests/fleet/test_judge.py).
@@ -323,6 +325,25 @@ def marker(
         },
     )
     return Verdict(stale, [alert], True)
+
+
+def stale_carried(mine: NodeRecord, stored: NodeRecord) -> NodeRecord | None:
+    """``stored`` gone stale when ``mine`` did, for an owner's view ``mine`` made stale
+    (its alert raised) whose write found ``stored`` judged further: the view was older
+    than the store (a write of an earlier tenure landed after this owner read the record,
+    or the read was answered by a replica behind the stream's leader). The silence is the
+    node's whichever view saw it, so ``stored`` is stale at ``mine.stale_since`` too if
+    its own last heartbeat's ``stale_after`` had run out by then; else (the node beat
+    later, or ``stored`` is not live: stale already, deregistered, stopped) None."""
+    since = mine.stale_since
+    if since is None or mine.offline_since is not None or stored.heartbeat is None:
+        return None
+    if stored.stale_since is not None or stored.deregistered or stored.stopped_since:
+        return None
+    last = stored.last_stored if stored.last_stored is not None else stored.last_seen
+    if since - last < stored.heartbeat.stale_after - MARKER_TOLERANCE:
+        return None
+    return record_state.with_state(stored, stale_since=since)
 
 
 def judged_before(record: NodeRecord, stored: Stored) -> bool:

@@ -12,7 +12,7 @@ import time
 
 import nats.errors
 
-from actors.fleet.aggregator import hot_state
+from actors.fleet.aggregator import hot_state, judge
 from actors.fleet.aggregator.hot_state import NodeState, slim
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.storage.node_store import NodeStore
@@ -149,12 +149,17 @@ class RecordWrites:
         known = state.stored
         superseded = False
         unchanged = False
+        carried: NodeRecord | None = None
 
         def change(stored: NodeRecord | None) -> NodeRecord | None:
-            nonlocal mine, kept, superseded, unchanged
+            nonlocal mine, kept, superseded, unchanged, carried
             superseded = stored is not None and judged_past(stored, state.record)
-            if superseded:
-                return None
+            if stored is not None and superseded:
+                # A stale verdict (its alert raised) stands for the stored record too when
+                # that one's heartbeat ran out as well: written stale, so the node's return
+                # raises its `recovered`.
+                carried = judge.stale_carried(state.record, stored)
+                return carried
             mine, kept = self._render(state, stored, read=True)
             # Stored already (a batched write whose answer was lost, then taken the
             # careful way): writing it again would change nothing but the revision.
@@ -164,6 +169,13 @@ class RecordWrites:
             return None if unchanged else hot_state.full(kept, state.body, self.nodes.bodies)
 
         before, written, revision = await self.store.update(node, change)
+        if superseded and carried is not None and written is not None:
+            log.warning(
+                "record judged further by another owner; its stale state carried onto it",
+                extra={"node": node, "last_seq": state.record.last_seq, "stored": carried.last_seq},
+            )
+            self._took_stored(node, carried, revision)
+            return
         if superseded:
             # Another owner judged later heartbeats of this node (this one was paused or
             # cut off past its lease, and its write came late): writing would put the
@@ -183,6 +195,18 @@ class RecordWrites:
             kept if written is not None or unchanged else None,
             revision,
         )
+
+    def _took_stored(self, node: str, record: NodeRecord, revision: int | None) -> None:
+        """``record``, just written at ``revision`` over the record judged further than
+        this owner's view, is the view now (the node's next heartbeat is judged on it)."""
+        if node not in self.nodes:
+            return  # let go meanwhile (its partition lost)
+        state = hot_state.from_record(record, time.monotonic(), self.nodes.bodies)
+        state.revision = revision
+        self.nodes[node] = state
+        self.metrics.record_writes.inc()
+        for listener in self.nodes.listeners:
+            listener(node)
 
     def _render(
         self, state: NodeState, stored: NodeRecord | None, read: bool
