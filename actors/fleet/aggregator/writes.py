@@ -1,7 +1,9 @@
 """Writes of the ledger's records to ``fleet_nodes``, by compare-and-set: those whose
 stored revision the owner knows batched per turn of the event loop, the others read and
 written the careful way, the steady ones once per ``checkpoint_interval``. An operator's
-change written meanwhile (a forget, a re-admission) is kept, never undone.
+change written meanwhile (a forget, a re-admission) is kept, never undone. A record another
+owner judged further is never written back: this owner's view is dropped, or its stale
+verdict carried onto that record (:func:`judge.stale_carried`).
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class RecordWrites:
                 # A stale verdict (its alert raised) stands for the stored record too when
                 # that one's heartbeat ran out as well: written stale, so the node's return
                 # raises its `recovered`.
-                carried = judge.stale_carried(state.record, stored)
+                mine = state.record
+                carried = judge.stale_carried(mine, stored)
                 return carried
             mine, kept = self._render(state, stored, read=True)
             # Stored already (a batched write whose answer was lost, then taken the
@@ -174,7 +177,7 @@ class RecordWrites:
                 "record judged further by another owner; its stale state carried onto it",
                 extra={"node": node, "last_seq": state.record.last_seq, "stored": carried.last_seq},
             )
-            self._took_stored(node, carried, revision)
+            self._took_stored(node, state, mine, carried, revision)
             return
         if superseded:
             # Another owner judged later heartbeats of this node (this one was paused or
@@ -196,17 +199,29 @@ class RecordWrites:
             revision,
         )
 
-    def _took_stored(self, node: str, record: NodeRecord, revision: int | None) -> None:
-        """``record``, just written at ``revision`` over the record judged further than
-        this owner's view, is the view now (the node's next heartbeat is judged on it)."""
-        if node not in self.nodes:
-            return  # let go meanwhile (its partition lost)
-        state = hot_state.from_record(record, time.monotonic(), self.nodes.bodies)
-        state.revision = revision
-        self.nodes[node] = state
+    def _took_stored(
+        self,
+        node: str,
+        state: NodeState,
+        mine: NodeRecord | None,
+        record: NodeRecord,
+        revision: int | None,
+    ) -> None:
+        """``record``, written at ``revision`` over the record judged further than the
+        view ``mine`` of ``state``, is the view now (the node's next heartbeat is judged
+        on it). A view that changed meanwhile (a heartbeat judged on it while writing) is
+        dropped instead: the next heartbeat reads the record afresh."""
         self.metrics.record_writes.inc()
         for listener in self.nodes.listeners:
             listener(node)
+        if self.nodes.get(node) is not state:
+            return  # let go meanwhile (its partition lost)
+        if state.record is not mine:
+            self.ledger.superseded(node)
+            return
+        taken = hot_state.from_record(record, time.monotonic(), self.nodes.bodies)
+        taken.revision = revision
+        self.nodes[node] = taken
 
     def _render(
         self, state: NodeState, stored: NodeRecord | None, read: bool
