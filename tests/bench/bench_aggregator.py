@@ -8,7 +8,7 @@ goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
 
 - ``--fleet``: the same-run ratio as a fleet meets it (issue 48): one aggregator as
   shipped, ``--fleet-nodes`` (5,000) nodes of 8 fake GPUs at ``--fleet-rate`` (1,500/s)
-  for ``--fleet-duration`` (45 s), ``--runs`` (5) runs on fresh servers: CPU per
+  for ``--fleet-duration`` (60 s), ``--runs`` (5) runs on fresh servers: CPU per
   accepted heartbeat once every node had beaten twice and the server held every node's
   command consumer (as in a running fleet) ÷ a bare PyNaCl verify timed in the same
   seconds, each run's ratio, their median and range; beside it the ratio from every
@@ -145,7 +145,7 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--fleet-nodes", type=int, default=5000, help="nodes of --fleet")
     parser.add_argument("--fleet-rate", type=float, default=1500.0, help="beats/s of --fleet")
     parser.add_argument(
-        "--fleet-duration", type=float, default=45.0, help="seconds of each --fleet run"
+        "--fleet-duration", type=float, default=60.0, help="seconds of each --fleet run"
     )
     parser.add_argument("--runs", type=int, default=5, help="--fleet: runs (default 5)")
     parser.add_argument("--big-nodes", type=int, default=100_000, help="nodes of --big/--cold")
