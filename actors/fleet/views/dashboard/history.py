@@ -1,7 +1,7 @@
 """The dashboard's charts' memory: the last hour of a few figures per node, bounded.
 
-Every ``interval`` seconds the sampler takes one point of every node it is given (the
-nodes this aggregator holds): health score, hottest GPU temperature, mean GPU
+Every ``interval`` seconds the sampler takes one point of each node that changed (of the
+nodes this aggregator holds; the others repeat theirs, :class:`History`): health score, hottest GPU temperature, mean GPU
 utilisation, GPU power in all, and the heartbeat interval seen since the last point:
 the time between the two heartbeats over the beats between them, counting at most one
 beat per configured ``interval`` (an agent beats at once after a health change: such a
@@ -12,7 +12,7 @@ reads whole degrees, percent and watts), in a ring of bytes, behind the
 (ts, seq) of the heartbeat its last point came from and that heartbeat's share of the
 fleet's totals (so a node that sent nothing since costs no decode). A node's ring is a
 row of a few large ``bytearray`` blocks shared by all nodes (:data:`BLOCK_ROWS` rows each),
-not an object of its own: with the default 60 points that is 452 bytes a node plus its
+not an object of its own: with the default 60 points that is 461 bytes a node plus its
 row number and dict entry (a ``bytearray`` a node cost 56 bytes more for its object and
 the allocator's rounding of its buffer), about 48 MB at 100,000 nodes, reported by
 ``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
