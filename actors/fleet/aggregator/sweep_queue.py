@@ -1,6 +1,6 @@
 """Which held nodes a full sweep looks at: those whose records changed since the last
-one, those whose time rules may fire by now, and the pending ones (the registration cap's
-count), not every node.
+one and those whose time rules may hold by now, not every node; and the pending ones, whose
+records the registration cap's count is taken from.
 
 The full sweep's rules that fire on time alone (:mod:`~actors.fleet.aggregator.sweeps`):
 a live node silent for twice its ``stale_after`` plus the grace though no TTL marker came,
@@ -52,8 +52,8 @@ class SweepQueue:
         self._due: dict[int, list[str]] = {}
         self._seconds: list[int] = []
         self.pending: set[str] = set()
-        """Nodes pending when last looked at: a full sweep looks at each (the count of
-        pending names is taken from them; a registration cap keeps them few)."""
+        """Nodes pending when last looked at (:meth:`pending_records`; ``max_pending``
+        keeps them few)."""
         nodes.followers.append(self._note)
         nodes.listeners.append(self._note)
 
@@ -74,8 +74,19 @@ class SweepQueue:
                 if state is not None and state.due == second:
                     state.due = 0
                     found.add(node)
-        found.update(self.pending)
         return list(found)
+
+    def pending_records(self) -> list[NodeRecord]:
+        """The records of the nodes pending when last looked at that still are (the
+        others leave the set): what the count of pending names is taken from."""
+        records = []
+        for node in list(self.pending):
+            state = self._nodes.get(node)
+            if state is None or state.record.state != "pending":
+                self.pending.discard(node)
+            else:
+                records.append(state.record)
+        return records
 
     def put(self, node: str) -> None:
         """The full sweep looked at ``node``: queued for when its time rules may next

@@ -159,7 +159,7 @@ class Sweeps:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
         aggregator saw go stale are checked, unless ``everything``: then records
         registered elsewhere since the last are taken into memory, and of the nodes
-        changed since, due or pending (:class:`SweepQueue`: every node at the first) the
+        changed since or due (:class:`SweepQueue`: every node at the first) the
         silent ones whose TTL marker never came are marked stale (see
         :func:`silent_without_marker`), pending records older than
         ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
@@ -184,7 +184,6 @@ class Sweeps:
             await self.reads.take_in_new(self.ownership.owns)
         candidates = self.queue.take(now) if everything else list(ledger.stale)
         expire_after = self.config.pending_expire_after
-        pending: list[NodeRecord] = []
         for step, node in enumerate(candidates, 1):
             await take_turn(step, SWEPT_PER_TURN)
             state = ledger.nodes.get(node)
@@ -202,8 +201,6 @@ class Sweeps:
                     ledger.nodes.pop(node, None)
                     self.queue.put(node)
                     continue
-            if before.state == "pending":
-                pending.append(before)
             after = change(before)
             if after is not None:
                 state.record = after
@@ -237,7 +234,7 @@ class Sweeps:
             if everything:
                 self.queue.put(node)
         if everything:
-            ledger.pending.recount(pending)
+            ledger.pending.recount(self.queue.pending_records())
 
     async def sweep_refused(self) -> None:
         """Refused nodes whose last accepted heartbeat is older than its ``stale_after``

@@ -1,8 +1,9 @@
 """The dashboard's charts' memory: the last hour of a few figures per node, bounded.
 
 Every ``interval`` seconds the sampler takes one point of each node that changed (of the
-nodes this aggregator holds; the others repeat theirs, :class:`History`): health score, hottest GPU temperature, mean GPU
-utilisation, GPU power in all, and the heartbeat interval seen since the last point:
+nodes this aggregator holds; the others repeat theirs, :class:`History`): health score,
+hottest GPU temperature, mean GPU utilisation, GPU power in all, and the heartbeat
+interval seen since the last point:
 the time between the two heartbeats over the beats between them, counting at most one
 beat per configured ``interval`` (an agent beats at once after a health change: such a
 beat is not a shorter cadence, and a silence still shows as a longer one). Points of all nodes share
