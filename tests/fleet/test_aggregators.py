@@ -222,8 +222,8 @@ async def test_a_full_sweep_looks_only_at_the_nodes_changed_due_or_pending(
 ) -> None:
     """After the first full sweep (every node), a full sweep looks at the nodes changed
     since and those whose silence rule may hold by now, and at no other (the pending
-    ones still counted); a node left untouched is still marked stale once its time
-    comes."""
+    ones counted again only when something changed or came due); a node left untouched
+    is still marked stale once its time comes."""
     aggregator = new_aggregator(bus, prefix, full_sweep_interval=0.5)
     subjects = Subjects(prefix)
     bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
@@ -258,6 +258,17 @@ async def test_a_full_sweep_looks_only_at_the_nodes_changed_due_or_pending(
     await aggregator.sweeps.sweep(everything=True)
     assert looked == []
     assert aggregator.ledger.pending.names == 1  # counted without a look at each node
+    recount = aggregator.ledger.pending.recount
+    counts: list[int] = []
+    monkeypatch.setattr(
+        aggregator.ledger.pending, "recount", lambda records: counts.append(len(list(records)))
+    )
+    await aggregator.sweeps.sweep(everything=True)
+    assert counts == []  # nothing changed or due: the count stands
+    await bucket.put("later", codec.encode(record_rules.pending_record("later", "c1")))
+    await aggregator.sweeps.sweep(everything=True)
+    assert counts == [2]
+    monkeypatch.setattr(aggregator.ledger.pending, "recount", recount)
 
     async def soon_stale() -> bool:
         await aggregator.sweeps.sweep(everything=True)

@@ -233,7 +233,8 @@ class Sweeps:
                 await self.writes.write(node)
             if everything:
                 self.queue.put(node)
-        if everything:
+        if everything and candidates:
+            # With no node changed or due since the last count, it would count the same.
             ledger.pending.recount(self.queue.pending_records())
 
     async def sweep_refused(self) -> None:
