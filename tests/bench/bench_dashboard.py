@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.views.dashboard import parts
 from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
-from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, points_for
+from actors.fleet.views.dashboard.fleet_history import FleetHistory, Kept, points_for, share_of
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.render import Query
 from actors.runtime.bus import NatsBus
@@ -67,9 +67,9 @@ def history_bytes(nodes: int, points: int) -> float:
     history = History(points)
     names = [f"node-{i}" for i in range(nodes)]
     for _ in range(points):
-        slot = history.begin(time.time())
+        history.begin(time.time())
         for name in names:
-            history.put(slot, name, beat)
+            history.put(name, beat)
     used = tracemalloc.get_traced_memory()[0] - before - sum(map(sys.getsizeof, names))
     tracemalloc.stop()
     return used / nodes
@@ -77,8 +77,9 @@ def history_bytes(nodes: int, points: int) -> float:
 
 def fleet_history_bytes(interval: float) -> float:
     """Bytes of the fleet's history, every point of its day filled, measured."""
-    totals = GpuTotals()
-    totals.add(heartbeat("n0"), 1)
+    kept = Kept()
+    kept.add(share_of(heartbeat("n0")))
+    totals = kept.totals(1)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     history = FleetHistory(points_for(interval))

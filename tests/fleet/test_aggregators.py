@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.fleet import record_state
-from actors.fleet.aggregator import record_rules
+from actors.fleet.aggregator import record_rules, sweeps
 from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.records import read_record
@@ -21,6 +21,7 @@ from actors.fleet.storage.registry import approve
 from actors.runtime import kv
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
+from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 from tests.fleet.test_aggregator import watch_alerts
 from tests.support.fleet import (
@@ -214,3 +215,65 @@ async def test_a_full_sweep_reads_only_the_records_written_since_the_last(
     await aggregator.sweeps.sweep(everything=True)
     assert read == ["n3"]
     assert "n3" in aggregator.ledger.nodes
+
+
+async def test_a_full_sweep_looks_only_at_the_nodes_changed_due_or_pending(
+    bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first full sweep (every node), a full sweep looks at the nodes changed
+    since and those whose silence rule may hold by now, and at no other (the pending
+    ones counted again only when something changed or came due); a node left untouched
+    is still marked stale once its time comes."""
+    aggregator = new_aggregator(bus, prefix, full_sweep_interval=0.5)
+    subjects = Subjects(prefix)
+    bucket = await bus.kv(subjects.bucket_name(BUCKET_NODES))
+    now = time.time()
+
+    def live(node: str, seen: float, stale_after: float) -> bytes:
+        beat = heartbeat(node, stale_after=stale_after)
+        return codec.encode(
+            record_rules.accept(record_rules.pending_record(node, "c1"), beat, "U", seen)
+        )
+
+    await bucket.put("quiet", live("quiet", now, 60.0))  # due in 2 minutes
+    await bucket.put("soon", live("soon", now - 12.5, 10.0))  # due in 8 s
+    await bucket.put("silent", live("silent", now - 3600, 1.0))
+    await bucket.put("new", codec.encode(record_rules.pending_record("new", "c1")))
+    await aggregator.reads.load(set(range(TEST_LIMITS.partitions)), TEST_LIMITS.partitions)
+    looked: list[str] = []
+    pending_expired = sweeps.pending_expired
+
+    def counted(record: NodeRecord, now: float, expire_after: float) -> bool:
+        looked.append(record.node_id)
+        return pending_expired(record, now, expire_after)
+
+    monkeypatch.setattr(sweeps, "pending_expired", counted)
+    await aggregator.sweeps.sweep(everything=True)
+    assert sorted(looked) == ["new", "quiet", "silent", "soon"]
+    assert (await read_record(bus, subjects, "silent")).state == "stale"
+    looked.clear()
+    await aggregator.sweeps.sweep(everything=True)
+    assert looked == ["silent"]  # written by the sweep before
+    looked.clear()
+    await aggregator.sweeps.sweep(everything=True)
+    assert looked == []
+    assert aggregator.ledger.pending.names == 1  # counted without a look at each node
+    recount = aggregator.ledger.pending.recount
+    counts: list[int] = []
+    monkeypatch.setattr(
+        aggregator.ledger.pending, "recount", lambda records: counts.append(len(list(records)))
+    )
+    await aggregator.sweeps.sweep(everything=True)
+    assert counts == []  # nothing changed or due: the count stands
+    await bucket.put("later", codec.encode(record_rules.pending_record("later", "c1")))
+    await aggregator.sweeps.sweep(everything=True)
+    assert counts == [2]
+    monkeypatch.setattr(aggregator.ledger.pending, "recount", recount)
+
+    async def soon_stale() -> bool:
+        await aggregator.sweeps.sweep(everything=True)
+        return (await read_record(bus, subjects, "soon")).state == "stale"
+
+    await wait_for(soon_stale, interval=0.5)
+    assert "quiet" not in looked
+    assert (await read_record(bus, subjects, "quiet")).state != "stale"

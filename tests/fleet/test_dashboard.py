@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from actors.fleet.aggregator.actor import AggregatorActor
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.live.state_index import index_key
 from actors.fleet.metrics import AggregatorMetrics
@@ -31,6 +32,7 @@ from schemas.fleet_index import PartitionIndex
 from schemas.messages import MaintenanceWindow, NodeRecord
 from schemas.subjects import BUCKET_INDEX, BUCKET_MAINTENANCE, EVENT_INJECT, Subjects
 from schemas.xid_catalog import XID_TABLE
+from tests.fleet.test_aggregator import publish
 from tests.support.dashboard import basic, client, link, logged_in, start_dashboard
 from tests.support.fleet import (
     HANG,
@@ -307,3 +309,53 @@ async def test_the_fleet_chart_counts_states_from_the_state_index(fleet: Fleet) 
     assert indexed._snapshot is None
     assert indexed.fleet_history.latest("active") == 7
     assert indexed.fleet_history.latest("stale or offline") == 1
+
+
+async def test_a_sample_looks_only_at_the_nodes_that_changed(fleet: Fleet) -> None:
+    """After the first round, a round of the charts' history looks at the nodes beaten,
+    taken in or let go since the last one and at no other: an idle round looks at none,
+    and the quiet nodes' points and share of the totals are repeated as they were."""
+    subjects = Subjects(fleet.prefix)
+    keys = {node: signing.KeyPair.generate() for node in ("n1", "n2")}
+    for node, key in keys.items():
+        await approve(fleet.bus, subjects, node, key.public_key)
+    owner = await fleet.start_aggregator(checkpoint_interval=120.0)
+    aggregator = owner.actors[0]
+    assert isinstance(aggregator, AggregatorActor)
+    assert isinstance(aggregator.metrics, AggregatorMetrics)
+
+    async def beat(node: str, seq: int) -> None:
+        body = codec.encode(heartbeat(node, seq, stale_after=60.0, interval=30.0))
+        await publish(fleet.bus, fleet.prefix, body, keys[node].headers(body), node)
+
+        def accepted() -> bool:
+            state = aggregator.ledger.nodes.get(node)
+            return state is not None and state.record.last_seq == seq
+
+        await wait_for(accepted)
+
+    for node in keys:
+        await beat(node, 1)
+    config = msgspec.structs.replace(aggregator.config, http_port=0)
+    api = FleetApiActor(config, fleet.bus, aggregator.metrics, dict, aggregator.view)
+    dashboard = DashboardActor(config, fleet.bus, api, HeldNodes(aggregator.view))
+    looked: list[str] = []
+    seq_of = dashboard.held.seq
+
+    def counted(node: str) -> int | None:
+        looked.append(node)
+        return seq_of(node)
+
+    dashboard.held.seq = counted  # type: ignore[method-assign]  # counts the nodes looked at
+    await dashboard._sample()
+    assert sorted(looked) == ["n1", "n2"]
+    looked.clear()
+    await dashboard._sample()
+    assert looked == []
+    assert dashboard.fleet_history.latest("nodes held") == 2
+    assert dashboard.history.current("n2", 1)
+    await beat("n1", 2)
+    await dashboard._sample()
+    assert looked == ["n1"]
+    assert dashboard.fleet_history.latest("nodes held") == 2
+    assert dashboard.history.current("n1", 2) and dashboard.history.current("n2", 1)

@@ -13,8 +13,9 @@ from actors.fleet.views.dashboard.charts import Chart, Series, value_range
 from actors.fleet.views.dashboard.fleet_history import (
     COLUMNS,
     FleetHistory,
-    GpuTotals,
+    Kept,
     points_for,
+    share_of,
 )
 from tests.fleet.test_dashboard_history import beat
 
@@ -85,12 +86,12 @@ def test_the_fleet_history_is_per_fleet_and_says_a_day() -> None:
     of a fixed number of columns, whatever the fleet's size."""
     history = FleetHistory(points_for(60.0))
     assert history.points == 1440
-    first = GpuTotals()
-    first.add(beat(10, 1000.0, utilization_pct=40, power_w=300.0), 0)
-    history.add(START, {"active": 3, "stale": 2, "offline": 1, "cordoned": 1}, first)
-    second = GpuTotals()
-    second.add(beat(40, 1060.0, utilization_pct=60, power_w=500.0), 30)
-    history.add(START + 60, {"active": 4}, second)
+    first = Kept()
+    first.add(share_of(beat(10, 1000.0, utilization_pct=40, power_w=300.0)))
+    history.add(START, {"active": 3, "stale": 2, "offline": 1, "cordoned": 1}, first.totals(0))
+    second = Kept()
+    second.add(share_of(beat(40, 1060.0, utilization_pct=60, power_w=500.0)))
+    history.add(START + 60, {"active": 4}, second.totals(30))
     assert history.series("active", 0.0) == [(START, 3.0), (START + 60, 4.0)]
     assert history.series("stale or offline", 0.0) == [(START, 3.0), (START + 60, 0.0)]
     assert history.series("cordoned or draining", START + 30) == [(START + 60, 0.0)]

@@ -80,6 +80,9 @@ class NodeState:
     facts: int = 0
     """:func:`record_rules.decision_facts` of the last accepted heartbeat: a heartbeat
     that changes them is written at once (0: none known yet)."""
+    due: int = 0
+    """The second the full sweep next looks at the node for its time rules
+    (:mod:`~actors.fleet.aggregator.sweep_queue`); 0: not queued."""
 
 
 PACK_LEVEL = -1
@@ -153,11 +156,32 @@ class NodeTable(dict[str, NodeState]):
         self.listeners: list[Callable[[str], None]] = []
         """Called with a node's name each time its record was written (the views'
         ``Held.listen``)."""
+        self.followers: list[Callable[[str], None]] = []
+        """Called with a node's name each time it is taken in or let go, or a heartbeat
+        of it accepted (:meth:`changed`; the views' ``Held.follow``)."""
 
     def __setitem__(self, node: str, state: NodeState) -> None:
         # Interned, as the record's node_id (:func:`slim`), the trust cache's keys and the
         # subjects judged are: one string per node, not one per table holding it.
-        super().__setitem__(sys.intern(node), state)
+        node = sys.intern(node)
+        super().__setitem__(node, state)
+        self.changed(node)
+
+    def __delitem__(self, node: str) -> None:
+        super().__delitem__(node)
+        self.changed(node)
+
+    # Every caller passes a default; dict's overloads for the other forms are not needed.
+    def pop(self, node: str, default: NodeState | None = None) -> NodeState | None:  # type: ignore[override]
+        state = super().pop(node, default)
+        if state is not None:
+            self.changed(node)
+        return state
+
+    def changed(self, node: str) -> None:
+        """Tell the followers that ``node`` changed: taken in, let go or beaten."""
+        for follower in self.followers:
+            follower(node)
 
     def whole(self, state: NodeState) -> NodeRecord:
         """The node's whole current record (see :func:`full`)."""

@@ -80,6 +80,7 @@ class Ledger:
         state.fresh = False
         state.dirty = True
         self._accepted += 1
+        self.nodes.changed(node)
         if not verdict.write:
             self.checkpoints.push(node, state)
 

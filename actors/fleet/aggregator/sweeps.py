@@ -31,6 +31,7 @@ from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.retirement import Retirement
 from actors.fleet.aggregator.silence import StreamPulse
+from actors.fleet.aggregator.sweep_queue import SweepQueue, due
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.config import AggregatorConfig
@@ -119,6 +120,13 @@ class Sweeps:
         self.store = store
         self.alerts = alerts
         self.retirement = retirement
+        self.queue = SweepQueue(ledger.nodes, self._due)
+
+    def _due(self, record: NodeRecord) -> float | None:
+        config = self.config
+        return due(
+            record, config.full_sweep_interval, config.max_stale_after, config.pending_expire_after
+        )
 
     async def run(self) -> None:
         """Sweep every ``sweep_interval`` (in full every ``full_sweep_interval``) until
@@ -149,9 +157,10 @@ class Sweeps:
 
     async def sweep(self, everything: bool = False) -> None:
         """Stale records older than ``offline_after`` become offline. Only the nodes this
-        aggregator saw go stale are checked, unless ``everything``: then every record is
-        read (batched direct gets), records registered since are taken into memory, the
-        silent nodes whose TTL marker never came are marked stale (see
+        aggregator saw go stale are checked, unless ``everything``: then records
+        registered elsewhere since the last are taken into memory, and of the nodes
+        changed since or due (:class:`SweepQueue`: every node at the first) the
+        silent ones whose TTL marker never came are marked stale (see
         :func:`silent_without_marker`), pending records older than
         ``pending_expire_after`` are deleted and the pending ones left counted (the cap on
         registrations). The rules run on the owner's in-memory records."""
@@ -173,14 +182,15 @@ class Sweeps:
         ledger = self.ledger
         if everything and self.ownership.working():
             await self.reads.take_in_new(self.ownership.owns)
-        candidates = list(ledger.nodes) if everything else list(ledger.stale)
+        candidates = self.queue.take(now) if everything else list(ledger.stale)
         expire_after = self.config.pending_expire_after
-        pending: list[NodeRecord] = []
         for step, node in enumerate(candidates, 1):
             await take_turn(step, SWEPT_PER_TURN)
             state = ledger.nodes.get(node)
             if state is None:
                 ledger.stale.discard(node)
+                if everything:
+                    self.queue.put(node)
                 continue
             before = state.record
             if pending_expired(before, now, expire_after):
@@ -189,9 +199,8 @@ class Sweeps:
                 ):
                     log.info("pending registration expired", extra={"node": node})
                     ledger.nodes.pop(node, None)
+                    self.queue.put(node)
                     continue
-            if before.state == "pending":
-                pending.append(before)
             after = change(before)
             if after is not None:
                 state.record = after
@@ -222,8 +231,11 @@ class Sweeps:
                 )
             if after is not None:
                 await self.writes.write(node)
-        if everything:
-            ledger.pending.recount(pending)
+            if everything:
+                self.queue.put(node)
+        if everything and candidates:
+            # With no node changed or due since the last count, it would count the same.
+            ledger.pending.recount(self.queue.pending_records())
 
     async def sweep_refused(self) -> None:
         """Refused nodes whose last accepted heartbeat is older than its ``stale_after``

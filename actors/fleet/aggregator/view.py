@@ -54,3 +54,6 @@ class View:
 
     def listen(self, written: Callable[[str], None]) -> None:
         self._table.listeners.append(written)
+
+    def follow(self, changed: Callable[[str], None]) -> None:
+        self._table.followers.append(changed)

@@ -53,3 +53,9 @@ class Held(Protocol):
         record (a state or decision-fact change at once, the rest at its checkpoint):
         how a reader of the held nodes learns of a change without looking at each."""
         ...
+
+    def follow(self, changed: Callable[[str], None]) -> None:
+        """Have ``changed(node)`` called each time the aggregator takes a node in, lets
+        it go, or accepts a heartbeat of it: how a reader of the held nodes' heartbeats
+        learns what changed without looking at each."""
+        ...

@@ -61,7 +61,7 @@ from actors.fleet.views.dashboard import pages, panels, parts, render
 from actors.fleet.views.dashboard.attention import tally
 from actors.fleet.views.dashboard.conditions import Conditions
 from actors.fleet.views.dashboard.facts import Facts
-from actors.fleet.views.dashboard.fleet_history import FleetHistory, GpuTotals, points_for
+from actors.fleet.views.dashboard.fleet_history import FleetHistory, points_for
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.parts import FleetView, Parts
 from actors.fleet.views.dashboard.render import Query
@@ -119,11 +119,28 @@ rows and pager)."""
 
 
 class HeldNodes:
-    """The nodes the aggregator in this process holds, and each one's latest accepted
-    heartbeat, decoded from the bytes it keeps."""
+    """The nodes the aggregator in this process holds, each one's latest accepted
+    heartbeat, decoded from the bytes it keeps, and which of them changed."""
 
     def __init__(self, held: Held) -> None:
         self.held = held
+        self._changed: set[str] | None = None
+        """Nodes taken in, let go or beaten since :meth:`changed` was last asked (at most
+        the nodes held meanwhile); None before it was first asked."""
+        held.follow(self._note)
+
+    def _note(self, node: str) -> None:
+        if self._changed is not None:
+            self._changed.add(node)
+
+    def changed(self) -> tuple[list[str], bool]:
+        """The nodes taken in, let go or beaten since the last call, and whether they are
+        every held node instead (the first call)."""
+        if self._changed is None:
+            self._changed = set()
+            return self.nodes(), True
+        changed, self._changed = self._changed, set()
+        return list(changed), False
 
     @property
     def everything(self) -> bool:
@@ -532,25 +549,36 @@ class DashboardActor:
             await asyncio.sleep(PARTITIONS_EVERY)
 
     async def _sample(self) -> None:
-        """One point of every held node's figures, in chunks between which the event loop
-        runs. Only the heartbeats that came since the last round are decoded (tens of µs
-        each: 100,000 of them take seconds); a node that sent none repeats its point."""
-        slot = self.history.begin(time.time())
-        nodes = self.held.nodes()
-        totals = GpuTotals()
+        """One point of the held nodes' figures: only the nodes that changed since the
+        last round are looked at, in chunks between which the event loop runs (the
+        others repeat their points: :class:`History`); only those that beat have their
+        heartbeat decoded (tens of µs each: 100,000 of them take seconds). The first
+        round looks at every held node."""
+        self.history.begin(time.time())
+        nodes, everything = self.held.changed()
+        if everything:
+            self.history.keep_only(set(nodes))
+        beats = 0
         for start in range(0, len(nodes), SAMPLE_CHUNK):
             for node in nodes[start : start + SAMPLE_CHUNK]:
-                seq = self.held.seq(node)
-                kept = self.history.again(slot, node, seq) if seq is not None else None
-                if kept is not None:
-                    totals.add_share(kept, 0)
-                    continue
-                beat = self.held.heartbeat(node)
-                if beat is not None:
-                    totals.add(beat, self.history.put(slot, node, beat))
+                beats += self._sample_node(node)
             await asyncio.sleep(0)
-        self.history.keep_only(set(nodes))
+        totals = self.history.kept.totals(beats)
         self.fleet_history.add(time.time(), await self._by_state(), totals)
+
+    def _sample_node(self, node: str) -> int:
+        """The node's point of this round if it changed; the heartbeats it sent since."""
+        seq = self.held.seq(node)
+        if seq is None:
+            self.history.forget(node)  # no longer held
+            return 0
+        if self.history.current(node, seq):
+            return 0
+        beat = self.held.heartbeat(node)
+        if beat is None:
+            self.history.blank(node)
+            return 0
+        return self.history.put(node, beat)
 
     async def _by_state(self) -> dict[str, int]:
         """The fleet's nodes by state for the fleet chart (deregistered ones left out):

@@ -53,18 +53,43 @@ class GpuTotals:
     beats: int = 0
     """Heartbeats the held nodes sent since the last round (their seq advanced)."""
 
-    def add(self, beat: Heartbeat, beats: int) -> None:
-        self.add_share(share_of(beat), beats)
 
-    def add_share(self, share: Share, beats: int) -> None:
-        """One node's share of the round (kept from its heartbeat: see
-        ``history.History.again``), and the heartbeats it sent since the last."""
-        self.nodes += 1
-        self.beats += beats
-        self.gpus += share.gpus
-        self.reporting += share.reporting
-        self.utilisation += share.utilisation
-        self.power += share.power
+UNITS = 2.0**149
+"""A 4-byte float's smallest step: a kept share's figures (:data:`.history.SHARE`'s
+floats) are whole numbers of it, so :class:`Kept` adds and takes them exactly."""
+
+
+@dataclass
+class Kept:
+    """The shares of the nodes whose points repeat, kept as they come and go: exact sums
+    (whole numbers of :data:`UNITS`), so a day of changes leaves no drift."""
+
+    nodes: int = 0
+    gpus: int = 0
+    reporting: int = 0
+    utilisation: int = 0
+    power: int = 0
+
+    def add(self, share: Share, sign: int = 1) -> None:
+        self.nodes += sign
+        self.gpus += sign * share.gpus
+        self.reporting += sign * share.reporting
+        self.utilisation += sign * int(share.utilisation * UNITS)
+        self.power += sign * int(share.power * UNITS)
+
+    def take(self, share: Share) -> None:
+        self.add(share, -1)
+
+    def totals(self, beats: int) -> GpuTotals:
+        """The round's totals, with the ``beats`` the held nodes sent since the last."""
+        return GpuTotals(
+            nodes=self.nodes,
+            gpus=self.gpus,
+            utilisation=self.utilisation / UNITS,
+            reporting=self.reporting,
+            power=self.power / UNITS,
+            beats=beats,
+        )
 
 
 class Share(NamedTuple):

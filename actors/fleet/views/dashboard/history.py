@@ -1,8 +1,9 @@
 """The dashboard's charts' memory: the last hour of a few figures per node, bounded.
 
-Every ``interval`` seconds the sampler takes one point of every node it is given (the
-nodes this aggregator holds): health score, hottest GPU temperature, mean GPU
-utilisation, GPU power in all, and the heartbeat interval seen since the last point:
+Every ``interval`` seconds the sampler takes one point of each node that changed (of the
+nodes this aggregator holds; the others repeat theirs, :class:`History`): health score,
+hottest GPU temperature, mean GPU utilisation, GPU power in all, and the heartbeat
+interval seen since the last point:
 the time between the two heartbeats over the beats between them, counting at most one
 beat per configured ``interval`` (an agent beats at once after a health change: such a
 beat is not a shorter cadence, and a silence still shows as a longer one). Points of all nodes share
@@ -12,7 +13,7 @@ reads whole degrees, percent and watts), in a ring of bytes, behind the
 (ts, seq) of the heartbeat its last point came from and that heartbeat's share of the
 fleet's totals (so a node that sent nothing since costs no decode). A node's ring is a
 row of a few large ``bytearray`` blocks shared by all nodes (:data:`BLOCK_ROWS` rows each),
-not an object of its own: with the default 60 points that is 452 bytes a node plus its
+not an object of its own: with the default 60 points that is 461 bytes a node plus its
 row number and dict entry (a ``bytearray`` a node cost 56 bytes more for its object and
 the allocator's rounding of its buffer), about 48 MB at 100,000 nodes, reported by
 ``bytes_per_node`` and measured in ``tests/bench/bench_dashboard.py``.
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from actors.fleet.views.dashboard.fleet_history import Share, share_of
+from actors.fleet.views.dashboard.fleet_history import Kept, Share, share_of
 from schemas.messages import Heartbeat
 
 SERIES = (
@@ -72,7 +73,11 @@ SHARE = struct.Struct("<HHff")
 """That heartbeat's :class:`Share` of the fleet's totals, after it: a node that sent
 nothing since its last point is sampled from it and that point, its heartbeat not
 decoded (:meth:`History.again`)."""
-HEAD = LAST.size + SHARE.size
+MARK = struct.Struct("<qB")
+"""The round of the node's last point written, and whether its points repeat after it
+(1) or are missing (0), ahead of its points."""
+MARK_AT = LAST.size + SHARE.size
+HEAD = MARK_AT + MARK.size
 """Bytes ahead of a node's points."""
 EMPTY = POINT.pack(*(packing.missing for packing in PACKINGS))
 BLOCK_ROWS = 1024
@@ -117,19 +122,30 @@ def point(beat: Heartbeat, previous: tuple[float, int] | None) -> Point:
 
 
 class History:
-    """The last ``points`` samples of every node, on one shared clock."""
+    """The last ``points`` samples of every node, on one shared clock.
+
+    A round (:meth:`begin`) touches no node: a node whose latest heartbeat is still the
+    one its last point came from repeats that point (without an interval) in every round
+    until it is :meth:`put` again, :meth:`blank` or forgotten; the repeats are written
+    into its ring when it is next touched or read, and its share of the fleet's totals
+    stays in :attr:`kept`. A round costs what changed, not the fleet's size."""
 
     def __init__(self, points: int) -> None:
         self.points = points
         self.times = array.array("d", [math.nan] * points)
         """When each slot was sampled (NaN: not yet)."""
+        self.round = -1
+        """The current round (its slot: ``round % points``); -1 before the first."""
         self.head = 0
         """The slot the next sample goes to."""
         self.row_size = HEAD + points * POINT.size
-        """A ring's bytes: :data:`LAST`, :data:`SHARE`, then ``points`` points of
-        :data:`POINT`."""
+        """A ring's bytes: :data:`LAST`, :data:`SHARE`, :data:`MARK`, then ``points``
+        points of :data:`POINT`."""
         self.nodes: dict[str, int] = {}
         """Per node, the row its ring is in."""
+        self.kept = Kept()
+        """The shares of the nodes whose points repeat (every node with a point in the
+        current round)."""
         self._blocks: list[bytearray] = []
         self._free: list[int] = []
         """Rows of nodes forgotten, used again first."""
@@ -150,20 +166,49 @@ class History:
         block[offset : offset + self.row_size] = bytes(HEAD) + EMPTY * self.points
         return row
 
+    def _at(self, offset: int, round_: int) -> int:
+        """The offset of round ``round_``'s point in the row at ``offset``."""
+        return offset + HEAD + round_ % self.points * POINT.size
+
+    def _fill(self, block: bytearray, offset: int, upto: int) -> bool:
+        """Write the row's points of the rounds after its last one up to ``upto``: its
+        last point again without an interval while it repeats, else none. Whether it
+        repeats."""
+        last, repeats = MARK.unpack_from(block, offset + MARK_AT)
+        if last >= upto:
+            return bool(repeats)
+        if repeats:
+            *figures, _ = POINT.unpack_from(block, self._at(offset, last))
+            again = POINT.pack(*figures, PACKINGS[-1].missing)
+        else:
+            again = EMPTY
+        for round_ in range(max(last + 1, upto - self.points + 1), upto + 1):
+            at = self._at(offset, round_)
+            block[at : at + POINT.size] = again
+        MARK.pack_into(block, offset + MARK_AT, upto, repeats)
+        return bool(repeats)
+
     def begin(self, now: float) -> int:
-        """Start a round of samples taken at ``now``; the slot they go to."""
+        """Start a round of samples taken at ``now``; the slot they go to. No node is
+        touched: each repeats its last point until told otherwise."""
+        self.round += 1
         slot = self.head
         self.times[slot] = now
         self.head = (slot + 1) % self.points
-        at = HEAD + slot * POINT.size
-        for row in self.nodes.values():
-            block, offset = self._ring(row)
-            block[offset + at : offset + at + POINT.size] = EMPTY
         return slot
 
-    def put(self, slot: int, node: str, beat: Heartbeat) -> int:
-        """Node ``node``'s point of the round at ``slot``, from its latest heartbeat; the
-        heartbeats it sent since its last point (0 for its first)."""
+    def current(self, node: str, seq: int) -> bool:
+        """Whether the node's points repeat from its heartbeat ``seq``: nothing to do."""
+        row = self.nodes.get(node)
+        if row is None:
+            return False
+        block, offset = self._ring(row)
+        _, repeats = MARK.unpack_from(block, offset + MARK_AT)
+        return bool(repeats) and LAST.unpack_from(block, offset)[1] == seq
+
+    def put(self, node: str, beat: Heartbeat) -> int:
+        """Node ``node``'s point of the current round, from its latest heartbeat, repeated
+        after; the heartbeats it sent since its last point (0 for its first)."""
         row = self.nodes.get(node)
         previous: tuple[float, int] | None = None
         if row is None:
@@ -172,41 +217,52 @@ class History:
         else:
             block, offset = self._ring(row)
             previous = LAST.unpack_from(block, offset)
+            if self._fill(block, offset, self.round - 1):
+                self.kept.take(self._share(block, offset))
         sample = point(beat, previous)
         LAST.pack_into(block, offset, beat.ts, beat.seq)
         SHARE.pack_into(block, offset + LAST.size, *share_of(beat))
+        MARK.pack_into(block, offset + MARK_AT, self.round, 1)
+        self.kept.add(self._share(block, offset))
         figures = zip(PACKINGS, sample.values(), strict=True)
         packed = (packing.pack(value) for packing, value in figures)
-        POINT.pack_into(block, offset + HEAD + slot * POINT.size, *packed)
+        POINT.pack_into(block, self._at(offset, self.round), *packed)
         return max(0, beat.seq - previous[1]) if previous is not None else 0
 
-    def again(self, slot: int, node: str, seq: int) -> Share | None:
-        """Node ``node``'s point of the round at ``slot`` when its latest heartbeat is
-        still the one (``seq``) its last point came from: the point of the round before
-        again, without an interval (no beat since), and that heartbeat's share of the
-        totals; None when it sent another since (or has no point yet): then it is
-        :meth:`put`."""
+    def blank(self, node: str) -> None:
+        """No point of the node from the current round on (held, its heartbeat not
+        readable) until it is :meth:`put` again."""
         row = self.nodes.get(node)
         if row is None:
-            return None
+            return
         block, offset = self._ring(row)
-        if LAST.unpack_from(block, offset)[1] != seq:
-            return None
-        before = offset + HEAD + (slot - 1) % self.points * POINT.size
-        *figures, _ = POINT.unpack_from(block, before)
-        at = offset + HEAD + slot * POINT.size
-        POINT.pack_into(block, at, *figures, PACKINGS[-1].missing)
+        if self._fill(block, offset, self.round - 1):
+            self.kept.take(self._share(block, offset))
+        MARK.pack_into(block, offset + MARK_AT, self.round - 1, 0)
+        self._fill(block, offset, self.round)
+
+    def _share(self, block: bytearray, offset: int) -> Share:
         return Share(*SHARE.unpack_from(block, offset + LAST.size))
 
-    def keep_only(self, nodes: set[str]) -> None:
-        """Forget the nodes not in ``nodes`` (gone, or no longer held); their rows are
-        used again by the next nodes, and every block is let go once no node is left
-        (the blocks stay at the most nodes held since: at most MAX_NODES)."""
-        for node in [node for node in self.nodes if node not in nodes]:
-            self._free.append(self.nodes.pop(node))
+    def forget(self, node: str) -> None:
+        """Forget the node (gone, or no longer held); its row is used again by the next
+        node, and every block is let go once no node is left (the blocks stay at the
+        most nodes held since: at most MAX_NODES)."""
+        row = self.nodes.pop(node, None)
+        if row is None:
+            return
+        block, offset = self._ring(row)
+        if MARK.unpack_from(block, offset + MARK_AT)[1]:
+            self.kept.take(self._share(block, offset))
+        self._free.append(row)
         if not self.nodes:
             self._blocks.clear()
             self._free.clear()
+
+    def keep_only(self, nodes: set[str]) -> None:
+        """Forget the nodes not in ``nodes``."""
+        for node in [node for node in self.nodes if node not in nodes]:
+            self.forget(node)
 
     def series(self, node: str) -> list[list[tuple[float, float]]]:
         """Per :data:`SERIES`, the node's (time, value) points, oldest first."""
@@ -215,6 +271,7 @@ class History:
         if row is None:
             return out
         block, offset = self._ring(row)
+        self._fill(block, offset, self.round)
         for step in range(self.points):
             slot = (self.head + step) % self.points
             when = self.times[slot]
