@@ -59,15 +59,21 @@ def write_nodes(
     extra: list[columns.Column] | None = None,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
-    is written record by record (the same bytes as one array), so a 100,000-node
-    listing is never one string in memory. ``of``: how many there were before filters;
-    ``pending``: only pending nodes were asked for, shown with what their registrations
-    said of their machines."""
+    is written record by record as encoded (the same bytes as one array) to stdout's
+    byte stream, so a 100,000-node listing is never one string in memory nor decoded to
+    text and encoded again (about a tenth of its time). ``of``: how many there were
+    before filters; ``pending``: only pending nodes were asked for, shown with what their
+    registrations said of their machines."""
     if output == "json":
-        sys.stdout.write("[")
+        sys.stdout.flush()  # what was written as text goes first
+        out = sys.stdout.buffer
+        out.write(b"[")
         for index, record in enumerate(records):
-            sys.stdout.write(("," if index else "") + codec.encode(record).decode())
-        sys.stdout.write("]\n")
+            if index:
+                out.write(b",")
+            out.write(codec.encode(record))
+        out.write(b"]\n")
+        out.flush()
     elif summarised(records, output, rows):
         sys.stdout.write(tables.fleet_summary(records))
     elif pending and output in ("table", "wide"):
