@@ -30,16 +30,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tests/support/fleet.py", "await asyncio.sleep(interval)"): "wait_for's own poll",
     ("tests/support/fleet.py", "time.sleep(interval)"): "poll's own poll",
     ("tests/support/metadata_fakes.py", "await asyncio.sleep(failure)"): STAND_IN,
-    (
-        "tests/support/llamacpp_standin.py",
-        "await asyncio.sleep(self.args.chunk_delay * len(WORDS))",
-    ): STAND_IN,
-    ("tests/support/llamacpp_standin.py", "await asyncio.sleep(self.args.chunk_delay)"): STAND_IN,
+    ("tests/support/llamacpp_standin.py", "time.sleep(delay * len(WORDS))"): STAND_IN,
+    ("tests/support/llamacpp_standin.py", "time.sleep(delay)"): STAND_IN,
     (
         "tests/support/llamacpp_standin.py",
         'code = "import time\\nwhile True: time.sleep(1)"',
     ): "a child process that never ends by itself, for the stand-in to leave behind",
-    ("tests/support/llamacpp_standin.py", "await asyncio.sleep(args.crash_after)"): STAND_IN,
+    ("tests/support/llamacpp_standin.py", "time.sleep(args.crash_after)"): STAND_IN,
     ("tests/cli/test_node_status.py", "await asyncio.sleep(0.2)  # the slow agent's pace"): PACE,
     (
         "tests/fleet/test_outage.py",
