@@ -108,10 +108,14 @@ async def latest_pages(
     handed over: the server reads it while the caller takes this one in (at most two
     pages held)."""
     prefix = f"$KV.{bucket}."
-    # Closed with this generator, not whenever it is collected: a caller that stops early
-    # leaves no subscription behind for the next page's answers.
+    # Every subject (">"), not the bucket's "$KV.<bucket>.>": the stream holds nothing
+    # else (what is not the bucket's is left out below), and the server pays for a filter
+    # that is not the whole stream on every message it passes (as FLEET_HB's scan,
+    # :mod:`actors.fleet.live.reader`). Closed with this generator, not whenever it is
+    # collected: a caller that stops early leaves no subscription behind for the next
+    # page's answers.
     async with contextlib.aclosing(
-        direct_get.pages(bus, f"KV_{bucket}", f"{prefix}>", timeout, start=since + 1)
+        direct_get.pages(bus, f"KV_{bucket}", ">", timeout, start=since + 1)
     ) as pages:
         async for messages in pages:
             yield [

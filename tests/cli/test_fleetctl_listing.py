@@ -13,7 +13,9 @@ import sys
 import time
 
 import msgspec
+import pytest
 
+from actors.cli.fleetctl.views import write_nodes
 from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
@@ -303,3 +305,23 @@ async def test_colour_on_a_terminal_unless_no_color(
     server = ("--server", fleet.url, "--prefix", prefix)
     assert b"\x1b[32mactive\x1b[0m" in await on_a_terminal({"NO_COLOR": ""}, *server)
     assert b"\x1b" not in await on_a_terminal({"NO_COLOR": "1"}, *server)
+
+
+def test_a_json_listing_writes_bytes_after_the_text_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`nodes -o json` writes each record's encoding to stdout's byte stream: text
+    written before it to a buffered stdout (`--watch`'s separator, a pipe's) comes
+    first, and the array holds every record, in order, as its encoding."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))
+    records = [
+        NodeRecord(node_id=f"n{i}", cluster="c1", state="active", last_seq=i, last_seen=1.0)
+        for i in range(3)
+    ]
+    sys.stdout.write("before\n")
+    write_nodes(records, "json", colour=False, rows=True)
+    first, listing = raw.getvalue().decode().split("\n", 1)
+    assert first == "before"
+    assert [r["node_id"] for r in json.loads(listing)] == ["n0", "n1", "n2"]
+    assert listing == "[" + ",".join(codec.encode(r).decode() for r in records) + "]\n"

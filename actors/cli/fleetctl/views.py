@@ -41,6 +41,8 @@ from schemas.subjects import Subjects
 
 WATCH_INTERVAL = 2.0
 """Seconds between two reads of ``fleetctl nodes --watch``."""
+JSON_CHUNK = 256
+"""Records of a JSON listing encoded and written at once (about 1.4 MB at 8 GPUs a node)."""
 
 
 def summarised(records: list[NodeRecord], output: str, rows: bool) -> bool:
@@ -59,15 +61,20 @@ def write_nodes(
     extra: list[columns.Column] | None = None,
 ) -> None:
     """A fleet above a screenful is summarised by cluster and state unless ``rows``; JSON
-    is written record by record (the same bytes as one array), so a 100,000-node
-    listing is never one string in memory. ``of``: how many there were before filters;
-    ``pending``: only pending nodes were asked for, shown with what their registrations
-    said of their machines."""
+    is written JSON_CHUNK records at a time as encoded (the same bytes as one array) to
+    stdout's byte stream, so a 100,000-node listing is never one string in memory, nor
+    decoded to text and encoded again, nor written in 100,000 small writes. ``of``: how
+    many there were before filters; ``pending``: only pending nodes were asked for, shown
+    with what their registrations said of their machines."""
     if output == "json":
-        sys.stdout.write("[")
-        for index, record in enumerate(records):
-            sys.stdout.write(("," if index else "") + codec.encode(record).decode())
-        sys.stdout.write("]\n")
+        sys.stdout.flush()  # what was written as text goes first
+        out = sys.stdout.buffer
+        out.write(b"[")
+        for start in range(0, len(records), JSON_CHUNK):
+            chunk = records[start : start + JSON_CHUNK]
+            out.write((b"," if start else b"") + b",".join(map(codec.encode, chunk)))
+        out.write(b"]\n")
+        out.flush()
     elif summarised(records, output, rows):
         sys.stdout.write(tables.fleet_summary(records))
     elif pending and output in ("table", "wide"):

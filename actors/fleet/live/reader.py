@@ -106,10 +106,9 @@ class _Pending(Exception):
     """The stored message passes every check but its owner has not judged it yet."""
 
 
-def as_live(record: NodeRecord) -> LiveRecord:
-    """``record`` as a :class:`LiveRecord` not read live yet."""
-    fields = {name: getattr(record, name) for name in record.__struct_fields__}
-    return LiveRecord(**fields)
+def as_live(record: NodeRecord, live: bool = False, note: str = "") -> LiveRecord:
+    """``record`` as a :class:`LiveRecord` (not read live, unless ``live``)."""
+    return LiveRecord(**msgspec.structs.asdict(record) | {"live": live, "live_note": note})
 
 
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
@@ -302,7 +301,7 @@ def _judged(
         return _marked(record, "")
     health = heartbeat.health
     return LiveRecord(
-        **{name: getattr(record, name) for name in record.__struct_fields__}
+        **msgspec.structs.asdict(record)
         | {
             "last_seq": heartbeat.seq,
             "last_seen": message.stored,
@@ -365,8 +364,7 @@ def _accepted(
 
 def _marked(record: NodeRecord, note: str) -> LiveRecord:
     """The record as stored: ``live`` when its own heartbeat is the latest accepted."""
-    live = as_live(record)
-    return msgspec.structs.replace(live, live=not note, live_note=note)
+    return as_live(record, live=not note, note=note)
 
 
 async def _keys_needed(

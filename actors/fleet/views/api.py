@@ -190,7 +190,7 @@ class FleetApiActor:
         for record in records:
             whole = self.live.whole(record.node_id) if self.live is not None else None
             if whole is not None:
-                held.append(msgspec.structs.replace(live.as_live(whole), live=True))
+                held.append(live.as_live(whole, live=True))
             else:
                 others.append(record)
         read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
