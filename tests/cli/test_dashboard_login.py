@@ -9,10 +9,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from actors.cli.fleetctl.up import UpOptions, dashboard_lines
 from schemas import signing
 from tests.support.dashboard import client
+from tests.support.fleet import wait_for
 
 
 async def fleetctl(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
@@ -24,6 +26,17 @@ async def fleetctl(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+async def node_page(session: Any, url: str) -> str | None:
+    """node-1's page for a logged-in ``session``; None while the dashboard knows no such
+    node (404)."""
+    async with session.get(url + "/ui/nodes/node-1") as page:
+        if page.status == 404:
+            return None
+        assert page.status == 200, page.status
+        text: str = await page.text()
+        return text
 
 
 async def test_up_prints_a_one_time_link_and_dashboard_another(tmp_path: Path) -> None:
@@ -58,8 +71,9 @@ async def test_up_prints_a_one_time_link_and_dashboard_another(tmp_path: Path) -
                     assert anonymous.status == 401
                 async with session.get(link) as page:
                     assert page.status == 200 and "GPU fleet" in await page.text()
-                async with session.get(url + "/ui/nodes/node-1") as node:
-                    assert node.status == 200 and 'value="cordon"' in await node.text()
+                # The banner comes as the node starts: its page is there once the
+                # dashboard has heard of it (its approval or first heartbeat).
+                assert 'value="cordon"' in await wait_for(lambda: node_page(session, url))
             async with client() as session, session.get(link) as again:
                 assert again.status == 403
         status, _, err = await fleetctl("dashboard", "--url", "127.0.0.1:9092", env=env)
