@@ -3,7 +3,9 @@ is stored (once), for RESEND_FOR at most; then it is logged as lost."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import pytest
 
@@ -11,8 +13,10 @@ from actors.fleet.alerts import publisher as publisher_module
 from actors.fleet.alerts.publisher import AlertPublisher
 from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
+from schemas import codec
+from schemas.messages import Alert
 from schemas.subjects import STREAM_ALERTS, Subjects
-from tests.support.fleet import TEST_LIMITS
+from tests.support.fleet import TEST_LIMITS, wait_for
 
 
 async def stored(bus: NatsBus, subjects: Subjects) -> int:
@@ -50,3 +54,40 @@ async def test_an_alert_unacknowledged_past_its_time_is_logged_lost(
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.message == "alert lost: not acknowledged in time"
     assert record.alert == "offline:c1:n2:q9"  # type: ignore[attr-defined]
+
+
+async def test_a_window_is_summarised_once_while_a_flush_runs_beside_its_publish(
+    bus: NatsBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limited alert after its window closed sends the window's summary; a flush that
+    runs while that summary is being published does not summarise the same window again
+    (a refusal flood on a busy machine counted 99 alerts for 76 refusals)."""
+    subjects = Subjects("summarised")
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    publisher = AlertPublisher(bus, subjects, window=0.05)
+    sent: list[dict[str, str]] = []
+    summary_sent = asyncio.Event()
+    gate = asyncio.Event()
+    publish = publisher._publish
+
+    async def publish_slowly(alert_id: str, subject: str, body: bytes) -> bool:
+        alert = codec.decode(body, Alert, subject)
+        sent.append(alert.details)
+        if "suppressed" in alert.details and not summary_sent.is_set():
+            summary_sent.set()
+            await gate.wait()  # a loaded server's slow acknowledgement of the first
+        return await publish(alert_id, subject, body)
+
+    monkeypatch.setattr(publisher, "_publish", publish_slowly)
+    for seq in range(4):
+        await publisher.publish("bad_signature", "c1", "n1", "unsigned", f"s{seq}")
+    window = publisher.windows["bad_signature", "c1", "n1"]
+    assert window.suppressed == 3
+    await wait_for(lambda: time.monotonic() >= window.closes)
+    flooding = asyncio.create_task(publisher.publish("bad_signature", "c1", "n1", "unsigned", "s4"))
+    await summary_sent.wait()
+    await publisher.flush()
+    gate.set()
+    await flooding
+    summaries = [int(details["suppressed"]) for details in sent if "suppressed" in details]
+    assert summaries == [3]

@@ -150,9 +150,11 @@ class AlertPublisher:
                 window.suppressed += 1
                 return
             if window is not None and window.suppressed:
-                # Still flooding: the summary goes out, this one opens the next window.
-                await self._summarise(key, window)
+                # Still flooding: this one opens the next window, and the summary goes
+                # out. The window is replaced first: a flush running while the summary is
+                # published must not report the same count again.
                 self.windows[key] = Window(closes=now + self.window_of(kind), suppressed=1)
+                await self._summarise(key, window)
                 return
             self.windows[key] = Window(closes=now + self.window_of(kind))
         await self._send(kind, cluster, node, message, event, details or {}, severity)
@@ -166,6 +168,8 @@ class AlertPublisher:
         now = time.monotonic()
         closed = [(key, window) for key, window in self.windows.items() if now >= window.closes]
         for key, window in closed:
+            if self.windows.get(key) is not window:
+                continue  # summarised meanwhile, by a publish, while another was sent
             if window.suppressed:
                 # Held alerts back: reported now, and the series goes on (see module doc).
                 self.windows[key] = Window(closes=now + self.window_of(key[0]))
