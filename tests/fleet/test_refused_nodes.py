@@ -116,8 +116,12 @@ async def test_a_reimaged_node_is_accepted_at_once_under_its_new_key(
     await fleet.start_agent(config)  # a new key, approved, then the agent starts
     new = signing.load_key_file(config.key_path)
     assert new.public_key != old.public_key
-    record = await wait_record(bus, prefix, "n1", lambda r: r.public_key == new.public_key)
-    assert record.last_seq < 5_000 and record.state == "active"
+    # Accepted, and active once its health says so: a fresh agent's first sample on a
+    # busy machine may call it degraded for a beat, which is not this test's subject.
+    record = await wait_record(
+        bus, prefix, "n1", lambda r: r.public_key == new.public_key and r.state == "active"
+    )
+    assert record.last_seq < 5_000
     assert time.monotonic() - started < 15  # a sanity bound: a refusal would last forever
     assert not alerts.of("replay")
 
