@@ -23,7 +23,8 @@ from actors.fleet.remediation.actor import RemediationActor
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.runtime.bus import Bus
 from actors.runtime.config import ConfigError
 from actors.runtime.supervisor import Actor, Supervisor

@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.views.dashboard import parts
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
 from actors.fleet.views.dashboard.fleet_history import FleetHistory, Kept, points_for, share_of
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.render import Query
 from actors.runtime.bus import NatsBus

@@ -23,7 +23,8 @@ from actors.fleet.storage.registry import approve
 from actors.fleet.storage.streams import provision
 from actors.fleet.views.api import FleetApiActor, exposure
 from actors.fleet.views.dashboard import render
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.runtime.http_login import check_password, hash_password
 from actors.runtime.supervisor import FatalError
 from schemas import codec, signing

@@ -6,8 +6,9 @@ from __future__ import annotations
 import msgspec
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
 from actors.fleet.views.dashboard.attention import CONCERNS, concern, tally
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.fleet.views.dashboard.render import Query
 from actors.fleet.views.dashboard.table import matching
 from actors.runtime.bus import NatsBus

@@ -42,7 +42,8 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.commands import new_command
 from actors.fleet.storage.registry import approve
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.node.agent import NodeAgent
 from actors.runtime.supervisor import Supervisor
 from schemas import codec, signing

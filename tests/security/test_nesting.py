@@ -28,7 +28,8 @@ from actors.fleet.operator.maintenance import MaintenanceActor
 from actors.fleet.storage.registry import approve
 from actors.fleet.storage.windows import MaintenanceWindows
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.node.agent import NodeAgent
 from actors.node.latency import LatencyActor
 from actors.runtime.batch_pull import BatchPuller, Chain, consume_in_batches

@@ -21,7 +21,8 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.remediation.actor import policy_bucket
 from actors.fleet.storage.registry import approve
 from actors.fleet.views.api import FleetApiActor
-from actors.fleet.views.dashboard.actor import DashboardActor, HeldNodes
+from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.runtime.login_links import login_link
 from schemas import codec, signing
 from schemas.messages import NodeRecord

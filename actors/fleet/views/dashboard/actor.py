@@ -52,7 +52,6 @@ from aiohttp import web
 from nats.aio.msg import Msg
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.live.held import Held
 from actors.fleet.live.state_index import read_index
 from actors.fleet.operator.commands import new_command, publish_command
 from actors.fleet.storage import leases
@@ -62,6 +61,7 @@ from actors.fleet.views.dashboard.attention import tally
 from actors.fleet.views.dashboard.conditions import Conditions
 from actors.fleet.views.dashboard.facts import Facts
 from actors.fleet.views.dashboard.fleet_history import FleetHistory, points_for
+from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.fleet.views.dashboard.history import History
 from actors.fleet.views.dashboard.parts import FleetView, Parts
 from actors.fleet.views.dashboard.render import Query
@@ -116,48 +116,6 @@ STATIC = ("dashboard.css", "dashboard.js")
 FIRST_ONLY = frozenset({"table"})
 """Parts a page is rendered with once, never streamed (the table's live parts are its
 rows and pager)."""
-
-
-class HeldNodes:
-    """The nodes the aggregator in this process holds, each one's latest accepted
-    heartbeat, decoded from the bytes it keeps, and which of them changed."""
-
-    def __init__(self, held: Held) -> None:
-        self.held = held
-        self._changed: set[str] | None = None
-        """Nodes taken in, let go or beaten since :meth:`changed` was last asked (at most
-        the nodes held meanwhile); None before it was first asked."""
-        held.follow(self._note)
-
-    def _note(self, node: str) -> None:
-        if self._changed is not None:
-            self._changed.add(node)
-
-    def changed(self) -> tuple[list[str], bool]:
-        """The nodes taken in, let go or beaten since the last call, and whether they are
-        every held node instead (the first call)."""
-        if self._changed is None:
-            self._changed = set()
-            return self.nodes(), True
-        changed, self._changed = self._changed, set()
-        return list(changed), False
-
-    @property
-    def everything(self) -> bool:
-        return self.held.everything
-
-    def nodes(self) -> list[str]:
-        return [node for node, _ in self.held.items()]
-
-    def heartbeat(self, node: str) -> Heartbeat | None:
-        whole = self.held.whole(node)
-        return None if whole is None else whole.heartbeat
-
-    def seq(self, node: str) -> int | None:
-        """The seq of the node's latest accepted heartbeat, from its record as kept (no
-        decode); None if not held."""
-        record = self.held.record(node)
-        return None if record is None else record.last_seq
 
 
 def event(name: str, data: str) -> bytes:
