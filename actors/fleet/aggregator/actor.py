@@ -57,6 +57,7 @@ from actors.fleet.aggregator.record_rules import AlertSpec
 from actors.fleet.aggregator.registrar import Registrar
 from actors.fleet.aggregator.retirement import Retirement
 from actors.fleet.aggregator.silence import Held
+from actors.fleet.aggregator.source_watch import SourceWatch
 from actors.fleet.aggregator.sweeps import Sweeps
 from actors.fleet.aggregator.verify import Signatures
 from actors.fleet.aggregator.view import View
@@ -114,6 +115,7 @@ class AggregatorActor:
         self.sweeps = Sweeps(
             config, ledger, reads, writes, self.ownership, store, self.alerts, retirement
         )
+        self.source_watch = SourceWatch(bus, subjects, self.ownership.holds_first)
         self.registrar = Registrar(
             config, bus, subjects, metrics, store, ledger, self.ownership.owns
         )
@@ -164,6 +166,7 @@ class AggregatorActor:
             group.create_task(self.store.follow_trust(self.reads.on_trust_change))
             group.create_task(self.ownership.run(group, self.handle_batch))
             group.create_task(self.sweeps.run())
+            group.create_task(self.source_watch.run())
             group.create_task(self.writes.checkpoint_forever())
             group.create_task(self.reads.reread_forever())
             group.create_task(

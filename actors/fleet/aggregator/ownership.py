@@ -146,6 +146,11 @@ class Ownership:
                 )
         return ""
 
+    def holds_first(self) -> bool:
+        """Whether this aggregator holds partition 0 (the duty of watching FLEET_HB's
+        source: :mod:`actors.fleet.aggregator.source_watch`)."""
+        return self.partitions is not None and self.partitions.holds(0)
+
     def owns(self, node: str) -> bool:
         """Whether ``node``'s partition is one this aggregator holds. An aggregator that is
         not running (driven directly: tests, benchmarks) holds no leases and owns all."""
