@@ -235,6 +235,20 @@ class Ownership:
             return False
         return beat.seq > record.last_seq
 
+    async def intake_forgot(self, record: NodeRecord) -> bool:
+        """Whether FLEET_HB_IN holds no heartbeat of ``record``'s node: its last one, kept
+        with the same TTL as in FLEET_HB, expired there (the node sent nothing for its
+        ``stale_after``). False when the intake holds one or cannot be read."""
+        subject = self.subjects.heartbeat(record.cluster, record.node_id)
+        try:
+            async with asyncio.timeout(UPSTREAM_TIMEOUT):
+                await self.bus.js.get_msg(self._intake, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return True
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return False
+
     async def intake_stored(self) -> float | None:
         """When FLEET_HB_IN last stored a heartbeat, if it stored one since the last call
         (None: nothing new, or unreadable): what the pulse learns of the nodes the other

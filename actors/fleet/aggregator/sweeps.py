@@ -22,11 +22,13 @@ import logging
 import time
 
 import nats.errors
+from nats.aio.msg import Msg
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import judge
 from actors.fleet.aggregator.judge import Moment, Stored
 from actors.fleet.aggregator.ledger import Ledger
+from actors.fleet.aggregator.lost_markers import LeaderChanges
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.retirement import Retirement
@@ -39,13 +41,19 @@ from actors.fleet.storage.node_store import NodeStore
 from actors.runtime import heap
 from actors.runtime.schedule import stop_if_cancelled, take_turn
 from actors.runtime.spans import span
+from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas.base import MAX_STALE_AFTER
 from schemas.messages import NodeRecord
+from schemas.subjects import STREAM_HEARTBEATS
 
 log = logging.getLogger(__name__)
 
 BUS_CLUSTER, BUS_NODE = "_fleet", "_bus"
 """What a ``bus_outage`` alert names for cluster and node: the bus, not one node."""
+LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED"
+"""JetStream's advisory of a stream's new leader (``.<stream>`` after it)."""
+LOST_MARKER = "lost in a leader change: FLEET_HB_IN no longer holds its heartbeat"
+"""The reason a lost marker's ``stale`` alert gives (lost_markers module)."""
 SWEPT_PER_TURN = 1000
 """Nodes a sweep takes in one round of the event loop (a full sweep passes over every
 held node: 0.8 s in one go at 100,000 nodes on a loaded machine)."""
@@ -121,6 +129,10 @@ class Sweeps:
         self.alerts = alerts
         self.retirement = retirement
         self.queue = SweepQueue(ledger.nodes, self._due)
+        self.sweeps_done = 0
+        """Sweeps that ran to their end (what a test waits for)."""
+        self.leader_changes = LeaderChanges()
+        """FLEET_HB's leader elections heard (:mod:`~actors.fleet.aggregator.lost_markers`)."""
 
     def _due(self, record: NodeRecord) -> float | None:
         config = self.config
@@ -130,7 +142,20 @@ class Sweeps:
 
     async def run(self) -> None:
         """Sweep every ``sweep_interval`` (in full every ``full_sweep_interval``) until
-        cancelled; a sweep the server fails is tried again at the next."""
+        cancelled; a sweep the server fails is tried again at the next. FLEET_HB's leader
+        elections are heard meanwhile, for :meth:`sweep_lost_markers`."""
+        stream = self.ownership.subjects.stream_name(STREAM_HEARTBEATS)
+
+        async def elected(msg: Msg) -> None:
+            self.leader_changes.elected(time.time())
+
+        subscription = await self.ownership.bus.subscribe(f"{LEADER_ELECTED}.{stream}", elected)
+        try:
+            await self._sweep_forever()
+        finally:
+            await unsubscribe_quietly(subscription)
+
+    async def _sweep_forever(self) -> None:
         last_full = 0.0
         while True:
             stop_if_cancelled()
@@ -143,6 +168,7 @@ class Sweeps:
                 await self.sweep(everything)
                 await self.sweep_refused()
                 await self.sweep_held()
+                await self.sweep_lost_markers()
                 await self.sweep_outages()
                 if everything:
                     await self.retirement.sweep(time.time())
@@ -151,6 +177,7 @@ class Sweeps:
                 log.warning("offline sweep failed", extra={"reason": str(exc)})
                 self.retirement.interrupted(time.time(), f"a sweep failed: {exc}")
                 continue
+            self.sweeps_done += 1
             if everything:
                 last_full = time.monotonic()
                 heap.give_back()  # what the heartbeats and writes since left free
@@ -328,28 +355,60 @@ class Sweeps:
                 log.info("marker still held", extra={"node": node})
                 ledger.held.hold(node, held)
                 continue
-            try:
-                verdict = judge.marker(
-                    state.record,
-                    held.reason,
-                    b"",
-                    Stored(stream_seq=held.stream_seq, at=held.marked_at),
-                    Moment(
-                        now=time.time(),
-                        monotonic=time.monotonic(),
-                        max_skew=self.config.max_skew,
-                        max_jump=self.config.max_seq_jump,
-                    ),
-                )
-            except judge.Forged:
-                continue  # a heartbeat was accepted since: nothing to mark
-            if verdict is None:
+            await self._stale_by_marker(node, held.reason, held.stream_seq, held.marked_at)
+
+    async def sweep_lost_markers(self) -> None:
+        """While an election of FLEET_HB's leader is recent, the live nodes whose TTL
+        marker fell due near it and has not come: stale with the marker's alert if
+        FLEET_HB_IN no longer holds their heartbeat, unless the whole stream was silent
+        (that is the held markers' case: :meth:`sweep_held`). See the lost_markers module."""
+        now = time.time()
+        changes = self.leader_changes
+        if not changes.looking(now, self.config.sweep_interval):
+            return
+        ledger, bound = self.ledger, self.config.max_stale_after
+        for step, (node, state) in enumerate(list(ledger.nodes.items()), 1):
+            await take_turn(step, SWEPT_PER_TURN)
+            record = state.record
+            if node in ledger.held.held or not changes.lost(record, now, bound):
                 continue
-            ledger.mark_stale(node, state, verdict.record)
-            for alert in verdict.alerts:
-                details = dict(alert.details)
-                event = details.pop("event")
-                await self.alerts.publish(
-                    alert.kind, verdict.record.cluster, node, alert.message, event, details
-                )
-            await self.writes.write(node)
+            assert record.heartbeat is not None  # lost() says it is live
+            if ledger.pulse.silent(now, min(record.heartbeat.stale_after, bound)):
+                continue
+            if await self.ownership.intake_forgot(record):
+                log.warning("TTL marker lost in a leader change; node stale", extra={"node": node})
+                await self._stale_by_marker(node, LOST_MARKER, 0, time.time())
+
+    async def _stale_by_marker(
+        self, node: str, reason: str, stream_seq: int, marked_at: float
+    ) -> None:
+        """``node`` stale as a TTL marker (held, or lost) says, with its alert, written at
+        once; nothing if a heartbeat of it was accepted since (judge.marker)."""
+        state = self.ledger.nodes.get(node)
+        if state is None:
+            return
+        try:
+            verdict = judge.marker(
+                state.record,
+                reason,
+                b"",
+                Stored(stream_seq=stream_seq, at=marked_at),
+                Moment(
+                    now=time.time(),
+                    monotonic=time.monotonic(),
+                    max_skew=self.config.max_skew,
+                    max_jump=self.config.max_seq_jump,
+                ),
+            )
+        except judge.Forged:
+            return  # a heartbeat was accepted since: nothing to mark
+        if verdict is None:
+            return
+        self.ledger.mark_stale(node, state, verdict.record)
+        for alert in verdict.alerts:
+            details = dict(alert.details)
+            event = details.pop("event")
+            await self.alerts.publish(
+                alert.kind, verdict.record.cluster, node, alert.message, event, details
+            )
+        await self.writes.write(node)
