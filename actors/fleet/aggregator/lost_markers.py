@@ -26,6 +26,10 @@ WINDOW = 15.0
 7 s after one)."""
 MARKER_GRACE = 1.0
 """Seconds past its due time a marker is waited for before it is taken as lost."""
+CHECKS_PER_SWEEP = 256
+"""Nodes a sweep asks the intake about at most: an owner behind its stream (a backlog
+after the election) sees many live nodes overdue, and each costs a read; the rest wait
+for the next sweep."""
 KEPT = 16
 """Elections remembered (a flapping cluster elects often; older ones are past looking)."""
 

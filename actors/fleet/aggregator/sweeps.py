@@ -28,7 +28,7 @@ from actors.fleet import record_state
 from actors.fleet.aggregator import judge
 from actors.fleet.aggregator.judge import Moment, Stored
 from actors.fleet.aggregator.ledger import Ledger
-from actors.fleet.aggregator.lost_markers import LeaderChanges
+from actors.fleet.aggregator.lost_markers import CHECKS_PER_SWEEP, LeaderChanges
 from actors.fleet.aggregator.ownership import Ownership
 from actors.fleet.aggregator.reads import RecordReads
 from actors.fleet.aggregator.retirement import Retirement
@@ -367,6 +367,7 @@ class Sweeps:
         if not changes.looking(now, self.config.sweep_interval):
             return
         ledger, bound = self.ledger, self.config.max_stale_after
+        asked = 0
         for step, (node, state) in enumerate(list(ledger.nodes.items()), 1):
             await take_turn(step, SWEPT_PER_TURN)
             record = state.record
@@ -375,6 +376,9 @@ class Sweeps:
             assert record.heartbeat is not None  # lost() says it is live
             if ledger.pulse.silent(now, min(record.heartbeat.stale_after, bound)):
                 continue
+            if asked == CHECKS_PER_SWEEP:
+                break
+            asked += 1
             if await self.ownership.intake_forgot(record):
                 log.warning("TTL marker lost in a leader change; node stale", extra={"node": node})
                 await self._stale_by_marker(node, LOST_MARKER, 0, time.time())
