@@ -1,15 +1,13 @@
 """A TTL marker lost while FLEET_HB changed leader (actors/fleet/aggregator/lost_markers.py):
 after an election, a node whose marker fell due near it and never came is stale at once
 if FLEET_HB_IN no longer holds its heartbeat; not without an election, nor while the
-intake holds one. The lost marker is played by a last heartbeat without ``Nats-TTL``
-(FLEET_HB never marks it) whose copy the test removes from the intake, as its TTL would;
+intake holds one. The lost marker is played by heartbeats without ``Nats-TTL`` (FLEET_HB never
+marks them), the last of which the test removes from the intake, as its TTL would;
 the election by JetStream's advisory, published as the server does."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import time
 
 import msgspec
@@ -18,11 +16,10 @@ from actors.fleet.aggregator.lost_markers import MARKER_GRACE, WINDOW, LeaderCha
 from actors.fleet.aggregator.sweeps import LEADER_ELECTED, LOST_MARKER
 from actors.fleet.storage.records import read_record
 from actors.runtime.bus import NatsBus
-from schemas import codec, signing
 from schemas.messages import NodeRecord
 from schemas.subjects import STREAM_HEARTBEAT_INTAKE, STREAM_HEARTBEATS, Subjects
 from tests.fleet.test_aggregator import watch_alerts
-from tests.fleet.test_silence import STALE_AFTER, beat, two_nodes
+from tests.fleet.test_silence import STALE_AFTER, two_nodes
 from tests.support.fleet import Fleet, heartbeat, wait_for, wait_record
 
 T0 = 1_800_000_000.0
@@ -78,16 +75,6 @@ def test_the_sweeps_look_only_while_an_election_is_recent() -> None:
     assert len(changes.elected_at) <= 16, "elections remembered are bounded"
 
 
-async def last_beat_without_ttl(
-    bus: NatsBus, prefix: str, key: signing.KeyPair, node: str, seq: int
-) -> float:
-    """A heartbeat FLEET_HB stores without a TTL (no marker will follow); when it was sent."""
-    body = codec.encode(heartbeat(node=node, seq=seq, stale_after=STALE_AFTER))
-    headers = {**key.headers(body), "Nats-Msg-Id": os.urandom(8).hex()}
-    await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
-    return time.time()
-
-
 async def forget_in_intake(bus: NatsBus, prefix: str, node: str) -> None:
     """What the intake's TTL does to the node's last heartbeat."""
     subjects = Subjects(prefix)
@@ -107,33 +94,22 @@ async def elect(bus: NatsBus, prefix: str) -> None:
     await bus.flush()
 
 
-async def n1_beating(bus: NatsBus, prefix: str, key: signing.KeyPair) -> None:
-    for seq in range(4, 1000):
-        await beat(bus, prefix, key, "n1", seq)
-        await asyncio.sleep(0.5)
-
-
 async def test_a_marker_lost_in_a_leader_change_makes_its_node_stale_at_once(
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     alerts = await watch_alerts(bus, prefix)
-    aggregator, keys = await two_nodes(fleet, bus, prefix)
-    beating = asyncio.create_task(n1_beating(bus, prefix, keys["n1"]))
-    try:
-        sent = await last_beat_without_ttl(bus, prefix, keys["n2"], "n2", 4)
-        await wait_record(bus, prefix, "n2", lambda r: r.last_seq == 4)
-        await forget_in_intake(bus, prefix, "n2")
-        await elect(bus, prefix)
-        await wait_for(lambda: aggregator.sweeps.leader_changes.elected_at)
-        stale = await wait_record(bus, prefix, "n2", lambda r: r.state == "stale")
-        assert stale.stale_since is not None
-        assert stale.stale_since >= sent + STALE_AFTER, "stale before its stale_after ran out"
-        await alerts.wait_count(1)
-        [alert] = alerts.of("stale")
-        assert alert.node_id == "n2" and LOST_MARKER in alert.message
-        assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
-    finally:
-        beating.cancel()
+    aggregator, _ = await two_nodes(fleet, bus, prefix, keeps_beating="n1", without_ttl="n2")
+    last = (await read_record(bus, Subjects(prefix), "n2")).last_seen
+    await forget_in_intake(bus, prefix, "n2")
+    await elect(bus, prefix)
+    await wait_for(lambda: aggregator.sweeps.leader_changes.elected_at)
+    stale = await wait_record(bus, prefix, "n2", lambda r: r.state == "stale")
+    assert stale.stale_since is not None
+    assert stale.stale_since >= last + STALE_AFTER, "stale before its stale_after ran out"
+    await alerts.wait_count(1)
+    [alert] = alerts.of("stale")
+    assert alert.node_id == "n2" and LOST_MARKER in alert.message
+    assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
 
 
 async def test_a_missing_marker_is_not_taken_as_lost_without_an_election_or_while_the_intake_holds_the_beat(  # noqa: E501
@@ -142,20 +118,15 @@ async def test_a_missing_marker_is_not_taken_as_lost_without_an_election_or_whil
     """n2's marker never comes and nothing is heard of an election: n2 stays active past
     its due time (the full sweep's net is for that); an election heard, with n2's beat
     still in the intake, changes nothing either."""
-    aggregator, keys = await two_nodes(fleet, bus, prefix)
-    beating = asyncio.create_task(n1_beating(bus, prefix, keys["n1"]))
-    try:
-        sent = await last_beat_without_ttl(bus, prefix, keys["n2"], "n2", 4)
-        await wait_record(bus, prefix, "n2", lambda r: r.last_seq == 4)
-        sweeps = aggregator.sweeps
-        passed = sweeps.sweeps_done
-        await wait_for(lambda: time.time() > sent + STALE_AFTER + MARKER_GRACE)
-        await wait_for(lambda: sweeps.sweeps_done >= passed + 3)
-        assert (await read_record(bus, Subjects(prefix), "n2")).state == "active"
-        await elect(bus, prefix)
-        await wait_for(lambda: sweeps.leader_changes.elected_at)
-        passed = sweeps.sweeps_done
-        await wait_for(lambda: sweeps.sweeps_done >= passed + 3)
-        assert (await read_record(bus, Subjects(prefix), "n2")).state == "active"
-    finally:
-        beating.cancel()
+    aggregator, _ = await two_nodes(fleet, bus, prefix, keeps_beating="n1", without_ttl="n2")
+    last = (await read_record(bus, Subjects(prefix), "n2")).last_seen
+    sweeps = aggregator.sweeps
+    passed = sweeps.sweeps_done
+    await wait_for(lambda: time.time() > last + STALE_AFTER + MARKER_GRACE)
+    await wait_for(lambda: sweeps.sweeps_done >= passed + 3)
+    assert (await read_record(bus, Subjects(prefix), "n2")).state == "active"
+    await elect(bus, prefix)
+    await wait_for(lambda: sweeps.leader_changes.elected_at)
+    passed = sweeps.sweeps_done
+    await wait_for(lambda: sweeps.sweeps_done >= passed + 3)
+    assert (await read_record(bus, Subjects(prefix), "n2")).state == "active"

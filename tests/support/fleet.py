@@ -355,6 +355,7 @@ async def wait_record(
     default interval, 60 s, so a stored record's readings may be a minute old); with
     ``stored``, as fleet_nodes holds it (for tests about what is written)."""
     subjects = Subjects(prefix)
+    seen: list[NodeRecord] = []
 
     async def check() -> NodeRecord | None:
         try:
@@ -364,7 +365,17 @@ async def wait_record(
                 current = await live.read_node(bus, subjects, node)
         except NotFound:
             return None
+        seen[:] = [current]
         return current if predicate(current) else None
 
-    found: NodeRecord = await wait_for(check, timeout, interval=0.1)
+    try:
+        found: NodeRecord = await wait_for(check, timeout, interval=0.1)
+    except AssertionError as exc:
+        last = seen[0] if seen else None
+        what = (
+            f"state {last.state}, last_seq {last.last_seq}, stale_since {last.stale_since}"
+            if last
+            else "no record"
+        )
+        raise AssertionError(f"{exc}: {node}'s record last read: {what}") from None
     return found
