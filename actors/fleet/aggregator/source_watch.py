@@ -1,3 +1,8 @@
+SOURCE_STALL = 20.0
+"""Seconds FLEET_HB's source may stay silent, while the intake stores, before its leader
+is asked to step down: two of nats-server's own stall checks (every 10 s), the first of
+which retries at once; a source not back by then waits out a backoff. In the CI round
+that failed (item 3), the intake stored again 39 s before FLEET_HB heard from it."""
 """FLEET_HB's source watched: a source nats-server left stalled is set up again at once.
 
 ``FLEET_HB`` sources ``FLEET_HB_IN``. When the intake changes leader, FLEET_HB's leader
