@@ -1,8 +1,3 @@
-SOURCE_STALL = 20.0
-"""Seconds FLEET_HB's source may stay silent, while the intake stores, before its leader
-is asked to step down: two of nats-server's own stall checks (every 10 s), the first of
-which retries at once; a source not back by then waits out a backoff. In the CI round
-that failed (item 3), the intake stored again 39 s before FLEET_HB heard from it."""
 """FLEET_HB's source watched: a source nats-server left stalled is set up again at once.
 
 ``FLEET_HB`` sources ``FLEET_HB_IN``. When the intake changes leader, FLEET_HB's leader
@@ -41,10 +36,11 @@ log = logging.getLogger(__name__)
 
 CHECK_INTERVAL = 5.0
 """Seconds between two looks at the streams."""
-SOURCE_STALL = 30.0
+SOURCE_STALL = 20.0
 """Seconds FLEET_HB's source may stay silent, while the intake stores, before its leader
-is asked to step down: past nats-server's own stall check (every 10 s) and first retry,
-so a source the server repairs by itself is left to it."""
+is asked to step down: two of nats-server's own stall checks (every 10 s), the first of
+which retries at once; a source not back by then waits out a backoff. In the CI round
+that failed (item 3), the intake stored again 39 s before FLEET_HB heard from it."""
 STEPDOWN_SPACING = 60.0
 """Seconds at least between two step-downs asked by this aggregator."""
 API_TIMEOUT = 2.0
