@@ -131,12 +131,12 @@ async def test_a_source_never_heard_from_counts_from_when_the_watch_saw_it(
     now = [1000.0]
     watch = watch_of(bus, lambda: now[0])
     seq = 100
-    for step in (0.0, 10.0, 10.0):
-        now[0] += step
+    for at in (0.0, SOURCE_STALL / 2, SOURCE_STALL - 1):
+        now[0] = 1000.0 + at
         seq += 5
         streams(bus, intake_seq=seq, active_s=None)
         assert not await watch.check()
-    now[0] += SOURCE_STALL - 19.0
+    now[0] = 1000.0 + SOURCE_STALL
     streams(bus, intake_seq=seq + 5, active_s=None)
     assert await watch.check()
     assert bus.requests == [STEPDOWN]
