@@ -1,11 +1,13 @@
 """The watch of FLEET_HB's source (actors/fleet/aggregator/source_watch.py): a source
 nats-server left stalled while the intake stores makes FLEET_HB's leader step down, once
 per spacing; a healthy, idle or single-replica stream is left alone. The decisions are
-driven with the stream infos a server sends; the step-down and the reading of a live
-source against a real three-server cluster."""
+driven with the stream infos a server sends; the step-down, the reading of a live source
+and the election advisory the sweeps listen for (lost_markers) against a real
+three-server cluster."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamInfo
 
 from actors.fleet.aggregator.source_watch import SOURCE_STALL, SourceWatch, source_silent
+from actors.fleet.aggregator.sweeps import LEADER_ELECTED
 from actors.fleet.storage.streams import provision
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
@@ -185,6 +188,15 @@ async def test_a_live_source_is_read_as_live_and_a_step_down_moves_the_leader(
     assert not await watch.check(), "a live source made its leader step down"
     assert before.cluster is not None and before.cluster.leader
     old_leader = before.cluster.leader
+    # The advisory the sweeps hear elections by (the lost_markers module) comes on the
+    # subject they listen to.
+    elected: list[str] = []
+
+    async def on_elected(msg: Msg) -> None:
+        elected.append(json.loads(msg.data)["leader"])
+
+    await bus.subscribe(f"{LEADER_ELECTED}.{stream}", on_elected)
+    await bus.flush()
     await watch.step_down()
 
     async def new_leader() -> StreamInfo | None:
@@ -195,3 +207,5 @@ async def test_a_live_source_is_read_as_live_and_a_step_down_moves_the_leader(
 
     after = await wait_for(new_leader, interval=0.2)
     assert after.state.last_seq > before.state.last_seq, "the new leader's source carries"
+    assert after.cluster is not None
+    await wait_for(lambda: after.cluster is not None and after.cluster.leader in elected)
