@@ -38,6 +38,12 @@ def derive_state(record: NodeRecord) -> RecordState:
     )
 
 
+def last_stored_at(record: NodeRecord) -> float:
+    """When the stream stored the node's last accepted heartbeat (its ``last_seen``, for
+    a record written before ``last_stored`` was): what its TTL runs from."""
+    return record.last_stored if record.last_stored is not None else record.last_seen
+
+
 def with_state(record: NodeRecord, **changes: object) -> NodeRecord:
     """``record`` with ``changes`` applied and ``state`` derived again."""
     updated = msgspec.structs.replace(record, **changes)

@@ -340,7 +340,7 @@ def stale_carried(mine: NodeRecord, stored: NodeRecord) -> NodeRecord | None:
         return None
     if stored.stale_since is not None or stored.deregistered or stored.stopped_since:
         return None
-    last = stored.last_stored if stored.last_stored is not None else stored.last_seen
+    last = record_state.last_stored_at(stored)
     if since - last < stored.heartbeat.stale_after - MARKER_TOLERANCE:
         return None
     return record_state.with_state(stored, stale_since=since)
@@ -365,5 +365,5 @@ def marker_is_real(record: NodeRecord | None, marked_at: float, body: bytes) -> 
     publish such a header, so one on a live node is a forgery."""
     if body or record is None or record.heartbeat is None:
         return False
-    stored = record.last_stored if record.last_stored is not None else record.last_seen
+    stored = record_state.last_stored_at(record)
     return marked_at - stored >= record.heartbeat.stale_after - MARKER_TOLERANCE

@@ -18,6 +18,7 @@ starts a look, so a forged advisory makes nobody stale.
 
 from __future__ import annotations
 
+from actors.fleet import record_state
 from schemas.messages import NodeRecord
 
 WINDOW = 15.0
@@ -57,8 +58,7 @@ class LeaderChanges:
             return False
         if record.stopped_since is not None:
             return False  # it said goodbye: its marker changes nothing
-        stored = record.last_stored if record.last_stored is not None else record.last_seen
-        due = stored + min(beat.stale_after, bound)
+        due = record_state.last_stored_at(record) + min(beat.stale_after, bound)
         if now < due + MARKER_GRACE:
             return False
         return any(abs(due - at) <= WINDOW for at in self.elected_at)
