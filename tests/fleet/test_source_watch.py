@@ -104,7 +104,6 @@ async def test_a_source_stalled_while_the_intake_stores_makes_its_leader_step_do
     streams(bus, intake_seq=110, active_s=SOURCE_STALL + 11)
     assert not await watch.check(), "a second step-down within the spacing"
     assert bus.requests == [STEPDOWN]
-    assert watch.stepdowns == 1
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,6 @@ class SourceWatch:
         self.clock = clock
         self.stream = subjects.stream_name(STREAM_HEARTBEATS)
         self.intake = subjects.stream_name(STREAM_HEARTBEAT_INTAKE)
-        self.stepdowns = 0
         self._intake_seq = -1
         self._unheard_since: float | None = None
         """Monotonic time the watch first saw the source not heard from since its
@@ -117,7 +116,6 @@ class SourceWatch:
             extra={"stream": self.stream, "leader": leader, "silent_s": round(silent, 1)},
         )
         await self.step_down()
-        self.stepdowns += 1
         self._unheard_since = None
         return True
 
