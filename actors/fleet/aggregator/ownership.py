@@ -22,7 +22,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
 
 from actors.fleet.aggregator.lease import holder_id
 from actors.fleet.aggregator.ledger import Ledger
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 NO_MESSAGE_FOUND = 10057
 """JetStream's error code for deleting a message that is not (or no longer) stored."""
 
+GONE = RawStreamMsg()
+"""What :meth:`Ownership._intake_latest` answers for a node FLEET_HB_IN holds nothing of."""
 Handler = Callable[[list[Msg]], Awaitable[list[Chain]]]
 UPSTREAM_TIMEOUT = 2.0
 """Seconds a read of a node's latest heartbeat in FLEET_HB_IN may take."""
@@ -219,14 +221,11 @@ class Ownership:
         source whose stream changed leader only at its next 10 s stall check, sometimes
         tens of seconds later). None when the intake cannot be read (it has no leader
         either): nobody can tell, so nobody is accused."""
-        subject = self.subjects.heartbeat(record.cluster, record.node_id)
-        try:
-            async with asyncio.timeout(UPSTREAM_TIMEOUT):
-                msg = await self.bus.js.get_msg(self._intake, subject=subject)
-        except nats.js.errors.NotFoundError:
-            return False  # nothing there: its last heartbeat expired in the intake too
-        except (nats.errors.Error, TimeoutError):
+        msg = await self._intake_latest(record)
+        if msg is None:
             return None
+        if msg is GONE:
+            return False  # its last heartbeat expired in the intake too
         try:
             if signing.verify(msg.headers, msg.data or b"") != key:
                 return False
@@ -239,15 +238,19 @@ class Ownership:
         """Whether FLEET_HB_IN holds no heartbeat of ``record``'s node: its last one, kept
         with the same TTL as in FLEET_HB, expired there (the node sent nothing for its
         ``stale_after``). False when the intake holds one or cannot be read."""
+        return await self._intake_latest(record) is GONE
+
+    async def _intake_latest(self, record: NodeRecord) -> RawStreamMsg | None:
+        """The latest heartbeat of ``record``'s node in FLEET_HB_IN; :data:`GONE` when it
+        holds none, None when it cannot be read."""
         subject = self.subjects.heartbeat(record.cluster, record.node_id)
         try:
             async with asyncio.timeout(UPSTREAM_TIMEOUT):
-                await self.bus.js.get_msg(self._intake, subject=subject)
+                return await self.bus.js.get_msg(self._intake, subject=subject)
         except nats.js.errors.NotFoundError:
-            return True
+            return GONE
         except (nats.errors.Error, TimeoutError):
-            return False
-        return False
+            return None
 
     async def intake_stored(self) -> float | None:
         """When FLEET_HB_IN last stored a heartbeat, if it stored one since the last call
