@@ -213,17 +213,49 @@ async def test_a_node_beating_into_the_intake_is_alive_though_fleet_hb_is_behind
     fleet: Fleet, bus: NatsBus, prefix: str
 ) -> None:
     """FLEET_HB_IN holding a heartbeat of the node newer than its last accepted one,
-    signed by its key, says the node beats (FLEET_HB fell behind its source); an older
-    one, or one signed by another key, does not."""
+    signed by its key, says the node beats (FLEET_HB fell behind its source); the one
+    accepted last, or one signed by another key, says it does not; one older than the
+    last accepted says the intake lost heartbeats (a server restarted empty leads it):
+    it cannot tell."""
     aggregator, keys = await two_nodes(fleet, bus, prefix)
     # The owner's record as of seq 3, whatever it accepts meanwhile.
     record = msgspec.structs.replace(aggregator.ledger.nodes["n1"].record, last_seq=3)
     key = keys["n1"].public_key
-    assert not await aggregator.ownership.beating_upstream(record, key)
+    assert await aggregator.ownership.beating_upstream(record, key) is False
+    ahead = msgspec.structs.replace(record, last_seq=9)
+    assert await aggregator.ownership.beating_upstream(ahead, key) is None
     await beat(bus, prefix, keys["n1"], "n1", 4)
-    assert await aggregator.ownership.beating_upstream(record, key)
+    assert await aggregator.ownership.beating_upstream(record, key) is True
     await beat(bus, prefix, signing.KeyPair.generate(), "n1", 5)
-    assert not await aggregator.ownership.beating_upstream(record, key)
+    assert await aggregator.ownership.beating_upstream(record, key) is False
+
+
+async def test_an_intake_that_cannot_tell_holds_a_marker_only_within_the_outage_bound(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """Both markers held through a silence; n1 beats again, n2 does not, and FLEET_HB_IN
+    never tells (no leader, or one that lost heartbeats): n2's marker is held on while
+    the silence is within bus_outage_max, then n2 is stale: an intake that never answers
+    does not keep a dead node alive."""
+    aggregator, keys = await two_nodes(fleet, bus, prefix, bus_outage_max=8.0)
+    await wait_for(lambda: set(aggregator.ledger.held.held) == {"n1", "n2"})
+    silent_since = aggregator.ledger.held.held["n2"].silent_since
+    asked: list[float] = []
+
+    async def cannot_tell(record: NodeRecord, key: str) -> bool | None:
+        asked.append(time.time())
+        return None
+
+    aggregator.ownership.beating_upstream = cannot_tell  # type: ignore[method-assign]
+    beating = asyncio.create_task(beats(bus, prefix, keys["n1"], "n1"))
+    try:
+        record = await wait_record(bus, prefix, "n2", lambda r: r.state == "stale")
+    finally:
+        beating.cancel()
+    assert asked, "the marker was never held on the intake's answer"
+    assert record.stale_since is not None
+    assert record.stale_since >= silent_since + 8.0, (record.stale_since, silent_since)
+    assert (await read_record(bus, Subjects(prefix), "n1")).state == "active"
 
 
 async def test_a_replay_refused_before_a_silence_does_not_make_its_node_stale(

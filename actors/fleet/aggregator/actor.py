@@ -420,8 +420,8 @@ class HeartbeatPath:
         if state is None:
             return
         key = await self.verify.store.trusted_key(node)
-        if held is not None and key is not None:
-            if await self.ownership.beating_upstream(state.record, key) in (True, None):
+        if held is not None and key is not None and self.ledger.held.may_hold(held, time.time()):
+            if await self.ownership.beating_upstream(state.record, key) is not False:
                 log.info(
                     "marker held: FLEET_HB_IN says the node beats, or cannot say",
                     extra={"node": node},

@@ -220,7 +220,9 @@ class Ownership:
         node beats, and FLEET_HB is behind its source (nats-server re-establishes a
         source whose stream changed leader only at its next 10 s stall check, sometimes
         tens of seconds later). None when the intake cannot be read (it has no leader
-        either): nobody can tell, so nobody is accused."""
+        either), or when its latest heartbeat of the node is older than the last one
+        accepted: it lost heartbeats FLEET_HB stored (its leader is a server restarted
+        empty), so it cannot tell either; nobody is accused on what nobody can tell."""
         msg = await self._intake_latest(record)
         if msg is None:
             return None
@@ -232,6 +234,8 @@ class Ownership:
             beat = msgspec.json.decode(msg.data or b"", type=_Seq)
         except (SignatureError, msgspec.DecodeError):
             return False
+        if beat.seq < record.last_seq:
+            return None
         return beat.seq > record.last_seq
 
     async def intake_forgot(self, record: NodeRecord) -> bool:

@@ -141,6 +141,12 @@ class HeldMarkers:
     def hold(self, node: str, held: Held) -> None:
         self.held[node] = held
 
+    def may_hold(self, held: Held, now: float) -> bool:
+        """Whether a marker due may be held on (its node beats into FLEET_HB_IN, or the
+        intake cannot tell): only within ``bound`` of the silence it was held for, so
+        an intake that never answers does not keep a dead node alive."""
+        return now < held.silent_since + self.bound
+
     def release(self, node: str) -> None:
         """A heartbeat of ``node`` was accepted: it was alive."""
         self.held.pop(node, None)

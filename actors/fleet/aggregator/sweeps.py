@@ -339,16 +339,18 @@ class Sweeps:
         """TTL markers held through a silence of the stream (the silence module) whose
         node has not beaten since the stream stored heartbeats again: stale now, with the
         marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
-        the node (FLEET_HB fell behind its source) or cannot be read: then held on."""
+        the node (FLEET_HB fell behind its source) or cannot tell: then held on, within
+        ``bus_outage_max`` of the silence (:meth:`HeldMarkers.may_hold`)."""
         ledger = self.ledger
         for node, held in ledger.held.due(ledger.pulse, time.time()):
             state = ledger.nodes.get(node)
             if state is None:
                 continue
             key = await self.store.trusted_key(node)
-            if key is not None and await self.ownership.beating_upstream(state.record, key) in (
-                True,
-                None,
+            if (
+                key is not None
+                and ledger.held.may_hold(held, time.time())
+                and await self.ownership.beating_upstream(state.record, key) is not False
             ):
                 # Its heartbeats reach the intake (FLEET_HB is what fell behind), or the
                 # intake cannot be read: not stale on what nobody can tell.
