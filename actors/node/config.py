@@ -120,7 +120,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     tls_key: str = ""
     """PEM private key of tls_cert."""
     connect_timeout: Positive = 5.0
-    """Seconds each attempt to connect to NATS may take."""
+    """Seconds each attempt to connect to NATS may take (one server's handshake 2 s at
+    most: a frozen server is left for the next of the list)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged: debug, info, warning or error."""
     log_format: LogFormat = "auto"

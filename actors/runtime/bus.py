@@ -48,6 +48,13 @@ DEFAULT_JS_API_PREFIX = "$JS.API"
 CONNECT_BACKOFF_INITIAL = 0.5
 CONNECT_BACKOFF_MAX = 15.0
 """A first connection retried forever waits 0.5 s, doubling up to 15 s, between tries."""
+SERVER_TIMEOUT = 2
+"""Each step of one server's handshake (the TCP connect, its INFO, the TLS upgrade, the
+first PONG) waits this long at most (nats.go's and nats-py's default), however long the
+whole connection may take: a server frozen with its socket open holds a reconnect this
+long before the next of the list is tried. At 5 s, a node leaving a server whose
+JetStream had stopped answering landed on the frozen one and was called stale 40 ms
+before it got through (a CI fault round)."""
 PING_INTERVAL = 2.0
 PINGS_MISSED = 2
 """Every connection to a cluster sends a PING every PING_INTERVAL seconds and waits as long
@@ -207,7 +214,7 @@ class NatsBus:
                         nc.connect(
                             servers=urls,
                             name=name,
-                            connect_timeout=max(1, round(connect_timeout)),
+                            connect_timeout=max(1, min(round(connect_timeout), SERVER_TIMEOUT)),
                             allow_reconnect=True,
                             max_reconnect_attempts=-1,
                             reconnect_time_wait=2,

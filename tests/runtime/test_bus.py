@@ -203,6 +203,36 @@ async def test_a_frozen_server_is_left_for_another_within_seconds(
         await bus.close()
 
 
+# nats-py drops its socket to a server whose handshake timed out without closing it:
+# the writer's destructor closes it (CPython frees it at once) and warns.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function StreamWriter.__del__"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+async def test_a_reconnect_waits_on_a_frozen_server_for_one_handshake_step(
+    three_servers: list[NatsServer],
+) -> None:
+    """Leaving a server for the next of the list, which is frozen (SIGSTOP: it accepts
+    the TCP connection and never sends its INFO), the connection moves on to the third
+    after SERVER_TIMEOUT, not after the whole connect_timeout (5 s): a fault round's
+    node sat on a paused server for 4.8 s and was called stale."""
+    bus = await NatsBus.connect(",".join(s.url for s in three_servers), "moving")
+    try:
+        left = serving(bus, three_servers)
+        following = bus.nc._server_pool[0].uri.port  # nats-py's next on a reconnect
+        [frozen] = [server for server in three_servers if server.port == following]
+        assert frozen is not left and frozen.process is not None
+        os.kill(frozen.process.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        bus._leave("test")
+        await wait_for(lambda: bus.connected and serving(bus, three_servers) not in (left, frozen))
+        took = time.monotonic() - start
+        print(f"reconnected past the frozen server in {took:.2f}s")
+        assert bus_module.SERVER_TIMEOUT <= took < 4.0, took
+    finally:
+        await bus.close()
+
+
 async def test_jetstream_timing_out_moves_the_connection_to_another_server(
     two_servers: list[NatsServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
