@@ -279,9 +279,17 @@ async def test_sticky_after_n_remediations(
     await put_records(
         bus, prefix, [msgspec.structs.replace(mine, state="cordoned", heartbeat=beat)], actor
     )
-    for _ in range(3):
+    stored: PolicyRecord | None = None
+
+    async def held_for_attention() -> bool:
+        # Rounds until the node has been healthy for recover_after (on a fast machine
+        # three rounds in a row took less than its millisecond).
+        nonlocal stored
         await actor.round()
-    stored = await kv.read(await actor.open(), "c1", PolicyRecord)
+        stored = await kv.read(await actor.open(), "c1", PolicyRecord)
+        return stored is not None and stored.holds["n1"].needs_attention
+
+    await wait_for(held_for_attention)
     assert stored is not None and stored.holds["n1"].needs_attention
     assert len(stored.history["n1"]) == 3
     await wait_for(lambda: any(b'"needs_attention"' in alert for alert in alerts))
