@@ -74,6 +74,10 @@ async def test_views_show_the_latest_heartbeat_not_the_checkpoint(
         return {gpu.temperature_c for gpu in gpus} == {95.0}
 
     await wait_for(injected)
+    # The fault turns n1 degraded, and a state change is written at once: the views must
+    # show beats past that write too (on a fast machine the whole test ran within one).
+    written = await wait_record(bus, prefix, "n1", lambda r: r.state == "degraded", stored=True)
+    await wait_for(lambda: _past(bus, prefix, written))
     base = ("--server", fleet.url, "--prefix", prefix)
 
     floor = await stored_seq(bus, prefix)
