@@ -151,6 +151,7 @@ class Load:
 class History:
     settings: Settings
     started: float
+    """When the run was watched from: the fleet up and the wiretap listening."""
     ended: float
     nodes: list[str]
     faults: list[Fault] = field(default_factory=list)

@@ -40,6 +40,36 @@ async def test_an_unacknowledged_alert_is_raised_until_stored_once(bus: NatsBus)
     assert await stored(bus, subjects) == 1
 
 
+async def test_an_alert_whose_publish_is_cancelled_in_flight_is_raised_again(
+    bus: NatsBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work that raised an alert is cancelled while its publish waits for the
+    stream's answer (a fault round: a refusal's replay alert, then the aggregator's
+    leases fenced 4.5 s later, the partition's work stopped): the alert is kept, and the
+    next flush stores it (it was never stored before)."""
+    subjects = Subjects("cancelled")
+    await provision(bus.js, subjects, limits=TEST_LIMITS)
+    publisher = AlertPublisher(bus, subjects)
+    in_flight = asyncio.Event()
+    real_publish = bus.js.publish
+
+    async def unanswered(*args: object, **kwargs: object) -> None:
+        in_flight.set()
+        await asyncio.Event().wait()  # no answer: only a cancel ends it
+
+    monkeypatch.setattr(bus.js, "publish", unanswered)
+    raising = asyncio.create_task(publisher.publish("replay", "c1", "g4", "seq 1032", "s442"))
+    await in_flight.wait()
+    raising.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await raising
+    assert list(publisher.unsent) == ["replay:c1:g4:s442"]
+    monkeypatch.setattr(bus.js, "publish", real_publish)
+    await publisher.flush()
+    assert publisher.unsent == {}
+    assert await stored(bus, subjects) == 1
+
+
 async def test_an_alert_unacknowledged_past_its_time_is_logged_lost(
     bus: NatsBus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

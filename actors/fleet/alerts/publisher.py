@@ -17,12 +17,14 @@ An alert the stream does not acknowledge (a timeout while its leader is elected,
 server cut off) is raised again, under the same id, at every :meth:`AlertPublisher.flush`
 until it is stored, for up to :data:`RESEND_FOR` (inside the stream's duplicate window, so
 a copy stored but not acknowledged is dropped, never doubled): the record written meanwhile
-never leaves it unsaid. At most :data:`MAX_UNSENT` wait; past that the oldest is dropped,
+never leaves it unsaid. So is one whose publish was cancelled in flight (the partition
+that raised it let go). At most :data:`MAX_UNSENT` wait; past that the oldest is dropped,
 logged as lost.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -217,12 +219,24 @@ class AlertPublisher:
             },
         )
         subject, body = self.subjects.alert(kind, cluster, node), codec.encode(alert)
-        if not await self._publish(alert.id, subject, body):
-            if len(self.unsent) >= MAX_UNSENT:
-                lost = next(iter(self.unsent))
-                del self.unsent[lost]
-                log.error("alert lost: too many unacknowledged", extra={"alert": lost})
-            self.unsent[alert.id] = Unsent(subject, body, time.monotonic() + RESEND_FOR)
+        try:
+            stored = await self._publish(alert.id, subject, body)
+        except asyncio.CancelledError:
+            # The work that raised it stopped (its partition let go, a lease fenced)
+            # with the alert in flight: kept for the next flush all the same.
+            self._keep(alert.id, subject, body)
+            raise
+        if not stored:
+            self._keep(alert.id, subject, body)
+
+    def _keep(self, alert_id: str, subject: str, body: bytes) -> None:
+        """An alert not acknowledged, to raise again at each flush (the oldest dropped,
+        logged as lost, past :data:`MAX_UNSENT`)."""
+        if len(self.unsent) >= MAX_UNSENT:
+            lost = next(iter(self.unsent))
+            del self.unsent[lost]
+            log.error("alert lost: too many unacknowledged", extra={"alert": lost})
+        self.unsent[alert_id] = Unsent(subject, body, time.monotonic() + RESEND_FOR)
 
     async def _publish(self, alert_id: str, subject: str, body: bytes) -> bool:
         """One try at storing an alert; whether FLEET_ALERTS acknowledged it."""
