@@ -353,7 +353,7 @@ class Sweeps:
                 and await self.ownership.beating_upstream(state.record, key) is not False
             ):
                 # Its heartbeats reach the intake (FLEET_HB is what fell behind), or the
-                # intake cannot be read: not stale on what nobody can tell.
+                # intake cannot tell: not stale on what nobody can tell.
                 log.info("marker still held", extra={"node": node})
                 ledger.held.hold(node, held)
                 continue
