@@ -143,9 +143,11 @@ class HeldMarkers:
 
     def may_hold(self, held: Held, now: float) -> bool:
         """Whether a marker due may be held on (its node beats into FLEET_HB_IN, or the
-        intake cannot tell): only within ``bound`` of the silence it was held for, so
-        an intake that never answers does not keep a dead node alive."""
-        return now < held.silent_since + self.bound
+        intake cannot tell): only within ``bound`` of the marker, so an intake that never
+        answers does not keep a dead node alive. From the marker, not the silence: an
+        aggregator just started knows no silence's start (``silent_since`` is then
+        ``bound`` before the marker) and would hold nothing."""
+        return now < held.marked_at + self.bound
 
     def release(self, node: str) -> None:
         """A heartbeat of ``node`` was accepted: it was alive."""

@@ -340,7 +340,7 @@ class Sweeps:
         node has not beaten since the stream stored heartbeats again: stale now, with the
         marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
         the node (FLEET_HB fell behind its source) or cannot tell: then held on, within
-        ``bus_outage_max`` of the silence (:meth:`HeldMarkers.may_hold`)."""
+        ``bus_outage_max`` of the marker (:meth:`HeldMarkers.may_hold`)."""
         ledger = self.ledger
         for node, held in ledger.held.due(ledger.pulse, time.time()):
             state = ledger.nodes.get(node)
