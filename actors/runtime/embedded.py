@@ -114,6 +114,9 @@ class NatsServer:
                 return self
             if self.process.poll() is not None:
                 stderr = (self.process.stderr.read() if self.process.stderr else b"").decode()
+                # Read again: its last lines (why it exited) may have come after the read
+                # above and before it exited.
+                text = self._log_since(offset)
                 detail = (stderr or text).strip().splitlines()
                 raise ServerError(
                     f"exited with code {self.process.returncode}: "
