@@ -11,6 +11,7 @@ import time
 
 from nats.aio.msg import Msg
 
+from actors.fleet.config import AggregatorConfig
 from actors.fleet.storage.records import read_record, read_records
 from actors.fleet.storage.registry import approve, revoke
 from actors.runtime.bus import NatsBus
@@ -185,7 +186,9 @@ async def test_sigkilled_agent_yields_one_stale_alert_from_the_marker(
     alerts = await watch_alerts(bus, prefix)
     key = signing.load_or_create_key_file(fleet.state_dir / "node.nk")
     await approve(bus, Subjects(prefix), "n1", key.public_key)
-    await fleet.start_aggregator()
+    # The default lease: the suite's 1.5 s was fenced by a loop stall on a loaded machine,
+    # and the partition taken again after the last heartbeat's marker had replaced it.
+    await fleet.start_aggregator(lease_ttl=AggregatorConfig().lease_ttl)
     process = start_agent_process(fleet)
     before = await wait_record(bus, prefix, "n1", lambda r: r.last_seq >= 2)
     process.send_signal(signal.SIGKILL)
