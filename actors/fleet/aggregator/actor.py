@@ -415,19 +415,17 @@ class HeartbeatPath:
     ) -> None:
         """Make the node stale as its marker says, unless FLEET_HB_IN holds a newer
         heartbeat of it (FLEET_HB fell behind its source while others' heartbeats were
-        still stored: the node beats) or cannot be read: then the marker is held."""
+        still stored: the node beats) or cannot tell: then the marker is held
+        (:meth:`Ownership.hold_on`)."""
         state = self.ledger.nodes.get(node)
         if state is None:
             return
         key = await self.verify.store.trusted_key(node)
-        if held is not None and key is not None and self.ledger.held.may_hold(held, time.time()):
-            if await self.ownership.beating_upstream(state.record, key) is not False:
-                log.info(
-                    "marker held: FLEET_HB_IN says the node beats, or cannot say",
-                    extra={"node": node},
-                )
-                self.ledger.held.hold(node, held)
-                return
+        if held is not None and await self.ownership.hold_on(node, state.record, key, held):
+            log.info(
+                "marker held: FLEET_HB_IN says the node beats, or cannot say", extra={"node": node}
+            )
+            return
         self.ledger.mark_stale(node, state, verdict.record)
         for step in self._steps(cluster, node, verdict):
             await step()

@@ -28,6 +28,7 @@ from actors.fleet.aggregator.lease import holder_id
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.aggregator.partitions import Partitions
 from actors.fleet.aggregator.reads import RecordReads
+from actors.fleet.aggregator.silence import Held
 from actors.fleet.aggregator.writes import RecordWrites
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
@@ -237,6 +238,19 @@ class Ownership:
         if beat.seq < record.last_seq:
             return None
         return beat.seq > record.last_seq
+
+    async def hold_on(self, node: str, record: NodeRecord, key: str | None, held: Held) -> bool:
+        """Whether a TTL marker due for ``node`` is held on instead of making it stale, and
+        if so held again: FLEET_HB_IN says the node beats or cannot tell
+        (:meth:`beating_upstream`, asked only of a node with a trusted ``key``), within
+        ``bus_outage_max`` of the marker (:meth:`HeldMarkers.may_hold`)."""
+        markers = self.ledger.held
+        if key is None or not markers.may_hold(held, time.time()):
+            return False
+        if await self.beating_upstream(record, key) is False:
+            return False
+        markers.hold(node, held)
+        return True
 
     async def intake_forgot(self, record: NodeRecord) -> bool:
         """Whether FLEET_HB_IN holds no heartbeat of ``record``'s node: its last one, kept

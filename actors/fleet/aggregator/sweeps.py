@@ -340,22 +340,17 @@ class Sweeps:
         node has not beaten since the stream stored heartbeats again: stale now, with the
         marker's alert, written at once; unless FLEET_HB_IN holds a newer heartbeat of
         the node (FLEET_HB fell behind its source) or cannot tell: then held on, within
-        ``bus_outage_max`` of the marker (:meth:`HeldMarkers.may_hold`)."""
+        ``bus_outage_max`` of the marker (:meth:`Ownership.hold_on`)."""
         ledger = self.ledger
         for node, held in ledger.held.due(ledger.pulse, time.time()):
             state = ledger.nodes.get(node)
             if state is None:
                 continue
             key = await self.store.trusted_key(node)
-            if (
-                key is not None
-                and ledger.held.may_hold(held, time.time())
-                and await self.ownership.beating_upstream(state.record, key) is not False
-            ):
+            if await self.ownership.hold_on(node, state.record, key, held):
                 # Its heartbeats reach the intake (FLEET_HB is what fell behind), or the
                 # intake cannot tell: not stale on what nobody can tell.
                 log.info("marker still held", extra={"node": node})
-                ledger.held.hold(node, held)
                 continue
             await self._stale_by_marker(node, held.reason, held.stream_seq, held.marked_at)
 
