@@ -13,8 +13,10 @@ from nats.aio.msg import Msg
 from actors.fleet.aggregator import command_queues
 from actors.fleet.storage import streams
 from actors.runtime.bus import NatsBus
+from actors.runtime.embedded import NatsServer
 from schemas.subjects import STREAM_COMMANDS, Subjects, command_consumer
 from tests.support.fleet import wait_for
+from tests.support.relay import Relay
 
 Node = tuple[str, str]
 
@@ -172,6 +174,33 @@ async def test_a_deleted_consumer_is_put_back_from_the_advisory(bus: NatsBus, pr
         await bus.js.delete_consumer(stream, command_consumer("c1", "n2"))
         await wait_for(lambda: admitted.rounds >= rounds + 10)
         assert not await exists(bus, prefix, ("c1", "n2"))
+
+
+async def test_a_deletion_while_the_connection_was_down_is_put_back_once_regained(
+    bus: NatsBus, nats_server: NatsServer, prefix: str
+) -> None:
+    """The keeper's connection cut (through a relay): a consumer deleted meanwhile sends
+    its advisory to nobody, and the keeper's first round once the connection is back
+    lists every consumer's name and puts it back (the timed full check is never due);
+    no listing before the cut."""
+    admitted = Nodes(("c1", "n1"))
+    stream = Subjects(prefix).stream_name(STREAM_COMMANDS)
+    relay = Relay(nats_server.url)
+    keeper_bus = await NatsBus.connect(await relay.start(), "keeper")
+    try:
+        async with api_requests(bus, prefix) as seen, keeping(keeper_bus, prefix, admitted):
+            await wait_for(lambda: exists(bus, prefix, ("c1", "n1")))
+            await wait_for(lambda: admitted.rounds >= 3)
+            assert listings(seen) == ["$JS.API.CONSUMER.LIST." + stream]
+            await relay.sever()
+            await wait_for(lambda: not keeper_bus.connected)
+            await bus.js.delete_consumer(stream, command_consumer("c1", "n1"))
+            await relay.heal()
+            await wait_for(lambda: exists(bus, prefix, ("c1", "n1")), timeout=30.0)
+        assert listings(seen)[1:] == ["$JS.API.CONSUMER.NAMES." + stream]
+    finally:
+        await keeper_bus.close()
+        await relay.close()
 
 
 async def test_a_new_nodes_consumer_configured_otherwise_is_put_right(

@@ -171,11 +171,7 @@ class AggregatorActor:
             group.create_task(self.reads.reread_forever())
             group.create_task(
                 command_queues.keep_forever(
-                    self.bus,
-                    self.subjects,
-                    self.admitted,
-                    self.config.sweep_interval,
-                    self.config.full_sweep_interval,
+                    self.bus, self.subjects, self.admitted, self.config.sweep_interval
                 )
             )
 

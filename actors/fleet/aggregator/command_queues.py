@@ -9,7 +9,8 @@ configuration :func:`actors.runtime.consumer.pull_config` pins (pull only, bound
 redeliveries, ack wait and pulls), for every node it owns whose record is admitted, and
 puts back any that is missing or configured otherwise (deleted, or left from before).
 What it checks each round is what changed: nodes newly admitted or owned, and consumers
-the server says were deleted; the whole list only at start and every full sweep.
+the server says were deleted; the whole list only at start, after the connection was
+regained (advisories sent while it was down are lost) and every :data:`LISTED_EVERY`.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ the aggregator's CPU a consumer than one at a time)."""
 DELETED_KEPT = 10_000
 """Deleted consumers' names remembered between two rounds (a bound: each is a name the
 server sent; past it the next round checks every node)."""
+LISTED_EVERY = 1800.0
+"""Seconds between two listings of every consumer's name while the connection stays up:
+the net for an advisory lost otherwise (dropped by a slow subscriber). A listing at
+100,000 nodes costs the aggregator about half a second of CPU; one every two minutes was
+most of its idle CPU (docs/performance.md, "Fleet-wide jobs at 100,000 nodes")."""
 NODES_PER_TURN = 1000
 """Nodes a pass over every admitted node takes in one round of the event loop (a few
 ms), so the aggregator's lease renewals and its connection's reader run between."""
@@ -293,7 +299,11 @@ class Deleted:
 
 
 async def keep_forever(
-    bus: Bus, subjects: Subjects, admitted: AdmittedNodes, every: float, full_every: float
+    bus: Bus,
+    subjects: Subjects,
+    admitted: AdmittedNodes,
+    every: float,
+    full_every: float = LISTED_EVERY,
 ) -> None:
     """Until cancelled: every ``every`` seconds, :func:`ensure` the consumers of the
     nodes that changed since the last round: those ``admitted`` says were written (newly
@@ -301,9 +311,10 @@ async def keep_forever(
     every node when ``admitted`` cannot say (a partition gained or lost). The first round
     lists every consumer with its configuration; later ones ask per node
     (:func:`ensure_each`), or list the names when more than :data:`INFO_PAGE` changed at
-    once. Every ``full_every`` seconds the names are listed for all of them: a deletion
-    whose advisory was lost (while reconnecting) is put back then. A failed round is
-    logged and its nodes tried again at the next."""
+    once. The names are listed for every node again at the first round after the
+    connection was regained (a deletion whose advisory was sent meanwhile is put back
+    then) and every ``full_every`` seconds. A failed round is logged and its nodes tried
+    again at the next."""
     stream = subjects.stream_name(STREAM_COMMANDS)
     deleted = Deleted()
     advisories = await bus.subscribe(f"{CONSUMER_DELETED}.{stream}.*", deleted.on_advisory)
@@ -403,10 +414,12 @@ async def _keep(
     keeper = Keeper(admitted)
     configs_checked = False
     last_full = time.monotonic()
+    listed_after = bus.reconnected_at
     while True:
         stop_if_cancelled()
         now = time.monotonic()
-        full = now - last_full >= full_every
+        regained = bus.reconnected_at
+        full = now - last_full >= full_every or regained != listed_after
         changed = admitted.changed()
         if changed is None or full or not configs_checked:
             await keeper.everything(full)
@@ -416,7 +429,7 @@ async def _keep(
         if await _check(bus, subjects, keeper, full or not configs_checked, configs_checked):
             configs_checked = True
             if full:
-                last_full = now
+                last_full, listed_after = now, regained
         await _next_round(admitted.written, every)
 
 
