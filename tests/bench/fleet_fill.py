@@ -40,9 +40,10 @@ INTERVAL = 3600.0
 KEY = signing.KeyPair.generate()
 
 
-def _template(gpus: int, unhealthy: bool) -> bytes:
-    """Node 0's heartbeat with SEQ_MARK and TS_MARK, healthy or not."""
-    options = SimOptions(nodes=1, rate=1 / INTERVAL, duration=1.0, gpus=gpus)
+def beat_template(gpus: int, unhealthy: bool, interval: float = INTERVAL) -> bytes:
+    """Node 0's heartbeat with SEQ_MARK and TS_MARK, healthy or not, claiming
+    ``interval``."""
+    options = SimOptions(nodes=1, rate=1 / interval, duration=1.0, gpus=gpus)
     body = template(node_id(0), options, "bench-fill")
     if not unhealthy:
         return body
@@ -52,7 +53,8 @@ def _template(gpus: int, unhealthy: bool) -> bytes:
     return msgspec.json.encode(msgspec.structs.replace(beat, health=sick))
 
 
-def _body(template_: bytes, index: int, seq: int, now: float) -> bytes:
+def beat_body(template_: bytes, index: int, seq: int, now: float) -> bytes:
+    """Node ``index``'s heartbeat ``seq`` from :func:`beat_template`'s, sent ``now``."""
     named = template_.replace(node_id(0).encode(), node_id(index).encode())
     return named.replace(b"%d" % SEQ_MARK, b"%d" % seq).replace(
         repr(TS_MARK).encode(), b"%.6f" % now
@@ -64,14 +66,14 @@ async def fill_trust_and_records(url: str, nodes: int, gpus: int) -> None:
     subjects = Subjects(PREFIX)
     trust = subjects.bucket_name(BUCKET_TRUST)
     records = subjects.bucket_name(BUCKET_NODES)
-    healthy = _template(gpus, unhealthy=False)
+    healthy = beat_template(gpus, unhealthy=False)
     bus = await NatsBus.connect(url, "bench-fill")
     try:
         for index in range(nodes):
             node, now = node_id(index), time.time()
             entry = TrustEntry(node_id=node, public_key=KEY.public_key, approved_at=now)
             await bus.js.publish_async(f"$KV.{trust}.{node}", codec.encode(entry))
-            beat = codec.decode(_body(healthy, index, 1, now), Heartbeat)
+            beat = codec.decode(beat_body(healthy, index, 1, now), Heartbeat)
             record = record_rules.accepted(
                 record_rules.pending_record(node, beat.cluster),
                 beat,
@@ -92,11 +94,11 @@ async def fill_trust_and_records(url: str, nodes: int, gpus: int) -> None:
 async def publish_beats(url: str, nodes: int, gpus: int, unhealthy: int) -> None:
     """Each node's heartbeat seq 2, signed; the first ``unhealthy`` nodes unhealthy."""
     subjects = Subjects(PREFIX)
-    templates = (_template(gpus, unhealthy=False), _template(gpus, unhealthy=True))
+    templates = (beat_template(gpus, unhealthy=False), beat_template(gpus, unhealthy=True))
     bus = await NatsBus.connect(url, "bench-beats")
     try:
         for index in range(nodes):
-            body = _body(templates[index < unhealthy], index, 2, time.time())
+            body = beat_body(templates[index < unhealthy], index, 2, time.time())
             headers = {
                 signing.HEADER_KEY: KEY.public_key,
                 signing.HEADER_SIG: base64.b64encode(KEY.sign(body)).decode(),
