@@ -199,6 +199,12 @@ class Bench:
         self.rows.append(Row(figure, target, measured, ok))
         self.say(Row(figure, target, measured, ok).line())
 
+    def table(self, heading: str = "benchmark") -> None:
+        """Every row so far, as a markdown table (what docs/performance.md quotes)."""
+        self.say(f"| {heading} | target | measured |\n|---|---|---|")
+        for row in self.rows:
+            self.say(row.line())
+
 
 # ---------------------------------------------------------------- processes and probes
 
@@ -1347,9 +1353,7 @@ def main() -> int:
             traceback.print_exc()
             bench.row(part.help, "—", f"failed: {type(exc).__name__}: {exc}", False)
     bench.say(f"\n{time.monotonic() - started:.0f} s in all\n")
-    bench.say("| benchmark | target | measured |\n|---|---|---|")
-    for row in bench.rows:
-        bench.say(row.line())
+    bench.table()
     return 0
 
 

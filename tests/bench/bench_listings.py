@@ -216,9 +216,8 @@ def main() -> int:
         (run_filled if bench.args.fill else run)(bench, cluster)
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     bench.say(f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)")
-    bench.say("\n| figure | target | measured |\n|---|---|---|")
-    for row in bench.rows:
-        bench.say(row.line())
+    bench.say("")
+    bench.table("figure")
     return 0
 
 

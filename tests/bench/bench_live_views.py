@@ -353,9 +353,8 @@ def main() -> int:
             limits[min(index, len(limits) - 1)],
             gpus[min(index, len(gpus) - 1)],
         )
-    bench.say("\n| figure | target | measured |\n|---|---|---|")
-    for row in bench.rows:
-        bench.say(row.line())
+    bench.say("")
+    bench.table("figure")
     return 0
 
 

@@ -327,9 +327,8 @@ def main() -> int:
     except KeyboardInterrupt:
         bench.say("interrupted")
     sink.shutdown()
-    bench.say("\n| benchmark | target | measured |\n|---|---|---|")
-    for row in bench.rows:
-        bench.say(row.line())
+    bench.say("")
+    bench.table()
     return 0
 
 
