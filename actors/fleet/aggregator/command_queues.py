@@ -101,7 +101,8 @@ LISTED_EVERY = 1800.0
 """Seconds between two listings of every consumer's name while the connection stays up:
 the net for an advisory lost otherwise (dropped by a slow subscriber). A listing at
 100,000 nodes costs the aggregator about half a second of CPU; one every two minutes was
-most of its idle CPU (docs/performance.md, "Fleet-wide jobs at 100,000 nodes")."""
+a sixth to a third of its idle CPU (docs/performance.md, "Fleet-wide jobs at 100,000
+nodes")."""
 NODES_PER_TURN = 1000
 """Nodes a pass over every admitted node takes in one round of the event loop (a few
 ms), so the aggregator's lease renewals and its connection's reader run between."""
