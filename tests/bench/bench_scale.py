@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import sys
 import threading
 import time
@@ -41,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.cli.simulate.publisher import node_id
 from actors.runtime.bus import NatsBus
-from schemas import signing
 from schemas.subjects import Subjects
 from tests.bench.bench_aggregator import (
     ACCEPTED,
@@ -50,14 +48,13 @@ from tests.bench.bench_aggregator import (
     command_consumers_made,
     servers,
 )
-from tests.bench.bench_live_views import records_count
 from tests.bench.fleet_fill import (
     BATCH,
-    KEY,
     PREFIX,
     beat_body,
     beat_template,
-    fill_trust_and_records,
+    loaded_aggregator,
+    signed_headers,
     unjudged,
 )
 
@@ -126,12 +123,8 @@ class Beats(threading.Thread):
                         if self.stop.is_set():
                             break
                     body = beat_body(template, index, seq, time.time())
-                    headers = {
-                        signing.HEADER_KEY: KEY.public_key,
-                        signing.HEADER_SIG: base64.b64encode(KEY.sign(body)).decode(),
-                    }
                     subject = subjects.heartbeat("sim", node_id(index))
-                    await bus.js.publish_async(subject, body, headers=headers)
+                    await bus.js.publish_async(subject, body, headers=signed_headers(body))
                     self.published += 1
                     if self.published % BATCH == 0:
                         await bus.js.publish_async_completed()
@@ -150,16 +143,7 @@ def one_size(bench: Bench, nodes: int, interval: float) -> float | None:
     every ``interval`` seconds (None when not measured), each figure printed."""
     args = bench.args
     with servers(bench) as cluster:
-        first = cluster.start_aggregator()  # makes the buckets and streams
-        first.wait_owner(120)
-        first.stop()
-        asyncio.run(fill_trust_and_records(cluster.url, nodes, args.gpus))
-        if (stored := asyncio.run(records_count(cluster.url))) != nodes:
-            raise RuntimeError(f"{stored} records stored of {nodes}")
-        aggregator = cluster.start_aggregator()
-        owned = aggregator.wait_owner(600)
-        if owned is None:
-            raise RuntimeError("the aggregator did not load the records in 10 minutes")
+        aggregator = loaded_aggregator(bench, cluster, nodes, args.gpus)
         leased = time.monotonic()
         deadline = leased + CONSUMERS_WAIT
         made = asyncio.run(
@@ -168,13 +152,14 @@ def one_size(bench: Bench, nodes: int, interval: float) -> float | None:
         if not made:
             raise RuntimeError(f"{nodes} command consumers not made in {CONSUMERS_WAIT:g} s")
         bench.say(
-            f"  {nodes:,}: records loaded {owned:.0f} s after start, every command consumer "
-            f"{time.monotonic() - leased:.0f} s later; RSS {aggregator.rss_mb():.0f} MB"
+            f"  {nodes:,}: every command consumer {time.monotonic() - leased:.0f} s after "
+            f"the leases; RSS {aggregator.rss_mb():.0f} MB"
         )
         time.sleep(max(0.0, leased + SETTLE - time.monotonic()))
-        before, _ = cpu_and_accepted(aggregator)
-        time.sleep(args.idle)
-        floor = (aggregator.cpu() - before) / args.idle
+        before = aggregator.cpu()
+        idle: float = args.idle
+        time.sleep(idle)
+        floor = (aggregator.cpu() - before) / idle
         beats = Beats(cluster.url, nodes, args.gpus, interval)
         beats.start()
         try:
@@ -204,7 +189,7 @@ def one_size(bench: Bench, nodes: int, interval: float) -> float | None:
             f"{window:.0f} s ({counted / window:,.0f}/s), {left:,} unjudged at the end, "
             f"publishing at most {beats.behind:.1f} s behind; RSS {aggregator.rss_mb():.0f} MB"
         )
-        return float(beyond)
+        return beyond
 
 
 def size(text: str, interval: float) -> tuple[int, float]:

@@ -99,12 +99,8 @@ async def publish_beats(url: str, nodes: int, gpus: int, unhealthy: int) -> None
     try:
         for index in range(nodes):
             body = beat_body(templates[index < unhealthy], index, 2, time.time())
-            headers = {
-                signing.HEADER_KEY: KEY.public_key,
-                signing.HEADER_SIG: base64.b64encode(KEY.sign(body)).decode(),
-            }
             subject = subjects.heartbeat("sim", node_id(index))
-            await bus.js.publish_async(subject, body, headers=headers)
+            await bus.js.publish_async(subject, body, headers=signed_headers(body))
             if index % BATCH == BATCH - 1:
                 await bus.js.publish_async_completed()
         await bus.js.publish_async_completed()
@@ -155,11 +151,17 @@ def judged(url: str, unhealthy: int) -> bool:
         return False
 
 
-def filled_fleet(
-    bench: Bench, cluster: Cluster, nodes: int, gpus: int, unhealthy: int
-) -> Aggregator:
-    """``nodes`` keys and records put in, an aggregator started on them, then every
-    node's next beat (``unhealthy`` of them unhealthy), judged: the aggregator returned."""
+def signed_headers(body: bytes) -> dict[str, str]:
+    """The headers of ``body`` signed with the fleet's one key (:data:`KEY`)."""
+    return {
+        signing.HEADER_KEY: KEY.public_key,
+        signing.HEADER_SIG: base64.b64encode(KEY.sign(body)).decode(),
+    }
+
+
+def loaded_aggregator(bench: Bench, cluster: Cluster, nodes: int, gpus: int) -> Aggregator:
+    """``nodes`` keys and records put in, and an aggregator started on them that holds
+    every lease (the records loaded): returned."""
     first = cluster.start_aggregator()  # makes the buckets and streams
     first.wait_owner(120)
     first.stop()
@@ -176,6 +178,15 @@ def filled_fleet(
         f"records loaded, every lease held {loaded:.0f} s after the aggregator answered; "
         f"aggregator RSS {aggregator.rss_mb():.0f} MiB"
     )
+    return aggregator
+
+
+def filled_fleet(
+    bench: Bench, cluster: Cluster, nodes: int, gpus: int, unhealthy: int
+) -> Aggregator:
+    """``nodes`` keys and records put in, an aggregator started on them, then every
+    node's next beat (``unhealthy`` of them unhealthy), judged: the aggregator returned."""
+    aggregator = loaded_aggregator(bench, cluster, nodes, gpus)
     started = time.monotonic()
     asyncio.run(publish_beats(cluster.url, nodes, gpus, unhealthy))
     bench.say(f"{nodes} heartbeats published in {time.monotonic() - started:.0f} s")
