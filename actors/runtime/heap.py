@@ -1,5 +1,7 @@
-"""Giving the C heap's freed memory back to the system after a burst of short-lived
-allocations (a cold start's load of 100,000 records, a sweep's rewrites).
+"""Memory after and during bursts of allocations: the C heap's freed memory given back
+to the system after a burst of short-lived ones (a cold start's load of 100,000 records,
+a sweep's rewrites), and the cyclic garbage collector paused while a bulk read decodes a
+fleet (:func:`collector_paused`).
 
 Python asks the C allocator (glibc's ``malloc``) for every object over 512 bytes: the
 messages read, records decoded whole, the tables' arrays. Freed, their pages stay in the
@@ -13,9 +15,11 @@ does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 
 
 @functools.cache
@@ -35,3 +39,31 @@ def give_back() -> bool:
     also where the C library cannot)."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+_pauses = 0
+"""Pauses of the collector now running (:func:`collector_paused`)."""
+_resume = False
+"""Whether the collector was on when the first of them began."""
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the ``with`` block: a read of the whole fleet
+    decodes millions of containers (each record's lists of GPUs, its labels) that hold
+    no cycle, and every collection started by their allocation walks all of them again.
+    Measured on ``fleetctl nodes -o json --all`` at 20,000 nodes of 8 GPUs: a third of
+    its CPU. Pauses nest and overlap (tasks of one loop): the collector runs again when
+    the last ends, and only if it was on when the first began. Cycles made meanwhile are
+    collected then."""
+    global _pauses, _resume
+    if _pauses == 0:
+        _resume = gc.isenabled()
+        gc.disable()
+    _pauses += 1
+    try:
+        yield
+    finally:
+        _pauses -= 1
+        if _pauses == 0 and _resume:
+            gc.enable()

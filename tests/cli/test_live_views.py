@@ -4,9 +4,11 @@ heartbeat from FLEET_HB, never a refused one, whatever the checkpoint schedule."
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import time
+from typing import cast
 
 import aiohttp
 import msgspec
@@ -18,6 +20,7 @@ from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from actors.fleet.live import reader as live
 from actors.fleet.metrics import AggregatorMetrics
+from actors.fleet.storage import records as stored
 from actors.fleet.storage.records import read_record, read_records
 from actors.fleet.storage.registry import approve
 from actors.runtime import direct_get
@@ -306,3 +309,35 @@ async def test_a_listing_reads_no_key_for_a_heartbeat_its_record_holds(
 async def _all_beyond_first(bus: NatsBus, subjects: Subjects) -> bool:
     records = await read_records(bus, subjects)
     return len(records) == 30 and all(r.last_seq >= 1 for r in records)
+
+
+async def test_the_live_reads_of_the_fleet_decode_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What ``fleetctl nodes -o json --all`` reads (every record, then every heartbeat)
+    is decoded with the collector paused: a third of its CPU at 20,000 nodes."""
+    during: list[tuple[str, bool]] = []
+    assert gc.isenabled()
+
+    async def records(bus: object, subjects: object) -> list[NodeRecord]:
+        during.append(("records", gc.isenabled()))
+        return []
+
+    async def heartbeats(
+        bus: object, subjects: object, shown: list[NodeRecord], durable: str
+    ) -> list[live.LiveRecord]:
+        during.append(("heartbeats", gc.isenabled()))
+        return []
+
+    async def facts(
+        bus: object, subjects: object, shown: list[live.LiveRecord]
+    ) -> list[live.LiveRecord]:
+        during.append(("facts", gc.isenabled()))
+        return shown
+
+    monkeypatch.setattr(stored, "read_records", records)
+    monkeypatch.setattr(live, "_overlay", heartbeats)
+    monkeypatch.setattr(live, "fleet_facts", facts)
+    await live.read_fleet(cast(NatsBus, object()), Subjects("fleet"))
+    assert during == [("records", False), ("heartbeats", False), ("facts", False)]
+    assert gc.isenabled()

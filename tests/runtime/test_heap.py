@@ -1,14 +1,20 @@
-"""Freed C-heap pages between live objects go back to the system when asked."""
+"""Freed C-heap pages between live objects go back to the system when asked; the
+collector paused for a bulk read runs again when the last pause ends."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from actors.runtime import heap
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,3 +54,65 @@ def test_pages_freed_between_live_objects_are_given_back() -> None:
     assert result["gave"] is True
     assert result["drop"] > 40 * 2**20, f"only {result['drop'] / 2**20:.1f} MiB given back"
     assert result["kept"] == 313
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    """The collector on for the test, and as it was after."""
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_the_collector_runs_again_only_when_the_last_overlapping_pause_ends() -> None:
+    """Two reads of one loop overlap: the first to end must not turn the collector on
+    under the second, which is still decoding."""
+    first_in, second_in, first_out = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    seen: list[tuple[str, bool]] = []
+
+    async def first() -> None:
+        with heap.collector_paused():
+            first_in.set()
+            await second_in.wait()
+        first_out.set()
+
+    async def second() -> None:
+        await first_in.wait()
+        with heap.collector_paused():
+            second_in.set()
+            await first_out.wait()
+            seen.append(("second, after the first ended", gc.isenabled()))
+            with heap.collector_paused():  # nested
+                pass
+            seen.append(("second, after a nested pause", gc.isenabled()))
+        seen.append(("after both", gc.isenabled()))
+
+    await asyncio.gather(first(), second())
+    assert seen == [
+        ("second, after the first ended", False),
+        ("second, after a nested pause", False),
+        ("after both", True),
+    ]
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_an_error_in_the_block_still_lets_the_collector_run_again() -> None:
+    with pytest.raises(RuntimeError), heap.collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a read that failed")
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_before_stays_off() -> None:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with heap.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()

@@ -49,7 +49,7 @@ from actors.fleet.storage import registry
 from actors.fleet.storage.policy_holds import read_policies
 from actors.fleet.storage.streams import heartbeat_partitions
 from actors.fleet.storage.windows import covers, read_windows
-from actors.runtime import direct_get
+from actors.runtime import direct_get, heap
 from actors.runtime.bus import Bus
 from actors.runtime.direct_get import Stored
 from schemas import codec, signing
@@ -114,7 +114,7 @@ def as_live(record: NodeRecord, live: bool = False, note: str = "") -> LiveRecor
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
     accepted heartbeat (see the module's docstring)."""
-    return await overlay(bus, subjects, await stored.read_records(bus, subjects))
+    return await overlay(bus, subjects, await stored_records(bus, subjects))
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
@@ -128,8 +128,10 @@ async def stored_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     beyond its heartbeat (its cluster, key, state, lifecycle, registrations), written when
     it changes. Its heartbeat's parts (LAST SEEN, SEQ, health, GPUs, workloads) may be a
     checkpoint old: :func:`overlay` them (or :func:`read_fleet`) before showing or acting
-    on them."""
-    return await stored.read_records(bus, subjects)
+    on them. The garbage collector is paused while they are decoded
+    (:func:`heap.collector_paused`)."""
+    with heap.collector_paused():
+        return await stored.read_records(bus, subjects)
 
 
 async def stored_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> list[NodeRecord]:
@@ -151,14 +153,15 @@ async def overlay(
     """``records`` (in their order) with each node's latest accepted heartbeat where one
     can be read, else the record as it is, marked; each names the maintenance window
     covering it. Never raises for what it reads: a failed read marks every record it
-    concerns."""
-    try:
-        async with asyncio.timeout(READ_TIMEOUT):
-            shown = await _overlay(bus, subjects, records, durable)
-    except (nats.errors.Error, TimeoutError, FleetError) as exc:
-        note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
-        shown = [_marked(record, note) for record in records]
-    return await fleet_facts(bus, subjects, shown)
+    concerns. The garbage collector is paused meanwhile (:func:`heap.collector_paused`)."""
+    with heap.collector_paused():
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                shown = await _overlay(bus, subjects, records, durable)
+        except (nats.errors.Error, TimeoutError, FleetError) as exc:
+            note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
+            shown = [_marked(record, note) for record in records]
+        return await fleet_facts(bus, subjects, shown)
 
 
 async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
