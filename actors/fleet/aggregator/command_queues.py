@@ -157,18 +157,25 @@ async def _put_back(
     time; how many were created. Each node is added to ``done`` once its consumer is in
     place."""
     done = set() if done is None else done
-    missing: list[tuple[tuple[str, str], ConsumerConfig | None]] = []
+    missing: list[Node] = []
+    # The few found configured otherwise, apart: a (node, config) pair per node missing,
+    # most nodes of a fresh fleet, held through its creates, was 7 MB at 100,000 nodes.
+    otherwise: dict[Node, ConsumerConfig] = {}
     for step, node in enumerate(nodes, 1):
         await take_turn(step, NODES_PER_TURN)
         name = command_consumer(*node)
         found = current.get(name)
         if name in current and (found is None or not _differs(found, wanted(subjects, *node))):
             done.add(node)
-        else:
-            missing.append((node, found))
+            continue
+        missing.append(node)
+        if found is not None:
+            otherwise[node] = found
     for start in range(0, len(missing), CREATE_BATCH):
         batch = missing[start : start + CREATE_BATCH]
-        await asyncio.gather(*(_create(bus, subjects, stream, n, f, done) for n, f in batch))
+        await asyncio.gather(
+            *(_create(bus, subjects, stream, n, otherwise.get(n), done) for n in batch)
+        )
     return len(missing)
 
 
@@ -382,7 +389,9 @@ class Keeper:
 
     def done(self, nodes: set[Node]) -> None:
         self.ensured.update((node, cluster) for cluster, node in nodes)
-        self.todo -= nodes
+        # A new set, not ``-=``: a set keeps the table it grew to (4 MB after a first
+        # round of 100,000 nodes) however few it holds after.
+        self.todo = self.todo - nodes
 
 
 def named(name: str, clusters: dict[str, str]) -> str | None:
