@@ -9,6 +9,7 @@ import json
 import platform
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,6 +105,41 @@ def test_an_error_in_the_block_still_lets_the_collector_run_again() -> None:
         assert not gc.isenabled()
         raise RuntimeError("a read that failed")
     assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_pauses_kept_overlapping_past_the_bound_collect_at_the_next_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reads that keep overlapping (a fleet API polled without rest) would keep the
+    collector off for good: a pause that begins after MAX_PAUSED collects first, so a
+    cycle left meanwhile is freed while the reads go on."""
+    monkeypatch.setattr(heap, "MAX_PAUSED", 0.05)
+    first_in, second_done = asyncio.Event(), asyncio.Event()
+
+    class Cycle:
+        me: object
+
+    async def first() -> None:
+        with heap.collector_paused():
+            first_in.set()
+            await second_done.wait()
+
+    async def second() -> weakref.ref[Cycle]:
+        await first_in.wait()
+        garbage = Cycle()
+        garbage.me = garbage
+        left = weakref.ref(garbage)
+        del garbage
+        assert left() is not None  # a cycle: only the collector frees it
+        await asyncio.sleep(0.1)
+        with heap.collector_paused():
+            freed = left
+        second_done.set()
+        return freed
+
+    _, left = await asyncio.gather(first(), second())
+    assert left() is None
 
 
 def test_a_collector_turned_off_before_stays_off() -> None:
