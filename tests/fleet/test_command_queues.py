@@ -21,6 +21,11 @@ from tests.support.relay import Relay
 Node = tuple[str, str]
 
 
+def clusters(*nodes: Node) -> dict[str, str]:
+    """Node -> cluster of (cluster, node) pairs: what the keeper's rounds hold."""
+    return {node: cluster for cluster, node in nodes}
+
+
 class Nodes:
     """The admitted nodes a keeper is given, told as an aggregator tells them (the
     nodes changed since it last asked), how many rounds have asked and how often the
@@ -226,9 +231,10 @@ async def test_a_new_nodes_consumer_configured_otherwise_is_put_right(
         deliver_subject=subjects.register(),
     )
     before = await bus.js.add_consumer(stream, config=command_queues.wanted(subjects, *right))
-    done: set[Node] = set()
-    assert await command_queues.ensure_each(bus, subjects, [edited, push, right], done) == 3
-    assert done == {edited, push, right}
+    done: dict[str, str] = {}
+    todo = clusters(edited, push, right)
+    assert await command_queues.ensure_each(bus, subjects, todo, done) == 3
+    assert done == todo
     for node in (edited, push, right):
         config = (await bus.js.consumer_info(stream, command_consumer(*node))).config
         pinned = command_queues.wanted(subjects, *node)
@@ -263,7 +269,7 @@ async def test_more_nodes_than_the_servers_default_consumer_limit_get_a_consumer
     info = await bus.js.stream_info(subjects.stream_name(STREAM_COMMANDS))
     assert (info.config.max_consumers or 0) >= streams.MAX_NODES
     nodes = [("c1", f"n{i}") for i in range(1001)]
-    created = await command_queues.ensure(bus, subjects, nodes, check_configs=False)
+    created = await command_queues.ensure(bus, subjects, clusters(*nodes), check_configs=False)
     assert created == 1001
     assert await has_consumers(bus, prefix, 1001)
 
@@ -298,7 +304,7 @@ async def test_a_walk_over_every_node_lets_the_loop_run_between_turns() -> None:
         ticker.cancel()
     assert max(taken_in.values()) <= command_queues.NODES_PER_TURN
     assert len(taken_in) >= 3
-    assert keeper.todo == set(nodes.nodes)
+    assert keeper.todo == clusters(*nodes.nodes)
     assert keeper.ensured == {}
 
 
@@ -311,17 +317,18 @@ async def test_a_deleted_consumers_name_finds_its_node_with_underscores_in_ids()
     nodes = Nodes(*kept)
     keeper = command_queues.Keeper(nodes)
     await keeper.everything(full=True)
-    keeper.done(set(kept))
-    assert keeper.todo == set()
+    keeper.ensured.update(clusters(*kept))  # as a round puts each in place
+    keeper.done()
+    assert keeper.todo == {}
     assert keeper.ensured == {node: cluster for cluster, node in kept}
     await keeper.deleted({command_consumer("east_1", "gpu_node_7"), "cmd_nowhere_n9", "other"})
-    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert keeper.todo == {"gpu_node_7": "east_1"}
     assert "gpu_node_7" not in keeper.ensured
     await keeper.deleted({command_consumer("east", "n1")})  # n1 is in west
-    assert keeper.todo == {("east_1", "gpu_node_7")}
+    assert keeper.todo == {"gpu_node_7": "east_1"}
     assert keeper.ensured == {"1_gpu": "east", "n1": "west"}
     await keeper.deleted(None)  # more deletions than kept: every admitted node again
-    assert keeper.todo == set(kept) and keeper.ensured == {}
+    assert keeper.todo == clusters(*kept) and keeper.ensured == {}
 
 
 async def test_the_first_listing_puts_right_only_the_consumers_configured_otherwise(
@@ -339,12 +346,12 @@ async def test_the_first_listing_puts_right_only_the_consumers_configured_otherw
             stream, config=command_queues.wanted(subjects, *node).evolve(max_deliver=99)
         )
     before = await bus.js.add_consumer(stream, config=command_queues.wanted(subjects, *right))
-    done: set[Node] = set()
+    done: dict[str, str] = {}
     created = await command_queues.ensure(
-        bus, subjects, [edited, right], check_configs=True, done=done
+        bus, subjects, clusters(edited, right), check_configs=True, done=done
     )
     assert created == 1
-    assert done == {edited, right}
+    assert done == clusters(edited, right)
     fixed = (await bus.js.consumer_info(stream, command_consumer(*edited))).config
     assert fixed.max_deliver == command_queues.wanted(subjects, *edited).max_deliver != 99
     assert (await bus.js.consumer_info(stream, command_consumer(*right))).created == before.created

@@ -173,7 +173,7 @@ async def test_own_command_consumer_cannot_be_recreated(
     own_commands = SUBJECTS.command(AUTH_CLUSTER, ATTACKER)
     assert (
         await command_queues.ensure(
-            auth.admin, SUBJECTS, [(AUTH_CLUSTER, ATTACKER)], check_configs=False
+            auth.admin, SUBJECTS, {ATTACKER: AUTH_CLUSTER}, check_configs=False
         )
         == 1
     )
@@ -237,12 +237,14 @@ async def test_provider_replaces_a_consumer_configured_otherwise(auth: AuthServe
         filter_subject=SUBJECTS.command(AUTH_CLUSTER, VICTIM),
         deliver_subject=SUBJECTS.register(),
     )
-    nodes = [(AUTH_CLUSTER, VICTIM)]
+    nodes = {VICTIM: AUTH_CLUSTER}
     assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 0
     assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 1
     info = await auth.admin.js.consumer_info("FLEET_CMD", own)
     assert info.config.deliver_subject is None
-    assert info.config.max_waiting == command_queues.wanted(SUBJECTS, *nodes[0]).max_waiting
+    assert (
+        info.config.max_waiting == command_queues.wanted(SUBJECTS, AUTH_CLUSTER, VICTIM).max_waiting
+    )
     assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=True) == 0
     await auth.admin.js.delete_consumer("FLEET_CMD", own)
     assert await command_queues.ensure(auth.admin, SUBJECTS, nodes, check_configs=False) == 1

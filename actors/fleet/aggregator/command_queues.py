@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 import nats.errors
@@ -49,6 +49,10 @@ NOT_ADMITTED = ("pending", "deregistered")
 """Record states whose node gets no command consumer (created when it is admitted)."""
 Node = tuple[str, str]
 """(cluster, node)."""
+Clusters = dict[str, str]
+"""Node -> its cluster: the nodes a round checks and those whose consumer is in place,
+each the node's interned name and its record's cluster (no pair, and no consumer's name,
+made and kept per node: 100,000 pairs were 6 MB through a fresh fleet's first round)."""
 
 
 class AdmittedNodes(Protocol):
@@ -125,19 +129,19 @@ def _differs(current: ConsumerConfig, config: ConsumerConfig) -> bool:
 async def ensure(
     bus: Bus,
     subjects: Subjects,
-    nodes: Iterable[tuple[str, str]],
+    nodes: Mapping[str, str],
     *,
     check_configs: bool,
-    done: set[tuple[str, str]] | None = None,
+    done: Clusters | None = None,
 ) -> int:
-    """Create the command consumer of each (cluster, node) that has none; with
-    ``check_configs`` also one configured otherwise (deleted first). How many were
-    created; each node whose consumer is in place is added to ``done`` as it is (a round
-    that fails half way keeps what it did). Without ``check_configs`` only the
+    """Create the command consumer of each node of ``nodes`` (node -> cluster) that has
+    none; with ``check_configs`` also one configured otherwise (deleted first). How many
+    were created; each node whose consumer is in place is put in ``done`` as it is (a
+    round that fails half way keeps what it did). Without ``check_configs`` only the
     consumers' names are listed (a few bytes each, where a configuration is about a
-    kilobyte): nodes cannot configure one."""
+    kilobyte): nodes cannot configure one. ``nodes`` is walked with the event loop
+    running between turns: the caller does not change it meanwhile."""
     stream = subjects.stream_name(STREAM_COMMANDS)
-    nodes = list(nodes)
     current = await (
         _configs(bus.js, subjects, stream, nodes) if check_configs else _names(bus, stream)
     )
@@ -148,25 +152,27 @@ async def _put_back(
     bus: Bus,
     subjects: Subjects,
     stream: str,
-    nodes: Iterable[tuple[str, str]],
+    nodes: Mapping[str, str],
     current: dict[str, ConsumerConfig | None],
-    done: set[tuple[str, str]] | None,
+    done: Clusters | None,
 ) -> int:
     """Create each node's consumer missing from ``current`` (name: its configuration,
     None when not read), and again one configured otherwise, :data:`CREATE_BATCH` at a
     time; how many were created. Each node is added to ``done`` once its consumer is in
     place."""
-    done = set() if done is None else done
-    missing: list[Node] = []
+    done = {} if done is None else done
+    missing: list[str] = []
     # The few found configured otherwise, apart: a (node, config) pair per node missing,
     # most nodes of a fresh fleet, held through its creates, was 7 MB at 100,000 nodes.
-    otherwise: dict[Node, ConsumerConfig] = {}
-    for step, node in enumerate(nodes, 1):
+    otherwise: dict[str, ConsumerConfig] = {}
+    for step, (node, cluster) in enumerate(nodes.items(), 1):
         await take_turn(step, NODES_PER_TURN)
-        name = command_consumer(*node)
+        name = command_consumer(cluster, node)
         found = current.get(name)
-        if name in current and (found is None or not _differs(found, wanted(subjects, *node))):
-            done.add(node)
+        if name in current and (
+            found is None or not _differs(found, wanted(subjects, cluster, node))
+        ):
+            done[node] = cluster
             continue
         missing.append(node)
         if found is not None:
@@ -174,7 +180,7 @@ async def _put_back(
     for start in range(0, len(missing), CREATE_BATCH):
         batch = missing[start : start + CREATE_BATCH]
         await asyncio.gather(
-            *(_create(bus, subjects, stream, n, otherwise.get(n), done) for n in batch)
+            *(_create(bus, subjects, stream, nodes[n], n, otherwise.get(n), done) for n in batch)
         )
     return len(missing)
 
@@ -183,12 +189,13 @@ async def _create(
     bus: Bus,
     subjects: Subjects,
     stream: str,
-    node: tuple[str, str],
+    cluster: str,
+    node: str,
     found: ConsumerConfig | None,
-    done: set[tuple[str, str]],
+    done: Clusters,
 ) -> None:
     """Create ``node``'s consumer (deleting first the one ``found`` configured otherwise)."""
-    config = wanted(subjects, *node)
+    config = wanted(subjects, cluster, node)
     if found is not None:
         log.warning(
             "command consumer configured otherwise; creating it again",
@@ -196,24 +203,21 @@ async def _create(
         )
         await bus.js.delete_consumer(stream, config.name or "")
     await bus.js.add_consumer(stream, config=config)
-    done.add(node)
+    done[node] = cluster
 
 
 async def _configs(
-    js: JetStreamContext, subjects: Subjects, stream: str, nodes: list[Node]
+    js: JetStreamContext, subjects: Subjects, stream: str, nodes: Mapping[str, str]
 ) -> dict[str, ConsumerConfig | None]:
     """Every consumer of ``stream`` by name, with its configuration where it is one of
     ``nodes``' configured otherwise than :func:`wanted` (None for the rest: nothing to
     put right). Each page is judged as it comes: a configuration decoded is about a
     kilobyte, 100 MB for every consumer of a 100,000-node fleet held at once."""
-    clusters = {node: cluster for cluster, node in nodes}
     found: dict[str, ConsumerConfig | None] = {}
     while page := await js.consumers_info(stream, offset=len(found) or None):
         for info in page:
-            node = named(info.name, clusters)
-            wrong = node is not None and _differs(
-                info.config, wanted(subjects, clusters[node], node)
-            )
+            node = named(info.name, nodes)
+            wrong = node is not None and _differs(info.config, wanted(subjects, nodes[node], node))
             found[info.name] = info.config if wrong else None
         if len(page) < INFO_PAGE:
             break
@@ -238,26 +242,29 @@ async def _names(bus: Bus, stream: str) -> dict[str, ConsumerConfig | None]:
 async def ensure_each(
     bus: Bus,
     subjects: Subjects,
-    nodes: Iterable[tuple[str, str]],
-    done: set[tuple[str, str]] | None = None,
+    nodes: Mapping[str, str],
+    done: Clusters | None = None,
 ) -> int:
-    """:func:`ensure` for the few nodes new since the last round, listing nothing and
-    asking nothing first: each node's consumer is created as :func:`wanted` says,
-    :data:`CREATE_BATCH` requests in flight at once (see :func:`_create_or_replace`).
-    One look and one create per node, one node after the other, cost the aggregator
-    2.5 times the CPU a consumer and the server 1.5 times (what a fresh fleet's first
-    minute pays for each node: docs/performance.md). How many creates were sent."""
+    """:func:`ensure` for the few nodes (node -> cluster) new since the last round,
+    listing nothing and asking nothing first: each node's consumer is created as
+    :func:`wanted` says, :data:`CREATE_BATCH` requests in flight at once (see
+    :func:`_create_or_replace`). One look and one create per node, one node after the
+    other, cost the aggregator 2.5 times the CPU a consumer and the server 1.5 times
+    (what a fresh fleet's first minute pays for each node: docs/performance.md). How many
+    creates were sent."""
     stream = subjects.stream_name(STREAM_COMMANDS)
-    done = set() if done is None else done
+    done = {} if done is None else done
     todo = list(nodes)
     for start in range(0, len(todo), CREATE_BATCH):
         batch = todo[start : start + CREATE_BATCH]
-        await asyncio.gather(*(_create_or_replace(bus, subjects, stream, n, done) for n in batch))
+        await asyncio.gather(
+            *(_create_or_replace(bus, subjects, stream, nodes[n], n, done) for n in batch)
+        )
     return len(todo)
 
 
 async def _create_or_replace(
-    bus: Bus, subjects: Subjects, stream: str, node: tuple[str, str], done: set[tuple[str, str]]
+    bus: Bus, subjects: Subjects, stream: str, cluster: str, node: str, done: Clusters
 ) -> None:
     """Put ``node``'s consumer in place with one create: JetStream takes a create of a
     consumer already there with the same configuration as done (nothing changes), and
@@ -265,7 +272,7 @@ async def _create_or_replace(
     The configuration it answers with is checked; one still otherwise, or a create
     refused (a push consumer cannot become a pull one: 10012), is looked up, deleted and
     created again (:func:`_create`)."""
-    config = wanted(subjects, *node)
+    config = wanted(subjects, cluster, node)
     try:
         info = await bus.js.add_consumer(stream, config=config, timeout=API_TIMEOUT)
     except (nats.js.errors.ServerError, nats.js.errors.BadRequestError) as refused:
@@ -274,14 +281,14 @@ async def _create_or_replace(
         except nats.js.errors.NotFoundError:
             raise refused from None  # refused for another reason than its configuration
         if _differs(found.config, config):
-            await _create(bus, subjects, stream, node, found.config, done)
+            await _create(bus, subjects, stream, cluster, node, found.config, done)
         else:
-            done.add(node)
+            done[node] = cluster
         return
     if _differs(info.config, config):
-        await _create(bus, subjects, stream, node, info.config, done)
+        await _create(bus, subjects, stream, cluster, node, info.config, done)
         return
-    done.add(node)
+    done[node] = cluster
 
 
 class Deleted:
@@ -337,27 +344,28 @@ class Keeper:
 
     def __init__(self, admitted: AdmittedNodes) -> None:
         self.admitted = admitted
-        self.ensured: dict[str, str] = {}
-        """Node -> cluster of the consumers known to be in place: the node's interned name
-        and its record's cluster, not the consumer's name (a string a node, about 160
-        bytes with its entry: 16 MB at 100,000 nodes); a deleted consumer's name is
-        matched by :func:`named`. The nodes whose consumer should exist are asked of
-        ``admitted``, not kept here too (a second dict of every node: 5 MB)."""
-        self.todo: set[Node] = set()
+        self.ensured: Clusters = {}
+        """The nodes whose consumer is known to be in place, with the cluster it was put
+        in place for, not the consumer's name (a string a node, about 160 bytes with its
+        entry: 16 MB at 100,000 nodes); a deleted consumer's name is matched by
+        :func:`named`. A round puts each node in as its consumer is found or made. The
+        nodes whose consumer should exist are asked of ``admitted``, not kept here too
+        (a second dict of every node: 5 MB)."""
+        self.todo: Clusters = {}
         """Nodes to check at the next round (kept through a round that failed)."""
 
     async def everything(self, full: bool) -> None:
         """Take every admitted node again; each is checked if ``full``, else those whose
         consumer is not known to be in place. In turns of :data:`NODES_PER_TURN`, the
         event loop running between (a pass over 100,000 nodes held it for 1 to 2 s)."""
-        ensured: dict[str, str] = {}
-        todo: set[Node] = set()
+        ensured: Clusters = {}
+        todo: Clusters = {}
         for step, (cluster, node) in enumerate(self.admitted.every(), 1):
             known = self.ensured.get(node) == cluster
             if known:
                 ensured[node] = cluster
             if full or not known:
-                todo.add((cluster, node))
+                todo[node] = cluster
             await take_turn(step, NODES_PER_TURN)
         self.ensured, self.todo = ensured, todo
 
@@ -369,7 +377,7 @@ class Keeper:
             if self.ensured.get(node) != cluster:
                 self.ensured.pop(node, None)
                 if cluster is not None:
-                    self.todo.add((cluster, node))
+                    self.todo[node] = cluster
 
     async def deleted(self, names: set[str] | None) -> None:
         """Consumers the server said were deleted (None: more than were kept, so every
@@ -385,16 +393,20 @@ class Keeper:
             del self.ensured[node]
             cluster = self.admitted.cluster(node)
             if cluster is not None and command_consumer(cluster, node) == name:
-                self.todo.add((cluster, node))
+                self.todo[node] = cluster
 
-    def done(self, nodes: set[Node]) -> None:
-        self.ensured.update((node, cluster) for cluster, node in nodes)
-        # A new set, not ``-=``: a set keeps the table it grew to (4 MB after a first
+    def done(self) -> None:
+        """After a round: the nodes whose consumer it put in place (now in ``ensured``)
+        are no longer to do."""
+        # A new dict, not deletions: a dict keeps the table it grew to (5 MB after a first
         # round of 100,000 nodes) however few it holds after.
-        self.todo = self.todo - nodes
+        ensured = self.ensured
+        self.todo = {
+            node: cluster for node, cluster in self.todo.items() if ensured.get(node) != cluster
+        }
 
 
-def named(name: str, clusters: dict[str, str]) -> str | None:
+def named(name: str, clusters: Mapping[str, str]) -> str | None:
     """The node of ``clusters`` (node -> cluster) whose consumer is called ``name``, if
     any: ``cmd_<cluster>_<node>`` split at each ``_`` in turn (a cluster or node id may
     hold one), the split kept only where ``clusters`` says that cluster for that node,
@@ -446,14 +458,14 @@ async def _keep(
 async def _check(
     bus: Bus, subjects: Subjects, keeper: Keeper, listing: bool, configs_checked: bool
 ) -> bool:
-    """One round's check of ``keeper.todo``; False if it failed (logged; the nodes not
-    done stay to do). A function of its own, so that the round's list and set of nodes
-    (100,000 tuples in the first round) are let go when it ends, not held until the next
-    round with something to do."""
-    if not keeper.todo:  # nothing to check: no configuration to list either
+    """One round's check of ``keeper.todo``, each node put in ``keeper.ensured`` as its
+    consumer is found or made (no copy of the nodes to do, nor a set of those done: the
+    first round holds every node); False if it failed (logged; the nodes not done stay
+    to do)."""
+    todo = keeper.todo
+    if not todo:  # nothing to check: no configuration to list either
         return True
-    todo = sorted(keeper.todo)
-    done: set[Node] = set()
+    done = keeper.ensured
     try:
         created = await (
             ensure(bus, subjects, todo, check_configs=not configs_checked, done=done)
@@ -468,7 +480,7 @@ async def _check(
             log.info("command consumers put in place", extra={"consumers": created})
         return True
     finally:
-        keeper.done(done)
+        keeper.done()
 
 
 async def _next_round(written: asyncio.Event, every: float) -> None:
