@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,7 @@ from actors.fleet import record_state
 from actors.fleet.aggregator import hot_state, reads, record_rules, sweeps
 from actors.fleet.aggregator.actor import JUDGED_PER_TURN, AggregatorActor
 from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
+from actors.fleet.aggregator.sweep_queue import SweepQueue
 from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import NotFound, approve, forget
 from actors.runtime import kv
@@ -273,6 +275,8 @@ def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> N
     known = record_rules.pending_record("n1", "c1", "K")
     mine = record_state.with_state(known, last_seq=9)
     digest = hot_state.digest(known)
+    assert 0 <= digest < 2**hot_state.DIGEST_BITS
+    assert sys.getsizeof(digest) <= 32  # two digits of an int: a 32-byte block a node
     assert hot_state.operator_changes(mine, known, digest) is mine
     forgotten = record_state.with_state(known, deregistered=True, deregistered_by="operator")
     taken = hot_state.operator_changes(mine, forgotten, digest)
@@ -298,6 +302,30 @@ def test_checkpoint_queue_spreads_and_skips_clean_nodes() -> None:
     nodes["b"].written = 14.0  # written by a transition meanwhile
     assert queue.due(16.0, 100, nodes) == []
     assert queue.due(24.0, 100, nodes) == ["b"]
+
+
+def test_nodes_due_in_one_second_share_its_int_and_are_taken_then() -> None:
+    """The sweep queue gives every node due in one second the same int object as its
+    ``due`` (not an int of its own: 32 bytes a node), takes them at that second and not
+    before, and a second queued again after it was taken is another entry."""
+    table = hot_state.NodeTable()
+    record = record_rules.pending_record("n1", "c1")
+    for name, when in (("a", 1000.2), ("b", 1000.9), ("c", 1003.5)):
+        table[name] = NodeState(record_state.with_state(record, last_seen=when), written=0.0)
+    queue = SweepQueue(table, lambda record: record.last_seen)
+    assert sorted(queue.take(0.0)) == ["a", "b", "c"]  # the first sweep: every node
+    for name in ("a", "b", "c"):
+        queue.put(name)
+    due = {name: table[name].due for name in ("a", "b", "c")}
+    assert due == {"a": 1000, "b": 1000, "c": 1003}
+    assert due["a"] is due["b"]
+    assert queue.take(999.9) == []
+    assert sorted(queue.take(1000.0)) == ["a", "b"]
+    assert table["a"].due == table["b"].due == 0
+    queue.put("a")  # its record unchanged: due in the second taken again
+    assert table["a"].due == 1000
+    assert queue.take(1002.0) == ["a"]
+    assert queue.take(1003.0) == ["c"]
 
 
 def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:

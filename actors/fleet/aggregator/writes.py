@@ -248,7 +248,7 @@ class RecordWrites:
         node: str,
         state: NodeState,
         mine: NodeRecord | None,
-        known: bytes | None,
+        known: int | None,
         before: NodeRecord | None,
         kept: NodeRecord | None,
         revision: int | None,
