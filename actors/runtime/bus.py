@@ -7,9 +7,12 @@ connection reconnects forever with backoff; callers get timeouts, never hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import socket
 import ssl
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -144,6 +147,24 @@ class Bus(Protocol):
         renewal) was answered; calls that time out for :data:`MOVE_AFTER` seconds move
         the connection to another server."""
         ...
+
+
+RESET = struct.pack("ii", 1, 0)
+"""``SO_LINGER`` on, for 0 seconds: a close sends a reset and drops what is unsent."""
+
+
+def reset_on_close(transport: asyncio.BaseTransport) -> None:
+    """Make closing ``transport``'s socket a reset (``SO_LINGER`` 0). A plain close keeps
+    the bytes the kernel had not yet delivered and goes on sending them: to a server cut
+    off, for as long as TCP retries (minutes), so a node's heartbeat published before the
+    cut reached the cluster after the newer ones it sent through another server, and read
+    as a replay. Reset, they are dropped: a heartbeat is sent anew at the next interval,
+    and a publish that waits for JetStream's acknowledgement gets none and fails, as it
+    would have."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
 
 
 class NatsBus:
@@ -297,7 +318,9 @@ class NatsBus:
     def _leave(self, why: str) -> None:
         """Drop the connection to the current server at once, without the TLS goodbye a
         frozen server would never answer (asyncio waits 30 s for it); nats-py sees the
-        connection gone and reconnects to the next server of the list."""
+        connection gone and reconnects to the next server of the list. The socket is
+        reset (:func:`reset_on_close`): what the kernel still held for the server left is
+        dropped, not delivered after what goes to the next one."""
         if not self.nc.is_connected:
             return
         current = self.nc.connected_url
@@ -306,6 +329,7 @@ class NatsBus:
         )
         writer = getattr(self.nc._transport, "_io_writer", None)
         if writer is not None:
+            reset_on_close(writer.transport)
             writer.transport.abort()
         else:  # a websocket: no socket of its own to drop, so nats-py's own way
             self._leaving = asyncio.create_task(self.nc.force_reconnect(), name="nats-leave")

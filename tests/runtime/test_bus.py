@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -231,6 +232,73 @@ async def test_a_reconnect_waits_on_a_frozen_server_for_one_handshake_step(
         assert bus_module.SERVER_TIMEOUT <= took < 4.0, took
     finally:
         await bus.close()
+
+
+FAKE_INFO = b'INFO {"server_id":"fake","version":"2.10.0","proto":1,"headers":true}\r\n'
+"""What a NATS server says first; enough for nats-py to connect."""
+
+
+async def test_leaving_a_server_drops_the_bytes_it_was_not_yet_sent() -> None:
+    """Leaving a server resets the connection: the bytes the kernel still held for it (a
+    server cut off, or not reading) are dropped, not sent on after the connection was left.
+    A plain close went on sending them for as long as TCP retries, and a fault round's
+    isolated node had its heartbeat from before the cut stored after its newer ones, sent
+    through another server meanwhile: a replay alert. The server here takes the handshake,
+    then reads nothing until the connection is left; what it reads then ends in a reset,
+    not in every byte published and an orderly end."""
+    loop = asyncio.get_running_loop()
+    listener = socket.socket()
+    # A small window: the client's kernel keeps what the server's has no room for.
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+
+    handshaken: asyncio.Future[socket.socket] = loop.create_future()
+    talks: list[asyncio.Task[None]] = []
+    connections: list[socket.socket] = []
+
+    async def handshake(connection: socket.socket) -> None:
+        await loop.sock_sendall(connection, FAKE_INFO)
+        said = b""
+        while b"PING\r\n" not in said:
+            heard = await loop.sock_recv(connection, 4096)
+            if not heard:  # the connect's look at what answers there, done
+                return
+            said += heard
+        await loop.sock_sendall(connection, b"PONG\r\n")
+        if not handshaken.done():  # the first connection, not a reconnect
+            handshaken.set_result(connection)
+
+    async def serve() -> None:
+        while True:
+            connection, _ = await loop.sock_accept(listener)
+            connections.append(connection)
+            talks.append(asyncio.create_task(handshake(connection)))
+
+    serving = asyncio.create_task(serve())
+    bus = await NatsBus.connect(f"nats://127.0.0.1:{listener.getsockname()[1]}", "leaving")
+    server = await handshaken
+    transport = bus.nc._transport._io_writer.transport  # type: ignore[union-attr]
+
+    async def publish() -> None:  # held once nats-py waits for the server to read
+        for _ in range(128):  # 8 MB: more than the kernel's buffers take (4 MB at most)
+            await bus.publish("before.the.cut", b"x" * 65536)
+
+    publishing = asyncio.create_task(publish())
+    try:
+        # asyncio holds bytes of its own once the kernel's send queue is full.
+        await wait_for(lambda: transport.get_write_buffer_size() > 0)
+        bus._leave("test")
+        with pytest.raises(ConnectionResetError):
+            while await loop.sock_recv(server, 65536):
+                pass
+    finally:
+        for task in (publishing, serving, *talks):
+            task.cancel()
+        await bus.close()
+        for connection in (*connections, listener):
+            connection.close()
 
 
 async def test_jetstream_timing_out_moves_the_connection_to_another_server(
