@@ -1318,6 +1318,11 @@ PARTS = [
 ]
 
 
+def terminated(_signum: int, _frame: object) -> None:
+    """SIGTERM as Ctrl-C: a bench's ``with servers(...)`` stops what it started either way."""
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     args = options().parse_args()
     bench = Bench(args)
@@ -1328,10 +1333,6 @@ def main() -> int:
             "--memory, --side) or --all"
         )
         return 2
-
-    def terminated(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
     signal.signal(signal.SIGTERM, terminated)  # so every part's cleanup runs
     started = time.monotonic()
     bench.say(

@@ -291,12 +291,8 @@ def measure(bench: agg.Bench, args: argparse.Namespace, cluster: agg.Cluster, tr
     cluster.aggregators.remove(aggregator)
 
 
-def terminated(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt  # so the servers' cleanup runs
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGTERM, agg.terminated)
     args = options().parse_args()
     bench = agg.Bench(agg.options().parse_args([]))
     load = os.getloadavg()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ from tests.bench.bench_aggregator import (
     Bench,
     command_consumers_made,
     servers,
+    terminated,
 )
 from tests.bench.fleet_fill import (
     BATCH,
@@ -201,13 +203,18 @@ def size(text: str, interval: float) -> tuple[int, float]:
 def main() -> int:
     args = options().parse_args()
     bench = Bench(args)
+    signal.signal(signal.SIGTERM, terminated)  # so the servers started are stopped
     sizes = [size(text, args.interval) for text in args.sizes.split(",")]
     bench.say(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; sizes {args.sizes}, a beat "
         f"each {args.interval:g} s unless said, {args.gpus} GPUs a node, {args.window:g} s "
         "measured"
     )
-    figures = [(nodes, interval, one_size(bench, nodes, interval)) for nodes, interval in sizes]
+    try:
+        figures = [(n, every, one_size(bench, n, every)) for n, every in sizes]
+    except KeyboardInterrupt:  # each size's servers are stopped by now
+        bench.say("interrupted")
+        return 130
     nodes, interval, largest = figures[-1]
     for other, other_interval, figure in figures[:-1]:
         if figure is None or largest is None:
