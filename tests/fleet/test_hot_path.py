@@ -326,6 +326,7 @@ def test_nodes_due_in_one_second_share_its_int_and_are_taken_then() -> None:
     assert table["a"].due == 1000
     assert queue.take(1002.0) == ["a"]
     assert queue.take(1003.0) == ["c"]
+    assert queue._second == {}  # nothing kept for the seconds taken
 
 
 def test_checkpoint_queue_writes_a_node_due_first_though_queued_last() -> None:
