@@ -452,9 +452,7 @@ def digest(record: NodeRecord) -> int:
     return int.from_bytes(hashed, "little") >> (64 - DIGEST_BITS)
 
 
-def operator_changes(
-    mine: NodeRecord, stored: NodeRecord | None, known: int | None
-) -> NodeRecord:
+def operator_changes(mine: NodeRecord, stored: NodeRecord | None, known: int | None) -> NodeRecord:
     """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
     into ``fleet_nodes`` (``stored``) since the owner last read or wrote it (``known``,
     its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve`` of a
