@@ -35,7 +35,7 @@ from actors.fleet.aggregator import record_rules
 from actors.fleet.shared_values import SharedValues
 from schemas import codec
 from schemas.events import SpotStatus
-from schemas.messages import Candidate, Heartbeat, NodeRecord
+from schemas.messages import Heartbeat, NodeRecord
 
 
 @dataclass(slots=True)
@@ -278,10 +278,10 @@ and a node's name and key, which the owner's tables hold too (one object per nod
 
 
 NO_LABELS: dict[str, str] = {}
-NO_CANDIDATES: list[Candidate] = []
-"""The one empty labels and candidates every slim record without them holds (never
-changed in place, as :data:`HEAVY_FIELDS`' workloads): an empty dict a node is 64 bytes,
-an empty list 56 (12 MB at 100,000 nodes)."""
+"""The one empty labels every slim record and kept heartbeat without labels holds
+(never changed in place, as :data:`HEAVY_FIELDS`' workloads): an empty dict a node is
+64 bytes, 6.4 MB at 100,000 nodes; the empty candidates are
+:data:`record_rules.NO_CANDIDATES`."""
 SHARED_FLOATS = 256
 """Distinct durations kept as one object each (:func:`shared_duration`): enough for
 every interval and ``stale_after`` a fleet configures, bounded against a node that
@@ -314,9 +314,11 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
     """``heartbeat`` without its :data:`HEAVY_FIELDS`; where it holds what ``record`` (the
     node's record it was judged against) holds, the record's objects instead of equal
     copies: a heartbeat decodes into new strings every time, and a node's steady beats
-    would otherwise keep one more copy of its name, boot, version and labels; its spot
-    status and durations are the fleet's shared ones (:func:`shared_spot`,
-    :func:`shared_duration`)."""
+    would otherwise keep one more copy of its name, boot, version and labels. Where it
+    differs (a first heartbeat, an upgrade), its cluster, version and schedulability are
+    interned (alike across a fleet: 64 bytes each a node otherwise); empty labels are
+    :data:`NO_LABELS` (a pending record's too); its spot status and durations are the
+    fleet's shared ones (:func:`shared_spot`, :func:`shared_duration`)."""
     if record is None:
         return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
     last = record.heartbeat
@@ -325,11 +327,12 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
         heartbeat,
         **HEAVY_FIELDS,
         node_id=_same(heartbeat.node_id, record.node_id),
-        cluster=_same(heartbeat.cluster, record.cluster),
+        cluster=_alike(heartbeat.cluster, record.cluster),
         boot_id=_same(heartbeat.boot_id, record.boot_id),
-        agent_version=_same(heartbeat.agent_version, record.agent_version),
-        schedulability=_same(heartbeat.schedulability, record.schedulability),
-        labels=record.labels if heartbeat.labels == record.labels else heartbeat.labels,
+        agent_version=_alike(heartbeat.agent_version, record.agent_version),
+        schedulability=_alike(heartbeat.schedulability, record.schedulability),
+        labels=(record.labels if heartbeat.labels == record.labels else heartbeat.labels)
+        or NO_LABELS,
         spot=last.spot
         if last is not None and heartbeat.spot == last.spot
         else shared_spot(heartbeat.spot),
@@ -349,6 +352,12 @@ def _same(new: str, kept: str) -> str:
     return kept if new == kept else new
 
 
+def _alike(new: str, kept: str) -> str:
+    """``kept`` if it equals ``new``, else ``new`` interned (a string most nodes of a
+    fleet hold alike, as :data:`INTERNED_FIELDS`)."""
+    return kept if new == kept else sys.intern(new)
+
+
 def slim(record: NodeRecord) -> NodeRecord:
     """``record`` with its embedded heartbeat slim (the record as kept in memory)."""
     beat = record.heartbeat
@@ -363,7 +372,7 @@ def slim(record: NodeRecord) -> NodeRecord:
         record,
         **common,
         labels=record.labels or NO_LABELS,
-        candidates=record.candidates or NO_CANDIDATES,
+        candidates=record.candidates or record_rules.NO_CANDIDATES,
     )
     # Judged as against a record with no heartbeat kept yet: the beat's own spot status
     # is then the fleet's shared one, not the one decoded with this record.

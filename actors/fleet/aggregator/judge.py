@@ -192,9 +192,10 @@ def accept(
     previous = (
         state.record
         if state is not None
-        # Interned as the table's key is: the record keeps one string per node.
+        # Interned as the table's key is: the record keeps one string per node (its
+        # name) or per fleet (its cluster).
         else record_rules.pending_record(
-            sys.intern(heartbeat.node_id), heartbeat.cluster, public_key
+            sys.intern(heartbeat.node_id), sys.intern(heartbeat.cluster), public_key
         )
     )
     verdict = record_rules.judge_seq(previous, heartbeat.seq, moment.max_jump, public_key)

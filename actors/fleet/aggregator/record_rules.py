@@ -11,7 +11,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from actors.fleet.record_state import state_of, with_state
-from schemas.messages import AlertKind, Heartbeat, NodeRecord, Severity
+from schemas.messages import AlertKind, Candidate, Heartbeat, NodeRecord, Severity
 
 
 class AlertSpec(NamedTuple):
@@ -28,6 +28,12 @@ ANOMALY_FACTOR = 2.5
 """A heartbeat later than this many intervals after the previous one is an anomaly."""
 
 SeqVerdict = Literal["next", "replay", "jump"]
+
+NO_CANDIDATES: list[Candidate] = []
+"""The one empty candidates list of every accepted record (and every slim one without
+candidates): never changed in place, as a pending record's candidates are replaced whole
+(:func:`~actors.fleet.aggregator.pending.with_candidate`). An empty list a node is 56
+bytes, 5.6 MB at 100,000 nodes."""
 
 
 def pending_record(
@@ -100,7 +106,7 @@ def accept(
         pending_since=None,
         seq_reset=False,
         created=record.created if record.created is not None else now,
-        candidates=[],
+        candidates=NO_CANDIDATES,
         registered_identity=None,
         labels=heartbeat.labels,
     )
@@ -127,17 +133,20 @@ def accepted(
     """``with_lifecycle(previous, accept(previous, heartbeat, ...), heartbeat)`` built in
     one step (the hot path's; one record per heartbeat, not four), with ``kept`` as the
     record's heartbeat (default ``heartbeat``; the aggregator keeps a slim one) and
-    ``fingerprint`` the one :func:`gpu_fingerprint` gives for ``heartbeat``."""
+    ``fingerprint`` the one :func:`gpu_fingerprint` gives for ``heartbeat``. The record's
+    strings and labels are ``kept``'s objects (equal to the heartbeat's; the slim one
+    holds the fleet's shared ones, which a decoded heartbeat does not)."""
     health = heartbeat.health
     status = health.status if health else previous.health_status
     deregistering = heartbeat.deregistering
+    beat = heartbeat if kept is None else kept
     changes: dict[str, object] = {
-        "cluster": heartbeat.cluster,
+        "cluster": beat.cluster,
         "last_seq": heartbeat.seq,
         "last_seen": now,
-        "boot_id": heartbeat.boot_id,
+        "boot_id": beat.boot_id,
         "public_key": public_key,
-        "schedulability": heartbeat.schedulability,
+        "schedulability": beat.schedulability,
         "health_status": status,
         "health_score": health.score if health else previous.health_score,
         "gpus_total": len(heartbeat.sample.gpus) if heartbeat.sample else 0,
@@ -145,16 +154,16 @@ def accepted(
         "offline_since": None,
         "deregistered": deregistering,
         "stopped_since": stopped_since(previous, heartbeat, now),
-        "agent_version": heartbeat.agent_version,
-        "heartbeat": heartbeat if kept is None else kept,
+        "agent_version": beat.agent_version,
+        "heartbeat": beat,
         "last_stream_seq": stream_seq,
         "last_stored": stored,
         "pending_since": None,
         "seq_reset": False,
         "created": previous.created if previous.created is not None else now,
-        "candidates": [],
+        "candidates": NO_CANDIDATES,
         "registered_identity": None,
-        "labels": heartbeat.labels,
+        "labels": beat.labels,
         "refused": "",
         "refused_at": None,
         "state": state_of(
