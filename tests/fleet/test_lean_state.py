@@ -14,6 +14,7 @@ from actors.cli.simulate.publisher import SimOptions, template
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, hot_state, judge, record_rules
 from actors.fleet.live.feed import EncodedRecords, RecordSummary
+from actors.fleet.shared_values import SharedValues
 from schemas import codec
 from schemas.events import Health, Interruption, SpotStatus
 from schemas.messages import Heartbeat, NodeRecord
@@ -429,6 +430,28 @@ def test_first_heartbeats_judged_share_the_fleets_alike_strings_and_empties() ->
     assert one.labels is two.labels is one.heartbeat.labels is hot_state.NO_LABELS
     assert one.candidates is two.candidates is record_rules.NO_CANDIDATES
     assert upgraded.agent_version == "1.1.0" and upgraded.cluster is one.cluster
+
+
+def test_a_node_sending_a_new_version_every_beat_keeps_its_own_once_the_fleets_are_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fleet's alike strings are bounded (``sys.intern`` keeps every string for good
+    on some CPython 3.12 releases): a node that makes up a version each heartbeat fills
+    them up to the bound, then keeps its own strings, each equal to what it sent."""
+    alike: SharedValues[str] = SharedValues(4)
+    monkeypatch.setattr(hot_state, "ALIKE", alike)
+    record = hot_state.slim(
+        record_rules.accepted(
+            record_rules.pending_record("n1", "c1"), SIM_BEAT, "U", 1.0, 1, 1.0, None
+        )
+    )
+    for step in range(20):
+        version = "".join(["v", str(step)])  # a string of its own, as decoded
+        kept = hot_state.slim_heartbeat(
+            msgspec.structs.replace(SIM_BEAT, agent_version=version), record
+        )
+        assert kept.agent_version == version
+    assert len(alike) == 4
 
 
 def test_a_shared_duration_is_positive_and_the_cache_bounded() -> None:

@@ -264,17 +264,19 @@ HEAVY_FIELDS: dict[str, object] = {
 own are read while judging it): left out of the slim record, kept in ``body``."""
 
 
-INTERNED_FIELDS = (
-    "cluster",
-    "agent_version",
-    "schedulability",
-    "state",
-    "health_status",
-    "node_id",
-    "public_key",
-)
-"""Strings interned: those most nodes of a fleet have alike (one object for the fleet),
-and a node's name and key, which the owner's tables hold too (one object per node)."""
+ALIKE_FIELDS = ("cluster", "agent_version", "schedulability", "state", "health_status")
+"""A record's strings most nodes of a fleet hold alike: one object for the fleet each
+(:data:`ALIKE`)."""
+OWN_FIELDS = ("node_id", "public_key")
+"""A record's strings of its node alone, which the owner's tables hold too: interned,
+one object per node (as the table's keys and the trust watch's keys are)."""
+SHARED_STRINGS = 4096
+"""Distinct alike strings kept as one object each (:data:`ALIKE`): far more clusters,
+versions and states than a fleet has at once."""
+ALIKE: SharedValues[str] = SharedValues(SHARED_STRINGS)
+"""The fleet's alike strings. Bounded, where ``sys.intern`` is not everywhere (CPython
+3.12.0 to 3.12.5 keep every interned string for good): a node that sends a new version
+in every heartbeat keeps its own strings once this is full, as before, and costs no more."""
 
 
 NO_LABELS: dict[str, str] = {}
@@ -316,7 +318,7 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
     copies: a heartbeat decodes into new strings every time, and a node's steady beats
     would otherwise keep one more copy of its name, boot, version and labels. Where it
     differs (a first heartbeat, an upgrade), its cluster, version and schedulability are
-    interned (alike across a fleet: 64 bytes each a node otherwise); empty labels are
+    the fleet's :data:`ALIKE` ones (64 bytes each a node otherwise); empty labels are
     :data:`NO_LABELS` (a pending record's too); its spot status and durations are the
     fleet's shared ones (:func:`shared_spot`, :func:`shared_duration`)."""
     if record is None:
@@ -353,9 +355,9 @@ def _same(new: str, kept: str) -> str:
 
 
 def _alike(new: str, kept: str) -> str:
-    """``kept`` if it equals ``new``, else ``new`` interned (a string most nodes of a
-    fleet hold alike, as :data:`INTERNED_FIELDS`)."""
-    return kept if new == kept else sys.intern(new)
+    """``kept`` if it equals ``new``, else the fleet's one object for ``new`` (a string
+    most nodes hold alike: :data:`ALIKE`)."""
+    return kept if new == kept else ALIKE.one(new)
 
 
 def slim(record: NodeRecord) -> NodeRecord:
@@ -363,14 +365,21 @@ def slim(record: NodeRecord) -> NodeRecord:
     beat = record.heartbeat
     if beat is None:
         return record
-    common = {
+    # A health status or key may be None.
+    alike = {
+        name: ALIKE.one(value)
+        for name in ALIKE_FIELDS
+        if isinstance(value := getattr(record, name), str)
+    }
+    own = {
         name: sys.intern(value)
-        for name in INTERNED_FIELDS
-        if isinstance(value := getattr(record, name), str)  # a key or health may be None
+        for name in OWN_FIELDS
+        if isinstance(value := getattr(record, name), str)
     }
     record = msgspec.structs.replace(
         record,
-        **common,
+        **alike,
+        **own,
         labels=record.labels or NO_LABELS,
         candidates=record.candidates or record_rules.NO_CANDIDATES,
     )

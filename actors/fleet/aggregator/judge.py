@@ -43,7 +43,7 @@ import msgspec
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
-from actors.fleet.aggregator.hot_state import NodeState, slim_heartbeat
+from actors.fleet.aggregator.hot_state import ALIKE, NodeState, slim_heartbeat
 from actors.fleet.aggregator.record_rules import AlertSpec
 from schemas import codec
 from schemas.errors import DecodeError
@@ -192,10 +192,10 @@ def accept(
     previous = (
         state.record
         if state is not None
-        # Interned as the table's key is: the record keeps one string per node (its
-        # name) or per fleet (its cluster).
+        # One string per node (its name, interned as the table's key is) or per fleet
+        # (its cluster).
         else record_rules.pending_record(
-            sys.intern(heartbeat.node_id), sys.intern(heartbeat.cluster), public_key
+            sys.intern(heartbeat.node_id), ALIKE.one(heartbeat.cluster), public_key
         )
     )
     verdict = record_rules.judge_seq(previous, heartbeat.seq, moment.max_jump, public_key)
