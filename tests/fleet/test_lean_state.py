@@ -93,15 +93,19 @@ def test_one_step_accept_is_accept_then_lifecycle(
     previous: NodeRecord, beat: Heartbeat, key: str
 ) -> None:
     """The hot path's one-step record equals the rules' accept then with_lifecycle, field
-    for field and byte for byte."""
+    for field and byte for byte; with the slim heartbeat kept (whose strings and labels
+    the record then holds), every field but the heartbeat itself."""
     slow = record_rules.with_lifecycle(
         previous, record_rules.accept(previous, beat, key, 100.0, 9, 99.0), beat
     )
-    fast = record_rules.accepted(
-        previous, beat, key, 100.0, 9, 99.0, record_rules.gpu_fingerprint(beat)
-    )
+    fingerprint = record_rules.gpu_fingerprint(beat)
+    fast = record_rules.accepted(previous, beat, key, 100.0, 9, 99.0, fingerprint)
     assert fast == slow
     assert codec.encode(fast) == codec.encode(slow)
+    kept = hot_state.slim_heartbeat(beat, previous)
+    lean = record_rules.accepted(previous, beat, key, 100.0, 9, 99.0, fingerprint, kept)
+    assert lean.heartbeat is kept
+    assert msgspec.structs.replace(lean, heartbeat=beat) == slow
 
 
 MARKS: dict[str, dict[str, object]] = {
