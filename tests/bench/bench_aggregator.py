@@ -1131,20 +1131,32 @@ async def wait_first_stale(url: str, timeout: float) -> float | None:
         await bus.close()
 
 
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")
+"""The zones of ``fill_records``' agent-shaped nodes, in turn."""
+
+
 async def fill_records(
-    url: str, nodes: int, state: str = "active", stale_after: float | None = None
+    url: str,
+    nodes: int,
+    state: str = "active",
+    stale_after: float | None = None,
+    agent: bool = False,
 ) -> None:
     """``nodes`` records of 1-GPU simulated nodes (their last heartbeat whole) put
     straight into fleet_nodes, in ``state`` (active: each node's accepted heartbeat),
     their heartbeats claiming ``stale_after`` if given (else the simulator's). Each
     record names a public key of its own (56 characters, as an nkey; no heartbeat is
     signed with it), as a real fleet's do: one key shared by every record left out a
-    string and an interned-name entry a node, about 15 MB at 100,000 nodes."""
+    string and an interned-name entry a node, about 15 MB at 100,000 nodes. ``agent``:
+    each heartbeat as a real agent's on a cloud node (``tests.support.fleet.agent_shaped``:
+    its labels, capabilities, settings status, start and previous beat; four zones),
+    where the simulator's has none of these."""
     from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK
     from actors.fleet.aggregator import record_rules
     from schemas import codec
     from schemas.messages import Heartbeat
     from schemas.subjects import BUCKET_NODES
+    from tests.support.fleet import agent_shaped
 
     options = SimOptions(nodes=nodes, rate=nodes / 30.0, duration=1.0, gpus=1)
     bucket = Subjects("fleet").bucket_name(BUCKET_NODES)
@@ -1157,6 +1169,8 @@ async def fill_records(
             beat = codec.decode(body.replace(repr(TS_MARK).encode(), b"%.6f" % now), Heartbeat)
             if stale_after is not None:
                 beat = msgspec.structs.replace(beat, stale_after=stale_after)
+            if agent:
+                beat = agent_shaped(beat, ZONES[node_index % len(ZONES)])
             record = record_rules.accepted(
                 record_rules.pending_record(node, beat.cluster),
                 beat,
@@ -1185,24 +1199,27 @@ SAMPLE_EVERY_3_S = {"FLEET_AGGREGATOR_DASHBOARD_HISTORY_INTERVAL": "3"}
 def part_memory(bench: Bench) -> None:
     """The aggregator's RSS per node with ``--big-nodes`` records in memory (and its HTTP
     API), against the same process with none; the records put straight into fleet_nodes,
-    no heartbeats. The dashboard samples every 3 s here, so that its history of every node
-    (allocated whole at a node's first point) is in the figure, not only that of the nodes
-    loaded by its first sample."""
+    no heartbeats: once with the simulator's heartbeats in them, once with a real
+    agent's (its labels, capabilities and settings status: ``fill_records``' ``agent``),
+    each in a fleet of its own. The dashboard samples every 3 s here, so that its history
+    of every node (allocated whole at a node's first point) is in the figure, not only
+    that of the nodes loaded by its first sample."""
     nodes = bench.args.big_nodes
-    with servers(bench) as cluster:
-        aggregator = cluster.start_aggregator()
-        aggregator.wait_owner(60)
-        time.sleep(5)
-        empty = aggregator.rss_mb()
-        aggregator.stop()
-        asyncio.run(fill_records(cluster.url, nodes))
-        started = time.monotonic()
-        aggregator = cluster.start_aggregator(env=SAMPLE_EVERY_3_S)
-        owned = aggregator.wait_owner(300)
-        time.sleep(10)
-        rss = aggregator.rss_mb()
+    for agent, shape in ((False, "the simulator's heartbeats"), (True, "agents' heartbeats")):
+        with servers(bench) as cluster:
+            aggregator = cluster.start_aggregator()
+            aggregator.wait_owner(60)
+            time.sleep(5)
+            empty = aggregator.rss_mb()
+            aggregator.stop()
+            asyncio.run(fill_records(cluster.url, nodes, agent=agent))
+            started = time.monotonic()
+            aggregator = cluster.start_aggregator(env=SAMPLE_EVERY_3_S)
+            owned = aggregator.wait_owner(300)
+            time.sleep(10)
+            rss = aggregator.rss_mb()
         bench.row(
-            f"aggregator RSS with {nodes:,} records in memory, no heartbeats",
+            f"aggregator RSS with {nodes:,} records of {shape} in memory, no heartbeats",
             f"≤ {RSS_TARGET_MB} MB",
             f"{rss:.0f} MB ({empty:.0f} MB with none: "
             f"{(rss - empty) * 2**20 / nodes:,.0f} bytes per node); records loaded "

@@ -27,6 +27,7 @@ from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import NotFound, approve
 from actors.fleet.storage.streams import StreamLimits
 from actors.fleet.views.api import FleetApiActor
+from actors.node import labels
 from actors.node.agent import NodeAgent
 from actors.node.config import AgentConfig
 from actors.node.events import NodeEvents
@@ -34,9 +35,10 @@ from actors.node.metrics import AgentMetrics
 from actors.runtime.bus import NatsBus
 from actors.runtime.config import Layers
 from actors.runtime.supervisor import Actor, StatusSource, Supervisor
-from schemas import signing
-from schemas.events import Event
+from schemas import codec, signing
+from schemas.events import CloudFacts, Event
 from schemas.messages import Heartbeat, NodeRecord
+from schemas.settings import SettingsStatus
 from schemas.subjects import Subjects
 from tests.support.fake_http import Handler, serve
 from tests.support.metadata_fakes import FakeServer
@@ -77,6 +79,32 @@ def heartbeat(node: str = "n1", seq: int = 1, **changes: object) -> Heartbeat:
         stale_after=2.0,
     )
     return msgspec.structs.replace(beat, **changes)
+
+
+def agent_shaped(beat: Heartbeat, zone: str = "us-east-1a") -> Heartbeat:
+    """``beat`` (a simulator's) with what a real agent on a cloud GPU node adds, decoded
+    anew as every heartbeat received is (objects of its own): its labels (its GPUs' and
+    its cloud's, as ``actors/node/labels.py`` finds them), the engines it can run, what
+    it made of the fleet's settings, when it started and when it beat before."""
+    cloud = labels.cloud_labels(
+        CloudFacts(
+            ts=beat.ts,
+            provider="aws",
+            region="us-east-1",
+            zone=zone,
+            instance_type="p5.48xlarge",
+            lifecycle="on-demand",
+        )
+    )
+    shaped = msgspec.structs.replace(
+        beat,
+        labels=labels.found_labels(beat.sample, cloud),
+        capabilities=["vllm", "container:vllm"],
+        settings=SettingsStatus(revision=3, applied={"heartbeat_interval": "fleet-1"}),
+        started=beat.ts - 3600.0,
+        previous_ts=beat.ts - 10.0,
+    )
+    return codec.decode(codec.encode(shaped), Heartbeat)
 
 
 def new_aggregator(

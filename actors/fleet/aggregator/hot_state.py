@@ -32,10 +32,11 @@ import zstandard
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
-from actors.fleet.shared_values import SharedValues
+from actors.fleet.shared_values import SharedByKey, SharedValues
 from schemas import codec
 from schemas.events import SpotStatus
 from schemas.messages import Heartbeat, NodeRecord
+from schemas.settings import SettingsStatus
 
 
 @dataclass(slots=True)
@@ -259,9 +260,12 @@ HEAVY_FIELDS: dict[str, object] = {
     "jobs": None,
     "workloads": [],
     "scheduler": None,
+    "previous_ts": None,
+    "started": None,
 }
 """The heartbeat fields no rule reads from a record's last heartbeat (the new heartbeat's
-own are read while judging it): left out of the slim record, kept in ``body``."""
+own are read while judging it), nor a view from a record as kept (``fleetctl describe``
+reads ``started`` from the whole record): left out of the slim record, kept in ``body``."""
 
 
 ALIKE_FIELDS = ("cluster", "agent_version", "schedulability", "state", "health_status")
@@ -295,6 +299,20 @@ each for the nodes alike (36 bytes a node otherwise); a node's number is replace
 when its facts change (:class:`ledger.Ledger`)."""
 SPOTS: SharedValues[SpotStatus] = SharedValues(16)
 """Spot statuses without a notice: one per provider (four)."""
+SHARED_SETS = 1024
+"""Distinct labels, capabilities and settings statuses kept as one object each: a
+fleet's nodes differ by zone, GPU model, instance type and engines, a few hundred sets
+at most. Bounded against nodes that each send their own (a label naming the host): a
+set of 32 labels is a few KB, so a full table holds a few MB."""
+LABELS: SharedByKey[dict[str, str]] = SharedByKey(SHARED_SETS)
+"""The labels nodes send alike (an agent's own: GPU product, count and memory, driver,
+provider, region, zone, instance type, lifecycle): one dict of them for the fleet, not
+one a node (9 labels: 1.3 KB a node)."""
+CAPABILITIES: SharedByKey[list[str]] = SharedByKey(SHARED_SETS)
+"""The engines nodes can run, alike (a list of strings: 200 bytes a node)."""
+SETTINGS: SharedByKey[SettingsStatus] = SharedByKey(SHARED_SETS)
+"""What nodes made of the fleet's settings, alike for the nodes the same entries reach
+(a struct of dicts: 470 bytes a node)."""
 
 
 def shared_duration(value: float) -> float:
@@ -312,15 +330,41 @@ def shared_spot(spot: SpotStatus | None) -> SpotStatus | None:
     return SPOTS.one(spot)
 
 
+def shared_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The fleet's one dict for labels equal to ``labels`` (:data:`LABELS`; kept in their
+    order), :data:`NO_LABELS` for none."""
+    if not labels:
+        return NO_LABELS
+    return LABELS.one_by(tuple(labels.items()), labels)
+
+
+def shared_capabilities(capabilities: list[str] | None) -> list[str] | None:
+    """The fleet's one list for capabilities equal to ``capabilities``
+    (:data:`CAPABILITIES`)."""
+    if capabilities is None:
+        return None
+    return CAPABILITIES.one_by(tuple(capabilities), capabilities)
+
+
+def shared_settings(settings: SettingsStatus | None) -> SettingsStatus | None:
+    """The fleet's one status for settings equal to ``settings`` (:data:`SETTINGS`, keyed
+    by its encoded bytes: it holds dicts)."""
+    if settings is None:
+        return None
+    return SETTINGS.one_by(codec.encode(settings), settings)
+
+
 def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> Heartbeat:
     """``heartbeat`` without its :data:`HEAVY_FIELDS`; where it holds what ``record`` (the
     node's record it was judged against) holds, the record's objects instead of equal
     copies: a heartbeat decodes into new strings every time, and a node's steady beats
     would otherwise keep one more copy of its name, boot, version and labels. Where it
     differs (a first heartbeat, an upgrade), its cluster, version and schedulability are
-    the fleet's :data:`ALIKE` ones (64 bytes each a node otherwise); empty labels are
-    :data:`NO_LABELS` (a pending record's too); its spot status and durations are the
-    fleet's shared ones (:func:`shared_spot`, :func:`shared_duration`)."""
+    the fleet's :data:`ALIKE` ones (64 bytes each a node otherwise); its labels,
+    capabilities and settings status the fleet's shared ones (:func:`shared_labels`,
+    :func:`shared_capabilities`, :func:`shared_settings`; empty labels are
+    :data:`NO_LABELS`, a pending record's too); its spot status and durations too
+    (:func:`shared_spot`, :func:`shared_duration`)."""
     if record is None:
         return msgspec.structs.replace(heartbeat, **HEAVY_FIELDS)
     last = record.heartbeat
@@ -333,8 +377,15 @@ def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> He
         boot_id=_same(heartbeat.boot_id, record.boot_id),
         agent_version=_alike(heartbeat.agent_version, record.agent_version),
         schedulability=_alike(heartbeat.schedulability, record.schedulability),
-        labels=(record.labels if heartbeat.labels == record.labels else heartbeat.labels)
-        or NO_LABELS,
+        labels=(record.labels or NO_LABELS)
+        if heartbeat.labels == record.labels
+        else shared_labels(heartbeat.labels),
+        capabilities=last.capabilities
+        if last is not None and heartbeat.capabilities == last.capabilities
+        else shared_capabilities(heartbeat.capabilities),
+        settings=last.settings
+        if last is not None and heartbeat.settings == last.settings
+        else shared_settings(heartbeat.settings),
         spot=last.spot
         if last is not None and heartbeat.spot == last.spot
         else shared_spot(heartbeat.spot),
@@ -380,7 +431,7 @@ def slim(record: NodeRecord) -> NodeRecord:
         record,
         **alike,
         **own,
-        labels=record.labels or NO_LABELS,
+        labels=shared_labels(record.labels),
         candidates=record.candidates or record_rules.NO_CANDIDATES,
     )
     # Judged as against a record with no heartbeat kept yet: the beat's own spot status
