@@ -380,10 +380,10 @@ def kept_per_node(
 
 
 def test_nodes_alike_share_their_empty_fields_spot_status_and_durations() -> None:
-    """Two nodes' slim records loaded from fleet_nodes hold one empty labels and
-    candidates, one spot status and one interval and stale_after between them, a loaded
+    """Two nodes' slim records loaded from fleet_nodes hold one labels, empty
+    candidates, settings status, spot status, interval and stale_after between them, a loaded
     heartbeat's seq is its record's last_seq object, and a node kept costs under 1,250
-    bytes (tracemalloc; 1,105 now, about 1,390 before they and the decision facts'
+    bytes (tracemalloc; 1,138 now, about 1,390 before they and the decision facts'
     number were shared)."""
 
     def stored(node: str) -> bytes:
@@ -401,8 +401,9 @@ def test_nodes_alike_share_their_empty_fields_spot_status_and_durations() -> Non
     per_node, states = kept_per_node(values, bodies)
     first, second = (state.record for state in states[:2])
     assert first.heartbeat is not None and second.heartbeat is not None
-    assert first.labels is second.labels is hot_state.NO_LABELS
+    assert first.labels is second.labels is first.heartbeat.labels
     assert first.candidates is second.candidates is record_rules.NO_CANDIDATES
+    assert first.heartbeat.settings is second.heartbeat.settings
     assert first.heartbeat.spot is second.heartbeat.spot
     assert first.heartbeat.interval is second.heartbeat.interval
     assert first.heartbeat.stale_after is second.heartbeat.stale_after
@@ -551,7 +552,7 @@ def test_a_node_sending_new_labels_every_beat_keeps_its_own_once_the_fleets_are_
 ) -> None:
     """The fleet's shared labels, capabilities and settings are bounded: a node that makes
     up new ones each heartbeat fills them up to the bound, then keeps its own, each
-    equal to what it sent."""
+    equal to what it sent; one longer than SHARED_BYTES encoded is never kept."""
     for name in ("LABELS", "CAPABILITIES", "SETTINGS"):
         monkeypatch.setattr(hot_state, name, SharedByKey(4))
     record = hot_state.slim(
@@ -571,6 +572,10 @@ def test_a_node_sending_new_labels_every_beat_keeps_its_own_once_the_fleets_are_
         assert kept.capabilities == [f"engine{step}"]
         assert kept.settings == SettingsStatus(revision=step)
     assert len(hot_state.LABELS) == len(hot_state.CAPABILITIES) == len(hot_state.SETTINGS) == 4
+    monkeypatch.setattr(hot_state, "LABELS", SharedByKey(4))
+    long = {f"key{index}": "v" * 120 for index in range(10)}
+    kept = hot_state.slim_heartbeat(msgspec.structs.replace(agent_beat("n1"), labels=long), record)
+    assert kept.labels == long and len(hot_state.LABELS) == 0
 
 
 def test_a_shared_duration_is_positive_and_the_cache_bounded() -> None:

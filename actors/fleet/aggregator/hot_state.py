@@ -26,6 +26,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 import zstandard
@@ -37,6 +38,8 @@ from schemas import codec
 from schemas.events import SpotStatus
 from schemas.messages import Heartbeat, NodeRecord
 from schemas.settings import SettingsStatus
+
+V = TypeVar("V")
 
 
 @dataclass(slots=True)
@@ -299,11 +302,14 @@ each for the nodes alike (36 bytes a node otherwise); a node's number is replace
 when its facts change (:class:`ledger.Ledger`)."""
 SPOTS: SharedValues[SpotStatus] = SharedValues(16)
 """Spot statuses without a notice: one per provider (four)."""
-SHARED_SETS = 1024
-"""Distinct labels, capabilities and settings statuses kept as one object each: a
-fleet's nodes differ by zone, GPU model, instance type and engines, a few hundred sets
-at most. Bounded against nodes that each send their own (a label naming the host): a
-set of 32 labels is a few KB, so a full table holds a few MB."""
+SHARED_SETS = 512
+"""Distinct label sets, capabilities and settings statuses kept as one object each: a
+fleet's nodes differ by zone, GPU model, instance type and engines, a few hundred sets."""
+SHARED_BYTES = 1024
+"""The longest value shared, encoded: an agent's 9 labels are about 250 bytes. Longer
+ones stay the node's own, so that nodes that each send their own (a label naming the
+host, a status of 64 settings) fill a table with at most about 3 MB (a set of 32 labels
+of the longest keys and values is 12 KB of objects, a status of 64 settings 120 KB)."""
 LABELS: SharedByKey[dict[str, str]] = SharedByKey(SHARED_SETS)
 """The labels nodes send alike (an agent's own: GPU product, count and memory, driver,
 provider, region, zone, instance type, lifecycle): one dict of them for the fleet, not
@@ -330,28 +336,29 @@ def shared_spot(spot: SpotStatus | None) -> SpotStatus | None:
     return SPOTS.one(spot)
 
 
+def shared(table: SharedByKey[V], value: V) -> V:
+    """The object ``table`` keeps for a value equal to ``value`` (told by its encoded
+    bytes, which keep a dict's order), else ``value``; one longer than
+    :data:`SHARED_BYTES` encoded is its own."""
+    key = msgspec.json.encode(value)
+    return value if len(key) > SHARED_BYTES else table.one_by(key, value)
+
+
 def shared_labels(labels: dict[str, str]) -> dict[str, str]:
-    """The fleet's one dict for labels equal to ``labels`` (:data:`LABELS`; kept in their
-    order), :data:`NO_LABELS` for none."""
-    if not labels:
-        return NO_LABELS
-    return LABELS.one_by(tuple(labels.items()), labels)
+    """The fleet's one dict for labels equal to ``labels`` (:data:`LABELS`),
+    :data:`NO_LABELS` for none."""
+    return shared(LABELS, labels) if labels else NO_LABELS
 
 
 def shared_capabilities(capabilities: list[str] | None) -> list[str] | None:
     """The fleet's one list for capabilities equal to ``capabilities``
     (:data:`CAPABILITIES`)."""
-    if capabilities is None:
-        return None
-    return CAPABILITIES.one_by(tuple(capabilities), capabilities)
+    return None if capabilities is None else shared(CAPABILITIES, capabilities)
 
 
 def shared_settings(settings: SettingsStatus | None) -> SettingsStatus | None:
-    """The fleet's one status for settings equal to ``settings`` (:data:`SETTINGS`, keyed
-    by its encoded bytes: it holds dicts)."""
-    if settings is None:
-        return None
-    return SETTINGS.one_by(codec.encode(settings), settings)
+    """The fleet's one status for settings equal to ``settings`` (:data:`SETTINGS`)."""
+    return None if settings is None else shared(SETTINGS, settings)
 
 
 def slim_heartbeat(heartbeat: Heartbeat, record: NodeRecord | None = None) -> Heartbeat:
