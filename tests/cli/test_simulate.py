@@ -6,14 +6,17 @@ import asyncio
 import re
 import subprocess
 import sys
+import time
 
 import msgspec
 
 from actors.cli.simulate.publisher import SimOptions, template
 from actors.fleet.storage.records import read_records
+from actors.node.labels import found_labels
 from actors.runtime.bus import NatsBus
 from actors.runtime.embedded import NatsServer
 from schemas.messages import Heartbeat
+from schemas.settings import SettingsStatus
 from schemas.subjects import Subjects
 from tests.support.fleet import Fleet
 
@@ -33,13 +36,20 @@ async def fleetctl(*args: str) -> tuple[int, str, str]:
 
 
 def test_template_is_a_full_heartbeat_with_markers() -> None:
-    """The pre-encoded body decodes as a Heartbeat with G fake GPUs and a scored Health."""
+    """The pre-encoded body decodes as a Heartbeat with G fake GPUs and a scored Health,
+    and what an agent adds on such a node: the labels it finds for those GPUs, the
+    settings status of a node the fleet sets nothing for, and when it started."""
     options = SimOptions(nodes=10, rate=1.0, duration=1.0, gpus=4)
+    before = time.time()
     heartbeat = msgspec.json.decode(template("sim-1", options, "b00t"), type=Heartbeat)
     assert heartbeat.sample is not None and len(heartbeat.sample.gpus) == 4
     assert heartbeat.health is not None and heartbeat.health.status == "healthy"
     assert len(heartbeat.health.components) == 5
     assert (heartbeat.interval, heartbeat.stale_after) == (10.0, 30.0)
+    assert heartbeat.labels == found_labels(heartbeat.sample, {})
+    assert heartbeat.labels["gpu.count"] == "4" and "gpu.product" in heartbeat.labels
+    assert heartbeat.settings == SettingsStatus()
+    assert heartbeat.started is not None and before <= heartbeat.started <= time.time()
 
 
 async def test_simulated_nodes_are_all_accepted(fleet: Fleet, bus: NatsBus, prefix: str) -> None:

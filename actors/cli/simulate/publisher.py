@@ -2,7 +2,9 @@
 process and by every worker (``actors.cli.simulate.worker``).
 
 Each simulated node has an in-memory key pair, approved in ``fleet_trust``, and a
-heartbeat as big as a real one (a Sample of fake GPUs, a scored Health). Its body is
+heartbeat as big as a real one (a Sample of fake GPUs, a scored Health, the labels an
+agent finds for those GPUs, the settings status of an agent the fleet sets nothing for,
+the time it started). Its body is
 encoded once and cut at the marker values for ``seq`` and ``ts``; a beat joins the pieces
 around the real ones, signs the bytes and publishes them with JetStream's asynchronous
 publish. Beats are spread evenly over the run at a total rate and sent in bursts of one
@@ -24,12 +26,14 @@ from actors.fleet.storage import registry
 from actors.node.health import checks, scoring
 from actors.node.inventory.actor import fingerprint
 from actors.node.inventory.fake_gpus import FakeGpus
+from actors.node.labels import found_labels
 from actors.runtime.bus import PUBLISH_TIMEOUT, Bus
 from actors.runtime.subscriptions import unsubscribe_quietly
 from schemas import signing
 from schemas.errors import FleetError
 from schemas.events import Capacity, Health, Jobs, Latency, Sample, SpotStatus
 from schemas.messages import Heartbeat
+from schemas.settings import SettingsStatus
 from schemas.subjects import Subjects
 from schemas.version import AGENT_VERSION
 
@@ -82,7 +86,8 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def template(node: str, options: SimOptions, boot_id: str) -> bytes:
-    """The node's heartbeat, encoded, with SEQ_MARK and TS_MARK where seq and ts go."""
+    """The node's heartbeat, encoded, with SEQ_MARK and TS_MARK where seq and ts go; its
+    agent started now."""
     gpus = options.gpus
     devices = FakeGpus(gpus, node).read()
     sample = Sample(
@@ -134,6 +139,9 @@ def template(node: str, options: SimOptions, boot_id: str) -> bytes:
         latency=latency,
         jobs=Jobs(),
         spot=SpotStatus(),
+        labels=found_labels(sample, {}),
+        settings=SettingsStatus(),
+        started=time.time(),
     )
     return msgspec.json.encode(heartbeat)
 
