@@ -360,6 +360,19 @@ def test_a_record_written_keeps_the_heartbeat_as_it_came() -> None:
     )
 
 
+def judged(state: hot_state.NodeState | None, beat: Heartbeat, stream_seq: int) -> NodeRecord:
+    """The record after the judge accepts ``beat`` for a node in ``state`` (None: none in
+    memory), stored at the beat's own ts."""
+    verdict = judge.accept(
+        state,
+        beat,
+        "U",
+        judge.Stored(stream_seq=stream_seq, at=SIM_BEAT.ts),
+        judge.Moment(now=SIM_BEAT.ts, monotonic=1.0, max_skew=60.0, max_jump=1000),
+    )
+    return verdict.record
+
+
 def kept_per_node(
     values: list[bytes], bodies: hot_state.Bodies
 ) -> tuple[float, list[hot_state.NodeState]]:
@@ -439,15 +452,7 @@ def test_first_heartbeats_judged_share_the_fleets_alike_strings_and_empties() ->
     def first(node: str, version: str = "1.0.0") -> NodeRecord:
         # Decoded anew, as each heartbeat is: equal strings, other objects.
         fresh = msgspec.structs.replace(SIM_BEAT, node_id=node, labels={}, agent_version=version)
-        beat = codec.decode(codec.encode(fresh), Heartbeat)
-        verdict = judge.accept(
-            None,
-            beat,
-            "U",
-            judge.Stored(stream_seq=1, at=SIM_BEAT.ts),
-            judge.Moment(now=SIM_BEAT.ts, monotonic=1.0, max_skew=60.0, max_jump=1000),
-        )
-        return verdict.record
+        return judged(None, codec.decode(codec.encode(fresh), Heartbeat), stream_seq=1)
 
     one, two, upgraded = first("n1"), first("n2"), first("n3", version="1.1.0")
     assert one.heartbeat is not None and two.heartbeat is not None
@@ -531,20 +536,12 @@ def test_agents_alike_share_their_labels_capabilities_and_settings() -> None:
     assert codec.decode(hot_state.encoded(first, states[0].body, bodies), NodeRecord) == whole
     assert hot_state.full(first, states[0].body, bodies) == whole
 
-    def judged(node: str, state: hot_state.NodeState | None, zone: str) -> NodeRecord:
-        beat = msgspec.structs.replace(agent_beat(node, zone), seq=SIM_BEAT.seq + 1)
-        verdict = judge.accept(
-            state,
-            beat,
-            "U",
-            judge.Stored(stream_seq=2, at=SIM_BEAT.ts),
-            judge.Moment(now=SIM_BEAT.ts, monotonic=1.0, max_skew=60.0, max_jump=1000),
-        )
-        return verdict.record
+    def next_beat(node: str, zone: str) -> Heartbeat:
+        return msgspec.structs.replace(agent_beat(node, zone), seq=SIM_BEAT.seq + 1)
 
-    steady = judged("n0", states[0], "us-east-1a")
-    fresh = judged("n-new", None, "us-east-1a")
-    elsewhere = judged("n-other", None, "us-west-2b")
+    steady = judged(states[0], next_beat("n0", "us-east-1a"), stream_seq=2)
+    fresh = judged(None, next_beat("n-new", "us-east-1a"), stream_seq=2)
+    elsewhere = judged(None, next_beat("n-other", "us-west-2b"), stream_seq=2)
     for record in (steady, fresh):
         assert record.heartbeat is not None
         assert record.labels is record.heartbeat.labels is first.labels
