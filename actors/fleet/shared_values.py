@@ -16,8 +16,8 @@ V = TypeVar("V")
 class SharedByKey(Generic[V]):
     """Up to ``bound`` distinct values, each kept once under a key that tells equal values
     alike: how values that cannot be a dict's key themselves (a dict of labels, a list, a
-    struct holding either) are shared, keyed by their items as a tuple or their encoded
-    bytes. The values kept are shared by every holder: never changed in place."""
+    struct holding either) are shared, keyed by their encoded bytes, say. The values kept
+    are shared by every holder: never changed in place."""
 
     def __init__(self, bound: int) -> None:
         self.bound = bound

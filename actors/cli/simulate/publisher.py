@@ -4,12 +4,12 @@ process and by every worker (``actors.cli.simulate.worker``).
 Each simulated node has an in-memory key pair, approved in ``fleet_trust``, and a
 heartbeat as big as a real one (a Sample of fake GPUs, a scored Health, the labels an
 agent finds for those GPUs, the settings status of an agent the fleet sets nothing for,
-the time it started). Its body is
-encoded once and cut at the marker values for ``seq`` and ``ts``; a beat joins the pieces
-around the real ones, signs the bytes and publishes them with JetStream's asynchronous
-publish. Beats are spread evenly over the run at a total rate and sent in bursts of one
-tick (``TICK``) without yielding to the event loop in between, so nats-py writes a burst
-with one socket send instead of one per beat (a send per beat was the simulator's limit).
+the time it started). Its body is encoded once and cut at the marker values for ``seq``
+and ``ts``; a beat joins the pieces around the real ones, signs the bytes and publishes
+them with JetStream's asynchronous publish. Beats are spread evenly over the run at a
+total rate and sent in bursts of one tick (``TICK``) without yielding to the event loop
+in between, so nats-py writes a burst with one socket send instead of one per beat (a
+send per beat was the simulator's limit).
 """
 
 from __future__ import annotations
