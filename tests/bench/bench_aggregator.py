@@ -1149,8 +1149,9 @@ async def fill_records(
     signed with it), as a real fleet's do: one key shared by every record left out a
     string and an interned-name entry a node, about 15 MB at 100,000 nodes. ``agent``:
     each heartbeat as a real agent's on a cloud node (``tests.support.fleet.agent_shaped``:
-    its labels, capabilities, settings status, start and previous beat; four zones),
-    where the simulator's has none of these."""
+    its cloud's labels beside its GPUs', capabilities, a settings status the fleet's
+    entries reach, start and previous beat; four zones), where the simulator's has its
+    GPUs' labels, an empty settings status and its start only."""
     from actors.cli.simulate.publisher import SEQ_MARK, TS_MARK
     from actors.fleet.aggregator import record_rules
     from schemas import codec
