@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import pty
 import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import msgspec
 import pytest
+from nats.js.api import KeyValueConfig
 
 from actors.cli.fleetctl.views import write_nodes
 from actors.cli.render import tables
@@ -116,6 +119,66 @@ async def put(bus: NatsBus, prefix: str, *records: NodeRecord) -> None:
     bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
     for one in records:
         await bucket.put(one.node_id, codec.encode(one))
+
+
+async def test_records_read_page_by_page_keep_each_nodes_newest_readable_value(
+    fleet: Fleet, bus: NatsBus, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1,500 records (two pages of the scan, each decoded as it comes): a record
+    rewritten after the first page's keys counts with its newest value, one deleted is
+    left out, one whose newest value is unreadable is skipped and logged once, and one
+    unreadable value followed by a readable one counts with the readable one."""
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    names = [f"n{i:05d}" for i in range(1500)]
+    for first in range(0, len(names), 250):
+        await asyncio.gather(
+            *(bucket.put(n, codec.encode(record(n))) for n in names[first : first + 250])
+        )
+    await bucket.put("n00000", codec.encode(record("n00000", "cordoned")))
+    await bucket.delete("n00001")
+    await bucket.put("n00002", b"{not a record")
+    await bucket.put("n00003", b"[]")
+    await bucket.put("n00003", codec.encode(record("n00003", "draining")))
+    with caplog.at_level(logging.WARNING, logger="actors.fleet.storage.records"):
+        found = await read_records(bus, Subjects(prefix))
+    assert [r.node_id for r in found] == [n for n in names if n not in ("n00001", "n00002")]
+    states = {r.node_id: r.state for r in found}
+    assert (states["n00000"], states["n00003"], states["n01499"]) == (
+        "cordoned",
+        "draining",
+        "active",
+    )
+    skipped = [r for r in caplog.records if r.getMessage() == "unreadable record skipped"]
+    assert [vars(r)["node"] for r in skipped] == ["n00002"]
+
+
+async def test_records_read_never_hold_the_buckets_bytes_beside_the_records(
+    bus: NatsBus, prefix: str
+) -> None:
+    """4,000 records of about 2 KB (four pages of the scan): the read's peak of traced
+    memory above what its records hold is well under the bucket's bytes, since each page
+    is decoded and let go as the next comes (holding every value until the end, as
+    before, peaked at the records plus all of their bytes)."""
+    # A bucket of its own (a prefix no fleet uses), larger than a test fleet's.
+    subjects = Subjects(f"{prefix}big")
+    name = subjects.bucket_name(BUCKET_NODES)
+    bucket = await bus.js.create_key_value(KeyValueConfig(bucket=name, direct=True))
+    names = [f"n{i:05d}" for i in range(4000)]
+    labels = {f"label-{i:02d}": "v" * 60 for i in range(24)}
+    values = [codec.encode(msgspec.structs.replace(record(n), labels=labels)) for n in names]
+    for first in range(0, len(names), 500):
+        chunk = range(first, first + 500)
+        await asyncio.gather(*(bucket.put(names[i], values[i]) for i in chunk))
+    stored = sum(len(value) for value in values)
+    del values
+    tracemalloc.start()
+    try:
+        found = await read_records(bus, subjects)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(found) == len(names) and stored > 8_000_000
+    assert peak - held < stored / 2
 
 
 XID = HealthCheck(name="xid", status="degraded", reason="XID 48 on GPU 2", action="reset")
