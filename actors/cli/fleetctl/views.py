@@ -30,6 +30,7 @@ from actors.fleet.live import reader as live
 from actors.fleet.storage import leases, policy_holds, registry
 from actors.fleet.storage import settings as settings_store
 from actors.fleet.views import history
+from actors.runtime import heap
 from actors.runtime.bus import Bus, Handler
 from actors.runtime.subscriptions import listening
 from schemas import codec, signing
@@ -127,7 +128,10 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 pending = states == {"pending"}
                 write_nodes(listed, output, colour, rows, found.total, pending, extra)
             return 0
-        while True:
+
+        async def show_once() -> None:
+            """One read of the fleet, printed (as a whole, or the rows changed)."""
+            nonlocal shown, rows_shown
             every = [
                 r
                 for r in await live.stored_records(bus, subjects)
@@ -169,6 +173,14 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                     extra=extra,
                 )
                 sys.stdout.flush()
+
+        while True:
+            # The collector is paused through a round, and the round's fleet let go of
+            # (show_once's own) before it resumes: a collection after the pause walked
+            # every record and heartbeat still held (100,000 nodes of 8 GPUs: about 1.5 s
+            # of the listing).
+            with heap.collector_paused():
+                await show_once()
             if stop is None:
                 return 0
             try:
