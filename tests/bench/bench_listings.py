@@ -21,7 +21,11 @@ Run: ``python tests/bench/bench_listings.py --nodes 100000`` (about 15 minutes o
 shared cores). With ``--fill`` no simulator runs: the nodes' keys and records are put
 straight into the bus before the aggregator starts, then each node's next heartbeat
 (``--kill`` of them unhealthy; :mod:`tests.bench.fleet_fill`), so 100,000 nodes are
-reached in minutes; the state listing is then ``--state unhealthy``.
+reached in minutes; the state listing is then ``--state unhealthy``. Every record then
+holds its node's latest heartbeat, so a live read verifies and decodes none; with
+``--behind`` every node beats once more and every record is left a beat behind, as a
+fleet's records are between checkpoints, so the live read verifies and decodes every
+node's heartbeat.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from schemas.subjects import Subjects
 from tests.bench.bench_aggregator import Aggregator, Bench, Cluster, servers
 from tests.bench.bench_dashboard import first_pages
 from tests.bench.bench_live_views import PREFIX, records_count
-from tests.bench.fleet_fill import counted, filled_fleet
+from tests.bench.fleet_fill import counted, filled_fleet, left_behind
 
 
 def options() -> argparse.ArgumentParser:
@@ -67,6 +71,12 @@ def options() -> argparse.ArgumentParser:
         "--fill",
         action="store_true",
         help="put the nodes straight into the bus (--kill of them unhealthy), no simulator",
+    )
+    parser.add_argument(
+        "--behind",
+        action="store_true",
+        help="with --fill: every record a beat behind its node's latest heartbeat, as "
+        "between checkpoints (each node's next beat judged, its aggregator killed)",
     )
     return parser
 
@@ -92,6 +102,21 @@ async def summary(bus: NatsBus) -> str:
 async def everything(bus: NatsBus) -> str:
     found = await live.read_fleet(bus, Subjects(PREFIX))
     return f"{len(found)} records, {sum(1 for record in found if record.live)} live"
+
+
+async def newer_than_records(url: str) -> str:
+    """How many nodes a full live read shows a heartbeat newer than their record's (each
+    one verified and decoded by the read): read apart from the timed ones."""
+    bus = await NatsBus.connect(url, "bench")
+    try:
+        stored = await live.stored_records(bus, Subjects(PREFIX))
+        before = {record.node_id: record.last_seq for record in stored}
+        del stored
+        found = await live.read_fleet(bus, Subjects(PREFIX))
+        newer = sum(1 for record in found if record.last_seq > before.get(record.node_id, 0))
+        return f"{newer} of them newer than their record"
+    finally:
+        await bus.close()
 
 
 def wait_records(
@@ -163,6 +188,8 @@ def run_filled(bench: Bench, cluster: Cluster) -> None:
     """``--fill``: keys and records first, the aggregator, then every node's next beat."""
     args = bench.args
     aggregator = filled_fleet(bench, cluster, args.nodes, args.gpus, args.kill)
+    if args.behind:
+        aggregator = left_behind(bench, cluster, aggregator, args.nodes, args.gpus, args.kill)
     measure(bench, cluster, aggregator, "unhealthy")
 
 
@@ -201,6 +228,7 @@ def measure(bench: Bench, cluster: Cluster, aggregator: Aggregator, state: str) 
             f"fleetctl {' '.join(commands[name])} {spread(cli)}, peak RSS "
             f"{max(rss):.0f} MiB; {what}",
         )
+    bench.say(f"  the full read: {asyncio.run(newer_than_records(cluster.url))}")
     url = f"http://127.0.0.1:{aggregator.port}/"
     times = asyncio.run(first_pages(url, args.loads))
     bench.row(

@@ -91,14 +91,14 @@ async def fill_trust_and_records(url: str, nodes: int, gpus: int) -> None:
         await bus.close()
 
 
-async def publish_beats(url: str, nodes: int, gpus: int, unhealthy: int) -> None:
-    """Each node's heartbeat seq 2, signed; the first ``unhealthy`` nodes unhealthy."""
+async def publish_beats(url: str, nodes: int, gpus: int, unhealthy: int, seq: int = 2) -> None:
+    """Each node's heartbeat ``seq``, signed; the first ``unhealthy`` nodes unhealthy."""
     subjects = Subjects(PREFIX)
     templates = (beat_template(gpus, unhealthy=False), beat_template(gpus, unhealthy=True))
     bus = await NatsBus.connect(url, "bench-beats")
     try:
         for index in range(nodes):
-            body = beat_body(templates[index < unhealthy], index, 2, time.time())
+            body = beat_body(templates[index < unhealthy], index, seq, time.time())
             subject = subjects.heartbeat("sim", node_id(index))
             await bus.js.publish_async(subject, body, headers=signed_headers(body))
             if index % BATCH == BATCH - 1:
@@ -149,6 +149,31 @@ def judged(url: str, unhealthy: int) -> bool:
         )
     except nats.errors.TimeoutError:
         return False
+
+
+def left_behind(
+    bench: Bench, cluster: Cluster, aggregator: Aggregator, nodes: int, gpus: int, unhealthy: int
+) -> Aggregator:
+    """Every record of a :func:`filled_fleet` left a beat behind its node's latest accepted
+    heartbeat, as a fleet's records are between checkpoints: each node's next beat (seq
+    3) is published and judged, the aggregator killed (SIGKILL: no checkpoint written on
+    the way out) and another started on the records. Returned: the new aggregator."""
+    started = time.monotonic()
+    asyncio.run(publish_beats(cluster.url, nodes, gpus, unhealthy, seq=3))
+    deadline = time.monotonic() + 1800
+    while not judged(cluster.url, unhealthy):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the aggregator did not judge every heartbeat in 30 minutes")
+        time.sleep(0.5)
+    aggregator.process.kill()
+    aggregator.process.wait()
+    bench.say(
+        f"every node's next beat judged in {time.monotonic() - started:.0f} s, aggregator killed"
+    )
+    again = cluster.start_aggregator()
+    if again.wait_owner(600) is None:
+        raise RuntimeError("the next aggregator did not load the records in 10 minutes")
+    return again
 
 
 def signed_headers(body: bytes) -> dict[str, str]:
