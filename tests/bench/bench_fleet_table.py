@@ -8,14 +8,17 @@ before it beside them (the figures are meant for an idle machine: a load above
 1. the same-run ratio at 5,000 nodes of 8 GPUs, five runs (``bench_aggregator.py --fleet``);
 2. the fleet-wide jobs' CPU at 100,000 idle nodes (``bench_rounds.py``);
 3. the RSS at 100,000 nodes, records loaded (``bench_aggregator.py --memory``);
-4. the listings at 100,000 nodes of 8 GPUs (``bench_listings.py --fill``);
-5. the CPU per heartbeat at 100,000 nodes against 10,000 (``bench_scale.py``).
+4. the listings at 100,000 nodes of 8 GPUs, every record current (``bench_listings.py
+   --fill``);
+5. the same with every record a beat behind its node's latest heartbeat, as between
+   checkpoints (``bench_listings.py --fill --behind``);
+6. the CPU per heartbeat at 100,000 nodes against 10,000 (``bench_scale.py``).
 
 A step that fails (its exit status not 0, or no closing table) is a row saying so; the
 next step runs. Ctrl-C stops the step running and the rest.
 
-Run: ``python tests/bench/bench_fleet_table.py`` (about 2 h 30 min on 2 cores, most of it
-nats-server making the 100,000 nodes' command consumers of step 5), ``--quick`` for small
+Run: ``python tests/bench/bench_fleet_table.py`` (about 2 h 40 min on 2 cores, most of it
+nats-server making the 100,000 nodes' command consumers of step 6), ``--quick`` for small
 sizes (about 10 minutes: the same code paths, figures not comparable with the targets),
 ``--steps 1,3`` for some.
 """
@@ -54,6 +57,9 @@ STEPS = (
     Step("RSS", "bench_aggregator.py", "--memory", "--memory --big-nodes 2000"),
     Step("listings", "bench_listings.py", "--fill --nodes 100000 --kill 300",
          "--fill --nodes 2000 --kill 20 --runs 1 --loads 1"),
+    Step("listings, records a beat behind", "bench_listings.py",
+         "--fill --behind --nodes 100000 --kill 300",
+         "--fill --behind --nodes 2000 --kill 20 --runs 1"),
     Step("CPU per heartbeat against fleet size", "bench_scale.py", "",
          "--sizes 1000,2000 --interval 10 --window 20 --idle 5"),
 )  # fmt: skip
