@@ -75,11 +75,12 @@ def _decoded(values: dict[str, bytes]) -> list[NodeRecord]:
 
 
 def _decoded_one(node: str, value: bytes) -> NodeRecord | DecodeError:
-    """The record ``node``'s stored bytes hold, or why they do not."""
+    """The record ``node``'s stored bytes hold, or why they do not (without its traceback,
+    whose frames would keep the bytes until the read ends)."""
     try:
         return codec.decode(value, NodeRecord, f"key {node}")
     except DecodeError as exc:
-        return exc
+        return exc.with_traceback(None)
 
 
 def _readable(found: dict[str, NodeRecord | DecodeError]) -> list[NodeRecord]:
