@@ -77,7 +77,23 @@ async def latest_entries(
     keep: Callable[[str], bool] | None = None,
 ) -> dict[str, tuple[bytes, int]]:
     """:func:`latest_values` with each value's revision (for compare-and-set)."""
-    latest: dict[str, tuple[bytes | None, int]] = {}
+    return await latest_taken(bus, bucket, limit, timeout, lambda _, v, r: (v, r), keep)
+
+
+async def latest_taken(
+    bus: Bus,
+    bucket: str,
+    limit: int,
+    timeout: float,
+    take: Callable[[str, bytes, int], T],
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, T]:
+    """:func:`latest_values`, each value given to ``take`` (key, value, revision) as its
+    page comes and only what it answers kept: a reader that decodes there never holds
+    the bucket's bytes beside what it made of them (the next page is already asked for
+    while it does). A key rewritten during the scan is taken again, the later value
+    winning."""
+    latest: dict[str, T | None] = {}
     partial = False
     async with contextlib.aclosing(latest_pages(bus, bucket, timeout)) as pages:
         async for entries in pages:
@@ -85,14 +101,12 @@ async def latest_entries(
                 if keep is not None and not keep(key):
                     continue
                 if key in latest or len(latest) < limit:
-                    latest[key] = (value, revision)
+                    latest[key] = None if value is None else take(key, value, revision)
                 else:
                     partial = True
     if partial:
         log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": limit})
-    return {
-        key: (value, revision) for key, (value, revision) in latest.items() if value is not None
-    }
+    return {key: taken for key, taken in latest.items() if taken is not None}
 
 
 async def latest_pages(

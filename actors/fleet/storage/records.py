@@ -9,7 +9,6 @@ import-linter contract in pyproject.toml holds every other module to it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from actors.fleet.storage.registry import NotFound
@@ -32,7 +31,7 @@ READ_TIMEOUT = 60.0
 async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     """Every node record, sorted by node id, each exactly once.
 
-    Read with paged batched direct gets (:func:`kv.latest_pages`), not a key listing and
+    Read with paged batched direct gets (:func:`kv.latest_taken`), not a key listing and
     one get per key: under heartbeat load those raced the aggregators' writes and listed
     the fleet empty, or a node twice. Each page is decoded as it comes, while the server
     reads the next: the bucket's bytes are never all held beside the records (100,000
@@ -42,20 +41,9 @@ async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     or newer record never hides the rest of the fleet. At most RECORDS_LIMIT records
     (more are logged and left out)."""
     bucket = subjects.bucket_name(BUCKET_NODES)
-    found: dict[str, NodeRecord | DecodeError] = {}
-    partial = False
-    # Closed as the loop stops, even by a raise: no page's inbox left subscribed.
-    async with contextlib.aclosing(kv.latest_pages(bus, bucket, READ_TIMEOUT)) as pages:
-        async for entries in pages:
-            for node, value, _ in entries:
-                if node not in found and len(found) >= RECORDS_LIMIT:
-                    partial = True
-                elif value is None:
-                    found.pop(node, None)
-                else:
-                    found[node] = _decoded_one(node, value)
-    if partial:
-        log.warning("kv bucket read in part", extra={"bucket": bucket, "limit": RECORDS_LIMIT})
+    found = await kv.latest_taken(
+        bus, bucket, RECORDS_LIMIT, READ_TIMEOUT, lambda node, value, _: _decoded_one(node, value)
+    )
     return _readable(found)
 
 
