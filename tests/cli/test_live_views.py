@@ -319,12 +319,12 @@ async def test_the_live_reads_of_the_fleet_decode_with_the_collector_paused(
     during: list[tuple[str, bool]] = []
     assert gc.isenabled()
 
-    async def records(bus: object, subjects: object) -> list[NodeRecord]:
+    async def records(bus: object, subjects: object) -> stored.Shelved:
         during.append(("records", gc.isenabled()))
-        return []
+        return stored.Shelved([], {})
 
     async def heartbeats(
-        bus: object, subjects: object, shown: list[NodeRecord], durable: str
+        bus: object, subjects: object, shown: list[NodeRecord], durable: str, own: live.Shelf
     ) -> list[live.LiveRecord]:
         during.append(("heartbeats", gc.isenabled()))
         return []
@@ -335,9 +335,113 @@ async def test_the_live_reads_of_the_fleet_decode_with_the_collector_paused(
         during.append(("facts", gc.isenabled()))
         return shown
 
-    monkeypatch.setattr(stored, "read_records", records)
+    monkeypatch.setattr(stored, "read_records_shelved", records)
     monkeypatch.setattr(live, "_overlay", heartbeats)
     monkeypatch.setattr(live, "fleet_facts", facts)
     await live.read_fleet(cast(NatsBus, object()), Subjects("fleet"))
     assert during == [("records", False), ("heartbeats", False), ("facts", False)]
     assert gc.isenabled()
+
+
+async def _beaten_past_their_records(fleet: Fleet, bus: NatsBus, prefix: str) -> list[str]:
+    """30 simulated nodes that beat four times each and stopped, through a real
+    aggregator with a 60 s checkpoint, every beat judged: the nodes whose FLEET_HB
+    heartbeat is newer than the one their record holds (most of them)."""
+    await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    options = SimOptions(
+        nodes=30, rate=60.0, duration=2.0, gpus=2, prefix=prefix, wait=0.5, min_stale_after=300
+    )
+    await simulate(bus, options, io.StringIO())
+    subjects = Subjects(prefix)
+
+    async def all_live() -> bool:
+        shown = await live.read_fleet(bus, subjects)
+        return len(shown) == 30 and all(record.live for record in shown)
+
+    await wait_for(all_live, interval=0.5)
+    kept = {r.node_id: r for r in await read_records(bus, subjects)}
+    return [
+        r.node_id
+        for r in await live.read_fleet(bus, subjects)
+        if r.last_stream_seq > kept[r.node_id].last_stream_seq
+    ]
+
+
+async def _rewrite(bus: NatsBus, prefix: str, node: str, **changes: object) -> None:
+    """Put ``node``'s record back with ``changes`` to its JSON (``heartbeat_seq``: its
+    heartbeat's seq), as a damaged or hand-edited store would hold it."""
+    bucket = await bus.kv(Subjects(prefix).bucket_name("fleet_nodes"))
+    entry = await bucket.get(node)
+    assert entry.value is not None
+    record = json.loads(entry.value)
+    if "heartbeat_seq" in changes:
+        record["heartbeat"]["seq"] = changes.pop("heartbeat_seq")
+    await bucket.put(node, json.dumps(record | changes).encode())
+
+
+async def test_a_listing_decodes_a_records_own_heartbeat_only_where_it_shows_it(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """A listing reads the records with their heartbeats undecoded and decodes a record's
+    own only where no newer one is shown. Two records are rewritten with a heartbeat that
+    does not decode: one whose node has a newer heartbeat in FLEET_HB is listed with that
+    one, live (read whole, as before, the record was left out of the listing as
+    unreadable); one made to hold its node's latest message is listed from its record,
+    without a heartbeat and saying why. `fleetctl nodes -o json --all` lists them alike."""
+    behind = await _beaten_past_their_records(fleet, bus, prefix)
+    assert len(behind) >= 2, behind
+    subjects = Subjects(prefix)
+    latest = {r.node_id: r for r in await live.read_fleet(bus, subjects)}
+    newer, own = behind[:2]
+    await _rewrite(bus, prefix, newer, heartbeat_seq="not a number")
+    await _rewrite(
+        bus,
+        prefix,
+        own,
+        heartbeat_seq="not a number",
+        last_seq=latest[own].last_seq,
+        last_stream_seq=latest[own].last_stream_seq,
+    )
+    assert {r.node_id for r in await read_records(bus, subjects)} == set(latest) - {newer, own}
+
+    shown = {r.node_id: r for r in await live.read_fleet(bus, subjects)}
+    assert set(shown) == set(latest)
+    assert shown[newer].live and shown[newer].last_stream_seq == latest[newer].last_stream_seq
+    assert shown[newer].heartbeat == latest[newer].heartbeat
+    assert not shown[own].live and shown[own].heartbeat is None
+    assert shown[own].live_note.startswith("its record's heartbeat is unreadable: "), shown[own]
+    assert all(r.live and r.heartbeat is not None for n, r in shown.items() if n != own)
+
+    base = ("--server", fleet.url, "--prefix", prefix)
+    code, out, err = await fleetctl("nodes", *base, "-o", "json", "--all")
+    assert (code, err) == (0, "")
+    listed = {r["node_id"]: r for r in json.loads(out)}
+    assert set(listed) == set(latest)
+    assert listed[newer]["live"] and not listed[own]["live"]
+
+
+async def test_nodes_sort_by_the_values_shown_not_the_checkpoints(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """`fleetctl nodes --sort-by last-seen` orders by each node's latest accepted
+    heartbeat, as shown, not by its record's checkpoint: the records' `last_seen` are
+    rewritten in the reverse of the live order, and the listing (whole, and its first
+    five with `--limit 5`) is still in the live order."""
+    behind = await _beaten_past_their_records(fleet, bus, prefix)
+    subjects = Subjects(prefix)
+    latest = sorted(
+        (r for r in await live.read_fleet(bus, subjects) if r.node_id in behind),
+        key=lambda r: r.last_seen,
+    )
+    assert len(latest) >= 10, len(latest)
+    for index, record in enumerate(latest):
+        await _rewrite(bus, prefix, record.node_id, last_seen=2_000_000_000.0 - index)
+
+    base = ("--server", fleet.url, "--prefix", prefix, "-o", "json", "--sort-by", "last-seen")
+    code, out, err = await fleetctl("nodes", *base)
+    assert (code, err) == (0, "")
+    seen = [r["last_seen"] for r in json.loads(out)]
+    assert len(seen) == 30 and seen == sorted(seen)
+    code, out, err = await fleetctl("nodes", *base, "--limit", "5")
+    assert (code, err) == (0, "")
+    assert [r["last_seen"] for r in json.loads(out)] == seen[:5]

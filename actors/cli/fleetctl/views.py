@@ -132,9 +132,12 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         async def show_once() -> None:
             """One read of the fleet, printed (as a whole, or the rows changed)."""
             nonlocal shown, rows_shown
+            # Read shelved: a record's own heartbeat is decoded only if it is the one
+            # shown, so nothing below reads a heartbeat before the overlay.
+            shelved = await live.stored_records_shelved(bus, subjects)
             every = [
                 r
-                for r in await live.stored_records(bus, subjects)
+                for r in shelved.records
                 if args.all or "deregistered" in states or r.state != "deregistered"
             ]
             records = [
@@ -144,14 +147,15 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 and (not states or r.state in states)
                 and fleet_labels.matches(r.labels, selectors)
             ]
-            if args.sort_by:
-                records = columns.sort_records(records, args.sort_by)
-            if args.limit is not None:
-                records = records[: args.limit]
             rows = args.all or args.limit is not None
             if not summarised(records, output, rows):
-                # Heartbeat parts as of each node's latest accepted heartbeat.
-                records = list(await live.overlay(bus, subjects, records))
+                # Heartbeat parts as of each node's latest accepted heartbeat; sorted by
+                # what is shown (a checkpoint's seq, health or last-seen may be a minute
+                # old), so every node matching is read live first.
+                ahead = records if args.sort_by else records[: args.limit]
+                records = list(await live.overlay(bus, subjects, ahead, shelved=shelved.heartbeats))
+                if args.sort_by:
+                    records = columns.sort_records(records, args.sort_by)[: args.limit]
             if stop is not None and by_rows(records, output, rows, states):
                 text = tables.watch_table(
                     records, rows_shown, time.time(), output == "wide", colour, extra
@@ -469,7 +473,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--sort-by",
         metavar="FIELD",
         help=f"order by a column ({', '.join(columns.SORT_FIELDS)}) or a JSON path "
-        "(.heartbeat.sample.hostname), ascending; nodes without it last",
+        "(.heartbeat.sample.hostname), ascending, by the values shown (each node's "
+        "latest accepted heartbeat); nodes without it last",
     )
     nodes.add_argument(
         "-L",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 
 import msgspec
 import nats.errors
@@ -113,8 +113,11 @@ def as_live(record: NodeRecord, live: bool = False, note: str = "") -> LiveRecor
 
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
-    accepted heartbeat (see the module's docstring)."""
-    return await overlay(bus, subjects, await stored_records(bus, subjects))
+    accepted heartbeat (see the module's docstring). The records are read shelved
+    (:func:`stored_records_shelved`): a record's own heartbeat is decoded only where it
+    is the one shown."""
+    shelved = await stored_records_shelved(bus, subjects)
+    return await overlay(bus, subjects, shelved.records, shelved=shelved.heartbeats)
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
@@ -134,6 +137,16 @@ async def stored_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
         return await stored.read_records(bus, subjects)
 
 
+async def stored_records_shelved(bus: Bus, subjects: Subjects) -> stored.Shelved:
+    """:func:`stored_records` with each record's heartbeat None and its bytes beside
+    (:func:`actors.fleet.storage.records.read_records_shelved`), for a listing that
+    :func:`overlay` s them at once (given those bytes as ``shelved``): between a node's
+    checkpoints FLEET_HB holds a newer heartbeat than its record, and the record's own is
+    then never decoded. Filter them on what a record says beyond its heartbeat only."""
+    with heap.collector_paused():
+        return await stored.read_records_shelved(bus, subjects)
+
+
 async def stored_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> list[NodeRecord]:
     """The records of ``nodes`` as ``fleet_nodes`` holds them (those that have one),
     sorted by node id: :func:`stored_records` for a few nodes named (by the state index),
@@ -148,19 +161,26 @@ async def stored_record(bus: Bus, subjects: Subjects, node: str) -> NodeRecord:
 
 
 async def overlay(
-    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str = DURABLE
+    bus: Bus,
+    subjects: Subjects,
+    records: list[NodeRecord],
+    durable: str = DURABLE,
+    shelved: Mapping[str, msgspec.Raw] | None = None,
 ) -> list[LiveRecord]:
     """``records`` (in their order) with each node's latest accepted heartbeat where one
     can be read, else the record as it is, marked; each names the maintenance window
     covering it. Never raises for what it reads: a failed read marks every record it
-    concerns. The garbage collector is paused meanwhile (:func:`heap.collector_paused`)."""
+    concerns. ``shelved``: the records' own heartbeats as stored, by node, for records
+    read without them (:func:`stored_records_shelved`), decoded where shown. The garbage
+    collector is paused meanwhile (:func:`heap.collector_paused`)."""
+    own = Shelf(shelved or {})
     with heap.collector_paused():
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                shown = await _overlay(bus, subjects, records, durable)
+                shown = await _overlay(bus, subjects, records, durable, own)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
-            shown = [_marked(record, note) for record in records]
+            shown = [own.marked(record, note) for record in records]
         return await fleet_facts(bus, subjects, shown)
 
 
@@ -232,7 +252,7 @@ async def in_maintenance(
 
 
 async def _overlay(
-    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str
+    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str, own: Shelf
 ) -> list[LiveRecord]:
     """Each message is judged as its page comes (only the decoded heartbeats are kept,
     never the fleet's bytes), against the floors read before it was asked for; those
@@ -263,14 +283,14 @@ async def _overlay(
                 keys = await _keys_needed(bus, subjects, page, by_subject)
                 for message in page:
                     record = by_subject[message.subject]
-                    shown = _judged(record, message, keys.get(record.node_id), floors)
+                    shown = _judged(record, message, keys.get(record.node_id), floors, own)
                     found[record.node_id] = shown
                     if shown.live_note == _PENDING:
                         waiting[message.subject] = message.seq
         for subject in wanted:
             record = by_subject[subject]
             if record.node_id not in found:  # nothing stored on its subject
-                found[record.node_id] = _judged(record, None, None, {})
+                found[record.node_id] = _judged(record, None, None, {}, own)
         # The wait for judgements starts once they are known (a scan may take long).
         deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
         if not waiting or loop.time() >= deadline:
@@ -292,16 +312,17 @@ def _judged(
     message: Stored | None,
     key: str | None,
     floors: dict[int, int],
+    own: Shelf,
 ) -> LiveRecord:
     """The record with ``message`` as its heartbeat if that was accepted, else marked."""
     try:
         heartbeat = _accepted(record, message, key, floors)
     except _Pending:
-        return _marked(record, _PENDING)
+        return own.marked(record, _PENDING)
     except _Refused as refused:
-        return _marked(record, str(refused))
+        return own.marked(record, str(refused))
     if heartbeat is None or message is None:
-        return _marked(record, "")
+        return own.marked(record, "")
     health = heartbeat.health
     return LiveRecord(
         **msgspec.structs.asdict(record)
@@ -365,9 +386,28 @@ def _accepted(
     return heartbeat
 
 
-def _marked(record: NodeRecord, note: str) -> LiveRecord:
-    """The record as stored: ``live`` when its own heartbeat is the latest accepted."""
-    return as_live(record, live=not note, note=note)
+class Shelf:
+    """The records' own heartbeats as stored, by node, for records read without them
+    (:func:`stored_records_shelved`); empty for records read whole."""
+
+    def __init__(self, heartbeats: Mapping[str, msgspec.Raw]) -> None:
+        self.heartbeats = heartbeats
+
+    def marked(self, record: NodeRecord, note: str) -> LiveRecord:
+        """The record as stored, its own heartbeat decoded if it was shelved: ``live``
+        when that is the latest accepted. One that does not decode is shown without,
+        and says so (read whole, the record would have been left out as unreadable)."""
+        stored_beat = self.heartbeats.get(record.node_id)
+        if stored_beat is None:
+            return as_live(record, live=not note, note=note)
+        try:
+            heartbeat = codec.decode(bytes(stored_beat), Heartbeat, f"key {record.node_id}")
+        except DecodeError as exc:
+            return as_live(record, note=f"its record's heartbeat is unreadable: {exc.reason}")
+        return LiveRecord(
+            **msgspec.structs.asdict(record)
+            | {"heartbeat": heartbeat, "live": not note, "live_note": note}
+        )
 
 
 async def _keys_needed(
