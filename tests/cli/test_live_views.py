@@ -321,10 +321,14 @@ async def test_the_live_reads_of_the_fleet_decode_with_the_collector_paused(
 
     async def records(bus: object, subjects: object) -> stored.Shelved:
         during.append(("records", gc.isenabled()))
-        return stored.Shelved([], {})
+        return stored.Shelved([], stored.Shelf())
 
     async def heartbeats(
-        bus: object, subjects: object, shown: list[NodeRecord], durable: str, own: live.Shelf
+        bus: object,
+        subjects: object,
+        shown: list[NodeRecord],
+        durable: str,
+        shelf: stored.Shelf | None,
     ) -> list[live.LiveRecord]:
         during.append(("heartbeats", gc.isenabled()))
         return []

@@ -13,8 +13,9 @@ import pytest
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import judge, record_rules
-from actors.fleet.aggregator.hot_state import Bodies, NodeState, encoded, slim_heartbeat
+from actors.fleet.aggregator.hot_state import NodeState, encoded, slim_heartbeat
 from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
+from actors.fleet.packing import Bodies
 from schemas import codec
 from schemas.events import Health, HealthCheck
 from schemas.messages import Heartbeat, NodeRecord, WorkloadSummary

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.cli.simulate.publisher import SimOptions, template
-from actors.fleet import record_state
+from actors.fleet import packing, record_state
 from actors.fleet.aggregator import alert_rules, hot_state, judge, record_rules
 from actors.fleet.live.feed import EncodedRecords, RecordSummary
 from actors.fleet.shared_values import SharedByKey, SharedValues
@@ -234,7 +234,7 @@ def test_slim_record_writes_exactly_the_whole_one() -> None:
 def test_packed_bodies_unpack_to_exactly_their_bytes(first: bytes, bodies: list[bytes]) -> None:
     """Whatever the first body (the dictionary) and the ones after it, each unpacks to
     exactly what was packed."""
-    packer = hot_state.Bodies()
+    packer = packing.Bodies()
     packed = [packer.pack(body) for body in [first, *bodies]]
     assert [packer.unpack(frame) for frame in packed] == [first, *bodies]
 
@@ -242,7 +242,7 @@ def test_packed_bodies_unpack_to_exactly_their_bytes(first: bytes, bodies: list[
 def test_another_nodes_heartbeat_packs_to_a_small_part_of_its_bytes() -> None:
     """The dictionary is the first heartbeat packed: another node's heartbeat (other
     name, GPUs, readings, seq and time) keeps under a fifth of its bytes."""
-    packer = hot_state.Bodies()
+    packer = packing.Bodies()
     packer.pack(codec.encode(SIM_BEAT))
     sample = SIM_BEAT.sample
     assert sample is not None and sample.gpus
@@ -288,7 +288,7 @@ def test_slim_record_is_a_fraction_of_the_whole() -> None:
     tracemalloc.stop()
     del wholes
     tracemalloc.start()
-    bodies = hot_state.Bodies()
+    bodies = packing.Bodies()
     states = [hot_state.from_stored("n1", value, 1.0, bodies) for _ in range(200)]
     lean_size = tracemalloc.get_traced_memory()[0] / 200
     tracemalloc.stop()
@@ -351,7 +351,7 @@ def test_a_record_written_keeps_the_heartbeat_as_it_came() -> None:
     whole = record_rules.accepted(
         record_rules.pending_record("n1", "c1"), beat, "U", 100.0, 3, 99.0, None
     )
-    bodies = hot_state.Bodies()
+    bodies = packing.Bodies()
     written = hot_state.encoded(hot_state.slim(whole), bodies.pack(newer), bodies)
     assert b'"from_a_newer_agent":{"x":[1,2]}' in written
     assert codec.decode(written, NodeRecord) == whole
@@ -374,7 +374,7 @@ def judged(state: hot_state.NodeState | None, beat: Heartbeat, stream_seq: int) 
 
 
 def kept_per_node(
-    values: list[bytes], bodies: hot_state.Bodies
+    values: list[bytes], bodies: packing.Bodies
 ) -> tuple[float, list[hot_state.NodeState]]:
     """Bytes a node's state holds, by ``tracemalloc``, for the stored records ``values``
     loaded in a fleet already running. CPython 3.11 frees a call's 20-name tuple of
@@ -416,7 +416,7 @@ def test_nodes_alike_share_their_empty_fields_spot_status_and_durations() -> Non
         return codec.encode(whole)
 
     values = [stored(f"n{index}") for index in range(200)]
-    bodies = hot_state.Bodies()
+    bodies = packing.Bodies()
     bodies.pack(codec.encode(SIM_BEAT))  # the dictionary: not a node's cost
     per_node, states = kept_per_node(values, bodies)
     first, second = (state.record for state in states[:2])
@@ -505,10 +505,10 @@ def test_agents_alike_share_their_labels_capabilities_and_settings() -> None:
         return codec.encode(whole)
 
     values = [stored(f"n{index}") for index in range(200)]
-    bodies = hot_state.Bodies()
+    bodies = packing.Bodies()
     bodies.pack(codec.encode(agent_beat("n-first")))  # the dictionary: the fleet's first
     per_node, states = kept_per_node(values, bodies)
-    sim_bodies = hot_state.Bodies()
+    sim_bodies = packing.Bodies()
     sim_bodies.pack(codec.encode(SIM_BEAT))
     sim_values = [
         codec.encode(

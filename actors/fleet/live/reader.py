@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 import msgspec
 import nats.errors
@@ -165,22 +165,22 @@ async def overlay(
     subjects: Subjects,
     records: list[NodeRecord],
     durable: str = DURABLE,
-    shelved: Mapping[str, msgspec.Raw] | None = None,
+    shelved: stored.Shelf | None = None,
 ) -> list[LiveRecord]:
     """``records`` (in their order) with each node's latest accepted heartbeat where one
     can be read, else the record as it is, marked; each names the maintenance window
     covering it. Never raises for what it reads: a failed read marks every record it
-    concerns. ``shelved``: the records' own heartbeats as stored, by node, for records
-    read without them (:func:`stored_records_shelved`), decoded where shown. The garbage
+    concerns. ``shelved``: the records' own heartbeats, for records read without them
+    (:func:`stored_records_shelved`), decoded where shown and taken from the shelf as
+    the read goes. The garbage
     collector is paused meanwhile (:func:`heap.collector_paused`)."""
-    own = Shelf(shelved or {})
     with heap.collector_paused():
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                shown = await _overlay(bus, subjects, records, durable, own)
+                shown = await _overlay(bus, subjects, records, durable, shelved)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
-            shown = [own.marked(record, note) for record in records]
+            shown = [_marked(record, note, shelved) for record in records]
         return await fleet_facts(bus, subjects, shown)
 
 
@@ -252,7 +252,11 @@ async def in_maintenance(
 
 
 async def _overlay(
-    bus: Bus, subjects: Subjects, records: list[NodeRecord], durable: str, own: Shelf
+    bus: Bus,
+    subjects: Subjects,
+    records: list[NodeRecord],
+    durable: str,
+    shelf: stored.Shelf | None,
 ) -> list[LiveRecord]:
     """Each message is judged as its page comes (only the decoded heartbeats are kept,
     never the fleet's bytes), against the floors read before it was asked for; those
@@ -283,14 +287,14 @@ async def _overlay(
                 keys = await _keys_needed(bus, subjects, page, by_subject)
                 for message in page:
                     record = by_subject[message.subject]
-                    shown = _judged(record, message, keys.get(record.node_id), floors, own)
+                    shown = _judged(record, message, keys.get(record.node_id), floors, shelf)
                     found[record.node_id] = shown
                     if shown.live_note == _PENDING:
                         waiting[message.subject] = message.seq
         for subject in wanted:
             record = by_subject[subject]
             if record.node_id not in found:  # nothing stored on its subject
-                found[record.node_id] = _judged(record, None, None, {}, own)
+                found[record.node_id] = _judged(record, None, None, {}, shelf)
         # The wait for judgements starts once they are known (a scan may take long).
         deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
         if not waiting or loop.time() >= deadline:
@@ -312,17 +316,19 @@ def _judged(
     message: Stored | None,
     key: str | None,
     floors: dict[int, int],
-    own: Shelf,
+    shelf: stored.Shelf | None,
 ) -> LiveRecord:
     """The record with ``message`` as its heartbeat if that was accepted, else marked."""
     try:
         heartbeat = _accepted(record, message, key, floors)
     except _Pending:
-        return own.marked(record, _PENDING)
+        return _marked(record, _PENDING, shelf)
     except _Refused as refused:
-        return own.marked(record, str(refused))
+        return _marked(record, str(refused), shelf)
     if heartbeat is None or message is None:
-        return own.marked(record, "")
+        return _marked(record, "", shelf)
+    if shelf is not None:
+        shelf.drop(record.node_id)  # a node shown a newer heartbeat is not read again
     health = heartbeat.health
     return LiveRecord(
         **msgspec.structs.asdict(record)
@@ -386,28 +392,23 @@ def _accepted(
     return heartbeat
 
 
-class Shelf:
-    """The records' own heartbeats as stored, by node, for records read without them
-    (:func:`stored_records_shelved`); empty for records read whole."""
-
-    def __init__(self, heartbeats: Mapping[str, msgspec.Raw]) -> None:
-        self.heartbeats = heartbeats
-
-    def marked(self, record: NodeRecord, note: str) -> LiveRecord:
-        """The record as stored, its own heartbeat decoded if it was shelved: ``live``
-        when that is the latest accepted. One that does not decode is shown without,
-        and says so (read whole, the record would have been left out as unreadable)."""
-        stored_beat = self.heartbeats.get(record.node_id)
-        if stored_beat is None:
-            return as_live(record, live=not note, note=note)
-        try:
-            heartbeat = codec.decode(bytes(stored_beat), Heartbeat, f"key {record.node_id}")
-        except DecodeError as exc:
-            return as_live(record, note=f"its record's heartbeat is unreadable: {exc.reason}")
-        return LiveRecord(
-            **msgspec.structs.asdict(record)
-            | {"heartbeat": heartbeat, "live": not note, "live_note": note}
-        )
+def _marked(record: NodeRecord, note: str, shelf: stored.Shelf | None) -> LiveRecord:
+    """The record as stored, its own heartbeat taken from ``shelf`` where it was read
+    without (let go of there unless the node is read again after its judgement):
+    ``live`` when that heartbeat is the latest accepted. One that does not decode is
+    shown without, and says so (read whole, the record was left out as unreadable)."""
+    node = record.node_id
+    body = shelf.take(node, keep=note == _PENDING) if shelf is not None else None
+    if body is None:
+        return as_live(record, live=not note, note=note)
+    try:
+        heartbeat = codec.decode(body, Heartbeat, f"key {node}")
+    except DecodeError as exc:
+        return as_live(record, note=f"its record's heartbeat is unreadable: {exc.reason}")
+    return LiveRecord(
+        **msgspec.structs.asdict(record)
+        | {"heartbeat": heartbeat, "live": not note, "live_note": note}
+    )
 
 
 async def _keys_needed(

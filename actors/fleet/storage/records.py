@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from actors.fleet.packing import Bodies
 from actors.fleet.storage.registry import NotFound
 from actors.runtime import kv
 from actors.runtime.bus import Bus
@@ -50,14 +51,42 @@ async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     return _readable(found)
 
 
+class Shelf:
+    """The records' own heartbeats, by node, as :func:`read_records_shelved` read them:
+    packed (:class:`~actors.fleet.packing.Bodies`: an 8-GPU heartbeat of 4.6 KB keeps
+    about 500 bytes), so that a listing holds neither every record's heartbeat decoded
+    nor the bucket's stored bytes while it reads FLEET_HB."""
+
+    def __init__(self) -> None:
+        self._bodies = Bodies()
+        self._packed: dict[str, bytes] = {}
+
+    def put(self, node: str, heartbeat: bytes | None) -> None:
+        """Keep ``heartbeat`` as ``node``'s record's (None: it holds none), in place of
+        one kept before (the key rewritten during the scan)."""
+        if heartbeat is None:
+            self._packed.pop(node, None)
+        else:
+            self._packed[node] = self._bodies.pack(heartbeat)
+
+    def take(self, node: str, keep: bool = False) -> bytes | None:
+        """The bytes of ``node``'s record's heartbeat (None: it holds none, or they were
+        taken), let go of unless ``keep``."""
+        packed = self._packed.get(node) if keep else self._packed.pop(node, None)
+        return None if packed is None else self._bodies.unpack(packed)
+
+    def drop(self, node: str) -> None:
+        """Let go of ``node``'s record's heartbeat: it will not be shown."""
+        self._packed.pop(node, None)
+
+
 class Shelved(NamedTuple):
-    """Records read with their heartbeats left as stored (:func:`read_records_shelved`):
+    """Records read with their heartbeats left undecoded (:func:`read_records_shelved`):
     ``records`` as :func:`read_records` gives them but each ``heartbeat`` None, and
-    ``heartbeats`` the bytes of each one's heartbeat, by node (none for a record that
-    holds none)."""
+    ``heartbeats`` the bytes of each one's heartbeat."""
 
     records: list[NodeRecord]
-    heartbeats: dict[str, msgspec.Raw]
+    heartbeats: Shelf
 
 
 class _HeartbeatShelved(NodeRecord, frozen=True, kw_only=True):
@@ -71,38 +100,25 @@ NO_HEARTBEAT = msgspec.Raw(b"null")
 
 
 async def read_records_shelved(bus: Bus, subjects: Subjects) -> Shelved:
-    """:func:`read_records`, each record's heartbeat left undecoded (its bytes in
-    ``heartbeats``): for a live listing, which shows most nodes' newer heartbeat from
-    FLEET_HB and decodes a record's own only where it shows that (100,000 records of 8
-    GPUs a beat behind: about a second less and 160 MiB less at the peak). The rest of
-    each record is read and checked as :func:`read_records` does; its heartbeat is
-    checked when decoded (:func:`actors.fleet.live.reader.overlay`)."""
+    """:func:`read_records`, each record's heartbeat left undecoded and packed aside: for
+    a live listing, which shows most nodes' newer heartbeat from FLEET_HB between
+    checkpoints and decodes a record's own only where it shows that. The rest of each
+    record is read and checked as :func:`read_records` does; its heartbeat is checked
+    when decoded (:func:`actors.fleet.live.reader.overlay`)."""
     bucket = subjects.bucket_name(BUCKET_NODES)
-    found = await kv.latest_taken(
-        bus, bucket, RECORDS_LIMIT, READ_TIMEOUT, lambda node, value, _: _shelved_one(node, value)
-    )
-    heartbeats: dict[str, msgspec.Raw] = {}
-    records: dict[str, NodeRecord | DecodeError] = {}
-    for node, taken in found.items():
-        if isinstance(taken, DecodeError):
-            records[node] = taken
-            continue
-        record, heartbeat = taken
-        records[node] = record
-        if heartbeat != NO_HEARTBEAT:
-            heartbeats[node] = heartbeat
-    return Shelved(_readable(records), heartbeats)
+    shelf = Shelf()
 
+    def take(node: str, value: bytes, _: int) -> NodeRecord | DecodeError:
+        try:
+            record = codec.decode(value, _HeartbeatShelved, f"key {node}")
+        except DecodeError as exc:
+            # Without its traceback, whose frames would keep the bytes until the read ends.
+            return exc.with_traceback(None)
+        shelf.put(node, None if record.heartbeat == NO_HEARTBEAT else bytes(record.heartbeat))
+        return msgspec.structs.replace(record, heartbeat=None)
 
-def _shelved_one(node: str, value: bytes) -> tuple[NodeRecord, msgspec.Raw] | DecodeError:
-    """The record ``node``'s stored bytes hold, its heartbeat None, and that heartbeat's
-    bytes; or why they do not hold one (as :func:`_decoded_one`)."""
-    try:
-        record = codec.decode(value, _HeartbeatShelved, f"key {node}")
-    except DecodeError as exc:
-        return exc.with_traceback(None)
-    heartbeat = record.heartbeat
-    return msgspec.structs.replace(record, heartbeat=None), heartbeat
+    found = await kv.latest_taken(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT, take)
+    return Shelved(_readable(found), shelf)
 
 
 async def read_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> list[NodeRecord]:
