@@ -73,7 +73,9 @@ def write_nodes(
         out.write(b"[")
         for start in range(0, len(records), JSON_CHUNK):
             chunk = records[start : start + JSON_CHUNK]
-            out.write((b"," if start else b"") + b",".join(map(codec.encode, chunk)))
+            if start:
+                out.write(b",")
+            out.write(b",".join(map(codec.encode, chunk)))
         out.write(b"]\n")
         out.flush()
     elif summarised(records, output, rows):
