@@ -155,7 +155,7 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 # what is shown (a checkpoint's seq, health or last-seen may be a minute
                 # old), so every node matching is read live first.
                 ahead = records if args.sort_by else records[: args.limit]
-                records = list(await live.overlay(bus, subjects, ahead, shelved=shelved.heartbeats))
+                records = list(await live.overlay(bus, subjects, ahead, shelf=shelved.heartbeats))
                 if args.sort_by:
                     records = columns.sort_records(records, args.sort_by)[: args.limit]
             if stop is not None and by_rows(records, output, rows, states):

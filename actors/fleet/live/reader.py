@@ -117,7 +117,7 @@ async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     (:func:`stored_records_shelved`): a record's own heartbeat is decoded only where it
     is the one shown."""
     shelved = await stored_records_shelved(bus, subjects)
-    return await overlay(bus, subjects, shelved.records, shelved=shelved.heartbeats)
+    return await overlay(bus, subjects, shelved.records, shelf=shelved.heartbeats)
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
@@ -140,7 +140,7 @@ async def stored_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
 async def stored_records_shelved(bus: Bus, subjects: Subjects) -> stored.Shelved:
     """:func:`stored_records` with each record's heartbeat None and its bytes beside
     (:func:`actors.fleet.storage.records.read_records_shelved`), for a listing that
-    :func:`overlay` s them at once (given those bytes as ``shelved``): between a node's
+    :func:`overlay` s them at once (given that shelf as ``shelf``): between a node's
     checkpoints FLEET_HB holds a newer heartbeat than its record, and the record's own is
     then never decoded. Filter them on what a record says beyond its heartbeat only."""
     with heap.collector_paused():
@@ -165,22 +165,21 @@ async def overlay(
     subjects: Subjects,
     records: list[NodeRecord],
     durable: str = DURABLE,
-    shelved: stored.Shelf | None = None,
+    shelf: stored.Shelf | None = None,
 ) -> list[LiveRecord]:
     """``records`` (in their order) with each node's latest accepted heartbeat where one
     can be read, else the record as it is, marked; each names the maintenance window
     covering it. Never raises for what it reads: a failed read marks every record it
-    concerns. ``shelved``: the records' own heartbeats, for records read without them
-    (:func:`stored_records_shelved`), decoded where shown and taken from the shelf as
-    the read goes. The garbage
-    collector is paused meanwhile (:func:`heap.collector_paused`)."""
+    concerns. ``shelf``: the records' own heartbeats, for records read without them
+    (:func:`stored_records_shelved`), decoded where shown and taken off the shelf as the
+    read goes. The garbage collector is paused meanwhile (:func:`heap.collector_paused`)."""
     with heap.collector_paused():
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                shown = await _overlay(bus, subjects, records, durable, shelved)
+                shown = await _overlay(bus, subjects, records, durable, shelf)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
-            shown = [_marked(record, note, shelved) for record in records]
+            shown = [_marked(record, note, shelf) for record in records]
         return await fleet_facts(bus, subjects, shown)
 
 
