@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from nats.js.api import KeyValueConfig
 
-from actors.cli.fleetctl.views import write_nodes
+from actors.cli.fleetctl.views import sorts_live, write_nodes
 from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
@@ -388,3 +388,13 @@ def test_a_json_listing_writes_bytes_after_the_text_before_it(
     assert first == "before"
     assert [r["node_id"] for r in json.loads(listing)] == ["n0", "n1", "n2"]
     assert listing == "[" + ",".join(codec.encode(r).decode() for r in records) + "]\n"
+
+
+def test_a_sort_by_what_the_live_read_sets_comes_after_it() -> None:
+    """`fleetctl nodes --sort-by` sorts after the live read by a part of the record it
+    sets (every node matching is read live first), before it by any other (with
+    `--limit`, only the nodes kept are read live)."""
+    for key in ("seq", "last-seen", "health", "gpus", "version", ".heartbeat.sample.hostname"):
+        assert sorts_live(key), key
+    for key in ("node", "cluster", "state", "sched", "age", ".labels.rack", "{.node_id}"):
+        assert not sorts_live(key), key

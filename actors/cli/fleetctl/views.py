@@ -86,6 +86,12 @@ def write_nodes(
         sys.stdout.write(tables.nodes_output(records, output, colour, of, extra or []))
 
 
+def sorts_live(sort_by: str) -> bool:
+    """Whether ``--sort-by sort_by`` orders by a part of a record the live read sets
+    (:data:`live.SHOWN_LIVE`)."""
+    return columns.path_of(sort_by)[0] in live.SHOWN_LIVE
+
+
 def by_rows(records: list[NodeRecord], output: str, rows: bool, states: set[str]) -> bool:
     """Whether ``--watch`` prints changed rows (:func:`tables.watch_table`): a table or
     wide table of rows; JSON, YAML, custom columns, a summary or the pending listing is
@@ -151,12 +157,16 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             ]
             rows = args.all or args.limit is not None
             if not summarised(records, output, rows):
-                # Heartbeat parts as of each node's latest accepted heartbeat; sorted by
-                # what is shown (a checkpoint's seq, health or last-seen may be a minute
-                # old), so every node matching is read live first.
-                ahead = records if args.sort_by else records[: args.limit]
+                # Heartbeat parts as of each node's latest accepted heartbeat, sorted by
+                # what is shown: by a part the live read sets (a checkpoint's seq, health
+                # or last-seen may be a minute old) after it, every node matching read
+                # live first; by any other before it, only the nodes kept read live.
+                after = bool(args.sort_by) and sorts_live(args.sort_by)
+                if args.sort_by and not after:
+                    records = columns.sort_records(records, args.sort_by)
+                ahead = records if after else records[: args.limit]
                 records = list(await live.overlay(bus, subjects, ahead, shelf=shelved.heartbeats))
-                if args.sort_by:
+                if after:
                     records = columns.sort_records(records, args.sort_by)[: args.limit]
             if stop is not None and by_rows(records, output, rows, states):
                 text = tables.watch_table(

@@ -98,6 +98,25 @@ class LiveRecord(NodeRecord, frozen=True, kw_only=True):
     reported. The heartbeat's ``workloads`` are the node's claims as it sent them."""
 
 
+SHOWN_LIVE = frozenset(
+    {
+        "heartbeat",
+        "last_seq",
+        "last_seen",
+        "health_status",
+        "health_score",
+        "gpus_total",
+        "agent_version",
+        "last_stream_seq",
+        "last_stored",
+    }
+    | (set(LiveRecord.__struct_fields__) - set(NodeRecord.__struct_fields__))
+)
+"""The fields of a record that :func:`overlay` sets (from the latest accepted heartbeat,
+or the fleet's facts): a listing sorted by one of them is sorted after the overlay, by
+any other before it."""
+
+
 class _Refused(Exception):
     """The stored message is not an accepted heartbeat: why."""
 
