@@ -23,7 +23,7 @@ from actors.cli.render import tables
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from actors.fleet.aggregator import record_rules
-from actors.fleet.storage.records import read_records
+from actors.fleet.storage.records import read_records, read_records_shelved
 from actors.runtime import spans
 from actors.runtime.bus import NatsBus
 from schemas import codec
@@ -150,6 +150,45 @@ async def test_records_read_page_by_page_keep_each_nodes_newest_readable_value(
     )
     skipped = [r for r in caplog.records if r.getMessage() == "unreadable record skipped"]
     assert [vars(r)["node"] for r in skipped] == ["n00002"]
+
+
+async def test_records_read_shelved_are_the_records_with_their_newest_heartbeat_aside(
+    fleet: Fleet, bus: NatsBus, prefix: str
+) -> None:
+    """1,500 records read shelved (two pages): each is the record :func:`read_records`
+    reads, with no heartbeat, and its heartbeat is on the shelf, taken once. A record
+    rewritten after the first page with a newer heartbeat has that one on the shelf; one
+    rewritten with none has none there (not the heartbeat of its earlier value); an
+    unreadable one is left out as the whole read leaves it out."""
+    bucket = await bus.kv(Subjects(prefix).bucket_name(BUCKET_NODES))
+    names = [f"n{i:05d}" for i in range(1500)]
+    for first in range(0, len(names), 250):
+        await asyncio.gather(
+            *(bucket.put(n, codec.encode(record(n))) for n in names[first : first + 250])
+        )
+    newer = record("n00000")
+    assert newer.heartbeat is not None
+    newer = msgspec.structs.replace(
+        newer, heartbeat=msgspec.structs.replace(newer.heartbeat, seq=9)
+    )
+    await bucket.put("n00000", codec.encode(newer))
+    await bucket.put(
+        "n00001", codec.encode(msgspec.structs.replace(record("n00001"), heartbeat=None))
+    )
+    await bucket.put("n00002", b"{not a record")
+    whole = await read_records(bus, Subjects(prefix))
+    shelved = await read_records_shelved(bus, Subjects(prefix))
+    assert shelved.records == [msgspec.structs.replace(r, heartbeat=None) for r in whole]
+    assert len(whole) == 1499
+
+    def seq_on_shelf(node: str) -> int | None:
+        body = shelved.heartbeats.take(node)
+        return None if body is None else codec.decode(body, Heartbeat).seq
+
+    assert (seq_on_shelf("n00000"), seq_on_shelf("n00001"), seq_on_shelf("n01499")) == (9, None, 7)
+    assert seq_on_shelf("n00000") is None  # taken once
+    shelved.heartbeats.take("n00003", keep=True)
+    assert seq_on_shelf("n00003") == 7  # kept, then taken
 
 
 async def test_records_read_never_hold_the_buckets_bytes_beside_the_records(

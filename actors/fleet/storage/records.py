@@ -91,7 +91,8 @@ class Shelved(NamedTuple):
 
 class _HeartbeatShelved(NodeRecord, frozen=True, kw_only=True):
     """A record as :func:`read_records_shelved` decodes it: its heartbeat a view of the
-    bytes stored, not decoded (never handed out so: see :func:`_shelved_one`)."""
+    bytes stored, not decoded. Never handed out: each is made a plain ``NodeRecord``
+    with no heartbeat, its heartbeat's bytes put on the shelf."""
 
     heartbeat: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]
 
@@ -115,7 +116,7 @@ async def read_records_shelved(bus: Bus, subjects: Subjects) -> Shelved:
             # Without its traceback, whose frames would keep the bytes until the read ends.
             return exc.with_traceback(None)
         shelf.put(node, None if record.heartbeat == NO_HEARTBEAT else bytes(record.heartbeat))
-        return msgspec.structs.replace(record, heartbeat=None)
+        return NodeRecord(**(msgspec.structs.asdict(record) | {"heartbeat": None}))
 
     found = await kv.latest_taken(bus, bucket, RECORDS_LIMIT, READ_TIMEOUT, take)
     return Shelved(_readable(found), shelf)
