@@ -331,8 +331,12 @@ async def test_fleet_api_beside_an_aggregator_holding_every_partition_follows_no
         await bucket.put(node, codec.encode(record_rules.pending_record(node, "c1", "K")))
     real_pages = kv.latest_pages
 
-    async def slow_pages(*args: Any) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
-        async with aclosing(real_pages(*args)) as pages:
+    async def slow_pages(
+        *args: Any, **kwargs: Any
+    ) -> AsyncIterator[list[tuple[str, bytes | None, int]]]:
+        # Every scan of the bucket, the full sweeps' ones since a revision too (a sweep
+        # falls in this test's window on a slow machine).
+        async with aclosing(real_pages(*args, **kwargs)) as pages:
             async for page in pages:
                 await asyncio.sleep(1.0)
                 yield page
