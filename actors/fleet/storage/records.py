@@ -10,7 +10,7 @@ import-linter contract in pyproject.toml holds every other module to it.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -24,6 +24,7 @@ from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects, check_token
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=NodeRecord)
 
 RECORDS_LIMIT = 1_000_000
 """Records :func:`read_records` keeps at most: ten times the 100,000-node fleet the
@@ -46,7 +47,11 @@ async def read_records(bus: Bus, subjects: Subjects) -> list[NodeRecord]:
     (more are logged and left out)."""
     bucket = subjects.bucket_name(BUCKET_NODES)
     found = await kv.latest_taken(
-        bus, bucket, RECORDS_LIMIT, READ_TIMEOUT, lambda node, value, _: _decoded_one(node, value)
+        bus,
+        bucket,
+        RECORDS_LIMIT,
+        READ_TIMEOUT,
+        lambda node, value, _: _decoded_one(node, value, NodeRecord),
     )
     return _readable(found)
 
@@ -89,15 +94,15 @@ class Shelved(NamedTuple):
     heartbeats: Shelf
 
 
+NO_HEARTBEAT = msgspec.Raw(b"null")
+
+
 class _HeartbeatShelved(NodeRecord, frozen=True, kw_only=True):
     """A record as :func:`read_records_shelved` decodes it: its heartbeat a view of the
     bytes stored, not decoded. Never handed out: each is made a plain ``NodeRecord``
     with no heartbeat, its heartbeat's bytes put on the shelf."""
 
-    heartbeat: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]
-
-
-NO_HEARTBEAT = msgspec.Raw(b"null")
+    heartbeat: msgspec.Raw = NO_HEARTBEAT  # type: ignore[assignment]
 
 
 async def read_records_shelved(bus: Bus, subjects: Subjects) -> Shelved:
@@ -110,11 +115,9 @@ async def read_records_shelved(bus: Bus, subjects: Subjects) -> Shelved:
     shelf = Shelf()
 
     def take(node: str, value: bytes, _: int) -> NodeRecord | DecodeError:
-        try:
-            record = codec.decode(value, _HeartbeatShelved, f"key {node}")
-        except DecodeError as exc:
-            # Without its traceback, whose frames would keep the bytes until the read ends.
-            return exc.with_traceback(None)
+        record = _decoded_one(node, value, _HeartbeatShelved)
+        if isinstance(record, DecodeError):
+            return record
         shelf.put(node, None if record.heartbeat == NO_HEARTBEAT else bytes(record.heartbeat))
         return NodeRecord(**(msgspec.structs.asdict(record) | {"heartbeat": None}))
 
@@ -134,14 +137,16 @@ async def read_records_of(bus: Bus, subjects: Subjects, nodes: list[str]) -> lis
 def _decoded(values: dict[str, bytes]) -> list[NodeRecord]:
     """The records of ``values`` (node -> stored bytes), sorted by node id; unreadable ones
     skipped and logged (:func:`_readable`)."""
-    return _readable({node: _decoded_one(node, value) for node, value in values.items()})
+    return _readable(
+        {node: _decoded_one(node, value, NodeRecord) for node, value in values.items()}
+    )
 
 
-def _decoded_one(node: str, value: bytes) -> NodeRecord | DecodeError:
-    """The record ``node``'s stored bytes hold, or why they do not (without its traceback,
-    whose frames would keep the bytes until the read ends)."""
+def _decoded_one(node: str, value: bytes, kind: type[R]) -> R | DecodeError:
+    """The record ``node``'s stored bytes hold, decoded as ``kind``, or why they do not
+    (without its traceback, whose frames would keep the bytes until the read ends)."""
     try:
-        return codec.decode(value, NodeRecord, f"key {node}")
+        return codec.decode(value, kind, f"key {node}")
     except DecodeError as exc:
         return exc.with_traceback(None)
 
