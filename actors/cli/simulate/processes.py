@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import os
-import sys
 
 import msgspec
 
 from actors.cli.common import ClientConfig
 from actors.cli.simulate.publisher import SimOptions
 from actors.runtime.bus import PUBLISH_TIMEOUT
+from actors.runtime.python_children import child_env, module_command
 from schemas.errors import FleetError
 
 SETUP_TIMEOUT = 60.0
@@ -54,13 +53,6 @@ class WorkerFailed(FleetError):
     """A worker process exited or answered something else than expected."""
 
 
-def worker_env() -> dict[str, str]:
-    """This process's environment with its import path as the worker's PYTHONPATH: the
-    worker imports what this process imports, also where the interpreter alone finds none
-    of it (the single-file artifact's packages, extracted under SHIV_ROOT)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-
-
 class Worker:
     """The parent's handle on one worker process: JSON lines over its stdin and stdout."""
 
@@ -80,8 +72,8 @@ class Worker:
     @classmethod
     async def start(cls, index: int) -> Worker:
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "actors.cli.simulate.worker"),
-            env=worker_env(),
+            *module_command("actors.cli.simulate.worker"),
+            env=child_env(),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
