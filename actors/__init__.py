@@ -7,7 +7,8 @@ General layout
               skeleton ``listening``), durable consumers that settle every message and come
               back when deleted (``consumer``), KV helpers, the layered config loader, TLS
               client contexts, the supervisor, schedule and backoff, atomic files, logs,
-              bounded memories, systemd notifications, serving aiohttp (bounded), and an
+              bounded memories, systemd notifications, serving aiohttp (bounded), Python
+              child processes, signature checks shared with helper processes, and an
               embedded nats-server.
 ``node/``     the ``node-agent`` process: ``agent.py`` builds and supervises the actors below,
               ``config.py`` and ``metrics.py`` are the node's, ``gpu/`` is what the node knows
