@@ -23,7 +23,7 @@ from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage import records as stored
 from actors.fleet.storage.records import read_record, read_records
 from actors.fleet.storage.registry import approve
-from actors.runtime import direct_get
+from actors.runtime import direct_get, signature_helpers
 from actors.runtime.bus import NatsBus
 from schemas import codec, signing
 from schemas.events import Inject
@@ -229,6 +229,60 @@ async def test_a_listing_reads_every_beating_node_live(
     assert all(record.last_seq >= stored[record.node_id].last_seq for record in shown)
 
 
+async def test_a_scan_has_its_signatures_checked_by_helpers_and_refuses_alike(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that scans FLEET_HB hands its signatures to helper processes
+    (:mod:`actors.runtime.signature_helpers`, here for every message) and refuses what a
+    check in its own process refuses. Three nodes beat and are judged; the aggregator
+    stops, so the messages published after stay unjudged. n2's latest message then
+    carries its own key and signature over a body changed after signing: the helpers
+    refuse it for the signature, before anything else is looked at. n3's is a good
+    signed beat never judged: it passes the helpers and waits for a judgement."""
+    aggregator = await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
+    keys = {node: fleet.node_key(node) for node in ("n1", "n2", "n3")}
+    subjects = Subjects(prefix)
+    for node, key in keys.items():
+        await approve(bus, subjects, node, key.public_key)
+        for seq in (1, 2):
+            body = codec.encode(heartbeat(node, seq))
+            await bus.js.publish(subjects.heartbeat("c1", node), body, headers=key.headers(body))
+
+    async def all_live_at_two() -> bool:
+        shown = await live.read_fleet(bus, subjects)
+        return len(shown) == 3 and all(r.live and r.last_seq == 2 for r in shown)
+
+    await wait_for(all_live_at_two, interval=0.2)
+    await aggregator.stop()
+    signed = codec.encode(heartbeat("n2", 3))
+    changed = codec.encode(heartbeat("n2", 3, agent_version="changed after signing"))
+    headers = keys["n2"].headers(signed)
+    await bus.js.publish(subjects.heartbeat("c1", "n2"), changed, headers=headers)
+    body = codec.encode(heartbeat("n3", 3))
+    await bus.js.publish(subjects.heartbeat("c1", "n3"), body, headers=keys["n3"].headers(body))
+
+    monkeypatch.setattr(live, "SCAN_ABOVE", 0)
+    monkeypatch.setattr(live, "JUDGE_WAIT", 0.5)  # n3's judgement never comes: not the point
+    monkeypatch.setattr(signature_helpers, "HELPED_FROM", 1)
+    monkeypatch.setattr(live, "default_helpers", lambda: 1)
+    sent: list[int] = []
+    send = signature_helpers._Helper.send
+
+    def counted(helper: signature_helpers._Helper, batch: signature_helpers._Batch) -> None:
+        sent.append(len(batch.items))
+        send(helper, batch)
+
+    monkeypatch.setattr(signature_helpers._Helper, "send", counted)
+    shown = {record.node_id: record for record in await live.read_fleet(bus, subjects)}
+    # n2's and n3's messages in the scan; n3's again once the wait for its judgement ends.
+    assert sent == [2, 1], sent
+    assert shown["n1"].live and shown["n1"].last_seq == 2
+    assert not shown["n2"].live and shown["n2"].last_seq == 2
+    assert shown["n2"].agent_version != "changed after signing"
+    assert shown["n2"].live_note == "latest heartbeat refused: signature does not match the body"
+    assert not shown["n3"].live and shown["n3"].live_note == live._PENDING
+
+
 async def test_a_scan_reads_the_ack_floors_once_not_per_page(
     fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,6 +383,7 @@ async def test_the_live_reads_of_the_fleet_decode_with_the_collector_paused(
         shown: list[NodeRecord],
         durable: str,
         shelf: stored.Shelf | None,
+        helpers: int,
     ) -> list[live.LiveRecord]:
         during.append(("heartbeats", gc.isenabled()))
         return []

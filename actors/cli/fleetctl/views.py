@@ -32,6 +32,7 @@ from actors.fleet.storage import settings as settings_store
 from actors.fleet.views import history
 from actors.runtime import heap
 from actors.runtime.bus import Bus, Handler
+from actors.runtime.signature_helpers import default_helpers
 from actors.runtime.subscriptions import listening
 from schemas import codec, signing
 from schemas.base import RecordState
@@ -165,7 +166,11 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
                 if args.sort_by and not after:
                     records = columns.sort_records(records, args.sort_by)
                 ahead = records if after else records[: args.limit]
-                records = list(await live.overlay(bus, subjects, ahead, shelf=shelved.heartbeats))
+                records = list(
+                    await live.overlay(
+                        bus, subjects, ahead, shelf=shelved.heartbeats, helpers=default_helpers()
+                    )
+                )
                 if after:
                     records = columns.sort_records(records, args.sort_by)[: args.limit]
             if stop is not None and by_rows(records, output, rows, states):

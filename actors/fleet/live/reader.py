@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 import msgspec
 import nats.errors
@@ -52,9 +53,16 @@ from actors.fleet.storage.windows import covers, read_windows
 from actors.runtime import direct_get, heap
 from actors.runtime.bus import Bus
 from actors.runtime.direct_get import Stored
-from schemas import codec, signing
-from schemas.errors import DecodeError, FleetError, SignatureError
+from actors.runtime.signature_helpers import (
+    Checking,
+    SignatureChecks,
+    check,
+    default_helpers,
+)
+from schemas import codec
+from schemas.errors import DecodeError, FleetError
 from schemas.messages import Heartbeat, NodeRecord, TrustEntry
+from schemas.signing import HEADER_KEY, HEADER_SIG
 from schemas.subjects import BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
 
 MAX_SKEW = 300.0
@@ -132,11 +140,15 @@ def as_live(record: NodeRecord, live: bool = False, note: str = "") -> LiveRecor
 
 async def read_fleet(bus: Bus, subjects: Subjects) -> list[LiveRecord]:
     """Every record of ``fleet_nodes``, sorted by node id, each with its node's latest
-    accepted heartbeat (see the module's docstring). The records are read shelved
+    accepted heartbeat (see the module's docstring): a command line's read of the whole
+    fleet, its signatures checked by helper processes beside it
+    (:func:`signature_helpers.default_helpers`). The records are read shelved
     (:func:`stored_records_shelved`): a record's own heartbeat is decoded only where it
     is the one shown."""
     shelved = await stored_records_shelved(bus, subjects)
-    return await overlay(bus, subjects, shelved.records, shelf=shelved.heartbeats)
+    return await overlay(
+        bus, subjects, shelved.records, shelf=shelved.heartbeats, helpers=default_helpers()
+    )
 
 
 async def read_node(bus: Bus, subjects: Subjects, node: str) -> LiveRecord:
@@ -185,17 +197,21 @@ async def overlay(
     records: list[NodeRecord],
     durable: str = DURABLE,
     shelf: stored.Shelf | None = None,
+    helpers: int = 0,
 ) -> list[LiveRecord]:
     """``records`` (in their order) with each node's latest accepted heartbeat where one
     can be read, else the record as it is, marked; each names the maintenance window
     covering it. Never raises for what it reads: a failed read marks every record it
     concerns. ``shelf``: the records' own heartbeats, for records read without them
     (:func:`stored_records_shelved`), decoded where shown and taken off the shelf as the
-    read goes. The garbage collector is paused meanwhile (:func:`heap.collector_paused`)."""
+    read goes. ``helpers``: processes that check the signatures of a scan (more than
+    SCAN_ABOVE records) beside this one (:mod:`actors.runtime.signature_helpers`; a
+    command line's read, never a service's). The garbage collector is paused meanwhile
+    (:func:`heap.collector_paused`)."""
     with heap.collector_paused():
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                shown = await _overlay(bus, subjects, records, durable, shelf)
+                shown = await _overlay(bus, subjects, records, durable, shelf, helpers)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
             shown = [_marked(record, note, shelf) for record in records]
@@ -275,6 +291,7 @@ async def _overlay(
     records: list[NodeRecord],
     durable: str,
     shelf: stored.Shelf | None,
+    helpers: int,
 ) -> list[LiveRecord]:
     """Each message is judged as its page comes (only the decoded heartbeats are kept,
     never the fleet's bytes), against the floors read before it was asked for; those
@@ -298,32 +315,86 @@ async def _overlay(
     scan = len(records) > SCAN_ABOVE
     loop = asyncio.get_running_loop()
     deadline: float | None = None
-    while True:
-        stored = _stored(bus, subjects, wanted, scan, read_floors)
-        async with contextlib.aclosing(stored) as pages:
-            async for floors, page in pages:
-                keys = await _keys_needed(bus, subjects, page, by_subject)
-                for message in page:
-                    record = by_subject[message.subject]
-                    shown = _judged(record, message, keys.get(record.node_id), floors, shelf)
-                    found[record.node_id] = shown
-                    if shown.live_note == _PENDING:
-                        waiting[message.subject] = message.seq
-        for subject in wanted:
-            record = by_subject[subject]
-            if record.node_id not in found:  # nothing stored on its subject
-                found[record.node_id] = _judged(record, None, None, {}, shelf)
-        # The wait for judgements starts once they are known (a scan may take long).
-        deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
-        if not waiting or loop.time() >= deadline:
-            break
-        await _judged_past(bus, subjects, durable, waiting, deadline)
-        # Read again: each waited-for message is still there (then judged and not
-        # refused), or a newer one replaced it (judged or not, as the floors say).
-        wanted, scan, waiting = list(waiting), False, {}
-        for subject in wanted:
-            del found[by_subject[subject].node_id]
+
+    async def judge(page: _Page) -> None:
+        signatures = await page.signatures()
+        for message in page.messages:
+            record = by_subject[message.subject]
+            key = page.keys.get(record.node_id)
+            shown = _judged(record, message, key, page.floors, shelf, signatures)
+            found[record.node_id] = shown
+            if shown.live_note == _PENDING:
+                waiting[message.subject] = message.seq
+
+    async with SignatureChecks(helpers if scan else 0) as checks:
+        while True:
+            stored = _stored(bus, subjects, wanted, scan, read_floors)
+            async with contextlib.aclosing(stored) as pages:
+                # A page's signatures are checked (by the helpers, in a scan) while the
+                # page before it is judged here and the next one is read.
+                held: _Page | None = None
+                async for floors, messages in pages:
+                    keys = await _keys_needed(bus, subjects, messages, by_subject)
+                    page = _page(checks, floors, messages, keys, by_subject)
+                    if held is not None:
+                        await judge(held)
+                    held = page
+                if held is not None:
+                    await judge(held)
+            for subject in wanted:
+                record = by_subject[subject]
+                if record.node_id not in found:  # nothing stored on its subject
+                    found[record.node_id] = _judged(record, None, None, {}, shelf, {})
+            # The wait for judgements starts once they are known (a scan may take long).
+            deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
+            if not waiting or loop.time() >= deadline:
+                break
+            await _judged_past(bus, subjects, durable, waiting, deadline)
+            # Read again: each waited-for message is still there (then judged and not
+            # refused), or a newer one replaced it (judged or not, as the floors say).
+            wanted, scan, waiting = list(waiting), False, {}
+            for subject in wanted:
+                del found[by_subject[subject].node_id]
     return [found[record.node_id] for record in records]
+
+
+@dataclass(frozen=True)
+class _Page:
+    """A page of messages read, with what judging it takes: the ack floors read before
+    it, its nodes' approved keys, and the checks of its signatures (answered later)."""
+
+    floors: dict[int, int]
+    messages: list[Stored]
+    keys: dict[str, str]
+    checked: list[int]
+    """The stream seqs of the messages whose signatures are checked, in order."""
+    checking: Checking
+
+    async def signatures(self) -> dict[int, str]:
+        """By stream seq, each checked message's answer (:func:`signature_helpers.check`)."""
+        return dict(zip(self.checked, await self.checking.answers(), strict=True))
+
+
+def _page(
+    checks: SignatureChecks,
+    floors: dict[int, int],
+    messages: list[Stored],
+    keys: dict[str, str],
+    by_subject: dict[str, NodeRecord],
+) -> _Page:
+    """``messages`` with their signatures handed to ``checks``: those of the messages newer
+    than their record's own whose node has an approved key (every one :func:`_accepted`
+    checks; a message it meets unchecked all the same is checked there)."""
+    checked = [
+        message
+        for message in messages
+        if message.seq > by_subject[message.subject].last_stream_seq
+        and message.data
+        and by_subject[message.subject].node_id in keys
+    ]
+    items = [(m.headers.get(HEADER_KEY), m.headers.get(HEADER_SIG), m.data) for m in checked]
+    checking = checks.submit(items)
+    return _Page(floors, messages, keys, [message.seq for message in checked], checking)
 
 
 _PENDING = "latest heartbeat not judged by an aggregator yet"
@@ -335,10 +406,12 @@ def _judged(
     key: str | None,
     floors: dict[int, int],
     shelf: stored.Shelf | None,
+    signatures: dict[int, str],
 ) -> LiveRecord:
-    """The record with ``message`` as its heartbeat if that was accepted, else marked."""
+    """The record with ``message`` as its heartbeat if that was accepted, else marked;
+    ``signatures``: the answers of the checks of signatures made already, by stream seq."""
     try:
-        heartbeat = _accepted(record, message, key, floors)
+        heartbeat = _accepted(record, message, key, floors, signatures)
     except _Pending:
         return _marked(record, _PENDING, shelf)
     except _Refused as refused:
@@ -366,11 +439,16 @@ def _judged(
 
 
 def _accepted(
-    record: NodeRecord, message: Stored | None, key: str | None, floors: dict[int, int]
+    record: NodeRecord,
+    message: Stored | None,
+    key: str | None,
+    floors: dict[int, int],
+    signatures: dict[int, str],
 ) -> Heartbeat | None:
     """The heartbeat of ``message`` if it is the node's latest accepted one; None when
     the record's own is (it was written with it, or in a settled state nothing came
-    since); _Refused or _Pending otherwise."""
+    since); _Refused or _Pending otherwise. Its signature's check is taken from
+    ``signatures`` (by stream seq), or made here."""
     if message is None or message.seq <= record.last_stream_seq:
         if record.state in SETTLED or (
             message is not None and message.seq == record.last_stream_seq
@@ -386,10 +464,12 @@ def _accepted(
         raise _Refused("latest message refused: carries Nats-Rollup")
     if key is None:
         raise _Refused("latest heartbeat refused: the node has no approved key")
-    try:
-        signer = signing.verify(headers, message.data)
-    except SignatureError as exc:
-        raise _Refused(f"latest heartbeat refused: {exc.reason}") from None
+    signer = headers.get(HEADER_KEY)
+    refusal = signatures.get(message.seq)
+    if refusal is None:
+        refusal = check((signer, headers.get(HEADER_SIG), message.data))
+    if refusal:
+        raise _Refused(f"latest heartbeat refused: {refusal}")
     if signer != key:
         raise _Refused("latest heartbeat refused: not signed by the node's approved key")
     try:
