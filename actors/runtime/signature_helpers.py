@@ -86,10 +86,12 @@ def check(item: Item) -> str:
 
 
 def default_helpers() -> int:
-    """Helpers for a large read on this machine: one fewer than its cores, at most two
-    (the reading process, not the checks, is then what a read waits for), none on one
-    core."""
-    return max(0, min(2, len(os.sched_getaffinity(0)) - 1))
+    """Helpers for a large read on this machine: one fewer than the cores this process
+    may run on, at most two (the reading process, not the checks, is then what a read
+    waits for), none on one core."""
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores = len(usable) if usable is not None else os.cpu_count() or 1
+    return max(0, min(2, cores - 1))
 
 
 @dataclass(eq=False)
@@ -169,8 +171,10 @@ def _widen(pipe: Any) -> None:
     """Let ``pipe`` hold PIPE_BYTES (as much as the system allows): a pipe holds 64 KB,
     and the reader refills it only between its own steps, so a helper would wait for
     most of each batch while the reader works."""
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    resize = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux's alone
+    if resize is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), resize, PIPE_BYTES)
 
 
 class SignatureChecks:

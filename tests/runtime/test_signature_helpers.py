@@ -122,3 +122,11 @@ async def test_helpers_run_in_their_own_session_and_end_with_the_checks() -> Non
         items = batch(100)
         assert await checks.submit(items).answers() == [check(item) for item in items]
     assert not psutil.Process().children()
+
+
+@pytest.mark.parametrize(("cores", "helpers"), [(1, 0), (2, 1), (3, 2), (64, 2)])
+def test_helpers_are_one_fewer_than_the_cores_usable_at_most_two(
+    monkeypatch: pytest.MonkeyPatch, cores: int, helpers: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert signature_helpers.default_helpers() == helpers
