@@ -178,21 +178,41 @@ def _widen(pipe: Any) -> None:
 
 
 class SignatureChecks:
-    """Checks of lists of :data:`Item` shared between this process and up to
-    ``helpers`` helper processes, started on entering (none: every check made here).
+    """Checks of lists of :data:`Item` shared between this process and up to ``wanted``
+    helper processes (none: every check made here), started with the first list of
+    HELPED_FROM items or more: a read that checks nothing starts none.
 
     A list is cut into batches of BATCH, queued; each helper is sent the next queued
     batch as it answers one, holding at most IN_FLIGHT. When the answers are asked for
     (:meth:`Checking.answers`), the batches still queued are checked here: this process
-    never waits while there is a check it could make, and helpers slowed by a busy
-    machine take only what they keep up with."""
+    never waits while there is a check it could make (nor for the helpers to start), and
+    helpers slowed by a busy machine take only what they keep up with."""
 
-    def __init__(self, helpers: int) -> None:
-        self.wanted = helpers
+    def __init__(self, wanted: int) -> None:
+        self.wanted = wanted
         self._helpers: list[_Helper] = []
+        self._starting: asyncio.Task[None] | None = None
         self.queued: deque[_Batch] = deque()
 
     async def __aenter__(self) -> SignatureChecks:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        """End the helpers; none is started after."""
+        self.wanted = 0
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
+        helpers, self._helpers = self._helpers, []
+        await asyncio.gather(*(helper.stop() for helper in helpers))
+
+    async def _start(self) -> None:
         for _ in range(self.wanted):
             try:
                 process = await asyncio.create_subprocess_exec(
@@ -204,39 +224,33 @@ class SignatureChecks:
                     start_new_session=True,
                 )
             except OSError:
-                break  # checked here: never skipped
+                return  # checked here: never skipped
             assert process.stdin is not None  # started with a pipe
             _widen(process.stdin.transport.get_extra_info("pipe"))
             self._helpers.append(_Helper(process, self._feed))
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        helpers, self._helpers = self._helpers, []
-        await asyncio.gather(*(helper.stop() for helper in helpers))
+            self._feed()
 
     @property
     def helpers(self) -> int:
-        """Helpers still sent batches."""
+        """Helpers started and still sent batches."""
         return sum(not helper.ended for helper in self._helpers)
 
     def submit(self, items: list[Item]) -> Checking:
         """The checks of ``items`` (:func:`check`'s answers, in order), begun: made here at
-        once for fewer than HELPED_FROM items or without helpers, else queued."""
+        once for fewer than HELPED_FROM items or without helpers wanted, else queued (the
+        helpers started, the first time)."""
         loop = asyncio.get_running_loop()
         batches = [
             _Batch(items[start : start + BATCH], loop.create_future())
             for start in range(0, len(items), BATCH)
         ]
-        if len(items) < HELPED_FROM or not self.helpers:
+        if len(items) < HELPED_FROM or not self.wanted:
             for batch in batches:
                 batch.answers.set_result([check(item) for item in batch.items])
         else:
             self.queued.extend(batches)
+            if self._starting is None:
+                self._starting = asyncio.create_task(self._start())
             self._feed()
         return Checking(self, batches)
 

@@ -273,6 +273,18 @@ async def test_a_scan_has_its_signatures_checked_by_helpers_and_refuses_alike(
         send(helper, batch)
 
     monkeypatch.setattr(signature_helpers._Helper, "send", counted)
+    answer = signature_helpers.SignatureChecks.answer
+
+    async def after_the_start(
+        checks: signature_helpers.SignatureChecks, batch: signature_helpers._Batch
+    ) -> list[str]:
+        # The reader would check a batch itself rather than wait for the helper to start
+        # (tests/runtime/test_signature_helpers.py): here each waits, to be the helper's.
+        if checks._starting is not None:
+            await checks._starting
+        return await answer(checks, batch)
+
+    monkeypatch.setattr(signature_helpers.SignatureChecks, "answer", after_the_start)
     shown = {record.node_id: record for record in await live.read_fleet(bus, subjects)}
     # n2's and n3's messages in the scan; n3's again once the wait for its judgement ends.
     assert sent == [2, 1], sent

@@ -48,13 +48,20 @@ def batch(size: int) -> list[Item]:
     return items
 
 
+async def started(checks: SignatureChecks) -> None:
+    """Wait for the helpers to have started (each is sent batches as it does)."""
+    assert checks._starting is not None
+    await checks._starting
+
+
 async def test_helpers_answer_what_a_check_here_answers() -> None:
     items = batch(400)
     here = [check(item) for item in items]
     assert here[0] == "" and all(here[index] for index in range(1, 8))  # each bad one said
     async with SignatureChecks(2) as checks:
-        assert checks.helpers == 2
+        assert checks.helpers == 0  # none started before a list needs them
         pending = [checks.submit(items[start : start + 100]) for start in range(0, 400, 100)]
+        await started(checks)
         answered = [answer for checking in pending for answer in await checking.answers()]
         assert checks.helpers == 2  # none given up
     assert answered == here
@@ -69,13 +76,23 @@ async def test_small_batches_and_no_helpers_are_checked_here() -> None:
         checking = checks.submit(few)
         assert all(b.answers.done() for b in checking.batches)  # before any round trip
         assert await checking.answers() == [check(item) for item in few]
+        assert not psutil.Process().children()  # none started for it
+
+
+async def test_the_reader_checks_what_no_helper_took_without_waiting_for_one() -> None:
+    items = batch(400)
+    async with SignatureChecks(2) as checks:
+        checking = checks.submit(items)  # the helpers are not started yet
+        assert await checking.answers() == [check(item) for item in items]
+        assert not any(b.sent for b in checking.batches)
 
 
 async def test_a_helper_killed_midway_leaves_its_batches_checked_here() -> None:
     items = batch(800)
     async with SignatureChecks(1) as checks:
-        (helper,) = psutil.Process().children()
         first = checks.submit(items[:400])
+        await started(checks)
+        (helper,) = psutil.Process().children()
         assert await first.answers() == [check(item) for item in items[:400]]
         assert all(b.sent for b in first.batches)  # the helper took all (nothing asked)
         helper.send_signal(signal.SIGKILL)
@@ -98,7 +115,9 @@ async def test_a_helper_answering_nonsense_is_given_up(monkeypatch: pytest.Monke
             "_answers",
             type("Short", (), {"decode": staticmethod(lambda raw: real(raw)[:-1])})(),
         )
-        assert await checks.submit(items).answers() == [check(item) for item in items]
+        checking = checks.submit(items)
+        await started(checks)
+        assert await checking.answers() == [check(item) for item in items]
         assert checks.helpers == 0
 
 
@@ -108,6 +127,9 @@ PIPE_MAX = int(Path("/proc/sys/fs/pipe-max-size").read_text())
 
 async def test_helpers_run_in_their_own_session_and_end_with_the_checks() -> None:
     async with SignatureChecks(2) as checks:
+        items = batch(100)
+        checking = checks.submit(items)
+        await started(checks)
         children = psutil.Process().children()
         assert len(children) == 2
         for child in children:
@@ -119,8 +141,7 @@ async def test_helpers_run_in_their_own_session_and_end_with_the_checks() -> Non
             pipe = helper.process.stdin.transport.get_extra_info("pipe")
             widened = fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ)
             assert widened == min(signature_helpers.PIPE_BYTES, PIPE_MAX)
-        items = batch(100)
-        assert await checks.submit(items).answers() == [check(item) for item in items]
+        assert await checking.answers() == [check(item) for item in items]
     assert not psutil.Process().children()
 
 
