@@ -162,8 +162,9 @@ class _Helper:
                 self.process.kill()
             await self.process.wait()
         self.reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.reading
+        # Waited for, not awaited: its cancellation is not this task's (a Ctrl-C cancelling
+        # the reader must not be taken for it and swallowed).
+        await asyncio.wait([self.reading])
         self._fail()
 
 
@@ -207,8 +208,7 @@ class SignatureChecks:
         self.wanted = 0
         if self._starting is not None:
             self._starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._starting
+            await asyncio.wait([self._starting])  # as the helpers' reading tasks
         helpers, self._helpers = self._helpers, []
         await asyncio.gather(*(helper.stop() for helper in helpers))
 
