@@ -21,6 +21,7 @@ from actors.runtime.config import (
     layers,
     list_fields,
 )
+from actors.runtime.schedule import stop_if_cancelled
 from schemas.errors import FleetError, InvalidToken
 from schemas.subjects import check_token
 
@@ -293,9 +294,17 @@ def token(what: str) -> Callable[[str], str]:
 
 
 def run_main(entry: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """Run an async command; known errors become one line on stderr and exit 1."""
+    """Run an async command; known errors become one line on stderr and exit 1, a
+    Ctrl-C exit 130 (also one whose cancel a library lost on the way:
+    :func:`stop_if_cancelled`)."""
+
+    async def command() -> int:
+        code = await entry()
+        stop_if_cancelled()
+        return code
+
     try:
-        return asyncio.run(entry())
+        return asyncio.run(command())
     except FleetError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from actors.runtime.bus import Bus
+from actors.runtime.schedule import stop_if_cancelled
 from actors.runtime.subscriptions import unsubscribe_quietly
 
 END_OF_BATCH = "204"
@@ -168,6 +169,7 @@ async def pages(
                 request = {"seq": page.last_seq + 1, "next_by_subj": subjects}
                 asked = await ask(bus, stream, request)
                 await bus.flush(max(deadline - loop.time(), 0.001))
+                stop_if_cancelled()  # nats-py's flush may lose a Ctrl-C's cancel
             yield page.messages
     finally:
         if asked is not None:  # a caller that stopped early leaves no subscription behind
