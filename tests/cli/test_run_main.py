@@ -13,15 +13,22 @@ from actors.cli.common import run_main
 
 
 def test_a_ctrl_c_whose_cancel_was_lost_still_exits_130() -> None:
+    # Python's own Ctrl-C handler, as a command starts with (a pytest-xdist worker
+    # ignores SIGINT, and asyncio then leaves it alone).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
     async def entry() -> int:
         os.kill(os.getpid(), signal.SIGINT)  # asyncio's handler cancels this task
         try:
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             pass  # lost, as wait_for loses it
         return 0
 
-    assert run_main(entry) == 130
+    try:
+        assert run_main(entry) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_command_that_ends_returns_its_code() -> None:
