@@ -51,8 +51,11 @@ async def publish(
     headers: dict[str, str],
     node: str = "n1",
     msg_id: str | None = None,
+    ttl: int = 2,
 ) -> None:
-    headers = {**headers, "Nats-Msg-Id": msg_id or os.urandom(8).hex(), "Nats-TTL": "2"}
+    """Publish a heartbeat's ``body`` as node ``node`` would, with its ``Nats-TTL``
+    (``ttl`` seconds: an agent sends its ``stale_after``, the test heartbeat's 2 s)."""
+    headers = {**headers, "Nats-Msg-Id": msg_id or os.urandom(8).hex(), "Nats-TTL": str(ttl)}
     await bus.js.publish(Subjects(prefix).heartbeat("c1", node), body, headers=headers)
 
 

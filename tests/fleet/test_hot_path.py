@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -58,10 +59,11 @@ async def stored_seq(bus: NatsBus, prefix: str) -> int:
 async def beat(
     bus: NatsBus, prefix: str, key: signing.KeyPair, seq: int, **changes: object
 ) -> None:
-    body = codec.encode(
-        msgspec.structs.replace(heartbeat(seq=seq, stale_after=60.0, interval=30.0), **changes)
-    )
-    await publish(bus, prefix, body, key.headers(body))
+    beat = msgspec.structs.replace(heartbeat(seq=seq, stale_after=60.0, interval=30.0), **changes)
+    body = codec.encode(beat)
+    # Its TTL is the stale_after it claims, as an agent's: a 2 s one expired unjudged
+    # behind an aggregator still starting on a busy machine (a busy run's failure).
+    await publish(bus, prefix, body, key.headers(body), ttl=math.ceil(beat.stale_after))
 
 
 async def beat_until_checkpointed(
