@@ -540,7 +540,7 @@ async def test_the_writes_of_a_moment_go_out_together_and_a_conflict_the_careful
     actor = aggregator_of(await fleet.start_aggregator(checkpoint_interval=120.0))
     for node, key in keys.items():
         body = codec.encode(heartbeat(node=node, seq=1, stale_after=60.0, interval=30.0))
-        await publish(bus, prefix, body, key.headers(body), node=node)
+        await publish(bus, prefix, body, key.headers(body), node=node, ttl=60)
     await wait_for(
         lambda: all(actor.ledger.nodes.get(n) and actor.ledger.nodes[n].revision for n in nodes)
     )
@@ -630,7 +630,7 @@ async def test_a_heartbeat_reaches_fleet_nodes_as_the_node_signed_it(
     await fleet.start_aggregator()
     known = codec.encode(heartbeat(seq=1, stale_after=60.0, interval=30.0))
     body = known[:-1] + b',"from_a_newer_agent":[1,{"x":"y"}]}'
-    await publish(bus, prefix, body, key.headers(body))
+    await publish(bus, prefix, body, key.headers(body), ttl=60)
 
     async def written() -> bool:
         return await stored_seq(bus, prefix) == 1
