@@ -230,11 +230,6 @@ class SignatureChecks:
             self._helpers.append(_Helper(process, self._feed))
             self._feed()
 
-    @property
-    def helpers(self) -> int:
-        """Helpers started and still sent batches."""
-        return sum(not helper.ended for helper in self._helpers)
-
     def submit(self, items: list[Item]) -> Checking:
         """The checks of ``items`` (:func:`check`'s answers, in order), begun: made here at
         once for fewer than HELPED_FROM items or without helpers wanted, else queued (the
