@@ -19,6 +19,7 @@ import pytest
 from actors.cli.simulate.publisher import SimOptions
 from actors.cli.simulate.run import simulate
 from actors.fleet.live import reader as live
+from actors.fleet.live import stored_heartbeats
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage import records as stored
 from actors.fleet.storage.records import read_record, read_records
@@ -191,14 +192,14 @@ async def _shown_seq(bus: NatsBus, prefix: str, seq: int) -> live.LiveRecord | N
     return record if record.last_seq == seq else None
 
 
-@pytest.mark.parametrize("scan_above", [0, live.SCAN_ABOVE])
+@pytest.mark.parametrize("scan_above", [0, stored_heartbeats.SCAN_ABOVE])
 async def test_a_listing_reads_every_beating_node_live(
     fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch, scan_above: int
 ) -> None:
     """30 simulated nodes beating through a real aggregator with a 60 s checkpoint: the
     listing (as a scan of FLEET_HB, and as multi_last requests) shows every node live,
     each at or past the seq its stored record holds, most of them past it."""
-    monkeypatch.setattr(live, "SCAN_ABOVE", scan_above)
+    monkeypatch.setattr(stored_heartbeats, "SCAN_ABOVE", scan_above)
     await fleet.start_aggregator(checkpoint_interval=CHECKPOINT)
     # Long enough to outlast the reads on a loaded machine; cancelled after them.
     options = SimOptions(nodes=30, rate=60.0, duration=60.0, gpus=2, prefix=prefix, wait=0.5)
@@ -261,7 +262,7 @@ async def test_a_scan_has_its_signatures_checked_by_helpers_and_refuses_alike(
     body = codec.encode(heartbeat("n3", 3))
     await bus.js.publish(subjects.heartbeat("c1", "n3"), body, headers=keys["n3"].headers(body))
 
-    monkeypatch.setattr(live, "SCAN_ABOVE", 0)
+    monkeypatch.setattr(stored_heartbeats, "SCAN_ABOVE", 0)
     monkeypatch.setattr(live, "JUDGE_WAIT", 0.5)  # n3's judgement never comes: not the point
     monkeypatch.setattr(signature_helpers, "HELPED_FROM", 1)
     monkeypatch.setattr(live, "default_helpers", lambda: 1)
@@ -314,7 +315,7 @@ async def test_a_scan_reads_the_ack_floors_once_not_per_page(
         return all(record.live for record in await live.read_fleet(bus, subjects))
 
     await wait_for(all_live, interval=0.5)  # every beat judged: nothing waits below
-    monkeypatch.setattr(live, "SCAN_ABOVE", 0)
+    monkeypatch.setattr(stored_heartbeats, "SCAN_ABOVE", 0)
     monkeypatch.setattr(direct_get, "PAGE_KEYS", 2)
     stream = subjects.stream_name("FLEET_HB")
     client = await nats.connect(fleet.url)

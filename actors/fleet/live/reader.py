@@ -36,21 +36,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
 import nats.errors
 import nats.js.errors
 
-from actors.fleet.live.workload_status import status as status_now
+from actors.fleet.live import stored_heartbeats
+from actors.fleet.live.fleet_facts import fleet_facts
 from actors.fleet.storage import records as stored
-from actors.fleet.storage import registry
-from actors.fleet.storage.policy_holds import read_policies
 from actors.fleet.storage.streams import heartbeat_partitions
-from actors.fleet.storage.windows import covers, read_windows
-from actors.runtime import direct_get, heap
+from actors.runtime import heap
 from actors.runtime.bus import Bus
 from actors.runtime.direct_get import Stored
 from actors.runtime.signature_helpers import (
@@ -61,22 +57,15 @@ from actors.runtime.signature_helpers import (
 )
 from schemas import codec
 from schemas.errors import DecodeError, FleetError
-from schemas.messages import Heartbeat, NodeRecord, TrustEntry
+from schemas.messages import Heartbeat, NodeRecord
 from schemas.signing import HEADER_KEY, HEADER_SIG
-from schemas.subjects import BUCKET_TRUST, STREAM_HEARTBEATS, Subjects
+from schemas.subjects import Subjects
 
 MAX_SKEW = 300.0
 """Seconds a heartbeat's ``ts`` may be off its store time (the aggregators' default
 ``max_skew``)."""
 JUDGE_WAIT = 3.0
 """Seconds a read waits at most for the owners to judge the heartbeats it found."""
-FLOOR_POLL = 0.1
-READ_TIMEOUT = 300.0
-"""Seconds a live read may take in all: a 100,000-node listing took about two minutes on
-a 2-core machine shared with the load (docs/performance.md); one node, milliseconds."""
-SCAN_ABOVE = 1000
-"""A read of more nodes than this scans FLEET_HB and fleet_trust whole, page by page;
-fewer are read subject by subject (``multi_last``)."""
 SETTLED = ("stale", "offline", "stopped", "deregistered", "pending")
 """Record states written when entered: their record holds the latest accepted heartbeat."""
 DURABLE = "aggregator"
@@ -205,84 +194,17 @@ async def overlay(
     concerns. ``shelf``: the records' own heartbeats, for records read without them
     (:func:`stored_records_shelved`), decoded where shown and taken off the shelf as the
     read goes. ``helpers``: processes that check the signatures of a scan (more than
-    SCAN_ABOVE records) beside this one (:mod:`actors.runtime.signature_helpers`; a
-    command line's read, never a service's). The garbage collector is paused meanwhile
-    (:func:`heap.collector_paused`)."""
+    ``stored_heartbeats.SCAN_ABOVE`` records) beside this one
+    (:mod:`actors.runtime.signature_helpers`; a command line's read, never a service's).
+    The garbage collector is paused meanwhile (:func:`heap.collector_paused`)."""
     with heap.collector_paused():
         try:
-            async with asyncio.timeout(READ_TIMEOUT):
+            async with asyncio.timeout(stored_heartbeats.READ_TIMEOUT):
                 shown = await _overlay(bus, subjects, records, durable, shelf, helpers)
         except (nats.errors.Error, TimeoutError, FleetError) as exc:
             note = f"heartbeats not readable: {str(exc) or type(exc).__name__}"
             shown = [_marked(record, note, shelf) for record in records]
         return await fleet_facts(bus, subjects, shown)
-
-
-async def fleet_facts(bus: Bus, subjects: Subjects, records: list[LiveRecord]) -> list[LiveRecord]:
-    """``records`` with what the fleet knows of each beside its heartbeat: the
-    maintenance window covering it, the remediation policy's hold and what its workloads
-    are now."""
-    marked = await held_by_policy(bus, subjects, await in_maintenance(bus, subjects, records))
-    return [with_workload_status(record, time.time()) for record in marked]
-
-
-def with_workload_status(record: LiveRecord, now: float) -> LiveRecord:
-    """``record`` with each listed workload's status now (``workload_status``)."""
-    beat = record.heartbeat
-    if beat is None or not beat.workloads:
-        return record
-    shown = {w.name: status_now(record, w, (), now) for w in beat.workloads}
-    return msgspec.structs.replace(record, workload_status=shown)
-
-
-async def held_by_policy(
-    bus: Bus, subjects: Subjects, records: list[LiveRecord]
-) -> list[LiveRecord]:
-    """``records`` with the remediation policy's hold of each (``policy_hold``); as they
-    are where the policy's records cannot be read."""
-    if not records:
-        return records
-    try:
-        policies = await read_policies(bus, subjects)
-    except (nats.errors.Error, TimeoutError, FleetError):
-        return records
-    holds = {
-        (p.cluster, node): f"{hold.action} refused: needs attention"
-        if hold.refused
-        else hold.action
-        for p in policies
-        for node, hold in p.holds.items()
-    }
-    return [
-        msgspec.structs.replace(record, policy_hold=action)
-        if (action := holds.get((record.cluster, record.node_id)))
-        else record
-        for record in records
-    ]
-
-
-async def in_maintenance(
-    bus: Bus, subjects: Subjects, records: list[LiveRecord]
-) -> list[LiveRecord]:
-    """``records`` with the maintenance window covering each (``maintenance``); as they
-    are where the windows cannot be read (no bucket yet: an older aggregator)."""
-    if not records:
-        return records
-    try:
-        windows = await read_windows(bus, subjects)
-    except (nats.errors.Error, TimeoutError, FleetError):
-        return records
-    now = time.time()
-    marked = []
-    for record in records:
-        window = next(
-            (w for w in windows if covers(w, record.node_id, record.cluster, record.labels, now)),
-            None,
-        )
-        if window is not None:
-            record = msgspec.structs.replace(record, maintenance=window.id)
-        marked.append(record)
-    return marked
 
 
 async def _overlay(
@@ -306,13 +228,13 @@ async def _overlay(
     }
 
     async def read_floors() -> dict[int, int]:
-        return await _read_floors(bus, subjects, durable, range(partitions))
+        return await stored_heartbeats.read_floors(bus, subjects, durable, range(partitions))
 
     found: dict[str, LiveRecord] = {}
     waiting: dict[str, int] = {}
     """Subjects whose message was not judged yet, with that message's stream seq."""
     wanted = list(by_subject)
-    scan = len(records) > SCAN_ABOVE
+    scan = len(records) > stored_heartbeats.SCAN_ABOVE
     loop = asyncio.get_running_loop()
     deadline: float | None = None
 
@@ -328,13 +250,13 @@ async def _overlay(
 
     async with SignatureChecks(helpers if scan else 0) as checks:
         while True:
-            stored = _stored(bus, subjects, wanted, scan, read_floors)
+            stored = stored_heartbeats.stored_messages(bus, subjects, wanted, scan, read_floors)
             async with contextlib.aclosing(stored) as pages:
                 # A page's signatures are checked (by the helpers, in a scan) while the
                 # page before it is judged here and the next one is read.
                 held: _Page | None = None
                 async for floors, messages in pages:
-                    keys = await _keys_needed(bus, subjects, messages, by_subject)
+                    keys = await stored_heartbeats.keys_needed(bus, subjects, messages, by_subject)
                     page = _page(checks, floors, messages, keys, by_subject)
                     if held is not None:
                         await judge(held)
@@ -349,7 +271,7 @@ async def _overlay(
             deadline = loop.time() + JUDGE_WAIT if deadline is None else deadline
             if not waiting or loop.time() >= deadline:
                 break
-            await _judged_past(bus, subjects, durable, waiting, deadline)
+            await stored_heartbeats.judged_past(bus, subjects, durable, waiting, deadline)
             # Read again: each waited-for message is still there (then judged and not
             # refused), or a newer one replaced it (judged or not, as the floors say).
             wanted, scan, waiting = list(waiting), False, {}
@@ -507,127 +429,3 @@ def _marked(record: NodeRecord, note: str, shelf: stored.Shelf | None) -> LiveRe
         **msgspec.structs.asdict(record)
         | {"heartbeat": heartbeat, "live": not note, "live_note": note}
     )
-
-
-async def _keys_needed(
-    bus: Bus, subjects: Subjects, page: list[Stored], by_subject: dict[str, NodeRecord]
-) -> dict[str, str]:
-    """The approved keys of the nodes whose message in ``page`` is newer than the one
-    their record holds (only those are verified: the record's own was, by the aggregator
-    that wrote it), read after the page. Read later than the message, a key can only
-    refuse more (revoked or replaced since): an accepted message was judged, before it
-    was read, with the key approved then (check 5)."""
-    nodes = [
-        by_subject[message.subject].node_id
-        for message in page
-        if message.seq > by_subject[message.subject].last_stream_seq
-    ]
-    return await _approved_keys(bus, subjects, nodes) if nodes else {}
-
-
-async def _approved_keys(bus: Bus, subjects: Subjects, nodes: list[str]) -> dict[str, str]:
-    """The approved, unrevoked key of each of ``nodes`` that has one."""
-    bucket = subjects.bucket_name(BUCKET_TRUST)
-    wanted = set(nodes)
-    prefix = f"$KV.{bucket}."
-    keys: dict[str, str] = {}
-    for message in await _messages(bus, f"KV_{bucket}", [prefix + n for n in nodes], prefix):
-        node = message.subject.removeprefix(prefix)
-        if node not in wanted or not message.data:
-            continue
-        try:
-            key = registry.approved_key(codec.decode(message.data, TrustEntry, node))
-        except DecodeError:
-            key = None
-        if key is None:
-            keys.pop(node, None)
-        else:
-            keys[node] = key
-    return keys
-
-
-async def _stored(
-    bus: Bus,
-    subjects: Subjects,
-    wanted: list[str],
-    scan: bool,
-    read_floors: Callable[[], Awaitable[dict[int, int]]],
-) -> AsyncGenerator[tuple[dict[int, int], list[Stored]]]:
-    """The messages FLEET_HB holds on ``wanted`` (stored subjects; at most one each), page
-    by page, each with the partitions' ack floors read before it was asked for: a scan of
-    the stream (then ``multi_last`` requests for the subjects it did not meet), or
-    ``multi_last`` requests. The floors are read once before the scan, not per page: the
-    scan ends at the last message stored when it began, so every message it meets was
-    stored before it began and is judged by floors read then (a consumer info costs the
-    server a pass over the partition's subjects: read per page, they were most of a
-    listing's time)."""
-    stream = subjects.stream_name(STREAM_HEARTBEATS)
-    wanted_set = set(wanted)
-    if scan:
-        floors = await read_floors()
-        # Up to the last message stored when the scan starts: one stored later replaced
-        # a node's message the scan may have passed, and is read on its own below.
-        info = await bus.js.stream_info(stream)
-        up_to = info.state.last_seq
-        # Every subject (">"), not the heartbeats' "<prefix>.hb.>": FLEET_HB holds nothing
-        # else (what is not wanted is left out below), and the server pays for a filter
-        # that is not the whole stream on every message (100,000 nodes: 14 s of its CPU
-        # against 9).
-        scanned = direct_get.pages(bus, stream, ">", READ_TIMEOUT, up_to=up_to)
-        async with contextlib.aclosing(scanned) as pages:  # closed with this generator, as it stops
-            async for page in pages:
-                found = [message for message in page if message.subject in wanted_set]
-                wanted_set.difference_update(message.subject for message in found)
-                yield floors, found
-        if not wanted_set:
-            return
-        wanted = sorted(wanted_set)
-    floors = await read_floors()
-    found = await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
-    yield floors, [message for message in found if message.subject in wanted_set]
-
-
-async def _messages(bus: Bus, stream: str, wanted: list[str], prefix: str) -> list[Stored]:
-    """The latest message of each of ``wanted``: a scan above SCAN_ABOVE subjects."""
-    if len(wanted) <= SCAN_ABOVE:
-        return await direct_get.last_of(bus, stream, wanted, READ_TIMEOUT)
-    latest: dict[str, Stored] = {}
-    scan = direct_get.pages(bus, stream, f"{prefix}>", READ_TIMEOUT)
-    async with contextlib.aclosing(scan) as pages:  # closed as the loop stops, even by a raise
-        async for page in pages:
-            latest.update((message.subject, message) for message in page)
-    return list(latest.values())
-
-
-async def _read_floors(
-    bus: Bus, subjects: Subjects, durable: str, partitions: Iterable[int]
-) -> dict[int, int]:
-    stream = subjects.stream_name(STREAM_HEARTBEATS)
-
-    async def floor(partition: int) -> int:
-        name = subjects.partition_consumer(durable, partition)
-        try:
-            info = await bus.js.consumer_info(stream, name, timeout=2.0)
-        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
-            return 0
-        return info.ack_floor.stream_seq if info.ack_floor else 0
-
-    wanted = sorted(set(partitions))
-    return dict(zip(wanted, await asyncio.gather(*(floor(p) for p in wanted)), strict=True))
-
-
-async def _judged_past(
-    bus: Bus, subjects: Subjects, durable: str, waiting: dict[str, int], deadline: float
-) -> None:
-    """Wait until every partition's floor has passed its waited-for messages (subject:
-    stream seq), or the deadline."""
-    need: dict[int, int] = {}
-    for subject, seq in waiting.items():
-        partition = int(subject.split(".")[-3])
-        need[partition] = max(need.get(partition, 0), seq)
-    loop = asyncio.get_running_loop()
-    while loop.time() < deadline:
-        floors = await _read_floors(bus, subjects, durable, need)
-        if all(floors.get(p, 0) >= seq for p, seq in need.items()):
-            return
-        await asyncio.sleep(min(FLOOR_POLL, max(deadline - loop.time(), 0.0)))

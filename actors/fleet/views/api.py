@@ -30,6 +30,7 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.labels import Selector
 from actors.fleet.live import reader as live
 from actors.fleet.live.feed import NodeFeed, followed
+from actors.fleet.live.fleet_facts import fleet_facts
 from actors.fleet.live.held import Held
 from actors.fleet.metrics import AggregatorMetrics, node_series
 from actors.runtime.bus import Bus
@@ -194,7 +195,7 @@ class FleetApiActor:
             else:
                 others.append(record)
         read = await live.overlay(self.bus, self.subjects, others, self.config.durable)
-        shown = {r.node_id: r for r in await live.fleet_facts(self.bus, self.subjects, held)}
+        shown = {r.node_id: r for r in await fleet_facts(self.bus, self.subjects, held)}
         shown.update((record.node_id, record) for record in read)
         return [shown[record.node_id] for record in records]
 
