@@ -327,7 +327,9 @@ async def test_a_sample_looks_only_at_the_nodes_that_changed(fleet: Fleet) -> No
 
     async def beat(node: str, seq: int) -> None:
         body = codec.encode(heartbeat(node, seq, stale_after=60.0, interval=30.0))
-        await publish(fleet.bus, fleet.prefix, body, keys[node].headers(body), node)
+        # The TTL the beat claims, as an agent sends it: a 2 s one could expire unjudged
+        # while a busy machine's aggregator starts.
+        await publish(fleet.bus, fleet.prefix, body, keys[node].headers(body), node, ttl=60)
 
         def accepted() -> bool:
             state = aggregator.ledger.nodes.get(node)
