@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from actors.fleet import record_state
 from actors.fleet.aggregator import hot_state, reads, record_rules, sweeps
 from actors.fleet.aggregator.actor import JUDGED_PER_TURN, AggregatorActor
-from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState, slim
+from actors.fleet.aggregator.hot_state import CheckpointQueue, NodeState
 from actors.fleet.aggregator.sweep_queue import SweepQueue
 from actors.fleet.storage.records import read_record
 from actors.fleet.storage.registry import NotFound, approve, forget
@@ -276,7 +276,7 @@ def test_operator_changes_are_told_by_the_digest_of_the_record_last_known() -> N
     one changed elsewhere but not in its deregistration leaves its own."""
     known = record_rules.pending_record("n1", "c1", "K")
     mine = record_state.with_state(known, last_seq=9)
-    digest = hot_state.digest(known)
+    digest = hot_state.digest(known, hot_state.NO_GPUS)
     assert 0 <= digest < 2**hot_state.DIGEST_BITS
     assert sys.getsizeof(digest) <= 32  # two digits of an int: a 32-byte block a node
     assert hot_state.operator_changes(mine, known, digest) is mine
@@ -616,7 +616,7 @@ async def test_a_checkpoint_keeps_the_in_memory_record_as_it_is(
     stored = await read_record(bus, Subjects(prefix), "n1")
     assert stored.last_seq == 2 and not state.dirty
     assert state.record is kept
-    assert state.stored == hot_state.digest(slim(stored))
+    assert state.stored == hot_state.stored_digest(stored)
 
 
 async def test_a_heartbeat_reaches_fleet_nodes_as_the_node_signed_it(

@@ -13,7 +13,7 @@ import pytest
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import judge, record_rules
-from actors.fleet.aggregator.hot_state import NodeState, encoded, slim_heartbeat
+from actors.fleet.aggregator.hot_state import NO_GPUS, NodeState, encoded, slim_heartbeat
 from actors.fleet.aggregator.judge import Forged, LateDelivery, NeedsFetch, Refused, Verdict
 from actors.fleet.packing import Bodies
 from schemas import codec
@@ -319,7 +319,7 @@ def test_every_heartbeat_the_judge_accepts_makes_a_readable_record() -> None:
                 continue
             outcomes.add("accepted")
             record = msgspec.structs.replace(record_rules.pending_record("n1", "c1"), heartbeat=hb)
-            written = encoded(record, bodies.pack(body), bodies)
+            written = encoded(record, bodies.pack(body), NO_GPUS, bodies)
             for reader_stack in (0, 400):
                 read = _nested_at(reader_stack, partial(codec.decode, written, NodeRecord, "kv"))
                 assert read.heartbeat == hb

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import uuid
 
 import msgspec
 import pytest
@@ -164,7 +165,9 @@ def test_a_steady_beat_is_accepted_exactly_as_any_other(mark: str, change: str) 
     fingerprint = record_rules.gpu_fingerprint(beat)
     kept = hot_state.slim_heartbeat(beat, previous)
     whole = record_rules.accepted(previous, beat, key, 100.0, 9, 99.0, fingerprint, kept)
-    steady = record_rules.is_steady(previous, beat, key, fingerprint)
+    packed = None if fingerprint is None else hot_state.packed_gpus(fingerprint)
+    known = hot_state.packed_gpus(previous.gpu_fingerprint)
+    steady = record_rules.is_steady(previous, beat, key, packed, known)
     assert steady == (mark == "" and change in ("", "score", "no_sample"))
     if steady:
         assert record_rules.judge_seq(previous, beat.seq, 1000, key) == "next"
@@ -218,15 +221,19 @@ def test_slim_record_writes_exactly_the_whole_one() -> None:
         assert getattr(kept.heartbeat, name) == getattr(SIM_BEAT, name)
     table = hot_state.NodeTable()
     body = table.bodies.pack(codec.encode(SIM_BEAT))
-    assert codec.encode(hot_state.full(kept, body, table.bodies)) == codec.encode(whole)
+    assert whole.gpu_fingerprint and whole.gpu_fingerprint == record_rules.gpu_fingerprint(SIM_BEAT)
+    assert kept.gpu_fingerprint is hot_state.APART
+    gpus = hot_state.packed_gpus(whole.gpu_fingerprint)
+    assert codec.encode(hot_state.full(kept, body, gpus, table.bodies)) == codec.encode(whole)
     # What the owner writes: the same bytes, the heartbeat's spliced in undecoded.
-    assert hot_state.encoded(kept, body, table.bodies) == codec.encode(whole)
+    assert hot_state.encoded(kept, body, gpus, table.bodies) == codec.encode(whole)
     state = hot_state.from_stored("n1", codec.encode(whole), 5.0, table.bodies)
-    assert state.record == kept and state.fresh
-    assert state.stored == hot_state.digest(kept) and not state.stored_reset
+    assert state.record == kept and state.fresh and state.gpus == gpus
+    assert state.stored == hot_state.digest(kept, gpus) and not state.stored_reset
+    assert state.stored == hot_state.stored_digest(whole)
     assert codec.encode(table.whole(state)) == codec.encode(whole)
     without = record_rules.pending_record("n1", "c1")
-    assert hot_state.slim(without) is without
+    assert hot_state.slim(without) == without
     assert hot_state.from_stored("n1", codec.encode(without), 5.0, table.bodies).body is None
 
 
@@ -352,10 +359,13 @@ def test_a_record_written_keeps_the_heartbeat_as_it_came() -> None:
         record_rules.pending_record("n1", "c1"), beat, "U", 100.0, 3, 99.0, None
     )
     bodies = packing.Bodies()
-    written = hot_state.encoded(hot_state.slim(whole), bodies.pack(newer), bodies)
+    written = hot_state.encoded(
+        hot_state.slim(whole), bodies.pack(newer), hot_state.NO_GPUS, bodies
+    )
     assert b'"from_a_newer_agent":{"x":[1,2]}' in written
     assert codec.decode(written, NodeRecord) == whole
-    assert hot_state.encoded(record_rules.pending_record("n1", "c1"), None, bodies) == (
+    pending = hot_state.slim(record_rules.pending_record("n1", "c1"))
+    assert hot_state.encoded(pending, None, hot_state.NO_GPUS, bodies) == (
         codec.encode(record_rules.pending_record("n1", "c1"))
     )
 
@@ -440,6 +450,76 @@ def test_nodes_alike_share_their_empty_fields_spot_status_and_durations() -> Non
     )
     assert loaded.heartbeat is not None and loaded.heartbeat.seq is loaded.last_seq
     assert per_node < 1250
+
+
+def eight_gpus(node: str) -> list[str]:
+    """Eight uuids of ``node``'s own, as NVML names a machine's GPUs."""
+    return [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{index}')}" for index in range(8)]
+
+
+def test_a_nodes_gpu_fingerprint_is_kept_packed_beside_its_record() -> None:
+    """A node of eight GPUs: the record kept holds no fingerprint of its own (``APART``),
+    its state keeps it packed, 384 bytes where the list of uuids was about 900 (under
+    600 more than a node without one, by tracemalloc), and every whole record has it
+    back. A steady next beat takes the shortcut and leaves it as it is; a GPU swapped
+    raises ``hardware_changed`` with both lists, and the state keeps the new one."""
+    bodies = packing.Bodies()
+    bodies.pack(codec.encode(SIM_BEAT))
+
+    def stored(node: str, fingerprinted: bool = True) -> bytes:
+        beat = msgspec.structs.replace(SIM_BEAT, node_id=node, sample=gpus(*eight_gpus(node)))
+        whole = record_rules.accepted(
+            record_rules.pending_record(node, "c1"),
+            codec.decode(codec.encode(beat), Heartbeat),
+            "U",
+            1.0,
+            1,
+            1.0,
+            record_rules.gpu_fingerprint(beat) if fingerprinted else None,
+        )
+        return codec.encode(whole)
+
+    # The same heartbeats kept, their records with and without the fingerprint.
+    with_gpus, states = kept_per_node([stored(f"n{i}") for i in range(200)], bodies)
+    without, _ = kept_per_node([stored(f"n{i}", fingerprinted=False) for i in range(200)], bodies)
+    # 378 bytes packed: 362 more a node by tracemalloc; the list of uuids was 824 more.
+    assert 0 < with_gpus - without < 600, (with_gpus, without)
+    state = states[0]
+    assert state.record.gpu_fingerprint is hot_state.APART
+    assert hot_state.unpacked_gpus(state.gpus) == sorted(eight_gpus("n0"))
+    table = hot_state.NodeTable()
+    table.bodies = bodies
+    assert table.whole(state).gpu_fingerprint == sorted(eight_gpus("n0"))
+    assert state.stored == hot_state.stored_digest(codec.decode(stored("n0"), NodeRecord))
+
+    def beat(seq: int, fingerprint: list[str]) -> Heartbeat:
+        return msgspec.structs.replace(SIM_BEAT, node_id="n0", seq=seq, sample=gpus(*fingerprint))
+
+    def judge_beat(next_beat: Heartbeat) -> judge.Verdict:
+        return judge.accept(
+            state,
+            next_beat,
+            "U",
+            judge.Stored(stream_seq=next_beat.seq, at=SIM_BEAT.ts),
+            judge.Moment(now=SIM_BEAT.ts, monotonic=1.0, max_skew=60.0, max_jump=1000),
+        )
+
+    steady = judge_beat(beat(SIM_BEAT.seq + 1, eight_gpus("n0")))
+    assert steady.alerts is judge.STEADY and steady.record.gpu_fingerprint is hot_state.APART
+    kept = state.gpus
+    state.keep(steady.record)
+    assert state.gpus is kept
+    swapped = [*eight_gpus("n0")[:7], "GPU-00000000-0000-0000-0000-000000000000"]
+    changed = judge_beat(beat(SIM_BEAT.seq + 2, swapped))
+    (alert,) = [alert for alert in changed.alerts if alert.kind == "hardware_changed"]
+    assert alert.details["before"] == ",".join(sorted(eight_gpus("n0")))
+    assert alert.details["after"] == ",".join(sorted(swapped))
+    state.keep(changed.record)
+    assert state.record.gpu_fingerprint is hot_state.APART
+    assert hot_state.unpacked_gpus(state.gpus) == sorted(swapped)
+    assert table.whole(state).gpu_fingerprint == sorted(swapped)
+    # What the owner last wrote is told apart by its fingerprint too.
+    assert hot_state.digest(state.record, state.gpus) != hot_state.digest(state.record, kept)
 
 
 def test_first_heartbeats_judged_share_the_fleets_alike_strings_and_empties() -> None:
@@ -533,8 +613,9 @@ def test_agents_alike_share_their_labels_capabilities_and_settings() -> None:
     assert first.heartbeat.settings is second.heartbeat.settings
     assert first.heartbeat.started is None and first.heartbeat.previous_ts is None
     whole = codec.decode(values[0], NodeRecord)
-    assert codec.decode(hot_state.encoded(first, states[0].body, bodies), NodeRecord) == whole
-    assert hot_state.full(first, states[0].body, bodies) == whole
+    gpus = states[0].gpus
+    assert codec.decode(hot_state.encoded(first, states[0].body, gpus, bodies), NodeRecord) == whole
+    assert hot_state.full(first, states[0].body, gpus, bodies) == whole
 
     def next_beat(node: str, zone: str) -> Heartbeat:
         return msgspec.structs.replace(agent_beat(node, zone), seq=SIM_BEAT.seq + 1)

@@ -13,7 +13,10 @@ whole last accepted heartbeat is kept as the bytes it came in (``NodeState.body`
 verified and validated), compressed (:class:`Bodies`), spliced undecoded into the record
 written (:func:`encoded`) and decoded only to answer the HTTP API (:func:`full`). A
 decoded heartbeat is several KB of Python objects; its bytes are 2-4 KB, and compressed
-a few hundred: one object, which the garbage collector never walks.
+a few hundred: one object, which the garbage collector never walks. The record's GPU
+fingerprint is kept apart and packed the same way (``NodeState.gpus``: a node of eight
+GPUs holds 384 bytes, not a list of eight 96-byte strings), put back wherever the whole
+record is read or written.
 """
 
 from __future__ import annotations
@@ -40,6 +43,38 @@ from schemas.messages import Heartbeat, NodeRecord
 from schemas.settings import SettingsStatus
 
 V = TypeVar("V")
+
+APART: list[str] = []
+"""The GPU fingerprint of every record kept in memory (never changed in place): the
+node's own is kept packed beside it (``NodeState.gpus``). A GPU's uuid is a 96-byte
+string and the list 64 bytes more: 160 bytes a node of one GPU and 900 of eight, where
+packed they are 80 and 384."""
+NO_GPUS = b"[]"
+"""The packed fingerprint of no GPU (none seen yet, or a sample that listed none)."""
+
+
+def packed_gpus(fingerprint: list[str]) -> bytes:
+    """``fingerprint`` packed as :attr:`NodeState.gpus` holds it: its JSON, exact for any
+    uuid (what a steady beat's GPUs are compared as)."""
+    return msgspec.json.encode(fingerprint) if fingerprint else NO_GPUS
+
+
+def kept_gpus(fingerprint: list[str]) -> bytes:
+    """:func:`packed_gpus` to keep: a copy of its bytes alone (msgspec's buffer keeps
+    room beyond them: 549 bytes held for eight GPUs' 345)."""
+    return memoryview(packed_gpus(fingerprint)).tobytes() if fingerprint else NO_GPUS
+
+
+def unpacked_gpus(gpus: bytes) -> list[str]:
+    """The fingerprint :func:`packed_gpus` packed, as a list of its own."""
+    return msgspec.json.decode(gpus, type=list[str]) if gpus != NO_GPUS else []
+
+
+def together(record: NodeRecord, gpus: bytes) -> NodeRecord:
+    """A record kept (its fingerprint :data:`APART`) with the fingerprint ``gpus``
+    back in it, as the rules that compare fingerprints and every reader of
+    ``fleet_nodes`` read it."""
+    return msgspec.structs.replace(record, gpu_fingerprint=unpacked_gpus(gpus))
 
 
 @dataclass(slots=True)
@@ -75,6 +110,10 @@ class NodeState:
     body: bytes | None = None
     """The encoded heartbeat whose slim form ``record.heartbeat`` is, packed by the
     table's :class:`Bodies` (None without one)."""
+    gpus: bytes = NO_GPUS
+    """The node's GPU fingerprint (the record's ``gpu_fingerprint``), packed
+    (:func:`packed_gpus`): the record kept holds :data:`APART` instead (see
+    :meth:`keep`)."""
     partition: int = -1
     """The node's partition, once a heartbeat subject of it was checked in full (the
     ``Ownership.split``); -1 before."""
@@ -87,6 +126,19 @@ class NodeState:
     due: int = 0
     """The second the full sweep next looks at the node for its time rules
     (:mod:`~actors.fleet.aggregator.sweep_queue`); 0: not queued."""
+
+    def __post_init__(self) -> None:
+        self.keep(self.record)
+
+    def keep(self, record: NodeRecord) -> None:
+        """Make ``record`` the node's: one holding :data:`APART` is slim already (made
+        from the record kept: the fingerprint is still :attr:`gpus`); any other list is
+        the node's fingerprint now, packed into :attr:`gpus`. Every record the state
+        takes comes through here (its construction too)."""
+        if record.gpu_fingerprint is not APART:
+            self.gpus = kept_gpus(record.gpu_fingerprint)
+            record = msgspec.structs.replace(record, gpu_fingerprint=APART)
+        self.record = record
 
 
 class NodeTable(dict[str, NodeState]):
@@ -139,7 +191,7 @@ class NodeTable(dict[str, NodeState]):
 
     def whole(self, state: NodeState) -> NodeRecord:
         """The node's whole current record (see :func:`full`)."""
-        return full(state.record, state.body, self.bodies)
+        return full(state.record, state.body, state.gpus, self.bodies)
 
 
 class CheckpointQueue:
@@ -369,7 +421,9 @@ def _alike(new: str, kept: str) -> str:
 
 
 def slim(record: NodeRecord) -> NodeRecord:
-    """``record`` with its embedded heartbeat slim (the record as kept in memory)."""
+    """``record`` as kept in memory: its embedded heartbeat slim, its GPU fingerprint
+    :data:`APART` (the whole record's is :func:`packed_gpus` of its own)."""
+    record = msgspec.structs.replace(record, gpu_fingerprint=APART)
     beat = record.heartbeat
     if beat is None:
         return record
@@ -402,18 +456,20 @@ def slim(record: NodeRecord) -> NodeRecord:
     return msgspec.structs.replace(record, heartbeat=kept)
 
 
-def full(record: NodeRecord, body: bytes | None, bodies: Bodies) -> NodeRecord:
+def full(record: NodeRecord, body: bytes | None, gpus: bytes, bodies: Bodies) -> NodeRecord:
     """The whole record of a slim ``record`` whose heartbeat was encoded and packed by
-    ``bodies`` as ``body``: what the HTTP API answers (:func:`encoded` writes the same
-    to ``fleet_nodes`` without decoding). ``body`` was verified and decoded (validated)
-    when it was accepted, or encoded from a stored record."""
+    ``bodies`` as ``body`` and whose GPU fingerprint is ``gpus``: what the HTTP API
+    answers (:func:`encoded` writes the same to ``fleet_nodes`` without decoding).
+    ``body`` was verified and decoded (validated) when it was accepted, or encoded from a
+    stored record."""
+    record = together(record, gpus)
     if body is None or record.heartbeat is None:
         return record
     heartbeat = codec.decode(bodies.unpack(body), Heartbeat)
     return msgspec.structs.replace(record, heartbeat=heartbeat)
 
 
-def encoded(record: NodeRecord, body: bytes | None, bodies: Bodies) -> bytes:
+def encoded(record: NodeRecord, body: bytes | None, gpus: bytes, bodies: Bodies) -> bytes:
     """The bytes of :func:`full`'s record, made without decoding the heartbeat: its own
     bytes go into the record as they came (``msgspec.Raw``), as verified and validated
     when it was accepted (or encoded from a stored record). What the owner writes to
@@ -423,6 +479,8 @@ def encoded(record: NodeRecord, body: bytes | None, bodies: Bodies) -> bytes:
     Fields of a newer agent's heartbeat that this version does not know stay in the
     record, as its readers ignore them; ``fleet_nodes`` makes room for any heartbeat
     ``FLEET_HB`` stores."""
+    if gpus != NO_GPUS:
+        record = together(record, gpus)
     if body is None or record.heartbeat is None:
         return codec.encode(record)
     return codec.encode(msgspec.structs.replace(record, heartbeat=msgspec.Raw(bodies.unpack(body))))
@@ -433,9 +491,10 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
     heartbeat kept encoded and packed by ``bodies``, ``written`` (monotonic) as its last
     write."""
     kept = slim(record)
+    gpus = kept_gpus(record.gpu_fingerprint)
     beat = record.heartbeat
     body = bodies.pack(codec.encode(beat)) if beat is not None else None
-    stored = digest(kept)
+    stored = digest(kept, gpus)
     facts = FACTS.one(record_rules.decision_facts(beat)) if beat is not None else 0
     return NodeState(
         kept,
@@ -444,6 +503,7 @@ def from_record(record: NodeRecord, written: float, bodies: Bodies) -> NodeState
         stored=stored,
         stored_reset=kept.seq_reset,
         body=body,
+        gpus=gpus,
         facts=facts,
     )
 
@@ -470,22 +530,27 @@ CPython int, a 32-byte object (16 bytes of ``bytes`` took a 64-byte block: 3 MB 
 100,000 nodes). Two records told apart but for one chance in 2**60."""
 
 
-def digest(record: NodeRecord) -> int:
-    """What the partition owner keeps of the record it last read or wrote (a
-    :data:`DIGEST_BITS`-bit number, not a second record): enough to tell whether a record
-    read later is that one."""
-    hashed = hashlib.blake2b(codec.encode(record), digest_size=8).digest()
+def digest(record: NodeRecord, gpus: bytes) -> int:
+    """What the partition owner keeps of the record it last read or wrote, slim
+    ``record`` and its packed fingerprint ``gpus`` (a :data:`DIGEST_BITS`-bit number, not
+    a second record): enough to tell whether a record read later is that one."""
+    hashed = hashlib.blake2b(codec.encode(record) + gpus, digest_size=8).digest()
     return int.from_bytes(hashed, "little") >> (64 - DIGEST_BITS)
+
+
+def stored_digest(record: NodeRecord) -> int:
+    """The :func:`digest` of a whole record read from ``fleet_nodes``."""
+    return digest(slim(record), packed_gpus(record.gpu_fingerprint))
 
 
 def operator_changes(mine: NodeRecord, stored: NodeRecord | None, known: int | None) -> NodeRecord:
     """``mine`` (the owner's in-memory record) with the deregistration an operator wrote
-    into ``fleet_nodes`` (``stored``) since the owner last read or wrote it (``known``,
-    its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve`` of a
-    deregistered node re-admits it (and clears the refusal noted). ``stored`` digesting to
-    ``known`` means nobody else wrote: ``mine`` wins. Heartbeat facts and ``reset-seq``
-    are not taken from here (see :func:`checkpoint`)."""
-    if stored is None or known is None or digest(stored) == known:
+    into ``fleet_nodes`` (``stored``, whole) since the owner last read or wrote it
+    (``known``, its :func:`digest`): ``fleetctl forget`` deregisters, ``fleetctl approve``
+    of a deregistered node re-admits it (and clears the refusal noted). ``stored``
+    digesting to ``known`` means nobody else wrote: ``mine`` wins. Heartbeat facts and
+    ``reset-seq`` are not taken from here (see :func:`checkpoint`)."""
+    if stored is None or known is None or stored_digest(stored) == known:
         return mine
     if all(getattr(stored, name) == getattr(mine, name) for name in DEREGISTRATION_FIELDS):
         return mine

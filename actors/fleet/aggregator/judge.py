@@ -43,7 +43,13 @@ import msgspec
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import alert_rules, record_rules
-from actors.fleet.aggregator.hot_state import ALIKE, NodeState, slim_heartbeat
+from actors.fleet.aggregator.hot_state import (
+    ALIKE,
+    NodeState,
+    packed_gpus,
+    slim_heartbeat,
+    together,
+)
 from actors.fleet.aggregator.record_rules import AlertSpec
 from schemas import codec
 from schemas.errors import DecodeError
@@ -177,7 +183,13 @@ def accept(
     if (
         state is not None
         and facts == state.facts
-        and record_rules.is_steady(state.record, heartbeat, public_key, fingerprint)
+        and record_rules.is_steady(
+            state.record,
+            heartbeat,
+            public_key,
+            None if fingerprint is None else packed_gpus(fingerprint),
+            state.gpus,
+        )
     ):
         # Most heartbeats: no alert, no transition, only the next checkpoint to make.
         record = record_rules.steady_beat(
@@ -190,7 +202,8 @@ def accept(
         )
         return Verdict(record, STEADY, False, facts)
     previous = (
-        state.record
+        # Whole, as the rules compare GPUs: the state keeps the fingerprint apart.
+        together(state.record, state.gpus)
         if state is not None
         # One string per node (its name, interned as the table's key is) or per fleet
         # (its cluster).

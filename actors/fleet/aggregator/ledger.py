@@ -71,7 +71,7 @@ class Ledger:
         else:
             if state.record.seq_reset:
                 state.reset_consumed = True
-            state.record = verdict.record
+            state.keep(verdict.record)
         if verdict.facts is not None and verdict.facts != state.facts:
             state.facts = FACTS.one(verdict.facts)
         self.refusals.on_accepted(node)
@@ -86,7 +86,7 @@ class Ledger:
 
     def mark_stale(self, node: str, state: NodeState, record: NodeRecord) -> None:
         """The node's ``record`` gone stale (its write follows)."""
-        state.record = record
+        state.keep(record)
         state.dirty = True
         self.stale.add(node)
 
@@ -106,7 +106,7 @@ class Ledger:
         if noted is None:
             return alert, False
         # A state change the node reads: written now, not at a checkpoint.
-        state.record = noted
+        state.keep(noted)
         state.dirty = True
         return alert, True
 

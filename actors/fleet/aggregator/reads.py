@@ -16,7 +16,7 @@ import msgspec
 import nats.errors
 
 from actors.fleet.aggregator import hot_state
-from actors.fleet.aggregator.hot_state import NodeState, slim, spread_written
+from actors.fleet.aggregator.hot_state import NodeState, spread_written
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.storage.streams import MAX_NODES
 from actors.runtime import kv
@@ -161,16 +161,15 @@ class RecordReads:
         elif state is not None and record is not None:
             self._adopt(state, record)
             if record.seq_reset:
-                state.record = msgspec.structs.replace(state.record, seq_reset=True)
+                state.keep(msgspec.structs.replace(state.record, seq_reset=True))
         if state is not None:
             state.refreshed = time.monotonic()
         return True
 
     def _adopt(self, state: NodeState, record: NodeRecord) -> None:
         """Take what an operator wrote into ``record`` (read afresh) into memory."""
-        kept = slim(record)
-        state.record = hot_state.operator_changes(state.record, kept, state.stored)
-        state.stored, state.stored_reset = hot_state.digest(kept), kept.seq_reset
+        state.keep(hot_state.operator_changes(state.record, record, state.stored))
+        state.stored, state.stored_reset = hot_state.stored_digest(record), record.seq_reset
 
     def on_trust_change(self, node: str) -> None:
         """The trust watch saw ``node``'s key approved or revoked: ``fleetctl forget`` and

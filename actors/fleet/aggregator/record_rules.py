@@ -189,11 +189,17 @@ def accepted(
 
 
 def is_steady(
-    previous: NodeRecord, heartbeat: Heartbeat, public_key: str, fingerprint: list[str] | None
+    previous: NodeRecord,
+    heartbeat: Heartbeat,
+    public_key: str,
+    fingerprint: bytes | None,
+    known_gpus: bytes,
 ) -> bool:
     """Whether accepting ``heartbeat`` after ``previous`` changes nothing but the beat
     itself: the next seq of the same boot under the same key, on time, the same state,
-    health status, schedulability, version, labels and GPUs, no notice, nothing to clear.
+    health status, schedulability, version, labels and GPUs (``fingerprint``, the
+    heartbeat's packed as the owner keeps the record's, ``known_gpus``: see
+    ``hot_state.packed_gpus``), no notice, nothing to clear.
     Then :func:`steady_beat` is :func:`accepted`'s record, with no alert and no transition
     (tests/fleet/test_lean_state.py checks both), for a fraction of the work: most
     heartbeats of a fleet are steady ones."""
@@ -210,9 +216,7 @@ def is_steady(
         and heartbeat.schedulability == previous.schedulability
         and heartbeat.agent_version == previous.agent_version
         and (health is None or health.status == previous.health_status)
-        and (
-            fingerprint is None or (fingerprint == previous.gpu_fingerprint and previous.gpus_seen)
-        )
+        and (fingerprint is None or (fingerprint == known_gpus and previous.gpus_seen))
         and (heartbeat.spot is None or heartbeat.spot.notice is None)
         and not heartbeat.deregistering
         and not heartbeat.stopping

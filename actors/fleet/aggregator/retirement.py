@@ -156,12 +156,14 @@ class Retirement:
         purged, and the alert."""
         before = state.record
         reason = f"offline for more than {span(self.config.retire_offline_after)}"
-        state.record = record_state.with_state(
-            before,
-            deregistered=True,
-            deregistered_by=RETIRED_BY,
-            deregistered_reason=reason,
-            deregistered_at=now,
+        state.keep(
+            record_state.with_state(
+                before,
+                deregistered=True,
+                deregistered_by=RETIRED_BY,
+                deregistered_reason=reason,
+                deregistered_at=now,
+            )
         )
         state.dirty = True
         await self.writes.write(node)

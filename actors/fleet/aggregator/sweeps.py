@@ -230,7 +230,7 @@ class Sweeps:
                     continue
             after = change(before)
             if after is not None:
-                state.record = after
+                state.keep(after)
                 state.dirty = True
             current = after or before
             if current.stale_since is not None and not current.offline_since:

@@ -35,7 +35,8 @@ class View:
         return self._table.released, self._table.loads
 
     def record(self, node: str) -> NodeRecord | None:
-        """The held node's record as kept (slim: no heartbeat); None if not held."""
+        """The held node's record as kept (slim: its heartbeat slim, no GPU
+        fingerprint); None if not held."""
         state = self._table.get(node)
         return None if state is None else state.record
 

@@ -15,7 +15,7 @@ import time
 import nats.errors
 
 from actors.fleet.aggregator import hot_state, judge
-from actors.fleet.aggregator.hot_state import NodeState, slim
+from actors.fleet.aggregator.hot_state import NodeState
 from actors.fleet.aggregator.ledger import Ledger
 from actors.fleet.storage.node_store import NodeStore
 from actors.runtime import kv
@@ -109,7 +109,8 @@ class RecordWrites:
         elif known is None or revision is None:
             return False
         mine, kept = self._render(state, None, read=False)
-        body = hot_state.encoded(kept, state.body, self.nodes.bodies)
+        gpus = state.gpus
+        body = hot_state.encoded(kept, state.body, gpus, self.nodes.bodies)
         answer: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
@@ -118,7 +119,7 @@ class RecordWrites:
         if written is None:
             return False
         if self.nodes.get(node) is state:
-            self._wrote(node, state, mine, known, None, kept, written)
+            self._wrote(node, state, mine, known, None, kept, gpus, written)
         return True
 
     def _send_batch(self) -> None:
@@ -148,13 +149,14 @@ class RecordWrites:
     async def _write(self, node: str, state: NodeState) -> None:
         mine: NodeRecord | None = None
         kept: NodeRecord | None = None
+        gpus = hot_state.NO_GPUS
         known = state.stored
         superseded = False
         unchanged = False
         carried: NodeRecord | None = None
 
         def change(stored: NodeRecord | None) -> NodeRecord | None:
-            nonlocal mine, kept, superseded, unchanged, carried
+            nonlocal mine, kept, gpus, superseded, unchanged, carried
             superseded = stored is not None and judged_past(stored, state.record)
             if stored is not None and superseded:
                 # A stale verdict (its alert raised) stands for the stored record too when
@@ -164,12 +166,13 @@ class RecordWrites:
                 carried = judge.stale_carried(mine, stored)
                 return carried
             mine, kept = self._render(state, stored, read=True)
+            gpus = state.gpus
             # Stored already (a batched write whose answer was lost, then taken the
             # careful way): writing it again would change nothing but the revision.
-            unchanged = stored is not None and hot_state.digest(kept) == hot_state.digest(
-                slim(stored)
-            )
-            return None if unchanged else hot_state.full(kept, state.body, self.nodes.bodies)
+            unchanged = stored is not None and hot_state.digest(
+                kept, gpus
+            ) == hot_state.stored_digest(stored)
+            return None if unchanged else hot_state.full(kept, state.body, gpus, self.nodes.bodies)
 
         before, written, revision = await self.store.update(node, change)
         if superseded and carried is not None and written is not None:
@@ -196,6 +199,7 @@ class RecordWrites:
             known,
             before,
             kept if written is not None or unchanged else None,
+            gpus,
             revision,
         )
 
@@ -230,12 +234,10 @@ class RecordWrites:
         over ``stored``, the record just read if ``read``, else over the one this owner
         last read or wrote. The slim form is most often the in-memory record itself, which
         then stays as it is once written; the whole record is the slim one with the kept
-        heartbeat (:func:`hot_state.encoded`, :func:`hot_state.full`)."""
+        heartbeat and GPU fingerprint (:func:`hot_state.encoded`, :func:`hot_state.full`)."""
         mine = state.record
         stored_reset = state.stored_reset
         if read:
-            # The rules compare slim records (as kept in memory); the whole one is written.
-            stored = slim(stored) if stored is not None else None
             stored_reset = stored is not None and stored.seq_reset
             # An operator's forget or re-admission written since is kept, not undone.
             ours = hot_state.operator_changes(mine, stored, state.stored)
@@ -251,10 +253,11 @@ class RecordWrites:
         known: int | None,
         before: NodeRecord | None,
         kept: NodeRecord | None,
+        gpus: bytes,
         revision: int | None,
     ) -> None:
-        """The state after the record whose slim form is ``kept`` (rendered from
-        ``mine``; None: nothing written) was written at ``revision`` over ``before``
+        """The state after the record whose slim form is ``kept`` and fingerprint ``gpus``
+        (rendered from ``mine``; None: nothing written) was written at ``revision`` over ``before``
         (read, or None: the one whose digest ``known`` was when the write started). The
         slim form is taken as it is, not made again from the whole record written: a
         checkpoint leaves the in-memory record the same object, and allocates nothing to
@@ -262,16 +265,15 @@ class RecordWrites:
         state.revision = revision
         state.written = time.monotonic()
         if kept is not None:
-            state.stored, state.stored_reset = hot_state.digest(kept), kept.seq_reset
+            state.stored, state.stored_reset = hot_state.digest(kept, gpus), kept.seq_reset
         if state.record is mine:
             state.dirty = False
             state.reset_consumed = False
             if kept is not None:
-                state.record = kept
+                state.keep(kept)
         else:
             # Heartbeats judged while writing: they keep what the operator wrote too.
-            before = slim(before) if before is not None else None
-            state.record = hot_state.operator_changes(state.record, before, known)
+            state.keep(hot_state.operator_changes(state.record, before, known))
             if state.dirty:
                 self.checkpoints.push(node, state)
         self.metrics.record_writes.inc()

@@ -41,7 +41,8 @@ class Held(Protocol):
         ...
 
     def record(self, node: str) -> NodeRecord | None:
-        """The held node's record as kept (slim: no heartbeat); None if not held."""
+        """The held node's record as kept (slim: its heartbeat slim, no GPU
+        fingerprint); None if not held."""
         ...
 
     def whole(self, node: str) -> NodeRecord | None:
