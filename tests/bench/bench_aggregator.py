@@ -45,6 +45,10 @@ goes and its rows of the table (figure, target, measured, ✓/✗) at the end.
   by a live aggregator and each partition's consumer has acknowledged what its partition
   held at the kill;
   alerts lost and duplicated (per node, in the ALERTS stream).
+- ``--memory``: the aggregator's RSS with ``--big-nodes`` records loaded (no heartbeats),
+  once with the simulator's heartbeats in them and once with agents', against the same
+  process with none; each node of ``--memory-gpus`` GPUs (1; 8 for a fleet of 8-GPU
+  machines, whose GPU uuids and readings each node keeps).
 
 - ``--side`` (not in ``--all``): two aggregators side by side under one load at the last
   of ``--rates``, each owning half the partitions, the second with ``--setting
@@ -150,6 +154,9 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=5, help="--fleet: runs (default 5)")
     parser.add_argument("--big-nodes", type=int, default=100_000, help="nodes of --big/--cold")
     parser.add_argument("--big-duration", type=float, default=120.0, help="seconds of --big")
+    parser.add_argument(
+        "--memory-gpus", type=int, default=1, help="GPUs of each node --memory fills (default 1)"
+    )
     parser.add_argument("--storm-nodes", type=int, default=10_000, help="nodes that stop")
     parser.add_argument(
         "--failover-rate", type=float, default=1000.0, help="heartbeats/s of --failover"
@@ -1159,8 +1166,9 @@ async def fill_records(
     state: str = "active",
     stale_after: float | None = None,
     agent: bool = False,
+    gpus: int = 1,
 ) -> None:
-    """``nodes`` records of 1-GPU simulated nodes (their last heartbeat whole) put
+    """``nodes`` records of simulated nodes of ``gpus`` GPUs (their last heartbeat whole) put
     straight into fleet_nodes, in ``state`` (active: each node's accepted heartbeat),
     their heartbeats claiming ``stale_after`` if given (else the simulator's). Each
     record names a public key of its own (56 characters, as an nkey; no heartbeat is
@@ -1177,7 +1185,7 @@ async def fill_records(
     from schemas.subjects import BUCKET_NODES
     from tests.support.fleet import agent_shaped
 
-    options = SimOptions(nodes=nodes, rate=nodes / 30.0, duration=1.0, gpus=1)
+    options = SimOptions(nodes=nodes, rate=nodes / 30.0, duration=1.0, gpus=gpus)
     bucket = Subjects("fleet").bucket_name(BUCKET_NODES)
     bus = await NatsBus.connect(url, "bench-fill")
     try:
@@ -1223,7 +1231,8 @@ def part_memory(bench: Bench) -> None:
     each in a fleet of its own. The dashboard samples every 3 s here, so that its history
     of every node (allocated whole at a node's first point) is in the figure, not only
     that of the nodes loaded by its first sample."""
-    nodes = bench.args.big_nodes
+    nodes, gpus = bench.args.big_nodes, bench.args.memory_gpus
+    of = f"{gpus}-GPU " if gpus != 1 else ""
     for agent, shape in ((False, "the simulator's heartbeats"), (True, "agents' heartbeats")):
         with servers(bench) as cluster:
             aggregator = cluster.start_aggregator()
@@ -1231,14 +1240,14 @@ def part_memory(bench: Bench) -> None:
             time.sleep(5)
             empty = aggregator.rss_mb()
             aggregator.stop()
-            asyncio.run(fill_records(cluster.url, nodes, agent=agent))
+            asyncio.run(fill_records(cluster.url, nodes, agent=agent, gpus=gpus))
             started = time.monotonic()
             aggregator = cluster.start_aggregator(env=SAMPLE_EVERY_3_S)
             owned = aggregator.wait_owner(300)
             time.sleep(10)
             rss = aggregator.rss_mb()
         bench.row(
-            f"aggregator RSS with {nodes:,} records of {shape} in memory, no heartbeats",
+            f"aggregator RSS with {nodes:,} {of}records of {shape} in memory, no heartbeats",
             f"≤ {RSS_TARGET_MB} MB",
             f"{rss:.0f} MB ({empty:.0f} MB with none: "
             f"{(rss - empty) * 2**20 / nodes:,.0f} bytes per node); records loaded "
