@@ -280,13 +280,23 @@ async def follow(
     only restart the watch into the same value. ``on_unreadable(key)`` lets the caller
     count them. ``on_behind(n)`` follows every entry: the entries after it the server
     still had for this watch when it sent it, so 0 once the follower has caught up.
+
+    The watch is current at its first entry after which the server had nothing more for
+    it (``delta`` 0), or, for a bucket that holds nothing, at nats-py's end-of-data
+    marker. That marker alone is not believed: nats-py 2.16 sends it before any entry
+    when the server has already sent them all and none has been read yet (a busy
+    process; nats-io/nats.py#842), and a follower told it is current then would hold an
+    empty copy of a full bucket (the trust watch: every node unknown).
     """
     watcher = await bucket.watchall()
+    current = False
     try:
         async for entry in watcher:
-            if entry is None:  # nats-py's marker: every current entry has been delivered
-                if on_current is not None:
-                    on_current()
+            if entry is None:  # nats-py's end-of-data marker (see above)
+                if not current and await _holds_nothing(bucket):
+                    current = True
+                    if on_current is not None:
+                        on_current()
                 continue
             value = None
             if entry.operation not in (KV_DEL, KV_PURGE) and entry.value:
@@ -300,10 +310,20 @@ async def follow(
                     if on_unreadable is not None:
                         on_unreadable(entry.key)
             on_change(entry.key, value)
+            if not current and not entry.delta:
+                current = True
+                if on_current is not None:
+                    on_current()
             if on_behind is not None:
                 on_behind(entry.delta or 0)
     finally:
         await _stop_watcher(watcher)
+
+
+async def _holds_nothing(bucket: KeyValue) -> bool:
+    """Whether ``bucket``'s stream holds no message (no key, nor a deleted one's marker):
+    then a watch of it has no entry to deliver."""
+    return (await bucket.status()).values == 0
 
 
 async def _stop_watcher(watcher: KeyValue.KeyWatcher) -> None:

@@ -125,6 +125,54 @@ async def test_follow_calls_on_current_for_an_empty_bucket(
     assert await next_changes(changes, 1) == [("a", Item(n=1))]
 
 
+class EarlyMarker:
+    """A watch as nats-py 2.16 gives it when the server sent every entry before the
+    process read one (a busy process; nats-io/nats.py#842): its end-of-data marker
+    first, then the entries."""
+
+    def __init__(self, watcher: KeyValue.KeyWatcher) -> None:
+        self.watcher = watcher
+        self.marked = False
+
+    def __aiter__(self) -> EarlyMarker:
+        return self
+
+    async def __anext__(self) -> KeyValue.Entry | None:
+        if not self.marked:
+            self.marked = True
+            return None
+        # nats-py leaves its iterator untyped; its own marker, in its place, is skipped.
+        while True:
+            entry: KeyValue.Entry | None = await self.watcher.__anext__()  # type: ignore[no-untyped-call]
+            if entry is not None:
+                return entry
+
+    async def stop(self) -> None:
+        await self.watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+
+
+async def test_follow_is_current_only_once_every_entry_came_whatever_nats_py_says(
+    bucket: KeyValue, follow: Follow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's end-of-data marker sent before the entries (as it does when the process
+    is busy) does not make the watch current: on_current comes after the last current
+    entry, as without the race. (It came first, and the trust watch then held no key of
+    2,000 approved nodes: tests/fleet/test_trust.py, on a busy machine.)"""
+    await bucket.put("a", codec.encode(Item(n=1)))
+    await bucket.put("b", codec.encode(Item(n=2)))
+    watch = bucket.watchall
+
+    async def early_marker() -> EarlyMarker:
+        return EarlyMarker(await watch())
+
+    monkeypatch.setattr(bucket, "watchall", early_marker)
+    changes = follow()
+    assert await next_changes(changes, 3) == [("a", Item(n=1)), ("b", Item(n=2)), CAUGHT_UP]
+    await bucket.put("a", codec.encode(Item(n=3)))
+    assert await next_changes(changes, 1) == [("a", Item(n=3))]
+    assert changes.empty()
+
+
 async def test_follow_delivers_unreadable_value_as_none_and_goes_on(
     bucket: KeyValue, follow: Follow, caplog: pytest.LogCaptureFixture
 ) -> None:
