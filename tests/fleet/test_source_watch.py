@@ -169,7 +169,7 @@ async def cluster_bus(cluster: list[NatsServer]) -> AsyncIterator[NatsBus]:
 
 
 async def test_a_live_source_is_read_as_live_and_a_step_down_moves_the_leader(
-    cluster_bus: NatsBus, prefix: str
+    cluster: list[NatsServer], cluster_bus: NatsBus, prefix: str
 ) -> None:
     bus, subjects = cluster_bus, Subjects(prefix)
     await provision(bus.js, subjects, replicas=3)
@@ -194,8 +194,23 @@ async def test_a_live_source_is_read_as_live_and_a_step_down_moves_the_leader(
     async def on_elected(msg: Msg) -> None:
         elected.append(json.loads(msg.data)["leader"])
 
-    await bus.subscribe(f"{LEADER_ELECTED}.{stream}", on_elected)
-    await bus.flush()
+    advisory = f"{LEADER_ELECTED}.{stream}"
+    await bus.subscribe(advisory, on_elected)
+
+    async def heard_through_every_server() -> bool:
+        # The new leader publishes the advisory, and a server that has not yet heard of
+        # this subscription (a route's interest comes a moment after the flush; on a
+        # busy machine, after the election) drops it: a probe through each server first.
+        for server in cluster:
+            probe = await NatsBus.connect(server.url, "probe")
+            try:
+                await probe.publish(advisory, json.dumps({"leader": server.url}).encode())
+                await probe.flush()
+            finally:
+                await probe.close()
+        return all(server.url in elected for server in cluster)
+
+    await wait_for(heard_through_every_server, interval=0.2)
     await watch.step_down()
 
     async def new_leader() -> StreamInfo | None:
