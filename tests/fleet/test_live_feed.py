@@ -9,6 +9,9 @@ import time
 
 import msgspec
 
+from actors.fleet.aggregator import hot_state, record_rules
+from actors.fleet.aggregator.hot_state import NodeState
+from actors.fleet.aggregator.view import View
 from actors.fleet.live.feed import NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.registry import approve
@@ -95,3 +98,36 @@ async def test_a_held_nodes_change_reaches_the_feed_at_once_whatever_the_checkpo
         bus, prefix, "n1", lambda r: r.heartbeat is not None and bool(r.heartbeat.workloads), 5
     )
     assert stored.last_seq == 3
+
+
+class Compared(str):
+    """A node's name that counts the times it is compared for equality."""
+
+    compares = 0
+
+    def __eq__(self, other: object) -> bool:
+        Compared.compares += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+async def test_every_node_is_listed_without_searching_the_held_names_for_each_other(
+    bus: NatsBus, prefix: str
+) -> None:
+    """The feed's every node (what the policy's first round and the placement's walk
+    read): the held ones, then the others, each other one told from the held by the
+    aggregator's table, not by searching a list of the held names (300 x 300 compares
+    here; 50,000 x 50,000 held the event loop for about 15 s)."""
+    table = hot_state.NodeTable()
+    base = record_rules.pending_record("h", "c1")
+    for i in range(300):
+        table[f"held-{i}"] = NodeState(base, written=0.0)
+    feed = NodeFeed(bus, Subjects(prefix), View(table), AggregatorMetrics())
+    others = [Compared(f"other-{i}") for i in range(300)]
+    for node in others:
+        feed.records.raw[node] = b"{}"
+    Compared.compares = 0
+    listed = feed.nodes()
+    assert listed == [f"held-{i}" for i in range(300)] + others
+    assert Compared.compares < 300 * 2, f"{Compared.compares:,} compares"

@@ -201,9 +201,15 @@ class NodeFeed:
         return found
 
     def nodes(self) -> list[str]:
-        """Every node with a record here."""
-        held = [node for node, _ in self.held.items()] if self.held is not None else []
-        return held + [node for node in self.records.raw if node not in held]
+        """Every node with a record here: the held ones, then the others (each told from
+        the held by ``held`` itself: a list of 50,000 held names searched for each of
+        50,000 others held the event loop for about 15 s)."""
+        if self.held is None:
+            return list(self.records.raw)
+        held = self.held
+        return [node for node, _ in held.items()] + [
+            node for node in self.records.raw if node not in held
+        ]
 
     def summaries(self) -> list[RecordSummary | NodeRecord]:
         """Each record's cluster and state, cheaply: the held nodes' records, the
