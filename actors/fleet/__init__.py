@@ -34,5 +34,6 @@ import contracts), and every module is in one.
                      the servers' users and permissions (``nats_config``).
 shared               ``config`` and ``metrics`` of the aggregator process, ``labels``
                      (selectors), ``identity`` (enrolled identity against claims),
-                     ``record_state`` (what a record's state is).
+                     ``record_state`` (what a record's state is), ``changed_nodes``
+                     (the nodes a fleet-wide job's round takes, bounded).
 """

@@ -96,6 +96,9 @@ class Changes:
     def listen(self, written: Callable[[str], None]) -> None:
         self.listeners.append(written)
 
+    def __len__(self) -> int:
+        return len(self.records)
+
     def write(self, record: NodeRecord) -> None:
         self.records[record.node_id] = record
         for listener in self.listeners:

@@ -1,7 +1,8 @@
 """The nodes whose command consumer the aggregator keeps (admitted, in a partition it
 owns), told to the consumer keeper (``command_queues``) by what changed: the nodes whose
 records were written since it last asked, or every node once the partitions it owns
-changed. A round with nothing written walks no table."""
+changed or too many were written (:class:`~actors.fleet.changed_nodes.ChangedNodes`). A
+round with nothing written walks no table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
 from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.aggregator.ownership import Ownership
+from actors.fleet.changed_nodes import ChangedNodes
 
 
 class Admitted:
@@ -19,14 +21,14 @@ class Admitted:
     def __init__(self, table: NodeTable, ownership: Ownership) -> None:
         self._table = table
         self._ownership = ownership
-        self._written: set[str] = set()
-        """Nodes written since the last :meth:`changed` (at most the table's nodes)."""
+        self._written = ChangedNodes(table.__len__)
+        """Nodes written since the last :meth:`changed`."""
         self._owned: frozenset[int] | None = None
         self.written = asyncio.Event()
         table.listeners.append(self._note)
 
     def _note(self, node: str) -> None:
-        self._written.add(node)
+        self._written.note(node)
         self.written.set()
 
     def every(self) -> Iterator[Node]:
@@ -52,7 +54,7 @@ class Admitted:
 
     def changed(self) -> set[str] | None:
         owned = frozenset(self._ownership.since)
-        written, self._written = self._written, set()
+        written = self._written.take()
         if owned != self._owned:
             self._owned = owned
             return None

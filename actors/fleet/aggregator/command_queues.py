@@ -74,7 +74,7 @@ class AdmittedNodes(Protocol):
     def changed(self) -> Collection[str] | None:
         """The nodes whose records were written since the last call (a state change at
         once, the rest at their checkpoint); None when any node may have changed (a
-        partition gained or lost)."""
+        partition gained or lost, or too many written to keep their names)."""
         ...
 
 

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 
 from actors.fleet.aggregator.hot_state import NodeTable
+from actors.fleet.changed_nodes import ChangedNodes
 from schemas.messages import NodeRecord
 
 
@@ -46,9 +47,10 @@ class SweepQueue:
         self._nodes = nodes
         self._due_of = due_of
         """:func:`due` with the aggregator's settings."""
-        self._changed: set[str] | None = None
-        """Nodes told of since the last :meth:`take` (at most the nodes held meanwhile);
-        None before the first, which takes every node."""
+        self._changed = ChangedNodes(nodes.__len__)
+        """Nodes told of since the last :meth:`take`."""
+        self._first = True
+        """No full sweep yet: the first takes every node."""
         self._due: dict[int, list[str]] = {}
         self._seconds: list[int] = []
         self._second: dict[int, int] = {}
@@ -57,19 +59,15 @@ class SweepQueue:
         self.pending: set[str] = set()
         """Nodes pending when last looked at (:meth:`pending_records`; ``max_pending``
         keeps them few)."""
-        nodes.followers.append(self._note)
-        nodes.listeners.append(self._note)
-
-    def _note(self, node: str) -> None:
-        if self._changed is not None:
-            self._changed.add(node)
+        nodes.followers.append(self._changed.note)
+        nodes.listeners.append(self._changed.note)
 
     def take(self, now: float) -> list[str]:
         """The nodes a full sweep at ``now`` looks at."""
-        if self._changed is None:
-            self._changed = set()
+        found = self._changed.take()
+        if found is None or self._first:
+            self._first = False
             return list(self._nodes)
-        found, self._changed = self._changed, set()
         while self._seconds and self._seconds[0] <= now:
             second = heapq.heappop(self._seconds)
             del self._second[second]

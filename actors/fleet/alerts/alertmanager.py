@@ -43,6 +43,7 @@ import aiohttp
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from actors.fleet.changed_nodes import ChangedNodes
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.windows import MaintenanceWindows
@@ -88,6 +89,10 @@ class HeldChanges(Protocol):
     def record(self, node: str) -> NodeRecord | None: ...
 
     def listen(self, written: Callable[[str], None]) -> None: ...
+
+    def __len__(self) -> int:
+        """The nodes held."""
+        ...
 
 
 """The records of the nodes this aggregator holds now."""
@@ -265,15 +270,12 @@ class AlertmanagerActor:
         """Conditions sent as firing, by (node, kind)."""
         self._resent = 0.0
         self._checked = 0.0
-        self._written: set[str] = set()
-        """Held nodes written since the last check (at most every held node)."""
+        self._written = ChangedNodes(changes.__len__ if changes is not None else lambda: 0)
+        """Held nodes written since the last check."""
         self._moves: tuple[int, int] | None = None
         self._windows: list[MaintenanceWindow] | None = None
         if changes is not None:
-            changes.listen(self._note)
-
-    def _note(self, node: str) -> None:
-        self._written.add(node)
+            changes.listen(self._written.note)
 
     def send(self, alerts: list[AmAlert]) -> None:
         if alerts:
@@ -307,8 +309,8 @@ class AlertmanagerActor:
 
     def _changed(self, now: float) -> set[str] | None:
         """The nodes written since the last check; None when every held node is to be
-        looked at."""
-        written, self._written = self._written, set()
+        looked at (too many written to keep their names, too)."""
+        written = self._written.take()
         if self.changes is None:
             return None
         moves = self.changes.moves

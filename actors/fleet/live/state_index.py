@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import nats.errors
 
+from actors.fleet.changed_nodes import ChangedNodes
 from actors.fleet.live.held import Held
 from actors.fleet.record_state import KNOWN_NOW
 from actors.fleet.shared_values import SharedValues
@@ -133,11 +134,8 @@ class StateIndexActor:
         self.count = 0
         """The partition count ``parts`` were made for."""
         self._released = -1
-        self._touched: set[str] = set()
-        held.listen(self._written)
-
-    def _written(self, node: str) -> None:
-        self._touched.add(node)
+        self._touched = ChangedNodes(held.__len__)
+        held.listen(self._touched.note)
 
     async def run(self, ready: Callable[[], None]) -> None:
         ready()
@@ -150,10 +148,10 @@ class StateIndexActor:
         if self.held.loading:
             return
         count, holding, holder = self.ownership()
-        if count != self.count or self.held.released != self._released:
+        touched = self._touched.take()
+        if count != self.count or self.held.released != self._released or touched is None:
             self._recount(count)
         else:
-            touched, self._touched = self._touched, set()
             self._take(touched)
         if len(self.keys) != len(self.held):
             self._recount(count)  # a node dropped without a write (another owner's now)
@@ -162,7 +160,6 @@ class StateIndexActor:
     def _recount(self, count: int) -> None:
         """Every held node counted again (a partition gained or lost)."""
         self.count, self._released = count, self.held.released
-        self._touched.clear()
         self.keys.clear()
         self.parts = {}
         for node, record in self.held.items():

@@ -8,7 +8,9 @@ what a round costs follows what changed, not the fleet's size."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
+from actors.fleet.changed_nodes import ChangedNodes
 from actors.fleet.live.feed import NodeFeed
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.findings import REPORTING, SILENT, classify
@@ -30,15 +32,12 @@ class Members:
         self._nodes: Counter[str] = Counter()
         self._reporting: Counter[str] = Counter()
         self._candidates: dict[str, set[str]] = {}
-        self._written: set[str] = set()
-        """Nodes written since the last refresh (at most every node)."""
+        self._written = ChangedNodes(self._entry.__len__)
+        """Nodes written since the last refresh (kept up to a share of the nodes known)."""
         self._released = -1
         self.read = 0
         """Records decoded by refreshes so far (what a quiet round adds none to)."""
-        feed.listen(self._note)
-
-    def _note(self, node: str) -> None:
-        self._written.add(node)
+        feed.listen(self._written.note)
 
     def refresh(self, everything: bool) -> None:
         """Take in the nodes written since the last refresh; every node with
@@ -46,14 +45,14 @@ class Members:
         aggregator beside the feed let nodes go (their records are read anew)."""
         held = self.feed.held
         released = held.released if held is not None else 0
-        written, self._written = self._written, set()
-        if everything or released != self._released:
+        written: Iterable[str] | None = self._written.take()
+        if everything or written is None or released != self._released:
             self._released = released
             self._entry.clear()
             self._nodes.clear()
             self._reporting.clear()
             self._candidates.clear()
-            written = set(self.feed.nodes())
+            written = self.feed.nodes()
         for node in written:
             self._drop(node)
             record = self.feed.record(node)

@@ -515,7 +515,7 @@ class DashboardActor:
         self.history.begin(time.time())
         nodes, everything = self.held.changed()
         if everything:
-            self.history.keep_only(set(nodes))
+            self.history.keep_only(self.held)
         beats = 0
         for start in range(0, len(nodes), SAMPLE_CHUNK):
             for node in nodes[start : start + SAMPLE_CHUNK]:

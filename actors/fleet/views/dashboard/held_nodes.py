@@ -4,6 +4,7 @@ sample (the table's followers, :meth:`Held.follow`)."""
 
 from __future__ import annotations
 
+from actors.fleet.changed_nodes import ChangedNodes
 from actors.fleet.live.held import Held
 from schemas.messages import Heartbeat
 
@@ -14,23 +15,22 @@ class HeldNodes:
 
     def __init__(self, held: Held) -> None:
         self.held = held
-        self._changed: set[str] | None = None
-        """Nodes taken in, let go or beaten since :meth:`changed` was last asked (at most
-        the nodes held meanwhile); None before it was first asked."""
-        held.follow(self._note)
-
-    def _note(self, node: str) -> None:
-        if self._changed is not None:
-            self._changed.add(node)
+        self._changed = ChangedNodes(held.__len__)
+        """Nodes taken in, let go or beaten since :meth:`changed` was last asked."""
+        self._first = True
+        held.follow(self._changed.note)
 
     def changed(self) -> tuple[list[str], bool]:
         """The nodes taken in, let go or beaten since the last call, and whether they are
-        every held node instead (the first call)."""
-        if self._changed is None:
-            self._changed = set()
+        every held node instead (the first call, or too many changed to keep)."""
+        changed = self._changed.take()
+        if changed is None or self._first:
+            self._first = False
             return self.nodes(), True
-        changed, self._changed = self._changed, set()
         return list(changed), False
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.held
 
     @property
     def everything(self) -> bool:

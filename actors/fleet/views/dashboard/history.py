@@ -25,7 +25,7 @@ import array
 import math
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from actors.fleet.views.dashboard.fleet_history import Kept, Share, share_of
@@ -259,8 +259,8 @@ class History:
             self._blocks.clear()
             self._free.clear()
 
-    def keep_only(self, nodes: set[str]) -> None:
-        """Forget the nodes not in ``nodes``."""
+    def keep_only(self, nodes: Container[str]) -> None:
+        """Forget the nodes not in ``nodes`` (the held ones: no set of them is made)."""
         for node in [node for node in self.nodes if node not in nodes]:
             self.forget(node)
 
