@@ -8,20 +8,25 @@ import gc
 import sys
 import tracemalloc
 
+import pytest
+
 from actors.fleet import record_state
 from actors.fleet.aggregator import hot_state, record_rules
 from actors.fleet.aggregator.hot_state import NodeState
 from actors.fleet.aggregator.sweep_queue import SweepQueue
-from actors.fleet.changed_nodes import FLOOR, SHARE, ChangedNodes
+from actors.fleet.changed_nodes import BEATS, FLOOR, WRITES, ChangedNodes
 
 
-def test_names_are_kept_up_to_a_share_of_the_nodes_then_every_node_is_looked_at() -> None:
-    """Up to one node in SHARE is kept by name (a node noted twice, once); one more and
-    the round is told to look at every node; the next round starts afresh."""
+@pytest.mark.parametrize("share", [BEATS, WRITES])
+def test_names_are_kept_up_to_a_share_of_the_nodes_then_every_node_is_looked_at(
+    share: int,
+) -> None:
+    """Up to one node in ``share`` is kept by name (a node noted twice, once); one more
+    and the round is told to look at every node; the next round starts afresh."""
     nodes = 100_000
-    changed = ChangedNodes(lambda: nodes)
+    changed = ChangedNodes(lambda: nodes, share)
     assert changed.take() == set()  # the limit follows the fleet from the first take on
-    kept = nodes // SHARE
+    kept = nodes // share
     for i in range(kept):
         changed.note(f"n{i}")
     changed.note("n0")
@@ -33,8 +38,22 @@ def test_names_are_kept_up_to_a_share_of_the_nodes_then_every_node_is_looked_at(
     assert changed.take() == {"n7"}
 
 
+def test_the_writes_of_a_policy_round_at_100000_nodes_are_kept_by_name() -> None:
+    """A checkpoint a minute per node is 25,000 writes in the policy's 15 s round: kept
+    by name (looking at every node would decode every record), a burst of every node
+    not."""
+    changed = ChangedNodes(lambda: 100_000, WRITES)
+    changed.take()
+    for i in range(25_000):
+        changed.note(f"n{i}")
+    assert len(changed.take() or ()) == 25_000
+    for i in range(100_000):
+        changed.note(f"n{i}")
+    assert changed.take() is None
+
+
 def test_a_small_fleet_keeps_its_names_up_to_the_floor() -> None:
-    changed = ChangedNodes(lambda: 10)
+    changed = ChangedNodes(lambda: 10, BEATS)
     changed.take()
     for i in range(FLOOR):
         changed.note(f"n{i}")
@@ -48,7 +67,7 @@ def test_every_node_changed_costs_a_share_of_a_set_of_every_node() -> None:
     """100,000 nodes each noted between two rounds, as a running fleet's beats are: the
     names held stay under 1 MB at their peak, where a set of every node was a 4 MB table."""
     nodes = [sys.intern(f"node-{i:06d}") for i in range(100_000)]
-    changed = ChangedNodes(lambda: len(nodes))
+    changed = ChangedNodes(lambda: len(nodes), BEATS)
     changed.take()
     gc.collect()
     tracemalloc.start()

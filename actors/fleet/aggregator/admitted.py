@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from actors.fleet.aggregator.command_queues import NOT_ADMITTED, Node
 from actors.fleet.aggregator.hot_state import NodeTable
 from actors.fleet.aggregator.ownership import Ownership
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import WRITES, ChangedNodes
 
 
 class Admitted:
@@ -21,7 +21,7 @@ class Admitted:
     def __init__(self, table: NodeTable, ownership: Ownership) -> None:
         self._table = table
         self._ownership = ownership
-        self._written = ChangedNodes(table.__len__)
+        self._written = ChangedNodes(table.__len__, WRITES)
         """Nodes written since the last :meth:`changed`."""
         self._owned: frozenset[int] | None = None
         self.written = asyncio.Event()

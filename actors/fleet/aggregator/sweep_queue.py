@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 
 from actors.fleet.aggregator.hot_state import NodeTable
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import BEATS, ChangedNodes
 from schemas.messages import NodeRecord
 
 
@@ -47,7 +47,7 @@ class SweepQueue:
         self._nodes = nodes
         self._due_of = due_of
         """:func:`due` with the aggregator's settings."""
-        self._changed = ChangedNodes(nodes.__len__)
+        self._changed = ChangedNodes(nodes.__len__, BEATS)
         """Nodes told of since the last :meth:`take`."""
         self._first = True
         """No full sweep yet: the first takes every node."""

@@ -43,7 +43,7 @@ import aiohttp
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import WRITES, ChangedNodes
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.storage.windows import MaintenanceWindows
@@ -270,7 +270,7 @@ class AlertmanagerActor:
         """Conditions sent as firing, by (node, kind)."""
         self._resent = 0.0
         self._checked = 0.0
-        self._written = ChangedNodes(changes.__len__ if changes is not None else lambda: 0)
+        self._written = ChangedNodes(changes.__len__ if changes is not None else lambda: 0, WRITES)
         """Held nodes written since the last check."""
         self._moves: tuple[int, int] | None = None
         self._windows: list[MaintenanceWindow] | None = None

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import nats.errors
 
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import WRITES, ChangedNodes
 from actors.fleet.live.held import Held
 from actors.fleet.record_state import KNOWN_NOW
 from actors.fleet.shared_values import SharedValues
@@ -134,7 +134,7 @@ class StateIndexActor:
         self.count = 0
         """The partition count ``parts`` were made for."""
         self._released = -1
-        self._touched = ChangedNodes(held.__len__)
+        self._touched = ChangedNodes(held.__len__, WRITES)
         held.listen(self._touched.note)
 
     async def run(self, ready: Callable[[], None]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import WRITES, ChangedNodes
 from actors.fleet.live.feed import NodeFeed
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.findings import REPORTING, SILENT, classify
@@ -32,7 +32,7 @@ class Members:
         self._nodes: Counter[str] = Counter()
         self._reporting: Counter[str] = Counter()
         self._candidates: dict[str, set[str]] = {}
-        self._written = ChangedNodes(self._entry.__len__)
+        self._written = ChangedNodes(self._entry.__len__, WRITES)
         """Nodes written since the last refresh (kept up to a share of the nodes known)."""
         self._released = -1
         self.read = 0

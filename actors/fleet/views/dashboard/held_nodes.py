@@ -4,7 +4,7 @@ sample (the table's followers, :meth:`Held.follow`)."""
 
 from __future__ import annotations
 
-from actors.fleet.changed_nodes import ChangedNodes
+from actors.fleet.changed_nodes import BEATS, ChangedNodes
 from actors.fleet.live.held import Held
 from schemas.messages import Heartbeat
 
@@ -15,7 +15,7 @@ class HeldNodes:
 
     def __init__(self, held: Held) -> None:
         self.held = held
-        self._changed = ChangedNodes(held.__len__)
+        self._changed = ChangedNodes(held.__len__, BEATS)
         """Nodes taken in, let go or beaten since :meth:`changed` was last asked."""
         self._first = True
         held.follow(self._changed.note)
