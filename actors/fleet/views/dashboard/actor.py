@@ -449,7 +449,7 @@ class DashboardActor:
         actions: dict[str, Action] = {"cordon": Cordon(), "drain": Drain(), "uncordon": Uncordon()}
         if action_name not in actions:
             raise web.HTTPBadRequest(text=f"unknown action {action_name[:32]!r}")
-        record = self.view.current().get(node)
+        record = self.view.record(node)
         if record is None:
             raise web.HTTPNotFound(text=f"no node {node} in the fleet")
         reason = str(form.get("reason", ""))[:200] or "from the dashboard"
@@ -483,7 +483,10 @@ class DashboardActor:
             result = codec.decode(msg.data, CommandResult, msg.subject)
         except (DecodeError, SignatureError):
             return
-        record = self.view.current().get(result.node_id)
+        # The node's record alone: every record (``current``) took 25 ms at 100,000 nodes
+        # held, 0.5 s with half held elsewhere (decoded), at each of the 3,000 and more
+        # results a rolling drain of 1,000 nodes sends.
+        record = self.view.record(result.node_id)
         if (
             record is None
             or record.public_key != signer
