@@ -214,8 +214,11 @@ async def cmd_rolling(args: argparse.Namespace) -> int:
         todo = [record for record in chosen if not done_already(record, args)]
         if args.dry_run:
             now = time.time()
+            # By name: searching the list for each record was quadratic (0.18 s at 5,000
+            # nodes, about 75 s at 100,000).
+            left = {record.node_id for record in todo}
             for record in chosen:
-                skip = "" if record in todo else "  (skip: already done)"
+                skip = "" if record.node_id in left else "  (skip: already done)"
                 seen = spans.age(now - record.last_seen) if record.last_seen else "never"
                 sys.stdout.write(
                     f"{record.node_id}  {record.cluster}  {record.state}  seen {seen}{skip}\n"
