@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
+from actors.fleet.placement import reconcile
 from actors.fleet.placement.actor import ReconcilerActor
 from actors.fleet.placement.choose import FAILURE_BACKOFF, Choice, Taken, choose, free_gpus
 from actors.fleet.placement.reconcile import Timing, decide
@@ -416,3 +417,31 @@ async def test_a_round_whose_feed_loses_nodes_midway_moves_no_replica(
     monkeypatch.setattr(actor.windows, "refresh", losing)
     assert await actor.round() is False
     assert (await read_all(bus, subjects))["chat"][0] == signed
+
+
+def test_replicas_that_fit_nowhere_weigh_the_fleet_once_a_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A workload of 64 replicas that fits no node weighs every node once in a round, not
+    once a replica (0.25 s a time at 100,000 nodes, the event loop held); each replica
+    still says why. A replica that avoids fewer nodes than one that found none is weighed
+    anew: here the node the first avoids takes the second."""
+    weighed: list[frozenset[str]] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Choice | str:
+        weighed.append(frozenset(args[3]))
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(reconcile, "choose", counted)
+    records = {name: node(name) for name in ("n1", "n2", "n3")}
+    pending = [Replica(index=i) for i in range(64)]
+    stuck = decide(workload(gpus=4, replicas=pending), records, Taken(), 10.0, Timing(), "me")
+    assert weighed == [frozenset()]
+    whys = {replica.why for replica in stuck.workload.replicas}
+    assert len(whys) == 1 and "n1: 2 of 2 GPUs free, 4 needed" in whys.pop()
+    weighed.clear()
+    only_n1 = {"n1": node("n1"), "n2": node("n2", state="cordoned")}
+    picky = [Replica(index=0, avoid=["n1"]), Replica(index=1), Replica(index=2, avoid=["n1"])]
+    placed = decide(workload(replicas=picky), only_n1, Taken(), 10.0, Timing(), "me")
+    assert [r.node for r in placed.workload.replicas] == ["", "n1", ""]
+    assert weighed == [frozenset({"n1"}), frozenset()]

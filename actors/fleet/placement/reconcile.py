@@ -29,7 +29,7 @@ then sends the orders, so of two reconcilers deciding at once only one moves a r
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -155,11 +155,28 @@ def decide(
     replicas = list(workload.replicas)
     leftovers = list(workload.leftovers)
     failures = [f for f in workload.failures if now - f.at < FAILURE_BACKOFF]
+    hopeless: list[tuple[frozenset[str], str]] = []
+    """Why no node fit a replica of this decision, with the nodes it avoided."""
+
+    def choice(current: PlacedWorkload, avoid: Sequence[str]) -> Choice | str:
+        """:func:`choose`, unless no node fit a replica before that avoided only nodes this
+        one avoids too: every step since only took GPUs and added replicas and failures,
+        so none fits this one either, and its every node is not weighed again (0.25 s at
+        100,000 nodes, 64 times for a workload of 64 replicas that fits nowhere)."""
+        avoided = frozenset(avoid)
+        for before, why in hopeless:
+            if before <= avoided:
+                return why
+        found = choose(current, records, taken, avoid, now, maintenance)
+        if isinstance(found, str):
+            hopeless.append((avoided, found))
+        return found
+
     for position, replica in enumerate(replicas):
         current = msgspec.structs.replace(workload, replicas=replicas, failures=failures)
         command_id = f"{workload.name}-{replica.index}-{batch}"
         if not replica.node:
-            found = choose(current, records, taken, replica.avoid, now, maintenance)
+            found = choice(current, replica.avoid)
             if isinstance(found, str):
                 replicas[position] = msgspec.structs.replace(replica, why=found)
                 continue
@@ -187,7 +204,7 @@ def decide(
             failure = Failure(node=replica.node, index=replica.index, at=now, reason=clip(reason))
             failures = [*failures, failure][-MAX_FAILURES:]
             current = msgspec.structs.replace(current, failures=failures)
-        found = choose(current, records, taken, avoid, now, maintenance)
+        found = choice(current, avoid)
         if isinstance(found, str) and draining:
             why = clip(f"cannot leave {replica.node} ({reason}): {found}")
             replicas[position] = msgspec.structs.replace(replica, why=why)
