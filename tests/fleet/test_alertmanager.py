@@ -29,7 +29,7 @@ from actors.fleet.config import AggregatorConfig
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.operator.maintenance import MaintenanceActor
 from actors.fleet.storage.registry import approve
-from actors.fleet.storage.windows import MaintenanceWindows, covers
+from actors.fleet.storage.windows import InForce, MaintenanceWindows
 from actors.runtime.config import ConfigError
 from schemas import codec, signing
 from schemas.messages import Alert, AlertKind, Maintenance, MaintenanceWindow, NodeRecord
@@ -67,12 +67,12 @@ def test_a_window_covers_by_selector_cluster_name_and_time() -> None:
         cluster="c1",
         nodes=["n9"],
     )
-    assert covers(window, "n1", "c1", {"rack": "r12", "zone": "a"}, 150.0)
-    assert not covers(window, "n1", "c2", {"rack": "r12"}, 150.0)
-    assert not covers(window, "n1", "c1", {"rack": "r13"}, 150.0)
-    assert covers(window, "n9", "c2", {}, 150.0)
-    assert not covers(window, "n1", "c1", {"rack": "r12"}, 200.0)
-    assert not covers(window, "n1", "c1", {"rack": "r12"}, 99.0)
+    assert InForce([window], 150.0).covering("n1", "c1", {"rack": "r12", "zone": "a"})
+    assert not InForce([window], 150.0).covering("n1", "c2", {"rack": "r12"})
+    assert not InForce([window], 150.0).covering("n1", "c1", {"rack": "r13"})
+    assert InForce([window], 150.0).covering("n9", "c2", {})
+    assert not InForce([window], 200.0).covering("n1", "c1", {"rack": "r12"})
+    assert not InForce([window], 99.0).covering("n1", "c1", {"rack": "r12"})
 
 
 class Changes:
@@ -391,3 +391,43 @@ def test_basic_auth_header_and_a_bad_password_file(tmp_path: Path) -> None:
     missing = msgspec.structs.replace(config, alertmanager_password_file=str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="alertmanager_password_file"):
         basic_auth(missing)
+
+
+def test_the_windows_in_force_are_found_once_until_one_begins_or_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The windows in force are found once for a pass over the fleet, the ended and the
+    future ones left out (the bucket keeps a window 31 days after it ends), and found
+    again only once one begins or ends, or the windows are read again."""
+    from actors.fleet.storage import windows as windows_module
+
+    def window(name: str, since: float, until: float) -> MaintenanceWindow:
+        return MaintenanceWindow(id=name, since=since, until=until, by="U", nodes=[name])
+
+    kept = [window(f"ended-{i}", 0.0, 1.0 + i / 1_000) for i in range(1_000)]
+    kept += [window("w1", 100.0, 200.0), window("w2", 150.0, 300.0), window("f", 400.0, 500.0)]
+    in_force = InForce(kept, 160.0)
+    assert [w.id for w, _ in in_force.windows] == ["w1", "w2"]
+    assert (in_force.start, in_force.end) == (150.0, 200.0)
+    found: list[float] = []
+
+    class Counted(InForce):
+        def __init__(self, windows: list[MaintenanceWindow], now: float) -> None:
+            found.append(now)
+            super().__init__(windows, now)
+
+    monkeypatch.setattr(windows_module, "InForce", Counted)
+    windows = MaintenanceWindows(cast(Any, None), Subjects("t"))
+    windows.windows = kept
+    found.clear()
+    records = [record(node_id=f"n{i}") for i in range(1_000)]
+    records += [record(node_id="w1"), record(node_id="w2")]
+    covered = [windows.covering(each, 160.0 + i / 100) for i, each in enumerate(records)]
+    assert found == [160.0]
+    assert [w.id for w in covered if w is not None] == ["w1", "w2"]
+    assert windows.covering(record(node_id="w1"), 200.0) is None  # w1 ended: found again
+    assert windows.covering(record(node_id="w2"), 250.0) is not None
+    assert found == [160.0, 200.0]
+    windows.windows = list(kept)  # read again
+    windows.covering(record(node_id="w2"), 250.0)
+    assert found == [160.0, 200.0, 250.0]

@@ -12,7 +12,7 @@ import nats.errors
 
 from actors.fleet.live.workload_status import status as status_now
 from actors.fleet.storage.policy_holds import read_policies
-from actors.fleet.storage.windows import covers, read_windows
+from actors.fleet.storage.windows import InForce, read_windows
 from actors.runtime.bus import Bus
 from schemas.errors import FleetError
 from schemas.subjects import Subjects
@@ -75,13 +75,10 @@ async def in_maintenance(
         windows = await read_windows(bus, subjects)
     except (nats.errors.Error, TimeoutError, FleetError):
         return records
-    now = time.time()
+    in_force = InForce(windows, time.time())
     marked = []
     for record in records:
-        window = next(
-            (w for w in windows if covers(w, record.node_id, record.cluster, record.labels, now)),
-            None,
-        )
+        window = in_force.covering(record.node_id, record.cluster, record.labels)
         if window is not None:
             record = msgspec.structs.replace(record, maintenance=window.id)
         marked.append(record)

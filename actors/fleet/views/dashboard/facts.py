@@ -20,7 +20,7 @@ import nats.errors
 
 from actors.fleet.storage.placed import read_placed
 from actors.fleet.storage.policy_holds import read_policies
-from actors.fleet.storage.windows import covers, read_windows
+from actors.fleet.storage.windows import InForce, read_windows
 from actors.runtime.bus import Bus, NotProvisioned
 from schemas.errors import FleetError
 from schemas.messages import MaintenanceWindow, NodeRecord
@@ -101,17 +101,15 @@ class Facts:
         """The policy's hold of the node, if it holds it."""
         return self.holds.get((cluster, node))
 
-    def in_force(self, now: float) -> list[MaintenanceWindow]:
-        return [window for window in self.windows if window.since <= now < window.until]
+    def in_force(self, now: float) -> InForce:
+        return InForce(self.windows, now)
 
     def covering(
-        self, record: NodeRecord, now: float, windows: list[MaintenanceWindow] | None = None
+        self, record: NodeRecord, now: float, windows: InForce | None = None
     ) -> MaintenanceWindow | None:
         """The window in force covering the node (``windows``: those in force, if known)."""
-        for window in self.in_force(now) if windows is None else windows:
-            if covers(window, record.node_id, record.cluster, record.labels, now):
-                return window
-        return None
+        in_force = self.in_force(now) if windows is None else windows
+        return in_force.covering(record.node_id, record.cluster, record.labels)
 
     def needs_attention(self) -> set[tuple[str, str]]:
         """(cluster, node) of the holds the policy leaves to an operator."""

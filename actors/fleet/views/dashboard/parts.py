@@ -24,6 +24,7 @@ import msgspec
 from actors.fleet.config import AggregatorConfig
 from actors.fleet.record_state import KNOWN_NOW
 from actors.fleet.storage.leases import PartitionStatus
+from actors.fleet.storage.windows import InForce
 from actors.fleet.views.dashboard import pages, panels, render
 from actors.fleet.views.dashboard.chart_sets import fleet_charts, node_charts
 from actors.fleet.views.dashboard.conditions import Conditions, Filter, Now
@@ -273,8 +274,9 @@ async def maintenance_parts(board: Board) -> Parts:
     def covered(window: MaintenanceWindow) -> int:
         count = snapshot.covered.get(window.id)
         if count is None:
+            alone = InForce([window], now)
             count = snapshot.covered[window.id] = sum(
-                1 for record in snapshot.records if board.facts.covering(record, now, [window])
+                1 for record in snapshot.records if board.facts.covering(record, now, alone)
             )
         return count
 
