@@ -5,17 +5,19 @@ from __future__ import annotations
 import time
 
 import aiohttp
+import pytest
 
 from actors.fleet import record_state
 from actors.fleet.aggregator import record_rules
 from actors.fleet.aggregator.hot_state import NodeState, NodeTable
 from actors.fleet.aggregator.view import View
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.live.feed import NodeFeed
+from actors.fleet.live.feed import EncodedRecords, NodeFeed
 from actors.fleet.metrics import AggregatorMetrics
 from actors.fleet.views.api import FleetApiActor
 from actors.runtime.bus import NatsBus
 from schemas import codec
+from schemas.messages import NodeRecord
 from schemas.subjects import BUCKET_NODES, Subjects
 from tests.support.fleet import Fleet, new_fleet_api, wait_for
 
@@ -80,3 +82,51 @@ async def test_nodes_lists_every_stored_record_while_the_feed_catches_up(
     ):
         assert response.status == 200
         assert [record["node_id"] for record in await response.json()] == ["n1", "n2"]
+
+
+async def test_a_page_decodes_the_nodes_it_walks_not_the_fleet(
+    fleet: Fleet, bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page from the live feed walks the nodes in order from ``after`` and decodes only
+    those it walks (a page of every record decoded and sorted was 0.58 s with half of
+    100,000 nodes held elsewhere); pages of any size, filtered or not, list exactly what
+    the whole listing does, in its order."""
+    live = NodeTable()
+    api = new_fleet_api(bus, prefix, AggregatorMetrics(), live=View(live))
+    for i in range(6):
+        record = record_rules.pending_record(f"n{i}", "c1")
+        live[record.node_id] = NodeState(record, time.monotonic())
+    await fleet.start_supervisor(api)
+    await wait_for(lambda: api.feed.complete)
+    for i in range(300):
+        kind = "active" if i % 3 else "stale"
+        other = record_state.with_state(record_rules.pending_record(f"o{i:03d}", "c2"), state=kind)
+        api.feed.records[other.node_id] = other
+    decoded = 0
+    decode = EncodedRecords.__getitem__
+
+    def counted(records: EncodedRecords, node: str) -> NodeRecord:
+        nonlocal decoded
+        decoded += 1
+        return decode(records, node)
+
+    monkeypatch.setattr(EncodedRecords, "__getitem__", counted)
+    page, more = await api.page(None, None, [], "n5", 10)
+    assert [record.node_id for record in page] == [f"o{i:03d}" for i in range(10)]
+    assert more and decoded <= 11
+    filters: list[tuple[str | None, str | None]] = [
+        (None, None),
+        ("c2", "stale"),
+        ("c1", None),
+        (None, "active"),
+    ]
+    for cluster, state in filters:
+        whole = [record.node_id for record in await api.listing(cluster, state, [])]
+        for limit in (1, 7, 500):
+            walked: list[str] = []
+            after, more = "", True
+            while more:
+                page, more = await api.page(cluster, state, [], after, limit)
+                walked += [record.node_id for record in page]
+                after = page[-1].node_id if page else after
+            assert walked == whole, (cluster, state, limit)

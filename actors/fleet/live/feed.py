@@ -179,6 +179,17 @@ class NodeFeed:
         merged.update(held)
         return merged
 
+    def kept(self, node: str) -> NodeRecord | None:
+        """The node's record as :meth:`current` has it (a held node's slim, no heartbeat
+        decoded; another's decoded); None if it has none here or it is unreadable."""
+        kept = self.held.record(node) if self.held is not None else None
+        if kept is not None:
+            return kept
+        try:
+            return self.records.get(node)
+        except DecodeError:
+            return None
+
     def record(self, node: str) -> NodeRecord | None:
         """The node's whole record (its latest heartbeat in it); None if it has none here."""
         whole = self.held.whole(node) if self.held is not None else None
