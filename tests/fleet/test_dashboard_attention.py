@@ -3,10 +3,12 @@ node table's default order, problems first."""
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from actors.fleet.config import AggregatorConfig
-from actors.fleet.views.dashboard.actor import DashboardActor
+from actors.fleet.views.dashboard.actor import MAX_SHARE, DashboardActor
 from actors.fleet.views.dashboard.attention import CONCERNS, concern, tally
 from actors.fleet.views.dashboard.held_nodes import HeldNodes
 from actors.fleet.views.dashboard.render import Query
@@ -135,3 +137,31 @@ async def test_a_page_never_waits_for_a_pass_over_every_node(bus: NatsBus, prefi
     newer = await wait_for(lambda: board.fleet() is not first and board.fleet())
     assert newer.counted.by_state == {"active": 1, "stale": 1, "unhealthy": 1}
     assert [r.node_id for r in newer._found[Query()]] == ["c", "b", "a"]
+
+
+class SlowView(CountedView):
+    """A fleet view whose every record takes ``took`` seconds to read after the first
+    read, as decoding half of 100,000 nodes held elsewhere does (0.5 s)."""
+
+    took = 0.3
+
+    def current(self) -> dict[str, NodeRecord]:
+        if self.passes:
+            time.sleep(self.took)
+        return super().current()
+
+
+async def test_reading_every_record_counts_in_the_snapshots_share(
+    bus: NatsBus, prefix: str
+) -> None:
+    """The time a snapshot's records took to read on the event loop counts in the share of
+    the aggregator's time the pages take: the next build waits ten times as long."""
+    view = SlowView({"a": record("a", "active")})
+    config = AggregatorConfig(prefix=prefix, http_port=0)
+    held = HeldNodes(new_aggregator(bus, prefix).view)  # never started: holds nothing
+    board = DashboardActor(config, bus, view, held)
+    first = board.fleet()
+    first.built -= first.refresh  # as if a refresh had passed
+    board.fleet()
+    newer = await wait_for(lambda: board.fleet() is not first and board.fleet())
+    assert newer.refresh >= SlowView.took / MAX_SHARE, newer.refresh
