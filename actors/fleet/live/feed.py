@@ -183,18 +183,16 @@ class NodeFeed:
         """The node's record as :meth:`current` has it (a held node's slim, no heartbeat
         decoded; another's decoded); None if it has none here or it is unreadable."""
         kept = self.held.record(node) if self.held is not None else None
-        if kept is not None:
-            return kept
-        try:
-            return self.records.get(node)
-        except DecodeError:
-            return None
+        return kept if kept is not None else self._watched(node)
 
     def record(self, node: str) -> NodeRecord | None:
         """The node's whole record (its latest heartbeat in it); None if it has none here."""
         whole = self.held.whole(node) if self.held is not None else None
-        if whole is not None:
-            return whole
+        return whole if whole is not None else self._watched(node)
+
+    def _watched(self, node: str) -> NodeRecord | None:
+        """The record the watch delivered for ``node``, decoded; None if none came or it is
+        unreadable."""
         try:
             return self.records.get(node)
         except DecodeError:
