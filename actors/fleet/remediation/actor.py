@@ -187,7 +187,12 @@ class RemediationActor:
             log.debug("policy waits for the live feed to be complete")
             self._whole = True
             return
-        self.members.refresh(self._whole)
+        await self.members.refresh(self._whole)
+        if not self.feed.complete:
+            # It let nodes go while the refresh gave the loop its turns: their records
+            # may be missing from what was read.
+            self._whole = True
+            return
         self._whole = False
         try:
             await self.windows.refresh()

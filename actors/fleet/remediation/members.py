@@ -15,8 +15,11 @@ from actors.fleet.live.feed import NodeFeed
 from actors.fleet.remediation.config import PolicyConfig
 from actors.fleet.remediation.findings import REPORTING, SILENT, classify
 from actors.fleet.shared_values import SharedValues
+from actors.runtime.schedule import take_turn
 from schemas.messages import NodeRecord
 
+READ_PER_TURN = 1000
+"""Records decoded between two turns of the event loop (about 20 ms of them)."""
 ENTRIES: SharedValues[tuple[str, bool, bool]] = SharedValues(4096)
 """A node's entry, one tuple for the nodes alike (64 bytes a node otherwise)."""
 
@@ -39,10 +42,13 @@ class Members:
         """Records decoded by refreshes so far (what a quiet round adds none to)."""
         feed.listen(self._written.note)
 
-    def refresh(self, everything: bool) -> None:
+    async def refresh(self, everything: bool) -> None:
         """Take in the nodes written since the last refresh; every node with
         ``everything`` (the first round, or the feed was incomplete since) or once the
-        aggregator beside the feed let nodes go (their records are read anew)."""
+        aggregator beside the feed let nodes go (their records are read anew). The event
+        loop runs every :data:`READ_PER_TURN` nodes: a round at 100,000 nodes decodes
+        25,000 written records at the defaults (about 0.5 s), all of them at its first. A
+        node written meanwhile is taken in by the next refresh."""
         held = self.feed.held
         released = held.released if held is not None else 0
         written: Iterable[str] | None = self._written.take()
@@ -53,7 +59,8 @@ class Members:
             self._reporting.clear()
             self._candidates.clear()
             written = self.feed.nodes()
-        for node in written:
+        for step, node in enumerate(written, 1):
+            await take_turn(step, READ_PER_TURN)
             self._drop(node)
             record = self.feed.record(node)
             self.read += 1
